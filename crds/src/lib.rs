@@ -1,0 +1,39 @@
+//! The `CloudControllerManager` custom resource (`ccm.rs/v1alpha1`): its Rust types, the
+//! `--controllers` list semantics, plain-Rust spec validation, status-condition helpers, and
+//! CRD generation.
+
+pub mod conditions;
+pub mod controllers;
+pub mod v1alpha1;
+pub mod validation;
+
+pub use v1alpha1::{CloudControllerManager, CloudControllerManagerSpec, CloudControllerManagerStatus, Mode};
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
+
+/// Where the committed CRD lives, relative to the workspace root.
+pub const CRD_PATH: &str = "charts/ccm-operator/crds/cloudcontrollermanagers.ccm.rs.yaml";
+
+/// The command that regenerates the committed CRD.
+pub const REGENERATE_COMMAND: &str =
+    "cargo run -p crds --bin crdgen > charts/ccm-operator/crds/cloudcontrollermanagers.ccm.rs.yaml";
+
+/// Errors of this crate.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The CRD could not be rendered as YAML.
+    #[error("rendering the CRD as YAML: {0}")]
+    Yaml(#[from] serde_yaml::Error),
+}
+
+/// The CustomResourceDefinition of every resource in this crate.
+pub fn crd() -> CustomResourceDefinition {
+    CloudControllerManager::crd()
+}
+
+/// The CRD as the YAML document that is committed to the chart.
+pub fn crd_yaml() -> Result<String, Error> {
+    let body = serde_yaml::to_string(&crd())?;
+    Ok(format!("# Generated from the Rust types in crds/ by `cargo run -p crds --bin crdgen`. Do not edit.\n{body}"))
+}

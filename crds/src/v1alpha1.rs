@@ -1,0 +1,456 @@
+//! `CloudControllerManager`, API group `ccm.rs`, version `v1alpha1`.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{ResourceRequirements, Toleration};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::core::Duration;
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use crate::controllers;
+
+/// The API group of every resource in this crate.
+pub const GROUP: &str = "ccm.rs";
+/// The API version of this module's types.
+pub const VERSION: &str = "v1alpha1";
+/// The default key of the cloud-config inside its Secret.
+pub const DEFAULT_CLOUD_CONFIG_KEY: &str = "cloud.conf";
+
+/// Desired state of a cloud-controller-manager for one cloud provider.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "ccm.rs",
+    version = "v1alpha1",
+    kind = "CloudControllerManager",
+    plural = "cloudcontrollermanagers",
+    shortname = "ccm",
+    category = "cloud",
+    namespaced,
+    status = "CloudControllerManagerStatus",
+    derive = "PartialEq",
+    doc = "Runs a cloud-controller-manager for one cloud provider: node initialization, node lifecycle, load balancers and routes.",
+    printcolumn(name = "Provider", type_ = "string", json_path = ".spec.provider"),
+    printcolumn(name = "Mode", type_ = "string", json_path = ".spec.mode"),
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(
+        name = "ProviderHealthy",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"ProviderHealthy\")].status"
+    ),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[cfg_attr(test, kube(cel))]
+#[serde(rename_all = "camelCase")]
+pub struct CloudControllerManagerSpec {
+    /// Name of a registered cloud provider (for example `baremetal`). Immutable.
+    #[schemars(length(min = 1, max = 63))]
+    #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("provider is immutable; create a new CloudControllerManager instead"))]
+    pub provider: String,
+
+    /// Where the provider's cloud-config comes from. Optional: some providers need none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cloud_config: Option<CloudConfigSource>,
+
+    /// Controllers to run, in upstream `--controllers` syntax: `*`, a name or alias, or
+    /// `-name` to disable; the first entry naming a controller wins.
+    #[serde(default = "default_controllers")]
+    #[schemars(length(max = 16))]
+    #[x_kube(validation = kube::core::Rule::new(controllers_rule()).message(controllers_message().as_str()))]
+    pub controllers: Vec<String>,
+
+    /// How the manager runs: `Deployment`, `DaemonSet` or `Embedded` (inside the operator).
+    #[serde(default)]
+    pub mode: Mode,
+
+    /// Cluster name handed to the provider's load-balancer and route calls.
+    #[serde(default = "default_cluster_name")]
+    #[schemars(length(min = 1, max = 253))]
+    pub cluster_name: String,
+
+    /// Pod network CIDRs, comma-separated, at most one per IP family. Needed for routes.
+    #[serde(default, rename = "clusterCIDR", skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 128))]
+    #[x_kube(validation = kube::core::Rule::new("self.split(',').size() <= 2").message("at most two CIDRs, one per IP family"))]
+    #[x_kube(validation = kube::core::Rule::new("self.split(',').all(c, isCIDR(c.trim()))").message("every entry must be a CIDR such as 10.244.0.0/16"))]
+    #[x_kube(validation = kube::core::Rule::new(
+        "self.split(',').size() != 2 || !self.split(',').all(c, isCIDR(c.trim())) || cidr(self.split(',')[0].trim()).ip().family() != cidr(self.split(',')[1].trim()).ip().family()"
+    ).message("two CIDRs must be of different IP families"))]
+    pub cluster_cidr: Option<String>,
+
+    /// Whether the route controller programs pod-network routes (when the provider can).
+    #[serde(default = "default_true")]
+    pub configure_cloud_routes: bool,
+
+    /// Only handle Services with exactly this `spec.loadBalancerClass` (unset: unclassed ones).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub load_balancer_class: Option<String>,
+
+    /// Leader election timings of the manager replicas.
+    #[serde(default)]
+    pub leader_election: LeaderElection,
+
+    /// Worker counts of the controllers.
+    #[serde(default)]
+    pub concurrency: Concurrency,
+
+    /// Workload settings for `Deployment` and `DaemonSet` modes; ignored when `Embedded`.
+    #[serde(default)]
+    pub deployment: DeploymentSettings,
+
+    /// Extra arguments appended to the manager's command line.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra_args: Vec<String>,
+
+    /// Stop changing the workload; status is still kept current.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
+}
+
+/// How the manager runs.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, schemars::JsonSchema)]
+pub enum Mode {
+    /// A Deployment with leader election between its replicas.
+    #[default]
+    Deployment,
+    /// One manager pod per control-plane node, with leader election between them.
+    DaemonSet,
+    /// The operator runs the controllers in its own pod.
+    Embedded,
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Mode::Deployment => "Deployment",
+            Mode::DaemonSet => "DaemonSet",
+            Mode::Embedded => "Embedded",
+        })
+    }
+}
+
+/// Source of the provider's cloud-config.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CloudConfigSource {
+    /// A key of a Secret in the same namespace as the CloudControllerManager.
+    pub secret_ref: SecretKeyRef,
+}
+
+/// A key in a Secret of the resource's own namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeyRef {
+    /// Name of the Secret.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// Key inside the Secret's data.
+    #[serde(default = "default_cloud_config_key")]
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
+}
+
+/// Leader election timings (Go duration strings such as `15s`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new(
+    "duration(self.leaseDuration) > duration(self.renewDeadline) && duration(self.renewDeadline) > duration(self.retryPeriod) && duration(self.retryPeriod) > duration('0s')"
+).message("leaseDuration must be greater than renewDeadline, which must be greater than retryPeriod, which must be positive"))]
+pub struct LeaderElection {
+    /// How long a lease is valid without renewal; a standby waits this long after a crash.
+    #[serde(default = "default_lease_duration")]
+    #[schemars(length(max = 32))]
+    pub lease_duration: Duration,
+    /// How long the leader keeps trying to renew before it steps down.
+    #[serde(default = "default_renew_deadline")]
+    #[schemars(length(max = 32))]
+    pub renew_deadline: Duration,
+    /// How often candidates retry acquiring or renewing.
+    #[serde(default = "default_retry_period")]
+    #[schemars(length(max = 32))]
+    pub retry_period: Duration,
+}
+
+impl Default for LeaderElection {
+    fn default() -> Self {
+        Self {
+            lease_duration: default_lease_duration(),
+            renew_deadline: default_renew_deadline(),
+            retry_period: default_retry_period(),
+        }
+    }
+}
+
+/// Worker counts; each must be at least 1.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Concurrency {
+    /// `--concurrent-node-syncs`: cloud-node workers.
+    #[serde(default = "default_five")]
+    #[schemars(range(min = 1))]
+    #[x_kube(validation = kube::core::Rule::new("self >= 1").message("must be at least 1"))]
+    pub node_syncs: i32,
+    /// `--concurrent-service-syncs`: service workers.
+    #[serde(default = "default_five")]
+    #[schemars(range(min = 1))]
+    #[x_kube(validation = kube::core::Rule::new("self >= 1").message("must be at least 1"))]
+    pub service_syncs: i32,
+    /// `--concurrent-route-syncs`: route workers.
+    #[serde(default = "default_one")]
+    #[schemars(range(min = 1))]
+    #[x_kube(validation = kube::core::Rule::new("self >= 1").message("must be at least 1"))]
+    pub route_syncs: i32,
+}
+
+impl Default for Concurrency {
+    fn default() -> Self {
+        Self { node_syncs: 5, service_syncs: 5, route_syncs: 1 }
+    }
+}
+
+/// Settings of the manager workload (Deployment and DaemonSet modes).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeploymentSettings {
+    /// Manager replicas (Deployment mode); more than one runs leader election.
+    #[serde(default = "default_replicas")]
+    #[schemars(range(min = 1))]
+    #[x_kube(validation = kube::core::Rule::new("self >= 1").message("must be at least 1"))]
+    pub replicas: i32,
+    /// Manager image; defaults to the operator's `--manager-image`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Image pull policy of the manager container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<PullPolicy>,
+    /// Resource requests and limits of the manager container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Node selector of the manager pods (DaemonSet mode defaults to control-plane nodes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<BTreeMap<String, String>>,
+    /// Tolerations added to the defaults (uninitialized, not-ready, unreachable, control-plane).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerations: Option<Vec<Toleration>>,
+    /// Priority class of the manager pods.
+    #[serde(default = "default_priority_class")]
+    pub priority_class_name: String,
+    /// Run on the host network, so the manager works before the pod network does.
+    #[serde(default = "default_true")]
+    pub host_network: bool,
+}
+
+impl Default for DeploymentSettings {
+    fn default() -> Self {
+        Self {
+            replicas: default_replicas(),
+            image: None,
+            image_pull_policy: None,
+            resources: None,
+            node_selector: None,
+            tolerations: None,
+            priority_class_name: default_priority_class(),
+            host_network: true,
+        }
+    }
+}
+
+/// Container image pull policy.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub enum PullPolicy {
+    /// Always pull.
+    Always,
+    /// Pull when the image is not on the node.
+    IfNotPresent,
+    /// Never pull.
+    Never,
+}
+
+impl PullPolicy {
+    /// The Kubernetes string form.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PullPolicy::Always => "Always",
+            PullPolicy::IfNotPresent => "IfNotPresent",
+            PullPolicy::Never => "Never",
+        }
+    }
+}
+
+/// Observed state, written by the operator (and `ProviderHealthy` by the manager).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CloudControllerManagerStatus {
+    /// The `metadata.generation` this status was computed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Conditions, one per type: Ready, ConfigValid, Available, Progressing, Degraded, ProviderHealthy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = kube::core::ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+    /// The provider being run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    /// The mode being run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<Mode>,
+    /// Canonical names of the enabled controllers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub controllers: Option<Vec<String>>,
+    /// Manager replicas that exist.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
+    /// Manager replicas that are ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_replicas: Option<i32>,
+    /// Holder identity of the manager's leader-election Lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader: Option<String>,
+}
+
+fn controllers_rule() -> String {
+    let allowed: Vec<String> = controllers::allowed_entries().iter().map(|e| format!("'{e}'")).collect();
+    format!("self.all(c, c in [{}])", allowed.join(", "))
+}
+
+fn controllers_message() -> String {
+    format!(
+        "each entry must be '*', a controller name or alias, optionally prefixed with '-'; known controllers: {}",
+        controllers::KNOWN.iter().map(|(name, alias)| format!("{name} ({alias})")).collect::<Vec<_>>().join(", ")
+    )
+}
+
+fn default_controllers() -> Vec<String> {
+    vec!["*".to_string()]
+}
+fn default_cluster_name() -> String {
+    "kubernetes".to_string()
+}
+fn default_true() -> bool {
+    true
+}
+fn default_cloud_config_key() -> String {
+    DEFAULT_CLOUD_CONFIG_KEY.to_string()
+}
+fn default_lease_duration() -> Duration {
+    std::time::Duration::from_secs(15).into()
+}
+fn default_renew_deadline() -> Duration {
+    std::time::Duration::from_secs(10).into()
+}
+fn default_retry_period() -> Duration {
+    std::time::Duration::from_secs(2).into()
+}
+fn default_five() -> i32 {
+    5
+}
+fn default_one() -> i32 {
+    1
+}
+fn default_replicas() -> i32 {
+    2
+}
+fn default_priority_class() -> String {
+    "system-cluster-critical".to_string()
+}
+
+#[cfg(test)]
+mod cel_tests {
+    //! The CRD's CEL rules, evaluated client-side with kube's CEL support.
+    use super::*;
+    use serde_json::{Value, json};
+
+    fn ccm(spec: Value) -> CloudControllerManager {
+        serde_json::from_value(json!({
+            "apiVersion": "ccm.rs/v1alpha1",
+            "kind": "CloudControllerManager",
+            "metadata": {"name": "t", "namespace": "kube-system"},
+            "spec": spec,
+        }))
+        .expect("test spec deserializes")
+    }
+
+    fn assert_rejected(spec: Value, needle: &str) {
+        let obj = ccm(spec);
+        let err = obj.validate_cel().expect_err("spec must be rejected");
+        assert!(format!("{err:?}").contains(needle), "expected {needle:?} in {err:?}");
+    }
+
+    #[test]
+    fn valid_specs_pass() {
+        for spec in [
+            json!({"provider": "fake"}),
+            json!({"provider": "baremetal", "mode": "Embedded", "controllers": ["*", "-route"]}),
+            json!({"provider": "fake", "clusterCIDR": "10.244.0.0/16"}),
+            json!({"provider": "fake", "clusterCIDR": "10.244.0.0/16,fd00:10:244::/56"}),
+            json!({"provider": "fake", "controllers": ["cloud-node-controller", "-service", "route"]}),
+            json!({"provider": "fake", "leaderElection": {"leaseDuration": "137s", "renewDeadline": "107s", "retryPeriod": "26s"}}),
+            json!({"provider": "fake", "concurrency": {"nodeSyncs": 1, "serviceSyncs": 1, "routeSyncs": 1}}),
+        ] {
+            let obj = ccm(spec.clone());
+            obj.validate_cel().unwrap_or_else(|e| panic!("{spec} rejected: {e:?}"));
+        }
+    }
+
+    #[test]
+    fn changed_provider_is_rejected() {
+        let old = ccm(json!({"provider": "fake"}));
+        let new = ccm(json!({"provider": "baremetal"}));
+        let err = new.validate_cel_update(&old).expect_err("provider change must be rejected");
+        assert!(format!("{err:?}").contains("provider is immutable"), "{err:?}");
+        new.validate_cel_update(&new.clone()).expect("an unchanged provider passes");
+    }
+
+    #[test]
+    fn unknown_controller_name_is_rejected() {
+        assert_rejected(json!({"provider": "fake", "controllers": ["nodeipam"]}), "known controllers");
+    }
+
+    #[test]
+    fn negated_unknown_controller_is_rejected() {
+        assert_rejected(json!({"provider": "fake", "controllers": ["*", "-bogus"]}), "known controllers");
+    }
+
+    #[test]
+    fn zero_replicas_are_rejected() {
+        assert_rejected(json!({"provider": "fake", "deployment": {"replicas": 0}}), "at least 1");
+    }
+
+    #[test]
+    fn zero_concurrency_is_rejected() {
+        for field in ["nodeSyncs", "serviceSyncs", "routeSyncs"] {
+            assert_rejected(json!({"provider": "fake", "concurrency": {field: 0}}), "at least 1");
+        }
+    }
+
+    #[test]
+    fn lease_duration_not_above_renew_deadline_is_rejected() {
+        assert_rejected(
+            json!({"provider": "fake", "leaderElection": {"leaseDuration": "10s", "renewDeadline": "10s"}}),
+            "leaseDuration must be greater than renewDeadline",
+        );
+        assert_rejected(
+            json!({"provider": "fake", "leaderElection": {"renewDeadline": "2s", "retryPeriod": "2s"}}),
+            "greater than retryPeriod",
+        );
+    }
+
+    #[test]
+    fn malformed_cluster_cidr_is_rejected() {
+        assert_rejected(json!({"provider": "fake", "clusterCIDR": "10.244.0.0"}), "must be a CIDR");
+    }
+
+    #[test]
+    fn three_cluster_cidrs_are_rejected() {
+        assert_rejected(
+            json!({"provider": "fake", "clusterCIDR": "10.0.0.0/16,10.1.0.0/16,fd00::/48"}),
+            "at most two CIDRs",
+        );
+    }
+
+    #[test]
+    fn two_cidrs_of_one_family_are_rejected() {
+        assert_rejected(json!({"provider": "fake", "clusterCIDR": "10.0.0.0/16,10.1.0.0/16"}), "different IP families");
+    }
+}

@@ -1,0 +1,1 @@
+//! The cloud-controller-manager framework.

@@ -1,0 +1,1 @@
+//! The ccm-operator library.
