@@ -1,1 +1,19 @@
-//! The cloud-controller-manager framework.
+//! A cloud-controller-manager framework: the Rust counterpart of `k8s.io/cloud-provider`.
+//!
+//! A cloud vendor implements [`provider::CloudProvider`], registers it in a
+//! [`registry::Registry`], and runs the manager. The engine runs the enabled controllers on
+//! shared watch caches while this replica holds the leader-election Lease.
+
+pub mod cache;
+pub mod controller;
+pub mod error;
+pub mod events;
+pub mod health;
+pub mod metrics;
+pub mod options;
+pub mod provider;
+pub mod providers;
+pub mod registry;
+
+pub use async_trait::async_trait;
+pub use error::Error;

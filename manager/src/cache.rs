@@ -1,0 +1,273 @@
+//! Shared watch caches: one watch per kind, read by every controller.
+//!
+//! A [`Cache`] is a kube-runtime reflector store plus a broadcast of [`Change`]s carrying the
+//! old and new object, so controllers can apply upstream's old-vs-new update filters without
+//! each keeping a copy of every object. `managedFields` is stripped before storing to save
+//! memory.
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+
+/// How many changes a slow subscriber may fall behind before it must rescan the store.
+pub const CHANGE_BUFFER: usize = 16 * 1024;
+
+/// One change to a cached object.
+#[derive(Debug)]
+pub enum Change<K> {
+    /// Added (`old` is `None`) or modified.
+    Applied {
+        /// The object before, if it was cached.
+        old: Option<Arc<K>>,
+        /// The object now.
+        new: Arc<K>,
+    },
+    /// Deleted; the last known state.
+    Deleted(Arc<K>),
+    /// Some changes were missed (the subscriber fell behind): rescan the whole store.
+    Resynced,
+}
+
+impl<K> Clone for Change<K> {
+    fn clone(&self) -> Self {
+        match self {
+            Change::Applied { old, new } => Change::Applied { old: old.clone(), new: new.clone() },
+            Change::Deleted(o) => Change::Deleted(o.clone()),
+            Change::Resynced => Change::Resynced,
+        }
+    }
+}
+
+/// A read handle on a shared cache; cheap to clone.
+pub struct Cache<K: Resource<DynamicType = ()> + Clone + 'static> {
+    store: Store<K>,
+    changes: broadcast::Sender<Change<K>>,
+}
+
+impl<K: Resource<DynamicType = ()> + Clone + 'static> Clone for Cache<K> {
+    fn clone(&self) -> Self {
+        Self { store: self.store.clone(), changes: self.changes.clone() }
+    }
+}
+
+impl<K> Cache<K>
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + Send + Sync + 'static,
+{
+    /// A new empty cache and the writer that fills it.
+    pub fn new() -> (Self, CacheWriter<K>) {
+        let (store, writer) = reflector::store();
+        let (changes, _) = broadcast::channel(CHANGE_BUFFER);
+        (
+            Self { store: store.clone(), changes: changes.clone() },
+            CacheWriter { writer, store, changes, before_relist: None },
+        )
+    }
+
+    /// Every cached object.
+    pub fn state(&self) -> Vec<Arc<K>> {
+        self.store.state()
+    }
+
+    /// One object by namespace (None for cluster-scoped kinds) and name.
+    pub fn get(&self, namespace: Option<&str>, name: &str) -> Option<Arc<K>> {
+        let mut key = ObjectRef::<K>::new(name);
+        if let Some(ns) = namespace {
+            key = key.within(ns);
+        }
+        self.store.get(&key)
+    }
+
+    /// Subscribe to changes from now on.
+    pub fn subscribe(&self) -> Subscription<K> {
+        Subscription { rx: self.changes.subscribe() }
+    }
+
+    /// Wait until the first full list has been stored. Returns false if the writer is gone.
+    pub async fn wait_until_ready(&self) -> bool {
+        self.store.wait_until_ready().await.is_ok()
+    }
+
+    /// The underlying reflector store.
+    pub fn store(&self) -> &Store<K> {
+        &self.store
+    }
+}
+
+/// A stream of changes for one consumer.
+pub struct Subscription<K> {
+    rx: broadcast::Receiver<Change<K>>,
+}
+
+impl<K: Clone> Subscription<K> {
+    /// The next change; `None` once the cache is gone. Falling behind yields
+    /// [`Change::Resynced`].
+    pub async fn recv(&mut self) -> Option<Change<K>> {
+        match self.rx.recv().await {
+            Ok(change) => Some(change),
+            Err(broadcast::error::RecvError::Lagged(missed)) => {
+                tracing::warn!(missed, "change subscriber fell behind; rescanning");
+                Some(Change::Resynced)
+            }
+            Err(broadcast::error::RecvError::Closed) => None,
+        }
+    }
+}
+
+/// The writing side of a [`Cache`]; fed by [`run_watch`] or by tests.
+pub struct CacheWriter<K: Resource<DynamicType = ()> + Clone + 'static> {
+    writer: reflector::store::Writer<K>,
+    store: Store<K>,
+    changes: broadcast::Sender<Change<K>>,
+    before_relist: Option<HashMap<ObjectRef<K>, Arc<K>>>,
+}
+
+impl<K> CacheWriter<K>
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + Send + Sync + 'static,
+    ObjectRef<K>: Hash + Eq,
+{
+    /// Apply one watcher event: update the store and broadcast what changed.
+    pub fn apply(&mut self, mut event: watcher::Event<K>) {
+        match &mut event {
+            watcher::Event::Apply(o) | watcher::Event::Delete(o) | watcher::Event::InitApply(o) => {
+                o.meta_mut().managed_fields = None;
+            }
+            watcher::Event::Init | watcher::Event::InitDone => {}
+        }
+        match &event {
+            watcher::Event::Apply(obj) => {
+                let old = self.store.get(&ObjectRef::from_obj(obj));
+                self.writer.apply_watcher_event(&event);
+                let new = self.store.get(&ObjectRef::from_obj(obj)).unwrap_or_else(|| Arc::new(obj.clone()));
+                let _ = self.changes.send(Change::Applied { old, new });
+            }
+            watcher::Event::Delete(obj) => {
+                let last = self.store.get(&ObjectRef::from_obj(obj)).unwrap_or_else(|| Arc::new(obj.clone()));
+                self.writer.apply_watcher_event(&event);
+                let _ = self.changes.send(Change::Deleted(last));
+            }
+            watcher::Event::Init => {
+                self.before_relist =
+                    Some(self.store.state().into_iter().map(|o| (ObjectRef::from_obj(o.as_ref()), o)).collect());
+                self.writer.apply_watcher_event(&event);
+            }
+            watcher::Event::InitApply(_) => self.writer.apply_watcher_event(&event),
+            watcher::Event::InitDone => {
+                self.writer.apply_watcher_event(&event);
+                // A relist replaces the store at once: tell subscribers what differs.
+                let mut before = self.before_relist.take().unwrap_or_default();
+                for new in self.store.state() {
+                    let old = before.remove(&ObjectRef::from_obj(new.as_ref()));
+                    if old.as_ref().map(|o| o.resource_version()) != Some(new.resource_version()) {
+                        let _ = self.changes.send(Change::Applied { old, new });
+                    }
+                }
+                for (_, gone) in before {
+                    let _ = self.changes.send(Change::Deleted(gone));
+                }
+            }
+        }
+    }
+}
+
+/// Watch `api` and keep `writer`'s cache current until `shutdown` fires. Watch errors are
+/// retried with kube-runtime's default backoff.
+pub async fn run_watch<K>(api: Api<K>, config: watcher::Config, mut writer: CacheWriter<K>, shutdown: CancellationToken)
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+    ObjectRef<K>: Hash + Eq,
+{
+    let mut stream = watcher(api, config).default_backoff().boxed();
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            next = stream.next() => match next {
+                Some(Ok(event)) => writer.apply(event),
+                Some(Err(error)) => tracing::warn!(%error, kind = %K::kind(&()), "watch failed; retrying"),
+                None => return,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::Node;
+    use kube::api::ObjectMeta;
+
+    fn node(name: &str, rv: &str) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                resource_version: Some(rv.into()),
+                managed_fields: Some(vec![Default::default()]),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    fn applied(c: Change<Node>) -> (Option<String>, String) {
+        match c {
+            Change::Applied { old, new } => {
+                (old.map(|o| o.resource_version().unwrap()), new.resource_version().unwrap())
+            }
+            other => panic!("expected Applied, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn applied_changes_carry_old_and_new_and_strip_managed_fields() {
+        let (cache, mut w) = Cache::<Node>::new();
+        let mut sub = cache.subscribe();
+        w.apply(watcher::Event::Init);
+        w.apply(watcher::Event::InitDone);
+        w.apply(watcher::Event::Apply(node("a", "1")));
+        w.apply(watcher::Event::Apply(node("a", "2")));
+        assert_eq!(applied(sub.recv().await.unwrap()), (None, "1".into()));
+        assert_eq!(applied(sub.recv().await.unwrap()), (Some("1".into()), "2".into()));
+        assert!(cache.get(None, "a").unwrap().metadata.managed_fields.is_none());
+        w.apply(watcher::Event::Delete(node("a", "3")));
+        assert!(matches!(sub.recv().await.unwrap(), Change::Deleted(n) if n.name_any() == "a"));
+        assert!(cache.get(None, "a").is_none());
+    }
+
+    #[tokio::test]
+    async fn a_relist_reports_only_what_differs() {
+        let (cache, mut w) = Cache::<Node>::new();
+        w.apply(watcher::Event::Init);
+        for (n, rv) in [("keep", "1"), ("change", "1"), ("gone", "1")] {
+            w.apply(watcher::Event::InitApply(node(n, rv)));
+        }
+        w.apply(watcher::Event::InitDone);
+        assert!(cache.wait_until_ready().await);
+        let mut sub = cache.subscribe();
+        w.apply(watcher::Event::Init);
+        for (n, rv) in [("keep", "1"), ("change", "2"), ("new", "3")] {
+            w.apply(watcher::Event::InitApply(node(n, rv)));
+        }
+        w.apply(watcher::Event::InitDone);
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            match sub.recv().await.unwrap() {
+                Change::Applied { new, .. } => seen.push(format!("applied {}", new.name_any())),
+                Change::Deleted(o) => seen.push(format!("deleted {}", o.name_any())),
+                Change::Resynced => seen.push("resynced".into()),
+            }
+        }
+        seen.sort();
+        assert_eq!(seen, ["applied change", "applied new", "deleted gone"]);
+        assert_eq!(cache.state().len(), 3);
+    }
+}

@@ -1,0 +1,88 @@
+//! Named health checks, one per running controller plus `leaderElection`, served on
+//! `/healthz/<name>`.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+/// The state of one check: `Ok` or the reason it fails.
+pub type CheckState = Result<(), String>;
+
+/// Every named check; cheap to clone.
+#[derive(Clone, Default, Debug)]
+pub struct HealthRegistry {
+    checks: Arc<RwLock<BTreeMap<String, CheckState>>>,
+}
+
+impl HealthRegistry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Register (or reset to healthy) the check `name` and return its handle.
+    pub fn handle(&self, name: &str) -> HealthHandle {
+        self.set(name, Ok(()));
+        HealthHandle { name: name.to_string(), registry: self.clone() }
+    }
+
+    /// The state of `name`, if registered.
+    pub fn get(&self, name: &str) -> Option<CheckState> {
+        self.checks.read().unwrap_or_else(|e| e.into_inner()).get(name).cloned()
+    }
+
+    /// Every check, sorted by name.
+    pub fn all(&self) -> Vec<(String, CheckState)> {
+        self.checks.read().unwrap_or_else(|e| e.into_inner()).iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    }
+
+    /// Remove a check (its controller stopped).
+    pub fn remove(&self, name: &str) {
+        self.checks.write().unwrap_or_else(|e| e.into_inner()).remove(name);
+    }
+
+    fn set(&self, name: &str, state: CheckState) {
+        self.checks.write().unwrap_or_else(|e| e.into_inner()).insert(name.to_string(), state);
+    }
+}
+
+/// The handle a controller uses to report its own health.
+#[derive(Clone, Debug)]
+pub struct HealthHandle {
+    name: String,
+    registry: HealthRegistry,
+}
+
+impl HealthHandle {
+    /// The check's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Mark the check healthy.
+    pub fn set_healthy(&self) {
+        self.registry.set(&self.name, Ok(()));
+    }
+
+    /// Mark the check failing with a reason (shown on `/healthz/<name>`).
+    pub fn set_unhealthy(&self, reason: impl Into<String>) {
+        self.registry.set(&self.name, Err(reason.into()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handles_report_into_their_registry() {
+        let r = HealthRegistry::new();
+        let h = r.handle("node-route-controller");
+        assert_eq!(r.get("node-route-controller"), Some(Ok(())));
+        h.set_unhealthy("--cluster-cidr is empty");
+        assert_eq!(r.get("node-route-controller"), Some(Err("--cluster-cidr is empty".into())));
+        h.set_healthy();
+        assert_eq!(r.all(), vec![("node-route-controller".to_string(), Ok(()))]);
+        r.remove("node-route-controller");
+        assert!(r.get("node-route-controller").is_none());
+    }
+}

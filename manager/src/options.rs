@@ -1,0 +1,117 @@
+//! What the engine and its controllers are configured with.
+//!
+//! The binary fills this from upstream-compatible flags; the operator's Embedded mode fills it
+//! from a CloudControllerManager spec. Defaults are upstream's unless a field says otherwise.
+
+use std::time::Duration;
+
+use crds::controllers::ControllerSelection;
+use ipnet::IpNet;
+
+/// Settings shared by the engine and every controller.
+#[derive(Debug, Clone)]
+pub struct ControllerOptions {
+    /// `--cluster-name`: passed to every load-balancer and route call.
+    pub cluster_name: String,
+    /// `--cluster-cidr`, parsed; empty when not given.
+    pub cluster_cidrs: Vec<IpNet>,
+    /// Why `--cluster-cidr` could not be used, if it was given but invalid. The route controller
+    /// reports this on its health check instead of the manager failing to start.
+    pub cluster_cidr_error: Option<String>,
+    /// `--configure-cloud-routes`.
+    pub configure_cloud_routes: bool,
+    /// `--controllers`, validated.
+    pub controllers: ControllerSelection,
+    /// `--route-reconciliation-period`: full route pass interval.
+    pub route_reconciliation_period: Duration,
+    /// `--node-monitor-period`: lifecycle controller pass interval.
+    pub node_monitor_period: Duration,
+    /// `--node-status-update-frequency`: node address refresh interval.
+    pub node_status_update_frequency: Duration,
+    /// `--concurrent-node-syncs`: cloud-node workers (at least 1).
+    pub concurrent_node_syncs: usize,
+    /// `--concurrent-node-status-updates`: address refresh workers; 0 means `concurrent_node_syncs`.
+    pub concurrent_node_status_updates: usize,
+    /// `--concurrent-service-syncs`: service workers and node-pass parallelism (at least 1).
+    pub concurrent_service_syncs: usize,
+    /// `--concurrent-route-syncs` (addition): route operations in flight are still capped at 200.
+    pub concurrent_route_syncs: usize,
+    /// `--node-batch-size` (addition): most Nodes per batched instance lookup; the provider's
+    /// own `batch_size` caps it too. 1 reproduces upstream's one-call-per-node behaviour.
+    pub node_batch_size: usize,
+    /// `--node-batch-window` (addition): how long new Nodes are collected before one batched
+    /// lookup.
+    pub node_batch_window: Duration,
+    /// `--node-deletion-grace-period` (addition): how long an instance must be reported absent
+    /// before its Node is deleted. Zero is upstream's immediate deletion.
+    pub node_deletion_grace_period: Duration,
+    /// `--load-balancer-class` (addition): handle Services of exactly this class instead of
+    /// unclassed ones.
+    pub load_balancer_class: Option<String>,
+    /// `--load-balancer-resync-period` (addition): periodic re-ensure of every load balancer to
+    /// repair cloud-side drift; `None` (upstream) never re-ensures.
+    pub load_balancer_resync_period: Option<Duration>,
+}
+
+impl Default for ControllerOptions {
+    fn default() -> Self {
+        Self {
+            cluster_name: "kubernetes".to_string(),
+            cluster_cidrs: Vec::new(),
+            cluster_cidr_error: None,
+            configure_cloud_routes: true,
+            controllers: ControllerSelection::parse(&["*"]).unwrap_or_else(|_| unreachable!("* is always valid")),
+            route_reconciliation_period: Duration::from_secs(10),
+            node_monitor_period: Duration::from_secs(5),
+            node_status_update_frequency: Duration::from_secs(5 * 60),
+            concurrent_node_syncs: 1,
+            concurrent_node_status_updates: 0,
+            concurrent_service_syncs: 1,
+            concurrent_route_syncs: 1,
+            node_batch_size: 500,
+            node_batch_window: Duration::from_millis(100),
+            node_deletion_grace_period: Duration::ZERO,
+            load_balancer_class: None,
+            load_balancer_resync_period: None,
+        }
+    }
+}
+
+impl ControllerOptions {
+    /// Address refresh workers, resolving 0 to `concurrent_node_syncs`.
+    pub fn node_status_workers(&self) -> usize {
+        if self.concurrent_node_status_updates == 0 {
+            self.concurrent_node_syncs.max(1)
+        } else {
+            self.concurrent_node_status_updates
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_upstream() {
+        let o = ControllerOptions::default();
+        assert_eq!(o.cluster_name, "kubernetes");
+        assert!(o.configure_cloud_routes);
+        assert_eq!(o.route_reconciliation_period, Duration::from_secs(10));
+        assert_eq!(o.node_monitor_period, Duration::from_secs(5));
+        assert_eq!(o.node_status_update_frequency, Duration::from_secs(300));
+        assert_eq!(o.concurrent_node_syncs, 1);
+        assert_eq!(o.concurrent_service_syncs, 1);
+        assert_eq!(o.node_deletion_grace_period, Duration::ZERO);
+        assert!(o.load_balancer_resync_period.is_none());
+        assert_eq!(o.controllers.enabled().len(), 4);
+    }
+
+    #[test]
+    fn zero_status_workers_means_node_sync_workers() {
+        let o = ControllerOptions { concurrent_node_syncs: 7, ..Default::default() };
+        assert_eq!(o.node_status_workers(), 7);
+        let o = ControllerOptions { concurrent_node_status_updates: 3, ..o };
+        assert_eq!(o.node_status_workers(), 3);
+    }
+}

@@ -1,0 +1,482 @@
+//! The cloud provider contract: what a cloud vendor implements.
+//!
+//! This is the Rust counterpart of upstream's `cloudprovider.Interface`, with its traps fixed:
+//! absence is a value (`Option`, `bool`), never an error; errors are one enum that callers
+//! match structurally; and batch lookups exist, with default implementations that fan out
+//! single lookups with bounded concurrency, so a provider with a batch API overrides one
+//! method and everyone else gets batching for free.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::stream::{self, StreamExt};
+use k8s_openapi::api::core::v1::{LoadBalancerStatus, Node, NodeAddress, Service};
+use tokio_util::sync::CancellationToken;
+
+/// Result of a cloud call.
+pub type CloudResult<T> = Result<T, CloudError>;
+
+/// Why a cloud call failed. Controllers match on the variant, never on the message.
+#[derive(Debug, thiserror::Error)]
+pub enum CloudError {
+    /// The provider does not implement this call.
+    #[error("not implemented by the cloud provider")]
+    NotImplemented,
+    /// Another controller owns this object (for example a dedicated load-balancer controller);
+    /// the generic controller must leave it alone.
+    #[error("implemented elsewhere")]
+    ImplementedElsewhere,
+    /// An asynchronous cloud operation is under way: try again after a fixed delay instead of
+    /// backing off exponentially.
+    #[error("{message} (retrying in {after:?})")]
+    RetryAfter {
+        /// When to try again.
+        after: Duration,
+        /// What is pending, for events and logs.
+        message: String,
+    },
+    /// The cloud API rate-limited the call.
+    #[error("throttled by the cloud API: {message}")]
+    Throttled {
+        /// The delay the API asked for, if it said.
+        retry_after: Option<Duration>,
+        /// Details.
+        message: String,
+    },
+    /// The credentials were rejected.
+    #[error("unauthorized by the cloud API: {0}")]
+    Unauthorized(String),
+    /// The cloud API could not be reached or answered with a server error.
+    #[error("cloud API unavailable: {0}")]
+    Unavailable(String),
+    /// The cloud-config is invalid. The message must never quote the config's content.
+    #[error("invalid cloud-config: {0}")]
+    InvalidConfig(String),
+    /// Anything else.
+    #[error("{0}")]
+    Other(String),
+}
+
+impl CloudError {
+    /// A fixed-delay retry error.
+    pub fn retry_after(after: Duration, message: impl Into<String>) -> Self {
+        CloudError::RetryAfter { after, message: message.into() }
+    }
+
+    /// The delay the error asks for, if it asks for one.
+    pub fn requested_delay(&self) -> Option<Duration> {
+        match self {
+            CloudError::RetryAfter { after, .. } => Some(*after),
+            CloudError::Throttled { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+
+    /// A short stable label for metrics (`not_implemented`, `throttled`, ...).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            CloudError::NotImplemented => "not_implemented",
+            CloudError::ImplementedElsewhere => "implemented_elsewhere",
+            CloudError::RetryAfter { .. } => "retry_after",
+            CloudError::Throttled { .. } => "throttled",
+            CloudError::Unauthorized(_) => "unauthorized",
+            CloudError::Unavailable(_) => "unavailable",
+            CloudError::InvalidConfig(_) => "invalid_config",
+            CloudError::Other(_) => "other",
+        }
+    }
+}
+
+/// Well-known reasons for [`Health::Unhealthy`]; they become the `ProviderHealthy` condition's
+/// reason, so they are one CamelCase word.
+pub mod health_reasons {
+    /// The probe passed.
+    pub const HEALTHY: &str = "Healthy";
+    /// The cloud rejected the credentials.
+    pub const CREDENTIALS_REJECTED: &str = "CredentialsRejected";
+    /// The cloud API endpoint could not be reached.
+    pub const ENDPOINT_UNREACHABLE: &str = "EndpointUnreachable";
+    /// The cloud API is rate-limiting us.
+    pub const THROTTLED: &str = "Throttled";
+    /// The cloud-config is invalid.
+    pub const INVALID_CLOUD_CONFIG: &str = "InvalidCloudConfig";
+    /// The provider's own probes of its instances are failing.
+    pub const PROBE_FAILING: &str = "ProbeFailing";
+    /// The manager could not run the probe (for example it timed out).
+    pub const PROBE_ERROR: &str = "ProbeError";
+}
+
+/// Outcome of a provider health probe.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Health {
+    /// The provider can do its job.
+    Healthy {
+        /// Optional detail (for example "3 instances, 2 pools").
+        message: String,
+    },
+    /// The provider cannot do its job right now.
+    Unhealthy {
+        /// One CamelCase word; see [`health_reasons`].
+        reason: String,
+        /// What is wrong, without secrets.
+        message: String,
+    },
+}
+
+impl Health {
+    /// A healthy outcome with a message.
+    pub fn healthy(message: impl Into<String>) -> Self {
+        Health::Healthy { message: message.into() }
+    }
+
+    /// An unhealthy outcome.
+    pub fn unhealthy(reason: impl Into<String>, message: impl Into<String>) -> Self {
+        Health::Unhealthy { reason: reason.into(), message: message.into() }
+    }
+
+    /// Whether the outcome is healthy.
+    pub fn is_healthy(&self) -> bool {
+        matches!(self, Health::Healthy { .. })
+    }
+
+    /// The condition reason for this outcome.
+    pub fn reason(&self) -> &str {
+        match self {
+            Health::Healthy { .. } => health_reasons::HEALTHY,
+            Health::Unhealthy { reason, .. } => reason,
+        }
+    }
+
+    /// The condition message for this outcome.
+    pub fn message(&self) -> &str {
+        match self {
+            Health::Healthy { message } | Health::Unhealthy { message, .. } => message,
+        }
+    }
+}
+
+/// What a provider gets when the manager starts leading.
+#[derive(Clone)]
+pub struct InitContext {
+    /// A client for the cluster, rate-limited like the controllers' own.
+    pub client: kube::Client,
+    /// Cancelled when the manager stops leading or shuts down; tasks the provider spawns must
+    /// stop when it fires.
+    pub shutdown: CancellationToken,
+}
+
+impl fmt::Debug for InitContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InitContext").finish_non_exhaustive()
+    }
+}
+
+/// A cloud provider. Capabilities it lacks return `None`; the matching controllers then stay
+/// off with a log line, and the manager keeps running.
+#[async_trait]
+pub trait CloudProvider: Send + Sync + 'static {
+    /// The registered name, also used in log lines and metrics.
+    fn name(&self) -> &str;
+
+    /// Called once each time the manager starts leading, before any controller runs. May
+    /// spawn tasks (caches, probes, extra controllers) that stop on `ctx.shutdown`.
+    async fn initialize(&self, _ctx: InitContext) -> CloudResult<()> {
+        Ok(())
+    }
+
+    /// Instance lookups (InstancesV2 semantics), used by the node and lifecycle controllers.
+    fn instances(&self) -> Option<&dyn Instances> {
+        None
+    }
+
+    /// Load balancers, used by the service controller.
+    fn load_balancer(&self) -> Option<&dyn LoadBalancer> {
+        None
+    }
+
+    /// Pod-network routes, used by the route controller.
+    fn routes(&self) -> Option<&dyn Routes> {
+        None
+    }
+
+    /// Deprecated zone lookups; no generic controller needs them when `instances` exists.
+    fn zones(&self) -> Option<&dyn Zones> {
+        None
+    }
+
+    /// Cluster listing; no generic controller calls it.
+    fn clusters(&self) -> Option<&dyn Clusters> {
+        None
+    }
+
+    /// Whether the provider has the cluster ID it needs (upstream's `HasClusterID`).
+    fn has_cluster_id(&self) -> bool {
+        true
+    }
+
+    /// A cheap probe of whether the provider can do its job (credentials, endpoint, config).
+    async fn health(&self) -> Health {
+        Health::healthy("")
+    }
+}
+
+impl fmt::Debug for dyn CloudProvider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CloudProvider").field("name", &self.name()).finish_non_exhaustive()
+    }
+}
+
+/// What the cloud knows about a Node's instance.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct InstanceMetadata {
+    /// Becomes `spec.providerID` when the Node has none. Must not be empty unless the Node
+    /// already has one: a Node is never untainted without a providerID.
+    pub provider_id: String,
+    /// Becomes the `node.kubernetes.io/instance-type` label (and its beta copy) when non-empty.
+    pub instance_type: String,
+    /// Becomes `status.addresses`.
+    pub node_addresses: Vec<NodeAddress>,
+    /// Becomes the `topology.kubernetes.io/zone` label (and its beta copy) when non-empty.
+    pub zone: String,
+    /// Becomes the `topology.kubernetes.io/region` label (and its beta copy) when non-empty.
+    pub region: String,
+    /// Extra labels; keys in the `kubernetes.io` / `k8s.io` namespaces are dropped.
+    pub additional_labels: BTreeMap<String, String>,
+}
+
+/// Instance lookups with InstancesV2 semantics. Implementations should look a Node up by
+/// `spec.providerID` first and fall back to its name.
+#[async_trait]
+pub trait Instances: Send + Sync {
+    /// Whether the Node's instance exists. `false` makes the lifecycle controller delete the
+    /// Node, so return an error, never `false`, when unsure. A stopped instance exists.
+    async fn instance_exists(&self, node: &Node) -> CloudResult<bool>;
+
+    /// Whether the Node's instance is shut down.
+    async fn instance_shutdown(&self, node: &Node) -> CloudResult<bool>;
+
+    /// The instance's metadata, or `None` when the cloud does not know it (yet).
+    async fn instance_metadata(&self, node: &Node) -> CloudResult<Option<InstanceMetadata>>;
+
+    /// The most Nodes one batch call should carry. The default fan-out treats this as a
+    /// hint; providers with a batch API return their API's page size.
+    fn batch_size(&self) -> usize {
+        100
+    }
+
+    /// How many single lookups the default batch methods run at once.
+    fn batch_concurrency(&self) -> usize {
+        10
+    }
+
+    /// [`Self::instance_metadata`] for many Nodes; results are in input order.
+    async fn instances_metadata(&self, nodes: &[&Node]) -> Vec<CloudResult<Option<InstanceMetadata>>> {
+        let limit = self.batch_concurrency().max(1);
+        // Collect the (lazy) futures first: a closure held across the await trips the Send check.
+        let calls: Vec<_> = nodes.iter().map(|n| self.instance_metadata(n)).collect();
+        stream::iter(calls).buffered(limit).collect().await
+    }
+
+    /// [`Self::instance_exists`] for many Nodes; results are in input order.
+    async fn instances_exist(&self, nodes: &[&Node]) -> Vec<CloudResult<bool>> {
+        let limit = self.batch_concurrency().max(1);
+        // Collect the (lazy) futures first: a closure held across the await trips the Send check.
+        let calls: Vec<_> = nodes.iter().map(|n| self.instance_exists(n)).collect();
+        stream::iter(calls).buffered(limit).collect().await
+    }
+
+    /// [`Self::instance_shutdown`] for many Nodes; results are in input order.
+    async fn instances_shutdown(&self, nodes: &[&Node]) -> Vec<CloudResult<bool>> {
+        let limit = self.batch_concurrency().max(1);
+        // Collect the (lazy) futures first: a closure held across the await trips the Send check.
+        let calls: Vec<_> = nodes.iter().map(|n| self.instance_shutdown(n)).collect();
+        stream::iter(calls).buffered(limit).collect().await
+    }
+}
+
+/// Load balancers for `type: LoadBalancer` Services. Every method gets the cluster name
+/// (`--cluster-name`) and must treat the Service as read-only.
+#[async_trait]
+pub trait LoadBalancer: Send + Sync {
+    /// The load balancer's status if this controller created one for the Service, `None` if
+    /// there is none. Absence is never an error.
+    async fn get_load_balancer(&self, cluster_name: &str, service: &Service)
+    -> CloudResult<Option<LoadBalancerStatus>>;
+
+    /// The cloud-side name of the Service's load balancer.
+    fn load_balancer_name(&self, _cluster_name: &str, service: &Service) -> String {
+        default_load_balancer_name(service)
+    }
+
+    /// Create or update the load balancer and return its status. May return
+    /// [`CloudError::RetryAfter`] while the cloud works, or
+    /// [`CloudError::ImplementedElsewhere`] to hand the Service to another controller.
+    async fn ensure_load_balancer(
+        &self,
+        cluster_name: &str,
+        service: &Service,
+        nodes: &[&Node],
+    ) -> CloudResult<LoadBalancerStatus>;
+
+    /// Update only the backend hosts.
+    async fn update_load_balancer(&self, cluster_name: &str, service: &Service, nodes: &[&Node]) -> CloudResult<()>;
+
+    /// Delete the load balancer; succeed when it is already gone. Must not return
+    /// [`CloudError::ImplementedElsewhere`].
+    async fn ensure_load_balancer_deleted(&self, cluster_name: &str, service: &Service) -> CloudResult<()>;
+}
+
+/// Upstream's default load-balancer name: `a` + the Service UID without dashes, at most 32
+/// characters.
+pub fn default_load_balancer_name(service: &Service) -> String {
+    let uid = service.metadata.uid.as_deref().unwrap_or_default().replace('-', "");
+    let mut name = format!("a{uid}");
+    name.truncate(32);
+    name
+}
+
+/// A pod-network route in the cloud.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Route {
+    /// The cloud-side name; ignored on create.
+    pub name: String,
+    /// Name of the Node the route points at.
+    pub target_node: String,
+    /// Whether `target_node_addresses` is meaningful for this provider.
+    pub enable_node_addresses: bool,
+    /// The target Node's addresses (when `enable_node_addresses`).
+    pub target_node_addresses: Vec<NodeAddress>,
+    /// The pod CIDR.
+    pub destination_cidr: String,
+    /// A route whose target is gone; blackholes inside the cluster CIDR are deleted.
+    pub blackhole: bool,
+}
+
+/// Pod-network routes.
+#[async_trait]
+pub trait Routes: Send + Sync {
+    /// The routes this cluster manages.
+    async fn list_routes(&self, cluster_name: &str) -> CloudResult<Vec<Route>>;
+    /// Create a route; `name_hint` is the Node's UID.
+    async fn create_route(&self, cluster_name: &str, name_hint: &str, route: &Route) -> CloudResult<()>;
+    /// Delete a route returned by [`Self::list_routes`].
+    async fn delete_route(&self, cluster_name: &str, route: &Route) -> CloudResult<()>;
+}
+
+/// A failure domain.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Zone {
+    /// The zone.
+    pub failure_domain: String,
+    /// The region.
+    pub region: String,
+}
+
+/// Deprecated zone lookups (kept for providers ported from upstream).
+#[async_trait]
+pub trait Zones: Send + Sync {
+    /// The zone of an instance by providerID.
+    async fn zone_by_provider_id(&self, provider_id: &str) -> CloudResult<Option<Zone>>;
+    /// The zone of an instance by Node name.
+    async fn zone_by_node_name(&self, node_name: &str) -> CloudResult<Option<Zone>>;
+}
+
+/// Cluster listing.
+#[async_trait]
+pub trait Clusters: Send + Sync {
+    /// Names of the clusters the cloud knows.
+    async fn list_clusters(&self) -> CloudResult<Vec<String>>;
+    /// The control-plane address of a cluster.
+    async fn master(&self, cluster_name: &str) -> CloudResult<String>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    struct Slow {
+        in_flight: AtomicUsize,
+        peak: AtomicUsize,
+        calls: AtomicUsize,
+    }
+
+    #[async_trait]
+    impl Instances for Slow {
+        async fn instance_exists(&self, node: &Node) -> CloudResult<bool> {
+            let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+            self.peak.fetch_max(now, Ordering::SeqCst);
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
+            // Odd-numbered nodes "do not exist", so order is observable.
+            Ok(!node.metadata.name.as_deref().unwrap_or_default().ends_with(['1', '3', '5', '7', '9']))
+        }
+        async fn instance_shutdown(&self, _: &Node) -> CloudResult<bool> {
+            Err(CloudError::NotImplemented)
+        }
+        async fn instance_metadata(&self, _: &Node) -> CloudResult<Option<InstanceMetadata>> {
+            Ok(None)
+        }
+        fn batch_concurrency(&self) -> usize {
+            3
+        }
+    }
+
+    fn node(name: &str) -> Node {
+        Node { metadata: kube::api::ObjectMeta { name: Some(name.into()), ..Default::default() }, ..Default::default() }
+    }
+
+    #[tokio::test]
+    async fn default_batch_fans_out_with_bounded_concurrency_in_input_order() {
+        let p = Slow { in_flight: AtomicUsize::new(0), peak: AtomicUsize::new(0), calls: AtomicUsize::new(0) };
+        let nodes: Vec<Node> = (0..20).map(|i| node(&format!("n{i}"))).collect();
+        let refs: Vec<&Node> = nodes.iter().collect();
+        let results = p.instances_exist(&refs).await;
+        assert_eq!(p.calls.load(Ordering::SeqCst), 20);
+        assert_eq!(p.peak.load(Ordering::SeqCst), 3, "at most batch_concurrency calls in flight");
+        let got: Vec<bool> = results.into_iter().map(|r| r.unwrap()).collect();
+        let want: Vec<bool> = (0..20).map(|i| i % 2 == 0).collect();
+        assert_eq!(got, want);
+    }
+
+    #[tokio::test]
+    async fn default_batch_keeps_per_node_errors() {
+        let p = Slow { in_flight: AtomicUsize::new(0), peak: AtomicUsize::new(0), calls: AtomicUsize::new(0) };
+        let nodes = [node("a"), node("b")];
+        let results = p.instances_shutdown(&[&nodes[0], &nodes[1]]).await;
+        assert!(results.iter().all(|r| matches!(r, Err(CloudError::NotImplemented))));
+    }
+
+    #[test]
+    fn errors_are_matched_structurally_and_expose_their_delay() {
+        let e = CloudError::retry_after(Duration::from_secs(15), "load balancer is being created");
+        assert!(matches!(e, CloudError::RetryAfter { .. }));
+        assert_eq!(e.requested_delay(), Some(Duration::from_secs(15)));
+        assert_eq!(e.kind(), "retry_after");
+        assert!(e.to_string().contains("being created"));
+        let t = CloudError::Throttled { retry_after: None, message: "429".into() };
+        assert_eq!(t.requested_delay(), None);
+        assert_eq!(CloudError::ImplementedElsewhere.kind(), "implemented_elsewhere");
+    }
+
+    #[test]
+    fn default_load_balancer_name_matches_upstream() {
+        let mut svc = Service::default();
+        svc.metadata.uid = Some("8f2c1b9e-3c4d-4e5f-9a8b-7c6d5e4f3a2b".into());
+        let name = default_load_balancer_name(&svc);
+        assert_eq!(name, "a8f2c1b9e3c4d4e5f9a8b7c6d5e4f3a2");
+        assert_eq!(name.len(), 32);
+    }
+
+    #[test]
+    fn health_exposes_reason_and_message() {
+        let h = Health::unhealthy(health_reasons::CREDENTIALS_REJECTED, "401 from the API");
+        assert!(!h.is_healthy());
+        assert_eq!(h.reason(), "CredentialsRejected");
+        assert_eq!(h.message(), "401 from the API");
+        assert_eq!(Health::healthy("ok").reason(), "Healthy");
+    }
+}
