@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 pub type CloudResult<T> = Result<T, CloudError>;
 
 /// Why a cloud call failed. Controllers match on the variant, never on the message.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum CloudError {
     /// The provider does not implement this call.
     #[error("not implemented by the cloud provider")]
