@@ -6,6 +6,7 @@
 
 pub mod cache;
 pub mod controller;
+pub mod controllers;
 pub mod error;
 pub mod events;
 pub mod health;
