@@ -51,11 +51,13 @@ impl<K> Clone for Change<K> {
 pub struct Cache<K: Resource<DynamicType = ()> + Clone + 'static> {
     store: Store<K>,
     changes: broadcast::Sender<Change<K>>,
+    // Our own readiness signal: every waiter is woken, however many there are.
+    ready: tokio::sync::watch::Receiver<bool>,
 }
 
 impl<K: Resource<DynamicType = ()> + Clone + 'static> Clone for Cache<K> {
     fn clone(&self) -> Self {
-        Self { store: self.store.clone(), changes: self.changes.clone() }
+        Self { store: self.store.clone(), changes: self.changes.clone(), ready: self.ready.clone() }
     }
 }
 
@@ -67,9 +69,10 @@ where
     pub fn new() -> (Self, CacheWriter<K>) {
         let (store, writer) = reflector::store();
         let (changes, _) = broadcast::channel(CHANGE_BUFFER);
+        let (ready_tx, ready) = tokio::sync::watch::channel(false);
         (
-            Self { store: store.clone(), changes: changes.clone() },
-            CacheWriter { writer, store, changes, before_relist: None },
+            Self { store: store.clone(), changes: changes.clone(), ready },
+            CacheWriter { writer, store, changes, before_relist: None, ready: ready_tx },
         )
     }
 
@@ -94,7 +97,13 @@ where
 
     /// Wait until the first full list has been stored. Returns false if the writer is gone.
     pub async fn wait_until_ready(&self) -> bool {
-        self.store.wait_until_ready().await.is_ok()
+        let mut ready = self.ready.clone();
+        ready.wait_for(|r| *r).await.is_ok()
+    }
+
+    /// Whether the first full list has been stored.
+    pub fn is_ready(&self) -> bool {
+        *self.ready.borrow()
     }
 
     /// The underlying reflector store.
@@ -129,6 +138,7 @@ pub struct CacheWriter<K: Resource<DynamicType = ()> + Clone + 'static> {
     store: Store<K>,
     changes: broadcast::Sender<Change<K>>,
     before_relist: Option<HashMap<ObjectRef<K>, Arc<K>>>,
+    ready: tokio::sync::watch::Sender<bool>,
 }
 
 impl<K> CacheWriter<K>
@@ -175,6 +185,7 @@ where
                 for (_, gone) in before {
                     let _ = self.changes.send(Change::Deleted(gone));
                 }
+                self.ready.send_if_modified(|r| !std::mem::replace(r, true));
             }
         }
     }
@@ -241,6 +252,26 @@ mod tests {
         w.apply(watcher::Event::Delete(node("a", "3")));
         assert!(matches!(sub.recv().await.unwrap(), Change::Deleted(n) if n.name_any() == "a"));
         assert!(cache.get(None, "a").is_none());
+    }
+
+    #[tokio::test]
+    async fn every_concurrent_waiter_is_woken_when_the_cache_becomes_ready() {
+        let (cache, mut w) = Cache::<Node>::new();
+        let waiters: Vec<_> = (0..5)
+            .map(|_| {
+                let c = cache.clone();
+                tokio::spawn(async move { c.wait_until_ready().await })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        assert!(!cache.is_ready());
+        w.apply(watcher::Event::Init);
+        w.apply(watcher::Event::InitDone);
+        for waiter in waiters {
+            let woke = tokio::time::timeout(std::time::Duration::from_secs(5), waiter).await;
+            assert!(matches!(woke, Ok(Ok(true))), "a waiter was not woken");
+        }
+        assert!(cache.is_ready());
     }
 
     #[tokio::test]

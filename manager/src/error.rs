@@ -36,4 +36,24 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// This replica lost the leader-election Lease and is configured to exit, like upstream.
+    #[error("leader election lost")]
+    LeadershipLost,
+    /// Controllers did not stop within the grace period after leadership ended; running on
+    /// could duplicate their work under the next leader.
+    #[error("controllers did not stop within {grace:?}: {}", names.join(", "))]
+    ControllersDidNotStop {
+        /// The controllers still running.
+        names: Vec<String>,
+        /// How long the engine waited.
+        grace: std::time::Duration,
+    },
+    /// The health and metrics endpoint could not be served.
+    #[error("serving on {address}: {message}")]
+    Serve {
+        /// The address.
+        address: String,
+        /// Why.
+        message: String,
+    },
 }

@@ -5,16 +5,23 @@
 //! shared watch caches while this replica holds the leader-election Lease.
 
 pub mod cache;
+pub mod client;
 pub mod controller;
 pub mod controllers;
+pub mod engine;
 pub mod error;
 pub mod events;
+pub mod flags;
 pub mod health;
+pub mod http;
+pub mod leader;
 pub mod metrics;
 pub mod options;
 pub mod provider;
 pub mod providers;
 pub mod registry;
+pub mod status;
 
 pub use async_trait::async_trait;
+pub use engine::app::run_main;
 pub use error::Error;

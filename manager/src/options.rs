@@ -32,7 +32,9 @@ pub struct ControllerOptions {
     pub concurrent_node_syncs: usize,
     /// `--concurrent-node-status-updates`: address refresh workers; 0 means `concurrent_node_syncs`.
     pub concurrent_node_status_updates: usize,
-    /// `--concurrent-service-syncs`: service workers and node-pass parallelism (at least 1).
+    /// `--concurrent-service-syncs`: service syncs in flight and node-pass parallelism (at
+    /// least 1). Defaults to [`crate::controllers::service::DEFAULT_CONCURRENT_SYNCS`], not
+    /// upstream's 1; 1 is the upstream-equivalent setting.
     pub concurrent_service_syncs: usize,
     /// `--concurrent-route-syncs` (addition): route operations in flight are still capped at 200.
     pub concurrent_route_syncs: usize,
@@ -66,7 +68,7 @@ impl Default for ControllerOptions {
             node_status_update_frequency: Duration::from_secs(5 * 60),
             concurrent_node_syncs: 1,
             concurrent_node_status_updates: 0,
-            concurrent_service_syncs: 1,
+            concurrent_service_syncs: crate::controllers::service::DEFAULT_CONCURRENT_SYNCS,
             concurrent_route_syncs: 1,
             node_batch_size: 500,
             node_batch_window: Duration::from_millis(100),
@@ -101,7 +103,8 @@ mod tests {
         assert_eq!(o.node_monitor_period, Duration::from_secs(5));
         assert_eq!(o.node_status_update_frequency, Duration::from_secs(300));
         assert_eq!(o.concurrent_node_syncs, 1);
-        assert_eq!(o.concurrent_service_syncs, 1);
+        // Deliberately not upstream's 1: see the service controller.
+        assert_eq!(o.concurrent_service_syncs, crate::controllers::service::DEFAULT_CONCURRENT_SYNCS);
         assert_eq!(o.node_deletion_grace_period, Duration::ZERO);
         assert!(o.load_balancer_resync_period.is_none());
         assert_eq!(o.controllers.enabled().len(), 4);

@@ -1,1 +1,367 @@
-//! The ccm-operator library.
+//! The ccm-operator: reconciles `CloudControllerManager` resources into running
+//! cloud-controller-managers (a Deployment, a DaemonSet, or an engine inside the operator) and
+//! reports their state as status conditions.
+//!
+//! The reconcile pipeline is [`dereference`] → [`validate`] (pure) → [`build`] (pure) →
+//! [`apply`] → [`status`] (pure) → a status write, only when something changed.
+//!
+//! Embedding (the sandbox, tests): [`start`] runs the whole operator in the current process
+//! and returns an [`OperatorHandle`]; [`run`] runs it until a token fires.
+
+pub mod apply;
+pub mod build;
+pub mod controller;
+pub mod dereference;
+pub mod embedded;
+pub mod error;
+pub mod hash;
+pub mod metrics;
+pub mod names;
+pub mod reasons;
+pub mod status;
+pub mod validate;
+pub mod watch;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::wait::{await_condition, conditions};
+use kube::{Api, Client, CustomResourceExt};
+use manager::events::EventSink;
+use manager::health::HealthRegistry;
+use manager::http::{HttpConfig, HttpState, Listener};
+use manager::leader::{LeaderElectionConfig, LeaderElector, TermEnd};
+use manager::registry::Registry;
+use tokio::sync::{mpsc, watch as tokio_watch};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub use build::BuildSettings;
+pub use controller::Timings;
+pub use error::Error;
+pub use watch::Scope;
+
+use controller::Guarded;
+use embedded::Engines;
+use metrics::OperatorMetrics;
+
+/// `/readyz` check: the CRD is established.
+pub const CRD_CHECK: &str = "crd-established";
+/// `/healthz` check: the operator's main loop runs.
+pub const MAIN_LOOP_CHECK: &str = "main-loop";
+
+/// Everything the operator needs to run.
+#[derive(Clone)]
+pub struct OperatorConfig {
+    /// A client for the cluster.
+    pub client: Client,
+    /// Namespaces served.
+    pub scope: Scope,
+    /// Manager image and the ClusterRoles bound per CR.
+    pub build: BuildSettings,
+    /// Providers known to validation and to Embedded mode.
+    pub registry: Registry,
+    /// This operator replica's identity (Lease holder of its own and its embedded engines').
+    pub identity: String,
+    /// The operator's own election on Lease `ccm-operator`; `None` reconciles unconditionally.
+    pub leader_election: Option<LeaderElectionConfig>,
+    /// Where to serve `/healthz`, `/livez`, `/readyz` and `/metrics`; `None` serves nothing.
+    pub http: Option<HttpConfig>,
+    /// Controller timings.
+    pub timings: Timings,
+}
+
+impl std::fmt::Debug for OperatorConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OperatorConfig")
+            .field("scope", &self.scope)
+            .field("build", &self.build)
+            .field("identity", &self.identity)
+            .field("leader_election", &self.leader_election)
+            .field("http", &self.http)
+            .field("timings", &self.timings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl OperatorConfig {
+    /// A configuration with defaults: every namespace, built-in providers, no election, no HTTP.
+    pub fn new(client: Client) -> Self {
+        Self {
+            client,
+            scope: Scope::All,
+            build: BuildSettings::default(),
+            registry: Registry::builtin(),
+            identity: manager::leader::default_identity(),
+            leader_election: None,
+            http: None,
+            timings: Timings::default(),
+        }
+    }
+
+    /// The operator's own leader election in `namespace` with upstream timings.
+    pub fn operator_lease(namespace: &str, identity: &str) -> LeaderElectionConfig {
+        LeaderElectionConfig {
+            identity: identity.to_string(),
+            ..LeaderElectionConfig::new(namespace, names::OPERATOR_LEASE)
+        }
+    }
+}
+
+/// A running operator.
+pub struct OperatorHandle {
+    shutdown: CancellationToken,
+    crash: CancellationToken,
+    task: JoinHandle<Result<(), Error>>,
+    leading: tokio_watch::Receiver<bool>,
+    local_addr: Option<SocketAddr>,
+    metrics: OperatorMetrics,
+    identity: String,
+}
+
+impl std::fmt::Debug for OperatorHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OperatorHandle")
+            .field("identity", &self.identity)
+            .field("local_addr", &self.local_addr)
+            .finish()
+    }
+}
+
+impl OperatorHandle {
+    /// Whether this replica currently reconciles.
+    pub fn is_leading(&self) -> bool {
+        *self.leading.borrow()
+    }
+
+    /// Wait until [`Self::is_leading`] equals `leading`.
+    pub async fn wait_leading(&self, leading: bool) {
+        let mut rx = self.leading.clone();
+        let _ = rx.wait_for(|l| *l == leading).await;
+    }
+
+    /// The bound address of the HTTP endpoint, if serving.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.local_addr
+    }
+
+    /// The operator's metrics.
+    pub fn metrics(&self) -> &OperatorMetrics {
+        &self.metrics
+    }
+
+    /// This replica's identity.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// Stop gracefully (engines stop and release their Leases, then the operator's Lease is
+    /// released) and wait.
+    pub async fn stop(self) -> Result<(), Error> {
+        self.shutdown.cancel();
+        self.wait().await
+    }
+
+    /// Wait until the operator ends (its shutdown token fired, or it failed).
+    pub async fn wait(self) -> Result<(), Error> {
+        match self.task.await {
+            Ok(r) => r,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// Kill the operator without cleanup, as a crash would: no Lease is released.
+    pub fn abort(self) {
+        self.crash.cancel();
+        self.task.abort();
+        self.shutdown.cancel();
+    }
+}
+
+/// Run the operator until `shutdown` fires.
+pub async fn run(config: OperatorConfig, shutdown: CancellationToken) -> Result<(), Error> {
+    let handle = start_with(config, shutdown).await?;
+    handle.wait().await
+}
+
+/// Start the operator in the background.
+pub async fn start(config: OperatorConfig) -> Result<OperatorHandle, Error> {
+    start_with(config, CancellationToken::new()).await
+}
+
+async fn start_with(config: OperatorConfig, shutdown: CancellationToken) -> Result<OperatorHandle, Error> {
+    let metrics = OperatorMetrics::default();
+    let health = HealthRegistry::new();
+    let ready = HealthRegistry::new();
+    let main_check = health.handle(MAIN_LOOP_CHECK);
+    let crd_check = ready.handle(CRD_CHECK);
+    crd_check.set_unhealthy("waiting for the CloudControllerManager CRD to be established");
+    let local_addr = match &config.http {
+        Some(http) => {
+            let listener = Listener::bind(http).await?;
+            let addr = listener.local_addr();
+            let state = HttpState { health: health.clone(), ready: ready.clone(), metrics: metrics.registry.clone() };
+            tokio::spawn(listener.serve(state, shutdown.clone()));
+            Some(addr)
+        }
+        None => None,
+    };
+    let (leading_tx, leading) = tokio_watch::channel(false);
+    let identity = config.identity.clone();
+    let task_metrics = metrics.clone();
+    let token = shutdown.clone();
+    let crash = CancellationToken::new();
+    let task_crash = crash.clone();
+    let task = tokio::spawn(async move {
+        let result = main_loop(config, task_metrics, crd_check, leading_tx, token, task_crash).await;
+        if let Err(e) = &result {
+            main_check.set_unhealthy(e.to_string());
+            tracing::error!(error = %e, "ccm-operator stopped with an error");
+        }
+        result
+    });
+    Ok(OperatorHandle { shutdown, crash, task, leading, local_addr, metrics, identity })
+}
+
+/// Wait until the CloudControllerManager CRD is Established (or `shutdown` fires).
+pub async fn wait_for_crd(client: &Client, shutdown: &CancellationToken) -> Result<bool, Error> {
+    let name = crds::CloudControllerManager::crd_name();
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let established = api.get_opt(name).await.ok().flatten().is_some_and(|crd| {
+        crd.status
+            .and_then(|s| s.conditions)
+            .into_iter()
+            .flatten()
+            .any(|c| c.type_ == "Established" && c.status == "True")
+    });
+    if established {
+        return Ok(true);
+    }
+    tracing::info!(crd = name, "waiting for the CustomResourceDefinition to be established");
+    tokio::select! {
+        _ = shutdown.cancelled() => Ok(false),
+        r = await_condition(api, name, conditions::is_crd_established()) => {
+            r.map(|_| true).map_err(|e| Error::Wait { what: format!("CRD {name}"), message: e.to_string() })
+        }
+    }
+}
+
+/// Forwards CR triggers (engine state changes, conflicts) to the current term's controller.
+#[derive(Clone, Default)]
+struct TriggerHub {
+    current: Arc<Mutex<Option<mpsc::UnboundedSender<ObjectRef<Guarded>>>>>,
+}
+
+impl TriggerHub {
+    fn spawn(&self, mut rx: mpsc::UnboundedReceiver<ObjectRef<Guarded>>) {
+        let current = self.current.clone();
+        tokio::spawn(async move {
+            while let Some(r) = rx.recv().await {
+                if let Some(tx) = current.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                    let _ = tx.send(r);
+                }
+            }
+        });
+    }
+
+    fn open_term(&self) -> mpsc::UnboundedReceiver<ObjectRef<Guarded>> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
+        rx
+    }
+
+    fn close_term(&self) {
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+}
+
+async fn main_loop(
+    config: OperatorConfig,
+    metrics: OperatorMetrics,
+    crd_check: manager::health::HealthHandle,
+    leading: tokio_watch::Sender<bool>,
+    shutdown: CancellationToken,
+    crash: CancellationToken,
+) -> Result<(), Error> {
+    if !wait_for_crd(&config.client, &shutdown).await? {
+        return Ok(());
+    }
+    crd_check.set_healthy();
+    let (process_tx, process_rx) = mpsc::unbounded_channel();
+    let hub = TriggerHub::default();
+    hub.spawn(process_rx);
+    let events = EventSink::spawn(config.client.clone(), Some(config.identity.clone()), shutdown.clone());
+    let engines = Arc::new(Engines::new(
+        config.client.clone(),
+        config.registry.clone(),
+        config.identity.clone(),
+        process_tx.clone(),
+        metrics.clone(),
+        crash,
+    ));
+    let shared = controller::Shared {
+        client: config.client.clone(),
+        scope: config.scope.clone(),
+        registry: config.registry.clone(),
+        build: config.build.clone(),
+        timings: config.timings.clone(),
+        engines: engines.clone(),
+        trigger: process_tx,
+        events,
+        metrics: metrics.clone(),
+    };
+    let term = |stop: CancellationToken| {
+        let rx = hub.open_term();
+        let shared = shared.clone();
+        tokio::spawn(async move { controller::run(shared, rx, stop).await })
+    };
+    let set_leading = |on: bool| {
+        metrics.set_leader(on);
+        leading.send_replace(on);
+    };
+    match config.leader_election {
+        None => {
+            set_leading(true);
+            tracing::info!(identity = %config.identity, "reconciling (leader election off)");
+            let handle = term(shutdown.clone());
+            let _ = handle.await;
+            engines.stop_all().await;
+            set_leading(false);
+        }
+        Some(le) => {
+            let mut elector = LeaderElector::new(config.client.clone(), le);
+            loop {
+                if !elector.acquire(&shutdown).await {
+                    break;
+                }
+                set_leading(true);
+                tracing::info!(identity = %config.identity, "leading: reconciling CloudControllerManagers");
+                let stop = shutdown.child_token();
+                let handle = term(stop.clone());
+                let end = elector.hold(&shutdown).await;
+                stop.cancel();
+                let _ = handle.await;
+                hub.close_term();
+                engines.stop_all().await;
+                set_leading(false);
+                match end {
+                    TermEnd::Stopped => {
+                        if let Err(e) = elector.release().await {
+                            tracing::warn!(error = %e, "could not release the operator Lease");
+                        }
+                        break;
+                    }
+                    TermEnd::Lost => {
+                        tracing::warn!("lost the operator Lease; standing by");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}

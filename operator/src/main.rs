@@ -1,1 +1,160 @@
-fn main() {}
+//! `ccm-operator`: runs the operator, or prints the CRD (`ccm-operator crd`).
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{ArgAction, Parser, Subcommand};
+use manager::client::{self, ClientSource, RateLimitLayer};
+use manager::http::HttpConfig;
+use operator::{BuildSettings, OperatorConfig, Scope, Timings};
+use tracing_subscriber::EnvFilter;
+
+/// Where a pod's own namespace is mounted in-cluster.
+const NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+/// The ccm-operator: reconciles CloudControllerManager resources into running
+/// cloud-controller-managers.
+#[derive(Debug, Parser)]
+#[command(name = "ccm-operator", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    run: RunFlags,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Print the CloudControllerManager CustomResourceDefinition as YAML.
+    Crd,
+    /// Run the operator (the default).
+    Run,
+}
+
+#[derive(Debug, clap::Args)]
+struct RunFlags {
+    /// Path to a kubeconfig; default: in-cluster configuration, else the usual kubeconfig.
+    #[arg(long, env = "KUBECONFIG", value_name = "path")]
+    kubeconfig: Option<String>,
+    /// Namespaces to serve, comma-separated; empty serves every namespace.
+    #[arg(long, env = "WATCH_NAMESPACES", value_delimiter = ',', value_name = "namespaces")]
+    namespaces: Vec<String>,
+    /// Image of the cloud-controller-manager in Deployment and DaemonSet modes (a CR's
+    /// spec.deployment.image overrides it).
+    #[arg(long, env = "MANAGER_IMAGE", default_value_t = BuildSettings::default().manager_image, value_name = "image")]
+    manager_image: String,
+    /// ClusterRole (installed by the Helm chart) bound cluster-wide to each manager's
+    /// ServiceAccount; the operator needs only `bind` on it.
+    #[arg(long, default_value = "ccm-manager", value_name = "name")]
+    manager_cluster_role: String,
+    /// ClusterRole (installed by the Helm chart) bound in each CR's namespace to its manager,
+    /// for the manager's Lease and the CR's status; the operator needs only `bind` on it.
+    #[arg(long, default_value = "ccm-manager-namespace", value_name = "name")]
+    manager_namespace_role: String,
+    /// Address of /healthz, /livez, /readyz and /metrics; empty disables them.
+    #[arg(long, default_value = "0.0.0.0:8080", value_name = "host:port")]
+    http_address: String,
+    /// Elect a leader on Lease `ccm-operator`, so that only one replica reconciles.
+    #[arg(long, default_value_t = true, action = ArgAction::Set, value_name = "bool")]
+    leader_elect: bool,
+    /// Namespace of the operator's Lease; default: the pod's namespace, else kube-system.
+    #[arg(long, env = "POD_NAMESPACE", value_name = "namespace")]
+    leader_elect_namespace: Option<String>,
+    /// How long transient failures must last before Degraded turns True.
+    #[arg(long, default_value = "2m", value_parser = manager::flags::parse_duration, value_name = "duration")]
+    degraded_window: Duration,
+    /// Reconcile every CloudControllerManager at least this often.
+    #[arg(long, default_value = "5m", value_parser = manager::flags::parse_duration, value_name = "duration")]
+    resync_period: Duration,
+    /// Reconciles running at once.
+    #[arg(long, default_value_t = 8, value_name = "int")]
+    concurrency: u16,
+    /// Log level (RUST_LOG overrides it).
+    #[arg(long, default_value = "info", value_name = "level")]
+    log_level: String,
+    /// Log as JSON lines.
+    #[arg(long, default_value_t = false)]
+    log_json: bool,
+}
+
+fn init_logging(level: &str, json: bool) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = if json { builder.json().try_init() } else { builder.try_init() };
+}
+
+fn lease_namespace(flag: Option<String>) -> String {
+    flag.filter(|n| !n.is_empty())
+        .or_else(|| std::fs::read_to_string(NAMESPACE_FILE).ok().map(|n| n.trim().to_string()))
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| "kube-system".to_string())
+}
+
+async fn run(flags: RunFlags) -> Result<(), operator::Error> {
+    let source = ClientSource { kubeconfig: flags.kubeconfig.clone(), master: None };
+    let config = client::load_config(&source).await?;
+    let client = client::build_client(config, &RateLimitLayer::disabled())?;
+    let namespaces: Vec<String> =
+        flags.namespaces.into_iter().map(|n| n.trim().to_string()).filter(|n| !n.is_empty()).collect();
+    let http = if flags.http_address.is_empty() {
+        None
+    } else {
+        let address: SocketAddr = flags
+            .http_address
+            .parse()
+            .map_err(|e| operator::Error::Config(format!("--http-address {:?}: {e}", flags.http_address)))?;
+        Some(HttpConfig { address, tls: None })
+    };
+    let mut config = OperatorConfig::new(client);
+    config.scope = if namespaces.is_empty() { Scope::All } else { Scope::Namespaces(namespaces) };
+    config.build = BuildSettings {
+        manager_image: flags.manager_image,
+        manager_cluster_role: flags.manager_cluster_role,
+        manager_namespace_role: flags.manager_namespace_role,
+    };
+    config.http = http;
+    config.timings = Timings {
+        degraded_window: flags.degraded_window,
+        requeue: flags.resync_period,
+        concurrency: flags.concurrency,
+        ..Timings::default()
+    };
+    if flags.leader_elect {
+        let ns = lease_namespace(flags.leader_elect_namespace);
+        config.leader_election = Some(OperatorConfig::operator_lease(&ns, &config.identity));
+    }
+    tracing::info!(version = env!("CARGO_PKG_VERSION"), identity = %config.identity, scope = ?config.scope, "starting ccm-operator");
+    operator::run(config, manager::engine::app::shutdown_on_signal()).await
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Some(Command::Crd) = cli.command {
+        return match crds::crd_yaml() {
+            Ok(yaml) => {
+                print!("{yaml}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(1)
+            }
+        };
+    }
+    init_logging(&cli.run.log_level, cli.run.log_json);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: could not start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(run(cli.run)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "ccm-operator failed");
+            ExitCode::from(1)
+        }
+    }
+}

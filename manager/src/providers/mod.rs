@@ -1,8 +1,17 @@
 //! Built-in providers.
 
+pub mod baremetal;
+pub mod fake;
+
 use crate::registry::Registry;
 
 /// Register every built-in provider into `registry`.
 pub fn register_builtin(registry: &mut Registry) {
-    let _ = registry;
+    // A name clash means the caller registered its own provider under a built-in name first.
+    if let Err(error) = fake::register(registry) {
+        tracing::warn!(%error, "built-in provider not registered");
+    }
+    if let Err(error) = baremetal::register(registry) {
+        tracing::warn!(%error, "built-in provider not registered");
+    }
 }

@@ -1,0 +1,72 @@
+{{/* Chart name, overridable. */}}
+{{- define "ccm-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name prefix of every namespaced object; a release called like the chart is not repeated. */}}
+{{- define "ccm-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Labels of every object. */}}
+{{- define "ccm-operator.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "ccm-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: ccm-operator
+{{- end }}
+
+{{/* Labels that select the operator pods; never change them, Deployment selectors are immutable. */}}
+{{- define "ccm-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "ccm-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* The operator's ServiceAccount name. */}}
+{{- define "ccm-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "ccm-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* An image reference from {repository, tag, digest}; the tag defaults to appVersion. */}}
+{{- define "ccm-operator.image" -}}
+{{- $image := index . 0 }}
+{{- $root := index . 1 }}
+{{- if $image.digest }}
+{{- printf "%s@%s" $image.repository $image.digest }}
+{{- else }}
+{{- printf "%s:%s" $image.repository (default $root.Chart.AppVersion $image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* Whether the operator replicas elect a leader: always with more than one replica. */}}
+{{- define "ccm-operator.leaderElection" -}}
+{{- if or (gt (int .Values.replicas) 1) .Values.leaderElection.enabled }}true{{ else }}false{{ end }}
+{{- end }}
+
+{{/* The Lease the operator replicas elect a leader on. */}}
+{{- define "ccm-operator.leaseName" -}}
+ccm-operator
+{{- end }}
+
+{{/* Names of the CRDs in crds/, read from the generated files, as a quoted, comma-separated list. */}}
+{{- define "ccm-operator.crdNames" -}}
+{{- $names := list }}
+{{- range $path, $_ := .Files.Glob "crds/*.yaml" }}
+{{- $names = append $names (($.Files.Get $path | fromYaml).metadata.name | quote) }}
+{{- end }}
+{{- required "the chart's crds/ folder holds no CRD" (join ", " $names) }}
+{{- end }}

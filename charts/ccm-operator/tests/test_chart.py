@@ -1,0 +1,590 @@
+"""Chart tests with real Helm (helm-sdkpy): lint, schema, rendering and install.
+
+Run through `run.py` (which `cargo test -p e2e --test chart` calls with a local API server).
+Tests marked as needing a cluster read the kubeconfig from CHART_TEST_KUBECONFIG.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import unittest
+import uuid
+from typing import Any
+
+import yaml
+
+import helmlib
+from helmlib import CHART, Cluster, find, one
+
+IN_CI = os.environ.get("CI") == "true"
+KUBECONFIG = os.environ.get("CHART_TEST_KUBECONFIG")
+CRD_FILE = CHART / "crds" / "cloudcontrollermanagers.ccm.rs.yaml"
+APP_VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+
+
+def needs_cluster(cls):
+    """Skip a test class without a cluster, except in CI, where that is a failure."""
+    if KUBECONFIG or IN_CI:
+        return cls
+    return unittest.skip("CHART_TEST_KUBECONFIG is not set: no API server to install into")(cls)
+
+
+def crd_name() -> str:
+    return yaml.safe_load(CRD_FILE.read_text())["metadata"]["name"]
+
+
+def values(**overrides: Any) -> dict[str, Any]:
+    """Default values with dotted-path overrides, e.g. values(**{"embedded.enabled": True})."""
+    out: dict[str, Any] = {}
+    for path, value in overrides.items():
+        node = out
+        *parents, leaf = path.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return out
+
+
+def container(objects, name="operator") -> dict[str, Any]:
+    deployment = one(objects, "Deployment")
+    return next(c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == name)
+
+
+def arg(objects, flag: str) -> str | None:
+    """The value of `--flag=value` in the operator's arguments."""
+    for a in container(objects)["args"]:
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def operator_rules(objects) -> list[dict[str, Any]]:
+    """Rules of the operator's ClusterRole: the one its ClusterRoleBinding names."""
+    sa = one(objects, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
+    binding = next(b for b in find(objects, "ClusterRoleBinding")
+                   if any(s["name"] == sa for s in b["subjects"]) and "-embedded-" not in b["metadata"]["name"])
+    return one(objects, "ClusterRole", binding["roleRef"]["name"])["rules"]
+
+
+def rules_for(rules, group: str, resource: str) -> list[dict[str, Any]]:
+    return [r for r in rules if group in r.get("apiGroups", []) and resource in r.get("resources", [])]
+
+
+def verbs_for(rules, group: str, resource: str, name: str | None = None) -> set[str]:
+    """Verbs `rules` allow on `group/resource` (on object `name`, or on any object)."""
+    out: set[str] = set()
+    for r in rules_for(rules, group, resource):
+        names = r.get("resourceNames")
+        if names and (name is None or name not in names):
+            continue
+        out |= set(r["verbs"])
+    return out
+
+
+class Static(unittest.TestCase):
+    """Checks on the chart's files that need no Helm."""
+
+    def schema(self) -> dict[str, Any]:
+        import json
+
+        return json.loads((CHART / "values.schema.json").read_text())
+
+    def test_every_value_is_in_the_schema_and_every_schema_key_has_a_default(self):
+        def walk(vals, schema, path):
+            props = schema.get("properties")
+            if props is None:  # a free-form Kubernetes object or map: nothing to match
+                return
+            self.assertIs(schema.get("additionalProperties"), False, f"{path or '<root>'}: unknown keys must fail")
+            self.assertIsInstance(vals, dict, path)
+            self.assertEqual(sorted(vals), sorted(props), f"values.yaml and schema differ at {path or '<root>'}")
+            for key, sub in props.items():
+                self.assertTrue(sub.get("description"), f"schema {path}{key} has no description")
+                walk(vals[key], sub, f"{path}{key}.")
+
+        walk(helmlib.chart_values(), self.schema(), "")
+
+    def test_every_leaf_value_has_a_comment_in_values_yaml(self):
+        schema = self.schema()
+        lines = (CHART / "values.yaml").read_text().splitlines()
+        stack: list[tuple[int, str]] = []
+        undocumented = []
+        for i, line in enumerate(lines):
+            m = re.match(r"^( *)([A-Za-z][A-Za-z0-9]*):", line)
+            if not m:
+                continue
+            indent = len(m.group(1))
+            while stack and stack[-1][0] >= indent:
+                stack.pop()
+            stack.append((indent, m.group(2)))
+            node, inside_free_form = schema, False
+            for _, key in stack:
+                if "properties" not in node:
+                    inside_free_form = True  # e.g. resources.requests: a Kubernetes object's insides
+                    break
+                node = node["properties"].get(key, {})
+            if inside_free_form or "properties" in node:  # parents: their children carry the comments
+                continue
+            previous = lines[i - 1].strip() if i else ""
+            if not previous.startswith("#"):
+                undocumented.append(".".join(k for _, k in stack))
+        self.assertEqual(undocumented, [], "values without a comment right above them")
+
+    def test_every_rbac_rule_says_why(self):
+        for path in sorted((CHART / "templates").glob("*.yaml")):
+            lines = path.read_text().splitlines()
+            for i, line in enumerate(lines):
+                if line.strip().startswith("- apiGroups:"):
+                    self.assertTrue(lines[i - 1].strip().startswith("#"), f"{path.name}:{i + 1}: rule without a comment")
+
+    def test_ci_overlays_exist(self):
+        self.assertGreaterEqual(len(helmlib.CI_VALUES), 3, "charts/ccm-operator/ci/ should hold values overlays")
+
+
+class Lint(unittest.TestCase):
+    """`helm lint`, which also validates the values against values.schema.json."""
+
+    def test_lint_passes_with_default_values(self):
+        self.assertEqual(helmlib.lint(), [])
+
+    def test_lint_passes_with_each_ci_overlay(self):
+        defaults = helmlib.chart_values()
+        for path in helmlib.CI_VALUES:
+            with self.subTest(overlay=path.name):
+                self.assertEqual(helmlib.lint(helmlib.merge(defaults, helmlib.load_yaml(path))), [])
+
+    def test_schema_rejects_bad_values(self):
+        defaults = helmlib.chart_values()
+        bad = {
+            "negative replicas": {"replicas": -1},
+            "zero replicas": {"replicas": 0},
+            "replicas as a string": {"replicas": "2"},
+            "unknown top-level key": {"replica": 2},
+            "unknown nested key": {"image": {"tagg": "1.0"}},
+            "unknown deep key": {"manager": {"rbac": {"clusterRoleNmae": "x"}}},
+            "boolean as a string": {"embedded": {"enabled": "yes"}},
+            "unknown pull policy": {"image": {"pullPolicy": "Sometimes"}},
+            "port out of range": {"metrics": {"port": 70000}},
+            "malformed duration": {"serviceMonitor": {"interval": "fast"}},
+            "malformed digest": {"image": {"digest": "latest"}},
+            "empty manager role name": {"manager": {"rbac": {"clusterRoleName": ""}}},
+        }
+        for case, overlay in bad.items():
+            with self.subTest(case=case):
+                errors = helmlib.lint(helmlib.merge(defaults, overlay))
+                self.assertIn("values.yaml", [e.get("Path") for e in errors], f"{case} was accepted")
+
+
+@needs_cluster
+class Render(unittest.TestCase):
+    """What the templates produce, rendered by Helm against the test API server."""
+
+    @classmethod
+    def setUpClass(cls):
+        if not KUBECONFIG:
+            raise AssertionError("CI=true but CHART_TEST_KUBECONFIG is not set")
+        cls.cluster = Cluster(KUBECONFIG)
+        cls.cluster.install_servicemonitor_crd()
+
+    def render(self, vals=None):
+        # A fresh release name each time, so cluster-scoped names never collide between tests.
+        return self.cluster.render(vals, release=f"r{uuid.uuid4().hex[:8]}")
+
+    def render_named(self, vals=None):
+        return self.cluster.render(vals, release="ccm-operator")
+
+    def test_default_install_renders_only_the_essentials(self):
+        objects = self.render_named()
+        kinds = sorted(f"{o['kind']}/{o['metadata']['name']}" for o in objects)
+        self.assertEqual(
+            kinds,
+            [
+                "ClusterRole/ccm-manager",
+                "ClusterRole/ccm-manager-namespace",
+                "ClusterRole/ccm-operator",
+                "ClusterRoleBinding/ccm-operator",
+                "Deployment/ccm-operator",
+                "Service/ccm-operator-metrics",
+                "ServiceAccount/ccm-operator",
+            ],
+        )
+
+    def test_restricted_pod_security_by_default(self):
+        objects = self.render()
+        pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+        self.assertTrue(pod["securityContext"]["runAsNonRoot"])
+        self.assertEqual(pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault")
+        sc = container(objects)["securityContext"]
+        self.assertIs(sc["allowPrivilegeEscalation"], False)
+        self.assertIs(sc["readOnlyRootFilesystem"], True)
+        self.assertIs(sc["runAsNonRoot"], True)
+        self.assertEqual(sc["capabilities"]["drop"], ["ALL"])
+        self.assertNotIn("add", sc["capabilities"])
+        self.assertEqual(sc["seccompProfile"]["type"], "RuntimeDefault")
+        self.assertFalse(pod.get("hostNetwork", False))
+        self.assertIn("requests", container(objects)["resources"])
+        self.assertIn("memory", container(objects)["resources"]["limits"])
+
+    def test_liveness_and_readiness_probe_different_endpoints_on_the_operator_port(self):
+        objects = self.render()
+        c = container(objects)
+        live, ready = c["livenessProbe"]["httpGet"], c["readinessProbe"]["httpGet"]
+        self.assertEqual(live["path"], "/livez")
+        self.assertEqual(ready["path"], "/readyz")
+        port = next(p for p in c["ports"] if p["name"] == "http")
+        self.assertEqual((live["port"], ready["port"]), ("http", "http"))
+        self.assertEqual(arg(objects, "--http-address"), f"0.0.0.0:{port['containerPort']}")
+        self.assertEqual(one(objects, "Service")["spec"]["ports"][0]["targetPort"], "http")
+
+    def test_manager_image_and_cluster_roles_are_passed_to_the_operator(self):
+        objects = self.render()
+        self.assertEqual(arg(objects, "--manager-image"), f"ghcr.io/ccm-rs/cloud-controller-manager:{APP_VERSION}")
+        self.assertEqual(container(objects)["image"], f"ghcr.io/ccm-rs/ccm-operator:{APP_VERSION}")
+        one(objects, "ClusterRole", arg(objects, "--manager-cluster-role"))
+        one(objects, "ClusterRole", arg(objects, "--manager-namespace-role"))
+        self.assertEqual(arg(objects, "--manager-cluster-role"), "ccm-manager")
+        self.assertIsNone(arg(objects, "--namespaces"), "every namespace is served by default")
+
+    def test_operator_defines_every_flag_the_chart_passes(self):
+        # A flag the binary does not know makes it exit at start: compare with its clap flags.
+        main = CHART.parent.parent / "operator" / "src" / "main.rs"
+        if not main.exists():
+            self.skipTest("not in the ccm-operator repository")
+        source = main.read_text()
+        known = set()
+        for m in re.finditer(r'#\[arg\(([^\]]*?)\)\]\s*(?:pub\s+)?(\w+)\s*:', source):
+            attrs, field = m.group(1), m.group(2)
+            explicit = re.search(r'long\s*=\s*"([^"]+)"', attrs)
+            if explicit:
+                known.add(explicit.group(1))
+            elif re.search(r'\blong\b', attrs):
+                known.add(field.replace("_", "-"))
+        self.assertIn("manager-image", known, "could not read the operator's flags")
+        overlays = [None, helmlib.load_yaml(CHART / "ci" / "full-values.yaml"), values(replicas=2)]
+        for overlay in overlays:
+            extra = set((overlay or {}).get("extraArgs", []))
+            for a in container(self.render(overlay))["args"]:
+                if a in extra:
+                    continue
+                flag = a.split("=", 1)[0].removeprefix("--")
+                self.assertIn(flag, known, f"the chart passes {a}, which ccm-operator does not define")
+
+    def test_single_replica_runs_without_leader_election_and_never_overlaps(self):
+        objects = self.render()
+        deployment = one(objects, "Deployment")
+        self.assertEqual(deployment["spec"]["replicas"], 1)
+        self.assertEqual(arg(objects, "--leader-elect"), "false")
+        self.assertEqual(deployment["spec"]["strategy"]["type"], "Recreate")
+        self.assertEqual(find(objects, "PodDisruptionBudget"), [])
+        self.assertEqual(find(objects, "Role"), [])
+
+    def test_several_replicas_elect_a_leader_and_get_a_disruption_budget(self):
+        objects = self.render(values(replicas=3))
+        deployment = one(objects, "Deployment")
+        self.assertEqual(deployment["spec"]["replicas"], 3)
+        self.assertEqual(arg(objects, "--leader-elect"), "true")
+        self.assertNotIn("strategy", deployment["spec"])
+        pdb = one(objects, "PodDisruptionBudget")
+        self.assertEqual(pdb["spec"]["maxUnavailable"], 1)
+        self.assertEqual(pdb["spec"]["selector"]["matchLabels"], deployment["spec"]["selector"]["matchLabels"])
+        role = one(objects, "Role")
+        self.assertEqual(role["metadata"]["namespace"], deployment["metadata"]["namespace"])
+        self.assertEqual(arg(objects, "--leader-elect-namespace"), role["metadata"]["namespace"])
+        rules = role["rules"]
+        self.assertEqual(verbs_for(rules, "coordination.k8s.io", "leases", "ccm-operator"), {"create", "get", "update"})
+        self.assertEqual(verbs_for(rules, "coordination.k8s.io", "leases", "another-lease"), {"create"})
+        binding = one(objects, "RoleBinding")
+        self.assertEqual(binding["roleRef"]["name"], role["metadata"]["name"])
+        self.assertEqual(binding["subjects"][0]["name"], deployment["spec"]["template"]["spec"]["serviceAccountName"])
+
+    def test_leader_election_can_be_forced_on_for_one_replica(self):
+        objects = self.render(values(**{"leaderElection.enabled": True}))
+        self.assertEqual(arg(objects, "--leader-elect"), "true")
+        one(objects, "Role")
+        self.assertEqual(find(objects, "PodDisruptionBudget"), [])
+
+    def test_operator_role_is_least_privilege(self):
+        objects = self.render()
+        rules = operator_rules(objects)
+        for rule in rules:
+            for field in ("apiGroups", "resources", "verbs"):
+                self.assertNotIn("*", rule.get(field, []), f"wildcard in {rule}")
+            self.assertNotIn("escalate", rule["verbs"])
+            self.assertNotIn("impersonate", rule["verbs"])
+        # Its own resource, status and finalizers.
+        self.assertLessEqual({"get", "list", "watch", "patch"}, verbs_for(rules, "ccm.rs", "cloudcontrollermanagers"))
+        self.assertIn("patch", verbs_for(rules, "ccm.rs", "cloudcontrollermanagers/status"))
+        self.assertIn("update", verbs_for(rules, "ccm.rs", "cloudcontrollermanagers/finalizers"))
+        # The kinds it owns.
+        for group, resource in [("apps", "deployments"), ("apps", "daemonsets"), ("", "serviceaccounts"),
+                                ("rbac.authorization.k8s.io", "clusterrolebindings"),
+                                ("rbac.authorization.k8s.io", "rolebindings"), ("policy", "poddisruptionbudgets")]:
+            with self.subTest(resource=resource):
+                self.assertLessEqual({"get", "list", "watch", "create", "patch", "delete"},
+                                     verbs_for(rules, group, resource))
+        # Secrets: read-only.
+        self.assertEqual(verbs_for(rules, "", "secrets"), {"get", "list", "watch"})
+        # `bind` on the manager ClusterRole and nothing else.
+        bind = [r for r in rules if "bind" in r["verbs"]]
+        self.assertEqual(len(bind), 1)
+        self.assertEqual(bind[0]["resources"], ["clusterroles"])
+        self.assertEqual(bind[0]["resourceNames"], ["ccm-manager", "ccm-manager-namespace"])
+        self.assertEqual(verbs_for(rules, "rbac.authorization.k8s.io", "clusterroles", "cluster-admin"), set())
+        # Never the manager's own permissions, and no writes to leases outside its Role.
+        for resource in ("nodes", "nodes/status", "services", "services/status"):
+            self.assertEqual(verbs_for(rules, "", resource), set(), resource)
+        self.assertEqual(verbs_for(rules, "coordination.k8s.io", "leases") - {"get", "list", "watch"}, set())
+        self.assertIn("create", verbs_for(rules, "events.k8s.io", "events"))
+
+    def test_operator_may_touch_only_its_own_crd(self):
+        for manage in (True, False):
+            with self.subTest(manage=manage):
+                objects = self.render(values(**{"crds.manage": manage}))
+                rules = operator_rules(objects)
+                crd_rules = rules_for(rules, "apiextensions.k8s.io", "customresourcedefinitions")
+                self.assertEqual(len(crd_rules), 1)
+                self.assertEqual(crd_rules[0]["resourceNames"], [crd_name()])
+                expected = {"get", "list", "watch"} | ({"patch"} if manage else set())
+                self.assertEqual(set(crd_rules[0]["verbs"]), expected)
+
+    def test_manager_roles_grant_what_a_cloud_controller_manager_needs(self):
+        objects = self.render()
+        cluster_wide = one(objects, "ClusterRole", "ccm-manager")["rules"]
+        own_namespace = one(objects, "ClusterRole", "ccm-manager-namespace")["rules"]
+        needed = {
+            ("", "nodes"): (cluster_wide, {"get", "list", "watch", "patch", "delete"}),
+            ("", "nodes/status"): (cluster_wide, {"patch"}),
+            ("", "services"): (cluster_wide, {"get", "list", "watch", "patch"}),
+            ("", "services/status"): (cluster_wide, {"patch"}),
+            ("events.k8s.io", "events"): (cluster_wide, {"create", "patch"}),
+            ("coordination.k8s.io", "leases"): (own_namespace, {"get", "create", "update"}),
+            ("ccm.rs", "cloudcontrollermanagers"): (own_namespace, {"get"}),
+            ("ccm.rs", "cloudcontrollermanagers/status"): (own_namespace, {"patch"}),
+        }
+        for (group, resource), (rules, verbs) in needed.items():
+            with self.subTest(resource=resource):
+                self.assertLessEqual(verbs, verbs_for(rules, group, resource))
+        # Leases and its own resource only in its namespace, never cluster-wide.
+        self.assertEqual(verbs_for(cluster_wide, "coordination.k8s.io", "leases"), set())
+        self.assertEqual(verbs_for(cluster_wide, "ccm.rs", "cloudcontrollermanagers/status"), set())
+        for rules in (cluster_wide, own_namespace):
+            self.assertEqual(verbs_for(rules, "", "secrets"), set(), "the manager reads its cloud-config from a volume")
+            for rule in rules:
+                for field in ("apiGroups", "resources", "verbs"):
+                    self.assertNotIn("*", rule.get(field, []))
+
+    def test_embedded_mode_rules_only_when_enabled(self):
+        def bound_to_operator(objects):
+            sa = one(objects, "ServiceAccount")["metadata"]["name"]
+            return sorted(b["roleRef"]["name"] for b in find(objects, "ClusterRoleBinding")
+                          if [s["name"] for s in b["subjects"]] == [sa] and b["roleRef"]["kind"] == "ClusterRole")
+
+        objects = self.render_named()
+        self.assertEqual(bound_to_operator(objects), ["ccm-operator"],
+                         "Deployment-mode installs must not give the operator the manager's rights")
+        objects = self.render_named(values(**{"embedded.enabled": True}))
+        self.assertEqual(bound_to_operator(objects), ["ccm-manager", "ccm-manager-namespace", "ccm-operator"])
+
+    def test_manager_role_names_are_configurable_and_consistent(self):
+        objects = self.render(values(**{"manager.rbac.clusterRoleName": "blue", "embedded.enabled": True,
+                                        "manager.rbac.namespaceRoleName": "blue-ns"}))
+        one(objects, "ClusterRole", "blue")
+        one(objects, "ClusterRole", "blue-ns")
+        self.assertEqual(find(objects, "ClusterRole", "ccm-manager"), [])
+        self.assertEqual(arg(objects, "--manager-cluster-role"), "blue")
+        self.assertEqual(arg(objects, "--manager-namespace-role"), "blue-ns")
+        bind = next(r for o in find(objects, "ClusterRole") for r in o["rules"] if "bind" in r["verbs"])
+        self.assertEqual(bind["resourceNames"], ["blue", "blue-ns"])
+        embedded = sorted(b["roleRef"]["name"] for b in find(objects, "ClusterRoleBinding")
+                          if b["roleRef"]["name"].startswith("blue"))
+        self.assertEqual(embedded, ["blue", "blue-ns"])
+
+    def test_manager_roles_can_be_left_to_someone_else(self):
+        objects = self.render(values(**{"manager.rbac.create": False}))
+        self.assertEqual([o["metadata"]["name"] for o in find(objects, "ClusterRole") if "manager" in o["metadata"]["name"]], [])
+        self.assertEqual(arg(objects, "--manager-cluster-role"), "ccm-manager")
+
+    def test_rbac_and_service_account_can_be_disabled(self):
+        objects = self.render(values(**{"rbac.create": False, "serviceAccount.create": False,
+                                        "serviceAccount.name": "existing"}))
+        for kind in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount"):
+            if kind == "ClusterRole":
+                # The manager's ClusterRoles have their own switch (manager.rbac.create).
+                self.assertEqual([o for o in find(objects, kind) if "ccm-manager" not in o["metadata"]["name"]], [])
+            else:
+                self.assertEqual(find(objects, kind), [], kind)
+        self.assertEqual(one(objects, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"], "existing")
+
+    def test_service_account_name_is_required_when_not_created(self):
+        with self.assertRaises(Exception) as ctx:
+            self.render(values(**{"serviceAccount.create": False}))
+        self.assertIn("serviceAccount.name is required", str(ctx.exception))
+
+    def test_full_overlay_passes_every_scheduling_and_image_setting_through(self):
+        overlay = helmlib.load_yaml(CHART / "ci" / "full-values.yaml")
+        objects = self.render(overlay)
+        deployment = one(objects, "Deployment", "ccm")
+        pod = deployment["spec"]["template"]["spec"]
+        self.assertEqual(pod["imagePullSecrets"], [{"name": "regcred"}])
+        self.assertEqual(pod["nodeSelector"], overlay["nodeSelector"])
+        self.assertEqual(pod["tolerations"], overlay["tolerations"])
+        self.assertEqual(pod["priorityClassName"], "system-cluster-critical")
+        self.assertEqual(pod["serviceAccountName"], "ccm-operator-sa")
+        self.assertEqual(deployment["spec"]["template"]["metadata"]["annotations"]["example.com/team"], "platform")
+        self.assertEqual(deployment["spec"]["template"]["metadata"]["labels"]["example.com/tier"], "control-plane")
+        c = container(objects)
+        self.assertEqual(c["image"], f"registry.example.com/ccm-operator@{overlay['image']['digest']}")
+        self.assertEqual(c["imagePullPolicy"], "Always")
+        self.assertEqual(c["args"][-1], "--example-flag=1")
+        self.assertEqual(arg(objects, "--namespaces"), "kube-system,cloud")
+        self.assertEqual(arg(objects, "--http-address"), "0.0.0.0:9090")
+        self.assertEqual(arg(objects, "--manager-image"), "registry.example.com/cloud-controller-manager:0.1.0-rc.1")
+        self.assertIn({"name": "RUST_LOG", "value": "info,operator=debug"}, c["env"])
+        self.assertIn({"name": "EXTRA", "value": "1"}, c["env"])
+        self.assertEqual(one(objects, "ServiceAccount")["metadata"]["annotations"], {"example.com/owner": "platform"})
+
+        affinity = self.render(helmlib.load_yaml(CHART / "ci" / "ha-values.yaml"))
+        self.assertEqual(one(affinity, "Deployment")["spec"]["template"]["spec"]["affinity"],
+                         helmlib.load_yaml(CHART / "ci" / "ha-values.yaml")["affinity"])
+
+    def test_service_monitor_only_when_enabled_and_aimed_at_the_metrics_service(self):
+        self.assertEqual(find(self.render(), "ServiceMonitor"), [])
+        objects = self.render(values(**{"serviceMonitor.enabled": True, "serviceMonitor.labels": {"release": "prom"}}))
+        monitor = one(objects, "ServiceMonitor")
+        service = one(objects, "Service")
+        self.assertEqual(monitor["metadata"]["labels"]["release"], "prom")
+        for key, value in monitor["spec"]["selector"]["matchLabels"].items():
+            self.assertEqual(service["metadata"]["labels"].get(key), value)
+        self.assertEqual(monitor["spec"]["endpoints"][0]["port"], service["spec"]["ports"][0]["name"])
+        self.assertEqual(service["spec"]["selector"], one(objects, "Deployment")["spec"]["selector"]["matchLabels"])
+
+    def test_service_monitor_without_the_metrics_service_is_refused(self):
+        with self.assertRaises(Exception) as ctx:
+            self.render(values(**{"serviceMonitor.enabled": True, "metrics.service.enabled": False}))
+        self.assertIn("metrics.service.enabled", str(ctx.exception))
+
+    def test_schema_errors_name_the_offending_value(self):
+        for overlay, needle in [(values(replicas=-1), "replicas"), (values(bogus=True), "bogus")]:
+            with self.subTest(needle=needle):
+                with self.assertRaises(Exception) as ctx:
+                    self.render(overlay)
+                message = str(ctx.exception)
+                self.assertIn("schema", message)
+                self.assertIn(needle, message)
+
+
+class _Installed(unittest.TestCase):
+    """A real `helm install` into the test API server; each class has its own release, namespace
+    and manager ClusterRole name, so classes never collide on cluster-scoped objects."""
+
+    NS = ""
+    VALUES: dict[str, Any] = {}
+
+    @classmethod
+    def setUpClass(cls):
+        if not KUBECONFIG:
+            raise AssertionError("CI=true but CHART_TEST_KUBECONFIG is not set")
+        cls.cluster = Cluster(KUBECONFIG)
+        cls.release = cls.cluster.install("ccm-operator", cls.NS, cls.VALUES)
+
+    @classmethod
+    def tearDownClass(cls):
+        try:
+            cls.cluster.uninstall("ccm-operator", cls.NS)
+        except Exception:
+            pass  # already uninstalled by the test
+
+
+@needs_cluster
+class Install(_Installed):
+    """The default install (with Embedded mode allowed), and what exists afterwards."""
+
+    NS = "ccm-system"
+    VALUES = values(**{"embedded.enabled": True})
+
+    def test_install_creates_the_operator_and_its_rbac(self):
+        c = self.cluster
+        self.assertEqual(self.release["info"]["status"], "deployed")
+        for path in [
+            f"/apis/apps/v1/namespaces/{self.NS}/deployments/ccm-operator",
+            f"/api/v1/namespaces/{self.NS}/serviceaccounts/ccm-operator",
+            f"/api/v1/namespaces/{self.NS}/services/ccm-operator-metrics",
+            "/apis/rbac.authorization.k8s.io/v1/clusterroles/ccm-operator",
+            "/apis/rbac.authorization.k8s.io/v1/clusterroles/ccm-manager",
+            "/apis/rbac.authorization.k8s.io/v1/clusterroles/ccm-manager-namespace",
+            "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/ccm-operator",
+            "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/ccm-operator-embedded-ccm-manager",
+            "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/ccm-operator-embedded-ccm-manager-namespace",
+        ]:
+            with self.subTest(path=path):
+                obj = c.get(path)
+                self.assertIsNotNone(obj, f"{path} was not created")
+                self.assertEqual(obj["metadata"]["labels"]["app.kubernetes.io/managed-by"], "Helm")
+        deployment = c.get(f"/apis/apps/v1/namespaces/{self.NS}/deployments/ccm-operator")
+        self.assertEqual(deployment["spec"]["template"]["spec"]["serviceAccountName"], "ccm-operator")
+
+    def test_install_creates_the_crd_from_crds_and_it_serves_the_examples(self):
+        c = self.cluster
+        crd = c.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd_name()}")
+        self.assertIsNotNone(crd)
+        self.assertEqual(crd["spec"]["group"], "ccm.rs")
+        # Objects from crds/ carry no release metadata: Helm never upgrades or deletes them.
+        self.assertNotIn("meta.helm.sh/release-name", crd["metadata"].get("annotations") or {})
+        for path in sorted((CHART / "examples").glob("*.yaml")):
+            example = helmlib.load_yaml(path)
+            ns, name = example["metadata"]["namespace"], example["metadata"]["name"]
+            with self.subTest(example=path.name):
+                c.ensure_namespace(ns)
+                c.create(f"/apis/ccm.rs/v1alpha1/namespaces/{ns}/cloudcontrollermanagers", example)
+                got = c.get(f"/apis/ccm.rs/v1alpha1/namespaces/{ns}/cloudcontrollermanagers/{name}")
+                self.assertEqual(got["spec"]["provider"], example["spec"]["provider"])
+
+
+@needs_cluster
+class Upgrade(_Installed):
+    """`helm upgrade`: the release changes, the CRD does not (hence crds.manage)."""
+
+    NS = "ccm-upgrade"
+    VALUES = values(**{"manager.rbac.clusterRoleName": "ccm-manager-upgrade",
+                       "manager.rbac.namespaceRoleName": "ccm-manager-namespace-upgrade"})
+
+    def test_helm_upgrade_changes_the_release_but_never_the_crd(self):
+        c = self.cluster
+        path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd_name()}"
+        status, body = c.request("PATCH", path, {"metadata": {"labels": {"chart-test/marker": "before-upgrade"}}},
+                                 content_type="application/merge-patch+json")
+        self.assertEqual(status, 200, body)
+        upgraded = c.upgrade("ccm-operator", self.NS, helmlib.merge(self.VALUES, values(replicas=2)))
+        self.assertEqual(upgraded["version"], 2)
+        # The release moved on: two replicas, leader election, a disruption budget ...
+        deployment = c.get(f"/apis/apps/v1/namespaces/{self.NS}/deployments/ccm-operator")
+        self.assertEqual(deployment["spec"]["replicas"], 2)
+        args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        self.assertIn("--leader-elect=true", args)
+        self.assertIsNotNone(c.get(f"/apis/policy/v1/namespaces/{self.NS}/poddisruptionbudgets/ccm-operator"))
+        # ... but Helm left the CRD as it was: the operator (crds.manage) is what upgrades it.
+        self.assertEqual(c.get(path)["metadata"]["labels"].get("chart-test/marker"), "before-upgrade")
+        c.request("PATCH", path, {"metadata": {"labels": {"chart-test/marker": None}}},
+                  content_type="application/merge-patch+json")
+
+
+@needs_cluster
+class Uninstall(_Installed):
+    """`helm uninstall` removes the operator but keeps the CRD, and so every resource."""
+
+    NS = "ccm-uninstall"
+    VALUES = values(**{"manager.rbac.clusterRoleName": "ccm-manager-uninstall",
+                       "manager.rbac.namespaceRoleName": "ccm-manager-namespace-uninstall"})
+
+    def test_uninstall_removes_the_release_but_keeps_the_crd(self):
+        c = self.cluster
+        self.assertIsNotNone(c.get(f"/apis/apps/v1/namespaces/{self.NS}/deployments/ccm-operator"))
+        c.uninstall("ccm-operator", self.NS)
+        self.assertIsNone(c.get(f"/apis/apps/v1/namespaces/{self.NS}/deployments/ccm-operator"))
+        self.assertIsNone(c.get("/apis/rbac.authorization.k8s.io/v1/clusterroles/ccm-manager-uninstall"))
+        self.assertIsNone(c.get("/apis/rbac.authorization.k8s.io/v1/clusterroles/ccm-manager-namespace-uninstall"))
+        self.assertIsNotNone(c.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd_name()}"))
+
+
+if __name__ == "__main__":
+    unittest.main()

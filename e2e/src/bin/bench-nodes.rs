@@ -1,0 +1,425 @@
+//! Node-initialization benchmark driver.
+//!
+//! Registers N Nodes the way kubelet with `--cloud-provider=external` does (uninitialized
+//! taint, Hostname address), starts a cloud-controller-manager as its own process, and times
+//! how long until every Node has lost the taint. It only watches API objects, so it can time
+//! any CCM binary against any API server: give it the manager's command line (with
+//! `{kubeconfig}` where the kubeconfig path goes) and optionally a kubeconfig; without one it
+//! starts the local test API server in-process.
+//!
+//! Reported per run: time to all initialized, cloud calls (scraped from the manager's
+//! `/metrics` when `--metrics-url` is given), API writes per Node (from the test API server's
+//! request log, when the server is one), and the manager's peak RSS (`VmHWM`).
+//!
+//! ```text
+//! bench-nodes --nodes 5000 --metrics-url http://127.0.0.1:10258/metrics \
+//!   --run 'a=target/release/cloud-controller-manager --kubeconfig={kubeconfig} ...' \
+//!   --run 'b=...'
+//! ```
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use e2e_apiserver::{RemoteControl, RequestFilter, TestApiServer};
+use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus, Taint};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::watcher;
+use manager::cache::{Cache, Change, run_watch};
+use tokio::task::JoinSet;
+
+/// The taint kubelet registers Nodes with under `--cloud-provider=external`.
+const UNINITIALIZED: &str = "node.cloudprovider.kubernetes.io/uninitialized";
+/// Label marking the Nodes this driver created (so a real cluster's own Nodes are left alone).
+const BENCH_LABEL: &str = "bench.ccm.rs/node";
+/// Field manager of the driver's own writes.
+const DRIVER: &str = "bench-nodes";
+
+#[derive(Parser, Debug)]
+#[command(name = "bench-nodes", about = "Time Node initialization by a cloud-controller-manager")]
+struct Args {
+    /// Nodes to register.
+    #[arg(long, default_value_t = 5000)]
+    nodes: usize,
+    /// Kubeconfig of the API server to use; without it the local test API server is started
+    /// in-process (fresh for every run).
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// A run, as `LABEL=COMMAND LINE`; `{kubeconfig}` in the command line is replaced by the
+    /// kubeconfig path. Repeat for several runs. Arguments are split on whitespace.
+    #[arg(long = "run", required = true)]
+    runs: Vec<String>,
+    /// The manager's Prometheus endpoint (plain HTTP); cloud calls are read from it at the end.
+    #[arg(long)]
+    metrics_url: Option<String>,
+    /// Counter family (without `_total`) that counts cloud calls in the manager's metrics.
+    #[arg(long, default_value = "cloudprovider_api_requests")]
+    cloud_calls_metric: String,
+    /// Give up on a run after this many seconds.
+    #[arg(long, default_value_t = 1800)]
+    timeout_seconds: u64,
+    /// Reference rate in Nodes per second for the ratio column (upstream's Go CCM at its
+    /// defaults on this setup).
+    #[arg(long, default_value_t = 6.7)]
+    reference_rate: f64,
+    /// Directory for the managers' logs (default: a temporary directory).
+    #[arg(long)]
+    log_dir: Option<PathBuf>,
+}
+
+/// What one run measured.
+#[derive(Debug, Default)]
+struct Outcome {
+    label: String,
+    nodes: usize,
+    seconds: f64,
+    cloud_calls: Option<u64>,
+    cloud_calls_by_method: BTreeMap<String, u64>,
+    node_writes: Option<usize>,
+    node_writes_by_kind: BTreeMap<String, usize>,
+    event_writes: Option<usize>,
+    peak_rss_bytes: Option<u64>,
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    let args = Args::parse();
+    let log_dir = args
+        .log_dir
+        .clone()
+        .unwrap_or_else(|| std::env::temp_dir().join(format!("bench-nodes-{}", std::process::id())));
+    std::fs::create_dir_all(&log_dir)?;
+    let mut outcomes = Vec::new();
+    for run in &args.runs {
+        let (label, command) = run.split_once('=').ok_or("--run takes LABEL=COMMAND")?;
+        eprintln!("== run {label}: {} Nodes", args.nodes);
+        let outcome = run_once(&args, label, command, &log_dir).await?;
+        eprintln!("{}", describe(&outcome, args.reference_rate));
+        outcomes.push(outcome);
+    }
+    println!("{}", table(&outcomes, args.reference_rate));
+    eprintln!("manager logs: {}", log_dir.display());
+    Ok(())
+}
+
+async fn run_once(args: &Args, label: &str, command: &str, log_dir: &Path) -> Result<Outcome, BoxError> {
+    // A fresh local server per run, or the given cluster with our Nodes recreated.
+    let local = match &args.kubeconfig {
+        Some(_) => None,
+        None => Some(TestApiServer::builder().request_log_capacity(1_000_000).start().await?),
+    };
+    let (client, kubeconfig) = match (&local, &args.kubeconfig) {
+        (Some(server), _) => (server.client(), server.kubeconfig_path().to_path_buf()),
+        (None, Some(path)) => {
+            let config =
+                kube::Config::from_custom_kubeconfig(Kubeconfig::read_from(path)?, &KubeConfigOptions::default())
+                    .await?;
+            (kube::Client::try_from(config)?, path.clone())
+        }
+        (None, None) => unreachable!("one of the two is set"),
+    };
+    let nodes: Api<Node> = Api::all(client.clone());
+    delete_bench_nodes(&nodes).await?;
+    create_nodes(&nodes, args.nodes).await?;
+
+    // Watch Nodes the way a controller would; count the tainted ones.
+    let (cache, writer) = Cache::<Node>::new();
+    let mut changes = cache.subscribe();
+    // The token type is tokio-util's, not a dependency here: stop the watch by aborting it.
+    let watch = tokio::spawn(run_watch(
+        nodes.clone(),
+        watcher::Config::default().labels(BENCH_LABEL),
+        writer,
+        Default::default(),
+    ));
+    if !cache.wait_until_ready().await {
+        return Err("node watch stopped".into());
+    }
+    let mut tainted: HashSet<String> = cache.state().iter().filter(|n| is_tainted(n)).map(|n| name(n)).collect();
+    assert_eq!(tainted.len(), args.nodes, "every created Node starts tainted");
+
+    let control = RemoteControl::new(client.clone());
+    let mark = control.stats().await.ok().map(|s| s.requests);
+
+    let kubeconfig = kubeconfig.to_string_lossy().to_string();
+    let argv: Vec<String> = command.split_whitespace().map(|a| a.replace("{kubeconfig}", &kubeconfig)).collect();
+    let (program, rest) = argv.split_first().ok_or("empty manager command line")?;
+    let log_path = log_dir.join(format!("{label}.log"));
+    let log = std::fs::File::create(&log_path)?;
+    let started = Instant::now();
+    let mut child =
+        Command::new(program).args(rest).stdout(Stdio::from(log.try_clone()?)).stderr(Stdio::from(log)).spawn()?;
+    let guard = KillOnDrop(Some(child.id()));
+
+    let deadline = started + Duration::from_secs(args.timeout_seconds);
+    while !tainted.is_empty() {
+        if let Some(status) = child.try_wait()? {
+            return Err(format!("manager exited early ({status}); see {}", log_path.display()).into());
+        }
+        let change = tokio::select! {
+            c = changes.recv() => c,
+            _ = tokio::time::sleep(Duration::from_millis(500)) => continue,
+        };
+        match change {
+            Some(Change::Applied { new, .. }) => {
+                if is_tainted(&new) {
+                    tainted.insert(name(&new));
+                } else {
+                    tainted.remove(&name(&new));
+                }
+            }
+            Some(Change::Deleted(n)) => {
+                tainted.remove(&name(&n));
+            }
+            Some(Change::Resynced) => {
+                tainted = cache.state().iter().filter(|n| is_tainted(n)).map(|n| name(n)).collect();
+            }
+            None => return Err("node watch stopped".into()),
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{} Nodes still tainted after {}s", tainted.len(), args.timeout_seconds).into());
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+
+    let mut outcome = Outcome { label: label.to_string(), nodes: args.nodes, seconds, ..Default::default() };
+    // Give in-flight writes that trail the taint removal (none expected) a moment to land.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    if let Some(url) = &args.metrics_url {
+        match scrape(url).await {
+            Ok(text) => {
+                let by_method = sum_counter(&text, &args.cloud_calls_metric);
+                outcome.cloud_calls = Some(by_method.values().sum());
+                outcome.cloud_calls_by_method = by_method;
+            }
+            Err(e) => eprintln!("could not scrape {url}: {e}"),
+        }
+    }
+    if let Some(mark) = mark {
+        let filter = RequestFilter { writes_only: true, since: Some(mark), ..Default::default() };
+        if let Ok(records) = control.requests(&filter).await {
+            let mut by_kind = BTreeMap::new();
+            let mut node_writes = 0;
+            let mut event_writes = 0;
+            for r in records.iter().filter(|r| r.field_manager.as_deref() != Some(DRIVER)) {
+                match r.resource.as_deref() {
+                    Some("nodes") => {
+                        node_writes += 1;
+                        let kind = format!("{} {}", r.verb, r.subresource.as_deref().unwrap_or("node"));
+                        *by_kind.entry(kind).or_insert(0) += 1;
+                    }
+                    Some(res) if res.starts_with("events") => event_writes += 1,
+                    _ => {}
+                }
+            }
+            outcome.node_writes = Some(node_writes);
+            outcome.node_writes_by_kind = by_kind;
+            outcome.event_writes = Some(event_writes);
+        }
+    }
+    outcome.peak_rss_bytes = peak_rss(child.id());
+    drop(guard);
+    let _ = child.wait();
+    watch.abort();
+    if args.kubeconfig.is_some() {
+        delete_bench_nodes(&nodes).await?;
+    }
+    Ok(outcome)
+}
+
+/// Kills the manager if the run ends early (error or panic).
+struct KillOnDrop(Option<u32>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0.take() {
+            // SIGKILL through kill(1): this crate has no libc binding, and the manager needs no
+            // graceful shutdown once measured.
+            let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+        }
+    }
+}
+
+fn name(node: &Node) -> String {
+    node.metadata.name.clone().unwrap_or_default()
+}
+
+fn is_tainted(node: &Node) -> bool {
+    node.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|ts| ts.iter().any(|t| t.key == UNINITIALIZED))
+}
+
+/// A Node as kubelet registers it with `--cloud-provider=external`.
+fn kubelet_node(name: &str) -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(BTreeMap::from([
+                ("kubernetes.io/hostname".to_string(), name.to_string()),
+                ("kubernetes.io/os".to_string(), "linux".to_string()),
+                (BENCH_LABEL.to_string(), "true".to_string()),
+            ])),
+            ..Default::default()
+        },
+        spec: Some(NodeSpec {
+            taints: Some(vec![Taint {
+                key: UNINITIALIZED.into(),
+                value: Some("true".into()),
+                effect: "NoSchedule".into(),
+                time_added: None,
+            }]),
+            ..Default::default()
+        }),
+        status: Some(NodeStatus {
+            addresses: Some(vec![NodeAddress { type_: "Hostname".into(), address: name.into() }]),
+            conditions: Some(vec![NodeCondition {
+                type_: "Ready".into(),
+                status: "True".into(),
+                reason: Some("KubeletReady".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+    }
+}
+
+async fn create_nodes(api: &Api<Node>, count: usize) -> Result<(), BoxError> {
+    const IN_FLIGHT: usize = 64;
+    let started = Instant::now();
+    let pp = Arc::new(PostParams { field_manager: Some(DRIVER.into()), ..Default::default() });
+    let mut tasks = JoinSet::new();
+    for i in 0..count {
+        if tasks.len() >= IN_FLIGHT
+            && let Some(done) = tasks.join_next().await
+        {
+            done??;
+        }
+        let (api, pp) = (api.clone(), pp.clone());
+        tasks.spawn(async move { api.create(&pp, &kubelet_node(&format!("bench-node-{i:05}"))).await.map(|_| ()) });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done??;
+    }
+    eprintln!("registered {count} Nodes in {:.1}s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+async fn delete_bench_nodes(api: &Api<Node>) -> Result<(), BoxError> {
+    let existing = api.list_metadata(&ListParams::default().labels(BENCH_LABEL)).await?;
+    for n in existing.items {
+        if let Some(name) = n.metadata.name {
+            let _ = api.delete(&name, &DeleteParams::default()).await;
+        }
+    }
+    Ok(())
+}
+
+/// GET a plain-HTTP URL and return the body (blocking I/O: tokio's io-util is not enabled here).
+async fn scrape(url: &str) -> Result<String, BoxError> {
+    let url = url.to_string();
+    tokio::task::spawn_blocking(move || scrape_blocking(&url)).await?
+}
+
+fn scrape_blocking(url: &str) -> Result<String, BoxError> {
+    use std::io::{Read, Write};
+    let rest = url.strip_prefix("http://").ok_or("only http:// metrics URLs are supported")?;
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    let mut stream = std::net::TcpStream::connect(authority)?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: {authority}\r\nConnection: close\r\n\r\n").as_bytes())?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body)?;
+    let (head, body) = body.split_once("\r\n\r\n").ok_or("malformed HTTP response")?;
+    if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
+        return Err(head.lines().next().unwrap_or_default().to_string().into());
+    }
+    Ok(body.to_string())
+}
+
+/// Sum a counter family's `_total` samples by their `method` label (or `all`).
+fn sum_counter(text: &str, family: &str) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    let prefix = format!("{family}_total");
+    for line in text.lines().filter(|l| l.starts_with(&prefix)) {
+        let Some((series, value)) = line.rsplit_once(' ') else { continue };
+        let Ok(value) = value.parse::<f64>() else { continue };
+        let method = series
+            .split_once("method=\"")
+            .and_then(|(_, rest)| rest.split_once('"'))
+            .map(|(m, _)| m.to_string())
+            .unwrap_or_else(|| "all".to_string());
+        *out.entry(method).or_insert(0) += value as u64;
+    }
+    out
+}
+
+/// The process's peak resident set size (`VmHWM`), Linux only.
+fn peak_rss(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+fn mib(bytes: Option<u64>) -> String {
+    bytes.map(|b| format!("{:.1}", b as f64 / (1024.0 * 1024.0))).unwrap_or_else(|| "n/a".into())
+}
+
+fn opt<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map(|v| v.to_string()).unwrap_or_else(|| "n/a".into())
+}
+
+fn describe(o: &Outcome, reference: f64) -> String {
+    let rate = o.nodes as f64 / o.seconds;
+    let mut s = format!(
+        "{}: {} Nodes in {:.2}s ({:.1} Nodes/s, {:.2}x reference); cloud calls {} {:?}; node writes {} {:?}; event writes {}; peak RSS {} MiB",
+        o.label,
+        o.nodes,
+        o.seconds,
+        rate,
+        rate / reference,
+        opt(o.cloud_calls),
+        o.cloud_calls_by_method,
+        opt(o.node_writes),
+        o.node_writes_by_kind,
+        opt(o.event_writes),
+        mib(o.peak_rss_bytes),
+    );
+    if let Some(w) = o.node_writes {
+        let _ = write!(s, "; {:.2} node writes per Node", w as f64 / o.nodes as f64);
+    }
+    s
+}
+
+fn table(outcomes: &[Outcome], reference: f64) -> String {
+    let mut s = String::from(
+        "| run | Nodes | time to all initialized (s) | Nodes/s | x reference | cloud calls | node writes per Node | event writes | peak RSS (MiB) |\n|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for o in outcomes {
+        let rate = o.nodes as f64 / o.seconds;
+        let per_node = o.node_writes.map(|w| format!("{:.2}", w as f64 / o.nodes as f64));
+        let _ = writeln!(
+            s,
+            "| {} | {} | {:.2} | {:.1} | {:.2} | {} | {} | {} | {} |",
+            o.label,
+            o.nodes,
+            o.seconds,
+            rate,
+            rate / reference,
+            opt(o.cloud_calls),
+            opt(per_node),
+            opt(o.event_writes),
+            mib(o.peak_rss_bytes),
+        );
+    }
+    s
+}

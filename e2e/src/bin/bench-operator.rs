@@ -1,0 +1,260 @@
+//! Operator benchmark: N Deployment-mode CloudControllerManagers reconciled from cold.
+//!
+//! Starts the local test API server in-process, installs the CRD, and runs the operator as a
+//! child process (this binary re-executed with `--operator`, which runs `operator::run`), so its
+//! memory is measured alone. Then it creates N resources at once and plays the rest of the
+//! cluster: the deployment controller (writes each Deployment's status as rolled out) and each
+//! manager (holds the resource's Lease and reports `ProviderHealthy`). It reports the time until
+//! every resource is `Ready`, the operator's API writes per resource (from the request log), and
+//! the operator's RSS, then checks that an idle period adds no writes.
+//!
+//! ```text
+//! cargo run --release -p e2e --bin bench-operator -- --crs 100
+//! ```
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use crds::CloudControllerManager;
+use crds::conditions::{self, types};
+use e2e_apiserver::TestApiServer;
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, CustomResourceExt};
+use serde_json::json;
+
+/// The user agent of the driver's own requests.
+const DRIVER: &str = "bench-operator-driver";
+/// The namespace the resources live in.
+const NAMESPACE: &str = "bench";
+
+#[derive(Parser, Debug)]
+#[command(name = "bench-operator", about = "Time N CloudControllerManagers reconciled from cold")]
+struct Args {
+    /// Resources to create.
+    #[arg(long, default_value_t = 100)]
+    crs: usize,
+    /// Idle period after all are Ready, checked for writes.
+    #[arg(long, default_value = "10")]
+    idle_seconds: u64,
+    /// Internal: run the operator against this kubeconfig (the child process).
+    #[arg(long, hide = true)]
+    operator: Option<PathBuf>,
+}
+
+fn rss_kib(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find(|l| l.starts_with(field))?.split_whitespace().nth(1)?.parse().ok()
+}
+
+async fn run_operator(kubeconfig: PathBuf) {
+    let kubeconfig = kube::config::Kubeconfig::read_from(&kubeconfig).expect("a kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await.expect("a config");
+    let client = Client::try_from(config).expect("a client");
+    let mut config = operator::OperatorConfig::new(client);
+    config.scope = operator::Scope::Namespaces(vec![NAMESPACE.to_string()]);
+    config.build.manager_image = "example.test/cloud-controller-manager:bench".into();
+    if let Err(e) = operator::run(config, manager::engine::app::shutdown_on_signal()).await {
+        eprintln!("operator failed: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn driver_client(server: &TestApiServer) -> Client {
+    let mut config = server.kube_config();
+    config.headers.push(("user-agent".parse().expect("a header"), DRIVER.parse().expect("a value")));
+    Client::try_from(config).expect("a client")
+}
+
+/// Play the deployment controller and the managers until told to stop.
+async fn play_cluster(client: Client, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
+    let crs: Api<CloudControllerManager> = Api::namespaced(client.clone(), NAMESPACE);
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(client.clone(), NAMESPACE);
+    let mut managed: HashSet<String> = HashSet::new();
+    let mut stream =
+        watcher(deployments.clone(), watcher::Config::default()).default_backoff().applied_objects().boxed();
+    let mut renew = tokio::time::interval(Duration::from_secs(5));
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return,
+            _ = renew.tick() => {
+                for cr in managed.iter() {
+                    let _ = leases.patch(cr, &PatchParams::apply(DRIVER).force(), &Patch::Apply(lease(cr))).await;
+                }
+            }
+            Some(Ok(d)) = stream.next() => {
+                let name = d.metadata.name.clone().unwrap_or_default();
+                let generation = d.metadata.generation;
+                let replicas = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+                let observed = d.status.as_ref().and_then(|s| s.observed_generation);
+                if observed != generation {
+                    let status = json!({"status": {"observedGeneration": generation, "replicas": replicas,
+                        "updatedReplicas": replicas, "readyReplicas": replicas, "availableReplicas": replicas}});
+                    let _ = deployments.patch_status(&name, &PatchParams::default(), &Patch::Merge(status)).await;
+                }
+                let Some(cr) = name.strip_prefix("ccm-").map(str::to_string) else { continue };
+                if managed.insert(cr.clone()) {
+                    let _ = leases.patch(&cr, &PatchParams::apply(DRIVER).force(), &Patch::Apply(lease(&cr))).await;
+                    let health = json!({
+                        "apiVersion": "ccm.rs/v1alpha1", "kind": "CloudControllerManager",
+                        "status": {"conditions": [{"type": "ProviderHealthy", "status": "True", "reason": "Healthy",
+                            "message": "", "lastTransitionTime": Timestamp::now().to_string()}]},
+                    });
+                    let _ = crs.patch_status(&cr, &PatchParams::apply("cloud-controller-manager").force(), &Patch::Apply(health)).await;
+                }
+            }
+        }
+    }
+}
+
+fn lease(cr: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": cr, "namespace": NAMESPACE},
+        "spec": {"holderIdentity": format!("{cr}-manager-0"), "leaseDurationSeconds": 15, "renewTime": Timestamp::now().to_string()},
+    })
+}
+
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    if let Some(kubeconfig) = args.operator {
+        return run_operator(kubeconfig).await;
+    }
+    let server = TestApiServer::start().await.expect("the local API server starts");
+    server.install_crd(&CloudControllerManager::crd()).await.expect("the CRD installs");
+    let client = driver_client(&server);
+    Api::<Namespace>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &Namespace {
+                metadata: ObjectMeta { name: Some(NAMESPACE.into()), ..Default::default() },
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("the namespace is created");
+
+    let exe = std::env::current_exe().expect("this binary's path");
+    let child = Command::new(exe)
+        .arg("--operator")
+        .arg(server.kubeconfig_path())
+        .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("the operator process starts");
+    let child = KillOnDrop(child);
+    let pid = child.0.id();
+    // Let the operator start its watches, so "cold" means "no resources yet", not "not started".
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let idle_rss = rss_kib(pid, "VmRSS:").unwrap_or(0);
+
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let player = tokio::spawn(play_cluster(client.clone(), stopped));
+    let log = server.request_log();
+    let mark = log.mark();
+    let crs: Api<CloudControllerManager> = Api::namespaced(client.clone(), NAMESPACE);
+    let started = Instant::now();
+    for i in 0..args.crs {
+        // Disjoint controllers (one service controller per class), so none conflicts.
+        let body = json!({
+            "apiVersion": "ccm.rs/v1alpha1", "kind": "CloudControllerManager",
+            "metadata": {"name": format!("c{i:03}"), "namespace": NAMESPACE},
+            "spec": {"provider": "fake", "controllers": ["service"], "loadBalancerClass": format!("bench.example/{i}"),
+                     "configureCloudRoutes": false},
+        });
+        crs.patch(&format!("c{i:03}"), &PatchParams::apply(DRIVER), &Patch::Apply(&body)).await.expect("a resource");
+    }
+    let created = started.elapsed();
+    let mut peak_rss = 0;
+    let all_ready = loop {
+        peak_rss = peak_rss.max(rss_kib(pid, "VmRSS:").unwrap_or(0));
+        let list = crs.list(&ListParams::default()).await.expect("a list");
+        let ready = list
+            .items
+            .iter()
+            .filter(|c| {
+                c.status
+                    .as_ref()
+                    .and_then(|s| conditions::find(&s.conditions, types::READY))
+                    .is_some_and(|r| r.status == "True")
+            })
+            .count();
+        if ready == args.crs {
+            break started.elapsed();
+        }
+        if started.elapsed() > Duration::from_secs(300) {
+            panic!("only {ready} of {} resources became Ready in 5 minutes", args.crs);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // Events are written from a rate-limited queue: count them too, once the writes settle.
+    let settle_started = Instant::now();
+    let mut last = usize::MAX;
+    loop {
+        let now = log.since(mark).iter().filter(|r| r.is_write() && r.user_agent != DRIVER).count();
+        if now == last || settle_started.elapsed() > Duration::from_secs(60) {
+            break;
+        }
+        last = now;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    let records = log.since(mark);
+    let operator_writes: Vec<_> = records.iter().filter(|r| r.is_write() && r.user_agent != DRIVER).collect();
+    let mut by_kind: BTreeMap<String, usize> = BTreeMap::new();
+    for r in &operator_writes {
+        let what = format!(
+            "{} {}{}",
+            r.verb,
+            r.resource.as_deref().unwrap_or("?"),
+            r.subresource.as_deref().map(|s| format!("/{s}")).unwrap_or_default()
+        );
+        *by_kind.entry(what).or_default() += 1;
+    }
+    let ready_rss = rss_kib(pid, "VmRSS:").unwrap_or(0);
+
+    let idle_mark = log.mark();
+    tokio::time::sleep(Duration::from_secs(args.idle_seconds)).await;
+    let idle_writes = log.since(idle_mark).iter().filter(|r| r.is_write() && r.user_agent != DRIVER).count();
+    let hwm = rss_kib(pid, "VmHWM:").unwrap_or(0);
+    let _ = stop.send(true);
+    let _ = player.await;
+    drop(child);
+
+    let n = args.crs as f64;
+    println!("| Measure | Value |");
+    println!("|---|---|");
+    println!("| resources | {} (Deployment mode, `fake` provider) |", args.crs);
+    println!("| creating them (driver) | {:.2} s |", created.as_secs_f64());
+    println!("| time to all Ready (from the first create) | {:.2} s |", all_ready.as_secs_f64());
+    println!(
+        "| operator API writes, until they settle | {} ({:.2} per resource) |",
+        operator_writes.len(),
+        operator_writes.len() as f64 / n
+    );
+    for (what, count) in &by_kind {
+        println!("| &nbsp;&nbsp;{what} | {count} ({:.2} per resource) |", *count as f64 / n);
+    }
+    println!("| operator writes during {} s idle | {idle_writes} |", args.idle_seconds);
+    println!("| operator RSS before any resource | {:.1} MiB |", idle_rss as f64 / 1024.0);
+    println!("| operator RSS when all Ready | {:.1} MiB |", ready_rss as f64 / 1024.0);
+    println!("| operator peak RSS (VmHWM) | {:.1} MiB |", hwm.max(peak_rss) as f64 / 1024.0);
+    server.shutdown().await;
+}

@@ -1,0 +1,252 @@
+//! The documentation against the code: every condition and event reason the code can emit is
+//! explained in `docs/troubleshooting.md`, and relative links in `docs/` resolve.
+//!
+//! Reasons are found by scanning the source, not from a hand-kept list, so a new reason fails
+//! this test until it is documented: string constants in any `reasons.rs` file or `mod
+//! *reasons { .. }` block, `REASON_*` constants, and literal reasons passed to
+//! `Health::unhealthy(..)` or next to an `EventType::..` argument.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Crates whose source may emit reasons.
+const SOURCE_DIRS: [&str; 3] = ["crds/src", "manager/src", "operator/src"];
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// A reason: one CamelCase word.
+fn is_reason(s: &str) -> bool {
+    s.len() > 1 && s.starts_with(|c: char| c.is_ascii_uppercase()) && s.chars().all(|c| c.is_ascii_alphanumeric())
+}
+
+/// The code before the first `#[cfg(test)]`: tests may use made-up reasons.
+fn non_test_code(text: &str) -> &str {
+    text.find("#[cfg(test)]").map_or(text, |i| &text[..i])
+}
+
+/// `(name, value)` of every `const NAME: &str = "value";` in `code`.
+fn str_consts(code: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut rest = code;
+    while let Some(i) = rest.find("const ") {
+        rest = &rest[i + "const ".len()..];
+        let name: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+        let after = rest[name.len()..].trim_start();
+        if let Some(value) = after.strip_prefix(": &str = \"").or_else(|| after.strip_prefix(": &'static str = \""))
+            && let Some(end) = value.find('"')
+        {
+            out.push((name, value[..end].to_string()));
+        }
+    }
+    out
+}
+
+/// The bodies of `mod <something>reasons { ... }` blocks, braces matched.
+fn reason_modules(code: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(i) = code[from..].find("mod ") {
+        let start = from + i + "mod ".len();
+        from = start;
+        let name: String = code[start..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+        let after = code[start + name.len()..].trim_start();
+        if !name.ends_with("reasons") || !after.starts_with('{') {
+            continue;
+        }
+        let open = code.len() - after.len();
+        let mut depth = 0usize;
+        for (j, c) in code[open..].char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        out.push(&code[open..open + j]);
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+/// String literals right after `marker` (skipping an identifier, whitespace and one comma), e.g.
+/// `EventType::Warning, "Reason"` or `unhealthy("Reason"`.
+fn literals_after(code: &str, marker: &str, skip_ident: bool) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = code;
+    while let Some(i) = rest.find(marker) {
+        rest = &rest[i + marker.len()..];
+        let mut s = rest;
+        if skip_ident {
+            s = s.trim_start_matches(|c: char| c.is_ascii_alphanumeric() || c == '_');
+            s = s.trim_start();
+            let Some(t) = s.strip_prefix(',') else { continue };
+            s = t;
+        }
+        let s = s.trim_start();
+        if let Some(t) = s.strip_prefix('"')
+            && let Some(end) = t.find('"')
+        {
+            out.push(t[..end].to_string());
+        }
+    }
+    out
+}
+
+/// Every reason the code can emit, with where it was found.
+fn reasons_in_code() -> BTreeSet<(String, String)> {
+    let mut files = Vec::new();
+    for dir in SOURCE_DIRS {
+        rust_files(&root().join(dir), &mut files);
+    }
+    let mut found = BTreeSet::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("source file is readable");
+        let code = non_test_code(&text);
+        let at = file.strip_prefix(root()).unwrap_or(&file).display().to_string();
+        let mut add = |value: String| {
+            if is_reason(&value) {
+                found.insert((value, at.clone()));
+            }
+        };
+        if file.file_name().is_some_and(|n| n == "reasons.rs") {
+            str_consts(code).into_iter().for_each(|(_, v)| add(v));
+        }
+        for body in reason_modules(code) {
+            str_consts(body).into_iter().for_each(|(_, v)| add(v));
+        }
+        str_consts(code).into_iter().filter(|(n, _)| n.starts_with("REASON_")).for_each(|(_, v)| add(v));
+        literals_after(code, "EventType::", true).into_iter().for_each(&mut add);
+        literals_after(code, "unhealthy(", false).into_iter().for_each(&mut add);
+    }
+    found
+}
+
+fn troubleshooting() -> String {
+    std::fs::read_to_string(root().join("docs/troubleshooting.md")).expect("docs/troubleshooting.md exists")
+}
+
+#[test]
+fn every_reason_the_code_emits_is_in_the_troubleshooting_guide() {
+    let doc = troubleshooting();
+    let found = reasons_in_code();
+    let missing: Vec<String> = found
+        .iter()
+        .filter(|(reason, _)| !doc.contains(&format!("`{reason}`")))
+        .map(|(reason, at)| format!("{reason} ({at})"))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/troubleshooting.md does not explain these reasons (write each as `Reason` in a table):\n  {}",
+        missing.join("\n  ")
+    );
+}
+
+#[test]
+fn the_scan_finds_the_reasons_the_crates_declare() {
+    // Guards the scanner itself: if it stopped finding these, the test above would pass vacuously.
+    let found: BTreeSet<String> = reasons_in_code().into_iter().map(|(r, _)| r).collect();
+    let declared = crds::conditions::reasons::ALL
+        .iter()
+        .chain(operator::reasons::config_valid::ALL.iter())
+        .chain(operator::reasons::available::ALL.iter())
+        .chain(operator::reasons::degraded::ALL.iter())
+        .chain(operator::reasons::events::ALL.iter())
+        .chain([manager::provider::health_reasons::HEALTHY, manager::provider::health_reasons::PROBE_ERROR].iter());
+    for reason in declared {
+        assert!(found.contains(*reason), "the scan missed {reason}");
+    }
+    // And a literal event reason of the service controller, found by the EventType rule.
+    assert!(found.contains("EnsuredLoadBalancer"), "the scan missed literal event reasons");
+}
+
+#[test]
+fn scanner_reads_consts_modules_and_literals() {
+    let code = r#"
+        pub mod health_reasons { pub const A: &str = "Alpha"; pub mod inner { } }
+        pub const B: &str = "NotAReasonHere";
+        const REASON_C: &str = "Gamma";
+        fn f() { publish(x, EventType::Warning, "Delta", "note"); Health::unhealthy("Epsilon", m); }
+    "#;
+    let modules = reason_modules(code);
+    assert_eq!(modules.len(), 1);
+    assert_eq!(str_consts(modules[0]), [("A".to_string(), "Alpha".to_string())]);
+    assert_eq!(literals_after(code, "EventType::", true), ["Delta"]);
+    assert_eq!(literals_after(code, "unhealthy(", false), ["Epsilon"]);
+    assert!(str_consts(code).iter().any(|(n, v)| n == "REASON_C" && v == "Gamma"));
+    assert!(is_reason("NoLeader") && !is_reason("no-leader") && !is_reason("Two words"));
+}
+
+/// GitHub's anchor for a heading.
+fn slug(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-' || *c == '_')
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+fn anchors(markdown: &str) -> BTreeSet<String> {
+    markdown.lines().filter_map(|l| l.strip_prefix('#')).map(|h| slug(h.trim_start_matches('#'))).collect()
+}
+
+/// Targets of `[text](target)` links, without external ones.
+fn relative_links(markdown: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = markdown;
+    while let Some(i) = rest.find("](") {
+        rest = &rest[i + 2..];
+        if let Some(end) = rest.find(')') {
+            let target = &rest[..end];
+            if !target.contains("://") && !target.starts_with("mailto:") {
+                out.push(target.to_string());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn links_between_docs_resolve() {
+    let docs = root().join("docs");
+    let mut broken = Vec::new();
+    for entry in std::fs::read_dir(&docs).expect("docs/ exists").flatten() {
+        let path = entry.path();
+        if path.extension().is_none_or(|e| e != "md") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("readable");
+        for link in relative_links(&text) {
+            let (file, anchor) = link.split_once('#').unwrap_or((link.as_str(), ""));
+            let target = if file.is_empty() { path.clone() } else { docs.join(file) };
+            if !target.exists() {
+                broken.push(format!("{}: {link} (no such file)", path.display()));
+            } else if !anchor.is_empty() && target.extension().is_some_and(|e| e == "md") {
+                let body = std::fs::read_to_string(&target).expect("readable");
+                if !anchors(&body).contains(anchor) {
+                    broken.push(format!("{}: {link} (no such heading)", path.display()));
+                }
+            }
+        }
+    }
+    assert!(broken.is_empty(), "broken links:\n  {}", broken.join("\n  "));
+}

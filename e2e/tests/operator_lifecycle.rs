@@ -1,0 +1,162 @@
+//! Operator scenarios: mode switches prune, deletion cleans up, nothing is orphaned.
+
+mod operator_support;
+
+use crds::conditions::types;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
+use kube::api::{Api, DeleteParams};
+use operator::reasons::{available, progressing};
+use operator_support::{Env, eventually};
+use serde_json::{Value, json};
+
+async fn exists<K>(env: &Env, name: &str) -> bool
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    env.api::<K>().get_opt(name).await.unwrap().is_some()
+}
+
+async fn crb_exists(env: &Env, cr: &str) -> bool {
+    Api::<ClusterRoleBinding>::all(env.harness.clone())
+        .get_opt(&format!("ccm-operator:{}:{cr}", env.ns))
+        .await
+        .unwrap()
+        .is_some()
+}
+
+fn spec(mode: &str) -> Value {
+    json!({"provider": "fake", "mode": mode, "configureCloudRoutes": false, "cloudConfig": {"secretRef": {"name": "cfg"}}})
+}
+
+async fn lease_holder(env: &Env, name: &str) -> Option<String> {
+    env.api::<Lease>().get_opt(name).await.unwrap()?.spec?.holder_identity.filter(|h| !h.is_empty())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mode_switches_prune_what_the_previous_mode_created() {
+    let env = Env::start("switch").await;
+    env.secret("cfg", "cloud.conf", "autoInstances: true\n").await;
+    let op = env.operator().await;
+    env.apply_cr("sw", spec("Deployment")).await;
+    eventually("Deployment-mode children", || async {
+        exists::<Deployment>(&env, "ccm-sw").await
+            && exists::<PodDisruptionBudget>(&env, "ccm-sw").await
+            && exists::<ServiceAccount>(&env, "ccm-sw").await
+            && exists::<RoleBinding>(&env, "ccm-sw").await
+            && crb_exists(&env, "sw").await
+    })
+    .await;
+
+    env.apply_cr("sw", spec("DaemonSet")).await;
+    eventually("the Deployment and PDB to be pruned and a DaemonSet to exist", || async {
+        !exists::<Deployment>(&env, "ccm-sw").await
+            && !exists::<PodDisruptionBudget>(&env, "ccm-sw").await
+            && exists::<DaemonSet>(&env, "ccm-sw").await
+    })
+    .await;
+    assert!(exists::<ServiceAccount>(&env, "ccm-sw").await && crb_exists(&env, "sw").await);
+
+    env.apply_cr("sw", spec("Embedded")).await;
+    eventually("every child to be pruned in Embedded mode", || async {
+        !exists::<DaemonSet>(&env, "ccm-sw").await
+            && !exists::<ServiceAccount>(&env, "ccm-sw").await
+            && !exists::<RoleBinding>(&env, "ccm-sw").await
+            && !crb_exists(&env, "sw").await
+    })
+    .await;
+    // The embedded engine leads on the CR's own Lease.
+    env.wait_status("sw", types::AVAILABLE, "True", available::AS_EXPECTED).await;
+    env.wait_status("sw", types::PROGRESSING, "False", progressing::AS_EXPECTED).await;
+    assert_eq!(lease_holder(&env, "sw").await.as_deref(), Some(op.identity()));
+    let cr = env.cr("sw").await;
+    assert_eq!(cr.status.unwrap().leader.as_deref(), Some(op.identity()));
+    // The engine reports provider health itself.
+    env.wait_condition("sw", types::PROVIDER_HEALTHY, |c| c.status == "True").await;
+
+    env.apply_cr("sw", spec("Deployment")).await;
+    eventually("the engine to release its Lease and the Deployment to return", || async {
+        lease_holder(&env, "sw").await.is_none() && exists::<Deployment>(&env, "ccm-sw").await
+    })
+    .await;
+    op.stop().await.unwrap();
+    env.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deletion_removes_the_cluster_role_binding_and_stops_the_engine() {
+    let env = Env::start("delete").await;
+    env.secret("cfg", "cloud.conf", "autoInstances: true\n").await;
+    let op = env.operator().await;
+    env.apply_cr("gone", spec("Deployment")).await;
+    eventually("the ClusterRoleBinding", || async { crb_exists(&env, "gone").await }).await;
+    env.crs().delete("gone", &DeleteParams::default()).await.unwrap();
+    eventually("the CR (finalizer removed) and its ClusterRoleBinding to go", || async {
+        env.crs().get_opt("gone").await.unwrap().is_none() && !crb_exists(&env, "gone").await
+    })
+    .await;
+    eventually("namespaced children to be garbage-collected", || async {
+        !exists::<Deployment>(&env, "ccm-gone").await && !exists::<ServiceAccount>(&env, "ccm-gone").await
+    })
+    .await;
+
+    // An embedded engine stops and releases its Lease.
+    env.apply_cr("emb", spec("Embedded")).await;
+    eventually("the engine to lead", || async { lease_holder(&env, "emb").await.is_some() }).await;
+    env.crs().delete("emb", &DeleteParams::default()).await.unwrap();
+    eventually("the CR to go and the Lease to be released", || async {
+        env.crs().get_opt("emb").await.unwrap().is_none() && lease_holder(&env, "emb").await.is_none()
+    })
+    .await;
+    op.stop().await.unwrap();
+    env.finish().await;
+}
+
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    let path = path.to_string();
+    tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(addr).expect("the endpoint accepts connections");
+        let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        let code = response.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+        (code, response)
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_readiness_and_metrics_are_served() {
+    let env = Env::start("http").await;
+    let mut config = env.operator_config();
+    config.http = Some(manager::http::HttpConfig { address: "127.0.0.1:0".parse().unwrap(), tls: None });
+    let op = operator::start(config).await.unwrap();
+    let addr = op.local_addr().expect("an HTTP address");
+    env.apply_cr("web", spec("Deployment")).await;
+    env.wait_condition("web", types::READY, |_| true).await;
+    assert_eq!(http_get(addr, "/healthz").await.0, 200);
+    assert_eq!(http_get(addr, "/livez").await.0, 200);
+    eventually("/readyz to pass once the CRD is established", || async { http_get(addr, "/readyz").await.0 == 200 })
+        .await;
+    let (code, body) = http_get(addr, "/metrics").await;
+    assert_eq!(code, 200);
+    for family in [
+        "ccm_operator_reconcile_total",
+        "ccm_operator_reconcile_duration_seconds",
+        "ccm_operator_writes_total",
+        "ccm_operator_leader",
+    ] {
+        assert!(body.contains(family), "{family} missing from /metrics");
+    }
+    op.stop().await.unwrap();
+    env.finish().await;
+}

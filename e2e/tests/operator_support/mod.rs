@@ -1,0 +1,285 @@
+//! Shared harness of the operator scenarios (`operator_*.rs`).
+//!
+//! By default each scenario starts the local API server; with `E2E_KUBECONFIG` set it runs
+//! against that cluster instead, in a fresh namespace it deletes afterwards. Steps that play
+//! a Kubernetes controller (writing Deployment or DaemonSet status) run only on the local
+//! server, where no real controller would overwrite them.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::time::Duration;
+
+use crds::CloudControllerManager;
+use crds::conditions::{self, types};
+use e2e_apiserver::{RequestLog, RequestRecord, TestApiServer};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::wait::{await_condition, conditions as wait_conditions};
+use kube::{Client, CustomResourceExt, Resource};
+use operator::{OperatorConfig, OperatorHandle, Scope, Timings};
+use serde_json::{Value, json};
+
+/// The user agent of the harness's own requests, so request-log checks can leave them out.
+pub const HARNESS_AGENT: &str = "ccm-operator-e2e-harness";
+/// How long a scenario waits for one expectation.
+pub const WAIT: Duration = Duration::from_secs(30);
+
+static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// One scenario's cluster and namespace.
+pub struct Env {
+    /// The local server, unless `E2E_KUBECONFIG` points elsewhere.
+    pub server: Option<TestApiServer>,
+    /// The client the operator uses.
+    pub client: Client,
+    /// The harness's client (its own user agent).
+    pub harness: Client,
+    /// The scenario's namespace.
+    pub ns: String,
+}
+
+fn init_logging() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,operator=info")),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+fn with_agent(mut config: kube::Config) -> Client {
+    config.headers.push(("user-agent".parse().expect("a header name"), HARNESS_AGENT.parse().expect("a value")));
+    Client::try_from(config).expect("a client")
+}
+
+impl Env {
+    /// Start the local API server (or connect to `E2E_KUBECONFIG`), install the CRD, and
+    /// create a namespace for the scenario.
+    pub async fn start(name: &str) -> Env {
+        init_logging();
+        let (server, client, harness) = match std::env::var("E2E_KUBECONFIG") {
+            Ok(path) if !path.is_empty() => {
+                let kubeconfig = kube::config::Kubeconfig::read_from(&path).expect("E2E_KUBECONFIG is readable");
+                let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                    .await
+                    .expect("E2E_KUBECONFIG is usable");
+                (None, Client::try_from(config.clone()).expect("a client"), with_agent(config))
+            }
+            _ => {
+                let server = TestApiServer::start().await.expect("the local API server starts");
+                let (client, harness) = (server.client(), with_agent(server.kube_config()));
+                (Some(server), client, harness)
+            }
+        };
+        let crds: Api<CustomResourceDefinition> = Api::all(harness.clone());
+        crds.patch(
+            CloudControllerManager::crd_name(),
+            &PatchParams::apply(HARNESS_AGENT).force(),
+            &Patch::Apply(&crds::crd()),
+        )
+        .await
+        .expect("the CRD installs");
+        tokio::time::timeout(
+            WAIT,
+            await_condition(crds, CloudControllerManager::crd_name(), wait_conditions::is_crd_established()),
+        )
+        .await
+        .expect("the CRD is established in time")
+        .expect("the CRD is established");
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let ns = format!("e2e-{name}-{}-{n}", std::process::id());
+        let namespaces: Api<Namespace> = Api::all(harness.clone());
+        namespaces
+            .create(
+                &PostParams::default(),
+                &Namespace {
+                    metadata: ObjectMeta { name: Some(ns.clone()), ..Default::default() },
+                    ..Default::default()
+                },
+            )
+            .await
+            .expect("the namespace is created");
+        Env { server, client, harness, ns }
+    }
+
+    /// Whether the harness may play the Deployment and DaemonSet controllers.
+    pub fn plays_controllers(&self) -> bool {
+        self.server.is_some()
+    }
+
+    /// The request log (local server only).
+    pub fn request_log(&self) -> Option<RequestLog> {
+        self.server.as_ref().map(TestApiServer::request_log)
+    }
+
+    /// An operator configuration for this scenario: its namespace only, fast timings.
+    pub fn operator_config(&self) -> OperatorConfig {
+        let mut config = OperatorConfig::new(self.client.clone());
+        config.scope = Scope::Namespaces(vec![self.ns.clone()]);
+        config.build.manager_image = "example.test/cloud-controller-manager:e2e".into();
+        config.timings = Timings {
+            debounce: Duration::from_millis(50),
+            degraded_window: Duration::from_secs(3),
+            ..Timings::default()
+        };
+        config
+    }
+
+    /// Start an operator with the scenario's defaults.
+    pub async fn operator(&self) -> OperatorHandle {
+        operator::start(self.operator_config()).await.expect("the operator starts")
+    }
+
+    /// The CR API of the scenario's namespace (harness client).
+    pub fn crs(&self) -> Api<CloudControllerManager> {
+        Api::namespaced(self.harness.clone(), &self.ns)
+    }
+
+    /// Any namespaced API with the harness client.
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.harness.clone(), &self.ns)
+    }
+
+    /// Create or update a CR from a spec (server-side apply by the harness).
+    pub async fn apply_cr(&self, name: &str, spec: Value) {
+        let body = json!({
+            "apiVersion": "ccm.rs/v1alpha1",
+            "kind": "CloudControllerManager",
+            "metadata": {"name": name, "namespace": self.ns},
+            "spec": spec,
+        });
+        self.crs()
+            .patch(name, &PatchParams::apply(HARNESS_AGENT).force(), &Patch::Apply(&body))
+            .await
+            .unwrap_or_else(|e| panic!("applying CloudControllerManager {name}: {e}"));
+    }
+
+    /// Create or replace a Secret with one key.
+    pub async fn secret(&self, name: &str, key: &str, value: &str) {
+        let secret = Secret {
+            metadata: ObjectMeta { name: Some(name.into()), namespace: Some(self.ns.clone()), ..Default::default() },
+            data: Some([(key.to_string(), ByteString(value.as_bytes().to_vec()))].into()),
+            ..Default::default()
+        };
+        self.api::<Secret>()
+            .patch(name, &PatchParams::apply(HARNESS_AGENT).force(), &Patch::Apply(&secret))
+            .await
+            .expect("the Secret is applied");
+    }
+
+    /// The CR now.
+    pub async fn cr(&self, name: &str) -> CloudControllerManager {
+        self.crs().get(name).await.unwrap_or_else(|e| panic!("reading CloudControllerManager {name}: {e}"))
+    }
+
+    /// Wait until the CR's condition `type_` satisfies `check`; returns it.
+    pub async fn wait_condition(&self, name: &str, type_: &str, check: impl Fn(&Condition) -> bool) -> Condition {
+        let last = std::sync::Mutex::new(None);
+        let found = eventually_value(WAIT, || async {
+            let cr = self.crs().get_opt(name).await.ok().flatten()?;
+            let c = condition(&cr, type_)?;
+            *last.lock().unwrap() = Some(c.clone());
+            check(&c).then_some(c)
+        })
+        .await;
+        found.unwrap_or_else(|| panic!("{type_} of {name} never matched; last seen: {:?}", last.lock().unwrap()))
+    }
+
+    /// Wait until the condition has this status and reason.
+    pub async fn wait_status(&self, name: &str, type_: &str, status: &str, reason: &str) -> Condition {
+        self.wait_condition(name, type_, |c| c.status == status && c.reason == reason).await
+    }
+
+    /// Write a workload's status as its controller would (merge patch on `/status`).
+    pub async fn write_status<K>(&self, name: &str, status: Value)
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+    {
+        self.api::<K>()
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(json!({ "status": status })))
+            .await
+            .unwrap_or_else(|e| panic!("writing status of {name}: {e}"));
+    }
+
+    /// Delete the namespace (on a real cluster) and stop the local server.
+    pub async fn finish(self) {
+        if let Some(server) = self.server {
+            server.shutdown().await;
+        } else {
+            let namespaces: Api<Namespace> = Api::all(self.harness.clone());
+            let _ = namespaces.delete(&self.ns, &DeleteParams::default()).await;
+        }
+    }
+}
+
+/// The condition `type_` of a CR.
+pub fn condition(cr: &CloudControllerManager, type_: &str) -> Option<Condition> {
+    conditions::find(&cr.status.as_ref()?.conditions, type_).cloned()
+}
+
+/// `(status, reason)` of a condition, for assertions.
+pub fn status_reason(cr: &CloudControllerManager, type_: &str) -> (String, String) {
+    condition(cr, type_).map(|c| (c.status, c.reason)).unwrap_or_default()
+}
+
+/// Poll `check` until it returns `Some`, or give up after `timeout`.
+pub async fn eventually_value<T, F, Fut>(timeout: Duration, mut check: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return Some(v);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Poll `check` until it is true; panics naming `what` after `WAIT`.
+pub async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    if eventually_value(WAIT, || {
+        let f = check();
+        async move { f.await.then_some(()) }
+    })
+    .await
+    .is_none()
+    {
+        panic!("timed out waiting for {what}");
+    }
+}
+
+/// Writes the operator made (not the harness), from a request-log slice.
+pub fn operator_writes(records: &[RequestRecord]) -> Vec<&RequestRecord> {
+    records
+        .iter()
+        .filter(|r| {
+            r.is_write()
+                && r.user_agent != HARNESS_AGENT
+                && r.field_manager.as_deref() != Some("cloud-controller-manager")
+        })
+        .collect()
+}
+
+/// The Ready condition is published and kstatus-readable.
+pub fn ready(cr: &CloudControllerManager) -> Option<Condition> {
+    condition(cr, types::READY)
+}

@@ -1,0 +1,723 @@
+//! RBAC proof: what the chart grants is enough for what the code does.
+//!
+//! The local API server does not authorize requests, so this test does: it renders the chart
+//! with real Helm (`charts/ccm-operator/tests/render.py`), runs a component through a scenario
+//! with the request log on, and checks every request the component made against the rules its
+//! ServiceAccount would be bound to (verbs, API groups, resources, subresources,
+//! resourceNames, and the namespace of a RoleBinding). Rules never exercised are printed.
+//!
+//! Covered: the manager (the `cloud-controller-manager` program, in-process, with the `fake`
+//! provider) against the `ccm-manager` ClusterRole (cluster-wide) and `ccm-manager-namespace`
+//! (bound in its resource's namespace), as the operator binds them; and the operator, in
+//! Deployment and DaemonSet modes and in Embedded mode, against every binding the chart gives its
+//! ServiceAccount with the matching values. Skipped, with the reason printed, when Helm
+//! (helm-sdkpy) is missing outside CI.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use clap::Parser;
+use e2e_apiserver::{RequestRecord, TestApiServer};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, Node, Secret, Service};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
+use kube::Client;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+/// The user agent of this test's own requests, so they are left out of the proof.
+const HARNESS_AGENT: &str = "rbac-proof-harness";
+/// `render.py`'s exit code for "a tool is missing, skipped".
+const SKIPPED: i32 = 77;
+/// The namespace and name of the CloudControllerManager the manager runs for.
+const CR_NAMESPACE: &str = "cloud";
+const CR_NAME: &str = "proof";
+/// Where the chart (and so the operator) is installed.
+const RELEASE_NAMESPACE: &str = "ccm-system";
+
+fn in_ci() -> bool {
+    std::env::var("CI").as_deref() == Ok("true")
+}
+
+/// The chart's objects rendered by Helm, or `None` when Helm is unavailable outside CI.
+fn render_chart(kubeconfig: &std::path::Path, values: &Value) -> Option<Vec<Value>> {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../charts/ccm-operator/tests/render.py");
+    let output = match Command::new("python3")
+        .arg(script)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .arg("--values")
+        .arg(values.to_string())
+        .env("HELM_DRIVER", "memory")
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+    {
+        Ok(o) => o,
+        Err(e) => {
+            assert!(!in_ci(), "python3 could not run ({e}), and CI=true makes that a failure");
+            eprintln!("SKIPPED RBAC proof: python3 could not run: {e}");
+            return None;
+        }
+    };
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    match output.status.code() {
+        Some(0) => Some(serde_json::from_slice(&output.stdout).expect("render.py prints JSON")),
+        Some(SKIPPED) if !in_ci() => {
+            eprintln!("SKIPPED RBAC proof: {stderr}");
+            None
+        }
+        code => panic!("rendering the chart failed (exit {code:?}): {stderr}"),
+    }
+}
+
+/// A set of rules and where they apply: everywhere (ClusterRoleBinding) or in one namespace.
+struct Grant {
+    source: String,
+    namespace: Option<String>,
+    rules: Vec<PolicyRule>,
+}
+
+/// What RBAC sees of a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Attributes {
+    verb: String,
+    group: String,
+    resource: String,
+    subresource: Option<String>,
+    name: Option<String>,
+    namespace: Option<String>,
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let Some(b) = std::str::from_utf8(&bytes[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok())
+        {
+            out.push(b);
+            i += 3;
+        } else {
+            out.push(if bytes[i] == b'+' { b' ' } else { bytes[i] });
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// RBAC attributes of a logged request; `None` for non-resource paths (discovery, `/version`),
+/// which every authenticated user may read.
+fn attributes(r: &RequestRecord) -> Option<Attributes> {
+    let resource = r.resource.as_deref()?;
+    let (resource, group) = resource.split_once('.').unwrap_or((resource, ""));
+    let mut name = r.name.clone();
+    // A list or watch narrowed to one name counts as that name (how kubectl and reflectors
+    // watch a single object); RBAC's resourceNames then apply.
+    if name.is_none() && matches!(r.verb.as_str(), "list" | "watch") {
+        for pair in r.query.split('&') {
+            if let Some(v) = pair.strip_prefix("fieldSelector=") {
+                let selector = percent_decode(v);
+                if let Some(n) = selector.strip_prefix("metadata.name=").filter(|n| !n.contains(',')) {
+                    name = Some(n.to_string());
+                }
+            }
+        }
+    }
+    Some(Attributes {
+        verb: r.verb.clone(),
+        group: group.to_string(),
+        resource: resource.to_string(),
+        subresource: r.subresource.clone(),
+        name,
+        namespace: r.namespace.clone(),
+    })
+}
+
+fn matches_any(list: &[String], value: &str) -> bool {
+    list.iter().any(|v| v == "*" || v == value)
+}
+
+/// Whether one rule allows a request (Kubernetes RBAC semantics for resource requests).
+fn rule_allows(rule: &PolicyRule, a: &Attributes) -> bool {
+    let groups = rule.api_groups.clone().unwrap_or_default();
+    let resources = rule.resources.clone().unwrap_or_default();
+    let combined = match &a.subresource {
+        Some(sub) => format!("{}/{sub}", a.resource),
+        None => a.resource.clone(),
+    };
+    let resource_ok = resources
+        .iter()
+        .any(|r| r == "*" || *r == combined || a.subresource.as_ref().is_some_and(|sub| *r == format!("*/{sub}")));
+    let names = rule.resource_names.clone().unwrap_or_default();
+    let name_ok = names.is_empty() || a.name.as_ref().is_some_and(|n| names.contains(n));
+    matches_any(&rule.verbs, &a.verb) && matches_any(&groups, &a.group) && resource_ok && name_ok
+}
+
+/// The grant and rule index that allow `a`, if any.
+fn allowed_by(grants: &[Grant], a: &Attributes) -> Option<(usize, usize)> {
+    for (g, grant) in grants.iter().enumerate() {
+        if let Some(ns) = &grant.namespace
+            && a.namespace.as_ref() != Some(ns)
+        {
+            continue;
+        }
+        if let Some(r) = grant.rules.iter().position(|rule| rule_allows(rule, a)) {
+            return Some((g, r));
+        }
+    }
+    None
+}
+
+/// Checks `requests` against `grants`: panics listing every denied request, and prints the
+/// `(rule, verb)` pairs that no request used.
+fn prove(component: &str, grants: &[Grant], requests: &[RequestRecord]) {
+    let mut denied = BTreeSet::new();
+    let mut used = BTreeSet::new();
+    let mut checked = 0;
+    for r in requests {
+        let Some(a) = attributes(r) else { continue };
+        checked += 1;
+        match allowed_by(grants, &a) {
+            Some(_) => {
+                // Credit every rule that allows it, so overlapping rules are not reported unused.
+                for (g, grant) in grants.iter().enumerate() {
+                    if grant.namespace.as_ref().is_some_and(|ns| a.namespace.as_ref() != Some(ns)) {
+                        continue;
+                    }
+                    for (i, rule) in grant.rules.iter().enumerate() {
+                        if rule_allows(rule, &a) {
+                            used.insert((g, i, a.verb.clone()));
+                        }
+                    }
+                }
+            }
+            None => {
+                denied.insert(format!(
+                    "{} {}{}{} {:?} in {:?} ({} {})",
+                    a.verb,
+                    if a.group.is_empty() { String::new() } else { format!("{}/", a.group) },
+                    a.resource,
+                    a.subresource.as_ref().map(|s| format!("/{s}")).unwrap_or_default(),
+                    a.name,
+                    a.namespace,
+                    r.method,
+                    r.path
+                ));
+            }
+        }
+    }
+    assert!(checked > 0, "{component}: no resource request was logged; the scenario did not run");
+    let mut unused = Vec::new();
+    for (g, grant) in grants.iter().enumerate() {
+        for (i, rule) in grant.rules.iter().enumerate() {
+            for verb in &rule.verbs {
+                if !used.contains(&(g, i, verb.clone())) {
+                    unused.push(format!("{}: {verb} {:?}", grant.source, rule.resources.clone().unwrap_or_default()));
+                }
+            }
+        }
+    }
+    eprintln!("{component}: {checked} requests checked, {} denied", denied.len());
+    if !unused.is_empty() {
+        eprintln!("{component}: granted but not used in this scenario:\n  {}", unused.join("\n  "));
+    }
+    assert!(
+        denied.is_empty(),
+        "{component} made requests its RBAC does not allow:\n  {}",
+        denied.into_iter().collect::<Vec<_>>().join("\n  ")
+    );
+}
+
+fn cluster_role(objects: &[Value], name: &str) -> ClusterRole {
+    let found = objects
+        .iter()
+        .find(|o| o["kind"] == "ClusterRole" && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("the chart renders no ClusterRole {name}"));
+    serde_json::from_value(found.clone()).expect("a ClusterRole")
+}
+
+/// Every grant the chart gives the ServiceAccount `namespace/name`, through its bindings.
+fn grants_for_service_account(objects: &[Value], namespace: &str, name: &str) -> Vec<Grant> {
+    let binds_sa = |subjects: &Option<Vec<k8s_openapi::api::rbac::v1::Subject>>| {
+        subjects
+            .iter()
+            .flatten()
+            .any(|s| s.kind == "ServiceAccount" && s.name == name && s.namespace.as_deref() == Some(namespace))
+    };
+    let role_rules = |kind: &str, role: &str, role_namespace: &str| -> Vec<PolicyRule> {
+        let found = objects
+            .iter()
+            .find(|o| {
+                o["kind"] == kind
+                    && o["metadata"]["name"] == role
+                    && (kind == "ClusterRole" || o["metadata"]["namespace"] == role_namespace)
+            })
+            .unwrap_or_else(|| panic!("a binding names {kind} {role}, which the chart does not render"));
+        if kind == "Role" {
+            serde_json::from_value::<Role>(found.clone()).expect("a Role").rules.unwrap_or_default()
+        } else {
+            serde_json::from_value::<ClusterRole>(found.clone()).expect("a ClusterRole").rules.unwrap_or_default()
+        }
+    };
+    let mut grants = Vec::new();
+    for o in objects {
+        match o["kind"].as_str() {
+            Some("ClusterRoleBinding") => {
+                let b: ClusterRoleBinding = serde_json::from_value(o.clone()).expect("a ClusterRoleBinding");
+                if binds_sa(&b.subjects) {
+                    grants.push(Grant {
+                        source: format!(
+                            "ClusterRole {} (ClusterRoleBinding {})",
+                            b.role_ref.name,
+                            b.metadata.name.unwrap_or_default()
+                        ),
+                        namespace: None,
+                        rules: role_rules("ClusterRole", &b.role_ref.name, ""),
+                    });
+                }
+            }
+            Some("RoleBinding") => {
+                let b: RoleBinding = serde_json::from_value(o.clone()).expect("a RoleBinding");
+                let ns = b.metadata.namespace.clone().unwrap_or_default();
+                if binds_sa(&b.subjects) {
+                    grants.push(Grant {
+                        source: format!("{} {} (RoleBinding in {ns})", b.role_ref.kind, b.role_ref.name),
+                        namespace: Some(ns.clone()),
+                        rules: role_rules(&b.role_ref.kind, &b.role_ref.name, &ns),
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    assert!(!grants.is_empty(), "the chart binds nothing to {namespace}/{name}");
+    grants
+}
+
+fn harness_client(server: &TestApiServer) -> Client {
+    let mut config = server.kube_config();
+    config.headers.push(("user-agent".parse().expect("a header name"), HARNESS_AGENT.parse().expect("a value")));
+    Client::try_from(config).expect("a client")
+}
+
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..300 {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("timed out waiting until {what}");
+}
+
+fn node(name: &str, tainted: bool, pod_cidr: &str) -> Node {
+    let taints = if tainted {
+        json!([{"key": "node.cloudprovider.kubernetes.io/uninitialized", "value": "true", "effect": "NoSchedule"}])
+    } else {
+        json!([])
+    };
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name},
+        "spec": {"podCIDR": pod_cidr, "podCIDRs": [pod_cidr], "taints": taints},
+    }))
+    .expect("a Node")
+}
+
+/// Two new, tainted, Ready Nodes (as their kubelets would register them).
+async fn create_ready_nodes(nodes: &Api<Node>) {
+    let ready = json!({"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+        "lastHeartbeatTime": "2026-01-01T00:00:00Z", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
+    for (name, cidr) in [("node-a", "10.244.1.0/24"), ("node-b", "10.244.2.0/24")] {
+        nodes.create(&PostParams::default(), &node(name, true, cidr)).await.expect("node");
+        nodes.patch_status(name, &PatchParams::default(), &Patch::Merge(&ready)).await.expect("node status");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manager_requests_are_allowed_by_the_manager_cluster_roles() {
+    let server = TestApiServer::start().await.expect("the local API server starts");
+    let Some(objects) = render_chart(server.kubeconfig_path(), &json!({})) else { return };
+    let grants = vec![
+        Grant {
+            source: "ccm-manager".into(),
+            namespace: None,
+            rules: cluster_role(&objects, "ccm-manager").rules.unwrap_or_default(),
+        },
+        Grant {
+            source: format!("ccm-manager-namespace (RoleBinding in {CR_NAMESPACE})"),
+            namespace: Some(CR_NAMESPACE.into()),
+            rules: cluster_role(&objects, "ccm-manager-namespace").rules.unwrap_or_default(),
+        },
+    ];
+
+    // The world the manager runs in: its resource (the chart installed the CRD), two new
+    // Nodes to initialize, one NotReady Node whose instance is gone.
+    let client = harness_client(&server);
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": CR_NAMESPACE}})).unwrap())
+        .await
+        .expect("namespace");
+    let ccms: Api<crds::CloudControllerManager> = Api::namespaced(client.clone(), CR_NAMESPACE);
+    let cr: crds::CloudControllerManager = serde_json::from_value(json!({
+        "apiVersion": "ccm.rs/v1alpha1", "kind": "CloudControllerManager",
+        "metadata": {"name": CR_NAME, "namespace": CR_NAMESPACE},
+        "spec": {"provider": "fake", "clusterCIDR": "10.244.0.0/16"},
+    }))
+    .unwrap();
+    ccms.create(&PostParams::default(), &cr).await.expect("the CloudControllerManager");
+    let nodes: Api<Node> = Api::all(client.clone());
+    create_ready_nodes(&nodes).await;
+    nodes.create(&PostParams::default(), &node("node-gone", false, "10.244.3.0/24")).await.expect("node");
+    let not_ready = json!({"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "KubeletStopped",
+        "lastHeartbeatTime": "2026-01-01T00:00:00Z", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
+    nodes.patch_status("node-gone", &PatchParams::default(), &Patch::Merge(&not_ready)).await.expect("node status");
+
+    let dir = std::env::temp_dir().join(format!("rbac-proof-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cloud_config = dir.join("cloud.conf");
+    std::fs::write(&cloud_config, "autoInstances: true\ninstances:\n  - name: node-gone\n    exists: false\n").unwrap();
+
+    // The manager with the arguments the operator gives it (operator/src/build.rs), fast timings.
+    server.request_log().clear();
+    let args: Vec<String> = vec![
+        "cloud-controller-manager".into(),
+        "--cloud-provider=fake".into(),
+        format!("--cloud-config={}", cloud_config.display()),
+        format!("--kubeconfig={}", server.kubeconfig_path().display()),
+        "--controllers=*".into(),
+        "--cluster-name=proof".into(),
+        "--cluster-cidr=10.244.0.0/16".into(),
+        "--configure-cloud-routes=true".into(),
+        "--leader-elect=true".into(),
+        format!("--leader-elect-resource-name={CR_NAME}"),
+        format!("--leader-elect-resource-namespace={CR_NAMESPACE}"),
+        "--leader-elect-lease-duration=4s".into(),
+        "--leader-elect-renew-deadline=3s".into(),
+        "--leader-elect-retry-period=1s".into(),
+        "--concurrent-node-syncs=2".into(),
+        "--concurrent-service-syncs=2".into(),
+        "--node-monitor-period=1s".into(),
+        "--route-reconciliation-period=1s".into(),
+        "--secure-port=0".into(),
+        format!("--ccm-resource={CR_NAMESPACE}/{CR_NAME}"),
+        "--ccm-resource-interval=1s".into(),
+    ];
+    let settings = manager::flags::Flags::try_parse_from(&args).expect("flags parse").settings().expect("settings");
+    let shutdown = manager::engine::app::shutdown_on_signal();
+    let manager =
+        tokio::spawn(manager::engine::app::run(manager::registry::Registry::builtin(), settings, shutdown.clone()));
+
+    // Node initialization, routes, lifecycle.
+    eventually("the new Nodes are initialized", || async {
+        for name in ["node-a", "node-b"] {
+            let initialized = nodes.get(name).await.ok().and_then(|n| n.spec).is_some_and(|s| {
+                s.provider_id.is_some()
+                    && s.taints.as_ref().is_none_or(|t| t.iter().all(|t| !t.key.ends_with("uninitialized")))
+            });
+            if !initialized {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    eventually("routes are reported on the Nodes", || async {
+        nodes
+            .get("node-a")
+            .await
+            .ok()
+            .and_then(|n| n.status)
+            .and_then(|s| s.conditions)
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "NetworkUnavailable" && c.status == "False"))
+    })
+    .await;
+    eventually("the Node whose instance is gone is deleted", || async {
+        nodes.get_opt("node-gone").await.ok().flatten().is_none()
+    })
+    .await;
+
+    // A load balancer, created and deleted.
+    let services: Api<Service> = Api::namespaced(client.clone(), "default");
+    let svc: Service = serde_json::from_value(json!({
+        "metadata": {"name": "web"},
+        "spec": {"type": "LoadBalancer", "selector": {"app": "web"}, "ports": [{"port": 80, "protocol": "TCP"}]},
+    }))
+    .unwrap();
+    services.create(&PostParams::default(), &svc).await.expect("service");
+    eventually("the Service gets a load-balancer address", || async {
+        services
+            .get("web")
+            .await
+            .ok()
+            .and_then(|s| s.status)
+            .and_then(|s| s.load_balancer)
+            .and_then(|l| l.ingress)
+            .is_some_and(|i| !i.is_empty())
+    })
+    .await;
+    services.delete("web", &DeleteParams::default()).await.expect("delete service");
+    eventually("the Service's load balancer is cleaned up", || async {
+        services.get_opt("web").await.ok().flatten().is_none()
+    })
+    .await;
+
+    // Health reported on the resource.
+    eventually("ProviderHealthy is reported", || async {
+        ccms.get_status(CR_NAME)
+            .await
+            .ok()
+            .and_then(|c| c.status)
+            .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "ProviderHealthy" && c.status == "True"))
+    })
+    .await;
+
+    shutdown.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(20), manager).await;
+
+    let requests: Vec<RequestRecord> = server.request_log().filter(|r| r.user_agent != HARNESS_AGENT);
+    prove("cloud-controller-manager", &grants, &requests);
+    let _ = std::fs::remove_dir_all(&dir);
+    server.shutdown().await;
+}
+
+/// The operator in-process, with its own client (no harness user agent) and its own election.
+async fn start_operator(server: &TestApiServer) -> operator::OperatorHandle {
+    // RUST_LOG=operator=debug shows the operator's side when a scenario step times out.
+    let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).try_init();
+    let client = Client::try_from(server.kube_config()).expect("a client");
+    let mut config = operator::OperatorConfig::new(client);
+    config.leader_election = Some(operator::OperatorConfig::operator_lease(RELEASE_NAMESPACE, &config.identity));
+    config.timings.debounce = Duration::from_millis(200);
+    let handle = operator::start(config).await.expect("the operator starts");
+    handle.wait_leading(true).await;
+    handle
+}
+
+fn ccm(name: &str, spec: Value) -> crds::CloudControllerManager {
+    serde_json::from_value(json!({
+        "apiVersion": "ccm.rs/v1alpha1", "kind": "CloudControllerManager",
+        "metadata": {"name": name, "namespace": CR_NAMESPACE},
+        "spec": spec,
+    }))
+    .expect("a CloudControllerManager")
+}
+
+fn condition_is(cr: &crds::CloudControllerManager, type_: &str, status: &str) -> bool {
+    cr.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.type_ == type_ && c.status == status))
+}
+
+/// The shared start of both operator scenarios: namespaces, a cloud-config Secret.
+async fn operator_world(client: &Client) {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    for ns in [CR_NAMESPACE, RELEASE_NAMESPACE] {
+        let _ = namespaces
+            .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap())
+            .await;
+    }
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), CR_NAMESPACE);
+    secrets.create(&PostParams::default(), &cloud_config_secret("autoInstances: true\n")).await.expect("secret");
+}
+
+/// The fake provider's cloud-config Secret (`data`, as the local API server does not fold
+/// `stringData` into it).
+fn cloud_config_secret(config: &str) -> Secret {
+    Secret {
+        metadata: kube::api::ObjectMeta { name: Some("fake-cloud-config".into()), ..Default::default() },
+        data: Some([("cloud.conf".to_string(), k8s_openapi::ByteString(config.as_bytes().to_vec()))].into()),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_requests_in_deployment_and_daemonset_modes_are_allowed_by_the_chart() {
+    let server = TestApiServer::start().await.expect("the local API server starts");
+    let Some(objects) = render_chart(server.kubeconfig_path(), &json!({"replicas": 2})) else { return };
+    let grants = grants_for_service_account(&objects, RELEASE_NAMESPACE, "ccm-operator");
+    let client = harness_client(&server);
+    operator_world(&client).await;
+    server.request_log().clear();
+    let operator = start_operator(&server).await;
+
+    let ccms: Api<crds::CloudControllerManager> = Api::namespaced(client.clone(), CR_NAMESPACE);
+    let spec = json!({"provider": "fake", "clusterCIDR": "10.244.0.0/16", "deployment": {"replicas": 2},
+        "cloudConfig": {"secretRef": {"name": "fake-cloud-config"}}});
+    ccms.create(&PostParams::default(), &ccm("dep", spec)).await.expect("the CloudControllerManager");
+    // A second resource the operator must refuse: an unknown provider.
+    ccms.create(&PostParams::default(), &ccm("unknown", json!({"provider": "nope"}))).await.expect("a second one");
+
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), CR_NAMESPACE);
+    eventually("the manager Deployment exists", || async {
+        deployments.get_opt("ccm-dep").await.ok().flatten().is_some()
+    })
+    .await;
+    // Play the deployment controller and the manager's leader, so the resource becomes Available.
+    let generation = deployments.get("ccm-dep").await.unwrap().metadata.generation.unwrap_or(1);
+    let status = json!({"status": {"observedGeneration": generation, "replicas": 2, "updatedReplicas": 2,
+        "readyReplicas": 2, "availableReplicas": 2, "conditions": [{"type": "Progressing", "status": "True",
+        "reason": "NewReplicaSetAvailable"}, {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"}]}});
+    deployments
+        .patch_status("ccm-dep", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .expect("deployment status");
+    let leases: Api<Lease> = Api::namespaced(client.clone(), CR_NAMESPACE);
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let lease: Lease =
+        serde_json::from_value(json!({"metadata": {"name": "dep"}, "spec": {"holderIdentity": "ccm-dep-0",
+        "leaseDurationSeconds": 60, "acquireTime": now, "renewTime": now}}))
+        .unwrap();
+    leases.create(&PostParams::default(), &lease).await.expect("lease");
+    eventually("the resource is Available", || async {
+        ccms.get_status("dep").await.ok().is_some_and(|c| condition_is(&c, "Available", "True"))
+    })
+    .await;
+    eventually("the unknown provider is reported", || async {
+        ccms.get_status("unknown").await.ok().is_some_and(|c| condition_is(&c, "ConfigValid", "False"))
+    })
+    .await;
+
+    // Rotate the cloud-config: a new pod template.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), CR_NAMESPACE);
+    let rotated = serde_json::to_value(cloud_config_secret("autoInstances: true\nbatchSize: 50\n")).unwrap();
+    secrets.patch("fake-cloud-config", &PatchParams::default(), &Patch::Merge(&rotated)).await.expect("rotate");
+    eventually("the resource rolls out the new cloud-config", || async {
+        ccms.get_status("dep").await.ok().is_some_and(|c| condition_is(&c, "Progressing", "True"))
+    })
+    .await;
+
+    // Switch to DaemonSet mode: the Deployment and its budget are pruned.
+    let to_daemonset = json!({"spec": {"mode": "DaemonSet"}});
+    ccms.patch("dep", &PatchParams::default(), &Patch::Merge(&to_daemonset)).await.expect("mode switch");
+    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), CR_NAMESPACE);
+    eventually("the DaemonSet replaces the Deployment", || async {
+        daemonsets.get_opt("ccm-dep").await.ok().flatten().is_some()
+            && deployments.get_opt("ccm-dep").await.ok().flatten().is_none()
+    })
+    .await;
+
+    // Delete: the finalizer removes the ClusterRoleBinding, then lets the resource go.
+    for name in ["dep", "unknown"] {
+        ccms.delete(name, &DeleteParams::default()).await.expect("delete");
+    }
+    eventually("both resources are gone", || async {
+        ccms.get_opt("dep").await.ok().flatten().is_none() && ccms.get_opt("unknown").await.ok().flatten().is_none()
+    })
+    .await;
+    let _ = tokio::time::timeout(Duration::from_secs(20), operator.stop()).await;
+
+    let requests = server.request_log().filter(|r| r.user_agent != HARNESS_AGENT);
+    prove("ccm-operator (Deployment and DaemonSet modes)", &grants, &requests);
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_requests_in_embedded_mode_are_allowed_by_the_chart() {
+    let server = TestApiServer::start().await.expect("the local API server starts");
+    let values = json!({"replicas": 2, "embedded": {"enabled": true}});
+    let Some(objects) = render_chart(server.kubeconfig_path(), &values) else { return };
+    let grants = grants_for_service_account(&objects, RELEASE_NAMESPACE, "ccm-operator");
+    let client = harness_client(&server);
+    operator_world(&client).await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    create_ready_nodes(&nodes).await;
+    server.request_log().clear();
+    let operator = start_operator(&server).await;
+
+    let ccms: Api<crds::CloudControllerManager> = Api::namespaced(client.clone(), CR_NAMESPACE);
+    let spec = json!({"provider": "fake", "mode": "Embedded", "clusterCIDR": "10.244.0.0/16",
+        "cloudConfig": {"secretRef": {"name": "fake-cloud-config"}}});
+    ccms.create(&PostParams::default(), &ccm("emb", spec)).await.expect("the CloudControllerManager");
+    eventually("the embedded engine initializes the Nodes", || async {
+        for name in ["node-a", "node-b"] {
+            let initialized = nodes.get(name).await.ok().and_then(|n| n.spec).is_some_and(|s| s.provider_id.is_some());
+            if !initialized {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    // Written by the engine inside the operator, through the manager's rules.
+    eventually("the resource is Ready", || async {
+        ccms.get_status("emb").await.ok().is_some_and(|c| condition_is(&c, "Ready", "True"))
+    })
+    .await;
+    ccms.delete("emb", &DeleteParams::default()).await.expect("delete");
+    eventually("the resource is gone", || async { ccms.get_opt("emb").await.ok().flatten().is_none() }).await;
+    let _ = tokio::time::timeout(Duration::from_secs(20), operator.stop()).await;
+
+    let requests = server.request_log().filter(|r| r.user_agent != HARNESS_AGENT);
+    prove("ccm-operator (Embedded mode)", &grants, &requests);
+    server.shutdown().await;
+}
+
+#[test]
+fn rbac_semantics() {
+    let rule = |verbs: &[&str], groups: &[&str], resources: &[&str], names: &[&str]| PolicyRule {
+        verbs: verbs.iter().map(|s| s.to_string()).collect(),
+        api_groups: Some(groups.iter().map(|s| s.to_string()).collect()),
+        resources: Some(resources.iter().map(|s| s.to_string()).collect()),
+        resource_names: (!names.is_empty()).then(|| names.iter().map(|s| s.to_string()).collect()),
+        non_resource_urls: None,
+    };
+    let attrs = |verb: &str, group: &str, resource: &str, sub: Option<&str>, name: Option<&str>| Attributes {
+        verb: verb.into(),
+        group: group.into(),
+        resource: resource.into(),
+        subresource: sub.map(Into::into),
+        name: name.map(Into::into),
+        namespace: Some("ns".into()),
+    };
+    let nodes = rule(&["get", "patch"], &[""], &["nodes"], &[]);
+    assert!(rule_allows(&nodes, &attrs("get", "", "nodes", None, Some("n"))));
+    assert!(!rule_allows(&nodes, &attrs("delete", "", "nodes", None, Some("n"))));
+    // A subresource needs its own entry.
+    assert!(!rule_allows(&nodes, &attrs("patch", "", "nodes", Some("status"), Some("n"))));
+    assert!(rule_allows(
+        &rule(&["patch"], &[""], &["nodes/status"], &[]),
+        &attrs("patch", "", "nodes", Some("status"), None)
+    ));
+    // The group must match.
+    assert!(!rule_allows(&rule(&["get"], &["apps"], &["nodes"], &[]), &attrs("get", "", "nodes", None, None)));
+    // resourceNames: only that object, and never create or an unnarrowed list.
+    let named = rule(&["get", "create", "list"], &["coordination.k8s.io"], &["leases"], &["mine"]);
+    assert!(rule_allows(&named, &attrs("get", "coordination.k8s.io", "leases", None, Some("mine"))));
+    assert!(!rule_allows(&named, &attrs("get", "coordination.k8s.io", "leases", None, Some("other"))));
+    assert!(!rule_allows(&named, &attrs("create", "coordination.k8s.io", "leases", None, None)));
+    assert!(!rule_allows(&named, &attrs("list", "coordination.k8s.io", "leases", None, None)));
+    // A RoleBinding's grant applies only in its namespace.
+    let grant = |ns: &str| Grant { source: "r".into(), namespace: Some(ns.into()), rules: vec![nodes.clone()] };
+    assert!(allowed_by(&[grant("ns")], &attrs("get", "", "nodes", None, None)).is_some());
+    assert!(allowed_by(&[grant("elsewhere")], &attrs("get", "", "nodes", None, None)).is_none());
+    // A watch narrowed by field selector counts as that name.
+    let record = RequestRecord {
+        seq: 0,
+        time: String::new(),
+        verb: "watch".into(),
+        method: "GET".into(),
+        path: "/apis/apiextensions.k8s.io/v1/customresourcedefinitions".into(),
+        query: "watch=true&fieldSelector=metadata.name%3Dcloudcontrollermanagers.ccm.rs".into(),
+        resource: Some("customresourcedefinitions.apiextensions.k8s.io".into()),
+        namespace: None,
+        name: None,
+        subresource: None,
+        content_type: None,
+        field_manager: None,
+        user_agent: String::new(),
+        status: 200,
+        duration_ms: 0.0,
+    };
+    let a = attributes(&record).unwrap();
+    assert_eq!(a.group, "apiextensions.k8s.io");
+    assert_eq!(a.name.as_deref(), Some("cloudcontrollermanagers.ccm.rs"));
+}

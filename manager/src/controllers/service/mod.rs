@@ -1,0 +1,715 @@
+//! service-lb-controller (alias `service`): load balancers for `type: LoadBalancer` Services
+//! (reference §2.3, behaviours S1–S24).
+//!
+//! Decisions live in [`logic`]; this module does the I/O. Service changes feed a work queue
+//! served by `--concurrent-service-syncs` workers (one sync per key at a time, per-key
+//! backoff); Node changes trigger a parallel pass that calls `update_load_balancer` only for
+//! Services whose host set changed, storing each host set before calling the cloud.
+
+pub mod logic;
+pub mod queue;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{LoadBalancerStatus, Node, Service};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use serde_json::json;
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+
+use crate::cache::Change;
+use crate::controller::{Context, Controller};
+use crate::health::HealthHandle;
+use crate::provider::{CloudError, LoadBalancer};
+
+use logic::{HostSet, SyncPlan};
+use queue::{Claim, WorkQueue};
+
+/// Canonical controller name.
+pub const NAME: &str = "service-lb-controller";
+/// Event source component (upstream's).
+pub const COMPONENT: &str = "service-controller";
+/// Field manager of this controller's patches.
+pub const FIELD_MANAGER: &str = "service-controller";
+/// Our default for `--concurrent-service-syncs` (upstream's is 1, which stays available as the
+/// upstream-equivalent setting). Load-balancer calls are slow (tens of milliseconds to
+/// seconds) and cheap for the manager to wait on, so with one sync in flight 1,000 Services take
+/// minutes; 32 gives 1,000 Services their ingress within 2 s at 50 ms per call (see
+/// docs/benchmarks.md). Providers whose cloud API cannot take that many calls at once should
+/// limit themselves, or the flag can be lowered.
+pub const DEFAULT_CONCURRENT_SYNCS: usize = 32;
+/// Fastest pace of the periodic re-ensure, in Services per second.
+pub const RESYNC_MAX_PER_SECOND: u32 = 20;
+
+/// The service load-balancer controller.
+#[derive(Debug, Default)]
+pub struct ServiceController;
+
+impl ServiceController {
+    /// A new controller; it reads its settings from the [`Context`] it is run with.
+    pub fn new() -> Self {
+        Self
+    }
+}
+
+#[derive(Clone)]
+struct ServiceMetrics {
+    sync_total: Counter,
+    nodesync_error_total: Counter,
+    nodesync_latency: Histogram,
+    update_host_latency: Histogram,
+}
+
+impl ServiceMetrics {
+    fn register(ctx: &Context) -> Self {
+        let r = &ctx.metrics;
+        let latency = || Histogram::new(exponential_buckets(1.0, 2.0, 15));
+        Self {
+            sync_total: r.get_or_register(
+                "service_controller_loadbalancer_sync",
+                "Load balancer host updates made by the service controller",
+                Counter::default,
+            ),
+            nodesync_error_total: r.get_or_register(
+                "service_controller_nodesync_error",
+                "Load balancer host updates that failed in a node pass",
+                Counter::default,
+            ),
+            nodesync_latency: r.get_or_register(
+                "service_controller_nodesync_latency_seconds",
+                "Duration of one node pass over every load balancer",
+                latency,
+            ),
+            update_host_latency: r.get_or_register(
+                "service_controller_update_loadbalancer_host_latency_seconds",
+                "Duration of one load balancer host update",
+                latency,
+            ),
+        }
+    }
+}
+
+/// Why one sync failed; the message becomes the `SyncLoadBalancerFailed` event.
+#[derive(Debug, thiserror::Error)]
+enum SyncError {
+    #[error("failed to ensure load balancer: {0}")]
+    Ensure(CloudError),
+    #[error("failed to check if load balancer exists before cleanup: {0}")]
+    Get(CloudError),
+    #[error("failed to delete load balancer: {0}")]
+    Delete(CloudError),
+    #[error("failed to add load balancer cleanup finalizer: {0}")]
+    AddFinalizer(kube::Error),
+    #[error("failed to remove load balancer cleanup finalizer: {0}")]
+    RemoveFinalizer(kube::Error),
+    #[error("failed to update load balancer status: {0}")]
+    Status(kube::Error),
+}
+
+impl SyncError {
+    /// S12: a fixed delay requested by the cloud, instead of exponential backoff.
+    fn requested_delay(&self) -> Option<Duration> {
+        match self {
+            SyncError::Ensure(e) | SyncError::Get(e) | SyncError::Delete(e) => e.requested_delay(),
+            _ => None,
+        }
+    }
+}
+
+struct Inner {
+    ctx: Context,
+    class: Option<String>,
+    finalizer: String,
+    queue: WorkQueue,
+    /// S16/S23: the host set each Service's load balancer was last given (or is being given).
+    last_hosts: Mutex<HashMap<String, Arc<HostSet>>>,
+    /// The latest host set, shared by every entry of `last_hosts` that equals it: with a few
+    /// hundred Nodes a private copy per Service would cost tens of KiB each.
+    shared_hosts: Mutex<Arc<HostSet>>,
+    /// S5/S14: each Service as last synced, for deletions without a finalizer and UID changes.
+    synced: Mutex<HashMap<String, Arc<Service>>>,
+    node_pass_wanted: AtomicBool,
+    node_pass: Notify,
+    metrics: ServiceMetrics,
+}
+
+/// Wait for a cache's first list. kube-runtime's readiness signal keeps only the last waiter's
+/// waker, so with several waiters (the engine, other controllers) one can sleep forever; asking
+/// again every 100 ms re-registers ours.
+pub(crate) async fn caches_ready<K>(cache: &crate::cache::Cache<K>) -> bool
+where
+    K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
+{
+    loop {
+        if let Ok(ready) = tokio::time::timeout(Duration::from_millis(100), cache.wait_until_ready()).await {
+            return ready;
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn split_key(key: &str) -> (&str, &str) {
+    key.split_once('/').unwrap_or(("", key))
+}
+
+fn patch_params() -> PatchParams {
+    PatchParams { field_manager: Some(FIELD_MANAGER.to_string()), ..PatchParams::default() }
+}
+
+fn ignore_not_found(r: Result<Service, kube::Error>) -> Result<(), kube::Error> {
+    match r {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+impl Inner {
+    fn lb(&self) -> Option<&dyn LoadBalancer> {
+        self.ctx.provider.load_balancer()
+    }
+
+    fn cluster(&self) -> &str {
+        &self.ctx.options.cluster_name
+    }
+
+    fn event(&self, svc: &Service, type_: EventType, reason: &str, note: impl Into<String>, action: &str) {
+        self.ctx.events.publish(COMPONENT, svc.object_ref(&()), type_, reason, note, action);
+    }
+
+    fn api(&self, ns: &str) -> Api<Service> {
+        Api::namespaced(self.ctx.client.clone(), ns)
+    }
+
+    fn request_node_pass(&self) {
+        self.node_pass_wanted.store(true, Ordering::SeqCst);
+        self.node_pass.notify_one();
+    }
+
+    /// Current load-balancer hosts from the Node cache (S19).
+    fn hosts(&self) -> (Arc<HostSet>, Vec<Arc<Node>>) {
+        let nodes: Vec<Arc<Node>> =
+            self.ctx.nodes.state().into_iter().filter(|n| logic::is_load_balancer_host(n)).collect();
+        let set = logic::host_set(nodes.iter().map(|n| n.as_ref()));
+        let mut shared = lock(&self.shared_hosts);
+        if **shared != set {
+            *shared = Arc::new(set);
+        }
+        (shared.clone(), nodes)
+    }
+
+    // ---- Service events -------------------------------------------------------------------
+
+    fn on_service_change(&self, change: Change<Service>, initial: &mut HashMap<String, String>) {
+        let class = self.class.as_deref();
+        match change {
+            Change::Applied { old: None, new } => {
+                let key = logic::service_key(&new);
+                // The cache's first list may reach us after the start-up scan saw the same object.
+                if initial.remove(&key).is_some_and(|rv| Some(rv) == new.resource_version()) {
+                    return;
+                }
+                if logic::should_sync_added(&new, class, &self.finalizer) {
+                    self.queue.add(key);
+                }
+            }
+            Change::Applied { old: Some(old), new } => {
+                let key = logic::service_key(&new);
+                if logic::should_sync_updated(&old, &new, class, &self.finalizer) {
+                    if let Some(field) = logic::update_trigger(&old, &new, class) {
+                        tracing::debug!(service = %key, field, "service changed");
+                    }
+                    self.queue.add(key);
+                } else if let Some(last) = lock(&self.synced).get_mut(&key)
+                    && last.metadata.uid == new.metadata.uid
+                {
+                    // Nothing that matters changed (often our own finalizer or status write):
+                    // share the cache's copy instead of keeping an older one alive.
+                    *last = new;
+                }
+            }
+            Change::Deleted(last) => {
+                let key = logic::service_key(&last);
+                if lock(&self.synced).contains_key(&key) {
+                    self.queue.add(key);
+                }
+            }
+            Change::Resynced => self.rescan_services(),
+        }
+    }
+
+    /// After missing changes: compare every cached Service with its last synced state.
+    fn rescan_services(&self) {
+        let class = self.class.as_deref();
+        let synced = lock(&self.synced).clone();
+        let mut seen = HashSet::new();
+        for svc in self.ctx.services.state() {
+            let key = logic::service_key(&svc);
+            let wanted = match synced.get(&key) {
+                Some(last) if last.resource_version() == svc.resource_version() => false,
+                Some(last) => logic::should_sync_updated(last, &svc, class, &self.finalizer),
+                None => logic::should_sync_added(&svc, class, &self.finalizer),
+            };
+            if wanted {
+                self.queue.add(key.clone());
+            }
+            seen.insert(key);
+        }
+        for key in synced.keys().filter(|k| !seen.contains(*k)) {
+            self.queue.add(key.clone());
+        }
+    }
+
+    fn on_node_change(&self, change: Change<Node>) {
+        let wanted = match &change {
+            Change::Applied { old: None, .. } | Change::Deleted(_) | Change::Resynced => true,
+            Change::Applied { old: Some(old), new } => logic::node_update_changes_hosts(old, new),
+        };
+        if wanted {
+            self.request_node_pass();
+        }
+    }
+
+    // ---- Service sync ---------------------------------------------------------------------
+
+    async fn sync(&self, key: &str) -> Result<(), SyncError> {
+        let (ns, name) = split_key(key);
+        let current = self.ctx.services.get(Some(ns), name);
+        let last = lock(&self.synced).get(key).cloned();
+        let class = self.class.as_deref();
+
+        // S6: deleted and recreated under the same name while we were not looking.
+        if let (Some(cur), Some(old)) = (&current, &last)
+            && logic::recreated_since(cur, old, class)
+        {
+            self.delete_gone(key, old).await?;
+        }
+        let last = lock(&self.synced).get(key).cloned();
+
+        match logic::plan_sync(current.as_deref(), last.as_deref(), class, &self.finalizer) {
+            SyncPlan::Ensure => match current {
+                Some(svc) => self.ensure(key, svc).await,
+                None => Ok(()),
+            },
+            SyncPlan::Cleanup => match current {
+                Some(svc) => self.cleanup(key, &svc).await,
+                None => Ok(()),
+            },
+            SyncPlan::DeleteGone => match last {
+                Some(old) => self.delete_gone(key, &old).await,
+                None => Ok(()),
+            },
+            SyncPlan::Forget => {
+                self.forget(key);
+                Ok(())
+            }
+        }
+    }
+
+    fn forget(&self, key: &str) {
+        lock(&self.synced).remove(key);
+        lock(&self.last_hosts).remove(key);
+    }
+
+    /// S7–S10.
+    async fn ensure(&self, key: &str, svc: Arc<Service>) -> Result<(), SyncError> {
+        let Some(lb) = self.lb() else { return Ok(()) };
+        lock(&self.synced).insert(key.to_string(), svc.clone());
+        self.event(&svc, EventType::Normal, "EnsuringLoadBalancer", "Ensuring load balancer", "EnsureLoadBalancer");
+
+        if !logic::has_finalizer(&svc, &self.finalizer) {
+            let patch = json!({ "metadata": { "finalizers": [self.finalizer] } });
+            self.api(split_key(key).0)
+                .patch(&svc.name_any(), &patch_params(), &Patch::Strategic(patch))
+                .await
+                .map_err(SyncError::AddFinalizer)?;
+        }
+
+        let (hosts, nodes) = self.hosts();
+        if hosts.is_empty() {
+            self.event(
+                &svc,
+                EventType::Warning,
+                "UnAvailableLoadBalancer",
+                "There are no available nodes for LoadBalancer",
+                "EnsureLoadBalancer",
+            );
+        }
+        // S23: record the hosts before the cloud call so a concurrent node pass compares
+        // against what this ensure is installing.
+        lock(&self.last_hosts).insert(key.to_string(), hosts);
+        let refs: Vec<&Node> = nodes.iter().map(|n| n.as_ref()).collect();
+        let status = match lb.ensure_load_balancer(self.cluster(), &svc, &refs).await {
+            Ok(status) => status,
+            Err(CloudError::ImplementedElsewhere) => {
+                // S8: another controller owns it; keep the finalizer, write no status.
+                tracing::debug!(service = %key, "load balancer implemented elsewhere");
+                return Ok(());
+            }
+            Err(e) => return Err(SyncError::Ensure(e)),
+        };
+        self.event(&svc, EventType::Normal, "EnsuredLoadBalancer", "Ensured load balancer", "EnsureLoadBalancer");
+        let current = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref());
+        if logic::ingress_changed(current, &status) {
+            self.write_status(key, &svc, &status).await?;
+        }
+        Ok(())
+    }
+
+    async fn write_status(&self, key: &str, svc: &Service, status: &LoadBalancerStatus) -> Result<(), SyncError> {
+        let ingress = status.ingress.as_ref().filter(|i| !i.is_empty());
+        let patch = json!({ "status": { "loadBalancer": { "ingress": ingress } } });
+        let r = self.api(split_key(key).0).patch_status(&svc.name_any(), &patch_params(), &Patch::Merge(patch)).await;
+        ignore_not_found(r).map_err(SyncError::Status)
+    }
+
+    /// S11: delete the load balancer if there is one, then release the Service.
+    async fn cleanup(&self, key: &str, svc: &Service) -> Result<(), SyncError> {
+        let Some(lb) = self.lb() else { return Ok(()) };
+        let exists = lb.get_load_balancer(self.cluster(), svc).await.map_err(SyncError::Get)?.is_some();
+        if exists {
+            self.event(svc, EventType::Normal, "DeletingLoadBalancer", "Deleting load balancer", "DeleteLoadBalancer");
+            match lb.ensure_load_balancer_deleted(self.cluster(), svc).await {
+                Ok(()) | Err(CloudError::ImplementedElsewhere) => {}
+                Err(e) => return Err(SyncError::Delete(e)),
+            }
+        }
+        // The stale ingress goes first, so a released finalizer means the cleanup is complete.
+        // A Service on its way out keeps its status: one write fewer, nobody reads it.
+        let current = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref());
+        if !logic::is_being_deleted(svc) && logic::ingress_changed(current, &LoadBalancerStatus::default()) {
+            self.write_status(key, svc, &LoadBalancerStatus::default()).await?;
+        }
+        if logic::has_finalizer(svc, &self.finalizer) {
+            let patch = json!({ "metadata": { "$deleteFromPrimitiveList/finalizers": [self.finalizer] } });
+            let r = self.api(split_key(key).0).patch(&svc.name_any(), &patch_params(), &Patch::Strategic(patch)).await;
+            ignore_not_found(r).map_err(SyncError::RemoveFinalizer)?;
+        }
+        self.event(svc, EventType::Normal, "DeletedLoadBalancer", "Deleted load balancer", "DeleteLoadBalancer");
+        self.forget(key);
+        Ok(())
+    }
+
+    /// S14 (and S6): the Service went away without our finalizer; delete what it had.
+    async fn delete_gone(&self, key: &str, last: &Service) -> Result<(), SyncError> {
+        let Some(lb) = self.lb() else { return Ok(()) };
+        self.event(last, EventType::Normal, "DeletingLoadBalancer", "Deleting load balancer", "DeleteLoadBalancer");
+        if let Err(e) = lb.ensure_load_balancer_deleted(self.cluster(), last).await {
+            self.event(
+                last,
+                EventType::Warning,
+                "DeleteLoadBalancerFailed",
+                format!("Error deleting load balancer: {e}"),
+                "DeleteLoadBalancer",
+            );
+            return Err(SyncError::Delete(e));
+        }
+        self.event(last, EventType::Normal, "DeletedLoadBalancer", "Deleted load balancer", "DeleteLoadBalancer");
+        self.forget(key);
+        Ok(())
+    }
+
+    /// One worker-held sync with S12's requeue rules.
+    async fn process(&self, key: &str) {
+        match self.sync(key).await {
+            Ok(()) => self.queue.forget(key),
+            Err(error) => {
+                let (ns, name) = split_key(key);
+                // A Service already gone got its DeleteLoadBalancerFailed event (S14).
+                if let Some(svc) = self.ctx.services.get(Some(ns), name) {
+                    self.event(
+                        &svc,
+                        EventType::Warning,
+                        "SyncLoadBalancerFailed",
+                        format!("Error syncing load balancer: {error}"),
+                        "SyncLoadBalancer",
+                    );
+                }
+                match error.requested_delay() {
+                    Some(delay) => {
+                        tracing::warn!(service = %key, %error, ?delay, "load balancer sync failed; retrying after the requested delay");
+                        self.queue.add_after(key, delay);
+                    }
+                    None => {
+                        let delay = self.queue.add_rate_limited(key);
+                        tracing::warn!(service = %key, %error, ?delay, "load balancer sync failed; retrying with backoff");
+                    }
+                }
+            }
+        }
+    }
+
+    // ---- Node pass ------------------------------------------------------------------------
+
+    /// S16–S18: give every load balancer whose host set changed its new hosts.
+    async fn node_pass(self: &Arc<Self>) {
+        let started = Instant::now();
+        let (hosts, nodes) = self.hosts();
+        let nodes = Arc::new(nodes);
+        let class = self.class.as_deref();
+        let candidates: Vec<Arc<Service>> = self
+            .ctx
+            .services
+            .state()
+            .into_iter()
+            .filter(|s| logic::wants_load_balancer(s, class) && !logic::is_being_deleted(s))
+            .collect();
+        let workers = self.ctx.options.concurrent_service_syncs.max(1);
+        futures::stream::iter(candidates)
+            .for_each_concurrent(workers, |svc| {
+                let (this, hosts, nodes) = (self.clone(), hosts.clone(), nodes.clone());
+                async move { this.update_hosts(svc, &hosts, &nodes).await }
+            })
+            .await;
+        self.metrics.nodesync_latency.observe(started.elapsed().as_secs_f64());
+    }
+
+    async fn update_hosts(&self, svc: Arc<Service>, hosts: &Arc<HostSet>, nodes: &[Arc<Node>]) {
+        let key = logic::service_key(&svc);
+        match lock(&self.last_hosts).get(&key) {
+            // Never synced by this process: its pending sync installs the current hosts.
+            None => return,
+            Some(prev) if prev == hosts => return,
+            Some(_) => {}
+        }
+        match self.queue.try_claim(&key) {
+            Claim::Claimed => {}
+            // A sync is under way with an older host set: run it again afterwards.
+            Claim::Busy => return self.queue.add(key),
+            Claim::Queued => return,
+        }
+        lock(&self.last_hosts).insert(key.clone(), hosts.clone());
+        let ok = self.call_update(&svc, hosts, nodes).await;
+        if !ok {
+            // S18: retry through the full ensure path.
+            self.queue.add(key.clone());
+        }
+        self.queue.done(&key);
+    }
+
+    async fn call_update(&self, svc: &Service, hosts: &HostSet, nodes: &[Arc<Node>]) -> bool {
+        let Some(lb) = self.lb() else { return true };
+        let refs: Vec<&Node> = nodes.iter().map(|n| n.as_ref()).collect();
+        self.metrics.sync_total.inc();
+        let started = Instant::now();
+        let result = lb.update_load_balancer(self.cluster(), svc, &refs).await;
+        self.metrics.update_host_latency.observe(started.elapsed().as_secs_f64());
+        match result {
+            Ok(()) if hosts.is_empty() => {
+                self.event(
+                    svc,
+                    EventType::Warning,
+                    "UnAvailableLoadBalancer",
+                    "There are no available nodes for LoadBalancer",
+                    "UpdateLoadBalancer",
+                );
+                true
+            }
+            Ok(()) => {
+                self.event(
+                    svc,
+                    EventType::Normal,
+                    "UpdatedLoadBalancer",
+                    "Updated load balancer with new hosts",
+                    "UpdateLoadBalancer",
+                );
+                true
+            }
+            Err(CloudError::ImplementedElsewhere) => true,
+            Err(error) => {
+                // S17: a load balancer that no longer exists needs no hosts.
+                if let Ok(None) = lb.get_load_balancer(self.cluster(), svc).await {
+                    return true;
+                }
+                tracing::warn!(service = %logic::service_key(svc), %error, "load balancer host update failed");
+                self.event(
+                    svc,
+                    EventType::Warning,
+                    "UpdateLoadBalancerFailed",
+                    logic::update_failed_message(hosts, &error.to_string()),
+                    "UpdateLoadBalancer",
+                );
+                self.metrics.nodesync_error_total.inc();
+                false
+            }
+        }
+    }
+
+    // ---- Periodic re-ensure ---------------------------------------------------------------
+
+    /// Queue every load-balanced Service once, paced so the cloud sees at most
+    /// [`RESYNC_MAX_PER_SECOND`] re-ensures per second and the round spreads over half a period.
+    fn schedule_resync(&self, period: Duration) {
+        let class = self.class.as_deref();
+        let keys: Vec<String> = self
+            .ctx
+            .services
+            .state()
+            .iter()
+            .filter(|s| logic::wants_load_balancer(s, class) && !logic::is_being_deleted(s))
+            .map(|s| logic::service_key(s))
+            .collect();
+        if keys.is_empty() {
+            return;
+        }
+        let min_gap = Duration::from_secs(1) / RESYNC_MAX_PER_SECOND;
+        let gap = (period / 2 / u32::try_from(keys.len()).unwrap_or(u32::MAX)).max(min_gap);
+        tracing::debug!(services = keys.len(), ?gap, "re-ensuring every load balancer");
+        for (i, key) in keys.into_iter().enumerate() {
+            self.queue.add_after(key, gap * u32::try_from(i).unwrap_or(u32::MAX));
+        }
+    }
+}
+
+#[async_trait]
+impl Controller for ServiceController {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    async fn run(self: Box<Self>, ctx: Context, health: HealthHandle) -> Result<(), crate::Error> {
+        if ctx.provider.load_balancer().is_none() {
+            // S24: not an error; the rest of the manager keeps running.
+            tracing::info!(provider = %ctx.provider.name(), "provider has no load balancers; service controller not started");
+            return Ok(());
+        }
+        let class = ctx.options.load_balancer_class.clone().filter(|c| !c.is_empty());
+        let inner = Arc::new(Inner {
+            finalizer: logic::cleanup_finalizer(class.as_deref()),
+            class,
+            queue: WorkQueue::new(),
+            last_hosts: Mutex::default(),
+            shared_hosts: Mutex::default(),
+            synced: Mutex::default(),
+            node_pass_wanted: AtomicBool::new(false),
+            node_pass: Notify::new(),
+            metrics: ServiceMetrics::register(&ctx),
+            ctx: ctx.clone(),
+        });
+        let shutdown = ctx.shutdown.clone();
+
+        let ready = async { caches_ready(&ctx.services).await && caches_ready(&ctx.nodes).await };
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            ok = ready => if !ok {
+                health.set_unhealthy("the Service or Node cache stopped before its first list");
+                return Ok(());
+            },
+        }
+        let mut services = ctx.services.subscribe();
+        let mut nodes = ctx.nodes.subscribe();
+        let mut initial = HashMap::new();
+        for svc in ctx.services.state() {
+            let key = logic::service_key(&svc);
+            if logic::should_sync_added(&svc, inner.class.as_deref(), &inner.finalizer) {
+                inner.queue.add(key.clone());
+            }
+            if let Some(rv) = svc.resource_version() {
+                initial.insert(key, rv);
+            }
+        }
+        let workers = ctx.options.concurrent_service_syncs.max(1);
+        tracing::info!(workers, class = ?inner.class, finalizer = %inner.finalizer, "service controller started");
+        health.set_healthy();
+
+        let mut tasks = JoinSet::new();
+        for _ in 0..workers {
+            let (inner, shutdown) = (inner.clone(), shutdown.clone());
+            tasks.spawn(async move {
+                while let Some(key) = inner.queue.next(&shutdown).await {
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        _ = inner.process(&key) => {}
+                    }
+                    inner.queue.done(&key);
+                }
+            });
+        }
+        {
+            let (inner, shutdown) = (inner.clone(), shutdown.clone());
+            tasks.spawn(async move {
+                loop {
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        _ = inner.node_pass.notified() => {}
+                    }
+                    // Coalesce: changes arriving during a pass cause exactly one more pass.
+                    while inner.node_pass_wanted.swap(false, Ordering::SeqCst) {
+                        tokio::select! {
+                            _ = shutdown.cancelled() => return,
+                            _ = inner.node_pass() => {}
+                        }
+                    }
+                }
+            });
+        }
+        if let Some(period) = ctx.options.load_balancer_resync_period.filter(|p| !p.is_zero()) {
+            let (inner, shutdown) = (inner.clone(), shutdown.clone());
+            tasks.spawn(async move {
+                let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        _ = tick.tick() => inner.schedule_resync(period),
+                    }
+                }
+            });
+        }
+
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                change = services.recv() => match change {
+                    Some(c) => inner.on_service_change(c, &mut initial),
+                    None => break,
+                },
+                change = nodes.recv() => match change {
+                    Some(c) => inner.on_node_change(c),
+                    None => break,
+                },
+            }
+        }
+        shutdown.cancelled().await;
+        while tasks.join_next().await.is_some() {}
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::Cache;
+    use kube::runtime::watcher;
+
+    #[tokio::test]
+    async fn every_waiter_sees_the_cache_become_ready() {
+        let (cache, mut writer) = Cache::<Node>::new();
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let c = cache.clone();
+                tokio::spawn(async move { caches_ready(&c).await })
+            })
+            .collect();
+        // Let every waiter register before the cache becomes ready.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        writer.apply(watcher::Event::Init);
+        writer.apply(watcher::Event::InitDone);
+        for w in waiters {
+            let ready = tokio::time::timeout(Duration::from_secs(2), w).await;
+            assert!(matches!(ready, Ok(Ok(true))), "a waiter missed the wake-up");
+        }
+    }
+}

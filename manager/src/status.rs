@@ -1,0 +1,311 @@
+//! Reports the provider's health on a CloudControllerManager (`--ccm-resource <ns>/<name>`).
+//!
+//! While leading, the manager runs the provider's health probe every interval and
+//! server-side-applies, with field manager `cloud-controller-manager`, the `ProviderHealthy`
+//! condition plus `status.controllers` (the resolved `--controllers` list) and `status.leader`
+//! (this replica's identity). Other conditions belong to the operator and are never touched:
+//! the CRD declares `conditions` a map list keyed by `type`. Nothing is written when nothing
+//! changed, and `lastTransitionTime` moves only when the condition's status flips.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crds::conditions::{self, DesiredCondition, Status, types};
+use crds::{CloudControllerManager, CloudControllerManagerStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client, Resource};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::provider::{CloudProvider, Health, health_reasons};
+
+/// The field manager of the manager's status writes.
+pub const FIELD_MANAGER: &str = "cloud-controller-manager";
+
+/// Default interval between health probes.
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(30);
+
+/// How long a health probe may take before it counts as failed.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The CloudControllerManager to report on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatusTarget {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+}
+
+impl FromStr for StatusTarget {
+    type Err = String;
+
+    /// Parse `<namespace>/<name>`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.split_once('/') {
+            Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+                Ok(Self { namespace: ns.to_string(), name: name.to_string() })
+            }
+            _ => Err(format!("{s:?} is not <namespace>/<name>")),
+        }
+    }
+}
+
+impl std::fmt::Display for StatusTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// The `ProviderHealthy` condition for a probe outcome.
+pub fn provider_condition(health: &Health) -> DesiredCondition {
+    let message = match health.message() {
+        "" if health.is_healthy() => "the cloud provider's health probe passed".to_string(),
+        m => m.to_string(),
+    };
+    DesiredCondition::new(types::PROVIDER_HEALTHY, Status::from_bool(health.is_healthy()), health.reason(), message)
+}
+
+/// The server-side-apply body to send, or `None` when the resource already says all of it.
+///
+/// `current` is the resource's status now, `generation` its `metadata.generation`.
+pub fn desired_apply(
+    current: Option<&CloudControllerManagerStatus>,
+    generation: Option<i64>,
+    health: &Health,
+    controllers: &[String],
+    leader: &str,
+    now: &Time,
+) -> Option<serde_json::Value> {
+    let existing: &[Condition] = current.map_or(&[], |s| s.conditions.as_slice());
+    let mut merged = existing.to_vec();
+    let condition_changed = conditions::set_condition(&mut merged, provider_condition(health), generation, now);
+    let controllers_changed = current.and_then(|s| s.controllers.as_deref()) != Some(controllers);
+    let leader_changed = current.and_then(|s| s.leader.as_deref()) != Some(leader);
+    if !(condition_changed || controllers_changed || leader_changed) {
+        return None;
+    }
+    let condition = conditions::find(&merged, types::PROVIDER_HEALTHY)?;
+    Some(json!({
+        "apiVersion": CloudControllerManager::api_version(&()),
+        "kind": CloudControllerManager::kind(&()),
+        "status": {
+            "conditions": [condition],
+            "controllers": controllers,
+            "leader": leader,
+        }
+    }))
+}
+
+/// Run the provider's probe, turning a timeout into an unhealthy outcome.
+pub async fn probe(provider: &dyn CloudProvider, timeout: Duration) -> Health {
+    match tokio::time::timeout(timeout, provider.health()).await {
+        Ok(h) => h,
+        Err(_) => Health::unhealthy(
+            health_reasons::PROBE_ERROR,
+            format!("the health probe did not answer within {timeout:?}"),
+        ),
+    }
+}
+
+/// Probes the provider and writes the outcome.
+pub struct StatusReporter {
+    api: Api<CloudControllerManager>,
+    target: StatusTarget,
+    provider: Arc<dyn CloudProvider>,
+    identity: String,
+    controllers: Vec<String>,
+    interval: Duration,
+    probe_timeout: Duration,
+}
+
+impl std::fmt::Debug for StatusReporter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StatusReporter").field("target", &self.target).field("interval", &self.interval).finish()
+    }
+}
+
+impl StatusReporter {
+    /// A reporter writing to `target` as `identity`.
+    pub fn new(
+        client: Client,
+        target: StatusTarget,
+        provider: Arc<dyn CloudProvider>,
+        identity: String,
+        controllers: Vec<String>,
+        interval: Duration,
+    ) -> Self {
+        Self {
+            api: Api::namespaced(client, &target.namespace),
+            target,
+            provider,
+            identity,
+            controllers,
+            interval,
+            probe_timeout: PROBE_TIMEOUT.min(interval.max(Duration::from_secs(1))),
+        }
+    }
+
+    /// Probe and write until `stop` fires.
+    pub async fn run(self, stop: CancellationToken) {
+        loop {
+            match self.report_once().await {
+                Ok(true) => tracing::debug!(resource = %self.target, "provider health reported"),
+                Ok(false) => {}
+                Err(error) => tracing::warn!(%error, resource = %self.target, "could not report provider health"),
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(self.interval) => {}
+            }
+        }
+    }
+
+    /// One probe and, if something changed, one write. Returns whether it wrote.
+    pub async fn report_once(&self) -> Result<bool, kube::Error> {
+        let health = probe(self.provider.as_ref(), self.probe_timeout).await;
+        let Some(current) = self.api.get_opt(&self.target.name).await? else {
+            tracing::warn!(resource = %self.target, "the CloudControllerManager to report on does not exist");
+            return Ok(false);
+        };
+        let now = Time(Timestamp::now());
+        let Some(body) = desired_apply(
+            current.status.as_ref(),
+            current.metadata.generation,
+            &health,
+            &self.controllers,
+            &self.identity,
+            &now,
+        ) else {
+            return Ok(false);
+        };
+        if !health.is_healthy() {
+            tracing::warn!(resource = %self.target, reason = health.reason(), message = health.message(), "cloud provider unhealthy");
+        }
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        self.api.patch_status(&self.target.name, &params, &Patch::Apply(&body)).await?;
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn time(s: i64) -> Time {
+        Time(Timestamp::from_second(s).unwrap())
+    }
+
+    fn status_after(
+        body: &serde_json::Value,
+        before: Option<&CloudControllerManagerStatus>,
+    ) -> CloudControllerManagerStatus {
+        // What the API server would hold after applying `body` over `before`.
+        let applied: CloudControllerManagerStatus = serde_json::from_value(body["status"].clone()).unwrap();
+        let mut out = before.cloned().unwrap_or_default();
+        for c in applied.conditions {
+            out.conditions.retain(|x| x.type_ != c.type_);
+            out.conditions.push(c);
+        }
+        out.controllers = applied.controllers;
+        out.leader = applied.leader;
+        out
+    }
+
+    fn controllers() -> Vec<String> {
+        vec!["cloud-node-controller".into(), "service-lb-controller".into()]
+    }
+
+    #[test]
+    fn target_parses_namespace_slash_name() {
+        assert_eq!("kube-system/aws".parse(), Ok(StatusTarget { namespace: "kube-system".into(), name: "aws".into() }));
+        for bad in ["aws", "/aws", "kube-system/", "a/b/c"] {
+            assert!(bad.parse::<StatusTarget>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn first_report_applies_condition_controllers_and_leader() {
+        let body = desired_apply(None, Some(3), &Health::healthy(""), &controllers(), "me_1", &time(100)).unwrap();
+        assert_eq!(body["apiVersion"], "ccm.rs/v1alpha1");
+        assert_eq!(body["kind"], "CloudControllerManager");
+        let c = &body["status"]["conditions"][0];
+        assert_eq!(c["type"], "ProviderHealthy");
+        assert_eq!(c["status"], "True");
+        assert_eq!(c["reason"], "Healthy");
+        assert_eq!(c["observedGeneration"], 3);
+        assert_eq!(body["status"]["conditions"].as_array().unwrap().len(), 1, "only our condition is applied");
+        assert_eq!(body["status"]["leader"], "me_1");
+        assert_eq!(body["status"]["controllers"][1], "service-lb-controller");
+    }
+
+    #[test]
+    fn nothing_is_written_when_nothing_changed() {
+        let body = desired_apply(None, Some(1), &Health::healthy("ok"), &controllers(), "me", &time(100)).unwrap();
+        let now = status_after(&body, None);
+        assert_eq!(desired_apply(Some(&now), Some(1), &Health::healthy("ok"), &controllers(), "me", &time(200)), None);
+        // A new leader, controller list or generation is a change.
+        assert!(
+            desired_apply(Some(&now), Some(1), &Health::healthy("ok"), &controllers(), "other", &time(200)).is_some()
+        );
+        assert!(desired_apply(Some(&now), Some(1), &Health::healthy("ok"), &[], "me", &time(200)).is_some());
+        assert!(desired_apply(Some(&now), Some(2), &Health::healthy("ok"), &controllers(), "me", &time(200)).is_some());
+    }
+
+    #[test]
+    fn last_transition_time_moves_only_when_the_status_flips() {
+        let healthy = Health::healthy("");
+        let b1 = desired_apply(None, None, &healthy, &controllers(), "me", &time(100)).unwrap();
+        let s1 = status_after(&b1, None);
+        // A new message alone keeps the transition time.
+        let b2 =
+            desired_apply(Some(&s1), None, &Health::healthy("3 instances"), &controllers(), "me", &time(200)).unwrap();
+        let s2 = status_after(&b2, Some(&s1));
+        assert_eq!(s2.conditions[0].last_transition_time, time(100));
+        // Flipping to unhealthy moves it and carries the probe's reason.
+        let sick = Health::unhealthy(health_reasons::CREDENTIALS_REJECTED, "401 from the API");
+        let b3 = desired_apply(Some(&s2), None, &sick, &controllers(), "me", &time(300)).unwrap();
+        let s3 = status_after(&b3, Some(&s2));
+        let c = &s3.conditions[0];
+        assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "CredentialsRejected"));
+        assert_eq!(c.message, "401 from the API");
+        assert_eq!(c.last_transition_time, time(300));
+    }
+
+    #[test]
+    fn other_conditions_are_left_to_their_owner() {
+        let mut current = CloudControllerManagerStatus::default();
+        conditions::set_condition(
+            &mut current.conditions,
+            DesiredCondition::new(types::AVAILABLE, Status::True, "AsExpected", ""),
+            None,
+            &time(1),
+        );
+        let body = desired_apply(Some(&current), None, &Health::healthy(""), &controllers(), "me", &time(5)).unwrap();
+        let conds = body["status"]["conditions"].as_array().unwrap();
+        assert_eq!(conds.len(), 1);
+        assert_eq!(conds[0]["type"], "ProviderHealthy");
+    }
+
+    struct Hangs;
+
+    #[async_trait::async_trait]
+    impl CloudProvider for Hangs {
+        fn name(&self) -> &str {
+            "hangs"
+        }
+        async fn health(&self) -> Health {
+            std::future::pending().await
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_that_hangs_is_reported_as_a_probe_error() {
+        let h = probe(&Hangs, Duration::from_secs(10)).await;
+        assert_eq!(h.reason(), health_reasons::PROBE_ERROR);
+        assert!(!h.is_healthy());
+    }
+}

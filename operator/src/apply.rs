@@ -1,0 +1,273 @@
+//! Apply: server-side apply of desired children with field manager `ccm-operator`, skipped
+//! when nothing changed, and pruning of children (by the owner-UID label) that are no longer
+//! wanted, for example after a mode switch.
+//!
+//! "Nothing changed" is decided without a request: every applied object carries a hash of
+//! itself (`ccm.rs/applied-hash`); the operator remembers the hash and the `generation` the
+//! server answered. An object is applied again when the desired hash differs, or when its
+//! generation moved past the remembered one (someone else edited its spec).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, ObjectMeta, PartialObjectMeta, Patch, PatchParams};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Client, Resource};
+
+use crate::build::{Desired, Kind};
+use crate::names;
+
+/// Identifies one child object.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ChildKey {
+    /// Its kind.
+    pub kind: Kind,
+    /// Its namespace (`None` for the ClusterRoleBinding).
+    pub namespace: Option<String>,
+    /// Its name.
+    pub name: String,
+}
+
+impl std::fmt::Display for ChildKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.kind, self.name)
+    }
+}
+
+impl ChildKey {
+    /// The key of a desired object.
+    pub fn of(d: &Desired) -> Self {
+        Self { kind: d.kind(), namespace: d.meta().namespace.clone(), name: d.name().to_string() }
+    }
+
+    /// The key of an observed object.
+    pub fn from_meta(kind: Kind, meta: &ObjectMeta) -> Self {
+        Self { kind, namespace: meta.namespace.clone(), name: meta.name.clone().unwrap_or_default() }
+    }
+}
+
+/// Reflector stores of every child kind the operator manages (label-selected).
+#[derive(Clone)]
+pub struct ChildStores {
+    /// ServiceAccounts (metadata only).
+    pub service_accounts: Store<PartialObjectMeta<ServiceAccount>>,
+    /// ClusterRoleBindings (metadata only).
+    pub cluster_role_bindings: Store<PartialObjectMeta<ClusterRoleBinding>>,
+    /// RoleBindings (metadata only).
+    pub role_bindings: Store<PartialObjectMeta<RoleBinding>>,
+    /// Deployments (pod spec stripped).
+    pub deployments: Store<Deployment>,
+    /// DaemonSets (pod spec stripped).
+    pub daemon_sets: Store<DaemonSet>,
+    /// PodDisruptionBudgets (metadata only).
+    pub pdbs: Store<PartialObjectMeta<PodDisruptionBudget>>,
+}
+
+fn get_meta<K: Resource + Clone>(store: &Store<K>, namespace: Option<&str>, name: &str) -> Option<ObjectMeta>
+where
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let mut key = ObjectRef::<K>::new(name);
+    if let Some(ns) = namespace {
+        key = key.within(ns);
+    }
+    store.get(&key).map(|o| o.meta().clone())
+}
+
+fn owned<K: Resource + Clone>(store: &Store<K>, kind: Kind, uid: &str) -> Vec<ChildKey>
+where
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    store
+        .state()
+        .iter()
+        .filter(|o| o.meta().labels.as_ref().and_then(|l| l.get(names::LABEL_OWNER_UID)).is_some_and(|u| u == uid))
+        .map(|o| ChildKey::from_meta(kind, o.meta()))
+        .collect()
+}
+
+impl ChildStores {
+    /// The observed metadata of a child, if it exists.
+    pub fn meta(&self, key: &ChildKey) -> Option<ObjectMeta> {
+        let (ns, name) = (key.namespace.as_deref(), key.name.as_str());
+        match key.kind {
+            Kind::ServiceAccount => get_meta(&self.service_accounts, ns, name),
+            Kind::ClusterRoleBinding => get_meta(&self.cluster_role_bindings, None, name),
+            Kind::RoleBinding => get_meta(&self.role_bindings, ns, name),
+            Kind::Deployment => get_meta(&self.deployments, ns, name),
+            Kind::DaemonSet => get_meta(&self.daemon_sets, ns, name),
+            Kind::PodDisruptionBudget => get_meta(&self.pdbs, ns, name),
+        }
+    }
+
+    /// Every child labelled with owner `uid`, sorted.
+    pub fn owned_by(&self, uid: &str) -> Vec<ChildKey> {
+        let mut out = owned(&self.service_accounts, Kind::ServiceAccount, uid);
+        out.extend(owned(&self.cluster_role_bindings, Kind::ClusterRoleBinding, uid));
+        out.extend(owned(&self.role_bindings, Kind::RoleBinding, uid));
+        out.extend(owned(&self.deployments, Kind::Deployment, uid));
+        out.extend(owned(&self.daemon_sets, Kind::DaemonSet, uid));
+        out.extend(owned(&self.pdbs, Kind::PodDisruptionBudget, uid));
+        out.sort();
+        out
+    }
+
+    /// Wait until every store has listed once.
+    pub async fn wait_ready(&self) {
+        // A dropped writer means the operator is stopping; the reconcile then fails on I/O.
+        let _ = self.service_accounts.wait_until_ready().await;
+        let _ = self.cluster_role_bindings.wait_until_ready().await;
+        let _ = self.role_bindings.wait_until_ready().await;
+        let _ = self.deployments.wait_until_ready().await;
+        let _ = self.daemon_sets.wait_until_ready().await;
+        let _ = self.pdbs.wait_until_ready().await;
+    }
+}
+
+/// What the operator remembers of its last apply of one object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Applied {
+    /// The applied-hash it wrote.
+    pub hash: String,
+    /// The `metadata.generation` the server answered (0 when the kind has none).
+    pub generation: i64,
+}
+
+/// Whether `desired_hash` must be applied, given the memory of the last apply and the object
+/// as observed (`(applied-hash annotation, generation)`).
+pub fn needs_apply(desired_hash: &str, memo: Option<&Applied>, observed: Option<(Option<&str>, i64)>) -> bool {
+    match (memo, observed) {
+        (Some(m), Some((_, generation))) => m.hash != desired_hash || generation > m.generation,
+        // Just created and not yet seen by the watch; a deletion clears the memory.
+        (Some(m), None) => m.hash != desired_hash,
+        // After a restart: trust the annotation.
+        (None, Some((hash, _))) => hash != Some(desired_hash),
+        (None, None) => true,
+    }
+}
+
+/// Applies and deletes children.
+pub struct Applier {
+    client: Client,
+    memo: Mutex<HashMap<ChildKey, Applied>>,
+}
+
+impl std::fmt::Debug for Applier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Applier").finish_non_exhaustive()
+    }
+}
+
+fn api_resource(kind: Kind) -> ApiResource {
+    match kind {
+        Kind::ServiceAccount => ApiResource::erase::<ServiceAccount>(&()),
+        Kind::ClusterRoleBinding => ApiResource::erase::<ClusterRoleBinding>(&()),
+        Kind::RoleBinding => ApiResource::erase::<RoleBinding>(&()),
+        Kind::Deployment => ApiResource::erase::<Deployment>(&()),
+        Kind::DaemonSet => ApiResource::erase::<DaemonSet>(&()),
+        Kind::PodDisruptionBudget => ApiResource::erase::<PodDisruptionBudget>(&()),
+    }
+}
+
+impl Applier {
+    /// An applier using `client`.
+    pub fn new(client: Client) -> Self {
+        Self { client, memo: Mutex::new(HashMap::new()) }
+    }
+
+    fn api(&self, key: &ChildKey) -> Api<DynamicObject> {
+        let ar = api_resource(key.kind);
+        match &key.namespace {
+            Some(ns) => Api::namespaced_with(self.client.clone(), ns, &ar),
+            None => Api::all_with(self.client.clone(), &ar),
+        }
+    }
+
+    fn memo(&self) -> std::sync::MutexGuard<'_, HashMap<ChildKey, Applied>> {
+        self.memo.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Apply `desired` unless nothing changed; `observed` is its current metadata. Returns
+    /// whether a request was made.
+    pub async fn apply(&self, desired: &Desired, observed: Option<&ObjectMeta>) -> Result<bool, kube::Error> {
+        let key = ChildKey::of(desired);
+        let hash = desired.applied_hash().unwrap_or_default().to_string();
+        let seen = observed.map(|m| {
+            let h = m.annotations.as_ref().and_then(|a| a.get(names::ANNOTATION_APPLIED_HASH)).map(String::as_str);
+            (h, m.generation.unwrap_or(0))
+        });
+        let memo = self.memo().get(&key).cloned();
+        if !needs_apply(&hash, memo.as_ref(), seen) {
+            if memo.is_none()
+                && let Some((_, generation)) = seen
+            {
+                self.memo().insert(key, Applied { hash, generation });
+            }
+            return Ok(false);
+        }
+        let params = PatchParams::apply(names::FIELD_MANAGER).force();
+        let answer = self.api(&key).patch(&key.name, &params, &Patch::Apply(desired.to_json())).await?;
+        let generation = answer.metadata.generation.unwrap_or(0);
+        self.memo().insert(key, Applied { hash, generation });
+        Ok(true)
+    }
+
+    /// Delete a child; a missing object is not an error. Returns whether it existed.
+    pub async fn delete(&self, key: &ChildKey) -> Result<bool, kube::Error> {
+        self.forget(key);
+        match self.api(key).delete(&key.name, &DeleteParams::background()).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.is_not_found() => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Forget the last apply of `key` (the object was deleted).
+    pub fn forget(&self, key: &ChildKey) {
+        self.memo().remove(key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn memo(hash: &str, generation: i64) -> Applied {
+        Applied { hash: hash.into(), generation }
+    }
+
+    #[test]
+    fn unchanged_object_is_not_applied() {
+        assert!(!needs_apply("h", Some(&memo("h", 3)), Some((Some("h"), 3))));
+    }
+
+    #[test]
+    fn stale_watch_after_our_apply_does_not_reapply() {
+        // The store still shows the previous version of the object.
+        assert!(!needs_apply("h", Some(&memo("h", 3)), Some((Some("old"), 2))));
+        // Created, not yet in the store.
+        assert!(!needs_apply("h", Some(&memo("h", 1)), None));
+    }
+
+    #[test]
+    fn changed_desired_state_is_applied() {
+        assert!(needs_apply("new", Some(&memo("h", 3)), Some((Some("h"), 3))));
+        assert!(needs_apply("h", None, None));
+    }
+
+    #[test]
+    fn someone_elses_spec_edit_is_reverted() {
+        assert!(needs_apply("h", Some(&memo("h", 3)), Some((Some("h"), 4))));
+    }
+
+    #[test]
+    fn after_a_restart_the_annotation_decides() {
+        assert!(!needs_apply("h", None, Some((Some("h"), 7))));
+        assert!(needs_apply("h", None, Some((Some("other"), 7))));
+        assert!(needs_apply("h", None, Some((None, 7))));
+    }
+}

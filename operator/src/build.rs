@@ -1,0 +1,740 @@
+//! Build (pure): the objects a valid CloudControllerManager should have, for its mode.
+//!
+//! Deployment mode: ServiceAccount, ClusterRoleBinding, RoleBinding, Deployment, and a
+//! PodDisruptionBudget when replicas > 1. DaemonSet mode: the same without the PDB, with a
+//! DaemonSet. Embedded mode: nothing (the operator runs the engine itself).
+
+use std::collections::BTreeMap;
+
+use crds::v1alpha1::DeploymentSettings;
+use crds::{CloudControllerManager, Mode};
+use k8s_openapi::api::apps::v1::{
+    DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy, Deployment, DeploymentSpec, DeploymentStrategy,
+    RollingUpdateDaemonSet, RollingUpdateDeployment,
+};
+use k8s_openapi::api::core::v1::{
+    Affinity, Capabilities, Container, ContainerPort, HTTPGetAction, KeyToPath, PodAffinityTerm, PodAntiAffinity,
+    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecretVolumeSource,
+    SecurityContext, ServiceAccount, Toleration, Volume, VolumeMount, WeightedPodAffinityTerm,
+};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::{Resource, ResourceExt};
+
+use crate::hash;
+use crate::names;
+use crate::validate::Validated;
+
+/// Operator-wide inputs of the build step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BuildSettings {
+    /// Default manager image (`--manager-image`); `spec.deployment.image` overrides it.
+    pub manager_image: String,
+    /// The ClusterRole the Helm chart installs for managers, bound cluster-wide per CR.
+    pub manager_cluster_role: String,
+    /// The ClusterRole bound in the CR's namespace (Lease and CR status), per CR.
+    pub manager_namespace_role: String,
+}
+
+impl Default for BuildSettings {
+    fn default() -> Self {
+        Self {
+            manager_image: "ghcr.io/ccm-rs/cloud-controller-manager:latest".to_string(),
+            manager_cluster_role: "ccm-manager".to_string(),
+            manager_namespace_role: "ccm-manager-namespace".to_string(),
+        }
+    }
+}
+
+/// A child object the operator wants to exist.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Desired {
+    /// The manager's ServiceAccount.
+    ServiceAccount(ServiceAccount),
+    /// Binds the manager ClusterRole to the ServiceAccount (cluster-scoped, removed by finalizer).
+    ClusterRoleBinding(ClusterRoleBinding),
+    /// Binds the namespace role (Lease, status) to the ServiceAccount in the CR's namespace.
+    RoleBinding(RoleBinding),
+    /// Deployment mode's workload.
+    Deployment(Deployment),
+    /// DaemonSet mode's workload.
+    DaemonSet(DaemonSet),
+    /// Deployment mode with more than one replica.
+    PodDisruptionBudget(PodDisruptionBudget),
+}
+
+/// The kinds of child objects, in apply order (RBAC before the workload that needs it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    /// `v1/ServiceAccount`.
+    ServiceAccount,
+    /// `rbac.authorization.k8s.io/v1/ClusterRoleBinding`.
+    ClusterRoleBinding,
+    /// `rbac.authorization.k8s.io/v1/RoleBinding`.
+    RoleBinding,
+    /// `apps/v1/Deployment`.
+    Deployment,
+    /// `apps/v1/DaemonSet`.
+    DaemonSet,
+    /// `policy/v1/PodDisruptionBudget`.
+    PodDisruptionBudget,
+}
+
+impl Kind {
+    /// Every kind, in apply order.
+    pub const ALL: [Kind; 6] = [
+        Kind::ServiceAccount,
+        Kind::ClusterRoleBinding,
+        Kind::RoleBinding,
+        Kind::Deployment,
+        Kind::DaemonSet,
+        Kind::PodDisruptionBudget,
+    ];
+
+    /// The Kubernetes kind.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::ServiceAccount => "ServiceAccount",
+            Kind::ClusterRoleBinding => "ClusterRoleBinding",
+            Kind::RoleBinding => "RoleBinding",
+            Kind::Deployment => "Deployment",
+            Kind::DaemonSet => "DaemonSet",
+            Kind::PodDisruptionBudget => "PodDisruptionBudget",
+        }
+    }
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Desired {
+    /// The object's kind.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Desired::ServiceAccount(_) => Kind::ServiceAccount,
+            Desired::ClusterRoleBinding(_) => Kind::ClusterRoleBinding,
+            Desired::RoleBinding(_) => Kind::RoleBinding,
+            Desired::Deployment(_) => Kind::Deployment,
+            Desired::DaemonSet(_) => Kind::DaemonSet,
+            Desired::PodDisruptionBudget(_) => Kind::PodDisruptionBudget,
+        }
+    }
+
+    /// The object's metadata.
+    pub fn meta(&self) -> &ObjectMeta {
+        match self {
+            Desired::ServiceAccount(o) => o.meta(),
+            Desired::ClusterRoleBinding(o) => o.meta(),
+            Desired::RoleBinding(o) => o.meta(),
+            Desired::Deployment(o) => o.meta(),
+            Desired::DaemonSet(o) => o.meta(),
+            Desired::PodDisruptionBudget(o) => o.meta(),
+        }
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        match self {
+            Desired::ServiceAccount(o) => o.meta_mut(),
+            Desired::ClusterRoleBinding(o) => o.meta_mut(),
+            Desired::RoleBinding(o) => o.meta_mut(),
+            Desired::Deployment(o) => o.meta_mut(),
+            Desired::DaemonSet(o) => o.meta_mut(),
+            Desired::PodDisruptionBudget(o) => o.meta_mut(),
+        }
+    }
+
+    /// The object's name.
+    pub fn name(&self) -> &str {
+        self.meta().name.as_deref().unwrap_or_default()
+    }
+
+    /// The `ccm.rs/applied-hash` annotation: what the operator last applied.
+    pub fn applied_hash(&self) -> Option<&str> {
+        self.meta().annotations.as_ref()?.get(names::ANNOTATION_APPLIED_HASH).map(String::as_str)
+    }
+
+    /// The object as JSON for server-side apply.
+    pub fn to_json(&self) -> serde_json::Value {
+        let value = match self {
+            Desired::ServiceAccount(o) => serde_json::to_value(o),
+            Desired::ClusterRoleBinding(o) => serde_json::to_value(o),
+            Desired::RoleBinding(o) => serde_json::to_value(o),
+            Desired::Deployment(o) => serde_json::to_value(o),
+            Desired::DaemonSet(o) => serde_json::to_value(o),
+            Desired::PodDisruptionBudget(o) => serde_json::to_value(o),
+        };
+        value.unwrap_or(serde_json::Value::Null)
+    }
+
+    /// Stamp the applied-hash annotation: the hash of everything else in the object.
+    fn stamped(mut self) -> Self {
+        let digest = hash::of_json(&self.to_json());
+        self.meta_mut()
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(names::ANNOTATION_APPLIED_HASH.to_string(), digest);
+        self
+    }
+}
+
+/// The objects `cr` should have in its current mode. Empty for Embedded mode.
+pub fn build(cr: &CloudControllerManager, validated: &Validated, settings: &BuildSettings) -> Vec<Desired> {
+    let mode = cr.spec.mode;
+    if mode == Mode::Embedded {
+        return Vec::new();
+    }
+    let ns = cr.namespace().unwrap_or_default();
+    let name = cr.name_any();
+    let uid = cr.uid().unwrap_or_default();
+    let labels = names::child_labels(&ns, &name, &uid, mode);
+    let owner = owner_reference(cr);
+    let namespaced_meta = |object_name: String| ObjectMeta {
+        name: Some(object_name),
+        namespace: Some(ns.clone()),
+        labels: Some(labels.clone()),
+        owner_references: Some(vec![owner.clone()]),
+        ..Default::default()
+    };
+    let sa_name = names::workload_name(&name);
+    let subject =
+        Subject { kind: "ServiceAccount".into(), name: sa_name.clone(), namespace: Some(ns.clone()), api_group: None };
+
+    let mut out = vec![
+        Desired::ServiceAccount(ServiceAccount { metadata: namespaced_meta(sa_name.clone()), ..Default::default() }),
+        Desired::ClusterRoleBinding(ClusterRoleBinding {
+            metadata: ObjectMeta {
+                name: Some(names::cluster_role_binding_name(&ns, &name)),
+                labels: Some(labels.clone()),
+                annotations: Some(BTreeMap::from([(names::ANNOTATION_OWNER.to_string(), format!("{ns}/{name}"))])),
+                ..Default::default()
+            },
+            role_ref: cluster_role_ref(&settings.manager_cluster_role),
+            subjects: Some(vec![subject.clone()]),
+        }),
+        Desired::RoleBinding(RoleBinding {
+            metadata: namespaced_meta(names::role_binding_name(&name)),
+            role_ref: cluster_role_ref(&settings.manager_namespace_role),
+            subjects: Some(vec![subject]),
+        }),
+    ];
+
+    let template = pod_template(cr, validated, settings, &labels, &sa_name);
+    let mut workload_meta = namespaced_meta(names::workload_name(&name));
+    workload_meta.annotations =
+        Some(BTreeMap::from([(names::ANNOTATION_TEMPLATE_HASH.to_string(), hash::of_json(&template))]));
+    let selector = LabelSelector { match_labels: Some(names::selector_labels(&uid)), ..Default::default() };
+    let replicas = cr.spec.deployment.replicas;
+    match mode {
+        Mode::Deployment => {
+            out.push(Desired::Deployment(Deployment {
+                metadata: workload_meta,
+                spec: Some(DeploymentSpec {
+                    replicas: Some(replicas),
+                    selector: selector.clone(),
+                    template,
+                    // One at a time and no surge: with hostNetwork, a surge pod could not bind the
+                    // port next to an old one, and one replica keeps leading throughout.
+                    strategy: Some(DeploymentStrategy {
+                        type_: Some("RollingUpdate".into()),
+                        rolling_update: Some(RollingUpdateDeployment {
+                            max_surge: Some(IntOrString::Int(0)),
+                            max_unavailable: Some(IntOrString::Int(1)),
+                        }),
+                    }),
+                    revision_history_limit: Some(3),
+                    ..Default::default()
+                }),
+                status: None,
+            }));
+            if replicas > 1 {
+                out.push(Desired::PodDisruptionBudget(PodDisruptionBudget {
+                    metadata: namespaced_meta(names::workload_name(&name)),
+                    spec: Some(PodDisruptionBudgetSpec {
+                        min_available: Some(IntOrString::Int(1)),
+                        selector: Some(selector),
+                        // A crash-looping replica must not block node drains.
+                        unhealthy_pod_eviction_policy: Some("AlwaysAllow".into()),
+                        ..Default::default()
+                    }),
+                    status: None,
+                }));
+            }
+        }
+        Mode::DaemonSet => out.push(Desired::DaemonSet(DaemonSet {
+            metadata: workload_meta,
+            spec: Some(DaemonSetSpec {
+                selector,
+                template,
+                update_strategy: Some(DaemonSetUpdateStrategy {
+                    type_: Some("RollingUpdate".into()),
+                    rolling_update: Some(RollingUpdateDaemonSet {
+                        max_unavailable: Some(IntOrString::Int(1)),
+                        max_surge: Some(IntOrString::Int(0)),
+                    }),
+                }),
+                revision_history_limit: Some(3),
+                ..Default::default()
+            }),
+            status: None,
+        })),
+        Mode::Embedded => {}
+    }
+    out.into_iter().map(Desired::stamped).collect()
+}
+
+/// The controller ownerReference to `cr`, so namespaced children are garbage-collected with it.
+pub fn owner_reference(cr: &CloudControllerManager) -> OwnerReference {
+    OwnerReference {
+        api_version: CloudControllerManager::api_version(&()).into_owned(),
+        kind: CloudControllerManager::kind(&()).into_owned(),
+        name: cr.name_any(),
+        uid: cr.uid().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }
+}
+
+fn cluster_role_ref(name: &str) -> RoleRef {
+    RoleRef { api_group: "rbac.authorization.k8s.io".into(), kind: "ClusterRole".into(), name: name.into() }
+}
+
+/// A Go duration string (`15s`, `1500ms`) for a manager flag.
+pub fn go_duration(d: &kube::core::Duration) -> String {
+    let d: std::time::Duration = (*d).into();
+    if d.subsec_nanos() == 0 {
+        format!("{}s", d.as_secs())
+    } else if d.subsec_nanos().is_multiple_of(1_000_000) {
+        format!("{}ms", d.as_millis())
+    } else {
+        format!("{}ns", d.as_nanos())
+    }
+}
+
+/// The manager's command-line arguments, derived from the spec (then `extraArgs`).
+pub fn manager_args(cr: &CloudControllerManager, validated: &Validated) -> Vec<String> {
+    let spec = &cr.spec;
+    let ns = cr.namespace().unwrap_or_default();
+    let name = cr.name_any();
+    let le = &spec.leader_election;
+    let mut args = vec![format!("--cloud-provider={}", spec.provider)];
+    if let Some(cc) = &validated.cloud_config {
+        args.push(format!("--cloud-config={}", names::cloud_config_path(&cc.key)));
+    }
+    args.push(format!("--controllers={}", validated.selection));
+    args.push(format!("--cluster-name={}", spec.cluster_name));
+    if let Some(cidr) = spec.cluster_cidr.as_deref().filter(|c| !c.trim().is_empty()) {
+        args.push(format!("--cluster-cidr={cidr}"));
+    }
+    args.push(format!("--configure-cloud-routes={}", spec.configure_cloud_routes));
+    args.extend([
+        "--leader-elect=true".to_string(),
+        format!("--leader-elect-resource-name={name}"),
+        format!("--leader-elect-resource-namespace={ns}"),
+        format!("--leader-elect-lease-duration={}", go_duration(&le.lease_duration)),
+        format!("--leader-elect-renew-deadline={}", go_duration(&le.renew_deadline)),
+        format!("--leader-elect-retry-period={}", go_duration(&le.retry_period)),
+        format!("--concurrent-node-syncs={}", spec.concurrency.node_syncs),
+        format!("--concurrent-service-syncs={}", spec.concurrency.service_syncs),
+        format!("--concurrent-route-syncs={}", spec.concurrency.route_syncs),
+    ]);
+    if let Some(class) = &spec.load_balancer_class {
+        args.push(format!("--load-balancer-class={class}"));
+    }
+    args.push(format!("--secure-port={}", names::MANAGER_PORT));
+    args.push(format!("--ccm-resource={ns}/{name}"));
+    args.extend(spec.extra_args.iter().cloned());
+    args
+}
+
+/// Tolerations every manager pod gets: it must run on nodes the CCM has not initialized yet,
+/// on not-ready nodes (no CNI before the CCM), and on control-plane nodes.
+pub fn default_tolerations() -> Vec<Toleration> {
+    let t = |key: &str, effect: &str, seconds: Option<i64>| Toleration {
+        key: Some(key.into()),
+        operator: Some("Exists".into()),
+        effect: Some(effect.into()),
+        toleration_seconds: seconds,
+        ..Default::default()
+    };
+    vec![
+        t("node.cloudprovider.kubernetes.io/uninitialized", "NoSchedule", None),
+        t("node.kubernetes.io/not-ready", "NoSchedule", None),
+        t("node.kubernetes.io/not-ready", "NoExecute", Some(120)),
+        t("node.kubernetes.io/unreachable", "NoExecute", Some(120)),
+        t("node-role.kubernetes.io/control-plane", "NoSchedule", None),
+        t("node-role.kubernetes.io/master", "NoSchedule", None),
+    ]
+}
+
+/// The control-plane node selector DaemonSet mode uses by default.
+pub fn control_plane_selector() -> BTreeMap<String, String> {
+    BTreeMap::from([("node-role.kubernetes.io/control-plane".to_string(), String::new())])
+}
+
+fn default_resources() -> ResourceRequirements {
+    ResourceRequirements {
+        requests: Some(BTreeMap::from([
+            ("cpu".to_string(), Quantity("50m".into())),
+            ("memory".to_string(), Quantity("64Mi".into())),
+        ])),
+        ..Default::default()
+    }
+}
+
+fn pod_template(
+    cr: &CloudControllerManager,
+    validated: &Validated,
+    settings: &BuildSettings,
+    labels: &BTreeMap<String, String>,
+    service_account: &str,
+) -> PodTemplateSpec {
+    let d: &DeploymentSettings = &cr.spec.deployment;
+    let uid = cr.uid().unwrap_or_default();
+    let mut annotations = BTreeMap::new();
+    let mut volumes = Vec::new();
+    let mut mounts = Vec::new();
+    if let Some(cc) = &validated.cloud_config {
+        annotations.insert(names::ANNOTATION_CLOUD_CONFIG_HASH.to_string(), cc.hash.clone());
+        volumes.push(Volume {
+            name: names::CLOUD_CONFIG_VOLUME.into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(cc.secret.clone()),
+                items: Some(vec![KeyToPath { key: cc.key.clone(), path: cc.key.clone(), mode: None }]),
+                default_mode: Some(0o440),
+                optional: None,
+            }),
+            ..Default::default()
+        });
+        mounts.push(VolumeMount {
+            name: names::CLOUD_CONFIG_VOLUME.into(),
+            mount_path: names::CLOUD_CONFIG_DIR.into(),
+            read_only: Some(true),
+            ..Default::default()
+        });
+    }
+    let node_selector = match (cr.spec.mode, &d.node_selector) {
+        (_, Some(sel)) => Some(sel.clone()),
+        (Mode::DaemonSet, None) => Some(control_plane_selector()),
+        _ => None,
+    };
+    let mut tolerations = default_tolerations();
+    tolerations.extend(d.tolerations.iter().flatten().cloned());
+    let probe = |path: &str, initial: i32| Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::Int(names::MANAGER_PORT),
+            scheme: Some("HTTP".into()),
+            ..Default::default()
+        }),
+        initial_delay_seconds: Some(initial),
+        period_seconds: Some(10),
+        timeout_seconds: Some(5),
+        failure_threshold: Some(3),
+        ..Default::default()
+    };
+    let container = Container {
+        name: names::CONTAINER_NAME.into(),
+        image: Some(d.image.clone().unwrap_or_else(|| settings.manager_image.clone())),
+        image_pull_policy: d.image_pull_policy.map(|p| p.as_str().to_string()),
+        command: Some(vec!["cloud-controller-manager".into()]),
+        args: Some(manager_args(cr, validated)),
+        ports: Some(vec![ContainerPort {
+            name: Some("metrics".into()),
+            container_port: names::MANAGER_PORT,
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
+        readiness_probe: Some(probe("/readyz", 5)),
+        liveness_probe: Some(probe("/livez", 15)),
+        resources: Some(d.resources.clone().unwrap_or_else(default_resources)),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_non_root: Some(true),
+            capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), add: None }),
+            ..Default::default()
+        }),
+        volume_mounts: (!mounts.is_empty()).then_some(mounts),
+        ..Default::default()
+    };
+    PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(labels.clone()),
+            annotations: (!annotations.is_empty()).then_some(annotations),
+            ..Default::default()
+        }),
+        spec: Some(PodSpec {
+            service_account_name: Some(service_account.into()),
+            host_network: Some(d.host_network),
+            dns_policy: Some(if d.host_network { "ClusterFirstWithHostNet" } else { "ClusterFirst" }.into()),
+            priority_class_name: (!d.priority_class_name.is_empty()).then(|| d.priority_class_name.clone()),
+            node_selector,
+            tolerations: Some(tolerations),
+            affinity: Some(Affinity {
+                // Preferred, not required: a one-node cluster can still run two replicas when
+                // not on the host network, while larger clusters spread them.
+                pod_anti_affinity: Some(PodAntiAffinity {
+                    preferred_during_scheduling_ignored_during_execution: Some(vec![WeightedPodAffinityTerm {
+                        weight: 100,
+                        pod_affinity_term: PodAffinityTerm {
+                            label_selector: Some(LabelSelector {
+                                match_labels: Some(names::selector_labels(&uid)),
+                                ..Default::default()
+                            }),
+                            topology_key: "kubernetes.io/hostname".into(),
+                            ..Default::default()
+                        },
+                    }]),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            security_context: Some(PodSecurityContext {
+                run_as_non_root: Some(true),
+                run_as_user: Some(65532),
+                run_as_group: Some(65532),
+                seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), localhost_profile: None }),
+                ..Default::default()
+            }),
+            containers: vec![container],
+            volumes: (!volumes.is_empty()).then_some(volumes),
+            ..Default::default()
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::validate::CloudConfigRef;
+    use crds::CloudControllerManagerSpec;
+    use crds::controllers::ControllerSelection;
+    use serde_json::json;
+
+    fn cr(spec: serde_json::Value) -> CloudControllerManager {
+        let spec: CloudControllerManagerSpec = serde_json::from_value(spec).unwrap();
+        let mut cr = CloudControllerManager::new("aws", spec);
+        cr.metadata.namespace = Some("kube-system".into());
+        cr.metadata.uid = Some("uid-1".into());
+        cr
+    }
+
+    fn validated(cr: &CloudControllerManager, hash: Option<&str>) -> Validated {
+        Validated {
+            selection: ControllerSelection::parse(&cr.spec.controllers).unwrap(),
+            cloud_config: hash.map(|h| CloudConfigRef {
+                secret: "cfg".into(),
+                key: "cloud.conf".into(),
+                hash: h.into(),
+            }),
+            provider_has_routes: false,
+        }
+    }
+
+    fn kinds(objs: &[Desired]) -> Vec<Kind> {
+        objs.iter().map(Desired::kind).collect()
+    }
+
+    fn deployment(objs: &[Desired]) -> &Deployment {
+        objs.iter()
+            .find_map(|o| match o {
+                Desired::Deployment(d) => Some(d),
+                _ => None,
+            })
+            .unwrap()
+    }
+
+    fn pod_spec(objs: &[Desired]) -> PodSpec {
+        deployment(objs).spec.clone().unwrap().template.spec.unwrap()
+    }
+
+    #[test]
+    fn deployment_mode_with_two_replicas_has_a_pdb_that_allows_unhealthy_eviction() {
+        let c = cr(json!({"provider": "fake"}));
+        let objs = build(&c, &validated(&c, None), &BuildSettings::default());
+        assert_eq!(
+            kinds(&objs),
+            [
+                Kind::ServiceAccount,
+                Kind::ClusterRoleBinding,
+                Kind::RoleBinding,
+                Kind::Deployment,
+                Kind::PodDisruptionBudget
+            ]
+        );
+        let Desired::PodDisruptionBudget(pdb) = &objs[4] else { panic!() };
+        let spec = pdb.spec.as_ref().unwrap();
+        assert_eq!(spec.min_available, Some(IntOrString::Int(1)));
+        assert_eq!(spec.unhealthy_pod_eviction_policy.as_deref(), Some("AlwaysAllow"));
+    }
+
+    #[test]
+    fn one_replica_has_no_pdb() {
+        let c = cr(json!({"provider": "fake", "deployment": {"replicas": 1}}));
+        let objs = build(&c, &validated(&c, None), &BuildSettings::default());
+        assert!(!kinds(&objs).contains(&Kind::PodDisruptionBudget));
+    }
+
+    #[test]
+    fn daemonset_mode_runs_on_control_plane_nodes_without_pdb() {
+        let c = cr(json!({"provider": "fake", "mode": "DaemonSet"}));
+        let objs = build(&c, &validated(&c, None), &BuildSettings::default());
+        assert_eq!(kinds(&objs), [Kind::ServiceAccount, Kind::ClusterRoleBinding, Kind::RoleBinding, Kind::DaemonSet]);
+        let Desired::DaemonSet(ds) = &objs[3] else { panic!() };
+        let spec = ds.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+        assert_eq!(spec.node_selector, Some(control_plane_selector()));
+        let c = cr(json!({"provider": "fake", "mode": "DaemonSet", "deployment": {"nodeSelector": {"pool": "infra"}}}));
+        let objs = build(&c, &validated(&c, None), &BuildSettings::default());
+        let Desired::DaemonSet(ds) = &objs[3] else { panic!() };
+        let sel = ds.spec.as_ref().unwrap().template.spec.as_ref().unwrap().node_selector.clone().unwrap();
+        assert_eq!(sel, BTreeMap::from([("pool".to_string(), "infra".to_string())]));
+    }
+
+    #[test]
+    fn embedded_mode_has_no_children() {
+        let c = cr(json!({"provider": "fake", "mode": "Embedded"}));
+        assert!(build(&c, &validated(&c, None), &BuildSettings::default()).is_empty());
+    }
+
+    #[test]
+    fn args_are_derived_from_the_spec_then_extra_args() {
+        let c = cr(json!({
+            "provider": "fake",
+            "cloudConfig": {"secretRef": {"name": "cfg"}},
+            "controllers": ["*", "-route"],
+            "clusterName": "prod",
+            "clusterCIDR": "10.244.0.0/16",
+            "configureCloudRoutes": false,
+            "loadBalancerClass": "example.com/lb",
+            "leaderElection": {"leaseDuration": "137s", "renewDeadline": "107s", "retryPeriod": "26s"},
+            "concurrency": {"nodeSyncs": 3, "serviceSyncs": 4, "routeSyncs": 2},
+            "extraArgs": ["-v=4"]
+        }));
+        let args = manager_args(&c, &validated(&c, Some("h")));
+        assert_eq!(
+            args,
+            [
+                "--cloud-provider=fake",
+                "--cloud-config=/etc/kubernetes/cloud-config/cloud.conf",
+                "--controllers=*,-node-route-controller",
+                "--cluster-name=prod",
+                "--cluster-cidr=10.244.0.0/16",
+                "--configure-cloud-routes=false",
+                "--leader-elect=true",
+                "--leader-elect-resource-name=aws",
+                "--leader-elect-resource-namespace=kube-system",
+                "--leader-elect-lease-duration=137s",
+                "--leader-elect-renew-deadline=107s",
+                "--leader-elect-retry-period=26s",
+                "--concurrent-node-syncs=3",
+                "--concurrent-service-syncs=4",
+                "--concurrent-route-syncs=2",
+                "--load-balancer-class=example.com/lb",
+                "--secure-port=10258",
+                "--ccm-resource=kube-system/aws",
+                "-v=4",
+            ]
+        );
+    }
+
+    #[test]
+    fn pod_shape_follows_the_spec_and_is_restricted() {
+        let c = cr(json!({
+            "provider": "fake",
+            "cloudConfig": {"secretRef": {"name": "cfg"}},
+            "deployment": {"image": "example/ccm:1", "hostNetwork": false, "priorityClassName": "high",
+                           "tolerations": [{"key": "dedicated", "operator": "Exists"}]}
+        }));
+        let objs = build(&c, &validated(&c, Some("h")), &BuildSettings::default());
+        let pod = pod_spec(&objs);
+        assert_eq!(pod.host_network, Some(false));
+        assert_eq!(pod.priority_class_name.as_deref(), Some("high"));
+        assert_eq!(pod.service_account_name.as_deref(), Some("ccm-aws"));
+        let keys: Vec<_> = pod.tolerations.unwrap().into_iter().filter_map(|t| t.key).collect();
+        for k in
+            ["node.cloudprovider.kubernetes.io/uninitialized", "node-role.kubernetes.io/control-plane", "dedicated"]
+        {
+            assert!(keys.iter().any(|x| x == k), "{k} missing from {keys:?}");
+        }
+        assert!(pod.affinity.unwrap().pod_anti_affinity.is_some());
+        assert_eq!(pod.security_context.unwrap().run_as_non_root, Some(true));
+        let container = &pod.containers[0];
+        assert_eq!(container.image.as_deref(), Some("example/ccm:1"));
+        let sc = container.security_context.clone().unwrap();
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+        assert_eq!(sc.read_only_root_filesystem, Some(true));
+        assert_eq!(sc.capabilities.unwrap().drop.unwrap(), ["ALL"]);
+        let vol = &pod.volumes.unwrap()[0];
+        assert_eq!(vol.secret.as_ref().unwrap().secret_name.as_deref(), Some("cfg"));
+    }
+
+    #[test]
+    fn operator_image_is_the_default() {
+        let c = cr(json!({"provider": "fake"}));
+        let settings = BuildSettings { manager_image: "registry/ccm:v9".into(), ..Default::default() };
+        let pod = pod_spec(&build(&c, &validated(&c, None), &settings));
+        assert_eq!(pod.containers[0].image.as_deref(), Some("registry/ccm:v9"));
+    }
+
+    #[test]
+    fn cloud_config_hash_changes_the_template_and_applied_hashes() {
+        let c = cr(json!({"provider": "fake", "cloudConfig": {"secretRef": {"name": "cfg"}}}));
+        let a = build(&c, &validated(&c, Some("one")), &BuildSettings::default());
+        let b = build(&c, &validated(&c, Some("two")), &BuildSettings::default());
+        let template_hash = |objs: &[Desired]| {
+            deployment(objs).metadata.annotations.as_ref().unwrap()[names::ANNOTATION_TEMPLATE_HASH].clone()
+        };
+        assert_ne!(template_hash(&a), template_hash(&b));
+        assert_ne!(deployment(&a).metadata.annotations, deployment(&b).metadata.annotations);
+        let pod_annotations = deployment(&b).spec.clone().unwrap().template.metadata.unwrap().annotations.unwrap();
+        assert_eq!(pod_annotations[names::ANNOTATION_CLOUD_CONFIG_HASH], "two");
+        // Objects without the template are unaffected.
+        assert_eq!(a[0], b[0]);
+    }
+
+    #[test]
+    fn scaling_keeps_the_template_hash() {
+        let c1 = cr(json!({"provider": "fake", "deployment": {"replicas": 2}}));
+        let c3 = cr(json!({"provider": "fake", "deployment": {"replicas": 3}}));
+        let h = |c: &CloudControllerManager| {
+            deployment(&build(c, &validated(c, None), &BuildSettings::default())).metadata.annotations.as_ref().unwrap()
+                [names::ANNOTATION_TEMPLATE_HASH]
+                .clone()
+        };
+        assert_eq!(h(&c1), h(&c3));
+    }
+
+    #[test]
+    fn every_child_is_labelled_and_namespaced_children_are_owned() {
+        let c = cr(json!({"provider": "fake"}));
+        for o in build(&c, &validated(&c, None), &BuildSettings::default()) {
+            let labels = o.meta().labels.clone().unwrap();
+            assert_eq!(labels[names::LABEL_MANAGED_BY], names::MANAGED_BY, "{:?}", o.kind());
+            assert_eq!(labels[names::LABEL_OWNER_UID], "uid-1");
+            assert!(o.applied_hash().is_some());
+            if o.kind() == Kind::ClusterRoleBinding {
+                assert!(o.meta().owner_references.is_none());
+                assert_eq!(o.name(), "ccm-operator:kube-system:aws");
+            } else {
+                assert_eq!(o.meta().owner_references.clone().unwrap()[0].uid, "uid-1");
+            }
+        }
+    }
+
+    #[test]
+    fn cluster_role_binding_binds_the_configured_role_to_the_service_account() {
+        let c = cr(json!({"provider": "fake"}));
+        let settings = BuildSettings { manager_cluster_role: "my-ccm".into(), ..Default::default() };
+        let objs = build(&c, &validated(&c, None), &settings);
+        let Desired::ClusterRoleBinding(crb) = &objs[1] else { panic!() };
+        assert_eq!(crb.role_ref.name, "my-ccm");
+        let subject = &crb.subjects.as_ref().unwrap()[0];
+        assert_eq!((subject.name.as_str(), subject.namespace.as_deref()), ("ccm-aws", Some("kube-system")));
+    }
+}

@@ -1,0 +1,915 @@
+//! The CloudControllerManager controller: watches, the reconcile pipeline, cleanup.
+//!
+//! Watches (each label- or field-selected, with `managedFields` stripped): the CRs (through
+//! a deserialization guard, so one malformed object cannot stall the others), the children
+//! (owned Deployments, DaemonSets, ServiceAccounts, RoleBindings, PDBs; the ClusterRoleBinding
+//! mapped through its owner annotation), Secret metadata (mapped to the CRs referencing the
+//! Secret), and Leases (mapped to the CR of the same name when the holder changes). A
+//! reconcile reads only these caches, except a referenced Secret's data after it changed.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crds::conditions::{self, DesiredCondition, Status, types};
+use crds::{CloudControllerManager, Mode};
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ObjectReference, Secret, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ApiResource, DynamicObject, ObjectMeta, PartialObjectMeta, Patch, PatchParams};
+use kube::core::DeserializeGuard;
+use kube::core::error_boundary::InvalidObject;
+use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{PredicateConfig, WatchStreamExt, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+use manager::events::EventSink;
+use manager::registry::Registry;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::apply::{Applier, ChildKey, ChildStores};
+use crate::build::{self, BuildSettings, Desired, Kind};
+use crate::dereference::{self, SecretReader};
+use crate::embedded::Engines;
+use crate::error::Error;
+use crate::metrics::OperatorMetrics;
+use crate::names;
+use crate::reasons::{self, degraded};
+use crate::status::{self, EngineState, StatusInput, TransientFailures, Workload};
+use crate::validate::{self, SecretState, Validation};
+use crate::watch::{self, Scope};
+
+/// The CR as the controller sees it: valid or not.
+pub type Guarded = DeserializeGuard<CloudControllerManager>;
+
+/// Timings of the controller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Timings {
+    /// Requeue every CR at least this often (watch events can be missed).
+    pub requeue: Duration,
+    /// Transient failures turn `Degraded` True only after lasting this long.
+    pub degraded_window: Duration,
+    /// Trailing-edge debounce of reconcile triggers.
+    pub debounce: Duration,
+    /// Re-check a fresh Lease at most this often (to notice a holder that stopped renewing).
+    pub lease_recheck: Duration,
+    /// Reconciles running at once (0: unbounded).
+    pub concurrency: u16,
+}
+
+impl Default for Timings {
+    fn default() -> Self {
+        Self {
+            requeue: Duration::from_secs(300),
+            degraded_window: Duration::from_secs(120),
+            debounce: Duration::from_secs(1),
+            lease_recheck: Duration::from_secs(30),
+            concurrency: 8,
+        }
+    }
+}
+
+/// What the controller needs from the rest of the operator.
+#[derive(Clone)]
+pub struct Shared {
+    /// The client.
+    pub client: Client,
+    /// Namespaces served.
+    pub scope: Scope,
+    /// Providers, for validation and embedded engines.
+    pub registry: Registry,
+    /// Build inputs.
+    pub build: BuildSettings,
+    /// Timings.
+    pub timings: Timings,
+    /// Embedded engines of this process.
+    pub engines: Arc<Engines>,
+    /// Sends CRs to reconcile (engine state changes, conflicts).
+    pub trigger: mpsc::UnboundedSender<ObjectRef<Guarded>>,
+    /// Events on the CRs.
+    pub events: EventSink,
+    /// Metrics.
+    pub metrics: OperatorMetrics,
+}
+
+/// Per-leadership-term reconcile context.
+struct Ctx {
+    shared: Shared,
+    crs: Store<Guarded>,
+    children: ChildStores,
+    secrets: Store<PartialObjectMeta<Secret>>,
+    leases: Store<Lease>,
+    secret_reader: SecretReader,
+    applier: Arc<Applier>,
+    failures: Mutex<HashMap<String, TransientFailures>>,
+    retries: Mutex<HashMap<String, u32>>,
+    /// For each CR (`namespace/name`), the newer CRs that conflict with it.
+    losers: Mutex<HashMap<String, BTreeSet<String>>>,
+}
+
+fn now() -> Time {
+    Time(Timestamp::now())
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn strip<K: Resource>(o: &mut K) {
+    let meta = o.meta_mut();
+    meta.managed_fields = None;
+    if let Some(a) = meta.annotations.as_mut() {
+        a.remove("kubectl.kubernetes.io/last-applied-configuration");
+    }
+}
+
+/// A label-selected, merged, stripped watch of children of kind `K`, feeding `writer`;
+/// deletions make the applier forget the object.
+fn child_stream<K>(
+    apis: Vec<Api<K>>,
+    kind: Kind,
+    applier: Arc<Applier>,
+    extra_strip: fn(&mut K),
+) -> (Store<K>, futures::stream::BoxStream<'static, Result<K, watcher::Error>>)
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    let (reader, writer) = reflector::store();
+    let config = watcher::Config::default().labels(&names::managed_selector());
+    let stream = watch::merged(apis, config, reader.clone())
+        .modify(move |o| {
+            strip(o);
+            extra_strip(o);
+        })
+        .inspect(move |e| {
+            if let Ok(watcher::Event::Delete(o)) = e {
+                applier.forget(&ChildKey::from_meta(kind, o.meta()));
+            }
+        })
+        .reflect(writer)
+        .touched_objects()
+        .boxed();
+    (reader, stream)
+}
+
+fn no_extra<K>(_: &mut K) {}
+
+fn strip_deployment(d: &mut Deployment) {
+    if let Some(spec) = d.spec.as_mut() {
+        spec.template.spec = None;
+    }
+}
+
+fn strip_daemon_set(d: &mut DaemonSet) {
+    if let Some(spec) = d.spec.as_mut() {
+        spec.template.spec = None;
+    }
+}
+
+/// Run the controller until `stop` fires.
+pub async fn run(shared: Shared, trigger_rx: mpsc::UnboundedReceiver<ObjectRef<Guarded>>, stop: CancellationToken) {
+    let client = shared.client.clone();
+    let scope = shared.scope.clone();
+    let applier = Arc::new(Applier::new(client.clone()));
+
+    let (cr_reader, cr_writer) = reflector::store::<Guarded>();
+    let cr_stream = watch::merged(scope.apis::<Guarded>(&client), watcher::Config::default(), cr_reader.clone())
+        .modify(strip)
+        .reflect(cr_writer)
+        .applied_objects();
+
+    let (deployments, deployment_stream) =
+        child_stream(scope.apis::<Deployment>(&client), Kind::Deployment, applier.clone(), strip_deployment);
+    let (daemon_sets, daemon_set_stream) =
+        child_stream(scope.apis::<DaemonSet>(&client), Kind::DaemonSet, applier.clone(), strip_daemon_set);
+    let (service_accounts, sa_stream) = child_stream(
+        scope.apis::<PartialObjectMeta<ServiceAccount>>(&client),
+        Kind::ServiceAccount,
+        applier.clone(),
+        no_extra,
+    );
+    let (role_bindings, rb_stream) = child_stream(
+        scope.apis::<PartialObjectMeta<RoleBinding>>(&client),
+        Kind::RoleBinding,
+        applier.clone(),
+        no_extra,
+    );
+    let (pdbs, pdb_stream) = child_stream(
+        scope.apis::<PartialObjectMeta<PodDisruptionBudget>>(&client),
+        Kind::PodDisruptionBudget,
+        applier.clone(),
+        no_extra,
+    );
+    let (cluster_role_bindings, crb_stream) = child_stream(
+        vec![Api::<PartialObjectMeta<ClusterRoleBinding>>::all(client.clone())],
+        Kind::ClusterRoleBinding,
+        applier.clone(),
+        no_extra,
+    );
+
+    let (secrets, secrets_writer) = reflector::store::<PartialObjectMeta<Secret>>();
+    let secret_stream =
+        watch::merged(scope.apis::<PartialObjectMeta<Secret>>(&client), watcher::Config::default(), secrets.clone())
+            .modify(|s| {
+                // Only the name and resourceVersion are needed.
+                let m = &mut s.metadata;
+                *m = ObjectMeta {
+                    name: m.name.take(),
+                    namespace: m.namespace.take(),
+                    resource_version: m.resource_version.take(),
+                    uid: m.uid.take(),
+                    ..Default::default()
+                };
+            })
+            .reflect(secrets_writer)
+            .touched_objects();
+
+    let (leases, leases_writer) = reflector::store::<Lease>();
+    let lease_apis = match &scope {
+        // Node heartbeats live in kube-node-lease and change every few seconds: not ours.
+        Scope::All => vec![Api::<Lease>::all(client.clone())],
+        Scope::Namespaces(_) => scope.apis::<Lease>(&client),
+    };
+    let lease_config = match &scope {
+        Scope::All => watcher::Config::default().fields("metadata.namespace!=kube-node-lease"),
+        Scope::Namespaces(_) => watcher::Config::default(),
+    };
+    let lease_stream = watch::merged(lease_apis, lease_config, leases.clone())
+        .modify(strip)
+        .reflect(leases_writer)
+        .touched_objects()
+        // Renewals are not news; a new holder is.
+        .predicate_filter(
+            |l: &Lease| {
+                use std::hash::{Hash, Hasher};
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                l.spec.as_ref().and_then(|s| s.holder_identity.clone()).hash(&mut h);
+                Some(h.finish())
+            },
+            PredicateConfig::default(),
+        );
+
+    let ctx = Arc::new(Ctx {
+        shared: shared.clone(),
+        crs: cr_reader.clone(),
+        children: ChildStores {
+            service_accounts,
+            cluster_role_bindings,
+            role_bindings,
+            deployments,
+            daemon_sets,
+            pdbs,
+        },
+        secrets,
+        leases,
+        secret_reader: SecretReader::default(),
+        applier,
+        failures: Mutex::new(HashMap::new()),
+        retries: Mutex::new(HashMap::new()),
+        losers: Mutex::new(HashMap::new()),
+    });
+
+    let crs_for_secrets = cr_reader.clone();
+    let triggers = futures::stream::unfold(trigger_rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) });
+    let config = ControllerConfig::default().debounce(shared.timings.debounce).concurrency(shared.timings.concurrency);
+    let stopped = stop.clone();
+    Controller::for_stream(cr_stream, cr_reader)
+        .with_config(config)
+        .owns_stream(deployment_stream)
+        .owns_stream(daemon_set_stream)
+        .owns_stream(sa_stream)
+        .owns_stream(rb_stream)
+        .owns_stream(pdb_stream)
+        .watches_stream(crb_stream, |crb: PartialObjectMeta<ClusterRoleBinding>| {
+            owner_annotation(crb.annotations().get(names::ANNOTATION_OWNER).map(String::as_str))
+        })
+        .watches_stream(secret_stream, move |secret: PartialObjectMeta<Secret>| {
+            referencing(&crs_for_secrets, &secret.namespace().unwrap_or_default(), &secret.name_any())
+        })
+        .watches_stream(lease_stream, |lease: Lease| {
+            Some(ObjectRef::<Guarded>::new(&lease.name_any()).within(&lease.namespace().unwrap_or_default()))
+        })
+        .reconcile_on(triggers)
+        .graceful_shutdown_on(async move { stopped.cancelled().await })
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(%error, "reconcile trigger failed");
+            }
+        })
+        .await;
+}
+
+/// The CR named by a ClusterRoleBinding's owner annotation.
+fn owner_annotation(value: Option<&str>) -> Option<ObjectRef<Guarded>> {
+    let (ns, name) = value?.split_once('/')?;
+    Some(ObjectRef::new(name).within(ns))
+}
+
+/// The CRs in `namespace` whose cloud-config is Secret `name`.
+fn referencing(crs: &Store<Guarded>, namespace: &str, name: &str) -> Vec<ObjectRef<Guarded>> {
+    crs.state()
+        .iter()
+        .filter(|o| o.namespace().as_deref() == Some(namespace))
+        .filter(|o| {
+            o.0.as_ref().ok().and_then(|c| c.spec.cloud_config.as_ref()).is_some_and(|s| s.secret_ref.name == name)
+        })
+        .map(|o| ObjectRef::from_obj(&**o))
+        .collect()
+}
+
+fn error_policy(obj: Arc<Guarded>, error: &Error, ctx: Arc<Ctx>) -> Action {
+    let key = format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any());
+    let uid = obj.uid().unwrap_or_default();
+    let attempt = {
+        let mut retries = lock(&ctx.retries);
+        let n = retries.entry(uid).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    };
+    let delay = backoff(attempt);
+    tracing::warn!(cr = %key, %error, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+/// Exponential backoff: 1s, 2s, 4s, ... capped at 2 minutes.
+pub fn backoff(attempt: u32) -> Duration {
+    let secs = 1u64 << attempt.saturating_sub(1).min(7);
+    Duration::from_secs(secs.min(120))
+}
+
+async fn reconcile(obj: Arc<Guarded>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    let started = std::time::Instant::now();
+    let result = reconcile_inner(&obj, &ctx).await;
+    ctx.shared.metrics.reconciled(started.elapsed());
+    match &result {
+        Ok(_) => {
+            lock(&ctx.retries).remove(&obj.uid().unwrap_or_default());
+        }
+        Err(e) => ctx.shared.metrics.error(e.metric_label()),
+    }
+    result
+}
+
+impl Ctx {
+    async fn wait_ready(&self) {
+        self.children.wait_ready().await;
+        let _ = self.secrets.wait_until_ready().await;
+        let _ = self.leases.wait_until_ready().await;
+    }
+
+    fn publish(&self, meta: &ObjectMeta, type_: EventType, reason: &str, note: String, action: &str) {
+        let reference = ObjectReference {
+            api_version: Some(CloudControllerManager::api_version(&()).into_owned()),
+            kind: Some(CloudControllerManager::kind(&()).into_owned()),
+            name: meta.name.clone(),
+            namespace: meta.namespace.clone(),
+            uid: meta.uid.clone(),
+            resource_version: None,
+            field_path: None,
+        };
+        self.shared.events.publish(names::FIELD_MANAGER, reference, type_, reason, note, action);
+    }
+
+    fn api(&self, namespace: &str) -> Api<Guarded> {
+        Api::namespaced(self.shared.client.clone(), namespace)
+    }
+
+    /// Record this reconcile's transient failures; returns the streak and which causes are new.
+    fn track_failures(
+        &self,
+        uid: &str,
+        mut causes: Vec<(&'static str, String)>,
+        now: &Time,
+    ) -> (TransientFailures, Vec<(&'static str, String)>) {
+        causes.sort();
+        causes.dedup();
+        let mut failures = lock(&self.failures);
+        if causes.is_empty() {
+            failures.remove(uid);
+            return (TransientFailures::default(), Vec::new());
+        }
+        let entry = failures.entry(uid.to_string()).or_default();
+        let new: Vec<_> = causes.iter().filter(|c| !entry.causes.contains(c)).cloned().collect();
+        entry.since.get_or_insert_with(|| now.clone());
+        entry.causes = causes;
+        (entry.clone(), new)
+    }
+
+    /// Remember which newer CRs conflict with `key`, and reconcile those whose verdict may
+    /// have changed (so a loser deploys once the winner goes, and vice versa).
+    fn update_losers(&self, key: &str, me: Option<&validate::Peer>, peers: &[validate::Peer]) {
+        let now_losers: BTreeSet<String> = match me {
+            Some(me) => peers
+                .iter()
+                .filter(|p| validate::conflicts_of(p, std::slice::from_ref(me)).iter().any(|(k, _)| k == key))
+                .map(validate::Peer::key)
+                .collect(),
+            None => BTreeSet::new(),
+        };
+        let before = {
+            let mut losers = lock(&self.losers);
+            if now_losers.is_empty() { losers.remove(key) } else { losers.insert(key.to_string(), now_losers.clone()) }
+        }
+        .unwrap_or_default();
+        for changed in before.symmetric_difference(&now_losers) {
+            if let Some((ns, name)) = changed.split_once('/') {
+                let _ = self.shared.trigger.send(ObjectRef::new(name).within(ns));
+            }
+        }
+    }
+
+    /// Delete every child of `uid` not in `keep`. Returns the deleted ones and failures.
+    async fn prune(&self, uid: &str, keep: &[ChildKey]) -> (Vec<String>, Vec<(&'static str, String)>) {
+        let mut pruned = Vec::new();
+        let mut failures = Vec::new();
+        for key in self.children.owned_by(uid) {
+            if keep.contains(&key) {
+                continue;
+            }
+            match self.applier.delete(&key).await {
+                Ok(existed) => {
+                    self.shared.metrics.write("delete", key.kind.as_str());
+                    if existed {
+                        pruned.push(key.to_string());
+                    }
+                }
+                Err(e) => failures.push((degraded::APPLY_FAILED, format!("deleting {key}: {e}"))),
+            }
+        }
+        (pruned, failures)
+    }
+}
+
+fn has_finalizer(meta: &ObjectMeta) -> bool {
+    meta.finalizers.iter().flatten().any(|f| f == names::FINALIZER)
+}
+
+async fn add_finalizer(ctx: &Ctx, namespace: &str, name: &str, meta: &ObjectMeta) -> Result<(), Error> {
+    // The resourceVersion test makes this fail, rather than clobber, if the list changed.
+    let rv = meta.resource_version.clone().unwrap_or_default();
+    let ops = if meta.finalizers.as_ref().is_none_or(Vec::is_empty) {
+        serde_json::json!([
+            {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+            {"op": "add", "path": "/metadata/finalizers", "value": [names::FINALIZER]},
+        ])
+    } else {
+        serde_json::json!([
+            {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+            {"op": "add", "path": "/metadata/finalizers/-", "value": names::FINALIZER},
+        ])
+    };
+    patch_finalizers(ctx, namespace, name, ops).await
+}
+
+async fn remove_finalizer(ctx: &Ctx, namespace: &str, name: &str, meta: &ObjectMeta) -> Result<(), Error> {
+    let Some(i) = meta.finalizers.iter().flatten().position(|f| f == names::FINALIZER) else { return Ok(()) };
+    let path = format!("/metadata/finalizers/{i}");
+    let ops = serde_json::json!([
+        {"op": "test", "path": path, "value": names::FINALIZER},
+        {"op": "remove", "path": path},
+    ]);
+    match patch_finalizers(ctx, namespace, name, ops).await {
+        Err(Error::Kube(kube::Error::Api(s))) if s.is_not_found() => Ok(()),
+        other => other,
+    }
+}
+
+async fn patch_finalizers(ctx: &Ctx, namespace: &str, name: &str, ops: serde_json::Value) -> Result<(), Error> {
+    let patch: json_patch::Patch = serde_json::from_value(ops).map_err(|e| Error::Config(e.to_string()))?;
+    ctx.api(namespace).patch(name, &PatchParams::default(), &Patch::<()>::Json(patch)).await?;
+    ctx.shared.metrics.write("finalizer", "CloudControllerManager");
+    Ok(())
+}
+
+async fn reconcile_inner(obj: &Guarded, ctx: &Ctx) -> Result<Action, Error> {
+    ctx.wait_ready().await;
+    let meta = obj.meta();
+    let namespace = meta.namespace.clone().ok_or(Error::MissingField("metadata.namespace"))?;
+    let name = meta.name.clone().ok_or(Error::MissingField("metadata.name"))?;
+    if !ctx.shared.scope.contains(&namespace) {
+        return Ok(Action::await_change());
+    }
+    if meta.deletion_timestamp.is_some() {
+        if has_finalizer(meta) {
+            cleanup(ctx, meta, &namespace, &name).await?;
+            remove_finalizer(ctx, &namespace, &name, meta).await?;
+        }
+        return Ok(Action::await_change());
+    }
+    match &obj.0 {
+        Err(invalid) => malformed(ctx, meta, invalid, &namespace, &name).await,
+        Ok(_) if !has_finalizer(meta) => {
+            // The finalizer write triggers the next reconcile, which does the work.
+            add_finalizer(ctx, &namespace, &name, meta).await?;
+            Ok(Action::await_change())
+        }
+        Ok(cr) => reconcile_cr(ctx, cr, &namespace, &name).await,
+    }
+}
+
+/// Remove what ownerReferences cannot (the ClusterRoleBinding) and stop an embedded engine.
+async fn cleanup(ctx: &Ctx, meta: &ObjectMeta, namespace: &str, name: &str) -> Result<(), Error> {
+    let uid = meta.uid.clone().unwrap_or_default();
+    let key = format!("{namespace}/{name}");
+    if ctx.shared.engines.stop(&uid).await {
+        ctx.publish(
+            meta,
+            EventType::Normal,
+            reasons::events::ENGINE_STOPPED,
+            "the CloudControllerManager is being deleted".into(),
+            "StopEngine",
+        );
+    }
+    let mut crbs: Vec<ChildKey> =
+        ctx.children.owned_by(&uid).into_iter().filter(|k| k.kind == Kind::ClusterRoleBinding).collect();
+    let by_name = ChildKey {
+        kind: Kind::ClusterRoleBinding,
+        namespace: None,
+        name: names::cluster_role_binding_name(namespace, name),
+    };
+    if !crbs.contains(&by_name) {
+        crbs.push(by_name);
+    }
+    let mut deleted = Vec::new();
+    for crb in crbs {
+        match ctx.applier.delete(&crb).await {
+            Ok(existed) => {
+                ctx.shared.metrics.write("delete", Kind::ClusterRoleBinding.as_str());
+                if existed {
+                    deleted.push(crb.to_string());
+                }
+            }
+            Err(e) => {
+                ctx.publish(
+                    meta,
+                    EventType::Warning,
+                    reasons::events::CLEANUP_FAILED,
+                    format!("deleting {crb}: {e}"),
+                    "Cleanup",
+                );
+                return Err(e.into());
+            }
+        }
+    }
+    lock(&ctx.failures).remove(&uid);
+    ctx.update_losers(&key, None, &[]);
+    if !deleted.is_empty() {
+        ctx.publish(
+            meta,
+            EventType::Normal,
+            reasons::events::CLEANED_UP,
+            format!("deleted {}", deleted.join(", ")),
+            "Cleanup",
+        );
+    }
+    tracing::info!(cr = %key, "cleaned up");
+    Ok(())
+}
+
+/// A CR that does not deserialize: say so in status, once.
+async fn malformed(
+    ctx: &Ctx,
+    meta: &ObjectMeta,
+    invalid: &InvalidObject,
+    namespace: &str,
+    name: &str,
+) -> Result<Action, Error> {
+    let ar = ApiResource::erase::<CloudControllerManager>(&());
+    let raw: Api<DynamicObject> = Api::namespaced_with(ctx.shared.client.clone(), namespace, &ar);
+    let Some(current) = raw.get_opt(name).await? else { return Ok(Action::await_change()) };
+    let existing: Vec<Condition> = current
+        .data
+        .pointer("/status/conditions")
+        .and_then(|c| serde_json::from_value(c.clone()).ok())
+        .unwrap_or_default();
+    let message = format!("the object does not match the CloudControllerManager schema: {}", invalid.error);
+    let desired = [
+        DesiredCondition::new(types::CONFIG_VALID, Status::False, reasons::config_valid::MALFORMED_SPEC, &message),
+        DesiredCondition::new(
+            types::DEGRADED,
+            Status::True,
+            degraded::CONFIG_INVALID,
+            format!("{}: {message}", reasons::config_valid::MALFORMED_SPEC),
+        ),
+    ];
+    let generation = meta.generation;
+    let t = now();
+    let mut merged = conditions::merge_conditions(&existing, desired, generation, &t);
+    let ready = conditions::compute_ready(&merged);
+    merged = conditions::merge_conditions(&merged, [ready], generation, &t);
+    let observed = current.data.pointer("/status/observedGeneration").and_then(serde_json::Value::as_i64);
+    if merged == existing && observed == generation {
+        return Ok(Action::await_change());
+    }
+    let owned: Vec<&Condition> = merged
+        .iter()
+        .filter(|c| [types::CONFIG_VALID, types::DEGRADED, types::READY].contains(&c.type_.as_str()))
+        .collect();
+    let body = serde_json::json!({
+        "apiVersion": CloudControllerManager::api_version(&()),
+        "kind": CloudControllerManager::kind(&()),
+        "status": {"observedGeneration": generation, "conditions": owned},
+    });
+    let was_malformed = conditions::find(&existing, types::CONFIG_VALID)
+        .is_some_and(|c| c.reason == reasons::config_valid::MALFORMED_SPEC);
+    raw.patch_status(name, &PatchParams::apply(names::FIELD_MANAGER).force(), &Patch::Apply(body)).await?;
+    ctx.shared.metrics.write("status", "CloudControllerManager");
+    ctx.shared.metrics.error("malformed_spec");
+    if !was_malformed {
+        ctx.publish(meta, EventType::Warning, reasons::events::CONFIG_INVALID, message, "Validate");
+    }
+    tracing::warn!(cr = %format!("{namespace}/{name}"), error = %invalid.error, "malformed CloudControllerManager");
+    Ok(Action::await_change())
+}
+
+/// Apply the status without force, so a value the manager wrote meanwhile (its
+/// `ProviderHealthy`) is never overwritten: on a conflict, recompute from a fresh read (which
+/// then leaves the manager's condition out) and apply again, forcing only fields the fresh read
+/// shows as the operator's.
+async fn write_status(
+    ctx: &Ctx,
+    namespace: &str,
+    name: &str,
+    computed: &status::ComputedStatus,
+    recompute: impl Fn(&CloudControllerManager) -> status::ComputedStatus,
+) -> Result<(), Error> {
+    let api = ctx.api(namespace);
+    let params = PatchParams::apply(names::FIELD_MANAGER);
+    match api.patch_status(name, &params, &Patch::Apply(computed.apply_body())).await {
+        Ok(_) => {
+            ctx.shared.metrics.write("status", "CloudControllerManager");
+            return Ok(());
+        }
+        Err(kube::Error::Api(s)) if s.is_conflict() => {
+            tracing::debug!(cr = %format!("{namespace}/{name}"), "status conflict; recomputing from a fresh read");
+        }
+        Err(e) => return Err(e.into()),
+    }
+    let typed: Api<CloudControllerManager> = Api::namespaced(ctx.shared.client.clone(), namespace);
+    let fresh = typed.get(name).await?;
+    let again = recompute(&fresh);
+    if again.changed {
+        typed.patch_status(name, &params.force(), &Patch::Apply(again.apply_body())).await?;
+        ctx.shared.metrics.write("status", "CloudControllerManager");
+    }
+    Ok(())
+}
+
+fn template_hash(meta: Option<&ObjectMeta>) -> Option<String> {
+    meta?.annotations.as_ref()?.get(names::ANNOTATION_TEMPLATE_HASH).cloned()
+}
+
+async fn reconcile_cr(ctx: &Ctx, cr: &CloudControllerManager, namespace: &str, name: &str) -> Result<Action, Error> {
+    let key = format!("{namespace}/{name}");
+    let uid = cr.uid().ok_or(Error::MissingField("metadata.uid"))?;
+    let meta = cr.meta();
+    let t = now();
+
+    // Dereference.
+    let secret = match &cr.spec.cloud_config {
+        None => SecretState::NotReferenced,
+        Some(src) => {
+            ctx.secret_reader
+                .read(&ctx.shared.client, &ctx.secrets, namespace, &src.secret_ref.name, &src.secret_ref.key)
+                .await
+        }
+    };
+    let peers = dereference::peers(std::slice::from_ref(&ctx.crs), &ctx.shared.registry);
+
+    // Validate.
+    let validation = validate::validate(cr, &secret, &ctx.shared.registry, &peers);
+    let me = validate::Peer::from_cr(cr, &ctx.shared.registry);
+    ctx.update_losers(&key, me.as_ref(), &peers);
+
+    // Build and apply.
+    let mut transient: Vec<(&'static str, String)> = Vec::new();
+    if let Validation::Unknown(f) = &validation {
+        transient.push((degraded::SECRET_UNREADABLE, f.message.clone()));
+    }
+    let mut applied: Vec<String> = Vec::new();
+    let mut pruned: Vec<String> = Vec::new();
+    let mut rollout_started = false;
+    let mut engine_event: Option<(EventType, &str, String)> = None;
+    let conflicting = matches!(&validation, Validation::Invalid { conflicts_with, .. } if !conflicts_with.is_empty());
+    match (&validation, cr.spec.paused) {
+        (_, true) => {}
+        (Validation::Valid(v), false) if cr.spec.mode == Mode::Embedded => {
+            let data = match &secret {
+                SecretState::Found { data, .. } => Some(data.as_slice()),
+                _ => None,
+            };
+            if ctx.shared.engines.ensure(cr, v, data).await {
+                rollout_started = true;
+                engine_event = Some((
+                    EventType::Normal,
+                    reasons::events::ENGINE_STARTED,
+                    format!("started the embedded engine (Lease {key})"),
+                ));
+            }
+            let (p, f) = ctx.prune(&uid, &[]).await;
+            pruned = p;
+            transient.extend(f);
+        }
+        (Validation::Valid(v), false) => {
+            if ctx.shared.engines.stop(&uid).await {
+                engine_event =
+                    Some((EventType::Normal, reasons::events::ENGINE_STOPPED, format!("mode is now {}", cr.spec.mode)));
+            }
+            let desired = build::build(cr, v, &ctx.shared.build);
+            let keep: Vec<ChildKey> = desired.iter().map(ChildKey::of).collect();
+            for d in &desired {
+                let child = ChildKey::of(d);
+                let observed = ctx.children.meta(&child);
+                match ctx.applier.apply(d, observed.as_ref()).await {
+                    Ok(true) => {
+                        ctx.shared.metrics.write("apply", child.kind.as_str());
+                        if matches!(d, Desired::Deployment(_) | Desired::DaemonSet(_))
+                            && template_hash(observed.as_ref()) != template_hash(Some(d.meta()))
+                        {
+                            rollout_started = true;
+                        }
+                        applied.push(child.to_string());
+                    }
+                    Ok(false) => {}
+                    Err(e) => transient.push((degraded::APPLY_FAILED, format!("applying {child}: {e}"))),
+                }
+            }
+            let (p, f) = ctx.prune(&uid, &keep).await;
+            pruned = p;
+            transient.extend(f);
+        }
+        (Validation::Invalid { .. }, false) if conflicting => {
+            // Two managers must never run the same controller: stop this one.
+            if ctx.shared.engines.stop(&uid).await {
+                engine_event = Some((
+                    EventType::Normal,
+                    reasons::events::ENGINE_STOPPED,
+                    "stopped: conflicts with an older CloudControllerManager".into(),
+                ));
+            }
+            let (p, f) = ctx.prune(&uid, &[]).await;
+            pruned = p;
+            transient.extend(f);
+        }
+        // Invalid otherwise, or unreadable Secret: whatever runs keeps running as it was.
+        _ => {}
+    }
+
+    // Observe.
+    let workload = match cr.spec.mode {
+        Mode::Embedded => match ctx.shared.engines.state(&uid).await {
+            Some(state) => Workload::Embedded(state),
+            None => Workload::None,
+        },
+        Mode::Deployment => ctx
+            .children
+            .deployments
+            .get(&ObjectRef::new(&names::workload_name(name)).within(namespace))
+            .map_or(Workload::None, |d| Workload::Deployment(dereference::observe_deployment(&d))),
+        Mode::DaemonSet => ctx
+            .children
+            .daemon_sets
+            .get(&ObjectRef::new(&names::workload_name(name)).within(namespace))
+            .map_or(Workload::None, |d| Workload::DaemonSet(dereference::observe_daemon_set(&d))),
+    };
+    let lease = ctx.leases.get(&ObjectRef::new(name).within(namespace));
+    let lease_obs = lease.as_deref().map(|l| dereference::observe_lease(l, &t));
+
+    // Status.
+    for (reason, _) in &transient {
+        ctx.shared.metrics.error(reason);
+    }
+    let (failures, new_failures) = ctx.track_failures(&uid, transient, &t);
+    let compute = |cr: &CloudControllerManager| {
+        status::compute(&StatusInput {
+            cr,
+            validation: &validation,
+            workload: &workload,
+            lease: lease_obs.as_ref(),
+            rollout_started,
+            transient: &failures,
+            degraded_window: ctx.shared.timings.degraded_window,
+            now: t.clone(),
+        })
+    };
+    let computed = compute(cr);
+    if computed.changed {
+        write_status(ctx, namespace, name, &computed, compute).await?;
+    }
+
+    // Events.
+    let existing = cr.status.clone().unwrap_or_default();
+    let before =
+        conditions::find(&existing.conditions, types::CONFIG_VALID).map(|c| (c.status.clone(), c.reason.clone()));
+    let after = conditions::find(&computed.status.conditions, types::CONFIG_VALID)
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()));
+    if let Some((status_after, reason_after, message)) = after
+        && before.as_ref().map(|(s, r)| (s.as_str(), r.as_str()))
+            != Some((status_after.as_str(), reason_after.as_str()))
+    {
+        if status_after == "False" {
+            ctx.publish(
+                meta,
+                EventType::Warning,
+                reasons::events::CONFIG_INVALID,
+                format!("{reason_after}: {message}"),
+                "Validate",
+            );
+        } else if status_after == "True" && before.is_some_and(|(s, _)| s == "False") {
+            ctx.publish(meta, EventType::Normal, reasons::events::CONFIG_VALID, message, "Validate");
+        }
+    }
+    if !applied.is_empty() {
+        ctx.publish(
+            meta,
+            EventType::Normal,
+            reasons::events::APPLIED,
+            format!("applied {}", applied.join(", ")),
+            "Apply",
+        );
+    }
+    if !pruned.is_empty() {
+        ctx.publish(
+            meta,
+            EventType::Normal,
+            reasons::events::PRUNED,
+            format!("deleted {}", pruned.join(", ")),
+            "Prune",
+        );
+    }
+    for (reason, message) in &new_failures {
+        let event_reason = if *reason == degraded::APPLY_FAILED { reasons::events::APPLY_FAILED } else { reason };
+        ctx.publish(meta, EventType::Warning, event_reason, message.clone(), "Apply");
+    }
+    if let Some((type_, reason, note)) = engine_event {
+        ctx.publish(meta, type_, reason, note, "Engine");
+    }
+    if let Workload::Embedded(EngineState::Failed(m)) = &workload {
+        let was_failed = conditions::find(&existing.conditions, types::DEGRADED)
+            .is_some_and(|c| c.reason == degraded::ENGINE_FAILED);
+        if !was_failed {
+            ctx.publish(meta, EventType::Warning, reasons::events::ENGINE_FAILED, m.clone(), "Engine");
+        }
+    }
+    if computed.changed || !applied.is_empty() || !pruned.is_empty() {
+        tracing::info!(cr = %key, applied = applied.len(), pruned = pruned.len(), status_written = computed.changed, "reconciled");
+    }
+
+    // When to look again.
+    let timings = &ctx.shared.timings;
+    let mut next = timings.requeue;
+    if !failures.causes.is_empty() {
+        let attempt = {
+            let mut retries = lock(&ctx.retries);
+            let n = retries.entry(format!("transient:{uid}")).or_insert(0);
+            *n = n.saturating_add(1);
+            *n
+        };
+        next = next.min(backoff(attempt));
+        if let Some(d) = status::requeue_for_degraded(&failures, timings.degraded_window, &t) {
+            next = next.min(d);
+        }
+    } else {
+        lock(&ctx.retries).remove(&format!("transient:{uid}"));
+    }
+    if let Some(l) = lease.as_deref()
+        && lease_obs.as_ref().is_some_and(|o| o.fresh)
+        && let Some(expiry) = dereference::lease_expiry(l, &t)
+    {
+        next = next.min(expiry.max(timings.lease_recheck));
+    }
+    if matches!(workload, Workload::Embedded(EngineState::Failed(_))) {
+        next = next.min(Duration::from_secs(30));
+    }
+    Ok(Action::requeue(next))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        assert_eq!(backoff(1), Duration::from_secs(1));
+        assert_eq!(backoff(2), Duration::from_secs(2));
+        assert_eq!(backoff(5), Duration::from_secs(16));
+        assert_eq!(backoff(50), Duration::from_secs(120));
+    }
+
+    #[test]
+    fn owner_annotation_names_the_cr() {
+        let r = owner_annotation(Some("kube-system/aws")).unwrap();
+        assert_eq!((r.namespace.as_deref(), r.name.as_str()), (Some("kube-system"), "aws"));
+        assert!(owner_annotation(Some("nonsense")).is_none());
+        assert!(owner_annotation(None).is_none());
+    }
+}

@@ -1,0 +1,359 @@
+//! Embedded mode: the manager engine runs inside the operator, one per CloudControllerManager.
+//!
+//! Each engine elects a leader on the Lease named after the CR in its namespace (the same
+//! Lease a Deployment-mode manager would use), so two operator replicas, or an old and a new
+//! mode during a switch, never run the controllers at once. An engine is restarted when the
+//! spec or the cloud-config changes (a fingerprint of both), and stopped, releasing its Lease,
+//! when the CR is deleted, switches mode, or this operator stops leading.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crds::controllers::ControllerSelection;
+use crds::validation::parse_cluster_cidrs;
+use crds::{CloudControllerManager, CloudControllerManagerSpec};
+use kube::core::DeserializeGuard;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Client, ResourceExt};
+use manager::engine::{EngineBuilder, INFORMER_SYNC_CHECK, LeaderLoss};
+use manager::leader::LeaderElectionConfig;
+use manager::options::ControllerOptions;
+use manager::registry::{ClusterSettings, Registry};
+use manager::status::StatusTarget;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::hash;
+use crate::metrics::OperatorMetrics;
+use crate::status::EngineState;
+use crate::validate::Validated;
+
+/// How often a starting engine is checked for synced caches.
+const READY_POLL: Duration = Duration::from_millis(200);
+/// How long a stopping engine gets before it is abandoned.
+const STOP_TIMEOUT: Duration = Duration::from_secs(45);
+/// How often the embedded engine reports provider health on the CR.
+pub const STATUS_INTERVAL: Duration = Duration::from_secs(30);
+/// How long a failed engine waits before it is started again with the same configuration.
+pub const RESTART_BACKOFF: Duration = Duration::from_secs(30);
+
+/// The engine settings a CR asks for (pure).
+pub fn controller_options(spec: &CloudControllerManagerSpec, selection: &ControllerSelection) -> ControllerOptions {
+    let (cluster_cidrs, cluster_cidr_error) = match spec.cluster_cidr.as_deref().filter(|c| !c.trim().is_empty()) {
+        None => (Vec::new(), None),
+        Some(c) => match parse_cluster_cidrs(c) {
+            Ok(nets) => (nets, None),
+            Err(e) => (Vec::new(), Some(e.to_string())),
+        },
+    };
+    let workers = |n: i32| usize::try_from(n.max(1)).unwrap_or(1);
+    ControllerOptions {
+        cluster_name: spec.cluster_name.clone(),
+        cluster_cidrs,
+        cluster_cidr_error,
+        configure_cloud_routes: spec.configure_cloud_routes,
+        controllers: selection.clone(),
+        concurrent_node_syncs: workers(spec.concurrency.node_syncs),
+        concurrent_service_syncs: workers(spec.concurrency.service_syncs),
+        concurrent_route_syncs: workers(spec.concurrency.route_syncs),
+        load_balancer_class: spec.load_balancer_class.clone(),
+        ..ControllerOptions::default()
+    }
+}
+
+/// The leader election an embedded engine runs for `cr` (pure).
+pub fn leader_election(cr: &CloudControllerManager, identity: &str) -> LeaderElectionConfig {
+    let le = &cr.spec.leader_election;
+    LeaderElectionConfig {
+        namespace: cr.namespace().unwrap_or_default(),
+        name: cr.name_any(),
+        identity: identity.to_string(),
+        lease_duration: le.lease_duration.into(),
+        renew_deadline: le.renew_deadline.into(),
+        retry_period: le.retry_period.into(),
+        release_on_cancel: true,
+    }
+}
+
+/// What decides a restart: the spec and the cloud-config's hash.
+pub fn fingerprint(cr: &CloudControllerManager, validated: &Validated) -> String {
+    let config_hash = validated.cloud_config.as_ref().map(|c| c.hash.as_str()).unwrap_or_default();
+    hash::of_json(&(&cr.spec, config_hash))
+}
+
+struct Entry {
+    fingerprint: String,
+    started: std::time::Instant,
+    state: Arc<Mutex<EngineState>>,
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+    namespace: String,
+    name: String,
+}
+
+/// Every embedded engine of this operator process.
+pub struct Engines {
+    client: Client,
+    registry: Registry,
+    identity: String,
+    engines: tokio::sync::Mutex<HashMap<String, Entry>>,
+    notify: mpsc::UnboundedSender<ObjectRef<DeserializeGuard<CloudControllerManager>>>,
+    metrics: OperatorMetrics,
+    crash: CancellationToken,
+}
+
+impl std::fmt::Debug for Engines {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engines").field("identity", &self.identity).finish_non_exhaustive()
+    }
+}
+
+fn set(state: &Mutex<EngineState>, s: EngineState) {
+    *state.lock().unwrap_or_else(|e| e.into_inner()) = s;
+}
+
+impl Engines {
+    /// Engines that use `client`, build providers from `registry`, and elect with `identity`.
+    /// `notify` receives the CR of an engine whose state changed (to reconcile it); `crash`
+    /// kills every engine without releasing its Lease, as a process crash would (tests).
+    pub fn new(
+        client: Client,
+        registry: Registry,
+        identity: String,
+        notify: mpsc::UnboundedSender<ObjectRef<DeserializeGuard<CloudControllerManager>>>,
+        metrics: OperatorMetrics,
+        crash: CancellationToken,
+    ) -> Self {
+        Self { client, registry, identity, engines: tokio::sync::Mutex::new(HashMap::new()), notify, metrics, crash }
+    }
+
+    /// The identity the engines elect with.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// The state of the engine of CR `uid`, if one exists.
+    pub async fn state(&self, uid: &str) -> Option<EngineState> {
+        let engines = self.engines.lock().await;
+        engines.get(uid).map(|e| e.state.lock().unwrap_or_else(|p| p.into_inner()).clone())
+    }
+
+    /// Make sure the engine for `cr` runs with this configuration. Returns whether an engine
+    /// was (re)started. `cloud_config` is the Secret's value, handed to the provider factory.
+    pub async fn ensure(
+        &self,
+        cr: &CloudControllerManager,
+        validated: &Validated,
+        cloud_config: Option<&[u8]>,
+    ) -> bool {
+        let uid = cr.uid().unwrap_or_default();
+        let fp = fingerprint(cr, validated);
+        let mut engines = self.engines.lock().await;
+        if let Some(existing) = engines.get(&uid)
+            && existing.fingerprint == fp
+        {
+            let failed = matches!(*existing.state.lock().unwrap_or_else(|p| p.into_inner()), EngineState::Failed(_));
+            // A failed engine is retried, but not in a tight loop.
+            if !failed || existing.started.elapsed() < RESTART_BACKOFF {
+                return false;
+            }
+        }
+        if let Some(old) = engines.remove(&uid) {
+            tracing::info!(cr = %format!("{}/{}", old.namespace, old.name), "restarting the embedded engine");
+            stop_entry(old).await;
+        }
+        let entry = self.start(cr, validated, cloud_config, fp);
+        engines.insert(uid, entry);
+        self.metrics.set_engines(engines.len());
+        true
+    }
+
+    fn start(
+        &self,
+        cr: &CloudControllerManager,
+        validated: &Validated,
+        cloud_config: Option<&[u8]>,
+        fp: String,
+    ) -> Entry {
+        let namespace = cr.namespace().unwrap_or_default();
+        let name = cr.name_any();
+        let state = Arc::new(Mutex::new(EngineState::Starting));
+        let stop = CancellationToken::new();
+        let options = controller_options(&cr.spec, &validated.selection);
+        let settings = ClusterSettings {
+            cluster_name: options.cluster_name.clone(),
+            cluster_cidrs: options.cluster_cidrs.clone(),
+        };
+        let built =
+            self.registry.create(&cr.spec.provider, cloud_config, &settings).map_err(manager::Error::from).and_then(
+                |provider| {
+                    EngineBuilder::new(self.client.clone(), provider, options)
+                        .leader_election(Some(leader_election(cr, &self.identity)))
+                        .identity(self.identity.clone())
+                        .on_leader_loss(LeaderLoss::StandBy)
+                        .report_status(
+                            Some(StatusTarget { namespace: namespace.clone(), name: name.clone() }),
+                            STATUS_INTERVAL,
+                        )
+                        .build()
+                },
+            );
+        let notify = self.notify.clone();
+        let cr_ref = ObjectRef::new(&name).within(&namespace);
+        let task_state = state.clone();
+        let token = stop.clone();
+        let crash = self.crash.clone();
+        let key = format!("{namespace}/{name}");
+        let task = tokio::spawn(async move {
+            let changed = |s: EngineState| {
+                set(&task_state, s);
+                let _ = notify.send(cr_ref.clone());
+            };
+            let engine = match built {
+                Ok(engine) => engine,
+                Err(e) => {
+                    tracing::warn!(cr = %key, error = %e, "the embedded engine could not be built");
+                    return changed(EngineState::Failed(e.to_string()));
+                }
+            };
+            let running = match engine.start(token.clone()).await {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(cr = %key, error = %e, "the embedded engine could not start");
+                    return changed(EngineState::Failed(e.to_string()));
+                }
+            };
+            tracing::info!(cr = %key, "embedded engine started");
+            let ready = running.ready().clone();
+            let mut synced = false;
+            while !(running.is_finished() || token.is_cancelled() || crash.is_cancelled()) {
+                if !synced && ready.get(INFORMER_SYNC_CHECK) == Some(Ok(())) {
+                    synced = true;
+                    changed(EngineState::Running);
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(READY_POLL) => {}
+                    _ = token.cancelled() => {}
+                    _ = crash.cancelled() => {}
+                }
+            }
+            if crash.is_cancelled() {
+                running.abort();
+                return;
+            }
+            let result = running.wait().await;
+            if !token.is_cancelled() {
+                let message = match result {
+                    Ok(()) => "the engine stopped unexpectedly".to_string(),
+                    Err(e) => e.to_string(),
+                };
+                tracing::warn!(cr = %key, error = %message, "embedded engine failed");
+                changed(EngineState::Failed(message));
+            } else {
+                tracing::info!(cr = %key, "embedded engine stopped");
+            }
+        });
+        Entry { fingerprint: fp, started: std::time::Instant::now(), state, stop, task, namespace, name }
+    }
+
+    /// Stop the engine of CR `uid` (releasing its Lease). Returns whether one ran.
+    pub async fn stop(&self, uid: &str) -> bool {
+        let mut engines = self.engines.lock().await;
+        let entry = engines.remove(uid);
+        self.metrics.set_engines(engines.len());
+        drop(engines);
+        match entry {
+            Some(e) => {
+                stop_entry(e).await;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Stop every engine (this operator stops leading or shuts down).
+    pub async fn stop_all(&self) {
+        let entries: Vec<Entry> = self.engines.lock().await.drain().map(|(_, e)| e).collect();
+        self.metrics.set_engines(0);
+        futures::future::join_all(entries.into_iter().map(stop_entry)).await;
+    }
+
+    /// UIDs of the CRs with an engine.
+    pub async fn running(&self) -> Vec<String> {
+        self.engines.lock().await.keys().cloned().collect()
+    }
+}
+
+async fn stop_entry(entry: Entry) {
+    entry.stop.cancel();
+    if tokio::time::timeout(STOP_TIMEOUT, entry.task).await.is_err() {
+        tracing::warn!(cr = %format!("{}/{}", entry.namespace, entry.name), "the embedded engine did not stop in time");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn cr(spec: serde_json::Value) -> CloudControllerManager {
+        let spec: CloudControllerManagerSpec = serde_json::from_value(spec).unwrap();
+        let mut c = CloudControllerManager::new("bm", spec);
+        c.metadata.namespace = Some("kube-system".into());
+        c
+    }
+
+    fn validated(c: &CloudControllerManager, hash: Option<&str>) -> Validated {
+        Validated {
+            selection: ControllerSelection::parse(&c.spec.controllers).unwrap(),
+            cloud_config: hash.map(|h| crate::validate::CloudConfigRef {
+                secret: "s".into(),
+                key: "cloud.conf".into(),
+                hash: h.into(),
+            }),
+            provider_has_routes: false,
+        }
+    }
+
+    #[test]
+    fn options_follow_the_spec() {
+        let c = cr(json!({"provider": "baremetal", "mode": "Embedded", "clusterName": "lab",
+            "clusterCIDR": "10.244.0.0/16", "loadBalancerClass": "x", "configureCloudRoutes": false,
+            "concurrency": {"nodeSyncs": 3, "serviceSyncs": 4, "routeSyncs": 2}, "controllers": ["*", "-route"]}));
+        let o = controller_options(&c.spec, &validated(&c, None).selection);
+        assert_eq!(o.cluster_name, "lab");
+        assert_eq!(o.cluster_cidrs.len(), 1);
+        assert!(!o.configure_cloud_routes);
+        assert_eq!((o.concurrent_node_syncs, o.concurrent_service_syncs, o.concurrent_route_syncs), (3, 4, 2));
+        assert_eq!(o.load_balancer_class.as_deref(), Some("x"));
+        assert!(!o.controllers.is_enabled(crds::controllers::NODE_ROUTE));
+    }
+
+    #[test]
+    fn leader_election_uses_the_deployment_mode_lease() {
+        let c = cr(json!({"provider": "baremetal", "mode": "Embedded",
+            "leaderElection": {"leaseDuration": "20s", "renewDeadline": "15s", "retryPeriod": "3s"}}));
+        let le = leader_election(&c, "op-1");
+        assert_eq!((le.namespace.as_str(), le.name.as_str(), le.identity.as_str()), ("kube-system", "bm", "op-1"));
+        assert_eq!(le.lease_duration, Duration::from_secs(20));
+        assert!(le.release_on_cancel);
+        assert!(le.validate().is_ok());
+    }
+
+    #[test]
+    fn fingerprint_changes_with_spec_or_cloud_config_only() {
+        let c = cr(json!({"provider": "baremetal", "mode": "Embedded"}));
+        let a = fingerprint(&c, &validated(&c, Some("1")));
+        assert_eq!(a, fingerprint(&c, &validated(&c, Some("1"))));
+        assert_ne!(a, fingerprint(&c, &validated(&c, Some("2"))));
+        let mut c2 = c.clone();
+        c2.spec.cluster_name = "other".into();
+        assert_ne!(a, fingerprint(&c2, &validated(&c2, Some("1"))));
+        // Status changes do not restart it.
+        let mut c3 = c.clone();
+        c3.status = Some(Default::default());
+        assert_eq!(a, fingerprint(&c3, &validated(&c3, Some("1"))));
+    }
+}

@@ -1,0 +1,123 @@
+//! Names, labels and annotations of the objects the operator creates.
+
+use std::collections::BTreeMap;
+
+/// The operator's field manager for server-side apply, and its event reporter name.
+pub const FIELD_MANAGER: &str = "ccm-operator";
+/// The finalizer that removes cluster-scoped objects and stops an embedded engine on deletion.
+pub const FINALIZER: &str = "ccm.rs/operator-cleanup";
+/// The operator's own leader-election Lease.
+pub const OPERATOR_LEASE: &str = "ccm-operator";
+
+/// `app.kubernetes.io/name` of every child object.
+pub const LABEL_NAME: &str = "app.kubernetes.io/name";
+/// Value of [`LABEL_NAME`].
+pub const APP_NAME: &str = "cloud-controller-manager";
+/// `app.kubernetes.io/managed-by`: the operator selects (and prunes) only what carries it.
+pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// Value of [`LABEL_MANAGED_BY`].
+pub const MANAGED_BY: &str = "ccm-operator";
+/// `app.kubernetes.io/instance`: the CloudControllerManager's name (when it fits a label).
+pub const LABEL_INSTANCE: &str = "app.kubernetes.io/instance";
+/// The owning CloudControllerManager's UID: the pod selector and the pruning key.
+pub const LABEL_OWNER_UID: &str = "ccm.rs/owner-uid";
+/// The owning CloudControllerManager's namespace (for cluster-scoped children).
+pub const LABEL_OWNER_NAMESPACE: &str = "ccm.rs/owner-namespace";
+/// The mode that created the object (`Deployment` or `DaemonSet`).
+pub const LABEL_MODE: &str = "ccm.rs/mode";
+
+/// `namespace/name` of the owning CloudControllerManager, on the cluster-scoped ClusterRoleBinding
+/// (which cannot carry an ownerReference to a namespaced object).
+pub const ANNOTATION_OWNER: &str = "ccm.rs/owner";
+/// Hash of the applied object (before this annotation was added); equal hash means no apply.
+pub const ANNOTATION_APPLIED_HASH: &str = "ccm.rs/applied-hash";
+/// Hash of the pod template, on the workload: a change means a new rollout.
+pub const ANNOTATION_TEMPLATE_HASH: &str = "ccm.rs/template-hash";
+/// Hash of the referenced cloud-config, on the pod template: rotating the Secret rolls the pods.
+pub const ANNOTATION_CLOUD_CONFIG_HASH: &str = "ccm.rs/cloud-config-hash";
+
+/// The manager container's name.
+pub const CONTAINER_NAME: &str = "cloud-controller-manager";
+/// Where the cloud-config Secret is mounted in the manager container.
+pub const CLOUD_CONFIG_DIR: &str = "/etc/kubernetes/cloud-config";
+/// The volume holding the cloud-config.
+pub const CLOUD_CONFIG_VOLUME: &str = "cloud-config";
+/// The manager's secure port (upstream default), also its probe port.
+pub const MANAGER_PORT: i32 = 10258;
+
+/// Name of the namespaced children (ServiceAccount, Deployment or DaemonSet, PDB).
+pub fn workload_name(cr_name: &str) -> String {
+    format!("ccm-{cr_name}")
+}
+
+/// Name of the RoleBinding that lets the manager use its Lease (and status) in the CR's namespace.
+pub fn role_binding_name(cr_name: &str) -> String {
+    format!("ccm-{cr_name}")
+}
+
+/// Name of the cluster-scoped ClusterRoleBinding; it carries the namespace so names never clash.
+pub fn cluster_role_binding_name(namespace: &str, cr_name: &str) -> String {
+    format!("ccm-operator:{namespace}:{cr_name}")
+}
+
+/// Path of the cloud-config file inside the manager container.
+pub fn cloud_config_path(key: &str) -> String {
+    format!("{CLOUD_CONFIG_DIR}/{key}")
+}
+
+/// Labels of the manager pods, also the workload's selector (immutable for the CR's lifetime).
+pub fn selector_labels(owner_uid: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (LABEL_NAME.to_string(), APP_NAME.to_string()),
+        (LABEL_OWNER_UID.to_string(), owner_uid.to_string()),
+    ])
+}
+
+/// Labels of every child object.
+pub fn child_labels(cr_namespace: &str, cr_name: &str, owner_uid: &str, mode: crds::Mode) -> BTreeMap<String, String> {
+    let mut labels = selector_labels(owner_uid);
+    labels.insert(LABEL_MANAGED_BY.to_string(), MANAGED_BY.to_string());
+    labels.insert(LABEL_MODE.to_string(), mode.to_string());
+    if is_label_value(cr_name) {
+        labels.insert(LABEL_INSTANCE.to_string(), cr_name.to_string());
+    }
+    if is_label_value(cr_namespace) {
+        labels.insert(LABEL_OWNER_NAMESPACE.to_string(), cr_namespace.to_string());
+    }
+    labels
+}
+
+/// The label selector of everything the operator manages.
+pub fn managed_selector() -> String {
+    format!("{LABEL_MANAGED_BY}={MANAGED_BY}")
+}
+
+/// Whether `v` is a valid label value (63 characters, alphanumeric ends, `-_.` inside).
+pub fn is_label_value(v: &str) -> bool {
+    v.len() <= 63
+        && (v.is_empty()
+            || (v.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+                && v.starts_with(|c: char| c.is_ascii_alphanumeric())
+                && v.ends_with(|c: char| c.is_ascii_alphanumeric())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_names_are_left_out_of_labels_but_the_uid_selects() {
+        let long = "a".repeat(80);
+        let labels = child_labels("kube-system", &long, "uid-1", crds::Mode::Deployment);
+        assert!(!labels.contains_key(LABEL_INSTANCE));
+        assert_eq!(labels[LABEL_OWNER_UID], "uid-1");
+        let labels = child_labels("kube-system", "aws", "uid-1", crds::Mode::DaemonSet);
+        assert_eq!(labels[LABEL_INSTANCE], "aws");
+        assert_eq!(labels[LABEL_MODE], "DaemonSet");
+    }
+
+    #[test]
+    fn cluster_role_binding_names_carry_the_namespace() {
+        assert_ne!(cluster_role_binding_name("a", "x"), cluster_role_binding_name("b", "x"));
+    }
+}

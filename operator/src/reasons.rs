@@ -1,0 +1,178 @@
+//! Every condition reason and event reason the operator emits, in one place so the
+//! documentation can be checked against them.
+//!
+//! `Ready`'s reasons come from [`crds::conditions::reasons`]; the manager owns
+//! `ProviderHealthy`'s reasons once it reports.
+
+/// Reasons of `ConfigValid`.
+pub mod config_valid {
+    /// True: the spec, its Secret and the cloud-config are usable.
+    pub const VALID: &str = "Valid";
+    /// False: a field breaks a rule of the CRD (the API server did not enforce it).
+    pub const INVALID_SPEC: &str = "InvalidSpec";
+    /// False: the object could not be read as a CloudControllerManager (wrong types).
+    pub const MALFORMED_SPEC: &str = "MalformedSpec";
+    /// False: no provider of that name is built in; the message lists the known ones.
+    pub const UNKNOWN_PROVIDER: &str = "UnknownProvider";
+    /// False: the referenced Secret does not exist.
+    pub const SECRET_NOT_FOUND: &str = "SecretNotFound";
+    /// False: the referenced Secret has no such key.
+    pub const SECRET_KEY_NOT_FOUND: &str = "SecretKeyNotFound";
+    /// False: the provider's own parser rejected the cloud-config.
+    pub const CLOUD_CONFIG_REJECTED: &str = "CloudConfigRejected";
+    /// False: routes are enabled for a provider that programs routes, but `clusterCIDR` is unset.
+    pub const CLUSTER_CIDR_REQUIRED: &str = "ClusterCIDRRequired";
+    /// False: an older CloudControllerManager already runs an overlapping controller.
+    pub const CONFLICT: &str = "Conflict";
+    /// Unknown: the Secret could not be read (an API error); kept until a read succeeds.
+    pub const SECRET_UNREADABLE: &str = "SecretUnreadable";
+
+    /// Every reason of `ConfigValid`.
+    pub const ALL: [&str; 10] = [
+        VALID,
+        INVALID_SPEC,
+        MALFORMED_SPEC,
+        UNKNOWN_PROVIDER,
+        SECRET_NOT_FOUND,
+        SECRET_KEY_NOT_FOUND,
+        CLOUD_CONFIG_REJECTED,
+        CLUSTER_CIDR_REQUIRED,
+        CONFLICT,
+        SECRET_UNREADABLE,
+    ];
+}
+
+/// Reasons of `Available`.
+pub mod available {
+    /// True: a manager replica (or the embedded engine) runs and a fresh Lease holder exists.
+    pub const AS_EXPECTED: &str = "AsExpected";
+    /// False: nothing is deployed, because the configuration is invalid or conflicts.
+    pub const NOT_DEPLOYED: &str = "NotDeployed";
+    /// False: the workload exists but no replica is available.
+    pub const NO_AVAILABLE_REPLICAS: &str = "NoAvailableReplicas";
+    /// False: no replica holds the leader-election Lease, or the holder stopped renewing it.
+    pub const NO_LEADER: &str = "NoLeader";
+    /// False: the embedded engine is not running.
+    pub const ENGINE_NOT_RUNNING: &str = "EngineNotRunning";
+
+    /// Every reason of `Available`.
+    pub const ALL: [&str; 5] = [AS_EXPECTED, NOT_DEPLOYED, NO_AVAILABLE_REPLICAS, NO_LEADER, ENGINE_NOT_RUNNING];
+}
+
+/// Reasons of `Progressing`.
+pub mod progressing {
+    /// False: nothing is rolling out.
+    pub const AS_EXPECTED: &str = "AsExpected";
+    /// True: a new pod template (spec, image or cloud-config change) is rolling out.
+    pub const ROLLING_OUT: &str = "RollingOut";
+    /// True: the embedded engine is (re)starting after a spec or cloud-config change.
+    pub const ENGINE_STARTING: &str = "EngineStarting";
+
+    /// Every reason of `Progressing`.
+    pub const ALL: [&str; 3] = [AS_EXPECTED, ROLLING_OUT, ENGINE_STARTING];
+}
+
+/// Reasons of `Degraded`.
+pub mod degraded {
+    /// False: no failure.
+    pub const AS_EXPECTED: &str = "AsExpected";
+    /// True at once: `ConfigValid` is False, so the manager cannot run as specified.
+    pub const CONFIG_INVALID: &str = "ConfigInvalid";
+    /// True at once: the workload reports that its rollout exceeded its progress deadline.
+    pub const ROLLOUT_STALLED: &str = "RolloutStalled";
+    /// True at once: the embedded engine failed to start or stopped with an error.
+    pub const ENGINE_FAILED: &str = "EngineFailed";
+    /// True after the failure window: applying or pruning child objects keeps failing.
+    pub const APPLY_FAILED: &str = "ApplyFailed";
+    /// True after the failure window: reading the cloud-config Secret keeps failing.
+    pub const SECRET_UNREADABLE: &str = "SecretUnreadable";
+
+    /// Every reason of `Degraded`.
+    pub const ALL: [&str; 6] =
+        [AS_EXPECTED, CONFIG_INVALID, ROLLOUT_STALLED, ENGINE_FAILED, APPLY_FAILED, SECRET_UNREADABLE];
+}
+
+/// Reasons of `ProviderHealthy` that the operator itself writes.
+pub mod provider_healthy {
+    /// Unknown: the manager (or embedded engine) has not reported provider health yet.
+    pub const AWAITING_MANAGER: &str = "AwaitingManager";
+
+    /// Every reason of `ProviderHealthy` the operator writes.
+    pub const ALL: [&str; 1] = [AWAITING_MANAGER];
+}
+
+/// Reasons of Kubernetes Events the operator publishes on a CloudControllerManager.
+pub mod events {
+    /// Normal: child objects were created or changed (the note lists them).
+    pub const APPLIED: &str = "Applied";
+    /// Normal: child objects of another mode (or no longer wanted) were deleted.
+    pub const PRUNED: &str = "Pruned";
+    /// Warning: applying or pruning child objects failed.
+    pub const APPLY_FAILED: &str = "ApplyFailed";
+    /// Warning: `ConfigValid` became False (the note carries its reason and message).
+    pub const CONFIG_INVALID: &str = "ConfigInvalid";
+    /// Normal: `ConfigValid` became True again.
+    pub const CONFIG_VALID: &str = "ConfigValid";
+    /// Normal: the embedded engine was started.
+    pub const ENGINE_STARTED: &str = "EngineStarted";
+    /// Normal: the embedded engine was stopped (mode switch, deletion, restart).
+    pub const ENGINE_STOPPED: &str = "EngineStopped";
+    /// Warning: the embedded engine failed.
+    pub const ENGINE_FAILED: &str = "EngineFailed";
+    /// Normal: the CloudControllerManager is being deleted; cluster-scoped objects were removed.
+    pub const CLEANED_UP: &str = "CleanedUp";
+    /// Warning: cleanup on deletion failed and will be retried.
+    pub const CLEANUP_FAILED: &str = "CleanupFailed";
+
+    /// Every event reason.
+    pub const ALL: [&str; 10] = [
+        APPLIED,
+        PRUNED,
+        APPLY_FAILED,
+        CONFIG_INVALID,
+        CONFIG_VALID,
+        ENGINE_STARTED,
+        ENGINE_STOPPED,
+        ENGINE_FAILED,
+        CLEANED_UP,
+        CLEANUP_FAILED,
+    ];
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn is_camel_case_word(s: &str) -> bool {
+        s.chars().next().is_some_and(|c| c.is_ascii_uppercase()) && s.chars().all(|c| c.is_ascii_alphanumeric())
+    }
+
+    #[test]
+    fn readme_documents_every_reason() {
+        let readme = include_str!("../README.md");
+        let all = config_valid::ALL
+            .iter()
+            .chain(&available::ALL)
+            .chain(&progressing::ALL)
+            .chain(&degraded::ALL)
+            .chain(&provider_healthy::ALL)
+            .chain(&events::ALL);
+        for r in all {
+            assert!(readme.contains(&format!("`{r}`")), "operator/README.md does not document reason {r}");
+        }
+    }
+
+    #[test]
+    fn every_reason_is_one_camel_case_word() {
+        let all = config_valid::ALL
+            .iter()
+            .chain(&available::ALL)
+            .chain(&progressing::ALL)
+            .chain(&degraded::ALL)
+            .chain(&provider_healthy::ALL)
+            .chain(&events::ALL);
+        for r in all {
+            assert!(is_camel_case_word(r), "{r} is not one CamelCase word");
+        }
+    }
+}

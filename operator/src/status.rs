@@ -1,0 +1,730 @@
+//! Status (pure): the conditions and fields the operator owns, computed from what the
+//! reconcile saw, and whether they differ from what the object already says.
+//!
+//! Conditions: `ConfigValid`, `Available`, `Progressing` (a latch: it turns True only when a new
+//! pod template starts rolling out, and False when that rollout is done, so scaling and node
+//! churn never flip it), `Degraded` (terminal causes at once, transient ones only after they
+//! persist for a window; the message lists every cause), `ProviderHealthy` (Unknown until the
+//! manager reports; never overwritten after that), and `Ready` from [`compute_ready`].
+
+use std::time::Duration;
+
+use crds::conditions::{self, DesiredCondition, Status, compute_ready, merge_conditions, types};
+use crds::controllers::ControllerSelection;
+use crds::{CloudControllerManager, CloudControllerManagerStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use crate::reasons::{available, config_valid, degraded, progressing, provider_healthy};
+use crate::validate::Validation;
+
+/// What the Deployment reports.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeploymentObservation {
+    /// `metadata.generation`.
+    pub generation: i64,
+    /// `status.observedGeneration`.
+    pub observed_generation: i64,
+    /// `spec.replicas`.
+    pub desired: i32,
+    /// `status.replicas`: pods of any template.
+    pub replicas: i32,
+    /// `status.updatedReplicas`: pods of the current template.
+    pub updated: i32,
+    /// `status.readyReplicas`.
+    pub ready: i32,
+    /// `status.availableReplicas`.
+    pub available: i32,
+    /// The `Progressing` condition says `ProgressDeadlineExceeded`.
+    pub deadline_exceeded: bool,
+}
+
+/// What the DaemonSet reports.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DaemonSetObservation {
+    /// `metadata.generation`.
+    pub generation: i64,
+    /// `status.observedGeneration`.
+    pub observed_generation: i64,
+    /// `status.desiredNumberScheduled`.
+    pub desired: i32,
+    /// `status.currentNumberScheduled`: nodes running a pod of any template.
+    pub current: i32,
+    /// `status.updatedNumberScheduled`: nodes running the current template.
+    pub updated: i32,
+    /// `status.numberReady`.
+    pub ready: i32,
+    /// `status.numberAvailable`.
+    pub available: i32,
+}
+
+/// The embedded engine's state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EngineState {
+    /// Started, not yet running its controllers or waiting for its Lease.
+    Starting,
+    /// Running (leading or standing by).
+    Running,
+    /// Failed; the message says why.
+    Failed(String),
+}
+
+/// The workload as observed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Workload {
+    /// Nothing runs for this CR.
+    None,
+    /// Deployment mode.
+    Deployment(DeploymentObservation),
+    /// DaemonSet mode.
+    DaemonSet(DaemonSetObservation),
+    /// Embedded mode.
+    Embedded(EngineState),
+}
+
+/// The manager's leader-election Lease.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LeaseObservation {
+    /// `spec.holderIdentity`, when set.
+    pub holder: Option<String>,
+    /// Whether the holder renewed within `leaseDurationSeconds`.
+    pub fresh: bool,
+}
+
+/// Transient failures of this CR's reconciles, since the first of the current streak.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TransientFailures {
+    /// When the streak began.
+    pub since: Option<Time>,
+    /// `(Degraded reason, message)`, sorted.
+    pub causes: Vec<(&'static str, String)>,
+}
+
+/// Everything the status computation needs.
+#[derive(Debug)]
+pub struct StatusInput<'a> {
+    /// The CR as last read.
+    pub cr: &'a CloudControllerManager,
+    /// The validation verdict.
+    pub validation: &'a Validation,
+    /// The workload.
+    pub workload: &'a Workload,
+    /// The Lease, if it exists.
+    pub lease: Option<&'a LeaseObservation>,
+    /// Whether this reconcile started a new rollout (new or changed pod template, or an
+    /// embedded engine (re)start for a spec or Secret change).
+    pub rollout_started: bool,
+    /// Transient failures.
+    pub transient: &'a TransientFailures,
+    /// How long transient failures must persist before `Degraded` turns True.
+    pub degraded_window: Duration,
+    /// Now.
+    pub now: Time,
+}
+
+/// The computed status.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ComputedStatus {
+    /// The operator's fields and the merged condition list (including the manager's
+    /// `ProviderHealthy`, which is left out of the apply body unless the operator owns it).
+    pub status: CloudControllerManagerStatus,
+    /// Whether the operator's apply includes `ProviderHealthy` (only until the manager reports).
+    pub owns_provider_healthy: bool,
+    /// Whether anything the operator owns differs from the object.
+    pub changed: bool,
+}
+
+impl ComputedStatus {
+    /// The server-side apply body for the status subresource.
+    pub fn apply_body(&self) -> serde_json::Value {
+        let conditions: Vec<&Condition> = self
+            .status
+            .conditions
+            .iter()
+            .filter(|c| c.type_ != types::PROVIDER_HEALTHY || self.owns_provider_healthy)
+            .collect();
+        let mut status = serde_json::Map::new();
+        status.insert("conditions".into(), json!(conditions));
+        let s = &self.status;
+        let fields = [
+            ("observedGeneration", s.observed_generation.map(|v| json!(v))),
+            ("provider", s.provider.as_ref().map(|v| json!(v))),
+            ("mode", s.mode.map(|v| json!(v))),
+            ("controllers", s.controllers.as_ref().map(|v| json!(v))),
+            ("replicas", s.replicas.map(|v| json!(v))),
+            ("readyReplicas", s.ready_replicas.map(|v| json!(v))),
+            ("leader", s.leader.as_ref().map(|v| json!(v))),
+        ];
+        for (k, v) in fields {
+            if let Some(v) = v {
+                status.insert(k.into(), v);
+            }
+        }
+        json!({
+            "apiVersion": CloudControllerManager::api_version(&()),
+            "kind": CloudControllerManager::kind(&()),
+            "status": status,
+        })
+    }
+}
+
+/// How long until the transient failures have lasted the whole window (when `Degraded` turns
+/// True), so a reconcile can be scheduled then.
+pub fn requeue_for_degraded(transient: &TransientFailures, window: Duration, now: &Time) -> Option<Duration> {
+    let since = transient.since.as_ref()?;
+    let elapsed = now.0.duration_since(since.0);
+    let elapsed = Duration::try_from(elapsed).unwrap_or_default();
+    window.checked_sub(elapsed).filter(|d| !d.is_zero())
+}
+
+/// Compute the status.
+pub fn compute(input: &StatusInput<'_>) -> ComputedStatus {
+    let cr = input.cr;
+    let existing = cr.status.clone().unwrap_or_default();
+    let generation = cr.meta().generation;
+    let mut desired = vec![
+        config_valid(input, &existing),
+        available_condition(input),
+        progressing_condition(input, &existing),
+        degraded_condition(input),
+    ];
+    let owns_provider_healthy = match conditions::find(&existing.conditions, types::PROVIDER_HEALTHY) {
+        None => true,
+        Some(c) => c.reason == provider_healthy::AWAITING_MANAGER,
+    };
+    if owns_provider_healthy {
+        desired.push(DesiredCondition::new(
+            types::PROVIDER_HEALTHY,
+            Status::Unknown,
+            provider_healthy::AWAITING_MANAGER,
+            "waiting for the manager to report provider health",
+        ));
+    }
+    let mut merged = merge_conditions(&existing.conditions, desired, generation, &input.now);
+    let ready = compute_ready(&merged);
+    merged = merge_conditions(&merged, [ready], generation, &input.now);
+
+    let (replicas, ready_replicas) = match input.workload {
+        Workload::None => (0, 0),
+        Workload::Deployment(d) => (d.replicas, d.ready),
+        Workload::DaemonSet(d) => (d.current, d.ready),
+        Workload::Embedded(EngineState::Running) => (1, 1),
+        Workload::Embedded(_) => (1, 0),
+    };
+    let controllers = ControllerSelection::parse(&cr.spec.controllers)
+        .ok()
+        .map(|s| s.enabled().into_iter().map(str::to_string).collect::<Vec<_>>());
+    let leader = input.lease.filter(|l| l.fresh).and_then(|l| l.holder.clone());
+    let status = CloudControllerManagerStatus {
+        observed_generation: generation,
+        conditions: merged,
+        provider: Some(cr.spec.provider.clone()),
+        mode: Some(cr.spec.mode),
+        controllers,
+        replicas: Some(replicas),
+        ready_replicas: Some(ready_replicas),
+        leader,
+    };
+    let changed = differs(&status, &existing);
+    ComputedStatus { status, owns_provider_healthy, changed }
+}
+
+/// Whether `desired` changes anything in `existing`. Fields the operator leaves unset are not
+/// compared: another writer (the manager) may own them.
+fn differs(desired: &CloudControllerManagerStatus, existing: &CloudControllerManagerStatus) -> bool {
+    fn some_differs<T: PartialEq>(d: &Option<T>, e: &Option<T>) -> bool {
+        d.is_some() && d != e
+    }
+    desired.conditions != existing.conditions
+        || some_differs(&desired.observed_generation, &existing.observed_generation)
+        || some_differs(&desired.provider, &existing.provider)
+        || some_differs(&desired.mode, &existing.mode)
+        || some_differs(&desired.controllers, &existing.controllers)
+        || some_differs(&desired.replicas, &existing.replicas)
+        || some_differs(&desired.ready_replicas, &existing.ready_replicas)
+        || some_differs(&desired.leader, &existing.leader)
+}
+
+fn config_valid(input: &StatusInput<'_>, existing: &CloudControllerManagerStatus) -> DesiredCondition {
+    match input.validation {
+        Validation::Valid(_) => DesiredCondition::new(
+            types::CONFIG_VALID,
+            Status::True,
+            config_valid::VALID,
+            "the spec, the cloud-config Secret and the provider's configuration are usable",
+        ),
+        Validation::Invalid { .. } => {
+            let (reason, message) = input.validation.summary().unwrap_or_default();
+            DesiredCondition::new(types::CONFIG_VALID, Status::False, reason, message)
+        }
+        // A read failure says nothing about validity: keep the last verdict.
+        Validation::Unknown(failure) => match conditions::find(&existing.conditions, types::CONFIG_VALID) {
+            Some(c) => DesiredCondition::new(types::CONFIG_VALID, Status::parse(&c.status), &c.reason, &c.message),
+            None => DesiredCondition::new(types::CONFIG_VALID, Status::Unknown, failure.reason, &failure.message),
+        },
+    }
+}
+
+fn lease_name(cr: &CloudControllerManager) -> String {
+    format!("{}/{}", cr.namespace().unwrap_or_default(), cr.name_any())
+}
+
+/// `Err` with the reason and message when no fresh Lease holder exists.
+fn leader_check(input: &StatusInput<'_>) -> Result<String, (&'static str, String)> {
+    let lease = lease_name(input.cr);
+    match input.lease {
+        Some(LeaseObservation { holder: Some(h), fresh: true }) if !h.is_empty() => Ok(h.clone()),
+        Some(LeaseObservation { holder: Some(h), fresh: false }) if !h.is_empty() => {
+            Err((available::NO_LEADER, format!("the holder of Lease {lease} ({h}) stopped renewing it")))
+        }
+        _ => Err((available::NO_LEADER, format!("no manager holds Lease {lease}"))),
+    }
+}
+
+fn available_condition(input: &StatusInput<'_>) -> DesiredCondition {
+    let cond = |status, reason: &str, message: String| DesiredCondition::new(types::AVAILABLE, status, reason, message);
+    let (ok, what) = match input.workload {
+        Workload::None => {
+            let why = match input.validation.summary() {
+                Some((reason, _)) if !input.validation.is_valid() => format!("not deployed: ConfigValid is {reason}"),
+                _ => "nothing is deployed yet".to_string(),
+            };
+            return cond(Status::False, available::NOT_DEPLOYED, why);
+        }
+        Workload::Deployment(d) => (d.available > 0, format!("{} of {} replicas available", d.available, d.desired)),
+        Workload::DaemonSet(d) => (d.available > 0, format!("{} of {} pods available", d.available, d.desired)),
+        Workload::Embedded(state) => {
+            if *state != EngineState::Running {
+                let message = match state {
+                    EngineState::Failed(m) => format!("the embedded engine failed: {m}"),
+                    _ => "the embedded engine is starting".to_string(),
+                };
+                return cond(Status::False, available::ENGINE_NOT_RUNNING, message);
+            }
+            (true, "the embedded engine is running".to_string())
+        }
+    };
+    if !ok {
+        return cond(Status::False, available::NO_AVAILABLE_REPLICAS, what);
+    }
+    match leader_check(input) {
+        Ok(holder) => cond(Status::True, available::AS_EXPECTED, format!("{what}; {holder} leads")),
+        Err((reason, message)) => cond(Status::False, reason, format!("{what}, but {message}")),
+    }
+}
+
+fn progressing_condition(input: &StatusInput<'_>, existing: &CloudControllerManagerStatus) -> DesiredCondition {
+    let done = || DesiredCondition::new(types::PROGRESSING, Status::False, progressing::AS_EXPECTED, "");
+    let rolling =
+        |message: String| DesiredCondition::new(types::PROGRESSING, Status::True, progressing::ROLLING_OUT, message);
+    let previous = conditions::find(&existing.conditions, types::PROGRESSING);
+    let was_rolling = previous.is_some_and(|c| c.status == Status::True.as_str());
+    let keep_previous = || match previous {
+        Some(c) => DesiredCondition::new(types::PROGRESSING, Status::parse(&c.status), &c.reason, &c.message),
+        None => done(),
+    };
+    match input.workload {
+        // Just created; the watch has not delivered the workload yet.
+        Workload::None if input.rollout_started => rolling("rolling out a new pod template".to_string()),
+        Workload::None => done(),
+        Workload::Embedded(EngineState::Starting) => DesiredCondition::new(
+            types::PROGRESSING,
+            Status::True,
+            progressing::ENGINE_STARTING,
+            "the embedded engine is starting with the new configuration",
+        ),
+        Workload::Embedded(_) => done(),
+        Workload::Deployment(d) => {
+            let message = format!("{} of {} replicas updated, {} available", d.updated, d.desired, d.available);
+            if input.rollout_started {
+                return rolling("rolling out a new pod template".to_string());
+            }
+            // The counts describe an older spec until the controller observes the new one.
+            if d.observed_generation < d.generation {
+                return keep_previous();
+            }
+            let old_pods = d.replicas > d.updated;
+            if was_rolling {
+                let complete = d.updated >= d.desired && !old_pods && d.available >= d.desired;
+                if complete { done() } else { rolling(message) }
+            } else if old_pods {
+                // A rollout this operator did not see start (for example across a restart).
+                rolling(message)
+            } else {
+                done()
+            }
+        }
+        Workload::DaemonSet(d) => {
+            let message = format!("{} of {} nodes updated, {} available", d.updated, d.desired, d.available);
+            if input.rollout_started {
+                return rolling("rolling out a new pod template".to_string());
+            }
+            if d.observed_generation < d.generation {
+                return keep_previous();
+            }
+            // Availability is ignored: a node going away or joining is not a rollout.
+            let old_pods = d.current > d.updated;
+            if was_rolling {
+                if d.updated >= d.desired && !old_pods { done() } else { rolling(message) }
+            } else if old_pods {
+                rolling(message)
+            } else {
+                done()
+            }
+        }
+    }
+}
+
+fn degraded_condition(input: &StatusInput<'_>) -> DesiredCondition {
+    let mut causes: Vec<(&'static str, String)> = Vec::new();
+    if let (false, Some((reason, message))) = (input.validation.is_valid(), input.validation.summary())
+        && matches!(input.validation, Validation::Invalid { .. })
+    {
+        causes.push((degraded::CONFIG_INVALID, format!("{reason}: {message}")));
+    }
+    match input.workload {
+        Workload::Deployment(d) if d.deadline_exceeded => causes.push((
+            degraded::ROLLOUT_STALLED,
+            "the Deployment exceeded its progress deadline; check the manager pods".to_string(),
+        )),
+        Workload::Embedded(EngineState::Failed(m)) => causes.push((degraded::ENGINE_FAILED, m.clone())),
+        _ => {}
+    }
+    let persisted = input.transient.since.as_ref().is_some_and(|since| {
+        let elapsed = Duration::try_from(input.now.0.duration_since(since.0)).unwrap_or_default();
+        elapsed >= input.degraded_window
+    });
+    if persisted {
+        causes.extend(input.transient.causes.iter().cloned());
+    }
+    match causes.first() {
+        None => DesiredCondition::new(types::DEGRADED, Status::False, degraded::AS_EXPECTED, ""),
+        Some((reason, _)) => DesiredCondition::new(
+            types::DEGRADED,
+            Status::True,
+            *reason,
+            causes.iter().map(|(r, m)| format!("{r}: {m}")).collect::<Vec<_>>().join("; "),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::validate::{Failure, Validated};
+    use crds::CloudControllerManagerSpec;
+    use crds::conditions::reasons as ready_reasons;
+    use k8s_openapi::jiff::Timestamp;
+
+    fn at(secs: i64) -> Time {
+        Time(Timestamp::from_second(secs).unwrap())
+    }
+
+    fn cr(mode: &str) -> CloudControllerManager {
+        let spec: CloudControllerManagerSpec =
+            serde_json::from_value(json!({"provider": "fake", "mode": mode})).unwrap();
+        let mut cr = CloudControllerManager::new("aws", spec);
+        cr.metadata.namespace = Some("kube-system".into());
+        cr.metadata.generation = Some(1);
+        cr
+    }
+
+    fn valid() -> Validation {
+        Validation::Valid(Validated {
+            selection: ControllerSelection::parse(&["*"]).unwrap(),
+            cloud_config: None,
+            provider_has_routes: false,
+        })
+    }
+
+    fn leader() -> LeaseObservation {
+        LeaseObservation { holder: Some("pod-a".into()), fresh: true }
+    }
+
+    fn deploy(desired: i32, replicas: i32, updated: i32, available: i32) -> Workload {
+        Workload::Deployment(DeploymentObservation {
+            generation: 2,
+            observed_generation: 2,
+            desired,
+            replicas,
+            updated,
+            ready: available,
+            available,
+            deadline_exceeded: false,
+        })
+    }
+
+    struct Run {
+        cr: CloudControllerManager,
+        validation: Validation,
+        lease: Option<LeaseObservation>,
+        transient: TransientFailures,
+        now: i64,
+    }
+
+    impl Run {
+        fn new(mode: &str) -> Self {
+            Self { cr: cr(mode), validation: valid(), lease: Some(leader()), transient: Default::default(), now: 100 }
+        }
+
+        /// Compute, store the result on the CR as the API server would, and return it.
+        fn step(&mut self, workload: Workload, rollout_started: bool) -> ComputedStatus {
+            let out = compute(&StatusInput {
+                cr: &self.cr,
+                validation: &self.validation,
+                workload: &workload,
+                lease: self.lease.as_ref(),
+                rollout_started,
+                transient: &self.transient,
+                degraded_window: Duration::from_secs(120),
+                now: at(self.now),
+            });
+            self.cr.status = Some(out.status.clone());
+            self.now += 1;
+            out
+        }
+
+        fn cond(&self, type_: &str) -> Condition {
+            conditions::find(&self.cr.status.as_ref().unwrap().conditions, type_).unwrap().clone()
+        }
+    }
+
+    #[test]
+    fn first_visit_sets_every_condition_with_provider_health_unknown() {
+        let mut r = Run::new("Deployment");
+        let out = r.step(deploy(2, 2, 2, 2), false);
+        assert!(out.changed);
+        let types: Vec<_> = out.status.conditions.iter().map(|c| c.type_.as_str()).collect();
+        assert_eq!(types, conditions::types::ALL);
+        assert_eq!(r.cond(types::PROVIDER_HEALTHY).status, "Unknown");
+        assert_eq!(r.cond(types::READY).reason, ready_reasons::AWAITING_STATUS);
+        assert_eq!(r.cond(types::AVAILABLE).status, "True");
+        assert!(out.owns_provider_healthy);
+    }
+
+    #[test]
+    fn recomputing_unchanged_inputs_is_not_a_change() {
+        let mut r = Run::new("Deployment");
+        r.step(deploy(2, 2, 2, 2), false);
+        let again = r.step(deploy(2, 2, 2, 2), false);
+        assert!(!again.changed, "an identical recompute must not write");
+    }
+
+    #[test]
+    fn manager_reported_provider_health_is_left_alone_and_feeds_ready() {
+        let mut r = Run::new("Deployment");
+        r.step(deploy(2, 2, 2, 2), false);
+        // The manager writes its own ProviderHealthy.
+        let status = r.cr.status.as_mut().unwrap();
+        let ph = status.conditions.iter_mut().find(|c| c.type_ == types::PROVIDER_HEALTHY).unwrap();
+        ph.status = "True".into();
+        ph.reason = "Healthy".into();
+        let out = r.step(deploy(2, 2, 2, 2), false);
+        assert!(!out.owns_provider_healthy);
+        let body = out.apply_body();
+        let types: Vec<_> =
+            body["status"]["conditions"].as_array().unwrap().iter().map(|c| c["type"].clone()).collect();
+        assert!(!types.contains(&json!("ProviderHealthy")), "{types:?}");
+        assert_eq!(r.cond(types::READY).status, "True");
+        assert_eq!(r.cond(types::PROVIDER_HEALTHY).reason, "Healthy");
+    }
+
+    #[test]
+    fn deployment_rollout_sets_progressing_until_every_replica_is_updated_and_available() {
+        let mut r = Run::new("Deployment");
+        r.step(deploy(2, 2, 2, 2), false);
+        assert_eq!(r.cond(types::PROGRESSING).status, "False");
+        // New template applied: generation 3 not yet observed.
+        let mut w = deploy(2, 2, 2, 2);
+        if let Workload::Deployment(d) = &mut w {
+            d.generation = 3;
+        }
+        r.step(w.clone(), true);
+        assert_eq!(r.cond(types::PROGRESSING).status, "True");
+        assert_eq!(r.cond(types::READY).reason, ready_reasons::PROGRESSING);
+        r.step(w, false);
+        assert_eq!(r.cond(types::PROGRESSING).status, "True", "stale counts keep it");
+        r.step(deploy(2, 2, 1, 1), false);
+        assert_eq!(r.cond(types::PROGRESSING).status, "True");
+        assert!(r.cond(types::PROGRESSING).message.contains("1 of 2 replicas updated"));
+        r.step(deploy(2, 2, 2, 1), false);
+        assert_eq!(r.cond(types::PROGRESSING).status, "True");
+        r.step(deploy(2, 2, 2, 2), false);
+        assert_eq!(r.cond(types::PROGRESSING).status, "False");
+    }
+
+    #[test]
+    fn scaling_and_pod_loss_do_not_flip_progressing() {
+        let mut r = Run::new("Deployment");
+        r.step(deploy(2, 2, 2, 2), false);
+        let transition = r.cond(types::PROGRESSING).last_transition_time;
+        // Scale to 3: the new pod is of the current template, not yet available.
+        r.step(deploy(3, 3, 3, 2), false);
+        // A pod dies.
+        r.step(deploy(3, 3, 3, 1), false);
+        // Scaling bumped generation before the controller caught up.
+        let mut w = deploy(4, 3, 3, 3);
+        if let Workload::Deployment(d) = &mut w {
+            d.generation = 9;
+        }
+        r.step(w, false);
+        assert_eq!(r.cond(types::PROGRESSING).status, "False");
+        assert_eq!(r.cond(types::PROGRESSING).last_transition_time, transition);
+    }
+
+    #[test]
+    fn old_template_pods_mean_a_rollout_even_unseen() {
+        let mut r = Run::new("Deployment");
+        r.step(deploy(2, 3, 1, 2), false);
+        assert_eq!(r.cond(types::PROGRESSING).status, "True");
+    }
+
+    fn daemonset(desired: i32, current: i32, updated: i32, available: i32) -> Workload {
+        Workload::DaemonSet(DaemonSetObservation {
+            generation: 1,
+            observed_generation: 1,
+            desired,
+            current,
+            updated,
+            ready: available,
+            available,
+        })
+    }
+
+    #[test]
+    fn daemonset_rollout_is_read_from_its_status_and_node_churn_is_ignored() {
+        let mut r = Run::new("DaemonSet");
+        r.step(daemonset(3, 3, 3, 3), false);
+        assert_eq!(r.cond(types::PROGRESSING).status, "False");
+        assert_eq!(r.cond(types::AVAILABLE).status, "True");
+        // A node joins: its pod is of the current template.
+        r.step(daemonset(4, 4, 4, 3), false);
+        assert_eq!(r.cond(types::PROGRESSING).status, "False");
+        // New template.
+        r.step(daemonset(4, 4, 0, 4), true);
+        assert_eq!(r.cond(types::PROGRESSING).status, "True");
+        r.step(daemonset(4, 4, 2, 3), false);
+        assert!(r.cond(types::PROGRESSING).message.contains("2 of 4 nodes updated"));
+        // Done even with an unavailable node.
+        r.step(daemonset(4, 4, 4, 3), false);
+        assert_eq!(r.cond(types::PROGRESSING).status, "False");
+        assert_eq!(r.cr.status.as_ref().unwrap().replicas, Some(4));
+    }
+
+    #[test]
+    fn available_needs_an_available_replica_and_a_fresh_leader() {
+        let mut r = Run::new("Deployment");
+        r.step(deploy(2, 2, 2, 0), false);
+        assert_eq!(r.cond(types::AVAILABLE).reason, available::NO_AVAILABLE_REPLICAS);
+        r.lease = Some(LeaseObservation { holder: Some("pod-a".into()), fresh: false });
+        r.step(deploy(2, 2, 2, 2), false);
+        assert_eq!(r.cond(types::AVAILABLE).reason, available::NO_LEADER);
+        assert!(r.cond(types::AVAILABLE).message.contains("stopped renewing"));
+        assert_eq!(r.cr.status.as_ref().unwrap().leader, None);
+        r.lease = None;
+        r.step(deploy(2, 2, 2, 2), false);
+        assert_eq!(r.cond(types::AVAILABLE).reason, available::NO_LEADER);
+        r.lease = Some(leader());
+        r.step(deploy(2, 2, 2, 2), false);
+        assert_eq!(r.cond(types::AVAILABLE).status, "True");
+        assert_eq!(r.cr.status.as_ref().unwrap().leader.as_deref(), Some("pod-a"));
+    }
+
+    #[test]
+    fn invalid_config_is_degraded_at_once_and_not_deployed() {
+        let mut r = Run::new("Deployment");
+        r.validation = Validation::Invalid {
+            failures: vec![Failure {
+                reason: config_valid::SECRET_NOT_FOUND,
+                message: "Secret \"x\" does not exist".into(),
+            }],
+            conflicts_with: vec![],
+        };
+        r.step(Workload::None, false);
+        assert_eq!(r.cond(types::CONFIG_VALID).reason, config_valid::SECRET_NOT_FOUND);
+        assert_eq!(r.cond(types::DEGRADED).status, "True");
+        assert!(r.cond(types::DEGRADED).message.contains("SecretNotFound"));
+        assert_eq!(r.cond(types::AVAILABLE).reason, available::NOT_DEPLOYED);
+        assert_eq!(r.cond(types::READY).reason, ready_reasons::CONFIG_INVALID);
+    }
+
+    #[test]
+    fn transient_failures_degrade_only_after_the_window_and_list_every_cause() {
+        let mut r = Run::new("Deployment");
+        r.transient = TransientFailures {
+            since: Some(at(100)),
+            causes: vec![
+                (degraded::APPLY_FAILED, "Deployment: 500".into()),
+                (degraded::SECRET_UNREADABLE, "503".into()),
+            ],
+        };
+        r.step(deploy(2, 2, 2, 2), false);
+        assert_eq!(r.cond(types::DEGRADED).status, "False");
+        r.now = 100 + 120;
+        r.step(deploy(2, 2, 2, 2), false);
+        let d = r.cond(types::DEGRADED);
+        assert_eq!((d.status.as_str(), d.reason.as_str()), ("True", degraded::APPLY_FAILED));
+        assert!(d.message.contains("ApplyFailed: Deployment: 500") && d.message.contains("SecretUnreadable: 503"));
+        r.transient = TransientFailures::default();
+        r.step(deploy(2, 2, 2, 2), false);
+        assert_eq!(r.cond(types::DEGRADED).status, "False");
+    }
+
+    #[test]
+    fn stalled_rollout_is_degraded_at_once() {
+        let mut r = Run::new("Deployment");
+        let mut w = deploy(2, 2, 1, 1);
+        if let Workload::Deployment(d) = &mut w {
+            d.deadline_exceeded = true;
+        }
+        r.step(w, false);
+        assert_eq!(r.cond(types::DEGRADED).reason, degraded::ROLLOUT_STALLED);
+    }
+
+    #[test]
+    fn unreadable_secret_keeps_the_previous_config_verdict() {
+        let mut r = Run::new("Deployment");
+        r.step(deploy(2, 2, 2, 2), false);
+        r.validation = Validation::Unknown(Failure { reason: config_valid::SECRET_UNREADABLE, message: "503".into() });
+        let out = r.step(deploy(2, 2, 2, 2), false);
+        assert_eq!(r.cond(types::CONFIG_VALID).status, "True");
+        assert!(!out.changed);
+    }
+
+    #[test]
+    fn embedded_engine_states_map_to_conditions() {
+        let mut r = Run::new("Embedded");
+        r.step(Workload::Embedded(EngineState::Starting), true);
+        assert_eq!(r.cond(types::PROGRESSING).reason, progressing::ENGINE_STARTING);
+        assert_eq!(r.cond(types::AVAILABLE).reason, available::ENGINE_NOT_RUNNING);
+        r.step(Workload::Embedded(EngineState::Running), false);
+        assert_eq!(r.cond(types::PROGRESSING).status, "False");
+        assert_eq!(r.cond(types::AVAILABLE).status, "True");
+        r.step(Workload::Embedded(EngineState::Failed("provider init: 401".into())), false);
+        assert_eq!(r.cond(types::DEGRADED).reason, degraded::ENGINE_FAILED);
+    }
+
+    #[test]
+    fn status_carries_observed_generation_and_resolved_controllers() {
+        let mut r = Run::new("Deployment");
+        r.cr.spec.controllers = vec!["*".into(), "-route".into()];
+        r.cr.metadata.generation = Some(7);
+        let out = r.step(deploy(2, 2, 2, 1), false);
+        let s = out.status;
+        assert_eq!(s.observed_generation, Some(7));
+        assert_eq!(
+            s.controllers.unwrap(),
+            ["cloud-node-controller", "cloud-node-lifecycle-controller", "service-lb-controller"]
+        );
+        assert_eq!((s.replicas, s.ready_replicas), (Some(2), Some(1)));
+        assert!(s.conditions.iter().all(|c| c.observed_generation == Some(7)));
+    }
+
+    #[test]
+    fn degraded_requeue_fires_when_the_window_ends() {
+        let t = TransientFailures { since: Some(at(100)), causes: vec![] };
+        assert_eq!(requeue_for_degraded(&t, Duration::from_secs(120), &at(150)), Some(Duration::from_secs(70)));
+        assert_eq!(requeue_for_degraded(&t, Duration::from_secs(120), &at(300)), None);
+    }
+}

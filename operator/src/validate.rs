@@ -1,0 +1,628 @@
+//! Validation (pure): is a CloudControllerManager usable as specified? Produces the
+//! `ConfigValid` verdict and, when valid, what the build step needs.
+//!
+//! Inputs are already dereferenced (the Secret's state, the other CRs); the only thing this
+//! module calls is the provider's factory, which the registry contract makes cheap and free of
+//! side effects.
+
+use std::fmt;
+
+use crds::CloudControllerManager;
+use crds::controllers::{self, ControllerSelection};
+use crds::validation::{parse_cluster_cidrs, validate_spec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::{Resource, ResourceExt};
+use manager::registry::{ClusterSettings, Registry, RegistryError};
+
+use crate::hash;
+use crate::reasons::config_valid as reason;
+
+/// What the dereference step found for the cloud-config Secret.
+pub enum SecretState {
+    /// The spec references no Secret.
+    NotReferenced,
+    /// The Secret does not exist.
+    NotFound {
+        /// Secret name.
+        name: String,
+    },
+    /// The Secret exists but lacks the key.
+    KeyNotFound {
+        /// Secret name.
+        name: String,
+        /// The missing key.
+        key: String,
+    },
+    /// The cloud-config was read.
+    Found {
+        /// Secret name.
+        name: String,
+        /// The key.
+        key: String,
+        /// The value; never logged or copied into messages.
+        data: Vec<u8>,
+    },
+    /// Reading the Secret failed with an API error (transient).
+    Unreadable {
+        /// Secret name.
+        name: String,
+        /// The API error, which never carries the Secret's content.
+        error: String,
+    },
+}
+
+impl fmt::Debug for SecretState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SecretState::NotReferenced => f.write_str("NotReferenced"),
+            SecretState::NotFound { name } => f.debug_struct("NotFound").field("name", name).finish(),
+            SecretState::KeyNotFound { name, key } => {
+                f.debug_struct("KeyNotFound").field("name", name).field("key", key).finish()
+            }
+            // The content stays out of debug output.
+            SecretState::Found { name, key, data } => {
+                f.debug_struct("Found").field("name", name).field("key", key).field("bytes", &data.len()).finish()
+            }
+            SecretState::Unreadable { name, error } => {
+                f.debug_struct("Unreadable").field("name", name).field("error", error).finish()
+            }
+        }
+    }
+}
+
+/// The controllers a CloudControllerManager would run, as far as conflicts go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    /// Namespace of the CR.
+    pub namespace: String,
+    /// Name of the CR.
+    pub name: String,
+    /// UID of the CR.
+    pub uid: String,
+    /// Creation time; older CRs win conflicts.
+    pub created: Option<Time>,
+    /// Enabled node controllers (cloud-node, cloud-node-lifecycle).
+    pub node_controllers: Vec<&'static str>,
+    /// Whether it would run the route controller (enabled and `configureCloudRoutes`).
+    pub routes: bool,
+    /// `Some(class)` when it runs the service controller; `class` is its `loadBalancerClass`.
+    pub services: Option<Option<String>>,
+}
+
+impl Peer {
+    /// The conflict view of a CR, or `None` when it cannot run at all (being deleted, invalid
+    /// spec, unknown provider): such a CR blocks no one.
+    pub fn from_cr(cr: &CloudControllerManager, registry: &Registry) -> Option<Peer> {
+        if cr.meta().deletion_timestamp.is_some()
+            || validate_spec(&cr.spec).is_err()
+            || !registry.contains(&cr.spec.provider)
+        {
+            return None;
+        }
+        let selection = ControllerSelection::parse(&cr.spec.controllers).ok()?;
+        Some(Peer {
+            namespace: cr.namespace().unwrap_or_default(),
+            name: cr.name_any(),
+            uid: cr.uid().unwrap_or_default(),
+            created: cr.meta().creation_timestamp.clone(),
+            node_controllers: [controllers::CLOUD_NODE, controllers::CLOUD_NODE_LIFECYCLE]
+                .into_iter()
+                .filter(|c| selection.is_enabled(c))
+                .collect(),
+            routes: selection.is_enabled(controllers::NODE_ROUTE) && cr.spec.configure_cloud_routes,
+            services: selection.is_enabled(controllers::SERVICE_LB).then(|| cr.spec.load_balancer_class.clone()),
+        })
+    }
+
+    /// `namespace/name`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// Whether `self` was created before `other` (ties broken by namespace, then name).
+    fn precedes(&self, other: &Peer) -> bool {
+        let a = (self.created.as_ref().map(|t| t.0), &self.namespace, &self.name);
+        let b = (other.created.as_ref().map(|t| t.0), &other.namespace, &other.name);
+        a < b
+    }
+
+    /// What `self` and `other` would both do, described for a message; empty when nothing.
+    fn overlap(&self, other: &Peer) -> Vec<String> {
+        let mut out = Vec::new();
+        let nodes: Vec<&str> =
+            self.node_controllers.iter().filter(|c| other.node_controllers.contains(c)).copied().collect();
+        if !nodes.is_empty() {
+            out.push(format!("both run {}", nodes.join(" and ")));
+        }
+        if self.routes && other.routes {
+            out.push(format!("both run {}", controllers::NODE_ROUTE));
+        }
+        if let (Some(a), Some(b)) = (&self.services, &other.services)
+            && a == b
+        {
+            out.push(match a {
+                None => "both handle LoadBalancer Services without a loadBalancerClass".to_string(),
+                Some(class) => format!("both handle LoadBalancer Services of class {class:?}"),
+            });
+        }
+        out
+    }
+}
+
+/// The older CRs that `me` conflicts with, sorted, each with what overlaps.
+pub fn conflicts_of(me: &Peer, peers: &[Peer]) -> Vec<(String, Vec<String>)> {
+    let mut out: Vec<(String, Vec<String>)> = peers
+        .iter()
+        .filter(|p| p.uid != me.uid && p.precedes(me))
+        .filter_map(|p| {
+            let overlap = me.overlap(p);
+            (!overlap.is_empty()).then(|| (p.key(), overlap))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// The usable configuration of a valid CR.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Validated {
+    /// The parsed `--controllers` list.
+    pub selection: ControllerSelection,
+    /// The cloud-config key and the hash of its value, when a Secret is referenced.
+    pub cloud_config: Option<CloudConfigRef>,
+    /// Whether the provider programs routes.
+    pub provider_has_routes: bool,
+}
+
+/// The referenced cloud-config, by key and content hash.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CloudConfigRef {
+    /// Secret name.
+    pub secret: String,
+    /// Key in the Secret.
+    pub key: String,
+    /// Hash of the key and value (see [`hash::cloud_config`]).
+    pub hash: String,
+}
+
+/// One reason the configuration cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// `ConfigValid` reason.
+    pub reason: &'static str,
+    /// Human-readable, deterministic, free of Secret content.
+    pub message: String,
+}
+
+/// The verdict.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Validation {
+    /// Usable.
+    Valid(Validated),
+    /// Not usable; the first failure gives the reason, the message lists all.
+    Invalid {
+        /// Every failure, most fundamental first.
+        failures: Vec<Failure>,
+        /// `namespace/name` of the older CRs this one conflicts with.
+        conflicts_with: Vec<String>,
+    },
+    /// Cannot tell now (the Secret could not be read); the previous verdict stands.
+    Unknown(Failure),
+}
+
+impl Validation {
+    /// Whether the CR may be deployed.
+    pub fn is_valid(&self) -> bool {
+        matches!(self, Validation::Valid(_))
+    }
+
+    /// `(reason, message)` of the `ConfigValid` condition for a non-valid verdict.
+    pub fn summary(&self) -> Option<(&'static str, String)> {
+        match self {
+            Validation::Valid(_) => None,
+            Validation::Invalid { failures, .. } => Some((
+                failures.first().map(|f| f.reason).unwrap_or(reason::INVALID_SPEC),
+                failures.iter().map(|f| f.message.as_str()).collect::<Vec<_>>().join("; "),
+            )),
+            Validation::Unknown(f) => Some((f.reason, f.message.clone())),
+        }
+    }
+}
+
+/// Validate `cr` given its Secret and the other CRs in scope.
+pub fn validate(cr: &CloudControllerManager, secret: &SecretState, registry: &Registry, peers: &[Peer]) -> Validation {
+    let spec = &cr.spec;
+    let invalid = |failures: Vec<Failure>| Validation::Invalid { failures, conflicts_with: Vec::new() };
+
+    if let Err(e) = validate_spec(spec) {
+        return invalid(vec![Failure { reason: reason::INVALID_SPEC, message: e.to_string() }]);
+    }
+    // The manager refuses timings the CRD accepts (renewDeadline must exceed 1.2 x retryPeriod).
+    let timings = manager::leader::LeaderElectionConfig {
+        identity: "validation".into(),
+        lease_duration: spec.leader_election.lease_duration.into(),
+        renew_deadline: spec.leader_election.renew_deadline.into(),
+        retry_period: spec.leader_election.retry_period.into(),
+        ..Default::default()
+    };
+    if let Err(message) = timings.validate() {
+        return invalid(vec![Failure {
+            reason: reason::INVALID_SPEC,
+            message: format!("spec.leaderElection: {message}"),
+        }]);
+    }
+    if !registry.contains(&spec.provider) {
+        return invalid(vec![Failure {
+            reason: reason::UNKNOWN_PROVIDER,
+            message: format!(
+                "unknown cloud provider {:?}; known providers: {}",
+                spec.provider,
+                registry.names().join(", ")
+            ),
+        }]);
+    }
+    // validate_spec accepted the list, so this parse succeeds; stay total anyway.
+    let selection = match ControllerSelection::parse(&spec.controllers) {
+        Ok(s) => s,
+        Err(e) => return invalid(vec![Failure { reason: reason::INVALID_SPEC, message: e.to_string() }]),
+    };
+
+    let mut failures = Vec::new();
+    let mut conflicts_with = Vec::new();
+    if let Some(me) = Peer::from_cr(cr, registry) {
+        for (other, overlap) in conflicts_of(&me, peers) {
+            failures.push(Failure {
+                reason: reason::CONFLICT,
+                message: format!(
+                    "conflicts with CloudControllerManager {other}, which was created earlier: {}; this one is not deployed",
+                    overlap.join(", ")
+                ),
+            });
+            conflicts_with.push(other);
+        }
+    }
+
+    let cloud_config: Option<(&str, &str, &[u8])> = match secret {
+        SecretState::NotReferenced => None,
+        SecretState::NotFound { name } => {
+            failures.push(Failure {
+                reason: reason::SECRET_NOT_FOUND,
+                message: format!("Secret {name:?} (spec.cloudConfig.secretRef) does not exist"),
+            });
+            return Validation::Invalid { failures, conflicts_with };
+        }
+        SecretState::KeyNotFound { name, key } => {
+            failures.push(Failure {
+                reason: reason::SECRET_KEY_NOT_FOUND,
+                message: format!("Secret {name:?} has no key {key:?}"),
+            });
+            return Validation::Invalid { failures, conflicts_with };
+        }
+        SecretState::Unreadable { name, error } => {
+            if !failures.is_empty() {
+                return Validation::Invalid { failures, conflicts_with };
+            }
+            return Validation::Unknown(Failure {
+                reason: reason::SECRET_UNREADABLE,
+                message: format!("reading Secret {name:?}: {error}"),
+            });
+        }
+        SecretState::Found { name, key, data } => Some((name, key, data)),
+    };
+
+    let settings = ClusterSettings {
+        cluster_name: spec.cluster_name.clone(),
+        cluster_cidrs: spec.cluster_cidr.as_deref().and_then(|c| parse_cluster_cidrs(c).ok()).unwrap_or_default(),
+    };
+    let provider = match registry.create(&spec.provider, cloud_config.map(|(_, _, data)| data), &settings) {
+        Ok(p) => p,
+        Err(e) => {
+            let message = match e {
+                RegistryError::Init { source, .. } => {
+                    redact(&format!("provider {:?} rejected the cloud-config: {source}", spec.provider), cloud_config)
+                }
+                other => other.to_string(),
+            };
+            failures.push(Failure { reason: reason::CLOUD_CONFIG_REJECTED, message });
+            return Validation::Invalid { failures, conflicts_with };
+        }
+    };
+    let provider_has_routes = provider.routes().is_some();
+    if provider_has_routes
+        && spec.configure_cloud_routes
+        && selection.is_enabled(controllers::NODE_ROUTE)
+        && spec.cluster_cidr.as_deref().is_none_or(|c| c.trim().is_empty())
+    {
+        failures.push(Failure {
+            reason: reason::CLUSTER_CIDR_REQUIRED,
+            message: format!(
+                "provider {:?} programs routes and the route controller is enabled, but spec.clusterCIDR is empty; set it, or set configureCloudRoutes: false, or disable the route controller",
+                spec.provider
+            ),
+        });
+    }
+    if !failures.is_empty() {
+        return Validation::Invalid { failures, conflicts_with };
+    }
+    Validation::Valid(Validated {
+        selection,
+        cloud_config: cloud_config.map(|(name, key, data)| CloudConfigRef {
+            secret: name.to_string(),
+            key: key.to_string(),
+            hash: hash::cloud_config(key, data),
+        }),
+        provider_has_routes,
+    })
+}
+
+/// A parser message that quotes a line of the cloud-config is replaced: the provider contract
+/// forbids it, and this keeps a careless parser from leaking a credential into status.
+fn redact(message: &str, cloud_config: Option<(&str, &str, &[u8])>) -> String {
+    let Some((_, key, data)) = cloud_config else { return message.to_string() };
+    let text = String::from_utf8_lossy(data);
+    let leaks = text.lines().map(str::trim).filter(|l| l.len() >= 6).any(|line| message.contains(line));
+    if leaks {
+        format!(
+            "the provider rejected the cloud-config in key {key:?} (its message quoted the content and was withheld)"
+        )
+    } else {
+        message.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crds::CloudControllerManagerSpec;
+    use k8s_openapi::jiff::Timestamp;
+    use manager::provider::{CloudError, CloudProvider, Route, Routes};
+    use manager::registry::FactoryInput;
+    use serde_json::json;
+
+    struct NoRoutes;
+    impl CloudProvider for NoRoutes {
+        fn name(&self) -> &str {
+            "plain"
+        }
+    }
+
+    struct WithRoutes;
+    #[manager::async_trait]
+    impl Routes for WithRoutes {
+        async fn list_routes(&self, _cluster_name: &str) -> manager::provider::CloudResult<Vec<Route>> {
+            Ok(Vec::new())
+        }
+        async fn create_route(
+            &self,
+            _cluster_name: &str,
+            _name_hint: &str,
+            _route: &Route,
+        ) -> manager::provider::CloudResult<()> {
+            Ok(())
+        }
+        async fn delete_route(&self, _cluster_name: &str, _route: &Route) -> manager::provider::CloudResult<()> {
+            Ok(())
+        }
+    }
+    struct Routed(WithRoutes);
+    impl CloudProvider for Routed {
+        fn name(&self) -> &str {
+            "routed"
+        }
+        fn routes(&self) -> Option<&dyn Routes> {
+            Some(&self.0)
+        }
+    }
+
+    fn registry() -> Registry {
+        let mut r = Registry::new();
+        r.register("plain", |input: FactoryInput<'_>| -> Result<Arc<dyn CloudProvider>, CloudError> {
+            match input.cloud_config {
+                Some(b) if b.starts_with(b"bad") => {
+                    Err(CloudError::InvalidConfig("line 1: expected key = value".into()))
+                }
+                Some(b) if b.starts_with(b"leaky") => {
+                    Err(CloudError::InvalidConfig(format!("cannot parse {}", String::from_utf8_lossy(b))))
+                }
+                _ => Ok(Arc::new(NoRoutes)),
+            }
+        })
+        .unwrap();
+        r.register("routed", |_: FactoryInput<'_>| -> Result<Arc<dyn CloudProvider>, CloudError> {
+            Ok(Arc::new(Routed(WithRoutes)))
+        })
+        .unwrap();
+        r
+    }
+
+    fn cr(name: &str, created: i64, spec: serde_json::Value) -> CloudControllerManager {
+        let spec: CloudControllerManagerSpec = serde_json::from_value(spec).unwrap();
+        let mut cr = CloudControllerManager::new(name, spec);
+        cr.metadata.namespace = Some("kube-system".into());
+        cr.metadata.uid = Some(format!("uid-{name}"));
+        cr.metadata.creation_timestamp = Some(Time(Timestamp::from_second(created).unwrap()));
+        cr
+    }
+
+    fn found(data: &[u8]) -> SecretState {
+        SecretState::Found { name: "cfg".into(), key: "cloud.conf".into(), data: data.to_vec() }
+    }
+
+    fn reason_of(v: &Validation) -> &'static str {
+        v.summary().map(|(r, _)| r).unwrap_or(reason::VALID)
+    }
+
+    #[test]
+    fn valid_spec_with_secret_yields_the_config_hash() {
+        let c = cr("a", 1, json!({"provider": "plain", "cloudConfig": {"secretRef": {"name": "cfg"}}}));
+        let Validation::Valid(v) = validate(&c, &found(b"ok"), &registry(), &[]) else { panic!() };
+        assert_eq!(v.cloud_config.unwrap().hash, hash::cloud_config("cloud.conf", b"ok"));
+        assert!(!v.provider_has_routes);
+        assert_eq!(v.selection.enabled().len(), 4);
+    }
+
+    #[test]
+    fn unknown_provider_lists_the_known_ones() {
+        let c = cr("a", 1, json!({"provider": "nimbus"}));
+        let v = validate(&c, &SecretState::NotReferenced, &registry(), &[]);
+        assert_eq!(reason_of(&v), reason::UNKNOWN_PROVIDER);
+        assert!(v.summary().unwrap().1.contains("known providers: plain, routed"), "{v:?}");
+    }
+
+    #[test]
+    fn missing_secret_and_missing_key_have_their_own_reasons() {
+        let c = cr("a", 1, json!({"provider": "plain", "cloudConfig": {"secretRef": {"name": "cfg"}}}));
+        let v = validate(&c, &SecretState::NotFound { name: "cfg".into() }, &registry(), &[]);
+        assert_eq!(reason_of(&v), reason::SECRET_NOT_FOUND);
+        let v =
+            validate(&c, &SecretState::KeyNotFound { name: "cfg".into(), key: "cloud.conf".into() }, &registry(), &[]);
+        assert_eq!(reason_of(&v), reason::SECRET_KEY_NOT_FOUND);
+        assert!(v.summary().unwrap().1.contains("\"cloud.conf\""));
+    }
+
+    #[test]
+    fn unreadable_secret_is_unknown_not_invalid() {
+        let c = cr("a", 1, json!({"provider": "plain", "cloudConfig": {"secretRef": {"name": "cfg"}}}));
+        let v = validate(&c, &SecretState::Unreadable { name: "cfg".into(), error: "503".into() }, &registry(), &[]);
+        assert!(matches!(v, Validation::Unknown(ref f) if f.reason == reason::SECRET_UNREADABLE));
+    }
+
+    #[test]
+    fn parser_rejection_carries_the_parser_message() {
+        let c = cr("a", 1, json!({"provider": "plain", "cloudConfig": {"secretRef": {"name": "cfg"}}}));
+        let v = validate(&c, &found(b"bad config"), &registry(), &[]);
+        assert_eq!(reason_of(&v), reason::CLOUD_CONFIG_REJECTED);
+        assert!(v.summary().unwrap().1.contains("line 1: expected key = value"));
+    }
+
+    #[test]
+    fn parser_message_quoting_the_content_is_withheld() {
+        let c = cr("a", 1, json!({"provider": "plain", "cloudConfig": {"secretRef": {"name": "cfg"}}}));
+        let v = validate(&c, &found(b"leaky token=hunter2-secret"), &registry(), &[]);
+        let (r, message) = v.summary().unwrap();
+        assert_eq!(r, reason::CLOUD_CONFIG_REJECTED);
+        assert!(!message.contains("hunter2"), "{message}");
+    }
+
+    #[test]
+    fn routes_capable_provider_needs_a_cluster_cidr() {
+        let c = cr("a", 1, json!({"provider": "routed"}));
+        let v = validate(&c, &SecretState::NotReferenced, &registry(), &[]);
+        assert_eq!(reason_of(&v), reason::CLUSTER_CIDR_REQUIRED);
+        for spec in [
+            json!({"provider": "routed", "clusterCIDR": "10.244.0.0/16"}),
+            json!({"provider": "routed", "configureCloudRoutes": false}),
+            json!({"provider": "routed", "controllers": ["*", "-route"]}),
+            json!({"provider": "plain"}),
+        ] {
+            let c = cr("a", 1, spec.clone());
+            assert!(validate(&c, &SecretState::NotReferenced, &registry(), &[]).is_valid(), "{spec}");
+        }
+    }
+
+    #[test]
+    fn lease_timings_the_manager_refuses_are_invalid_spec() {
+        let c = cr(
+            "a",
+            1,
+            json!({"provider": "plain", "leaderElection": {"leaseDuration": "15s", "renewDeadline": "10s", "retryPeriod": "9s"}}),
+        );
+        let v = validate(&c, &SecretState::NotReferenced, &registry(), &[]);
+        assert_eq!(reason_of(&v), reason::INVALID_SPEC);
+        assert!(v.summary().unwrap().1.starts_with("spec.leaderElection"), "{v:?}");
+    }
+
+    #[test]
+    fn spec_breaking_crd_rules_is_invalid_spec() {
+        let c = cr("a", 1, json!({"provider": "plain", "concurrency": {"nodeSyncs": 0}}));
+        let v = validate(&c, &SecretState::NotReferenced, &registry(), &[]);
+        assert_eq!(reason_of(&v), reason::INVALID_SPEC);
+        assert!(v.summary().unwrap().1.contains("spec.concurrency.nodeSyncs"));
+    }
+
+    fn peers(crs: &[&CloudControllerManager]) -> Vec<Peer> {
+        crs.iter().filter_map(|c| Peer::from_cr(c, &registry())).collect()
+    }
+
+    #[test]
+    fn later_cr_running_the_node_controller_conflicts_and_names_the_older() {
+        let old = cr("old", 1, json!({"provider": "plain"}));
+        let new = cr("new", 2, json!({"provider": "plain", "controllers": ["cloud-node"]}));
+        let all = peers(&[&old, &new]);
+        assert!(validate(&old, &SecretState::NotReferenced, &registry(), &all).is_valid());
+        let v = validate(&new, &SecretState::NotReferenced, &registry(), &all);
+        assert_eq!(reason_of(&v), reason::CONFLICT);
+        let Validation::Invalid { conflicts_with, failures } = &v else { panic!() };
+        assert_eq!(conflicts_with, &["kube-system/old"]);
+        assert!(failures[0].message.contains("both run cloud-node-controller"), "{}", failures[0].message);
+    }
+
+    #[test]
+    fn service_controllers_conflict_only_on_the_same_class() {
+        let old = cr("old", 1, json!({"provider": "plain", "controllers": ["service"]}));
+        let classed =
+            cr("classed", 2, json!({"provider": "plain", "controllers": ["service"], "loadBalancerClass": "x"}));
+        let unclassed = cr("unclassed", 3, json!({"provider": "plain", "controllers": ["service"]}));
+        let all = peers(&[&old, &classed, &unclassed]);
+        assert!(validate(&classed, &SecretState::NotReferenced, &registry(), &all).is_valid());
+        let v = validate(&unclassed, &SecretState::NotReferenced, &registry(), &all);
+        assert_eq!(reason_of(&v), reason::CONFLICT);
+        assert!(v.summary().unwrap().1.contains("without a loadBalancerClass"));
+    }
+
+    #[test]
+    fn route_controllers_conflict_unless_routes_are_off() {
+        let old = cr("old", 1, json!({"provider": "plain", "controllers": ["route"]}));
+        let off = cr("off", 2, json!({"provider": "plain", "controllers": ["route"], "configureCloudRoutes": false}));
+        let on = cr("on", 3, json!({"provider": "plain", "controllers": ["route"]}));
+        let all = peers(&[&old, &off, &on]);
+        assert!(validate(&off, &SecretState::NotReferenced, &registry(), &all).is_valid());
+        assert_eq!(reason_of(&validate(&on, &SecretState::NotReferenced, &registry(), &all)), reason::CONFLICT);
+    }
+
+    #[test]
+    fn disjoint_controllers_do_not_conflict() {
+        let a = cr("a", 1, json!({"provider": "plain", "controllers": ["cloud-node", "cloud-node-lifecycle"]}));
+        let b = cr("b", 2, json!({"provider": "plain", "controllers": ["service", "route"]}));
+        let all = peers(&[&a, &b]);
+        assert!(validate(&b, &SecretState::NotReferenced, &registry(), &all).is_valid());
+    }
+
+    #[test]
+    fn invalid_or_deleting_crs_block_no_one() {
+        let bad = cr("bad", 1, json!({"provider": "nimbus"}));
+        let mut deleting = cr("deleting", 1, json!({"provider": "plain"}));
+        deleting.metadata.deletion_timestamp = Some(Time(Timestamp::from_second(5).unwrap()));
+        let new = cr("new", 2, json!({"provider": "plain"}));
+        let all = peers(&[&bad, &deleting, &new]);
+        assert!(validate(&new, &SecretState::NotReferenced, &registry(), &all).is_valid());
+    }
+
+    #[test]
+    fn same_creation_time_is_broken_by_name() {
+        let a = cr("a", 1, json!({"provider": "plain"}));
+        let b = cr("b", 1, json!({"provider": "plain"}));
+        let all = peers(&[&a, &b]);
+        assert!(validate(&a, &SecretState::NotReferenced, &registry(), &all).is_valid());
+        assert!(!validate(&b, &SecretState::NotReferenced, &registry(), &all).is_valid());
+    }
+
+    #[test]
+    fn conflict_and_missing_secret_are_both_reported() {
+        let old = cr("old", 1, json!({"provider": "plain"}));
+        let new = cr("new", 2, json!({"provider": "plain", "cloudConfig": {"secretRef": {"name": "cfg"}}}));
+        let all = peers(&[&old, &new]);
+        let v = validate(&new, &SecretState::NotFound { name: "cfg".into() }, &registry(), &all);
+        let (r, message) = v.summary().unwrap();
+        assert_eq!(r, reason::CONFLICT);
+        assert!(message.contains("does not exist"), "{message}");
+    }
+
+    #[test]
+    fn secret_state_debug_hides_the_content() {
+        let s = format!("{:?}", found(b"password=hunter2"));
+        assert!(!s.contains("hunter2"), "{s}");
+    }
+}
