@@ -187,9 +187,10 @@ pub struct Flags {
     pub concurrent_node_status_updates: i64,
 
     // ----- Service controller flags
-    /// Services synced in parallel (and the parallelism of node-change passes). More is more
-    /// responsive, at the cost of more load.
-    #[arg(long, default_value_t = 1, value_name = "int32", help_heading = "Service controller flags")]
+    /// Services synced in parallel (and the parallelism of node-change passes). Default 32, not
+    /// upstream's 1: with 1, a cluster with hundreds of Services waits minutes to hours for load
+    /// balancers. `=1` reproduces upstream.
+    #[arg(long, default_value_t = crate::controllers::service::DEFAULT_CONCURRENT_SYNCS as i64, value_name = "int32", help_heading = "Service controller flags")]
     pub concurrent_service_syncs: i64,
 
     // ----- Misc flags
@@ -676,13 +677,19 @@ pub fn routes_would_run(options: &ControllerOptions, provider: &dyn CloudProvide
         && provider.routes().is_some()
 }
 
-/// Checks that need the provider: an unparsable `--cluster-cidr` is fatal only when the route
-/// controller would run (upstream R2); otherwise it is ignored with a warning.
+/// Checks that need the provider. An empty or unparsable `--cluster-cidr` does not stop the
+/// manager (upstream R2 does, deliberately changed): when the route controller would run it
+/// keeps the error and reports it on `/healthz/node-route-controller`; otherwise the value is
+/// ignored with a warning.
 pub fn check_with_provider(options: &mut ControllerOptions, provider: &dyn CloudProvider) -> Result<(), Error> {
-    if let Some(message) = options.cluster_cidr_error.take() {
-        if routes_would_run(options, provider) {
-            return Err(invalid("--cluster-cidr", message));
+    let routes = routes_would_run(options, provider);
+    if routes {
+        if let Some(message) = &options.cluster_cidr_error {
+            tracing::error!(%message, "--cluster-cidr is unusable; the route controller stays disabled");
+        } else if options.cluster_cidrs.is_empty() {
+            tracing::error!("--cluster-cidr is empty but the provider manages routes; the route controller stays disabled");
         }
+    } else if let Some(message) = options.cluster_cidr_error.take() {
         tracing::warn!(%message, "ignoring --cluster-cidr: the route controller does not run");
     }
     Ok(())
@@ -735,7 +742,7 @@ mod tests {
         assert_eq!(f.leader_elect_resource_namespace, "kube-system");
         assert_eq!(f.concurrent_node_syncs, 1);
         assert_eq!(f.concurrent_node_status_updates, 0);
-        assert_eq!(f.concurrent_service_syncs, 1);
+        assert_eq!(f.concurrent_service_syncs, 32, "deliberately above upstream's 1");
         assert_eq!(f.bind_address, "0.0.0.0");
         assert_eq!(f.secure_port, 10258);
         assert_eq!(f.webhook_secure_port, 10260);
@@ -863,12 +870,13 @@ mod tests {
     }
 
     #[test]
-    fn r2_an_unparsable_cluster_cidr_is_fatal_only_when_routes_would_run() {
+    fn r2_an_unparsable_cluster_cidr_does_not_stop_the_manager() {
         let s = settings(&["--cluster-cidr=10.244.0.0/33"]).unwrap();
         let fake = FakeProvider::new();
         let mut options = s.options.clone();
-        let err = check_with_provider(&mut options, &fake).unwrap_err();
-        assert!(err.to_string().contains("--cluster-cidr"), "{err}");
+        check_with_provider(&mut options, &fake).unwrap();
+        // Kept for the route controller, which reports it on its health check.
+        assert!(options.cluster_cidr_error.as_deref().is_some_and(|e| e.contains("--cluster-cidr")));
         // Without the routes capability, or with routes off, the value is ignored.
         fake.set_capabilities(FakeCapabilities { routes: false, ..Default::default() });
         let mut options = s.options.clone();
@@ -877,8 +885,10 @@ mod tests {
         let s = settings(&["--cluster-cidr=nonsense", "--configure-cloud-routes=false"]).unwrap();
         let mut options = s.options.clone();
         check_with_provider(&mut options, &FakeProvider::new()).unwrap();
+        assert!(options.cluster_cidr_error.is_none());
         // A good dual-stack value parses.
         let s = settings(&["--cluster-cidr=10.244.0.0/16,fd00:10:244::/56"]).unwrap();
         assert_eq!(s.options.cluster_cidrs.len(), 2);
     }
+
 }

@@ -506,11 +506,14 @@ async fn the_engine_runs_the_enabled_built_in_controllers_and_skips_those_the_pr
     }
     assert!(fake.initialized(), "initialize ran before the controllers");
     let health = engine.health().clone();
-    // No load balancers: the service controller is skipped (S24); no --cluster-cidr: no routes.
+    // No load balancers: the service controller is skipped (S24).
     assert!(health.get("cloud-node-controller").is_some());
     assert!(health.get("cloud-node-lifecycle-controller").is_some());
     assert!(health.get("service-lb-controller").is_none());
-    assert!(health.get("node-route-controller").is_none());
+    // Routes are supported but no --cluster-cidr was given: the route controller runs disabled
+    // and says why on its health check, instead of the manager exiting (R2, deliberately changed).
+    let route_health = health.get("node-route-controller").expect("the route controller runs");
+    assert!(route_health.is_err_and(|reason| reason.contains("--cluster-cidr is empty")));
     let metrics = get(engine.local_addr().unwrap(), "/metrics").await.1;
     assert!(
         metrics.contains(r#"running_managed_controllers{name="cloud-node",manager="cloud-controller-manager"} 1"#),

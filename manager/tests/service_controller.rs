@@ -160,14 +160,7 @@ where
     F: Fn() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "condition not reached within {WAIT:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    e2e_apiserver::wait::eventually(WAIT, f).await
 }
 
 fn lb_service(name: &str) -> Service {

@@ -31,6 +31,7 @@ mod store;
 mod strategy;
 mod table;
 mod util;
+pub mod wait;
 mod watch;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};

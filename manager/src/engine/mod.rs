@@ -85,11 +85,8 @@ pub fn skip_reason(name: &str, provider: &dyn CloudProvider, options: &Controlle
         NODE_ROUTE if provider.routes().is_none() => {
             Some(format!("cloud provider {:?} does not support routes", provider.name()))
         }
-        // An invalid CIDR is the route controller's to report (on its health check); no CIDR
-        // at all leaves it nothing to do. Upstream exits the whole manager here (R2).
-        NODE_ROUTE if options.cluster_cidrs.is_empty() && options.cluster_cidr_error.is_none() => {
-            Some("--cluster-cidr is empty".into())
-        }
+        // An empty or invalid --cluster-cidr is the route controller's to report, on its own
+        // health check, so the manager stays up; upstream exits the whole manager here (R2).
         _ => None,
     }
 }
@@ -797,13 +794,13 @@ mod tests {
     }
 
     #[test]
-    fn r1_route_controller_needs_configure_cloud_routes_and_a_cidr() {
+    fn r1_route_controller_needs_configure_cloud_routes() {
         let fake = FakeProvider::new();
         let off = ControllerOptions { configure_cloud_routes: false, ..Default::default() };
         assert!(skip_reason(NODE_ROUTE, &fake, &off).unwrap().contains("--configure-cloud-routes"));
+        // An empty or invalid CIDR is reported by the controller itself, on its health check.
         let no_cidr = ControllerOptions::default();
-        assert!(skip_reason(NODE_ROUTE, &fake, &no_cidr).unwrap().contains("--cluster-cidr"));
-        // An invalid CIDR is reported by the controller itself.
+        assert_eq!(skip_reason(NODE_ROUTE, &fake, &no_cidr), None);
         let bad = ControllerOptions { cluster_cidr_error: Some("not a CIDR".into()), ..Default::default() };
         assert_eq!(skip_reason(NODE_ROUTE, &fake, &bad), None);
     }

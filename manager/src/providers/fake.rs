@@ -950,7 +950,8 @@ impl Routes for FakeProvider {
     async fn create_route(&self, cluster_name: &str, name_hint: &str, route: &Route) -> CloudResult<()> {
         let _guard = InFlight::enter(&self.calls);
         self.call(methods::CREATE_ROUTE, route.destination_cidr.clone(), false).await?;
-        let name = format!("{cluster_name}-{name_hint}");
+        // The hint (a Node UID) is shared by a dual-stack Node's two routes: add the CIDR.
+        let name = format!("{cluster_name}-{name_hint}-{}", route.destination_cidr.replace(['/', ':', '.'], "-"));
         let stored = Route { name: name.clone(), ..route.clone() };
         self.state().routes.insert((cluster_name.to_string(), name), stored);
         Ok(())
@@ -1480,12 +1481,25 @@ mod tests {
         p.insert_route("other", Route { name: "x".into(), ..Default::default() });
         let listed = r.list_routes("k").await.unwrap();
         assert_eq!(listed.len(), 1);
-        assert_eq!(listed[0].name, "k-uid-1");
+        assert_eq!(listed[0].name, "k-uid-1-10-244-1-0-24");
         assert_eq!(listed[0].destination_cidr, "10.244.1.0/24");
         r.delete_route("k", &listed[0]).await.unwrap();
         assert!(r.list_routes("k").await.unwrap().is_empty());
         assert_eq!(p.cloud_routes("other").len(), 1);
         assert_eq!(p.calls().subjects(methods::CREATE_ROUTE), ["10.244.1.0/24"]);
+    }
+
+    #[tokio::test]
+    async fn a_dual_stack_nodes_two_routes_are_both_kept() {
+        let p = FakeProvider::new();
+        let r = p.routes().unwrap();
+        for cidr in ["10.244.1.0/24", "fd00:10:244:1::/64"] {
+            let route = Route { target_node: "n1".into(), destination_cidr: cidr.into(), ..Default::default() };
+            r.create_route("k", "uid-1", &route).await.unwrap();
+        }
+        let mut cidrs: Vec<_> = r.list_routes("k").await.unwrap().into_iter().map(|r| r.destination_cidr).collect();
+        cidrs.sort();
+        assert_eq!(cidrs, ["10.244.1.0/24", "fd00:10:244:1::/64"]);
     }
 
     #[tokio::test]
