@@ -24,7 +24,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 /// Distinct events waiting to be written before new ones are dropped.
-pub const DEFAULT_QUEUE: usize = 4096;
+pub const DEFAULT_QUEUE: usize = 1024;
 /// Events written per second at most.
 pub const DEFAULT_RATE: u32 = 50;
 /// How long a written event is remembered so a repeat becomes a series update.
