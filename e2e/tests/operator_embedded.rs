@@ -3,12 +3,22 @@
 
 mod operator_support;
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use crds::conditions::{reasons as ready_reasons, types};
+use e2e_apiserver::FaultRule;
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use operator::reasons::available;
-use operator_support::{Env, HARNESS_AGENT, eventually};
+use manager::events::EventSink;
+use operator::controller::{self, Shared};
+use operator::embedded::Engines;
+use operator::metrics::OperatorMetrics;
+use operator::reasons::{available, progressing};
+use operator_support::{Env, HARNESS_AGENT, condition, eventually, eventually_value};
 use serde_json::json;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 const CLOUD_CONFIG: &str = "\
 instances:
@@ -89,5 +99,75 @@ async fn embedded_baremetal_initializes_nodes_and_assigns_a_load_balancer_ip() {
     env.wait_status("baremetal", types::AVAILABLE, "True", available::AS_EXPECTED).await;
     env.wait_status("baremetal", types::READY, "True", ready_reasons::AS_EXPECTED).await;
     op.stop().await.unwrap();
+    env.finish().await;
+}
+
+/// Regression: an Embedded CR stayed `Available=False EngineNotRunning` / `Progressing=True
+/// EngineStarting` until the 5-minute resync when the reconcile that should follow its engine's
+/// "running" notification did not happen. Here that notification is lost on purpose and the
+/// engine's Node cache syncs slowly, so its Lease and first health report (the other triggers)
+/// come while it is still starting: the CR must still become Available within seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_starting_engine_becomes_available_even_when_its_running_notification_is_lost() {
+    let env = Env::start("embedded-wakeup").await;
+    let Some(server) = &env.server else {
+        eprintln!("skipped: injects latency into the local API server");
+        return env.finish().await;
+    };
+    server.faults().add_rule(FaultRule {
+        path_prefix: Some("/api/v1/nodes".into()),
+        verbs: vec!["list".into()],
+        latency_ms: 3000,
+        ..Default::default()
+    });
+    env.secret("bm", "cloud.conf", CLOUD_CONFIG).await;
+
+    let config = env.operator_config();
+    let stop = CancellationToken::new();
+    let (lost, lost_rx) = mpsc::unbounded_channel();
+    drop(lost_rx);
+    let metrics = OperatorMetrics::default();
+    let engines = Arc::new(Engines::new(
+        config.client.clone(),
+        config.registry.clone(),
+        config.identity.clone(),
+        lost,
+        metrics.clone(),
+        CancellationToken::new(),
+    ));
+    let (trigger, trigger_rx) = mpsc::unbounded_channel();
+    let shared = Shared {
+        client: config.client.clone(),
+        scope: config.scope.clone(),
+        registry: config.registry.clone(),
+        build: config.build.clone(),
+        timings: config.timings.clone(),
+        engines: engines.clone(),
+        trigger,
+        events: EventSink::spawn(config.client.clone(), Some(config.identity.clone()), stop.clone()),
+        metrics,
+    };
+    let task = tokio::spawn(controller::run(shared, trigger_rx, stop.clone()));
+    env.apply_cr(
+        "baremetal",
+        json!({"provider": "baremetal", "mode": "Embedded", "cloudConfig": {"secretRef": {"name": "bm"}}}),
+    )
+    .await;
+
+    // Far below the Lease re-check (30 s) and the resync (5 min) the old code fell back on.
+    let available = eventually_value(Duration::from_secs(12), || async {
+        let cr = env.crs().get_opt("baremetal").await.ok().flatten()?;
+        let a = condition(&cr, types::AVAILABLE)?;
+        let p = condition(&cr, types::PROGRESSING)?;
+        (a.status == "True" && p.status == "False").then_some(())
+    })
+    .await;
+    let last = env.crs().get_opt("baremetal").await.ok().flatten();
+    let seen = |t: &str| last.as_ref().and_then(|c| condition(c, t)).map(|c| (c.status, c.reason));
+    stop.cancel();
+    let _ = task.await;
+    engines.stop_all().await;
+    assert!(available.is_some(), "still {:?} / {:?}", seen(types::AVAILABLE), seen(types::PROGRESSING));
+    assert_ne!(seen(types::PROGRESSING).map(|(_, r)| r).as_deref(), Some(progressing::ENGINE_STARTING));
     env.finish().await;
 }

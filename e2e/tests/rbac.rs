@@ -529,12 +529,11 @@ async fn operator_world(client: &Client) {
     secrets.create(&PostParams::default(), &cloud_config_secret("autoInstances: true\n")).await.expect("secret");
 }
 
-/// The fake provider's cloud-config Secret (`data`, as the local API server does not fold
-/// `stringData` into it).
+/// The fake provider's cloud-config Secret.
 fn cloud_config_secret(config: &str) -> Secret {
     Secret {
         metadata: kube::api::ObjectMeta { name: Some("fake-cloud-config".into()), ..Default::default() },
-        data: Some([("cloud.conf".to_string(), k8s_openapi::ByteString(config.as_bytes().to_vec()))].into()),
+        string_data: Some([("cloud.conf".to_string(), config.to_string())].into()),
         ..Default::default()
     }
 }

@@ -4,10 +4,11 @@
 //!
 //! The block after the `walkthrough` marker runs in bash from the repository root with only
 //! these changes, each checked so the document cannot drift from the test silently: free ports
-//! instead of 8080 and 8081, a temporary kubeconfig path instead of `.sandbox/`, a longer
-//! `kubectl wait` timeout for slow CI machines, and `helm` provided by
-//! `charts/ccm-operator/tests/helm_cli.py` (the same Helm, through helm-sdkpy) since CI has no
-//! Helm CLI. Skipped, with the reason printed, when kubectl or helm-sdkpy is missing outside CI.
+//! instead of 8080 and 8081, a temporary kubeconfig path instead of `.sandbox/`, and `helm`
+//! provided by `charts/ccm-operator/tests/helm_cli.py` (the same Helm, through helm-sdkpy) since
+//! CI has no Helm CLI. The two binaries are built first, so the documented `kubectl wait
+//! --timeout=120s` measures the operator, not the compiler. Skipped, with the reason printed, when
+//! kubectl or helm-sdkpy is missing outside CI.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -75,6 +76,16 @@ fn quick_start_reaches_ready_as_documented() {
     script = substitute(script, "--bin sandbox -- ", &format!("--bin sandbox -- --port {} ", free_port()));
     script = substitute(script, "127.0.0.1:8081", &format!("127.0.0.1:{}", free_port()));
     assert!(script.contains("helm install"), "the walk-through installs the chart with helm");
+    // Exactly as the block's `cargo run`s select packages, so they find everything built.
+    for (package, bin) in [("e2e", "sandbox"), ("operator", "ccm-operator")] {
+        let built = Command::new(env!("CARGO"))
+            .args(["build", "-p", package, "--bin", bin])
+            .current_dir(root())
+            .env("CARGO_TERM_COLOR", "never")
+            .status()
+            .expect("cargo runs");
+        assert!(built.success(), "building {bin} failed");
+    }
 
     // Background jobs get their own process groups (set -m), so cleanup reaches `cargo run`'s
     // child too.

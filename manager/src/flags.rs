@@ -687,7 +687,9 @@ pub fn check_with_provider(options: &mut ControllerOptions, provider: &dyn Cloud
         if let Some(message) = &options.cluster_cidr_error {
             tracing::error!(%message, "--cluster-cidr is unusable; the route controller stays disabled");
         } else if options.cluster_cidrs.is_empty() {
-            tracing::error!("--cluster-cidr is empty but the provider manages routes; the route controller stays disabled");
+            tracing::error!(
+                "--cluster-cidr is empty but the provider manages routes; the route controller stays disabled"
+            );
         }
     } else if let Some(message) = options.cluster_cidr_error.take() {
         tracing::warn!(%message, "ignoring --cluster-cidr: the route controller does not run");
@@ -890,5 +892,4 @@ mod tests {
         let s = settings(&["--cluster-cidr=10.244.0.0/16,fd00:10:244::/56"]).unwrap();
         assert_eq!(s.options.cluster_cidrs.len(), 2);
     }
-
 }

@@ -21,7 +21,13 @@ impl HealthRegistry {
 
     /// Register (or reset to healthy) the check `name` and return its handle.
     pub fn handle(&self, name: &str) -> HealthHandle {
-        self.set(name, Ok(()));
+        self.handle_with(name, Ok(()))
+    }
+
+    /// Register the check `name` in the given state and return its handle; use this for a
+    /// check that starts failing, so no reader ever sees it healthy in between.
+    pub fn handle_with(&self, name: &str, state: CheckState) -> HealthHandle {
+        self.set(name, state);
         HealthHandle { name: name.to_string(), registry: self.clone() }
     }
 
@@ -82,6 +88,9 @@ mod tests {
         assert_eq!(r.get("node-route-controller"), Some(Err("--cluster-cidr is empty".into())));
         h.set_healthy();
         assert_eq!(r.all(), vec![("node-route-controller".to_string(), Ok(()))]);
+        let syncing = r.handle_with("informer-sync", Err("not synced".into()));
+        assert_eq!(r.get("informer-sync"), Some(Err("not synced".into())));
+        syncing.set_healthy();
         r.remove("node-route-controller");
         assert!(r.get("node-route-controller").is_none());
     }

@@ -887,8 +887,12 @@ async fn reconcile_cr(ctx: &Ctx, cr: &CloudControllerManager, namespace: &str, n
     {
         next = next.min(expiry.max(timings.lease_recheck));
     }
-    if matches!(workload, Workload::Embedded(EngineState::Failed(_))) {
-        next = next.min(Duration::from_secs(30));
+    // Level-triggered: an engine that is not running yet is looked at again soon, whether or
+    // not its state-change notification arrives.
+    if let Workload::Embedded(state) = &workload
+        && let Some(d) = crate::embedded::recheck_after(state)
+    {
+        next = next.min(d);
     }
     Ok(Action::requeue(next))
 }

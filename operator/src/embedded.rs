@@ -7,12 +7,14 @@
 //! when the CR is deleted, switches mode, or this operator stops leading.
 
 use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crds::controllers::ControllerSelection;
 use crds::validation::parse_cluster_cidrs;
 use crds::{CloudControllerManager, CloudControllerManagerSpec};
+use futures::FutureExt;
 use kube::core::DeserializeGuard;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt};
@@ -38,6 +40,20 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(45);
 pub const STATUS_INTERVAL: Duration = Duration::from_secs(30);
 /// How long a failed engine waits before it is started again with the same configuration.
 pub const RESTART_BACKOFF: Duration = Duration::from_secs(30);
+/// How often the CR of a starting engine is reconciled, whatever the triggers: the engine's
+/// "running" notification is a wake-up, and a reconcile that misses it (or the Lease event)
+/// must not leave `EngineStarting` until the periodic resync.
+pub const STARTING_RECHECK: Duration = Duration::from_secs(2);
+
+/// How soon the CR must be reconciled again because of its engine's state (pure): a starting
+/// engine every [`STARTING_RECHECK`], a failed one when it may be restarted.
+pub fn recheck_after(state: &EngineState) -> Option<Duration> {
+    match state {
+        EngineState::Starting => Some(STARTING_RECHECK),
+        EngineState::Failed(_) => Some(RESTART_BACKOFF),
+        EngineState::Running => None,
+    }
+}
 
 /// The engine settings a CR asks for (pure).
 pub fn controller_options(spec: &CloudControllerManagerSpec, selection: &ControllerSelection) -> ControllerOptions {
@@ -134,10 +150,20 @@ impl Engines {
         &self.identity
     }
 
-    /// The state of the engine of CR `uid`, if one exists.
+    /// The state of the engine of CR `uid`, if one exists. An engine whose task ended without
+    /// saying why (it panicked) counts as failed, so it is restarted rather than shown as
+    /// starting or running forever.
     pub async fn state(&self, uid: &str) -> Option<EngineState> {
         let engines = self.engines.lock().await;
-        engines.get(uid).map(|e| e.state.lock().unwrap_or_else(|p| p.into_inner()).clone())
+        engines.get(uid).map(|e| {
+            let state = e.state.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            match state {
+                EngineState::Starting | EngineState::Running if e.task.is_finished() => {
+                    EngineState::Failed("the embedded engine stopped unexpectedly".into())
+                }
+                s => s,
+            }
+        })
     }
 
     /// Make sure the engine for `cr` runs with this configuration. Returns whether an engine
@@ -154,7 +180,8 @@ impl Engines {
         if let Some(existing) = engines.get(&uid)
             && existing.fingerprint == fp
         {
-            let failed = matches!(*existing.state.lock().unwrap_or_else(|p| p.into_inner()), EngineState::Failed(_));
+            let failed = existing.task.is_finished()
+                || matches!(*existing.state.lock().unwrap_or_else(|p| p.into_inner()), EngineState::Failed(_));
             // A failed engine is retried, but not in a tight loop.
             if !failed || existing.started.elapsed() < RESTART_BACKOFF {
                 return false;
@@ -243,11 +270,13 @@ impl Engines {
                 running.abort();
                 return;
             }
-            let result = running.wait().await;
+            // A panic in the engine is a failure of this CR's engine, not of the operator.
+            let result = AssertUnwindSafe(running.wait()).catch_unwind().await;
             if !token.is_cancelled() {
                 let message = match result {
-                    Ok(()) => "the engine stopped unexpectedly".to_string(),
-                    Err(e) => e.to_string(),
+                    Ok(Ok(())) => "the engine stopped unexpectedly".to_string(),
+                    Ok(Err(e)) => e.to_string(),
+                    Err(_) => "the engine panicked".to_string(),
                 };
                 tracing::warn!(cr = %key, error = %message, "embedded engine failed");
                 changed(EngineState::Failed(message));
@@ -340,6 +369,16 @@ mod tests {
         assert_eq!(le.lease_duration, Duration::from_secs(20));
         assert!(le.release_on_cancel);
         assert!(le.validate().is_ok());
+    }
+
+    #[test]
+    fn a_starting_engine_is_rechecked_soon_without_any_notification() {
+        // Regression: a CR stayed EngineStarting until the 5-minute resync when the engine's
+        // "running" wake-up did not lead to a reconcile.
+        assert_eq!(recheck_after(&EngineState::Starting), Some(STARTING_RECHECK));
+        assert!(STARTING_RECHECK <= Duration::from_secs(5));
+        assert_eq!(recheck_after(&EngineState::Failed("x".into())), Some(RESTART_BACKOFF));
+        assert_eq!(recheck_after(&EngineState::Running), None);
     }
 
     #[test]

@@ -27,6 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::wait::{await_condition, conditions};
 use kube::{Api, Client, CustomResourceExt};
@@ -72,6 +73,8 @@ pub struct OperatorConfig {
     pub http: Option<HttpConfig>,
     /// Controller timings.
     pub timings: Timings,
+    /// Server-side apply the CRD this operator was built with at start (`--manage-crd`).
+    pub manage_crd: bool,
 }
 
 impl std::fmt::Debug for OperatorConfig {
@@ -83,12 +86,14 @@ impl std::fmt::Debug for OperatorConfig {
             .field("leader_election", &self.leader_election)
             .field("http", &self.http)
             .field("timings", &self.timings)
+            .field("manage_crd", &self.manage_crd)
             .finish_non_exhaustive()
     }
 }
 
 impl OperatorConfig {
-    /// A configuration with defaults: every namespace, built-in providers, no election, no HTTP.
+    /// A configuration with defaults: every namespace, built-in providers, no election, no HTTP,
+    /// and the CRD kept current (as the binary does).
     pub fn new(client: Client) -> Self {
         Self {
             client,
@@ -99,6 +104,7 @@ impl OperatorConfig {
             leader_election: None,
             http: None,
             timings: Timings::default(),
+            manage_crd: true,
         }
     }
 
@@ -227,6 +233,50 @@ async fn start_with(config: OperatorConfig, shutdown: CancellationToken) -> Resu
     Ok(OperatorHandle { shutdown, crash, task, leading, local_addr, metrics, identity })
 }
 
+/// What the start-up apply of the CRD did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CrdApply {
+    /// The CRD now matches the one this operator was built with.
+    Applied,
+    /// RBAC does not allow it (the chart's `crds.manage: false`): someone else upgrades the CRD.
+    Forbidden(String),
+    /// Any other failure, after retrying transient ones.
+    Failed(String),
+}
+
+/// Attempts of the start-up CRD apply when the server fails transiently.
+const CRD_APPLY_ATTEMPTS: u32 = 3;
+
+/// Server-side apply the CloudControllerManager CRD this operator was built with (field manager
+/// `ccm-operator`, forced), so that `helm upgrade`, which never touches a chart's `crds/`, still
+/// upgrades it. Never fails the start: the caller logs the outcome and waits for the CRD anyway.
+pub async fn apply_crd(client: &Client, shutdown: &CancellationToken) -> CrdApply {
+    let crd = crds::crd();
+    let name = crds::CloudControllerManager::crd_name();
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let params = PatchParams::apply(names::FIELD_MANAGER).force();
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let error = match api.patch(name, &params, &Patch::Apply(&crd)).await {
+            Ok(_) => return CrdApply::Applied,
+            Err(kube::Error::Api(s)) if s.is_forbidden() => return CrdApply::Forbidden(s.message),
+            // The server understood and refused (invalid for this Kubernetes version, ...).
+            Err(kube::Error::Api(s)) if (400..500).contains(&s.code) && s.code != 429 => {
+                return CrdApply::Failed(s.message);
+            }
+            Err(e) => e.to_string(),
+        };
+        if attempt >= CRD_APPLY_ATTEMPTS {
+            return CrdApply::Failed(error);
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return CrdApply::Failed(error),
+            _ = tokio::time::sleep(controller::backoff(attempt)) => {}
+        }
+    }
+}
+
 /// Wait until the CloudControllerManager CRD is Established (or `shutdown` fires).
 pub async fn wait_for_crd(client: &Client, shutdown: &CancellationToken) -> Result<bool, Error> {
     let name = crds::CloudControllerManager::crd_name();
@@ -287,6 +337,22 @@ async fn main_loop(
     shutdown: CancellationToken,
     crash: CancellationToken,
 ) -> Result<(), Error> {
+    if config.manage_crd {
+        let crd = crds::CloudControllerManager::crd_name();
+        match apply_crd(&config.client, &shutdown).await {
+            CrdApply::Applied => {
+                tracing::info!(crd, "applied the CustomResourceDefinition this operator was built with")
+            }
+            CrdApply::Forbidden(message) => tracing::warn!(
+                crd,
+                %message,
+                "not allowed to apply the CustomResourceDefinition (crds.manage=false?); using it as it is"
+            ),
+            CrdApply::Failed(message) => {
+                tracing::warn!(crd, %message, "could not apply the CustomResourceDefinition; using it as it is")
+            }
+        }
+    }
     if !wait_for_crd(&config.client, &shutdown).await? {
         return Ok(());
     }

@@ -64,6 +64,10 @@ struct RunFlags {
     /// How long transient failures must last before Degraded turns True.
     #[arg(long, default_value = "2m", value_parser = manager::flags::parse_duration, value_name = "duration")]
     degraded_window: Duration,
+    /// At start, server-side apply the CloudControllerManager CRD this binary was built with (the
+    /// chart's crds.manage); when RBAC forbids it, log that and use the CRD as it is.
+    #[arg(long, default_value_t = true, action = ArgAction::Set, value_name = "bool")]
+    manage_crd: bool,
     /// Reconcile every CloudControllerManager at least this often.
     #[arg(long, default_value = "5m", value_parser = manager::flags::parse_duration, value_name = "duration")]
     resync_period: Duration,
@@ -114,6 +118,7 @@ async fn run(flags: RunFlags) -> Result<(), operator::Error> {
         manager_namespace_role: flags.manager_namespace_role,
     };
     config.http = http;
+    config.manage_crd = flags.manage_crd;
     config.timings = Timings {
         degraded_window: flags.degraded_window,
         requeue: flags.resync_period,

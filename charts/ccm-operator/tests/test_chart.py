@@ -346,6 +346,8 @@ class Render(unittest.TestCase):
                 self.assertEqual(crd_rules[0]["resourceNames"], [crd_name()])
                 expected = {"get", "list", "watch"} | ({"patch"} if manage else set())
                 self.assertEqual(set(crd_rules[0]["verbs"]), expected)
+                # The operator applies its CRD only when the chart grants the patch.
+                self.assertEqual(arg(objects, "--manage-crd"), "true" if manage else "false")
 
     def test_manager_roles_grant_what_a_cloud_controller_manager_needs(self):
         objects = self.render()

@@ -427,6 +427,7 @@ impl Core {
             meta.remove(f);
         }
         strategy::prepare_create(rt, &mut body);
+        strategy::normalize(rt, &mut body).map_err(ApiError::bad_request)?;
         let causes = strategy::validate(rt, &body);
         if !causes.is_empty() {
             return Err(ApiError::invalid(&rt.group, &rt.kind, &name, causes));
@@ -734,6 +735,7 @@ impl Core {
                 ));
             }
         }
+        strategy::normalize(rt, &mut new).map_err(ApiError::bad_request)?;
         let causes = strategy::validate(rt, &new);
         if !causes.is_empty() {
             return Err(ApiError::invalid(&rt.group, &rt.kind, &name, causes));

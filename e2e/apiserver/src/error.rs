@@ -197,6 +197,11 @@ impl ApiError {
         Self::new(406, "NotAcceptable", message)
     }
 
+    /// A 403 as an authorizer would answer it (injected: this server has no RBAC).
+    pub fn forbidden_fault() -> Self {
+        Self::new(403, "Forbidden", "the request is forbidden (injected fault)")
+    }
+
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(500, "InternalError", message)
     }

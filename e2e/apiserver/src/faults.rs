@@ -19,7 +19,8 @@ pub struct FaultRule {
     pub verbs: Vec<String>,
     /// Fraction of matching requests that fail, 0.0 to 1.0.
     pub error_rate: f64,
-    /// Status of injected failures: 500 (InternalError) or 429 (TooManyRequests).
+    /// Status of injected failures: 500 (InternalError), 429 (TooManyRequests) or 403
+    /// (Forbidden, to stand in for RBAC, which this server does not implement).
     pub status: u16,
     /// `Retry-After` seconds sent with 429s.
     pub retry_after_seconds: u64,
@@ -53,6 +54,7 @@ impl FaultConfig {
             if error.is_none() && r.error_rate > 0.0 && crate::util::random_f64() < r.error_rate {
                 error = Some(match r.status {
                     429 => ApiError::too_many_requests(r.retry_after_seconds.max(1)),
+                    403 => ApiError::forbidden_fault(),
                     _ => ApiError::internal("injected fault"),
                 });
             }

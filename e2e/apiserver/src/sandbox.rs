@@ -1,5 +1,6 @@
-//! The sandbox: the API server plus named components (later: the operator, a provider,
-//! simulated nodes) running together until Ctrl-C.
+//! The sandbox: the API server plus named components running together until Ctrl-C. The
+//! product demo built on it (the operator, the baremetal provider, simulated Nodes, the emulated
+//! kubelet) lives in the `e2e` crate (`e2e::demo`, `cargo run -p e2e --bin sandbox`).
 
 use std::future::Future;
 use std::path::PathBuf;

@@ -84,6 +84,43 @@ pub(crate) fn prepare_create(rt: &ResourceType, obj: &mut Value) {
     }
 }
 
+/// Rewrites a written object the way decoding it into the internal type does on the real
+/// server: a Secret's `stringData` is folded into `data` (base64; its keys win over `data`'s) and
+/// is never stored. Runs on every create, update, patch and apply; `Err` is the message of a
+/// 400, as when the real server cannot decode the body.
+pub(crate) fn normalize(rt: &ResourceType, obj: &mut Value) -> Result<(), String> {
+    if !(rt.group.is_empty() && rt.plural == "secrets") {
+        return Ok(());
+    }
+    let Some(o) = obj.as_object_mut() else { return Ok(()) };
+    let Some(string_data) = o.remove("stringData") else { return Ok(()) };
+    let entries = match string_data {
+        Value::Null => return Ok(()),
+        Value::Object(m) => m,
+        other => return Err(format!("Secret.stringData: expected an object of strings, got {other}")),
+    };
+    let mut folded = Map::new();
+    for (key, value) in entries {
+        let Value::String(text) = value else {
+            return Err(format!("Secret.stringData[{key:?}]: expected a string, got {value}"));
+        };
+        // ByteString serializes as standard base64, as `data` is stored.
+        let encoded = serde_json::to_value(k8s_openapi::ByteString(text.into_bytes())).map_err(|e| e.to_string())?;
+        folded.insert(key, encoded);
+    }
+    if folded.is_empty() {
+        return Ok(());
+    }
+    let data = o.entry("data").or_insert(json!({}));
+    if !data.is_object() {
+        *data = json!({});
+    }
+    if let Some(d) = data.as_object_mut() {
+        d.extend(folded);
+    }
+    Ok(())
+}
+
 fn set_label(o: &mut Map<String, Value>, key: &str, value: &str) {
     let meta = o.entry("metadata").or_insert(json!({}));
     if let Some(m) = meta.as_object_mut() {

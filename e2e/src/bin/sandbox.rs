@@ -1,25 +1,51 @@
-//! The sandbox: a local Kubernetes API server (the e2e test server) with the
-//! CloudControllerManager CRD installed, a kubeconfig for kubectl, running until Ctrl-C.
+//! The sandbox: try ccm-operator on one machine, with no cluster.
 //!
 //! ```sh
-//! cargo run -p e2e --bin sandbox                 # http://127.0.0.1:8080
-//! cargo run -p e2e --bin sandbox -- --port 0     # any free port
+//! cargo run -p e2e --bin sandbox                      # the demo, Embedded mode, http://127.0.0.1:8080
+//! cargo run -p e2e --bin sandbox -- --mode deployment # manager replicas as local processes
+//! cargo run -p e2e --bin sandbox -- --server-only     # just the API server with the CRD
 //! ```
 //!
-//! Later work adds the operator, a provider and simulated nodes as sandbox components
-//! (`e2e_apiserver::SandboxBuilder::component`).
+//! The demo starts the local API server, installs the CRD, runs the operator in this process,
+//! registers simulated Nodes, applies a baremetal CloudControllerManager and a LoadBalancer
+//! Service, prints progress and the final picture, then keeps serving until Ctrl-C.
 
+use std::io::Write;
 use std::net::IpAddr;
 use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
-use clap::Parser;
+use clap::{Parser, ValueEnum};
+use e2e::demo::{self, Demo, DemoMode, DemoOptions};
 use e2e_apiserver::Sandbox;
 use tracing_subscriber::EnvFilter;
 
-/// Runs a local Kubernetes API server for trying ccm-operator without a cluster.
+/// How long the demo may take to reach its final picture before the sandbox says so (and keeps
+/// serving for inspection).
+const DEMO_TIMEOUT: Duration = Duration::from_secs(120);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Mode {
+    /// The manager's controllers run inside the operator.
+    Embedded,
+    /// A manager Deployment; the sandbox plays the kubelet and runs its replicas as processes.
+    Deployment,
+}
+
+/// A local Kubernetes API server with ccm-operator and a simulated baremetal cluster.
 #[derive(Debug, Parser)]
 #[command(name = "sandbox")]
 struct Args {
+    /// Which way the demo runs the cloud-controller-manager.
+    #[arg(long, value_enum, default_value = "embedded")]
+    mode: Mode,
+    /// Manager replicas in Deployment mode.
+    #[arg(long, default_value_t = 2)]
+    replicas: i32,
+    /// Only the API server with the CRD: no operator, no demo objects.
+    #[arg(long)]
+    server_only: bool,
     /// Port to listen on; 0 picks a free one.
     #[arg(long, default_value_t = 8080)]
     port: u16,
@@ -29,26 +55,165 @@ struct Args {
     /// Where to write the kubeconfig (default: <temp dir>/ccm-operator-sandbox/kubeconfig).
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
-    /// Do not install the CloudControllerManager CRD.
-    #[arg(long)]
+    /// Do not install the CloudControllerManager CRD (with --server-only).
+    #[arg(long, requires = "server_only")]
     no_crds: bool,
+    /// The cloud-controller-manager binary for Deployment mode (default: built with cargo, or
+    /// found next to this executable).
+    #[arg(long)]
+    manager_binary: Option<PathBuf>,
 }
 
-#[tokio::main]
-async fn main() -> Result<(), e2e_apiserver::Error> {
-    tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
-        .init();
-    let args = Args::parse();
+/// Wait for Ctrl-C or SIGTERM.
+async fn stop_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+}
+
+fn say(started: Instant, line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "[{:>5.1}s] {line}", started.elapsed().as_secs_f64());
+    let _ = out.flush();
+}
+
+fn instructions(kubeconfig: &str, mode: DemoMode, demo: &Demo) -> String {
+    let mut s = format!(
+        "The sandbox keeps serving until Ctrl-C. In another shell:\n\n\
+         \x20 export KUBECONFIG={kubeconfig}\n\
+         \x20 kubectl get ccm,nodes,svc -A\n\
+         \x20 kubectl -n {ns} get ccm {cr} -o jsonpath='{{range .status.conditions[*]}}{{.type}}={{.status}} {{.reason}}{{\"\\n\"}}{{end}}'\n\
+         \x20 kubectl get nodes -o wide --show-labels\n\
+         \x20 kubectl -n {ns} get lease {cr} -o jsonpath='{{.spec.holderIdentity}}{{\"\\n\"}}'\n\n\
+         Another LoadBalancer Service gets the next address of {pool}:\n\n\
+         \x20 kubectl create service loadbalancer demo2 --tcp=80:8080 --dry-run=client -o yaml | kubectl apply --server-side -f -\n\
+         \x20 kubectl get svc demo2\n",
+        ns = demo::NAMESPACE,
+        cr = demo::CR_NAME,
+        pool = demo::LB_POOL,
+    );
+    if mode == DemoMode::Deployment
+        && let Some(kubelet) = demo.kubelet()
+    {
+        let endpoint = kubelet
+            .pods()
+            .into_iter()
+            .find(|p| !p.terminating)
+            .map_or_else(|| "127.0.0.1:<port>".to_string(), |p| p.address().to_string());
+        s.push_str(&format!(
+            "\nDeployment mode: each replica is a local cloud-controller-manager process (table above).\n\
+             \x20 curl -s http://{endpoint}/metrics | grep leader_election_master_status\n\
+             \x20 curl -s 'http://{endpoint}/healthz?verbose'\n\
+             \x20 kill <pid of the leader>   # the other replica takes the Lease; the process is restarted\n\n\
+             Rotating the cloud-config rolls the processes one at a time:\n\n\
+             \x20 kubectl -n {ns} get secret {secret} -o jsonpath='{{.data.{key_escaped}}}' | base64 -d > /tmp/cloud.yaml\n\
+             \x20 echo '# rotated' >> /tmp/cloud.yaml\n\
+             \x20 kubectl -n {ns} create secret generic {secret} --from-file={key}=/tmp/cloud.yaml --dry-run=client -o yaml | kubectl apply --server-side -f -\n\n\
+             Process logs: {logs}\n",
+            ns = demo::NAMESPACE,
+            secret = demo::SECRET_NAME,
+            key = demo::SECRET_KEY,
+            key_escaped = demo::SECRET_KEY.replace('.', "\\."),
+            logs = kubelet.work_dir().join("logs").display(),
+        ));
+    }
+    s.push_str("\nkubectl create sends protobuf, which the sandbox does not take: pipe --dry-run=client -o yaml into kubectl apply --server-side, as above.\nPress Ctrl-C to stop (manager processes and temporary files are removed).\n");
+    s
+}
+
+async fn run(args: Args) -> Result<(), String> {
+    let started = Instant::now();
     let kubeconfig =
         args.kubeconfig.unwrap_or_else(|| std::env::temp_dir().join("ccm-operator-sandbox").join("kubeconfig"));
     let address = args.address;
     let mut builder =
-        Sandbox::builder().port(args.port).kubeconfig_path(kubeconfig).server(move |s| s.bind_address(address));
+        Sandbox::builder().port(args.port).kubeconfig_path(&kubeconfig).server(move |s| s.bind_address(address));
     if !args.no_crds {
         builder = builder.crd(crds::crd());
     }
-    let sandbox = builder.start().await?;
-    println!("{}", sandbox.usage());
-    sandbox.run_until_ctrl_c().await
+    let sandbox = builder.start().await.map_err(|e| format!("starting the API server: {e}"))?;
+    let kubeconfig = sandbox.server().kubeconfig_path().display().to_string();
+    if args.server_only {
+        println!("{}", sandbox.usage());
+        return sandbox.run_until_ctrl_c().await.map_err(|e| e.to_string());
+    }
+    say(
+        started,
+        &format!(
+            "local API server on {} (kubeconfig {kubeconfig}); CloudControllerManager CRD installed",
+            sandbox.server().url()
+        ),
+    );
+    let mode = match args.mode {
+        Mode::Embedded => DemoMode::Embedded,
+        Mode::Deployment => DemoMode::Deployment,
+    };
+    let options = DemoOptions { mode, replicas: args.replicas, manager_binary: args.manager_binary, work_root: None };
+    let progress = move |line: &str| say(started, line);
+    let demo =
+        match Demo::start(sandbox.server().client(), sandbox.server().kubeconfig_path(), options, &progress).await {
+            Ok(d) => d,
+            Err(e) => {
+                sandbox.shutdown().await;
+                return Err(format!("starting the demo: {e}"));
+            }
+        };
+    let outcome = tokio::select! {
+        r = demo.wait_until_complete(DEMO_TIMEOUT, &progress) => Some(r),
+        _ = stop_signal() => None,
+    };
+    match outcome {
+        None => {
+            demo.shutdown().await;
+            sandbox.shutdown().await;
+            return Ok(());
+        }
+        Some(Ok(_)) => {
+            say(started, "done: every Node initialized, the Service has an external IP, the resource is Ready")
+        }
+        Some(Err(e)) => say(started, &format!("not there yet ({e}); the sandbox keeps serving so you can look")),
+    }
+    match demo.picture().await {
+        Ok(p) => println!("\n{p}"),
+        Err(e) => println!("\n(could not read the picture: {e})"),
+    }
+    println!("{}", instructions(&kubeconfig, mode, &demo));
+    stop_signal().await;
+    println!("stopping...");
+    demo.shutdown().await;
+    sandbox.shutdown().await;
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    // The demo prints its own progress on stdout; logs (stderr) only say what went wrong.
+    let default = if args.server_only { "info" } else { "warn" };
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default)))
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: could not start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
 }

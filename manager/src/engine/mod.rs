@@ -528,8 +528,8 @@ impl Engine {
             service_writer,
             background.clone(),
         ));
-        let synced = self.ready.handle(INFORMER_SYNC_CHECK);
-        synced.set_unhealthy("the Node and Service caches have not synced yet");
+        let synced =
+            self.ready.handle_with(INFORMER_SYNC_CHECK, Err("the Node and Service caches have not synced yet".into()));
         {
             let (nodes, services, token) = (nodes.clone(), services.clone(), background.clone());
             tokio::spawn(async move {

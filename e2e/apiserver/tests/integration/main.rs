@@ -11,5 +11,6 @@ mod list;
 mod patch;
 mod runtime;
 mod sandbox;
+mod secrets;
 mod services;
 mod watch;

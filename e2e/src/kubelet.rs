@@ -1,0 +1,986 @@
+//! An emulated kubelet (and Deployment controller) for the manager's own workload, so that
+//! Deployment mode runs end to end against the local API server with real processes.
+//!
+//! It watches the Deployments the operator creates (label `app.kubernetes.io/managed-by:
+//! ccm-operator`, a container named `cloud-controller-manager`) and runs one local
+//! `cloud-controller-manager` process per replica, with the Deployment's arguments except:
+//! `--cloud-config` points at a private copy of the mounted Secret key, `--kubeconfig` at the
+//! local server, and each process gets its own free `--secure-port` on `--bind-address=127.0.0.1`.
+//! Processes are "pods": a crashed one is restarted (a container restart); a changed pod template
+//! (the operator's `ccm.rs/template-hash` annotation) is rolled out one pod at a time with
+//! `maxSurge: 0, maxUnavailable: 1`, as the operator's Deployment asks; scaling starts or stops
+//! processes. Readiness is each process's `/readyz`; from it the Deployment's status is written
+//! (replicas, updated, ready, available, observedGeneration, `Available` and `Progressing`) only
+//! when it changed.
+//!
+//! Limits: Deployments only (no DaemonSets), `--flag=value` arguments only, Secret volumes only,
+//! and no pod objects are created. Processes are stopped with SIGTERM (then SIGKILL after the
+//! grace period) and killed when the [`Kubelet`] is dropped, so a failing test leaves none behind.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentCondition, DeploymentStatus};
+use k8s_openapi::api::core::v1::{PodTemplateSpec, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use operator::names;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::Error;
+
+/// The field manager of the Deployment status writes.
+pub const FIELD_MANAGER: &str = "sandbox-kubelet";
+/// The rollout's `maxUnavailable`, as the operator's Deployments ask.
+const MAX_UNAVAILABLE: i32 = 1;
+/// How long one `/readyz` probe may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How the emulated kubelet runs.
+#[derive(Clone)]
+pub struct KubeletConfig {
+    /// A client for the API server.
+    pub client: Client,
+    /// The kubeconfig the processes get (`--kubeconfig`).
+    pub kubeconfig: PathBuf,
+    /// The `cloud-controller-manager` binary.
+    pub manager_binary: PathBuf,
+    /// Where to create the kubelet's directory (cloud-config copies, logs); default: the system
+    /// temporary directory. The kubelet's own directory is removed when it stops.
+    pub work_root: Option<PathBuf>,
+    /// How often pods are checked (events also wake it).
+    pub sync_period: Duration,
+    /// How long a stopping process gets between SIGTERM and SIGKILL.
+    pub termination_grace: Duration,
+    /// How long a crashed process waits before it is started again.
+    pub restart_delay: Duration,
+}
+
+impl std::fmt::Debug for KubeletConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeletConfig")
+            .field("kubeconfig", &self.kubeconfig)
+            .field("manager_binary", &self.manager_binary)
+            .field("work_root", &self.work_root)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KubeletConfig {
+    /// Defaults: half-second sync, 10 s grace, 1 s restart delay, the system temp directory.
+    pub fn new(client: Client, kubeconfig: impl Into<PathBuf>, manager_binary: impl Into<PathBuf>) -> Self {
+        Self {
+            client,
+            kubeconfig: kubeconfig.into(),
+            manager_binary: manager_binary.into(),
+            work_root: None,
+            sync_period: Duration::from_millis(500),
+            termination_grace: Duration::from_secs(10),
+            restart_delay: Duration::from_secs(1),
+        }
+    }
+}
+
+/// One emulated pod (a manager process), as seen from outside.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodInfo {
+    /// Pod name (`<deployment>-<template hash>-<n>`); also the process's `HOSTNAME`, so it starts
+    /// the manager's leader-election identity.
+    pub name: String,
+    /// The Deployment's namespace.
+    pub namespace: String,
+    /// The Deployment's name.
+    pub deployment: String,
+    /// The pod template hash it runs.
+    pub template_hash: String,
+    /// The process id, while a process runs.
+    pub pid: Option<u32>,
+    /// Its `--secure-port` on 127.0.0.1.
+    pub port: u16,
+    /// Whether its `/readyz` answered 200 at the last probe.
+    pub ready: bool,
+    /// How often its process was restarted after exiting.
+    pub restarts: u32,
+    /// Being stopped (SIGTERM sent).
+    pub terminating: bool,
+    /// The command-line arguments it runs with.
+    pub args: Vec<String>,
+    /// Its private copy of the cloud-config, if it has one.
+    pub cloud_config: Option<PathBuf>,
+    /// Where its stdout and stderr go.
+    pub log: PathBuf,
+    /// When the current process started.
+    pub started_at: Option<Instant>,
+}
+
+impl PodInfo {
+    /// The address of its `/healthz`, `/readyz` and `/metrics`.
+    pub fn address(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+    }
+}
+
+struct Pod {
+    info: PodInfo,
+    child: Option<Child>,
+    exited_at: Option<Instant>,
+    term_sent: Option<Instant>,
+    dir: PathBuf,
+}
+
+#[derive(Default)]
+struct State {
+    pods: Vec<Pod>,
+    counter: u64,
+    /// The last status written per Deployment, so a write is not repeated before the watch
+    /// shows it.
+    written: BTreeMap<(String, String), DeploymentStatus>,
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A running emulated kubelet; dropping it kills every process it started.
+pub struct Kubelet {
+    state: Arc<Mutex<State>>,
+    stop: CancellationToken,
+    task: Option<JoinHandle<()>>,
+    work_dir: PathBuf,
+    grace: Duration,
+}
+
+impl std::fmt::Debug for Kubelet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kubelet").field("work_dir", &self.work_dir).finish_non_exhaustive()
+    }
+}
+
+static NEXT_DIR: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+impl Kubelet {
+    /// Start watching Deployments and running their replicas.
+    pub fn start(config: KubeletConfig) -> Result<Kubelet, Error> {
+        if !config.manager_binary.is_file() {
+            return Err(Error::ManagerBinary(format!(
+                "{} does not exist; build it with `cargo build -p manager --bin cloud-controller-manager`",
+                config.manager_binary.display()
+            )));
+        }
+        let root = config.work_root.clone().unwrap_or_else(std::env::temp_dir);
+        let n = NEXT_DIR.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let work_dir = root.join(format!("ccm-sandbox-kubelet-{}-{n}", std::process::id()));
+        fs::create_dir_all(work_dir.join("logs"))
+            .map_err(|e| Error::io(format!("creating {}", work_dir.display()), e))?;
+        let state = Arc::new(Mutex::new(State::default()));
+        let stop = CancellationToken::new();
+        let grace = config.termination_grace;
+        let ctx = Ctx { config, state: state.clone(), work_dir: work_dir.clone() };
+        let task = tokio::spawn(run(ctx, stop.clone()));
+        Ok(Kubelet { state, stop, task: Some(task), work_dir, grace })
+    }
+
+    /// Every pod, terminating ones included, sorted by name.
+    pub fn pods(&self) -> Vec<PodInfo> {
+        let mut pods: Vec<PodInfo> = lock(&self.state).pods.iter().map(|p| p.info.clone()).collect();
+        pods.sort_by(|a, b| a.name.cmp(&b.name));
+        pods
+    }
+
+    /// The running pods of Deployment `namespace/name` (not terminating).
+    pub fn pods_of(&self, namespace: &str, name: &str) -> Vec<PodInfo> {
+        self.pods().into_iter().filter(|p| p.namespace == namespace && p.deployment == name && !p.terminating).collect()
+    }
+
+    /// Kill a pod's process with SIGKILL, as a crash would (no Lease release); the kubelet
+    /// restarts it. Returns whether a process ran.
+    pub fn kill(&self, pod: &str) -> bool {
+        let mut st = lock(&self.state);
+        match st.pods.iter_mut().find(|p| p.info.name == pod).and_then(|p| p.child.as_mut()) {
+            Some(child) => child.kill().is_ok(),
+            None => false,
+        }
+    }
+
+    /// This kubelet's directory (logs under `logs/`).
+    pub fn work_dir(&self) -> &Path {
+        &self.work_dir
+    }
+
+    /// Stop: no more starts, every process gets SIGTERM and the grace period, then SIGKILL; the
+    /// directory is removed.
+    pub async fn shutdown(mut self) {
+        self.stop.cancel();
+        if let Some(task) = self.task.take() {
+            let abort = task.abort_handle();
+            if tokio::time::timeout(Duration::from_secs(5), task).await.is_err() {
+                abort.abort();
+            }
+        }
+        {
+            let mut st = lock(&self.state);
+            for pod in &mut st.pods {
+                if let Some(child) = &pod.child {
+                    terminate(child);
+                }
+            }
+        }
+        let deadline = Instant::now() + self.grace;
+        loop {
+            let running = {
+                let mut st = lock(&self.state);
+                let mut running = 0;
+                for pod in &mut st.pods {
+                    if let Some(child) = pod.child.as_mut() {
+                        match child.try_wait() {
+                            Ok(None) if Instant::now() < deadline => running += 1,
+                            Ok(None) => {
+                                let _ = child.kill();
+                                let _ = child.wait();
+                                pod.child = None;
+                            }
+                            _ => pod.child = None,
+                        }
+                    }
+                }
+                running
+            };
+            if running == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // Drop removes the directory.
+    }
+}
+
+impl Drop for Kubelet {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+        let mut st = lock(&self.state);
+        for pod in &mut st.pods {
+            if let Some(mut child) = pod.child.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+        st.pods.clear();
+        drop(st);
+        let _ = fs::remove_dir_all(&self.work_dir);
+    }
+}
+
+/// Ask a process to stop (SIGTERM) through `kill(1)`; without it, kill it at once.
+fn terminate(child: &Child) {
+    let sent = Command::new("kill")
+        .args(["-s", "TERM", &child.id().to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !sent {
+        // Only reachable when kill(1) is missing; the caller's grace loop then sees the exit.
+        let _ = Command::new("kill").args(["-9", &child.id().to_string()]).status();
+    }
+}
+
+struct Ctx {
+    config: KubeletConfig,
+    state: Arc<Mutex<State>>,
+    work_dir: PathBuf,
+}
+
+async fn run(ctx: Ctx, stop: CancellationToken) {
+    let api: Api<Deployment> = Api::all(ctx.config.client.clone());
+    let selector = format!("{}={}", names::LABEL_MANAGED_BY, names::MANAGED_BY);
+    let (reader, writer) = reflector::store();
+    let mut events =
+        watcher(api, watcher::Config::default().labels(&selector)).default_backoff().reflect(writer).boxed();
+    // The store is only fed while this loop polls the stream: never wait on it elsewhere.
+    let mut listed = false;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            e = events.next() => match e {
+                None => return,
+                Some(Err(error)) => tracing::debug!(%error, "sandbox kubelet: Deployment watch failed; retrying"),
+                Some(Ok(watcher::Event::InitDone)) => listed = true,
+                Some(Ok(_)) => {}
+            },
+            _ = tokio::time::sleep(ctx.config.sync_period) => {}
+        }
+        if listed {
+            sync(&ctx, &reader).await;
+        }
+    }
+}
+
+/// A Deployment that runs the manager, with what the kubelet needs of it.
+struct Workload {
+    namespace: String,
+    name: String,
+    desired: i32,
+    hash: String,
+    template: PodTemplateSpec,
+    deployment: Arc<Deployment>,
+}
+
+fn workload(d: &Arc<Deployment>) -> Option<Workload> {
+    let spec = d.spec.as_ref()?;
+    let pod_spec = spec.template.spec.as_ref()?;
+    if !pod_spec.containers.iter().any(|c| c.name == names::CONTAINER_NAME) || d.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let hash = d
+        .annotations()
+        .get(names::ANNOTATION_TEMPLATE_HASH)
+        .cloned()
+        .unwrap_or_else(|| operator::hash::of_json(&spec.template));
+    Some(Workload {
+        namespace: d.namespace().unwrap_or_default(),
+        name: d.name_any(),
+        desired: spec.replicas.unwrap_or(1).max(0),
+        hash,
+        template: spec.template.clone(),
+        deployment: d.clone(),
+    })
+}
+
+/// What to do for one Deployment (pure): pods to stop and how many to start.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Pods to stop.
+    pub terminate: Vec<String>,
+    /// New pods of the current template to start.
+    pub start: usize,
+}
+
+/// A live pod as the planner sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlanPod {
+    /// Its name.
+    pub name: String,
+    /// Whether it runs the current template.
+    pub current: bool,
+    /// Whether it is ready.
+    pub ready: bool,
+}
+
+/// The rollout and scaling decision for one Deployment (pure): `maxSurge: 0`,
+/// `maxUnavailable: 1`; surplus pods go old first, then unready first; an old pod is replaced
+/// only while the others keep `desired - 1` ready.
+pub fn plan(desired: i32, pods: &[PlanPod]) -> Plan {
+    let desired = usize::try_from(desired.max(0)).unwrap_or(0);
+    let mut plan = Plan::default();
+    let current: Vec<&PlanPod> = pods.iter().filter(|p| p.current).collect();
+    let mut old: Vec<&PlanPod> = pods.iter().filter(|p| !p.current).collect();
+    // Unready first, then by name, so the choice is stable.
+    old.sort_by_key(|p| (p.ready, p.name.clone()));
+    if current.len() > desired {
+        let mut surplus: Vec<&PlanPod> = current.clone();
+        surplus.sort_by_key(|p| (p.ready, std::cmp::Reverse(p.name.clone())));
+        plan.terminate = surplus.iter().take(current.len() - desired).map(|p| p.name.clone()).collect();
+        plan.terminate.extend(old.iter().map(|p| p.name.clone()));
+        return plan;
+    }
+    let total = current.len() + old.len();
+    if total > desired {
+        plan.terminate = old.iter().take(total - desired).map(|p| p.name.clone()).collect();
+        return plan;
+    }
+    if total < desired {
+        plan.start = desired - total;
+        return plan;
+    }
+    let ready = pods.iter().filter(|p| p.ready).count() as i64;
+    let floor = desired as i64 - i64::from(MAX_UNAVAILABLE);
+    if let Some(victim) = old.first()
+        && ready - i64::from(victim.ready) >= floor
+    {
+        plan.terminate.push(victim.name.clone());
+    }
+    plan
+}
+
+async fn sync(ctx: &Ctx, reader: &Store<Deployment>) {
+    let workloads: Vec<Workload> = reader.state().iter().filter_map(workload).collect();
+    let wanted: BTreeSet<(String, String)> = workloads.iter().map(|w| (w.namespace.clone(), w.name.clone())).collect();
+    let now = Instant::now();
+
+    // Reap exited processes, finish terminations, restart crashed pods, stop orphans.
+    let mut restart: Vec<String> = Vec::new();
+    {
+        let mut st = lock(&ctx.state);
+        for pod in &mut st.pods {
+            let orphan = !wanted.contains(&(pod.info.namespace.clone(), pod.info.deployment.clone()));
+            if orphan && !pod.info.terminating {
+                pod.info.terminating = true;
+            }
+            if pod.info.terminating && pod.term_sent.is_none() {
+                if let Some(child) = &pod.child {
+                    terminate(child);
+                }
+                pod.term_sent = Some(now);
+            }
+            if let Some(child) = pod.child.as_mut() {
+                match child.try_wait() {
+                    Ok(Some(status)) => {
+                        if !pod.info.terminating {
+                            tracing::info!(pod = %pod.info.name, %status, "sandbox kubelet: manager process exited");
+                        }
+                        pod.child = None;
+                        pod.info.pid = None;
+                        pod.info.ready = false;
+                        pod.exited_at = Some(now);
+                    }
+                    Ok(None) => {
+                        if pod.term_sent.is_some_and(|t| now.duration_since(t) > ctx.config.termination_grace) {
+                            let _ = child.kill();
+                        }
+                    }
+                    Err(_) => {}
+                }
+            }
+            if pod.child.is_none()
+                && !pod.info.terminating
+                && pod.exited_at.is_some_and(|t| now.duration_since(t) >= ctx.config.restart_delay)
+            {
+                restart.push(pod.info.name.clone());
+            }
+        }
+        // Terminated pods are gone, with their cloud-config copies.
+        st.pods.retain(|p| {
+            let gone = p.info.terminating && p.child.is_none();
+            if gone {
+                let _ = fs::remove_dir_all(&p.dir);
+            }
+            !gone
+        });
+        for name in &restart {
+            if let Some(pod) = st.pods.iter_mut().find(|p| &p.info.name == name) {
+                match spawn(&ctx.config, &pod.info) {
+                    Ok(child) => {
+                        pod.info.pid = Some(child.id());
+                        pod.info.restarts += 1;
+                        pod.info.started_at = Some(Instant::now());
+                        pod.child = Some(child);
+                        pod.exited_at = None;
+                    }
+                    Err(error) => tracing::warn!(pod = %name, %error, "sandbox kubelet: restart failed"),
+                }
+            }
+        }
+    }
+
+    // Readiness.
+    let probes: Vec<(String, SocketAddr)> = lock(&ctx.state)
+        .pods
+        .iter()
+        .filter(|p| p.child.is_some() && !p.info.terminating)
+        .map(|p| (p.info.name.clone(), p.info.address()))
+        .collect();
+    let results = futures::future::join_all(probes.into_iter().map(|(name, addr)| async move {
+        let ok = crate::probe::get(addr, "/readyz", PROBE_TIMEOUT).await.is_some_and(|r| r.status == 200);
+        (name, ok)
+    }))
+    .await;
+    {
+        let mut st = lock(&ctx.state);
+        for (name, ok) in results {
+            if let Some(pod) = st.pods.iter_mut().find(|p| p.info.name == name) {
+                pod.info.ready = ok && pod.child.is_some();
+            }
+        }
+    }
+
+    for w in &workloads {
+        let planned = {
+            let st = lock(&ctx.state);
+            let live: Vec<PlanPod> = st
+                .pods
+                .iter()
+                .filter(|p| p.info.namespace == w.namespace && p.info.deployment == w.name && !p.info.terminating)
+                .map(|p| PlanPod {
+                    name: p.info.name.clone(),
+                    current: p.info.template_hash == w.hash,
+                    ready: p.info.ready,
+                })
+                .collect();
+            plan(w.desired, &live)
+        };
+        if !planned.terminate.is_empty() {
+            let mut st = lock(&ctx.state);
+            for pod in st.pods.iter_mut().filter(|p| planned.terminate.contains(&p.info.name)) {
+                tracing::info!(pod = %pod.info.name, "sandbox kubelet: stopping manager process");
+                pod.info.terminating = true;
+                pod.info.ready = false;
+                if let Some(child) = &pod.child {
+                    terminate(child);
+                }
+                pod.term_sent = Some(Instant::now());
+            }
+        }
+        for _ in 0..planned.start {
+            if let Err(error) = start_pod(ctx, w).await {
+                tracing::warn!(deployment = %format!("{}/{}", w.namespace, w.name), %error, "sandbox kubelet: cannot start a manager process yet");
+                break;
+            }
+        }
+        if let Err(error) = write_status(ctx, w).await {
+            tracing::debug!(deployment = %w.name, %error, "sandbox kubelet: status write failed");
+        }
+    }
+}
+
+fn free_port() -> Result<u16, Error> {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| Error::io("finding a free port", e))
+}
+
+/// The Deployment's arguments for one pod: the cloud-config copied out of its Secret into
+/// `pod_dir`, and the local kubeconfig, port and address.
+async fn resolve_args(
+    client: &Client,
+    namespace: &str,
+    template: &PodTemplateSpec,
+    kubeconfig: &Path,
+    port: u16,
+    pod_dir: &Path,
+) -> Result<(Vec<String>, Option<PathBuf>), Error> {
+    let spec = template.spec.as_ref().ok_or_else(|| Error::Other("the pod template has no spec".into()))?;
+    let container = spec
+        .containers
+        .iter()
+        .find(|c| c.name == names::CONTAINER_NAME)
+        .ok_or_else(|| Error::Other("no cloud-controller-manager container".into()))?;
+    let mut args = Vec::new();
+    let mut cloud_config = None;
+    for arg in container.args.iter().flatten() {
+        let flag = arg.split_once('=').map_or(arg.as_str(), |(f, _)| f);
+        if matches!(flag, "--kubeconfig" | "--master" | "--secure-port" | "--bind-address") {
+            continue;
+        }
+        if let Some(path) = arg.strip_prefix("--cloud-config=") {
+            let file = copy_mounted_secret(client, namespace, template, path, pod_dir).await?;
+            args.push(format!("--cloud-config={}", file.display()));
+            cloud_config = Some(file);
+            continue;
+        }
+        args.push(arg.clone());
+    }
+    args.push(format!("--kubeconfig={}", kubeconfig.display()));
+    args.push("--bind-address=127.0.0.1".into());
+    args.push(format!("--secure-port={port}"));
+    Ok((args, cloud_config))
+}
+
+/// Write the Secret key mounted at `path` to a private file under `pod_dir` (mode 0600).
+async fn copy_mounted_secret(
+    client: &Client,
+    namespace: &str,
+    template: &PodTemplateSpec,
+    path: &str,
+    pod_dir: &Path,
+) -> Result<PathBuf, Error> {
+    let spec = template.spec.as_ref().ok_or_else(|| Error::Other("the pod template has no spec".into()))?;
+    let container = spec.containers.iter().find(|c| c.name == names::CONTAINER_NAME);
+    let mount = container
+        .and_then(|c| c.volume_mounts.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|m| path.starts_with(&m.mount_path))
+        .max_by_key(|m| m.mount_path.len())
+        .ok_or_else(|| Error::Other(format!("nothing is mounted at {path}")))?;
+    let relative = path[mount.mount_path.len()..].trim_start_matches('/').to_string();
+    let volume = spec
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == mount.name)
+        .ok_or_else(|| Error::Other(format!("volume {} is not defined", mount.name)))?;
+    let source = volume
+        .secret
+        .as_ref()
+        .ok_or_else(|| Error::Other(format!("volume {} is not a Secret (only Secrets are supported)", mount.name)))?;
+    let secret_name = source.secret_name.clone().unwrap_or_default();
+    let key = source
+        .items
+        .iter()
+        .flatten()
+        .find(|i| i.path == relative)
+        .map(|i| i.key.clone())
+        .unwrap_or_else(|| relative.clone());
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let secret = secrets
+        .get_opt(&secret_name)
+        .await?
+        .ok_or_else(|| Error::Other(format!("Secret {namespace}/{secret_name} does not exist")))?;
+    let value = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(&key))
+        .ok_or_else(|| Error::Other(format!("Secret {namespace}/{secret_name} has no key {key}")))?;
+    let file = pod_dir.join("cloud-config").join(&relative);
+    if let Some(parent) = file.parent() {
+        fs::create_dir_all(parent).map_err(|e| Error::io(format!("creating {}", parent.display()), e))?;
+    }
+    write_private(&file, &value.0)?;
+    Ok(file)
+}
+
+fn write_private(file: &Path, data: &[u8]) -> Result<(), Error> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(file)
+        .map_err(|e| Error::io(format!("writing {}", file.display()), e))?;
+    f.write_all(data).map_err(|e| Error::io(format!("writing {}", file.display()), e))
+}
+
+fn spawn(config: &KubeletConfig, info: &PodInfo) -> Result<Child, Error> {
+    let log = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&info.log)
+        .map_err(|e| Error::io(format!("opening {}", info.log.display()), e))?;
+    let err = log.try_clone().map_err(|e| Error::io("duplicating the log file", e))?;
+    Command::new(&config.manager_binary)
+        .args(&info.args)
+        .env("HOSTNAME", &info.name)
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(err)
+        .spawn()
+        .map_err(|e| Error::io(format!("starting {}", config.manager_binary.display()), e))
+}
+
+async fn start_pod(ctx: &Ctx, w: &Workload) -> Result<(), Error> {
+    let n = {
+        let mut st = lock(&ctx.state);
+        st.counter += 1;
+        st.counter
+    };
+    let short = &w.hash[..w.hash.len().min(8)];
+    let name = format!("{}-{short}-{n:05x}", w.name);
+    let dir = ctx.work_dir.join("pods").join(&name);
+    fs::create_dir_all(&dir).map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    let port = free_port()?;
+    let resolved =
+        resolve_args(&ctx.config.client, &w.namespace, &w.template, &ctx.config.kubeconfig, port, &dir).await;
+    let (args, cloud_config) = match resolved {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = fs::remove_dir_all(&dir);
+            return Err(e);
+        }
+    };
+    let info = PodInfo {
+        name: name.clone(),
+        namespace: w.namespace.clone(),
+        deployment: w.name.clone(),
+        template_hash: w.hash.clone(),
+        pid: None,
+        port,
+        ready: false,
+        restarts: 0,
+        terminating: false,
+        args,
+        cloud_config,
+        log: ctx.work_dir.join("logs").join(format!("{name}.log")),
+        started_at: None,
+    };
+    let child = match spawn(&ctx.config, &info) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = fs::remove_dir_all(&dir);
+            return Err(e);
+        }
+    };
+    tracing::info!(pod = %name, pid = child.id(), port, "sandbox kubelet: started a manager process");
+    let mut info = info;
+    info.pid = Some(child.id());
+    info.started_at = Some(Instant::now());
+    lock(&ctx.state).pods.push(Pod { info, child: Some(child), exited_at: None, term_sent: None, dir });
+    Ok(())
+}
+
+/// The status counts of one Deployment (pure).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    /// `spec.replicas`.
+    pub desired: i32,
+    /// Live pods of any template.
+    pub replicas: i32,
+    /// Live pods of the current template.
+    pub updated: i32,
+    /// Ready pods.
+    pub ready: i32,
+}
+
+/// The Deployment status the real controller would report for these counts (pure);
+/// `previous` keeps condition timestamps when nothing changed.
+pub fn deployment_status(
+    generation: Option<i64>,
+    replica_set: &str,
+    c: Counts,
+    previous: Option<&DeploymentStatus>,
+    now: &Time,
+) -> DeploymentStatus {
+    let available = c.ready;
+    let minimum = available >= c.desired - MAX_UNAVAILABLE;
+    let complete = c.updated == c.desired && c.replicas == c.desired && available == c.desired;
+    let condition = |type_: &str, status: bool, reason: &str, message: String| {
+        let status = if status { "True" } else { "False" }.to_string();
+        let old = previous.and_then(|p| p.conditions.as_ref()).and_then(|cs| cs.iter().find(|x| x.type_ == type_));
+        let same = old.is_some_and(|o| o.status == status);
+        let unchanged =
+            old.is_some_and(|o| same && o.reason.as_deref() == Some(reason) && o.message.as_deref() == Some(&message));
+        DeploymentCondition {
+            type_: type_.into(),
+            status,
+            reason: Some(reason.into()),
+            message: Some(message),
+            last_transition_time: if same {
+                old.and_then(|o| o.last_transition_time.clone())
+            } else {
+                Some(now.clone())
+            },
+            last_update_time: if unchanged { old.and_then(|o| o.last_update_time.clone()) } else { Some(now.clone()) },
+        }
+    };
+    let available_condition = if minimum {
+        condition("Available", true, "MinimumReplicasAvailable", "Deployment has minimum availability.".into())
+    } else {
+        condition(
+            "Available",
+            false,
+            "MinimumReplicasUnavailable",
+            "Deployment does not have minimum availability.".into(),
+        )
+    };
+    let progressing = if complete {
+        condition(
+            "Progressing",
+            true,
+            "NewReplicaSetAvailable",
+            format!("ReplicaSet \"{replica_set}\" has successfully progressed."),
+        )
+    } else {
+        condition("Progressing", true, "ReplicaSetUpdated", format!("ReplicaSet \"{replica_set}\" is progressing."))
+    };
+    DeploymentStatus {
+        observed_generation: generation,
+        replicas: Some(c.replicas),
+        updated_replicas: Some(c.updated),
+        ready_replicas: Some(c.ready),
+        available_replicas: Some(available),
+        unavailable_replicas: Some((c.desired - available).max(0)),
+        conditions: Some(vec![available_condition, progressing]),
+        ..Default::default()
+    }
+}
+
+/// Whether two statuses differ in anything but condition timestamps (pure).
+fn status_differs(a: &DeploymentStatus, b: &DeploymentStatus) -> bool {
+    let key = |s: &DeploymentStatus| {
+        let conditions: BTreeMap<String, (String, Option<String>, Option<String>)> = s
+            .conditions
+            .iter()
+            .flatten()
+            .map(|c| (c.type_.clone(), (c.status.clone(), c.reason.clone(), c.message.clone())))
+            .collect();
+        (
+            s.observed_generation,
+            s.replicas,
+            s.updated_replicas,
+            s.ready_replicas,
+            s.available_replicas,
+            s.unavailable_replicas,
+            conditions,
+        )
+    };
+    key(a) != key(b)
+}
+
+async fn write_status(ctx: &Ctx, w: &Workload) -> Result<(), Error> {
+    let counts = {
+        let st = lock(&ctx.state);
+        let live: Vec<&Pod> = st
+            .pods
+            .iter()
+            .filter(|p| p.info.namespace == w.namespace && p.info.deployment == w.name && !p.info.terminating)
+            .collect();
+        let count = |f: &dyn Fn(&&Pod) -> bool| i32::try_from(live.iter().filter(|p| f(p)).count()).unwrap_or(i32::MAX);
+        Counts {
+            desired: w.desired,
+            replicas: count(&|_| true),
+            updated: count(&|p| p.info.template_hash == w.hash),
+            ready: count(&|p| p.info.ready),
+        }
+    };
+    let previous = w.deployment.status.as_ref();
+    let short = &w.hash[..w.hash.len().min(8)];
+    let status = deployment_status(
+        w.deployment.metadata.generation,
+        &format!("{}-{short}", w.name),
+        counts,
+        previous,
+        &Time(Timestamp::now()),
+    );
+    let key = (w.namespace.clone(), w.name.clone());
+    let written = lock(&ctx.state).written.get(&key).cloned();
+    let unchanged = |s: Option<&DeploymentStatus>| s.is_some_and(|p| !status_differs(p, &status));
+    if unchanged(previous) || unchanged(written.as_ref()) {
+        return Ok(());
+    }
+    let api: Api<Deployment> = Api::namespaced(ctx.config.client.clone(), &w.namespace);
+    let body = serde_json::json!({ "status": status });
+    let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
+    api.patch_status(&w.name, &params, &Patch::Merge(&body)).await?;
+    lock(&ctx.state).written.insert(key, status);
+    Ok(())
+}
+
+/// Where `cloud-controller-manager` is: next to the running executable (the sandbox binary,
+/// `target/<profile>/`), or one level up (a test binary in `target/<profile>/deps/`).
+pub fn find_manager_binary() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    [Some(dir), dir.parent()].into_iter().flatten().map(|d| d.join("cloud-controller-manager")).find(|p| p.is_file())
+}
+
+/// The `cloud-controller-manager` binary, built first with the `cargo` that runs us (under
+/// `cargo run` or `cargo test`, `CARGO` is set) so it is never stale; without cargo, the one next
+/// to the executable.
+pub fn manager_binary() -> Result<PathBuf, Error> {
+    if let Some(cargo) = std::env::var_os("CARGO") {
+        // `-p e2e` too: the same feature unification as `cargo run -p e2e`, so neither build
+        // invalidates the other's artifacts.
+        let status = Command::new(cargo)
+            .args(["build", "--quiet", "-p", "e2e", "-p", "manager", "--bin", "cloud-controller-manager"])
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+            .stdin(Stdio::null())
+            .status()
+            .map_err(|e| Error::io("running cargo build -p manager", e))?;
+        if !status.success() {
+            return Err(Error::ManagerBinary(format!("`cargo build -p manager` failed ({status})")));
+        }
+    }
+    find_manager_binary().ok_or_else(|| {
+        Error::ManagerBinary(
+            "the cloud-controller-manager binary was not found next to this executable; build it with \
+             `cargo build -p manager --bin cloud-controller-manager`"
+                .into(),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(name: &str, current: bool, ready: bool) -> PlanPod {
+        PlanPod { name: name.into(), current, ready }
+    }
+
+    #[test]
+    fn scaling_up_from_nothing_starts_every_replica() {
+        assert_eq!(plan(2, &[]), Plan { terminate: vec![], start: 2 });
+    }
+
+    #[test]
+    fn a_rollout_replaces_one_pod_at_a_time_keeping_one_ready() {
+        // Two ready old pods: stop one.
+        let p = plan(2, &[pod("a", false, true), pod("b", false, true)]);
+        assert_eq!(p, Plan { terminate: vec!["a".into()], start: 0 });
+        // One old left: start its replacement.
+        assert_eq!(plan(2, &[pod("b", false, true)]), Plan { terminate: vec![], start: 1 });
+        // The new one is not ready: the last old one stays.
+        assert_eq!(plan(2, &[pod("b", false, true), pod("n1", true, false)]), Plan::default());
+        // Ready: replace the last old one.
+        let p = plan(2, &[pod("b", false, true), pod("n1", true, true)]);
+        assert_eq!(p.terminate, vec!["b".to_string()]);
+        // Done.
+        assert_eq!(plan(2, &[pod("n1", true, true), pod("n2", true, true)]), Plan::default());
+    }
+
+    #[test]
+    fn an_unready_old_pod_goes_first() {
+        let p = plan(2, &[pod("a", false, true), pod("b", false, false)]);
+        assert_eq!(p.terminate, vec!["b".to_string()]);
+    }
+
+    #[test]
+    fn scaling_down_stops_surplus_pods() {
+        let p = plan(1, &[pod("a", true, true), pod("b", true, true)]);
+        assert_eq!(p.terminate, vec!["b".to_string()]);
+        let p = plan(1, &[pod("old", false, true), pod("a", true, true)]);
+        assert_eq!(p.terminate, vec!["old".to_string()]);
+        assert_eq!(plan(0, &[pod("a", true, true)]).terminate, vec!["a".to_string()]);
+    }
+
+    #[test]
+    fn status_reports_a_complete_rollout_as_the_deployment_controller_does() {
+        let now = Time(Timestamp::now());
+        let done = deployment_status(
+            Some(3),
+            "ccm-x-1234",
+            Counts { desired: 2, replicas: 2, updated: 2, ready: 2 },
+            None,
+            &now,
+        );
+        assert_eq!(
+            (done.observed_generation, done.available_replicas, done.unavailable_replicas),
+            (Some(3), Some(2), Some(0))
+        );
+        let conditions = done.conditions.clone().unwrap();
+        assert_eq!(conditions[0].reason.as_deref(), Some("MinimumReplicasAvailable"));
+        assert_eq!(conditions[1].reason.as_deref(), Some("NewReplicaSetAvailable"));
+        let rolling = deployment_status(
+            Some(4),
+            "ccm-x-5678",
+            Counts { desired: 2, replicas: 2, updated: 1, ready: 1 },
+            Some(&done),
+            &now,
+        );
+        let conditions = rolling.conditions.clone().unwrap();
+        assert_eq!(
+            (conditions[0].status.as_str(), conditions[1].reason.as_deref()),
+            ("True", Some("ReplicaSetUpdated"))
+        );
+        // The same counts again: nothing to write.
+        let later = Time(Timestamp::now());
+        let again = deployment_status(
+            Some(4),
+            "ccm-x-5678",
+            Counts { desired: 2, replicas: 2, updated: 1, ready: 1 },
+            Some(&rolling),
+            &later,
+        );
+        assert!(!status_differs(&rolling, &again));
+        assert_eq!(again.conditions.unwrap()[0].last_transition_time, conditions[0].last_transition_time);
+        let down =
+            deployment_status(Some(4), "x", Counts { desired: 2, replicas: 2, updated: 2, ready: 0 }, None, &now);
+        assert_eq!(down.conditions.unwrap()[0].status, "False");
+    }
+}
