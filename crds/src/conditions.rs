@@ -46,6 +46,27 @@ pub mod reasons {
         [AS_EXPECTED, CONFIG_INVALID, DEGRADED, PROVIDER_UNHEALTHY, UNAVAILABLE, PROGRESSING, AWAITING_STATUS];
 }
 
+/// The longest Condition message a kube-apiserver accepts (`metav1.Condition.message`), in bytes.
+pub const MAX_MESSAGE_BYTES: usize = 32_768;
+
+/// What ends a message that [`cap_message`] cut.
+pub const TRUNCATED_MARKER: &str = " ... (truncated)";
+
+/// `message` cut to at most [`MAX_MESSAGE_BYTES`] bytes on a character boundary, ending with
+/// [`TRUNCATED_MARKER`] when cut, so a status write is never refused for its length.
+pub fn cap_message(mut message: String) -> String {
+    if message.len() <= MAX_MESSAGE_BYTES {
+        return message;
+    }
+    let mut end = MAX_MESSAGE_BYTES - TRUNCATED_MARKER.len();
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    message.truncate(end);
+    message.push_str(TRUNCATED_MARKER);
+    message
+}
+
 /// Whether True is the good state of a condition type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Polarity {
@@ -113,14 +134,14 @@ pub struct DesiredCondition {
 }
 
 impl DesiredCondition {
-    /// Build a desired condition.
+    /// Build a desired condition; the message is capped with [`cap_message`].
     pub fn new(
         type_: impl Into<String>,
         status: Status,
         reason: impl Into<String>,
         message: impl Into<String>,
     ) -> Self {
-        Self { type_: type_.into(), status, reason: reason.into(), message: message.into() }
+        Self { type_: type_.into(), status, reason: reason.into(), message: cap_message(message.into()) }
     }
 }
 
@@ -143,6 +164,8 @@ pub fn set_condition(
     generation: Option<i64>,
     now: &Time,
 ) -> bool {
+    let mut desired = desired;
+    desired.message = cap_message(desired.message);
     let changed = match conditions.iter_mut().find(|c| c.type_ == desired.type_) {
         Some(existing) => {
             let mut changed = false;
@@ -386,6 +409,39 @@ mod tests {
         ]);
         assert_eq!(compute_ready(&c).status, Status::True);
         assert_eq!(compute_ready(&[]).status, Status::Unknown);
+    }
+
+    #[test]
+    fn long_messages_are_capped_on_a_char_boundary_with_a_marker() {
+        // Multi-byte characters straddle the cut.
+        let long = "é".repeat(MAX_MESSAGE_BYTES);
+        let capped = cap_message(long);
+        assert!(capped.len() <= MAX_MESSAGE_BYTES, "{}", capped.len());
+        assert!(capped.ends_with(TRUNCATED_MARKER));
+        assert!(capped.trim_end_matches(TRUNCATED_MARKER).chars().all(|c| c == 'é'));
+        let short = "fine".to_string();
+        assert_eq!(cap_message(short.clone()), short);
+        let exact = "x".repeat(MAX_MESSAGE_BYTES);
+        assert_eq!(cap_message(exact.clone()), exact);
+    }
+
+    #[test]
+    fn conditions_never_carry_a_message_over_the_api_limit() {
+        let huge = "a".repeat(100_000);
+        let d = DesiredCondition::new(types::CONFIG_VALID, Status::False, "R", huge.clone());
+        assert!(d.message.len() <= MAX_MESSAGE_BYTES);
+        // A desired condition built field by field is capped when set.
+        let raw =
+            DesiredCondition { type_: types::DEGRADED.into(), status: Status::True, reason: "R".into(), message: huge };
+        let mut c = Vec::new();
+        set_condition(&mut c, raw, Some(1), &at(1));
+        assert!(c[0].message.len() <= MAX_MESSAGE_BYTES);
+        // Ready repeats every cause; it is capped too.
+        let mut all = with(&replace(&[]));
+        for t in [types::CONFIG_VALID, types::AVAILABLE, types::PROVIDER_HEALTHY] {
+            set_condition(&mut all, DesiredCondition::new(t, Status::False, "R", "b".repeat(30_000)), Some(1), &at(2));
+        }
+        assert!(compute_ready(&all).message.len() <= MAX_MESSAGE_BYTES);
     }
 
     #[test]

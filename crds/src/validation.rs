@@ -7,8 +7,8 @@ use std::fmt;
 
 use ipnet::IpNet;
 
-use crate::controllers::ControllerSelection;
-use crate::v1alpha1::CloudControllerManagerSpec;
+use crate::controllers::{self, ControllerSelection};
+use crate::v1alpha1::{CloudControllerManagerSpec, controllers_message};
 
 /// One invalid field: its JSON path and what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,38 +69,185 @@ pub fn parse_cluster_cidrs(value: &str) -> Result<Vec<IpNet>, CidrError> {
     Ok(nets)
 }
 
-/// Validate a spec: every rule the CRD states, evaluated in Rust.
-pub fn validate_spec(spec: &CloudControllerManagerSpec) -> Result<(), InvalidSpec> {
-    let mut errors = Vec::new();
-    let mut err = |field: &str, message: String| errors.push(FieldError { field: field.to_string(), message });
+/// Messages in the form a kube-apiserver gives for a CRD's schema and CEL rules.
+pub mod messages {
+    /// `maxLength`: `Too long: may not be more than N bytes`.
+    pub fn too_long(max: usize) -> String {
+        format!("Too long: may not be more than {max} bytes")
+    }
 
-    if spec.provider.trim().is_empty() {
-        err("spec.provider", "must not be empty".into());
+    /// `maxItems`: `Too many: N: must have at most M items`.
+    pub fn too_many(got: usize, max: usize) -> String {
+        format!("Too many: {got}: must have at most {max} items")
     }
-    if let Err(e) = ControllerSelection::parse(&spec.controllers) {
-        err("spec.controllers", e.to_string());
+
+    /// `maxProperties`: `Too many: N: must have at most M items`.
+    pub fn too_many_properties(got: usize, max: usize) -> String {
+        too_many(got, max)
     }
-    if spec.cluster_name.trim().is_empty() {
-        err("spec.clusterName", "must not be empty".into());
+
+    /// `minLength`, for the empty string (the only value a minimum of 1 rejects).
+    pub fn too_short(field: &str, min: usize) -> String {
+        format!("Invalid value: \"\": {field} in body should be at least {min} chars long")
     }
-    if let Some(cidr) = &spec.cluster_cidr
-        && let Err(e) = parse_cluster_cidrs(cidr)
-    {
-        err("spec.clusterCIDR", e.to_string());
+
+    /// `minimum` of an integer.
+    pub fn below_minimum(field: &str, value: i64, min: i64) -> String {
+        format!("Invalid value: {value}: {field} in body should be greater than or equal to {min}")
     }
+
+    /// `enum`: the value itself is withheld; the supported values are listed.
+    pub fn unsupported(supported: &[&str]) -> String {
+        let list: Vec<String> = supported.iter().map(|v| format!("{v:?}")).collect();
+        format!("Unsupported value: supported values: {}", list.join(", "))
+    }
+
+    /// A CEL rule's message, with the type of the value as the API server names it.
+    pub fn cel(type_: &str, message: &str) -> String {
+        format!("Invalid value: \"{type_}\": {message}")
+    }
+
+    /// A required field is missing.
+    pub const REQUIRED: &str = "Required value";
+}
+
+/// Limits of the CRD, shared by [`validate_spec`] and the schema the CRD is generated from.
+pub mod limits {
+    /// `spec.provider`.
+    pub const PROVIDER: usize = 63;
+    /// `spec.controllers` items.
+    pub const CONTROLLERS: usize = 16;
+    /// `spec.clusterName`, `spec.loadBalancerClass`, Secret names and keys, priority class.
+    pub const NAME: usize = 253;
+    /// `spec.clusterCIDR`.
+    pub const CLUSTER_CIDR: usize = 128;
+    /// `spec.extraArgs` items.
+    pub const EXTRA_ARGS: usize = 64;
+    /// Each of `spec.extraArgs`.
+    pub const EXTRA_ARG: usize = 4096;
+    /// `spec.deployment.image`.
+    pub const IMAGE: usize = 1024;
+    /// `spec.deployment.nodeSelector` entries.
+    pub const NODE_SELECTOR: usize = 32;
+    /// `spec.deployment.tolerations` items.
+    pub const TOLERATIONS: usize = 64;
+}
+
+/// Deserialize a spec from JSON (as a `DynamicObject` carries it). An error names the JSON path
+/// of the offending field and what was expected, never the value found there.
+pub fn parse_spec(value: &serde_json::Value) -> Result<CloudControllerManagerSpec, FieldError> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let message = describe_serde_error(&e.inner().to_string());
+        let field = if path == "." || path.is_empty() { "spec".to_string() } else { format!("spec.{path}") };
+        match message.strip_prefix("missing field ") {
+            Some(name) => {
+                FieldError { field: format!("{field}.{}", name.trim_matches('`')), message: messages::REQUIRED.into() }
+            }
+            None => FieldError { field, message },
+        }
+    })
+}
+
+/// A serde error message with every value it quotes withheld: `invalid type: string "x",
+/// expected i32` becomes `invalid type: string, expected i32`; an unknown enum variant becomes
+/// the API server's `Unsupported value` with the supported values (type data, not user data).
+pub fn describe_serde_error(message: &str) -> String {
+    if let Some(rest) = message.strip_prefix("unknown variant ") {
+        let expected = rest.split_once(", expected ").map(|(_, e)| e).unwrap_or_default();
+        let expected = expected.strip_prefix("one of ").unwrap_or(expected);
+        let supported: Vec<&str> =
+            expected.split(", ").map(|v| v.trim_matches('`')).filter(|v| !v.is_empty()).collect();
+        return messages::unsupported(&supported);
+    }
+    for kind in ["invalid type: ", "invalid value: "] {
+        if let Some(rest) = message.strip_prefix(kind)
+            && let Some((found, expected)) = rest.split_once(", expected ")
+        {
+            // `string "x"`, `integer `5``, `floating point `1.5``: keep the words before the value.
+            let found = found.split(['"', '`']).next().unwrap_or_default().trim();
+            return format!("{kind}{found}, expected {}", withhold_quoted(expected));
+        }
+    }
+    if let Some(field) = message.strip_prefix("missing field ") {
+        return format!("missing field {}", field.trim_matches('`'));
+    }
+    withhold_quoted(message)
+}
+
+/// Replace every `"..."` and `` `...` `` span with `<value>` (a last line of defence for
+/// messages of other shapes).
+fn withhold_quoted(message: &str) -> String {
+    let mut out = String::with_capacity(message.len().min(256));
+    let mut chars = message.chars();
+    while let Some(c) = chars.next() {
+        if c == '"' || c == '`' {
+            for d in chars.by_ref() {
+                if d == c {
+                    break;
+                }
+            }
+            out.push_str("<value>");
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Validate a spec: every rule the CRD states (lengths, item counts, minimums, CEL rules),
+/// evaluated in Rust with the messages a kube-apiserver gives. Enums are enforced when the
+/// spec is deserialized ([`parse_spec`]), because the Rust types cannot hold other values.
+/// Messages name fields and limits, never the user's values.
+pub fn validate_spec(spec: &CloudControllerManagerSpec) -> Result<(), InvalidSpec> {
+    let mut errors = Errors::default();
+    let len = |s: &str| s.chars().count();
+
+    errors.string("spec.provider", &spec.provider, limits::PROVIDER);
+
+    if spec.controllers.len() > limits::CONTROLLERS {
+        errors.push("spec.controllers", messages::too_many(spec.controllers.len(), limits::CONTROLLERS));
+    } else {
+        let allowed = controllers::allowed_entries();
+        if !spec.controllers.iter().all(|c| allowed.iter().any(|a| a == c)) {
+            errors.push("spec.controllers", messages::cel("array", &controllers_message()));
+        } else if let Err(e) = ControllerSelection::parse(&spec.controllers) {
+            errors.push("spec.controllers", e.to_string());
+        }
+    }
+
+    errors.string("spec.clusterName", &spec.cluster_name, limits::NAME);
+
+    if let Some(cidr) = &spec.cluster_cidr {
+        if len(cidr) > limits::CLUSTER_CIDR {
+            errors.push("spec.clusterCIDR", messages::too_long(limits::CLUSTER_CIDR));
+        } else if let Err(e) = parse_cluster_cidrs(cidr) {
+            // The CRD's CEL messages; the entry itself is not repeated.
+            let message = match e {
+                CidrError::TooMany(_) => "at most two CIDRs, one per IP family",
+                CidrError::SameFamily => "two CIDRs must be of different IP families",
+                CidrError::Empty | CidrError::Malformed(_) => "every entry must be a CIDR such as 10.244.0.0/16",
+            };
+            errors.push("spec.clusterCIDR", messages::cel("string", message));
+        }
+    }
+
+    if let Some(class) = &spec.load_balancer_class {
+        errors.string("spec.loadBalancerClass", class, limits::NAME);
+    }
+
     let le = &spec.leader_election;
-    if le.retry_period.is_negative() || std::time::Duration::from(le.retry_period).is_zero() {
-        err("spec.leaderElection.retryPeriod", "must be positive".into());
-    }
-    if !(le.lease_duration > le.renew_deadline && le.renew_deadline > le.retry_period) {
-        err(
+    let positive = !le.retry_period.is_negative() && !std::time::Duration::from(le.retry_period).is_zero();
+    if !(le.lease_duration > le.renew_deadline && le.renew_deadline > le.retry_period && positive) {
+        errors.push(
             "spec.leaderElection",
-            format!(
-                "leaseDuration ({}) must be greater than renewDeadline ({}), which must be greater than retryPeriod ({})",
-                le.lease_duration, le.renew_deadline, le.retry_period
+            messages::cel(
+                "object",
+                "leaseDuration must be greater than renewDeadline, which must be greater than retryPeriod, which must be positive",
             ),
         );
     }
+
     for (field, value) in [
         ("spec.concurrency.nodeSyncs", spec.concurrency.node_syncs),
         ("spec.concurrency.serviceSyncs", spec.concurrency.service_syncs),
@@ -108,18 +255,66 @@ pub fn validate_spec(spec: &CloudControllerManagerSpec) -> Result<(), InvalidSpe
         ("spec.deployment.replicas", spec.deployment.replicas),
     ] {
         if value < 1 {
-            err(field, format!("must be at least 1, got {value}"));
+            errors.push(field, messages::below_minimum(field, i64::from(value), 1));
         }
     }
+
+    let d = &spec.deployment;
+    if let Some(image) = &d.image
+        && len(image) > limits::IMAGE
+    {
+        errors.push("spec.deployment.image", messages::too_long(limits::IMAGE));
+    }
+    if len(&d.priority_class_name) > limits::NAME {
+        errors.push("spec.deployment.priorityClassName", messages::too_long(limits::NAME));
+    }
+    if let Some(selector) = &d.node_selector
+        && selector.len() > limits::NODE_SELECTOR
+    {
+        errors
+            .push("spec.deployment.nodeSelector", messages::too_many_properties(selector.len(), limits::NODE_SELECTOR));
+    }
+    if let Some(tolerations) = &d.tolerations
+        && tolerations.len() > limits::TOLERATIONS
+    {
+        errors.push("spec.deployment.tolerations", messages::too_many(tolerations.len(), limits::TOLERATIONS));
+    }
+
+    if spec.extra_args.len() > limits::EXTRA_ARGS {
+        errors.push("spec.extraArgs", messages::too_many(spec.extra_args.len(), limits::EXTRA_ARGS));
+    } else {
+        for (i, arg) in spec.extra_args.iter().enumerate() {
+            if len(arg) > limits::EXTRA_ARG {
+                errors.push(&format!("spec.extraArgs[{i}]"), messages::too_long(limits::EXTRA_ARG));
+            }
+        }
+    }
+
     if let Some(src) = &spec.cloud_config {
-        if src.secret_ref.name.trim().is_empty() {
-            err("spec.cloudConfig.secretRef.name", "must not be empty".into());
-        }
-        if src.secret_ref.key.trim().is_empty() {
-            err("spec.cloudConfig.secretRef.key", "must not be empty".into());
+        errors.string("spec.cloudConfig.secretRef.name", &src.secret_ref.name, limits::NAME);
+        errors.string("spec.cloudConfig.secretRef.key", &src.secret_ref.key, limits::NAME);
+    }
+    if errors.0.is_empty() { Ok(()) } else { Err(InvalidSpec(errors.0)) }
+}
+
+#[derive(Default)]
+struct Errors(Vec<FieldError>);
+
+impl Errors {
+    fn push(&mut self, field: &str, message: String) {
+        self.0.push(FieldError { field: field.to_string(), message });
+    }
+
+    /// minLength 1 and maxLength `max`; whitespace-only values are refused too.
+    fn string(&mut self, field: &str, value: &str, max: usize) {
+        if value.is_empty() {
+            self.push(field, messages::too_short(field, 1));
+        } else if value.chars().count() > max {
+            self.push(field, messages::too_long(max));
+        } else if value.trim().is_empty() {
+            self.push(field, "must not be blank".into());
         }
     }
-    if errors.is_empty() { Ok(()) } else { Err(InvalidSpec(errors)) }
 }
 
 #[cfg(test)]
