@@ -101,6 +101,7 @@ pub struct CloudControllerManagerSpec {
 
     /// Extra arguments appended to the manager's command line.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(max = 4096)))]
     pub extra_args: Vec<String>,
 
     /// Stop changing the workload; status is still kept current.
@@ -159,15 +160,15 @@ pub struct SecretKeyRef {
 ).message("leaseDuration must be greater than renewDeadline, which must be greater than retryPeriod, which must be positive"))]
 pub struct LeaderElection {
     /// How long a lease is valid without renewal; a standby waits this long after a crash.
-    #[serde(default = "default_lease_duration")]
+    #[serde(default = "default_lease_duration", deserialize_with = "go_duration::deserialize")]
     #[schemars(length(max = 32))]
     pub lease_duration: Duration,
     /// How long the leader keeps trying to renew before it steps down.
-    #[serde(default = "default_renew_deadline")]
+    #[serde(default = "default_renew_deadline", deserialize_with = "go_duration::deserialize")]
     #[schemars(length(max = 32))]
     pub renew_deadline: Duration,
     /// How often candidates retry acquiring or renewing.
-    #[serde(default = "default_retry_period")]
+    #[serde(default = "default_retry_period", deserialize_with = "go_duration::deserialize")]
     #[schemars(length(max = 32))]
     pub retry_period: Duration,
 }
@@ -220,6 +221,7 @@ pub struct DeploymentSettings {
     pub replicas: i32,
     /// Manager image; defaults to the operator's `--manager-image`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
     pub image: Option<String>,
     /// Image pull policy of the manager container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -229,14 +231,19 @@ pub struct DeploymentSettings {
     pub resources: Option<ResourceRequirements>,
     /// Node selector of the manager pods (DaemonSet mode defaults to control-plane nodes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("maxProperties" = 32))]
     pub node_selector: Option<BTreeMap<String, String>>,
     /// Tolerations added to the defaults (uninitialized, not-ready, unreachable, control-plane).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
     pub tolerations: Option<Vec<Toleration>>,
     /// Priority class of the manager pods.
     #[serde(default = "default_priority_class")]
+    #[schemars(length(max = 253))]
     pub priority_class_name: String,
-    /// Run on the host network, so the manager works before the pod network does.
+    /// Run on the host network, so the manager works before the pod network does. Turn it off
+    /// only when the pod network and the API server's Service address work without this
+    /// manager (see docs/security.md); the pod then passes the `restricted` Pod Security profile.
     #[serde(default = "default_true")]
     pub host_network: bool,
 }
@@ -309,12 +316,42 @@ pub struct CloudControllerManagerStatus {
     pub leader: Option<String>,
 }
 
-fn controllers_rule() -> String {
+/// Deserializing Go duration strings with a message that names the expected form and never
+/// quotes the value.
+mod go_duration {
+    use kube::core::Duration;
+    use serde::{Deserialize, Deserializer, de::Error};
+
+    /// The CRD's maxLength of a duration string.
+    pub const MAX_LENGTH: usize = 32;
+    /// The message of an unparsable duration.
+    pub const INVALID: &str = "invalid duration; expected a Go duration such as 15s or 1m30s";
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+        let s = String::deserialize(deserializer)?;
+        if s.chars().count() > MAX_LENGTH {
+            return Err(D::Error::custom(format!("Too long: may not be more than {MAX_LENGTH} bytes")));
+        }
+        // Go's time.ParseDuration accepts a bare zero.
+        if s == "0" {
+            return Ok(std::time::Duration::ZERO.into());
+        }
+        if s.is_empty() {
+            return Err(D::Error::custom(INVALID));
+        }
+        s.parse::<Duration>().map_err(|_| D::Error::custom(INVALID))
+    }
+}
+
+/// The message of an unparsable duration field.
+pub const INVALID_DURATION: &str = go_duration::INVALID;
+
+pub(crate) fn controllers_rule() -> String {
     let allowed: Vec<String> = controllers::allowed_entries().iter().map(|e| format!("'{e}'")).collect();
     format!("self.all(c, c in [{}])", allowed.join(", "))
 }
 
-fn controllers_message() -> String {
+pub(crate) fn controllers_message() -> String {
     format!(
         "each entry must be '*', a controller name or alias, optionally prefixed with '-'; known controllers: {}",
         controllers::KNOWN.iter().map(|(name, alias)| format!("{name} ({alias})")).collect::<Vec<_>>().join(", ")
