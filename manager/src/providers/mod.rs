@@ -1,5 +1,7 @@
 //! Built-in providers.
 
+#[cfg(feature = "aws")]
+pub mod aws;
 pub mod baremetal;
 pub mod fake;
 
@@ -12,6 +14,10 @@ pub fn register_builtin(registry: &mut Registry) {
         tracing::warn!(%error, "built-in provider not registered");
     }
     if let Err(error) = baremetal::register(registry) {
+        tracing::warn!(%error, "built-in provider not registered");
+    }
+    #[cfg(feature = "aws")]
+    if let Err(error) = aws::register(registry) {
         tracing::warn!(%error, "built-in provider not registered");
     }
 }
