@@ -715,6 +715,7 @@ fn rbac_semantics() {
         user_agent: String::new(),
         status: 200,
         duration_ms: 0.0,
+        ..Default::default()
     };
     let a = attributes(&record).unwrap();
     assert_eq!(a.group, "apiextensions.k8s.io");

@@ -112,6 +112,9 @@ struct Ctx {
     retries: Mutex<HashMap<String, u32>>,
     /// For each CR (`namespace/name`), the newer CRs that conflict with it.
     losers: Mutex<HashMap<String, BTreeSet<String>>>,
+    /// True once every store has listed. One task waits on the stores (kube's `Store` wakes only
+    /// the last of several waiters); reconciles wait on this channel, which wakes them all.
+    ready: tokio::sync::watch::Receiver<bool>,
 }
 
 fn now() -> Time {
@@ -257,6 +260,7 @@ pub async fn run(shared: Shared, trigger_rx: mpsc::UnboundedReceiver<ObjectRef<G
             PredicateConfig::default(),
         );
 
+    let (ready_tx, ready) = tokio::sync::watch::channel(false);
     let ctx = Arc::new(Ctx {
         shared: shared.clone(),
         crs: cr_reader.clone(),
@@ -275,6 +279,14 @@ pub async fn run(shared: Shared, trigger_rx: mpsc::UnboundedReceiver<ObjectRef<G
         failures: Mutex::new(HashMap::new()),
         retries: Mutex::new(HashMap::new()),
         losers: Mutex::new(HashMap::new()),
+        ready,
+    });
+    let gate = ctx.clone();
+    tokio::spawn(async move {
+        gate.children.wait_ready().await;
+        let _ = gate.secrets.wait_until_ready().await;
+        let _ = gate.leases.wait_until_ready().await;
+        let _ = ready_tx.send(true);
     });
 
     let crs_for_secrets = cr_reader.clone();
@@ -360,10 +372,10 @@ async fn reconcile(obj: Arc<Guarded>, ctx: Arc<Ctx>) -> Result<Action, Error> {
 }
 
 impl Ctx {
+    /// Waits until every store has listed once (immediate after that).
     async fn wait_ready(&self) {
-        self.children.wait_ready().await;
-        let _ = self.secrets.wait_until_ready().await;
-        let _ = self.leases.wait_until_ready().await;
+        // A closed channel means the term is ending; the reconcile then fails on I/O.
+        let _ = self.ready.clone().wait_for(|ready| *ready).await;
     }
 
     fn publish(&self, meta: &ObjectMeta, type_: EventType, reason: &str, note: String, action: &str) {
@@ -668,60 +680,136 @@ fn template_hash(meta: Option<&ObjectMeta>) -> Option<String> {
     meta?.annotations.as_ref()?.get(names::ANNOTATION_TEMPLATE_HASH).cloned()
 }
 
+/// One reconcile of a valid-looking CR, as a pipeline over values: dereference → validate →
+/// build and apply → observe → status → events → when to look again.
 async fn reconcile_cr(ctx: &Ctx, cr: &CloudControllerManager, namespace: &str, name: &str) -> Result<Action, Error> {
-    let key = format!("{namespace}/{name}");
-    let uid = cr.uid().ok_or(Error::MissingField("metadata.uid"))?;
-    let meta = cr.meta();
-    let t = now();
+    let input = Input {
+        cr,
+        namespace,
+        name,
+        key: format!("{namespace}/{name}"),
+        uid: cr.uid().ok_or(Error::MissingField("metadata.uid"))?,
+        now: now(),
+    };
+    let allowed = ctx.shared.allowed.contains(namespace);
+    let secret = dereference_secret(ctx, &input, allowed).await;
+    let validation = validate_step(ctx, &input, &secret, allowed);
+    let outcome = apply_step(ctx, &input, &validation, &secret).await;
+    let (workload, lease) = observe(ctx, &input).await;
+    let lease_obs = lease.as_deref().map(|l| dereference::observe_lease(l, &input.now));
 
-    // Dereference.
-    let secret = match &cr.spec.cloud_config {
-        None => SecretState::NotReferenced,
-        Some(src) => {
+    // Status.
+    for (reason, _) in &outcome.transient {
+        ctx.shared.metrics.error(reason);
+    }
+    let (failures, new_failures) = ctx.track_failures(&input.uid, outcome.transient.clone(), &input.now);
+    let compute = |cr: &CloudControllerManager| {
+        status::compute(&StatusInput {
+            cr,
+            validation: &validation,
+            workload: &workload,
+            lease: lease_obs.as_ref(),
+            rollout_started: outcome.rollout_started,
+            transient: &failures,
+            degraded_window: ctx.shared.timings.degraded_window,
+            now: input.now.clone(),
+        })
+    };
+    let computed = compute(cr);
+    if computed.changed {
+        write_status(ctx, namespace, name, &computed, compute).await?;
+    }
+
+    publish_events(ctx, &input, &computed, &outcome, &new_failures, &workload);
+    if computed.changed || !outcome.applied.is_empty() || !outcome.pruned.is_empty() {
+        tracing::info!(cr = %input.key, applied = outcome.applied.len(), pruned = outcome.pruned.len(), status_written = computed.changed, "reconciled");
+    }
+    Ok(Action::requeue(next_look(ctx, &input, &failures, lease.as_deref(), lease_obs.as_ref(), &workload)))
+}
+
+/// What every step of one reconcile knows about the CR.
+struct Input<'a> {
+    cr: &'a CloudControllerManager,
+    namespace: &'a str,
+    name: &'a str,
+    /// `namespace/name`.
+    key: String,
+    uid: String,
+    now: Time,
+}
+
+/// What the build-and-apply step did.
+#[derive(Default)]
+struct Outcome {
+    applied: Vec<String>,
+    pruned: Vec<String>,
+    rollout_started: bool,
+    engine_event: Option<(EventType, &'static str, String)>,
+    /// Transient failures of this reconcile: `(Degraded reason, message)`.
+    transient: Vec<(&'static str, String)>,
+}
+
+/// Read the referenced Secret, only in an allowed namespace (Embedded mode gets its
+/// cloud-config from here too, so it never reads elsewhere either).
+async fn dereference_secret(ctx: &Ctx, input: &Input<'_>, allowed: bool) -> SecretState {
+    match &input.cr.spec.cloud_config {
+        Some(src) if allowed => {
             ctx.secret_reader
-                .read(&ctx.shared.client, &ctx.secrets, namespace, &src.secret_ref.name, &src.secret_ref.key)
+                .read(&ctx.shared.client, &ctx.secrets, input.namespace, &src.secret_ref.name, &src.secret_ref.key)
                 .await
         }
-    };
-    let peers = dereference::peers(std::slice::from_ref(&ctx.crs), &ctx.shared.registry);
-
-    // Validate.
-    let validation = validate::validate(cr, &secret, &ctx.shared.registry, &peers);
-    let me = validate::Peer::from_cr(cr, &ctx.shared.registry);
-    ctx.update_losers(&key, me.as_ref(), &peers);
-
-    // Build and apply.
-    let mut transient: Vec<(&'static str, String)> = Vec::new();
-    if let Validation::Unknown(f) = &validation {
-        transient.push((degraded::SECRET_UNREADABLE, f.message.clone()));
+        _ => SecretState::NotReferenced,
     }
-    let mut applied: Vec<String> = Vec::new();
-    let mut pruned: Vec<String> = Vec::new();
-    let mut rollout_started = false;
-    let mut engine_event: Option<(EventType, &str, String)> = None;
-    let conflicting = matches!(&validation, Validation::Invalid { conflicts_with, .. } if !conflicts_with.is_empty());
-    match (&validation, cr.spec.paused) {
+}
+
+/// The `ConfigValid` verdict; also tells CRs that lost a conflict to this one to look again.
+fn validate_step(ctx: &Ctx, input: &Input<'_>, secret: &SecretState, allowed: bool) -> Validation {
+    if !allowed {
+        ctx.update_losers(&input.key, None, &[]);
+        return validate::namespace_not_allowed(input.namespace, &ctx.shared.allowed);
+    }
+    // CRs in namespaces the operator may not serve never run, so they block no one.
+    let mut peers = dereference::peers(std::slice::from_ref(&ctx.crs), &ctx.shared.registry);
+    peers.retain(|p| ctx.shared.allowed.contains(&p.namespace));
+    let validation = validate::validate(input.cr, secret, &ctx.shared.registry, &peers);
+    let me = validate::Peer::from_cr(input.cr, &ctx.shared.registry);
+    ctx.update_losers(&input.key, me.as_ref(), &peers);
+    validation
+}
+
+/// Build the children of a valid CR and apply them (or run its embedded engine), pruning what
+/// is no longer wanted. An invalid CR (or an unreadable Secret) leaves whatever runs as it was,
+/// except that a conflicting one is stopped.
+async fn apply_step(ctx: &Ctx, input: &Input<'_>, validation: &Validation, secret: &SecretState) -> Outcome {
+    let cr = input.cr;
+    let uid = &input.uid;
+    let mut out = Outcome::default();
+    if let Validation::Unknown(f) = validation {
+        out.transient.push((degraded::SECRET_UNREADABLE, f.message.clone()));
+    }
+    let conflicting = matches!(validation, Validation::Invalid { conflicts_with, .. } if !conflicts_with.is_empty());
+    match (validation, cr.spec.paused) {
         (_, true) => {}
         (Validation::Valid(v), false) if cr.spec.mode == Mode::Embedded => {
-            let data = match &secret {
+            let data = match secret {
                 SecretState::Found { data, .. } => Some(data.as_slice()),
                 _ => None,
             };
             if ctx.shared.engines.ensure(cr, v, data).await {
-                rollout_started = true;
-                engine_event = Some((
+                out.rollout_started = true;
+                out.engine_event = Some((
                     EventType::Normal,
                     reasons::events::ENGINE_STARTED,
-                    format!("started the embedded engine (Lease {key})"),
+                    format!("started the embedded engine (Lease {})", input.key),
                 ));
             }
-            let (p, f) = ctx.prune(&uid, &[]).await;
-            pruned = p;
-            transient.extend(f);
+            let (p, f) = ctx.prune(uid, &[]).await;
+            out.pruned = p;
+            out.transient.extend(f);
         }
         (Validation::Valid(v), false) => {
-            if ctx.shared.engines.stop(&uid).await {
-                engine_event =
+            if ctx.shared.engines.stop(uid).await {
+                out.engine_event =
                     Some((EventType::Normal, reasons::events::ENGINE_STOPPED, format!("mode is now {}", cr.spec.mode)));
             }
             let desired = build::build(cr, v, &ctx.shared.build);
@@ -735,38 +823,42 @@ async fn reconcile_cr(ctx: &Ctx, cr: &CloudControllerManager, namespace: &str, n
                         if matches!(d, Desired::Deployment(_) | Desired::DaemonSet(_))
                             && template_hash(observed.as_ref()) != template_hash(Some(d.meta()))
                         {
-                            rollout_started = true;
+                            out.rollout_started = true;
                         }
-                        applied.push(child.to_string());
+                        out.applied.push(child.to_string());
                     }
                     Ok(false) => {}
-                    Err(e) => transient.push((degraded::APPLY_FAILED, format!("applying {child}: {e}"))),
+                    Err(e) => out.transient.push((degraded::APPLY_FAILED, format!("applying {child}: {e}"))),
                 }
             }
-            let (p, f) = ctx.prune(&uid, &keep).await;
-            pruned = p;
-            transient.extend(f);
+            let (p, f) = ctx.prune(uid, &keep).await;
+            out.pruned = p;
+            out.transient.extend(f);
         }
         (Validation::Invalid { .. }, false) if conflicting => {
             // Two managers must never run the same controller: stop this one.
-            if ctx.shared.engines.stop(&uid).await {
-                engine_event = Some((
+            if ctx.shared.engines.stop(uid).await {
+                out.engine_event = Some((
                     EventType::Normal,
                     reasons::events::ENGINE_STOPPED,
                     "stopped: conflicts with an older CloudControllerManager".into(),
                 ));
             }
-            let (p, f) = ctx.prune(&uid, &[]).await;
-            pruned = p;
-            transient.extend(f);
+            let (p, f) = ctx.prune(uid, &[]).await;
+            out.pruned = p;
+            out.transient.extend(f);
         }
         // Invalid otherwise, or unreadable Secret: whatever runs keeps running as it was.
         _ => {}
     }
+    out
+}
 
-    // Observe.
-    let workload = match cr.spec.mode {
-        Mode::Embedded => match ctx.shared.engines.state(&uid).await {
+/// The workload (or engine) and the Lease, from the caches.
+async fn observe(ctx: &Ctx, input: &Input<'_>) -> (Workload, Option<Arc<Lease>>) {
+    let (namespace, name) = (input.namespace, input.name);
+    let workload = match input.cr.spec.mode {
+        Mode::Embedded => match ctx.shared.engines.state(&input.uid).await {
             Some(state) => Workload::Embedded(state),
             None => Workload::None,
         },
@@ -782,32 +874,20 @@ async fn reconcile_cr(ctx: &Ctx, cr: &CloudControllerManager, namespace: &str, n
             .map_or(Workload::None, |d| Workload::DaemonSet(dereference::observe_daemon_set(&d))),
     };
     let lease = ctx.leases.get(&ObjectRef::new(name).within(namespace));
-    let lease_obs = lease.as_deref().map(|l| dereference::observe_lease(l, &t));
+    (workload, lease)
+}
 
-    // Status.
-    for (reason, _) in &transient {
-        ctx.shared.metrics.error(reason);
-    }
-    let (failures, new_failures) = ctx.track_failures(&uid, transient, &t);
-    let compute = |cr: &CloudControllerManager| {
-        status::compute(&StatusInput {
-            cr,
-            validation: &validation,
-            workload: &workload,
-            lease: lease_obs.as_ref(),
-            rollout_started,
-            transient: &failures,
-            degraded_window: ctx.shared.timings.degraded_window,
-            now: t.clone(),
-        })
-    };
-    let computed = compute(cr);
-    if computed.changed {
-        write_status(ctx, namespace, name, &computed, compute).await?;
-    }
-
-    // Events.
-    let existing = cr.status.clone().unwrap_or_default();
+/// Events: ConfigValid transitions, applies, prunes, new transient failures, engine changes.
+fn publish_events(
+    ctx: &Ctx,
+    input: &Input<'_>,
+    computed: &status::ComputedStatus,
+    outcome: &Outcome,
+    new_failures: &[(&'static str, String)],
+    workload: &Workload,
+) {
+    let meta = input.cr.meta();
+    let existing = input.cr.status.clone().unwrap_or_default();
     let before =
         conditions::find(&existing.conditions, types::CONFIG_VALID).map(|c| (c.status.clone(), c.reason.clone()));
     let after = conditions::find(&computed.status.conditions, types::CONFIG_VALID)
@@ -828,73 +908,82 @@ async fn reconcile_cr(ctx: &Ctx, cr: &CloudControllerManager, namespace: &str, n
             ctx.publish(meta, EventType::Normal, reasons::events::CONFIG_VALID, message, "Validate");
         }
     }
-    if !applied.is_empty() {
+    if !outcome.applied.is_empty() {
         ctx.publish(
             meta,
             EventType::Normal,
             reasons::events::APPLIED,
-            format!("applied {}", applied.join(", ")),
+            format!("applied {}", outcome.applied.join(", ")),
             "Apply",
         );
     }
-    if !pruned.is_empty() {
+    if !outcome.pruned.is_empty() {
         ctx.publish(
             meta,
             EventType::Normal,
             reasons::events::PRUNED,
-            format!("deleted {}", pruned.join(", ")),
+            format!("deleted {}", outcome.pruned.join(", ")),
             "Prune",
         );
     }
-    for (reason, message) in &new_failures {
+    for (reason, message) in new_failures {
         let event_reason = if *reason == degraded::APPLY_FAILED { reasons::events::APPLY_FAILED } else { reason };
         ctx.publish(meta, EventType::Warning, event_reason, message.clone(), "Apply");
     }
-    if let Some((type_, reason, note)) = engine_event {
+    if let Some((type_, reason, note)) = outcome.engine_event.clone() {
         ctx.publish(meta, type_, reason, note, "Engine");
     }
-    if let Workload::Embedded(EngineState::Failed(m)) = &workload {
+    if let Workload::Embedded(EngineState::Failed(m)) = workload {
         let was_failed = conditions::find(&existing.conditions, types::DEGRADED)
             .is_some_and(|c| c.reason == degraded::ENGINE_FAILED);
         if !was_failed {
             ctx.publish(meta, EventType::Warning, reasons::events::ENGINE_FAILED, m.clone(), "Engine");
         }
     }
-    if computed.changed || !applied.is_empty() || !pruned.is_empty() {
-        tracing::info!(cr = %key, applied = applied.len(), pruned = pruned.len(), status_written = computed.changed, "reconciled");
-    }
+}
 
-    // When to look again.
+/// When to look at the CR again: the resync period, sooner while transient failures last,
+/// when a fresh Lease would expire, or while an embedded engine is starting.
+fn next_look(
+    ctx: &Ctx,
+    input: &Input<'_>,
+    failures: &TransientFailures,
+    lease: Option<&Lease>,
+    lease_obs: Option<&status::LeaseObservation>,
+    workload: &Workload,
+) -> Duration {
     let timings = &ctx.shared.timings;
+    let t = &input.now;
+    let retry_key = format!("transient:{}", input.uid);
     let mut next = timings.requeue;
     if !failures.causes.is_empty() {
         let attempt = {
             let mut retries = lock(&ctx.retries);
-            let n = retries.entry(format!("transient:{uid}")).or_insert(0);
+            let n = retries.entry(retry_key).or_insert(0);
             *n = n.saturating_add(1);
             *n
         };
         next = next.min(backoff(attempt));
-        if let Some(d) = status::requeue_for_degraded(&failures, timings.degraded_window, &t) {
+        if let Some(d) = status::requeue_for_degraded(failures, timings.degraded_window, t) {
             next = next.min(d);
         }
     } else {
-        lock(&ctx.retries).remove(&format!("transient:{uid}"));
+        lock(&ctx.retries).remove(&retry_key);
     }
-    if let Some(l) = lease.as_deref()
-        && lease_obs.as_ref().is_some_and(|o| o.fresh)
-        && let Some(expiry) = dereference::lease_expiry(l, &t)
+    if let Some(l) = lease
+        && lease_obs.is_some_and(|o| o.fresh)
+        && let Some(expiry) = dereference::lease_expiry(l, t)
     {
         next = next.min(expiry.max(timings.lease_recheck));
     }
     // Level-triggered: an engine that is not running yet is looked at again soon, whether or
     // not its state-change notification arrives.
-    if let Workload::Embedded(state) = &workload
+    if let Workload::Embedded(state) = workload
         && let Some(d) = crate::embedded::recheck_after(state)
     {
         next = next.min(d);
     }
-    Ok(Action::requeue(next))
+    next
 }
 
 #[cfg(test)]

@@ -20,6 +20,9 @@ pub enum Error {
     /// (De)serializing YAML failed.
     #[error("yaml error: {0}")]
     Yaml(#[from] serde_yaml::Error),
+    /// The genuine control plane (kube-apiserver and etcd) could not be started or used.
+    #[error("genuine control plane: {0}")]
+    Genuine(String),
     /// The server answered a control request with an unexpected result.
     #[error("control request failed: {0}")]
     Control(String),

@@ -13,12 +13,14 @@
 //! # Ok(()) }
 //! ```
 
+pub mod backend;
 mod control;
 mod convert;
 mod core;
 mod discovery;
 mod error;
 mod faults;
+pub mod genuine;
 mod managed;
 mod patch;
 mod request_log;
@@ -46,6 +48,7 @@ use tokio::sync::{Notify, watch as tokio_watch};
 use tokio::task::JoinHandle;
 use tracing::info;
 
+pub use backend::{Backend, TestCluster};
 pub use control::{RemoteControl, RequestFilter, Stats};
 pub use error::Error;
 pub use faults::{FaultConfig, FaultRule, Faults};
@@ -264,7 +267,7 @@ impl TestApiServer {
 
     /// The request log.
     pub fn request_log(&self) -> RequestLog {
-        RequestLog { core: self.core.clone() }
+        RequestLog::local(self.core.clone())
     }
 
     /// Fault injection.

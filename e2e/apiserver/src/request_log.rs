@@ -6,9 +6,10 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::core::Core;
+use crate::genuine::audit::AuditLog;
 
 /// One logged request.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RequestRecord {
     /// Sequence number since the server started (survives `clear`).
@@ -38,6 +39,9 @@ pub struct RequestRecord {
     pub field_manager: Option<String>,
     /// The `User-Agent` header.
     pub user_agent: String,
+    /// The authenticated user (genuine backend only; the local server has no authentication).
+    #[serde(default)]
+    pub user: Option<String>,
     /// HTTP status code answered.
     pub status: u16,
     /// Time to the response head, in milliseconds.
@@ -58,16 +62,36 @@ pub(crate) struct LogData {
     pub next_seq: u64,
 }
 
-/// Handle to the server's request log.
+/// Handle to a request log: the local server's own, or a genuine kube-apiserver's audit log
+/// read as the same records.
 #[derive(Clone)]
 pub struct RequestLog {
-    pub(crate) core: Arc<Core>,
+    source: LogSource,
+}
+
+#[derive(Clone)]
+enum LogSource {
+    Local(Arc<Core>),
+    Audit(Arc<AuditLog>),
 }
 
 impl RequestLog {
+    pub(crate) fn local(core: Arc<Core>) -> RequestLog {
+        RequestLog { source: LogSource::Local(core) }
+    }
+
+    pub(crate) fn audit(log: Arc<AuditLog>) -> RequestLog {
+        RequestLog { source: LogSource::Audit(log) }
+    }
+
     fn with<R>(&self, f: impl FnOnce(&mut LogData) -> R) -> R {
-        let mut data = self.core.log.lock().unwrap_or_else(|e| e.into_inner());
-        f(&mut data)
+        match &self.source {
+            LogSource::Local(core) => {
+                let mut data = core.log.lock().unwrap_or_else(|e| e.into_inner());
+                f(&mut data)
+            }
+            LogSource::Audit(log) => log.with(f),
+        }
     }
 
     /// All records, oldest first.

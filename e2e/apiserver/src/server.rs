@@ -229,6 +229,7 @@ async fn handle(core: Arc<Core>, req: hyper::Request<Incoming>) -> Result<Respon
         content_type,
         field_manager,
         user_agent,
+        user: None,
         status,
         duration_ms: start.elapsed().as_secs_f64() * 1000.0,
     });

@@ -1,6 +1,7 @@
 //! Integration tests: the test API server driven with `kube::Client`, kube-runtime and kubectl.
 //! One test binary (modules below) keeps link time down.
 
+mod backend;
 mod common;
 mod crd;
 mod crud;

@@ -1,0 +1,46 @@
+#!/usr/bin/env python3
+"""Reads `cargo test` output on stdin and prints, per test binary, how many tests ran on each
+backend (tests named `<scenario>::local` / `<scenario>::genuine` by `backend_tests!`)."""
+import re
+import sys
+
+SKIPPED = "genuine kube-apiserver runs skipped"
+skipped = False
+binary = None
+counts = {}
+passed = failed = 0
+order = []
+for line in sys.stdin:
+    skipped = skipped or SKIPPED in line
+    m = re.match(r"test result: \w+\. (\d+) passed; (\d+) failed", line)
+    if m:
+        passed += int(m.group(1))
+        failed += int(m.group(2))
+        continue
+    m = re.match(r"\s*Running (?:unittests )?(\S+)", line)
+    if m:
+        binary = m.group(1)
+        continue
+    m = re.match(r"test (\S+) \.\.\. (ok|FAILED|ignored)", line)
+    if not m or binary is None:
+        continue
+    name, result = m.groups()
+    backend = "genuine" if name.endswith("::genuine") else "local" if name.endswith("::local") else "other"
+    if binary not in counts:
+        counts[binary] = {}
+        order.append(binary)
+    key = (backend, result)
+    counts[binary][key] = counts[binary].get(key, 0) + 1
+
+print(f"{'test binary':<48} {'local':>6} {'genuine':>8} {'other':>6}")
+total = {"local": 0, "genuine": 0, "other": 0}
+for b in order:
+    c = counts[b]
+    row = {k: sum(v for (bk, r), v in c.items() if bk == k and r == "ok") for k in total}
+    for k in total:
+        total[k] += row[k]
+    print(f"{b:<48} {row['local']:>6} {row['genuine']:>8} {row['other']:>6}")
+if skipped:
+    print("genuine: every genuine variant returned at once (CCM_TEST_ASSETS unset); the genuine column counts nothing")
+print(f"{'all':<48} {total['local']:>6} {total['genuine']:>8} {total['other']:>6}")
+print(f"{passed} passed, {failed} failed")
