@@ -138,7 +138,7 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
 async fn health_readiness_and_metrics_are_served() {
     let env = Env::start("http").await;
     let mut config = env.operator_config();
-    config.http = Some(manager::http::HttpConfig { address: "127.0.0.1:0".parse().unwrap(), tls: None });
+    config.http = Some(manager::http::HttpConfig::plain("127.0.0.1:0".parse().unwrap()));
     let op = operator::start(config).await.unwrap();
     let addr = op.local_addr().expect("an HTTP address");
     env.apply_cr("web", spec("Deployment")).await;

@@ -2,8 +2,8 @@
 //!
 //! Names and defaults are upstream's (`k8s.io/cloud-provider` options, controller-manager and
 //! component-base), so a Deployment written for an upstream manager keeps working. Flags
-//! upstream accepts but that have no effect here (profiling, authn/authz delegation, webhooks,
-//! leader migration, ...) are accepted with a warning. Values upstream accepts but that break
+//! upstream accepts but that have no effect here (profiling, client certificates and
+//! request-header authentication, webhooks, leader migration, ...) are accepted with a warning. Values upstream accepts but that break
 //! the manager (`--concurrent-node-syncs=0`, an unparsable `--cluster-cidr` when routes would
 //! run) are rejected at start. Flags that are not upstream's are listed under "Additions".
 
@@ -17,10 +17,11 @@ use crds::validation::parse_cluster_cidrs;
 
 use crate::Error;
 use crate::client::ClientSource;
-use crate::http::{HttpConfig, TlsFiles};
+use crate::http::{HttpConfig, Tls, TlsFiles};
 use crate::leader::LeaderElectionConfig;
 use crate::options::ControllerOptions;
 use crate::provider::CloudProvider;
+use crate::serving::{AuthConfig, AuthSettings};
 use crate::status::StatusTarget;
 
 /// Parse a Go-style duration (`10s`, `5m0s`, `1h30m`, `250ms`); negative values are rejected.
@@ -219,19 +220,20 @@ pub struct Flags {
     /// Address the --secure-port endpoint listens on; 0.0.0.0 or :: listens everywhere.
     #[arg(long, default_value = "0.0.0.0", value_name = "ip", help_heading = "Secure serving flags")]
     pub bind_address: String,
-    /// Port of the /healthz, /livez, /readyz and /metrics endpoint; 0 turns it off. TLS when
-    /// --tls-cert-file and --tls-private-key-file are given, else plain HTTP. Requests are not
-    /// authenticated.
+    /// HTTPS port of the /healthz, /livez, /readyz and /metrics endpoint; 0 turns it off. Paths
+    /// outside --authorization-always-allow-paths need a bearer token the API server accepts
+    /// (TokenReview) and allows (SubjectAccessReview).
     #[arg(long, default_value_t = 10258, value_name = "int", help_heading = "Secure serving flags")]
     pub secure_port: u16,
-    /// PEM certificate for the endpoint, followed by any intermediate certificates.
+    /// PEM certificate for the endpoint, followed by any intermediate certificates. Without it,
+    /// a self-signed certificate for localhost is generated in memory at start.
     #[arg(long, default_value = "", value_name = "string", help_heading = "Secure serving flags")]
     pub tls_cert_file: String,
     /// PEM private key of --tls-cert-file.
     #[arg(long, default_value = "", value_name = "string", help_heading = "Secure serving flags")]
     pub tls_private_key_file: String,
-    /// Directory of generated TLS certificates. Has no effect here: without --tls-cert-file the
-    /// endpoint is plain HTTP.
+    /// Directory of generated TLS certificates. Has no effect here: the self-signed certificate
+    /// is kept in memory only.
     #[arg(long, default_value = "", value_name = "string", help_heading = "Secure serving flags")]
     pub cert_dir: String,
     /// TLS cipher suites. Has no effect here: rustls' safe defaults are used.
@@ -262,15 +264,16 @@ pub struct Flags {
         value_parser = parse_bool, action = ArgAction::Set, help_heading = "Secure serving flags")]
     pub permit_address_sharing: bool,
 
-    // ----- Authentication and authorization flags (accepted, no effect)
-    /// Kubeconfig for TokenReviews. Has no effect here: requests are not authenticated.
+    // ----- Authentication and authorization flags
+    /// Kubeconfig of the API server that checks bearer tokens (TokenReview); empty: --kubeconfig
+    /// or the in-cluster configuration.
     #[arg(long, default_value = "", value_name = "string", help_heading = "Authentication flags")]
     pub authentication_kubeconfig: String,
     /// Skip reading authentication settings from the cluster. Has no effect here.
     #[arg(long, default_value_t = false, num_args = 0..=1, require_equals = true, default_missing_value = "true",
         value_parser = parse_bool, action = ArgAction::Set, help_heading = "Authentication flags")]
     pub authentication_skip_lookup: bool,
-    /// Cache time of token review answers. Has no effect here.
+    /// How long a TokenReview answer is reused (a rejected token: at most 5s).
     #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "duration", help_heading = "Authentication flags")]
     pub authentication_token_webhook_cache_ttl: Duration,
     /// Start even if authentication settings cannot be read. Has no effect here.
@@ -298,11 +301,11 @@ pub struct Flags {
     /// Headers carrying the user UID. Has no effect here.
     #[arg(long, value_name = "strings", help_heading = "Authentication flags")]
     pub requestheader_uid_headers: Vec<String>,
-    /// Kubeconfig for SubjectAccessReviews. Has no effect here: requests are not authorized.
+    /// Kubeconfig of the API server that authorizes requests (SubjectAccessReview); empty:
+    /// --kubeconfig or the in-cluster configuration.
     #[arg(long, default_value = "", value_name = "string", help_heading = "Authorization flags")]
     pub authorization_kubeconfig: String,
-    /// Paths served without authorization. Has no effect here: every path is served to anyone
-    /// who can reach the port.
+    /// Paths served to anyone, without a token; an entry ending in '*' is a prefix.
     #[arg(
         long,
         value_delimiter = ',',
@@ -311,11 +314,12 @@ pub struct Flags {
         help_heading = "Authorization flags"
     )]
     pub authorization_always_allow_paths: Vec<String>,
-    /// Cache time of allowing authorization answers. Has no effect here.
+    /// How long an allowing SubjectAccessReview answer is reused.
     #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "duration", help_heading = "Authorization flags")]
     pub authorization_webhook_cache_authorized_ttl: Duration,
-    /// Cache time of denying authorization answers. Has no effect here.
-    #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "duration", help_heading = "Authorization flags")]
+    /// How long a denying SubjectAccessReview answer is reused (upstream: 10s; shorter here so
+    /// a new RoleBinding takes effect sooner).
+    #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "duration", help_heading = "Authorization flags")]
     pub authorization_webhook_cache_unauthorized_ttl: Duration,
 
     // ----- Webhook flags (accepted, no effect)
@@ -524,13 +528,11 @@ impl Flags {
             ("--disable-http2-serving", self.disable_http2_serving),
             ("--permit-port-sharing", self.permit_port_sharing),
             ("--permit-address-sharing", self.permit_address_sharing),
-            ("--authentication-kubeconfig", !self.authentication_kubeconfig.is_empty()),
             ("--authentication-skip-lookup", self.authentication_skip_lookup),
             ("--authentication-tolerate-lookup-failure", self.authentication_tolerate_lookup_failure),
             ("--client-ca-file", !self.client_ca_file.is_empty()),
             ("--requestheader-client-ca-file", !self.requestheader_client_ca_file.is_empty()),
             ("--requestheader-allowed-names", !self.requestheader_allowed_names.is_empty()),
-            ("--authorization-kubeconfig", !self.authorization_kubeconfig.is_empty()),
             ("--webhooks", !self.webhooks.is_empty()),
             ("--webhook-cert-dir", !self.webhook_cert_dir.is_empty()),
             ("--vmodule", !self.vmodule.is_empty()),
@@ -616,8 +618,8 @@ impl Flags {
                     .map_err(|_| invalid("--bind-address", format!("{:?} is not an IP address", self.bind_address)))?
             };
             let tls = match (self.tls_cert_file.is_empty(), self.tls_private_key_file.is_empty()) {
-                (true, true) => None,
-                (false, false) => Some(TlsFiles {
+                (true, true) => Tls::SelfSigned,
+                (false, false) => Tls::Files(TlsFiles {
                     cert: PathBuf::from(&self.tls_cert_file),
                     key: PathBuf::from(&self.tls_private_key_file),
                 }),
@@ -628,7 +630,22 @@ impl Flags {
                     ));
                 }
             };
-            Some(HttpConfig { address: SocketAddr::new(ip, self.secure_port), tls })
+            let always_allow_paths: Vec<String> =
+                self.authorization_always_allow_paths.iter().filter(|p| !p.is_empty()).cloned().collect();
+            crate::serving::logic::validate_always_allow_paths(&always_allow_paths)
+                .map_err(|m| invalid("--authorization-always-allow-paths", m))?;
+            let auth = AuthConfig {
+                authentication_kubeconfig: Some(self.authentication_kubeconfig.clone()).filter(|s| !s.is_empty()),
+                authorization_kubeconfig: Some(self.authorization_kubeconfig.clone()).filter(|s| !s.is_empty()),
+                ..AuthConfig::new(AuthSettings {
+                    always_allow_paths,
+                    token_ttl: self.authentication_token_webhook_cache_ttl,
+                    allowed_ttl: self.authorization_webhook_cache_authorized_ttl,
+                    denied_ttl: self.authorization_webhook_cache_unauthorized_ttl,
+                    ..AuthSettings::default()
+                })
+            };
+            Some(HttpConfig::new(SocketAddr::new(ip, self.secure_port)).with_tls(tls).with_auth(auth))
         };
 
         let ccm_resource = if self.ccm_resource.is_empty() {
@@ -814,6 +831,43 @@ mod tests {
     }
 
     #[test]
+    fn the_endpoint_is_https_with_delegated_auth_by_default_and_takes_upstreams_auth_flags() {
+        let http = settings(&[]).unwrap().http.unwrap();
+        assert_eq!(http.tls, Tls::SelfSigned);
+        let auth = http.auth.unwrap();
+        assert_eq!(auth.settings.always_allow_paths, ["/healthz", "/readyz", "/livez"]);
+        assert_eq!(auth.settings.token_ttl, Duration::from_secs(10));
+        assert_eq!(auth.settings.allowed_ttl, Duration::from_secs(10));
+        assert_eq!(auth.settings.denied_ttl, Duration::from_secs(5));
+        assert_eq!((auth.authentication_kubeconfig, auth.authorization_kubeconfig), (None, None));
+
+        let http = settings(&[
+            "--tls-cert-file=/etc/tls/tls.crt",
+            "--tls-private-key-file=/etc/tls/tls.key",
+            "--authentication-kubeconfig=/etc/kubernetes/authn.conf",
+            "--authorization-kubeconfig=/etc/kubernetes/authz.conf",
+            "--authorization-always-allow-paths=/healthz,/metrics",
+            "--authentication-token-webhook-cache-ttl=1m",
+            "--authorization-webhook-cache-unauthorized-ttl=0s",
+        ])
+        .unwrap()
+        .http
+        .unwrap();
+        assert!(matches!(&http.tls, Tls::Files(f) if f.cert == PathBuf::from("/etc/tls/tls.crt")));
+        let auth = http.auth.unwrap();
+        assert_eq!(auth.settings.always_allow_paths, ["/healthz", "/metrics"]);
+        assert_eq!(auth.settings.token_ttl, Duration::from_secs(60));
+        assert_eq!(auth.settings.denied_ttl, Duration::ZERO);
+        assert_eq!(auth.authentication_kubeconfig.as_deref(), Some("/etc/kubernetes/authn.conf"));
+        assert_eq!(auth.authorization_kubeconfig.as_deref(), Some("/etc/kubernetes/authz.conf"));
+        // An empty list allows nothing without a token; a malformed entry is refused.
+        let none = settings(&["--authorization-always-allow-paths="]).unwrap().http.unwrap().auth.unwrap();
+        assert!(none.settings.always_allow_paths.is_empty());
+        rejected(&["--authorization-always-allow-paths=healthz"], "--authorization-always-allow-paths");
+        rejected(&["--authorization-always-allow-paths=/a*b"], "--authorization-always-allow-paths");
+    }
+
+    #[test]
     fn zero_qps_disables_the_limit_and_zero_port_disables_serving() {
         let s = settings(&["--kube-api-qps=0", "--kube-api-burst=0", "--secure-port=0"]).unwrap();
         assert_eq!(s.qps, 0.0);
@@ -827,7 +881,6 @@ mod tests {
             "--use-service-account-credentials=true",
             "--profiling=false",
             "--authentication-skip-lookup",
-            "--authorization-kubeconfig=/etc/kubernetes/authz.conf",
             "--feature-gates=CloudControllerManagerWebhook=true,SomethingElse=false",
             "--enable-leader-migration",
             "--cert-dir=/var/run/certs",
@@ -838,7 +891,6 @@ mod tests {
             "--use-service-account-credentials",
             "--profiling",
             "--authentication-skip-lookup",
-            "--authorization-kubeconfig",
             "SomethingElse",
             "--enable-leader-migration",
             "--cert-dir",

@@ -22,6 +22,7 @@ pub mod providers;
 pub mod registry;
 pub mod status;
 
+pub mod serving;
 pub use async_trait::async_trait;
 pub use engine::app::run_main;
 pub use error::Error;

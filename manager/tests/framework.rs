@@ -14,7 +14,7 @@ use kube::{Api, Client};
 use manager::controller::{Context, Controller};
 use manager::engine::{EngineBuilder, RunningEngine};
 use manager::health::HealthHandle;
-use manager::http::{HttpConfig, TlsFiles};
+use manager::http::{HttpConfig, Tls, TlsFiles};
 use manager::leader::LeaderElectionConfig;
 use manager::options::ControllerOptions;
 use manager::provider::{Health, health_reasons};
@@ -202,7 +202,7 @@ async fn readyz_healthz_checks_and_metrics_are_served() {
     let engine = start(
         probe_engine(server.client(), fake.clone(), &tally)
             .leader_election(Some(fast_election("ccm-http", "me")))
-            .http(Some(HttpConfig { address: "127.0.0.1:0".parse().unwrap(), tls: None })),
+            .http(Some(HttpConfig::plain("127.0.0.1:0".parse().unwrap()))),
     )
     .await;
     let addr = engine.local_addr().unwrap();
@@ -253,7 +253,7 @@ async fn the_endpoint_speaks_tls_when_given_a_certificate() {
     let tls = TlsFiles { cert: fixture("tls.crt"), key: fixture("tls.key") };
     let engine = start(
         probe_engine(server.client(), Arc::new(FakeProvider::new()), &Tally::default())
-            .http(Some(HttpConfig { address: "127.0.0.1:0".parse().unwrap(), tls: Some(tls) })),
+            .http(Some(HttpConfig::new("127.0.0.1:0".parse().unwrap()).with_tls(Tls::Files(tls)))),
     )
     .await;
     let addr = engine.local_addr().unwrap();
@@ -407,8 +407,10 @@ async fn the_binary_runs_the_fake_provider_against_the_local_api_server_and_stop
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        if let Ok(s) = tokio::net::TcpStream::connect(addr).await
-            && get_over(s, "/readyz").await.0 == 200
+        // HTTPS with the generated certificate, as a kubelet probes it.
+        if manager::serving::probe::get(addr, "/readyz", None, Duration::from_secs(5))
+            .await
+            .is_some_and(|r| r.status == 200)
         {
             break;
         }
@@ -476,7 +478,7 @@ async fn the_engine_runs_the_enabled_built_in_controllers_and_skips_those_the_pr
     let engine = start(
         EngineBuilder::new(server.client(), fake.clone(), options)
             .leader_election(Some(fast_election("ccm-builtin", "me")))
-            .http(Some(HttpConfig { address: "127.0.0.1:0".parse().unwrap(), tls: None })),
+            .http(Some(HttpConfig::plain("127.0.0.1:0".parse().unwrap()))),
     )
     .await;
     engine.wait_leading(true).await;

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use clap::{ArgAction, Parser, Subcommand};
 use manager::client::{self, ClientSource, RateLimitLayer};
-use manager::http::HttpConfig;
+use manager::http::{HttpConfig, Tls, TlsFiles};
+use manager::serving::{AuthConfig, AuthSettings};
 use operator::{BuildSettings, OperatorConfig, Scope, Timings};
 use tracing_subscriber::EnvFilter;
 
@@ -52,7 +53,9 @@ struct RunFlags {
     /// for the manager's Lease and the CR's status; the operator needs only `bind` on it.
     #[arg(long, default_value = "ccm-manager-namespace", value_name = "name")]
     manager_namespace_role: String,
-    /// Address of /healthz, /livez, /readyz and /metrics; empty disables them.
+    /// HTTPS address of /healthz, /livez, /readyz and /metrics; empty disables them. Paths
+    /// outside --authorization-always-allow-paths need a bearer token that the API server
+    /// accepts (TokenReview) and allows (SubjectAccessReview), as the manager's --secure-port.
     #[arg(long, default_value = "0.0.0.0:8080", value_name = "host:port")]
     http_address: String,
     /// Elect a leader on Lease `ccm-operator`, so that only one replica reconciles.
@@ -61,6 +64,21 @@ struct RunFlags {
     /// Namespace of the operator's Lease; default: the pod's namespace, else kube-system.
     #[arg(long, env = "POD_NAMESPACE", value_name = "namespace")]
     leader_elect_namespace: Option<String>,
+    /// PEM certificate of the endpoint; without it a self-signed one is generated at start.
+    #[arg(long, default_value = "", value_name = "path")]
+    tls_cert_file: String,
+    /// PEM private key of --tls-cert-file.
+    #[arg(long, default_value = "", value_name = "path")]
+    tls_private_key_file: String,
+    /// Kubeconfig for TokenReviews; empty: the operator's own client configuration.
+    #[arg(long, default_value = "", value_name = "path")]
+    authentication_kubeconfig: String,
+    /// Kubeconfig for SubjectAccessReviews; empty: the operator's own client configuration.
+    #[arg(long, default_value = "", value_name = "path")]
+    authorization_kubeconfig: String,
+    /// Paths served without a token; an entry ending in '*' is a prefix.
+    #[arg(long, value_delimiter = ',', default_value = "/healthz,/readyz,/livez", value_name = "paths")]
+    authorization_always_allow_paths: Vec<String>,
     /// How long transient failures must last before Degraded turns True.
     #[arg(long, default_value = "2m", value_parser = manager::flags::parse_duration, value_name = "duration")]
     degraded_window: Duration,
@@ -98,7 +116,7 @@ fn lease_namespace(flag: Option<String>) -> String {
 async fn run(flags: RunFlags) -> Result<(), operator::Error> {
     let source = ClientSource { kubeconfig: flags.kubeconfig.clone(), master: None };
     let config = client::load_config(&source).await?;
-    let client = client::build_client(config, &RateLimitLayer::disabled())?;
+    let client = client::build_client(config.clone(), &RateLimitLayer::disabled())?;
     let namespaces: Vec<String> =
         flags.namespaces.into_iter().map(|n| n.trim().to_string()).filter(|n| !n.is_empty()).collect();
     let http = if flags.http_address.is_empty() {
@@ -108,7 +126,32 @@ async fn run(flags: RunFlags) -> Result<(), operator::Error> {
             .http_address
             .parse()
             .map_err(|e| operator::Error::Config(format!("--http-address {:?}: {e}", flags.http_address)))?;
-        Some(HttpConfig { address, tls: None })
+        let tls = match (flags.tls_cert_file.is_empty(), flags.tls_private_key_file.is_empty()) {
+            (true, true) => Tls::SelfSigned,
+            (false, false) => Tls::Files(TlsFiles {
+                cert: flags.tls_cert_file.clone().into(),
+                key: flags.tls_private_key_file.clone().into(),
+            }),
+            _ => {
+                return Err(operator::Error::Config(
+                    "--tls-cert-file and --tls-private-key-file must be given together".into(),
+                ));
+            }
+        };
+        let auth = AuthConfig {
+            authentication_kubeconfig: Some(flags.authentication_kubeconfig.clone()).filter(|s| !s.is_empty()),
+            authorization_kubeconfig: Some(flags.authorization_kubeconfig.clone()).filter(|s| !s.is_empty()),
+            ..AuthConfig::new(AuthSettings {
+                always_allow_paths: flags
+                    .authorization_always_allow_paths
+                    .iter()
+                    .filter(|p| !p.is_empty())
+                    .cloned()
+                    .collect(),
+                ..AuthSettings::default()
+            })
+        };
+        Some(HttpConfig::new(address).with_tls(tls).with_auth(auth).resolve_auth(&config).await?)
     };
     let mut config = OperatorConfig::new(client);
     config.scope = if namespaces.is_empty() { Scope::All } else { Scope::Namespaces(namespaces) };

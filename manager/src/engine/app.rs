@@ -150,6 +150,12 @@ pub async fn run(registry: Registry, mut settings: Settings, shutdown: Cancellat
     );
     let layer = RateLimitLayer::new(settings.qps, settings.burst)
         .with_observer(Arc::new(move |d: std::time::Duration| wait.observe(d.as_secs_f64())));
+    // The endpoint's TokenReviews and SubjectAccessReviews use this configuration unless
+    // --authentication-kubeconfig / --authorization-kubeconfig say otherwise.
+    let http = match settings.http {
+        Some(http) => Some(http.resolve_auth(&config).await?),
+        None => None,
+    };
     let client = client::build_client(config.clone(), &layer)?;
     let event_client = client::build_client(config, &RateLimitLayer::disabled())?;
 
@@ -157,7 +163,7 @@ pub async fn run(registry: Registry, mut settings: Settings, shutdown: Cancellat
     let engine = EngineBuilder::new(client, provider, settings.options)
         .event_client(event_client)
         .leader_election(settings.leader_election)
-        .http(settings.http)
+        .http(http)
         .metrics(metrics)
         .on_leader_loss(on_loss)
         .report_status(settings.ccm_resource, settings.ccm_resource_interval)

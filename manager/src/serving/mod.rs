@@ -1,0 +1,516 @@
+//! The endpoint server shared by the manager (`--secure-port`) and the operator: HTTPS (a
+//! self-signed certificate unless one is given), delegated authentication and authorization
+//! ([`auth`]), and limits that keep it answering under load.
+//!
+//! Resilience, in order of a connection's life:
+//! - at most [`Limits::max_connections`] open at once (lowered to leave descriptors for the
+//!   rest of the process); when full, the connection idle the longest is closed to make room,
+//!   and a new one is closed at once only when every slot is answering a request;
+//! - `accept` errors pause the loop (10 ms doubling to 1 s) and are logged at most once per
+//!   [`Limits::warn_every`]; running out of descriptors also lowers the limit and closes idle
+//!   connections, so the process gets descriptors back;
+//! - the TLS handshake, the request head, and idleness between requests each have a timeout.
+//!
+//! Pure decisions live in [`logic`].
+
+pub mod auth;
+pub mod logic;
+pub mod probe;
+pub mod tls;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode, header};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+
+use crate::Error;
+use crate::client::{self, ClientSource, RateLimitLayer};
+
+pub use auth::{AuthConfig, AuthSettings, Gatekeeper, KubeReviews, Reviews, TokenOutcome};
+pub use logic::{Gate, UserInfo};
+pub use tls::{Tls, TlsFiles, load_tls};
+
+/// Limits and timeouts of the endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Most connections open at once (further lowered by the open-file limit).
+    pub max_connections: usize,
+    /// Time a client has to complete the TLS handshake.
+    pub tls_handshake_timeout: Duration,
+    /// Time a client has to send a request's head, from when the server starts reading it.
+    pub header_read_timeout: Duration,
+    /// A connection with no request in progress for this long is closed.
+    pub idle_timeout: Duration,
+    /// First pause after a failed `accept`; it doubles up to `accept_backoff_max`.
+    pub accept_backoff_first: Duration,
+    /// Longest pause after failed `accept`s.
+    pub accept_backoff_max: Duration,
+    /// At most one "accepting a connection failed" warning per this period.
+    pub warn_every: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_connections: 128,
+            tls_handshake_timeout: Duration::from_secs(10),
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            accept_backoff_first: Duration::from_millis(10),
+            accept_backoff_max: Duration::from_secs(1),
+            warn_every: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Where and how to serve.
+#[derive(Debug, Clone)]
+pub struct HttpConfig {
+    /// `--bind-address` and `--secure-port` (port 0 picks a free port, for tests).
+    pub address: SocketAddr,
+    /// HTTPS with a generated or given certificate, or plain HTTP.
+    pub tls: Tls,
+    /// Delegated authentication and authorization; `None` serves every path to anyone (tests,
+    /// embedding behind an authenticating proxy).
+    pub auth: Option<AuthConfig>,
+    /// Connection limit and timeouts.
+    pub limits: Limits,
+}
+
+impl HttpConfig {
+    /// HTTPS with a self-signed certificate, no authentication, default limits.
+    pub fn new(address: SocketAddr) -> Self {
+        Self { address, tls: Tls::SelfSigned, auth: None, limits: Limits::default() }
+    }
+
+    /// Plain HTTP, no authentication: for tests.
+    pub fn plain(address: SocketAddr) -> Self {
+        Self { tls: Tls::Plain, ..Self::new(address) }
+    }
+
+    /// Use this TLS setting.
+    pub fn with_tls(mut self, tls: Tls) -> Self {
+        self.tls = tls;
+        self
+    }
+
+    /// Require delegated authentication and authorization.
+    pub fn with_auth(mut self, auth: AuthConfig) -> Self {
+        self.auth = Some(auth);
+        self
+    }
+
+    /// Use these limits.
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Give the delegated auth its API clients when it has no reviewer yet: clients from
+    /// `--authentication-kubeconfig` / `--authorization-kubeconfig` when set, else from
+    /// `default` (the process's own client configuration). Reviews are not rate-limited by
+    /// `--kube-api-qps`; they are bounded by the cache and by the reviews-in-flight limit.
+    pub async fn resolve_auth(mut self, default: &kube::Config) -> Result<Self, Error> {
+        if let Some(auth) = self.auth.as_mut()
+            && auth.reviews.is_none()
+        {
+            let authentication = review_client(auth.authentication_kubeconfig.as_deref(), default).await?;
+            let authorization = review_client(auth.authorization_kubeconfig.as_deref(), default).await?;
+            auth.reviews = Some(Arc::new(KubeReviews::new(authentication, authorization)));
+        }
+        Ok(self)
+    }
+}
+
+async fn review_client(kubeconfig: Option<&str>, default: &kube::Config) -> Result<kube::Client, Error> {
+    let config = match kubeconfig.filter(|p| !p.is_empty()) {
+        Some(path) => client::load_config(&ClientSource { kubeconfig: Some(path.to_string()), master: None }).await?,
+        None => default.clone(),
+    };
+    client::build_client(config, &RateLimitLayer::disabled())
+}
+
+/// The answer to one request: status, content type and body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// `Content-Type`.
+    pub content_type: &'static str,
+    /// Body.
+    pub body: String,
+}
+
+impl Answer {
+    /// A `text/plain` answer.
+    pub fn text(status: StatusCode, body: impl Into<String>) -> Self {
+        Self { status, content_type: "text/plain; charset=utf-8", body: body.into() }
+    }
+}
+
+/// What answers an authorized request: method and path with query string.
+pub type Handler = Arc<dyn Fn(&Method, &str) -> Answer + Send + Sync>;
+
+/// Counters of the server, for tests and diagnostics.
+#[derive(Debug, Default)]
+pub struct ServerStats {
+    /// Connections accepted.
+    pub accepted: AtomicU64,
+    /// Connections closed at once because every slot was answering a request.
+    pub rejected: AtomicU64,
+    /// Idle connections closed to make room.
+    pub evicted: AtomicU64,
+    /// Failed `accept` calls.
+    pub accept_errors: AtomicU64,
+    /// "accepting a connection failed" warnings logged.
+    pub accept_warnings: AtomicU64,
+    /// Connections open now.
+    pub open: AtomicUsize,
+    /// The connection limit now.
+    pub limit: AtomicUsize,
+}
+
+impl ServerStats {
+    fn add(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// One open connection: closed through `cancel`; `idle_since` is `None` while a request is
+/// being answered.
+#[derive(Debug)]
+struct Slot {
+    cancel: CancellationToken,
+    idle_since: Mutex<Option<Instant>>,
+}
+
+impl Slot {
+    fn idle_since(&self) -> Option<Instant> {
+        *self.idle_since.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    fn set_idle(&self, since: Option<Instant>) {
+        *self.idle_since.lock().unwrap_or_else(|e| e.into_inner()) = since;
+    }
+}
+
+/// Marks a slot busy for the life of a request.
+struct Busy(Arc<Slot>);
+
+impl Busy {
+    fn new(slot: Arc<Slot>) -> Self {
+        slot.set_idle(None);
+        Self(slot)
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.set_idle(Some(Instant::now()));
+    }
+}
+
+/// The open connections.
+#[derive(Debug)]
+struct Table {
+    slots: Mutex<HashMap<u64, Arc<Slot>>>,
+    next: AtomicU64,
+    stats: Arc<ServerStats>,
+}
+
+impl Table {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Slot>>> {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn limit(&self) -> usize {
+        self.stats.limit.load(Ordering::Relaxed)
+    }
+
+    /// A slot for a new connection, closing the longest-idle one when full; `None` when every
+    /// slot is busy.
+    fn admit(self: &Arc<Self>) -> Option<SlotGuard> {
+        let mut slots = self.lock();
+        while slots.len() >= self.limit() {
+            let victim = logic::eviction_victim(slots.iter().map(|(id, s)| (*id, s.idle_since())))?;
+            if let Some(s) = slots.remove(&victim) {
+                s.cancel.cancel();
+                ServerStats::add(&self.stats.evicted);
+            }
+        }
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let slot = Arc::new(Slot { cancel: CancellationToken::new(), idle_since: Mutex::new(Some(Instant::now())) });
+        slots.insert(id, slot.clone());
+        self.stats.open.store(slots.len(), Ordering::Relaxed);
+        Some(SlotGuard { table: self.clone(), id, slot })
+    }
+
+    /// Out of descriptors: lower the limit and close idle connections down to it.
+    fn on_exhaustion(&self) {
+        let mut slots = self.lock();
+        let limit = logic::limit_after_exhaustion(self.limit(), slots.len());
+        if limit < self.limit() {
+            tracing::warn!(limit, "out of file descriptors: lowering the endpoint's connection limit");
+            self.stats.limit.store(limit, Ordering::Relaxed);
+        }
+        // At least one, so the next accept can succeed.
+        let mut closed = 0;
+        while slots.len() > limit || closed == 0 {
+            let Some(victim) = logic::eviction_victim(slots.iter().map(|(id, s)| (*id, s.idle_since()))) else {
+                break;
+            };
+            if let Some(s) = slots.remove(&victim) {
+                s.cancel.cancel();
+                ServerStats::add(&self.stats.evicted);
+            }
+            closed += 1;
+        }
+        self.stats.open.store(slots.len(), Ordering::Relaxed);
+    }
+}
+
+/// Removes its slot when the connection task ends.
+struct SlotGuard {
+    table: Arc<Table>,
+    id: u64,
+    slot: Arc<Slot>,
+}
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        let mut slots = self.table.lock();
+        slots.remove(&self.id);
+        self.table.stats.open.store(slots.len(), Ordering::Relaxed);
+    }
+}
+
+/// A bound listener, ready to serve.
+pub struct Listener {
+    tcp: TcpListener,
+    tls: Option<TlsAcceptor>,
+    address: SocketAddr,
+    gate: Option<Arc<Gatekeeper>>,
+    limits: Limits,
+    stats: Arc<ServerStats>,
+}
+
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listener")
+            .field("address", &self.address)
+            .field("tls", &self.tls.is_some())
+            .field("authenticated", &self.gate.is_some())
+            .finish()
+    }
+}
+
+/// This process's soft open-file limit (Linux), if known.
+fn open_files_limit() -> Option<u64> {
+    std::fs::read_to_string("/proc/self/limits").ok().as_deref().and_then(logic::parse_open_files_limit)
+}
+
+impl Listener {
+    /// Bind `config.address`, preparing TLS first so bad files fail at start.
+    pub async fn bind(config: &HttpConfig) -> Result<Self, Error> {
+        let serve_error = |message: String| Error::Serve { address: config.address.to_string(), message };
+        let tls = tls::server_config(&config.tls, config.address.ip())?.map(|c| TlsAcceptor::from(Arc::new(c)));
+        let gate = match &config.auth {
+            None => None,
+            Some(auth) => {
+                logic::validate_always_allow_paths(&auth.settings.always_allow_paths)
+                    .map_err(|m| Error::InvalidFlag { flag: "--authorization-always-allow-paths", message: m })?;
+                let reviews = auth.reviews.clone().ok_or_else(|| {
+                    serve_error("delegated authentication has no API client (call HttpConfig::resolve_auth)".into())
+                })?;
+                Some(Arc::new(Gatekeeper::new(auth.settings.clone(), reviews)))
+            }
+        };
+        let tcp = TcpListener::bind(config.address).await.map_err(|e| serve_error(e.to_string()))?;
+        let address = tcp.local_addr().map_err(|e| serve_error(e.to_string()))?;
+        let stats = Arc::new(ServerStats::default());
+        stats.limit.store(
+            logic::effective_max_connections(config.limits.max_connections, open_files_limit()),
+            Ordering::Relaxed,
+        );
+        Ok(Self { tcp, tls, address, gate, limits: config.limits.clone(), stats })
+    }
+
+    /// The bound address (the real port when port 0 was asked for).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.address
+    }
+
+    /// The server's counters (live while it serves).
+    pub fn stats(&self) -> Arc<ServerStats> {
+        self.stats.clone()
+    }
+
+    /// Serve `handler` until `shutdown` fires; open connections then finish their request.
+    pub async fn serve_with(self, handler: Handler, shutdown: CancellationToken) {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        tracing::info!(
+            address = %self.address,
+            scheme,
+            authenticated = self.gate.is_some(),
+            max_connections = self.stats.limit.load(Ordering::Relaxed),
+            "serving health and metrics"
+        );
+        let table =
+            Arc::new(Table { slots: Mutex::new(HashMap::new()), next: AtomicU64::new(0), stats: self.stats.clone() });
+        let mut backoff = logic::Backoff::new(self.limits.accept_backoff_first, self.limits.accept_backoff_max);
+        let mut warnings = logic::WarnLimiter::new(self.limits.warn_every);
+        let shared =
+            Arc::new(Shared { handler, gate: self.gate.clone(), limits: self.limits.clone(), tls: self.tls.clone() });
+        loop {
+            let accepted = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                accepted = self.tcp.accept() => accepted,
+            };
+            match accepted {
+                Ok((stream, _peer)) => {
+                    backoff.success();
+                    ServerStats::add(&self.stats.accepted);
+                    let Some(guard) = table.admit() else {
+                        // Every slot is answering a request: close this one at once.
+                        ServerStats::add(&self.stats.rejected);
+                        drop(stream);
+                        continue;
+                    };
+                    let _ = stream.set_nodelay(true);
+                    tokio::spawn(connection(stream, guard, shared.clone(), shutdown.clone()));
+                }
+                Err(error) => {
+                    ServerStats::add(&self.stats.accept_errors);
+                    if logic::is_descriptor_exhaustion(&error) {
+                        table.on_exhaustion();
+                    }
+                    let pause = backoff.failure();
+                    if let Some(suppressed) = warnings.allow(Instant::now()) {
+                        ServerStats::add(&self.stats.accept_warnings);
+                        tracing::warn!(%error, suppressed, ?pause, "accepting a connection failed; pausing");
+                    }
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        _ = tokio::time::sleep(pause) => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// What every connection task needs.
+struct Shared {
+    handler: Handler,
+    gate: Option<Arc<Gatekeeper>>,
+    limits: Limits,
+    tls: Option<TlsAcceptor>,
+}
+
+async fn connection(stream: TcpStream, guard: SlotGuard, shared: Arc<Shared>, shutdown: CancellationToken) {
+    let slot = guard.slot.clone();
+    match &shared.tls {
+        Some(acceptor) => {
+            let handshake = tokio::select! {
+                _ = slot.cancel.cancelled() => return,
+                _ = shutdown.cancelled() => return,
+                r = tokio::time::timeout(shared.limits.tls_handshake_timeout, acceptor.accept(stream)) => r,
+            };
+            match handshake {
+                Ok(Ok(tls)) => serve_http(TokioIo::new(tls), slot, shared.clone(), shutdown).await,
+                Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
+                Err(_) => tracing::debug!("TLS handshake timed out"),
+            }
+        }
+        None => serve_http(TokioIo::new(stream), slot, shared.clone(), shutdown).await,
+    }
+    drop(guard);
+}
+
+fn respond(status: StatusCode, content_type: &'static str, body: String, method: &Method) -> Response<Full<Bytes>> {
+    let body = if *method == Method::HEAD { Bytes::new() } else { Bytes::from(body) };
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, content_type)
+        .header(header::CACHE_CONTROL, "no-cache, private")
+        .header(header::X_CONTENT_TYPE_OPTIONS, "nosniff")
+        .body(Full::new(body))
+        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
+}
+
+async fn handle(req: Request<Incoming>, slot: Arc<Slot>, shared: Arc<Shared>) -> Response<Full<Bytes>> {
+    let _busy = Busy::new(slot);
+    let method = req.method().clone();
+    let path_and_query = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    let path = path_and_query.split_once('?').map_or(path_and_query, |(p, _)| p);
+    if let Some(gate) = &shared.gate {
+        let authorization = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+        let decision = gate.check(&method, path, authorization).await;
+        if let Some((status, body)) = decision.refusal(path) {
+            return respond(status, "text/plain; charset=utf-8", body, &method);
+        }
+    }
+    let a = (shared.handler)(&method, path_and_query);
+    respond(a.status, a.content_type, a.body, &method)
+}
+
+/// Requests heads larger than this are refused (hyper's minimum is 8 KiB).
+const MAX_HEAD_BYTES: usize = 32 * 1024;
+
+async fn serve_http<I>(io: I, slot: Arc<Slot>, shared: Arc<Shared>, shutdown: CancellationToken)
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let service = {
+        let (slot, shared) = (slot.clone(), shared.clone());
+        service_fn(move |req: Request<Incoming>| {
+            let (slot, shared) = (slot.clone(), shared.clone());
+            async move { Ok::<_, Infallible>(handle(req, slot, shared).await) }
+        })
+    };
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(shared.limits.header_read_timeout)
+        .max_buf_size(MAX_HEAD_BYTES)
+        .keep_alive(true);
+    let conn = builder.serve_connection(io, service);
+    tokio::pin!(conn);
+    let idle = shared.limits.idle_timeout;
+    let mut tick = tokio::time::interval((idle / 4).max(Duration::from_millis(100)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            result = conn.as_mut() => {
+                if let Err(error) = result {
+                    tracing::debug!(%error, "connection ended with an error");
+                }
+                return;
+            }
+            // Closed to make room, or idle too long: drop it at once.
+            _ = slot.cancel.cancelled() => return,
+            _ = tick.tick() => {
+                if slot.idle_since().is_some_and(|since| since.elapsed() >= idle) {
+                    return;
+                }
+            }
+            _ = shutdown.cancelled() => {
+                conn.as_mut().graceful_shutdown();
+                let _ = tokio::time::timeout(Duration::from_secs(5), conn.as_mut()).await;
+                return;
+            }
+        }
+    }
+}
