@@ -13,8 +13,10 @@ use std::sync::Mutex;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
-use kube::api::{ApiResource, DeleteParams, DynamicObject, ObjectMeta, PartialObjectMeta, Patch, PatchParams};
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding};
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, ObjectMeta, PartialObjectMeta, Patch, PatchParams, Preconditions,
+};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource};
 
@@ -59,6 +61,8 @@ pub struct ChildStores {
     pub cluster_role_bindings: Store<PartialObjectMeta<ClusterRoleBinding>>,
     /// RoleBindings (metadata only).
     pub role_bindings: Store<PartialObjectMeta<RoleBinding>>,
+    /// Roles (metadata only).
+    pub roles: Store<PartialObjectMeta<Role>>,
     /// Deployments (pod spec stripped).
     pub deployments: Store<Deployment>,
     /// DaemonSets (pod spec stripped).
@@ -98,6 +102,7 @@ impl ChildStores {
             Kind::ServiceAccount => get_meta(&self.service_accounts, ns, name),
             Kind::ClusterRoleBinding => get_meta(&self.cluster_role_bindings, None, name),
             Kind::RoleBinding => get_meta(&self.role_bindings, ns, name),
+            Kind::Role => get_meta(&self.roles, ns, name),
             Kind::Deployment => get_meta(&self.deployments, ns, name),
             Kind::DaemonSet => get_meta(&self.daemon_sets, ns, name),
             Kind::PodDisruptionBudget => get_meta(&self.pdbs, ns, name),
@@ -109,6 +114,7 @@ impl ChildStores {
         let mut out = owned(&self.service_accounts, Kind::ServiceAccount, uid);
         out.extend(owned(&self.cluster_role_bindings, Kind::ClusterRoleBinding, uid));
         out.extend(owned(&self.role_bindings, Kind::RoleBinding, uid));
+        out.extend(owned(&self.roles, Kind::Role, uid));
         out.extend(owned(&self.deployments, Kind::Deployment, uid));
         out.extend(owned(&self.daemon_sets, Kind::DaemonSet, uid));
         out.extend(owned(&self.pdbs, Kind::PodDisruptionBudget, uid));
@@ -122,6 +128,7 @@ impl ChildStores {
         let _ = self.service_accounts.wait_until_ready().await;
         let _ = self.cluster_role_bindings.wait_until_ready().await;
         let _ = self.role_bindings.wait_until_ready().await;
+        let _ = self.roles.wait_until_ready().await;
         let _ = self.deployments.wait_until_ready().await;
         let _ = self.daemon_sets.wait_until_ready().await;
         let _ = self.pdbs.wait_until_ready().await;
@@ -167,6 +174,7 @@ fn api_resource(kind: Kind) -> ApiResource {
         Kind::ServiceAccount => ApiResource::erase::<ServiceAccount>(&()),
         Kind::ClusterRoleBinding => ApiResource::erase::<ClusterRoleBinding>(&()),
         Kind::RoleBinding => ApiResource::erase::<RoleBinding>(&()),
+        Kind::Role => ApiResource::erase::<Role>(&()),
         Kind::Deployment => ApiResource::erase::<Deployment>(&()),
         Kind::DaemonSet => ApiResource::erase::<DaemonSet>(&()),
         Kind::PodDisruptionBudget => ApiResource::erase::<PodDisruptionBudget>(&()),
@@ -226,15 +234,64 @@ impl Applier {
         }
     }
 
+    /// Delete a child only if it is this operator's object for the CR `owner_uid`: it is read
+    /// fresh, its labels are checked ([`is_owned_by`]), and the delete carries a UID
+    /// precondition, so an object someone else made (or re-made) under the same name is never
+    /// touched. RBAC cannot restrict `delete` by label; this is what does. Returns whether it
+    /// was deleted.
+    pub async fn delete_owned(&self, key: &ChildKey, owner_uid: &str) -> Result<bool, kube::Error> {
+        let api = self.api(key);
+        let Some(current) = api.get_opt(&key.name).await? else {
+            self.forget(key);
+            return Ok(false);
+        };
+        if !is_owned_by(&current.metadata, owner_uid) {
+            tracing::warn!(object = %key, "not deleting an object the operator did not create");
+            return Ok(false);
+        }
+        let params = DeleteParams {
+            preconditions: Some(Preconditions { uid: current.metadata.uid.clone(), resource_version: None }),
+            ..DeleteParams::background()
+        };
+        self.forget(key);
+        match api.delete(&key.name, &params).await {
+            Ok(_) => Ok(true),
+            // Gone meanwhile, or replaced by another object of that name (precondition failed).
+            Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Forget the last apply of `key` (the object was deleted).
     pub fn forget(&self, key: &ChildKey) {
         self.memo().remove(key);
     }
 }
 
+/// Whether `meta` marks an object this operator created for the CR with UID `owner_uid`: the
+/// managed-by label and the owner-UID label both match.
+pub fn is_owned_by(meta: &ObjectMeta, owner_uid: &str) -> bool {
+    let label = |k: &str| meta.labels.as_ref().and_then(|l| l.get(k)).map(String::as_str);
+    label(names::LABEL_MANAGED_BY) == Some(names::MANAGED_BY) && label(names::LABEL_OWNER_UID) == Some(owner_uid)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_objects_labelled_for_the_owner_count_as_owned() {
+        let meta = |labels: &[(&str, &str)]| ObjectMeta {
+            labels: Some(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+            ..Default::default()
+        };
+        let ours = meta(&[(names::LABEL_MANAGED_BY, names::MANAGED_BY), (names::LABEL_OWNER_UID, "u1")]);
+        assert!(is_owned_by(&ours, "u1"));
+        assert!(!is_owned_by(&ours, "u2"));
+        assert!(!is_owned_by(&meta(&[(names::LABEL_OWNER_UID, "u1")]), "u1"));
+        assert!(!is_owned_by(&meta(&[(names::LABEL_MANAGED_BY, names::MANAGED_BY)]), "u1"));
+        assert!(!is_owned_by(&ObjectMeta::default(), "u1"));
+    }
 
     fn memo(hash: &str, generation: i64) -> Applied {
         Applied { hash: hash.into(), generation }

@@ -1,8 +1,12 @@
 //! Build (pure): the objects a valid CloudControllerManager should have, for its mode.
 //!
-//! Deployment mode: ServiceAccount, ClusterRoleBinding, RoleBinding, Deployment, and a
-//! PodDisruptionBudget when replicas > 1. DaemonSet mode: the same without the PDB, with a
-//! DaemonSet. Embedded mode: nothing (the operator runs the engine itself).
+//! Deployment mode: ServiceAccount, ClusterRoleBinding, RoleBinding (the chart's namespace
+//! role: Lease create), Role and RoleBinding (its own Lease and resource, by name), Deployment,
+//! and a PodDisruptionBudget when replicas > 1. DaemonSet mode: the same without the PDB, with
+//! a DaemonSet. Embedded mode: nothing (the operator runs the engine itself).
+//!
+//! The manager pod passes the `restricted` Pod Security profile except for `hostNetwork`
+//! (`spec.deployment.hostNetwork`, on by default); [`restricted_violations`] checks it.
 
 use std::collections::BTreeMap;
 
@@ -18,7 +22,7 @@ use k8s_openapi::api::core::v1::{
     SecurityContext, ServiceAccount, Toleration, Volume, VolumeMount, WeightedPodAffinityTerm,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
-use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -56,8 +60,11 @@ pub enum Desired {
     ServiceAccount(ServiceAccount),
     /// Binds the manager ClusterRole to the ServiceAccount (cluster-scoped, removed by finalizer).
     ClusterRoleBinding(ClusterRoleBinding),
-    /// Binds the namespace role (Lease, status) to the ServiceAccount in the CR's namespace.
+    /// Binds a role to the ServiceAccount in the CR's namespace: the chart's namespace role
+    /// (Lease create), or the CR's own [`Desired::Role`].
     RoleBinding(RoleBinding),
+    /// The manager's rights on its own Lease and CloudControllerManager, by name.
+    Role(Role),
     /// Deployment mode's workload.
     Deployment(Deployment),
     /// DaemonSet mode's workload.
@@ -75,6 +82,8 @@ pub enum Kind {
     ClusterRoleBinding,
     /// `rbac.authorization.k8s.io/v1/RoleBinding`.
     RoleBinding,
+    /// `rbac.authorization.k8s.io/v1/Role`.
+    Role,
     /// `apps/v1/Deployment`.
     Deployment,
     /// `apps/v1/DaemonSet`.
@@ -85,10 +94,11 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, in apply order.
-    pub const ALL: [Kind; 6] = [
+    pub const ALL: [Kind; 7] = [
         Kind::ServiceAccount,
         Kind::ClusterRoleBinding,
         Kind::RoleBinding,
+        Kind::Role,
         Kind::Deployment,
         Kind::DaemonSet,
         Kind::PodDisruptionBudget,
@@ -100,6 +110,7 @@ impl Kind {
             Kind::ServiceAccount => "ServiceAccount",
             Kind::ClusterRoleBinding => "ClusterRoleBinding",
             Kind::RoleBinding => "RoleBinding",
+            Kind::Role => "Role",
             Kind::Deployment => "Deployment",
             Kind::DaemonSet => "DaemonSet",
             Kind::PodDisruptionBudget => "PodDisruptionBudget",
@@ -120,6 +131,7 @@ impl Desired {
             Desired::ServiceAccount(_) => Kind::ServiceAccount,
             Desired::ClusterRoleBinding(_) => Kind::ClusterRoleBinding,
             Desired::RoleBinding(_) => Kind::RoleBinding,
+            Desired::Role(_) => Kind::Role,
             Desired::Deployment(_) => Kind::Deployment,
             Desired::DaemonSet(_) => Kind::DaemonSet,
             Desired::PodDisruptionBudget(_) => Kind::PodDisruptionBudget,
@@ -132,6 +144,7 @@ impl Desired {
             Desired::ServiceAccount(o) => o.meta(),
             Desired::ClusterRoleBinding(o) => o.meta(),
             Desired::RoleBinding(o) => o.meta(),
+            Desired::Role(o) => o.meta(),
             Desired::Deployment(o) => o.meta(),
             Desired::DaemonSet(o) => o.meta(),
             Desired::PodDisruptionBudget(o) => o.meta(),
@@ -143,6 +156,7 @@ impl Desired {
             Desired::ServiceAccount(o) => o.meta_mut(),
             Desired::ClusterRoleBinding(o) => o.meta_mut(),
             Desired::RoleBinding(o) => o.meta_mut(),
+            Desired::Role(o) => o.meta_mut(),
             Desired::Deployment(o) => o.meta_mut(),
             Desired::DaemonSet(o) => o.meta_mut(),
             Desired::PodDisruptionBudget(o) => o.meta_mut(),
@@ -165,6 +179,7 @@ impl Desired {
             Desired::ServiceAccount(o) => serde_json::to_value(o),
             Desired::ClusterRoleBinding(o) => serde_json::to_value(o),
             Desired::RoleBinding(o) => serde_json::to_value(o),
+            Desired::Role(o) => serde_json::to_value(o),
             Desired::Deployment(o) => serde_json::to_value(o),
             Desired::DaemonSet(o) => serde_json::to_value(o),
             Desired::PodDisruptionBudget(o) => serde_json::to_value(o),
@@ -220,6 +235,16 @@ pub fn build(cr: &CloudControllerManager, validated: &Validated, settings: &Buil
         Desired::RoleBinding(RoleBinding {
             metadata: namespaced_meta(names::role_binding_name(&name)),
             role_ref: cluster_role_ref(&settings.manager_namespace_role),
+            subjects: Some(vec![subject.clone()]),
+        }),
+        Desired::Role(Role { metadata: namespaced_meta(names::own_role_name(&name)), rules: Some(own_rules(&name)) }),
+        Desired::RoleBinding(RoleBinding {
+            metadata: namespaced_meta(names::own_role_name(&name)),
+            role_ref: RoleRef {
+                api_group: "rbac.authorization.k8s.io".into(),
+                kind: "Role".into(),
+                name: names::own_role_name(&name),
+            },
             subjects: Some(vec![subject]),
         }),
     ];
@@ -298,6 +323,99 @@ pub fn owner_reference(cr: &CloudControllerManager) -> OwnerReference {
         controller: Some(true),
         block_owner_deletion: Some(true),
     }
+}
+
+/// The rules of a manager's own Role: what RBAC can narrow to the resource's own objects by
+/// name. (Creating the Lease cannot be narrowed by name; the chart's namespace ClusterRole
+/// grants that.) The operator may create this Role because it holds the same rights in the
+/// namespace (the API server refuses to grant what the granter lacks).
+pub fn own_rules(cr_name: &str) -> Vec<PolicyRule> {
+    let rule = |group: &str, resource: &str, verbs: &[&str]| PolicyRule {
+        api_groups: Some(vec![group.into()]),
+        resources: Some(vec![resource.into()]),
+        resource_names: Some(vec![cr_name.into()]),
+        verbs: verbs.iter().map(|v| (*v).to_string()).collect(),
+        non_resource_urls: None,
+    };
+    vec![
+        // Leader election on the Lease named after the resource: read, renew, take over.
+        rule("coordination.k8s.io", "leases", &["get", "update", "patch"]),
+        // Reading the CloudControllerManager it runs for (--ccm-resource).
+        rule(crds::v1alpha1::GROUP, "cloudcontrollermanagers", &["get"]),
+        // ProviderHealthy, leader and controllers in its status (server-side apply).
+        rule(crds::v1alpha1::GROUP, "cloudcontrollermanagers/status", &["patch"]),
+    ]
+}
+
+/// The `restricted` Pod Security Standard checks (Kubernetes' pod-security admission,
+/// `restricted` level, which includes `baseline`) that `pod` fails, one line each. Empty means
+/// the pod would be admitted in a namespace labelled `pod-security.kubernetes.io/enforce:
+/// restricted`.
+pub fn restricted_violations(pod: &PodSpec) -> Vec<String> {
+    let mut out = Vec::new();
+    if pod.host_network == Some(true) {
+        out.push("hostNetwork=true".to_string());
+    }
+    if pod.host_pid == Some(true) || pod.host_ipc == Some(true) {
+        out.push("hostPID or hostIPC".to_string());
+    }
+    for v in pod.volumes.iter().flatten() {
+        let allowed = v.config_map.is_some()
+            || v.csi.is_some()
+            || v.downward_api.is_some()
+            || v.empty_dir.is_some()
+            || v.ephemeral.is_some()
+            || v.persistent_volume_claim.is_some()
+            || v.projected.is_some()
+            || v.secret.is_some();
+        if !allowed {
+            out.push(format!("volume {} has a restricted type", v.name));
+        }
+    }
+    let pod_sc = pod.security_context.clone().unwrap_or_default();
+    if pod_sc.run_as_user == Some(0) {
+        out.push("pod runAsUser=0".to_string());
+    }
+    if pod_sc.sysctls.as_ref().is_some_and(|s| !s.is_empty()) {
+        out.push("pod sysctls".to_string());
+    }
+    let pod_seccomp = pod_sc.seccomp_profile.as_ref().map(|p| p.type_.clone());
+    let containers = pod.init_containers.iter().flatten().chain(&pod.containers);
+    for c in containers {
+        let sc = c.security_context.clone().unwrap_or_default();
+        let name = &c.name;
+        if sc.privileged == Some(true) {
+            out.push(format!("container {name}: privileged"));
+        }
+        if sc.allow_privilege_escalation != Some(false) {
+            out.push(format!("container {name}: allowPrivilegeEscalation != false"));
+        }
+        let non_root = sc.run_as_non_root.or(pod_sc.run_as_non_root);
+        if non_root != Some(true) {
+            out.push(format!("container {name}: runAsNonRoot != true"));
+        }
+        if sc.run_as_user == Some(0) {
+            out.push(format!("container {name}: runAsUser=0"));
+        }
+        let seccomp = sc.seccomp_profile.as_ref().map(|p| p.type_.clone()).or(pod_seccomp.clone());
+        if !matches!(seccomp.as_deref(), Some("RuntimeDefault" | "Localhost")) {
+            out.push(format!("container {name}: seccompProfile is not RuntimeDefault or Localhost"));
+        }
+        let caps = sc.capabilities.clone().unwrap_or_default();
+        if !caps.drop.iter().flatten().any(|d| d == "ALL") {
+            out.push(format!("container {name}: capabilities do not drop ALL"));
+        }
+        if caps.add.iter().flatten().any(|a| a != "NET_BIND_SERVICE") {
+            out.push(format!("container {name}: adds capabilities other than NET_BIND_SERVICE"));
+        }
+        if c.ports.iter().flatten().any(|p| p.host_port.is_some_and(|h| h != 0)) {
+            out.push(format!("container {name}: hostPort"));
+        }
+        if sc.proc_mount.as_deref().is_some_and(|m| m != "Default") {
+            out.push(format!("container {name}: procMount"));
+        }
+    }
+    out
 }
 
 fn cluster_role_ref(name: &str) -> RoleRef {
@@ -429,7 +547,9 @@ fn pod_template(
         http_get: Some(HTTPGetAction {
             path: Some(path.into()),
             port: IntOrString::Int(names::MANAGER_PORT),
-            scheme: Some("HTTP".into()),
+            // The manager serves HTTPS (self-signed unless given a certificate); kubelet
+            // probes do not verify it, and health paths need no token.
+            scheme: Some("HTTPS".into()),
             ..Default::default()
         }),
         initial_delay_seconds: Some(initial),
@@ -453,11 +573,16 @@ fn pod_template(
         readiness_probe: Some(probe("/readyz", 5)),
         liveness_probe: Some(probe("/livez", 15)),
         resources: Some(d.resources.clone().unwrap_or_else(default_resources)),
+        // The `restricted` Pod Security profile, declared on the container as well as the pod so
+        // it holds whatever the pod level says; the root filesystem is read-only (the manager
+        // writes nothing; a self-signed serving certificate is kept in memory).
         security_context: Some(SecurityContext {
             allow_privilege_escalation: Some(false),
             read_only_root_filesystem: Some(true),
             run_as_non_root: Some(true),
+            privileged: Some(false),
             capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), add: None }),
+            seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), localhost_profile: None }),
             ..Default::default()
         }),
         volume_mounts: (!mounts.is_empty()).then_some(mounts),
@@ -471,6 +596,12 @@ fn pod_template(
         }),
         spec: Some(PodSpec {
             service_account_name: Some(service_account.into()),
+            // The manager talks to the API server with its ServiceAccount token.
+            automount_service_account_token: Some(true),
+            // It reads no Service environment variables; without them the pod carries nothing
+            // it does not need.
+            enable_service_links: Some(false),
+            // On by default: the manager must run before the pod network does (docs/security.md).
             host_network: Some(d.host_network),
             dns_policy: Some(if d.host_network { "ClusterFirstWithHostNet" } else { "ClusterFirst" }.into()),
             priority_class_name: (!d.priority_class_name.is_empty()).then(|| d.priority_class_name.clone()),
@@ -564,11 +695,13 @@ mod tests {
                 Kind::ServiceAccount,
                 Kind::ClusterRoleBinding,
                 Kind::RoleBinding,
+                Kind::Role,
+                Kind::RoleBinding,
                 Kind::Deployment,
                 Kind::PodDisruptionBudget
             ]
         );
-        let Desired::PodDisruptionBudget(pdb) = &objs[4] else { panic!() };
+        let Desired::PodDisruptionBudget(pdb) = &objs[6] else { panic!() };
         let spec = pdb.spec.as_ref().unwrap();
         assert_eq!(spec.min_available, Some(IntOrString::Int(1)));
         assert_eq!(spec.unhealthy_pod_eviction_policy.as_deref(), Some("AlwaysAllow"));
@@ -585,13 +718,23 @@ mod tests {
     fn daemonset_mode_runs_on_control_plane_nodes_without_pdb() {
         let c = cr(json!({"provider": "fake", "mode": "DaemonSet"}));
         let objs = build(&c, &validated(&c, None), &BuildSettings::default());
-        assert_eq!(kinds(&objs), [Kind::ServiceAccount, Kind::ClusterRoleBinding, Kind::RoleBinding, Kind::DaemonSet]);
-        let Desired::DaemonSet(ds) = &objs[3] else { panic!() };
+        assert_eq!(
+            kinds(&objs),
+            [
+                Kind::ServiceAccount,
+                Kind::ClusterRoleBinding,
+                Kind::RoleBinding,
+                Kind::Role,
+                Kind::RoleBinding,
+                Kind::DaemonSet
+            ]
+        );
+        let Desired::DaemonSet(ds) = &objs[5] else { panic!() };
         let spec = ds.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
         assert_eq!(spec.node_selector, Some(control_plane_selector()));
         let c = cr(json!({"provider": "fake", "mode": "DaemonSet", "deployment": {"nodeSelector": {"pool": "infra"}}}));
         let objs = build(&c, &validated(&c, None), &BuildSettings::default());
-        let Desired::DaemonSet(ds) = &objs[3] else { panic!() };
+        let Desired::DaemonSet(ds) = &objs[5] else { panic!() };
         let sel = ds.spec.as_ref().unwrap().template.spec.as_ref().unwrap().node_selector.clone().unwrap();
         assert_eq!(sel, BTreeMap::from([("pool".to_string(), "infra".to_string())]));
     }
@@ -725,6 +868,84 @@ mod tests {
                 assert_eq!(o.meta().owner_references.clone().unwrap()[0].uid, "uid-1");
             }
         }
+    }
+
+    fn pod_of(objs: &[Desired]) -> PodSpec {
+        objs.iter()
+            .find_map(|o| match o {
+                Desired::Deployment(d) => d.spec.clone().unwrap().template.spec,
+                Desired::DaemonSet(d) => d.spec.clone().unwrap().template.spec,
+                _ => None,
+            })
+            .unwrap()
+    }
+
+    #[test]
+    fn manager_pod_passes_the_restricted_profile_in_every_mode_but_host_network() {
+        for mode in ["Deployment", "DaemonSet"] {
+            let on_pod_network = cr(json!({"provider": "fake", "mode": mode,
+                "cloudConfig": {"secretRef": {"name": "cfg"}}, "deployment": {"hostNetwork": false}}));
+            let pod =
+                pod_of(&build(&on_pod_network, &validated(&on_pod_network, Some("h")), &BuildSettings::default()));
+            assert_eq!(restricted_violations(&pod), Vec::<String>::new(), "{mode}");
+            // The default: on the host network, which is the only exception.
+            let default = cr(json!({"provider": "fake", "mode": mode, "cloudConfig": {"secretRef": {"name": "cfg"}}}));
+            let pod = pod_of(&build(&default, &validated(&default, Some("h")), &BuildSettings::default()));
+            assert_eq!(restricted_violations(&pod), ["hostNetwork=true"], "{mode}");
+            // Nothing undeclared: no service links, no host ports, only the cloud-config volume.
+            assert_eq!(pod.enable_service_links, Some(false));
+            assert_eq!(pod.automount_service_account_token, Some(true));
+            assert!(pod.containers[0].ports.iter().flatten().all(|p| p.host_port.is_none()));
+            assert_eq!(pod.volumes.iter().flatten().count(), 1);
+        }
+    }
+
+    #[test]
+    fn restricted_check_catches_each_rule() {
+        let c = cr(json!({"provider": "fake", "deployment": {"hostNetwork": false}}));
+        let good = pod_of(&build(&c, &validated(&c, None), &BuildSettings::default()));
+        assert!(restricted_violations(&good).is_empty());
+        let breakers: Vec<(&str, fn(&mut PodSpec))> = vec![
+            ("allowPrivilegeEscalation", |p| {
+                p.containers[0].security_context.as_mut().unwrap().allow_privilege_escalation = None
+            }),
+            ("runAsNonRoot", |p| {
+                p.containers[0].security_context.as_mut().unwrap().run_as_non_root = None;
+                p.security_context.as_mut().unwrap().run_as_non_root = None;
+            }),
+            ("seccompProfile", |p| {
+                p.containers[0].security_context.as_mut().unwrap().seccomp_profile = None;
+                p.security_context.as_mut().unwrap().seccomp_profile = None;
+            }),
+            ("drop ALL", |p| p.containers[0].security_context.as_mut().unwrap().capabilities = None),
+            ("privileged", |p| p.containers[0].security_context.as_mut().unwrap().privileged = Some(true)),
+            ("hostPID", |p| p.host_pid = Some(true)),
+            ("restricted type", |p| {
+                p.volumes =
+                    Some(vec![Volume { name: "h".into(), host_path: Some(Default::default()), ..Default::default() }])
+            }),
+        ];
+        for (what, breaker) in breakers {
+            let mut pod = good.clone();
+            breaker(&mut pod);
+            let v = restricted_violations(&pod);
+            assert!(v.iter().any(|m| m.contains(what)), "{what}: {v:?}");
+        }
+    }
+
+    #[test]
+    fn own_role_grants_only_the_resources_own_lease_and_object() {
+        let c = cr(json!({"provider": "fake"}));
+        let objs = build(&c, &validated(&c, None), &BuildSettings::default());
+        let Desired::Role(role) = &objs[3] else { panic!() };
+        assert_eq!(role.metadata.name.as_deref(), Some("ccm:aws:own"));
+        for rule in role.rules.as_ref().unwrap() {
+            assert_eq!(rule.resource_names.as_deref(), Some(&["aws".to_string()][..]), "{rule:?}");
+            assert!(!rule.verbs.iter().any(|v| v == "create" || v == "delete" || v == "list"), "{rule:?}");
+        }
+        let Desired::RoleBinding(rb) = &objs[4] else { panic!() };
+        assert_eq!((rb.role_ref.kind.as_str(), rb.role_ref.name.as_str()), ("Role", "ccm:aws:own"));
+        assert_eq!(rb.subjects.as_ref().unwrap()[0].name, "ccm-aws");
     }
 
     #[test]

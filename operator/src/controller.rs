@@ -1,11 +1,14 @@
 //! The CloudControllerManager controller: watches, the reconcile pipeline, cleanup.
 //!
-//! Watches (each label- or field-selected, with `managedFields` stripped): the CRs (through
-//! a deserialization guard, so one malformed object cannot stall the others), the children
-//! (owned Deployments, DaemonSets, ServiceAccounts, RoleBindings, PDBs; the ClusterRoleBinding
-//! mapped through its owner annotation), Secret metadata (mapped to the CRs referencing the
-//! Secret), and Leases (mapped to the CR of the same name when the holder changes). A
-//! reconcile reads only these caches, except a referenced Secret's data after it changed.
+//! Watches (each label- or field-selected, with `managedFields` stripped): the CRs in every
+//! served namespace (through a deserialization guard, so one malformed object cannot stall the
+//! others); and only in the allowed namespaces (`--cloud-config-namespaces`, where the chart
+//! grants namespaced Roles), one watcher per namespace merged into one store: the children
+//! (owned Deployments, DaemonSets, ServiceAccounts, Roles, RoleBindings, PDBs), Secret metadata
+//! (mapped to the CRs referencing the Secret), and Leases (mapped to the CR of the same name
+//! when the holder changes). The ClusterRoleBinding is watched cluster-wide by label and mapped
+//! through its owner annotation. A reconcile reads only these caches, except a referenced
+//! Secret's data after it changed.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -18,12 +21,11 @@ use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ObjectReference, Secret, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ApiResource, DynamicObject, ObjectMeta, PartialObjectMeta, Patch, PatchParams};
 use kube::core::DeserializeGuard;
-use kube::core::error_boundary::InvalidObject;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -43,7 +45,7 @@ use crate::metrics::OperatorMetrics;
 use crate::names;
 use crate::reasons::{self, degraded};
 use crate::status::{self, EngineState, StatusInput, TransientFailures, Workload};
-use crate::validate::{self, SecretState, Validation};
+use crate::validate::{self, AllowedNamespaces, SecretState, Validation};
 use crate::watch::{self, Scope};
 
 /// The CR as the controller sees it: valid or not.
@@ -83,6 +85,8 @@ pub struct Shared {
     pub client: Client,
     /// Namespaces served.
     pub scope: Scope,
+    /// Namespaces where Secrets are read and managers run.
+    pub allowed: AllowedNamespaces,
     /// Providers, for validation and embedded engines.
     pub registry: Registry,
     /// Build inputs.
@@ -177,11 +181,24 @@ fn strip_daemon_set(d: &mut DaemonSet) {
     }
 }
 
+/// One `Api` per namespace of `namespaces`.
+fn namespaced_apis<K>(client: &Client, namespaces: &[String]) -> Vec<Api<K>>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    K::DynamicType: Default,
+{
+    namespaces.iter().map(|ns| Api::namespaced(client.clone(), ns)).collect()
+}
+
 /// Run the controller until `stop` fires.
 pub async fn run(shared: Shared, trigger_rx: mpsc::UnboundedReceiver<ObjectRef<Guarded>>, stop: CancellationToken) {
     let client = shared.client.clone();
     let scope = shared.scope.clone();
     let applier = Arc::new(Applier::new(client.clone()));
+    // Everything but the CRs and the ClusterRoleBindings is watched only where the operator may
+    // work: RBAC grants it Secrets, Leases and the manager's objects there and nowhere else.
+    let workload_namespaces = scope.within(shared.allowed.as_slice());
+    tracing::info!(namespaces = ?workload_namespaces, "watching Secrets, Leases and manager objects");
 
     let (cr_reader, cr_writer) = reflector::store::<Guarded>();
     let cr_stream = watch::merged(scope.apis::<Guarded>(&client), watcher::Config::default(), cr_reader.clone())
@@ -189,24 +206,38 @@ pub async fn run(shared: Shared, trigger_rx: mpsc::UnboundedReceiver<ObjectRef<G
         .reflect(cr_writer)
         .applied_objects();
 
-    let (deployments, deployment_stream) =
-        child_stream(scope.apis::<Deployment>(&client), Kind::Deployment, applier.clone(), strip_deployment);
-    let (daemon_sets, daemon_set_stream) =
-        child_stream(scope.apis::<DaemonSet>(&client), Kind::DaemonSet, applier.clone(), strip_daemon_set);
+    let (deployments, deployment_stream) = child_stream(
+        namespaced_apis::<Deployment>(&client, &workload_namespaces),
+        Kind::Deployment,
+        applier.clone(),
+        strip_deployment,
+    );
+    let (daemon_sets, daemon_set_stream) = child_stream(
+        namespaced_apis::<DaemonSet>(&client, &workload_namespaces),
+        Kind::DaemonSet,
+        applier.clone(),
+        strip_daemon_set,
+    );
     let (service_accounts, sa_stream) = child_stream(
-        scope.apis::<PartialObjectMeta<ServiceAccount>>(&client),
+        namespaced_apis::<PartialObjectMeta<ServiceAccount>>(&client, &workload_namespaces),
         Kind::ServiceAccount,
         applier.clone(),
         no_extra,
     );
     let (role_bindings, rb_stream) = child_stream(
-        scope.apis::<PartialObjectMeta<RoleBinding>>(&client),
+        namespaced_apis::<PartialObjectMeta<RoleBinding>>(&client, &workload_namespaces),
         Kind::RoleBinding,
         applier.clone(),
         no_extra,
     );
+    let (roles, role_stream) = child_stream(
+        namespaced_apis::<PartialObjectMeta<Role>>(&client, &workload_namespaces),
+        Kind::Role,
+        applier.clone(),
+        no_extra,
+    );
     let (pdbs, pdb_stream) = child_stream(
-        scope.apis::<PartialObjectMeta<PodDisruptionBudget>>(&client),
+        namespaced_apis::<PartialObjectMeta<PodDisruptionBudget>>(&client, &workload_namespaces),
         Kind::PodDisruptionBudget,
         applier.clone(),
         no_extra,
@@ -219,33 +250,28 @@ pub async fn run(shared: Shared, trigger_rx: mpsc::UnboundedReceiver<ObjectRef<G
     );
 
     let (secrets, secrets_writer) = reflector::store::<PartialObjectMeta<Secret>>();
-    let secret_stream =
-        watch::merged(scope.apis::<PartialObjectMeta<Secret>>(&client), watcher::Config::default(), secrets.clone())
-            .modify(|s| {
-                // Only the name and resourceVersion are needed.
-                let m = &mut s.metadata;
-                *m = ObjectMeta {
-                    name: m.name.take(),
-                    namespace: m.namespace.take(),
-                    resource_version: m.resource_version.take(),
-                    uid: m.uid.take(),
-                    ..Default::default()
-                };
-            })
-            .reflect(secrets_writer)
-            .touched_objects();
+    let secret_stream = watch::merged(
+        namespaced_apis::<PartialObjectMeta<Secret>>(&client, &workload_namespaces),
+        watcher::Config::default(),
+        secrets.clone(),
+    )
+    .modify(|s| {
+        // Only the name and resourceVersion are needed.
+        let m = &mut s.metadata;
+        *m = ObjectMeta {
+            name: m.name.take(),
+            namespace: m.namespace.take(),
+            resource_version: m.resource_version.take(),
+            uid: m.uid.take(),
+            ..Default::default()
+        };
+    })
+    .reflect(secrets_writer)
+    .touched_objects();
 
     let (leases, leases_writer) = reflector::store::<Lease>();
-    let lease_apis = match &scope {
-        // Node heartbeats live in kube-node-lease and change every few seconds: not ours.
-        Scope::All => vec![Api::<Lease>::all(client.clone())],
-        Scope::Namespaces(_) => scope.apis::<Lease>(&client),
-    };
-    let lease_config = match &scope {
-        Scope::All => watcher::Config::default().fields("metadata.namespace!=kube-node-lease"),
-        Scope::Namespaces(_) => watcher::Config::default(),
-    };
-    let lease_stream = watch::merged(lease_apis, lease_config, leases.clone())
+    let lease_apis = namespaced_apis::<Lease>(&client, &workload_namespaces);
+    let lease_stream = watch::merged(lease_apis, watcher::Config::default(), leases.clone())
         .modify(strip)
         .reflect(leases_writer)
         .touched_objects()
@@ -268,6 +294,7 @@ pub async fn run(shared: Shared, trigger_rx: mpsc::UnboundedReceiver<ObjectRef<G
             service_accounts,
             cluster_role_bindings,
             role_bindings,
+            roles,
             deployments,
             daemon_sets,
             pdbs,
@@ -299,6 +326,7 @@ pub async fn run(shared: Shared, trigger_rx: mpsc::UnboundedReceiver<ObjectRef<G
         .owns_stream(daemon_set_stream)
         .owns_stream(sa_stream)
         .owns_stream(rb_stream)
+        .owns_stream(role_stream)
         .owns_stream(pdb_stream)
         .watches_stream(crb_stream, |crb: PartialObjectMeta<ClusterRoleBinding>| {
             owner_annotation(crb.annotations().get(names::ANNOTATION_OWNER).map(String::as_str))
@@ -447,7 +475,7 @@ impl Ctx {
             if keep.contains(&key) {
                 continue;
             }
-            match self.applier.delete(&key).await {
+            match self.applier.delete_owned(&key, uid).await {
                 Ok(existed) => {
                     self.shared.metrics.write("delete", key.kind.as_str());
                     if existed {
@@ -518,7 +546,7 @@ async fn reconcile_inner(obj: &Guarded, ctx: &Ctx) -> Result<Action, Error> {
         return Ok(Action::await_change());
     }
     match &obj.0 {
-        Err(invalid) => malformed(ctx, meta, invalid, &namespace, &name).await,
+        Err(_) => malformed(ctx, meta, &namespace, &name).await,
         Ok(_) if !has_finalizer(meta) => {
             // The finalizer write triggers the next reconcile, which does the work.
             add_finalizer(ctx, &namespace, &name, meta).await?;
@@ -552,8 +580,10 @@ async fn cleanup(ctx: &Ctx, meta: &ObjectMeta, namespace: &str, name: &str) -> R
         crbs.push(by_name);
     }
     let mut deleted = Vec::new();
+    // Only ClusterRoleBindings labelled as this operator's for this CR are deleted, whatever
+    // their name: RBAC lets the operator delete any, so the code is what keeps others safe.
     for crb in crbs {
-        match ctx.applier.delete(&crb).await {
+        match ctx.applier.delete_owned(&crb, &uid).await {
             Ok(existed) => {
                 ctx.shared.metrics.write("delete", Kind::ClusterRoleBinding.as_str());
                 if existed {
@@ -588,13 +618,7 @@ async fn cleanup(ctx: &Ctx, meta: &ObjectMeta, namespace: &str, name: &str) -> R
 }
 
 /// A CR that does not deserialize: say so in status, once.
-async fn malformed(
-    ctx: &Ctx,
-    meta: &ObjectMeta,
-    invalid: &InvalidObject,
-    namespace: &str,
-    name: &str,
-) -> Result<Action, Error> {
+async fn malformed(ctx: &Ctx, meta: &ObjectMeta, namespace: &str, name: &str) -> Result<Action, Error> {
     let ar = ApiResource::erase::<CloudControllerManager>(&());
     let raw: Api<DynamicObject> = Api::namespaced_with(ctx.shared.client.clone(), namespace, &ar);
     let Some(current) = raw.get_opt(name).await? else { return Ok(Action::await_change()) };
@@ -603,7 +627,7 @@ async fn malformed(
         .pointer("/status/conditions")
         .and_then(|c| serde_json::from_value(c.clone()).ok())
         .unwrap_or_default();
-    let message = format!("the object does not match the CloudControllerManager schema: {}", invalid.error);
+    let message = malformed_message(current.data.get("spec"));
     let desired = [
         DesiredCondition::new(types::CONFIG_VALID, Status::False, reasons::config_valid::MALFORMED_SPEC, &message),
         DesiredCondition::new(
@@ -637,10 +661,24 @@ async fn malformed(
     ctx.shared.metrics.write("status", "CloudControllerManager");
     ctx.shared.metrics.error("malformed_spec");
     if !was_malformed {
-        ctx.publish(meta, EventType::Warning, reasons::events::CONFIG_INVALID, message, "Validate");
+        ctx.publish(meta, EventType::Warning, reasons::events::CONFIG_INVALID, message.clone(), "Validate");
     }
-    tracing::warn!(cr = %format!("{namespace}/{name}"), error = %invalid.error, "malformed CloudControllerManager");
+    tracing::warn!(cr = %format!("{namespace}/{name}"), error = %message, "malformed CloudControllerManager");
     Ok(Action::await_change())
+}
+
+/// The `MalformedSpec` message: the JSON path of the offending field and the type expected
+/// there, never the value (the deserializer's own error quotes values, so it is not used).
+fn malformed_message(spec: Option<&serde_json::Value>) -> String {
+    let detail = match spec {
+        None => format!("spec: {}", crds::validation::messages::REQUIRED),
+        Some(spec) => match crds::validation::parse_spec(spec) {
+            Err(e) => e.to_string(),
+            // The spec reads; something else in the object does not.
+            Ok(_) => "the object's metadata or status is not of the expected types".to_string(),
+        },
+    };
+    format!("the object does not match the CloudControllerManager schema: {detail}")
 }
 
 /// Apply the status without force, so a value the manager wrote meanwhile (its
@@ -996,6 +1034,22 @@ mod tests {
         assert_eq!(backoff(2), Duration::from_secs(2));
         assert_eq!(backoff(5), Duration::from_secs(16));
         assert_eq!(backoff(50), Duration::from_secs(120));
+    }
+
+    #[test]
+    fn malformed_message_names_the_path_and_type_but_not_the_value() {
+        let spec = serde_json::json!({"provider": "fake", "deployment": {"replicas": "SECRET-TOKEN"}});
+        let m = malformed_message(Some(&spec));
+        assert_eq!(
+            m,
+            "the object does not match the CloudControllerManager schema: spec.deployment.replicas: invalid type: string, expected i32"
+        );
+        let m = malformed_message(None);
+        assert!(m.ends_with("spec: Required value"), "{m}");
+        let spec = serde_json::json!({"provider": "fake", "leaderElection": {"leaseDuration": "forever"}});
+        assert!(malformed_message(Some(&spec)).ends_with(
+            "spec.leaderElection.leaseDuration: invalid duration; expected a Go duration such as 15s or 1m30s"
+        ));
     }
 
     #[test]

@@ -49,6 +49,9 @@ use controller::Guarded;
 use embedded::Engines;
 use metrics::OperatorMetrics;
 
+/// Where cloud-config Secrets are read when nothing else is configured.
+pub const DEFAULT_CLOUD_CONFIG_NAMESPACE: &str = "kube-system";
+
 /// `/readyz` check: the CRD is established.
 pub const CRD_CHECK: &str = "crd-established";
 /// `/healthz` check: the operator's main loop runs.
@@ -61,6 +64,11 @@ pub struct OperatorConfig {
     pub client: Client,
     /// Namespaces served.
     pub scope: Scope,
+    /// Namespaces where cloud-config Secrets are read and managers run (the chart renders the
+    /// operator's namespaced Roles there); a CloudControllerManager elsewhere gets
+    /// `ConfigValid=False` `NamespaceNotAllowed`. `None`: the served namespaces when `scope`
+    /// lists them, else [`DEFAULT_CLOUD_CONFIG_NAMESPACE`].
+    pub cloud_config_namespaces: Option<Vec<String>>,
     /// Manager image and the ClusterRoles bound per CR.
     pub build: BuildSettings,
     /// Providers known to validation and to Embedded mode.
@@ -81,6 +89,7 @@ impl std::fmt::Debug for OperatorConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("OperatorConfig")
             .field("scope", &self.scope)
+            .field("cloud_config_namespaces", &self.cloud_config_namespaces)
             .field("build", &self.build)
             .field("identity", &self.identity)
             .field("leader_election", &self.leader_election)
@@ -98,6 +107,7 @@ impl OperatorConfig {
         Self {
             client,
             scope: Scope::All,
+            cloud_config_namespaces: None,
             build: BuildSettings::default(),
             registry: Registry::builtin(),
             identity: manager::leader::default_identity(),
@@ -105,6 +115,16 @@ impl OperatorConfig {
             http: None,
             timings: Timings::default(),
             manage_crd: true,
+        }
+    }
+
+    /// The namespaces where Secrets are read and managers run, resolved (see
+    /// [`Self::cloud_config_namespaces`]).
+    pub fn allowed_namespaces(&self) -> validate::AllowedNamespaces {
+        match (&self.cloud_config_namespaces, &self.scope) {
+            (Some(list), _) => validate::AllowedNamespaces::new(list),
+            (None, Scope::Namespaces(list)) => validate::AllowedNamespaces::new(list),
+            (None, Scope::All) => validate::AllowedNamespaces::new(&[DEFAULT_CLOUD_CONFIG_NAMESPACE]),
         }
     }
 
@@ -372,6 +392,7 @@ async fn main_loop(
     let shared = controller::Shared {
         client: config.client.clone(),
         scope: config.scope.clone(),
+        allowed: config.allowed_namespaces(),
         registry: config.registry.clone(),
         build: config.build.clone(),
         timings: config.timings.clone(),

@@ -41,6 +41,12 @@ struct RunFlags {
     /// Namespaces to serve, comma-separated; empty serves every namespace.
     #[arg(long, env = "WATCH_NAMESPACES", value_delimiter = ',', value_name = "namespaces")]
     namespaces: Vec<String>,
+    /// Namespaces, comma-separated, where the operator reads cloud-config Secrets and runs
+    /// managers (its RBAC to read Secrets exists only there); a CloudControllerManager in any
+    /// other namespace is refused with NamespaceNotAllowed. Default: the --namespaces list when
+    /// given, else kube-system.
+    #[arg(long, env = "CLOUD_CONFIG_NAMESPACES", value_delimiter = ',', value_name = "namespaces")]
+    cloud_config_namespaces: Vec<String>,
     /// Image of the cloud-controller-manager in Deployment and DaemonSet modes (a CR's
     /// spec.deployment.image overrides it).
     #[arg(long, env = "MANAGER_IMAGE", default_value_t = BuildSettings::default().manager_image, value_name = "image")]
@@ -58,12 +64,6 @@ struct RunFlags {
     /// accepts (TokenReview) and allows (SubjectAccessReview), as the manager's --secure-port.
     #[arg(long, default_value = "0.0.0.0:8080", value_name = "host:port")]
     http_address: String,
-    /// Elect a leader on Lease `ccm-operator`, so that only one replica reconciles.
-    #[arg(long, default_value_t = true, action = ArgAction::Set, value_name = "bool")]
-    leader_elect: bool,
-    /// Namespace of the operator's Lease; default: the pod's namespace, else kube-system.
-    #[arg(long, env = "POD_NAMESPACE", value_name = "namespace")]
-    leader_elect_namespace: Option<String>,
     /// PEM certificate of the endpoint; without it a self-signed one is generated at start.
     #[arg(long, default_value = "", value_name = "path")]
     tls_cert_file: String,
@@ -79,6 +79,12 @@ struct RunFlags {
     /// Paths served without a token; an entry ending in '*' is a prefix.
     #[arg(long, value_delimiter = ',', default_value = "/healthz,/readyz,/livez", value_name = "paths")]
     authorization_always_allow_paths: Vec<String>,
+    /// Elect a leader on Lease `ccm-operator`, so that only one replica reconciles.
+    #[arg(long, default_value_t = true, action = ArgAction::Set, value_name = "bool")]
+    leader_elect: bool,
+    /// Namespace of the operator's Lease; default: the pod's namespace, else kube-system.
+    #[arg(long, env = "POD_NAMESPACE", value_name = "namespace")]
+    leader_elect_namespace: Option<String>,
     /// How long transient failures must last before Degraded turns True.
     #[arg(long, default_value = "2m", value_parser = manager::flags::parse_duration, value_name = "duration")]
     degraded_window: Duration,
@@ -155,6 +161,11 @@ async fn run(flags: RunFlags) -> Result<(), operator::Error> {
     };
     let mut config = OperatorConfig::new(client);
     config.scope = if namespaces.is_empty() { Scope::All } else { Scope::Namespaces(namespaces) };
+    let cloud_config_namespaces: Vec<String> =
+        flags.cloud_config_namespaces.into_iter().map(|n| n.trim().to_string()).filter(|n| !n.is_empty()).collect();
+    if !cloud_config_namespaces.is_empty() {
+        config.cloud_config_namespaces = Some(cloud_config_namespaces);
+    }
     config.build = BuildSettings {
         manager_image: flags.manager_image,
         manager_cluster_role: flags.manager_cluster_role,
@@ -172,7 +183,7 @@ async fn run(flags: RunFlags) -> Result<(), operator::Error> {
         let ns = lease_namespace(flags.leader_elect_namespace);
         config.leader_election = Some(OperatorConfig::operator_lease(&ns, &config.identity));
     }
-    tracing::info!(version = env!("CARGO_PKG_VERSION"), identity = %config.identity, scope = ?config.scope, "starting ccm-operator");
+    tracing::info!(version = env!("CARGO_PKG_VERSION"), identity = %config.identity, scope = ?config.scope, cloud_config_namespaces = ?config.allowed_namespaces().as_slice(), "starting ccm-operator");
     operator::run(config, manager::engine::app::shutdown_on_signal()).await
 }
 

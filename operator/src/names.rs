@@ -55,6 +55,13 @@ pub fn role_binding_name(cr_name: &str) -> String {
     format!("ccm-{cr_name}")
 }
 
+/// Name of the manager's own Role (its Lease and resource, by name) and of its RoleBinding.
+/// The colon, which no CloudControllerManager name holds, keeps it apart from every
+/// [`role_binding_name`].
+pub fn own_role_name(cr_name: &str) -> String {
+    format!("ccm:{cr_name}:own")
+}
+
 /// Name of the cluster-scoped ClusterRoleBinding; it carries the namespace so names never clash.
 pub fn cluster_role_binding_name(namespace: &str, cr_name: &str) -> String {
     format!("ccm-operator:{namespace}:{cr_name}")

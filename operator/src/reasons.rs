@@ -26,9 +26,12 @@ pub mod config_valid {
     pub const CONFLICT: &str = "Conflict";
     /// Unknown: the Secret could not be read (an API error); kept until a read succeeds.
     pub const SECRET_UNREADABLE: &str = "SecretUnreadable";
+    /// False: the resource's namespace is not one the operator may read cloud-config Secrets
+    /// and run managers in (`--cloud-config-namespaces`, the chart's `cloudConfig.namespaces`).
+    pub const NAMESPACE_NOT_ALLOWED: &str = "NamespaceNotAllowed";
 
     /// Every reason of `ConfigValid`.
-    pub const ALL: [&str; 10] = [
+    pub const ALL: [&str; 11] = [
         VALID,
         INVALID_SPEC,
         MALFORMED_SPEC,
@@ -39,6 +42,7 @@ pub mod config_valid {
         CLUSTER_CIDR_REQUIRED,
         CONFLICT,
         SECRET_UNREADABLE,
+        NAMESPACE_NOT_ALLOWED,
     ];
 }
 

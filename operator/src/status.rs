@@ -219,7 +219,9 @@ pub fn compute(input: &StatusInput<'_>) -> ComputedStatus {
     let status = CloudControllerManagerStatus {
         observed_generation: generation,
         conditions: merged,
-        provider: Some(cr.spec.provider.clone()),
+        // A name over the CRD's limit is not repeated (the status write would carry it).
+        provider: (cr.spec.provider.chars().count() <= crds::validation::limits::PROVIDER)
+            .then(|| cr.spec.provider.clone()),
         mode: Some(cr.spec.mode),
         controllers,
         replicas: Some(replicas),

@@ -229,6 +229,46 @@ impl Validation {
     }
 }
 
+/// The namespaces where the operator reads cloud-config Secrets and runs managers (the chart
+/// renders its namespaced Roles there). A CloudControllerManager elsewhere is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllowedNamespaces(Vec<String>);
+
+impl AllowedNamespaces {
+    /// The namespaces of `list`, trimmed, empty entries dropped, sorted and deduplicated.
+    pub fn new<S: AsRef<str>>(list: &[S]) -> Self {
+        let mut v: Vec<String> = list.iter().map(|s| s.as_ref().trim().to_string()).filter(|s| !s.is_empty()).collect();
+        v.sort();
+        v.dedup();
+        Self(v)
+    }
+
+    /// Whether `namespace` is allowed.
+    pub fn contains(&self, namespace: &str) -> bool {
+        self.0.iter().any(|n| n == namespace)
+    }
+
+    /// The namespaces, sorted.
+    pub fn as_slice(&self) -> &[String] {
+        &self.0
+    }
+}
+
+/// The verdict for a CloudControllerManager whose namespace is not allowed, naming the setting
+/// that allows it.
+pub fn namespace_not_allowed(namespace: &str, allowed: &AllowedNamespaces) -> Validation {
+    let list = if allowed.0.is_empty() { "none".to_string() } else { allowed.0.join(", ") };
+    Validation::Invalid {
+        failures: vec![Failure {
+            reason: reason::NAMESPACE_NOT_ALLOWED,
+            message: format!(
+                "the operator does not read Secrets or run managers in namespace {namespace} (allowed: {list}); add it to the Helm value cloudConfig.namespaces (the operator's --cloud-config-namespaces), or create the CloudControllerManager in an allowed namespace"
+            ),
+        }],
+        conflicts_with: Vec::new(),
+    }
+}
+
 /// Validate `cr` given its Secret and the other CRs in scope.
 pub fn validate(cr: &CloudControllerManager, secret: &SecretState, registry: &Registry, peers: &[Peer]) -> Validation {
     let spec = &cr.spec;
@@ -618,6 +658,21 @@ mod tests {
         let (r, message) = v.summary().unwrap();
         assert_eq!(r, reason::CONFLICT);
         assert!(message.contains("does not exist"), "{message}");
+    }
+
+    #[test]
+    fn namespace_not_allowed_names_the_setting_that_allows_it() {
+        let allowed = AllowedNamespaces::new(&["kube-system", " ", "kube-system", "cloud"]);
+        assert_eq!(allowed.as_slice(), ["cloud", "kube-system"]);
+        assert!(allowed.contains("cloud") && !allowed.contains("tenant-a"));
+        let v = namespace_not_allowed("tenant-a", &allowed);
+        let (r, message) = v.summary().unwrap();
+        assert_eq!(r, reason::NAMESPACE_NOT_ALLOWED);
+        assert!(
+            message.contains("cloudConfig.namespaces") && message.contains("--cloud-config-namespaces"),
+            "{message}"
+        );
+        assert!(message.contains("tenant-a") && message.contains("cloud, kube-system"), "{message}");
     }
 
     #[test]

@@ -38,6 +38,15 @@ impl Scope {
         }
     }
 
+    /// The namespaces of `allowed` that are also served, sorted: where Secrets, Leases and the
+    /// manager workloads are watched (one watcher per namespace).
+    pub fn within(&self, allowed: &[String]) -> Vec<String> {
+        let mut out: Vec<String> = allowed.iter().filter(|n| self.contains(n)).cloned().collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
     /// Whether `namespace` is served.
     pub fn contains(&self, namespace: &str) -> bool {
         match self {
@@ -161,6 +170,11 @@ where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
 {
+    if apis.is_empty() {
+        // Nothing to watch: an empty store that is ready at once, and a stream that never ends.
+        let empty = vec![Ok(watcher::Event::Init), Ok(watcher::Event::InitDone)];
+        return stream::iter(empty).chain(stream::pending()).boxed();
+    }
     if apis.len() == 1 {
         let api = apis.into_iter().next().into_iter();
         return stream::iter(api).flat_map(move |api| watcher(api, config.clone()).default_backoff()).boxed();
@@ -284,5 +298,29 @@ mod tests {
         assert!(Scope::All.contains("x"));
         let s = Scope::Namespaces(vec!["a".into()]);
         assert!(s.contains("a") && !s.contains("b"));
+    }
+
+    #[test]
+    fn secrets_are_watched_only_in_allowed_namespaces_that_are_served() {
+        let allowed = vec!["kube-system".to_string(), "cloud".to_string()];
+        assert_eq!(Scope::All.within(&allowed), ["cloud", "kube-system"]);
+        let s = Scope::Namespaces(vec!["cloud".into(), "tenant".into()]);
+        assert_eq!(s.within(&allowed), ["cloud"]);
+        assert!(Scope::Namespaces(vec!["tenant".into()]).within(&allowed).is_empty());
+    }
+
+    #[tokio::test]
+    async fn no_namespace_to_watch_is_an_empty_ready_store() {
+        let (reader, writer) = reflector::store::<ConfigMap>();
+        let stream = merged::<ConfigMap>(Vec::new(), watcher::Config::default(), reader.clone()).reflect(writer);
+        futures::pin_mut!(stream);
+        // Init and InitDone come through; the stream then stays open.
+        for _ in 0..2 {
+            stream.next().await.unwrap().unwrap();
+        }
+        reader.wait_until_ready().await.unwrap();
+        assert!(reader.state().is_empty());
+        let next = tokio::time::timeout(std::time::Duration::from_millis(50), stream.next()).await;
+        assert!(next.is_err(), "the stream must not end");
     }
 }
