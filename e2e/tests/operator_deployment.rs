@@ -60,67 +60,66 @@ async fn roll_out(env: &Env, name: &str, replicas: i32) {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn deployment_mode_renders_children_and_args_and_tracks_a_rollout() {
-    let env = Env::start("deploy").await;
-    env.secret("cfg", "cloud.conf", "autoInstances: true\n").await;
-    let op = env.operator().await;
-    env.apply_cr(
-        "aws",
-        json!({"provider": "fake", "cloudConfig": {"secretRef": {"name": "cfg"}}, "clusterCIDR": "10.244.0.0/16",
-               "clusterName": "prod", "extraArgs": ["--node-monitor-period=7s"]}),
-    )
-    .await;
+e2e_apiserver::backend_tests! {
+    async fn deployment_mode_renders_children_and_args_and_tracks_a_rollout(backend) {
+        let env = Env::start(backend, "deploy").await;
+        env.secret("cfg", "cloud.conf", "autoInstances: true\n").await;
+        let op = env.operator().await;
+        env.apply_cr(
+            "aws",
+            json!({"provider": "fake", "cloudConfig": {"secretRef": {"name": "cfg"}}, "clusterCIDR": "10.244.0.0/16",
+                   "clusterName": "prod", "extraArgs": ["--node-monitor-period=7s"]}),
+        )
+        .await;
 
-    let d = deployment(&env, "ccm-aws").await;
-    let spec = d.spec.clone().unwrap();
-    assert_eq!(spec.replicas, Some(2));
-    let pod = spec.template.spec.clone().unwrap();
-    let c = &pod.containers[0];
-    assert_eq!(c.image.as_deref(), Some("example.test/cloud-controller-manager:e2e"));
-    let args = c.args.clone().unwrap();
-    for expected in [
-        "--cloud-provider=fake",
-        "--cloud-config=/etc/kubernetes/cloud-config/cloud.conf",
-        "--controllers=*",
-        "--cluster-name=prod",
-        "--cluster-cidr=10.244.0.0/16",
-        "--configure-cloud-routes=true",
-        "--leader-elect=true",
-        "--leader-elect-resource-name=aws",
-        &format!("--leader-elect-resource-namespace={}", env.ns),
-        &format!("--ccm-resource={}/aws", env.ns),
-    ] {
-        assert!(args.iter().any(|a| a == expected), "{expected} missing from {args:?}");
-    }
-    assert_eq!(args.last().map(String::as_str), Some("--node-monitor-period=7s"), "extraArgs come last");
-    assert_eq!(pod.service_account_name.as_deref(), Some("ccm-aws"));
-    assert_eq!(pod.host_network, Some(true));
-    assert_eq!(pod.priority_class_name.as_deref(), Some("system-cluster-critical"));
-    assert!(
-        pod.tolerations
-            .unwrap()
-            .iter()
-            .any(|t| t.key.as_deref() == Some("node.cloudprovider.kubernetes.io/uninitialized"))
-    );
-    assert!(env.api::<ServiceAccount>().get_opt("ccm-aws").await.unwrap().is_some());
-    let rb = env.api::<RoleBinding>().get("ccm-aws").await.unwrap();
-    assert_eq!(rb.role_ref.name, "ccm-manager-namespace");
-    let crb =
-        Api::<ClusterRoleBinding>::all(env.harness.clone()).get(&format!("ccm-operator:{}:aws", env.ns)).await.unwrap();
-    assert_eq!(crb.role_ref.name, "ccm-manager");
-    let pdb = env.api::<PodDisruptionBudget>().get("ccm-aws").await.unwrap();
-    assert_eq!(pdb.spec.unwrap().unhealthy_pod_eviction_policy.as_deref(), Some("AlwaysAllow"));
+        let d = deployment(&env, "ccm-aws").await;
+        let spec = d.spec.clone().unwrap();
+        assert_eq!(spec.replicas, Some(2));
+        let pod = spec.template.spec.clone().unwrap();
+        let c = &pod.containers[0];
+        assert_eq!(c.image.as_deref(), Some("example.test/cloud-controller-manager:e2e"));
+        let args = c.args.clone().unwrap();
+        for expected in [
+            "--cloud-provider=fake",
+            "--cloud-config=/etc/kubernetes/cloud-config/cloud.conf",
+            "--controllers=*",
+            "--cluster-name=prod",
+            "--cluster-cidr=10.244.0.0/16",
+            "--configure-cloud-routes=true",
+            "--leader-elect=true",
+            "--leader-elect-resource-name=aws",
+            &format!("--leader-elect-resource-namespace={}", env.ns),
+            &format!("--ccm-resource={}/aws", env.ns),
+        ] {
+            assert!(args.iter().any(|a| a == expected), "{expected} missing from {args:?}");
+        }
+        assert_eq!(args.last().map(String::as_str), Some("--node-monitor-period=7s"), "extraArgs come last");
+        assert_eq!(pod.service_account_name.as_deref(), Some("ccm-aws"));
+        assert_eq!(pod.host_network, Some(true));
+        assert_eq!(pod.priority_class_name.as_deref(), Some("system-cluster-critical"));
+        assert!(
+            pod.tolerations
+                .unwrap()
+                .iter()
+                .any(|t| t.key.as_deref() == Some("node.cloudprovider.kubernetes.io/uninitialized"))
+        );
+        assert!(env.api::<ServiceAccount>().get_opt("ccm-aws").await.unwrap().is_some());
+        let rb = env.api::<RoleBinding>().get("ccm-aws").await.unwrap();
+        assert_eq!(rb.role_ref.name, "ccm-manager-namespace");
+        let crb =
+            Api::<ClusterRoleBinding>::all(env.harness.clone()).get(&format!("ccm-operator:{}:aws", env.ns)).await.unwrap();
+        assert_eq!(crb.role_ref.name, "ccm-manager");
+        let pdb = env.api::<PodDisruptionBudget>().get("ccm-aws").await.unwrap();
+        assert_eq!(pdb.spec.unwrap().unhealthy_pod_eviction_policy.as_deref(), Some("AlwaysAllow"));
 
-    // Before any replica runs.
-    env.wait_status("aws", types::CONFIG_VALID, "True", config_valid::VALID).await;
-    env.wait_status("aws", types::PROGRESSING, "True", progressing::ROLLING_OUT).await;
-    env.wait_status("aws", types::PROVIDER_HEALTHY, "Unknown", provider_healthy::AWAITING_MANAGER).await;
-    let cr = env.cr("aws").await;
-    assert_eq!(cr.status.as_ref().unwrap().observed_generation, cr.metadata.generation);
-    assert_eq!(condition(&cr, types::READY).unwrap().status, "False");
+        // Before any replica runs.
+        env.wait_status("aws", types::CONFIG_VALID, "True", config_valid::VALID).await;
+        env.wait_status("aws", types::PROGRESSING, "True", progressing::ROLLING_OUT).await;
+        env.wait_status("aws", types::PROVIDER_HEALTHY, "Unknown", provider_healthy::AWAITING_MANAGER).await;
+        let cr = env.cr("aws").await;
+        assert_eq!(cr.status.as_ref().unwrap().observed_generation, cr.metadata.generation);
+        assert_eq!(condition(&cr, types::READY).unwrap().status, "False");
 
-    if env.plays_controllers() {
         roll_out(&env, "ccm-aws", 2).await;
         env.wait_status("aws", types::PROGRESSING, "False", progressing::AS_EXPECTED).await;
         env.wait_status("aws", types::AVAILABLE, "False", available::NO_LEADER).await;
@@ -145,60 +144,56 @@ async fn deployment_mode_renders_children_and_args_and_tracks_a_rollout() {
         .await;
         let cr = env.cr("aws").await;
         assert_eq!(condition(&cr, types::PROGRESSING).unwrap().status, "False", "scaling must not flip Progressing");
+        op.stop().await.unwrap();
+        env.finish().await;
     }
-    op.stop().await.unwrap();
-    env.finish().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn secret_rotation_changes_the_hash_and_rolls_out() {
-    let env = Env::start("rotate").await;
-    env.secret("cfg", "cloud.conf", "autoInstances: true\n").await;
-    let op = env.operator().await;
-    env.apply_cr(
-        "rot",
-        json!({"provider": "fake", "cloudConfig": {"secretRef": {"name": "cfg"}}, "configureCloudRoutes": false}),
-    )
-    .await;
-    let before = template_hash(&deployment(&env, "ccm-rot").await);
-    if env.plays_controllers() {
+e2e_apiserver::backend_tests! {
+    async fn secret_rotation_changes_the_hash_and_rolls_out(backend) {
+        let env = Env::start(backend, "rotate").await;
+        env.secret("cfg", "cloud.conf", "autoInstances: true\n").await;
+        let op = env.operator().await;
+        env.apply_cr(
+            "rot",
+            json!({"provider": "fake", "cloudConfig": {"secretRef": {"name": "cfg"}}, "configureCloudRoutes": false}),
+        )
+        .await;
+        let before = template_hash(&deployment(&env, "ccm-rot").await);
         roll_out(&env, "ccm-rot", 2).await;
         env.wait_status("rot", types::PROGRESSING, "False", progressing::AS_EXPECTED).await;
-    }
-    env.secret("cfg", "cloud.conf", "autoInstances: true\nbatchSize: 7\n").await;
-    let after = eventually_value(operator_support::WAIT, || async {
-        let h = template_hash(&env.api::<Deployment>().get("ccm-rot").await.ok()?);
-        (h != before).then_some(h)
-    })
-    .await
-    .expect("the pod-template hash changes after rotation");
-    assert_ne!(before, after);
-    env.wait_status("rot", types::PROGRESSING, "True", progressing::ROLLING_OUT).await;
-    if env.plays_controllers() {
+        env.secret("cfg", "cloud.conf", "autoInstances: true\nbatchSize: 7\n").await;
+        let after = eventually_value(operator_support::WAIT, || async {
+            let h = template_hash(&env.api::<Deployment>().get("ccm-rot").await.ok()?);
+            (h != before).then_some(h)
+        })
+        .await
+        .expect("the pod-template hash changes after rotation");
+        assert_ne!(before, after);
+        env.wait_status("rot", types::PROGRESSING, "True", progressing::ROLLING_OUT).await;
         roll_out(&env, "ccm-rot", 2).await;
         env.wait_status("rot", types::PROGRESSING, "False", progressing::AS_EXPECTED).await;
+        op.stop().await.unwrap();
+        env.finish().await;
     }
-    op.stop().await.unwrap();
-    env.finish().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn daemonset_mode_renders_on_control_plane_nodes_and_reports_its_rollout() {
-    let env = Env::start("ds").await;
-    let op = env.operator().await;
-    env.apply_cr("ds", json!({"provider": "fake", "mode": "DaemonSet", "configureCloudRoutes": false})).await;
-    let ds = eventually_value(operator_support::WAIT, || async {
-        env.api::<DaemonSet>().get_opt("ccm-ds").await.ok().flatten()
-    })
-    .await
-    .expect("the DaemonSet appears");
-    let pod = ds.spec.clone().unwrap().template.spec.unwrap();
-    assert_eq!(pod.node_selector.unwrap().get("node-role.kubernetes.io/control-plane").map(String::as_str), Some(""));
-    assert!(env.api::<PodDisruptionBudget>().get_opt("ccm-ds").await.unwrap().is_none(), "no PDB in DaemonSet mode");
-    assert!(env.api::<Deployment>().get_opt("ccm-ds").await.unwrap().is_none());
-    env.wait_status("ds", types::PROGRESSING, "True", progressing::ROLLING_OUT).await;
+e2e_apiserver::backend_tests! {
+    async fn daemonset_mode_renders_on_control_plane_nodes_and_reports_its_rollout(backend) {
+        let env = Env::start(backend, "ds").await;
+        let op = env.operator().await;
+        env.apply_cr("ds", json!({"provider": "fake", "mode": "DaemonSet", "configureCloudRoutes": false})).await;
+        let ds = eventually_value(operator_support::WAIT, || async {
+            env.api::<DaemonSet>().get_opt("ccm-ds").await.ok().flatten()
+        })
+        .await
+        .expect("the DaemonSet appears");
+        let pod = ds.spec.clone().unwrap().template.spec.unwrap();
+        assert_eq!(pod.node_selector.unwrap().get("node-role.kubernetes.io/control-plane").map(String::as_str), Some(""));
+        assert!(env.api::<PodDisruptionBudget>().get_opt("ccm-ds").await.unwrap().is_none(), "no PDB in DaemonSet mode");
+        assert!(env.api::<Deployment>().get_opt("ccm-ds").await.unwrap().is_none());
+        env.wait_status("ds", types::PROGRESSING, "True", progressing::ROLLING_OUT).await;
 
-    if env.plays_controllers() {
         let generation = ds.metadata.generation;
         let status = |desired: i32, current: i32, updated: i32, available: i32| {
             json!({"observedGeneration": generation, "desiredNumberScheduled": desired,
@@ -220,7 +215,7 @@ async fn daemonset_mode_renders_on_control_plane_nodes_and_reports_its_rollout()
         .await;
         let cr = env.cr("ds").await;
         assert_eq!(condition(&cr, types::PROGRESSING).unwrap().status, "False", "node churn must not flip Progressing");
+        op.stop().await.unwrap();
+        env.finish().await;
     }
-    op.stop().await.unwrap();
-    env.finish().await;
 }

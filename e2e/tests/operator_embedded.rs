@@ -38,136 +38,130 @@ loadBalancer:
 
 const UNINITIALIZED: &str = "node.cloudprovider.kubernetes.io/uninitialized";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn embedded_baremetal_initializes_nodes_and_assigns_a_load_balancer_ip() {
-    let env = Env::start("embedded").await;
-    if !env.plays_controllers() {
-        // It registers fake Nodes, which a real cluster's node controller would remove.
-        eprintln!("skipped: registers simulated Nodes, which only the local API server keeps");
-        return env.finish().await;
-    }
-    let nodes: Api<Node> = Api::all(env.harness.clone());
-    for name in ["bm-node-1", "bm-node-2"] {
-        let node: Node = serde_json::from_value(json!({
-            "metadata": {"name": name},
-            "spec": {"taints": [{"key": UNINITIALIZED, "value": "true", "effect": "NoSchedule"}]},
+e2e_apiserver::backend_tests! {
+    async fn embedded_baremetal_initializes_nodes_and_assigns_a_load_balancer_ip(backend) {
+        let env = Env::start(backend, "embedded").await;
+        let nodes: Api<Node> = Api::all(env.harness.clone());
+        for name in ["bm-node-1", "bm-node-2"] {
+            let node: Node = serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "spec": {"taints": [{"key": UNINITIALIZED, "value": "true", "effect": "NoSchedule"}]},
+            }))
+            .unwrap();
+            nodes.create(&PostParams::default(), &node).await.unwrap();
+        }
+        env.secret("bm", "cloud.conf", CLOUD_CONFIG).await;
+        let op = env.operator().await;
+        env.apply_cr(
+            "baremetal",
+            json!({"provider": "baremetal", "mode": "Embedded", "cloudConfig": {"secretRef": {"name": "bm"}}}),
+        )
+        .await;
+
+        eventually("both Nodes to be initialized", || async {
+            let mut done = true;
+            for name in ["bm-node-1", "bm-node-2"] {
+                let n = nodes.get(name).await.unwrap();
+                let spec = n.spec.unwrap_or_default();
+                let untainted = spec.taints.unwrap_or_default().iter().all(|t| t.key != UNINITIALIZED);
+                done &= untainted && spec.provider_id.as_deref() == Some(&format!("baremetal://{name}"));
+            }
+            done
+        })
+        .await;
+        let node = nodes.get("bm-node-1").await.unwrap();
+        assert_eq!(node.metadata.labels.unwrap().get("topology.kubernetes.io/zone").map(String::as_str), Some("rack-a"));
+
+        let services: Api<Service> = env.api();
+        let svc: Service = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "web", "namespace": env.ns},
+            "spec": {"type": "LoadBalancer", "ports": [{"port": 80}], "selector": {"app": "web"}},
         }))
         .unwrap();
-        nodes.create(&PostParams::default(), &node).await.unwrap();
+        services.patch("web", &PatchParams::apply(HARNESS_AGENT).force(), &Patch::Apply(&svc)).await.unwrap();
+        eventually("a load-balancer IP from the pool", || async {
+            services
+                .get("web")
+                .await
+                .ok()
+                .and_then(|s| s.status?.load_balancer?.ingress)
+                .is_some_and(|i| i.iter().any(|i| i.ip.as_deref().is_some_and(|ip| ip.starts_with("192.0.2."))))
+        })
+        .await;
+
+        env.wait_status("baremetal", types::PROVIDER_HEALTHY, "True", "Healthy").await;
+        env.wait_status("baremetal", types::AVAILABLE, "True", available::AS_EXPECTED).await;
+        env.wait_status("baremetal", types::READY, "True", ready_reasons::AS_EXPECTED).await;
+        op.stop().await.unwrap();
+        env.finish().await;
     }
-    env.secret("bm", "cloud.conf", CLOUD_CONFIG).await;
-    let op = env.operator().await;
-    env.apply_cr(
-        "baremetal",
-        json!({"provider": "baremetal", "mode": "Embedded", "cloudConfig": {"secretRef": {"name": "bm"}}}),
-    )
-    .await;
-
-    eventually("both Nodes to be initialized", || async {
-        let mut done = true;
-        for name in ["bm-node-1", "bm-node-2"] {
-            let n = nodes.get(name).await.unwrap();
-            let spec = n.spec.unwrap_or_default();
-            let untainted = spec.taints.unwrap_or_default().iter().all(|t| t.key != UNINITIALIZED);
-            done &= untainted && spec.provider_id.as_deref() == Some(&format!("baremetal://{name}"));
-        }
-        done
-    })
-    .await;
-    let node = nodes.get("bm-node-1").await.unwrap();
-    assert_eq!(node.metadata.labels.unwrap().get("topology.kubernetes.io/zone").map(String::as_str), Some("rack-a"));
-
-    let services: Api<Service> = env.api();
-    let svc: Service = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": "web", "namespace": env.ns},
-        "spec": {"type": "LoadBalancer", "ports": [{"port": 80}], "selector": {"app": "web"}},
-    }))
-    .unwrap();
-    services.patch("web", &PatchParams::apply(HARNESS_AGENT).force(), &Patch::Apply(&svc)).await.unwrap();
-    eventually("a load-balancer IP from the pool", || async {
-        services
-            .get("web")
-            .await
-            .ok()
-            .and_then(|s| s.status?.load_balancer?.ingress)
-            .is_some_and(|i| i.iter().any(|i| i.ip.as_deref().is_some_and(|ip| ip.starts_with("192.0.2."))))
-    })
-    .await;
-
-    env.wait_status("baremetal", types::PROVIDER_HEALTHY, "True", "Healthy").await;
-    env.wait_status("baremetal", types::AVAILABLE, "True", available::AS_EXPECTED).await;
-    env.wait_status("baremetal", types::READY, "True", ready_reasons::AS_EXPECTED).await;
-    op.stop().await.unwrap();
-    env.finish().await;
 }
 
-/// Regression: an Embedded CR stayed `Available=False EngineNotRunning` / `Progressing=True
-/// EngineStarting` until the 5-minute resync when the reconcile that should follow its engine's
-/// "running" notification did not happen. Here that notification is lost on purpose and the
-/// engine's Node cache syncs slowly, so its Lease and first health report (the other triggers)
-/// come while it is still starting: the CR must still become Available within seconds.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_starting_engine_becomes_available_even_when_its_running_notification_is_lost() {
-    let env = Env::start("embedded-wakeup").await;
-    let Some(server) = &env.server else {
-        eprintln!("skipped: injects latency into the local API server");
-        return env.finish().await;
-    };
-    server.faults().add_rule(FaultRule {
-        path_prefix: Some("/api/v1/nodes".into()),
-        verbs: vec!["list".into()],
-        latency_ms: 3000,
-        ..Default::default()
-    });
-    env.secret("bm", "cloud.conf", CLOUD_CONFIG).await;
+e2e_apiserver::backend_tests! {
+    /// Regression: an Embedded CR stayed `Available=False EngineNotRunning` / `Progressing=True
+    /// EngineStarting` until the 5-minute resync when the reconcile that should follow its engine's
+    /// "running" notification did not happen. Here that notification is lost on purpose and the
+    /// engine's Node cache syncs slowly, so its Lease and first health report (the other triggers)
+    /// come while it is still starting: the CR must still become Available within seconds.
+    async fn a_starting_engine_becomes_available_even_when_its_running_notification_is_lost(backend) {
+        let env = Env::start_with_faults(backend, "embedded-wakeup").await;
+        env.cluster.faults().add_rule(FaultRule {
+            path_prefix: Some("/api/v1/nodes".into()),
+            verbs: vec!["list".into()],
+            latency_ms: 3000,
+            ..Default::default()
+        });
+        env.secret("bm", "cloud.conf", CLOUD_CONFIG).await;
 
-    let config = env.operator_config();
-    let stop = CancellationToken::new();
-    let (lost, lost_rx) = mpsc::unbounded_channel();
-    drop(lost_rx);
-    let metrics = OperatorMetrics::default();
-    let engines = Arc::new(Engines::new(
-        config.client.clone(),
-        config.registry.clone(),
-        config.identity.clone(),
-        lost,
-        metrics.clone(),
-        CancellationToken::new(),
-    ));
-    let (trigger, trigger_rx) = mpsc::unbounded_channel();
-    let shared = Shared {
-        client: config.client.clone(),
-        scope: config.scope.clone(),
-        registry: config.registry.clone(),
-        build: config.build.clone(),
-        timings: config.timings.clone(),
-        engines: engines.clone(),
-        trigger,
-        events: EventSink::spawn(config.client.clone(), Some(config.identity.clone()), stop.clone()),
-        metrics,
-    };
-    let task = tokio::spawn(controller::run(shared, trigger_rx, stop.clone()));
-    env.apply_cr(
-        "baremetal",
-        json!({"provider": "baremetal", "mode": "Embedded", "cloudConfig": {"secretRef": {"name": "bm"}}}),
-    )
-    .await;
+        let config = env.operator_config();
+        let stop = CancellationToken::new();
+        let (lost, lost_rx) = mpsc::unbounded_channel();
+        drop(lost_rx);
+        let metrics = OperatorMetrics::default();
+        let engines = Arc::new(Engines::new(
+            config.client.clone(),
+            config.registry.clone(),
+            config.identity.clone(),
+            lost,
+            metrics.clone(),
+            CancellationToken::new(),
+        ));
+        let (trigger, trigger_rx) = mpsc::unbounded_channel();
+        let shared = Shared {
+            client: config.client.clone(),
+            scope: config.scope.clone(),
+            allowed: config.allowed_namespaces(),
+            registry: config.registry.clone(),
+            build: config.build.clone(),
+            timings: config.timings.clone(),
+            engines: engines.clone(),
+            trigger,
+            events: EventSink::spawn(config.client.clone(), Some(config.identity.clone()), stop.clone()),
+            metrics,
+        };
+        let task = tokio::spawn(controller::run(shared, trigger_rx, stop.clone()));
+        env.apply_cr(
+            "baremetal",
+            json!({"provider": "baremetal", "mode": "Embedded", "cloudConfig": {"secretRef": {"name": "bm"}}}),
+        )
+        .await;
 
-    // Far below the Lease re-check (30 s) and the resync (5 min) the old code fell back on.
-    let available = eventually_value(Duration::from_secs(12), || async {
-        let cr = env.crs().get_opt("baremetal").await.ok().flatten()?;
-        let a = condition(&cr, types::AVAILABLE)?;
-        let p = condition(&cr, types::PROGRESSING)?;
-        (a.status == "True" && p.status == "False").then_some(())
-    })
-    .await;
-    let last = env.crs().get_opt("baremetal").await.ok().flatten();
-    let seen = |t: &str| last.as_ref().and_then(|c| condition(c, t)).map(|c| (c.status, c.reason));
-    stop.cancel();
-    let _ = task.await;
-    engines.stop_all().await;
-    assert!(available.is_some(), "still {:?} / {:?}", seen(types::AVAILABLE), seen(types::PROGRESSING));
-    assert_ne!(seen(types::PROGRESSING).map(|(_, r)| r).as_deref(), Some(progressing::ENGINE_STARTING));
-    env.finish().await;
+        // Far below the Lease re-check (30 s) and the resync (5 min) the old code fell back on.
+        let available = eventually_value(Duration::from_secs(12), || async {
+            let cr = env.crs().get_opt("baremetal").await.ok().flatten()?;
+            let a = condition(&cr, types::AVAILABLE)?;
+            let p = condition(&cr, types::PROGRESSING)?;
+            (a.status == "True" && p.status == "False").then_some(())
+        })
+        .await;
+        let last = env.crs().get_opt("baremetal").await.ok().flatten();
+        let seen = |t: &str| last.as_ref().and_then(|c| condition(c, t)).map(|c| (c.status, c.reason));
+        stop.cancel();
+        let _ = task.await;
+        engines.stop_all().await;
+        assert!(available.is_some(), "still {:?} / {:?}", seen(types::AVAILABLE), seen(types::PROGRESSING));
+        assert_ne!(seen(types::PROGRESSING).map(|(_, r)| r).as_deref(), Some(progressing::ENGINE_STARTING));
+        env.finish().await;
+    }
 }

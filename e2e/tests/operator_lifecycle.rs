@@ -39,83 +39,85 @@ async fn lease_holder(env: &Env, name: &str) -> Option<String> {
     env.api::<Lease>().get_opt(name).await.unwrap()?.spec?.holder_identity.filter(|h| !h.is_empty())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mode_switches_prune_what_the_previous_mode_created() {
-    let env = Env::start("switch").await;
-    env.secret("cfg", "cloud.conf", "autoInstances: true\n").await;
-    let op = env.operator().await;
-    env.apply_cr("sw", spec("Deployment")).await;
-    eventually("Deployment-mode children", || async {
-        exists::<Deployment>(&env, "ccm-sw").await
-            && exists::<PodDisruptionBudget>(&env, "ccm-sw").await
-            && exists::<ServiceAccount>(&env, "ccm-sw").await
-            && exists::<RoleBinding>(&env, "ccm-sw").await
-            && crb_exists(&env, "sw").await
-    })
-    .await;
+e2e_apiserver::backend_tests! {
+    async fn mode_switches_prune_what_the_previous_mode_created(backend) {
+        let env = Env::start(backend, "switch").await;
+        env.secret("cfg", "cloud.conf", "autoInstances: true\n").await;
+        let op = env.operator().await;
+        env.apply_cr("sw", spec("Deployment")).await;
+        eventually("Deployment-mode children", || async {
+            exists::<Deployment>(&env, "ccm-sw").await
+                && exists::<PodDisruptionBudget>(&env, "ccm-sw").await
+                && exists::<ServiceAccount>(&env, "ccm-sw").await
+                && exists::<RoleBinding>(&env, "ccm-sw").await
+                && crb_exists(&env, "sw").await
+        })
+        .await;
 
-    env.apply_cr("sw", spec("DaemonSet")).await;
-    eventually("the Deployment and PDB to be pruned and a DaemonSet to exist", || async {
-        !exists::<Deployment>(&env, "ccm-sw").await
-            && !exists::<PodDisruptionBudget>(&env, "ccm-sw").await
-            && exists::<DaemonSet>(&env, "ccm-sw").await
-    })
-    .await;
-    assert!(exists::<ServiceAccount>(&env, "ccm-sw").await && crb_exists(&env, "sw").await);
+        env.apply_cr("sw", spec("DaemonSet")).await;
+        eventually("the Deployment and PDB to be pruned and a DaemonSet to exist", || async {
+            !exists::<Deployment>(&env, "ccm-sw").await
+                && !exists::<PodDisruptionBudget>(&env, "ccm-sw").await
+                && exists::<DaemonSet>(&env, "ccm-sw").await
+        })
+        .await;
+        assert!(exists::<ServiceAccount>(&env, "ccm-sw").await && crb_exists(&env, "sw").await);
 
-    env.apply_cr("sw", spec("Embedded")).await;
-    eventually("every child to be pruned in Embedded mode", || async {
-        !exists::<DaemonSet>(&env, "ccm-sw").await
-            && !exists::<ServiceAccount>(&env, "ccm-sw").await
-            && !exists::<RoleBinding>(&env, "ccm-sw").await
-            && !crb_exists(&env, "sw").await
-    })
-    .await;
-    // The embedded engine leads on the CR's own Lease.
-    env.wait_status("sw", types::AVAILABLE, "True", available::AS_EXPECTED).await;
-    env.wait_status("sw", types::PROGRESSING, "False", progressing::AS_EXPECTED).await;
-    assert_eq!(lease_holder(&env, "sw").await.as_deref(), Some(op.identity()));
-    let cr = env.cr("sw").await;
-    assert_eq!(cr.status.unwrap().leader.as_deref(), Some(op.identity()));
-    // The engine reports provider health itself.
-    env.wait_condition("sw", types::PROVIDER_HEALTHY, |c| c.status == "True").await;
+        env.apply_cr("sw", spec("Embedded")).await;
+        eventually("every child to be pruned in Embedded mode", || async {
+            !exists::<DaemonSet>(&env, "ccm-sw").await
+                && !exists::<ServiceAccount>(&env, "ccm-sw").await
+                && !exists::<RoleBinding>(&env, "ccm-sw").await
+                && !crb_exists(&env, "sw").await
+        })
+        .await;
+        // The embedded engine leads on the CR's own Lease.
+        env.wait_status("sw", types::AVAILABLE, "True", available::AS_EXPECTED).await;
+        env.wait_status("sw", types::PROGRESSING, "False", progressing::AS_EXPECTED).await;
+        assert_eq!(lease_holder(&env, "sw").await.as_deref(), Some(op.identity()));
+        let cr = env.cr("sw").await;
+        assert_eq!(cr.status.unwrap().leader.as_deref(), Some(op.identity()));
+        // The engine reports provider health itself.
+        env.wait_condition("sw", types::PROVIDER_HEALTHY, |c| c.status == "True").await;
 
-    env.apply_cr("sw", spec("Deployment")).await;
-    eventually("the engine to release its Lease and the Deployment to return", || async {
-        lease_holder(&env, "sw").await.is_none() && exists::<Deployment>(&env, "ccm-sw").await
-    })
-    .await;
-    op.stop().await.unwrap();
-    env.finish().await;
+        env.apply_cr("sw", spec("Deployment")).await;
+        eventually("the engine to release its Lease and the Deployment to return", || async {
+            lease_holder(&env, "sw").await.is_none() && exists::<Deployment>(&env, "ccm-sw").await
+        })
+        .await;
+        op.stop().await.unwrap();
+        env.finish().await;
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn deletion_removes_the_cluster_role_binding_and_stops_the_engine() {
-    let env = Env::start("delete").await;
-    env.secret("cfg", "cloud.conf", "autoInstances: true\n").await;
-    let op = env.operator().await;
-    env.apply_cr("gone", spec("Deployment")).await;
-    eventually("the ClusterRoleBinding", || async { crb_exists(&env, "gone").await }).await;
-    env.crs().delete("gone", &DeleteParams::default()).await.unwrap();
-    eventually("the CR (finalizer removed) and its ClusterRoleBinding to go", || async {
-        env.crs().get_opt("gone").await.unwrap().is_none() && !crb_exists(&env, "gone").await
-    })
-    .await;
-    eventually("namespaced children to be garbage-collected", || async {
-        !exists::<Deployment>(&env, "ccm-gone").await && !exists::<ServiceAccount>(&env, "ccm-gone").await
-    })
-    .await;
+e2e_apiserver::backend_tests! {
+    async fn deletion_removes_the_cluster_role_binding_and_stops_the_engine(backend) {
+        let env = Env::start(backend, "delete").await;
+        env.secret("cfg", "cloud.conf", "autoInstances: true\n").await;
+        let op = env.operator().await;
+        env.apply_cr("gone", spec("Deployment")).await;
+        eventually("the ClusterRoleBinding", || async { crb_exists(&env, "gone").await }).await;
+        env.crs().delete("gone", &DeleteParams::default()).await.unwrap();
+        eventually("the CR (finalizer removed) and its ClusterRoleBinding to go", || async {
+            env.crs().get_opt("gone").await.unwrap().is_none() && !crb_exists(&env, "gone").await
+        })
+        .await;
+        eventually("namespaced children to be garbage-collected", || async {
+            !exists::<Deployment>(&env, "ccm-gone").await && !exists::<ServiceAccount>(&env, "ccm-gone").await
+        })
+        .await;
 
-    // An embedded engine stops and releases its Lease.
-    env.apply_cr("emb", spec("Embedded")).await;
-    eventually("the engine to lead", || async { lease_holder(&env, "emb").await.is_some() }).await;
-    env.crs().delete("emb", &DeleteParams::default()).await.unwrap();
-    eventually("the CR to go and the Lease to be released", || async {
-        env.crs().get_opt("emb").await.unwrap().is_none() && lease_holder(&env, "emb").await.is_none()
-    })
-    .await;
-    op.stop().await.unwrap();
-    env.finish().await;
+        // An embedded engine stops and releases its Lease.
+        env.apply_cr("emb", spec("Embedded")).await;
+        eventually("the engine to lead", || async { lease_holder(&env, "emb").await.is_some() }).await;
+        env.crs().delete("emb", &DeleteParams::default()).await.unwrap();
+        eventually("the CR to go and the Lease to be released", || async {
+            env.crs().get_opt("emb").await.unwrap().is_none() && lease_holder(&env, "emb").await.is_none()
+        })
+        .await;
+        op.stop().await.unwrap();
+        env.finish().await;
+    }
 }
 
 async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
@@ -134,29 +136,30 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn health_readiness_and_metrics_are_served() {
-    let env = Env::start("http").await;
-    let mut config = env.operator_config();
-    config.http = Some(manager::http::HttpConfig::plain("127.0.0.1:0".parse().unwrap()));
-    let op = operator::start(config).await.unwrap();
-    let addr = op.local_addr().expect("an HTTP address");
-    env.apply_cr("web", spec("Deployment")).await;
-    env.wait_condition("web", types::READY, |_| true).await;
-    assert_eq!(http_get(addr, "/healthz").await.0, 200);
-    assert_eq!(http_get(addr, "/livez").await.0, 200);
-    eventually("/readyz to pass once the CRD is established", || async { http_get(addr, "/readyz").await.0 == 200 })
-        .await;
-    let (code, body) = http_get(addr, "/metrics").await;
-    assert_eq!(code, 200);
-    for family in [
-        "ccm_operator_reconcile_total",
-        "ccm_operator_reconcile_duration_seconds",
-        "ccm_operator_writes_total",
-        "ccm_operator_leader",
-    ] {
-        assert!(body.contains(family), "{family} missing from /metrics");
+e2e_apiserver::backend_tests! {
+    async fn health_readiness_and_metrics_are_served(backend) {
+        let env = Env::start(backend, "http").await;
+        let mut config = env.operator_config();
+        config.http = Some(manager::http::HttpConfig::plain("127.0.0.1:0".parse().unwrap()));
+        let op = operator::start(config).await.unwrap();
+        let addr = op.local_addr().expect("an HTTP address");
+        env.apply_cr("web", spec("Deployment")).await;
+        env.wait_condition("web", types::READY, |_| true).await;
+        assert_eq!(http_get(addr, "/healthz").await.0, 200);
+        assert_eq!(http_get(addr, "/livez").await.0, 200);
+        eventually("/readyz to pass once the CRD is established", || async { http_get(addr, "/readyz").await.0 == 200 })
+            .await;
+        let (code, body) = http_get(addr, "/metrics").await;
+        assert_eq!(code, 200);
+        for family in [
+            "ccm_operator_reconcile_total",
+            "ccm_operator_reconcile_duration_seconds",
+            "ccm_operator_writes_total",
+            "ccm_operator_leader",
+        ] {
+            assert!(body.contains(family), "{family} missing from /metrics");
+        }
+        op.stop().await.unwrap();
+        env.finish().await;
     }
-    op.stop().await.unwrap();
-    env.finish().await;
 }

@@ -18,153 +18,156 @@ async fn assert_not_deployed(env: &Env, cr: &str) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_config_failure_has_its_reason_and_degrades_at_once() {
-    let env = Env::start("invalid").await;
-    let op = env.operator().await;
-    env.secret("nokey", "other", "x").await;
-    env.secret("bad", "cloud.conf", "bogusField: hunter2-secret\n").await;
-    let cases = [
-        ("unknown", json!({"provider": "nimbus"}), config_valid::UNKNOWN_PROVIDER, "known providers: baremetal, fake"),
-        (
-            "missing",
-            json!({"provider": "fake", "cloudConfig": {"secretRef": {"name": "absent"}}, "configureCloudRoutes": false}),
-            config_valid::SECRET_NOT_FOUND,
-            "\"absent\"",
-        ),
-        (
-            "nokey",
-            json!({"provider": "fake", "cloudConfig": {"secretRef": {"name": "nokey"}}, "configureCloudRoutes": false}),
-            config_valid::SECRET_KEY_NOT_FOUND,
-            "no key \"cloud.conf\"",
-        ),
-        (
-            "rejected",
-            json!({"provider": "fake", "cloudConfig": {"secretRef": {"name": "bad"}}, "configureCloudRoutes": false}),
-            config_valid::CLOUD_CONFIG_REJECTED,
-            "unknown field",
-        ),
-        ("nocidr", json!({"provider": "fake"}), config_valid::CLUSTER_CIDR_REQUIRED, "clusterCIDR"),
-    ];
-    // Disjoint controllers so that the cases do not conflict with one another.
-    for (i, (name, spec, _, _)) in cases.iter().enumerate() {
-        let mut spec = spec.clone();
-        let controllers = [
-            json!(["cloud-node"]),
-            json!(["cloud-node-lifecycle"]),
-            json!(["service"]),
-            json!(["route"]),
-            json!(["route"]),
+e2e_apiserver::backend_tests! {
+    async fn every_config_failure_has_its_reason_and_degrades_at_once(backend) {
+        let env = Env::start(backend, "invalid").await;
+        let op = env.operator().await;
+        env.secret("nokey", "other", "x").await;
+        env.secret("bad", "cloud.conf", "bogusField: hunter2-secret\n").await;
+        let cases = [
+            ("unknown", json!({"provider": "nimbus"}), config_valid::UNKNOWN_PROVIDER, "known providers: baremetal, fake"),
+            (
+                "missing",
+                json!({"provider": "fake", "cloudConfig": {"secretRef": {"name": "absent"}}, "configureCloudRoutes": false}),
+                config_valid::SECRET_NOT_FOUND,
+                "\"absent\"",
+            ),
+            (
+                "nokey",
+                json!({"provider": "fake", "cloudConfig": {"secretRef": {"name": "nokey"}}, "configureCloudRoutes": false}),
+                config_valid::SECRET_KEY_NOT_FOUND,
+                "no key \"cloud.conf\"",
+            ),
+            (
+                "rejected",
+                json!({"provider": "fake", "cloudConfig": {"secretRef": {"name": "bad"}}, "configureCloudRoutes": false}),
+                config_valid::CLOUD_CONFIG_REJECTED,
+                "unknown field",
+            ),
+            ("nocidr", json!({"provider": "fake"}), config_valid::CLUSTER_CIDR_REQUIRED, "clusterCIDR"),
         ];
-        spec["controllers"] = controllers[i].clone();
-        env.apply_cr(name, spec).await;
-    }
-    for (name, _, reason, needle) in &cases {
-        let c = env.wait_condition(name, types::CONFIG_VALID, |c| c.status == "False").await;
-        assert_eq!(c.reason, *reason, "{name}: {}", c.message);
-        assert!(c.message.contains(needle), "{name}: {:?} lacks {needle:?}", c.message);
-        assert!(!c.message.contains("hunter2"), "{name}: the Secret's content leaked: {}", c.message);
-        env.wait_status(name, types::DEGRADED, "True", degraded::CONFIG_INVALID).await;
-        env.wait_status(name, types::READY, "False", ready_reasons::CONFIG_INVALID).await;
-        assert_not_deployed(&env, name).await;
-    }
-    // A Warning event says why.
-    let events: Api<Event> = env.api();
-    eventually("a ConfigInvalid event on the CR", || async {
-        let list = events.list(&ListParams::default()).await.unwrap();
-        list.items.iter().any(|e| {
-            e.reason.as_deref() == Some("ConfigInvalid")
-                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("unknown")
+        // Disjoint controllers so that the cases do not conflict with one another.
+        for (i, (name, spec, _, _)) in cases.iter().enumerate() {
+            let mut spec = spec.clone();
+            let controllers = [
+                json!(["cloud-node"]),
+                json!(["cloud-node-lifecycle"]),
+                json!(["service"]),
+                json!(["route"]),
+                json!(["route"]),
+            ];
+            spec["controllers"] = controllers[i].clone();
+            env.apply_cr(name, spec).await;
+        }
+        for (name, _, reason, needle) in &cases {
+            let c = env.wait_condition(name, types::CONFIG_VALID, |c| c.status == "False").await;
+            assert_eq!(c.reason, *reason, "{name}: {}", c.message);
+            assert!(c.message.contains(needle), "{name}: {:?} lacks {needle:?}", c.message);
+            assert!(!c.message.contains("hunter2"), "{name}: the Secret's content leaked: {}", c.message);
+            env.wait_status(name, types::DEGRADED, "True", degraded::CONFIG_INVALID).await;
+            env.wait_status(name, types::READY, "False", ready_reasons::CONFIG_INVALID).await;
+            assert_not_deployed(&env, name).await;
+        }
+        // A Warning event says why.
+        let events: Api<Event> = env.api();
+        eventually("a ConfigInvalid event on the CR", || async {
+            let list = events.list(&ListParams::default()).await.unwrap();
+            list.items.iter().any(|e| {
+                e.reason.as_deref() == Some("ConfigInvalid")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("unknown")
+            })
         })
-    })
-    .await;
-    // Fixing the input (creating the Secret) makes it valid without touching the CR.
-    env.secret("absent", "cloud.conf", "autoInstances: true\n").await;
-    env.wait_status("missing", types::CONFIG_VALID, "True", config_valid::VALID).await;
-    eventually("the fixed CR to be deployed", || async {
-        env.api::<Deployment>().get_opt("ccm-missing").await.unwrap().is_some()
-    })
-    .await;
-
-    if env.plays_controllers() {
-        // The local server does not enforce the CRD's CEL rules: the operator still does.
-        env.apply_cr(
-            "cel",
-            json!({"provider": "fake", "controllers": ["cloud-node"], "concurrency": {"nodeSyncs": 0}, "loadBalancerClass": "y"}),
-        )
         .await;
-        let c = env.wait_condition("cel", types::CONFIG_VALID, |c| c.status == "False").await;
-        assert_eq!(c.reason, config_valid::INVALID_SPEC);
-        assert!(c.message.contains("spec.concurrency.nodeSyncs"), "{}", c.message);
+        // Fixing the input (creating the Secret) makes it valid without touching the CR.
+        env.secret("absent", "cloud.conf", "autoInstances: true\n").await;
+        env.wait_status("missing", types::CONFIG_VALID, "True", config_valid::VALID).await;
+        eventually("the fixed CR to be deployed", || async {
+            env.api::<Deployment>().get_opt("ccm-missing").await.unwrap().is_some()
+        })
+        .await;
+
+        if !env.is_genuine() {
+            // The local server does not enforce the CRD's CEL rules: the operator still does.
+            env.apply_cr(
+                "cel",
+                json!({"provider": "fake", "controllers": ["cloud-node"], "concurrency": {"nodeSyncs": 0}, "loadBalancerClass": "y"}),
+            )
+            .await;
+            let c = env.wait_condition("cel", types::CONFIG_VALID, |c| c.status == "False").await;
+            assert_eq!(c.reason, config_valid::INVALID_SPEC);
+            assert!(c.message.contains("spec.concurrency.nodeSyncs"), "{}", c.message);
+        }
+        op.stop().await.unwrap();
+        env.finish().await;
     }
-    op.stop().await.unwrap();
-    env.finish().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn later_cr_running_the_same_controllers_is_not_deployed_until_the_older_goes() {
-    let env = Env::start("conflict").await;
-    let op = env.operator().await;
-    let spec = json!({"provider": "fake", "configureCloudRoutes": false});
-    env.apply_cr("first", spec.clone()).await;
-    env.wait_status("first", types::CONFIG_VALID, "True", config_valid::VALID).await;
-    env.apply_cr("second", spec.clone()).await;
-    let c = env.wait_status("second", types::CONFIG_VALID, "False", config_valid::CONFLICT).await;
-    assert!(c.message.contains(&format!("{}/first", env.ns)), "{}", c.message);
-    assert!(c.message.contains("cloud-node-controller"), "{}", c.message);
-    assert!(c.message.contains("without a loadBalancerClass"), "{}", c.message);
-    assert_not_deployed(&env, "second").await;
-    assert!(env.api::<Deployment>().get_opt("ccm-first").await.unwrap().is_some());
+e2e_apiserver::backend_tests! {
+    async fn later_cr_running_the_same_controllers_is_not_deployed_until_the_older_goes(backend) {
+        let env = Env::start(backend, "conflict").await;
+        let op = env.operator().await;
+        let spec = json!({"provider": "fake", "configureCloudRoutes": false});
+        env.apply_cr("first", spec.clone()).await;
+        env.wait_status("first", types::CONFIG_VALID, "True", config_valid::VALID).await;
+        env.apply_cr("second", spec.clone()).await;
+        let c = env.wait_status("second", types::CONFIG_VALID, "False", config_valid::CONFLICT).await;
+        assert!(c.message.contains(&format!("{}/first", env.ns)), "{}", c.message);
+        assert!(c.message.contains("cloud-node-controller"), "{}", c.message);
+        assert!(c.message.contains("without a loadBalancerClass"), "{}", c.message);
+        assert_not_deployed(&env, "second").await;
+        assert!(env.api::<Deployment>().get_opt("ccm-first").await.unwrap().is_some());
 
-    // The older one goes: the later one takes over.
-    env.crs().delete("first", &DeleteParams::default()).await.unwrap();
-    env.wait_status("second", types::CONFIG_VALID, "True", config_valid::VALID).await;
-    eventually("the second CR to be deployed", || async {
-        env.api::<Deployment>().get_opt("ccm-second").await.unwrap().is_some()
-    })
-    .await;
-    op.stop().await.unwrap();
-    env.finish().await;
+        // The older one goes: the later one takes over.
+        env.crs().delete("first", &DeleteParams::default()).await.unwrap();
+        env.wait_status("second", types::CONFIG_VALID, "True", config_valid::VALID).await;
+        eventually("the second CR to be deployed", || async {
+            env.api::<Deployment>().get_opt("ccm-second").await.unwrap().is_some()
+        })
+        .await;
+        op.stop().await.unwrap();
+        env.finish().await;
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn malformed_cr_is_reported_and_does_not_stop_the_others() {
-    let env = Env::start("malformed").await;
-    if !env.plays_controllers() {
-        // A real API server validates the schema, so a malformed object cannot be stored.
-        eprintln!("skipped: needs an API server without schema validation");
-        return env.finish().await;
+e2e_apiserver::backend_tests! {
+    async fn malformed_cr_is_reported_and_does_not_stop_the_others(backend) {
+        let env = Env::start(backend, "malformed").await;
+        if env.is_genuine() {
+            // A real API server validates the schema, so a malformed object cannot be stored.
+            eprintln!("skipped: needs an API server without schema validation");
+            return env.finish().await;
+        }
+        let ar = ApiResource::erase::<crds::CloudControllerManager>(&());
+        let raw: Api<DynamicObject> = Api::namespaced_with(env.harness.clone(), &env.ns, &ar);
+        let broken = json!({
+            "apiVersion": "ccm.rs/v1alpha1", "kind": "CloudControllerManager",
+            "metadata": {"name": "broken", "namespace": env.ns},
+            "spec": {"provider": "fake", "concurrency": {"nodeSyncs": "lots"}, "mode": 7},
+        });
+        raw.patch("broken", &PatchParams::apply(HARNESS_AGENT).force(), &Patch::Apply(&broken)).await.unwrap();
+        let op = env.operator().await;
+        env.apply_cr("good", json!({"provider": "fake", "configureCloudRoutes": false})).await;
+        eventually("the good CR to be deployed", || async {
+            env.api::<Deployment>().get_opt("ccm-good").await.unwrap().is_some()
+        })
+        .await;
+        // The broken one carries its reason.
+        let status = tokio::time::timeout(
+            WAIT,
+            await_condition(raw.clone(), "broken", |o: Option<&DynamicObject>| {
+                o.and_then(|o| o.data.pointer("/status/conditions"))
+                    .and_then(|c| c.as_array())
+                    .is_some_and(|c| c.iter().any(|c| c["type"] == "ConfigValid" && c["reason"] == "MalformedSpec"))
+            }),
+        )
+        .await
+        .expect("the malformed CR is reported in time")
+        .unwrap()
+        .unwrap();
+        let conditions = status.data["status"]["conditions"].as_array().unwrap().clone();
+        let ready = conditions.iter().find(|c| c["type"] == "Ready").unwrap();
+        assert_eq!(ready["status"], "False");
+        op.stop().await.unwrap();
+        env.finish().await;
     }
-    let ar = ApiResource::erase::<crds::CloudControllerManager>(&());
-    let raw: Api<DynamicObject> = Api::namespaced_with(env.harness.clone(), &env.ns, &ar);
-    let broken = json!({
-        "apiVersion": "ccm.rs/v1alpha1", "kind": "CloudControllerManager",
-        "metadata": {"name": "broken", "namespace": env.ns},
-        "spec": {"provider": "fake", "concurrency": {"nodeSyncs": "lots"}, "mode": 7},
-    });
-    raw.patch("broken", &PatchParams::apply(HARNESS_AGENT).force(), &Patch::Apply(&broken)).await.unwrap();
-    let op = env.operator().await;
-    env.apply_cr("good", json!({"provider": "fake", "configureCloudRoutes": false})).await;
-    eventually("the good CR to be deployed", || async {
-        env.api::<Deployment>().get_opt("ccm-good").await.unwrap().is_some()
-    })
-    .await;
-    // The broken one carries its reason.
-    let status = tokio::time::timeout(
-        WAIT,
-        await_condition(raw.clone(), "broken", |o: Option<&DynamicObject>| {
-            o.and_then(|o| o.data.pointer("/status/conditions"))
-                .and_then(|c| c.as_array())
-                .is_some_and(|c| c.iter().any(|c| c["type"] == "ConfigValid" && c["reason"] == "MalformedSpec"))
-        }),
-    )
-    .await
-    .expect("the malformed CR is reported in time")
-    .unwrap()
-    .unwrap();
-    let conditions = status.data["status"]["conditions"].as_array().unwrap().clone();
-    let ready = conditions.iter().find(|c| c["type"] == "Ready").unwrap();
-    assert_eq!(ready["status"], "False");
-    op.stop().await.unwrap();
-    env.finish().await;
 }

@@ -1,9 +1,9 @@
 //! Shared harness of the operator scenarios (`operator_*.rs`).
 //!
-//! By default each scenario starts the local API server; with `E2E_KUBECONFIG` set it runs
-//! against that cluster instead, in a fresh namespace it deletes afterwards. Steps that play
-//! a Kubernetes controller (writing Deployment or DaemonSet status) run only on the local
-//! server, where no real controller would overwrite them.
+//! Each scenario runs on both backends (`e2e_apiserver::backend_tests!`): the local API server,
+//! and a genuine etcd + kube-apiserver when `CCM_TEST_ASSETS` is set. It installs the CRD and
+//! works in a namespace of its own. The genuine backend runs no kube-controller-manager, so the
+//! harness may play the Deployment and DaemonSet controllers (write workload status) on both.
 #![allow(dead_code)]
 
 use std::future::Future;
@@ -11,14 +11,12 @@ use std::time::Duration;
 
 use crds::CloudControllerManager;
 use crds::conditions::{self, types};
-use e2e_apiserver::{RequestLog, RequestRecord, TestApiServer};
+use e2e_apiserver::{Backend, RequestLog, RequestRecord, TestCluster};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::runtime::wait::{await_condition, conditions as wait_conditions};
-use kube::{Client, CustomResourceExt, Resource};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Client, Resource};
 use operator::{OperatorConfig, OperatorHandle, Scope, Timings};
 use serde_json::{Value, json};
 
@@ -31,8 +29,8 @@ static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::ne
 
 /// One scenario's cluster and namespace.
 pub struct Env {
-    /// The local server, unless `E2E_KUBECONFIG` points elsewhere.
-    pub server: Option<TestApiServer>,
+    /// The API server (local or genuine).
+    pub cluster: TestCluster,
     /// The client the operator uses.
     pub client: Client,
     /// The harness's client (its own user agent).
@@ -57,39 +55,24 @@ fn with_agent(mut config: kube::Config) -> Client {
 }
 
 impl Env {
-    /// Start the local API server (or connect to `E2E_KUBECONFIG`), install the CRD, and
-    /// create a namespace for the scenario.
-    pub async fn start(name: &str) -> Env {
+    /// Start (or take a turn on) an API server, install the CRD, and create a namespace for the
+    /// scenario.
+    pub async fn start(backend: Backend, name: &str) -> Env {
         init_logging();
-        let (server, client, harness) = match std::env::var("E2E_KUBECONFIG") {
-            Ok(path) if !path.is_empty() => {
-                let kubeconfig = kube::config::Kubeconfig::read_from(&path).expect("E2E_KUBECONFIG is readable");
-                let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-                    .await
-                    .expect("E2E_KUBECONFIG is usable");
-                (None, Client::try_from(config.clone()).expect("a client"), with_agent(config))
-            }
-            _ => {
-                let server = TestApiServer::start().await.expect("the local API server starts");
-                let (client, harness) = (server.client(), with_agent(server.kube_config()));
-                (Some(server), client, harness)
-            }
-        };
-        let crds: Api<CustomResourceDefinition> = Api::all(harness.clone());
-        crds.patch(
-            CloudControllerManager::crd_name(),
-            &PatchParams::apply(HARNESS_AGENT).force(),
-            &Patch::Apply(&crds::crd()),
-        )
-        .await
-        .expect("the CRD installs");
-        tokio::time::timeout(
-            WAIT,
-            await_condition(crds, CloudControllerManager::crd_name(), wait_conditions::is_crd_established()),
-        )
-        .await
-        .expect("the CRD is established in time")
-        .expect("the CRD is established");
+        let cluster = TestCluster::start(backend).await.expect("the API server starts");
+        Env::on(cluster, name).await
+    }
+
+    /// Like [`Env::start`], with fault injection (`env.cluster.faults()`) on both backends.
+    pub async fn start_with_faults(backend: Backend, name: &str) -> Env {
+        init_logging();
+        let cluster = TestCluster::start_with_faults(backend).await.expect("the API server starts");
+        Env::on(cluster, name).await
+    }
+
+    async fn on(cluster: TestCluster, name: &str) -> Env {
+        let (client, harness) = (cluster.client(), with_agent(cluster.kube_config()));
+        cluster.install_crd(&crds::crd()).await.expect("the CRD installs");
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let ns = format!("e2e-{name}-{}-{n}", std::process::id());
         let namespaces: Api<Namespace> = Api::all(harness.clone());
@@ -103,17 +86,18 @@ impl Env {
             )
             .await
             .expect("the namespace is created");
-        Env { server, client, harness, ns }
+        Env { cluster, client, harness, ns }
     }
 
-    /// Whether the harness may play the Deployment and DaemonSet controllers.
-    pub fn plays_controllers(&self) -> bool {
-        self.server.is_some()
+    /// Whether this runs on the genuine kube-apiserver.
+    pub fn is_genuine(&self) -> bool {
+        self.cluster.is_genuine()
     }
 
-    /// The request log (local server only).
-    pub fn request_log(&self) -> Option<RequestLog> {
-        self.server.as_ref().map(TestApiServer::request_log)
+    /// The request log: the local server's, or the genuine server's audit log, from the start
+    /// of this scenario.
+    pub fn request_log(&self) -> RequestLog {
+        self.cluster.request_log()
     }
 
     /// An operator configuration for this scenario: its namespace only, fast timings.
@@ -211,14 +195,11 @@ impl Env {
             .unwrap_or_else(|e| panic!("writing status of {name}: {e}"));
     }
 
-    /// Delete the namespace (on a real cluster) and stop the local server.
+    /// End the scenario: the local server stops (on drop); on the genuine backend the turn ends
+    /// and the next scenario's turn deletes what this one left (a deleted namespace would only
+    /// stay Terminating there: no namespace controller).
     pub async fn finish(self) {
-        if let Some(server) = self.server {
-            server.shutdown().await;
-        } else {
-            let namespaces: Api<Namespace> = Api::all(self.harness.clone());
-            let _ = namespaces.delete(&self.ns, &DeleteParams::default()).await;
-        }
+        drop(self);
     }
 }
 
@@ -267,14 +248,18 @@ where
     }
 }
 
-/// Writes the operator made (not the harness), from a request-log slice.
+/// Whether a request came from the code under test: neither the harness nor the genuine
+/// kube-apiserver's own controllers (`system:apiserver`, absent on the local server).
+pub fn by_code_under_test(r: &RequestRecord) -> bool {
+    r.user_agent != HARNESS_AGENT && r.user.as_deref() != Some("system:apiserver")
+}
+
+/// Writes the operator made (not the harness, nor a manager it runs), from a request-log slice.
 pub fn operator_writes(records: &[RequestRecord]) -> Vec<&RequestRecord> {
     records
         .iter()
         .filter(|r| {
-            r.is_write()
-                && r.user_agent != HARNESS_AGENT
-                && r.field_manager.as_deref() != Some("cloud-controller-manager")
+            r.is_write() && by_code_under_test(r) && r.field_manager.as_deref() != Some("cloud-controller-manager")
         })
         .collect()
 }
