@@ -8,6 +8,8 @@ pub mod cache;
 pub mod client;
 pub mod controller;
 pub mod controllers;
+#[cfg(feature = "datapath")]
+pub mod datapath;
 pub mod engine;
 pub mod error;
 pub mod events;

@@ -1,0 +1,474 @@
+//! The data path with real sockets on loopback. Every test owns a `127.<n>.0.0/16` block, so
+//! tests run in parallel with fixed ports.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpSocket, TcpStream, UdpSocket};
+use tokio_util::sync::CancellationToken;
+
+use super::*;
+
+const NODE_PORT: u16 = 30080;
+const HEALTH_PORT: u16 = 10256;
+const WAIT: Duration = Duration::from_secs(10);
+
+fn ip(block: u8, host: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(127, block, 0, host))
+}
+
+/// Fast health checks so that tests take milliseconds, not seconds.
+fn settings() -> Settings {
+    Settings {
+        health: HealthSettings {
+            interval: Duration::from_millis(100),
+            timeout: Duration::from_millis(100),
+            unhealthy_threshold: 2,
+            healthy_threshold: 1,
+        },
+        cluster_health_port: HEALTH_PORT,
+        drain_timeout: Duration::from_millis(300),
+        udp_idle_timeout: Duration::from_millis(500),
+        connect_timeout: Duration::from_millis(500),
+        ..Settings::default()
+    }
+}
+
+fn data_path(settings: Settings) -> (DataPath, Arc<Metrics>) {
+    let metrics = Arc::new(Metrics::new());
+    (DataPath::new(settings, &metrics, CancellationToken::new()), metrics)
+}
+
+/// A TCP backend that greets every connection with its name, then echoes.
+async fn tcp_backend(name: &str, addr: SocketAddr) -> CancellationToken {
+    let listener = TcpListener::bind(addr).await.expect("bind backend");
+    let stop = CancellationToken::new();
+    let name = name.to_string();
+    let token = stop.clone();
+    tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = tokio::select! {
+                _ = token.cancelled() => return,
+                r = listener.accept() => match r { Ok(s) => s, Err(_) => continue },
+            };
+            let name = name.clone();
+            let token = token.clone();
+            tokio::spawn(async move {
+                if stream.write_all(format!("{name}\n").as_bytes()).await.is_err() {
+                    return;
+                }
+                let mut buf = [0u8; 4096];
+                loop {
+                    let n = tokio::select! {
+                        _ = token.cancelled() => return,
+                        r = stream.read(&mut buf) => match r { Ok(0) | Err(_) => return, Ok(n) => n },
+                    };
+                    if stream.write_all(&buf[..n]).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    stop
+}
+
+/// A UDP backend answering `<name>:<payload>`.
+async fn udp_backend(name: &str, addr: SocketAddr) {
+    let socket = UdpSocket::bind(addr).await.expect("bind udp backend");
+    let name = name.to_string();
+    tokio::spawn(async move {
+        let mut buf = [0u8; 2048];
+        while let Ok((n, peer)) = socket.recv_from(&mut buf).await {
+            let mut reply = format!("{name}:").into_bytes();
+            reply.extend_from_slice(&buf[..n]);
+            let _ = socket.send_to(&reply, peer).await;
+        }
+    });
+}
+
+/// An HTTP health endpoint answering 200 while `ok` is set, 503 otherwise.
+async fn health_server(addr: SocketAddr, ok: Arc<AtomicBool>) {
+    let listener = TcpListener::bind(addr).await.expect("bind health");
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let ok = ok.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                let _ = stream.read(&mut buf).await;
+                let status = if ok.load(Ordering::SeqCst) { "200 OK" } else { "503 Service Unavailable" };
+                let _ = stream.write_all(format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\n\r\n").as_bytes()).await;
+            });
+        }
+    });
+}
+
+/// Connect from `source` (any loopback address) and return the backend's greeting and stream.
+async fn connect_from(source: Option<IpAddr>, to: SocketAddr) -> Option<(String, BufReader<TcpStream>)> {
+    let socket = TcpSocket::new_v4().ok()?;
+    if let Some(source) = source {
+        socket.bind(SocketAddr::new(source, 0)).ok()?;
+    }
+    let stream = tokio::time::timeout(WAIT, socket.connect(to)).await.ok()?.ok()?;
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    let n = tokio::time::timeout(Duration::from_secs(2), reader.read_line(&mut line)).await.ok()?.ok()?;
+    (n > 0).then(|| (line.trim().to_string(), reader))
+}
+
+async fn greeting(to: SocketAddr) -> Option<String> {
+    connect_from(None, to).await.map(|(name, _)| name)
+}
+
+/// Send a line on an open connection and expect it echoed.
+async fn echoes(reader: &mut BufReader<TcpStream>, text: &str) -> bool {
+    if reader.get_mut().write_all(format!("{text}\n").as_bytes()).await.is_err() {
+        return false;
+    }
+    let mut line = String::new();
+    matches!(tokio::time::timeout(Duration::from_secs(2), reader.read_line(&mut line)).await, Ok(Ok(n)) if n > 0)
+        && line.trim() == text
+}
+
+async fn eventually<F, Fut>(what: &str, within: Duration, f: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    while !f().await {
+        assert!(Instant::now() < deadline, "{what}: not reached within {within:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn spec(block: u8, ports: &[(Protocol, u16)], backends: &[(&str, u8)], health_check: HealthCheck) -> ServiceSpec {
+    ServiceSpec {
+        key: format!("default/svc-{block}"),
+        addresses: vec![ip(block, 100)],
+        ports: ports
+            .iter()
+            .map(|(protocol, port)| PortSpec { protocol: *protocol, port: *port, target_port: NODE_PORT })
+            .collect(),
+        backends: backends
+            .iter()
+            .map(|(name, host)| Backend { name: name.to_string(), ip: ip(block, *host) })
+            .collect(),
+        health_check,
+        affinity: Affinity::None,
+        balance: Balance::RoundRobin,
+        source_ranges: Vec::new(),
+    }
+}
+
+fn http_check(port: u16) -> HealthCheck {
+    HealthCheck::Http { port, path: "/healthz".into() }
+}
+
+#[tokio::test]
+async fn tcp_traffic_reaches_a_backend_and_is_counted() {
+    let b = 10;
+    tcp_backend("node-a", SocketAddr::new(ip(b, 1), NODE_PORT)).await;
+    let (dp, metrics) = data_path(settings());
+    dp.apply(spec(b, &[(Protocol::Tcp, 80)], &[("node-a", 1)], HealthCheck::None)).unwrap();
+    let (name, mut stream) = connect_from(None, SocketAddr::new(ip(b, 100), 80)).await.expect("connect via the proxy");
+    assert_eq!(name, "node-a");
+    assert!(echoes(&mut stream, "hello").await);
+    drop(stream);
+    let text = metrics.encode();
+    assert!(
+        text.contains(r#"ccm_datapath_connections_total{service="default/svc-10",backend="node-a",protocol="TCP"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            r#"ccm_datapath_bytes_total{service="default/svc-10",backend="node-a",protocol="TCP",direction="rx"} 6"#
+        ),
+        "{text}"
+    );
+    assert!(text.contains(r#"ccm_datapath_backend_healthy{service="default/svc-10",backend="node-a"} 1"#), "{text}");
+}
+
+#[tokio::test]
+async fn udp_traffic_reaches_a_backend_and_replies_find_their_client() {
+    let b = 11;
+    udp_backend("node-a", SocketAddr::new(ip(b, 1), NODE_PORT)).await;
+    let (dp, _) = data_path(settings());
+    dp.apply(spec(b, &[(Protocol::Udp, 53)], &[("node-a", 1)], HealthCheck::None)).unwrap();
+    let lb = SocketAddr::new(ip(b, 100), 53);
+    for client_host in [50, 51] {
+        let client = UdpSocket::bind(SocketAddr::new(ip(b, client_host), 0)).await.unwrap();
+        for i in 0..3 {
+            client.send_to(format!("ping{i}").as_bytes(), lb).await.unwrap();
+            let mut buf = [0u8; 64];
+            let (n, from) = tokio::time::timeout(WAIT, client.recv_from(&mut buf)).await.expect("a reply").unwrap();
+            assert_eq!(from, lb, "the reply comes from the load-balancer address");
+            assert_eq!(&buf[..n], format!("node-a:ping{i}").as_bytes());
+        }
+    }
+}
+
+#[tokio::test]
+async fn udp_sessions_expire_when_idle() {
+    let b = 12;
+    udp_backend("node-a", SocketAddr::new(ip(b, 1), NODE_PORT)).await;
+    let (dp, metrics) = data_path(settings());
+    dp.apply(spec(b, &[(Protocol::Udp, 53)], &[("node-a", 1)], HealthCheck::None)).unwrap();
+    let client = UdpSocket::bind(SocketAddr::new(ip(b, 50), 0)).await.unwrap();
+    client.send_to(b"x", SocketAddr::new(ip(b, 100), 53)).await.unwrap();
+    let mut buf = [0u8; 64];
+    tokio::time::timeout(WAIT, client.recv_from(&mut buf)).await.expect("a reply").unwrap();
+    let active = r#"ccm_datapath_active_connections{service="default/svc-12",backend="node-a",protocol="UDP"}"#;
+    assert!(metrics.encode().contains(&format!("{active} 1")));
+    // Idle timeout 500 ms, swept every 250 ms.
+    eventually("the idle session is gone", WAIT, || async { metrics.encode().contains(&format!("{active} 0")) }).await;
+}
+
+#[tokio::test]
+async fn a_failing_health_check_removes_a_backend_within_the_detection_bound_and_traffic_continues() {
+    let b = 13;
+    let lb = SocketAddr::new(ip(b, 100), 80);
+    let mut up = Vec::new();
+    for (name, host) in [("node-a", 1), ("node-b", 2)] {
+        tcp_backend(name, SocketAddr::new(ip(b, host), NODE_PORT)).await;
+        let ok = Arc::new(AtomicBool::new(true));
+        health_server(SocketAddr::new(ip(b, host), HEALTH_PORT), ok.clone()).await;
+        up.push(ok);
+    }
+    let settings = settings();
+    let bound = settings.health.detection_bound();
+    let (dp, metrics) = data_path(settings);
+    dp.apply(spec(b, &[(Protocol::Tcp, 80)], &[("node-a", 1), ("node-b", 2)], http_check(HEALTH_PORT))).unwrap();
+    eventually("both backends healthy", WAIT, || async {
+        dp.backend_health("default/svc-13").values().all(|h| *h == select::Health::Healthy)
+    })
+    .await;
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..4 {
+        seen.insert(greeting(lb).await.expect("traffic flows"));
+    }
+    assert_eq!(seen.len(), 2, "round robin uses both backends: {seen:?}");
+
+    up[0].store(false, Ordering::SeqCst);
+    let failed_at = Instant::now();
+    eventually("node-a marked unhealthy", bound + Duration::from_millis(200), || async {
+        dp.backend_health("default/svc-13").get("node-a") == Some(&select::Health::Unhealthy)
+    })
+    .await;
+    assert!(failed_at.elapsed() <= bound + Duration::from_millis(200));
+    for _ in 0..6 {
+        assert_eq!(greeting(lb).await.as_deref(), Some("node-b"), "traffic continues on the healthy backend");
+    }
+    let text = metrics.encode();
+    assert!(text.contains(r#"ccm_datapath_backend_healthy{service="default/svc-13",backend="node-a"} 0"#), "{text}");
+
+    // One success brings it back.
+    up[0].store(true, Ordering::SeqCst);
+    eventually("node-a healthy again", bound, || async {
+        dp.backend_health("default/svc-13").get("node-a") == Some(&select::Health::Healthy)
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn local_traffic_policy_checks_the_health_check_node_port() {
+    use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeStatus, Service, ServicePort};
+    let b = 14;
+    let hcnp = 32100;
+    // Both Nodes pass kube-proxy's check, but only node-a has a local endpoint.
+    for (name, host, local_endpoint) in [("node-a", 1, true), ("node-b", 2, false)] {
+        tcp_backend(name, SocketAddr::new(ip(b, host), NODE_PORT)).await;
+        health_server(SocketAddr::new(ip(b, host), HEALTH_PORT), Arc::new(AtomicBool::new(true))).await;
+        health_server(SocketAddr::new(ip(b, host), hcnp), Arc::new(AtomicBool::new(local_endpoint))).await;
+    }
+    let node = |name: &str, host: u8| Node {
+        metadata: kube::api::ObjectMeta { name: Some(name.into()), ..Default::default() },
+        status: Some(NodeStatus {
+            addresses: Some(vec![NodeAddress { type_: "InternalIP".into(), address: ip(b, host).to_string() }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let nodes = [node("node-a", 1), node("node-b", 2)];
+    let service = Service {
+        metadata: kube::api::ObjectMeta {
+            name: Some("local".into()),
+            namespace: Some("default".into()),
+            ..Default::default()
+        },
+        spec: Some(k8s_openapi::api::core::v1::ServiceSpec {
+            type_: Some("LoadBalancer".into()),
+            external_traffic_policy: Some("Local".into()),
+            health_check_node_port: Some(i32::from(hcnp)),
+            ports: Some(vec![ServicePort { port: 80, node_port: Some(i32::from(NODE_PORT)), ..Default::default() }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let settings = settings();
+    let spec = config::service_spec(&service, &[&nodes[0], &nodes[1]], &[ip(b, 100)], &settings).unwrap();
+    assert_eq!(spec.health_check, http_check(hcnp));
+    let (dp, _) = data_path(settings);
+    dp.apply(spec).unwrap();
+    eventually("node-b fails its healthCheckNodePort", WAIT, || async {
+        dp.backend_health("default/local").get("node-b") == Some(&select::Health::Unhealthy)
+    })
+    .await;
+    for _ in 0..6 {
+        assert_eq!(greeting(SocketAddr::new(ip(b, 100), 80)).await.as_deref(), Some("node-a"));
+    }
+}
+
+#[tokio::test]
+async fn adding_and_removing_ports_keeps_connections_on_the_other_ports() {
+    let b = 15;
+    tcp_backend("node-a", SocketAddr::new(ip(b, 1), NODE_PORT)).await;
+    let (dp, _) = data_path(settings());
+    let one = spec(b, &[(Protocol::Tcp, 80)], &[("node-a", 1)], HealthCheck::None);
+    dp.apply(one.clone()).unwrap();
+    let (_, mut on_80) = connect_from(None, SocketAddr::new(ip(b, 100), 80)).await.expect("port 80");
+
+    // Add 443: the connection on 80 carries on, 443 serves.
+    let two = spec(b, &[(Protocol::Tcp, 80), (Protocol::Tcp, 443)], &[("node-a", 1)], HealthCheck::None);
+    dp.apply(two.clone()).unwrap();
+    assert!(echoes(&mut on_80, "still here").await, "port 80 connection survived adding 443");
+    let (_, mut on_443) = connect_from(None, SocketAddr::new(ip(b, 100), 443)).await.expect("port 443");
+
+    // Remove 80: the connection on 443 carries on; 80 accepts nothing new.
+    let only_443 = spec(b, &[(Protocol::Tcp, 443)], &[("node-a", 1)], HealthCheck::None);
+    dp.apply(only_443).unwrap();
+    assert!(echoes(&mut on_443, "443 lives").await, "port 443 connection survived removing 80");
+    eventually("port 80 accepts nothing new", WAIT, || async {
+        TcpStream::connect(SocketAddr::new(ip(b, 100), 80)).await.is_err()
+    })
+    .await;
+    // The removed port's connection drains: it works now and is closed after the drain time.
+    assert!(echoes(&mut on_80, "draining").await);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!echoes(&mut on_80, "gone").await, "port 80 connection closed after draining");
+    assert!(echoes(&mut on_443, "443 still lives").await);
+    assert_eq!(dp.listeners("default/svc-15").len(), 1);
+}
+
+#[tokio::test]
+async fn a_removed_backend_drains_its_connections_and_gets_no_new_ones() {
+    let b = 16;
+    let lb = SocketAddr::new(ip(b, 100), 80);
+    tcp_backend("node-a", SocketAddr::new(ip(b, 1), NODE_PORT)).await;
+    tcp_backend("node-b", SocketAddr::new(ip(b, 2), NODE_PORT)).await;
+    let (dp, _) = data_path(settings());
+    dp.apply(spec(b, &[(Protocol::Tcp, 80)], &[("node-a", 1)], HealthCheck::None)).unwrap();
+    let (name, mut old) = connect_from(None, lb).await.unwrap();
+    assert_eq!(name, "node-a");
+    dp.apply(spec(b, &[(Protocol::Tcp, 80)], &[("node-b", 2)], HealthCheck::None)).unwrap();
+    assert_eq!(greeting(lb).await.as_deref(), Some("node-b"));
+    assert!(echoes(&mut old, "in flight").await, "the old connection drains instead of dropping");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!echoes(&mut old, "late").await, "closed once the drain time is over");
+}
+
+#[tokio::test]
+async fn source_ranges_block_and_allow() {
+    let b = 17;
+    let lb = SocketAddr::new(ip(b, 100), 80);
+    tcp_backend("node-a", SocketAddr::new(ip(b, 1), NODE_PORT)).await;
+    let (dp, metrics) = data_path(settings());
+    let mut s = spec(b, &[(Protocol::Tcp, 80)], &[("node-a", 1)], HealthCheck::None);
+    s.source_ranges = vec![IpNet::new(ip(b, 64), 26).unwrap().trunc()];
+    dp.apply(s.clone()).unwrap();
+    assert_eq!(connect_from(Some(ip(b, 70)), lb).await.map(|c| c.0).as_deref(), Some("node-a"), "inside the range");
+    assert!(connect_from(Some(ip(b, 200)), lb).await.is_none(), "outside the range is refused");
+    assert!(
+        metrics
+            .encode()
+            .contains(r#"ccm_datapath_refused_connections_total{service="default/svc-17",reason="source_range"} 1"#)
+    );
+    // Ranges change live.
+    s.source_ranges = vec![IpNet::new(ip(b, 200), 32).unwrap()];
+    dp.apply(s).unwrap();
+    assert!(connect_from(Some(ip(b, 200)), lb).await.is_some());
+    assert!(connect_from(Some(ip(b, 70)), lb).await.is_none());
+}
+
+#[tokio::test]
+async fn client_ip_affinity_pins_a_client() {
+    let b = 18;
+    let lb = SocketAddr::new(ip(b, 100), 80);
+    for (name, host) in [("node-a", 1), ("node-b", 2), ("node-c", 3)] {
+        tcp_backend(name, SocketAddr::new(ip(b, host), NODE_PORT)).await;
+    }
+    let (dp, _) = data_path(settings());
+    let mut s = spec(b, &[(Protocol::Tcp, 80)], &[("node-a", 1), ("node-b", 2), ("node-c", 3)], HealthCheck::None);
+    s.affinity = Affinity::ClientIp;
+    dp.apply(s).unwrap();
+    let mut per_client = Vec::new();
+    for client in 150..170 {
+        let mut names = std::collections::BTreeSet::new();
+        for _ in 0..5 {
+            names.insert(connect_from(Some(ip(b, client)), lb).await.expect("connect").0);
+        }
+        assert_eq!(names.len(), 1, "client {client} was pinned to one backend: {names:?}");
+        per_client.extend(names);
+    }
+    let spread: std::collections::BTreeSet<_> = per_client.iter().collect();
+    assert!(spread.len() >= 2, "different clients use different backends: {spread:?}");
+}
+
+#[tokio::test]
+async fn a_failed_connect_moves_on_to_another_backend() {
+    let b = 19;
+    // node-a has nothing listening on the nodePort.
+    tcp_backend("node-b", SocketAddr::new(ip(b, 2), NODE_PORT)).await;
+    let (dp, _) = data_path(settings());
+    dp.apply(spec(b, &[(Protocol::Tcp, 80)], &[("node-a", 1), ("node-b", 2)], HealthCheck::None)).unwrap();
+    for _ in 0..4 {
+        assert_eq!(greeting(SocketAddr::new(ip(b, 100), 80)).await.as_deref(), Some("node-b"));
+    }
+}
+
+#[tokio::test]
+async fn health_checks_are_shared_between_services_and_stop_with_the_last() {
+    let b = 20;
+    let (dp, _) = data_path(settings());
+    let mut first = spec(b, &[(Protocol::Tcp, 80)], &[("node-a", 1), ("node-b", 2)], http_check(HEALTH_PORT));
+    dp.apply(first.clone()).unwrap();
+    first.key = "default/other".into();
+    first.addresses = vec![ip(b, 101)];
+    dp.apply(first).unwrap();
+    assert_eq!(dp.health_checkers(), 2, "one checker per Node, not per Service");
+    dp.remove("default/svc-20");
+    assert_eq!(dp.health_checkers(), 2);
+    dp.remove("default/other");
+    assert_eq!(dp.health_checkers(), 0);
+    assert!(dp.keys().is_empty());
+}
+
+#[tokio::test]
+async fn a_listener_that_cannot_bind_is_reported_and_the_others_serve() {
+    let b = 21;
+    tcp_backend("node-a", SocketAddr::new(ip(b, 1), NODE_PORT)).await;
+    let _taken = TcpListener::bind(SocketAddr::new(ip(b, 100), 81)).await.unwrap();
+    let (dp, _) = data_path(settings());
+    let error = dp
+        .apply(spec(b, &[(Protocol::Tcp, 80), (Protocol::Tcp, 81)], &[("node-a", 1)], HealthCheck::None))
+        .unwrap_err();
+    assert!(matches!(&error, DataPathError::Bind { failed } if failed.len() == 1 && failed[0].0.port == 81), "{error}");
+    assert_eq!(greeting(SocketAddr::new(ip(b, 100), 80)).await.as_deref(), Some("node-a"));
+}
+
+#[tokio::test]
+async fn shutdown_closes_listeners() {
+    let b = 22;
+    tcp_backend("node-a", SocketAddr::new(ip(b, 1), NODE_PORT)).await;
+    let (dp, _) = data_path(settings());
+    dp.apply(spec(b, &[(Protocol::Tcp, 80)], &[("node-a", 1)], HealthCheck::None)).unwrap();
+    dp.shutdown();
+    eventually("the listener is closed", WAIT, || async {
+        TcpStream::connect(SocketAddr::new(ip(b, 100), 80)).await.is_err()
+    })
+    .await;
+    assert!(matches!(dp.apply(spec(b, &[], &[], HealthCheck::None)), Err(DataPathError::ShutDown)));
+}
