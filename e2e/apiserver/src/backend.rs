@@ -18,6 +18,7 @@ use kube::core::GroupVersionKind;
 use tokio::sync::OwnedMutexGuard;
 
 use crate::genuine::audit::AuditLog;
+use crate::genuine::proxy::FaultProxy;
 use crate::genuine::{self, ControlPlane};
 use crate::{Error, Faults, RequestLog, TestApiServer};
 
@@ -206,6 +207,9 @@ pub struct TestCluster {
     config: kube::Config,
     client: Client,
     log: RequestLog,
+    /// Set when started with [`TestCluster::start_with_faults`] on the genuine backend.
+    proxy: Option<FaultProxy>,
+    kubeconfig: Option<PathBuf>,
     _turn: Option<OwnedMutexGuard<()>>,
 }
 
@@ -223,6 +227,8 @@ impl TestCluster {
                     log: server.request_log(),
                     local: Some(server),
                     genuine: None,
+                    proxy: None,
+                    kubeconfig: None,
                     _turn: None,
                 })
             }
@@ -244,8 +250,48 @@ impl TestCluster {
                 };
                 purge(&client, &baseline).await?;
                 let log = RequestLog::audit(Arc::new(AuditLog::from_end(shared.plane.audit_log_path().to_path_buf())));
-                Ok(TestCluster { backend, local: None, genuine: Some(shared), config, client, log, _turn: Some(turn) })
+                Ok(TestCluster {
+                    backend,
+                    local: None,
+                    genuine: Some(shared),
+                    config,
+                    client,
+                    log,
+                    proxy: None,
+                    kubeconfig: None,
+                    _turn: Some(turn),
+                })
             }
+        }
+    }
+
+    /// Like [`start`](Self::start), with fault injection: on the genuine backend every client
+    /// and kubeconfig this cluster hands out goes through a fault-injecting proxy (as admin).
+    pub async fn start_with_faults(backend: Backend) -> Result<TestCluster, Error> {
+        let mut cluster = TestCluster::start(backend).await?;
+        if let Some(shared) = cluster.genuine {
+            let proxy = FaultProxy::start(cluster.client.clone()).await?;
+            let uri: http::Uri = proxy.url().parse().map_err(|e: http::uri::InvalidUri| Error::Url(e.to_string()))?;
+            let path = shared.plane.dir().join(format!("proxy-{}.kubeconfig", crate::util::random_suffix()));
+            std::fs::write(&path, crate::kubeconfig_yaml(proxy.url()))?;
+            cluster.config = kube::Config::new(uri);
+            cluster.client = Client::try_from(cluster.config.clone())?;
+            cluster.kubeconfig = Some(path);
+            cluster.proxy = Some(proxy);
+        }
+        Ok(cluster)
+    }
+
+    /// Fault injection: the local server's, or the proxy's on the genuine backend.
+    ///
+    /// # Panics
+    /// On the genuine backend when the cluster was not started with
+    /// [`start_with_faults`](Self::start_with_faults).
+    pub fn faults(&self) -> Faults {
+        match (&self.local, &self.proxy) {
+            (Some(server), _) => server.faults(),
+            (None, Some(proxy)) => proxy.faults(),
+            (None, None) => panic!("fault injection on the genuine backend needs TestCluster::start_with_faults"),
         }
     }
 
@@ -271,6 +317,9 @@ impl TestCluster {
 
     /// An admin kubeconfig file for kubectl and child processes.
     pub fn kubeconfig_path(&self) -> PathBuf {
+        if let Some(path) = &self.kubeconfig {
+            return path.clone();
+        }
         match (&self.local, self.genuine) {
             (Some(server), _) => server.kubeconfig_path().to_path_buf(),
             (None, Some(shared)) => shared.plane.admin_kubeconfig_path(),
@@ -292,11 +341,6 @@ impl TestCluster {
     /// The local server, for what only it offers (its fault injection, its statistics).
     pub fn local(&self) -> Option<&TestApiServer> {
         self.local.as_ref()
-    }
-
-    /// The local server's fault injection; `None` on the genuine backend.
-    pub fn local_faults(&self) -> Option<Faults> {
-        self.local.as_ref().map(TestApiServer::faults)
     }
 
     /// The genuine control plane; `None` on the local backend.

@@ -115,7 +115,7 @@ async fn handle_inner(core: &Arc<Core>, req: Request<Incoming>) -> Result<Respon
     let q = parse_query(req.uri().query());
     let body =
         req.into_body().collect().await.map(|c| c.to_bytes()).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let faults = Faults { core: core.clone() };
+    let faults = Faults::local(core.clone());
     let log = crate::RequestLog::local(core.clone());
     let ok = || json_response(200, &json!({"ok": true}));
     let parse = |what: &str| ApiError::bad_request(format!("invalid {what}"));

@@ -1,8 +1,12 @@
 //! Fault injection: error rates (500 or 429 with Retry-After), added latency, closing watches,
 //! compacting the event history.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
 use serde::{Deserialize, Serialize};
 
@@ -63,21 +67,68 @@ impl FaultConfig {
     }
 }
 
-/// Handle to the server's fault injection.
+/// Handle to fault injection: the local server's own, or the fault proxy's in front of a
+/// genuine kube-apiserver ([`crate::genuine::proxy`]).
 #[derive(Clone)]
 pub struct Faults {
-    pub(crate) core: Arc<Core>,
+    target: Target,
+}
+
+#[derive(Clone)]
+enum Target {
+    Local(Arc<Core>),
+    Proxy(Arc<ProxyFaults>),
+}
+
+/// The fault state of a proxy: the same knobs as the local server's.
+pub(crate) struct ProxyFaults {
+    pub config: Mutex<FaultConfig>,
+    pub watch_close: watch::Sender<u64>,
+    pub open_watches: AtomicUsize,
+    pub close_every: Mutex<Option<JoinHandle<()>>>,
+    pub runtime: tokio::runtime::Handle,
+}
+
+impl ProxyFaults {
+    pub fn new() -> ProxyFaults {
+        ProxyFaults {
+            config: Mutex::new(FaultConfig::default()),
+            watch_close: watch::channel(0).0,
+            open_watches: AtomicUsize::new(0),
+            close_every: Mutex::new(None),
+            runtime: tokio::runtime::Handle::current(),
+        }
+    }
+
+    pub fn close_watches(&self) {
+        self.watch_close.send_modify(|g| *g += 1);
+    }
 }
 
 impl Faults {
+    pub(crate) fn local(core: Arc<Core>) -> Faults {
+        Faults { target: Target::Local(core) }
+    }
+
+    pub(crate) fn proxy(state: Arc<ProxyFaults>) -> Faults {
+        Faults { target: Target::Proxy(state) }
+    }
+
+    fn config_lock(&self) -> std::sync::MutexGuard<'_, FaultConfig> {
+        match &self.target {
+            Target::Local(core) => core.faults.lock(),
+            Target::Proxy(p) => p.config.lock(),
+        }
+        .unwrap_or_else(|e| e.into_inner())
+    }
+
     fn update(&self, f: impl FnOnce(&mut FaultConfig)) {
-        let mut cfg = self.core.faults.lock().unwrap_or_else(|e| e.into_inner());
-        f(&mut cfg);
+        f(&mut self.config_lock());
     }
 
     /// The current configuration.
     pub fn config(&self) -> FaultConfig {
-        self.core.faults.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.config_lock().clone()
     }
 
     /// Replaces the whole configuration.
@@ -129,7 +180,10 @@ impl Faults {
 
     /// Ends every open watch now (clients see a clean end of stream and re-watch).
     pub fn close_watches(&self) {
-        self.core.close_watches();
+        match &self.target {
+            Target::Local(core) => core.close_watches(),
+            Target::Proxy(p) => p.close_watches(),
+        }
     }
 
     /// Ends every open watch every `period` (`None` stops it).
@@ -139,33 +193,59 @@ impl Faults {
     }
 
     /// Drops the event history: watches resuming from any earlier version get 410 Gone.
+    /// Local server only: a genuine etcd compacts on its own schedule, so through the proxy this
+    /// panics rather than let a test pass without the 410 it meant to cause.
     pub fn compact_history(&self) {
-        self.core.lock().compact();
+        match &self.target {
+            Target::Local(core) => core.lock().compact(),
+            Target::Proxy(_) => panic!("compact_history is not available on the genuine backend"),
+        }
     }
 
     /// Number of watches currently open.
     pub fn open_watches(&self) -> usize {
-        self.core.open_watches.load(std::sync::atomic::Ordering::Relaxed)
+        match &self.target {
+            Target::Local(core) => core.open_watches.load(Ordering::Relaxed),
+            Target::Proxy(p) => p.open_watches.load(Ordering::Relaxed),
+        }
     }
 
     fn schedule_close(&self, period: Option<Duration>) {
-        let mut slot = self.core.close_every.lock().unwrap_or_else(|e| e.into_inner());
+        let (slot, runtime) = match &self.target {
+            Target::Local(core) => (&core.close_every, core.runtime.clone()),
+            Target::Proxy(p) => (&p.close_every, p.runtime.clone()),
+        };
+        let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(old) = slot.take() {
             old.abort();
         }
         if let Some(period) = period.filter(|p| !p.is_zero()) {
-            let weak = Arc::downgrade(&self.core);
-            *slot = Some(self.core.runtime.spawn(async move {
+            let target = match &self.target {
+                Target::Local(core) => WeakTarget::Local(Arc::downgrade(core)),
+                Target::Proxy(p) => WeakTarget::Proxy(Arc::downgrade(p)),
+            };
+            *slot = Some(runtime.spawn(async move {
                 loop {
                     tokio::time::sleep(period).await;
-                    match weak.upgrade() {
-                        Some(core) => core.close_watches(),
-                        None => return,
+                    match &target {
+                        WeakTarget::Local(w) => match w.upgrade() {
+                            Some(core) => core.close_watches(),
+                            None => return,
+                        },
+                        WeakTarget::Proxy(w) => match w.upgrade() {
+                            Some(p) => p.close_watches(),
+                            None => return,
+                        },
                     }
                 }
             }));
         }
     }
+}
+
+enum WeakTarget {
+    Local(Weak<Core>),
+    Proxy(Weak<ProxyFaults>),
 }
 
 impl Core {

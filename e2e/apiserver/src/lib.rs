@@ -272,7 +272,7 @@ impl TestApiServer {
 
     /// Fault injection.
     pub fn faults(&self) -> Faults {
-        Faults { core: self.core.clone() }
+        Faults::local(self.core.clone())
     }
 
     /// The current global resource version.

@@ -151,7 +151,7 @@ fn route(core: &Core, path: &str) -> Route {
     Route::Resource { rt, ns, name, sub }
 }
 
-fn kube_verb(method: &Method, name: bool, watch: bool) -> &'static str {
+pub(crate) fn kube_verb(method: &Method, name: bool, watch: bool) -> &'static str {
     match (method.as_str(), name) {
         ("GET", true) => "get",
         ("GET", false) if watch => "watch",

@@ -8,6 +8,7 @@
 
 pub(crate) mod audit;
 mod certs;
+pub mod proxy;
 
 use std::io::Write;
 use std::net::TcpListener;

@@ -93,4 +93,39 @@ e2e_apiserver::backend_tests! {
             assert!(seen >= 2, "the audit log names the ServiceAccount ({seen} records)");
         }
     }
+
+    /// Injected faults answer on both backends (through the proxy on the genuine one), only for
+    /// the matching path and verb, and clearing them restores service; closing watches ends them.
+    async fn injected_faults_hit_only_matching_requests_until_cleared(backend) {
+        let cluster = TestCluster::start_with_faults(backend).await.expect("cluster");
+        let nodes: Api<Node> = Api::all(cluster.client());
+        nodes.create(&PostParams::default(), &node("stuck")).await.expect("create");
+        cluster.faults().add_rule(e2e_apiserver::FaultRule {
+            path_prefix: Some("/api/v1/nodes/stuck".into()),
+            verbs: vec!["delete".into()],
+            error_rate: 1.0,
+            status: 500,
+            ..Default::default()
+        });
+        match nodes.delete("stuck", &Default::default()).await {
+            Err(kube::Error::Api(s)) => assert_eq!(s.code, 500),
+            other => panic!("expected the injected 500, got {other:?}"),
+        }
+        assert!(nodes.get_opt("stuck").await.expect("a get is not faulted").is_some());
+        cluster.faults().clear();
+        nodes.delete("stuck", &Default::default()).await.expect("delete after clear");
+
+        use futures::StreamExt;
+        // From a list's resourceVersion, as controllers watch (a genuine server with etcd 3.5.1
+        // refuses `resourceVersion=0` watches: no RequestWatchProgress).
+        let version = nodes.list_metadata(&Default::default()).await.expect("list").metadata.resource_version.unwrap_or_default();
+        let mut stream = nodes.watch(&kube::api::WatchParams::default().timeout(60), &version).await.expect("watch").boxed();
+        crate::common::eventually("the watch to be counted", || async { (cluster.faults().open_watches() >= 1).then_some(()) }).await;
+        cluster.faults().close_watches();
+        let ended = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+            while stream.next().await.is_some() {}
+        })
+        .await;
+        assert!(ended.is_ok(), "the watch ended when watches were closed");
+    }
 }
