@@ -116,6 +116,9 @@ struct Ctx {
     retries: Mutex<HashMap<String, u32>>,
     /// For each CR (`namespace/name`), the newer CRs that conflict with it.
     losers: Mutex<HashMap<String, BTreeSet<String>>>,
+    /// For each CR (UID), the hash of the cloud-config whose check ran past the time limit: the
+    /// same content is refused at once next time instead of tying up another thread.
+    timed_out: Mutex<HashMap<String, String>>,
     /// True once every store has listed. One task waits on the stores (kube's `Store` wakes only
     /// the last of several waiters); reconciles wait on this channel, which wakes them all.
     ready: tokio::sync::watch::Receiver<bool>,
@@ -306,6 +309,7 @@ pub async fn run(shared: Shared, trigger_rx: mpsc::UnboundedReceiver<ObjectRef<G
         failures: Mutex::new(HashMap::new()),
         retries: Mutex::new(HashMap::new()),
         losers: Mutex::new(HashMap::new()),
+        timed_out: Mutex::new(HashMap::new()),
         ready,
     });
     let gate = ctx.clone();
@@ -603,6 +607,7 @@ async fn cleanup(ctx: &Ctx, meta: &ObjectMeta, namespace: &str, name: &str) -> R
         }
     }
     lock(&ctx.failures).remove(&uid);
+    lock(&ctx.timed_out).remove(&uid);
     ctx.update_losers(&key, None, &[]);
     if !deleted.is_empty() {
         ctx.publish(
@@ -731,7 +736,7 @@ async fn reconcile_cr(ctx: &Ctx, cr: &CloudControllerManager, namespace: &str, n
     };
     let allowed = ctx.shared.allowed.contains(namespace);
     let secret = dereference_secret(ctx, &input, allowed).await;
-    let validation = validate_step(ctx, &input, &secret, allowed);
+    let validation = validate_step(ctx, &input, &secret, allowed).await;
     let outcome = apply_step(ctx, &input, &validation, &secret).await;
     let (workload, lease) = observe(ctx, &input).await;
     let lease_obs = lease.as_deref().map(|l| dereference::observe_lease(l, &input.now));
@@ -801,7 +806,11 @@ async fn dereference_secret(ctx: &Ctx, input: &Input<'_>, allowed: bool) -> Secr
 }
 
 /// The `ConfigValid` verdict; also tells CRs that lost a conflict to this one to look again.
-fn validate_step(ctx: &Ctx, input: &Input<'_>, secret: &SecretState, allowed: bool) -> Validation {
+///
+/// The provider parses the cloud-config on a blocking thread within
+/// [`validate::PARSE_TIME_LIMIT`], so one resource's hostile document never delays another's
+/// reconcile; a document that ran past it is refused again without being parsed again.
+async fn validate_step(ctx: &Ctx, input: &Input<'_>, secret: &SecretState, allowed: bool) -> Validation {
     if !allowed {
         ctx.update_losers(&input.key, None, &[]);
         return validate::namespace_not_allowed(input.namespace, &ctx.shared.allowed);
@@ -809,7 +818,37 @@ fn validate_step(ctx: &Ctx, input: &Input<'_>, secret: &SecretState, allowed: bo
     // CRs in namespaces the operator may not serve never run, so they block no one.
     let mut peers = dereference::peers(std::slice::from_ref(&ctx.crs), &ctx.shared.registry);
     peers.retain(|p| ctx.shared.allowed.contains(&p.namespace));
-    let validation = validate::validate(input.cr, secret, &ctx.shared.registry, &peers);
+    let content = match secret {
+        SecretState::Found { key, data, .. } => Some(crate::hash::cloud_config(key, data)),
+        _ => None,
+    };
+    let limit = validate::PARSE_TIME_LIMIT;
+    let known_slow = content.is_some() && lock(&ctx.timed_out).get(&input.uid) == content.as_ref();
+    let validation = if known_slow {
+        validate::parse_timed_out(&input.cr.spec.provider, limit)
+    } else {
+        let verdict = validate::validate_bounded(
+            input.cr.clone(),
+            secret.clone(),
+            ctx.shared.registry.clone(),
+            peers.clone(),
+            limit,
+        )
+        .await;
+        match verdict {
+            Some(v) => {
+                lock(&ctx.timed_out).remove(&input.uid);
+                v
+            }
+            None => {
+                tracing::warn!(cr = %input.key, limit = ?limit, "checking the cloud-config ran past the time limit; refused");
+                if let Some(hash) = content {
+                    lock(&ctx.timed_out).insert(input.uid.clone(), hash);
+                }
+                validate::parse_timed_out(&input.cr.spec.provider, limit)
+            }
+        }
+    };
     let me = validate::Peer::from_cr(input.cr, &ctx.shared.registry);
     ctx.update_losers(&input.key, me.as_ref(), &peers);
     validation

@@ -18,6 +18,7 @@ use crate::hash;
 use crate::reasons::config_valid as reason;
 
 /// What the dereference step found for the cloud-config Secret.
+#[derive(Clone)]
 pub enum SecretState {
     /// The spec references no Secret.
     NotReferenced,
@@ -358,8 +359,10 @@ pub fn validate(cr: &CloudControllerManager, secret: &SecretState, registry: &Re
         Ok(p) => p,
         Err(e) => {
             let message = match e {
+                // Parsers report a field path and the kind of problem, never a value (the
+                // provider contract), so the message is passed on as it is.
                 RegistryError::Init { source, .. } => {
-                    redact(&format!("provider {:?} rejected the cloud-config: {source}", spec.provider), cloud_config)
+                    format!("provider {:?} rejected the cloud-config: {source}", spec.provider)
                 }
                 other => other.to_string(),
             };
@@ -395,18 +398,46 @@ pub fn validate(cr: &CloudControllerManager, secret: &SecretState, registry: &Re
     })
 }
 
-/// A parser message that quotes a line of the cloud-config is replaced: the provider contract
-/// forbids it, and this keeps a careless parser from leaking a credential into status.
-fn redact(message: &str, cloud_config: Option<(&str, &str, &[u8])>) -> String {
-    let Some((_, key, data)) = cloud_config else { return message.to_string() };
-    let text = String::from_utf8_lossy(data);
-    let leaks = text.lines().map(str::trim).filter(|l| l.len() >= 6).any(|line| message.contains(line));
-    if leaks {
-        format!(
-            "the provider rejected the cloud-config in key {key:?} (its message quoted the content and was withheld)"
-        )
-    } else {
-        message.to_string()
+/// The verdict for a cloud-config the provider did not finish checking within `limit`: refused,
+/// so a document that is slow to parse (deeply nested, huge) never holds anything up.
+pub fn parse_timed_out(provider: &str, limit: std::time::Duration) -> Validation {
+    Validation::Invalid {
+        failures: vec![Failure {
+            reason: reason::CLOUD_CONFIG_REJECTED,
+            message: format!(
+                "provider {provider:?} did not finish checking the cloud-config within the limit of {limit:?}; it is refused (very large or deeply nested documents are the usual cause)"
+            ),
+        }],
+        conflicts_with: Vec::new(),
+    }
+}
+
+/// How long a provider may take to check a cloud-config before it is refused.
+pub const PARSE_TIME_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// [`validate`] on a blocking thread, off the async runtime, given at most `limit`: a
+/// cloud-config that is slow to parse never occupies a runtime thread, so no other resource's
+/// reconcile waits for it. Past the limit the thread is abandoned (it cannot be stopped) and
+/// `None` is returned (the caller refuses it with [`parse_timed_out`]).
+pub async fn validate_bounded(
+    cr: CloudControllerManager,
+    secret: SecretState,
+    registry: Registry,
+    peers: Vec<Peer>,
+    limit: std::time::Duration,
+) -> Option<Validation> {
+    let provider = cr.spec.provider.clone();
+    let task = tokio::task::spawn_blocking(move || validate(&cr, &secret, &registry, &peers));
+    match tokio::time::timeout(limit, task).await {
+        Ok(Ok(v)) => Some(v),
+        Ok(Err(_)) => Some(Validation::Invalid {
+            failures: vec![Failure {
+                reason: reason::CLOUD_CONFIG_REJECTED,
+                message: format!("provider {provider:?} failed while checking the cloud-config (it panicked)"),
+            }],
+            conflicts_with: Vec::new(),
+        }),
+        Err(_) => None,
     }
 }
 
@@ -463,8 +494,9 @@ mod tests {
                 Some(b) if b.starts_with(b"bad") => {
                     Err(CloudError::InvalidConfig("line 1: expected key = value".into()))
                 }
-                Some(b) if b.starts_with(b"leaky") => {
-                    Err(CloudError::InvalidConfig(format!("cannot parse {}", String::from_utf8_lossy(b))))
+                Some(b) if b.starts_with(b"slow") => {
+                    std::thread::sleep(std::time::Duration::from_millis(500));
+                    Ok(Arc::new(NoRoutes))
                 }
                 _ => Ok(Arc::new(NoRoutes)),
             }
@@ -537,13 +569,26 @@ mod tests {
         assert!(v.summary().unwrap().1.contains("line 1: expected key = value"));
     }
 
-    #[test]
-    fn parser_message_quoting_the_content_is_withheld() {
+    #[tokio::test]
+    async fn a_cloud_config_slower_than_the_limit_is_refused_and_the_runtime_stays_free() {
         let c = cr("a", 1, json!({"provider": "plain", "cloudConfig": {"secretRef": {"name": "cfg"}}}));
-        let v = validate(&c, &found(b"leaky token=hunter2-secret"), &registry(), &[]);
-        let (r, message) = v.summary().unwrap();
+        let limit = std::time::Duration::from_millis(100);
+        let slow = validate_bounded(c.clone(), found(b"slow"), registry(), Vec::new(), limit);
+        // The async runtime (one thread here) keeps serving other work meanwhile.
+        let other = async {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            std::time::Instant::now()
+        };
+        let started = std::time::Instant::now();
+        let (v, other_done) = tokio::join!(slow, other);
+        assert!(other_done - started < std::time::Duration::from_millis(90));
+        assert!(v.is_none(), "past the limit there is no verdict");
+        let (r, message) = parse_timed_out("plain", limit).summary().unwrap();
         assert_eq!(r, reason::CLOUD_CONFIG_REJECTED);
-        assert!(!message.contains("hunter2"), "{message}");
+        assert!(message.contains("within the limit of 100ms"), "{message}");
+        // Within the limit, the verdict is validate's own.
+        let v = validate_bounded(c, found(b"fine"), registry(), Vec::new(), std::time::Duration::from_secs(5)).await;
+        assert!(v.unwrap().is_valid());
     }
 
     #[test]
