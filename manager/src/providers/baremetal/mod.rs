@@ -1,14 +1,17 @@
 //! The `baremetal` provider: instances from an inventory in the cloud-config, TCP liveness
 //! probes, and load-balancer IPs from address pools.
 //!
-//! It programs no network: it only decides which Service gets which address and reports it
-//! (`ipMode: VIP`). An L2 or BGP announcer (kube-vip in services mode, MetalLB's speaker with
-//! its own allocation off, or a router's static routes) must make the addresses reachable.
+//! By default it programs no network: it only decides which Service gets which address and
+//! reports it (`ipMode: VIP`). An L2 or BGP announcer (kube-vip in services mode, MetalLB's
+//! speaker with its own allocation off, or a router's static routes) must make the addresses
+//! reachable; `loadBalancer.kubeVip: true` writes the annotation kube-vip reads. With
+//! `loadBalancer.mode: proxy` the leader also carries the traffic itself (see [`proxy`]).
 
 pub mod config;
 pub mod inventory;
 pub mod ipam;
 pub mod probe;
+pub mod proxy;
 
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
@@ -71,6 +74,11 @@ pub struct BaremetalProvider {
     probe_targets: Vec<ProbeTarget>,
     probes: Arc<ProbeStates>,
     probe_task: Mutex<Option<CancellationToken>>,
+    #[cfg(feature = "datapath")]
+    proxy: Option<proxy::ProxyRuntime>,
+    kube_vip: bool,
+    /// The client of the current leadership term, for the kube-vip annotation.
+    client: proxy::ClientSlot,
 }
 
 impl BaremetalProvider {
@@ -93,7 +101,18 @@ impl BaremetalProvider {
         let probe_targets =
             config.lifecycle.probe.as_ref().map(|p| probe::targets(&config.instances, p)).unwrap_or_default();
         let names = config.instances.iter().map(|i| i.name.clone()).collect();
+        let mode = config.load_balancer.mode;
+        #[cfg(not(feature = "datapath"))]
+        if mode == proxy::Mode::Proxy {
+            tracing::error!(
+                "loadBalancer.mode is proxy but this build has no data path (feature datapath); addresses are assigned only"
+            );
+        }
         Ok(Self {
+            #[cfg(feature = "datapath")]
+            proxy: (mode == proxy::Mode::Proxy).then(|| proxy::ProxyRuntime::new(&config.load_balancer.proxy)),
+            kube_vip: config.load_balancer.kube_vip,
+            client: proxy::ClientSlot::default(),
             inventory: Inventory::new(&config.instances),
             retry_after: config.load_balancer.retry_after,
             lifecycle: config.lifecycle,
@@ -112,6 +131,12 @@ impl BaremetalProvider {
     /// The load-balancer allocator.
     pub fn allocator(&self) -> &Allocator {
         &self.allocator
+    }
+
+    /// The data path of the current leadership term (proxy mode only).
+    #[cfg(feature = "datapath")]
+    pub fn data_path(&self) -> Option<crate::datapath::DataPath> {
+        self.proxy.as_ref().and_then(|p| p.data_path())
     }
 
     /// The probe states.
@@ -192,13 +217,32 @@ impl BaremetalProvider {
         }
     }
 
-    fn status(ips: &[IpAddr]) -> LoadBalancerStatus {
+    fn ip_mode(&self) -> &'static str {
+        #[cfg(feature = "datapath")]
+        if self.proxy.is_some() {
+            return proxy::IP_MODE_PROXY;
+        }
+        IP_MODE
+    }
+
+    /// Bring the kube-vip annotation to `ips` (none removes it), when the switch is on.
+    async fn sync_kube_vip(&self, service: &Service, ips: Option<&[IpAddr]>) -> CloudResult<()> {
+        if !self.kube_vip {
+            return Ok(());
+        }
+        let Some(client) = self.client.get() else { return Ok(()) };
+        let value = ips.map(proxy::kube_vip_value);
+        proxy::sync_kube_vip(&client, service, value.as_deref()).await
+    }
+
+    fn status(&self, ips: &[IpAddr]) -> LoadBalancerStatus {
+        let ip_mode = self.ip_mode();
         LoadBalancerStatus {
             ingress: Some(
                 ips.iter()
                     .map(|ip| LoadBalancerIngress {
                         ip: Some(ip.to_string()),
-                        ip_mode: Some(IP_MODE.to_string()),
+                        ip_mode: Some(ip_mode.to_string()),
                         ..Default::default()
                     })
                     .collect(),
@@ -245,6 +289,11 @@ impl CloudProvider for BaremetalProvider {
             CloudError::Unavailable(format!("listing Services to rebuild the load-balancer allocator: {e}"))
         })?;
         self.restore_services(&services);
+        self.client.set(ctx.client.clone());
+        #[cfg(feature = "datapath")]
+        if let Some(proxy) = &self.proxy {
+            proxy.start(&ctx.metrics, ctx.shutdown.clone());
+        }
         self.start_probes(ctx.shutdown.clone());
         Ok(())
     }
@@ -316,28 +365,47 @@ impl LoadBalancer for BaremetalProvider {
         service: &Service,
     ) -> CloudResult<Option<LoadBalancerStatus>> {
         let key = ServiceKey::of(service);
-        Ok(self.allocator.assigned(&key, &service.metadata.uid).map(|ips| Self::status(&ips)))
+        Ok(self.allocator.assigned(&key, &service.metadata.uid).map(|ips| self.status(&ips)))
     }
 
     async fn ensure_load_balancer(
         &self,
         _cluster_name: &str,
         service: &Service,
-        _nodes: &[&Node],
+        nodes: &[&Node],
     ) -> CloudResult<LoadBalancerStatus> {
         let request = ipam::request_for(service).map_err(|e| self.cloud_error(e))?;
         let ips = self.allocator.ensure(&request).map_err(|e| self.cloud_error(e))?;
-        Ok(Self::status(&ips))
+        #[cfg(feature = "datapath")]
+        if let Some(proxy) = &self.proxy {
+            proxy.ensure(service, nodes, &ips)?;
+        }
+        #[cfg(not(feature = "datapath"))]
+        let _ = nodes;
+        self.sync_kube_vip(service, Some(&ips)).await?;
+        Ok(self.status(&ips))
     }
 
-    async fn update_load_balancer(&self, _cluster_name: &str, _service: &Service, _nodes: &[&Node]) -> CloudResult<()> {
-        // Backends are whatever the announcer and kube-proxy route to; nothing to program.
+    async fn update_load_balancer(&self, _cluster_name: &str, service: &Service, nodes: &[&Node]) -> CloudResult<()> {
+        // Address mode: backends are whatever the announcer and kube-proxy route to.
+        #[cfg(feature = "datapath")]
+        if let Some(proxy) = &self.proxy
+            && let Some(ips) = self.allocator.assigned(&ServiceKey::of(service), &service.metadata.uid)
+        {
+            proxy.ensure(service, nodes, &ips)?;
+        }
+        #[cfg(not(feature = "datapath"))]
+        let _ = (service, nodes);
         Ok(())
     }
 
     async fn ensure_load_balancer_deleted(&self, _cluster_name: &str, service: &Service) -> CloudResult<()> {
+        #[cfg(feature = "datapath")]
+        if let Some(proxy) = &self.proxy {
+            proxy.remove(service);
+        }
         self.allocator.release(&ServiceKey::of(service), &service.metadata.uid);
-        Ok(())
+        self.sync_kube_vip(service, None).await
     }
 }
 
