@@ -19,7 +19,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentCondition, DeploymentStatus};
-use k8s_openapi::api::core::v1::{PodTemplateSpec, Secret};
+use k8s_openapi::api::core::v1::{Node, PodTemplateSpec, Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
@@ -893,6 +893,431 @@ pub fn manager_binary() -> Result<PathBuf, Error> {
                 .into(),
         )
     })
+}
+
+// Node ports: what an emulated Node answers where kube-proxy and a workload would.
+
+/// kube-proxy's health port, answered on every emulated Node.
+pub const KUBE_PROXY_HEALTH_PORT: u16 = 10256;
+
+/// Largest HTTP request head the node-port echo reads (bounds what a client can make it hold).
+const MAX_REQUEST_HEAD: usize = 8 * 1024;
+
+/// How long a node-port connection may stay idle.
+const NODE_PORT_IDLE: Duration = Duration::from_secs(60);
+
+/// One listener of an emulated Node: its InternalIP, a port, TCP or UDP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NodePortKey {
+    /// The Node's InternalIP.
+    pub ip: IpAddr,
+    /// The port.
+    pub port: u16,
+    /// UDP rather than TCP.
+    pub udp: bool,
+}
+
+impl std::fmt::Display for NodePortKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", SocketAddr::new(self.ip, self.port), if self.udp { "UDP" } else { "TCP" })
+    }
+}
+
+/// What an emulated Node answers on one port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodePortRole {
+    /// A Service's nodePort: an echo that names the Node and the Service.
+    Echo {
+        /// The Node.
+        node: String,
+        /// `namespace/name` of the Service.
+        service: String,
+    },
+    /// kube-proxy's `/healthz` or a Service's `healthCheckNodePort`: always 200 (every emulated
+    /// Node has a local endpoint).
+    Health {
+        /// The Node.
+        node: String,
+    },
+}
+
+/// The listeners emulated Nodes need for these Nodes and Services (pure): kube-proxy's health
+/// port on each Node's first InternalIP, every Service's nodePorts (echo) and, for
+/// `externalTrafficPolicy: Local`, its `healthCheckNodePort`. Nodes being deleted serve nothing.
+pub fn node_port_plan(nodes: &[Arc<Node>], services: &[Arc<Service>]) -> BTreeMap<NodePortKey, NodePortRole> {
+    let mut plan = BTreeMap::new();
+    for node in nodes {
+        if node.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let name = node.name_any();
+        let ip = node
+            .status
+            .as_ref()
+            .and_then(|s| s.addresses.as_ref())
+            .into_iter()
+            .flatten()
+            .filter(|a| a.type_ == "InternalIP")
+            .find_map(|a| a.address.parse::<IpAddr>().ok());
+        let Some(ip) = ip else { continue };
+        let health = NodePortRole::Health { node: name.clone() };
+        plan.insert(NodePortKey { ip, port: KUBE_PROXY_HEALTH_PORT, udp: false }, health.clone());
+        for service in services {
+            let Some(spec) = service.spec.as_ref() else { continue };
+            let key = format!("{}/{}", service.namespace().unwrap_or_default(), service.name_any());
+            for p in spec.ports.iter().flatten() {
+                let Some(port) = p.node_port.and_then(|n| u16::try_from(n).ok()).filter(|n| *n != 0) else {
+                    continue;
+                };
+                let udp = match p.protocol.as_deref().unwrap_or("TCP") {
+                    "TCP" => false,
+                    "UDP" => true,
+                    _ => continue,
+                };
+                plan.insert(
+                    NodePortKey { ip, port, udp },
+                    NodePortRole::Echo { node: name.clone(), service: key.clone() },
+                );
+            }
+            let local = spec.external_traffic_policy.as_deref() == Some("Local");
+            if let Some(port) = spec.health_check_node_port.and_then(|n| u16::try_from(n).ok()).filter(|_| local) {
+                plan.insert(NodePortKey { ip, port, udp: false }, health.clone());
+            }
+        }
+    }
+    plan
+}
+
+/// The line the echo answers with.
+pub fn echo_line(node: &str, service: &str) -> String {
+    format!("node={node} service={service}\n")
+}
+
+struct Served {
+    role: NodePortRole,
+    stop: CancellationToken,
+}
+
+#[derive(Default)]
+struct NodePortState {
+    served: BTreeMap<NodePortKey, Served>,
+    /// Listeners that could not be opened (an address not on this host), logged once.
+    failed: BTreeSet<NodePortKey>,
+}
+
+/// Emulated Nodes' ports: for every Node whose InternalIP is an address of this host (for
+/// example on loopback, `127.0.1.<n>`), an echo on each Service's nodePorts that says which Node
+/// and Service answered, and 200 on kube-proxy's health port and on `healthCheckNodePort`s.
+/// Follows Nodes and Services as they change; everything stops when it is dropped.
+pub struct NodePorts {
+    state: Arc<Mutex<NodePortState>>,
+    stop: CancellationToken,
+}
+
+impl std::fmt::Debug for NodePorts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodePorts").finish_non_exhaustive()
+    }
+}
+
+impl NodePorts {
+    /// Start following Nodes and Services (needs a Tokio runtime).
+    pub fn start(client: Client) -> NodePorts {
+        let state = Arc::new(Mutex::new(NodePortState::default()));
+        let stop = CancellationToken::new();
+        tokio::spawn(run_node_ports(client, state.clone(), stop.clone()));
+        NodePorts { state, stop }
+    }
+
+    /// What is served now, sorted.
+    pub fn served(&self) -> Vec<(NodePortKey, NodePortRole)> {
+        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.served.iter().map(|(k, s)| (*k, s.role.clone())).collect()
+    }
+}
+
+impl Drop for NodePorts {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn run_node_ports(client: Client, state: Arc<Mutex<NodePortState>>, stop: CancellationToken) {
+    let (nodes, node_writer) = reflector::store::<Node>();
+    let (services, service_writer) = reflector::store::<Service>();
+    let mut node_events = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .reflect(node_writer)
+        .boxed();
+    let mut service_events = watcher(Api::<Service>::all(client), watcher::Config::default())
+        .default_backoff()
+        .reflect(service_writer)
+        .boxed();
+    let (mut nodes_listed, mut services_listed) = (false, false);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            e = node_events.next() => match e {
+                None => break,
+                Some(Err(error)) => tracing::debug!(%error, "sandbox node ports: Node watch failed; retrying"),
+                Some(Ok(watcher::Event::InitDone)) => nodes_listed = true,
+                Some(Ok(_)) => {}
+            },
+            e = service_events.next() => match e {
+                None => break,
+                Some(Err(error)) => tracing::debug!(%error, "sandbox node ports: Service watch failed; retrying"),
+                Some(Ok(watcher::Event::InitDone)) => services_listed = true,
+                Some(Ok(_)) => {}
+            },
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+        if nodes_listed && services_listed {
+            let plan = node_port_plan(&nodes.state(), &services.state());
+            sync_node_ports(&state, plan, &stop).await;
+        }
+    }
+    let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
+    for served in st.served.values() {
+        served.stop.cancel();
+    }
+    st.served.clear();
+}
+
+async fn sync_node_ports(
+    state: &Arc<Mutex<NodePortState>>,
+    plan: BTreeMap<NodePortKey, NodePortRole>,
+    stop: &CancellationToken,
+) {
+    let wanted: Vec<(NodePortKey, NodePortRole)> = {
+        let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
+        st.served.retain(|key, served| {
+            let keep = plan.get(key) == Some(&served.role);
+            if !keep {
+                served.stop.cancel();
+            }
+            keep
+        });
+        st.failed.retain(|key| plan.contains_key(key));
+        plan.into_iter().filter(|(key, _)| !st.served.contains_key(key)).collect()
+    };
+    for (key, role) in wanted {
+        let addr = SocketAddr::new(key.ip, key.port);
+        let token = stop.child_token();
+        let started = if key.udp {
+            tokio::net::UdpSocket::bind(addr).await.map(|s| {
+                tokio::spawn(serve_udp_echo(s, role.clone(), token.clone()));
+            })
+        } else {
+            tokio::net::TcpListener::bind(addr).await.map(|l| {
+                tokio::spawn(serve_node_port(l, role.clone(), token.clone()));
+            })
+        };
+        let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
+        match started {
+            Ok(()) => {
+                tracing::debug!(listener = %key, ?role, "sandbox node port serving");
+                st.failed.remove(&key);
+                st.served.insert(key, Served { role, stop: token });
+            }
+            Err(error) => {
+                if st.failed.insert(key) {
+                    tracing::debug!(listener = %key, %error, "sandbox node port cannot listen (address not on this host?)");
+                }
+            }
+        }
+    }
+}
+
+/// Serve one TCP node port (an echo or a health endpoint) until `stop` fires.
+pub async fn serve_node_port(listener: tokio::net::TcpListener, role: NodePortRole, stop: CancellationToken) {
+    let role = Arc::new(role);
+    loop {
+        let (stream, _) = tokio::select! {
+            _ = stop.cancelled() => return,
+            r = listener.accept() => match r {
+                Ok(s) => s,
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let (role, stop) = (role.clone(), stop.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = tokio::time::timeout(NODE_PORT_IDLE, answer(stream, &role)) => {}
+            }
+        });
+    }
+}
+
+/// Whether the bytes start like an HTTP request line (`GET /`, `HEAD /`, ...).
+fn looks_like_http(head: &[u8]) -> bool {
+    let method_len = head.iter().take_while(|b| b.is_ascii_uppercase()).count();
+    method_len > 0 && head.get(method_len) == Some(&b' ')
+}
+
+async fn answer(mut stream: tokio::net::TcpStream, role: &NodePortRole) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut head = Vec::new();
+    let mut buf = [0u8; 2048];
+    // HTTP clients speak first; a raw client (nc) may wait for us: greet it after a moment.
+    let first = tokio::time::timeout(Duration::from_millis(300), stream.read(&mut buf)).await;
+    match first {
+        Ok(Ok(0)) | Ok(Err(_)) => return,
+        Ok(Ok(n)) => head.extend_from_slice(&buf[..n]),
+        Err(_) => {}
+    }
+    let http = matches!(role, NodePortRole::Health { .. }) || looks_like_http(&head);
+    if http {
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_REQUEST_HEAD {
+            match tokio::time::timeout(Duration::from_secs(2), stream.read(&mut buf)).await {
+                Ok(Ok(n)) if n > 0 => head.extend_from_slice(&buf[..n]),
+                _ => break,
+            }
+        }
+        let body = match role {
+            NodePortRole::Echo { node, service } => echo_line(node, service),
+            NodePortRole::Health { node } => format!("{{\"node\":\"{node}\",\"localEndpoints\":1}}\n"),
+        };
+        let response = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let _ = stream.write_all(response.as_bytes()).await;
+        let _ = stream.shutdown().await;
+        return;
+    }
+    let NodePortRole::Echo { node, service } = role else { return };
+    if stream.write_all(echo_line(node, service).as_bytes()).await.is_err() || stream.write_all(&head).await.is_err() {
+        return;
+    }
+    loop {
+        match stream.read(&mut buf).await {
+            Ok(n) if n > 0 => {
+                if stream.write_all(&buf[..n]).await.is_err() {
+                    return;
+                }
+            }
+            _ => return,
+        }
+    }
+}
+
+/// Serve one UDP node port: each datagram is answered with the echo line and the payload.
+pub async fn serve_udp_echo(socket: tokio::net::UdpSocket, role: NodePortRole, stop: CancellationToken) {
+    let NodePortRole::Echo { node, service } = role else { return };
+    let line = echo_line(&node, &service);
+    let mut buf = vec![0u8; 65_535];
+    loop {
+        let (n, peer) = tokio::select! {
+            _ = stop.cancelled() => return,
+            r = socket.recv_from(&mut buf) => match r { Ok(r) => r, Err(_) => continue },
+        };
+        let mut reply = line.clone().into_bytes();
+        reply.extend_from_slice(&buf[..n]);
+        let _ = socket.send_to(&reply, peer).await;
+    }
+}
+
+#[cfg(test)]
+mod node_port_tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{NodeAddress, NodeStatus, ServicePort, ServiceSpec};
+    use kube::api::ObjectMeta;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn node(name: &str, ip: &str) -> Arc<Node> {
+        Arc::new(Node {
+            metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
+            status: Some(NodeStatus {
+                addresses: Some(vec![
+                    NodeAddress { type_: "Hostname".into(), address: name.into() },
+                    NodeAddress { type_: "InternalIP".into(), address: ip.into() },
+                ]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    }
+
+    fn service(name: &str, ports: &[(&str, i32)], local_hcnp: Option<i32>) -> Arc<Service> {
+        Arc::new(Service {
+            metadata: ObjectMeta { name: Some(name.into()), namespace: Some("demo".into()), ..Default::default() },
+            spec: Some(ServiceSpec {
+                type_: Some("LoadBalancer".into()),
+                ports: Some(
+                    ports
+                        .iter()
+                        .map(|(protocol, np)| ServicePort {
+                            protocol: Some(protocol.to_string()),
+                            port: 80,
+                            node_port: Some(*np),
+                            ..Default::default()
+                        })
+                        .collect(),
+                ),
+                external_traffic_policy: local_hcnp.map(|_| "Local".into()),
+                health_check_node_port: local_hcnp,
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn every_node_serves_every_node_port_and_the_health_ports() {
+        let ip: IpAddr = "127.0.1.1".parse().unwrap();
+        let plan = node_port_plan(
+            &[node("n1", "127.0.1.1"), node("n2", "127.0.1.2")],
+            &[
+                service("web", &[("TCP", 30080), ("UDP", 30053)], None),
+                service("local", &[("TCP", 30081)], Some(32000)),
+            ],
+        );
+        let echo = |service: &str| NodePortRole::Echo { node: "n1".into(), service: service.into() };
+        assert_eq!(plan.get(&NodePortKey { ip, port: 30080, udp: false }), Some(&echo("demo/web")));
+        assert_eq!(plan.get(&NodePortKey { ip, port: 30053, udp: true }), Some(&echo("demo/web")));
+        assert_eq!(plan.get(&NodePortKey { ip, port: 30081, udp: false }), Some(&echo("demo/local")));
+        let health = NodePortRole::Health { node: "n1".into() };
+        assert_eq!(plan.get(&NodePortKey { ip, port: KUBE_PROXY_HEALTH_PORT, udp: false }), Some(&health));
+        assert_eq!(plan.get(&NodePortKey { ip, port: 32000, udp: false }), Some(&health));
+        assert_eq!(plan.len(), 10, "five listeners on each of two Nodes: {plan:?}");
+    }
+
+    #[test]
+    fn nodes_without_an_internal_ip_serve_nothing() {
+        let mut bare = (*node("n1", "x")).clone();
+        bare.status = None;
+        assert!(node_port_plan(&[Arc::new(bare)], &[service("web", &[("TCP", 30080)], None)]).is_empty());
+    }
+
+    #[tokio::test]
+    async fn the_echo_names_node_and_service_to_http_and_raw_clients() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let role = NodePortRole::Echo { node: "n1".into(), service: "demo/web".into() };
+        tokio::spawn(serve_node_port(listener, role, stop.clone()));
+
+        let mut http = tokio::net::TcpStream::connect(addr).await.unwrap();
+        http.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+        let mut response = String::new();
+        http.read_to_string(&mut response).await.unwrap();
+        assert!(response.starts_with("HTTP/1.1 200 OK\r\n"), "{response}");
+        assert!(response.ends_with("\r\n\r\nnode=n1 service=demo/web\n"), "{response}");
+
+        let mut raw = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut greeting = [0u8; 25];
+        raw.read_exact(&mut greeting).await.unwrap();
+        assert_eq!(&greeting, b"node=n1 service=demo/web\n");
+        raw.write_all(b"ping").await.unwrap();
+        let mut echo = [0u8; 4];
+        raw.read_exact(&mut echo).await.unwrap();
+        assert_eq!(&echo, b"ping");
+        stop.cancel();
+    }
 }
 
 #[cfg(test)]
