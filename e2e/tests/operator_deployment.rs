@@ -11,7 +11,7 @@ use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use operator::reasons::{available, config_valid, progressing, provider_healthy};
-use operator_support::{Env, HARNESS_AGENT, condition, eventually, eventually_value};
+use operator_support::{Env, HARNESS_AGENT, condition, eventually, eventually_value, micro_now};
 use serde_json::json;
 
 /// Play the manager: hold the CR's Lease and report provider health.
@@ -20,7 +20,7 @@ async fn play_manager(env: &Env, cr: &str, holder: &str) {
         "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
         "metadata": {"name": cr, "namespace": env.ns},
         "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15,
-                 "renewTime": Timestamp::now().to_string(), "acquireTime": Timestamp::now().to_string()},
+                 "renewTime": micro_now(), "acquireTime": micro_now()},
     });
     env.api::<Lease>()
         .patch(cr, &PatchParams::apply(HARNESS_AGENT).force(), &Patch::Apply(&lease))

@@ -264,6 +264,12 @@ pub fn operator_writes(records: &[RequestRecord]) -> Vec<&RequestRecord> {
         .collect()
 }
 
+/// Now as a Lease's `renewTime`/`acquireTime` (kube-apiserver takes exactly six fractional digits).
+pub fn micro_now() -> Value {
+    serde_json::to_value(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(k8s_openapi::jiff::Timestamp::now()))
+        .expect("a MicroTime serializes")
+}
+
 /// The Ready condition is published and kstatus-readable.
 pub fn ready(cr: &CloudControllerManager) -> Option<Condition> {
     condition(cr, types::READY)
