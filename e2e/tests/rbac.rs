@@ -358,6 +358,12 @@ async fn manager_requests_are_allowed_by_the_manager_cluster_roles() {
             namespace: Some(CR_NAMESPACE.into()),
             rules: cluster_role(&objects, "ccm-manager-namespace").rules.unwrap_or_default(),
         },
+        // The Role the operator creates per resource: its own Lease and object, by name.
+        Grant {
+            source: format!("own Role of {CR_NAME} (RoleBinding in {CR_NAMESPACE})"),
+            namespace: Some(CR_NAMESPACE.into()),
+            rules: operator::build::own_rules(CR_NAME),
+        },
     ];
 
     // The world the manager runs in: its resource (the chart installed the CRD), two new
@@ -491,12 +497,20 @@ async fn manager_requests_are_allowed_by_the_manager_cluster_roles() {
     server.shutdown().await;
 }
 
+/// `values` with the resource's namespace as the one where the operator reads Secrets.
+fn chart_values(mut values: Value) -> Value {
+    values["cloudConfig"] = json!({"namespaces": [CR_NAMESPACE]});
+    values
+}
+
 /// The operator in-process, with its own client (no harness user agent) and its own election.
 async fn start_operator(server: &TestApiServer) -> operator::OperatorHandle {
     // RUST_LOG=operator=debug shows the operator's side when a scenario step times out.
     let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).try_init();
     let client = Client::try_from(server.kube_config()).expect("a client");
     let mut config = operator::OperatorConfig::new(client);
+    // As the chart passes cloudConfig.namespaces (see `chart_values`).
+    config.cloud_config_namespaces = Some(vec![CR_NAMESPACE.to_string()]);
     config.leader_election = Some(operator::OperatorConfig::operator_lease(RELEASE_NAMESPACE, &config.identity));
     config.timings.debounce = Duration::from_millis(200);
     let handle = operator::start(config).await.expect("the operator starts");
@@ -541,10 +555,11 @@ fn cloud_config_secret(config: &str) -> Secret {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_requests_in_deployment_and_daemonset_modes_are_allowed_by_the_chart() {
     let server = TestApiServer::start().await.expect("the local API server starts");
-    let Some(objects) = render_chart(server.kubeconfig_path(), &json!({"replicas": 2})) else { return };
-    let grants = grants_for_service_account(&objects, RELEASE_NAMESPACE, "ccm-operator");
+    // The namespaces first: rendering installs the chart, whose Roles go into CR_NAMESPACE.
     let client = harness_client(&server);
     operator_world(&client).await;
+    let Some(objects) = render_chart(server.kubeconfig_path(), &chart_values(json!({"replicas": 2}))) else { return };
+    let grants = grants_for_service_account(&objects, RELEASE_NAMESPACE, "ccm-operator");
     server.request_log().clear();
     let operator = start_operator(&server).await;
 
@@ -622,11 +637,11 @@ async fn operator_requests_in_deployment_and_daemonset_modes_are_allowed_by_the_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_requests_in_embedded_mode_are_allowed_by_the_chart() {
     let server = TestApiServer::start().await.expect("the local API server starts");
-    let values = json!({"replicas": 2, "embedded": {"enabled": true}});
-    let Some(objects) = render_chart(server.kubeconfig_path(), &values) else { return };
-    let grants = grants_for_service_account(&objects, RELEASE_NAMESPACE, "ccm-operator");
+    let values = chart_values(json!({"replicas": 2, "embedded": {"enabled": true}}));
     let client = harness_client(&server);
     operator_world(&client).await;
+    let Some(objects) = render_chart(server.kubeconfig_path(), &values) else { return };
+    let grants = grants_for_service_account(&objects, RELEASE_NAMESPACE, "ccm-operator");
     let nodes: Api<Node> = Api::all(client.clone());
     create_ready_nodes(&nodes).await;
     server.request_log().clear();
