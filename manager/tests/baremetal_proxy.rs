@@ -218,6 +218,11 @@ e2e_apiserver::backend_tests! {
         let (web_ip, mode) = wait_for_ingress(&services, "web").await;
         assert_eq!(mode.as_deref(), Some("Proxy"));
         let (api_ip, _) = wait_for_ingress(&services, "api").await;
+        // Pool usage is exported as gauges (the /29 holds 8 addresses).
+        let text = first.context.metrics.encode();
+        let labels = r#"{pool="loopback",family="IPv4"}"#;
+        assert!(text.contains(&format!("ccm_baremetal_pool_addresses_assigned{labels} 2")), "{text}");
+        assert!(text.contains(&format!("ccm_baremetal_pool_addresses_available{labels} 6")), "{text}");
         let web: SocketAddr = SocketAddr::new(web_ip.parse().unwrap(), 80);
         let api: SocketAddr = SocketAddr::new(api_ip.parse().unwrap(), 8080);
         let mut answered = std::collections::BTreeSet::new();

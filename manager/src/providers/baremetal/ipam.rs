@@ -642,6 +642,11 @@ impl Allocator {
         released
     }
 
+    /// Addresses in use inside one block (for per-family usage).
+    pub fn in_use_in(&self, block: &IpBlock) -> usize {
+        self.lock().in_use(block)
+    }
+
     /// Usage per pool.
     pub fn usage(&self) -> Vec<PoolUsage> {
         let state = self.lock();

@@ -10,6 +10,7 @@
 pub mod config;
 pub mod inventory;
 pub mod ipam;
+pub mod pool_metrics;
 pub mod probe;
 pub mod proxy;
 
@@ -79,6 +80,7 @@ pub struct BaremetalProvider {
     kube_vip: bool,
     /// The client of the current leadership term, for the kube-vip annotation.
     client: proxy::ClientSlot,
+    pool_gauges: pool_metrics::PoolGauges,
 }
 
 impl BaremetalProvider {
@@ -113,6 +115,7 @@ impl BaremetalProvider {
             proxy: (mode == proxy::Mode::Proxy).then(|| proxy::ProxyRuntime::new(&config.load_balancer.proxy)),
             kube_vip: config.load_balancer.kube_vip,
             client: proxy::ClientSlot::default(),
+            pool_gauges: pool_metrics::PoolGauges::default(),
             inventory: Inventory::new(&config.instances),
             retry_after: config.load_balancer.retry_after,
             lifecycle: config.lifecycle,
@@ -289,6 +292,8 @@ impl CloudProvider for BaremetalProvider {
             CloudError::Unavailable(format!("listing Services to rebuild the load-balancer allocator: {e}"))
         })?;
         self.restore_services(&services);
+        self.pool_gauges.register(&ctx.metrics);
+        self.pool_gauges.update(&self.allocator);
         self.client.set(ctx.client.clone());
         #[cfg(feature = "datapath")]
         if let Some(proxy) = &self.proxy {
@@ -376,6 +381,7 @@ impl LoadBalancer for BaremetalProvider {
     ) -> CloudResult<LoadBalancerStatus> {
         let request = ipam::request_for(service).map_err(|e| self.cloud_error(e))?;
         let ips = self.allocator.ensure(&request).map_err(|e| self.cloud_error(e))?;
+        self.pool_gauges.update(&self.allocator);
         #[cfg(feature = "datapath")]
         if let Some(proxy) = &self.proxy {
             proxy.ensure(service, nodes, &ips)?;
@@ -405,6 +411,7 @@ impl LoadBalancer for BaremetalProvider {
             proxy.remove(service);
         }
         self.allocator.release(&ServiceKey::of(service), &service.metadata.uid);
+        self.pool_gauges.update(&self.allocator);
         self.sync_kube_vip(service, None).await
     }
 }
