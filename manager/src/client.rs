@@ -20,6 +20,7 @@ use tokio::time::{Instant, Sleep};
 use tower::{BoxError, Layer, Service};
 
 use crate::Error;
+use crate::providers::safe_yaml;
 
 /// Upstream's `--kube-api-qps` default for the cloud-controller-manager.
 pub const DEFAULT_QPS: f32 = 20.0;
@@ -213,33 +214,206 @@ pub struct ClientSource {
     pub master: Option<String>,
 }
 
+/// How long reading and parsing one kubeconfig file may take (on a blocking thread).
+pub const KUBECONFIG_TIME_LIMIT: Duration = Duration::from_secs(10);
+
 /// Load the client configuration: the kubeconfig file when given, else the in-cluster
-/// configuration, else the default kubeconfig locations; then `--master` overrides the
-/// server address.
+/// configuration, else the default kubeconfig locations (`$KUBECONFIG`, `~/.kube/config`);
+/// then `--master` overrides the server address.
+///
+/// Every kubeconfig goes through [`read_kubeconfig`] (bounded, off the async runtime), and
+/// every error is a path or a fixed description: kubeconfigs hold credentials.
 pub async fn load_config(source: &ClientSource) -> Result<Config, Error> {
     let mut config = match &source.kubeconfig {
         Some(path) if !path.is_empty() => {
-            let kubeconfig = Kubeconfig::read_from(path)
-                .map_err(|e| Error::ClientConfig(format!("reading kubeconfig {path}: {e}")))?;
-            Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-                .await
-                .map_err(|e| Error::ClientConfig(format!("kubeconfig {path}: {e}")))?
+            let path = std::path::PathBuf::from(path);
+            let kubeconfig = read_kubeconfig_bounded(vec![path.clone()]).await?;
+            config_from(kubeconfig, &path.display().to_string()).await?
         }
         _ => match Config::incluster() {
             Ok(c) => c,
-            Err(_) => Config::infer().await.map_err(|e| Error::ClientConfig(e.to_string()))?,
+            Err(_) => {
+                let paths = default_kubeconfig_paths().ok_or_else(|| {
+                    Error::ClientConfig(
+                        "no in-cluster configuration, and no kubeconfig path could be determined (set KUBECONFIG or --kubeconfig)"
+                            .into(),
+                    )
+                })?;
+                let shown = paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ");
+                let kubeconfig = read_kubeconfig_bounded(paths).await.map_err(|e| {
+                    Error::ClientConfig(format!("no in-cluster configuration, and the default kubeconfig: {e}"))
+                })?;
+                config_from(kubeconfig, &shown).await?
+            }
         },
     };
     if let Some(master) = source.master.as_deref().filter(|m| !m.is_empty()) {
-        config.cluster_url =
-            master.parse().map_err(|e| Error::ClientConfig(format!("--master {master:?} is not a URL: {e}")))?;
+        // Not quoted: a URL may carry credentials.
+        config.cluster_url = master
+            .parse()
+            .map_err(|_| Error::ClientConfig("--master is not a URL such as https://10.0.0.1:6443".into()))?;
+        check_server_url(&config.cluster_url).map_err(|m| Error::ClientConfig(format!("--master: {m}")))?;
     }
     Ok(config)
 }
 
+async fn config_from(kubeconfig: Kubeconfig, shown: &str) -> Result<Config, Error> {
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| Error::ClientConfig(format!("kubeconfig {shown}: {}", describe_kubeconfig_error(&e))))?;
+    check_server_url(&config.cluster_url).map_err(|m| Error::ClientConfig(format!("kubeconfig {shown}: {m}")))?;
+    Ok(config)
+}
+
+/// `$KUBECONFIG`'s paths, else `~/.kube/config` (kube's and kubectl's order).
+fn default_kubeconfig_paths() -> Option<Vec<std::path::PathBuf>> {
+    if let Some(value) = std::env::var_os("KUBECONFIG") {
+        let paths: Vec<_> = std::env::split_paths(&value).filter(|p| !p.as_os_str().is_empty()).collect();
+        if !paths.is_empty() {
+            return Some(paths);
+        }
+    }
+    std::env::home_dir().map(|home| home.join(".kube").join("config")).map(|p| vec![p])
+}
+
+/// Whether the server is an `http(s)://host` URL; a fixed message otherwise.
+fn check_server_url(url: &http::Uri) -> Result<(), &'static str> {
+    match (url.scheme_str(), url.host()) {
+        (Some("https" | "http"), Some(host)) if !host.is_empty() => Ok(()),
+        _ => Err("the cluster's server is not an https:// or http:// URL with a host"),
+    }
+}
+
+/// [`read_kubeconfig`] of every path, merged in order, on a blocking thread and within
+/// [`KUBECONFIG_TIME_LIMIT`].
+async fn read_kubeconfig_bounded(paths: Vec<std::path::PathBuf>) -> Result<Kubeconfig, Error> {
+    let task = tokio::task::spawn_blocking(move || {
+        paths.iter().try_fold(Kubeconfig::default(), |merged, path| {
+            let next = read_kubeconfig(path)?;
+            merged.merge(next).map_err(|e| {
+                Error::ClientConfig(format!("kubeconfig {}: {}", path.display(), describe_kubeconfig_error(&e)))
+            })
+        })
+    });
+    match tokio::time::timeout(KUBECONFIG_TIME_LIMIT, task).await {
+        Ok(Ok(result)) => result,
+        Ok(Err(_)) => Err(Error::ClientConfig("reading the kubeconfig failed (the reader panicked)".into())),
+        Err(_) => Err(Error::ClientConfig(format!(
+            "reading the kubeconfig took longer than the limit of {}s",
+            KUBECONFIG_TIME_LIMIT.as_secs()
+        ))),
+    }
+}
+
+/// Read a kubeconfig file within [`safe_yaml::KUBECONFIG_LIMITS`] (checked on the bytes
+/// before any parser sees them), resolving relative file references against the file's
+/// directory as kubectl does. Errors name the file, a field path and the kind of problem,
+/// never the file's content (it holds credentials). Blocking: see [`load_config`].
+pub fn read_kubeconfig(path: &std::path::Path) -> Result<Kubeconfig, Error> {
+    use std::io::Read;
+    let limits = safe_yaml::KUBECONFIG_LIMITS;
+    let shown = path.display();
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(limits.max_bytes as u64 + 1).read_to_end(&mut bytes))
+        .map_err(|e| Error::ClientConfig(format!("reading kubeconfig {shown}: {}", e.kind())))?;
+    let text =
+        safe_yaml::check(&bytes, &limits).map_err(|e| Error::ClientConfig(format!("kubeconfig {shown}: {e}")))?;
+    // kube's parser, on the very bytes just checked; its message may quote the file, so a
+    // failure is described by this crate's parser (paths and kinds), or by its kind alone.
+    let mut kubeconfig = Kubeconfig::from_yaml(text).map_err(|e| {
+        let schema = kubeconfig_schema();
+        match safe_yaml::documents_from_slice::<Kubeconfig>(&bytes, &limits, schema) {
+            Err(parse) => Error::ClientConfig(format!("kubeconfig {shown}: {parse}")),
+            Ok(_) => Error::ClientConfig(format!("kubeconfig {shown}: {}", describe_kubeconfig_error(&e))),
+        }
+    })?;
+    if let Some(dir) = path.parent() {
+        absolutize(&mut kubeconfig, dir);
+    }
+    Ok(kubeconfig)
+}
+
+fn kubeconfig_schema() -> &'static safe_yaml::Schema {
+    static SCHEMA: std::sync::OnceLock<safe_yaml::Schema> = std::sync::OnceLock::new();
+    SCHEMA.get_or_init(|| {
+        safe_yaml::Schema::new()
+            .with::<Kubeconfig>()
+            .with::<kube::config::NamedCluster>()
+            .with::<kube::config::Cluster>()
+            .with::<kube::config::NamedContext>()
+            .with::<kube::config::Context>()
+            .with::<kube::config::NamedAuthInfo>()
+            .with::<kube::config::AuthInfo>()
+            .with::<kube::config::ExecConfig>()
+            .with::<kube::config::AuthProviderConfig>()
+            .with::<kube::config::NamedExtension>()
+            .with::<kube::config::Preferences>()
+    })
+}
+
+/// Make relative file references absolute against `dir` (what kube's own file reader does):
+/// certificate authority, client certificate and key, token file, and an exec command that
+/// contains a path separator.
+fn absolutize(kubeconfig: &mut Kubeconfig, dir: &std::path::Path) {
+    let fix = |file: &mut Option<String>| {
+        if let Some(name) = file.as_deref()
+            && std::path::Path::new(name).is_relative()
+            && let Some(absolute) = dir.join(name).to_str()
+        {
+            *file = Some(absolute.to_owned());
+        }
+    };
+    for cluster in kubeconfig.clusters.iter_mut().filter_map(|c| c.cluster.as_mut()) {
+        fix(&mut cluster.certificate_authority);
+    }
+    for auth in kubeconfig.auth_infos.iter_mut().filter_map(|a| a.auth_info.as_mut()) {
+        fix(&mut auth.client_certificate);
+        fix(&mut auth.client_key);
+        fix(&mut auth.token_file);
+        if let Some(exec) = auth.exec.as_mut()
+            && exec.command.as_deref().is_some_and(|c| c.contains(std::path::MAIN_SEPARATOR))
+        {
+            fix(&mut exec.command);
+        }
+    }
+}
+
+/// A kubeconfig error as fixed text: kube's messages may quote names, URLs or paths from the file.
+fn describe_kubeconfig_error(error: &kube::config::KubeconfigError) -> &'static str {
+    use kube::config::KubeconfigError as E;
+    match error {
+        E::CurrentContextNotSet => "no current-context is set",
+        E::KindMismatch | E::ApiVersionMismatch => "its documents have different kinds or apiVersions",
+        E::LoadContext(_) => "the current context is not defined in the file",
+        E::LoadClusterOfContext(_) => "the current context's cluster is not defined in the file",
+        E::FindPath => "no kubeconfig path could be determined",
+        E::ReadConfig(..) => "the file could not be read",
+        E::Parse(_) => "the file is not a valid kubeconfig",
+        E::MissingClusterUrl => "the cluster has no server URL",
+        E::ParseClusterUrl(_) => "the cluster's server is not a valid URL",
+        E::ParseProxyUrl(_) => "the cluster's proxy-url is not a valid URL",
+        E::LoadCertificateAuthority(_) => "the certificate authority could not be loaded",
+        E::LoadClientCertificate(_) => "the client certificate could not be loaded",
+        E::LoadClientKey(_) => "the client key could not be loaded",
+        E::ParseCertificates(_) => "a PEM certificate could not be parsed",
+    }
+}
+
+/// A client-building error as fixed text.
+fn describe_client_error(error: &kube::Error) -> &'static str {
+    match error {
+        kube::Error::Auth(_) => "the kubeconfig's credentials could not be used",
+        kube::Error::RustlsTls(_) => "the kubeconfig's TLS settings (certificates or keys) could not be used",
+        kube::Error::InferConfig(_) | kube::Error::InferKubeconfig(_) => "the configuration could not be loaded",
+        _ => "the client could not be built from the configuration",
+    }
+}
+
 /// Build a client from `config` with `layer` in its stack.
 pub fn build_client(config: Config, layer: &RateLimitLayer) -> Result<Client, Error> {
-    let builder = ClientBuilder::try_from(config).map_err(|e| Error::ClientConfig(e.to_string()))?;
+    // kube's message may quote a certificate or URL from the kubeconfig: kinds only.
+    let builder = ClientBuilder::try_from(config).map_err(|e| Error::ClientConfig(describe_client_error(&e).into()))?;
     Ok(if layer.is_enabled() { builder.with_layer(layer).build() } else { builder.build() })
 }
 
@@ -248,6 +422,67 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use tower::ServiceExt;
+
+    const TOKEN: &str = "SECRET-TOKEN-12345";
+
+    /// Kubeconfigs with the token in every field, each broken in some way.
+    fn broken_kubeconfigs() -> Vec<String> {
+        let t = TOKEN;
+        let good_tail = format!(
+            "contexts: [{{name: c, context: {{cluster: k, user: u}}}}]\nusers: [{{name: u, user: {{token: {t}}}}}]\n"
+        );
+        vec![
+            format!("apiVersion: v1\nkind: Config\n2 | {t}\n"),
+            format!("{t}\n  {t}: [\n"),
+            format!("clusters: {t}\n"),
+            format!("clusters:\n  - name: k\n    cluster: {{server: [{t}]}}\n{good_tail}"),
+            format!("clusters:\n  - name: k\n    cluster: {{server: \"{t}\"}}\ncurrent-context: c\n{good_tail}"),
+            format!(
+                "clusters:\n  - name: k\n    cluster: {{server: \"https://x\", certificate-authority-data: {t}}}\ncurrent-context: c\n{good_tail}"
+            ),
+            format!(
+                "clusters:\n  - name: k\n    cluster: {{server: \"https://x\", certificate-authority: /{t}/ca.crt}}\ncurrent-context: c\n{good_tail}"
+            ),
+            format!(
+                "clusters:\n  - name: k\n    cluster: {{server: \"https://x\"}}\ncurrent-context: {t}\n{good_tail}"
+            ),
+            format!("clusters: []\ncurrent-context: c\ncontexts: [{{name: c, context: {{cluster: {t}, user: u}}}}]\n"),
+            format!("users:\n  - name: u\n    user: {{token: {t}, client-key-data: {{{t}: 1}}}}\n"),
+            format!("users:\n  - name: u\n    user: {{exec: {{command: [{t}]}}}}\n"),
+            format!("clusters: [{{name: \"{t}\n"),
+            format!("apiVersion: v1\n---\napiVersion: {t}\nkind: {t}\n"),
+            format!("users: {}{t}\n", "[".repeat(200)),
+        ]
+    }
+
+    #[tokio::test]
+    async fn kubeconfig_errors_never_quote_the_file() {
+        let dir = std::env::temp_dir().join(format!("ccm-kubeconfig-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (i, doc) in broken_kubeconfigs().into_iter().enumerate() {
+            let path = dir.join(format!("k{i}.yaml"));
+            std::fs::write(&path, &doc).unwrap();
+            let source = ClientSource { kubeconfig: Some(path.display().to_string()), master: None };
+            let message = match load_config(&source).await {
+                Err(e) => e.to_string(),
+                Ok(_) => panic!("kubeconfig {i} was accepted:\n{doc}"),
+            };
+            assert!(!message.contains("SECRET"), "kubeconfig {i}:\n{doc}\n=> {message}");
+            assert!(message.contains(&format!("k{i}.yaml")), "the file is named: {message}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_oversized_kubeconfig_is_refused_before_parsing() {
+        let path = std::env::temp_dir().join(format!("ccm-kubeconfig-big-{}.yaml", std::process::id()));
+        let mut doc = format!("users: [{{name: u, user: {{token: {TOKEN}}}}}]\n");
+        doc.push_str(&"# padding\n".repeat(safe_yaml::KUBECONFIG_LIMITS.max_bytes / 10 + 1));
+        std::fs::write(&path, &doc).unwrap();
+        let message = read_kubeconfig(&path).unwrap_err().to_string();
+        std::fs::remove_file(&path).unwrap();
+        assert!(message.contains(&format!("limit of {} bytes", safe_yaml::KUBECONFIG_LIMITS.max_bytes)), "{message}");
+    }
 
     #[tokio::test(start_paused = true)]
     async fn bucket_allows_a_burst_then_paces_at_qps() {

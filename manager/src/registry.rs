@@ -6,10 +6,28 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use ipnet::IpNet;
 
 use crate::provider::{CloudError, CloudProvider};
+
+/// The largest cloud-config handed to any factory (a Kubernetes Secret's own limit); a larger
+/// one is refused before the provider sees it.
+pub const MAX_CLOUD_CONFIG_BYTES: usize = crate::providers::safe_yaml::CLOUD_CONFIG_LIMITS.max_bytes;
+
+/// How long [`Registry::create_bounded`] waits for a factory (that is, for a cloud-config to be
+/// parsed and validated).
+pub const FACTORY_TIME_LIMIT: Duration = Duration::from_secs(10);
+
+/// Read a cloud-config file, at most one byte past [`MAX_CLOUD_CONFIG_BYTES`] (enough for the
+/// size check to refuse it) so that a huge file is never loaded into memory.
+pub fn read_cloud_config_file(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?.take(MAX_CLOUD_CONFIG_BYTES as u64 + 1).read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
 
 /// Cluster-wide settings a provider may need at construction.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -62,6 +80,17 @@ pub enum RegistryError {
     Empty {
         /// Every registered name, sorted.
         known: Vec<String>,
+    },
+    /// The factory did not finish within the time limit; its cloud-config is treated as invalid.
+    #[error(
+        "cloud provider {name:?} did not finish reading its cloud-config within the limit of {}s; the cloud-config is refused",
+        limit.as_secs()
+    )]
+    TimedOut {
+        /// The provider.
+        name: String,
+        /// The limit.
+        limit: Duration,
     },
     /// The factory failed (for example, the cloud-config is invalid).
     #[error("could not init cloud provider {name:?}: {source}")]
@@ -138,8 +167,38 @@ impl Registry {
                 .get(name)
                 .ok_or_else(|| RegistryError::Unknown { name: name.to_string(), known: self.names() })?,
         };
+        if cloud_config.is_some_and(|c| c.len() > MAX_CLOUD_CONFIG_BYTES) {
+            let source = CloudError::InvalidConfig(format!(
+                "the cloud-config is larger than the limit of {MAX_CLOUD_CONFIG_BYTES} bytes"
+            ));
+            return Err(RegistryError::Init { name: name.to_string(), source });
+        }
         factory(FactoryInput { cloud_config, cluster })
             .map_err(|source| RegistryError::Init { name: name.to_string(), source })
+    }
+
+    /// [`Self::create`] on a blocking thread, off the async runtime, given at most `limit`.
+    ///
+    /// A factory past its limit is abandoned (a thread cannot be stopped; the built-in parsers
+    /// are bounded by size and depth, so this guards other providers) and the cloud-config is
+    /// refused with [`RegistryError::TimedOut`].
+    pub async fn create_bounded(
+        &self,
+        name: &str,
+        cloud_config: Option<Vec<u8>>,
+        cluster: &ClusterSettings,
+        limit: Duration,
+    ) -> Result<Arc<dyn CloudProvider>, RegistryError> {
+        let (registry, owned_name, cluster) = (self.clone(), name.to_string(), cluster.clone());
+        let task = tokio::task::spawn_blocking(move || registry.create(&owned_name, cloud_config.as_deref(), &cluster));
+        match tokio::time::timeout(limit, task).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(RegistryError::Init {
+                name: name.to_string(),
+                source: CloudError::Other("the provider's factory panicked".to_string()),
+            }),
+            Err(_) => Err(RegistryError::TimedOut { name: name.to_string(), limit }),
+        }
     }
 }
 
@@ -198,6 +257,35 @@ mod tests {
         assert!(err.to_string().contains("kube-controller-manager"));
         let err = r.create("", None, &ClusterSettings::default()).unwrap_err();
         assert!(err.to_string().contains("cannot be empty"));
+    }
+
+    #[test]
+    fn a_cloud_config_over_the_size_limit_never_reaches_the_factory() {
+        let mut r = Registry::new();
+        r.register("picky", |_: FactoryInput<'_>| -> Result<Arc<dyn CloudProvider>, CloudError> {
+            panic!("the factory must not be called")
+        })
+        .unwrap();
+        let big = vec![b'a'; MAX_CLOUD_CONFIG_BYTES + 1];
+        let err = r.create("picky", Some(&big), &ClusterSettings::default()).unwrap_err();
+        assert!(err.to_string().contains(&format!("limit of {MAX_CLOUD_CONFIG_BYTES} bytes")), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_slow_factory_is_abandoned_at_the_time_limit_without_blocking_the_runtime() {
+        let mut r = Registry::new();
+        r.register("slow", |_: FactoryInput<'_>| -> Result<Arc<dyn CloudProvider>, CloudError> {
+            std::thread::sleep(Duration::from_millis(500));
+            Err(CloudError::InvalidConfig("late".into()))
+        })
+        .unwrap();
+        r.register("mycloud", named).unwrap();
+        let cluster = ClusterSettings::default();
+        let err = r.create_bounded("slow", None, &cluster, Duration::from_millis(50)).await.unwrap_err();
+        assert!(matches!(err, RegistryError::TimedOut { .. }), "{err}");
+        assert!(err.to_string().contains("within the limit"), "{err}");
+        let ok = r.create_bounded("mycloud", Some(b"x".to_vec()), &cluster, Duration::from_secs(5)).await;
+        assert!(ok.is_ok());
     }
 
     #[test]

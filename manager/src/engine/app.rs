@@ -113,17 +113,20 @@ pub fn shutdown_on_signal() -> CancellationToken {
 pub async fn run(registry: Registry, mut settings: Settings, shutdown: CancellationToken) -> Result<(), Error> {
     let cloud_config = match &settings.cloud_config {
         // Read once at start-up; the bytes go to the factory and are then dropped.
-        Some(path) => {
-            Some(std::fs::read(path).map_err(|source| Error::Io { path: path.display().to_string(), source })?)
-        }
+        Some(path) => Some(
+            crate::registry::read_cloud_config_file(path)
+                .map_err(|source| Error::Io { path: path.display().to_string(), source })?,
+        ),
         None => None,
     };
     let cluster = ClusterSettings {
         cluster_name: settings.options.cluster_name.clone(),
         cluster_cidrs: settings.options.cluster_cidrs.clone(),
     };
-    let provider = registry.create(&settings.provider, cloud_config.as_deref(), &cluster)?;
-    drop(cloud_config);
+    // Parsed on a blocking thread with a time limit, like the operator does.
+    let provider = registry
+        .create_bounded(&settings.provider, cloud_config, &cluster, crate::registry::FACTORY_TIME_LIMIT)
+        .await?;
     if !provider.has_cluster_id() {
         if settings.allow_untagged_cloud {
             tracing::warn!("detected a cluster without a ClusterID; a ClusterID will be required in the future");

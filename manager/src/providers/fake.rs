@@ -43,6 +43,7 @@ use crate::provider::{
     CloudError, CloudProvider, CloudResult, Clusters, Health, InitContext, InstanceMetadata, Instances, LoadBalancer,
     Route, Routes, Zone, Zones, default_load_balancer_name,
 };
+use crate::providers::safe_yaml;
 use crate::registry::{FactoryInput, Registry};
 
 /// The name the fake provider is registered under.
@@ -1072,7 +1073,7 @@ pub struct FakeInstanceConfig {
     #[serde(default)]
     pub addresses: Option<Vec<FakeAddressConfig>>,
     /// Extra labels.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "safe_yaml::unique_string_map")]
     pub labels: BTreeMap<String, String>,
     /// Whether the instance exists (default true).
     #[serde(default = "yes")]
@@ -1202,30 +1203,25 @@ impl FakeFailureConfig {
 }
 
 impl FakeConfig {
-    /// Parse YAML. Errors name the position and kind of problem, never the content.
+    /// Parse YAML (at most [`safe_yaml::CLOUD_CONFIG_LIMITS`]). Errors name the field path, the
+    /// position and the kind of problem, never the content.
     pub fn parse(bytes: &[u8]) -> CloudResult<Self> {
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(Self::default());
         }
-        let config: Self = serde_yaml::from_slice(bytes).map_err(|e| {
-            let text = e.to_string();
-            let what = if text.contains("unknown field") {
-                "unknown field"
-            } else if text.contains("missing field") {
-                "missing required field"
-            } else if text.contains("invalid type")
-                || text.contains("invalid value")
-                || text.contains("unknown variant")
-            {
-                "invalid value"
-            } else {
-                "not valid YAML for the fake provider"
-            };
-            match e.location() {
-                Some(at) => CloudError::InvalidConfig(format!("{what} at line {}, column {}", at.line(), at.column())),
-                None => CloudError::InvalidConfig(what.to_string()),
-            }
-        })?;
+        static SCHEMA: std::sync::OnceLock<safe_yaml::Schema> = std::sync::OnceLock::new();
+        let schema = SCHEMA.get_or_init(|| {
+            safe_yaml::Schema::new()
+                .with::<FakeConfig>()
+                .with::<FakeInstanceConfig>()
+                .with::<FakeAddressConfig>()
+                .with::<FakeHealthConfig>()
+                .with::<FakeFailureConfig>()
+                .with::<FakeErrorKind>()
+                .with_messages(&[safe_yaml::DUPLICATE_KEY])
+        });
+        let config: Self = safe_yaml::from_slice(bytes, &safe_yaml::CLOUD_CONFIG_LIMITS, schema)
+            .map_err(|e| CloudError::InvalidConfig(e.to_string()))?;
         config.validate()?;
         Ok(config)
     }
@@ -1585,8 +1581,10 @@ health: {healthy: false, reason: CredentialsRejected, message: "token rejected"}
     #[test]
     fn cloud_config_errors_point_at_the_problem_without_quoting_it() {
         for (yaml, want) in [
-            (&b"autoInstances: true\nsecretToken: hunter2\n"[..], "unknown field at line 2"),
-            (b"batchSize: lots-hunter2\n", "invalid value"),
+            (&b"autoInstances: true\nsecretToken: hunter2\n"[..], "document: has an unknown field (allowed: latency,"),
+            (b"autoInstances: true\nhunter2: 1\n", "(line 2, column 1)"),
+            (b"batchSize: lots-hunter2\n", "batchSize: expected a whole number"),
+            (b"instances: [{name: a, labels: {hunter2: [1]}}]\n", "instances[0].labels.<key>: expected a string"),
             (b"batchSize: 0\n", "batchSize must be at least 1"),
             (b"failures: [{method: hunter2, error: other}]\n", "not a fake provider method"),
             (b"failures: [{method: health, rate: 2, error: other}]\n", "between 0 and 1"),

@@ -4,6 +4,7 @@
 pub mod aws;
 pub mod baremetal;
 pub mod fake;
+pub mod safe_yaml;
 
 use crate::registry::Registry;
 

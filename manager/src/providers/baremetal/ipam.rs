@@ -84,6 +84,68 @@ fn is_buggy(ip: IpAddr) -> bool {
     matches!(ip, IpAddr::V4(v4) if matches!(v4.octets()[3], 0 | 255))
 }
 
+/// Address classes that are never handed out: refused when a pool entry lies wholly in one,
+/// left out of the entry otherwise. Loopback is the exception a pool may allow
+/// (`allowLoopback: true`), for a data path that answers on the node itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reserved {
+    /// `0.0.0.0/8` ("this network", includes the unspecified 0.0.0.0) and `::`.
+    Unspecified,
+    /// `127.0.0.0/8` and `::1`.
+    Loopback,
+    /// `169.254.0.0/16` and `fe80::/10`.
+    LinkLocal,
+    /// `224.0.0.0/4` and `ff00::/8`.
+    Multicast,
+    /// `255.255.255.255`, the limited broadcast address.
+    Broadcast,
+}
+
+impl Reserved {
+    /// Every class.
+    pub const ALL: [Reserved; 5] =
+        [Reserved::Unspecified, Reserved::Loopback, Reserved::LinkLocal, Reserved::Multicast, Reserved::Broadcast];
+
+    /// The blocks of the class.
+    pub fn blocks(self) -> Vec<IpBlock> {
+        let v4 = |a: [u8; 4], b: [u8; 4]| IpBlock::between(IpAddr::from(a), IpAddr::from(b));
+        let v6 = |a: &str, b: &str| {
+            let parse = |t: &str| t.parse::<Ipv6Addr>().map(IpAddr::V6).unwrap_or(IpAddr::V6(Ipv6Addr::UNSPECIFIED));
+            IpBlock::between(parse(a), parse(b))
+        };
+        match self {
+            Reserved::Unspecified => vec![v4([0, 0, 0, 0], [0, 255, 255, 255]), v6("::", "::")],
+            Reserved::Loopback => vec![v4([127, 0, 0, 0], [127, 255, 255, 255]), v6("::1", "::1")],
+            Reserved::LinkLocal => vec![
+                v4([169, 254, 0, 0], [169, 254, 255, 255]),
+                v6("fe80::", "febf:ffff:ffff:ffff:ffff:ffff:ffff:ffff"),
+            ],
+            Reserved::Multicast => {
+                vec![v4([224, 0, 0, 0], [239, 255, 255, 255]), v6("ff00::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff")]
+            }
+            Reserved::Broadcast => vec![v4([255, 255, 255, 255], [255, 255, 255, 255])],
+        }
+    }
+
+    /// Whether `ip` is in the class.
+    pub fn contains(self, ip: IpAddr) -> bool {
+        self.blocks().iter().any(|b| b.contains(ip))
+    }
+
+    /// Why an entry made only of this class is refused (fixed text).
+    pub fn refusal(self) -> &'static str {
+        match self {
+            Reserved::Unspecified => "lies wholly in 0.0.0.0/8 or is ::, which are never handed out",
+            Reserved::Loopback => {
+                "lies wholly in the loopback range (127.0.0.0/8, ::1); set allowLoopback: true on the pool to use it"
+            }
+            Reserved::LinkLocal => "lies wholly in a link-local range (169.254.0.0/16, fe80::/10)",
+            Reserved::Multicast => "lies wholly in a multicast range (224.0.0.0/4, ff00::/8)",
+            Reserved::Broadcast => "is the broadcast address 255.255.255.255",
+        }
+    }
+}
+
 /// An inclusive range of addresses of one family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IpBlock {
@@ -94,26 +156,61 @@ pub struct IpBlock {
 
 impl IpBlock {
     /// Parse a CIDR such as `192.168.10.0/24` or `fd00:10::/120`; host bits must be zero.
-    pub fn parse_cidr(text: &str) -> Result<Self, String> {
-        let net: ipnet::IpNet = text.trim().parse().map_err(|_| format!("{text:?} is not a valid CIDR"))?;
+    /// Errors are fixed texts: the input may be configuration and is never quoted.
+    pub fn parse_cidr(text: &str) -> Result<Self, &'static str> {
+        let net: ipnet::IpNet = text.trim().parse().map_err(|_| "is not a CIDR such as 192.168.10.0/24")?;
         if net.trunc() != net {
-            return Err(format!("{text:?} has host bits set; did you mean {}?", net.trunc()));
+            return Err("has host bits set; write the network address of the prefix");
         }
         Ok(Self::between(net.network(), net.broadcast()))
     }
 
     /// Parse an inclusive range `start-end` of one family.
-    pub fn parse_range(text: &str) -> Result<Self, String> {
-        let (start, end) = text.split_once('-').ok_or_else(|| format!("{text:?} is not of the form start-end"))?;
-        let start: IpAddr = start.trim().parse().map_err(|_| format!("{text:?}: start is not an IP address"))?;
-        let end: IpAddr = end.trim().parse().map_err(|_| format!("{text:?}: end is not an IP address"))?;
+    pub fn parse_range(text: &str) -> Result<Self, &'static str> {
+        let (start, end) = text.split_once('-').ok_or("is not of the form start-end")?;
+        let start: IpAddr = start.trim().parse().map_err(|_| "starts with something that is not an IP address")?;
+        let end: IpAddr = end.trim().parse().map_err(|_| "ends with something that is not an IP address")?;
         if Family::of(start) != Family::of(end) {
-            return Err(format!("{text:?} mixes IPv4 and IPv6"));
+            return Err("mixes IPv4 and IPv6");
         }
         if to_u128(start) > to_u128(end) {
-            return Err(format!("{text:?} ends before it starts"));
+            return Err("ends before it starts");
         }
         Ok(Self::between(start, end))
+    }
+
+    /// The reserved class this block lies wholly in, if any (loopback only when not allowed).
+    pub fn wholly_reserved(&self, allow_loopback: bool) -> Option<Reserved> {
+        Reserved::ALL.into_iter().filter(|r| !(allow_loopback && *r == Reserved::Loopback)).find(|r| {
+            r.blocks().iter().any(|b| b.family == self.family && b.first <= self.first && self.last <= b.last)
+        })
+    }
+
+    /// The parts of the block that may be handed out: every [`Reserved`] address left out
+    /// (loopback kept when allowed). Empty when nothing is left.
+    pub fn usable_parts(&self, allow_loopback: bool) -> Vec<IpBlock> {
+        let mut holes: Vec<IpBlock> = Reserved::ALL
+            .into_iter()
+            .filter(|r| !(allow_loopback && *r == Reserved::Loopback))
+            .flat_map(|r| r.blocks())
+            .filter(|b| b.overlaps(self))
+            .collect();
+        holes.sort_by_key(|b| b.first);
+        let mut parts = Vec::new();
+        let mut next = Some(self.first);
+        for hole in holes {
+            let Some(start) = next else { break };
+            if hole.first > start {
+                parts.push(Self { first: start, last: hole.first - 1, ..*self });
+            }
+            next = if hole.last >= self.last { None } else { Some(start.max(hole.last + 1)) };
+        }
+        if let Some(start) = next
+            && start <= self.last
+        {
+            parts.push(Self { first: start, last: self.last, ..*self });
+        }
+        parts
     }
 
     fn between(first: IpAddr, last: IpAddr) -> Self {
@@ -427,7 +524,8 @@ impl State {
             }
             let ip = from_u128(block.family, candidate);
             while used.next_if(|u| *u < candidate).is_some() {}
-            if !(avoid_buggy && is_buggy(ip)) && used.peek() != Some(&candidate) {
+            // Pools built by the config never hold 0.0.0.0 or ::; this guard covers any other.
+            if !(avoid_buggy && is_buggy(ip)) && !ip.is_unspecified() && used.peek() != Some(&candidate) {
                 return Some(ip);
             }
             candidate = candidate.checked_add(1)?;
@@ -672,6 +770,9 @@ impl Allocator {
         let pool = self.pool_of(ip).ok_or_else(|| {
             AllocError::Unsatisfiable(format!("{key} asks for {ip}, which is in no load-balancer pool"))
         })?;
+        if ip.is_unspecified() {
+            return Err(AllocError::Invalid(format!("{key} asks for {ip}, which is never handed out")));
+        }
         let pool = &self.pools[pool];
         if !allowed.iter().any(|p| self.pools[*p].name == pool.name) {
             return Err(AllocError::Unsatisfiable(format!(
