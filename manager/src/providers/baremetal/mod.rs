@@ -188,7 +188,8 @@ impl BaremetalProvider {
         if self.lifecycle.probe.is_some() {
             text.push_str(&format!(", {} of {} probed failing", probes.down, self.probe_targets.len()));
         }
-        text.push_str(&format!("), {} pools ({in_use} of {usable} addresses in use)", usage.len()));
+        let per_family = pool_metrics::describe(&pool_metrics::usage_by_family(&self.allocator));
+        text.push_str(&format!("), {} pools ({in_use} of {usable} addresses in use{per_family})", usage.len()));
         text
     }
 

@@ -64,6 +64,27 @@ pub fn usage_by_family(allocator: &Allocator) -> Vec<FamilyUsage> {
     out
 }
 
+/// Most pools [`describe`] names; the rest are counted (condition messages stay short).
+const DESCRIBED_POOLS: usize = 16;
+
+/// Per-pool usage for the `ProviderHealthy` message, so `kubectl` shows it:
+/// `: lan IPv4 3 assigned 251 free, lan IPv6 ...`; empty without pools.
+pub fn describe(usage: &[FamilyUsage]) -> String {
+    if usage.is_empty() {
+        return String::new();
+    }
+    let parts: Vec<String> = usage
+        .iter()
+        .take(DESCRIBED_POOLS)
+        .map(|u| format!("{} {} {} assigned {} free", u.pool, u.family, u.assigned, u.available))
+        .collect();
+    let mut text = format!(": {}", parts.join(", "));
+    if usage.len() > DESCRIBED_POOLS {
+        text.push_str(&format!(" and {} more", usage.len() - DESCRIBED_POOLS));
+    }
+    text
+}
+
 impl PoolGauges {
     /// Register the families in `registry` (idempotent: once per process).
     pub fn register(&self, registry: &Metrics) {
@@ -142,5 +163,6 @@ mod tests {
         let text = metrics.encode();
         assert!(text.contains(r#"ccm_baremetal_pool_addresses_assigned{pool="dual",family="IPv6"} 1"#), "{text}");
         assert!(text.contains(r#"ccm_baremetal_pool_addresses_available{pool="dual",family="IPv6"} 3"#), "{text}");
+        assert!(describe(&usage).contains("dual IPv6 1 assigned 3 free"), "{}", describe(&usage));
     }
 }
