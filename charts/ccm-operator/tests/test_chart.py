@@ -101,6 +101,55 @@ def verbs_for(rules, group: str, resource: str, name: str | None = None) -> set[
     return out
 
 
+RESTRICTED_VOLUME_TYPES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+                           "projected", "secret"}
+
+
+def restricted_violations(pod: dict[str, Any]) -> list[str]:
+    """What in `pod` (a PodSpec) the `restricted` Pod Security Standard (which includes
+    `baseline`) forbids, one line each; empty means a namespace enforcing `restricted` admits it."""
+    out = []
+    for field in ("hostNetwork", "hostPID", "hostIPC"):
+        if pod.get(field):
+            out.append(f"{field}=true")
+    for v in pod.get("volumes", []):
+        kinds = set(v) - {"name"}
+        if not kinds <= RESTRICTED_VOLUME_TYPES:
+            out.append(f"volume {v['name']}: type {sorted(kinds)}")
+    psc = pod.get("securityContext", {})
+    if psc.get("runAsUser") == 0:
+        out.append("pod runAsUser=0")
+    if psc.get("sysctls"):
+        out.append("pod sysctls")
+    pod_seccomp = psc.get("seccompProfile", {}).get("type")
+    if pod_seccomp not in (None, "RuntimeDefault", "Localhost"):
+        out.append(f"pod seccompProfile {pod_seccomp}")
+    for c in pod.get("initContainers", []) + pod.get("containers", []):
+        name, sc = c["name"], c.get("securityContext", {})
+        if sc.get("privileged"):
+            out.append(f"{name}: privileged")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            out.append(f"{name}: allowPrivilegeEscalation is not false")
+        if not (sc.get("runAsNonRoot", psc.get("runAsNonRoot")) is True):
+            out.append(f"{name}: runAsNonRoot is not true")
+        if sc.get("runAsUser") == 0:
+            out.append(f"{name}: runAsUser=0")
+        if sc.get("seccompProfile", {}).get("type", pod_seccomp) not in ("RuntimeDefault", "Localhost"):
+            out.append(f"{name}: seccompProfile is not RuntimeDefault or Localhost")
+        caps = sc.get("capabilities", {})
+        if "ALL" not in caps.get("drop", []):
+            out.append(f"{name}: capabilities do not drop ALL")
+        if set(caps.get("add", [])) - {"NET_BIND_SERVICE"}:
+            out.append(f"{name}: adds capabilities")
+        if any(p.get("hostPort") for p in c.get("ports", [])):
+            out.append(f"{name}: hostPort")
+        if sc.get("procMount", "Default") != "Default":
+            out.append(f"{name}: procMount")
+        if sc.get("windowsOptions", {}).get("hostProcess"):
+            out.append(f"{name}: hostProcess")
+    return out
+
+
 class Static(unittest.TestCase):
     """Checks on the chart's files that need no Helm."""
 
@@ -246,6 +295,40 @@ class Render(unittest.TestCase):
         self.assertFalse(pod.get("hostNetwork", False))
         self.assertIn("requests", container(objects)["resources"])
         self.assertIn("memory", container(objects)["resources"]["limits"])
+
+    def test_every_rendered_pod_passes_the_restricted_pod_security_profile(self):
+        # Every overlay and mode the chart supports: the operator never needs the host.
+        overlays = {"default": {}, "embedded": values(**{"embedded.enabled": True})}
+        for name in ("full-values.yaml", "ha-values.yaml", "embedded-values.yaml"):
+            overlays[name] = helmlib.load_yaml(CHART / "ci" / name)
+        for label, overlay in overlays.items():
+            with self.subTest(overlay=label):
+                objects = self.render(overlay)
+                pods = [o["spec"]["template"]["spec"] for o in objects
+                        if o["kind"] in ("Deployment", "DaemonSet", "StatefulSet", "Job")]
+                self.assertTrue(pods)
+                for pod in pods:
+                    self.assertEqual(restricted_violations(pod), [])
+                    # Declares what it needs and nothing more: no Service links in its
+                    # environment, no host ports.
+                    self.assertIs(pod.get("enableServiceLinks"), False)
+
+    def test_restricted_check_catches_what_the_profile_forbids(self):
+        pod = one(self.render(), "Deployment")["spec"]["template"]["spec"]
+        self.assertEqual(restricted_violations(pod), [])
+        import copy
+
+        for what, breaker in [
+            ("hostNetwork", lambda p: p.update(hostNetwork=True)),
+            ("allowPrivilegeEscalation", lambda p: p["containers"][0]["securityContext"].pop("allowPrivilegeEscalation")),
+            ("drop ALL", lambda p: p["containers"][0]["securityContext"].pop("capabilities")),
+            ("privileged", lambda p: p["containers"][0]["securityContext"].update(privileged=True)),
+            ("type", lambda p: p.setdefault("volumes", []).append({"name": "h", "hostPath": {"path": "/"}})),
+            ("hostPort", lambda p: p["containers"][0]["ports"][0].update(hostPort=8080)),
+        ]:
+            broken = copy.deepcopy(pod)
+            breaker(broken)
+            self.assertTrue(any(what in v for v in restricted_violations(broken)), what)
 
     def test_liveness_and_readiness_probe_different_endpoints_on_the_operator_port(self):
         objects = self.render()
