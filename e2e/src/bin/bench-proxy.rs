@@ -1,0 +1,266 @@
+//! bench-proxy: the load-balancer data path (`manager::datapath`) against a direct connection
+//! on the same machine, everything on loopback in one process.
+//!
+//! Measures TCP throughput over one connection and over `--concurrent` connections, the median
+//! and p99 round trip of small messages (the proxy's added latency is the difference of the
+//! medians), and the time to apply `--services` Services and then to reconfigure all of them
+//! (a backend change). Client, proxy and backend share the machine's cores, so the proxy also
+//! competes with its own load generator; numbers are for comparison, not for capacity planning.
+//! Throughput figures are the median of three runs.
+//!
+//! ```sh
+//! cargo test --workspace --no-run && target/debug/bench-proxy          # quick, unoptimised
+//! cargo build --release -p e2e --bin bench-proxy && target/release/bench-proxy
+//! ```
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use manager::datapath::{Affinity, Backend, Balance, DataPath, HealthCheck, PortSpec, Protocol, ServiceSpec, Settings};
+use manager::metrics::Metrics;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+#[derive(Parser, Debug)]
+#[command(about = "Benchmark the L4 data path against direct loopback connections")]
+struct Args {
+    /// MiB sent over the single connection.
+    #[arg(long, default_value_t = 256)]
+    mib: u64,
+    /// Concurrent connections for the aggregate throughput run.
+    #[arg(long, default_value_t = 1000)]
+    concurrent: usize,
+    /// KiB each concurrent connection sends.
+    #[arg(long, default_value_t = 256)]
+    kib_each: u64,
+    /// Round trips for the latency run.
+    #[arg(long, default_value_t = 10_000)]
+    round_trips: usize,
+    /// Services for the reconfiguration run.
+    #[arg(long, default_value_t = 1000)]
+    services: usize,
+}
+
+/// The bench's loopback block (Linux answers on all of 127.0.0.0/8).
+fn ip(c: u8, d: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(127, 77, c, d))
+}
+
+const SINK_PORT: u16 = 41001;
+const ECHO_PORT: u16 = 41002;
+const CHUNK: usize = 64 * 1024;
+
+/// A listener with a deep accept queue: 1,000 connections arrive at once.
+fn listen(addr: SocketAddr) -> Result<TcpListener, BoxError> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    Ok(socket.listen(4096)?)
+}
+
+/// Reads until EOF, then answers with the byte count (8 bytes, big endian).
+async fn sink(addr: SocketAddr) -> Result<(), BoxError> {
+    let listener = listen(addr)?;
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; CHUNK];
+                let mut total = 0u64;
+                while let Ok(n) = s.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    total += n as u64;
+                }
+                let _ = s.write_all(&total.to_be_bytes()).await;
+            });
+        }
+    });
+    Ok(())
+}
+
+/// Echoes every byte back.
+async fn echo(addr: SocketAddr) -> Result<(), BoxError> {
+    let listener = listen(addr)?;
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let _ = s.set_nodelay(true);
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    Ok(())
+}
+
+/// Send `bytes` to a sink and wait for its count; returns the elapsed time.
+async fn send(to: SocketAddr, bytes: u64) -> Result<Duration, BoxError> {
+    let started = Instant::now();
+    let mut s = TcpStream::connect(to).await?;
+    let buf = vec![7u8; CHUNK];
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(CHUNK as u64) as usize;
+        s.write_all(&buf[..n]).await?;
+        left -= n as u64;
+    }
+    s.shutdown().await?;
+    let mut count = [0u8; 8];
+    s.read_exact(&mut count).await?;
+    if u64::from_be_bytes(count) != bytes {
+        return Err("the sink counted a different number of bytes".into());
+    }
+    Ok(started.elapsed())
+}
+
+async fn concurrent(to: SocketAddr, connections: usize, bytes_each: u64) -> Result<Duration, BoxError> {
+    let started = Instant::now();
+    let mut set = JoinSet::new();
+    for _ in 0..connections {
+        set.spawn(send(to, bytes_each));
+    }
+    while let Some(r) = set.join_next().await {
+        r??;
+    }
+    Ok(started.elapsed())
+}
+
+/// Round trips of 64-byte messages; returns sorted durations.
+async fn round_trips(to: SocketAddr, count: usize) -> Result<Vec<Duration>, BoxError> {
+    let mut s = TcpStream::connect(to).await?;
+    s.set_nodelay(true)?;
+    let msg = [1u8; 64];
+    let mut back = [0u8; 64];
+    // Warm up (connection set-up, first allocation).
+    for _ in 0..100 {
+        s.write_all(&msg).await?;
+        s.read_exact(&mut back).await?;
+    }
+    let mut out = Vec::with_capacity(count);
+    for _ in 0..count {
+        let t = Instant::now();
+        s.write_all(&msg).await?;
+        s.read_exact(&mut back).await?;
+        out.push(t.elapsed());
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The median of three runs (the machine is shared; one run is noise).
+async fn median3<F, Fut>(f: F) -> Result<Duration, BoxError>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<Duration, BoxError>>,
+{
+    let mut runs = [f().await?, f().await?, f().await?];
+    runs.sort();
+    Ok(runs[1])
+}
+
+fn mib_per_s(bytes: u64, d: Duration) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0) / d.as_secs_f64()
+}
+
+fn spec(key: String, address: IpAddr, port: u16, target: u16, backend: IpAddr) -> ServiceSpec {
+    ServiceSpec {
+        key,
+        addresses: vec![address],
+        ports: vec![PortSpec { protocol: Protocol::Tcp, port, target_port: target }],
+        backends: vec![Backend { name: "node".into(), ip: backend }],
+        health_check: HealthCheck::None,
+        affinity: Affinity::None,
+        balance: Balance::RoundRobin,
+        source_ranges: Vec::new(),
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    let args = Args::parse();
+    let backend = ip(0, 1);
+    sink(SocketAddr::new(backend, SINK_PORT)).await?;
+    echo(SocketAddr::new(backend, ECHO_PORT)).await?;
+    let metrics = Arc::new(Metrics::new());
+    // A generous connect timeout: 1,000 simultaneous connects can see a SYN retransmitted.
+    let settings = Settings { health_checks: false, connect_timeout: Duration::from_secs(10), ..Settings::default() };
+    let dp = DataPath::new(settings, &metrics, CancellationToken::new());
+    let lb = ip(0, 100);
+    dp.apply(ServiceSpec {
+        ports: vec![
+            PortSpec { protocol: Protocol::Tcp, port: SINK_PORT, target_port: SINK_PORT },
+            PortSpec { protocol: Protocol::Tcp, port: ECHO_PORT, target_port: ECHO_PORT },
+        ],
+        ..spec("bench/main".into(), lb, SINK_PORT, SINK_PORT, backend)
+    })?;
+    let direct_sink = SocketAddr::new(backend, SINK_PORT);
+    let proxied_sink = SocketAddr::new(lb, SINK_PORT);
+
+    println!("| Measurement | Direct | Through the proxy | Ratio |");
+    println!("|---|---|---|---|");
+    let bytes = args.mib * 1024 * 1024;
+    let d = median3(|| send(direct_sink, bytes)).await?;
+    let p = median3(|| send(proxied_sink, bytes)).await?;
+    let (d, p) = (mib_per_s(bytes, d), mib_per_s(bytes, p));
+    println!("| TCP, 1 connection, {} MiB | {d:.0} MiB/s | {p:.0} MiB/s | {:.0}% |", args.mib, 100.0 * p / d);
+
+    let each = args.kib_each * 1024;
+    let total = each * args.concurrent as u64;
+    let d = median3(|| concurrent(direct_sink, args.concurrent, each)).await?;
+    let p = median3(|| concurrent(proxied_sink, args.concurrent, each)).await?;
+    let (d, p) = (mib_per_s(total, d), mib_per_s(total, p));
+    println!(
+        "| TCP, {} concurrent connections × {} KiB | {d:.0} MiB/s | {p:.0} MiB/s | {:.0}% |",
+        args.concurrent,
+        args.kib_each,
+        100.0 * p / d
+    );
+
+    let d = round_trips(SocketAddr::new(backend, ECHO_PORT), args.round_trips).await?;
+    let p = round_trips(SocketAddr::new(lb, ECHO_PORT), args.round_trips).await?;
+    let pct = |v: &[Duration], q: f64| v[((v.len() as f64 - 1.0) * q) as usize];
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    println!(
+        "| Round trip, 64 B, median (p99) | {:.0} µs ({:.0} µs) | {:.0} µs ({:.0} µs) | +{:.0} µs median |",
+        us(pct(&d, 0.5)),
+        us(pct(&d, 0.99)),
+        us(pct(&p, 0.5)),
+        us(pct(&p, 0.99)),
+        us(pct(&p, 0.5)) - us(pct(&d, 0.5))
+    );
+
+    // Reconfiguration: N Services, each its own address and listener.
+    let addr = |i: usize| ip(1 + (i / 250) as u8, 1 + (i % 250) as u8);
+    let started = Instant::now();
+    for i in 0..args.services {
+        dp.apply(spec(format!("bench/s{i}"), addr(i), 8080, SINK_PORT, backend))?;
+    }
+    let create = started.elapsed();
+    let other_backend = ip(0, 2);
+    let started = Instant::now();
+    for i in 0..args.services {
+        dp.apply(spec(format!("bench/s{i}"), addr(i), 8080, SINK_PORT, other_backend))?;
+    }
+    let reconfigure = started.elapsed();
+    let started = Instant::now();
+    for i in 0..args.services {
+        dp.apply(spec(format!("bench/s{i}"), addr(i), 8080, SINK_PORT, other_backend))?;
+    }
+    let unchanged = started.elapsed();
+    println!(
+        "| {} Services: open listeners / change every backend / re-apply unchanged | {:.1} ms | {:.1} ms | {:.1} ms |",
+        args.services,
+        create.as_secs_f64() * 1e3,
+        reconfigure.as_secs_f64() * 1e3,
+        unchanged.as_secs_f64() * 1e3
+    );
+    dp.shutdown();
+    Ok(())
+}
