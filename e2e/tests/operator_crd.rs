@@ -3,12 +3,13 @@
 //! `crds/`, still upgrades the CRD. Forbidden (RBAC without `patch`) it carries on with the CRD it
 //! finds.
 //!
-//! Local API server only: these scenarios replace the cluster's CRD and inject a 403.
+//! On both backends: each scenario replaces the cluster's CRD with an older one first, and the
+//! 403 comes from the fault injection (the genuine backend's fault proxy).
 
 use std::time::Duration;
 
 use crds::CloudControllerManager;
-use e2e_apiserver::{FaultRule, TestApiServer};
+use e2e_apiserver::{Backend, FaultRule, TestCluster};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, PostParams};
 use kube::{Client, CustomResourceExt};
@@ -51,13 +52,29 @@ fn columns(crd: &CustomResourceDefinition) -> Vec<String> {
     crd.spec.versions[0].additional_printer_columns.iter().flatten().map(|c| c.name.clone()).collect()
 }
 
-/// A server holding the older CRD, created as `helm install` would (a plain create).
-async fn server_with_older_crd() -> (TestApiServer, Api<CustomResourceDefinition>) {
-    let server = TestApiServer::start().await.expect("the local API server starts");
+/// A cluster holding the older CRD, written as `helm install` would (a plain create, or an
+/// update where an earlier scenario on the shared genuine control plane left one).
+async fn server_with_older_crd(backend: Backend) -> (TestCluster, Api<CustomResourceDefinition>) {
+    let server = TestCluster::start_with_faults(backend).await.expect("the API server starts");
     let crds: Api<CustomResourceDefinition> = Api::all(server.client());
-    crds.create(&PostParams { field_manager: Some("helm".into()), ..Default::default() }, &older_crd())
-        .await
-        .expect("the older CRD is created");
+    let params = PostParams { field_manager: Some("helm".into()), ..Default::default() };
+    let name = CloudControllerManager::crd_name();
+    match crds.get_opt(name).await.expect("reading the CRD") {
+        None => crds.create(&params, &older_crd()).await.expect("the older CRD is created"),
+        Some(existing) => {
+            let mut older = older_crd();
+            older.metadata.resource_version = existing.metadata.resource_version;
+            crds.replace(name, &params, &older).await.expect("the older CRD replaces the current one")
+        }
+    };
+    let established = kube::runtime::wait::conditions::is_crd_established();
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        kube::runtime::wait::await_condition(crds.clone(), name, established),
+    )
+    .await
+    .expect("the older CRD is established in time")
+    .expect("the older CRD is established");
     (server, crds)
 }
 
@@ -88,67 +105,70 @@ async fn wait_reconciling(client: &Client) {
     panic!("the operator never reconciled the CloudControllerManager");
 }
 
-fn crd_patches(server: &TestApiServer) -> usize {
+fn crd_patches(server: &TestCluster) -> usize {
     let name = CloudControllerManager::crd_name();
     server
         .request_log()
-        .filter(|r| r.verb == "patch" && r.path == format!("{CRD_PATH}/{name}"))
+        .filter(|r| r.verb == "patch" && r.path.trim_end_matches('/') == format!("{CRD_PATH}/{name}"))
         .iter()
         .filter(|r| r.field_manager.as_deref() == Some("ccm-operator"))
         .count()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_older_crd_is_upgraded_to_the_operators_own_at_start() {
-    let (server, crds) = server_with_older_crd().await;
-    let before = crds.get(CloudControllerManager::crd_name()).await.unwrap();
-    assert!(!has_paused(&before) && !columns(&before).contains(&"ProviderHealthy".to_string()));
+e2e_apiserver::backend_tests! {
+    async fn an_older_crd_is_upgraded_to_the_operators_own_at_start(backend) {
+        let (server, crds) = server_with_older_crd(backend).await;
+        let before = crds.get(CloudControllerManager::crd_name()).await.unwrap();
+        assert!(!has_paused(&before) && !columns(&before).contains(&"ProviderHealthy".to_string()));
 
-    let op = start_operator(server.client(), true).await;
-    wait_reconciling(&server.client()).await;
+        let op = start_operator(server.client(), true).await;
+        wait_reconciling(&server.client()).await;
 
-    let after = crds.get(CloudControllerManager::crd_name()).await.unwrap();
-    assert!(has_paused(&after), "spec.paused is served after the operator started");
-    assert_eq!(columns(&after), columns(&crds::crd()), "the printer columns are the operator's");
-    let managers: Vec<String> =
-        after.metadata.managed_fields.iter().flatten().filter_map(|m| m.manager.clone()).collect();
-    assert!(managers.iter().any(|m| m == "ccm-operator"), "applied with field manager ccm-operator: {managers:?}");
-    assert_eq!(crd_patches(&server), 1, "one apply at start");
-    op.stop().await.unwrap();
-    server.shutdown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_forbidden_crd_apply_is_logged_and_the_operator_still_starts() {
-    let (server, crds) = server_with_older_crd().await;
-    server.faults().add_rule(FaultRule {
-        path_prefix: Some(CRD_PATH.into()),
-        verbs: vec!["patch".into()],
-        error_rate: 1.0,
-        status: 403,
-        ..Default::default()
-    });
-    let token = tokio_util::sync::CancellationToken::new();
-    match operator::apply_crd(&server.client(), &token).await {
-        CrdApply::Forbidden(_) => {}
-        other => panic!("a 403 is reported as Forbidden, got {other:?}"),
+        let after = crds.get(CloudControllerManager::crd_name()).await.unwrap();
+        assert!(has_paused(&after), "spec.paused is served after the operator started");
+        assert_eq!(columns(&after), columns(&crds::crd()), "the printer columns are the operator's");
+        let managers: Vec<String> =
+            after.metadata.managed_fields.iter().flatten().filter_map(|m| m.manager.clone()).collect();
+        assert!(managers.iter().any(|m| m == "ccm-operator"), "applied with field manager ccm-operator: {managers:?}");
+        assert_eq!(crd_patches(&server), 1, "one apply at start");
+        op.stop().await.unwrap();
+        drop(server);
     }
-
-    let op = start_operator(server.client(), true).await;
-    wait_reconciling(&server.client()).await;
-    let after = crds.get(CloudControllerManager::crd_name()).await.unwrap();
-    assert!(!has_paused(&after), "the CRD is left as it was");
-    op.stop().await.unwrap();
-    server.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_manage_crd_off_the_operator_only_reads_its_crd() {
-    let (server, crds) = server_with_older_crd().await;
-    let op = start_operator(server.client(), false).await;
-    wait_reconciling(&server.client()).await;
-    assert_eq!(crd_patches(&server), 0, "no apply of the CRD");
-    assert!(!has_paused(&crds.get(CloudControllerManager::crd_name()).await.unwrap()));
-    op.stop().await.unwrap();
-    server.shutdown().await;
+e2e_apiserver::backend_tests! {
+    async fn a_forbidden_crd_apply_is_logged_and_the_operator_still_starts(backend) {
+        let (server, crds) = server_with_older_crd(backend).await;
+        server.faults().add_rule(FaultRule {
+            path_prefix: Some(CRD_PATH.into()),
+            verbs: vec!["patch".into()],
+            error_rate: 1.0,
+            status: 403,
+            ..Default::default()
+        });
+        let token = tokio_util::sync::CancellationToken::new();
+        match operator::apply_crd(&server.client(), &token).await {
+            CrdApply::Forbidden(_) => {}
+            other => panic!("a 403 is reported as Forbidden, got {other:?}"),
+        }
+
+        let op = start_operator(server.client(), true).await;
+        wait_reconciling(&server.client()).await;
+        let after = crds.get(CloudControllerManager::crd_name()).await.unwrap();
+        assert!(!has_paused(&after), "the CRD is left as it was");
+        op.stop().await.unwrap();
+        drop(server);
+    }
+}
+
+e2e_apiserver::backend_tests! {
+    async fn with_manage_crd_off_the_operator_only_reads_its_crd(backend) {
+        let (server, crds) = server_with_older_crd(backend).await;
+        let op = start_operator(server.client(), false).await;
+        wait_reconciling(&server.client()).await;
+        assert_eq!(crd_patches(&server), 0, "no apply of the CRD");
+        assert!(!has_paused(&crds.get(CloudControllerManager::crd_name()).await.unwrap()));
+        op.stop().await.unwrap();
+        drop(server);
+    }
 }

@@ -1,4 +1,11 @@
-//! RBAC proof: what the chart grants is enough for what the code does.
+//! RBAC proof: what the chart grants is enough for what the code does, and every rule of the
+//! operator's is needed.
+//!
+//! On the genuine backend (`CCM_TEST_ASSETS`) the chart's ServiceAccounts, roles and bindings are
+//! applied as rendered and the operator and the manager run with their ServiceAccounts' tokens,
+//! so kube-apiserver's RBAC authorizer decides; a test then removes each of the operator's rules
+//! in turn and names the scenario step that breaks. On both backends every request the component
+//! made (request log or audit log) is also checked against the rules, as follows.
 //!
 //! The local API server does not authorize requests, so this test does: it renders the chart
 //! with real Helm (`charts/ccm-operator/tests/render.py`), runs a component through a scenario
@@ -19,13 +26,17 @@ use std::process::Command;
 use std::time::Duration;
 
 use clap::Parser;
-use e2e_apiserver::{RequestRecord, TestApiServer};
+use e2e_apiserver::{RequestRecord, TestCluster};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Node, Secret, Service};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::Client;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::GroupVersionKind;
 use serde_json::{Value, json};
 
 /// The user agent of this test's own requests, so they are left out of the proof.
@@ -299,26 +310,6 @@ fn grants_for_service_account(objects: &[Value], namespace: &str, name: &str) ->
     grants
 }
 
-fn harness_client(server: &TestApiServer) -> Client {
-    let mut config = server.kube_config();
-    config.headers.push(("user-agent".parse().expect("a header name"), HARNESS_AGENT.parse().expect("a value")));
-    Client::try_from(config).expect("a client")
-}
-
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    for _ in 0..300 {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    panic!("timed out waiting until {what}");
-}
-
 fn node(name: &str, tainted: bool, pod_cidr: &str) -> Node {
     let taints = if tainted {
         json!([{"key": "node.cloudprovider.kubernetes.io/uninitialized", "value": "true", "effect": "NoSchedule"}])
@@ -343,185 +334,201 @@ async fn create_ready_nodes(nodes: &Api<Node>) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn manager_requests_are_allowed_by_the_manager_cluster_roles() {
-    let server = TestApiServer::start().await.expect("the local API server starts");
-    let Some(objects) = render_chart(server.kubeconfig_path(), &json!({})) else { return };
-    let grants = vec![
-        Grant {
-            source: "ccm-manager".into(),
-            namespace: None,
-            rules: cluster_role(&objects, "ccm-manager").rules.unwrap_or_default(),
-        },
-        Grant {
-            source: format!("ccm-manager-namespace (RoleBinding in {CR_NAMESPACE})"),
-            namespace: Some(CR_NAMESPACE.into()),
-            rules: cluster_role(&objects, "ccm-manager-namespace").rules.unwrap_or_default(),
-        },
-        // The Role the operator creates per resource: its own Lease and object, by name.
-        Grant {
-            source: format!("own Role of {CR_NAME} (RoleBinding in {CR_NAMESPACE})"),
-            namespace: Some(CR_NAMESPACE.into()),
-            rules: operator::build::own_rules(CR_NAME),
-        },
-    ];
+/// The harness's client, with its own user agent so its requests stay out of the proof.
+fn harness_client(cluster: &TestCluster) -> Client {
+    let mut config = cluster.kube_config();
+    config.headers.push(("user-agent".parse().expect("a header name"), HARNESS_AGENT.parse().expect("a value")));
+    Client::try_from(config).expect("a client")
+}
 
-    // The world the manager runs in: its resource (the chart installed the CRD), two new
-    // Nodes to initialize, one NotReady Node whose instance is gone.
-    let client = harness_client(&server);
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces
-        .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": CR_NAMESPACE}})).unwrap())
-        .await
-        .expect("namespace");
-    let ccms: Api<crds::CloudControllerManager> = Api::namespaced(client.clone(), CR_NAMESPACE);
-    let cr: crds::CloudControllerManager = serde_json::from_value(json!({
-        "apiVersion": "ccm.rs/v1alpha1", "kind": "CloudControllerManager",
-        "metadata": {"name": CR_NAME, "namespace": CR_NAMESPACE},
-        "spec": {"provider": "fake", "clusterCIDR": "10.244.0.0/16"},
-    }))
-    .unwrap();
-    ccms.create(&PostParams::default(), &cr).await.expect("the CloudControllerManager");
-    let nodes: Api<Node> = Api::all(client.clone());
-    create_ready_nodes(&nodes).await;
-    nodes.create(&PostParams::default(), &node("node-gone", false, "10.244.3.0/24")).await.expect("node");
-    let not_ready = json!({"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "KubeletStopped",
-        "lastHeartbeatTime": "2026-01-01T00:00:00Z", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
-    nodes.patch_status("node-gone", &PatchParams::default(), &Patch::Merge(&not_ready)).await.expect("node status");
-
-    let dir = std::env::temp_dir().join(format!("rbac-proof-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let cloud_config = dir.join("cloud.conf");
-    std::fs::write(&cloud_config, "autoInstances: true\ninstances:\n  - name: node-gone\n    exists: false\n").unwrap();
-
-    // The manager with the arguments the operator gives it (operator/src/build.rs), fast timings.
-    server.request_log().clear();
-    let args: Vec<String> = vec![
-        "cloud-controller-manager".into(),
-        "--cloud-provider=fake".into(),
-        format!("--cloud-config={}", cloud_config.display()),
-        format!("--kubeconfig={}", server.kubeconfig_path().display()),
-        "--controllers=*".into(),
-        "--cluster-name=proof".into(),
-        "--cluster-cidr=10.244.0.0/16".into(),
-        "--configure-cloud-routes=true".into(),
-        "--leader-elect=true".into(),
-        format!("--leader-elect-resource-name={CR_NAME}"),
-        format!("--leader-elect-resource-namespace={CR_NAMESPACE}"),
-        "--leader-elect-lease-duration=4s".into(),
-        "--leader-elect-renew-deadline=3s".into(),
-        "--leader-elect-retry-period=1s".into(),
-        "--concurrent-node-syncs=2".into(),
-        "--concurrent-service-syncs=2".into(),
-        "--node-monitor-period=1s".into(),
-        "--route-reconciliation-period=1s".into(),
-        "--secure-port=0".into(),
-        format!("--ccm-resource={CR_NAMESPACE}/{CR_NAME}"),
-        "--ccm-resource-interval=1s".into(),
-    ];
-    let settings = manager::flags::Flags::try_parse_from(&args).expect("flags parse").settings().expect("settings");
-    let shutdown = manager::engine::app::shutdown_on_signal();
-    let manager =
-        tokio::spawn(manager::engine::app::run(manager::registry::Registry::builtin(), settings, shutdown.clone()));
-
-    // Node initialization, routes, lifecycle.
-    eventually("the new Nodes are initialized", || async {
-        for name in ["node-a", "node-b"] {
-            let initialized = nodes.get(name).await.ok().and_then(|n| n.spec).is_some_and(|s| {
-                s.provider_id.is_some()
-                    && s.taints.as_ref().is_none_or(|t| t.iter().all(|t| !t.key.ends_with("uninitialized")))
-            });
-            if !initialized {
-                return false;
-            }
+/// Poll `check` until it holds or `timeout` passes; the error names the step.
+async fn step<F, Fut>(what: &str, timeout: Duration, mut check: F) -> Result<(), String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if check().await {
+            return Ok(());
         }
-        true
-    })
-    .await;
-    eventually("routes are reported on the Nodes", || async {
-        nodes
-            .get("node-a")
-            .await
-            .ok()
-            .and_then(|n| n.status)
-            .and_then(|s| s.conditions)
-            .is_some_and(|c| c.iter().any(|c| c.type_ == "NetworkUnavailable" && c.status == "False"))
-    })
-    .await;
-    eventually("the Node whose instance is gone is deleted", || async {
-        nodes.get_opt("node-gone").await.ok().flatten().is_none()
-    })
-    .await;
-
-    // A load balancer, created and deleted.
-    let services: Api<Service> = Api::namespaced(client.clone(), "default");
-    let svc: Service = serde_json::from_value(json!({
-        "metadata": {"name": "web"},
-        "spec": {"type": "LoadBalancer", "selector": {"app": "web"}, "ports": [{"port": 80, "protocol": "TCP"}]},
-    }))
-    .unwrap();
-    services.create(&PostParams::default(), &svc).await.expect("service");
-    eventually("the Service gets a load-balancer address", || async {
-        services
-            .get("web")
-            .await
-            .ok()
-            .and_then(|s| s.status)
-            .and_then(|s| s.load_balancer)
-            .and_then(|l| l.ingress)
-            .is_some_and(|i| !i.is_empty())
-    })
-    .await;
-    services.delete("web", &DeleteParams::default()).await.expect("delete service");
-    eventually("the Service's load balancer is cleaned up", || async {
-        services.get_opt("web").await.ok().flatten().is_none()
-    })
-    .await;
-
-    // Health reported on the resource.
-    eventually("ProviderHealthy is reported", || async {
-        ccms.get_status(CR_NAME)
-            .await
-            .ok()
-            .and_then(|c| c.status)
-            .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "ProviderHealthy" && c.status == "True"))
-    })
-    .await;
-
-    shutdown.cancel();
-    let _ = tokio::time::timeout(Duration::from_secs(20), manager).await;
-
-    let requests: Vec<RequestRecord> = server.request_log().filter(|r| r.user_agent != HARNESS_AGENT);
-    prove("cloud-controller-manager", &grants, &requests);
-    let _ = std::fs::remove_dir_all(&dir);
-    server.shutdown().await;
+        if tokio::time::Instant::now() >= deadline {
+            return Err(what.to_string());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
-/// `values` with the resource's namespace as the one where the operator reads Secrets.
-fn chart_values(mut values: Value) -> Value {
-    values["cloudConfig"] = json!({"namespaces": [CR_NAMESPACE]});
-    values
+/// Like [`step`], panicking on timeout (for the scenarios that must pass).
+async fn eventually<F, Fut>(what: &str, check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    if let Err(what) = step(what, Duration::from_secs(60), check).await {
+        panic!("timed out waiting until {what}");
+    }
 }
 
-/// The operator in-process, with its own client (no harness user agent) and its own election.
-async fn start_operator(server: &TestApiServer) -> operator::OperatorHandle {
+/// The kinds of the chart's RBAC objects, applied on the genuine backend as rendered.
+const RBAC_KINDS: &[(&str, &str, &str, &str)] = &[
+    ("", "v1", "ServiceAccount", "serviceaccounts"),
+    ("rbac.authorization.k8s.io", "v1", "ClusterRole", "clusterroles"),
+    ("rbac.authorization.k8s.io", "v1", "Role", "roles"),
+    ("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding", "clusterrolebindings"),
+    ("rbac.authorization.k8s.io", "v1", "RoleBinding", "rolebindings"),
+];
+
+/// Server-side applies the chart's ServiceAccounts, roles and bindings as rendered, leaving out
+/// rule `without.1` of object `without.0` when given.
+async fn apply_chart_rbac(client: &Client, objects: &[Value], without: Option<(usize, usize)>) {
+    for (i, object) in objects.iter().enumerate() {
+        let Some(&(group, version, kind, plural)) = RBAC_KINDS.iter().find(|(_, _, k, _)| object["kind"] == *k) else {
+            continue;
+        };
+        let mut object = object.clone();
+        if let Some((o, r)) = without
+            && o == i
+        {
+            object["rules"].as_array_mut().expect("a role has rules").remove(r);
+        }
+        let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural);
+        let name = object["metadata"]["name"].as_str().expect("a name").to_string();
+        let api: Api<DynamicObject> = if kind.starts_with("Cluster") {
+            Api::all_with(client.clone(), &ar)
+        } else {
+            let ns = object["metadata"]["namespace"].as_str().unwrap_or(RELEASE_NAMESPACE).to_string();
+            object["metadata"]["namespace"] = json!(ns);
+            Api::namespaced_with(client.clone(), &ns, &ar)
+        };
+        api.patch(&name, &PatchParams::apply(HARNESS_AGENT).force(), &Patch::Apply(&object))
+            .await
+            .unwrap_or_else(|e| panic!("applying the chart's {kind} {name}: {e}"));
+    }
+}
+
+/// The chart's objects with namespace `from` moved to `to` (its per-namespace Roles).
+fn retarget(objects: &[Value], from: &str, to: &str) -> Vec<Value> {
+    objects
+        .iter()
+        .cloned()
+        .map(|mut o| {
+            if o["metadata"]["namespace"] == from {
+                o["metadata"]["namespace"] = json!(to);
+            }
+            o
+        })
+        .collect()
+}
+
+/// The ServiceAccount the chart runs the operator as, and its `--cloud-config-namespaces`.
+fn operator_identity(objects: &[Value]) -> (String, Vec<String>) {
+    let deployment = objects
+        .iter()
+        .find(|o| o["kind"] == "Deployment" && o["spec"]["template"]["spec"]["serviceAccountName"].is_string())
+        .expect("the chart renders the operator Deployment");
+    let pod = &deployment["spec"]["template"]["spec"];
+    let account = pod["serviceAccountName"].as_str().unwrap_or_default().to_string();
+    let namespaces = pod["containers"][0]["args"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a.as_str()?.strip_prefix("--cloud-config-namespaces="))
+        .flat_map(|v| v.split(','))
+        .map(String::from)
+        .collect();
+    (account, namespaces)
+}
+
+/// Every rule the chart grants the operator's ServiceAccount: (object index, rule index, label).
+fn operator_rule_sites(objects: &[Value]) -> Vec<(usize, usize, String)> {
+    let (account, _) = operator_identity(objects);
+    let mut sites = Vec::new();
+    for binding in objects.iter().filter(|o| o["kind"] == "ClusterRoleBinding" || o["kind"] == "RoleBinding") {
+        let binds = binding["subjects"].as_array().into_iter().flatten().any(|s| {
+            s["kind"] == "ServiceAccount" && s["name"] == account.as_str() && s["namespace"] == RELEASE_NAMESPACE
+        });
+        if !binds {
+            continue;
+        }
+        let role_kind = binding["roleRef"]["kind"].as_str().unwrap_or_default();
+        let role = objects.iter().position(|o| {
+            o["kind"] == role_kind
+                && o["metadata"]["name"] == binding["roleRef"]["name"]
+                && (role_kind == "ClusterRole" || o["metadata"]["namespace"] == binding["metadata"]["namespace"])
+        });
+        let Some(role) = role else { continue };
+        for (r, rule) in objects[role]["rules"].as_array().into_iter().flatten().enumerate() {
+            if sites.iter().any(|(o, i, _)| (*o, *i) == (role, r)) {
+                continue;
+            }
+            let label = format!(
+                "{} {}: {} {}/{}{}",
+                role_kind,
+                objects[role]["metadata"]["name"].as_str().unwrap_or_default(),
+                rule["verbs"],
+                rule["apiGroups"],
+                rule["resources"],
+                if rule["resourceNames"].is_array() {
+                    format!(" names {}", rule["resourceNames"])
+                } else {
+                    String::new()
+                },
+            );
+            sites.push((role, r, label));
+        }
+    }
+    sites
+}
+
+/// A client for the chart's operator: its ServiceAccount's token on the genuine backend, the
+/// admin on the local one (which authorizes nothing; there `prove` checks the requests).
+async fn operator_client(cluster: &TestCluster, objects: &[Value]) -> Client {
+    let (account, _) = operator_identity(objects);
+    let config = cluster.service_account(RELEASE_NAMESPACE, &account).await.expect("the operator's token").0;
+    Client::try_from(config).expect("a client")
+}
+
+/// Whether a logged request was made by the operator under test.
+fn by_operator(cluster: &TestCluster, objects: &[Value]) -> impl Fn(&RequestRecord) -> bool + use<> {
+    let user = format!("system:serviceaccount:{RELEASE_NAMESPACE}:{}", operator_identity(objects).0);
+    let genuine = cluster.is_genuine();
+    move |r| if genuine { r.user.as_deref() == Some(user.as_str()) } else { r.user_agent != HARNESS_AGENT }
+}
+
+/// The operator in-process as the chart runs it (its ServiceAccount, `--cloud-config-namespaces`,
+/// its own election), leading within `timeout`.
+async fn start_operator(
+    cluster: &TestCluster,
+    objects: &[Value],
+    namespace: &str,
+    timeout: Duration,
+) -> Result<operator::OperatorHandle, String> {
     // RUST_LOG=operator=debug shows the operator's side when a scenario step times out.
     let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).try_init();
-    let client = Client::try_from(server.kube_config()).expect("a client");
-    let mut config = operator::OperatorConfig::new(client);
-    // As the chart passes cloudConfig.namespaces (see `chart_values`).
-    config.cloud_config_namespaces = Some(vec![CR_NAMESPACE.to_string()]);
+    let (_, namespaces) = operator_identity(objects);
+    assert_eq!(namespaces, [CR_NAMESPACE], "the chart passes its cloudConfig.namespaces to the operator");
+    let mut config = operator::OperatorConfig::new(operator_client(cluster, objects).await);
+    config.cloud_config_namespaces = Some(vec![namespace.to_string()]);
     config.leader_election = Some(operator::OperatorConfig::operator_lease(RELEASE_NAMESPACE, &config.identity));
     config.timings.debounce = Duration::from_millis(200);
-    let handle = operator::start(config).await.expect("the operator starts");
-    handle.wait_leading(true).await;
-    handle
+    let handle = tokio::time::timeout(timeout, operator::start(config))
+        .await
+        .map_err(|_| "the operator starts".to_string())?
+        .map_err(|e| format!("the operator starts ({e})"))?;
+    match tokio::time::timeout(timeout, handle.wait_leading(true)).await {
+        Ok(()) => Ok(handle),
+        Err(_) => {
+            let _ = tokio::time::timeout(Duration::from_secs(20), handle.stop()).await;
+            Err("the operator leads".to_string())
+        }
+    }
 }
 
-fn ccm(name: &str, spec: Value) -> crds::CloudControllerManager {
+fn ccm(namespace: &str, name: &str, spec: Value) -> crds::CloudControllerManager {
     serde_json::from_value(json!({
         "apiVersion": "ccm.rs/v1alpha1", "kind": "CloudControllerManager",
-        "metadata": {"name": name, "namespace": CR_NAMESPACE},
+        "metadata": {"name": name, "namespace": namespace},
         "spec": spec,
     }))
     .expect("a CloudControllerManager")
@@ -531,16 +538,23 @@ fn condition_is(cr: &crds::CloudControllerManager, type_: &str, status: &str) ->
     cr.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.type_ == type_ && c.status == status))
 }
 
-/// The shared start of both operator scenarios: namespaces, a cloud-config Secret.
-async fn operator_world(client: &Client) {
+/// The namespaces the chart needs before install, and a cloud-config Secret in `namespace`.
+async fn operator_world(client: &Client, namespace: &str) {
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    for ns in [CR_NAMESPACE, RELEASE_NAMESPACE] {
+    for ns in [CR_NAMESPACE, RELEASE_NAMESPACE, namespace] {
         let _ = namespaces
             .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap())
             .await;
     }
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), CR_NAMESPACE);
-    secrets.create(&PostParams::default(), &cloud_config_secret("autoInstances: true\n")).await.expect("secret");
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    secrets
+        .patch(
+            "fake-cloud-config",
+            &PatchParams::apply(HARNESS_AGENT).force(),
+            &Patch::Apply(&cloud_config_secret("autoInstances: true\n")),
+        )
+        .await
+        .expect("secret");
 }
 
 /// The fake provider's cloud-config Secret.
@@ -552,29 +566,53 @@ fn cloud_config_secret(config: &str) -> Secret {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn operator_requests_in_deployment_and_daemonset_modes_are_allowed_by_the_chart() {
-    let server = TestApiServer::start().await.expect("the local API server starts");
-    // The namespaces first: rendering installs the chart, whose Roles go into CR_NAMESPACE.
-    let client = harness_client(&server);
-    operator_world(&client).await;
-    let Some(objects) = render_chart(server.kubeconfig_path(), &chart_values(json!({"replicas": 2}))) else { return };
-    let grants = grants_for_service_account(&objects, RELEASE_NAMESPACE, "ccm-operator");
-    server.request_log().clear();
-    let operator = start_operator(&server).await;
+/// Values the chart is rendered with: the resources live in [`CR_NAMESPACE`].
+fn chart_values(embedded: bool) -> Value {
+    json!({"replicas": 2, "cloudConfig": {"namespaces": [CR_NAMESPACE]}, "embedded": {"enabled": embedded}})
+}
 
-    let ccms: Api<crds::CloudControllerManager> = Api::namespaced(client.clone(), CR_NAMESPACE);
+/// The Deployment- and DaemonSet-mode scenario, in `namespace`, with an operator already
+/// leading: each step waits at most `timeout`; the error names the step that did not happen.
+async fn deployment_scenario(client: &Client, namespace: &str, timeout: Duration) -> Result<(), String> {
+    let ccms: Api<crds::CloudControllerManager> = Api::namespaced(client.clone(), namespace);
     let spec = json!({"provider": "fake", "clusterCIDR": "10.244.0.0/16", "deployment": {"replicas": 2},
         "cloudConfig": {"secretRef": {"name": "fake-cloud-config"}}});
-    ccms.create(&PostParams::default(), &ccm("dep", spec)).await.expect("the CloudControllerManager");
+    ccms.create(&PostParams::default(), &ccm(namespace, "dep", spec)).await.expect("the CloudControllerManager");
     // A second resource the operator must refuse: an unknown provider.
-    ccms.create(&PostParams::default(), &ccm("unknown", json!({"provider": "nope"}))).await.expect("a second one");
+    ccms.create(&PostParams::default(), &ccm(namespace, "unknown", json!({"provider": "nope"})))
+        .await
+        .expect("a second one");
 
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), CR_NAMESPACE);
-    eventually("the manager Deployment exists", || async {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
+    step("the finalizer is added", timeout, || async {
+        ccms.get("dep").await.ok().is_some_and(|c| c.metadata.finalizers.is_some_and(|f| !f.is_empty()))
+    })
+    .await?;
+    step("the manager Deployment exists", timeout, || async {
         deployments.get_opt("ccm-dep").await.ok().flatten().is_some()
     })
-    .await;
+    .await?;
+    let workload = operator::names::workload_name("dep");
+    step("the manager's ServiceAccount, Role and bindings exist", timeout, || async {
+        let sa = Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(client.clone(), namespace);
+        let crb = Api::<ClusterRoleBinding>::all(client.clone());
+        let roles = Api::<Role>::namespaced(client.clone(), namespace);
+        let bindings = Api::<RoleBinding>::namespaced(client.clone(), namespace);
+        sa.get_opt(&workload).await.ok().flatten().is_some()
+            && crb.get_opt(&operator::names::cluster_role_binding_name(namespace, "dep")).await.ok().flatten().is_some()
+            && roles.list(&Default::default()).await.is_ok_and(|l| !l.items.is_empty())
+            && bindings.list(&Default::default()).await.is_ok_and(|l| l.items.len() >= 2)
+    })
+    .await?;
+    step("the PodDisruptionBudget of two replicas exists", timeout, || async {
+        Api::<PodDisruptionBudget>::namespaced(client.clone(), namespace)
+            .get_opt("ccm-dep")
+            .await
+            .ok()
+            .flatten()
+            .is_some()
+    })
+    .await?;
     // Play the deployment controller and the manager's leader, so the resource becomes Available.
     let generation = deployments.get("ccm-dep").await.unwrap().metadata.generation.unwrap_or(1);
     let status = json!({"status": {"observedGeneration": generation, "replicas": 2, "updatedReplicas": 2,
@@ -584,95 +622,417 @@ async fn operator_requests_in_deployment_and_daemonset_modes_are_allowed_by_the_
         .patch_status("ccm-dep", &PatchParams::default(), &Patch::Merge(&status))
         .await
         .expect("deployment status");
-    let leases: Api<Lease> = Api::namespaced(client.clone(), CR_NAMESPACE);
-    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
+    let now = serde_json::to_value(MicroTime(k8s_openapi::jiff::Timestamp::now())).unwrap();
     let lease: Lease =
         serde_json::from_value(json!({"metadata": {"name": "dep"}, "spec": {"holderIdentity": "ccm-dep-0",
         "leaseDurationSeconds": 60, "acquireTime": now, "renewTime": now}}))
         .unwrap();
     leases.create(&PostParams::default(), &lease).await.expect("lease");
-    eventually("the resource is Available", || async {
+    step("the resource is Available", timeout, || async {
         ccms.get_status("dep").await.ok().is_some_and(|c| condition_is(&c, "Available", "True"))
     })
-    .await;
-    eventually("the unknown provider is reported", || async {
+    .await?;
+    step("the unknown provider is reported", timeout, || async {
         ccms.get_status("unknown").await.ok().is_some_and(|c| condition_is(&c, "ConfigValid", "False"))
     })
-    .await;
+    .await?;
+    let events: Api<Event> = Api::namespaced(client.clone(), namespace);
+    step("a ConfigInvalid event is recorded", timeout, || async {
+        events.list(&Default::default()).await.is_ok_and(|l| {
+            l.items.iter().any(|e| {
+                e.reason.as_deref() == Some("ConfigInvalid")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("unknown")
+            })
+        })
+    })
+    .await?;
 
     // Rotate the cloud-config: a new pod template.
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), CR_NAMESPACE);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
     let rotated = serde_json::to_value(cloud_config_secret("autoInstances: true\nbatchSize: 50\n")).unwrap();
     secrets.patch("fake-cloud-config", &PatchParams::default(), &Patch::Merge(&rotated)).await.expect("rotate");
-    eventually("the resource rolls out the new cloud-config", || async {
+    step("the resource rolls out the new cloud-config", timeout, || async {
         ccms.get_status("dep").await.ok().is_some_and(|c| condition_is(&c, "Progressing", "True"))
     })
-    .await;
+    .await?;
 
     // Switch to DaemonSet mode: the Deployment and its budget are pruned.
     let to_daemonset = json!({"spec": {"mode": "DaemonSet"}});
     ccms.patch("dep", &PatchParams::default(), &Patch::Merge(&to_daemonset)).await.expect("mode switch");
-    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), CR_NAMESPACE);
-    eventually("the DaemonSet replaces the Deployment", || async {
+    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), namespace);
+    step("the DaemonSet replaces the Deployment", timeout, || async {
         daemonsets.get_opt("ccm-dep").await.ok().flatten().is_some()
             && deployments.get_opt("ccm-dep").await.ok().flatten().is_none()
     })
-    .await;
+    .await?;
 
     // Delete: the finalizer removes the ClusterRoleBinding, then lets the resource go.
     for name in ["dep", "unknown"] {
         ccms.delete(name, &DeleteParams::default()).await.expect("delete");
     }
-    eventually("both resources are gone", || async {
-        ccms.get_opt("dep").await.ok().flatten().is_none() && ccms.get_opt("unknown").await.ok().flatten().is_none()
+    step("both resources are gone with their ClusterRoleBinding", timeout, || async {
+        let crb = Api::<ClusterRoleBinding>::all(client.clone());
+        ccms.get_opt("dep").await.ok().flatten().is_none()
+            && ccms.get_opt("unknown").await.ok().flatten().is_none()
+            && crb.get_opt(&operator::names::cluster_role_binding_name(namespace, "dep")).await.ok().flatten().is_none()
     })
-    .await;
-    let _ = tokio::time::timeout(Duration::from_secs(20), operator.stop()).await;
-
-    let requests = server.request_log().filter(|r| r.user_agent != HARNESS_AGENT);
-    prove("ccm-operator (Deployment and DaemonSet modes)", &grants, &requests);
-    server.shutdown().await;
+    .await?;
+    Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn operator_requests_in_embedded_mode_are_allowed_by_the_chart() {
-    let server = TestApiServer::start().await.expect("the local API server starts");
-    let values = chart_values(json!({"replicas": 2, "embedded": {"enabled": true}}));
-    let client = harness_client(&server);
-    operator_world(&client).await;
-    let Some(objects) = render_chart(server.kubeconfig_path(), &values) else { return };
-    let grants = grants_for_service_account(&objects, RELEASE_NAMESPACE, "ccm-operator");
-    let nodes: Api<Node> = Api::all(client.clone());
-    create_ready_nodes(&nodes).await;
-    server.request_log().clear();
-    let operator = start_operator(&server).await;
+/// Removes what a failed scenario left in `namespace` (resources held by their finalizer).
+async fn clean_up(client: &Client, namespace: &str) {
+    let ccms: Api<crds::CloudControllerManager> = Api::namespaced(client.clone(), namespace);
+    for cr in ccms.list(&Default::default()).await.map(|l| l.items).unwrap_or_default() {
+        let name = cr.metadata.name.unwrap_or_default();
+        let _ =
+            ccms.patch(&name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}}))).await;
+        let _ = ccms.delete(&name, &DeleteParams::default()).await;
+    }
+}
 
-    let ccms: Api<crds::CloudControllerManager> = Api::namespaced(client.clone(), CR_NAMESPACE);
-    let spec = json!({"provider": "fake", "mode": "Embedded", "clusterCIDR": "10.244.0.0/16",
-        "cloudConfig": {"secretRef": {"name": "fake-cloud-config"}}});
-    ccms.create(&PostParams::default(), &ccm("emb", spec)).await.expect("the CloudControllerManager");
-    eventually("the embedded engine initializes the Nodes", || async {
-        for name in ["node-a", "node-b"] {
-            let initialized = nodes.get(name).await.ok().and_then(|n| n.spec).is_some_and(|s| s.provider_id.is_some());
-            if !initialized {
-                return false;
+e2e_apiserver::backend_tests! {
+    /// The manager, bound as the operator binds it (the operator itself, run as the chart runs
+    /// it, creates the ServiceAccount and bindings), initializes Nodes, routes, removes a Node
+    /// whose instance is gone, serves a load balancer and reports health: on the genuine backend
+    /// with that ServiceAccount's token, and on both every request is checked against the rules.
+    async fn manager_requests_are_allowed_by_the_manager_cluster_roles(backend) {
+        let cluster = TestCluster::start(backend).await.expect("the API server starts");
+        let client = harness_client(&cluster);
+        operator_world(&client, CR_NAMESPACE).await;
+        let Some(objects) = render_chart(&cluster.kubeconfig_path(), &chart_values(false)) else { return };
+        let grants = vec![
+            Grant {
+                source: "ccm-manager".into(),
+                namespace: None,
+                rules: cluster_role(&objects, "ccm-manager").rules.unwrap_or_default(),
+            },
+            Grant {
+                source: format!("ccm-manager-namespace (RoleBinding in {CR_NAMESPACE})"),
+                namespace: Some(CR_NAMESPACE.into()),
+                rules: cluster_role(&objects, "ccm-manager-namespace").rules.unwrap_or_default(),
+            },
+        ];
+        if cluster.is_genuine() {
+            apply_chart_rbac(&cluster.client(), &objects, None).await;
+        }
+
+        // The world the manager runs in: its resource, two new Nodes to initialize, one
+        // NotReady Node whose instance is gone.
+        let ccms: Api<crds::CloudControllerManager> = Api::namespaced(client.clone(), CR_NAMESPACE);
+        let spec = json!({"provider": "fake", "clusterCIDR": "10.244.0.0/16",
+            "cloudConfig": {"secretRef": {"name": "fake-cloud-config"}}});
+        ccms.create(&PostParams::default(), &ccm(CR_NAMESPACE, CR_NAME, spec)).await.expect("the CloudControllerManager");
+        // The operator binds the manager's ServiceAccount; then it stops, so that what follows is
+        // the manager's alone.
+        let operator = start_operator(&cluster, &objects, CR_NAMESPACE, Duration::from_secs(60)).await.unwrap();
+        let account = operator::names::workload_name(CR_NAME);
+        eventually("the operator binds the manager's ServiceAccount", || async {
+            let roles = Api::<Role>::namespaced(client.clone(), CR_NAMESPACE);
+            Api::<ClusterRoleBinding>::all(client.clone())
+                .get_opt(&operator::names::cluster_role_binding_name(CR_NAMESPACE, CR_NAME))
+                .await
+                .ok()
+                .flatten()
+                .is_some()
+                && roles.get_opt(&operator::names::own_role_name(CR_NAME)).await.ok().flatten().is_some()
+                && Api::<RoleBinding>::namespaced(client.clone(), CR_NAMESPACE)
+                    .get_opt(&operator::names::role_binding_name(CR_NAME))
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some()
+        })
+        .await;
+        let _ = tokio::time::timeout(Duration::from_secs(20), operator.stop()).await;
+        let (_, kubeconfig) = cluster.service_account(CR_NAMESPACE, &account).await.expect("the manager's token");
+        // The third grant is the operator's: a Role on the resource's own Lease and status.
+        let own = operator::names::own_role_name(CR_NAME);
+        let own_role = Api::<Role>::namespaced(client.clone(), CR_NAMESPACE).get(&own).await.expect("the own Role");
+        let mut grants = grants;
+        grants.push(Grant {
+            source: format!("Role {own} (by the operator, in {CR_NAMESPACE})"),
+            namespace: Some(CR_NAMESPACE.into()),
+            rules: own_role.rules.unwrap_or_default(),
+        });
+
+        let nodes: Api<Node> = Api::all(client.clone());
+        create_ready_nodes(&nodes).await;
+        nodes.create(&PostParams::default(), &node("node-gone", false, "10.244.3.0/24")).await.expect("node");
+        let not_ready = json!({"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "KubeletStopped",
+            "lastHeartbeatTime": "2026-01-01T00:00:00Z", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
+        nodes.patch_status("node-gone", &PatchParams::default(), &Patch::Merge(&not_ready)).await.expect("node status");
+
+        let dir = std::env::temp_dir().join(format!("rbac-proof-{}-{}", std::process::id(), backend.name()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cloud_config = dir.join("cloud.conf");
+        std::fs::write(&cloud_config, "autoInstances: true\ninstances:\n  - name: node-gone\n    exists: false\n").unwrap();
+
+        // The manager with the arguments the operator gives it (operator/src/build.rs), fast timings.
+        let log = cluster.request_log();
+        let mark = log.mark();
+        let args: Vec<String> = vec![
+            "cloud-controller-manager".into(),
+            "--cloud-provider=fake".into(),
+            format!("--cloud-config={}", cloud_config.display()),
+            format!("--kubeconfig={}", kubeconfig.display()),
+            "--controllers=*".into(),
+            "--cluster-name=proof".into(),
+            "--cluster-cidr=10.244.0.0/16".into(),
+            "--configure-cloud-routes=true".into(),
+            "--leader-elect=true".into(),
+            format!("--leader-elect-resource-name={CR_NAME}"),
+            format!("--leader-elect-resource-namespace={CR_NAMESPACE}"),
+            "--leader-elect-lease-duration=4s".into(),
+            "--leader-elect-renew-deadline=3s".into(),
+            "--leader-elect-retry-period=1s".into(),
+            "--concurrent-node-syncs=2".into(),
+            "--concurrent-service-syncs=2".into(),
+            "--node-monitor-period=1s".into(),
+            "--route-reconciliation-period=1s".into(),
+            "--secure-port=0".into(),
+            format!("--ccm-resource={CR_NAMESPACE}/{CR_NAME}"),
+            "--ccm-resource-interval=1s".into(),
+        ];
+        let settings = manager::flags::Flags::try_parse_from(&args).expect("flags parse").settings().expect("settings");
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let manager =
+            tokio::spawn(manager::engine::app::run(manager::registry::Registry::builtin(), settings, shutdown.clone()));
+
+        // Node initialization, routes, lifecycle.
+        eventually("the new Nodes are initialized", || async {
+            for name in ["node-a", "node-b"] {
+                let initialized = nodes.get(name).await.ok().and_then(|n| n.spec).is_some_and(|s| {
+                    s.provider_id.is_some()
+                        && s.taints.as_ref().is_none_or(|t| t.iter().all(|t| !t.key.ends_with("uninitialized")))
+                });
+                if !initialized {
+                    return false;
+                }
+            }
+            true
+        })
+        .await;
+        eventually("routes are reported on the Nodes", || async {
+            nodes
+                .get("node-a")
+                .await
+                .ok()
+                .and_then(|n| n.status)
+                .and_then(|s| s.conditions)
+                .is_some_and(|c| c.iter().any(|c| c.type_ == "NetworkUnavailable" && c.status == "False"))
+        })
+        .await;
+        eventually("the Node whose instance is gone is deleted", || async {
+            nodes.get_opt("node-gone").await.ok().flatten().is_none()
+        })
+        .await;
+
+        // A load balancer, created and deleted.
+        let services: Api<Service> = Api::namespaced(client.clone(), "default");
+        let svc: Service = serde_json::from_value(json!({
+            "metadata": {"name": "web"},
+            "spec": {"type": "LoadBalancer", "selector": {"app": "web"}, "ports": [{"port": 80, "protocol": "TCP"}]},
+        }))
+        .unwrap();
+        services.create(&PostParams::default(), &svc).await.expect("service");
+        eventually("the Service gets a load-balancer address", || async {
+            services
+                .get("web")
+                .await
+                .ok()
+                .and_then(|s| s.status)
+                .and_then(|s| s.load_balancer)
+                .and_then(|l| l.ingress)
+                .is_some_and(|i| !i.is_empty())
+        })
+        .await;
+        services.delete("web", &DeleteParams::default()).await.expect("delete service");
+        eventually("the Service's load balancer is cleaned up", || async {
+            services.get_opt("web").await.ok().flatten().is_none()
+        })
+        .await;
+
+        // Health reported on the resource.
+        eventually("ProviderHealthy is reported", || async {
+            ccms.get_status(CR_NAME)
+                .await
+                .ok()
+                .and_then(|c| c.status)
+                .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "ProviderHealthy" && c.status == "True"))
+        })
+        .await;
+
+        shutdown.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(20), manager).await;
+
+        let user = format!("system:serviceaccount:{CR_NAMESPACE}:{account}");
+        let genuine = cluster.is_genuine();
+        let requests: Vec<RequestRecord> = log
+            .since(mark)
+            .into_iter()
+            .filter(|r| if genuine { r.user.as_deref() == Some(user.as_str()) } else { r.user_agent != HARNESS_AGENT })
+            .collect();
+        prove("cloud-controller-manager", &grants, &requests);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+e2e_apiserver::backend_tests! {
+    /// The operator, run as the chart runs it, through Deployment and DaemonSet modes, a refused
+    /// resource, a cloud-config rotation and deletion: with its ServiceAccount's token on the
+    /// genuine backend, and every request checked against the chart's rules on both.
+    async fn operator_requests_in_deployment_and_daemonset_modes_are_allowed_by_the_chart(backend) {
+        let cluster = TestCluster::start(backend).await.expect("the API server starts");
+        let client = harness_client(&cluster);
+        operator_world(&client, CR_NAMESPACE).await;
+        let Some(objects) = render_chart(&cluster.kubeconfig_path(), &chart_values(false)) else { return };
+        let grants = grants_for_service_account(&objects, RELEASE_NAMESPACE, &operator_identity(&objects).0);
+        if cluster.is_genuine() {
+            apply_chart_rbac(&cluster.client(), &objects, None).await;
+        }
+        let log = cluster.request_log();
+        let mark = log.mark();
+        let operator = start_operator(&cluster, &objects, CR_NAMESPACE, Duration::from_secs(60)).await.unwrap();
+        let outcome = deployment_scenario(&client, CR_NAMESPACE, Duration::from_secs(60)).await;
+        let _ = tokio::time::timeout(Duration::from_secs(20), operator.stop()).await;
+        if let Err(step) = outcome {
+            panic!("timed out waiting until {step}");
+        }
+        let by_operator = by_operator(&cluster, &objects);
+        let requests: Vec<RequestRecord> = log.since(mark).into_iter().filter(|r| by_operator(r)).collect();
+        prove("ccm-operator (Deployment and DaemonSet modes)", &grants, &requests);
+    }
+}
+
+/// Rules of the operator's RBAC that no scenario here exercises, with the reason.
+const NOT_EXERCISED: &[(&str, &str)] = &[
+    ("tokenreviews", "checks a /metrics scraper's bearer token; the scenario does not scrape /metrics"),
+    ("subjectaccessreviews", "authorizes a /metrics scraper; the scenario does not scrape /metrics"),
+];
+
+e2e_apiserver::backend_tests! {
+    /// Every rule the chart grants the operator is needed: with any one removed, a named step of
+    /// the Deployment/DaemonSet scenario breaks. On the genuine backend the scenario runs with
+    /// the reduced RBAC applied (the genuine authorizer decides); on the local one the requests
+    /// of one full run are checked against the reduced rules.
+    async fn removing_any_rule_of_the_operators_rbac_breaks_a_named_scenario(backend) {
+        let cluster = TestCluster::start(backend).await.expect("the API server starts");
+        let client = harness_client(&cluster);
+        operator_world(&client, CR_NAMESPACE).await;
+        let Some(objects) = render_chart(&cluster.kubeconfig_path(), &chart_values(false)) else { return };
+        let sites: Vec<_> = operator_rule_sites(&objects)
+            .into_iter()
+            .filter(|(_, _, label)| !NOT_EXERCISED.iter().any(|(resource, _)| label.contains(resource)))
+            .collect();
+        assert!(sites.len() >= 5, "the chart grants the operator {} rules", sites.len());
+        let mut broken = Vec::new();
+        let mut unbroken = Vec::new();
+        if cluster.is_genuine() {
+            for (object, rule, label) in &sites {
+                let ns = cluster.fresh_namespace("rbac-ablate").await.expect("a namespace");
+                operator_world(&client, &ns).await;
+                let objects = retarget(&objects, CR_NAMESPACE, &ns);
+                apply_chart_rbac(&cluster.client(), &objects, Some((*object, *rule))).await;
+                let timeout = Duration::from_secs(10);
+                let outcome = match start_operator(&cluster, &objects, &ns, timeout).await {
+                    Ok(operator) => {
+                        let outcome = deployment_scenario(&client, &ns, timeout).await;
+                        let _ = tokio::time::timeout(Duration::from_secs(20), operator.stop()).await;
+                        outcome
+                    }
+                    Err(step) => Err(step),
+                };
+                clean_up(&client, &ns).await;
+                match outcome {
+                    Err(step) => broken.push(format!("{label}\n      breaks: {step}")),
+                    Ok(()) => unbroken.push(label.clone()),
+                }
+            }
+            apply_chart_rbac(&cluster.client(), &objects, None).await;
+        } else {
+            let log = cluster.request_log();
+            let mark = log.mark();
+            let operator = start_operator(&cluster, &objects, CR_NAMESPACE, Duration::from_secs(60)).await.unwrap();
+            let outcome = deployment_scenario(&client, CR_NAMESPACE, Duration::from_secs(60)).await;
+            let _ = tokio::time::timeout(Duration::from_secs(20), operator.stop()).await;
+            outcome.expect("the scenario passes with every rule");
+            let by_operator = by_operator(&cluster, &objects);
+            let requests: Vec<RequestRecord> = log.since(mark).into_iter().filter(|r| by_operator(r)).collect();
+            let (account, _) = operator_identity(&objects);
+            for (object, rule, label) in &sites {
+                let verbs = &objects[*object]["rules"][*rule]["verbs"];
+                let resources = objects[*object]["rules"][*rule]["resources"].to_string();
+                if *verbs == json!(["bind"]) || resources.contains("/finalizers") {
+                    // Used by no request of its own: kube-apiserver checks it when the operator
+                    // binds a role (escalation check) or sets blockOwnerDeletion (admission).
+                    eprintln!("genuine backend only: {label}");
+                    continue;
+                }
+                let mut reduced = objects.clone();
+                reduced[*object]["rules"].as_array_mut().expect("rules").remove(*rule);
+                let grants = grants_for_service_account(&reduced, RELEASE_NAMESPACE, &account);
+                let denied = requests.iter().find(|r| attributes(r).is_some_and(|a| allowed_by(&grants, &a).is_none()));
+                match denied {
+                    Some(r) => broken.push(format!("{label}\n      denies: {} {}", r.verb, r.path)),
+                    None => unbroken.push(label.clone()),
+                }
             }
         }
-        true
-    })
-    .await;
-    // Written by the engine inside the operator, through the manager's rules.
-    eventually("the resource is Ready", || async {
-        ccms.get_status("emb").await.ok().is_some_and(|c| condition_is(&c, "Ready", "True"))
-    })
-    .await;
-    ccms.delete("emb", &DeleteParams::default()).await.expect("delete");
-    eventually("the resource is gone", || async { ccms.get_opt("emb").await.ok().flatten().is_none() }).await;
-    let _ = tokio::time::timeout(Duration::from_secs(20), operator.stop()).await;
+        eprintln!("{} rules, each removed in turn:\n  {}", sites.len(), broken.join("\n  "));
+        for (resource, why) in NOT_EXERCISED {
+            eprintln!("not exercised: {resource}: {why}");
+        }
+        assert!(unbroken.is_empty(), "removing these rules broke nothing:\n  {}", unbroken.join("\n  "));
+    }
+}
 
-    let requests = server.request_log().filter(|r| r.user_agent != HARNESS_AGENT);
-    prove("ccm-operator (Embedded mode)", &grants, &requests);
-    server.shutdown().await;
+e2e_apiserver::backend_tests! {
+    /// The operator in Embedded mode, run as the chart runs it with `embedded.enabled`: its
+    /// engine initializes Nodes and the resource becomes Ready, then goes on deletion.
+    async fn operator_requests_in_embedded_mode_are_allowed_by_the_chart(backend) {
+        let cluster = TestCluster::start(backend).await.expect("the API server starts");
+        let client = harness_client(&cluster);
+        operator_world(&client, CR_NAMESPACE).await;
+        let Some(objects) = render_chart(&cluster.kubeconfig_path(), &chart_values(true)) else { return };
+        let grants = grants_for_service_account(&objects, RELEASE_NAMESPACE, &operator_identity(&objects).0);
+        if cluster.is_genuine() {
+            apply_chart_rbac(&cluster.client(), &objects, None).await;
+        }
+        let nodes: Api<Node> = Api::all(client.clone());
+        create_ready_nodes(&nodes).await;
+        let log = cluster.request_log();
+        let mark = log.mark();
+        let operator = start_operator(&cluster, &objects, CR_NAMESPACE, Duration::from_secs(60)).await.unwrap();
+
+        let ccms: Api<crds::CloudControllerManager> = Api::namespaced(client.clone(), CR_NAMESPACE);
+        let spec = json!({"provider": "fake", "mode": "Embedded", "clusterCIDR": "10.244.0.0/16",
+            "cloudConfig": {"secretRef": {"name": "fake-cloud-config"}}});
+        ccms.create(&PostParams::default(), &ccm(CR_NAMESPACE, "emb", spec)).await.expect("the CloudControllerManager");
+        eventually("the embedded engine initializes the Nodes", || async {
+            for name in ["node-a", "node-b"] {
+                let initialized = nodes.get(name).await.ok().and_then(|n| n.spec).is_some_and(|s| s.provider_id.is_some());
+                if !initialized {
+                    return false;
+                }
+            }
+            true
+        })
+        .await;
+        // Written by the engine inside the operator, through the manager's rules.
+        eventually("the resource is Ready", || async {
+            ccms.get_status("emb").await.ok().is_some_and(|c| condition_is(&c, "Ready", "True"))
+        })
+        .await;
+        ccms.delete("emb", &DeleteParams::default()).await.expect("delete");
+        eventually("the resource is gone", || async { ccms.get_opt("emb").await.ok().flatten().is_none() }).await;
+        let _ = tokio::time::timeout(Duration::from_secs(20), operator.stop()).await;
+
+        let by_operator = by_operator(&cluster, &objects);
+        let requests: Vec<RequestRecord> = log.since(mark).into_iter().filter(|r| by_operator(r)).collect();
+        prove("ccm-operator (Embedded mode)", &grants, &requests);
+    }
 }
 
 #[test]

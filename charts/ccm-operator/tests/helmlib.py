@@ -7,6 +7,7 @@ Only the standard library, helm-sdkpy and PyYAML are used; `.ci/run` installs th
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import json
 import os
@@ -87,6 +88,15 @@ class Cluster:
             if cluster.get("insecure-skip-tls-verify"):
                 self.ssl.check_hostname = False
                 self.ssl.verify_mode = ssl.CERT_NONE
+            elif cluster.get("certificate-authority-data"):
+                self.ssl.load_verify_locations(cadata=base64.b64decode(cluster["certificate-authority-data"]).decode())
+            if user.get("client-certificate-data") and user.get("client-key-data"):
+                # ssl takes the client pair from files only: a private temporary directory.
+                with tempfile.TemporaryDirectory() as tmp:
+                    cert, key = Path(tmp, "client.crt"), Path(tmp, "client.key")
+                    cert.write_bytes(base64.b64decode(user["client-certificate-data"]))
+                    key.write_bytes(base64.b64decode(user["client-key-data"]))
+                    self.ssl.load_cert_chain(cert, key)
 
     def request(self, method: str, path: str, body: Any = None,
                 content_type: str = "application/json") -> tuple[int, Any]:
