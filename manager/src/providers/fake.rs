@@ -1598,6 +1598,85 @@ health: {healthy: false, reason: CredentialsRejected, message: "token rejected"}
         assert_eq!(FakeConfig::parse(b"  \n").unwrap(), FakeConfig::default());
     }
 
+    const TOKEN: &str = "SECRET-TOKEN-12345";
+
+    /// Fake cloud-configs with the token in every field (as a value, a key, a tag, an anchor),
+    /// each wrong in some way, plus malformed YAML.
+    fn token_documents() -> Vec<String> {
+        let t = TOKEN;
+        let mut docs = vec![
+            format!("{t}\n"),
+            format!("{t}: 1\n"),
+            format!("\"{t}\": [\n"),
+            format!("instances: [{{name: a}}]\n{t}"),
+            format!("instances: [{{name: a, {t}: 1}}]\n"),
+            format!("instances: [{{name: \"\", providerID: {t}}}]\n"),
+            format!("instances: [{{name: a, addresses: [{{type: {t}, address: {t}, {t}: x}}]}}]\n"),
+            format!("instances: [{{name: a, addresses: [{{type: {t}}}]}}]\n"),
+            format!("instances: [{{name: a, labels: {{{t}: [{t}]}}}}]\n"),
+            format!("instances: [{{name: a, labels: {{{t}: {t}, {t}: b}}}}]\n"),
+            format!("health: {{healthy: {t}, reason: {t}, message: {t}}}\n"),
+            format!("health: {{reason: {t}, message: {t}}}\n"),
+            format!("failures: [{{method: {t}, error: other, message: {t}}}]\n"),
+            format!("failures: [{{method: health, error: {t}}}]\n"),
+            format!("failures: [{{method: health, error: other, rate: {t}}}]\n"),
+            format!("failures: [{{method: health, error: other, times: {t}}}]\n"),
+            format!("failures: [{{method: health, error: other, retryAfter: {t}}}]\n"),
+            format!("failures: [{{method: health, error: other, rate: 7, message: {t}}}]\n"),
+            format!("latency: {t}\n"),
+            format!("loadBalancerLatency: \"-{t}\"\n"),
+            format!("batchSize: {t}\n"),
+            format!("autoInstances: {t}\n"),
+            format!("loadBalancerIPRange: {t}\n"),
+            format!("loadBalancerIPRange: 10.0.0.0/{t}\n"),
+            format!("seed: {t}\n"),
+            format!("instances: {t}\n"),
+            format!("instances: [{{name: [{t}]}}]\n"),
+            format!("instances: &{t} [{{name: a}}]\nfailures: *{t}\n"),
+            format!("instances: *{t}\n"),
+            format!("instances: []\n---\n{t}: 1\n"),
+            format!("instances: [\"\\{t}\"]\n"),
+            format!("{t}: a: b\n"),
+            format!("instances:\n\t- name: {t}\n"),
+        ];
+        for flag in ["disableInstances", "disableLoadBalancers", "disableRoutes", "disableZones", "disableClusters"] {
+            docs.push(format!("{flag}: {t}\n"));
+        }
+        for field in ["instanceType", "zone", "region", "exists", "shutdown"] {
+            docs.push(format!("instances: [{{name: a, {field}: {{{t}: {t}}}}}]\n"));
+        }
+        docs
+    }
+
+    #[test]
+    fn no_cloud_config_error_quotes_the_document() {
+        let registry = Registry::builtin();
+        let cluster = crate::registry::ClusterSettings::default();
+        for doc in token_documents() {
+            let err = FakeConfig::parse(doc.as_bytes()).expect_err(&format!("accepted:\n{doc}"));
+            for text in [err.to_string(), format!("{err:?}")] {
+                assert!(!text.contains("SECRET"), "{doc}\n=> {text}");
+            }
+            let err = registry.create(NAME, Some(doc.as_bytes()), &cluster).err().expect("refused");
+            for text in [err.to_string(), format!("{err:?}")] {
+                assert!(!text.contains("SECRET"), "{doc}\n=> {text}");
+            }
+        }
+    }
+
+    #[test]
+    fn hostile_cloud_configs_are_refused_with_the_limit_they_break() {
+        let registry = Registry::builtin();
+        let cluster = crate::registry::ClusterSettings::default();
+        for (name, doc, problem) in safe_yaml::hostile::all() {
+            let want = problem.to_string();
+            let err = FakeConfig::parse(&doc).unwrap_err();
+            assert!(matches!(err, CloudError::InvalidConfig(ref m) if m.contains(&want)), "{name}: {err}");
+            let err = registry.create(NAME, Some(&doc), &cluster).err().expect("refused");
+            assert!(err.to_string().contains("limit of"), "{name}: {err}");
+        }
+    }
+
     #[test]
     fn the_fake_is_registered_and_built_from_its_cloud_config() {
         let registry = Registry::builtin();

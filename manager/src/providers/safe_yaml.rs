@@ -4,8 +4,9 @@
 //!
 //! - **Bounded.** A document is checked against [`Limits`] (size, then a linear pre-scan of its
 //!   nesting depth) before the YAML parser sees it, so a deep or huge document is refused in
-//!   time proportional to its size. Alias expansion is bounded by the parser (a document may
-//!   replay at most 100 times its own events).
+//!   time proportional to its size. A document that uses aliases is first walked once with a
+//!   budget ([`Limits::max_expansion`]), so an alias bomb (exponential or quadratic) is refused
+//!   after a bounded amount of work; the parser's own repetition limit stays as a backstop.
 //! - **Never quoted.** A [`DocumentError`] holds a [`FieldPath`] built only from the schema's
 //!   own field names and list indices, and a [`Problem`] whose text comes only from this
 //!   module's tables and the schema. The parser's message is read to pick the kind of problem,
@@ -24,13 +25,22 @@ pub struct Limits {
     pub max_bytes: usize,
     /// The deepest nesting accepted, as counted by the pre-scan (see [`check`]).
     pub max_depth: usize,
+    /// How large a document using aliases may become once they are expanded, in units of one
+    /// per node plus one per byte of scalar text: at most this many times the document's own
+    /// size, plus [`EXPANSION_ALLOWANCE`].
+    pub max_expansion: usize,
 }
 
-/// Limits for cloud-configs: 1 MiB (a Kubernetes Secret's own limit) and 64 levels.
-pub const CLOUD_CONFIG_LIMITS: Limits = Limits { max_bytes: 1 << 20, max_depth: 64 };
+/// What any document may expand to through aliases on top of [`Limits::max_expansion`]
+/// times its size, so that small documents may reuse anchors freely.
+pub const EXPANSION_ALLOWANCE: usize = 64 * 1024;
 
-/// Limits for kubeconfig files: 4 MiB (many embedded certificates) and 64 levels.
-pub const KUBECONFIG_LIMITS: Limits = Limits { max_bytes: 4 << 20, max_depth: 64 };
+/// Limits for cloud-configs: 1 MiB (a Kubernetes Secret's own limit), 64 levels, 10 times
+/// its size once aliases are expanded.
+pub const CLOUD_CONFIG_LIMITS: Limits = Limits { max_bytes: 1 << 20, max_depth: 64, max_expansion: 10 };
+
+/// Limits for kubeconfig files: 4 MiB (many embedded certificates), 64 levels, 10 times.
+pub const KUBECONFIG_LIMITS: Limits = Limits { max_bytes: 4 << 20, max_depth: 64, max_expansion: 10 };
 
 /// The parser's own nesting limit while deserializing (serde_yaml's).
 const PARSER_RECURSION_LIMIT: usize = 128;
@@ -87,8 +97,12 @@ pub enum Problem {
     },
     /// The document is not UTF-8 text.
     NotUtf8,
-    /// YAML aliases would expand beyond the parser's repetition limit.
-    AliasLimit,
+    /// YAML aliases expand beyond [`Limits::max_expansion`] (or the parser's own
+    /// repetition limit).
+    AliasLimit {
+        /// The limit, as a multiple of the document's size.
+        factor: usize,
+    },
     /// Nesting beyond the parser's own recursion limit.
     RecursionLimit,
     /// A syntax error; the hint, when known, is the YAML parser's fixed description.
@@ -160,9 +174,10 @@ impl fmt::Display for Problem {
                 "the document nests deeper than the limit of {limit} levels (counted before parsing, conservatively)"
             ),
             Problem::NotUtf8 => f.write_str("the document is not UTF-8 text"),
-            Problem::AliasLimit => {
-                f.write_str("YAML aliases expand beyond the limit of 100 times the document's own size")
-            }
+            Problem::AliasLimit { factor } => write!(
+                f,
+                "YAML aliases expand beyond the limit of {factor} times the document's own size (plus {EXPANSION_ALLOWANCE})"
+            ),
             Problem::RecursionLimit => {
                 write!(f, "nests deeper than the parser's limit of {PARSER_RECURSION_LIMIT} levels")
             }
@@ -308,7 +323,8 @@ pub fn custom<E: serde::de::Error>(message: &'static str) -> E {
     E::custom(message)
 }
 
-/// Check `bytes` against `limits` and return them as text.
+/// Check `bytes` against `limits` and return them as text: size, UTF-8, nesting depth, and,
+/// when the document may use aliases, their expanded size.
 ///
 /// The depth pre-scan is linear and conservative: it counts a level for every indentation step,
 /// every leading `- `, `? ` or `: ` indicator and every open flow bracket (`[`, `{`) outside
@@ -326,6 +342,10 @@ pub fn check<'a>(bytes: &'a [u8], limits: &Limits) -> Result<&'a str, DocumentEr
             problem: Problem::TooDeep { limit: limits.max_depth },
             location: Some((line, 1)),
         });
+    }
+    // `*` starts every alias; without one there is nothing to expand.
+    if text.contains('*') {
+        check_expansion(text, limits)?;
     }
     Ok(text)
 }
@@ -426,10 +446,113 @@ fn deeper_than(text: &str, max: usize) -> Option<usize> {
     None
 }
 
+/// The custom error of the expansion walk (never shown: it becomes [`Problem::AliasLimit`]).
+const EXPANSION_EXCEEDED: &str = "alias expansion budget exceeded";
+
+/// Walk every document of `text` once, aliases expanded, and stop as soon as the expanded size
+/// passes the budget. Other errors are left to the typed parse, which describes them better.
+fn check_expansion(text: &str, limits: &Limits) -> Result<(), DocumentError> {
+    let budget = limits.max_expansion.saturating_mul(text.len()).saturating_add(EXPANSION_ALLOWANCE);
+    let left = std::cell::Cell::new(budget);
+    for document in serde_yaml::Deserializer::from_str(text) {
+        if let Err(e) = serde::de::DeserializeSeed::deserialize(Walk(&left), document) {
+            let message = e.to_string();
+            if message.contains(EXPANSION_EXCEEDED) || message.contains("repetition limit exceeded") {
+                let location = e.location().map(|l| (l.line(), l.column()));
+                let problem = Problem::AliasLimit { factor: limits.max_expansion };
+                return Err(DocumentError { path: FieldPath::root(), problem, location });
+            }
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+/// Visits every node of a document, paying one unit per node and one per byte of scalar text.
+#[derive(Clone, Copy)]
+struct Walk<'a>(&'a std::cell::Cell<usize>);
+
+impl Walk<'_> {
+    fn pay<E: serde::de::Error>(self, units: usize) -> Result<(), E> {
+        match self.0.get().checked_sub(units.saturating_add(1)) {
+            Some(left) => {
+                self.0.set(left);
+                Ok(())
+            }
+            None => Err(E::custom(EXPANSION_EXCEEDED)),
+        }
+    }
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for Walk<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Walk<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any YAML node")
+    }
+    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<(), E> {
+        self.pay(0)
+    }
+    fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<(), E> {
+        self.pay(0)
+    }
+    fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<(), E> {
+        self.pay(0)
+    }
+    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<(), E> {
+        self.pay(0)
+    }
+    fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<(), E> {
+        self.pay(text.len())
+    }
+    fn visit_bytes<E: serde::de::Error>(self, bytes: &[u8]) -> Result<(), E> {
+        self.pay(bytes.len())
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
+        self.pay(0)
+    }
+    fn visit_none<E: serde::de::Error>(self) -> Result<(), E> {
+        self.pay(0)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        self.pay(0)?;
+        deserializer.deserialize_any(self)
+    }
+    fn visit_newtype_struct<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        self.pay(0)?;
+        deserializer.deserialize_any(self)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        self.pay(0)?;
+        while seq.next_element_seed(self)?.is_some() {}
+        Ok(())
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        self.pay(0)?;
+        while map.next_key_seed(self)?.is_some() {
+            map.next_value_seed(self)?;
+        }
+        Ok(())
+    }
+    fn visit_enum<A: serde::de::EnumAccess<'de>>(self, data: A) -> Result<(), A::Error> {
+        // A tagged node (`!tag value`): the tag, then its value.
+        use serde::de::VariantAccess;
+        self.pay(0)?;
+        let ((), variant) = data.variant_seed(self)?;
+        variant.newtype_variant_seed(self)
+    }
+}
+
 /// Parse one YAML document of type `T` within `limits`; errors speak in `schema`'s words only.
 pub fn from_slice<T: DeserializeOwned>(bytes: &[u8], limits: &Limits, schema: &Schema) -> Result<T, DocumentError> {
     let text = check(bytes, limits)?;
-    serde_path_to_error::deserialize(serde_yaml::Deserializer::from_str(text)).map_err(|e| describe(&e, schema))
+    serde_path_to_error::deserialize(serde_yaml::Deserializer::from_str(text)).map_err(|e| describe(&e, schema, limits))
 }
 
 /// Parse every YAML document of `bytes` as a `T` (kubeconfig files may hold several).
@@ -440,13 +563,13 @@ pub fn documents_from_slice<T: DeserializeOwned>(
 ) -> Result<Vec<T>, DocumentError> {
     let text = check(bytes, limits)?;
     serde_yaml::Deserializer::from_str(text)
-        .map(|document| serde_path_to_error::deserialize(document).map_err(|e| describe(&e, schema)))
+        .map(|document| serde_path_to_error::deserialize(document).map_err(|e| describe(&e, schema, limits)))
         .collect()
 }
 
-fn describe(error: &serde_path_to_error::Error<serde_yaml::Error>, schema: &Schema) -> DocumentError {
+fn describe(error: &serde_path_to_error::Error<serde_yaml::Error>, schema: &Schema, limits: &Limits) -> DocumentError {
     let inner = error.inner();
-    let problem = classify(&inner.to_string(), schema);
+    let problem = classify(&inner.to_string(), schema, limits);
     let mut segments: Vec<&serde_path_to_error::Segment> = error.path().iter().collect();
     // An unknown field's path ends with the unknown key itself: show the place that holds it.
     if matches!(problem, Problem::UnknownField { .. })
@@ -497,12 +620,12 @@ const SYNTAX_HINTS: &[&str] = &[
 
 /// Pick the kind of problem from the parser's message. The message may quote the document, so
 /// nothing of it is copied: every output is a constant of this module or a name of `schema`.
-fn classify(message: &str, schema: &Schema) -> Problem {
+fn classify(message: &str, schema: &Schema, limits: &Limits) -> Problem {
     if let Some(known) = schema.messages.iter().find(|m| message.contains(**m)) {
         return Problem::Invalid(known);
     }
     if message.contains("repetition limit exceeded") {
-        return Problem::AliasLimit;
+        return Problem::AliasLimit { factor: limits.max_expansion };
     }
     if message.contains("recursion limit exceeded") {
         return Problem::RecursionLimit;
@@ -643,6 +766,70 @@ pub fn unique_string_map<'de, D: Deserializer<'de>>(
 /// The message of [`unique_string_map`]; register it with [`Schema::with_messages`].
 pub const DUPLICATE_KEY: &str = "gives a key twice";
 
+/// Hostile documents shared by the tests of every format: each with the problem it must be
+/// refused with under [`CLOUD_CONFIG_LIMITS`].
+#[cfg(test)]
+pub(crate) mod hostile {
+    use super::{CLOUD_CONFIG_LIMITS, Problem};
+
+    /// 100,000 levels of flow sequences under a key.
+    pub fn deep_flow() -> Vec<u8> {
+        format!("instances: {}{}\n", "[".repeat(100_000), "]".repeat(100_000)).into_bytes()
+    }
+
+    /// 100,000 levels of flow mappings.
+    pub fn deep_mappings() -> Vec<u8> {
+        format!("{}x: 1{}\n", "{a: ".repeat(100_000), "}".repeat(100_000)).into_bytes()
+    }
+
+    /// 100,000 levels of block sequences on one line.
+    pub fn deep_block() -> Vec<u8> {
+        format!("{}x\n", "- ".repeat(100_000)).into_bytes()
+    }
+
+    /// A valid-looking document of 10 MiB (one long comment after a key).
+    pub fn ten_mib() -> Vec<u8> {
+        let mut doc = b"instances: []\n".to_vec();
+        doc.extend(
+            std::iter::repeat_n(b"# padding padding padding padding padding padding padding pad\n", 10 << 14).flatten(),
+        );
+        doc
+    }
+
+    /// The billion laughs: nine levels of nine aliases of the level below.
+    pub fn billion_laughs() -> Vec<u8> {
+        let mut doc = String::from("a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n");
+        for level in 1..10 {
+            let below = format!("*a{}", level - 1);
+            doc.push_str(&format!("a{level}: &a{level} [{}]\n", vec![below; 9].join(", ")));
+        }
+        doc.push_str("instances: *a9\n");
+        doc.into_bytes()
+    }
+
+    /// A quadratic bomb: one anchor of 10,000 items aliased 10,000 times (100 KB of text,
+    /// 100 million nodes once expanded; within the parser's own repetition limit).
+    pub fn quadratic() -> Vec<u8> {
+        let items = vec!["x"; 10_000].join(", ");
+        let aliases = vec!["*a"; 10_000].join(", ");
+        format!("a: &a [{items}]\ninstances: [{aliases}]\n").into_bytes()
+    }
+
+    /// Every hostile document, named, with the problem it must be refused with.
+    pub fn all() -> Vec<(&'static str, Vec<u8>, Problem)> {
+        let deep = Problem::TooDeep { limit: CLOUD_CONFIG_LIMITS.max_depth };
+        let alias = Problem::AliasLimit { factor: CLOUD_CONFIG_LIMITS.max_expansion };
+        vec![
+            ("100,000 nested flow sequences", deep_flow(), deep.clone()),
+            ("100,000 nested flow mappings", deep_mappings(), deep.clone()),
+            ("100,000 nested block sequences", deep_block(), deep),
+            ("a 10 MiB document", ten_mib(), Problem::TooLarge { limit: CLOUD_CONFIG_LIMITS.max_bytes }),
+            ("the billion laughs", billion_laughs(), alias.clone()),
+            ("a quadratic alias bomb", quadratic(), alias),
+        ]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -743,7 +930,7 @@ mod tests {
 
     #[test]
     fn a_document_over_the_size_limit_is_refused_before_parsing() {
-        let limits = Limits { max_bytes: 10, max_depth: 64 };
+        let limits = Limits { max_bytes: 10, ..CLOUD_CONFIG_LIMITS };
         let e = from_slice::<Doc>(b"name: abcdefghijkl\n", &limits, &schema()).unwrap_err();
         assert_eq!(e.problem, Problem::TooLarge { limit: 10 });
         assert!(e.to_string().contains("10 bytes"), "{e}");
@@ -781,5 +968,46 @@ mod tests {
             let e = from_slice::<Doc>(doc.as_bytes(), &CLOUD_CONFIG_LIMITS, &schema()).unwrap_err();
             assert_eq!(e.problem, Problem::TooDeep { limit: 64 }, "{doc:.60}");
         }
+    }
+
+    #[test]
+    fn hostile_documents_are_refused_with_the_limit_they_break() {
+        for (name, doc, want) in hostile::all() {
+            let e = from_slice::<Doc>(&doc, &CLOUD_CONFIG_LIMITS, &schema()).unwrap_err();
+            assert_eq!(e.problem, want, "{name}: {e}");
+            assert!(e.to_string().contains("limit of"), "{name}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_expansion_limit_is_named_in_the_message() {
+        let e = from_slice::<Doc>(&hostile::billion_laughs(), &CLOUD_CONFIG_LIMITS, &schema()).unwrap_err();
+        let message = e.to_string();
+        assert!(
+            message.starts_with(
+                "document: YAML aliases expand beyond the limit of 10 times the document's own size (plus 65536)"
+            ),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn ordinary_anchors_still_work() {
+        let doc = "defaults: &d {kind: Small}\nname: a\nitems: [*d, *d, *d]\n";
+        #[derive(Debug, Deserialize)]
+        #[allow(dead_code)]
+        struct WithDefaults {
+            defaults: Item,
+            name: String,
+            items: Vec<Item>,
+        }
+        let parsed: WithDefaults = from_slice(doc.as_bytes(), &CLOUD_CONFIG_LIMITS, &Schema::new()).unwrap();
+        assert_eq!(parsed.items.len(), 3);
+        // Many uses of a small anchor fit in the allowance.
+        let many = format!(
+            "name: &n a\nitems: []\nlabels: {{{}}}\n",
+            (0..2000).map(|i| format!("k{i}: *n")).collect::<Vec<_>>().join(", ")
+        );
+        from_slice::<Doc>(many.as_bytes(), &CLOUD_CONFIG_LIMITS, &schema()).unwrap();
     }
 }

@@ -140,11 +140,26 @@ pub struct LoadBalancerConfig {
     /// How long a Service waits before retrying when no address can be given to it.
     #[serde(default = "default_retry_after", deserialize_with = "duration")]
     pub retry_after: Duration,
+    /// `addresses` (default: assign only) or `proxy` (the leader also carries the traffic).
+    #[serde(default)]
+    pub mode: super::proxy::Mode,
+    /// Data-path settings for `mode: proxy`.
+    #[serde(default)]
+    pub proxy: super::proxy::ProxyConfig,
+    /// Write kube-vip's `kube-vip.io/loadbalancerIPs` annotation on every Service with addresses.
+    #[serde(default)]
+    pub kube_vip: bool,
 }
 
 impl Default for LoadBalancerConfig {
     fn default() -> Self {
-        Self { pools: Vec::new(), retry_after: default_retry_after() }
+        Self {
+            pools: Vec::new(),
+            retry_after: default_retry_after(),
+            mode: Default::default(),
+            proxy: Default::default(),
+            kube_vip: false,
+        }
     }
 }
 
@@ -343,6 +358,11 @@ fn schema() -> &'static Schema {
             .with::<AddressConfig>()
             .with::<AddressType>()
             .with::<LoadBalancerConfig>()
+            .with::<super::proxy::Mode>()
+            .with::<super::proxy::ProxyConfig>()
+            .with::<super::proxy::BindConfig>()
+            .with::<super::proxy::BalanceConfig>()
+            .with_messages(super::proxy::MESSAGES)
             .with::<PoolConfig>()
             .with::<LabelSelectorConfig>()
             .with::<SelectorRequirement>()
@@ -1167,6 +1187,21 @@ mod tests {
         for field in ["instances", "loadBalancer", "lifecycle"] {
             docs.push(format!("{field}:\n  - {t}\n"));
         }
+        // The load balancer's data-path settings.
+        docs.push(format!("loadBalancer:\n  mode: {t}\n"));
+        docs.push(format!("loadBalancer:\n  kubeVip: {t}\n"));
+        docs.push(format!("loadBalancer:\n  proxy: {t}\n"));
+        docs.push(format!("loadBalancer:\n  proxy: {{{t}: 1}}\n"));
+        for field in ["bind", "balance", "healthChecks", "clusterHealthPort"] {
+            docs.push(format!("loadBalancer:\n  proxy: {{{field}: {t}}}\n"));
+        }
+        for field in ["healthCheckInterval", "healthCheckTimeout", "drainTimeout", "udpIdleTimeout"] {
+            docs.push(format!("loadBalancer:\n  proxy: {{{field}: {t}}}\n"));
+            docs.push(format!("loadBalancer:\n  proxy: {{{field}: 0s}}\n  {t}: 1\n"));
+        }
+        for field in ["unhealthyThreshold", "healthyThreshold"] {
+            docs.push(format!("loadBalancer:\n  proxy: {{{field}: [{t}]}}\n"));
+        }
         docs
     }
 
@@ -1174,15 +1209,30 @@ mod tests {
     fn no_error_quotes_the_document() {
         let docs = token_documents();
         for doc in &docs {
-            let message = match parse(doc.as_bytes()) {
-                Err(e) => e.to_string(),
-                Ok(_) => panic!("document was accepted: {doc}"),
-            };
-            assert!(!message.contains(TOKEN) && !message.contains("SECRET"), "{doc}\n=> {message}");
-            // Also through the provider factory, which is what the manager and operator print.
+            let e = parse(doc.as_bytes()).expect_err(&format!("document was accepted: {doc}"));
+            for message in [e.to_string(), format!("{e:?}")] {
+                assert!(!message.contains("SECRET"), "{doc}\n=> {message}");
+            }
+            // Also through the provider factory and the registry, which is what the manager and
+            // the operator print.
             let built = super::super::BaremetalProvider::from_cloud_config(Some(doc.as_bytes()));
-            let message = built.err().map(|e| e.to_string()).unwrap_or_default();
-            assert!(!message.contains("SECRET"), "{doc}\n=> {message}");
+            let e = built.err().expect("refused by the factory too");
+            for message in [e.to_string(), format!("{e:?}")] {
+                assert!(!message.contains("SECRET"), "{doc}\n=> {message}");
+            }
+            let health = super::super::config_health(Some(doc.as_bytes()));
+            assert!(!health.message().contains("SECRET"), "{doc}\n=> {}", health.message());
+        }
+    }
+
+    #[test]
+    fn hostile_documents_are_refused_with_the_limit_they_break() {
+        let registry = crate::registry::Registry::builtin();
+        let cluster = crate::registry::ClusterSettings::default();
+        for (name, doc, problem) in safe_yaml::hostile::all() {
+            assert_eq!(parse(&doc).unwrap_err().problem, problem, "{name}");
+            let e = registry.create(super::super::NAME, Some(&doc), &cluster).err().expect("refused");
+            assert!(e.to_string().contains("limit of"), "{name}: {e}");
         }
     }
 }
