@@ -193,7 +193,7 @@ pub struct Concurrency {
     #[x_kube(validation = kube::core::Rule::new("self >= 1").message("must be at least 1"))]
     pub node_syncs: i32,
     /// `--concurrent-service-syncs`: service workers.
-    #[serde(default = "default_five")]
+    #[serde(default = "default_service_syncs")]
     #[schemars(range(min = 1))]
     #[x_kube(validation = kube::core::Rule::new("self >= 1").message("must be at least 1"))]
     pub service_syncs: i32,
@@ -206,7 +206,7 @@ pub struct Concurrency {
 
 impl Default for Concurrency {
     fn default() -> Self {
-        Self { node_syncs: 5, service_syncs: 5, route_syncs: 1 }
+        Self { node_syncs: 5, service_syncs: default_service_syncs(), route_syncs: 1 }
     }
 }
 
@@ -381,6 +381,10 @@ fn default_retry_period() -> Duration {
 }
 fn default_five() -> i32 {
     5
+}
+/// The manager binary's `--concurrent-service-syncs` default, so the knob has one default.
+fn default_service_syncs() -> i32 {
+    32
 }
 fn default_one() -> i32 {
     1

@@ -161,7 +161,7 @@ fn minimal_example_takes_the_documented_defaults() {
     assert!(spec.configure_cloud_routes);
     assert_eq!(spec.cloud_config.unwrap().secret_ref.key, "cloud.conf");
     assert_eq!(spec.concurrency.node_syncs, 5);
-    assert_eq!(spec.concurrency.service_syncs, 5);
+    assert_eq!(spec.concurrency.service_syncs, 32, "the binary's --concurrent-service-syncs default");
     assert_eq!(spec.concurrency.route_syncs, 1);
     assert_eq!(spec.deployment.replicas, 2);
     assert_eq!(spec.deployment.priority_class_name, "system-cluster-critical");

@@ -7,7 +7,7 @@
 //! Every address is from the documentation ranges (RFC 5737) and the inventory configures no
 //! probes, so nothing outside the machine is ever contacted.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -46,6 +46,8 @@ pub const MACHINES: [(&str, &str, &str); 3] = [
     ("bm-node-2", "192.0.2.12", "rack-a"),
     ("bm-node-3", "192.0.2.13", "rack-b"),
 ];
+/// After this long without a progress line, the wait says what it still waits for.
+const WAITING_NOTICE: Duration = Duration::from_secs(5);
 /// Field manager of the objects the demo writes as "the user".
 const USER: &str = "sandbox-demo";
 /// Field manager of the Nodes the demo registers as "the kubelets".
@@ -118,6 +120,152 @@ pub fn cr_spec(mode: DemoMode, replicas: i32) -> serde_json::Value {
     })
 }
 
+/// One manager process as the live log follows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessState {
+    /// Its pid while a process runs.
+    pub pid: Option<u32>,
+    /// Whether its `/readyz` answered 200.
+    pub ready: bool,
+    /// Restarts after exits.
+    pub restarts: u32,
+    /// Being stopped (a rollout or a scale-down).
+    pub terminating: bool,
+    /// How its last process exited.
+    pub last_exit: Option<String>,
+    /// Its pod-template hash (first 8 characters).
+    pub template: String,
+    /// Its `/healthz` address.
+    pub endpoint: String,
+}
+
+/// What the live log compares from one look at the cluster to the next.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct World {
+    /// The manager Lease's holder.
+    pub leader: Option<String>,
+    /// Manager processes by pod name (Deployment mode).
+    pub processes: BTreeMap<String, ProcessState>,
+    /// Nodes: name to providerID when initialized (providerID set, taint gone), else `None`.
+    pub nodes: BTreeMap<String, Option<String>>,
+    /// LoadBalancer Services (`namespace/name`) to their ingress addresses.
+    pub services: BTreeMap<String, Vec<String>>,
+    /// The CloudControllerManager's conditions: type to `(status, reason)`.
+    pub conditions: BTreeMap<String, (String, String)>,
+    /// The cloud-config Secret's resourceVersion.
+    pub secret_version: Option<String>,
+    /// The manager Deployment's generation (Deployment mode).
+    pub deployment_generation: Option<i64>,
+}
+
+/// The live log's lines for what changed between two looks (pure), one line per change, in a
+/// stable order: Secret, Deployment, processes, Lease, conditions, Nodes, Services.
+pub fn changes(before: &World, after: &World) -> Vec<String> {
+    let mut out = Vec::new();
+    if before.secret_version.is_some() && after.secret_version != before.secret_version {
+        match &after.secret_version {
+            Some(v) => out.push(format!(
+                "Secret {NAMESPACE}/{SECRET_NAME} changed (resourceVersion {v}): the operator rolls the cloud-config out"
+            )),
+            None => out.push(format!("Secret {NAMESPACE}/{SECRET_NAME} deleted")),
+        }
+    }
+    if let (Some(b), Some(a)) = (before.deployment_generation, after.deployment_generation)
+        && a != b
+    {
+        out.push(format!(
+            "Deployment {NAMESPACE}/{}: new pod template (generation {a}): rolling out, one process at a time",
+            operator::names::workload_name(CR_NAME)
+        ));
+    }
+    for (name, p) in &after.processes {
+        let old = before.processes.get(name);
+        match old {
+            None => out.push(match p.pid {
+                Some(pid) => {
+                    format!("process {name} started (pid {pid}, template {}, http://{})", p.template, p.endpoint)
+                }
+                None => format!("process {name} created"),
+            }),
+            Some(o) => {
+                if o.last_exit != p.last_exit
+                    && let Some(exit) = &p.last_exit
+                {
+                    let was_leader = before.leader.as_deref().is_some_and(|l| l.starts_with(&format!("{name}_")));
+                    let role = if was_leader { " (the leader)" } else { "" };
+                    let what = if p.terminating || o.terminating { "stopped" } else { "exited" };
+                    out.push(format!("process {name}{role} {what}: {exit}"));
+                }
+                if p.restarts > o.restarts
+                    && let Some(pid) = p.pid
+                {
+                    out.push(format!("process {name} restarted (pid {pid}, restart #{})", p.restarts));
+                }
+                if p.terminating && !o.terminating {
+                    out.push(format!("process {name} stopping (SIGTERM): replaced by the rollout"));
+                }
+                if p.ready && !o.ready {
+                    out.push(format!("process {name} ready"));
+                } else if !p.ready && o.ready && !p.terminating && p.pid.is_some() {
+                    out.push(format!("process {name} not ready"));
+                }
+            }
+        }
+    }
+    for (name, p) in before.processes.iter().filter(|(n, _)| !after.processes.contains_key(*n)) {
+        // Processes of an older template removed while newer ones run: the rollout replaced it.
+        let replaced = after.processes.values().any(|q| q.template != p.template);
+        if replaced && !p.terminating {
+            out.push(format!("process {name} stopped (SIGTERM) and removed: replaced by the rollout"));
+        } else {
+            out.push(format!("process {name} removed"));
+        }
+    }
+    if after.leader != before.leader {
+        match (&before.leader, &after.leader) {
+            (_, Some(now)) => out.push(format!(
+                "leader: {now} holds Lease {NAMESPACE}/{CR_NAME}{}",
+                before.leader.as_ref().map_or_else(String::new, |b| format!(" (was {b})"))
+            )),
+            (Some(was), None) => out.push(format!("leader: {was} released Lease {NAMESPACE}/{CR_NAME}")),
+            (None, None) => {}
+        }
+    }
+    for (t, (status, reason)) in &after.conditions {
+        if before.conditions.get(t) != Some(&(status.clone(), reason.clone())) {
+            out.push(format!("CloudControllerManager {NAMESPACE}/{CR_NAME}: {t}={status} ({reason})"));
+        }
+    }
+    for (name, id) in &after.nodes {
+        match (before.nodes.get(name), id) {
+            (None, None) => out.push(format!("Node {name} registered, tainted {UNINITIALIZED}")),
+            (None | Some(None), Some(id)) => {
+                out.push(format!("Node {name} initialized: providerID {id}, taint removed"))
+            }
+            _ => {}
+        }
+    }
+    for name in before.nodes.keys().filter(|n| !after.nodes.contains_key(*n)) {
+        out.push(format!("Node {name} deleted"));
+    }
+    for (name, ips) in &after.services {
+        let old = before.services.get(name);
+        if old != Some(ips) {
+            if ips.is_empty() {
+                if old.is_some_and(|o| !o.is_empty()) {
+                    out.push(format!("Service {name}: load-balancer address removed"));
+                }
+            } else {
+                out.push(format!("Service {name}: load-balancer address {}", ips.join(", ")));
+            }
+        }
+    }
+    for name in before.services.keys().filter(|n| !after.services.contains_key(*n)) {
+        out.push(format!("Service {name} deleted"));
+    }
+    out
+}
+
 /// The running demo.
 pub struct Demo {
     client: Client,
@@ -188,6 +336,30 @@ impl Snapshot {
     /// The Lease holder.
     pub fn leader(&self) -> Option<String> {
         self.lease.as_ref()?.spec.as_ref()?.holder_identity.clone().filter(|h| !h.is_empty())
+    }
+
+    /// What stands between this snapshot and the final picture, for a progress line.
+    pub fn missing(&self) -> String {
+        let mut parts = Vec::new();
+        if self.nodes.is_empty() || self.initialized_nodes().len() < self.nodes.len() {
+            parts.push(format!("{} of {} Nodes initialized", self.initialized_nodes().len(), self.nodes.len()));
+        }
+        if self.external_ip().is_none() {
+            parts.push(format!("Service default/{SERVICE_NAME} has no load-balancer IP yet"));
+        }
+        match self.condition(types::READY) {
+            Some(c) if c.status == "True" => {}
+            Some(c) => parts.push(format!("Ready={} ({}: {})", c.status, c.reason, c.message)),
+            None => parts.push(format!("CloudControllerManager {NAMESPACE}/{CR_NAME} has no conditions yet")),
+        }
+        if let Some(d) = &self.deployment {
+            let st = d.status.clone().unwrap_or_default();
+            let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+            if st.ready_replicas.unwrap_or(0) < want {
+                parts.push(format!("{}/{want} manager processes ready", st.ready_replicas.unwrap_or(0)));
+            }
+        }
+        if parts.is_empty() { "nothing".into() } else { parts.join("; ") }
     }
 
     /// The final picture: every Node initialized, the Service has an IP, the resource is Ready.
@@ -513,10 +685,15 @@ impl Demo {
         progress: &(dyn Fn(&str) + Sync),
     ) -> Result<Snapshot, Error> {
         let deadline = Instant::now() + timeout;
-        let mut told: BTreeSet<String> = BTreeSet::new();
-        let mut tell = |key: String, line: String| {
-            if told.insert(key) {
+        // Mutexes, not cells, so the future stays Send.
+        let told = std::sync::Mutex::new(BTreeSet::<String>::new());
+        let last_said = std::sync::Mutex::new(Instant::now());
+        let said = || *last_said.lock().unwrap_or_else(|e| e.into_inner());
+        let set_said = || *last_said.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        let tell = |key: String, line: String| {
+            if told.lock().unwrap_or_else(|e| e.into_inner()).insert(key) {
                 progress(&line);
+                set_said();
             }
         };
         loop {
@@ -560,6 +737,15 @@ impl Demo {
             if snap.is_complete() {
                 return Ok(snap);
             }
+            // Silence longer than a few seconds says what is still missing.
+            if said().elapsed() >= WAITING_NOTICE {
+                progress(&format!(
+                    "still waiting ({:.0}s so far): {}",
+                    self.started.elapsed().as_secs_f64(),
+                    snap.missing()
+                ));
+                set_said();
+            }
             if Instant::now() >= deadline {
                 let missing = format!(
                     "the final picture ({} of {} Nodes initialized, IP {:?}, Ready {:?})",
@@ -574,6 +760,69 @@ impl Demo {
         }
     }
 
+    /// Look at the cluster for the live log.
+    pub async fn world(&self) -> Result<World, Error> {
+        let snap = self.snapshot().await?;
+        let mut world = World { leader: snap.leader(), ..World::default() };
+        for n in &snap.nodes {
+            let spec = n.spec.clone().unwrap_or_default();
+            let initialized =
+                spec.provider_id.clone().filter(|_| !spec.taints.iter().flatten().any(|t| t.key == UNINITIALIZED));
+            world.nodes.insert(n.name_any(), initialized);
+        }
+        let services: Api<Service> = Api::all(self.client.clone());
+        for s in services.list(&Default::default()).await?.items {
+            if s.spec.as_ref().and_then(|x| x.type_.as_deref()) != Some("LoadBalancer") {
+                continue;
+            }
+            let ips: Vec<String> = s
+                .status
+                .as_ref()
+                .and_then(|st| st.load_balancer.as_ref())
+                .and_then(|lb| lb.ingress.as_ref())
+                .into_iter()
+                .flatten()
+                .filter_map(|i| i.ip.clone().or_else(|| i.hostname.clone()))
+                .collect();
+            world.services.insert(format!("{}/{}", s.namespace().unwrap_or_default(), s.name_any()), ips);
+        }
+        if let Some(cr) = &snap.cr {
+            for c in cr.status.iter().flat_map(|s| s.conditions.iter()) {
+                world.conditions.insert(c.type_.clone(), (c.status.clone(), c.reason.clone()));
+            }
+        }
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), NAMESPACE);
+        world.secret_version = secrets.get_opt(SECRET_NAME).await?.and_then(|m| m.metadata.resource_version);
+        world.deployment_generation = snap.deployment.as_ref().and_then(|d| d.metadata.generation);
+        for p in self.kubelet.as_ref().map(Kubelet::pods).unwrap_or_default() {
+            let state = ProcessState {
+                pid: p.pid,
+                ready: p.ready,
+                restarts: p.restarts,
+                terminating: p.terminating,
+                last_exit: p.last_exit.clone(),
+                template: p.template_hash.chars().take(8).collect(),
+                endpoint: p.address().to_string(),
+            };
+            world.processes.insert(p.name, state);
+        }
+        Ok(world)
+    }
+
+    /// The live log: from `since` on, every quarter second, one line through `log` per change in
+    /// the cluster (leader changes, process exits and restarts, rollouts, conditions, Nodes,
+    /// Services' addresses). Runs until dropped; a failed look is retried quietly.
+    pub async fn follow(&self, mut since: World, log: &(dyn Fn(&str) + Sync)) {
+        loop {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            let Ok(now) = self.world().await else { continue };
+            for line in changes(&since, &now) {
+                log(&line);
+            }
+            since = now;
+        }
+    }
+
     /// Stop the emulated kubelet's processes (gracefully) and the operator.
     pub async fn shutdown(mut self) {
         if let Some(kubelet) = self.kubelet.take() {
@@ -583,5 +832,90 @@ impl Demo {
             // Engines release their Leases on the way out; a stuck one must not hold the exit.
             let _ = tokio::time::timeout(Duration::from_secs(15), op.stop()).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn process(pid: u32, template: &str) -> ProcessState {
+        ProcessState {
+            pid: Some(pid),
+            ready: true,
+            restarts: 0,
+            terminating: false,
+            last_exit: None,
+            template: template.into(),
+            endpoint: "127.0.0.1:1".into(),
+        }
+    }
+
+    fn world(processes: &[(&str, ProcessState)], leader: Option<&str>) -> World {
+        World {
+            leader: leader.map(Into::into),
+            processes: processes.iter().map(|(n, p)| (n.to_string(), p.clone())).collect(),
+            secret_version: Some("1".into()),
+            ..World::default()
+        }
+    }
+
+    #[test]
+    fn nothing_changed_says_nothing() {
+        let w = world(&[("a", process(1, "t1"))], Some("a_x"));
+        assert!(changes(&w, &w).is_empty());
+    }
+
+    #[test]
+    fn a_killed_leader_is_named_then_its_restart_and_the_hand_over() {
+        let before = world(&[("a", process(1, "t1")), ("b", process(2, "t1"))], Some("a_x"));
+        let mut crashed = before.clone();
+        let a = crashed.processes.get_mut("a").unwrap();
+        (a.pid, a.ready, a.last_exit) = (None, false, Some("signal: 9 (SIGKILL)".into()));
+        assert_eq!(changes(&before, &crashed), ["process a (the leader) exited: signal: 9 (SIGKILL)"]);
+        let mut back = crashed.clone();
+        let a = back.processes.get_mut("a").unwrap();
+        (a.pid, a.ready, a.restarts) = (Some(3), true, 1);
+        back.leader = Some("b_y".into());
+        assert_eq!(
+            changes(&crashed, &back),
+            [
+                "process a restarted (pid 3, restart #1)",
+                "process a ready",
+                "leader: b_y holds Lease kube-system/baremetal (was a_x)",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_secret_rotation_and_the_rollout_it_causes_are_logged() {
+        let before = world(&[("a", process(1, "t1")), ("b", process(2, "t1"))], Some("a_x"));
+        let mut rotated = before.clone();
+        rotated.secret_version = Some("2".into());
+        assert_eq!(changes(&before, &rotated).len(), 1);
+        assert!(changes(&before, &rotated)[0].starts_with("Secret kube-system/baremetal-cloud-config changed"));
+        let rolled = world(&[("b", process(2, "t1")), ("c", process(4, "t2"))], Some("a_x"));
+        let lines = changes(&before, &rolled);
+        assert!(
+            lines.contains(&"process a stopped (SIGTERM) and removed: replaced by the rollout".to_string()),
+            "{lines:?}"
+        );
+        assert!(lines.iter().any(|l| l.starts_with("process c started (pid 4, template t2")), "{lines:?}");
+    }
+
+    #[test]
+    fn nodes_and_service_addresses_are_logged_when_they_change() {
+        let mut before = World::default();
+        before.nodes.insert("n1".into(), None);
+        let mut after = before.clone();
+        after.nodes.insert("n1".into(), Some("baremetal://n1".into()));
+        after.services.insert("default/web".into(), vec!["203.0.113.10".into()]);
+        assert_eq!(
+            changes(&before, &after),
+            [
+                "Node n1 initialized: providerID baremetal://n1, taint removed",
+                "Service default/web: load-balancer address 203.0.113.10",
+            ]
+        );
     }
 }

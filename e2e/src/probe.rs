@@ -1,12 +1,8 @@
-//! A minimal HTTP/1.0 GET for probing local endpoints (`/readyz`, `/healthz`, `/metrics`) of
-//! manager processes, without an HTTP client dependency. HTTP/1.0 makes the server close the
-//! connection after a plain (never chunked) body.
+//! A minimal HTTPS GET for probing local endpoints (`/readyz`, `/healthz`, `/metrics`) of
+//! manager processes (through `manager::serving::probe`), and the parsing of what they answer.
 
 use std::net::SocketAddr;
 use std::time::Duration;
-
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 /// An HTTP response: status code and body.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,19 +13,11 @@ pub struct Response {
     pub body: String,
 }
 
-/// `GET path` on `addr`; `None` when the connection fails, times out or the answer is not HTTP.
+/// `GET path` on `addr` over HTTPS, not verifying the (self-signed) certificate, as a
+/// kubelet's HTTPS probe; `None` when the connection fails, times out or the answer is not HTTP.
 pub async fn get(addr: SocketAddr, path: &str, timeout: Duration) -> Option<Response> {
-    tokio::time::timeout(timeout, async {
-        let mut stream = TcpStream::connect(addr).await.ok()?;
-        let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nAccept: */*\r\n\r\n");
-        stream.write_all(request.as_bytes()).await.ok()?;
-        let mut raw = Vec::new();
-        stream.read_to_end(&mut raw).await.ok()?;
-        parse(&raw)
-    })
-    .await
-    .ok()
-    .flatten()
+    let r = manager::serving::probe::get(addr, path, None, timeout).await?;
+    Some(Response { status: r.status, body: r.body })
 }
 
 /// Parse a close-delimited HTTP/1.x response (pure).

@@ -250,3 +250,63 @@ fn links_between_docs_resolve() {
     }
     assert!(broken.is_empty(), "broken links:\n  {}", broken.join("\n  "));
 }
+
+/// `cargo tree` lines `name version (source) [features]` for the packages `args` select, as a map
+/// from package to features.
+fn resolved_features(args: &[&str]) -> std::collections::BTreeMap<String, String> {
+    let out = std::process::Command::new(env!("CARGO"))
+        .arg("tree")
+        .args(args)
+        .args(["--format", "{p} [{f}]", "--prefix", "none"])
+        .current_dir(root())
+        .output()
+        .expect("cargo tree runs");
+    assert!(out.status.success(), "cargo tree failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim_end_matches(" (*)");
+            let (package, features) = l.rsplit_once(" [")?;
+            Some((package.to_string(), features.to_string()))
+        })
+        .collect()
+}
+
+#[test]
+fn the_readme_commands_resolve_the_same_features_so_neither_rebuilds_the_other() {
+    // `cargo run -p e2e --bin sandbox` builds e2e's normal dependencies; `cargo test --workspace`
+    // every member with its dev-dependencies. A dependency built with other features is built
+    // twice, and each command then recompiles it after the other.
+    let run = resolved_features(&["-p", "e2e", "--edges", "no-dev"]);
+    let test = resolved_features(&["--workspace"]);
+    // `cargo build --bin sandbox --bin ccm-operator` (the quick start) selects every member
+    // without dev-dependencies: the same features again.
+    let build = resolved_features(&["--workspace", "--edges", "no-dev"]);
+    let differs_from_test: Vec<&String> =
+        build.iter().filter(|(p, f)| test.get(*p) != Some(f)).map(|(p, _)| p).collect();
+    assert!(
+        differs_from_test.is_empty(),
+        "`cargo build` resolves other features than `cargo test`: {differs_from_test:?}"
+    );
+    let mut differ = Vec::new();
+    for (package, features) in &run {
+        match test.get(package) {
+            Some(f) if f == features => {}
+            Some(f) => differ.push(format!("{package}: run [{features}, test [{f}")),
+            None => differ.push(format!("{package}: only in the run build")),
+        }
+    }
+    let workspace = root().canonicalize().unwrap().display().to_string();
+    for package in test.keys().filter(|p| !run.contains_key(*p)) {
+        // Members the sandbox does not depend on (the example provider) are built by the tests only.
+        if !package.contains(&workspace) {
+            differ.push(format!("{package}: only in the test build"));
+        }
+    }
+    assert!(
+        differ.is_empty(),
+        "features differ between `cargo run -p e2e` and `cargo test --workspace`; enable the \
+         dev-dependency features in e2e/Cargo.toml too:\n  {}",
+        differ.join("\n  ")
+    );
+}

@@ -8,7 +8,10 @@
 //!
 //! The demo starts the local API server, installs the CRD, runs the operator in this process,
 //! registers simulated Nodes, applies a baremetal CloudControllerManager and a LoadBalancer
-//! Service, prints progress and the final picture, then keeps serving until Ctrl-C.
+//! Service, prints progress and the final picture, then keeps serving until Ctrl-C with a live
+//! log: one line per change in the cluster (leader, processes, rollouts, Nodes, Services).
+//! Deployment mode runs the `cloud-controller-manager` binary found next to this one; it builds
+//! nothing itself.
 
 use std::io::Write;
 use std::net::IpAddr;
@@ -52,14 +55,15 @@ struct Args {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     address: IpAddr,
-    /// Where to write the kubeconfig (default: <temp dir>/ccm-operator-sandbox/kubeconfig).
+    /// Where to write the kubeconfig (default: <temp dir>/ccm-operator-sandbox-<pid>/kubeconfig).
+    /// It is removed when the sandbox stops.
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
     /// Do not install the CloudControllerManager CRD (with --server-only).
     #[arg(long, requires = "server_only")]
     no_crds: bool,
-    /// The cloud-controller-manager binary for Deployment mode (default: built with cargo, or
-    /// found next to this executable).
+    /// The cloud-controller-manager binary for Deployment mode (default: the one next to this
+    /// executable).
     #[arg(long)]
     manager_binary: Option<PathBuf>,
 }
@@ -111,8 +115,8 @@ fn instructions(kubeconfig: &str, mode: DemoMode, demo: &Demo) -> String {
             .map_or_else(|| "127.0.0.1:<port>".to_string(), |p| p.address().to_string());
         s.push_str(&format!(
             "\nDeployment mode: each replica is a local cloud-controller-manager process (table above).\n\
-             \x20 curl -s http://{endpoint}/metrics | grep leader_election_master_status\n\
-             \x20 curl -s 'http://{endpoint}/healthz?verbose'\n\
+             \x20 curl -sk https://{endpoint}/metrics | grep leader_election_master_status\n\
+             \x20 curl -sk 'https://{endpoint}/healthz?verbose'\n\
              \x20 kill <pid of the leader>   # the other replica takes the Lease; the process is restarted\n\n\
              Rotating the cloud-config rolls the processes one at a time:\n\n\
              \x20 kubectl -n {ns} get secret {secret} -o jsonpath='{{.data.{key_escaped}}}' | base64 -d > /tmp/cloud.yaml\n\
@@ -126,38 +130,115 @@ fn instructions(kubeconfig: &str, mode: DemoMode, demo: &Demo) -> String {
             logs = kubelet.work_dir().join("logs").display(),
         ));
     }
-    s.push_str("\nkubectl create sends protobuf, which the sandbox does not take: pipe --dry-run=client -o yaml into kubectl apply --server-side, as above.\nPress Ctrl-C to stop (manager processes and temporary files are removed).\n");
+    s.push_str("\nkubectl create sends protobuf, which the sandbox does not take: pipe --dry-run=client -o yaml into kubectl apply --server-side, as above.\nPress Ctrl-C to stop (manager processes, the kubeconfig and temporary files are removed).\n");
     s
+}
+
+/// Why the sandbox cannot listen on `address:port`, if it cannot (checked before anything starts).
+fn port_problem(address: IpAddr, port: u16) -> Option<String> {
+    match std::net::TcpListener::bind((address, port)) {
+        Ok(_) => None,
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Some(format!(
+            "{} is already in use (another sandbox, or another server?); \
+             pass --port <n> for another port, or --port 0 for a free one",
+            std::net::SocketAddr::new(address, port)
+        )),
+        Err(e) => Some(format!("cannot listen on {}: {e}", std::net::SocketAddr::new(address, port))),
+    }
+}
+
+/// The kubeconfig this run writes, and removes when it stops.
+struct KubeconfigFile {
+    path: PathBuf,
+    /// The per-run directory made for it (removed too), when the path was not given.
+    own_dir: Option<PathBuf>,
+}
+
+impl KubeconfigFile {
+    fn new(given: Option<PathBuf>) -> Self {
+        match given {
+            Some(path) => Self { path, own_dir: None },
+            None => {
+                let dir = std::env::temp_dir().join(format!("ccm-operator-sandbox-{}", std::process::id()));
+                Self { path: dir.join("kubeconfig"), own_dir: Some(dir) }
+            }
+        }
+    }
+}
+
+impl Drop for KubeconfigFile {
+    fn drop(&mut self) {
+        // It points at a server that is gone: leave nothing that looks usable.
+        let _ = std::fs::remove_file(&self.path);
+        if let Some(dir) = &self.own_dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// "built 3 min ago", from a file's modification time.
+fn built_ago(path: &std::path::Path) -> String {
+    let age = std::fs::metadata(path).and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
+    match age.map(|a| a.as_secs()) {
+        Some(s) if s < 120 => format!("built {s}s ago"),
+        Some(s) if s < 7200 => format!("built {} min ago", s / 60),
+        Some(s) => format!("built {} h ago", s / 3600),
+        None => "build time unknown".into(),
+    }
 }
 
 async fn run(args: Args) -> Result<(), String> {
     let started = Instant::now();
-    let kubeconfig =
-        args.kubeconfig.unwrap_or_else(|| std::env::temp_dir().join("ccm-operator-sandbox").join("kubeconfig"));
-    let address = args.address;
-    let mut builder =
-        Sandbox::builder().port(args.port).kubeconfig_path(&kubeconfig).server(move |s| s.bind_address(address));
-    if !args.no_crds {
-        builder = builder.crd(crds::crd());
+    if let Some(problem) = port_problem(args.address, args.port) {
+        return Err(problem);
     }
-    let sandbox = builder.start().await.map_err(|e| format!("starting the API server: {e}"))?;
-    let kubeconfig = sandbox.server().kubeconfig_path().display().to_string();
-    if args.server_only {
-        println!("{}", sandbox.usage());
-        return sandbox.run_until_ctrl_c().await.map_err(|e| e.to_string());
-    }
-    say(
-        started,
-        &format!(
-            "local API server on {} (kubeconfig {kubeconfig}); CloudControllerManager CRD installed",
-            sandbox.server().url()
-        ),
-    );
     let mode = match args.mode {
         Mode::Embedded => DemoMode::Embedded,
         Mode::Deployment => DemoMode::Deployment,
     };
-    let options = DemoOptions { mode, replicas: args.replicas, manager_binary: args.manager_binary, work_root: None };
+    // Deployment mode needs the manager binary: find it before starting anything.
+    let manager_binary = match (mode, args.server_only, args.manager_binary) {
+        (DemoMode::Deployment, false, None) => Some(e2e::kubelet::manager_binary().map_err(|e| e.to_string())?),
+        (_, _, given) => given,
+    };
+    let kubeconfig_file = KubeconfigFile::new(args.kubeconfig);
+    let address = args.address;
+    let mut builder = Sandbox::builder()
+        .port(args.port)
+        .kubeconfig_path(&kubeconfig_file.path)
+        .server(move |s| s.bind_address(address));
+    if !args.no_crds {
+        builder = builder.crd(crds::crd());
+    }
+    let sandbox = builder.start().await.map_err(|e| {
+        let text = e.to_string();
+        if text.contains("Address already in use") {
+            format!("{address}:{} is already in use; pass --port <n>, or --port 0 for a free one", args.port)
+        } else {
+            format!("starting the API server: {text}")
+        }
+    })?;
+    let kubeconfig = sandbox.server().kubeconfig_path().display().to_string();
+    if args.server_only {
+        println!("{}", sandbox.usage());
+        stop_signal().await;
+        sandbox.shutdown().await;
+        drop(kubeconfig_file);
+        println!("sandbox stopped; removed {kubeconfig}");
+        return Ok(());
+    }
+    say(
+        started,
+        &format!(
+            "local API server on {} (kubeconfig {kubeconfig}, removed on exit); CloudControllerManager CRD installed",
+            sandbox.server().url()
+        ),
+    );
+    if let Some(binary) = &manager_binary {
+        say(started, &format!("manager binary: {} ({})", binary.display(), built_ago(binary)));
+    }
+    say(started, "starting the operator in this process (it waits for its CRD and takes its Lease)...");
+    let options = DemoOptions { mode, replicas: args.replicas, manager_binary, work_root: None };
     let progress = move |line: &str| say(started, line);
     let demo =
         match Demo::start(sandbox.server().client(), sandbox.server().kubeconfig_path(), options, &progress).await {
@@ -167,14 +248,14 @@ async fn run(args: Args) -> Result<(), String> {
                 return Err(format!("starting the demo: {e}"));
             }
         };
+    say(started, "waiting for the operator and the manager to initialize the Nodes and the Service...");
     let outcome = tokio::select! {
         r = demo.wait_until_complete(DEMO_TIMEOUT, &progress) => Some(r),
         _ = stop_signal() => None,
     };
     match outcome {
         None => {
-            demo.shutdown().await;
-            sandbox.shutdown().await;
+            stop(started, demo, sandbox).await;
             return Ok(());
         }
         Some(Ok(_)) => {
@@ -182,16 +263,28 @@ async fn run(args: Args) -> Result<(), String> {
         }
         Some(Err(e)) => say(started, &format!("not there yet ({e}); the sandbox keeps serving so you can look")),
     }
+    // The live log starts from what the picture shows.
+    let since = demo.world().await.unwrap_or_default();
     match demo.picture().await {
         Ok(p) => println!("\n{p}"),
         Err(e) => println!("\n(could not read the picture: {e})"),
     }
     println!("{}", instructions(&kubeconfig, mode, &demo));
-    stop_signal().await;
-    println!("stopping...");
+    say(started, "live log: one line per change in the cluster (leader, processes, rollouts, Nodes, Services)");
+    tokio::select! {
+        _ = demo.follow(since, &progress) => {}
+        _ = stop_signal() => {}
+    }
+    stop(started, demo, sandbox).await;
+    Ok(())
+}
+
+/// Stop the demo (manager processes get SIGTERM, engines release their Leases), then the server.
+async fn stop(started: Instant, demo: Demo, sandbox: Sandbox) {
+    say(started, "stopping: manager processes and the operator first, then the API server...");
     demo.shutdown().await;
     sandbox.shutdown().await;
-    Ok(())
+    say(started, "stopped");
 }
 
 fn main() -> ExitCode {
