@@ -1319,6 +1319,117 @@ mod node_port_tests {
         assert_eq!(&echo, b"ping");
         stop.cancel();
     }
+
+    /// GET `/` on `addr`; the response body.
+    async fn http_get(addr: SocketAddr) -> Option<String> {
+        let connect = tokio::net::TcpStream::connect(addr);
+        let mut stream = tokio::time::timeout(Duration::from_secs(2), connect).await.ok()?.ok()?;
+        stream.write_all(b"GET / HTTP/1.1\r\nHost: lb\r\nConnection: close\r\n\r\n").await.ok()?;
+        let mut response = String::new();
+        tokio::time::timeout(Duration::from_secs(2), stream.read_to_string(&mut response)).await.ok()?.ok()?;
+        response.split_once("\r\n\r\n").map(|(_, body)| body.to_string())
+    }
+
+    async fn eventually<T, F, Fut>(what: &str, f: F) -> T
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Option<T>>,
+    {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(v) = f().await {
+                return v;
+            }
+            assert!(Instant::now() < deadline, "{what}: not reached in 30 s");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    e2e_apiserver::backend_tests! {
+        /// The sandbox's picture end to end: emulated Nodes on loopback answer on the nodePorts,
+        /// the baremetal provider in proxy mode serves the Service's address, and a GET on
+        /// `<EXTERNAL-IP>:<port>` (TCP) and a datagram (UDP) come back naming Node and Service;
+        /// a deleted Node stops answering.
+        async fn an_http_get_and_a_datagram_on_the_external_ip_reach_an_emulated_node(backend) {
+            use kube::api::{DeleteParams, PostParams};
+            use manager::provider::CloudProvider;
+            use manager::providers::baremetal::BaremetalProvider;
+
+            let cluster = e2e_apiserver::TestCluster::start(backend).await.unwrap();
+            let b: u8 = if cluster.is_genuine() { 160 } else { 60 };
+            let ns = cluster.fresh_namespace("node-ports").await.unwrap();
+            let nodes: Api<Node> = Api::all(cluster.client());
+            for (suffix, host) in [("a", 1), ("b", 2)] {
+                let name = format!("np{b}-{suffix}");
+                let node = (*node(&name, &format!("127.{b}.0.{host}"))).clone();
+                nodes.create(&PostParams::default(), &node).await.unwrap();
+                let status = serde_json::json!({ "status": node.status });
+                nodes.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+            }
+            let node_ports = NodePorts::start(cluster.client());
+            let np = 30000 + u16::from(b) * 10;
+            let mut web = (*service("web", &[("TCP", i32::from(np)), ("UDP", i32::from(np) + 1)], None)).clone();
+            web.metadata.namespace = Some(ns.clone());
+            if let Some(ports) = web.spec.as_mut().and_then(|s| s.ports.as_mut()) {
+                ports[0].name = Some("http".into());
+                ports[0].port = 8080;
+                ports[1].name = Some("dns".into());
+                ports[1].port = 5353;
+            }
+            let services: Api<Service> = Api::namespaced(cluster.client(), &ns);
+            services.create(&PostParams::default(), &web).await.unwrap();
+
+            let config = format!(
+                "loadBalancer:\n  mode: proxy\n  proxy:\n    healthCheckInterval: 100ms\n    healthCheckTimeout: 100ms\n    drainTimeout: 1s\n  pools:\n    - name: sandbox\n      cidrs: [127.{b}.0.240/29]\n      allowLoopback: true\n"
+            );
+            let provider = std::sync::Arc::new(BaremetalProvider::from_cloud_config(Some(config.as_bytes())).unwrap());
+            let options = manager::options::ControllerOptions { concurrent_service_syncs: 2, ..Default::default() };
+            let running = manager::engine::testing::run_controller(
+                cluster.client(),
+                provider as std::sync::Arc<dyn CloudProvider>,
+                options,
+                Box::new(manager::controllers::service::ServiceController::new()),
+            )
+            .await;
+            let ip: IpAddr = eventually("an external IP", || async {
+                let svc = services.get("web").await.ok()?;
+                let ingress = svc.status?.load_balancer?.ingress?;
+                ingress.first()?.ip.as_deref()?.parse().ok()
+            })
+            .await;
+
+            let expected = |node: &str| format!("node={node} service={ns}/web\n");
+            let mut answered = BTreeSet::new();
+            for _ in 0..6 {
+                let body = eventually("GET / answers", || http_get(SocketAddr::new(ip, 8080))).await;
+                answered.insert(body);
+            }
+            assert_eq!(answered, BTreeSet::from([expected(&format!("np{b}-a")), expected(&format!("np{b}-b"))]));
+
+            let client = tokio::net::UdpSocket::bind(SocketAddr::new(ip, 0)).await.unwrap();
+            client.send_to(b"hi", SocketAddr::new(ip, 5353)).await.unwrap();
+            let mut buf = [0u8; 256];
+            let (n, _) = tokio::time::timeout(Duration::from_secs(5), client.recv_from(&mut buf)).await.unwrap().unwrap();
+            let reply = String::from_utf8_lossy(&buf[..n]).to_string();
+            assert!(reply.starts_with(&format!("node=np{b}-")) && reply.ends_with(&format!("service={ns}/web\nhi")), "{reply}");
+
+            // Deleting a Node takes it out of the load balancer (no GC on the genuine backend,
+            // but nothing holds a Node back).
+            nodes.delete(&format!("np{b}-b"), &DeleteParams::default()).await.unwrap();
+            let only_a = expected(&format!("np{b}-a"));
+            eventually("only the remaining Node answers", || async {
+                for _ in 0..4 {
+                    if http_get(SocketAddr::new(ip, 8080)).await.as_deref() != Some(only_a.as_str()) {
+                        return None;
+                    }
+                }
+                Some(())
+            })
+            .await;
+            running.stop().await.unwrap();
+            drop(node_ports);
+        }
+    }
 }
 
 #[cfg(test)]
