@@ -92,7 +92,13 @@ impl ThrottleLog {
         events.len()
     }
 
-    /// The delay to ask for after `count` recent answers: 1 s doubling, at most 60 s.
+    /// The delay to ask for after `count` recent answers: 1 s doubling, at most the window
+    /// (answers older than it no longer count, so waiting longer gains nothing).
+    pub fn delay(&self, count: usize) -> Duration {
+        Self::delay_for(count).min(self.window)
+    }
+
+    /// The delay after `count` recent answers without a window: 1 s doubling, at most 60 s.
     pub fn delay_for(count: usize) -> Duration {
         let exp = count.saturating_sub(1).min(6) as u32;
         Duration::from_secs(1u64 << exp).min(Duration::from_secs(60))
@@ -113,7 +119,7 @@ where
     if is_throttling(&err) {
         let count = log.record();
         return CloudError::Throttled {
-            retry_after: Some(ThrottleLog::delay_for(count)),
+            retry_after: Some(log.delay(count)),
             message: format!("{operation}: {}", code(&err).unwrap_or("throttled")),
         };
     }
@@ -166,6 +172,13 @@ mod tests {
         assert_eq!(ThrottleLog::delay_for(2), Duration::from_secs(2));
         assert_eq!(ThrottleLog::delay_for(4), Duration::from_secs(8));
         assert_eq!(ThrottleLog::delay_for(100), Duration::from_secs(60));
+    }
+
+    #[test]
+    fn throttle_delay_never_exceeds_the_window() {
+        let log = ThrottleLog::new(Duration::from_secs(5));
+        assert_eq!(log.delay(2), Duration::from_secs(2));
+        assert_eq!(log.delay(10), Duration::from_secs(5));
     }
 
     #[test]

@@ -68,8 +68,11 @@ pub struct AwsOptions {
     pub absence_confirm_after: Duration,
     /// How long throttling answers count towards the delay and `ProviderHealthy`.
     pub throttle_window: Duration,
-    /// SDK attempts per call (adaptive retry mode).
+    /// SDK attempts per call.
     pub max_attempts: u32,
+    /// The SDK's adaptive retry mode (a client-side rate limiter that slows down after
+    /// throttling, down to one request per two seconds); `false` is its standard mode.
+    pub adaptive_retry: bool,
     /// Static credentials instead of the standard chain (tests, emulators).
     pub credentials: Option<Credentials>,
     /// An endpoint for every service (tests, emulators); `[ServiceOverride]` sections win.
@@ -83,6 +86,7 @@ impl Default for AwsOptions {
             absence_confirm_after: Duration::from_secs(20),
             throttle_window: Duration::from_secs(60),
             max_attempts: 3,
+            adaptive_retry: true,
             credentials: None,
             endpoint_url: None,
         }
@@ -183,9 +187,10 @@ impl AwsProvider {
             .operation_attempt_timeout(Duration::from_secs(20))
             .operation_timeout(Duration::from_secs(60))
             .build();
+        let retry = if self.options.adaptive_retry { RetryConfig::adaptive() } else { RetryConfig::standard() };
         let mut loader = aws_config::defaults(BehaviorVersion::latest())
             .http_client(http)
-            .retry_config(RetryConfig::adaptive().with_max_attempts(self.options.max_attempts.max(1)))
+            .retry_config(retry.with_max_attempts(self.options.max_attempts.max(1)))
             .timeout_config(timeouts);
         let region = self.config.effective_region();
         if !region.is_empty() {
