@@ -1,4 +1,4 @@
-//! service-lb-controller against the local API server and the fake provider: one test per
+//! service-lb-controller against both API server backends and the fake provider: one test per
 //! upstream behaviour (S1–S24, named after its ID), our deliberate fixes and additions, the
 //! write budget, the idle cost and the crash test.
 
@@ -7,7 +7,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use e2e_apiserver::{RequestRecord, TestApiServer};
+use e2e_apiserver::{Backend, RequestRecord, TestCluster};
 use k8s_openapi::api::core::v1::{Node, NodeSpec, Service, ServicePort, ServiceSpec, Taint};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -26,7 +26,7 @@ const WAIT: Duration = Duration::from_secs(20);
 const NS: &str = "default";
 
 struct Env {
-    server: TestApiServer,
+    cluster: TestCluster,
     fake: Arc<FakeProvider>,
     options: ControllerOptions,
     running: Option<RunningController>,
@@ -37,20 +37,20 @@ fn options() -> ControllerOptions {
 }
 
 impl Env {
-    async fn new(options: ControllerOptions) -> Env {
-        let server = TestApiServer::start().await.expect("API server starts");
-        Env { server, fake: Arc::new(FakeProvider::new()), options, running: None }
+    async fn new(backend: Backend, options: ControllerOptions) -> Env {
+        let cluster = TestCluster::start(backend).await.expect("API server starts");
+        Env { cluster, fake: Arc::new(FakeProvider::new()), options, running: None }
     }
 
-    async fn started(options: ControllerOptions) -> Env {
-        let mut env = Env::new(options).await;
+    async fn started(backend: Backend, options: ControllerOptions) -> Env {
+        let mut env = Env::new(backend, options).await;
         env.start().await;
         env
     }
 
     async fn start(&mut self) {
         let running = run_controller(
-            self.server.client(),
+            self.cluster.client(),
             self.fake.clone(),
             self.options.clone(),
             Box::new(ServiceController::new()),
@@ -66,11 +66,11 @@ impl Env {
     }
 
     fn services(&self) -> Api<Service> {
-        Api::namespaced(self.server.client(), NS)
+        Api::namespaced(self.cluster.client(), NS)
     }
 
     fn nodes(&self) -> Api<Node> {
-        Api::all(self.server.client())
+        Api::all(self.cluster.client())
     }
 
     async fn create_service(&self, svc: Service) -> Service {
@@ -121,7 +121,7 @@ impl Env {
 
     /// Service writes made by the controller.
     fn writes(&self) -> Vec<RequestRecord> {
-        self.server.request_log().filter(|r| {
+        self.cluster.request_log().filter(|r| {
             r.is_write()
                 && r.resource.as_deref() == Some("services")
                 && r.field_manager.as_deref() == Some(FIELD_MANAGER)
@@ -129,7 +129,7 @@ impl Env {
     }
 
     async fn events(&self, reason: &str) -> Vec<Event> {
-        let api: Api<Event> = Api::all(self.server.client());
+        let api: Api<Event> = Api::all(self.cluster.client());
         let list = api.list(&ListParams::default()).await.expect("list events");
         list.items.into_iter().filter(|e| e.reason.as_deref() == Some(reason)).collect()
     }
@@ -219,12 +219,13 @@ fn finalizers(s: &Service) -> Vec<String> {
 // ---- S3: the update matrix ---------------------------------------------------------------
 
 /// Apply `patch` to a provisioned Service and report whether the controller synced it again.
-async fn s3_case(patch: Value) -> bool {
-    let env = Env::started(options()).await;
+async fn s3_case(backend: Backend, setup: fn(&mut ServiceSpec), patch: Value) -> bool {
+    let env = Env::started(backend, options()).await;
     env.create_node(node("n1")).await;
     let mut svc = lb_service("web");
     // Fields some cases change need a starting value.
     svc.metadata.annotations = Some(BTreeMap::from([("keep".to_string(), "me".to_string())]));
+    setup(svc.spec.as_mut().unwrap());
     env.create_service(svc).await;
     env.wait_ingress("web").await;
     let web_syncs = || {
@@ -242,11 +243,24 @@ async fn s3_case(patch: Value) -> bool {
     web_syncs() > before
 }
 
+/// A case's starting spec change, none by default.
+macro_rules! s3_setup {
+    () => {
+        |_: &mut ServiceSpec| {}
+    };
+    ($setup:expr) => {{
+        let setup: fn(&mut ServiceSpec) = $setup;
+        setup
+    }};
+}
+
 macro_rules! s3 {
-    ($($name:ident: $patch:expr => $triggers:expr;)*) => {$(
-        #[tokio::test]
-        async fn $name() {
-            assert_eq!(s3_case($patch).await, $triggers, "{}", stringify!($name));
+    ($($name:ident: $patch:expr => $triggers:expr $(, from $setup:expr)?;)*) => {$(
+        e2e_apiserver::backend_tests! {
+            async fn $name(backend) {
+                let setup = s3_setup!($($setup)?);
+                assert_eq!(s3_case(backend, setup, $patch).await, $triggers, "{}", stringify!($name));
+            }
         }
     )*};
 }
@@ -261,146 +275,158 @@ s3! {
     s3_target_port_change_triggers_ensure: json!({"spec": {"ports": [{"name": "http", "port": 80, "targetPort": 9090, "protocol": "TCP"}]}}) => true;
     s3_app_protocol_change_triggers_ensure: json!({"spec": {"ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP", "appProtocol": "http"}]}}) => true;
     s3_session_affinity_change_triggers_ensure: json!({"spec": {"sessionAffinity": "ClientIP"}}) => true;
-    s3_session_affinity_config_change_triggers_ensure: json!({"spec": {"sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 60}}}}) => true;
+    // The API server drops sessionAffinityConfig unless sessionAffinity is ClientIP.
+    s3_session_affinity_config_change_triggers_ensure: json!({"spec": {"sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 60}}}}) => true,
+        from |s| s.session_affinity = Some("ClientIP".into());
     s3_load_balancer_ip_change_triggers_ensure: json!({"spec": {"loadBalancerIP": "198.18.9.9"}}) => true;
     s3_external_ips_change_triggers_ensure: json!({"spec": {"externalIPs": ["192.0.2.10"]}}) => true;
     s3_annotation_change_triggers_ensure: json!({"metadata": {"annotations": {"lb.example/size": "large"}}}) => true;
     s3_annotation_removal_triggers_ensure: json!({"metadata": {"annotations": {"keep": null}}}) => true;
     s3_external_traffic_policy_change_triggers_ensure: json!({"spec": {"externalTrafficPolicy": "Local"}}) => true;
-    s3_health_check_node_port_change_triggers_ensure: json!({"spec": {"healthCheckNodePort": 32200}}) => true;
     s3_ip_families_count_change_triggers_ensure: json!({"spec": {"ipFamilies": ["IPv4", "IPv6"], "ipFamilyPolicy": "PreferDualStack"}}) => true;
     s3_label_change_does_not_trigger: json!({"metadata": {"labels": {"team": "web"}}}) => false;
     s3_selector_change_does_not_trigger: json!({"spec": {"selector": {"app": "other"}}}) => false;
     s3_foreign_finalizer_does_not_trigger: json!({"metadata": {"finalizers": [LOAD_BALANCER_CLEANUP_FINALIZER, "example.com/hold"]}}) => false;
     s3_internal_traffic_policy_change_does_not_trigger: json!({"spec": {"internalTrafficPolicy": "Local"}}) => false;
-    s3_ip_family_policy_change_does_not_trigger: json!({"spec": {"ipFamilyPolicy": "PreferDualStack"}}) => false;
+    // From PreferDualStack to RequireDualStack the families stay (on a dual-stack cluster
+    // SingleStack to PreferDualStack would add one, which does count).
+    s3_ip_family_policy_change_does_not_trigger: json!({"spec": {"ipFamilyPolicy": "RequireDualStack"}}) => false,
+        from |s| s.ip_family_policy = Some("PreferDualStack".into());
 }
 
+/// Local backend only: kube-apiserver makes healthCheckNodePort immutable, so on a real cluster
+/// it never changes alone (the comparison itself is unit-tested in `logic.rs`).
 #[tokio::test]
-async fn s3_foreign_status_write_does_not_trigger() {
-    let env = Env::started(options()).await;
-    env.create_service(lb_service("web")).await;
-    env.wait_ingress("web").await;
-    let before = env.ensures();
-    let pp = PatchParams { field_manager: Some("someone-else".into()), ..Default::default() };
-    let patch = json!({"status": {"conditions": [{"type": "Probe", "status": "True", "reason": "Ok", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
-    env.services().patch_status("web", &pp, &Patch::Merge(patch)).await.expect("status patch");
-    env.settle("sentinel").await;
-    assert_eq!(env.ensures(), before + 1, "only the sentinel was ensured");
+async fn s3_health_check_node_port_change_triggers_ensure() {
+    let setup: fn(&mut ServiceSpec) = |s| s.external_traffic_policy = Some("Local".into());
+    let patch = json!({"spec": {"healthCheckNodePort": 32200}});
+    assert!(s3_case(Backend::Local, setup, patch).await);
+}
+
+e2e_apiserver::backend_tests! {
+    async fn s3_foreign_status_write_does_not_trigger(backend) {
+        let env = Env::started(backend, options()).await;
+        env.create_service(lb_service("web")).await;
+        env.wait_ingress("web").await;
+        let before = env.ensures();
+        let pp = PatchParams { field_manager: Some("someone-else".into()), ..Default::default() };
+        let patch = json!({"status": {"conditions": [{"type": "Probe", "status": "True", "reason": "Ok", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
+        env.services().patch_status("web", &pp, &Patch::Merge(patch)).await.expect("status patch");
+        env.settle("sentinel").await;
+        assert_eq!(env.ensures(), before + 1, "only the sentinel was ensured");
+    }
 }
 
 // ---- S7/S11/S13: finalizer ordering and restarts -------------------------------------------
 
-#[tokio::test]
-async fn s7_finalizer_is_added_before_ensure() {
-    let env = Env::started(options()).await;
-    env.fake.set_load_balancer_latency(Duration::from_millis(500));
-    env.create_service(lb_service("web")).await;
-    // While the first ensure is in flight, the finalizer is already stored.
-    eventually(|| async { (env.fake.calls().in_flight() > 0).then_some(()) }).await;
-    let svc = env.get("web").await.unwrap();
-    assert_eq!(finalizers(&svc), [LOAD_BALANCER_CLEANUP_FINALIZER]);
-    assert!(ingress(&svc).is_none());
-    let svc = env.wait_ingress("web").await;
-    let lb = env.fake.load_balancer_for(NS, "web").expect("load balancer exists");
-    assert_eq!(svc.status.and_then(|s| s.load_balancer), Some(lb.status));
-    env.wait_event("EnsuringLoadBalancer").await;
-    env.wait_event("EnsuredLoadBalancer").await;
-}
+e2e_apiserver::backend_tests! {
+    async fn s7_finalizer_is_added_before_ensure(backend) {
+        let env = Env::started(backend, options()).await;
+        env.fake.set_load_balancer_latency(Duration::from_millis(500));
+        env.create_service(lb_service("web")).await;
+        // While the first ensure is in flight, the finalizer is already stored.
+        eventually(|| async { (env.fake.calls().in_flight() > 0).then_some(()) }).await;
+        let svc = env.get("web").await.unwrap();
+        assert_eq!(finalizers(&svc), [LOAD_BALANCER_CLEANUP_FINALIZER]);
+        assert!(ingress(&svc).is_none());
+        let svc = env.wait_ingress("web").await;
+        let lb = env.fake.load_balancer_for(NS, "web").expect("load balancer exists");
+        let lb_ip = lb.status.ingress.and_then(|i| i.first().and_then(|i| i.ip.clone()));
+        assert_eq!(ingress(&svc), lb_ip);
+        env.wait_event("EnsuringLoadBalancer").await;
+        env.wait_event("EnsuredLoadBalancer").await;
+    }
 
-#[tokio::test]
-async fn s11_finalizer_removed_only_after_load_balancer_deleted() {
-    let env = Env::started(options()).await;
-    env.create_service(lb_service("web")).await;
-    env.wait_ingress("web").await;
-    env.fake.fail_next(methods::ENSURE_LOAD_BALANCER_DELETED, 1, CloudError::Unavailable("cloud down".into()));
-    env.services().delete("web", &DeleteParams::default()).await.expect("delete");
-    // The failed deletion leaves both the Service (held by the finalizer) and the LB.
-    env.wait_event("SyncLoadBalancerFailed").await;
-    let held = env.get("web").await.expect("held by the finalizer");
-    assert!(held.metadata.deletion_timestamp.is_some());
-    assert!(env.fake.load_balancer_for(NS, "web").is_some());
-    // The retry (5 s backoff) deletes the LB, then the Service goes.
-    eventually(|| async {
-        let gone = env.get("web").await.is_none();
-        if gone {
-            assert!(env.fake.load_balancer_for(NS, "web").is_none(), "Service released before its LB was deleted");
-        }
-        gone.then_some(())
-    })
-    .await;
-    env.wait_event("DeletingLoadBalancer").await;
-    env.wait_event("DeletedLoadBalancer").await;
-}
+    async fn s11_finalizer_removed_only_after_load_balancer_deleted(backend) {
+        let env = Env::started(backend, options()).await;
+        env.create_service(lb_service("web")).await;
+        env.wait_ingress("web").await;
+        env.fake.fail_next(methods::ENSURE_LOAD_BALANCER_DELETED, 1, CloudError::Unavailable("cloud down".into()));
+        env.services().delete("web", &DeleteParams::default()).await.expect("delete");
+        // The failed deletion leaves both the Service (held by the finalizer) and the LB.
+        env.wait_event("SyncLoadBalancerFailed").await;
+        let held = env.get("web").await.expect("held by the finalizer");
+        assert!(held.metadata.deletion_timestamp.is_some());
+        assert!(env.fake.load_balancer_for(NS, "web").is_some());
+        // The retry (5 s backoff) deletes the LB, then the Service goes.
+        eventually(|| async {
+            let gone = env.get("web").await.is_none();
+            if gone {
+                assert!(env.fake.load_balancer_for(NS, "web").is_none(), "Service released before its LB was deleted");
+            }
+            gone.then_some(())
+        })
+        .await;
+        env.wait_event("DeletingLoadBalancer").await;
+        env.wait_event("DeletedLoadBalancer").await;
+    }
 
-#[tokio::test]
-async fn s13_type_change_while_stopped_is_cleaned_up_on_start() {
-    let mut env = Env::started(options()).await;
-    env.create_service(lb_service("web")).await;
-    env.wait_ingress("web").await;
-    env.stop().await;
-    env.edit("web", to_cluster_ip()).await;
-    env.start().await;
-    let svc = eventually(|| async { env.get("web").await.filter(|s| finalizers(s).is_empty()) }).await;
-    assert!(env.fake.load_balancer_for(NS, "web").is_none());
-    assert!(ingress(&svc).is_none(), "the stale ingress is cleared");
-}
+    async fn s13_type_change_while_stopped_is_cleaned_up_on_start(backend) {
+        let mut env = Env::started(backend, options()).await;
+        env.create_service(lb_service("web")).await;
+        env.wait_ingress("web").await;
+        env.stop().await;
+        env.edit("web", to_cluster_ip()).await;
+        env.start().await;
+        let svc = eventually(|| async { env.get("web").await.filter(|s| finalizers(s).is_empty()) }).await;
+        assert!(env.fake.load_balancer_for(NS, "web").is_none());
+        assert!(ingress(&svc).is_none(), "the stale ingress is cleared");
+    }
 
-#[tokio::test]
-async fn s13_deletion_while_stopped_is_cleaned_up_on_start() {
-    let mut env = Env::started(options()).await;
-    env.create_service(lb_service("web")).await;
-    env.wait_ingress("web").await;
-    env.stop().await;
-    env.services().delete("web", &DeleteParams::default()).await.expect("delete");
-    assert!(env.get("web").await.is_some(), "KEP-992: the finalizer holds the Service");
-    env.start().await;
-    eventually(|| async { env.get("web").await.is_none().then_some(()) }).await;
-    assert!(env.fake.load_balancers().is_empty());
-}
+    async fn s13_deletion_while_stopped_is_cleaned_up_on_start(backend) {
+        let mut env = Env::started(backend, options()).await;
+        env.create_service(lb_service("web")).await;
+        env.wait_ingress("web").await;
+        env.stop().await;
+        env.services().delete("web", &DeleteParams::default()).await.expect("delete");
+        assert!(env.get("web").await.is_some(), "KEP-992: the finalizer holds the Service");
+        env.start().await;
+        eventually(|| async { env.get("web").await.is_none().then_some(()) }).await;
+        assert!(env.fake.load_balancers().is_empty());
+    }
 
-#[tokio::test]
-async fn s14_service_deleted_without_finalizer_still_loses_its_load_balancer() {
-    let env = Env::started(options()).await;
-    env.create_service(lb_service("web")).await;
-    env.wait_ingress("web").await;
-    // Someone strips the finalizer, then deletes: the Service vanishes at once.
-    env.edit("web", json!({"metadata": {"finalizers": null}})).await;
-    env.services().delete("web", &DeleteParams::default()).await.expect("delete");
-    eventually(|| async { env.fake.load_balancer_for(NS, "web").is_none().then_some(()) }).await;
-}
+    async fn s14_service_deleted_without_finalizer_still_loses_its_load_balancer(backend) {
+        let env = Env::started(backend, options()).await;
+        env.create_service(lb_service("web")).await;
+        env.wait_ingress("web").await;
+        // Someone strips the finalizer, then deletes: the Service vanishes at once.
+        env.edit("web", json!({"metadata": {"finalizers": null}})).await;
+        env.services().delete("web", &DeleteParams::default()).await.expect("delete");
+        eventually(|| async { env.fake.load_balancer_for(NS, "web").is_none().then_some(()) }).await;
+    }
 
-#[tokio::test]
-async fn finalizer_never_added_to_a_service_being_deleted() {
-    let mut env = Env::new(options()).await;
-    let mut svc = lb_service("web");
-    svc.metadata.finalizers = Some(vec!["example.com/hold".into()]);
-    env.create_service(svc).await;
-    env.services().delete("web", &DeleteParams::default()).await.expect("delete");
-    env.start().await;
-    env.settle("sentinel").await;
-    let svc = env.get("web").await.expect("held by the foreign finalizer");
-    assert_eq!(finalizers(&svc), ["example.com/hold"]);
-    assert!(!env.fake.calls().subjects(methods::ENSURE_LOAD_BALANCER).contains(&"default/web".to_string()));
-    let failed = env.server.request_log().count(|r| r.name.as_deref() == Some("web") && r.status >= 400);
-    assert_eq!(failed, 0, "§6 item 9: no rejected finalizer patch");
+    async fn finalizer_never_added_to_a_service_being_deleted(backend) {
+        let mut env = Env::new(backend, options()).await;
+        let mut svc = lb_service("web");
+        svc.metadata.finalizers = Some(vec!["example.com/hold".into()]);
+        env.create_service(svc).await;
+        env.services().delete("web", &DeleteParams::default()).await.expect("delete");
+        env.start().await;
+        env.settle("sentinel").await;
+        let svc = env.get("web").await.expect("held by the foreign finalizer");
+        assert_eq!(finalizers(&svc), ["example.com/hold"]);
+        assert!(!env.fake.calls().subjects(methods::ENSURE_LOAD_BALANCER).contains(&"default/web".to_string()));
+        let failed = env.cluster.request_log().count(|r| r.name.as_deref() == Some("web") && r.status >= 400);
+        assert_eq!(failed, 0, "§6 item 9: no rejected finalizer patch");
+    }
 }
 
 // ---- S8/S9/S10/S12: results of ensure ------------------------------------------------------
 
-#[tokio::test]
-async fn s8_implemented_elsewhere_keeps_finalizer_and_writes_no_status() {
-    let env = Env::started(options()).await;
-    env.fake.fail_rate(methods::ENSURE_LOAD_BALANCER, 1.0, CloudError::ImplementedElsewhere);
-    env.create_service(lb_service("web")).await;
-    env.settle_after_failure("sentinel").await;
-    let svc = env.get("web").await.unwrap();
-    assert_eq!(finalizers(&svc), [LOAD_BALANCER_CLEANUP_FINALIZER]);
-    assert!(ingress(&svc).is_none());
-    let status_writes = env.writes().into_iter().filter(|r| r.subresource.as_deref() == Some("status")).count();
-    assert_eq!(status_writes, 0);
-    assert!(env.events("SyncLoadBalancerFailed").await.is_empty());
-    assert_eq!(env.ensures(), 2, "no retry: the sync counted as a success");
+e2e_apiserver::backend_tests! {
+    async fn s8_implemented_elsewhere_keeps_finalizer_and_writes_no_status(backend) {
+        let env = Env::started(backend, options()).await;
+        env.fake.fail_rate(methods::ENSURE_LOAD_BALANCER, 1.0, CloudError::ImplementedElsewhere);
+        env.create_service(lb_service("web")).await;
+        env.settle_after_failure("sentinel").await;
+        let svc = env.get("web").await.unwrap();
+        assert_eq!(finalizers(&svc), [LOAD_BALANCER_CLEANUP_FINALIZER]);
+        assert!(ingress(&svc).is_none());
+        let status_writes = env.writes().into_iter().filter(|r| r.subresource.as_deref() == Some("status")).count();
+        assert_eq!(status_writes, 0);
+        assert!(env.events("SyncLoadBalancerFailed").await.is_empty());
+        assert_eq!(env.ensures(), 2, "no retry: the sync counted as a success");
+    }
 }
 
 impl Env {
@@ -417,265 +443,268 @@ impl Env {
     }
 }
 
-#[tokio::test]
-async fn s10_status_written_once_and_only_when_ingress_changes() {
-    let env = Env::started(options()).await;
-    env.create_service(lb_service("web")).await;
-    env.wait_ingress("web").await;
-    // A change that re-ensures but yields the same ingress writes nothing.
-    env.edit("web", json!({"spec": {"sessionAffinity": "ClientIP"}})).await;
-    env.settle("sentinel").await;
-    assert_eq!(
-        env.fake.calls().subjects(methods::ENSURE_LOAD_BALANCER).iter().filter(|s| *s == "default/web").count(),
-        2
-    );
-    let web_status: Vec<_> = env
-        .writes()
-        .into_iter()
-        .filter(|r| r.name.as_deref() == Some("web") && r.subresource.as_deref() == Some("status"))
-        .collect();
-    assert_eq!(web_status.len(), 1, "{web_status:?}");
-}
+e2e_apiserver::backend_tests! {
+    async fn s10_status_written_once_and_only_when_ingress_changes(backend) {
+        let env = Env::started(backend, options()).await;
+        env.create_service(lb_service("web")).await;
+        env.wait_ingress("web").await;
+        // A change that re-ensures but yields the same ingress writes nothing.
+        env.edit("web", json!({"spec": {"sessionAffinity": "ClientIP"}})).await;
+        env.settle("sentinel").await;
+        assert_eq!(
+            env.fake.calls().subjects(methods::ENSURE_LOAD_BALANCER).iter().filter(|s| *s == "default/web").count(),
+            2
+        );
+        let web_status: Vec<_> = env
+            .writes()
+            .into_iter()
+            .filter(|r| r.name.as_deref() == Some("web") && r.subresource.as_deref() == Some("status"))
+            .collect();
+        assert_eq!(web_status.len(), 1, "{web_status:?}");
+    }
 
-#[tokio::test]
-async fn s12_retry_after_requeues_at_the_requested_delay() {
-    let env = Env::started(options()).await;
-    env.fake.fail_next(
-        methods::ENSURE_LOAD_BALANCER,
-        1,
-        CloudError::retry_after(Duration::from_millis(300), "creating"),
-    );
-    let started = Instant::now();
-    env.create_service(lb_service("web")).await;
-    env.wait_ingress("web").await;
-    let took = started.elapsed();
-    assert!(took >= Duration::from_millis(300), "retried before the requested delay: {took:?}");
-    assert!(took < Duration::from_secs(4), "retried with backoff instead of the requested delay: {took:?}");
-    let failed = env.wait_event("SyncLoadBalancerFailed").await;
-    assert!(failed.note.unwrap_or_default().contains("creating"));
-}
+    async fn s12_retry_after_requeues_at_the_requested_delay(backend) {
+        let env = Env::started(backend, options()).await;
+        env.fake.fail_next(
+            methods::ENSURE_LOAD_BALANCER,
+            1,
+            CloudError::retry_after(Duration::from_millis(300), "creating"),
+        );
+        let started = Instant::now();
+        env.create_service(lb_service("web")).await;
+        env.wait_ingress("web").await;
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(300), "retried before the requested delay: {took:?}");
+        assert!(took < Duration::from_secs(4), "retried with backoff instead of the requested delay: {took:?}");
+        let failed = env.wait_event("SyncLoadBalancerFailed").await;
+        assert!(failed.note.unwrap_or_default().contains("creating"));
+    }
 
-#[tokio::test]
-async fn s12_other_errors_back_off_five_seconds() {
-    let env = Env::started(options()).await;
-    env.fake.fail_next(methods::ENSURE_LOAD_BALANCER, 1, CloudError::Unavailable("cloud down".into()));
-    let started = Instant::now();
-    env.create_service(lb_service("web")).await;
-    env.wait_ingress("web").await;
-    let took = started.elapsed();
-    assert!(took >= Duration::from_secs(5), "retried before the 5 s backoff: {took:?}");
-    let failed = env.wait_event("SyncLoadBalancerFailed").await;
-    assert!(failed.note.unwrap_or_default().starts_with("Error syncing load balancer: "));
+    async fn s12_other_errors_back_off_five_seconds(backend) {
+        let env = Env::started(backend, options()).await;
+        env.fake.fail_next(methods::ENSURE_LOAD_BALANCER, 1, CloudError::Unavailable("cloud down".into()));
+        let started = Instant::now();
+        env.create_service(lb_service("web")).await;
+        env.wait_ingress("web").await;
+        let took = started.elapsed();
+        assert!(took >= Duration::from_secs(5), "retried before the 5 s backoff: {took:?}");
+        let failed = env.wait_event("SyncLoadBalancerFailed").await;
+        assert!(failed.note.unwrap_or_default().starts_with("Error syncing load balancer: "));
+    }
 }
 
 // ---- S1: loadBalancerClass ------------------------------------------------------------------
 
-#[tokio::test]
-async fn s1_classed_service_is_ignored_by_the_unclassed_manager() {
-    let env = Env::started(options()).await;
-    env.create_service(classed("other", "example.com/internal")).await;
-    env.settle("sentinel").await;
-    let svc = env.get("other").await.unwrap();
-    assert!(ingress(&svc).is_none() && finalizers(&svc).is_empty());
-    assert!(env.fake.load_balancer_for(NS, "other").is_none());
-}
-
-#[tokio::test]
-async fn load_balancer_class_manager_handles_only_its_class() {
-    let class = "example.com/internal";
-    let env = Env::started(ControllerOptions { load_balancer_class: Some(class.into()), ..options() }).await;
-    env.create_service(lb_service("unclassed")).await;
-    env.create_service(classed("theirs", "example.com/external")).await;
-    env.create_service(classed("mine", class)).await;
-    let mine = env.wait_ingress("mine").await;
-    assert_eq!(finalizers(&mine), [cleanup_finalizer(Some(class))]);
-    // Changes are handled in order, so the two created first have been looked at.
-    for name in ["unclassed", "theirs"] {
-        let svc = env.get(name).await.unwrap();
-        assert!(ingress(&svc).is_none() && finalizers(&svc).is_empty(), "{name} was handled");
+e2e_apiserver::backend_tests! {
+    async fn s1_classed_service_is_ignored_by_the_unclassed_manager(backend) {
+        let env = Env::started(backend, options()).await;
+        env.create_service(classed("other", "example.com/internal")).await;
+        env.settle("sentinel").await;
+        let svc = env.get("other").await.unwrap();
+        assert!(ingress(&svc).is_none() && finalizers(&svc).is_empty());
+        assert!(env.fake.load_balancer_for(NS, "other").is_none());
     }
-    env.services().delete("mine", &DeleteParams::default()).await.expect("delete");
-    eventually(|| async { env.get("mine").await.is_none().then_some(()) }).await;
-    assert!(env.fake.load_balancers().is_empty());
+
+    async fn load_balancer_class_manager_handles_only_its_class(backend) {
+        let class = "example.com/internal";
+        let env = Env::started(backend, ControllerOptions { load_balancer_class: Some(class.into()), ..options() }).await;
+        env.create_service(lb_service("unclassed")).await;
+        env.create_service(classed("theirs", "example.com/external")).await;
+        env.create_service(classed("mine", class)).await;
+        let mine = env.wait_ingress("mine").await;
+        assert_eq!(finalizers(&mine), [cleanup_finalizer(Some(class))]);
+        // Changes are handled in order, so the two created first have been looked at.
+        for name in ["unclassed", "theirs"] {
+            let svc = env.get(name).await.unwrap();
+            assert!(ingress(&svc).is_none() && finalizers(&svc).is_empty(), "{name} was handled");
+        }
+        env.services().delete("mine", &DeleteParams::default()).await.expect("delete");
+        eventually(|| async { env.get("mine").await.is_none().then_some(()) }).await;
+        assert!(env.fake.load_balancers().is_empty());
+    }
 }
 
 // ---- S7/S15–S20: hosts ------------------------------------------------------------------------
 
-#[tokio::test]
-async fn s7_zero_eligible_nodes_emits_unavailable_event_and_still_ensures() {
-    let env = Env::started(options()).await;
-    env.create_node(labelled_node("excluded", "true")).await;
-    env.create_service(lb_service("web")).await;
-    env.wait_ingress("web").await;
-    assert_eq!(env.hosts("web"), Some(vec![]));
-    let e = env.wait_event("UnAvailableLoadBalancer").await;
-    assert_eq!(e.type_.as_deref(), Some("Warning"));
-}
-
-#[tokio::test]
-async fn s20_exclusion_label_value_table_decides_hosts() {
-    let env = Env::started(options()).await;
-    env.create_node(node("plain")).await;
-    for (name, value) in
-        [("yes-true", "true"), ("yes-one", "1"), ("no-false", "false"), ("no-f", "F"), ("junk", "maybe"), ("empty", "")]
-    {
-        env.create_node(labelled_node(name, value)).await;
+e2e_apiserver::backend_tests! {
+    async fn s7_zero_eligible_nodes_emits_unavailable_event_and_still_ensures(backend) {
+        let env = Env::started(backend, options()).await;
+        env.create_node(labelled_node("excluded", "true")).await;
+        env.create_service(lb_service("web")).await;
+        env.wait_ingress("web").await;
+        assert_eq!(env.hosts("web"), Some(vec![]));
+        let e = env.wait_event("UnAvailableLoadBalancer").await;
+        assert_eq!(e.type_.as_deref(), Some("Warning"));
     }
-    eventually(|| async { (env.running.as_ref()?.context.nodes.state().len() == 7).then_some(()) }).await;
-    env.create_service(lb_service("web")).await;
-    env.wait_ingress("web").await;
-    assert_eq!(env.hosts("web").unwrap(), ["no-f", "no-false", "plain"]);
-}
 
-#[tokio::test]
-async fn s16_node_added_updates_every_load_balancer_once() {
-    let env = Env::started(ControllerOptions { concurrent_service_syncs: 4, ..options() }).await;
-    env.create_node(node("n1")).await;
-    for i in 0..10 {
-        env.create_service(lb_service(&format!("web-{i}"))).await;
+    async fn s20_exclusion_label_value_table_decides_hosts(backend) {
+        let env = Env::started(backend, options()).await;
+        env.create_node(node("plain")).await;
+        for (name, value) in
+            [("yes-true", "true"), ("yes-one", "1"), ("no-false", "false"), ("no-f", "F"), ("junk", "maybe"), ("empty", "")]
+        {
+            env.create_node(labelled_node(name, value)).await;
+        }
+        eventually(|| async { (env.running.as_ref()?.context.nodes.state().len() == 7).then_some(()) }).await;
+        env.create_service(lb_service("web")).await;
+        env.wait_ingress("web").await;
+        assert_eq!(env.hosts("web").unwrap(), ["no-f", "no-false", "plain"]);
     }
-    for i in 0..10 {
-        env.wait_ingress(&format!("web-{i}")).await;
+
+    async fn s16_node_added_updates_every_load_balancer_once(backend) {
+        let env = Env::started(backend, ControllerOptions { concurrent_service_syncs: 4, ..options() }).await;
+        env.create_node(node("n1")).await;
+        for i in 0..10 {
+            env.create_service(lb_service(&format!("web-{i}"))).await;
+        }
+        for i in 0..10 {
+            env.wait_ingress(&format!("web-{i}")).await;
+        }
+        let ensures = env.ensures();
+        env.create_node(node("n2")).await;
+        eventually(|| async { (0..10).all(|i| env.hosts(&format!("web-{i}")).unwrap().len() == 2).then_some(()) }).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(env.updates(), 10, "one host update per load balancer");
+        assert_eq!(env.ensures(), ensures, "a host change is an update, not an ensure");
+        env.wait_event("UpdatedLoadBalancer").await;
     }
-    let ensures = env.ensures();
-    env.create_node(node("n2")).await;
-    eventually(|| async { (0..10).all(|i| env.hosts(&format!("web-{i}")).unwrap().len() == 2).then_some(()) }).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(env.updates(), 10, "one host update per load balancer");
-    assert_eq!(env.ensures(), ensures, "a host change is an update, not an ensure");
-    env.wait_event("UpdatedLoadBalancer").await;
-}
 
-#[tokio::test]
-async fn s15_unrelated_node_changes_call_no_update() {
-    let env = Env::started(options()).await;
-    env.create_node(node("n1")).await;
-    env.create_service(lb_service("web")).await;
-    env.wait_ingress("web").await;
-    env.edit_node("n1", json!({"metadata": {"labels": {"team": "a"}}, "spec": {"taints": [{"key": "dedicated", "effect": "NoSchedule"}]}})).await;
-    env.edit_node("n1", json!({"metadata": {"labels": {(EXCLUDE_FROM_LB_LABEL): "false"}}})).await;
-    // A sentinel Node change that does count, to know the earlier ones were seen.
-    env.create_node(node("n2")).await;
-    eventually(|| async { (env.hosts("web")?.len() == 2).then_some(()) }).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(env.updates(), 1, "only the added Node caused an update");
-}
+    async fn s15_unrelated_node_changes_call_no_update(backend) {
+        let env = Env::started(backend, options()).await;
+        env.create_node(node("n1")).await;
+        env.create_service(lb_service("web")).await;
+        env.wait_ingress("web").await;
+        env.edit_node("n1", json!({"metadata": {"labels": {"team": "a"}}, "spec": {"taints": [{"key": "dedicated", "effect": "NoSchedule"}]}})).await;
+        env.edit_node("n1", json!({"metadata": {"labels": {(EXCLUDE_FROM_LB_LABEL): "false"}}})).await;
+        // A sentinel Node change that does count, to know the earlier ones were seen.
+        env.create_node(node("n2")).await;
+        eventually(|| async { (env.hosts("web")?.len() == 2).then_some(()) }).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(env.updates(), 1, "only the added Node caused an update");
+    }
 
-#[tokio::test]
-async fn s15_exclusion_label_and_provider_id_changes_update_hosts() {
-    let env = Env::started(options()).await;
-    env.create_node(node("n1")).await;
-    env.create_node(node("n2")).await;
-    env.create_service(lb_service("web")).await;
-    env.wait_ingress("web").await;
-    eventually(|| async { (env.hosts("web")?.len() == 2).then_some(()) }).await;
-    env.edit_node("n2", json!({"metadata": {"labels": {(EXCLUDE_FROM_LB_LABEL): "true"}}})).await;
-    eventually(|| async { (env.hosts("web")? == ["n1"]).then_some(()) }).await;
-    env.edit_node("n1", json!({"spec": {"providerID": "fake://moved"}})).await;
-    eventually(|| async { (env.updates() == 2).then_some(()) }).await;
-}
+    async fn s15_exclusion_label_and_provider_id_changes_update_hosts(backend) {
+        let env = Env::started(backend, options()).await;
+        // The API server lets a providerID be set once, never changed: n1 starts without one.
+        let mut n1 = node("n1");
+        n1.spec.as_mut().unwrap().provider_id = None;
+        env.create_node(n1).await;
+        env.create_node(node("n2")).await;
+        env.create_service(lb_service("web")).await;
+        env.wait_ingress("web").await;
+        eventually(|| async { (env.hosts("web")?.len() == 2).then_some(()) }).await;
+        env.edit_node("n2", json!({"metadata": {"labels": {(EXCLUDE_FROM_LB_LABEL): "true"}}})).await;
+        eventually(|| async { (env.hosts("web")? == ["n1"]).then_some(()) }).await;
+        env.edit_node("n1", json!({"spec": {"providerID": "fake://n1"}})).await;
+        eventually(|| async { (env.updates() == 2).then_some(()) }).await;
+    }
 
-#[tokio::test]
-async fn autoscaler_taint_appearing_updates_hosts() {
-    let env = Env::started(options()).await;
-    env.create_node(node("n1")).await;
-    env.create_node(node("n2")).await;
-    env.create_service(lb_service("web")).await;
-    env.wait_ingress("web").await;
-    eventually(|| async { (env.hosts("web")?.len() == 2).then_some(()) }).await;
-    let taint = Taint { key: TO_BE_DELETED_TAINT.into(), effect: "NoSchedule".into(), ..Default::default() };
-    env.edit_node("n2", json!({"spec": {"taints": [taint]}})).await;
-    eventually(|| async { (env.hosts("web")? == ["n1"]).then_some(()) }).await;
-}
+    async fn autoscaler_taint_appearing_updates_hosts(backend) {
+        let env = Env::started(backend, options()).await;
+        env.create_node(node("n1")).await;
+        env.create_node(node("n2")).await;
+        env.create_service(lb_service("web")).await;
+        env.wait_ingress("web").await;
+        eventually(|| async { (env.hosts("web")?.len() == 2).then_some(()) }).await;
+        let taint = Taint { key: TO_BE_DELETED_TAINT.into(), effect: "NoSchedule".into(), ..Default::default() };
+        env.edit_node("n2", json!({"spec": {"taints": [taint]}})).await;
+        eventually(|| async { (env.hosts("web")? == ["n1"]).then_some(()) }).await;
+    }
 
-#[tokio::test]
-async fn s18_failed_host_update_retries_through_ensure() {
-    let env = Env::started(options()).await;
-    env.create_node(node("n1")).await;
-    env.create_service(lb_service("web")).await;
-    env.wait_ingress("web").await;
-    let ensures = env.ensures();
-    env.fake.fail_next(methods::UPDATE_LOAD_BALANCER, 1, CloudError::Unavailable("cloud down".into()));
-    env.create_node(node("n2")).await;
-    let e = env.wait_event("UpdateLoadBalancerFailed").await;
-    assert!(e.note.unwrap_or_default().contains("[n1, n2]"));
-    eventually(|| async { (env.hosts("web")?.len() == 2).then_some(()) }).await;
-    assert_eq!(env.ensures(), ensures + 1, "the retry ran the ensure path");
-    let text = env.running.as_ref().unwrap().context.metrics.encode();
-    assert!(text.contains("service_controller_nodesync_error_total 1"), "{text}");
+    async fn s18_failed_host_update_retries_through_ensure(backend) {
+        let env = Env::started(backend, options()).await;
+        env.create_node(node("n1")).await;
+        env.create_service(lb_service("web")).await;
+        env.wait_ingress("web").await;
+        let ensures = env.ensures();
+        env.fake.fail_next(methods::UPDATE_LOAD_BALANCER, 1, CloudError::Unavailable("cloud down".into()));
+        env.create_node(node("n2")).await;
+        let e = env.wait_event("UpdateLoadBalancerFailed").await;
+        assert!(e.note.unwrap_or_default().contains("[n1, n2]"));
+        eventually(|| async { (env.hosts("web")?.len() == 2).then_some(()) }).await;
+        assert_eq!(env.ensures(), ensures + 1, "the retry ran the ensure path");
+        let text = env.running.as_ref().unwrap().context.metrics.encode();
+        assert!(text.contains("service_controller_nodesync_error_total 1"), "{text}");
+    }
 }
 
 // ---- Additions ----------------------------------------------------------------------------------
 
-#[tokio::test]
-async fn resync_period_repairs_cloud_side_drift() {
-    let env =
-        Env::started(ControllerOptions { load_balancer_resync_period: Some(Duration::from_millis(500)), ..options() })
-            .await;
-    env.create_service(lb_service("web")).await;
-    env.wait_ingress("web").await;
-    // Someone deletes the load balancer behind our back.
-    let svc = env.get("web").await.unwrap();
-    use manager::provider::LoadBalancer;
-    env.fake.ensure_load_balancer_deleted("kubernetes", &svc).await.unwrap();
-    eventually(|| async { env.fake.load_balancer_for(NS, "web").map(|_| ()) }).await;
-}
+e2e_apiserver::backend_tests! {
+    async fn resync_period_repairs_cloud_side_drift(backend) {
+        let env =
+            Env::started(backend, ControllerOptions { load_balancer_resync_period: Some(Duration::from_millis(500)), ..options() })
+                .await;
+        env.create_service(lb_service("web")).await;
+        env.wait_ingress("web").await;
+        // Someone deletes the load balancer behind our back.
+        let svc = env.get("web").await.unwrap();
+        use manager::provider::LoadBalancer;
+        env.fake.ensure_load_balancer_deleted("kubernetes", &svc).await.unwrap();
+        eventually(|| async { env.fake.load_balancer_for(NS, "web").map(|_| ()) }).await;
+    }
 
-#[tokio::test]
-async fn two_writes_per_service_and_none_when_idle() {
-    let env = Env::started(ControllerOptions { concurrent_service_syncs: 8, ..options() }).await;
-    env.create_node(node("n1")).await;
-    for i in 0..50 {
-        env.create_service(lb_service(&format!("web-{i}"))).await;
+    async fn two_writes_per_service_and_none_when_idle(backend) {
+        let env = Env::started(backend, ControllerOptions { concurrent_service_syncs: 8, ..options() }).await;
+        env.create_node(node("n1")).await;
+        for i in 0..50 {
+            env.create_service(lb_service(&format!("web-{i}"))).await;
+        }
+        for i in 0..50 {
+            env.wait_ingress(&format!("web-{i}")).await;
+        }
+        let writes = env.writes();
+        assert_eq!(writes.len(), 100, "finalizer and status per Service: {writes:?}");
+        assert!(writes.iter().all(|w| w.status < 400));
+        // Idle: no writes and no cloud calls.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (mark, calls) = (env.cluster.request_log().mark(), env.lb_calls());
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let idle: Vec<_> = env
+            .cluster
+            .request_log()
+            .since(mark)
+            .into_iter()
+            .filter(|r| {
+                // kube-apiserver's upkeep of its own `kubernetes` Service is not ours.
+                r.is_write() && r.resource.as_deref() == Some("services") && r.user.as_deref() != Some("system:apiserver")
+            })
+            .collect();
+        assert!(idle.is_empty(), "{idle:?}");
+        assert_eq!(env.lb_calls(), calls);
     }
-    for i in 0..50 {
-        env.wait_ingress(&format!("web-{i}")).await;
-    }
-    let writes = env.writes();
-    assert_eq!(writes.len(), 100, "finalizer and status per Service: {writes:?}");
-    assert!(writes.iter().all(|w| w.status < 400));
-    // Idle: no writes and no cloud calls.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let (mark, calls) = (env.server.request_log().mark(), env.lb_calls());
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let idle: Vec<_> = env
-        .server
-        .request_log()
-        .since(mark)
-        .into_iter()
-        .filter(|r| r.is_write() && r.resource.as_deref() == Some("services"))
-        .collect();
-    assert!(idle.is_empty(), "{idle:?}");
-    assert_eq!(env.lb_calls(), calls);
 }
 
 // ---- Crash test ---------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn crash_during_deletion_of_100_services_leaks_nothing() {
-    let mut env = Env::started(ControllerOptions { concurrent_service_syncs: 10, ..options() }).await;
-    env.create_node(node("n1")).await;
-    for i in 0..100 {
-        env.create_service(lb_service(&format!("web-{i}"))).await;
+e2e_apiserver::backend_tests! {
+    async fn crash_during_deletion_of_100_services_leaks_nothing(backend) {
+        let mut env = Env::started(backend, ControllerOptions { concurrent_service_syncs: 10, ..options() }).await;
+        env.create_node(node("n1")).await;
+        for i in 0..100 {
+            env.create_service(lb_service(&format!("web-{i}"))).await;
+        }
+        eventually(|| async { (env.fake.load_balancers().len() == 100).then_some(()) }).await;
+        for i in 0..100 {
+            env.wait_ingress(&format!("web-{i}")).await;
+        }
+        env.fake.set_load_balancer_latency(Duration::from_millis(50));
+        for i in 0..100 {
+            env.services().delete(&format!("web-{i}"), &DeleteParams::default()).await.expect("delete");
+        }
+        // Stop mid-way: some deleted, some not.
+        eventually(|| async { (env.fake.load_balancers().len() < 80).then_some(()) }).await;
+        env.stop().await;
+        let left = env.fake.load_balancers().len();
+        assert!(left > 0, "stopped too late to test anything");
+        env.fake.set_load_balancer_latency(Duration::ZERO);
+        env.start().await;
+        eventually(|| async {
+            let svcs = env.services().list(&ListParams::default()).await.ok()?;
+            // kube-apiserver keeps its own `kubernetes` Service in this namespace.
+            let ours = svcs.items.iter().filter(|s| s.metadata.name.as_deref() != Some("kubernetes")).count();
+            (ours == 0 && env.fake.load_balancers().is_empty()).then_some(())
+        })
+        .await;
     }
-    eventually(|| async { (env.fake.load_balancers().len() == 100).then_some(()) }).await;
-    for i in 0..100 {
-        env.wait_ingress(&format!("web-{i}")).await;
-    }
-    env.fake.set_load_balancer_latency(Duration::from_millis(50));
-    for i in 0..100 {
-        env.services().delete(&format!("web-{i}"), &DeleteParams::default()).await.expect("delete");
-    }
-    // Stop mid-way: some deleted, some not.
-    eventually(|| async { (env.fake.load_balancers().len() < 80).then_some(()) }).await;
-    env.stop().await;
-    let left = env.fake.load_balancers().len();
-    assert!(left > 0, "stopped too late to test anything");
-    env.fake.set_load_balancer_latency(Duration::ZERO);
-    env.start().await;
-    eventually(|| async {
-        let svcs = env.services().list(&ListParams::default()).await.ok()?;
-        (svcs.items.is_empty() && env.fake.load_balancers().is_empty()).then_some(())
-    })
-    .await;
 }

@@ -237,10 +237,19 @@ pub fn host_set<'a>(nodes: impl IntoIterator<Item = &'a Node>) -> HostSet {
 }
 
 /// S10: whether writing `new` changes the Service's ingress (conditions are not compared; an
-/// unset list equals an empty one).
+/// unset list equals an empty one; an unset ipMode of an IP entry equals `VIP`, which the API
+/// server stores in its place).
 pub fn ingress_changed(current: Option<&LoadBalancerStatus>, new: &LoadBalancerStatus) -> bool {
-    let none: Vec<LoadBalancerIngress> = Vec::new();
-    current.and_then(|s| s.ingress.as_ref()).unwrap_or(&none) != new.ingress.as_ref().unwrap_or(&none)
+    fn normalized(status: Option<&LoadBalancerStatus>) -> Vec<LoadBalancerIngress> {
+        let mut ingress = status.and_then(|s| s.ingress.clone()).unwrap_or_default();
+        for i in &mut ingress {
+            if i.ip.is_some() && i.ip_mode.is_none() {
+                i.ip_mode = Some("VIP".into());
+            }
+        }
+        ingress
+    }
+    normalized(current) != normalized(Some(new))
 }
 
 /// Per-key exponential backoff: 5 s after the first failure, doubling, at most 300 s.
@@ -542,6 +551,20 @@ mod tests {
         assert!(ingress_changed(Some(&ing("192.0.2.1")), &ing("192.0.2.2")));
         assert!(!ingress_changed(None, &LoadBalancerStatus::default()));
         assert!(!ingress_changed(Some(&LoadBalancerStatus { ingress: Some(vec![]) }), &LoadBalancerStatus::default()));
+    }
+
+    #[test]
+    fn s10_ip_mode_defaulted_by_the_api_server_is_no_change() {
+        let ing = |mode: Option<&str>| LoadBalancerStatus {
+            ingress: Some(vec![LoadBalancerIngress {
+                ip: Some("192.0.2.1".into()),
+                ip_mode: mode.map(Into::into),
+                ..Default::default()
+            }]),
+        };
+        assert!(!ingress_changed(Some(&ing(Some("VIP"))), &ing(None)));
+        assert!(ingress_changed(Some(&ing(Some("Proxy"))), &ing(None)));
+        assert!(ingress_changed(Some(&ing(Some("VIP"))), &ing(Some("Proxy"))));
     }
 
     #[test]
