@@ -38,7 +38,7 @@ pub const IP_MODE_PROXY: &str = "Proxy";
 
 /// How long a Service waits when one of its listeners cannot be opened.
 #[cfg(feature = "datapath")]
-const BIND_RETRY: Duration = Duration::from_secs(15);
+const BIND_RETRY: Duration = Duration::from_secs(5);
 
 /// The message of a zero duration or threshold.
 pub const NOT_POSITIVE: &str = "must be greater than zero";
