@@ -352,6 +352,30 @@ mod tests {
         assert_eq!(kube_vip_patch(&Service::default(), None), None);
     }
 
+    #[test]
+    fn proxy_mode_and_its_settings_are_read_from_the_cloud_config() {
+        let yaml = "loadBalancer:\n  mode: proxy\n  kubeVip: true\n  proxy:\n    bind: freebind\n    balance: leastConnections\n    healthCheckInterval: 500ms\n    unhealthyThreshold: 3\n";
+        let config = super::super::config::parse(yaml.as_bytes()).unwrap();
+        let lb = &config.load_balancer;
+        assert_eq!(lb.mode, Mode::Proxy);
+        assert!(lb.kube_vip);
+        assert_eq!(lb.proxy.bind, BindConfig::Freebind);
+        assert_eq!(lb.proxy.balance, BalanceConfig::LeastConnections);
+        assert_eq!(lb.proxy.health_check_interval, Duration::from_millis(500));
+        assert_eq!(lb.proxy.unhealthy_threshold, 3);
+        assert_eq!(lb.proxy.health_check_timeout, Duration::from_secs(3), "unset fields keep their defaults");
+        let default = super::super::config::parse(b"loadBalancer: {}\n").unwrap();
+        assert_eq!(default.load_balancer.mode, Mode::Addresses, "proxy mode is opt-in");
+    }
+
+    #[test]
+    fn a_zero_health_check_interval_is_refused_by_field() {
+        let yaml = "loadBalancer:\n  mode: proxy\n  proxy:\n    healthCheckInterval: 0s\n";
+        let error = super::super::config::parse(yaml.as_bytes()).unwrap_err().to_string();
+        assert!(error.contains("healthCheckInterval"), "{error}");
+        assert!(error.contains(NOT_POSITIVE), "{error}");
+    }
+
     #[cfg(feature = "datapath")]
     #[test]
     fn proxy_settings_default_to_kube_proxy_conventions() {
