@@ -835,13 +835,11 @@ impl AwsProvider {
     }
 }
 
+/// The Service status for an NLB: its DNS name only. The API server refuses `ipMode` without
+/// an `ip`, and an NLB has no fixed IP to report.
 fn status(dns: &str) -> LoadBalancerStatus {
     LoadBalancerStatus {
-        ingress: Some(vec![LoadBalancerIngress {
-            hostname: Some(dns.to_string()),
-            ip_mode: Some("Proxy".into()),
-            ..Default::default()
-        }]),
+        ingress: Some(vec![LoadBalancerIngress { hostname: Some(dns.to_string()), ..Default::default() }]),
     }
 }
 
@@ -980,6 +978,14 @@ mod tests {
         let q = DesiredPort { node_port: 30444, ..p.clone() };
         assert_ne!(a, target_group_name("a0f1e2d3c4b5a69788796a5b4c3d2e1f", &q));
         assert_eq!(a, target_group_name("a0f1e2d3c4b5a69788796a5b4c3d2e1f", &p));
+    }
+
+    #[test]
+    fn status_names_the_dns_name_without_ip_mode() {
+        let ingress = status("lb.elb.amazonaws.com").ingress.unwrap();
+        assert_eq!(ingress.len(), 1);
+        assert_eq!(ingress[0].hostname.as_deref(), Some("lb.elb.amazonaws.com"));
+        assert!(ingress[0].ip.is_none() && ingress[0].ip_mode.is_none(), "ipMode is only valid with an ip");
     }
 
     #[test]
