@@ -422,13 +422,17 @@ impl Core {
         meta.insert("name".into(), json!(name));
         meta.insert("uid".into(), json!(crate::util::new_uid()));
         meta.insert("creationTimestamp".into(), json!(now_rfc3339()));
-        meta.insert("generation".into(), json!(1));
+        // Only types whose spec is versioned by generation get one (ConfigMaps, Services, Nodes
+        // and the like have none on a genuine server).
+        if matches!(rt.strategy, Strategy::Custom | Strategy::Crd | Strategy::Workload | Strategy::Pod) {
+            meta.insert("generation".into(), json!(1));
+        }
         for f in ["deletionTimestamp", "deletionGracePeriodSeconds", "selfLink", "managedFields"] {
             meta.remove(f);
         }
         strategy::prepare_create(rt, &mut body);
         strategy::normalize(rt, &mut body).map_err(ApiError::bad_request)?;
-        let causes = strategy::validate(rt, &body);
+        let causes = strategy::validate(rt, &body, None);
         if !causes.is_empty() {
             return Err(ApiError::invalid(&rt.group, &rt.kind, &name, causes));
         }
@@ -718,7 +722,10 @@ impl Core {
                     &name,
                     vec![Cause::forbidden(
                         "metadata.finalizers",
-                        "no new finalizers can be added if the object is being deleted",
+                        &format!(
+                            "no new finalizers can be added if the object is being deleted, found new finalizers []string{{{}}}",
+                            added.iter().map(|f| format!("{f:?}")).collect::<Vec<_>>().join(", ")
+                        ),
                     )],
                 ));
             }
@@ -736,13 +743,14 @@ impl Core {
             }
         }
         strategy::normalize(rt, &mut new).map_err(ApiError::bad_request)?;
-        let causes = strategy::validate(rt, &new);
+        let causes = strategy::validate(rt, &new, Some(&old_view));
         if !causes.is_empty() {
             return Err(ApiError::invalid(&rt.group, &rt.kind, &name, causes));
         }
         let mut new = from_view(rt, new, &stored_api_version);
-        if strategy::spec_changed(rt, &old.value, &new) {
-            let g = old.value.pointer("/metadata/generation").and_then(Value::as_i64).unwrap_or(0);
+        if strategy::spec_changed(rt, &old.value, &new)
+            && let Some(g) = old.value.pointer("/metadata/generation").and_then(Value::as_i64)
+        {
             meta_mut(&mut new).insert("generation".into(), json!(g + 1));
         }
         let allocated = if rt.strategy == Strategy::Service && sub.is_none() {

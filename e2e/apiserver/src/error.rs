@@ -73,6 +73,14 @@ impl Cause {
     }
 }
 
+/// `details.group` is omitted for the core group, as the genuine server omits it.
+fn with_group(mut details: Value, group: &str) -> Value {
+    if !group.is_empty() {
+        details["group"] = json!(group);
+    }
+    details
+}
+
 /// Identifies the resource an error is about ("nodes", "deployments.apps").
 #[derive(Debug, Clone)]
 pub(crate) struct Target<'a> {
@@ -85,7 +93,7 @@ impl Target<'_> {
         if self.group.is_empty() { self.plural.to_string() } else { format!("{}.{}", self.plural, self.group) }
     }
     fn details(&self, name: &str) -> Value {
-        json!({"name": name, "group": self.group, "kind": self.plural})
+        with_group(json!({"name": name, "kind": self.plural}), self.group)
     }
 }
 
@@ -143,23 +151,26 @@ impl ApiError {
             })
             .collect();
         let mut e = Self::new(409, "Conflict", message);
-        let mut details = t.details(name);
-        details["causes"] = Value::Array(causes);
+        // Apply conflicts carry only the causes on a genuine server.
+        let _ = (t, name);
+        let details = json!({"causes": causes});
         e.details = Some(details);
         e
     }
 
     pub fn invalid(group: &str, kind: &str, name: &str, causes: Vec<Cause>) -> Self {
         let listed: Vec<String> = causes.iter().map(|c| format!("{}: {}", c.field, c.message)).collect();
+        // The genuine server qualifies the kind with its group (`Widget.example.com "w"`).
+        let qualified = if group.is_empty() { kind.to_string() } else { format!("{kind}.{group}") };
         let message = if listed.len() == 1 {
-            format!("{kind} \"{name}\" is invalid: {}", listed[0])
+            format!("{qualified} \"{name}\" is invalid: {}", listed[0])
         } else {
-            format!("{kind} \"{name}\" is invalid: [{}]", listed.join(", "))
+            format!("{qualified} \"{name}\" is invalid: [{}]", listed.join(", "))
         };
         let causes: Vec<Value> =
             causes.iter().map(|c| json!({"reason": c.reason, "message": c.message, "field": c.field})).collect();
         let mut e = Self::new(422, "Invalid", message);
-        e.details = Some(json!({"name": name, "group": group, "kind": kind, "causes": causes}));
+        e.details = Some(with_group(json!({"name": name, "kind": kind, "causes": causes}), group));
         e
     }
 

@@ -26,6 +26,7 @@ mod patch;
 mod request_log;
 mod resources;
 mod sandbox;
+mod schema;
 mod selectors;
 mod server;
 mod services;

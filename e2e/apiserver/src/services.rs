@@ -33,7 +33,7 @@ impl Allocator {
         Allocator {
             base,
             size,
-            next_ip: 1,
+            next_ip: 2,
             used_ips: HashSet::new(),
             ports,
             next_port: ports.0,
@@ -48,11 +48,12 @@ impl Allocator {
     }
 
     fn alloc_ip(&mut self) -> Option<u32> {
-        // Skip the network and broadcast addresses, as the real allocator does.
+        // Skip the network and broadcast addresses, and the first address, which a real cluster
+        // reserves for `default/kubernetes`.
         for _ in 0..self.size {
             let off = self.next_ip;
-            self.next_ip = if self.next_ip + 2 >= self.size { 1 } else { self.next_ip + 1 };
-            if off != 0 && off != self.size - 1 && self.used_ips.insert(off) {
+            self.next_ip = if self.next_ip + 2 >= self.size { 2 } else { self.next_ip + 1 };
+            if off > 1 && off != self.size - 1 && self.used_ips.insert(off) {
                 return Some(off);
             }
         }
@@ -107,8 +108,11 @@ impl Allocator {
     }
 
     fn prepare_inner(&mut self, old: Option<&Value>, svc: &mut Value, done: &mut Allocated) -> Result<(), Vec<Cause>> {
-        default_service(svc);
         let ty = svc.pointer("/spec/type").and_then(Value::as_str).unwrap_or("ClusterIP").to_string();
+        if let Some(old) = old {
+            drop_type_dependent_fields(old, svc, &ty);
+        }
+        default_service(svc);
         let mut causes = vec![];
 
         // Cluster IP: keep the old one on update, allocate or validate on create.
@@ -312,6 +316,39 @@ fn default_service(svc: &mut Value) {
     }
 }
 
+/// On a type change, fields the new type cannot have are dropped when the update left them as
+/// they were (as the genuine server does), instead of being rejected.
+fn drop_type_dependent_fields(old: &Value, svc: &mut Value, ty: &str) {
+    let unchanged = |svc: &Value, ptr: &str| svc.pointer(ptr) == old.pointer(ptr);
+    let node_ports = ty == "NodePort" || ty == "LoadBalancer";
+    let mut drop = vec![];
+    if !node_ports {
+        drop.push("/spec/externalTrafficPolicy");
+    }
+    if ty != "LoadBalancer" {
+        for f in ["/spec/allocateLoadBalancerNodePorts", "/spec/loadBalancerClass", "/spec/healthCheckNodePort"] {
+            if unchanged(svc, f) {
+                drop.push(f);
+            }
+        }
+    }
+    let old_ports: Vec<Value> = old.pointer("/spec/ports").and_then(Value::as_array).cloned().unwrap_or_default();
+    let Some(spec) = svc.get_mut("spec").and_then(Value::as_object_mut) else { return };
+    for f in drop {
+        spec.remove(f.trim_start_matches("/spec/"));
+    }
+    if !node_ports && let Some(ports) = spec.get_mut("ports").and_then(Value::as_array_mut) {
+        for p in ports {
+            let kept = old_ports.iter().any(|o| {
+                o.get("port") == p.get("port") && protocol(o) == protocol(p) && o.get("nodePort") == p.get("nodePort")
+            });
+            if kept && let Some(m) = p.as_object_mut() {
+                m.remove("nodePort");
+            }
+        }
+    }
+}
+
 /// Validation beyond allocation: ports present, names unique and present when several.
 pub(crate) fn validate_service(svc: &Value) -> Vec<Cause> {
     let mut causes = vec![];
@@ -339,11 +376,21 @@ pub(crate) fn validate_service(svc: &Value) -> Vec<Cause> {
         }
         match p.get("port").and_then(Value::as_i64) {
             Some(1..=65535) => {}
-            other => causes.push(Cause::invalid(
-                &format!("spec.ports[{i}].port"),
-                &json!(other),
-                "must be between 1 and 65535, inclusive",
-            )),
+            other => {
+                causes.push(Cause::invalid(
+                    &format!("spec.ports[{i}].port"),
+                    &json!(other),
+                    "must be between 1 and 65535, inclusive",
+                ));
+                // The target port defaults to the port, and is checked too.
+                if p.get("targetPort").is_none_or(|t| t == &json!(other)) {
+                    causes.push(Cause::invalid(
+                        &format!("spec.ports[{i}].targetPort"),
+                        &json!(other),
+                        "must be between 1 and 65535, inclusive",
+                    ));
+                }
+            }
         }
     }
     causes

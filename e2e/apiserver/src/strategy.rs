@@ -89,6 +89,11 @@ pub(crate) fn prepare_create(rt: &ResourceType, obj: &mut Value) {
 /// is never stored. Runs on every create, update, patch and apply; `Err` is the message of a
 /// 400, as when the real server cannot decode the body.
 pub(crate) fn normalize(rt: &ResourceType, obj: &mut Value) -> Result<(), String> {
+    if let (Strategy::Custom, Some(schema)) = (rt.strategy, &rt.schema) {
+        crate::schema::default(schema, obj);
+        crate::schema::prune(schema, obj);
+        return Ok(());
+    }
     if !(rt.group.is_empty() && rt.plural == "secrets") {
         return Ok(());
     }
@@ -195,8 +200,11 @@ pub(crate) fn spec_changed(rt: &ResourceType, old: &Value, new: &Value) -> bool 
 }
 
 /// Field validation the server does for every type (labels) plus per-type checks.
-pub(crate) fn validate(rt: &ResourceType, obj: &Value) -> Vec<Cause> {
+pub(crate) fn validate(rt: &ResourceType, obj: &Value, old: Option<&Value>) -> Vec<Cause> {
     let mut causes = vec![];
+    if let (Strategy::Custom, Some(schema)) = (rt.strategy, &rt.schema) {
+        causes.extend(crate::schema::validate(schema, obj, old));
+    }
     if let Some(labels) = obj.pointer("/metadata/labels").and_then(Value::as_object) {
         for (k, v) in labels {
             let val = v.as_str().unwrap_or("");
@@ -204,7 +212,7 @@ pub(crate) fn validate(rt: &ResourceType, obj: &Value) -> Vec<Cause> {
                 causes.push(Cause::invalid(
                     "metadata.labels",
                     &json!(k),
-                    "name part must consist of alphanumeric characters, '-', '_' or '.'",
+                    "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')",
                 ));
             }
             if !v.is_string() || !label_value_ok(val) {

@@ -146,6 +146,8 @@ impl ControlPlane {
             "--advertise-address=127.0.0.1".to_string(),
             format!("--secure-port={api_port}"),
             format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
+            // Compacts history within seconds (5 min in production) so that tests can see 410s.
+            "--etcd-compaction-interval=10s".to_string(),
             format!("--tls-cert-file={}", path(&serving_cert)),
             format!("--tls-private-key-file={}", path(&serving_key)),
             format!("--client-ca-file={}", path(&ca)),

@@ -29,6 +29,7 @@ pub fn widget_crd(scope: &str) -> CustomResourceDefinition {
                     "properties": {
                         "spec": {"type": "object", "properties": {"size": {"type": "integer"}}},
                         "status": {"type": "object", "properties": {
+                            "x": {"type": "integer"},
                             "conditions": {
                                 "type": "array",
                                 "x-kubernetes-list-type": "map",

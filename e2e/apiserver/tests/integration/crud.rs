@@ -1,5 +1,6 @@
 //! Create, get, update, delete and the Status errors.
 
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, NodeStatus, Pod};
 use kube::Discovery;
@@ -18,7 +19,8 @@ async fn create_sets_uid_timestamp_resource_version_and_generation() {
     assert_eq!(m.uid.as_ref().unwrap().len(), 36);
     assert!(m.creation_timestamp.is_some());
     assert!(m.resource_version.as_ref().unwrap().parse::<u64>().unwrap() > 0);
-    assert_eq!(m.generation, Some(1));
+    // ConfigMaps have no spec to version: a genuine server sets no generation.
+    assert_eq!(m.generation, None);
     let got = cms.get("a").await.unwrap();
     assert_eq!(got.metadata.uid, m.uid);
     assert_eq!(got.data.unwrap()["k"], "v");
@@ -113,17 +115,23 @@ async fn update_with_stale_resource_version_conflicts() {
 #[tokio::test]
 async fn generation_bumps_only_for_spec_changes() {
     let s = server().await;
+    let deployments: Api<Deployment> = Api::default_namespaced(s.client());
+    let d: Deployment = serde_json::from_value(json!({"metadata": {"name": "d"}, "spec": {"replicas": 1}})).unwrap();
+    deployments.create(&PostParams::default(), &d).await.unwrap();
+    let pp = PatchParams::default();
+    let labelled =
+        deployments.patch("d", &pp, &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}}))).await.unwrap();
+    assert_eq!(labelled.metadata.generation, Some(1));
+    let spec = deployments.patch("d", &pp, &Patch::Merge(json!({"spec": {"replicas": 2}}))).await.unwrap();
+    assert_eq!(spec.metadata.generation, Some(2));
+    let same = deployments.patch("d", &pp, &Patch::Merge(json!({"spec": {"replicas": 2}}))).await.unwrap();
+    assert_eq!(same.metadata.generation, Some(2));
+    // Types without a generation (Leases, ConfigMaps) never get one.
     let leases: Api<Lease> = Api::default_namespaced(s.client());
     let l = Lease { metadata: ObjectMeta { name: Some("l".into()), ..Default::default() }, ..Default::default() };
     leases.create(&PostParams::default(), &l).await.unwrap();
-    let pp = PatchParams::default();
-    let labelled = leases.patch("l", &pp, &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}}))).await.unwrap();
-    assert_eq!(labelled.metadata.generation, Some(1));
     let spec = leases.patch("l", &pp, &Patch::Merge(json!({"spec": {"holderIdentity": "me"}}))).await.unwrap();
-    assert_eq!(spec.metadata.generation, Some(2));
-    let same = leases.patch("l", &pp, &Patch::Merge(json!({"spec": {"holderIdentity": "me"}}))).await.unwrap();
-    assert_eq!(same.metadata.generation, Some(2));
-    assert_eq!(same.metadata.resource_version, spec.metadata.resource_version, "no-op writes do not bump");
+    assert_eq!(spec.metadata.generation, None);
 }
 
 #[tokio::test]

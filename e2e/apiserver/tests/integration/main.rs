@@ -5,6 +5,7 @@ mod backend;
 mod common;
 mod crd;
 mod crud;
+mod differential;
 mod faults;
 mod kubectl;
 mod lifecycle;
