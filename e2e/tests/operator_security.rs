@@ -1,0 +1,547 @@
+//! Operator security scenarios (issue 13): Secrets read only in the allowed namespaces (with the
+//! chart's own RBAC on the genuine API server), a resource elsewhere refused with a reason that
+//! says how to allow it, no cloud-config content in status, events or the operator's logs, a
+//! hostile cloud-config never delaying a valid neighbour, and the manager pod admitted by the
+//! `restricted` Pod Security admission of the genuine API server.
+
+mod operator_support;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use crds::conditions::types;
+use e2e_apiserver::{Backend, TestCluster};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use operator::build::{self, BuildSettings, Desired};
+use operator::reasons::config_valid;
+use operator::{OperatorConfig, Scope};
+use operator_support::{Env, HARNESS_AGENT, condition, eventually, eventually_value};
+use serde_json::{Value, json};
+
+/// The recognizable value planted in cloud-configs.
+const TOKEN: &str = "SECRET-TOKEN-12345";
+
+/// Everything the operator (and the engines it embeds) logs, at the most verbose level, for
+/// the whole test binary.
+fn log_buffer() -> Arc<Mutex<Vec<u8>>> {
+    static BUFFER: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    BUFFER
+        .get_or_init(|| {
+            let buffer = Arc::new(Mutex::new(Vec::new()));
+            let sink = buffer.clone();
+            // Set before any Env starts: its own try_init then keeps this one.
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new("info,operator=trace,manager=trace"))
+                .with_ansi(false)
+                .with_writer(move || BufferWriter(sink.clone()))
+                .try_init();
+            buffer
+        })
+        .clone()
+}
+
+struct BufferWriter(Arc<Mutex<Vec<u8>>>);
+
+impl Write for BufferWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn logs() -> String {
+    String::from_utf8_lossy(&log_buffer().lock().unwrap_or_else(|e| e.into_inner())).into_owned()
+}
+
+/// A Secret with one key, in `namespace`.
+async fn put_secret(client: &Client, namespace: &str, name: &str, value: &[u8]) {
+    let secret = Secret {
+        metadata: ObjectMeta { name: Some(name.into()), namespace: Some(namespace.into()), ..Default::default() },
+        data: Some([("cloud.conf".to_string(), ByteString(value.to_vec()))].into()),
+        ..Default::default()
+    };
+    Api::<Secret>::namespaced(client.clone(), namespace)
+        .patch(name, &PatchParams::apply(HARNESS_AGENT).force(), &Patch::Apply(&secret))
+        .await
+        .unwrap_or_else(|e| panic!("Secret {namespace}/{name}: {e}"));
+}
+
+/// A CloudControllerManager in `namespace`, applied by the harness.
+async fn put_cr(client: &Client, namespace: &str, name: &str, spec: Value) {
+    let body = json!({"apiVersion": "ccm.rs/v1alpha1", "kind": "CloudControllerManager",
+        "metadata": {"name": name, "namespace": namespace}, "spec": spec});
+    Api::<crds::CloudControllerManager>::namespaced(client.clone(), namespace)
+        .patch(name, &PatchParams::apply(HARNESS_AGENT).force(), &Patch::Apply(&body))
+        .await
+        .unwrap_or_else(|e| panic!("CloudControllerManager {namespace}/{name}: {e}"));
+}
+
+/// Whether `namespace/name`'s `ConfigValid` has this status and reason now.
+async fn config_valid_is(client: &Client, namespace: &str, name: &str, status: &str, reason: &str) -> bool {
+    let api = Api::<crds::CloudControllerManager>::namespaced(client.clone(), namespace);
+    api.get_opt(name)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|cr| condition(&cr, types::CONFIG_VALID))
+        .is_some_and(|c| c.status == status && c.reason == reason)
+}
+
+e2e_apiserver::backend_tests! {
+    /// A resource in a namespace outside --cloud-config-namespaces gets ConfigValid=False
+    /// NamespaceNotAllowed with a message naming the setting; its Secret there is never read,
+    /// while a resource in an allowed namespace is served.
+    async fn resource_outside_the_allowed_namespaces_is_refused_and_its_secret_never_read(backend) {
+        log_buffer();
+        let env = Env::start(backend, "nsallow").await;
+        let other = env.cluster.fresh_namespace("e2e-tenant").await.expect("a second namespace");
+        put_secret(&env.harness, &env.ns, "cfg", b"autoInstances: true\n").await;
+        put_secret(&env.harness, &other, "cfg", b"autoInstances: true\n").await;
+        let mut config = env.operator_config();
+        config.scope = Scope::Namespaces(vec![env.ns.clone(), other.clone()]);
+        config.cloud_config_namespaces = Some(vec![env.ns.clone()]);
+        let op = operator::start(config).await.expect("the operator starts");
+        let spec = json!({"provider": "fake", "clusterCIDR": "10.244.0.0/16", "cloudConfig": {"secretRef": {"name": "cfg"}}});
+        put_cr(&env.harness, &other, "tenant", spec.clone()).await;
+        put_cr(&env.harness, &env.ns, "allowed", spec).await;
+
+        eventually("the resource outside the allowed namespaces is refused", || async {
+            config_valid_is(&env.harness, &other, "tenant", "False", config_valid::NAMESPACE_NOT_ALLOWED).await
+        })
+        .await;
+        eventually("the resource in the allowed namespace is valid", || async {
+            config_valid_is(&env.harness, &env.ns, "allowed", "True", config_valid::VALID).await
+        })
+        .await;
+        let cr = Api::<crds::CloudControllerManager>::namespaced(env.harness.clone(), &other).get("tenant").await.unwrap();
+        let message = condition(&cr, types::CONFIG_VALID).unwrap().message;
+        assert!(message.contains("cloudConfig.namespaces") && message.contains("--cloud-config-namespaces"), "{message}");
+        assert!(message.contains(&other) && message.contains(&env.ns), "{message}");
+        // Nothing was deployed there, and no Secret request went to that namespace.
+        let deployments: Api<k8s_openapi::api::apps::v1::Deployment> = Api::namespaced(env.harness.clone(), &other);
+        assert!(deployments.list(&ListParams::default()).await.unwrap().items.is_empty());
+        let secret_reads: Vec<_> = env
+            .request_log()
+            .filter(|r| r.user_agent != HARNESS_AGENT && r.resource.as_deref() == Some("secrets"))
+            .into_iter()
+            .filter(|r| r.namespace.as_deref() != Some(env.ns.as_str()))
+            .map(|r| format!("{} {:?} {:?}", r.verb, r.namespace, r.name))
+            .collect();
+        assert!(secret_reads.is_empty(), "Secret requests outside the allowed namespace: {secret_reads:?}");
+        let _ = tokio::time::timeout(Duration::from_secs(20), op.stop()).await;
+        env.finish().await;
+    }
+
+    /// A recognizable token planted in every field of every built-in provider's cloud-config
+    /// format (as values, keys, tags, anchors, malformed documents) never shows in any
+    /// resource's status, in any event, or in the operator's logs at trace level.
+    async fn a_token_in_every_cloud_config_field_never_reaches_status_events_or_logs(backend) {
+        log_buffer();
+        let env = Env::start(backend, "token").await;
+        let op = env.operator().await;
+        let docs = token_documents();
+        for (i, (provider, doc)) in docs.iter().enumerate() {
+            let name = format!("t{i}");
+            put_secret(&env.harness, &env.ns, &name, doc.as_bytes()).await;
+            // Each with a LoadBalancer class of its own and nothing else, so none conflicts.
+            let spec = json!({"provider": provider, "controllers": ["service-lb-controller"],
+                "loadBalancerClass": format!("example.com/{name}"), "cloudConfig": {"secretRef": {"name": name}}});
+            put_cr(&env.harness, &env.ns, &name, spec).await;
+        }
+        eventually("every resource has a ConfigValid verdict", || async {
+            let list = env.crs().list(&ListParams::default()).await.unwrap();
+            list.items.len() == docs.len()
+                && list.items.iter().all(|cr| condition(cr, types::CONFIG_VALID).is_some_and(|c| c.status != "Unknown"))
+        })
+        .await;
+        let crs = env.crs().list(&ListParams::default()).await.unwrap();
+        let refused = crs
+            .items
+            .iter()
+            .filter(|cr| condition(cr, types::CONFIG_VALID).is_some_and(|c| c.reason == config_valid::CLOUD_CONFIG_REJECTED))
+            .count();
+        let verdicts: Vec<String> = crs
+            .items
+            .iter()
+            .filter_map(|cr| condition(cr, types::CONFIG_VALID).map(|c| format!("{}: {}", cr.name_any(), c.reason)))
+            .collect();
+        assert!(refused * 10 >= docs.len() * 9, "only {refused} of {} documents were refused: {verdicts:?}", docs.len());
+        // Events are written in the background: wait until every refusal has one.
+        let events: Api<k8s_openapi::api::events::v1::Event> = env.api();
+        let all_events = eventually_value(Duration::from_secs(30), || async {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            (list.items.len() >= refused).then_some(list)
+        })
+        .await
+        .expect("events are written");
+        let core_events: Api<k8s_openapi::api::core::v1::Event> = env.api();
+        let core = core_events.list(&ListParams::default()).await.unwrap();
+        let outputs = [
+            ("status", serde_json::to_string(&crs).unwrap()),
+            ("events", serde_json::to_string(&all_events).unwrap()),
+            ("core events", serde_json::to_string(&core).unwrap()),
+            ("operator logs", logs()),
+        ];
+        // Where it leaked, with the token masked: the ConfigValid message of each resource.
+        let leaks: Vec<String> = crs
+            .items
+            .iter()
+            .filter(|cr| serde_json::to_string(&cr.status).unwrap().contains("SECRET-TOKEN"))
+            .map(|cr| {
+                let message = condition(cr, types::CONFIG_VALID).map(|c| c.message).unwrap_or_default();
+                format!("{}: {}", cr.name_any(), message.replace(TOKEN, "<TOKEN>"))
+            })
+            .collect();
+        let mut leaks: Vec<String> = leaks.into_iter().map(|l| format!("status of {l}")).collect();
+        for (what, text) in outputs {
+            if text.contains("SECRET-TOKEN") {
+                let lines = text.lines().filter(|l| l.contains("SECRET-TOKEN")).count();
+                leaks.push(format!("{what} ({lines} lines)"));
+            }
+        }
+        assert!(leaks.is_empty(), "cloud-config content leaked:\n  {}", leaks.join("\n  "));
+        let _ = tokio::time::timeout(Duration::from_secs(20), op.stop()).await;
+        env.finish().await;
+    }
+
+    /// A 100,000-level YAML document and a YAML alias bomb beside a valid resource: the valid one
+    /// becomes Ready within twice its time alone, and the hostile ones are refused.
+    async fn hostile_cloud_configs_never_delay_a_valid_neighbour(backend) {
+        log_buffer();
+        let env = Env::start(backend, "hostile").await;
+        let op = env.operator().await;
+        env.secret("calm", "cloud.conf", "autoInstances: true\n").await;
+        let calm = json!({"provider": "fake", "mode": "Embedded", "clusterCIDR": "10.244.0.0/16",
+            "cloudConfig": {"secretRef": {"name": "calm"}}});
+
+        let started = Instant::now();
+        env.apply_cr("calm-a", calm.clone()).await;
+        env.wait_condition("calm-a", types::READY, |c| c.status == "True").await;
+        let alone = started.elapsed();
+        env.crs().delete("calm-a", &DeleteParams::default()).await.unwrap();
+        eventually("calm-a is gone", || async { env.crs().get_opt("calm-a").await.ok().flatten().is_none() }).await;
+
+        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        let mut bomb = String::from("a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n");
+        for (name, p) in ["b", "c", "d", "e", "f", "g", "h", "i"].into_iter().zip(["a", "b", "c", "d", "e", "f", "g", "h"]) {
+            bomb.push_str(&format!("{name}: &{name} [*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p}]\n"));
+        }
+        put_secret(&env.harness, &env.ns, "deep", deep.as_bytes()).await;
+        put_secret(&env.harness, &env.ns, "bomb", bomb.as_bytes()).await;
+        for name in ["deep", "bomb"] {
+            // Only a LoadBalancer class of its own, so a refused one never conflicts with calm-b.
+            let spec = json!({"provider": "fake", "controllers": ["service-lb-controller"],
+                "loadBalancerClass": format!("example.com/{name}"), "cloudConfig": {"secretRef": {"name": name}}});
+            env.apply_cr(name, spec).await;
+        }
+        let started = Instant::now();
+        env.apply_cr("calm-b", calm).await;
+        env.wait_condition("calm-b", types::READY, |c| c.status == "True").await;
+        let beside = started.elapsed();
+        eprintln!("time to Ready alone: {alone:?}; beside the hostile documents: {beside:?} ({})", backend.name());
+        // Twice the time alone; below one second the floor absorbs scheduling noise.
+        let bound = alone.max(Duration::from_secs(1)) * 2;
+        assert!(beside <= bound, "Ready took {beside:?} beside hostile documents, {alone:?} alone");
+        for name in ["deep", "bomb"] {
+            let c = env.wait_condition(name, types::CONFIG_VALID, |c| c.status == "False").await;
+            assert_eq!(c.reason, config_valid::CLOUD_CONFIG_REJECTED, "{name}: {}", c.message);
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(20), op.stop()).await;
+        env.finish().await;
+    }
+}
+
+/// Cloud-configs of the fake, baremetal and aws providers with the token in every field, each
+/// wrong in some way, plus malformed documents.
+fn token_documents() -> Vec<(&'static str, String)> {
+    let t = TOKEN;
+    let mut out = Vec::new();
+    let fake = [
+        format!("{t}\n"),
+        format!("{t}: 1\n"),
+        format!("\"{t}\": [\n"),
+        format!("instances: [{{name: a, {t}: 1}}]\n"),
+        format!("instances: [{{name: \"\", providerID: {t}}}]\n"),
+        format!("instances: [{{name: a, addresses: [{{type: {t}, address: {t}}}]}}]\n"),
+        format!("instances: [{{name: a, labels: {{{t}: [{t}]}}}}]\n"),
+        format!("instances: [{{name: a, labels: {{{t}: {t}, {t}: b}}}}]\n"),
+        format!("health: {{healthy: {t}, reason: {t}, message: {t}}}\n"),
+        format!("failures: [{{method: {t}, error: other, message: {t}}}]\n"),
+        format!("failures: [{{method: health, error: {t}}}]\n"),
+        format!("failures: [{{method: health, error: other, rate: {t}}}]\n"),
+        format!("latency: {t}\n"),
+        format!("batchSize: {t}\n"),
+        format!("autoInstances: {t}\n"),
+        format!("loadBalancerIPRange: {t}\n"),
+        format!("loadBalancerIPRange: 10.0.0.0/{t}\n"),
+        format!("instances: &{t} [{{name: a}}]\nfailures: *{t}\n"),
+        format!("instances: []\n---\n{t}: 1\n"),
+        format!("{t}: a: b\n"),
+        format!("instances:\n\t- name: {t}\n"),
+        format!("disableRoutes: {t}\n"),
+        format!("instances: [{{name: a, zone: {{{t}: {t}}}}}]\n"),
+    ];
+    out.extend(fake.into_iter().map(|d| ("fake", d)));
+    let baremetal = [
+        format!("{t}: 1\n"),
+        format!("instances: [{{name: a, addresses: [{{type: InternalIP, address: {t}}}]}}]\n"),
+        format!("instances: [{{name: a, addresses: [{{type: {t}, address: 10.0.0.1}}]}}]\n"),
+        format!("instances: [{{name: a, providerID: [{t}], instanceType: {{{t}: 1}}}}]\n"),
+        format!("instances: [{{name: a, state: {t}}}]\n"),
+        format!("instances: [{{name: {{{t}: 1}}}}]\n"),
+        format!("loadBalancer: {{pools: [{{name: p, cidrs: [{t}]}}]}}\n"),
+        format!("loadBalancer: {{pools: [{{name: p, ranges: [{t}]}}]}}\n"),
+        format!("loadBalancer: {{pools: [{{name: p, cidrs: [10.0.0.0/28], {t}: true}}]}}\n"),
+        format!("loadBalancer: {{pools: [{{name: p, cidrs: [10.0.0.0/28], avoidBuggyIPs: {t}}}]}}\n"),
+        format!(
+            "loadBalancer: {{pools: [{{name: p, cidrs: [10.0.0.0/28], serviceSelector: {{matchExpressions: [{{key: a, operator: {t}}}]}}}}]}}\n"
+        ),
+        format!("loadBalancer: {{retryAfter: {t}}}\n"),
+        format!("loadBalancer: {{mode: {t}}}\n"),
+        format!("loadBalancer: {{kubeVip: {t}}}\n"),
+        format!("lifecycle: {{deleteAbsentNodes: {t}}}\n"),
+        format!("instances: {t}\n"),
+    ];
+    out.extend(baremetal.into_iter().map(|d| ("baremetal", d)));
+    let aws = [
+        format!("[Global]\nZone = {t}\n"),
+        format!("[Global]\nVPC = {t}\n"),
+        format!("[Global]\nSubnetID = {t}\n"),
+        format!("[Global]\nRouteTableID = {t}\n"),
+        format!("[Global]\nKubernetesClusterID = {t} {t}\n"),
+        format!("[Global]\nRoleARN = {t}\n"),
+        format!("[Global]\nElbSecurityGroup = {t}\n"),
+        format!("[Global]\nDisableSecurityGroupIngress = {t}\n"),
+        format!("[Global]\n{t} = 1\n"),
+        format!("[Global]\n{t}\n"),
+        format!("[{t}]\nZone = us-east-1a\n"),
+        format!("[ServiceOverride \"{t}\"]\nService = {t}\nRegion = {t}\nURL = {t}\nSigningRegion = {t}\n"),
+        format!("[ServiceOverride \"1\"]\nService = ec2\nRegion = us-east-1\nURL = {t}\nSigningRegion = us-east-1\n"),
+    ];
+    out.extend(aws.into_iter().map(|d| ("aws", d)));
+    out
+}
+
+/// `render.py`'s exit code for "a tool is missing, skipped".
+const SKIPPED: i32 = 77;
+
+/// The chart rendered by real Helm for `values`, with `release` in `namespace`; `None` (with the
+/// reason printed) when Helm is unavailable outside CI.
+fn render_chart(kubeconfig: &Path, values: &Value, release: &str, namespace: &str) -> Option<Vec<Value>> {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../charts/ccm-operator/tests/render.py");
+    let output = Command::new("python3")
+        .arg(script)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["--values", &values.to_string(), "--release", release, "--namespace", namespace])
+        .env("HELM_DRIVER", "memory")
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output();
+    let in_ci = std::env::var("CI").as_deref() == Ok("true");
+    let output = match output {
+        Ok(o) => o,
+        Err(e) => {
+            assert!(!in_ci, "python3 could not run: {e}");
+            eprintln!("SKIPPED: python3 could not run: {e}");
+            return None;
+        }
+    };
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    match output.status.code() {
+        Some(0) => Some(serde_json::from_slice(&output.stdout).expect("render.py prints JSON")),
+        Some(SKIPPED) if !in_ci => {
+            eprintln!("SKIPPED: {stderr}");
+            None
+        }
+        code => panic!("rendering the chart failed (exit {code:?}): {stderr}"),
+    }
+}
+
+/// Server-side apply `obj` (any kind) as the admin.
+async fn apply_object(client: &Client, obj: &Value) {
+    let kind = obj["kind"].as_str().unwrap_or_default();
+    let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    let ns = obj["metadata"]["namespace"].as_str().map(str::to_string);
+    let params = PatchParams::apply(HARNESS_AGENT).force();
+    macro_rules! put {
+        ($t:ty, $api:expr) => {{
+            let typed: $t = serde_json::from_value(obj.clone()).expect(kind);
+            let api: Api<$t> = $api;
+            api.patch(&name, &params, &Patch::Apply(&typed)).await.unwrap_or_else(|e| panic!("{kind} {name}: {e}"));
+        }};
+    }
+    match kind {
+        "ClusterRole" => put!(ClusterRole, Api::all(client.clone())),
+        "ClusterRoleBinding" => put!(ClusterRoleBinding, Api::all(client.clone())),
+        "Role" => put!(Role, Api::namespaced(client.clone(), ns.as_deref().unwrap())),
+        "RoleBinding" => put!(RoleBinding, Api::namespaced(client.clone(), ns.as_deref().unwrap())),
+        "ServiceAccount" => put!(ServiceAccount, Api::namespaced(client.clone(), ns.as_deref().unwrap())),
+        _ => {}
+    }
+}
+
+fn forbidden<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> bool {
+    matches!(result, Err(kube::Error::Api(ref s)) if s.code == 403)
+}
+
+/// On the genuine API server, with exactly the RBAC the chart renders (cloudConfig.namespaces
+/// set to one namespace): the operator's ServiceAccount can read a Secret there but not in any
+/// other namespace nor cluster-wide; and the operator itself, running as that ServiceAccount,
+/// serves a resource in the allowed namespace and refuses one elsewhere (NamespaceNotAllowed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chart_rbac_lets_the_operator_read_secrets_only_in_the_allowed_namespaces() {
+    if !Backend::genuine_available() {
+        eprintln!("SKIPPED: needs the genuine API server (CCM_TEST_ASSETS)");
+        return;
+    }
+    log_buffer();
+    let cluster = TestCluster::start(Backend::Genuine).await.expect("the API server starts");
+    cluster.install_crd(&crds::crd()).await.expect("the CRD installs");
+    let admin = cluster.client();
+    let allowed = cluster.fresh_namespace("e2e-cloud").await.unwrap();
+    let other = cluster.fresh_namespace("e2e-tenant").await.unwrap();
+    let release_ns = cluster.fresh_namespace("e2e-ccm-system").await.unwrap();
+    let release = format!("sec{}", std::process::id());
+    let values = json!({"cloudConfig": {"namespaces": [allowed]}, "replicas": 1});
+    let Some(objects) = render_chart(&cluster.kubeconfig_path(), &values, &release, &release_ns) else { return };
+    for o in &objects {
+        apply_object(&admin, o).await;
+    }
+    let sa = objects
+        .iter()
+        .find(|o| o["kind"] == "ServiceAccount")
+        .and_then(|o| o["metadata"]["name"].as_str())
+        .expect("the chart renders the operator's ServiceAccount")
+        .to_string();
+    let (config, _) = cluster.service_account(&release_ns, &sa).await.expect("a ServiceAccount token");
+    let operator_client = Client::try_from(config).unwrap();
+    for ns in [&allowed, &other] {
+        put_secret(&admin, ns, "cfg", b"autoInstances: true\n").await;
+    }
+
+    let secrets_in = |ns: &str| Api::<Secret>::namespaced(operator_client.clone(), ns);
+    assert!(secrets_in(&allowed).get("cfg").await.is_ok(), "the Secret in the allowed namespace is readable");
+    assert!(forbidden(secrets_in(&other).get("cfg").await), "a Secret elsewhere must be forbidden");
+    assert!(forbidden(secrets_in(&other).list(&ListParams::default()).await));
+    assert!(forbidden(Api::<Secret>::all(operator_client.clone()).list(&ListParams::default()).await));
+    assert!(forbidden(secrets_in("kube-system").list(&ListParams::default()).await));
+
+    // The operator itself, with those rights only.
+    let mut config = OperatorConfig::new(operator_client.clone());
+    config.scope = Scope::All;
+    config.cloud_config_namespaces = Some(vec![allowed.clone()]);
+    config.leader_election = None;
+    config.manage_crd = false;
+    config.build.manager_cluster_role = "ccm-manager".into();
+    config.timings.debounce = Duration::from_millis(50);
+    let op = operator::start(config).await.expect("the operator starts as its ServiceAccount");
+    let spec =
+        json!({"provider": "fake", "clusterCIDR": "10.244.0.0/16", "cloudConfig": {"secretRef": {"name": "cfg"}}});
+    put_cr(&admin, &other, "tenant", spec.clone()).await;
+    put_cr(&admin, &allowed, "cloud", spec).await;
+    eventually("the resource in the allowed namespace is valid", || async {
+        config_valid_is(&admin, &allowed, "cloud", "True", config_valid::VALID).await
+    })
+    .await;
+    eventually("the resource elsewhere is refused", || async {
+        config_valid_is(&admin, &other, "tenant", "False", config_valid::NAMESPACE_NOT_ALLOWED).await
+    })
+    .await;
+    // The chart's rights are enough to deploy the manager (ServiceAccount, its Role and
+    // bindings, which the API server lets the operator grant only if it holds them).
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> = Api::namespaced(admin.clone(), &allowed);
+    eventually("the manager Deployment exists in the allowed namespace", || async {
+        deployments.list(&ListParams::default()).await.is_ok_and(|l| !l.items.is_empty())
+    })
+    .await;
+    let _ = tokio::time::timeout(Duration::from_secs(20), op.stop()).await;
+    // Cluster-scoped objects of this release; the namespaces' contents stay (no GC there).
+    for o in objects.iter().filter(|o| o["kind"] == "ClusterRole" || o["kind"] == "ClusterRoleBinding") {
+        let name = o["metadata"]["name"].as_str().unwrap_or_default();
+        let _ = match o["kind"].as_str() {
+            Some("ClusterRole") => {
+                Api::<ClusterRole>::all(admin.clone()).delete(name, &DeleteParams::default()).await.map(|_| ())
+            }
+            _ => Api::<ClusterRoleBinding>::all(admin.clone()).delete(name, &DeleteParams::default()).await.map(|_| ()),
+        };
+    }
+    let leftover = logs();
+    assert!(!leftover.contains("SECRET-TOKEN"));
+}
+
+/// The manager pod the operator builds is admitted by the genuine API server's Pod Security
+/// admission in a namespace enforcing `restricted`, in Deployment and DaemonSet modes, when it
+/// is off the host network; on the host network (the default) only hostNetwork is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manager_pods_pass_restricted_pod_security_admission_except_host_network() {
+    if !Backend::genuine_available() {
+        eprintln!("SKIPPED: needs the genuine API server (CCM_TEST_ASSETS): Pod Security admission");
+        return;
+    }
+    let cluster = TestCluster::start(Backend::Genuine).await.expect("the API server starts");
+    let admin = cluster.client();
+    let ns = format!("e2e-restricted-{}", std::process::id());
+    let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": ns,
+        "labels": {"pod-security.kubernetes.io/enforce": "restricted",
+                   "pod-security.kubernetes.io/enforce-version": "latest"}}}))
+    .unwrap();
+    let _ = Api::<Namespace>::all(admin.clone()).create(&PostParams::default(), &namespace).await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), &ns);
+    for (mode, host_network) in [("Deployment", false), ("DaemonSet", false), ("Deployment", true)] {
+        let cr: crds::CloudControllerManager = serde_json::from_value(json!({
+            "apiVersion": "ccm.rs/v1alpha1", "kind": "CloudControllerManager",
+            "metadata": {"name": "psa", "namespace": ns, "uid": "u1"},
+            "spec": {"provider": "fake", "mode": mode, "cloudConfig": {"secretRef": {"name": "cfg"}},
+                     "deployment": {"hostNetwork": host_network}},
+        }))
+        .unwrap();
+        let secret = operator::validate::SecretState::Found {
+            name: "cfg".into(),
+            key: "cloud.conf".into(),
+            data: b"autoInstances: true\n".to_vec(),
+        };
+        let validation = operator::validate::validate(&cr, &secret, &manager::registry::Registry::builtin(), &[]);
+        let operator::validate::Validation::Valid(validated) = validation else { panic!("{validation:?}") };
+        let template = build::build(&cr, &validated, &BuildSettings::default())
+            .into_iter()
+            .find_map(|o| match o {
+                Desired::Deployment(d) => d.spec.map(|s| s.template),
+                Desired::DaemonSet(d) => d.spec.map(|s| s.template),
+                _ => None,
+            })
+            .expect("a workload");
+        let pod = Pod {
+            metadata: ObjectMeta { generate_name: Some("psa-".into()), ..Default::default() },
+            spec: template.spec,
+            ..Default::default()
+        };
+        let result = pods.create(&PostParams::default(), &pod).await;
+        if host_network {
+            let Err(kube::Error::Api(status)) = &result else { panic!("a host-network pod was admitted") };
+            assert_eq!(status.code, 403, "{status:?}");
+            assert!(status.message.contains("hostNetwork"), "{}", status.message);
+            let others = status.message.replace("host namespaces (hostNetwork=true)", "");
+            assert!(
+                !others.contains("allowPrivilegeEscalation")
+                    && !others.contains("runAsNonRoot")
+                    && !others.contains("seccompProfile")
+                    && !others.contains("capabilities"),
+                "{}",
+                status.message
+            );
+        } else {
+            let created = result.unwrap_or_else(|e| panic!("{mode}: the restricted profile refused the pod: {e}"));
+            assert!(created.name_any().starts_with("psa-"));
+        }
+    }
+}
