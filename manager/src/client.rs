@@ -405,7 +405,8 @@ fn describe_client_error(error: &kube::Error) -> &'static str {
     match error {
         kube::Error::Auth(_) => "the kubeconfig's credentials could not be used",
         kube::Error::RustlsTls(_) => "the kubeconfig's TLS settings (certificates or keys) could not be used",
-        kube::Error::InferConfig(_) | kube::Error::InferKubeconfig(_) => "the configuration could not be loaded",
+        kube::Error::InferKubeconfig(e) => describe_kubeconfig_error(e),
+        kube::Error::InferConfig(_) => "the configuration could not be loaded",
         _ => "the client could not be built from the configuration",
     }
 }
@@ -425,52 +426,153 @@ mod tests {
 
     const TOKEN: &str = "SECRET-TOKEN-12345";
 
-    /// Kubeconfigs with the token in every field, each broken in some way.
+    /// Kubeconfigs with the token in every field, each broken in some way: the YAML, a type,
+    /// a reference, a URL, a certificate, a file.
     fn broken_kubeconfigs() -> Vec<String> {
         let t = TOKEN;
-        let good_tail = format!(
-            "contexts: [{{name: c, context: {{cluster: k, user: u}}}}]\nusers: [{{name: u, user: {{token: {t}}}}}]\n"
-        );
-        vec![
+        let users = format!("users: [{{name: u, user: {{token: {t}, username: {t}, password: {t}}}}}]\n");
+        let contexts = format!("contexts: [{{name: c, context: {{cluster: k, user: u, namespace: {t}}}}}]\n");
+        let tail = format!("current-context: c\n{contexts}{users}");
+        let cluster = |fields: &str| format!("clusters:\n  - name: k\n    cluster: {{{fields}}}\n{tail}");
+        let user = |fields: &str| {
+            format!(
+                "clusters: [{{name: k, cluster: {{server: \"https://x\"}}}}]\ncurrent-context: c\n{contexts}users: [{{name: u, user: {{{fields}}}}}]\n"
+            )
+        };
+        let mut docs = vec![
+            // Not YAML, or not a kubeconfig.
             format!("apiVersion: v1\nkind: Config\n2 | {t}\n"),
             format!("{t}\n  {t}: [\n"),
-            format!("clusters: {t}\n"),
-            format!("clusters:\n  - name: k\n    cluster: {{server: [{t}]}}\n{good_tail}"),
-            format!("clusters:\n  - name: k\n    cluster: {{server: \"{t}\"}}\ncurrent-context: c\n{good_tail}"),
-            format!(
-                "clusters:\n  - name: k\n    cluster: {{server: \"https://x\", certificate-authority-data: {t}}}\ncurrent-context: c\n{good_tail}"
-            ),
-            format!(
-                "clusters:\n  - name: k\n    cluster: {{server: \"https://x\", certificate-authority: /{t}/ca.crt}}\ncurrent-context: c\n{good_tail}"
-            ),
-            format!(
-                "clusters:\n  - name: k\n    cluster: {{server: \"https://x\"}}\ncurrent-context: {t}\n{good_tail}"
-            ),
-            format!("clusters: []\ncurrent-context: c\ncontexts: [{{name: c, context: {{cluster: {t}, user: u}}}}]\n"),
-            format!("users:\n  - name: u\n    user: {{token: {t}, client-key-data: {{{t}: 1}}}}\n"),
-            format!("users:\n  - name: u\n    user: {{exec: {{command: [{t}]}}}}\n"),
             format!("clusters: [{{name: \"{t}\n"),
+            format!("clusters: {t}\n"),
+            format!("{t}: a: b\n"),
+            format!("users:\n\t- name: {t}\n"),
             format!("apiVersion: v1\n---\napiVersion: {t}\nkind: {t}\n"),
+            format!("kind: Config\n---\nkind: {t}\n"),
             format!("users: {}{t}\n", "[".repeat(200)),
-        ]
+            format!("clusters: *{t}\n"),
+            format!("preferences: {{colors: {t}}}\n"),
+            // Wrong types in every part.
+            cluster(&format!("server: [{t}]")),
+            cluster(&format!("server: \"https://x\", insecure-skip-tls-verify: {t}")),
+            cluster(&format!("server: \"https://x\", disable-compression: {t}")),
+            cluster(&format!("server: \"https://x\", extensions: {t}")),
+            user(&format!("exec: {{command: [{t}]}}")),
+            user(&format!("exec: {{command: {t}, args: {t}}}")),
+            user(&format!("exec: {{command: {t}, env: {t}}}")),
+            user(&format!("as-groups: [[{t}]]")),
+            user(&format!("as: [{t}]")),
+            user(&format!("auth-provider: {{name: {t}, config: [{t}]}}")),
+            user(&format!("client-key-data: {{{t}: 1}}")),
+            // References that do not resolve.
+            format!("current-context: {t}\n{contexts}{users}"),
+            format!("clusters: []\ncurrent-context: c\ncontexts: [{{name: c, context: {{cluster: {t}, user: u}}}}]\n"),
+            format!("clusters: [{{name: {t}, cluster: {{server: \"https://x\"}}}}]\n{tail}"),
+            // Server URLs.
+            cluster(&format!("server: \"{t}\"")),
+            cluster(&format!("server: \"https://{t} x\"")),
+            cluster(&format!("server: \"ftp://{t}\"")),
+            cluster(&format!("server: \"ftp://x\", tls-server-name: {t}")),
+            cluster(&format!("server: \"https://x\", proxy-url: \"{t} x\"")),
+            // Certificates and files.
+            cluster(&format!("server: \"https://x\", certificate-authority-data: {t}")),
+            cluster(&format!("server: \"https://x\", certificate-authority: /{t}/ca.crt")),
+            cluster(&format!("server: \"https://x\", certificate-authority: {t}.crt")),
+            user(&format!("client-certificate-data: {t}, client-key-data: {t}")),
+            user(&format!("client-certificate: /{t}/c.crt, client-key: /{t}/c.key")),
+            user(&format!("tokenFile: /{t}/token")),
+        ];
+        docs.push("clusters: [{name: k, cluster: {server: \"https://x\"}}]\n".to_string());
+        docs
     }
 
     #[tokio::test]
     async fn kubeconfig_errors_never_quote_the_file() {
         let dir = std::env::temp_dir().join(format!("ccm-kubeconfig-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
+        let mut accepted = Vec::new();
         for (i, doc) in broken_kubeconfigs().into_iter().enumerate() {
             let path = dir.join(format!("k{i}.yaml"));
             std::fs::write(&path, &doc).unwrap();
             let source = ClientSource { kubeconfig: Some(path.display().to_string()), master: None };
-            let message = match load_config(&source).await {
-                Err(e) => e.to_string(),
-                Ok(_) => panic!("kubeconfig {i} was accepted:\n{doc}"),
+            // Loading, then building the client (certificates are read there).
+            let (result, loaded) = match load_config(&source).await {
+                Ok(config) => (build_client(config, &RateLimitLayer::disabled()).map(|_| ()), true),
+                Err(e) => (Err(e), false),
             };
-            assert!(!message.contains("SECRET"), "kubeconfig {i}:\n{doc}\n=> {message}");
-            assert!(message.contains(&format!("k{i}.yaml")), "the file is named: {message}");
+            let Err(error) = result else {
+                accepted.push(doc);
+                continue;
+            };
+            for message in [error.to_string(), format!("{error:?}")] {
+                assert!(!message.contains("SECRET"), "kubeconfig {i}:\n{doc}\n=> {message}");
+            }
+            // Loading names the file; building a client knows only the loaded configuration.
+            assert!(loaded || error.to_string().contains(&format!("k{i}.yaml")), "the file is named: {error}");
         }
         std::fs::remove_dir_all(&dir).unwrap();
+        assert!(accepted.is_empty(), "accepted:\n{}", accepted.join("\n"));
+    }
+
+    #[tokio::test]
+    async fn master_flag_errors_never_quote_the_url() {
+        let dir = std::env::temp_dir().join(format!("ccm-kubeconfig-master-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("ok.yaml");
+        std::fs::write(
+            &path,
+            "clusters: [{name: k, cluster: {server: \"https://x\"}}]\ncontexts: [{name: c, context: {cluster: k}}]\ncurrent-context: c\n",
+        )
+        .unwrap();
+        let kubeconfig = Some(path.display().to_string());
+        for master in [format!("https://{TOKEN} x"), format!("{TOKEN}"), format!("ftp://{TOKEN}")] {
+            let source = ClientSource { kubeconfig: kubeconfig.clone(), master: Some(master.clone()) };
+            let error = load_config(&source).await.expect_err(&master);
+            assert!(!format!("{error} {error:?}").contains("SECRET"), "{error}");
+        }
+        let source = ClientSource { kubeconfig, master: Some("https://10.0.0.1:6443".into()) };
+        assert_eq!(load_config(&source).await.unwrap().cluster_url, "https://10.0.0.1:6443/");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn relative_file_references_resolve_against_the_kubeconfig_directory() {
+        let dir = std::env::temp_dir().join(format!("ccm-kubeconfig-rel-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("config");
+        std::fs::write(
+            &path,
+            "clusters: [{name: k, cluster: {server: \"https://x\", certificate-authority: ca.crt}}]\nusers: [{name: u, user: {client-key: /abs/c.key, tokenFile: t/token, exec: {command: bin/get-token, apiVersion: client.authentication.k8s.io/v1}}}, {name: v, user: {exec: {command: aws, apiVersion: client.authentication.k8s.io/v1}}}]\n",
+        )
+        .unwrap();
+        let config = read_kubeconfig(&path).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let at = |name: &str| dir.join(name).display().to_string();
+        assert_eq!(config.clusters[0].cluster.as_ref().unwrap().certificate_authority, Some(at("ca.crt")));
+        let user = config.auth_infos[0].auth_info.as_ref().unwrap();
+        assert_eq!(user.client_key.as_deref(), Some("/abs/c.key"));
+        assert_eq!(user.token_file, Some(at("t/token")));
+        assert_eq!(user.exec.as_ref().unwrap().command, Some(at("bin/get-token")));
+        let bare = config.auth_infos[1].auth_info.as_ref().unwrap();
+        assert_eq!(bare.exec.as_ref().unwrap().command.as_deref(), Some("aws"), "a bare command is looked up in PATH");
+    }
+
+    #[test]
+    fn hostile_kubeconfigs_are_refused_with_the_limit_they_break() {
+        let path = std::env::temp_dir().join(format!("ccm-kubeconfig-hostile-{}.yaml", std::process::id()));
+        for (name, doc, problem) in safe_yaml::hostile::all() {
+            std::fs::write(&path, &doc).unwrap();
+            let message = read_kubeconfig(&path).unwrap_err().to_string();
+            let want = match problem {
+                // Kubeconfigs may be larger than cloud-configs.
+                safe_yaml::Problem::TooLarge { .. } => {
+                    safe_yaml::Problem::TooLarge { limit: safe_yaml::KUBECONFIG_LIMITS.max_bytes }
+                }
+                other => other,
+            };
+            assert!(message.contains(&want.to_string()), "{name}: {message}");
+        }
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]
