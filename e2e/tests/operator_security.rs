@@ -501,7 +501,7 @@ async fn manager_pods_pass_restricted_pod_security_admission_except_host_network
         let cr: crds::CloudControllerManager = serde_json::from_value(json!({
             "apiVersion": "ccm.rs/v1alpha1", "kind": "CloudControllerManager",
             "metadata": {"name": "psa", "namespace": ns, "uid": "u1"},
-            "spec": {"provider": "fake", "mode": mode, "cloudConfig": {"secretRef": {"name": "cfg"}},
+            "spec": {"provider": "fake", "mode": mode, "clusterCIDR": "10.244.0.0/16", "cloudConfig": {"secretRef": {"name": "cfg"}},
                      "deployment": {"hostNetwork": host_network}},
         }))
         .unwrap();
