@@ -106,7 +106,8 @@ pub(crate) fn openapi_v3_root(reg: &Registry) -> Value {
 }
 
 /// A minimal OpenAPI v3 document for a group version: the object paths with their PATCH
-/// operation, its group-version-kind and query parameters. No schemas.
+/// operation, its group-version-kind and query parameters, and the schemas of custom resources
+/// (built-in types have none here).
 pub(crate) fn openapi_v3_group_version(reg: &Registry, group: &str, version: &str) -> Option<Value> {
     if !reg.has_group_version(group, version) {
         return None;
@@ -117,7 +118,25 @@ pub(crate) fn openapi_v3_group_version(reg: &Registry, group: &str, version: &st
         .map(|p| json!({"name": p, "in": "query", "schema": {"type": "string", "uniqueItems": true}}))
         .collect();
     let mut paths = serde_json::Map::new();
+    let mut schemas = serde_json::Map::new();
     for rt in reg.resources(group, version) {
+        // Custom resources carry their CRD's schema, so that `kubectl explain` works.
+        if let Some(schema) = &rt.schema {
+            let reversed: Vec<&str> = rt.group.split('.').rev().collect();
+            let mut doc = (**schema).clone();
+            if let Some(props) = doc.get_mut("properties").and_then(Value::as_object_mut) {
+                props.entry("apiVersion").or_insert(json!({"type": "string", "description": "The versioned schema of this representation of an object."}));
+                props
+                    .entry("kind")
+                    .or_insert(json!({"type": "string", "description": "The REST resource this object represents."}));
+                props
+                    .entry("metadata")
+                    .or_insert(json!({"type": "object", "description": "Standard object's metadata."}));
+            }
+            doc["x-kubernetes-group-version-kind"] =
+                json!([{"group": rt.group, "version": rt.version, "kind": rt.kind}]);
+            schemas.insert(format!("{}.{}.{}", reversed.join("."), rt.version, rt.kind), doc);
+        }
         let item = if rt.namespaced {
             format!("{prefix}/namespaces/{{namespace}}/{}/{{name}}", rt.plural)
         } else {
@@ -137,6 +156,6 @@ pub(crate) fn openapi_v3_group_version(reg: &Registry, group: &str, version: &st
         "openapi": "3.0.0",
         "info": {"title": "Kubernetes", "version": "v1.33.0"},
         "paths": paths,
-        "components": {"schemas": {}},
+        "components": {"schemas": schemas},
     }))
 }

@@ -12,6 +12,144 @@ fn col(name: &str, ty: &str, format: &str) -> Value {
     json!({"name": name, "type": ty, "format": format, "description": "", "priority": 0})
 }
 
+/// A column kubectl shows only with `-o wide`.
+fn wide(name: &str) -> Value {
+    json!({"name": name, "type": "string", "format": "", "description": "", "priority": 1})
+}
+
+fn int(v: &Value, ptr: &str) -> i64 {
+    v.pointer(ptr).and_then(Value::as_i64).unwrap_or(0)
+}
+
+fn address(v: &Value, ty: &str) -> String {
+    v.pointer("/status/addresses")
+        .and_then(Value::as_array)
+        .and_then(|a| a.iter().find(|x| x.get("type").and_then(Value::as_str) == Some(ty)))
+        .and_then(|x| x.get("address").and_then(Value::as_str))
+        .unwrap_or("<none>")
+        .to_string()
+}
+
+fn containers_and_images(v: &Value) -> (String, String) {
+    let cs = v.pointer("/spec/template/spec/containers").and_then(Value::as_array).cloned().unwrap_or_default();
+    let names: Vec<&str> = cs.iter().filter_map(|c| c.get("name").and_then(Value::as_str)).collect();
+    let images: Vec<&str> = cs.iter().filter_map(|c| c.get("image").and_then(Value::as_str)).collect();
+    (names.join(","), images.join(","))
+}
+
+fn selector(v: &Value) -> String {
+    let labels = v.pointer("/spec/selector/matchLabels").and_then(Value::as_object).cloned().unwrap_or_default();
+    let parts: Vec<String> = labels.iter().map(|(k, x)| format!("{k}={}", x.as_str().unwrap_or(""))).collect();
+    if parts.is_empty() { "<none>".into() } else { parts.join(",") }
+}
+
+fn map_or_none(v: &Value, ptr: &str) -> String {
+    let m = v.pointer(ptr).and_then(Value::as_object).cloned().unwrap_or_default();
+    let parts: Vec<String> = m.iter().map(|(k, x)| format!("{k}={}", x.as_str().unwrap_or(""))).collect();
+    if parts.is_empty() { "<none>".into() } else { parts.join(",") }
+}
+
+/// Columns of the built-in kinds the genuine server prints beyond NAME and AGE.
+fn builtin(rt: &ResourceType, v: &Value, name: Value, age: Value) -> Option<(Vec<Value>, Vec<Value>)> {
+    let (containers, images) = containers_and_images(v);
+    match (rt.group.as_str(), rt.plural.as_str()) {
+        ("apps", "deployments") => Some((
+            vec![
+                col("Name", "string", "name"),
+                col("Ready", "string", ""),
+                col("Up-to-date", "integer", ""),
+                col("Available", "integer", ""),
+                col("Age", "string", ""),
+                wide("Containers"),
+                wide("Images"),
+                wide("Selector"),
+            ],
+            vec![
+                name,
+                json!(format!("{}/{}", int(v, "/status/readyReplicas"), int(v, "/spec/replicas"))),
+                json!(int(v, "/status/updatedReplicas")),
+                json!(int(v, "/status/availableReplicas")),
+                age,
+                json!(containers),
+                json!(images),
+                json!(selector(v)),
+            ],
+        )),
+        ("apps", "daemonsets") => Some((
+            vec![
+                col("Name", "string", "name"),
+                col("Desired", "integer", ""),
+                col("Current", "integer", ""),
+                col("Ready", "integer", ""),
+                col("Up-to-date", "integer", ""),
+                col("Available", "integer", ""),
+                col("Node Selector", "string", ""),
+                col("Age", "string", ""),
+                wide("Containers"),
+                wide("Images"),
+                wide("Selector"),
+            ],
+            vec![
+                name,
+                json!(int(v, "/status/desiredNumberScheduled")),
+                json!(int(v, "/status/currentNumberScheduled")),
+                json!(int(v, "/status/numberReady")),
+                json!(int(v, "/status/updatedNumberScheduled")),
+                json!(int(v, "/status/numberAvailable")),
+                json!(map_or_none(v, "/spec/template/spec/nodeSelector")),
+                age,
+                json!(containers),
+                json!(images),
+                json!(selector(v)),
+            ],
+        )),
+        ("coordination.k8s.io", "leases") => Some((
+            vec![col("Name", "string", "name"), col("Holder", "string", ""), col("Age", "string", "")],
+            vec![name, json!(s(v, "/spec/holderIdentity")), age],
+        )),
+        ("", "events") => {
+            let last = v
+                .pointer("/lastTimestamp")
+                .or(v.pointer("/eventTime"))
+                .or(v.pointer("/metadata/creationTimestamp"))
+                .and_then(Value::as_str);
+            let first = v.pointer("/firstTimestamp").or(v.pointer("/eventTime")).and_then(Value::as_str);
+            let object = format!("{}/{}", s(v, "/involvedObject/kind").to_lowercase(), s(v, "/involvedObject/name"));
+            let source = match (s(v, "/source/component"), s(v, "/reportingComponent")) {
+                ("", r) => r.to_string(),
+                (c, _) => c.to_string(),
+            };
+            Some((
+                vec![
+                    col("Last Seen", "string", ""),
+                    col("Type", "string", ""),
+                    col("Reason", "string", ""),
+                    col("Object", "string", ""),
+                    wide("Subobject"),
+                    wide("Source"),
+                    col("Message", "string", ""),
+                    wide("First Seen"),
+                    wide("Count"),
+                    wide("Name"),
+                ],
+                vec![
+                    json!(human_age(last)),
+                    json!(s(v, "/type")),
+                    json!(s(v, "/reason")),
+                    json!(object),
+                    json!(s(v, "/involvedObject/fieldPath")),
+                    json!(source),
+                    json!(s(v, "/message")),
+                    json!(human_age(first)),
+                    json!(int(v, "/count").max(1)),
+                    name,
+                ],
+            ))
+        }
+        _ => None,
+    }
+}
+
 /// Human-readable age, as kubectl prints it.
 fn human_age(ts: Option<&str>) -> String {
     let Some(s) = ts.and_then(age_seconds) else { return "<unknown>".into() };
@@ -71,6 +209,9 @@ fn json_path(v: &Value, path: &str) -> Option<Value> {
 fn columns_and_cells(rt: &ResourceType, v: &Value) -> (Vec<Value>, Vec<Value>) {
     let name = json!(s(v, "/metadata/name"));
     let age = json!(human_age(v.pointer("/metadata/creationTimestamp").and_then(Value::as_str)));
+    if let Some(table) = builtin(rt, v, name.clone(), age.clone()) {
+        return table;
+    }
     match rt.strategy {
         Strategy::Node => {
             let mut status = match condition(v, "Ready") {
@@ -88,8 +229,24 @@ fn columns_and_cells(rt: &ResourceType, v: &Value) -> (Vec<Value>, Vec<Value>) {
                     col("Roles", "string", ""),
                     col("Age", "string", ""),
                     col("Version", "string", ""),
+                    wide("Internal-IP"),
+                    wide("External-IP"),
+                    wide("OS-Image"),
+                    wide("Kernel-Version"),
+                    wide("Container-Runtime"),
                 ],
-                vec![name, json!(status), json!("<none>"), age, json!(s(v, "/status/nodeInfo/kubeletVersion"))],
+                vec![
+                    name,
+                    json!(status),
+                    json!("<none>"),
+                    age,
+                    json!(s(v, "/status/nodeInfo/kubeletVersion")),
+                    json!(address(v, "InternalIP")),
+                    json!(address(v, "ExternalIP")),
+                    json!(s(v, "/status/nodeInfo/osImage")),
+                    json!(s(v, "/status/nodeInfo/kernelVersion")),
+                    json!(s(v, "/status/nodeInfo/containerRuntimeVersion")),
+                ],
             )
         }
         Strategy::Namespace => (

@@ -136,3 +136,174 @@ async fn kubectl_works_with_custom_resources() {
     assert_eq!(short.trim(), "4");
     k.ok(&["delete", "-f", w.to_str().unwrap()]).await;
 }
+
+const WIDE_MANIFEST: &str = r#"apiVersion: v1
+kind: Node
+metadata:
+  name: wide-node
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+  namespace: default
+spec:
+  replicas: 1
+  selector:
+    matchLabels: {app: web}
+  template:
+    metadata:
+      labels: {app: web}
+    spec:
+      containers:
+      - {name: web, image: example.com/web:1}
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: agent
+  namespace: default
+spec:
+  selector:
+    matchLabels: {app: agent}
+  template:
+    metadata:
+      labels: {app: agent}
+    spec:
+      containers:
+      - {name: agent, image: example.com/agent:1}
+---
+apiVersion: coordination.k8s.io/v1
+kind: Lease
+metadata:
+  name: leader
+  namespace: default
+spec:
+  holderIdentity: me
+---
+apiVersion: v1
+kind: Event
+metadata:
+  name: web.1
+  namespace: default
+involvedObject: {kind: Deployment, name: web, namespace: default}
+reason: Synced
+message: synced
+type: Normal
+"#;
+
+/// The header line of `kubectl get <kind> -o wide` on one server.
+async fn wide_headers(cluster: &e2e_apiserver::TestCluster, dir: &Path) -> Vec<String> {
+    let kubectl = Kubectl {
+        bin: kubectl_path().expect("kubectl"),
+        kubeconfig: cluster.kubeconfig_path(),
+        cache: dir.join("cache"),
+    };
+    std::fs::create_dir_all(dir).unwrap();
+    let manifest = dir.join("wide.yaml");
+    std::fs::write(&manifest, WIDE_MANIFEST).unwrap();
+    kubectl.ok(&["apply", "--server-side", "-f", manifest.to_str().unwrap()]).await;
+    let mut headers = vec![];
+    for kind in ["nodes", "deployments", "daemonsets", "leases", "events"] {
+        let out = kubectl.ok(&["get", kind, "-n", "default", "-o", "wide"]).await;
+        let header = out.lines().next().unwrap_or_default().split_whitespace().collect::<Vec<_>>().join(" ");
+        headers.push(format!("{kind}: {header}"));
+    }
+    headers
+}
+
+/// `kubectl get -o wide` prints the same columns for Nodes, Deployments, DaemonSets, Leases and
+/// Events from the local server as from a genuine kube-apiserver.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_tables_have_the_genuine_servers_columns() {
+    if kubectl_path().is_none() {
+        println!("SKIPPED kubectl_tables_have_the_genuine_servers_columns: kubectl is not on PATH");
+        return;
+    }
+    let local = e2e_apiserver::TestCluster::start(e2e_apiserver::Backend::Local).await.unwrap();
+    let dir = std::env::temp_dir().join(format!("ccm-kubectl-wide-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let local_headers = wide_headers(&local, &dir.join("local")).await;
+    assert!(
+        local_headers.iter().any(|h| h.starts_with("nodes: NAME STATUS ROLES AGE VERSION INTERNAL-IP")),
+        "{local_headers:?}"
+    );
+    assert!(local_headers.iter().any(|h| h == "leases: NAME HOLDER AGE"), "{local_headers:?}");
+    if e2e_apiserver::Backend::genuine_available() {
+        let genuine = e2e_apiserver::TestCluster::start(e2e_apiserver::Backend::Genuine).await.unwrap();
+        let genuine_headers = wide_headers(&genuine, &dir.join("genuine")).await;
+        assert_eq!(local_headers, genuine_headers);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+const EXPLAINED_CRD: &str = r#"apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: gadgets.explain.ccm.rs
+spec:
+  group: explain.ccm.rs
+  scope: Namespaced
+  names: {plural: gadgets, singular: gadget, kind: Gadget, shortNames: [gd]}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec:
+            type: object
+            description: What the gadget should be.
+            properties:
+              mode:
+                type: string
+                description: How the gadget runs.
+"#;
+
+/// `kubectl explain` reads a custom resource's schema from the server's OpenAPI v3 documents,
+/// on the local server as on a genuine one.
+mod kubectl_explain_reads_custom_resource_schemas {
+    use super::*;
+
+    async fn explain(cluster: e2e_apiserver::TestCluster) {
+        if kubectl_path().is_none() {
+            println!("SKIPPED kubectl_explain: kubectl is not on PATH");
+            return;
+        }
+        let dir =
+            std::env::temp_dir().join(format!("ccm-kubectl-explain-{}-{:?}", std::process::id(), cluster.backend()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let kubectl =
+            Kubectl { bin: kubectl_path().unwrap(), kubeconfig: cluster.kubeconfig_path(), cache: dir.join("cache") };
+        let crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition =
+            serde_yaml::from_str(EXPLAINED_CRD).unwrap();
+        cluster.install_crd(&crd).await.unwrap();
+        // A genuine server publishes a new CRD's OpenAPI a moment after it is established.
+        let mut tries = 0;
+        let out = loop {
+            let out = kubectl.run(&["explain", "gadgets.spec"]).await;
+            tries += 1;
+            if out.status.success() || tries == 50 {
+                break String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        assert!(out.contains("What the gadget should be."), "{out}");
+        assert!(out.contains("mode") && out.contains("How the gadget runs."), "{out}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn local() {
+        explain(e2e_apiserver::TestCluster::start(e2e_apiserver::Backend::Local).await.unwrap()).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn genuine() {
+        if e2e_apiserver::Backend::genuine_available() {
+            explain(e2e_apiserver::TestCluster::start(e2e_apiserver::Backend::Genuine).await.unwrap()).await;
+        }
+    }
+}
