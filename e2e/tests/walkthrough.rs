@@ -82,7 +82,7 @@ const BLOCKS: &[(&str, &str, &str, Check)] = &[
     (
         "docs/quickstart.md",
         "quickstart",
-        "406e93527f5e17ec",
+        "64efb8bad465e2bf",
         Check::Run("quick_start_reaches_ready_and_stops_quietly_as_documented"),
     ),
     (
@@ -330,12 +330,18 @@ fn skip(needs_helm: bool) -> bool {
 }
 
 /// `bash` running `script` from the repository root in its own process group, with strict
-/// error handling and job control (as an interactive shell has) and a cleanup of background
-/// jobs if it fails half-way.
+/// error handling. A script with background jobs also gets job control (as an interactive
+/// shell has) and a cleanup of those jobs if it fails half-way; one without keeps its
+/// foreground command in the group, so a Ctrl-C to the group reaches it as a terminal's would.
 fn bash(script: &str) -> Command {
-    let prelude = "set -euo pipefail\nset -m\n\
-        cleanup() { for p in $(jobs -p); do kill -TERM -- \"-$p\" 2>/dev/null || true; done; }\n\
-        trap cleanup EXIT\n";
+    let background = script.lines().any(|l| l.split('#').next().unwrap_or("").trim_end().ends_with('&'));
+    let prelude = if background {
+        "set -euo pipefail\nset -m\n\
+         cleanup() { for p in $(jobs -p); do kill -TERM -- \"-$p\" 2>/dev/null || true; done; }\n\
+         trap cleanup EXIT\n"
+    } else {
+        "set -euo pipefail\n"
+    };
     let mut cmd = Command::new("bash");
     cmd.arg("-c")
         .arg(format!("{prelude}{script}\n"))
