@@ -1,4 +1,4 @@
-//! Framework integration tests against the local API server: leader election, the HTTP
+//! Framework integration tests against both API server backends: leader election, the HTTP
 //! endpoints, the ProviderHealthy reporter, and the binary.
 
 use std::net::SocketAddr;
@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crds::CloudControllerManager;
-use e2e_apiserver::TestApiServer;
+use e2e_apiserver::TestCluster;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -84,94 +84,93 @@ async fn start(builder: EngineBuilder) -> RunningEngine {
     builder.build().unwrap().start(CancellationToken::new()).await.unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn m5_two_engines_on_one_lease_exactly_one_leads_and_a_crash_hands_over_within_the_lease_duration() {
-    let server = TestApiServer::start().await.unwrap();
-    let tally = Tally::default();
-    let fake = Arc::new(FakeProvider::new());
-    let a = start(probe_engine(server.client(), fake.clone(), &tally).leader_election(Some(fast_election("ccm", "a"))))
-        .await;
-    let b = start(probe_engine(server.client(), fake.clone(), &tally).leader_election(Some(fast_election("ccm", "b"))))
-        .await;
-    eventually("a leader", Duration::from_secs(10), || a.is_leading() || b.is_leading()).await;
-    eventually("its controller", Duration::from_secs(5), || tally.running.load(Ordering::SeqCst) == 1).await;
-    // For a few renewals, never both.
-    for _ in 0..40 {
-        assert!(!(a.is_leading() && b.is_leading()), "two leaders");
-        sleep(Duration::from_millis(50)).await;
+e2e_apiserver::backend_tests! {
+    async fn m5_two_engines_on_one_lease_exactly_one_leads_and_a_crash_hands_over_within_the_lease_duration(backend) {
+        let cluster = TestCluster::start(backend).await.unwrap();
+        let tally = Tally::default();
+        let fake = Arc::new(FakeProvider::new());
+        let a = start(probe_engine(cluster.client(), fake.clone(), &tally).leader_election(Some(fast_election("ccm", "a"))))
+            .await;
+        let b = start(probe_engine(cluster.client(), fake.clone(), &tally).leader_election(Some(fast_election("ccm", "b"))))
+            .await;
+        eventually("a leader", Duration::from_secs(10), || a.is_leading() || b.is_leading()).await;
+        eventually("its controller", Duration::from_secs(5), || tally.running.load(Ordering::SeqCst) == 1).await;
+        // For a few renewals, never both.
+        for _ in 0..40 {
+            assert!(!(a.is_leading() && b.is_leading()), "two leaders");
+            sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(tally.peak.load(Ordering::SeqCst), 1);
+        let (leader, standby) = if a.is_leading() { (a, b) } else { (b, a) };
+        let lease: Lease = Api::namespaced(cluster.client(), "kube-system").get("ccm").await.unwrap();
+        assert_eq!(lease.spec.unwrap().holder_identity.as_deref(), Some(leader.identity()));
+
+        // A crash does not release the Lease: the standby waits for it to expire.
+        let crashed = Instant::now();
+        leader.abort();
+        standby.wait_leading(true).await;
+        let took = crashed.elapsed();
+        assert!(took <= Duration::from_millis(5000), "handover took {took:?}, lease is 3s");
+        assert!(took >= Duration::from_millis(1500), "handover took {took:?}: the lease cannot have expired yet");
+        eventually("the standby's controller", Duration::from_secs(5), || tally.started.load(Ordering::SeqCst) == 2).await;
+        assert_eq!(tally.peak.load(Ordering::SeqCst), 1, "controllers never overlapped");
+        standby.stop().await.unwrap();
+        drop(cluster);
     }
-    assert_eq!(tally.peak.load(Ordering::SeqCst), 1);
-    let (leader, standby) = if a.is_leading() { (a, b) } else { (b, a) };
-    let lease: Lease = Api::namespaced(server.client(), "kube-system").get("ccm").await.unwrap();
-    assert_eq!(lease.spec.unwrap().holder_identity.as_deref(), Some(leader.identity()));
 
-    // A crash does not release the Lease: the standby waits for it to expire.
-    let crashed = Instant::now();
-    leader.abort();
-    standby.wait_leading(true).await;
-    let took = crashed.elapsed();
-    assert!(took <= Duration::from_millis(5000), "handover took {took:?}, lease is 3s");
-    assert!(took >= Duration::from_millis(1500), "handover took {took:?}: the lease cannot have expired yet");
-    eventually("the standby's controller", Duration::from_secs(5), || tally.started.load(Ordering::SeqCst) == 2).await;
-    assert_eq!(tally.peak.load(Ordering::SeqCst), 1, "controllers never overlapped");
-    standby.stop().await.unwrap();
-    server.shutdown().await;
-}
+    async fn a_graceful_stop_releases_the_lease_and_the_standby_takes_over_within_the_retry_period(backend) {
+        let cluster = TestCluster::start(backend).await.unwrap();
+        let tally = Tally::default();
+        let fake = Arc::new(FakeProvider::new());
+        let a = start(probe_engine(cluster.client(), fake.clone(), &tally).leader_election(Some(fast_election("ccm", "a"))))
+            .await;
+        a.wait_leading(true).await;
+        let b = start(probe_engine(cluster.client(), fake.clone(), &tally).leader_election(Some(fast_election("ccm", "b"))))
+            .await;
+        sleep(Duration::from_secs(1)).await;
+        assert!(!b.is_leading());
+        let stopping = Instant::now();
+        a.stop().await.unwrap();
+        b.wait_leading(true).await;
+        let took = stopping.elapsed();
+        // retryPeriod is 500ms (up to 600ms with jitter); well under the 3s lease.
+        assert!(took <= Duration::from_millis(2000), "handover took {took:?}");
+        let lease: Lease = Api::namespaced(cluster.client(), "kube-system").get("ccm").await.unwrap();
+        let spec = lease.spec.unwrap();
+        assert_eq!(spec.holder_identity.as_deref(), Some("b"));
+        assert_eq!(spec.lease_transitions, Some(1));
+        assert_eq!(tally.peak.load(Ordering::SeqCst), 1);
+        b.stop().await.unwrap();
+        drop(cluster);
+    }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_graceful_stop_releases_the_lease_and_the_standby_takes_over_within_the_retry_period() {
-    let server = TestApiServer::start().await.unwrap();
-    let tally = Tally::default();
-    let fake = Arc::new(FakeProvider::new());
-    let a = start(probe_engine(server.client(), fake.clone(), &tally).leader_election(Some(fast_election("ccm", "a"))))
+    async fn a_leader_whose_lease_is_taken_stops_its_controllers_and_stands_by(backend) {
+        let cluster = TestCluster::start(backend).await.unwrap();
+        let tally = Tally::default();
+        let a = start(
+            probe_engine(cluster.client(), Arc::new(FakeProvider::new()), &tally)
+                .leader_election(Some(fast_election("ccm", "a"))),
+        )
         .await;
-    a.wait_leading(true).await;
-    let b = start(probe_engine(server.client(), fake.clone(), &tally).leader_election(Some(fast_election("ccm", "b"))))
-        .await;
-    sleep(Duration::from_secs(1)).await;
-    assert!(!b.is_leading());
-    let stopping = Instant::now();
-    a.stop().await.unwrap();
-    b.wait_leading(true).await;
-    let took = stopping.elapsed();
-    // retryPeriod is 500ms (up to 600ms with jitter); well under the 3s lease.
-    assert!(took <= Duration::from_millis(2000), "handover took {took:?}");
-    let lease: Lease = Api::namespaced(server.client(), "kube-system").get("ccm").await.unwrap();
-    let spec = lease.spec.unwrap();
-    assert_eq!(spec.holder_identity.as_deref(), Some("b"));
-    assert_eq!(spec.lease_transitions, Some(1));
-    assert_eq!(tally.peak.load(Ordering::SeqCst), 1);
-    b.stop().await.unwrap();
-    server.shutdown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_leader_whose_lease_is_taken_stops_its_controllers_and_stands_by() {
-    let server = TestApiServer::start().await.unwrap();
-    let tally = Tally::default();
-    let a = start(
-        probe_engine(server.client(), Arc::new(FakeProvider::new()), &tally)
-            .leader_election(Some(fast_election("ccm", "a"))),
-    )
-    .await;
-    a.wait_leading(true).await;
-    eventually("the controller", Duration::from_secs(5), || tally.running.load(Ordering::SeqCst) == 1).await;
-    // Someone else writes themselves in as holder with a long lease.
-    let leases: Api<Lease> = Api::namespaced(server.client(), "kube-system");
-    let mut lease = leases.get("ccm").await.unwrap();
-    let spec = lease.spec.as_mut().unwrap();
-    spec.holder_identity = Some("intruder".into());
-    spec.lease_duration_seconds = Some(3);
-    leases.replace("ccm", &PostParams::default(), &lease).await.unwrap();
-    a.wait_leading(false).await;
-    eventually("the controller to stop", Duration::from_secs(5), || tally.running.load(Ordering::SeqCst) == 0).await;
-    assert!(!a.is_finished(), "the engine stands by");
-    assert_eq!(a.leader_status().unwrap().holder.as_deref(), Some("intruder"));
-    // The intruder never renews: the engine takes the Lease back and restarts its controllers.
-    timeout(Duration::from_secs(10), a.wait_leading(true)).await.unwrap();
-    eventually("a second term", Duration::from_secs(5), || tally.started.load(Ordering::SeqCst) == 2).await;
-    a.stop().await.unwrap();
-    server.shutdown().await;
+        a.wait_leading(true).await;
+        eventually("the controller", Duration::from_secs(5), || tally.running.load(Ordering::SeqCst) == 1).await;
+        // Someone else writes themselves in as holder with a long lease.
+        let leases: Api<Lease> = Api::namespaced(cluster.client(), "kube-system");
+        let mut lease = leases.get("ccm").await.unwrap();
+        let spec = lease.spec.as_mut().unwrap();
+        spec.holder_identity = Some("intruder".into());
+        spec.lease_duration_seconds = Some(3);
+        leases.replace("ccm", &PostParams::default(), &lease).await.unwrap();
+        a.wait_leading(false).await;
+        eventually("the controller to stop", Duration::from_secs(5), || tally.running.load(Ordering::SeqCst) == 0).await;
+        assert!(!a.is_finished(), "the engine stands by");
+        assert_eq!(a.leader_status().unwrap().holder.as_deref(), Some("intruder"));
+        // The intruder never renews: the engine takes the Lease back and restarts its controllers.
+        timeout(Duration::from_secs(10), a.wait_leading(true)).await.unwrap();
+        eventually("a second term", Duration::from_secs(5), || tally.started.load(Ordering::SeqCst) == 2).await;
+        a.stop().await.unwrap();
+        drop(cluster);
+    }
 }
 
 /// A minimal HTTP/1.1 GET over any stream; returns the status code and body.
@@ -194,93 +193,93 @@ fn fixture(name: &str) -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn readyz_healthz_checks_and_metrics_are_served() {
-    let server = TestApiServer::start().await.unwrap();
-    let tally = Tally::default();
-    let fake = Arc::new(FakeProvider::new());
-    let engine = start(
-        probe_engine(server.client(), fake.clone(), &tally)
-            .leader_election(Some(fast_election("ccm-http", "me")))
-            .http(Some(HttpConfig::plain("127.0.0.1:0".parse().unwrap()))),
-    )
-    .await;
-    let addr = engine.local_addr().unwrap();
-    assert_eq!(get(addr, "/livez").await.0, 200);
-    let mut ready = (0, String::new());
-    for _ in 0..200 {
-        ready = get(addr, "/readyz").await;
-        if ready.0 == 200 {
-            break;
+e2e_apiserver::backend_tests! {
+    async fn readyz_healthz_checks_and_metrics_are_served(backend) {
+        let cluster = TestCluster::start(backend).await.unwrap();
+        let tally = Tally::default();
+        let fake = Arc::new(FakeProvider::new());
+        let engine = start(
+            probe_engine(cluster.client(), fake.clone(), &tally)
+                .leader_election(Some(fast_election("ccm-http", "me")))
+                .http(Some(HttpConfig::plain("127.0.0.1:0".parse().unwrap()))),
+        )
+        .await;
+        let addr = engine.local_addr().unwrap();
+        assert_eq!(get(addr, "/livez").await.0, 200);
+        let mut ready = (0, String::new());
+        for _ in 0..200 {
+            ready = get(addr, "/readyz").await;
+            if ready.0 == 200 {
+                break;
+            }
+            sleep(Duration::from_millis(25)).await;
         }
-        sleep(Duration::from_millis(25)).await;
+        assert_eq!(ready.0, 200, "{}", ready.1);
+        engine.wait_leading(true).await;
+        eventually("the probe controller", Duration::from_secs(5), || tally.handle.lock().unwrap().is_some()).await;
+
+        assert_eq!(get(addr, "/healthz").await, (200, "ok".to_string()));
+        assert_eq!(get(addr, "/healthz/leaderElection").await.0, 200);
+        assert_eq!(get(addr, &format!("/healthz/{PROBE}")).await.0, 200);
+        let verbose = get(addr, "/healthz?verbose").await.1;
+        assert!(verbose.contains("[+]leaderElection ok") && verbose.contains("[+]probe-controller ok"), "{verbose}");
+        assert_eq!(get(addr, "/healthz/no-such-check").await.0, 404);
+
+        tally.handle.lock().unwrap().as_ref().unwrap().set_unhealthy("cloud API unreachable");
+        let (code, body) = get(addr, &format!("/healthz/{PROBE}")).await;
+        assert_eq!(code, 500);
+        assert!(body.contains("cloud API unreachable"), "{body}");
+        assert_eq!(get(addr, "/healthz").await.0, 500);
+        assert_eq!(get(addr, "/livez").await.0, 200, "liveness does not follow controller health");
+
+        let (code, metrics) = get(addr, "/metrics").await;
+        assert_eq!(code, 200);
+        for line in [
+            r#"running_managed_controllers{name="probe-controller",manager="cloud-controller-manager"} 1"#,
+            r#"leader_election_master_status{name="ccm-http"} 1"#,
+            r#"cloudprovider_api_requests_total{provider="fake",method="initialize",result="success"} 1"#,
+            "# TYPE cloudprovider_api_request_duration_seconds histogram",
+        ] {
+            assert!(metrics.contains(line), "missing {line} in\n{metrics}");
+        }
+        engine.stop().await.unwrap();
+        drop(cluster);
     }
-    assert_eq!(ready.0, 200, "{}", ready.1);
-    engine.wait_leading(true).await;
-    eventually("the probe controller", Duration::from_secs(5), || tally.handle.lock().unwrap().is_some()).await;
 
-    assert_eq!(get(addr, "/healthz").await, (200, "ok".to_string()));
-    assert_eq!(get(addr, "/healthz/leaderElection").await.0, 200);
-    assert_eq!(get(addr, &format!("/healthz/{PROBE}")).await.0, 200);
-    let verbose = get(addr, "/healthz?verbose").await.1;
-    assert!(verbose.contains("[+]leaderElection ok") && verbose.contains("[+]probe-controller ok"), "{verbose}");
-    assert_eq!(get(addr, "/healthz/no-such-check").await.0, 404);
+    async fn the_endpoint_speaks_tls_when_given_a_certificate(backend) {
+        let cluster = TestCluster::start(backend).await.unwrap();
+        let tls = TlsFiles { cert: fixture("tls.crt"), key: fixture("tls.key") };
+        let engine = start(
+            probe_engine(cluster.client(), Arc::new(FakeProvider::new()), &Tally::default())
+                .http(Some(HttpConfig::new("127.0.0.1:0".parse().unwrap()).with_tls(Tls::Files(tls)))),
+        )
+        .await;
+        let addr = engine.local_addr().unwrap();
 
-    tally.handle.lock().unwrap().as_ref().unwrap().set_unhealthy("cloud API unreachable");
-    let (code, body) = get(addr, &format!("/healthz/{PROBE}")).await;
-    assert_eq!(code, 500);
-    assert!(body.contains("cloud API unreachable"), "{body}");
-    assert_eq!(get(addr, "/healthz").await.0, 500);
-    assert_eq!(get(addr, "/livez").await.0, 200, "liveness does not follow controller health");
-
-    let (code, metrics) = get(addr, "/metrics").await;
-    assert_eq!(code, 200);
-    for line in [
-        r#"running_managed_controllers{name="probe-controller",manager="cloud-controller-manager"} 1"#,
-        r#"leader_election_master_status{name="ccm-http"} 1"#,
-        r#"cloudprovider_api_requests_total{provider="fake",method="initialize",result="success"} 1"#,
-        "# TYPE cloudprovider_api_request_duration_seconds histogram",
-    ] {
-        assert!(metrics.contains(line), "missing {line} in\n{metrics}");
+        use tokio_rustls::rustls::pki_types::pem::PemObject;
+        use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
+        use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
+        let mut roots = RootCertStore::empty();
+        roots.add(CertificateDer::from_pem_file(fixture("ca.crt")).unwrap()).unwrap();
+        let config = ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let stream = connector.connect(ServerName::try_from("localhost").unwrap(), tcp).await.unwrap();
+        assert_eq!(get_over(stream, "/livez").await, (200, "ok".to_string()));
+        // Plain HTTP on the TLS port gets no answer.
+        assert_eq!(get(addr, "/livez").await.0, 0);
+        engine.stop().await.unwrap();
+        drop(cluster);
     }
-    engine.stop().await.unwrap();
-    server.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_endpoint_speaks_tls_when_given_a_certificate() {
-    let server = TestApiServer::start().await.unwrap();
-    let tls = TlsFiles { cert: fixture("tls.crt"), key: fixture("tls.key") };
-    let engine = start(
-        probe_engine(server.client(), Arc::new(FakeProvider::new()), &Tally::default())
-            .http(Some(HttpConfig::new("127.0.0.1:0".parse().unwrap()).with_tls(Tls::Files(tls)))),
-    )
-    .await;
-    let addr = engine.local_addr().unwrap();
-
-    use tokio_rustls::rustls::pki_types::pem::PemObject;
-    use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
-    use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
-    let mut roots = RootCertStore::empty();
-    roots.add(CertificateDer::from_pem_file(fixture("ca.crt")).unwrap()).unwrap();
-    let config = ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let stream = connector.connect(ServerName::try_from("localhost").unwrap(), tcp).await.unwrap();
-    assert_eq!(get_over(stream, "/livez").await, (200, "ok".to_string()));
-    // Plain HTTP on the TLS port gets no answer.
-    assert_eq!(get(addr, "/livez").await.0, 0);
-    engine.stop().await.unwrap();
-    server.shutdown().await;
-}
-
-async fn install_ccm(server: &TestApiServer) -> Api<CloudControllerManager> {
-    server.install_crd(&crds::crd()).await.unwrap();
-    let api: Api<CloudControllerManager> = Api::namespaced(server.client(), "kube-system");
+async fn install_ccm(cluster: &TestCluster) -> Api<CloudControllerManager> {
+    cluster.install_crd(&crds::crd()).await.unwrap();
+    let api: Api<CloudControllerManager> = Api::namespaced(cluster.client(), "kube-system");
     let ccm: CloudControllerManager = serde_json::from_value(serde_json::json!({
         "apiVersion": "ccm.rs/v1alpha1",
         "kind": "CloudControllerManager",
@@ -322,8 +321,8 @@ async fn wait_condition(
     }
 }
 
-fn status_writes(server: &TestApiServer, since: u64) -> usize {
-    server
+fn status_writes(cluster: &TestCluster, since: u64) -> usize {
+    cluster
         .request_log()
         .since(since)
         .iter()
@@ -335,103 +334,103 @@ fn status_writes(server: &TestApiServer, since: u64) -> usize {
         .count()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn provider_healthy_flips_with_the_probe_and_back_and_nothing_is_written_when_nothing_changed() {
-    let server = TestApiServer::start().await.unwrap();
-    let api = install_ccm(&server).await;
-    let fake = Arc::new(FakeProvider::new());
-    let engine = start(probe_engine(server.client(), fake.clone(), &Tally::default()).identity("ccm-0").report_status(
-        Some(StatusTarget { namespace: "kube-system".into(), name: "fake".into() }),
-        Duration::from_millis(100),
-    ))
-    .await;
+e2e_apiserver::backend_tests! {
+    async fn provider_healthy_flips_with_the_probe_and_back_and_nothing_is_written_when_nothing_changed(backend) {
+        let cluster = TestCluster::start(backend).await.unwrap();
+        let api = install_ccm(&cluster).await;
+        let fake = Arc::new(FakeProvider::new());
+        let engine = start(probe_engine(cluster.client(), fake.clone(), &Tally::default()).identity("ccm-0").report_status(
+            Some(StatusTarget { namespace: "kube-system".into(), name: "fake".into() }),
+            Duration::from_millis(100),
+        ))
+        .await;
 
-    let ccm = wait_condition(&api, |c| provider_condition(c).is_some_and(|c| c.status == "True")).await;
-    let status = ccm.status.clone().unwrap();
-    assert_eq!(status.leader.as_deref(), Some("ccm-0"));
-    assert_eq!(status.controllers.as_ref().map(Vec::len), Some(4), "the resolved --controllers list");
-    assert!(status.conditions.iter().any(|c| c.type_ == "Available"), "the operator's condition is kept");
-    let first = provider_condition(&ccm).unwrap();
-    assert_eq!(first.reason, "Healthy");
+        let ccm = wait_condition(&api, |c| provider_condition(c).is_some_and(|c| c.status == "True")).await;
+        let status = ccm.status.clone().unwrap();
+        assert_eq!(status.leader.as_deref(), Some("ccm-0"));
+        assert_eq!(status.controllers.as_ref().map(Vec::len), Some(4), "the resolved --controllers list");
+        assert!(status.conditions.iter().any(|c| c.type_ == "Available"), "the operator's condition is kept");
+        let first = provider_condition(&ccm).unwrap();
+        assert_eq!(first.reason, "Healthy");
 
-    // Ten probe intervals with nothing new: no write at all.
-    let mark = server.request_log().mark();
-    sleep(Duration::from_secs(1)).await;
-    assert_eq!(status_writes(&server, mark), 0, "status written although nothing changed");
+        // Ten probe intervals with nothing new: no write at all.
+        let mark = cluster.request_log().mark();
+        sleep(Duration::from_secs(1)).await;
+        assert_eq!(status_writes(&cluster, mark), 0, "status written although nothing changed");
 
-    // A new message alone keeps lastTransitionTime (times have one-second precision).
-    fake.set_health(Health::healthy("3 instances"));
-    let ccm = wait_condition(&api, |c| provider_condition(c).is_some_and(|c| c.message == "3 instances")).await;
-    assert_eq!(provider_condition(&ccm).unwrap().last_transition_time, first.last_transition_time);
+        // A new message alone keeps lastTransitionTime (times have one-second precision).
+        fake.set_health(Health::healthy("3 instances"));
+        let ccm = wait_condition(&api, |c| provider_condition(c).is_some_and(|c| c.message == "3 instances")).await;
+        assert_eq!(provider_condition(&ccm).unwrap().last_transition_time, first.last_transition_time);
 
-    fake.set_health(Health::unhealthy(health_reasons::CREDENTIALS_REJECTED, "the API answered 401"));
-    let ccm = wait_condition(&api, |c| provider_condition(c).is_some_and(|c| c.status == "False")).await;
-    let sick = provider_condition(&ccm).unwrap();
-    assert_eq!(sick.reason, "CredentialsRejected");
-    assert_eq!(sick.message, "the API answered 401");
-    assert!(sick.last_transition_time > first.last_transition_time, "a flip moves lastTransitionTime");
+        fake.set_health(Health::unhealthy(health_reasons::CREDENTIALS_REJECTED, "the API answered 401"));
+        let ccm = wait_condition(&api, |c| provider_condition(c).is_some_and(|c| c.status == "False")).await;
+        let sick = provider_condition(&ccm).unwrap();
+        assert_eq!(sick.reason, "CredentialsRejected");
+        assert_eq!(sick.message, "the API answered 401");
+        assert!(sick.last_transition_time > first.last_transition_time, "a flip moves lastTransitionTime");
 
-    fake.set_health(Health::healthy(""));
-    let ccm = wait_condition(&api, |c| provider_condition(c).is_some_and(|c| c.status == "True")).await;
-    assert_eq!(provider_condition(&ccm).unwrap().reason, "Healthy");
-    assert!(ccm.status.unwrap().conditions.iter().any(|c| c.type_ == "Available"));
-    engine.stop().await.unwrap();
-    server.shutdown().await;
-}
+        fake.set_health(Health::healthy(""));
+        let ccm = wait_condition(&api, |c| provider_condition(c).is_some_and(|c| c.status == "True")).await;
+        assert_eq!(provider_condition(&ccm).unwrap().reason, "Healthy");
+        assert!(ccm.status.unwrap().conditions.iter().any(|c| c.type_ == "Available"));
+        engine.stop().await.unwrap();
+        drop(cluster);
+    }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_binary_runs_the_fake_provider_against_the_local_api_server_and_stops_on_sigterm() {
-    let server = TestApiServer::start().await.unwrap();
-    let dir = std::env::temp_dir().join(format!("ccm-bin-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let cloud_config = dir.join("fake.yaml");
-    std::fs::write(&cloud_config, "autoInstances: true\nlatency: 1ms\n").unwrap();
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_cloud-controller-manager"))
-        .args([
-            "--cloud-provider=fake",
-            &format!("--cloud-config={}", cloud_config.display()),
-            &format!("--kubeconfig={}", server.kubeconfig_path().display()),
-            "--bind-address=127.0.0.1",
-            &format!("--secure-port={port}"),
-            "--configure-cloud-routes=false",
-            "--leader-elect-retry-period=500ms",
-        ])
-        .env_remove("RUST_LOG")
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        // HTTPS with the generated certificate, as a kubelet probes it.
-        if manager::serving::probe::get(addr, "/readyz", None, Duration::from_secs(5))
-            .await
-            .is_some_and(|r| r.status == 200)
-        {
-            break;
+    async fn the_binary_runs_the_fake_provider_against_the_api_server_and_stops_on_sigterm(backend) {
+        let cluster = TestCluster::start(backend).await.unwrap();
+        let dir = std::env::temp_dir().join(format!("ccm-bin-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cloud_config = dir.join("fake.yaml");
+        std::fs::write(&cloud_config, "autoInstances: true\nlatency: 1ms\n").unwrap();
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_cloud-controller-manager"))
+            .args([
+                "--cloud-provider=fake",
+                &format!("--cloud-config={}", cloud_config.display()),
+                &format!("--kubeconfig={}", cluster.kubeconfig_path().display()),
+                "--bind-address=127.0.0.1",
+                &format!("--secure-port={port}"),
+                "--configure-cloud-routes=false",
+                "--leader-elect-retry-period=500ms",
+            ])
+            .env_remove("RUST_LOG")
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            // HTTPS with the generated certificate, as a kubelet probes it.
+            if manager::serving::probe::get(addr, "/readyz", None, Duration::from_secs(5))
+                .await
+                .is_some_and(|r| r.status == 200)
+            {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the binary never became ready");
+            sleep(Duration::from_millis(100)).await;
         }
-        assert!(Instant::now() < deadline, "the binary never became ready");
-        sleep(Duration::from_millis(100)).await;
+        let leases: Api<Lease> = Api::namespaced(cluster.client(), "kube-system");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while leases.get_opt("cloud-controller-manager").await.unwrap().and_then(|l| l.spec?.holder_identity).is_none() {
+            assert!(Instant::now() < deadline, "the binary never took the lease");
+            sleep(Duration::from_millis(100)).await;
+        }
+        let pid = child.id().unwrap().to_string();
+        assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+        let status = timeout(Duration::from_secs(30), child.wait()).await.unwrap().unwrap();
+        assert!(status.success(), "exit status {status:?}");
+        // A graceful stop released the Lease.
+        let lease = leases.get("cloud-controller-manager").await.unwrap();
+        assert_eq!(lease.spec.unwrap().holder_identity, None);
+        let _ = std::fs::remove_dir_all(&dir);
+        drop(cluster);
     }
-    let leases: Api<Lease> = Api::namespaced(server.client(), "kube-system");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while leases.get_opt("cloud-controller-manager").await.unwrap().and_then(|l| l.spec?.holder_identity).is_none() {
-        assert!(Instant::now() < deadline, "the binary never took the lease");
-        sleep(Duration::from_millis(100)).await;
-    }
-    let pid = child.id().unwrap().to_string();
-    assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
-    let status = timeout(Duration::from_secs(30), child.wait()).await.unwrap().unwrap();
-    assert!(status.success(), "exit status {status:?}");
-    // A graceful stop released the Lease.
-    let lease = leases.get("cloud-controller-manager").await.unwrap();
-    assert_eq!(lease.spec.unwrap().holder_identity, None);
-    let _ = std::fs::remove_dir_all(&dir);
-    server.shutdown().await;
 }
 
 #[test]
@@ -466,63 +465,64 @@ fn the_binary_prints_its_version_and_upstream_flags() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--concurrent-node-syncs"));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_engine_runs_the_enabled_built_in_controllers_and_skips_those_the_provider_cannot_serve() {
-    use k8s_openapi::api::core::v1::{Node, NodeSpec, Taint};
-    use kube::api::ObjectMeta;
-    let server = TestApiServer::start().await.unwrap();
-    let fake = Arc::new(FakeProvider::new());
-    fake.set_auto_instances(true);
-    fake.set_capabilities(manager::providers::fake::FakeCapabilities { load_balancer: false, ..Default::default() });
-    let options = ControllerOptions { node_batch_window: Duration::from_millis(10), ..Default::default() };
-    let engine = start(
-        EngineBuilder::new(server.client(), fake.clone(), options)
-            .leader_election(Some(fast_election("ccm-builtin", "me")))
-            .http(Some(HttpConfig::plain("127.0.0.1:0".parse().unwrap()))),
-    )
-    .await;
-    engine.wait_leading(true).await;
-    let nodes: Api<Node> = Api::all(server.client());
-    let node = Node {
-        metadata: ObjectMeta { name: Some("worker-7".into()), ..Default::default() },
-        spec: Some(NodeSpec {
-            taints: Some(vec![Taint {
-                key: "node.cloudprovider.kubernetes.io/uninitialized".into(),
-                value: Some("true".into()),
-                effect: "NoSchedule".into(),
+e2e_apiserver::backend_tests! {
+    async fn the_engine_runs_the_enabled_built_in_controllers_and_skips_those_the_provider_cannot_serve(backend) {
+        use k8s_openapi::api::core::v1::{Node, NodeSpec, Taint};
+        use kube::api::ObjectMeta;
+        let cluster = TestCluster::start(backend).await.unwrap();
+        let fake = Arc::new(FakeProvider::new());
+        fake.set_auto_instances(true);
+        fake.set_capabilities(manager::providers::fake::FakeCapabilities { load_balancer: false, ..Default::default() });
+        let options = ControllerOptions { node_batch_window: Duration::from_millis(10), ..Default::default() };
+        let engine = start(
+            EngineBuilder::new(cluster.client(), fake.clone(), options)
+                .leader_election(Some(fast_election("ccm-builtin", "me")))
+                .http(Some(HttpConfig::plain("127.0.0.1:0".parse().unwrap()))),
+        )
+        .await;
+        engine.wait_leading(true).await;
+        let nodes: Api<Node> = Api::all(cluster.client());
+        let node = Node {
+            metadata: ObjectMeta { name: Some("worker-7".into()), ..Default::default() },
+            spec: Some(NodeSpec {
+                taints: Some(vec![Taint {
+                    key: "node.cloudprovider.kubernetes.io/uninitialized".into(),
+                    value: Some("true".into()),
+                    effect: "NoSchedule".into(),
+                    ..Default::default()
+                }]),
                 ..Default::default()
-            }]),
+            }),
             ..Default::default()
-        }),
-        ..Default::default()
-    };
-    nodes.create(&PostParams::default(), &node).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let n = nodes.get("worker-7").await.unwrap();
-        if n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some("fake://worker-7") {
-            break;
+        };
+        nodes.create(&PostParams::default(), &node).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let n = nodes.get("worker-7").await.unwrap();
+            if n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some("fake://worker-7") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the node was never initialized");
+            sleep(Duration::from_millis(50)).await;
         }
-        assert!(Instant::now() < deadline, "the node was never initialized");
-        sleep(Duration::from_millis(50)).await;
+        assert!(fake.initialized(), "initialize ran before the controllers");
+        let health = engine.health().clone();
+        // No load balancers: the service controller is skipped (S24).
+        assert!(health.get("cloud-node-controller").is_some());
+        assert!(health.get("cloud-node-lifecycle-controller").is_some());
+        assert!(health.get("service-lb-controller").is_none());
+        // Routes are supported but no --cluster-cidr was given: the route controller runs disabled
+        // and says why on its health check, instead of the manager exiting (R2, deliberately changed).
+        let route_health = health.get("node-route-controller").expect("the route controller runs");
+        assert!(route_health.is_err_and(|reason| reason.contains("--cluster-cidr is empty")));
+        let metrics = get(engine.local_addr().unwrap(), "/metrics").await.1;
+        assert!(
+            metrics.contains(r#"running_managed_controllers{name="cloud-node",manager="cloud-controller-manager"} 1"#),
+            "{metrics}"
+        );
+        assert!(metrics.contains(r#"method="instances_metadata",result="success"}"#), "{metrics}");
+        engine.stop().await.unwrap();
+        assert!(health.get("cloud-node-controller").is_none(), "checks go away with their controllers");
+        drop(cluster);
     }
-    assert!(fake.initialized(), "initialize ran before the controllers");
-    let health = engine.health().clone();
-    // No load balancers: the service controller is skipped (S24).
-    assert!(health.get("cloud-node-controller").is_some());
-    assert!(health.get("cloud-node-lifecycle-controller").is_some());
-    assert!(health.get("service-lb-controller").is_none());
-    // Routes are supported but no --cluster-cidr was given: the route controller runs disabled
-    // and says why on its health check, instead of the manager exiting (R2, deliberately changed).
-    let route_health = health.get("node-route-controller").expect("the route controller runs");
-    assert!(route_health.is_err_and(|reason| reason.contains("--cluster-cidr is empty")));
-    let metrics = get(engine.local_addr().unwrap(), "/metrics").await.1;
-    assert!(
-        metrics.contains(r#"running_managed_controllers{name="cloud-node",manager="cloud-controller-manager"} 1"#),
-        "{metrics}"
-    );
-    assert!(metrics.contains(r#"method="instances_metadata",result="success"}"#), "{metrics}");
-    engine.stop().await.unwrap();
-    assert!(health.get("cloud-node-controller").is_none(), "checks go away with their controllers");
-    server.shutdown().await;
 }
