@@ -12,7 +12,7 @@
 //! request log, when the server is one), and the manager's peak RSS (`VmHWM`).
 //!
 //! ```text
-//! bench-nodes --nodes 5000 --metrics-url http://127.0.0.1:10258/metrics \
+//! bench-nodes --nodes 5000 --metrics-url https://127.0.0.1:10258/metrics \
 //!   --run 'a=target/release/cloud-controller-manager --kubeconfig={kubeconfig} ...' \
 //!   --run 'b=...'
 //! ```
@@ -25,9 +25,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use e2e_apiserver::{RemoteControl, RequestFilter, TestApiServer};
+use e2e_apiserver::genuine::ControlPlane;
+use e2e_apiserver::{RequestLog, TestApiServer};
 use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus, Taint};
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::watcher;
 use manager::cache::{Cache, Change, run_watch};
@@ -46,10 +47,16 @@ struct Args {
     /// Nodes to register.
     #[arg(long, default_value_t = 5000)]
     nodes: usize,
-    /// Kubeconfig of the API server to use; without it the local test API server is started
-    /// in-process (fresh for every run).
+    /// Kubeconfig of the API server to use; without it `--backend` picks a fresh server per run.
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
+    /// The API server started for each run: `genuine` (etcd + kube-apiserver from
+    /// `CCM_TEST_ASSETS`, writes counted from its audit log) or `local` (in-process).
+    #[arg(long, value_enum, default_value_t = BackendArg::Local)]
+    backend: BackendArg,
+    /// Skip measuring the API server's own limit for the same writes.
+    #[arg(long)]
+    no_limit: bool,
     /// A run, as `LABEL=COMMAND LINE`; `{kubeconfig}` in the command line is replaced by the
     /// kubeconfig path. Repeat for several runs. Arguments are split on whitespace.
     #[arg(long = "run", required = true)]
@@ -72,6 +79,13 @@ struct Args {
     log_dir: Option<PathBuf>,
 }
 
+/// Which API server a run starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum BackendArg {
+    Local,
+    Genuine,
+}
+
 /// What one run measured.
 #[derive(Debug, Default)]
 struct Outcome {
@@ -84,6 +98,10 @@ struct Outcome {
     node_writes_by_kind: BTreeMap<String, usize>,
     event_writes: Option<usize>,
     peak_rss_bytes: Option<u64>,
+    backend: &'static str,
+    /// The same writes (a metadata and a status patch per Node) by a tight client at its best
+    /// concurrency: seconds and that concurrency.
+    limit: Option<(f64, usize)>,
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -110,20 +128,33 @@ async fn main() -> Result<(), BoxError> {
 }
 
 async fn run_once(args: &Args, label: &str, command: &str, log_dir: &Path) -> Result<Outcome, BoxError> {
-    // A fresh local server per run, or the given cluster with our Nodes recreated.
-    let local = match &args.kubeconfig {
-        Some(_) => None,
-        None => Some(TestApiServer::builder().request_log_capacity(1_000_000).start().await?),
+    // A fresh server per run (local or genuine), or the given cluster with our Nodes recreated.
+    let local = match (&args.kubeconfig, args.backend) {
+        (None, BackendArg::Local) => Some(TestApiServer::builder().request_log_capacity(1_000_000).start().await?),
+        _ => None,
     };
-    let (client, kubeconfig) = match (&local, &args.kubeconfig) {
-        (Some(server), _) => (server.client(), server.kubeconfig_path().to_path_buf()),
-        (None, Some(path)) => {
+    let plane = match (&args.kubeconfig, args.backend) {
+        (None, BackendArg::Genuine) => {
+            let assets = e2e_apiserver::genuine::assets_dir().ok_or("--backend genuine needs CCM_TEST_ASSETS")?;
+            Some(tokio::task::spawn_blocking(move || ControlPlane::start_blocking(&assets)).await??)
+        }
+        _ => None,
+    };
+    let backend = match (&local, &plane) {
+        (Some(_), _) => "local",
+        (None, Some(_)) => "genuine",
+        _ => "external",
+    };
+    let (client, kubeconfig) = match (&local, &plane, &args.kubeconfig) {
+        (Some(server), _, _) => (server.client(), server.kubeconfig_path().to_path_buf()),
+        (None, Some(plane), _) => (plane.admin_client().await?, plane.admin_kubeconfig_path()),
+        (None, None, Some(path)) => {
             let config =
                 kube::Config::from_custom_kubeconfig(Kubeconfig::read_from(path)?, &KubeConfigOptions::default())
                     .await?;
             (kube::Client::try_from(config)?, path.clone())
         }
-        (None, None) => unreachable!("one of the two is set"),
+        (None, None, None) => unreachable!("one of the three is set"),
     };
     let nodes: Api<Node> = Api::all(client.clone());
     delete_bench_nodes(&nodes).await?;
@@ -145,8 +176,13 @@ async fn run_once(args: &Args, label: &str, command: &str, log_dir: &Path) -> Re
     let mut tainted: HashSet<String> = cache.state().iter().filter(|n| is_tainted(n)).map(|n| name(n)).collect();
     assert_eq!(tainted.len(), args.nodes, "every created Node starts tainted");
 
-    let control = RemoteControl::new(client.clone());
-    let mark = control.stats().await.ok().map(|s| s.requests);
+    // The local server's request log, or the genuine server's audit log, from here on.
+    let request_log: Option<RequestLog> = match (&local, &plane) {
+        (Some(server), _) => Some(server.request_log()),
+        (None, Some(plane)) => Some(plane.request_log()),
+        _ => None,
+    };
+    let mark = request_log.as_ref().map(RequestLog::mark);
 
     let kubeconfig = kubeconfig.to_string_lossy().to_string();
     let argv: Vec<String> = command.split_whitespace().map(|a| a.replace("{kubeconfig}", &kubeconfig)).collect();
@@ -189,7 +225,7 @@ async fn run_once(args: &Args, label: &str, command: &str, log_dir: &Path) -> Re
     }
     let seconds = started.elapsed().as_secs_f64();
 
-    let mut outcome = Outcome { label: label.to_string(), nodes: args.nodes, seconds, ..Default::default() };
+    let mut outcome = Outcome { label: label.to_string(), nodes: args.nodes, seconds, backend, ..Default::default() };
     // Give in-flight writes that trail the taint removal (none expected) a moment to land.
     tokio::time::sleep(Duration::from_millis(500)).await;
     if let Some(url) = &args.metrics_url {
@@ -202,36 +238,79 @@ async fn run_once(args: &Args, label: &str, command: &str, log_dir: &Path) -> Re
             Err(e) => eprintln!("could not scrape {url}: {e}"),
         }
     }
-    if let Some(mark) = mark {
-        let filter = RequestFilter { writes_only: true, since: Some(mark), ..Default::default() };
-        if let Ok(records) = control.requests(&filter).await {
-            let mut by_kind = BTreeMap::new();
-            let mut node_writes = 0;
-            let mut event_writes = 0;
-            for r in records.iter().filter(|r| r.field_manager.as_deref() != Some(DRIVER)) {
-                match r.resource.as_deref() {
-                    Some("nodes") => {
-                        node_writes += 1;
-                        let kind = format!("{} {}", r.verb, r.subresource.as_deref().unwrap_or("node"));
-                        *by_kind.entry(kind).or_insert(0) += 1;
-                    }
-                    Some(res) if res.starts_with("events") => event_writes += 1,
-                    _ => {}
+    if let (Some(log), Some(mark)) = (&request_log, mark) {
+        let mut by_kind = BTreeMap::new();
+        let mut node_writes = 0;
+        let mut event_writes = 0;
+        let records = log.since(mark);
+        let ours = records.iter().filter(|r| {
+            r.is_write() && r.field_manager.as_deref() != Some(DRIVER) && r.user.as_deref() != Some("system:apiserver")
+        });
+        for r in ours {
+            match r.resource.as_deref() {
+                Some("nodes") => {
+                    node_writes += 1;
+                    let kind = format!("{} {}", r.verb, r.subresource.as_deref().unwrap_or("node"));
+                    *by_kind.entry(kind).or_insert(0) += 1;
                 }
+                Some(res) if res.starts_with("events") => event_writes += 1,
+                _ => {}
             }
-            outcome.node_writes = Some(node_writes);
-            outcome.node_writes_by_kind = by_kind;
-            outcome.event_writes = Some(event_writes);
         }
+        outcome.node_writes = Some(node_writes);
+        outcome.node_writes_by_kind = by_kind;
+        outcome.event_writes = Some(event_writes);
     }
     outcome.peak_rss_bytes = peak_rss(child.id());
     drop(guard);
     let _ = child.wait();
     watch.abort();
+    if !args.no_limit {
+        outcome.limit = Some(measure_limit(&nodes, args.nodes).await?);
+    }
     if args.kubeconfig.is_some() {
         delete_bench_nodes(&nodes).await?;
     }
     Ok(outcome)
+}
+
+/// The API server's own limit for the manager's work: a metadata patch and a status patch per
+/// Node, issued by a tight client with no cloud latency, at the best of a few concurrencies.
+async fn measure_limit(api: &Api<Node>, count: usize) -> Result<(f64, usize), BoxError> {
+    let mut best: Option<(f64, usize)> = None;
+    for (round, concurrency) in [8usize, 32, 96].into_iter().enumerate() {
+        let started = Instant::now();
+        let mut tasks = JoinSet::new();
+        for i in 0..count {
+            if tasks.len() >= concurrency
+                && let Some(done) = tasks.join_next().await
+            {
+                done??;
+            }
+            let api = api.clone();
+            tasks.spawn(async move {
+                let name = format!("bench-node-{i:05}");
+                let pp = PatchParams { field_manager: Some(format!("{DRIVER}-limit")), ..Default::default() };
+                let meta = serde_json::json!({"metadata": {"labels": {"bench.ccm.rs/limit": round.to_string()}}});
+                api.patch(&name, &pp, &Patch::Merge(&meta)).await?;
+                let status = serde_json::json!({"status": {"addresses": [
+                    {"type": "InternalIP", "address": format!("10.{}.{}.{}", round, i / 256, i % 256)},
+                    {"type": "Hostname", "address": name},
+                ]}});
+                api.patch_status(&name, &pp, &Patch::Merge(&status)).await?;
+                Ok::<(), kube::Error>(())
+            });
+        }
+        while let Some(done) = tasks.join_next().await {
+            done??;
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        eprintln!("   limit: {} Nodes x 2 patches at concurrency {concurrency}: {seconds:.2}s", count);
+        if best.is_none_or(|(b, _)| seconds < b) {
+            best = Some((seconds, concurrency));
+        }
+    }
+    best.ok_or_else(|| "no limit measured".into())
 }
 
 /// Kills the manager if the run ends early (error or panic).
@@ -320,8 +399,16 @@ async fn delete_bench_nodes(api: &Api<Node>) -> Result<(), BoxError> {
     Ok(())
 }
 
-/// GET a plain-HTTP URL and return the body (blocking I/O: tokio's io-util is not enabled here).
+/// GET a metrics URL and return the body: `https://` (the manager's default; its self-signed
+/// certificate is not verified) or plain `http://` (blocking I/O).
 async fn scrape(url: &str) -> Result<String, BoxError> {
+    if let Some(rest) = url.strip_prefix("https://") {
+        let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        let addr: std::net::SocketAddr = authority.parse()?;
+        let path = if path.is_empty() { "/" } else { path };
+        let r = manager::serving::probe::get(addr, path, None, Duration::from_secs(10)).await.ok_or("no answer")?;
+        return if r.status == 200 { Ok(r.body) } else { Err(format!("HTTP {}", r.status).into()) };
+    }
     let url = url.to_string();
     tokio::task::spawn_blocking(move || scrape_blocking(&url)).await?
 }
@@ -397,22 +484,29 @@ fn describe(o: &Outcome, reference: f64) -> String {
     if let Some(w) = o.node_writes {
         let _ = write!(s, "; {:.2} node writes per Node", w as f64 / o.nodes as f64);
     }
+    if let Some((limit, c)) = o.limit {
+        let _ = write!(s, "; API server limit {limit:.2}s at concurrency {c} ({:.2}x of it)", o.seconds / limit);
+    }
+    let _ = write!(s, " [{} backend]", o.backend);
     s
 }
 
 fn table(outcomes: &[Outcome], reference: f64) -> String {
     let mut s = String::from(
-        "| run | Nodes | time to all initialized (s) | Nodes/s | x reference | cloud calls | node writes per Node | event writes | peak RSS (MiB) |\n|---|---|---|---|---|---|---|---|---|\n",
+        "| run | backend | Nodes | time to all initialized (s) | API server limit (s) | x limit | Nodes/s | x reference | cloud calls | node writes per Node | event writes | peak RSS (MiB) |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for o in outcomes {
         let rate = o.nodes as f64 / o.seconds;
         let per_node = o.node_writes.map(|w| format!("{:.2}", w as f64 / o.nodes as f64));
         let _ = writeln!(
             s,
-            "| {} | {} | {:.2} | {:.1} | {:.2} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {:.2} | {} | {} | {:.1} | {:.2} | {} | {} | {} | {} |",
             o.label,
+            o.backend,
             o.nodes,
             o.seconds,
+            opt(o.limit.map(|(l, _)| format!("{l:.2}"))),
+            opt(o.limit.map(|(l, _)| format!("{:.2}", o.seconds / l))),
             rate,
             rate / reference,
             opt(o.cloud_calls),

@@ -25,7 +25,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use e2e_apiserver::{RemoteControl, RequestFilter, TestApiServer};
+use e2e_apiserver::genuine::ControlPlane;
+use e2e_apiserver::{RequestLog, TestApiServer};
 use k8s_openapi::api::core::v1::{Namespace, Node, NodeSpec, Service, ServicePort, ServiceSpec};
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 use kube::runtime::watcher;
@@ -59,6 +60,10 @@ struct Args {
     /// Cluster to run against; without it, a local test API server is started per variant.
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
+    /// Without `--kubeconfig`, the API server each variant starts: `genuine` (etcd +
+    /// kube-apiserver from `CCM_TEST_ASSETS`, writes counted from its audit log) or `local`.
+    #[arg(long, value_enum, default_value_t = BackendArg::Local)]
+    backend: BackendArg,
     /// LoadBalancer Services to create.
     #[arg(long, default_value_t = 1000)]
     services: usize,
@@ -133,9 +138,20 @@ async fn run(args: Args) -> Result<(), BoxError> {
     Ok(())
 }
 
-/// The cluster of one variant: a fresh local server, or a namespace on the given cluster.
+/// Which API server a variant starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum BackendArg {
+    Local,
+    Genuine,
+}
+
+/// The cluster of one variant: a fresh local or genuine server, or a namespace on the given
+/// cluster.
 struct Cluster {
     _server: Option<TestApiServer>,
+    _plane: Option<ControlPlane>,
+    /// The request log (local) or audit log (genuine); none on an external cluster.
+    log: Option<RequestLog>,
     client: kube::Client,
     kubeconfig: PathBuf,
     namespace: String,
@@ -144,11 +160,26 @@ struct Cluster {
 
 async fn cluster(args: &Args, index: usize) -> Result<Cluster, BoxError> {
     match &args.kubeconfig {
+        None if args.backend == BackendArg::Genuine => {
+            let assets = e2e_apiserver::genuine::assets_dir().ok_or("--backend genuine needs CCM_TEST_ASSETS")?;
+            let plane = tokio::task::spawn_blocking(move || ControlPlane::start_blocking(&assets)).await??;
+            Ok(Cluster {
+                client: plane.admin_client().await?,
+                kubeconfig: plane.admin_kubeconfig_path(),
+                log: Some(plane.request_log()),
+                _plane: Some(plane),
+                _server: None,
+                namespace: "bench".into(),
+                node_prefix: "bench-node".into(),
+            })
+        }
         None => {
             let server = TestApiServer::start().await?;
             Ok(Cluster {
                 client: server.client(),
                 kubeconfig: server.kubeconfig_path().to_path_buf(),
+                log: Some(server.request_log()),
+                _plane: None,
                 _server: Some(server),
                 namespace: "bench".into(),
                 node_prefix: "bench-node".into(),
@@ -160,6 +191,8 @@ async fn cluster(args: &Args, index: usize) -> Result<Cluster, BoxError> {
             Ok(Cluster {
                 client: kube::Client::try_from(config)?,
                 kubeconfig: path.clone(),
+                log: None,
+                _plane: None,
                 _server: None,
                 namespace: format!("bench-services-{}-{index}", std::process::id()),
                 node_prefix: format!("bench-{}-{index}", std::process::id()),
@@ -342,20 +375,20 @@ fn proc_status_kib(pid: u32, field: &str) -> Option<u64> {
     status.lines().find(|l| l.starts_with(field))?.split_whitespace().nth(1)?.parse().ok()
 }
 
-/// Manager writes logged by the test API server since `mark`, by resource; `None` when the
-/// cluster is not a test API server.
-async fn manager_writes(control: &RemoteControl, since: u64) -> Option<BTreeMap<String, usize>> {
-    let filter = RequestFilter { writes_only: true, since: Some(since), ..Default::default() };
-    let records = control.requests(&filter).await.ok()?;
+/// Manager writes since `mark` by resource, from the request or audit log; `None` on an
+/// external cluster. The driver's writes and the genuine server's own are left out.
+async fn manager_writes(log: Option<&RequestLog>, since: u64) -> Option<BTreeMap<String, usize>> {
     let mut out = BTreeMap::new();
-    for r in records.iter().filter(|r| r.field_manager.as_deref() != Some(DRIVER)) {
+    for r in log?.since(since).iter().filter(|r| {
+        r.is_write() && r.field_manager.as_deref() != Some(DRIVER) && r.user.as_deref() != Some("system:apiserver")
+    }) {
         *out.entry(r.resource.clone().unwrap_or_default()).or_insert(0) += 1;
     }
     Some(out)
 }
 
-async fn log_mark(control: &RemoteControl) -> u64 {
-    control.stats().await.map(|s| s.requests).unwrap_or(0)
+async fn log_mark(log: Option<&RequestLog>) -> u64 {
+    log.map(RequestLog::mark).unwrap_or(0)
 }
 
 async fn run_variant(
@@ -368,7 +401,7 @@ async fn run_variant(
 ) -> Result<Report, BoxError> {
     let timeout = Duration::from_secs(args.timeout_seconds);
     let c = cluster(args, index).await?;
-    let control = RemoteControl::new(c.client.clone());
+    let control = c.log.as_ref();
     let ns_api: Api<Namespace> = Api::all(c.client.clone());
     let ns = Namespace {
         metadata: ObjectMeta { name: Some(c.namespace.clone()), ..Default::default() },
@@ -392,7 +425,7 @@ async fn run_variant(
     let log = work.join(format!("manager-{index}-{name}.log"));
     let mut manager = ManagerProcess::spawn(&args.manager, extra, &c.kubeconfig, cloud_config, &log)?;
     manager.wait_healthy(Duration::from_secs(30)).await?;
-    let mark = log_mark(&control).await;
+    let mark = log_mark(control).await;
     let calls0 = metric_by(&manager.metrics(), "cloudprovider_api_requests_total", "method");
 
     // Phase 1: create every Service, wait for every ingress.
@@ -472,12 +505,12 @@ async fn run_variant(
 
     // Phase 3: wait until the manager has been quiet (events drained) for 5 s, then idle.
     let quiet_started = Instant::now();
-    let mut last = (manager_writes(&control, mark).await.map(|w| w.values().sum::<usize>()), calls2.clone());
+    let mut last = (manager_writes(control, mark).await.map(|w| w.values().sum::<usize>()), calls2.clone());
     let mut quiet_since = Instant::now();
     while quiet_since.elapsed() < Duration::from_secs(5) && quiet_started.elapsed() < timeout {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let now = (
-            manager_writes(&control, mark).await.map(|w| w.values().sum::<usize>()),
+            manager_writes(control, mark).await.map(|w| w.values().sum::<usize>()),
             metric_by(&manager.metrics(), "cloudprovider_api_requests_total", "method"),
         );
         if now != last {
@@ -487,11 +520,11 @@ async fn run_variant(
     }
     let quiet_after_secs = quiet_started.elapsed().as_secs_f64() - 5.0;
     // Everything phases 1 and 2 caused, including events written in the background.
-    let writes = manager_writes(&control, mark).await;
-    let idle_mark = log_mark(&control).await;
+    let writes = manager_writes(control, mark).await;
+    let idle_mark = log_mark(control).await;
     let idle_calls0 = metric_total(&manager.metrics(), "cloudprovider_api_requests_total");
     tokio::time::sleep(Duration::from_secs(args.idle_seconds)).await;
-    let idle_writes = manager_writes(&control, idle_mark).await.map(|w| w.values().sum());
+    let idle_writes = manager_writes(control, idle_mark).await.map(|w| w.values().sum());
     let idle_calls = metric_total(&manager.metrics(), "cloudprovider_api_requests_total") - idle_calls0;
 
     let peak_rss_mib = manager.stop();

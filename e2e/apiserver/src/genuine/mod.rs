@@ -220,7 +220,12 @@ impl ControlPlane {
         &self.url
     }
 
-    /// The audit log file.
+    /// The audit log as a request log, from this moment on.
+    pub fn request_log(&self) -> crate::RequestLog {
+        crate::RequestLog::audit(std::sync::Arc::new(audit::AuditLog::from_end(self.audit_log_path().to_path_buf())))
+    }
+
+    /// Path of the JSON audit log (one event per request).
     pub fn audit_log_path(&self) -> &Path {
         &self.audit_log
     }
