@@ -1,4 +1,4 @@
-//! The baremetal provider end to end: the built-in controllers against the local API server,
+//! The baremetal provider end to end: the built-in controllers against both API server backends,
 //! with the provider built from a cloud-config exactly as the manager builds it.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use e2e_apiserver::TestApiServer;
+use e2e_apiserver::{Backend, TestCluster};
 use k8s_openapi::api::core::v1::{
     Node, NodeCondition, NodeSpec, NodeStatus, Service, ServicePort, ServiceSpec, ServiceStatus, Taint,
 };
@@ -141,12 +141,12 @@ fn lifecycle_options() -> ControllerOptions {
 }
 
 async fn start(
-    server: &TestApiServer,
+    cluster: &TestCluster,
     provider: Arc<BaremetalProvider>,
     options: ControllerOptions,
     controller: Box<dyn manager::controller::Controller>,
 ) -> RunningController {
-    run_controller(server.client(), provider as Arc<dyn CloudProvider>, options, controller).await
+    run_controller(cluster.client(), provider as Arc<dyn CloudProvider>, options, controller).await
 }
 
 const INVENTORY: &str = "\
@@ -166,108 +166,107 @@ instances:
       - {type: Hostname, address: WORKER-2.lan}
 ";
 
-#[tokio::test]
-async fn nodes_are_initialized_from_the_inventory() {
-    let server = TestApiServer::start().await.unwrap();
-    let nodes: Api<Node> = Api::all(server.client());
-    let running =
-        start(&server, provider(INVENTORY), ControllerOptions::default(), Box::new(NodeController::new())).await;
-    create_node(&nodes, &kubelet_node("node-1")).await;
-    // Matched on its Hostname address, case-insensitively.
-    create_node(&nodes, &kubelet_node("worker-2.lan")).await;
+e2e_apiserver::backend_tests! {
+    async fn nodes_are_initialized_from_the_inventory(backend) {
+        let cluster = TestCluster::start(backend).await.unwrap();
+        let nodes: Api<Node> = Api::all(cluster.client());
+        let running =
+            start(&cluster, provider(INVENTORY), ControllerOptions::default(), Box::new(NodeController::new())).await;
+        create_node(&nodes, &kubelet_node("node-1")).await;
+        // Matched on its Hostname address, case-insensitively.
+        create_node(&nodes, &kubelet_node("worker-2.lan")).await;
 
-    let node1 = eventually("node-1 initialized", || async {
-        nodes.get("node-1").await.ok().filter(|n| !taints(n).contains(&UNINITIALIZED.to_string()))
-    })
-    .await;
-    let spec = node1.spec.clone().unwrap();
-    assert_eq!(spec.provider_id.as_deref(), Some("baremetal://node-1"));
-    let labels = node1.metadata.labels.clone().unwrap_or_default();
-    assert_eq!(labels.get("node.kubernetes.io/instance-type").map(String::as_str), Some("mini-pc"));
-    assert_eq!(labels.get("topology.kubernetes.io/zone").map(String::as_str), Some("shelf-1"));
-    assert_eq!(labels.get("topology.kubernetes.io/region").map(String::as_str), Some("home"));
-    assert_eq!(labels.get("example.com/disk").map(String::as_str), Some("nvme"));
-    let addresses: Vec<(String, String)> =
-        node1.status.and_then(|s| s.addresses).unwrap_or_default().into_iter().map(|a| (a.type_, a.address)).collect();
-    assert_eq!(
-        addresses,
-        [("InternalIP".to_string(), "10.0.0.11".to_string()), ("Hostname".to_string(), "node-1.lan".to_string())]
-    );
-
-    let node2 = eventually("worker-2.lan initialized", || async {
-        nodes.get("worker-2.lan").await.ok().filter(|n| !taints(n).contains(&UNINITIALIZED.to_string()))
-    })
-    .await;
-    assert_eq!(node2.spec.unwrap().provider_id.as_deref(), Some("baremetal://serial-42"));
-    running.stop().await.unwrap();
-}
-
-#[tokio::test]
-async fn a_node_missing_from_the_inventory_stays_uninitialized() {
-    let server = TestApiServer::start().await.unwrap();
-    let nodes: Api<Node> = Api::all(server.client());
-    let running =
-        start(&server, provider(INVENTORY), ControllerOptions::default(), Box::new(NodeController::new())).await;
-    create_node(&nodes, &kubelet_node("stranger")).await;
-    create_node(&nodes, &kubelet_node("node-1")).await;
-    // Once node-1 (created after it) is done, stranger has been looked at too.
-    eventually("node-1 initialized", || async {
-        nodes.get("node-1").await.ok().filter(|n| !taints(n).contains(&UNINITIALIZED.to_string()))
-    })
-    .await;
-    let stranger = nodes.get("stranger").await.unwrap();
-    assert!(taints(&stranger).contains(&UNINITIALIZED.to_string()));
-    assert!(stranger.spec.unwrap().provider_id.is_none());
-    running.stop().await.unwrap();
-}
-
-#[tokio::test]
-async fn a_failing_probe_taints_the_node_shut_down_and_recovery_clears_it() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let config = format!(
-        "instances:\n  - name: node-1\n    addresses: [{{type: InternalIP, address: 127.0.0.1}}]\nlifecycle:\n  probe: {{port: {port}, interval: 100ms, timeout: 100ms, failureThreshold: 2}}\n"
-    );
-    let server = TestApiServer::start().await.unwrap();
-    let nodes: Api<Node> = Api::all(server.client());
-    let provider = provider(&config);
-    let running = start(&server, provider.clone(), lifecycle_options(), Box::new(LifecycleController::new())).await;
-    create_node(&nodes, &initialized_node("node-1", Some("baremetal://node-1"))).await;
-    set_ready(&nodes, "node-1", "True").await;
-
-    // The machine goes away: kubelet stops reporting, the probe fails.
-    drop(listener);
-    set_ready(&nodes, "node-1", "Unknown").await;
-    eventually("shutdown taint added", || async {
-        nodes.get("node-1").await.ok().filter(|n| taints(n).contains(&SHUTDOWN.to_string()))
-    })
-    .await;
-    assert!(nodes.get("node-1").await.is_ok(), "a shut-down instance is not deleted");
-    let health = provider.health().await;
-    assert_eq!(health.reason(), "ProbeFailing", "{health:?}");
-
-    // It comes back: the probe passes, then kubelet reports Ready and the taint goes (L1).
-    let _listener = TcpListener::bind(("127.0.0.1", port)).await.unwrap();
-    eventually("probe passes again", || async { provider.probe_states().status(0).filter(|s| !s.down).map(|_| ()) })
+        let node1 = eventually("node-1 initialized", || async {
+            nodes.get("node-1").await.ok().filter(|n| !taints(n).contains(&UNINITIALIZED.to_string()))
+        })
         .await;
-    assert!(provider.health().await.is_healthy());
-    set_ready(&nodes, "node-1", "True").await;
-    eventually("shutdown taint removed", || async {
-        nodes.get("node-1").await.ok().filter(|n| !taints(n).contains(&SHUTDOWN.to_string()))
-    })
-    .await;
-    running.stop().await.unwrap();
+        let spec = node1.spec.clone().unwrap();
+        assert_eq!(spec.provider_id.as_deref(), Some("baremetal://node-1"));
+        let labels = node1.metadata.labels.clone().unwrap_or_default();
+        assert_eq!(labels.get("node.kubernetes.io/instance-type").map(String::as_str), Some("mini-pc"));
+        assert_eq!(labels.get("topology.kubernetes.io/zone").map(String::as_str), Some("shelf-1"));
+        assert_eq!(labels.get("topology.kubernetes.io/region").map(String::as_str), Some("home"));
+        assert_eq!(labels.get("example.com/disk").map(String::as_str), Some("nvme"));
+        let addresses: Vec<(String, String)> =
+            node1.status.and_then(|s| s.addresses).unwrap_or_default().into_iter().map(|a| (a.type_, a.address)).collect();
+        assert_eq!(
+            addresses,
+            [("InternalIP".to_string(), "10.0.0.11".to_string()), ("Hostname".to_string(), "node-1.lan".to_string())]
+        );
+
+        let node2 = eventually("worker-2.lan initialized", || async {
+            nodes.get("worker-2.lan").await.ok().filter(|n| !taints(n).contains(&UNINITIALIZED.to_string()))
+        })
+        .await;
+        assert_eq!(node2.spec.unwrap().provider_id.as_deref(), Some("baremetal://serial-42"));
+        running.stop().await.unwrap();
+    }
+
+    async fn a_node_missing_from_the_inventory_stays_uninitialized(backend) {
+        let cluster = TestCluster::start(backend).await.unwrap();
+        let nodes: Api<Node> = Api::all(cluster.client());
+        let running =
+            start(&cluster, provider(INVENTORY), ControllerOptions::default(), Box::new(NodeController::new())).await;
+        create_node(&nodes, &kubelet_node("stranger")).await;
+        create_node(&nodes, &kubelet_node("node-1")).await;
+        // Once node-1 (created after it) is done, stranger has been looked at too.
+        eventually("node-1 initialized", || async {
+            nodes.get("node-1").await.ok().filter(|n| !taints(n).contains(&UNINITIALIZED.to_string()))
+        })
+        .await;
+        let stranger = nodes.get("stranger").await.unwrap();
+        assert!(taints(&stranger).contains(&UNINITIALIZED.to_string()));
+        assert!(stranger.spec.unwrap().provider_id.is_none());
+        running.stop().await.unwrap();
+    }
+
+    async fn a_failing_probe_taints_the_node_shut_down_and_recovery_clears_it(backend) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let config = format!(
+            "instances:\n  - name: node-1\n    addresses: [{{type: InternalIP, address: 127.0.0.1}}]\nlifecycle:\n  probe: {{port: {port}, interval: 100ms, timeout: 100ms, failureThreshold: 2}}\n"
+        );
+        let cluster = TestCluster::start(backend).await.unwrap();
+        let nodes: Api<Node> = Api::all(cluster.client());
+        let provider = provider(&config);
+        let running = start(&cluster, provider.clone(), lifecycle_options(), Box::new(LifecycleController::new())).await;
+        create_node(&nodes, &initialized_node("node-1", Some("baremetal://node-1"))).await;
+        set_ready(&nodes, "node-1", "True").await;
+
+        // The machine goes away: kubelet stops reporting, the probe fails.
+        drop(listener);
+        set_ready(&nodes, "node-1", "Unknown").await;
+        eventually("shutdown taint added", || async {
+            nodes.get("node-1").await.ok().filter(|n| taints(n).contains(&SHUTDOWN.to_string()))
+        })
+        .await;
+        assert!(nodes.get("node-1").await.is_ok(), "a shut-down instance is not deleted");
+        let health = provider.health().await;
+        assert_eq!(health.reason(), "ProbeFailing", "{health:?}");
+
+        // It comes back: the probe passes, then kubelet reports Ready and the taint goes (L1).
+        let _listener = TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+        eventually("probe passes again", || async { provider.probe_states().status(0).filter(|s| !s.down).map(|_| ()) })
+            .await;
+        assert!(provider.health().await.is_healthy());
+        set_ready(&nodes, "node-1", "True").await;
+        eventually("shutdown taint removed", || async {
+            nodes.get("node-1").await.ok().filter(|n| !taints(n).contains(&SHUTDOWN.to_string()))
+        })
+        .await;
+        running.stop().await.unwrap();
+    }
 }
 
 /// Run the lifecycle controller over a known, a declared-shutdown and an unknown NotReady
 /// Node; return whether the unknown one survived.
-async fn unknown_node_survives(delete_absent_nodes: bool) -> bool {
+async fn unknown_node_survives(backend: Backend, delete_absent_nodes: bool) -> bool {
     let config = format!(
         "instances:\n  - name: known\n  - name: parked\n    state: shutdown\nlifecycle:\n  deleteAbsentNodes: {delete_absent_nodes}\n"
     );
-    let server = TestApiServer::start().await.unwrap();
-    let nodes: Api<Node> = Api::all(server.client());
-    let running = start(&server, provider(&config), lifecycle_options(), Box::new(LifecycleController::new())).await;
+    let cluster = TestCluster::start(backend).await.unwrap();
+    let nodes: Api<Node> = Api::all(cluster.client());
+    let running = start(&cluster, provider(&config), lifecycle_options(), Box::new(LifecycleController::new())).await;
     for name in ["known", "stranger", "parked"] {
         create_node(&nodes, &initialized_node(name, None)).await;
     }
@@ -288,179 +287,178 @@ async fn unknown_node_survives(delete_absent_nodes: bool) -> bool {
     survived
 }
 
-#[tokio::test]
-async fn delete_absent_nodes_off_keeps_nodes_missing_from_the_inventory() {
-    assert!(unknown_node_survives(false).await);
-}
+e2e_apiserver::backend_tests! {
+    async fn delete_absent_nodes_off_keeps_nodes_missing_from_the_inventory(backend) {
+        assert!(unknown_node_survives(backend, false).await);
+    }
 
-#[tokio::test]
-async fn delete_absent_nodes_on_deletes_nodes_missing_from_the_inventory() {
-    assert!(!unknown_node_survives(true).await);
+    async fn delete_absent_nodes_on_deletes_nodes_missing_from_the_inventory(backend) {
+        assert!(!unknown_node_survives(backend, true).await);
+    }
 }
 
 const POOL: &str = "loadBalancer:\n  retryAfter: 1s\n  pools:\n    - {name: lan, cidrs: [192.168.50.0/29]}\n";
 
-#[tokio::test]
-async fn load_balancer_addresses_are_assigned_and_released() {
-    let server = TestApiServer::start().await.unwrap();
-    let services: Api<Service> = Api::namespaced(server.client(), "default");
-    let running = start(&server, provider(POOL), service_options(2), Box::new(ServiceController::new())).await;
+e2e_apiserver::backend_tests! {
+    async fn load_balancer_addresses_are_assigned_and_released(backend) {
+        let cluster = TestCluster::start(backend).await.unwrap();
+        let services: Api<Service> = Api::namespaced(cluster.client(), "default");
+        let running = start(&cluster, provider(POOL), service_options(2), Box::new(ServiceController::new())).await;
 
-    services.create(&PostParams::default(), &lb_service("web")).await.unwrap();
-    services.create(&PostParams::default(), &lb_service("api")).await.unwrap();
-    let web = wait_for_ip(&services, "web").await;
-    let api = wait_for_ip(&services, "api").await;
-    assert_ne!(web, api);
-    let both: BTreeSet<String> = [web.clone(), api.clone()].into();
-    assert_eq!(both, BTreeSet::from(["192.168.50.0".to_string(), "192.168.50.1".to_string()]));
-    let svc = services.get("web").await.unwrap();
-    assert_eq!(ingress(&svc), [(web.clone(), Some("VIP".to_string()))]);
+        services.create(&PostParams::default(), &lb_service("web")).await.unwrap();
+        services.create(&PostParams::default(), &lb_service("api")).await.unwrap();
+        let web = wait_for_ip(&services, "web").await;
+        let api = wait_for_ip(&services, "api").await;
+        assert_ne!(web, api);
+        let both: BTreeSet<String> = [web.clone(), api.clone()].into();
+        assert_eq!(both, BTreeSet::from(["192.168.50.0".to_string(), "192.168.50.1".to_string()]));
+        let svc = services.get("web").await.unwrap();
+        assert_eq!(ingress(&svc), [(web.clone(), Some("VIP".to_string()))]);
 
-    // Deleting the Service releases its address: the next Service gets it.
-    services.delete("web", &DeleteParams::default()).await.unwrap();
-    eventually("web gone", || async { services.get_opt("web").await.ok().filter(Option::is_none) }).await;
-    services.create(&PostParams::default(), &lb_service("next")).await.unwrap();
-    assert_eq!(wait_for_ip(&services, "next").await, web);
+        // Deleting the Service releases its address: the next Service gets it.
+        services.delete("web", &DeleteParams::default()).await.unwrap();
+        eventually("web gone", || async { services.get_opt("web").await.ok().filter(Option::is_none) }).await;
+        services.create(&PostParams::default(), &lb_service("next")).await.unwrap();
+        assert_eq!(wait_for_ip(&services, "next").await, web);
 
-    // A requested address is honoured.
-    let mut pinned = lb_service("pinned");
-    pinned.metadata.annotations =
-        Some(BTreeMap::from([("ccm.rs/load-balancer-ips".to_string(), "192.168.50.7".to_string())]));
-    services.create(&PostParams::default(), &pinned).await.unwrap();
-    assert_eq!(wait_for_ip(&services, "pinned").await, "192.168.50.7");
-    running.stop().await.unwrap();
-}
-
-#[tokio::test]
-async fn a_restart_keeps_every_address_and_repairs_duplicates() {
-    let server = TestApiServer::start().await.unwrap();
-    let services: Api<Service> = Api::namespaced(server.client(), "default");
-
-    let first = start(&server, provider(POOL), service_options(4), Box::new(ServiceController::new())).await;
-    for i in 0..5 {
-        services.create(&PostParams::default(), &lb_service(&format!("s{i}"))).await.unwrap();
+        // A requested address is honoured.
+        let mut pinned = lb_service("pinned");
+        pinned.metadata.annotations =
+            Some(BTreeMap::from([("ccm.rs/load-balancer-ips".to_string(), "192.168.50.7".to_string())]));
+        services.create(&PostParams::default(), &pinned).await.unwrap();
+        assert_eq!(wait_for_ip(&services, "pinned").await, "192.168.50.7");
+        running.stop().await.unwrap();
     }
-    let mut before = BTreeMap::new();
-    for i in 0..5 {
-        let name = format!("s{i}");
-        before.insert(name.clone(), wait_for_ip(&services, &name).await);
-    }
-    first.stop().await.unwrap();
 
-    // While no manager runs: one Service goes away, and a stateless allocator hands the
-    // address of s1 to a new Service too.
-    let gone = before.remove("s2").unwrap();
-    services.delete("s2", &DeleteParams::default()).await.unwrap();
-    // No controller removes the finalizer now: do what the last cleanup would have done.
-    services
-        .patch("s2", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}})))
-        .await
-        .unwrap();
-    // Creation timestamps have one-second resolution: make dup clearly younger than s1.
-    tokio::time::sleep(Duration::from_millis(1100)).await;
-    let dup = services.create(&PostParams::default(), &lb_service("dup")).await.unwrap();
-    let mut status: ServiceStatus = dup.status.clone().unwrap_or_default();
-    status.load_balancer =
-        Some(serde_json::from_value(json!({"ingress": [{"ip": before["s1"], "ipMode": "VIP"}]})).unwrap());
-    services.patch_status("dup", &PatchParams::default(), &Patch::Merge(json!({ "status": status }))).await.unwrap();
+    async fn a_restart_keeps_every_address_and_repairs_duplicates(backend) {
+        let cluster = TestCluster::start(backend).await.unwrap();
+        let services: Api<Service> = Api::namespaced(cluster.client(), "default");
 
-    // A fresh provider from the same config, as after a process restart.
-    let second = start(&server, provider(POOL), service_options(4), Box::new(ServiceController::new())).await;
-    let dup_ip = eventually("dup moved off the duplicate", || async {
-        let svc = services.get("dup").await.ok()?;
-        ips(&svc).first().filter(|ip| **ip != before["s1"]).cloned()
-    })
-    .await;
-    services.create(&PostParams::default(), &lb_service("late")).await.unwrap();
-    let late = wait_for_ip(&services, "late").await;
-    for (name, ip) in &before {
-        let svc = services.get(name).await.unwrap();
-        assert_eq!(ips(&svc), std::slice::from_ref(ip), "{name} kept its address");
-    }
-    let mut all: Vec<String> = before.values().cloned().chain([dup_ip.clone(), late.clone()]).collect();
-    all.sort();
-    all.dedup();
-    assert_eq!(all.len(), 6, "no address is shared");
-    assert!([dup_ip, late].contains(&gone), "the freed address is reused");
-    second.stop().await.unwrap();
-}
-
-/// 500 LoadBalancer Services against a pool of exactly 256 addresses with 16 service workers:
-/// 256 get distinct addresses, every other one gets a `SyncLoadBalancerFailed` event, and
-/// deleting 10 lets 10 waiting Services get the freed addresses.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stress_500_services_16_workers_256_addresses() {
-    let server = TestApiServer::start().await.unwrap();
-    let client = server.client();
-    let services: Api<Service> = Api::namespaced(client.clone(), "default");
-    let config = "loadBalancer:\n  retryAfter: 10s\n  pools:\n    - {name: exact, cidrs: [10.77.0.0/24]}\n";
-    // One host, so each sync emits two events rather than three (no UnAvailableLoadBalancer)
-    // and the first round's events fit the event queue.
-    create_node(&Api::all(client.clone()), &initialized_node("host-1", Some("baremetal://host-1"))).await;
-    let running = start(&server, provider(config), service_options(16), Box::new(ServiceController::new())).await;
-
-    let names: Vec<String> = (0..500).map(|i| format!("svc-{i:03}")).collect();
-    futures::future::join_all(names.iter().map(|name| {
-        let services = services.clone();
-        async move { services.create(&PostParams::default(), &lb_service(name)).await.unwrap() }
-    }))
-    .await;
-
-    let assigned = |list: Vec<Service>| -> BTreeMap<String, String> {
-        list.into_iter().filter_map(|s| Some((s.metadata.name.clone()?, ips(&s).first()?.clone()))).collect()
-    };
-    let holders = eventually_within(Duration::from_secs(120), "256 Services get addresses", || async {
-        let got = assigned(services.list(&ListParams::default()).await.ok()?.items);
-        (got.len() == 256).then_some(got)
-    })
-    .await;
-    let distinct: BTreeSet<&String> = holders.values().collect();
-    assert_eq!(distinct.len(), 256, "no address handed out twice");
-
-    let events: Api<Event> = Api::namespaced(client.clone(), "default");
-    let waiting: BTreeSet<String> = names.iter().filter(|n| !holders.contains_key(*n)).cloned().collect();
-    assert_eq!(waiting.len(), 244);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let list = events.list(&ListParams::default()).await.unwrap();
-        let failed: BTreeSet<String> = list
-            .items
-            .iter()
-            .filter(|e| e.reason.as_deref() == Some("SyncLoadBalancerFailed"))
-            .filter_map(|e| e.regarding.as_ref()?.name.clone())
-            .collect();
-        if waiting.is_subset(&failed) {
-            break;
+        let first = start(&cluster, provider(POOL), service_options(4), Box::new(ServiceController::new())).await;
+        for i in 0..5 {
+            services.create(&PostParams::default(), &lb_service(&format!("s{i}"))).await.unwrap();
         }
-        assert!(
-            Instant::now() < deadline,
-            "SyncLoadBalancerFailed events for {} of {} waiting Services ({} events in all, {} failed-event subjects hold addresses)",
-            waiting.intersection(&failed).count(),
-            waiting.len(),
-            list.items.len(),
-            failed.difference(&waiting).count(),
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    // Another retry round changes nothing while the pool is full.
-    tokio::time::sleep(Duration::from_secs(11)).await;
-    assert_eq!(assigned(services.list(&ListParams::default()).await.unwrap().items), holders);
+        let mut before = BTreeMap::new();
+        for i in 0..5 {
+            let name = format!("s{i}");
+            before.insert(name.clone(), wait_for_ip(&services, &name).await);
+        }
+        first.stop().await.unwrap();
 
-    let deleted: Vec<String> = holders.keys().take(10).cloned().collect();
-    let freed: BTreeSet<String> = deleted.iter().map(|n| holders[n].clone()).collect();
-    for name in &deleted {
-        services.delete(name, &DeleteParams::default()).await.unwrap();
+        // While no manager runs: one Service goes away, and a stateless allocator hands the
+        // address of s1 to a new Service too.
+        let gone = before.remove("s2").unwrap();
+        services.delete("s2", &DeleteParams::default()).await.unwrap();
+        // No controller removes the finalizer now: do what the last cleanup would have done.
+        services
+            .patch("s2", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}})))
+            .await
+            .unwrap();
+        // Creation timestamps have one-second resolution: make dup clearly younger than s1.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let dup = services.create(&PostParams::default(), &lb_service("dup")).await.unwrap();
+        let mut status: ServiceStatus = dup.status.clone().unwrap_or_default();
+        status.load_balancer =
+            Some(serde_json::from_value(json!({"ingress": [{"ip": before["s1"], "ipMode": "VIP"}]})).unwrap());
+        services.patch_status("dup", &PatchParams::default(), &Patch::Merge(json!({ "status": status }))).await.unwrap();
+
+        // A fresh provider from the same config, as after a process restart.
+        let second = start(&cluster, provider(POOL), service_options(4), Box::new(ServiceController::new())).await;
+        let dup_ip = eventually("dup moved off the duplicate", || async {
+            let svc = services.get("dup").await.ok()?;
+            ips(&svc).first().filter(|ip| **ip != before["s1"]).cloned()
+        })
+        .await;
+        services.create(&PostParams::default(), &lb_service("late")).await.unwrap();
+        let late = wait_for_ip(&services, "late").await;
+        for (name, ip) in &before {
+            let svc = services.get(name).await.unwrap();
+            assert_eq!(ips(&svc), std::slice::from_ref(ip), "{name} kept its address");
+        }
+        let mut all: Vec<String> = before.values().cloned().chain([dup_ip.clone(), late.clone()]).collect();
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), 6, "no address is shared");
+        assert!([dup_ip, late].contains(&gone), "the freed address is reused");
+        second.stop().await.unwrap();
     }
-    let after = eventually_within(Duration::from_secs(120), "10 waiting Services get the freed addresses", || async {
-        let got = assigned(services.list(&ListParams::default()).await.ok()?.items);
-        let newcomers: BTreeMap<String, String> = got.into_iter().filter(|(n, _)| waiting.contains(n)).collect();
-        (newcomers.len() == 10).then_some(newcomers)
-    })
-    .await;
-    let reused: BTreeSet<String> = after.values().cloned().collect();
-    assert_eq!(reused, freed);
-    let total = assigned(services.list(&ListParams::default()).await.unwrap().items);
-    assert_eq!(total.len(), 256);
-    assert_eq!(total.values().collect::<BTreeSet<_>>().len(), 256);
-    running.stop().await.unwrap();
+
+    /// 500 LoadBalancer Services against a pool of exactly 256 addresses with 16 service workers:
+    /// 256 get distinct addresses, every other one gets a `SyncLoadBalancerFailed` event, and
+    /// deleting 10 lets 10 waiting Services get the freed addresses.
+    async fn stress_500_services_16_workers_256_addresses(backend) {
+        let cluster = TestCluster::start(backend).await.unwrap();
+        let client = cluster.client();
+        let services: Api<Service> = Api::namespaced(client.clone(), "default");
+        let config = "loadBalancer:\n  retryAfter: 10s\n  pools:\n    - {name: exact, cidrs: [10.77.0.0/24]}\n";
+        // One host, so each sync emits two events rather than three (no UnAvailableLoadBalancer)
+        // and the first round's events fit the event queue.
+        create_node(&Api::all(client.clone()), &initialized_node("host-1", Some("baremetal://host-1"))).await;
+        let running = start(&cluster, provider(config), service_options(16), Box::new(ServiceController::new())).await;
+
+        let names: Vec<String> = (0..500).map(|i| format!("svc-{i:03}")).collect();
+        futures::future::join_all(names.iter().map(|name| {
+            let services = services.clone();
+            async move { services.create(&PostParams::default(), &lb_service(name)).await.unwrap() }
+        }))
+        .await;
+
+        let assigned = |list: Vec<Service>| -> BTreeMap<String, String> {
+            list.into_iter().filter_map(|s| Some((s.metadata.name.clone()?, ips(&s).first()?.clone()))).collect()
+        };
+        let holders = eventually_within(Duration::from_secs(120), "256 Services get addresses", || async {
+            let got = assigned(services.list(&ListParams::default()).await.ok()?.items);
+            (got.len() == 256).then_some(got)
+        })
+        .await;
+        let distinct: BTreeSet<&String> = holders.values().collect();
+        assert_eq!(distinct.len(), 256, "no address handed out twice");
+
+        let events: Api<Event> = Api::namespaced(client.clone(), "default");
+        let waiting: BTreeSet<String> = names.iter().filter(|n| !holders.contains_key(*n)).cloned().collect();
+        assert_eq!(waiting.len(), 244);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let list = events.list(&ListParams::default()).await.unwrap();
+            let failed: BTreeSet<String> = list
+                .items
+                .iter()
+                .filter(|e| e.reason.as_deref() == Some("SyncLoadBalancerFailed"))
+                .filter_map(|e| e.regarding.as_ref()?.name.clone())
+                .collect();
+            if waiting.is_subset(&failed) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "SyncLoadBalancerFailed events for {} of {} waiting Services ({} events in all, {} failed-event subjects hold addresses)",
+                waiting.intersection(&failed).count(),
+                waiting.len(),
+                list.items.len(),
+                failed.difference(&waiting).count(),
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        // Another retry round changes nothing while the pool is full.
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        assert_eq!(assigned(services.list(&ListParams::default()).await.unwrap().items), holders);
+
+        let deleted: Vec<String> = holders.keys().take(10).cloned().collect();
+        let freed: BTreeSet<String> = deleted.iter().map(|n| holders[n].clone()).collect();
+        for name in &deleted {
+            services.delete(name, &DeleteParams::default()).await.unwrap();
+        }
+        let after = eventually_within(Duration::from_secs(120), "10 waiting Services get the freed addresses", || async {
+            let got = assigned(services.list(&ListParams::default()).await.ok()?.items);
+            let newcomers: BTreeMap<String, String> = got.into_iter().filter(|(n, _)| waiting.contains(n)).collect();
+            (newcomers.len() == 10).then_some(newcomers)
+        })
+        .await;
+        let reused: BTreeSet<String> = after.values().cloned().collect();
+        assert_eq!(reused, freed);
+        let total = assigned(services.list(&ListParams::default()).await.unwrap().items);
+        assert_eq!(total.len(), 256);
+        assert_eq!(total.values().collect::<BTreeSet<_>>().len(), 256);
+        running.stop().await.unwrap();
+    }
 }
