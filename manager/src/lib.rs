@@ -22,9 +22,9 @@ pub mod options;
 pub mod provider;
 pub mod providers;
 pub mod registry;
+pub mod serving;
 pub mod status;
 
-pub mod serving;
 pub use async_trait::async_trait;
 pub use engine::app::run_main;
 pub use error::Error;

@@ -165,6 +165,9 @@ pub struct InitContext {
     /// Cancelled when the manager stops leading or shuts down; tasks the provider spawns must
     /// stop when it fires.
     pub shutdown: CancellationToken,
+    /// The manager's metrics registry, for the provider's own series (register with
+    /// `get_or_register`: `initialize` runs once per leadership term).
+    pub metrics: std::sync::Arc<crate::metrics::Metrics>,
 }
 
 impl fmt::Debug for InitContext {

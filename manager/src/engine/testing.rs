@@ -120,7 +120,7 @@ pub async fn run_controller(
 ) -> RunningController {
     let shutdown = CancellationToken::new();
     let context = context(client.clone(), provider.clone(), options, shutdown.clone()).await;
-    if let Err(error) = provider.initialize(InitContext { client, shutdown }).await {
+    if let Err(error) = provider.initialize(InitContext { client, shutdown, metrics: context.metrics.clone() }).await {
         tracing::warn!(%error, "provider initialization failed in test setup");
     }
     let health = HealthRegistry::new();
