@@ -47,6 +47,11 @@ fn is_root_meta(k: &str) -> bool {
 pub(crate) fn validate(schema: &Value, obj: &Value, old: Option<&Value>) -> Vec<Cause> {
     let mut causes = vec![];
     structural(schema, obj, "", &mut causes);
+    // Ratcheting (GA since 1.33): on update, a value left as it was is not re-validated, so a
+    // status write is not refused for a spec the schema would refuse today.
+    if let Some(old) = old {
+        causes.retain(|c| changed(obj, old, &c.field));
+    }
     if !has_rules(schema) {
         return causes;
     }
@@ -69,10 +74,43 @@ pub(crate) fn validate(schema: &Value, obj: &Value, old: Option<&Value>) -> Vec<
         for e in errors.into_vec() {
             let field = e.field_path.trim_start_matches('.').to_string();
             let field = if field.is_empty() { "<nil>".to_string() } else { field };
-            causes.push(Cause { reason: "FieldValueInvalid", field, message: format!("Invalid value: {}", e.message) });
+            if old.is_none_or(|old| changed(obj, old, &field)) {
+                causes.push(Cause {
+                    reason: "FieldValueInvalid",
+                    field,
+                    message: format!("Invalid value: {}", e.message),
+                });
+            }
         }
     }
     causes
+}
+
+/// Whether the value at a cause's field path (`spec.ports[0].port`) differs between versions.
+fn changed(new: &Value, old: &Value, field: &str) -> bool {
+    if field.is_empty() || field == "<nil>" {
+        return new != old;
+    }
+    let pointer: String = field
+        .split('.')
+        .flat_map(|part| {
+            let mut segments = vec![];
+            let mut rest = part;
+            if let Some(i) = rest.find('[') {
+                segments.push(rest[..i].to_string());
+                rest = &rest[i..];
+                while let Some(end) = rest.find(']') {
+                    segments.push(rest[1..end].to_string());
+                    rest = &rest[end + 1..];
+                }
+            } else {
+                segments.push(rest.to_string());
+            }
+            segments
+        })
+        .map(|s| format!("/{}", s.replace('~', "~0").replace('/', "~1")))
+        .collect();
+    new.pointer(&pointer) != old.pointer(&pointer)
 }
 
 fn has_rules(schema: &Value) -> bool {
@@ -293,6 +331,20 @@ mod tests {
         assert_eq!(
             fields(&validate(&schema(), &json!({"spec": {}}), None)),
             vec![("FieldValueRequired", "spec.size"), ("FieldValueInvalid", "<nil>")]
+        );
+    }
+
+    #[test]
+    fn unchanged_invalid_values_are_ratcheted_on_update() {
+        let stored = json!({"spec": {"size": "huge", "label": "toolong"}, "status": {}});
+        let mut status_write = stored.clone();
+        status_write["status"] = json!({"ready": true});
+        assert!(validate(&schema(), &status_write, Some(&stored)).is_empty());
+        let mut spec_write = stored.clone();
+        spec_write["spec"]["label"] = json!("stilltoolong");
+        assert_eq!(
+            fields(&validate(&schema(), &spec_write, Some(&stored))),
+            vec![("FieldValueTooLong", "spec.label"), ("FieldValueInvalid", "<nil>")]
         );
     }
 
