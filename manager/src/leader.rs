@@ -22,6 +22,10 @@ use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::instrument::WithSubscriber;
+
+/// How long releasing the Lease on shutdown may take before the process exits without it.
+pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Leader-election settings; defaults are upstream's.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -377,6 +381,11 @@ impl LeaderElector {
     }
 
     /// Give the Lease up so a standby can take it at once (only if we still hold it).
+    ///
+    /// Called on the way out, when the API server may already be gone (a `kill %1 %2`, a node
+    /// shutting down): the attempt is bounded by [`RELEASE_TIMEOUT`], and an unreachable server is
+    /// an expected outcome logged once at INFO, not an error; standbys then take the Lease when
+    /// it expires. Only an answer of the API server itself (say, a 403) is returned as an error.
     pub async fn release(&mut self) -> Result<(), kube::Error> {
         if !self.status().leading {
             return Ok(());
@@ -388,16 +397,32 @@ impl LeaderElector {
         spec.lease_duration_seconds = Some(1);
         spec.renew_time = Some(now.clone());
         spec.acquire_time = Some(now);
-        let result = self.api.replace(&self.config.name, &PostParams::default(), &lease).await;
+        // kube's request tracing logs a refused connection at ERROR; for this one request that
+        // is no news, so it runs without a subscriber and the outcome is logged below instead.
+        let params = PostParams::default();
+        let request = self
+            .api
+            .replace(&self.config.name, &params, &lease)
+            .with_subscriber(tracing::subscriber::NoSubscriber::default());
+        let result = tokio::time::timeout(RELEASE_TIMEOUT, request).await;
         self.lose(None);
+        let lease = self.status().lease;
         match result {
-            Ok(_) => {
-                tracing::info!(lease = %self.status().lease, "released leader lease");
+            Ok(Ok(_)) => {
+                tracing::info!(%lease, "released leader lease");
                 Ok(())
             }
             // Someone else already moved the Lease on: nothing of ours to release.
-            Err(kube::Error::Api(s)) if s.is_conflict() => Ok(()),
-            Err(e) => Err(e),
+            Ok(Err(kube::Error::Api(s))) if s.is_conflict() => Ok(()),
+            Ok(Err(e @ kube::Error::Api(_))) => Err(e),
+            Ok(Err(error)) => {
+                tracing::info!(%lease, %error, "API server unreachable; the leader lease expires by itself");
+                Ok(())
+            }
+            Err(_) => {
+                tracing::info!(%lease, timeout = ?RELEASE_TIMEOUT, "API server did not answer; the leader lease expires by itself");
+                Ok(())
+            }
         }
     }
 
@@ -599,5 +624,57 @@ mod tests {
         assert!(bad.validate().unwrap_err().contains("lease-duration"));
         let bad = LeaderElectionConfig { retry_period: Duration::from_secs(9), ..ok.clone() };
         assert!(bad.validate().unwrap_err().contains("retry-period"));
+    }
+
+    /// Collects what a `fmt` subscriber writes.
+    #[derive(Clone, Default)]
+    struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+        type Writer = Captured;
+        fn make_writer(&'a self) -> Self::Writer {
+            self.clone()
+        }
+    }
+
+    #[tokio::test]
+    async fn releasing_after_the_api_server_is_gone_is_quick_and_logs_one_info_line() {
+        let server = e2e_apiserver::TestApiServer::start().await.unwrap();
+        let mut elector = LeaderElector::new(server.client(), LeaderElectionConfig::new("kube-system", "release-test"));
+        assert!(elector.acquire(&CancellationToken::new()).await, "the Lease is free");
+        assert!(elector.status().leading);
+        // Stopped before the manager, as `kill %1 %2` does.
+        server.shutdown().await;
+
+        let logs = Captured::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(logs.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let started = std::time::Instant::now();
+        let result = elector.release().await;
+        let took = started.elapsed();
+        drop(_guard);
+
+        let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+        assert!(result.is_ok(), "an unreachable API server is not an error on the way out: {result:?}");
+        assert!(took <= RELEASE_TIMEOUT + Duration::from_secs(1), "release took {took:?}");
+        assert!(!elector.status().leading);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(!text.contains("ERROR") && !text.contains("WARN"), "no error or warning: {text}");
+        assert_eq!(lines.len(), 1, "exactly one line: {text}");
+        assert!(lines[0].contains("INFO") && lines[0].contains("expires by itself"), "{text}");
     }
 }
