@@ -292,3 +292,127 @@ async fn the_binary_out_of_descriptors_keeps_answering_livez_renewing_its_lease_
     let _ = std::fs::remove_dir_all(&dir);
     server.shutdown().await;
 }
+
+/// On the genuine API server (`CCM_TEST_ASSETS`): the real binary, its TokenReviews and
+/// SubjectAccessReviews made as a ServiceAccount holding only the chart's two rules for them.
+mod genuine {
+    use super::*;
+    use e2e_apiserver::{Backend, TestCluster};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
+    use kube::api::{ObjectMeta, PostParams};
+
+    async fn service_account(cluster: &TestCluster, ns: &str, name: &str) -> String {
+        let sa = ServiceAccount {
+            metadata: ObjectMeta { name: Some(name.into()), namespace: Some(ns.into()), ..Default::default() },
+            ..Default::default()
+        };
+        Api::<ServiceAccount>::namespaced(cluster.client(), ns).create(&PostParams::default(), &sa).await.unwrap();
+        cluster.control_plane().unwrap().service_account_token(ns, name).await.unwrap()
+    }
+
+    async fn grant(cluster: &TestCluster, ns: &str, sa: &str, role: &str, rules: Vec<PolicyRule>) {
+        let name = format!("{ns}-{role}");
+        let role = ClusterRole {
+            metadata: ObjectMeta { name: Some(name.clone()), ..Default::default() },
+            rules: Some(rules),
+            ..Default::default()
+        };
+        Api::<ClusterRole>::all(cluster.client()).create(&PostParams::default(), &role).await.unwrap();
+        let binding = ClusterRoleBinding {
+            metadata: ObjectMeta { name: Some(name.clone()), ..Default::default() },
+            role_ref: RoleRef { api_group: "rbac.authorization.k8s.io".into(), kind: "ClusterRole".into(), name },
+            subjects: Some(vec![Subject {
+                kind: "ServiceAccount".into(),
+                name: sa.into(),
+                namespace: Some(ns.into()),
+                ..Default::default()
+            }]),
+        };
+        Api::<ClusterRoleBinding>::all(cluster.client()).create(&PostParams::default(), &binding).await.unwrap();
+    }
+
+    fn rule(groups: &[&str], resources: &[&str], urls: &[&str], verbs: &[&str]) -> PolicyRule {
+        let list = |v: &[&str]| (!v.is_empty()).then(|| v.iter().map(|s| s.to_string()).collect());
+        PolicyRule {
+            api_groups: list(groups),
+            resources: list(resources),
+            non_resource_urls: list(urls),
+            verbs: verbs.iter().map(|s| s.to_string()).collect(),
+            resource_names: None,
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn metrics_is_401_without_a_token_403_without_the_grant_200_with_it_and_healthz_needs_none() {
+        if !Backend::genuine_available() {
+            return;
+        }
+        let cluster = TestCluster::start(Backend::Genuine).await.expect("genuine API server");
+        let ns = cluster.fresh_namespace("endpoint-auth").await.unwrap();
+        // The endpoint's own identity: only what the chart's manager ClusterRole grants for this.
+        service_account(&cluster, &ns, "endpoint").await;
+        grant(
+            &cluster,
+            &ns,
+            "endpoint",
+            "delegated-auth",
+            vec![
+                rule(&["authentication.k8s.io"], &["tokenreviews"], &[], &["create"]),
+                rule(&["authorization.k8s.io"], &["subjectaccessreviews"], &[], &["create"]),
+            ],
+        )
+        .await;
+        let (_, endpoint_kubeconfig) = cluster.service_account(&ns, "endpoint").await.unwrap();
+        // A scraper granted get on /metrics, as the chart's metrics-reader ClusterRole does.
+        let scraper = service_account(&cluster, &ns, "scraper").await;
+        grant(&cluster, &ns, "scraper", "metrics-reader", vec![rule(&[], &[], &["/metrics"], &["get"])]).await;
+        let stranger = service_account(&cluster, &ns, "stranger").await;
+
+        let dir = std::env::temp_dir().join(format!("ccm-serving-genuine-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cloud_config = dir.join("fake.yaml");
+        std::fs::write(&cloud_config, "autoInstances: true\n").unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_cloud-controller-manager"))
+            .args([
+                "--cloud-provider=fake",
+                &format!("--cloud-config={}", cloud_config.display()),
+                &format!("--kubeconfig={}", cluster.kubeconfig_path().display()),
+                &format!("--authentication-kubeconfig={}", endpoint_kubeconfig.display()),
+                &format!("--authorization-kubeconfig={}", endpoint_kubeconfig.display()),
+                "--bind-address=127.0.0.1",
+                &format!("--secure-port={port}"),
+                "--configure-cloud-routes=false",
+                "--leader-elect=false",
+            ])
+            .env_remove("RUST_LOG")
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while status(https(addr, "/livez", None).await) != 200 {
+            assert!(Instant::now() < deadline, "the binary never answered /livez");
+            sleep(Duration::from_millis(100)).await;
+        }
+
+        assert_eq!(status(https(addr, "/metrics", None).await), 401, "no token");
+        assert_eq!(status(https(addr, "/metrics", Some("not-a-token")).await), 401, "a token the server rejects");
+        let denied = https(addr, "/metrics", Some(&stranger)).await.unwrap();
+        assert_eq!(denied.status, 403, "{}", denied.body);
+        assert!(denied.body.contains(&format!("system:serviceaccount:{ns}:stranger")), "{}", denied.body);
+        let allowed = https(addr, "/metrics", Some(&scraper)).await.unwrap();
+        assert_eq!(allowed.status, 200, "{}", allowed.body);
+        assert!(allowed.body.contains("# TYPE"), "{}", allowed.body);
+        for path in ["/healthz", "/livez", "/readyz"] {
+            let r = https(addr, path, None).await.unwrap();
+            // /readyz may still be 500 while caches sync, but never 401/403.
+            assert!(r.status == 200 || (path == "/readyz" && r.status == 500), "{path}: {}", r.status);
+        }
+        // The grant covers /metrics only.
+        assert_eq!(status(https(addr, "/healthz/cloud-node-controller", Some(&scraper)).await), 403);
+        let _ = child.kill().await;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
