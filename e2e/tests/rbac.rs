@@ -598,10 +598,12 @@ async fn deployment_scenario(client: &Client, namespace: &str, timeout: Duration
         let crb = Api::<ClusterRoleBinding>::all(client.clone());
         let roles = Api::<Role>::namespaced(client.clone(), namespace);
         let bindings = Api::<RoleBinding>::namespaced(client.clone(), namespace);
+        let own = operator::names::own_role_name("dep");
         sa.get_opt(&workload).await.ok().flatten().is_some()
             && crb.get_opt(&operator::names::cluster_role_binding_name(namespace, "dep")).await.ok().flatten().is_some()
-            && roles.list(&Default::default()).await.is_ok_and(|l| !l.items.is_empty())
-            && bindings.list(&Default::default()).await.is_ok_and(|l| l.items.len() >= 2)
+            && roles.get_opt(&own).await.ok().flatten().is_some()
+            && bindings.get_opt(&own).await.ok().flatten().is_some()
+            && bindings.get_opt(&operator::names::role_binding_name("dep")).await.ok().flatten().is_some()
     })
     .await?;
     step("the PodDisruptionBudget of two replicas exists", timeout, || async {
@@ -1038,6 +1040,12 @@ e2e_apiserver::backend_tests! {
     }
 }
 
+/// Rules the test control plane does not enforce, with the reason (skipped on the genuine run).
+const NOT_ENFORCED_HERE: &[(&str, &str)] = &[(
+    "cloudcontrollermanagers/finalizers",
+    "checked only by the OwnerReferencesPermissionEnforcement admission plugin, which the test kube-apiserver does not enable",
+)];
+
 /// Rules of the operator's RBAC that no scenario here exercises, with the reason.
 const NOT_EXERCISED: &[(&str, &str)] = &[
     ("tokenreviews", "checks a /metrics scraper's bearer token; the scenario does not scrape /metrics"),
@@ -1063,6 +1071,10 @@ e2e_apiserver::backend_tests! {
         let mut unbroken = Vec::new();
         if cluster.is_genuine() {
             for (object, rule, label) in &sites {
+                if let Some((_, why)) = NOT_ENFORCED_HERE.iter().find(|(resource, _)| label.contains(resource)) {
+                    eprintln!("not enforced here: {label}: {why}");
+                    continue;
+                }
                 let ns = cluster.fresh_namespace("rbac-ablate").await.expect("a namespace");
                 operator_world(&client, &ns).await;
                 let objects = retarget(&objects, CR_NAMESPACE, &ns);
