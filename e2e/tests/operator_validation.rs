@@ -166,7 +166,10 @@ e2e_apiserver::backend_tests! {
         let broken = json!({
             "apiVersion": "ccm.rs/v1alpha1", "kind": "CloudControllerManager",
             "metadata": {"name": "broken", "namespace": env.ns},
-            "spec": {"provider": "fake", "concurrency": {"nodeSyncs": "lots"}, "mode": 7},
+            // A type the schema no longer allows. (A value a CEL rule of the current schema
+            // evaluates, like `nodeSyncs: "lots"`, would make a genuine server refuse every write
+            // to the object, status included: CEL evaluation errors are not ratcheted.)
+            "spec": {"provider": "fake", "mode": 7},
         });
         raw.patch("broken", &PatchParams::apply(HARNESS_AGENT).force(), &Patch::Apply(&broken)).await.unwrap();
         env.cluster.install_crd(&crds::crd()).await.expect("the current CRD installs");

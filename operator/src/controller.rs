@@ -651,18 +651,18 @@ async fn malformed(ctx: &Ctx, meta: &ObjectMeta, namespace: &str, name: &str) ->
     if merged == existing && observed == generation {
         return Ok(Action::await_change());
     }
-    let owned: Vec<&Condition> = merged
-        .iter()
-        .filter(|c| [types::CONFIG_VALID, types::DEGRADED, types::READY].contains(&c.type_.as_str()))
-        .collect();
+    // Not server-side apply: a genuine API server cannot build the typed object that apply
+    // needs from a spec that does not fit the schema (500 "failed to create typed live
+    // object"). A merge patch of the whole list, conditional on the version read, keeps the
+    // other writers' conditions and fails (to be retried) if one wrote meanwhile.
     let body = serde_json::json!({
-        "apiVersion": CloudControllerManager::api_version(&()),
-        "kind": CloudControllerManager::kind(&()),
-        "status": {"observedGeneration": generation, "conditions": owned},
+        "metadata": {"resourceVersion": current.metadata.resource_version},
+        "status": {"observedGeneration": generation, "conditions": merged},
     });
     let was_malformed = conditions::find(&existing, types::CONFIG_VALID)
         .is_some_and(|c| c.reason == reasons::config_valid::MALFORMED_SPEC);
-    raw.patch_status(name, &PatchParams::apply(names::FIELD_MANAGER).force(), &Patch::Apply(body)).await?;
+    let params = PatchParams { field_manager: Some(names::FIELD_MANAGER.into()), ..Default::default() };
+    raw.patch_status(name, &params, &Patch::Merge(body)).await?;
     ctx.shared.metrics.write("status", "CloudControllerManager");
     ctx.shared.metrics.error("malformed_spec");
     if !was_malformed {
