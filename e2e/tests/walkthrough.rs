@@ -38,6 +38,12 @@ const BLOCKS: &[(&str, &str, &str, Check)] = &[
     ("README.md", "readme-test", "83dd88fcd62db702", Check::Paths("the test suite itself (this test runs inside it)")),
     (
         "README.md",
+        "readme-genuine-tests",
+        "41177e090147d27b",
+        Check::Paths("CI runs exactly this (.ci/run); the suite itself runs inside it"),
+    ),
+    (
+        "README.md",
         "readme-sandbox-deployment",
         "c5af975bacb68e1e",
         Check::Run("readme_deployment_mode_runs_as_written"),
