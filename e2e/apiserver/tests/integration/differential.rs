@@ -446,6 +446,44 @@ async fn expired_list(cluster: &TestCluster, ns: &str) -> Value {
     }
 }
 
+/// A watch from a list's resourceVersion, bookmarks allowed, over a create, an update and a
+/// delete: the event types and objects in order (bookmarks checked to carry only a version).
+async fn watched_events(cluster: &TestCluster, ns: &str) -> Vec<String> {
+    use futures::StreamExt;
+    use kube::api::{WatchEvent, WatchParams};
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(cluster.client(), ns);
+    let version =
+        cms.list_metadata(&Default::default()).await.expect("list").metadata.resource_version.unwrap_or_default();
+    let mut stream = cms.watch(&WatchParams::default().timeout(10), &version).await.expect("watch").boxed();
+    let body: k8s_openapi::api::core::v1::ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "watched"}, "data": {"k": "1"}})).expect("configmap");
+    cms.create(&Default::default(), &body).await.expect("create");
+    let patch = kube::api::Patch::Merge(json!({"data": {"k": "2"}}));
+    cms.patch("watched", &Default::default(), &patch).await.expect("update");
+    cms.delete("watched", &Default::default()).await.expect("delete");
+    let mut seen = vec![];
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while seen.len() < 3 {
+        let next = tokio::time::timeout_at(deadline, stream.next()).await;
+        match next {
+            Ok(Some(Ok(WatchEvent::Added(o)))) => seen.push(format!("ADDED {}", o.metadata.name.unwrap_or_default())),
+            Ok(Some(Ok(WatchEvent::Modified(o)))) => {
+                let k = o.data.as_ref().and_then(|d| d.get("k")).cloned().unwrap_or_default();
+                seen.push(format!("MODIFIED {} k={k}", o.metadata.name.unwrap_or_default()))
+            }
+            Ok(Some(Ok(WatchEvent::Deleted(o)))) => {
+                seen.push(format!("DELETED {}", o.metadata.name.unwrap_or_default()))
+            }
+            Ok(Some(Ok(WatchEvent::Bookmark(b)))) => assert!(!b.metadata.resource_version.is_empty()),
+            other => {
+                seen.push(format!("unexpected {other:?}"));
+                break;
+            }
+        }
+    }
+    seen
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_and_genuine_servers_answer_the_same_sequence_alike() {
     if !Backend::genuine_available() {
@@ -457,6 +495,9 @@ async fn local_and_genuine_servers_answer_the_same_sequence_alike() {
     prepare(&local, &ns).await;
     prepare(&genuine, &ns).await;
     let found = compare_sequences(&local, &genuine, &ns).await;
+    let watched = (watched_events(&local, &ns).await, watched_events(&genuine, &ns).await);
+    assert_eq!(watched.0, ["ADDED watched", "MODIFIED watched k=2", "DELETED watched"], "local watch");
+    assert_eq!(watched.0, watched.1, "watch from a resourceVersion");
 
     for cluster in [&local, &genuine] {
         let first = if cluster.is_genuine() { "10.0.0.1" } else { "10.96.0.1" };
