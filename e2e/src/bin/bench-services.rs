@@ -150,6 +150,8 @@ enum BackendArg {
 struct Cluster {
     _server: Option<TestApiServer>,
     _plane: Option<ControlPlane>,
+    /// Keeps the control plane's thread (and so its processes) alive.
+    _keep: Option<std::sync::mpsc::Sender<()>>,
     /// The request log (local) or audit log (genuine); none on an external cluster.
     log: Option<RequestLog>,
     client: kube::Client,
@@ -162,12 +164,13 @@ async fn cluster(args: &Args, index: usize) -> Result<Cluster, BoxError> {
     match &args.kubeconfig {
         None if args.backend == BackendArg::Genuine => {
             let assets = e2e_apiserver::genuine::assets_dir().ok_or("--backend genuine needs CCM_TEST_ASSETS")?;
-            let plane = tokio::task::spawn_blocking(move || ControlPlane::start_blocking(&assets)).await??;
+            let (plane, keep) = tokio::task::block_in_place(|| start_plane(assets))?;
             Ok(Cluster {
                 client: plane.admin_client().await?,
                 kubeconfig: plane.admin_kubeconfig_path(),
                 log: Some(plane.request_log()),
                 _plane: Some(plane),
+                _keep: Some(keep),
                 _server: None,
                 namespace: "bench".into(),
                 node_prefix: "bench-node".into(),
@@ -180,6 +183,7 @@ async fn cluster(args: &Args, index: usize) -> Result<Cluster, BoxError> {
                 kubeconfig: server.kubeconfig_path().to_path_buf(),
                 log: Some(server.request_log()),
                 _plane: None,
+                _keep: None,
                 _server: Some(server),
                 namespace: "bench".into(),
                 node_prefix: "bench-node".into(),
@@ -193,12 +197,28 @@ async fn cluster(args: &Args, index: usize) -> Result<Cluster, BoxError> {
                 kubeconfig: path.clone(),
                 log: None,
                 _plane: None,
+                _keep: None,
                 _server: None,
                 namespace: format!("bench-services-{}-{index}", std::process::id()),
                 node_prefix: format!("bench-{}-{index}", std::process::id()),
             })
         }
     }
+}
+
+/// Starts etcd and kube-apiserver from a thread of their own that lives until the returned
+/// sender is dropped: the processes are tied to the thread that started them (parent-death
+/// signal), and neither the runtime's threads nor its blocking pool may start them.
+fn start_plane(assets: PathBuf) -> Result<(ControlPlane, std::sync::mpsc::Sender<()>), BoxError> {
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let (keep_tx, keep_rx) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        let _ = ready_tx.send(ControlPlane::start_blocking(&assets));
+        // Parked until the run drops its sender.
+        let _ = keep_rx.recv();
+    });
+    let plane = ready_rx.recv().map_err(|_| "the control plane thread ended")??;
+    Ok((plane, keep_tx))
 }
 
 fn post() -> PostParams {
