@@ -28,7 +28,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, CustomResourceExt};
-use serde_json::json;
+use serde_json::{Value, json};
 
 /// The user agent of the driver's own requests.
 const DRIVER: &str = "bench-operator-driver";
@@ -84,6 +84,12 @@ fn driver_client(server: &TestCluster) -> Client {
     Client::try_from(config).expect("a client")
 }
 
+/// Now as a Lease's `renewTime` (kube-apiserver takes exactly six fractional digits).
+fn micro_now() -> Value {
+    serde_json::to_value(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(Timestamp::now()))
+        .unwrap_or(Value::Null)
+}
+
 /// Play the deployment controller and the managers until told to stop.
 async fn play_cluster(client: Client, mut stop: tokio::sync::watch::Receiver<bool>) {
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
@@ -130,7 +136,7 @@ fn lease(cr: &str) -> serde_json::Value {
     json!({
         "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
         "metadata": {"name": cr, "namespace": NAMESPACE},
-        "spec": {"holderIdentity": format!("{cr}-manager-0"), "leaseDurationSeconds": 15, "renewTime": Timestamp::now().to_string()},
+        "spec": {"holderIdentity": format!("{cr}-manager-0"), "leaseDurationSeconds": 15, "renewTime": micro_now()},
     })
 }
 
