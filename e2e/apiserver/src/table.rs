@@ -38,9 +38,7 @@ fn containers_and_images(v: &Value) -> (String, String) {
 }
 
 fn selector(v: &Value) -> String {
-    let labels = v.pointer("/spec/selector/matchLabels").and_then(Value::as_object).cloned().unwrap_or_default();
-    let parts: Vec<String> = labels.iter().map(|(k, x)| format!("{k}={}", x.as_str().unwrap_or(""))).collect();
-    if parts.is_empty() { "<none>".into() } else { parts.join(",") }
+    map_or_none(v, "/spec/selector/matchLabels")
 }
 
 fn map_or_none(v: &Value, ptr: &str) -> String {

@@ -164,7 +164,7 @@ async fn cluster(args: &Args, index: usize) -> Result<Cluster, BoxError> {
     match &args.kubeconfig {
         None if args.backend == BackendArg::Genuine => {
             let assets = e2e_apiserver::genuine::assets_dir().ok_or("--backend genuine needs CCM_TEST_ASSETS")?;
-            let (plane, keep) = tokio::task::block_in_place(|| start_plane(assets))?;
+            let (plane, keep) = tokio::task::block_in_place(|| ControlPlane::start_on_own_thread(assets))?;
             Ok(Cluster {
                 client: plane.admin_client().await?,
                 kubeconfig: plane.admin_kubeconfig_path(),
@@ -204,21 +204,6 @@ async fn cluster(args: &Args, index: usize) -> Result<Cluster, BoxError> {
             })
         }
     }
-}
-
-/// Starts etcd and kube-apiserver from a thread of their own that lives until the returned
-/// sender is dropped: the processes are tied to the thread that started them (parent-death
-/// signal), and neither the runtime's threads nor its blocking pool may start them.
-fn start_plane(assets: PathBuf) -> Result<(ControlPlane, std::sync::mpsc::Sender<()>), BoxError> {
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let (keep_tx, keep_rx) = std::sync::mpsc::channel::<()>();
-    std::thread::spawn(move || {
-        let _ = ready_tx.send(ControlPlane::start_blocking(&assets));
-        // Parked until the run drops its sender.
-        let _ = keep_rx.recv();
-    });
-    let plane = ready_rx.recv().map_err(|_| "the control plane thread ended")??;
-    Ok((plane, keep_tx))
 }
 
 fn post() -> PostParams {

@@ -220,6 +220,21 @@ impl ControlPlane {
         &self.url
     }
 
+    /// Starts etcd and kube-apiserver from a thread of their own that lives until the returned
+    /// sender is dropped: the processes are tied to the thread that started them (parent-death
+    /// signal), so neither a runtime's threads nor its blocking pool may start them. Blocks.
+    pub fn start_on_own_thread(assets: PathBuf) -> Result<(ControlPlane, std::sync::mpsc::Sender<()>), Error> {
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (keep_tx, keep_rx) = std::sync::mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            let _ = ready_tx.send(ControlPlane::start_blocking(&assets));
+            // Parked until the caller drops its sender.
+            let _ = keep_rx.recv();
+        });
+        let plane = ready_rx.recv().map_err(|_| Error::Genuine("the control plane thread ended".into()))??;
+        Ok((plane, keep_tx))
+    }
+
     /// The audit log as a request log, from this moment on.
     pub fn request_log(&self) -> crate::RequestLog {
         crate::RequestLog::audit(std::sync::Arc::new(audit::AuditLog::from_end(self.audit_log_path().to_path_buf())))
