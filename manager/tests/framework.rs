@@ -526,3 +526,64 @@ e2e_apiserver::backend_tests! {
         drop(cluster);
     }
 }
+
+/// Runs the real binary at the most verbose log level until it exits (or 20 s pass); returns
+/// its whole output.
+async fn binary_output(args: &[String]) -> String {
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_cloud-controller-manager"))
+        .args(args)
+        .env("RUST_LOG", "trace")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the binary starts");
+    let out = timeout(Duration::from_secs(20), child.wait_with_output()).await.expect("the binary exits").unwrap();
+    assert!(!out.status.success(), "a bad configuration stops the binary");
+    String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr)
+}
+
+e2e_apiserver::backend_tests! {
+    /// A planted token in the cloud-config (fake and baremetal, as keys and values) or in the
+    /// kubeconfig never reaches the manager's log, even at `trace`.
+    async fn the_manager_log_never_quotes_a_cloud_config_or_kubeconfig(backend) {
+        const TOKEN: &str = "SECRET-TOKEN-12345";
+        let cluster = TestCluster::start(backend).await.unwrap();
+        let dir = std::env::temp_dir().join(format!("ccm-log-token-{}-{:?}", std::process::id(), backend));
+        std::fs::create_dir_all(&dir).unwrap();
+        let kubeconfig = cluster.kubeconfig_path().display().to_string();
+        let configs = [
+            ("fake", format!("autoInstances: {TOKEN}\n{TOKEN}: {TOKEN}\n")),
+            ("baremetal", format!("loadBalancer:\n  pools:\n    - name: {TOKEN}\n      cidrs: [{TOKEN}]\n")),
+            ("baremetal", format!("{TOKEN}:\n  - {TOKEN}\n")),
+        ];
+        for (i, (provider, text)) in configs.iter().enumerate() {
+            let path = dir.join(format!("cloud-{i}.yaml"));
+            std::fs::write(&path, text).unwrap();
+            let log = binary_output(&[
+                format!("--cloud-provider={provider}"),
+                format!("--cloud-config={}", path.display()),
+                format!("--kubeconfig={kubeconfig}"),
+                "--leader-elect=false".into(),
+                "--secure-port=0".into(),
+            ])
+            .await;
+            assert!(!log.is_empty(), "the binary says why it stopped");
+            assert!(!log.contains(TOKEN), "{provider} cloud-config {i} leaked into the log:\n{log}");
+        }
+        let bad_kubeconfig = dir.join("kubeconfig");
+        std::fs::write(&bad_kubeconfig, format!("apiVersion: v1\nclusters:\n- name: {TOKEN}\n  cluster: {{server: {TOKEN}}}\ncurrent-context: {TOKEN}\n")).unwrap();
+        let cloud = dir.join("good.yaml");
+        std::fs::write(&cloud, "autoInstances: true\n").unwrap();
+        let log = binary_output(&[
+            "--cloud-provider=fake".into(),
+            format!("--cloud-config={}", cloud.display()),
+            format!("--kubeconfig={}", bad_kubeconfig.display()),
+            "--leader-elect=false".into(),
+            "--secure-port=0".into(),
+        ])
+        .await;
+        assert!(!log.contains(TOKEN), "the kubeconfig leaked into the log:\n{log}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
