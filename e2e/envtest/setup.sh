@@ -32,5 +32,6 @@ elif [ ! -x "$dir/kube-apiserver" ]; then
   mv "$dir/kube-apiserver.tmp" "$dir/kube-apiserver"
 fi
 "$dir/kube-apiserver" --version >&2
-"$dir/etcd" --version | head -1 >&2
+# sed reads to the end: `head -1` could end the pipe early and fail the script with SIGPIPE.
+"$dir/etcd" --version | sed -n 1p >&2
 echo "$dir"
