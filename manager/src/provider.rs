@@ -157,6 +157,21 @@ impl Health {
     }
 }
 
+/// What [`CloudProvider::reload`] did with a new cloud-config. Texts name fields and counts,
+/// never values of the config.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reload {
+    /// Nothing the provider uses changed (for example only comments or formatting).
+    Unchanged,
+    /// The change is in effect, without a restart; the text says what changed.
+    Applied(String),
+    /// Something changed that the provider reads only at start: it keeps running with the
+    /// old configuration until the manager restarts. The text names what changed.
+    RestartNeeded(String),
+    /// The new cloud-config is invalid; the running configuration stays.
+    Invalid(CloudError),
+}
+
 /// What a provider gets when the manager starts leading.
 #[derive(Clone)]
 pub struct InitContext {
@@ -222,6 +237,23 @@ pub trait CloudProvider: Send + Sync + 'static {
     /// A cheap probe of whether the provider can do its job (credentials, endpoint, config).
     async fn health(&self) -> Health {
         Health::healthy("")
+    }
+
+    /// Take a new cloud-config while running (the manager calls it when the file changes, the
+    /// operator when the Secret does). Apply what can change in place and say so; the default
+    /// applies nothing and asks for a restart. Must be cheap and bounded like the factory, and
+    /// must change nothing when it does not return [`Reload::Applied`].
+    fn reload(&self, _cloud_config: Option<&[u8]>) -> Reload {
+        Reload::RestartNeeded(format!("provider {} reads its cloud-config only at start", self.name()))
+    }
+
+    /// The part of the cloud-config this provider was built from whose change needs a
+    /// restart, as opaque bytes that only ever go into a hash (they may hold config values);
+    /// `None`, the default, means all of it. The operator rolls the manager's pods (or
+    /// restarts an embedded engine) only when this changes, and hands other edits to
+    /// [`Self::reload`]. Must agree with it: a change outside these bytes must be reloadable.
+    fn restart_fingerprint(&self) -> Option<Vec<u8>> {
+        None
     }
 }
 

@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
@@ -459,7 +459,9 @@ struct Holder {
 
 #[derive(Debug, Clone)]
 struct IpUse {
-    pool: usize,
+    /// The pool holding the address; `None` for an address kept by its Services after a pool
+    /// edit took it out of every pool.
+    pool: Option<usize>,
     holders: BTreeMap<ServiceKey, Holder>,
 }
 
@@ -471,6 +473,8 @@ struct Assignment {
 
 #[derive(Debug, Default)]
 struct State {
+    /// The pools, swapped together with the assignments' pool indices (see [`rehome`]).
+    pools: Arc<Vec<Pool>>,
     ips: BTreeMap<IpAddr, IpUse>,
     services: HashMap<ServiceKey, Assignment>,
     restored: bool,
@@ -492,7 +496,7 @@ impl State {
         if others.peek().is_none() {
             return true;
         }
-        pools[usage.pool].allow_sharing
+        usage.pool.is_some_and(|p| pools[p].allow_sharing)
             && holder.sharing_key.is_some()
             && others.all(|(_, h)| h.sharing_key == holder.sharing_key && h.ports.is_disjoint(&holder.ports))
     }
@@ -559,32 +563,70 @@ pub struct RestoreReport {
     pub conflicts: usize,
 }
 
+/// What swapping the pools did to the assignments.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RehomeReport {
+    /// Assigned addresses that are in one of the new pools.
+    pub in_pools: usize,
+    /// Assigned addresses in none of the new pools: they stay with their Services until those
+    /// go (a live address is never taken away), and no one else gets them.
+    pub outside_pools: Vec<IpAddr>,
+}
+
+/// Point every assigned address at its pool in `pools` (pure): an address keeps its Services
+/// whatever the edit; one in no pool any more is marked outside the pools.
+fn rehome(ips: &mut BTreeMap<IpAddr, IpUse>, pools: &[Pool]) -> RehomeReport {
+    let mut report = RehomeReport::default();
+    for (ip, usage) in ips.iter_mut() {
+        usage.pool = pool_of(pools, *ip);
+        match usage.pool {
+            Some(_) => report.in_pools += 1,
+            None => report.outside_pools.push(*ip),
+        }
+    }
+    report
+}
+
+fn pool_of(pools: &[Pool], ip: IpAddr) -> Option<usize> {
+    pools.iter().position(|p| p.blocks.iter().any(|b| b.contains(ip)))
+}
+
 /// The allocator: every pool and every assignment, behind one lock.
 #[derive(Debug)]
 pub struct Allocator {
-    pools: Vec<Pool>,
     state: Mutex<State>,
 }
 
 impl Allocator {
     /// An allocator over `pools` that refuses to allocate until [`Self::restore`] ran.
     pub fn new(pools: Vec<Pool>) -> Self {
-        Self { pools, state: Mutex::new(State::default()) }
+        Self { state: Mutex::new(State { pools: Arc::new(pools), ..State::default() }) }
     }
 
-    /// The pools.
-    pub fn pools(&self) -> &[Pool] {
-        &self.pools
+    /// The pools in use now.
+    pub fn pools(&self) -> Arc<Vec<Pool>> {
+        self.lock().pools.clone()
+    }
+
+    /// Swap in new pools, keeping every assignment: an address still in a pool stays with its
+    /// Services; one in no pool stays with them too (reported, never handed to anyone else) and
+    /// is released when they go. New addresses come from the new pools only.
+    pub fn replace_pools(&self, pools: Vec<Pool>) -> RehomeReport {
+        let mut state = self.lock();
+        let report = rehome(&mut state.ips, &pools);
+        state.pools = Arc::new(pools);
+        report
+    }
+
+    /// Assigned addresses that are in no pool (kept through a pool edit until their Services go).
+    pub fn outside_pools(&self) -> Vec<IpAddr> {
+        self.lock().ips.iter().filter(|(_, u)| u.pool.is_none()).map(|(ip, _)| *ip).collect()
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
         // The state is consistent after every statement that can panic, so a poisoned lock is
         // still usable.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn pool_of(&self, ip: IpAddr) -> Option<usize> {
-        self.pools.iter().position(|p| p.blocks.iter().any(|b| b.contains(ip)))
     }
 
     /// Forget every assignment and record the addresses the given Services report. A conflict
@@ -598,7 +640,8 @@ impl Allocator {
         });
         let mut report = RestoreReport::default();
         let mut state = self.lock();
-        *state = State::default();
+        let pools = state.pools.clone();
+        *state = State { pools, ..State::default() };
         // Pass one records explicitly requested addresses, pass two everything else.
         for explicit_pass in [true, false] {
             for service in &ordered {
@@ -625,12 +668,12 @@ impl Allocator {
             if kept.contains(&ip) || requested.contains(&ip) != explicit_pass {
                 continue;
             }
-            let Some(pool) = self.pool_of(ip) else {
+            let Some(pool) = pool_of(&state.pools, ip) else {
                 report.outside_pools += 1;
                 tracing::warn!(service = %key, %ip, "reported load-balancer IP is in no pool; the Service will get a pool address on its next sync");
                 continue;
             };
-            if !state.can_hold(&self.pools, ip, &key, &holder) {
+            if !state.can_hold(&state.pools, ip, &key, &holder) {
                 report.conflicts += 1;
                 let holders: Vec<String> =
                     state.ips.get(&ip).map(|u| u.holders.keys().map(|k| k.to_string()).collect()).unwrap_or_default();
@@ -640,7 +683,7 @@ impl Allocator {
             state
                 .ips
                 .entry(ip)
-                .or_insert_with(|| IpUse { pool, holders: BTreeMap::new() })
+                .or_insert_with(|| IpUse { pool: Some(pool), holders: BTreeMap::new() })
                 .holders
                 .insert(key.clone(), holder.clone());
             kept.push(ip);
@@ -670,6 +713,7 @@ impl Allocator {
         if !state.restored {
             return Err(AllocError::NotReady);
         }
+        let pools = state.pools.clone();
         let key = &request.key;
         // An assignment under the same name but another UID belongs to a deleted object.
         if state.services.get(key).is_some_and(|a| !same_object(&a.uid, &request.uid)) {
@@ -678,28 +722,31 @@ impl Allocator {
         }
         let current: Vec<IpAddr> = state.services.get(key).map(|a| a.ips.clone()).unwrap_or_default();
         let holder = Holder { sharing_key: request.sharing_key.clone(), ports: request.ports.clone() };
-        let allowed: Vec<usize> = (0..self.pools.len()).filter(|&p| self.pools[p].admits(request)).collect();
+        let allowed: Vec<usize> = (0..pools.len()).filter(|&p| pools[p].admits(request)).collect();
 
         let mut chosen: Vec<IpAddr> = Vec::new();
         for slot in &request.slots {
             match *slot {
                 Slot::Exact(ip) => {
-                    self.check_exact(&state, request, &holder, &allowed, ip)?;
+                    check_exact(&pools, &state, request, &holder, &allowed, ip)?;
                     chosen.push(ip);
                 }
                 Slot::Any { family, required } => {
                     let fits = |ip: &IpAddr| family.is_none_or(|f| Family::of(*ip) == f) && !chosen.contains(ip);
+                    // An address a pool edit left outside every pool stays with its Service.
                     let keep = current.iter().copied().find(|ip| {
                         fits(ip)
-                            && self.pool_of(*ip).is_some_and(|p| allowed.contains(&p))
-                            && state.can_hold(&self.pools, *ip, key, &holder)
+                            && match pool_of(&pools, *ip) {
+                                Some(p) => allowed.contains(&p) && state.can_hold(&pools, *ip, key, &holder),
+                                None => true,
+                            }
                     });
                     let picked = keep
-                        .or_else(|| self.find_shared(&state, request, &holder, &allowed, family))
-                        .or_else(|| self.find_free(&state, &allowed, family));
+                        .or_else(|| find_shared(&pools, &state, request, &holder, &allowed, family))
+                        .or_else(|| find_free(&pools, &state, &allowed, family));
                     match picked {
                         Some(ip) => chosen.push(ip),
-                        None if required => return Err(self.exhausted(&state, request, &allowed, family)),
+                        None if required => return Err(exhausted(&pools, &state, request, &allowed, family)),
                         None => {
                             tracing::debug!(service = %key, family = ?family, "no address of the optional second family; continuing single-stack")
                         }
@@ -713,7 +760,7 @@ impl Allocator {
             state.drop_holder(*ip, key);
         }
         for ip in &chosen {
-            let pool = self.pool_of(*ip).unwrap_or_default();
+            let pool = pool_of(&pools, *ip);
             state
                 .ips
                 .entry(*ip)
@@ -748,7 +795,8 @@ impl Allocator {
     /// Usage per pool.
     pub fn usage(&self) -> Vec<PoolUsage> {
         let state = self.lock();
-        self.pools
+        state
+            .pools
             .iter()
             .map(|p| PoolUsage {
                 name: p.name.clone(),
@@ -757,126 +805,135 @@ impl Allocator {
             })
             .collect()
     }
+}
 
-    fn check_exact(
-        &self,
-        state: &State,
-        request: &LbRequest,
-        holder: &Holder,
-        allowed: &[usize],
-        ip: IpAddr,
-    ) -> Result<(), AllocError> {
-        let key = &request.key;
-        let pool = self.pool_of(ip).ok_or_else(|| {
-            AllocError::Unsatisfiable(format!("{key} asks for {ip}, which is in no load-balancer pool"))
-        })?;
-        if ip.is_unspecified() {
-            return Err(AllocError::Invalid(format!("{key} asks for {ip}, which is never handed out")));
+fn check_exact(
+    pools: &[Pool],
+    state: &State,
+    request: &LbRequest,
+    holder: &Holder,
+    allowed: &[usize],
+    ip: IpAddr,
+) -> Result<(), AllocError> {
+    let key = &request.key;
+    let already_mine = state.ips.get(&ip).is_some_and(|u| u.holders.contains_key(key));
+    let Some(pool) = pool_of(pools, ip) else {
+        // Kept through a pool edit that left it outside every pool: never taken away.
+        if already_mine {
+            return Ok(());
         }
-        let pool = &self.pools[pool];
-        if !allowed.iter().any(|p| self.pools[*p].name == pool.name) {
-            return Err(AllocError::Unsatisfiable(format!(
-                "{key} asks for {ip}, but pool {} does not admit it (namespaces or serviceSelector)",
-                pool.name
-            )));
-        }
-        let already_mine = state.ips.get(&ip).is_some_and(|u| u.holders.contains_key(key));
-        if pool.avoid_buggy_ips && is_buggy(ip) && !already_mine {
-            return Err(AllocError::Unsatisfiable(format!(
-                "{key} asks for {ip}, which pool {} skips (avoidBuggyIPs)",
-                pool.name
-            )));
-        }
-        if !state.can_hold(&self.pools, ip, key, holder) {
-            let others: Vec<String> = state
-                .ips
-                .get(&ip)
-                .map(|u| u.holders.keys().filter(|k| *k != key).map(|k| k.to_string()).collect())
-                .unwrap_or_default();
-            let why = if !pool.allow_sharing {
-                format!("pool {} does not allow sharing", pool.name)
-            } else if holder.sharing_key.is_none() {
-                format!("{key} has no {ALLOW_SHARED_IP_ANNOTATION} annotation")
-            } else {
-                "the sharing keys differ or the ports overlap".to_string()
-            };
-            return Err(AllocError::Unsatisfiable(format!(
-                "{key} asks for {ip}, which is assigned to {} and {why}",
-                others.join(", ")
-            )));
-        }
-        Ok(())
+        return Err(AllocError::Unsatisfiable(format!("{key} asks for {ip}, which is in no load-balancer pool")));
+    };
+    if ip.is_unspecified() {
+        return Err(AllocError::Invalid(format!("{key} asks for {ip}, which is never handed out")));
     }
+    let pool = &pools[pool];
+    if !allowed.iter().any(|p| pools[*p].name == pool.name) {
+        return Err(AllocError::Unsatisfiable(format!(
+            "{key} asks for {ip}, but pool {} does not admit it (namespaces or serviceSelector)",
+            pool.name
+        )));
+    }
+    if pool.avoid_buggy_ips && is_buggy(ip) && !already_mine {
+        return Err(AllocError::Unsatisfiable(format!(
+            "{key} asks for {ip}, which pool {} skips (avoidBuggyIPs)",
+            pool.name
+        )));
+    }
+    if !state.can_hold(pools, ip, key, holder) {
+        let others: Vec<String> = state
+            .ips
+            .get(&ip)
+            .map(|u| u.holders.keys().filter(|k| *k != key).map(|k| k.to_string()).collect())
+            .unwrap_or_default();
+        let why = if !pool.allow_sharing {
+            format!("pool {} does not allow sharing", pool.name)
+        } else if holder.sharing_key.is_none() {
+            format!("{key} has no {ALLOW_SHARED_IP_ANNOTATION} annotation")
+        } else {
+            "the sharing keys differ or the ports overlap".to_string()
+        };
+        return Err(AllocError::Unsatisfiable(format!(
+            "{key} asks for {ip}, which is assigned to {} and {why}",
+            others.join(", ")
+        )));
+    }
+    Ok(())
+}
 
-    /// An address already held by Services with the same sharing key that this one can join.
-    fn find_shared(
-        &self,
-        state: &State,
-        request: &LbRequest,
-        holder: &Holder,
-        allowed: &[usize],
-        family: Option<Family>,
-    ) -> Option<IpAddr> {
-        holder.sharing_key.as_ref()?;
-        for &p in allowed.iter().filter(|&&p| self.pools[p].allow_sharing) {
-            let pool = &self.pools[p];
-            for block in pool.blocks.iter().filter(|b| family.is_none_or(|f| b.family == f)) {
-                let found = state.ips.range(block.first()..=block.last()).find(|(ip, usage)| {
-                    !usage.holders.contains_key(&request.key) && state.can_hold(&self.pools, **ip, &request.key, holder)
-                });
-                if let Some((ip, _)) = found {
-                    return Some(*ip);
-                }
+/// An address already held by Services with the same sharing key that this one can join.
+fn find_shared(
+    pools: &[Pool],
+    state: &State,
+    request: &LbRequest,
+    holder: &Holder,
+    allowed: &[usize],
+    family: Option<Family>,
+) -> Option<IpAddr> {
+    holder.sharing_key.as_ref()?;
+    for &p in allowed.iter().filter(|&&p| pools[p].allow_sharing) {
+        let pool = &pools[p];
+        for block in pool.blocks.iter().filter(|b| family.is_none_or(|f| b.family == f)) {
+            let found = state.ips.range(block.first()..=block.last()).find(|(ip, usage)| {
+                !usage.holders.contains_key(&request.key) && state.can_hold(pools, **ip, &request.key, holder)
+            });
+            if let Some((ip, _)) = found {
+                return Some(*ip);
             }
         }
-        None
     }
+    None
+}
 
-    fn find_free(&self, state: &State, allowed: &[usize], family: Option<Family>) -> Option<IpAddr> {
-        allowed.iter().find_map(|&p| {
-            let pool = &self.pools[p];
-            pool.blocks
-                .iter()
-                .filter(|b| family.is_none_or(|f| b.family == f))
-                .find_map(|b| state.first_free(b, pool.avoid_buggy_ips))
-        })
+fn find_free(pools: &[Pool], state: &State, allowed: &[usize], family: Option<Family>) -> Option<IpAddr> {
+    allowed.iter().find_map(|&p| {
+        let pool = &pools[p];
+        pool.blocks
+            .iter()
+            .filter(|b| family.is_none_or(|f| b.family == f))
+            .find_map(|b| state.first_free(b, pool.avoid_buggy_ips))
+    })
+}
+
+fn exhausted(
+    pools: &[Pool],
+    state: &State,
+    request: &LbRequest,
+    allowed: &[usize],
+    family: Option<Family>,
+) -> AllocError {
+    let key = &request.key;
+    let what = family.map(|f| format!("{f} ")).unwrap_or_default();
+    if pools.is_empty() {
+        return AllocError::Unsatisfiable(format!(
+            "no load-balancer pools are configured; {key} cannot get an address"
+        ));
     }
-
-    fn exhausted(&self, state: &State, request: &LbRequest, allowed: &[usize], family: Option<Family>) -> AllocError {
-        let key = &request.key;
-        let what = family.map(|f| format!("{f} ")).unwrap_or_default();
-        if self.pools.is_empty() {
-            return AllocError::Unsatisfiable(format!(
-                "no load-balancer pools are configured; {key} cannot get an address"
-            ));
-        }
-        if allowed.is_empty() {
-            return AllocError::Unsatisfiable(format!(
-                "no load-balancer pool admits {key} (check the pools' namespaces and serviceSelector)"
-            ));
-        }
-        let with_family: Vec<usize> = allowed.iter().copied().filter(|&p| self.pools[p].has_family(family)).collect();
-        if with_family.is_empty() {
-            let names: Vec<&str> = allowed.iter().map(|&p| self.pools[p].name.as_str()).collect();
-            return AllocError::Unsatisfiable(format!(
-                "{key} needs an {what}address but the pools it may use ({}) have none",
-                names.join(", ")
-            ));
-        }
-        let names: Vec<&str> = with_family.iter().map(|&p| self.pools[p].name.as_str()).collect();
-        let (in_use, usable) = with_family.iter().fold((0usize, 0u128), |(used, total), &p| {
-            let pool = &self.pools[p];
-            let blocks = pool.blocks.iter().filter(|b| family.is_none_or(|f| b.family == f));
-            let (u, t) = blocks.fold((0usize, 0u128), |(u, t), b| {
-                (u + state.in_use(b), t.saturating_add(b.usable(pool.avoid_buggy_ips)))
-            });
-            (used + u, total.saturating_add(t))
-        });
-        AllocError::Unsatisfiable(format!(
-            "no free {what}address for {key}: pool {} has {in_use} of {usable} addresses in use",
+    if allowed.is_empty() {
+        return AllocError::Unsatisfiable(format!(
+            "no load-balancer pool admits {key} (check the pools' namespaces and serviceSelector)"
+        ));
+    }
+    let with_family: Vec<usize> = allowed.iter().copied().filter(|&p| pools[p].has_family(family)).collect();
+    if with_family.is_empty() {
+        let names: Vec<&str> = allowed.iter().map(|&p| pools[p].name.as_str()).collect();
+        return AllocError::Unsatisfiable(format!(
+            "{key} needs an {what}address but the pools it may use ({}) have none",
             names.join(", ")
-        ))
+        ));
     }
+    let names: Vec<&str> = with_family.iter().map(|&p| pools[p].name.as_str()).collect();
+    let (in_use, usable) = with_family.iter().fold((0usize, 0u128), |(used, total), &p| {
+        let pool = &pools[p];
+        let blocks = pool.blocks.iter().filter(|b| family.is_none_or(|f| b.family == f));
+        let (u, t) = blocks
+            .fold((0usize, 0u128), |(u, t), b| (u + state.in_use(b), t.saturating_add(b.usable(pool.avoid_buggy_ips))));
+        (used + u, total.saturating_add(t))
+    });
+    AllocError::Unsatisfiable(format!(
+        "no free {what}address for {key}: pool {} has {in_use} of {usable} addresses in use",
+        names.join(", ")
+    ))
 }
 
 #[cfg(test)]
@@ -1266,6 +1323,67 @@ mod tests {
         let report = a.restore(&[web, dns]);
         assert_eq!(report.conflicts, 0);
         assert_eq!(a.usage()[0].in_use, 1);
+    }
+
+    #[test]
+    fn a_pool_edit_keeps_every_assigned_address_and_new_ones_come_from_the_new_pools() {
+        let a = ready(vec![pool("lan", &["10.0.0.0/31"])]);
+        assert_eq!(ensure(&a, &svc("a")).unwrap(), ips(&["10.0.0.0"]));
+        assert_eq!(ensure(&a, &svc("b")).unwrap(), ips(&["10.0.0.1"]));
+        assert!(matches!(ensure(&a, &svc("c")), Err(AllocError::Unsatisfiable(_))), "the pool is full");
+
+        let report = a.replace_pools(vec![pool("lan", &["10.0.0.0/31"]), pool("extra", &["10.9.0.0/31"])]);
+        assert_eq!(report, RehomeReport { in_pools: 2, outside_pools: vec![] });
+        assert_eq!(ensure(&a, &svc("a")).unwrap(), ips(&["10.0.0.0"]));
+        assert_eq!(ensure(&a, &svc("b")).unwrap(), ips(&["10.0.0.1"]));
+        assert_eq!(ensure(&a, &svc("c")).unwrap(), ips(&["10.9.0.0"]), "from the added pool");
+        let usage: Vec<(String, usize)> = a.usage().into_iter().map(|u| (u.name, u.in_use)).collect();
+        assert_eq!(usage, [("lan".to_string(), 2), ("extra".to_string(), 1)]);
+    }
+
+    #[test]
+    fn an_address_a_pool_edit_leaves_outside_every_pool_stays_with_its_service_until_it_goes() {
+        let a = ready(vec![pool("old", &["10.0.0.0/30"]), pool("kept", &["10.1.0.0/30"])]);
+        assert_eq!(ensure(&a, &svc("a")).unwrap(), ips(&["10.0.0.0"]));
+        let pinned = with_annotation(svc("pinned"), LOAD_BALANCER_IPS_ANNOTATION, "10.0.0.2");
+        assert_eq!(ensure(&a, &pinned).unwrap(), ips(&["10.0.0.2"]));
+        let mut kept = svc("k");
+        kept.metadata.namespace = Some("other".into());
+        ensure(&a, &with_annotation(kept.clone(), LOAD_BALANCER_IPS_ANNOTATION, "10.1.0.3")).unwrap();
+
+        // The pool "old" goes; "kept" stays; "new" arrives.
+        let report = a.replace_pools(vec![pool("kept", &["10.1.0.0/30"]), pool("new", &["10.2.0.0/31"])]);
+        let outside: Vec<IpAddr> = ["10.0.0.0", "10.0.0.2"].iter().map(|ip| ip.parse().unwrap()).collect();
+        assert_eq!(report, RehomeReport { in_pools: 1, outside_pools: outside.clone() });
+        assert_eq!(a.outside_pools(), outside);
+
+        // Live Services keep their addresses, requested or not.
+        assert_eq!(ensure(&a, &svc("a")).unwrap(), ips(&["10.0.0.0"]));
+        assert_eq!(ensure(&a, &pinned).unwrap(), ips(&["10.0.0.2"]));
+        // No one else gets them: new Services get addresses from the pools.
+        assert_eq!(ensure(&a, &svc("b")).unwrap(), ips(&["10.1.0.0"]));
+        let grab = with_annotation(svc("grab"), LOAD_BALANCER_IPS_ANNOTATION, "10.0.0.0");
+        assert!(matches!(ensure(&a, &grab), Err(AllocError::Unsatisfiable(m)) if m.contains("no load-balancer pool")));
+        // Addresses outside the pools count in no pool's usage.
+        let usage: Vec<(String, usize)> = a.usage().into_iter().map(|u| (u.name, u.in_use)).collect();
+        assert_eq!(usage, [("kept".to_string(), 2), ("new".to_string(), 0)]);
+
+        // Released when the Service goes, and then gone for good.
+        a.release(&ServiceKey::of(&svc("a")), &Some("uid-a".into()));
+        assert_eq!(a.outside_pools(), outside[1..]);
+        assert_eq!(ensure(&a, &svc("a")).unwrap(), ips(&["10.1.0.1"]));
+    }
+
+    #[test]
+    fn a_pool_edit_back_to_the_old_pools_brings_outside_addresses_back_into_their_pool() {
+        let a = ready(vec![pool("p", &["10.0.0.0/30"])]);
+        ensure(&a, &svc("a")).unwrap();
+        a.replace_pools(vec![pool("q", &["10.5.0.0/30"])]);
+        assert_eq!(a.outside_pools().len(), 1);
+        let report = a.replace_pools(vec![pool("p", &["10.0.0.0/30"])]);
+        assert_eq!(report, RehomeReport { in_pools: 1, outside_pools: vec![] });
+        assert_eq!(a.usage()[0].in_use, 1);
+        assert_eq!(ensure(&a, &svc("b")).unwrap(), ips(&["10.0.0.1"]), "the kept address is not handed out again");
     }
 
     #[test]

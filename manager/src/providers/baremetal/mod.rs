@@ -13,6 +13,7 @@ pub mod ipam;
 pub mod pool_metrics;
 pub mod probe;
 pub mod proxy;
+pub mod reload;
 
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
@@ -28,7 +29,7 @@ use self::inventory::Inventory;
 use self::ipam::{AllocError, Allocator, RestoreReport, ServiceKey};
 use self::probe::{ProbeStates, ProbeTarget};
 use crate::provider::{
-    CloudError, CloudProvider, CloudResult, Health, InitContext, InstanceMetadata, Instances, LoadBalancer,
+    CloudError, CloudProvider, CloudResult, Health, InitContext, InstanceMetadata, Instances, LoadBalancer, Reload,
     health_reasons,
 };
 use crate::registry::{FactoryInput, Registry, RegistryError};
@@ -81,19 +82,41 @@ pub struct BaremetalProvider {
     /// The client of the current leadership term, for the kube-vip annotation.
     client: proxy::ClientSlot,
     pool_gauges: pool_metrics::PoolGauges,
+    /// The config it was built from, for telling a pool edit from one that needs a restart.
+    /// Only the pools change after start ([`CloudProvider::reload`]).
+    config: ConfigCell,
+}
+
+/// The running config; its debug output leaves the content out.
+struct ConfigCell(Mutex<CloudConfig>);
+
+impl std::fmt::Debug for ConfigCell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ConfigCell(..)")
+    }
+}
+
+impl ConfigCell {
+    fn lock(&self) -> std::sync::MutexGuard<'_, CloudConfig> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Parse and validate cloud-config bytes; errors name a field path, never a value.
+fn parse_config(cloud_config: Option<&[u8]>) -> Result<CloudConfig, CloudError> {
+    let bytes = cloud_config.ok_or_else(|| {
+        CloudError::InvalidConfig(
+            "the baremetal provider needs a cloud-config (instances, loadBalancer, lifecycle)".to_string(),
+        )
+    })?;
+    config::parse(bytes).map_err(|e| CloudError::InvalidConfig(e.to_string()))
 }
 
 impl BaremetalProvider {
     /// Build from cloud-config bytes; a missing or invalid config is
     /// [`CloudError::InvalidConfig`] naming the culprit.
     pub fn from_cloud_config(cloud_config: Option<&[u8]>) -> Result<Self, CloudError> {
-        let bytes = cloud_config.ok_or_else(|| {
-            CloudError::InvalidConfig(
-                "the baremetal provider needs a cloud-config (instances, loadBalancer, lifecycle)".to_string(),
-            )
-        })?;
-        let config = config::parse(bytes).map_err(|e| CloudError::InvalidConfig(e.to_string()))?;
-        Self::from_config(config).map_err(|e| CloudError::InvalidConfig(e.to_string()))
+        Self::from_config(parse_config(cloud_config)?).map_err(|e| CloudError::InvalidConfig(e.to_string()))
     }
 
     /// Build from a parsed config (validated again here).
@@ -118,12 +141,48 @@ impl BaremetalProvider {
             pool_gauges: pool_metrics::PoolGauges::default(),
             inventory: Inventory::new(&config.instances),
             retry_after: config.load_balancer.retry_after,
-            lifecycle: config.lifecycle,
+            lifecycle: config.lifecycle.clone(),
             allocator: Allocator::new(pools),
             probe_targets,
             probes: Arc::new(ProbeStates::new(names)),
             probe_task: Mutex::new(None),
+            config: ConfigCell(Mutex::new(config)),
         })
+    }
+
+    /// Apply a new config: the pools are swapped in place (every assigned address stays with
+    /// its Service); any other change is refused with the paths that need a restart.
+    pub fn reload_config(&self, new: CloudConfig) -> Reload {
+        let pools = match config::build_pools(&new.load_balancer) {
+            Ok(pools) => pools,
+            Err(e) => return Reload::Invalid(CloudError::InvalidConfig(e.to_string())),
+        };
+        let mut current = self.config.lock();
+        let restart = reload::needs_restart(&current, &new);
+        if !restart.is_empty() {
+            return Reload::RestartNeeded(format!("changed: {}", restart.join(", ")));
+        }
+        let before = self.allocator.pools();
+        if *before == pools {
+            return Reload::Unchanged;
+        }
+        let count = pools.len();
+        let report = self.allocator.replace_pools(pools);
+        current.load_balancer.pools = new.load_balancer.pools;
+        drop(current);
+        self.pool_gauges.update(&self.allocator);
+        if !report.outside_pools.is_empty() {
+            tracing::warn!(
+                ips = ?report.outside_pools,
+                "load-balancer addresses are in no pool after the edit; their Services keep them until they are deleted"
+            );
+        }
+        Reload::Applied(format!(
+            "loadBalancer.pools: {} pools before, {count} now; {} assigned addresses in the pools, {} kept outside them until their Services go",
+            before.len(),
+            report.in_pools,
+            report.outside_pools.len()
+        ))
     }
 
     /// The instance inventory.
@@ -190,6 +249,12 @@ impl BaremetalProvider {
         }
         let per_family = pool_metrics::describe(&pool_metrics::usage_by_family(&self.allocator));
         text.push_str(&format!("), {} pools ({in_use} of {usable} addresses in use{per_family})", usage.len()));
+        let outside = self.allocator.outside_pools().len();
+        if outside > 0 {
+            text.push_str(&format!(
+                ", {outside} assigned addresses outside the pools (kept until their Services are deleted)"
+            ));
+        }
         text
     }
 
@@ -328,6 +393,17 @@ impl CloudProvider for BaremetalProvider {
             );
         }
         Health::healthy(self.summary())
+    }
+
+    fn reload(&self, cloud_config: Option<&[u8]>) -> Reload {
+        match parse_config(cloud_config) {
+            Ok(config) => self.reload_config(config),
+            Err(e) => Reload::Invalid(e),
+        }
+    }
+
+    fn restart_fingerprint(&self) -> Option<Vec<u8>> {
+        Some(reload::restart_fingerprint(&self.config.lock()))
     }
 }
 

@@ -1,7 +1,8 @@
 //! Pool usage as Prometheus gauges: addresses assigned and available per pool and IP family,
 //! refreshed after every assignment, release and rebuild.
 
-use std::sync::OnceLock;
+use std::collections::HashSet;
+use std::sync::{Mutex, OnceLock};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family as MetricFamily;
@@ -27,6 +28,8 @@ type Count = Gauge<f64, AtomicU64>;
 #[derive(Debug, Default)]
 pub struct PoolGauges {
     families: OnceLock<(MetricFamily<PoolLabels, Count>, MetricFamily<PoolLabels, Count>)>,
+    /// The series set last time, so a pool removed by a reload loses its series.
+    shown: Mutex<HashSet<PoolLabels>>,
 }
 
 /// One pool's usage in one family.
@@ -45,7 +48,7 @@ pub struct FamilyUsage {
 /// Usage per pool and family, for the families each pool has blocks in.
 pub fn usage_by_family(allocator: &Allocator) -> Vec<FamilyUsage> {
     let mut out = Vec::new();
-    for pool in allocator.pools() {
+    for pool in allocator.pools().iter() {
         for (family, label) in [(Family::V4, "IPv4"), (Family::V6, "IPv6")] {
             let blocks: Vec<_> = pool.blocks.iter().filter(|b| b.family() == family).collect();
             if blocks.is_empty() {
@@ -104,14 +107,24 @@ impl PoolGauges {
         });
     }
 
-    /// Bring the gauges to the allocator's usage (nothing before [`Self::register`]).
+    /// Bring the gauges to the allocator's usage (nothing before [`Self::register`]); series
+    /// of pools (or families) that are gone are removed.
     pub fn update(&self, allocator: &Allocator) {
         let Some((assigned, available)) = self.families.get() else { return };
+        // Held throughout, so concurrent updates do not interleave their removals.
+        let mut shown = self.shown.lock().unwrap_or_else(|e| e.into_inner());
+        let mut now = HashSet::new();
         for usage in usage_by_family(allocator) {
             let labels = PoolLabels { pool: usage.pool, family: usage.family.to_string() };
             assigned.get_or_create(&labels).set(usage.assigned as f64);
             available.get_or_create(&labels).set(usage.available as f64);
+            now.insert(labels);
         }
+        for gone in shown.difference(&now) {
+            assigned.remove(gone);
+            available.remove(gone);
+        }
+        *shown = now;
     }
 }
 
@@ -164,5 +177,32 @@ mod tests {
         assert!(text.contains(r#"ccm_baremetal_pool_addresses_assigned{pool="dual",family="IPv6"} 1"#), "{text}");
         assert!(text.contains(r#"ccm_baremetal_pool_addresses_available{pool="dual",family="IPv6"} 3"#), "{text}");
         assert!(describe(&usage).contains("dual IPv6 1 assigned 3 free"), "{}", describe(&usage));
+    }
+
+    #[test]
+    fn a_removed_pool_loses_its_series_and_an_added_one_gains_them() {
+        let config = "loadBalancer:\n  pools:\n    - {name: old, cidrs: [10.0.0.0/30]}\n";
+        let provider = BaremetalProvider::from_cloud_config(Some(config.as_bytes())).unwrap();
+        let allocator = provider.allocator();
+        allocator.restore(&[]);
+        let metrics = Metrics::new();
+        let gauges = PoolGauges::default();
+        gauges.register(&metrics);
+        gauges.update(allocator);
+        assert!(metrics.encode().contains(r#"pool="old""#));
+
+        let new = crate::providers::baremetal::config::build_pools(
+            &crate::providers::baremetal::config::parse(
+                b"loadBalancer:\n  pools:\n    - {name: new, cidrs: [10.1.0.0/30]}\n",
+            )
+            .unwrap()
+            .load_balancer,
+        )
+        .unwrap();
+        allocator.replace_pools(new);
+        gauges.update(allocator);
+        let text = metrics.encode();
+        assert!(!text.contains(r#"pool="old""#), "{text}");
+        assert!(text.contains(r#"ccm_baremetal_pool_addresses_available{pool="new",family="IPv4"} 4"#), "{text}");
     }
 }

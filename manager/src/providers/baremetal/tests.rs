@@ -247,6 +247,70 @@ async fn start_probes_marks_a_closed_listener_shut_down_and_stops_on_shutdown() 
     shutdown.cancel();
 }
 
+#[tokio::test]
+async fn a_pool_only_edit_reloads_in_place_and_keeps_live_addresses() {
+    let p = provider(INVENTORY);
+    p.restore_services(&[]);
+    let lb = p.load_balancer().unwrap();
+    let web = lb.ensure_load_balancer("c", &service("web"), &[]).await.unwrap();
+    assert_eq!(ingress_ips(&web), ["192.168.50.0"]);
+    let fingerprint = p.restart_fingerprint();
+
+    let edited = INVENTORY.replace("cidrs: [192.168.50.0/30]", "cidrs: [192.168.50.0/30, 192.168.60.0/30]");
+    assert!(matches!(p.reload(Some(edited.as_bytes())), Reload::Applied(_)));
+    assert_eq!(p.reload(Some(edited.as_bytes())), Reload::Unchanged, "the same edit again changes nothing");
+    assert_eq!(p.restart_fingerprint(), fingerprint, "a pool edit keeps the restart fingerprint");
+    assert_eq!(provider(&edited).restart_fingerprint(), fingerprint, "and agrees with a fresh provider");
+    assert_eq!(ingress_ips(&lb.ensure_load_balancer("c", &service("web"), &[]).await.unwrap()), ["192.168.50.0"]);
+
+    // The first pool is replaced: web keeps its address, outside the pools, and health says so.
+    let moved = INVENTORY.replace("cidrs: [192.168.50.0/30]", "cidrs: [192.168.60.0/30]");
+    match p.reload(Some(moved.as_bytes())) {
+        Reload::Applied(text) => assert!(text.contains("1 kept outside"), "{text}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(ingress_ips(&lb.ensure_load_balancer("c", &service("web"), &[]).await.unwrap()), ["192.168.50.0"]);
+    assert_eq!(ingress_ips(&lb.ensure_load_balancer("c", &service("api"), &[]).await.unwrap()), ["192.168.60.0"]);
+    let health = p.health().await;
+    assert!(health.message().contains("1 assigned addresses outside the pools"), "{health:?}");
+    lb.ensure_load_balancer_deleted("c", &service("web")).await.unwrap();
+    assert!(!p.health().await.message().contains("outside the pools"));
+}
+
+#[tokio::test]
+async fn an_edit_beyond_the_pools_needs_a_restart_and_changes_nothing() {
+    let p = provider(INVENTORY);
+    p.restore_services(&[]);
+    let fingerprint = p.restart_fingerprint();
+    let edited = INVENTORY
+        .replace("zone: rack-a", "zone: rack-b")
+        .replace("cidrs: [192.168.50.0/30]", "cidrs: [192.168.60.0/30]");
+    match p.reload(Some(edited.as_bytes())) {
+        Reload::RestartNeeded(text) => assert_eq!(text, "changed: instances"),
+        other => panic!("{other:?}"),
+    }
+    assert_ne!(provider(&edited).restart_fingerprint(), fingerprint);
+    let api = p.load_balancer().unwrap().ensure_load_balancer("c", &service("api"), &[]).await.unwrap();
+    assert_eq!(ingress_ips(&api), ["192.168.50.0"], "the old pools stay until the restart");
+    assert_eq!(p.instance_metadata(&node("node-1", None)).await.unwrap().unwrap().zone, "rack-a");
+}
+
+#[tokio::test]
+async fn an_invalid_edit_is_refused_with_its_path_and_the_running_pools_stay() {
+    let p = provider(INVENTORY);
+    p.restore_services(&[]);
+    let edited = INVENTORY.replace("cidrs: [192.168.50.0/30]", "cidrs: [192.168.50.0/30, secret-banana]");
+    match p.reload(Some(edited.as_bytes())) {
+        Reload::Invalid(CloudError::InvalidConfig(m)) => {
+            assert!(m.contains("loadBalancer.pools[0].cidrs[1]") && !m.contains("banana"), "{m}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(p.reload(None), Reload::Invalid(_)));
+    let api = p.load_balancer().unwrap().ensure_load_balancer("c", &service("api"), &[]).await.unwrap();
+    assert_eq!(ingress_ips(&api), ["192.168.50.0"]);
+}
+
 #[test]
 fn every_example_cloud_config_parses() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/baremetal");
