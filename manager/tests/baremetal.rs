@@ -462,3 +462,100 @@ e2e_apiserver::backend_tests! {
         running.stop().await.unwrap();
     }
 }
+
+/// Put `content` where a Secret volume would show it, the way kubelet updates one: a new
+/// directory, then an atomic rename of the `..data` symlink the file points through.
+fn publish_secret_file(dir: &std::path::Path, version: u32, content: &str) {
+    let target = dir.join(format!("..v{version}"));
+    std::fs::create_dir_all(&target).unwrap();
+    std::fs::write(target.join("cloud.conf"), content).unwrap();
+    let tmp = dir.join("..data_tmp");
+    std::os::unix::fs::symlink(format!("..v{version}"), &tmp).unwrap();
+    std::fs::rename(&tmp, dir.join("..data")).unwrap();
+    let file = dir.join("cloud.conf");
+    if std::fs::symlink_metadata(&file).is_err() {
+        std::os::unix::fs::symlink("..data/cloud.conf", &file).unwrap();
+    }
+}
+
+const LAN: &str = "    - {name: lan, cidrs: [192.168.50.0/31]}\n";
+const EXTRA: &str = "    - {name: extra, cidrs: [192.168.60.0/30]}\n";
+
+fn pools_config(pools: &[&str]) -> String {
+    format!("loadBalancer:\n  retryAfter: 1s\n  pools:\n{}", pools.concat())
+}
+
+e2e_apiserver::backend_tests! {
+    /// Pool edits reach the running provider through its cloud-config file, in the same
+    /// process: Services keep their addresses through an edit that still contains them, a
+    /// waiting Service gets one from an added pool, and removing a pool takes no address from a
+    /// live Service (it is kept outside the pools until the Service goes).
+    async fn pool_edits_in_the_cloud_config_file_apply_without_a_restart(backend) {
+        let dir = std::env::temp_dir().join(format!("ccm-pool-reload-{}-{backend:?}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let first = pools_config(&[LAN]);
+        publish_secret_file(&dir, 1, &first);
+        let provider = provider(&first);
+        let cluster = TestCluster::start(backend).await.unwrap();
+        let services: Api<Service> = Api::namespaced(cluster.client(), "default");
+        let running = start(&cluster, provider.clone(), service_options(2), Box::new(ServiceController::new())).await;
+        let stop_watch = tokio_util::sync::CancellationToken::new();
+        let watch = tokio::spawn(manager::config_watch::watch(
+            dir.join("cloud.conf"),
+            provider.clone() as Arc<dyn CloudProvider>,
+            Some(manager::config_watch::digest(first.as_bytes())),
+            Duration::from_millis(100),
+            stop_watch.clone(),
+        ));
+
+        services.create(&PostParams::default(), &lb_service("a")).await.unwrap();
+        services.create(&PostParams::default(), &lb_service("b")).await.unwrap();
+        let a = wait_for_ip(&services, "a").await;
+        let b = wait_for_ip(&services, "b").await;
+        assert_eq!(BTreeSet::from([a.clone(), b.clone()]), BTreeSet::from(["192.168.50.0".into(), "192.168.50.1".into()]));
+        // The pool is full: c waits.
+        services.create(&PostParams::default(), &lb_service("c")).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(ips(&services.get("c").await.unwrap()).is_empty(), "no address while the pool is full");
+
+        // A pool is added: c gets an address from it; a and b keep theirs.
+        publish_secret_file(&dir, 2, &pools_config(&[LAN, EXTRA]));
+        assert_eq!(wait_for_ip(&services, "c").await, "192.168.60.0");
+        assert_eq!(ips(&services.get("a").await.unwrap()), [a.clone()]);
+        assert_eq!(ips(&services.get("b").await.unwrap()), [b.clone()]);
+
+        // The first pool is removed: new Services get addresses from what is left, live ones
+        // keep theirs, also when the provider is asked again.
+        publish_secret_file(&dir, 3, &pools_config(&[EXTRA]));
+        eventually("the pool edit is applied", || async {
+            (provider.allocator().pools().iter().map(|p| p.name.as_str()).collect::<Vec<_>>() == ["extra"]).then_some(())
+        })
+        .await;
+        services.create(&PostParams::default(), &lb_service("d")).await.unwrap();
+        assert_eq!(wait_for_ip(&services, "d").await, "192.168.60.1");
+        let lb = provider.load_balancer().unwrap();
+        for (name, ip) in [("a", &a), ("b", &b)] {
+            let live = services.get(name).await.unwrap();
+            let status = lb.ensure_load_balancer("kubernetes", &live, &[]).await.unwrap();
+            assert_eq!(status.ingress.unwrap()[0].ip.as_deref(), Some(ip.as_str()), "{name} keeps its address");
+            assert_eq!(ips(&live), [ip.clone()]);
+        }
+        let health = provider.health().await;
+        assert!(health.message().contains("2 assigned addresses outside the pools"), "{health:?}");
+
+        // Released when the Service goes; never handed to anyone else.
+        services.delete("a", &DeleteParams::default()).await.unwrap();
+        eventually("a's address released", || async {
+            (provider.allocator().outside_pools().len() == 1).then_some(())
+        })
+        .await;
+        services.create(&PostParams::default(), &lb_service("e")).await.unwrap();
+        assert_eq!(wait_for_ip(&services, "e").await, "192.168.60.2");
+
+        stop_watch.cancel();
+        watch.await.unwrap();
+        running.stop().await.unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

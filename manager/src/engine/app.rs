@@ -123,6 +123,8 @@ pub async fn run(registry: Registry, mut settings: Settings, shutdown: Cancellat
         cluster_name: settings.options.cluster_name.clone(),
         cluster_cidrs: settings.options.cluster_cidrs.clone(),
     };
+    // Only a digest stays, to tell an edit of the file from the content read here.
+    let initial = cloud_config.as_deref().map(crate::config_watch::digest);
     // Parsed on a blocking thread with a time limit, like the operator does.
     let provider = registry
         .create_bounded(&settings.provider, cloud_config, &cluster, crate::registry::FACTORY_TIME_LIMIT)
@@ -139,6 +141,16 @@ pub async fn run(registry: Registry, mut settings: Settings, shutdown: Cancellat
         }
     }
     flags::check_with_provider(&mut settings.options, provider.as_ref())?;
+    if let Some(path) = settings.cloud_config.clone() {
+        // Edits reach the provider without a restart where it can take them (see config_watch).
+        tokio::spawn(crate::config_watch::watch(
+            path,
+            provider.clone(),
+            initial,
+            crate::config_watch::POLL_INTERVAL,
+            shutdown.child_token(),
+        ));
+    }
 
     let config = client::load_config(&settings.client).await?;
     let metrics = Arc::new(Metrics::new());
