@@ -518,7 +518,9 @@ fn pod_template(
     let mut volumes = Vec::new();
     let mut mounts = Vec::new();
     if let Some(cc) = &validated.cloud_config {
-        annotations.insert(names::ANNOTATION_CLOUD_CONFIG_HASH.to_string(), cc.hash.clone());
+        // Only edits that need a restart roll the pods; the manager reloads the rest in place
+        // from the mounted file, which kubelet updates.
+        annotations.insert(names::ANNOTATION_CLOUD_CONFIG_HASH.to_string(), cc.restart_hash.clone());
         volumes.push(Volume {
             name: names::CLOUD_CONFIG_VOLUME.into(),
             secret: Some(SecretVolumeSource {
@@ -663,6 +665,7 @@ mod tests {
                 secret: "cfg".into(),
                 key: "cloud.conf".into(),
                 hash: h.into(),
+                restart_hash: h.into(),
             }),
             provider_has_routes: false,
         }
@@ -839,6 +842,18 @@ mod tests {
         assert_eq!(pod_annotations[names::ANNOTATION_CLOUD_CONFIG_HASH], "two");
         // Objects without the template are unaffected.
         assert_eq!(a[0], b[0]);
+    }
+
+    #[test]
+    fn an_edit_the_manager_reloads_in_place_does_not_roll_the_pods() {
+        let c = cr(json!({"provider": "fake", "cloudConfig": {"secretRef": {"name": "cfg"}}}));
+        let before = validated(&c, Some("one"));
+        let mut pools_edited = before.clone();
+        pools_edited.cloud_config.as_mut().unwrap().hash = "one-with-another-pool".into();
+        assert_eq!(build(&c, &before, &BuildSettings::default()), build(&c, &pools_edited, &BuildSettings::default()));
+        let mut restart = before.clone();
+        restart.cloud_config.as_mut().unwrap().restart_hash = "inventory-edited".into();
+        assert_ne!(build(&c, &before, &BuildSettings::default()), build(&c, &restart, &BuildSettings::default()));
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //! Each engine elects a leader on the Lease named after the CR in its namespace (the same
 //! Lease a Deployment-mode manager would use), so two operator replicas, or an old and a new
 //! mode during a switch, never run the controllers at once. An engine is restarted when the
-//! spec or the cloud-config changes (a fingerprint of both), and stopped, releasing its Lease,
+//! spec or the part of the cloud-config its provider reads only at start changes (a
+//! fingerprint of both); any other cloud-config edit (the baremetal pools) is handed, once
+//! validated, to the running provider's `reload`. An engine is stopped, releasing its Lease,
 //! when the CR is deleted, switches mode, or this operator stops leading.
 
 use std::collections::HashMap;
@@ -21,6 +23,7 @@ use kube::{Client, ResourceExt};
 use manager::engine::{EngineBuilder, INFORMER_SYNC_CHECK, LeaderLoss};
 use manager::leader::LeaderElectionConfig;
 use manager::options::ControllerOptions;
+use manager::provider::{CloudProvider, Reload};
 use manager::registry::{ClusterSettings, Registry};
 use manager::status::StatusTarget;
 use tokio::sync::mpsc;
@@ -93,14 +96,47 @@ pub fn leader_election(cr: &CloudControllerManager, identity: &str) -> LeaderEle
     }
 }
 
-/// What decides a restart: the spec and the cloud-config's hash.
+/// What decides a restart: the spec and the hash of the cloud-config's restart-only part.
 pub fn fingerprint(cr: &CloudControllerManager, validated: &Validated) -> String {
-    let config_hash = validated.cloud_config.as_ref().map(|c| c.hash.as_str()).unwrap_or_default();
-    hash::of_json(&(&cr.spec, config_hash))
+    let restart_hash = validated.cloud_config.as_ref().map(|c| c.restart_hash.as_str()).unwrap_or_default();
+    hash::of_json(&(&cr.spec, restart_hash))
+}
+
+/// The hash of the whole cloud-config (empty without one): a change with the same
+/// [`fingerprint`] is reloaded in place.
+fn config_hash(validated: &Validated) -> String {
+    validated.cloud_config.as_ref().map(|c| c.hash.clone()).unwrap_or_default()
+}
+
+/// What to do with a running engine for a new configuration (pure).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plan {
+    /// Leave it as it is.
+    Keep,
+    /// Hand the new cloud-config to its provider's `reload`.
+    Reload,
+    /// Stop it and start a new one.
+    Restart,
+}
+
+/// Decide a running engine's fate: restart when the fingerprint changed or a failed engine's
+/// back-off has passed (or it failed and the config changed); reload when only the part of the
+/// cloud-config the provider reloads changed; keep otherwise.
+pub fn plan(same_fingerprint: bool, same_config: bool, failed: bool, backoff_passed: bool, has_provider: bool) -> Plan {
+    match (same_fingerprint, same_config, failed) {
+        (false, _, _) => Plan::Restart,
+        (true, false, false) if has_provider => Plan::Reload,
+        (true, false, _) => Plan::Restart,
+        (true, true, true) if backoff_passed => Plan::Restart,
+        (true, true, _) => Plan::Keep,
+    }
 }
 
 struct Entry {
     fingerprint: String,
+    config_hash: String,
+    /// The running engine's provider, for reloads; `None` when it could not be built.
+    provider: Option<Arc<dyn CloudProvider>>,
     started: std::time::Instant,
     state: Arc<Mutex<EngineState>>,
     stop: CancellationToken,
@@ -176,15 +212,46 @@ impl Engines {
     ) -> bool {
         let uid = cr.uid().unwrap_or_default();
         let fp = fingerprint(cr, validated);
+        let config = config_hash(validated);
         let mut engines = self.engines.lock().await;
-        if let Some(existing) = engines.get(&uid)
-            && existing.fingerprint == fp
-        {
+        if let Some(existing) = engines.get_mut(&uid) {
             let failed = existing.task.is_finished()
                 || matches!(*existing.state.lock().unwrap_or_else(|p| p.into_inner()), EngineState::Failed(_));
             // A failed engine is retried, but not in a tight loop.
-            if !failed || existing.started.elapsed() < RESTART_BACKOFF {
-                return false;
+            let step = plan(
+                existing.fingerprint == fp,
+                existing.config_hash == config,
+                failed,
+                existing.started.elapsed() >= RESTART_BACKOFF,
+                existing.provider.is_some(),
+            );
+            match step {
+                Plan::Keep => return false,
+                Plan::Reload => {
+                    let key = format!("{}/{}", existing.namespace, existing.name);
+                    let provider = existing.provider.clone();
+                    if let Some(outcome) = reload_bounded(provider, cloud_config).await {
+                        match &outcome {
+                            Reload::Applied(what) => {
+                                tracing::info!(cr = %key, %what, "applied the cloud-config edit to the running embedded engine without a restart")
+                            }
+                            Reload::Unchanged => {
+                                tracing::debug!(cr = %key, "the cloud-config changed but nothing the provider uses did")
+                            }
+                            Reload::RestartNeeded(what) => {
+                                tracing::info!(cr = %key, %what, "the cloud-config edit needs a restart of the embedded engine")
+                            }
+                            Reload::Invalid(error) => {
+                                tracing::warn!(cr = %key, %error, "the provider refused the cloud-config edit; restarting the embedded engine")
+                            }
+                        }
+                        if matches!(outcome, Reload::Applied(_) | Reload::Unchanged) {
+                            existing.config_hash = config;
+                            return false;
+                        }
+                    }
+                }
+                Plan::Restart => {}
             }
         }
         if let Some(old) = engines.remove(&uid) {
@@ -213,20 +280,16 @@ impl Engines {
             cluster_name: options.cluster_name.clone(),
             cluster_cidrs: options.cluster_cidrs.clone(),
         };
-        let built =
-            self.registry.create(&cr.spec.provider, cloud_config, &settings).map_err(manager::Error::from).and_then(
-                |provider| {
-                    EngineBuilder::new(self.client.clone(), provider, options)
-                        .leader_election(Some(leader_election(cr, &self.identity)))
-                        .identity(self.identity.clone())
-                        .on_leader_loss(LeaderLoss::StandBy)
-                        .report_status(
-                            Some(StatusTarget { namespace: namespace.clone(), name: name.clone() }),
-                            STATUS_INTERVAL,
-                        )
-                        .build()
-                },
-            );
+        let created = self.registry.create(&cr.spec.provider, cloud_config, &settings);
+        let provider = created.as_ref().ok().cloned();
+        let built = created.map_err(manager::Error::from).and_then(|provider| {
+            EngineBuilder::new(self.client.clone(), provider, options)
+                .leader_election(Some(leader_election(cr, &self.identity)))
+                .identity(self.identity.clone())
+                .on_leader_loss(LeaderLoss::StandBy)
+                .report_status(Some(StatusTarget { namespace: namespace.clone(), name: name.clone() }), STATUS_INTERVAL)
+                .build()
+        });
         let notify = self.notify.clone();
         let cr_ref = ObjectRef::new(&name).within(&namespace);
         let task_state = state.clone();
@@ -284,7 +347,18 @@ impl Engines {
                 tracing::info!(cr = %key, "embedded engine stopped");
             }
         });
-        Entry { fingerprint: fp, started: std::time::Instant::now(), state, stop, task, namespace, name }
+        let config_hash = config_hash(validated);
+        Entry {
+            fingerprint: fp,
+            config_hash,
+            provider,
+            started: std::time::Instant::now(),
+            state,
+            stop,
+            task,
+            namespace,
+            name,
+        }
     }
 
     /// Stop the engine of CR `uid` (releasing its Lease). Returns whether one ran.
@@ -315,6 +389,18 @@ impl Engines {
     }
 }
 
+/// `provider.reload` on a blocking thread within the factory's time limit; `None` when it
+/// panicked or ran out of time (the engine is then restarted).
+async fn reload_bounded(provider: Option<Arc<dyn CloudProvider>>, cloud_config: Option<&[u8]>) -> Option<Reload> {
+    let provider = provider?;
+    let bytes = cloud_config.map(<[u8]>::to_vec);
+    let task = tokio::task::spawn_blocking(move || provider.reload(bytes.as_deref()));
+    match tokio::time::timeout(manager::registry::FACTORY_TIME_LIMIT, task).await {
+        Ok(Ok(outcome)) => Some(outcome),
+        _ => None,
+    }
+}
+
 async fn stop_entry(entry: Entry) {
     entry.stop.cancel();
     if tokio::time::timeout(STOP_TIMEOUT, entry.task).await.is_err() {
@@ -341,6 +427,7 @@ mod tests {
                 secret: "s".into(),
                 key: "cloud.conf".into(),
                 hash: h.into(),
+                restart_hash: h.into(),
             }),
             provider_has_routes: false,
         }
@@ -379,6 +466,28 @@ mod tests {
         assert!(STARTING_RECHECK <= Duration::from_secs(5));
         assert_eq!(recheck_after(&EngineState::Failed("x".into())), Some(RESTART_BACKOFF));
         assert_eq!(recheck_after(&EngineState::Running), None);
+    }
+
+    #[test]
+    fn a_running_engine_is_reloaded_only_for_edits_that_need_no_restart() {
+        // (same fingerprint, same config, failed, back-off passed, has provider)
+        assert_eq!(plan(true, true, false, false, true), Plan::Keep);
+        assert_eq!(plan(true, false, false, false, true), Plan::Reload, "a pool edit reaches the running engine");
+        assert_eq!(plan(false, false, false, false, true), Plan::Restart, "a restart-only edit restarts it");
+        assert_eq!(plan(true, false, false, false, false), Plan::Restart, "no provider to reload: start one");
+        assert_eq!(plan(true, false, true, false, true), Plan::Restart, "a failed engine starts with the new config");
+        assert_eq!(plan(true, true, true, false, true), Plan::Keep, "a failed engine waits for its back-off");
+        assert_eq!(plan(true, true, true, true, true), Plan::Restart);
+    }
+
+    #[test]
+    fn fingerprint_ignores_what_the_provider_reloads() {
+        let c = cr(json!({"provider": "baremetal", "mode": "Embedded"}));
+        let a = validated(&c, Some("1"));
+        let mut pools_edited = a.clone();
+        pools_edited.cloud_config.as_mut().unwrap().hash = "2".into();
+        assert_eq!(fingerprint(&c, &a), fingerprint(&c, &pools_edited));
+        assert_ne!(config_hash(&a), config_hash(&pools_edited));
     }
 
     #[test]

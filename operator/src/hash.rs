@@ -27,6 +27,12 @@ pub fn cloud_config(key: &str, data: &[u8]) -> String {
     digest(&[b"cloud-config", key.as_bytes(), data])
 }
 
+/// Hash of the part of a cloud-config whose change needs a restart (a provider's restart
+/// fingerprint), under the same key.
+pub fn cloud_config_restart(key: &str, fingerprint: &[u8]) -> String {
+    digest(&[b"cloud-config-restart", key.as_bytes(), fingerprint])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

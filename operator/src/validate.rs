@@ -184,6 +184,10 @@ pub struct CloudConfigRef {
     pub key: String,
     /// Hash of the key and value (see [`hash::cloud_config`]).
     pub hash: String,
+    /// Hash of the part whose change needs a restart (the provider's
+    /// `restart_fingerprint`; the whole value when it reloads nothing in place): the pods roll,
+    /// or the embedded engine restarts, only when this changes.
+    pub restart_hash: String,
 }
 
 /// One reason the configuration cannot be used.
@@ -371,6 +375,7 @@ pub fn validate(cr: &CloudControllerManager, secret: &SecretState, registry: &Re
         }
     };
     let provider_has_routes = provider.routes().is_some();
+    let restart_fingerprint = provider.restart_fingerprint();
     if provider_has_routes
         && spec.configure_cloud_routes
         && selection.is_enabled(controllers::NODE_ROUTE)
@@ -389,10 +394,13 @@ pub fn validate(cr: &CloudControllerManager, secret: &SecretState, registry: &Re
     }
     Validation::Valid(Validated {
         selection,
-        cloud_config: cloud_config.map(|(name, key, data)| CloudConfigRef {
-            secret: name.to_string(),
-            key: key.to_string(),
-            hash: hash::cloud_config(key, data),
+        cloud_config: cloud_config.map(|(name, key, data)| {
+            let hash = hash::cloud_config(key, data);
+            let restart_hash = match &restart_fingerprint {
+                Some(fingerprint) => hash::cloud_config_restart(key, fingerprint),
+                None => hash.clone(),
+            };
+            CloudConfigRef { secret: name.to_string(), key: key.to_string(), hash, restart_hash }
         }),
         provider_has_routes,
     })
@@ -527,9 +535,31 @@ mod tests {
     }
 
     #[test]
+    fn a_pool_edit_keeps_the_restart_hash_and_other_edits_change_it() {
+        let c = cr("a", 1, json!({"provider": "baremetal", "cloudConfig": {"secretRef": {"name": "cfg"}}}));
+        let registry = Registry::builtin();
+        let refs = |doc: &str| match validate(&c, &found(doc.as_bytes()), &registry, &[]) {
+            Validation::Valid(v) => v.cloud_config.unwrap(),
+            other => panic!("{other:?}"),
+        };
+        let base = "instances: [{name: n1}]\nloadBalancer:\n  pools: [{name: lan, cidrs: [10.0.0.0/30]}]\n";
+        let a = refs(base);
+        let pools = refs(&base.replace("10.0.0.0/30", "10.0.0.0/29"));
+        let inventory = refs(&base.replace("n1", "n2"));
+        assert_ne!(a.hash, pools.hash);
+        assert_eq!(a.restart_hash, pools.restart_hash, "a pool edit is reloaded, not rolled out");
+        assert_ne!(a.restart_hash, inventory.restart_hash);
+        // An invalid pool edit is refused before anything sees it.
+        let bad = validate(&c, &found(base.replace("10.0.0.0/30", "10.0.0.1/30").as_bytes()), &registry, &[]);
+        assert_eq!(reason_of(&bad), reason::CLOUD_CONFIG_REJECTED);
+    }
+
+    #[test]
     fn valid_spec_with_secret_yields_the_config_hash() {
         let c = cr("a", 1, json!({"provider": "plain", "cloudConfig": {"secretRef": {"name": "cfg"}}}));
         let Validation::Valid(v) = validate(&c, &found(b"ok"), &registry(), &[]) else { panic!() };
+        let refs = v.cloud_config.clone().unwrap();
+        assert_eq!(refs.restart_hash, refs.hash, "a provider that reloads nothing restarts on any edit");
         assert_eq!(v.cloud_config.unwrap().hash, hash::cloud_config("cloud.conf", b"ok"));
         assert!(!v.provider_has_routes);
         assert_eq!(v.selection.enabled().len(), 4);
