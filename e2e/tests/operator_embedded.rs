@@ -8,13 +8,14 @@ use std::time::Duration;
 
 use crds::conditions::{reasons as ready_reasons, types};
 use e2e_apiserver::FaultRule;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use manager::events::EventSink;
 use operator::controller::{self, Shared};
 use operator::embedded::Engines;
 use operator::metrics::OperatorMetrics;
-use operator::reasons::{available, progressing};
+use operator::reasons::{available, config_valid, progressing};
 use operator_support::{Env, HARNESS_AGENT, condition, eventually, eventually_value};
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -162,6 +163,92 @@ e2e_apiserver::backend_tests! {
         engines.stop_all().await;
         assert!(available.is_some(), "still {:?} / {:?}", seen(types::AVAILABLE), seen(types::PROGRESSING));
         assert_ne!(seen(types::PROGRESSING).map(|(_, r)| r).as_deref(), Some(progressing::ENGINE_STARTING));
+        env.finish().await;
+    }
+}
+
+/// A pool of two addresses (and retries every second, so a waiting Service is soon served).
+const SMALL_POOL: &str = "\
+instances:
+  - name: bm-node-1
+loadBalancer:
+  retryAfter: 1s
+  pools:
+    - {name: lab, cidrs: [192.0.2.0/31]}
+";
+
+/// The CR's Lease as (holder, acquireTime): an engine restart releases and re-takes it.
+async fn lease_term(env: &operator_support::Env) -> Option<(String, String)> {
+    let spec = env.api::<Lease>().get_opt("baremetal").await.ok()??.spec?;
+    Some((spec.holder_identity.filter(|h| !h.is_empty())?, format!("{:?}", spec.acquire_time?)))
+}
+
+async fn service_ips(services: &Api<Service>, name: &str) -> Vec<String> {
+    let ingress = services.get(name).await.ok().and_then(|s| s.status?.load_balancer?.ingress).unwrap_or_default();
+    ingress.into_iter().filter_map(|i| i.ip).collect()
+}
+
+async fn wait_ip(services: &Api<Service>, name: &str) -> String {
+    eventually_value(Duration::from_secs(30), || async { service_ips(services, name).await.first().cloned() })
+        .await
+        .unwrap_or_else(|| panic!("{name} gets no address"))
+}
+
+e2e_apiserver::backend_tests! {
+    /// A pool-only edit of the Secret reaches the running engine without a restart: the
+    /// Lease's term is unchanged, live Services keep their addresses, and a waiting Service
+    /// gets one from the added pool. An invalid pool edit is refused (ConfigValid False) and
+    /// the running pools stay.
+    async fn a_pool_only_secret_edit_reaches_the_running_engine_without_a_restart(backend) {
+        let env = Env::start(backend, "embedded-reload").await;
+        env.secret("bm", "cloud.conf", SMALL_POOL).await;
+        let op = env.operator().await;
+        env.apply_cr(
+            "baremetal",
+            json!({"provider": "baremetal", "mode": "Embedded", "cloudConfig": {"secretRef": {"name": "bm"}}}),
+        )
+        .await;
+        let services: Api<Service> = env.api();
+        let apply_service = |name: &'static str| {
+            let services = services.clone();
+            let ns = env.ns.clone();
+            async move {
+                let svc: Service = serde_json::from_value(json!({
+                    "apiVersion": "v1", "kind": "Service",
+                    "metadata": {"name": name, "namespace": ns},
+                    "spec": {"type": "LoadBalancer", "ports": [{"port": 80}], "selector": {"app": name}},
+                }))
+                .unwrap();
+                services.patch(name, &PatchParams::apply(HARNESS_AGENT).force(), &Patch::Apply(&svc)).await.unwrap();
+            }
+        };
+        apply_service("one").await;
+        apply_service("two").await;
+        let one = wait_ip(&services, "one").await;
+        let two = wait_ip(&services, "two").await;
+        let term = eventually_value(Duration::from_secs(30), || lease_term(&env)).await.expect("the engine's Lease");
+        apply_service("three").await;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(service_ips(&services, "three").await.is_empty(), "the pool is full");
+
+        let added = SMALL_POOL.replace(
+            "    - {name: lab, cidrs: [192.0.2.0/31]}\n",
+            "    - {name: lab, cidrs: [192.0.2.0/31]}\n    - {name: more, cidrs: [192.0.2.8/30]}\n",
+        );
+        env.secret("bm", "cloud.conf", &added).await;
+        assert_eq!(wait_ip(&services, "three").await, "192.0.2.8", "from the added pool");
+        assert_eq!(service_ips(&services, "one").await, [one]);
+        assert_eq!(service_ips(&services, "two").await, [two]);
+        assert_eq!(lease_term(&env).await, Some(term.clone()), "the engine was not restarted");
+        env.wait_status("baremetal", types::CONFIG_VALID, "True", config_valid::VALID).await;
+
+        // An invalid pool edit is caught by validation and never reaches the engine.
+        env.secret("bm", "cloud.conf", &added.replace("192.0.2.8/30", "192.0.2.9/30")).await;
+        env.wait_status("baremetal", types::CONFIG_VALID, "False", config_valid::CLOUD_CONFIG_REJECTED).await;
+        apply_service("four").await;
+        assert_eq!(wait_ip(&services, "four").await, "192.0.2.9", "the running pools stay");
+        assert_eq!(lease_term(&env).await, Some(term), "still the same engine");
+        op.stop().await.unwrap();
         env.finish().await;
     }
 }
