@@ -179,6 +179,45 @@ e2e_apiserver::backend_tests! {
 }
 
 e2e_apiserver::backend_tests! {
+    /// The manager reloads baremetal pools from its mounted file, so a pool-only Secret edit
+    /// (once validated) leaves the pod template alone; an inventory edit rolls the pods.
+    async fn a_pool_only_secret_edit_does_not_roll_the_pods(backend) {
+        let env = Env::start(backend, "pool-edit").await;
+        let pools = "instances: [{name: n1}]\nloadBalancer:\n  pools: [{name: lan, cidrs: [192.0.2.0/30]}]\n";
+        env.secret("cfg", "cloud.conf", pools).await;
+        let op = env.operator().await;
+        env.apply_cr(
+            "bm",
+            json!({"provider": "baremetal", "cloudConfig": {"secretRef": {"name": "cfg"}}, "configureCloudRoutes": false}),
+        )
+        .await;
+        env.wait_status("bm", types::CONFIG_VALID, "True", config_valid::VALID).await;
+        let before = deployment(&env, "ccm-bm").await;
+
+        // An invalid edit first, so that ConfigValid turning True again proves the valid pool
+        // edit after it was reconciled.
+        env.secret("cfg", "cloud.conf", &pools.replace("192.0.2.0/30", "192.0.2.1/30")).await;
+        env.wait_status("bm", types::CONFIG_VALID, "False", config_valid::CLOUD_CONFIG_REJECTED).await;
+        let more = pools.replace("192.0.2.0/30]", "192.0.2.0/30, 198.51.100.0/29]");
+        env.secret("cfg", "cloud.conf", &more).await;
+        env.wait_status("bm", types::CONFIG_VALID, "True", config_valid::VALID).await;
+        let after = env.api::<Deployment>().get("ccm-bm").await.unwrap();
+        assert_eq!(template_hash(&after), template_hash(&before));
+        assert_eq!(after.metadata.generation, before.metadata.generation, "the pods are not rolled");
+
+        env.secret("cfg", "cloud.conf", &more.replace("name: n1", "name: n2")).await;
+        eventually_value(operator_support::WAIT, || async {
+            let d = env.api::<Deployment>().get("ccm-bm").await.ok()?;
+            (template_hash(&d) != template_hash(&before)).then_some(())
+        })
+        .await
+        .expect("an inventory edit rolls the pods");
+        op.stop().await.unwrap();
+        env.finish().await;
+    }
+}
+
+e2e_apiserver::backend_tests! {
     async fn daemonset_mode_renders_on_control_plane_nodes_and_reports_its_rollout(backend) {
         let env = Env::start(backend, "ds").await;
         let op = env.operator().await;
