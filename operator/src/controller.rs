@@ -471,6 +471,14 @@ impl Ctx {
         }
     }
 
+    /// Record `loser` among the losers of each of `winners`, so it is reconciled when they go.
+    fn add_loser(&self, winners: &[String], loser: &str) {
+        let mut losers = lock(&self.losers);
+        for winner in winners {
+            losers.entry(winner.clone()).or_default().insert(loser.to_string());
+        }
+    }
+
     /// Delete every child of `uid` not in `keep`. Returns the deleted ones and failures.
     async fn prune(&self, uid: &str, keep: &[ChildKey]) -> (Vec<String>, Vec<(&'static str, String)>) {
         let mut pruned = Vec::new();
@@ -851,6 +859,11 @@ async fn validate_step(ctx: &Ctx, input: &Input<'_>, secret: &SecretState, allow
     };
     let me = validate::Peer::from_cr(input.cr, &ctx.shared.registry);
     ctx.update_losers(&input.key, me.as_ref(), &peers);
+    // The winners learn of this loser now: a winner last reconciled before this CR existed
+    // would otherwise not wake it when it goes.
+    if let Validation::Invalid { conflicts_with, .. } = &validation {
+        ctx.add_loser(conflicts_with, &input.key);
+    }
     validation
 }
 
