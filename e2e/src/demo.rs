@@ -4,8 +4,11 @@
 //! `type: LoadBalancer` Service. In Deployment mode the [`Kubelet`] runs the manager replicas as
 //! local processes.
 //!
-//! Every address is from the documentation ranges (RFC 5737) and the inventory configures no
-//! probes, so nothing outside the machine is ever contacted.
+//! The Service carries traffic: the Nodes' InternalIPs and the load-balancer pool are loopback
+//! addresses (Linux routes all of `127.0.0.0/8` to `lo`), the baremetal provider runs in `proxy`
+//! mode, and [`NodePorts`] answers on each emulated Node's nodePorts, so
+//! `curl http://<EXTERNAL-IP>:<port>/` works from the user's shell. The inventory configures no
+//! probes, and nothing outside the machine is ever contacted.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -24,7 +27,7 @@ use operator::{OperatorConfig, OperatorHandle};
 use serde_json::json;
 
 use crate::Error;
-use crate::kubelet::{Kubelet, KubeletConfig, PodInfo};
+use crate::kubelet::{Kubelet, KubeletConfig, NodePorts, PodInfo};
 
 /// The taint a kubelet with `--cloud-provider=external` registers its Node with.
 pub const UNINITIALIZED: &str = "node.cloudprovider.kubernetes.io/uninitialized";
@@ -38,14 +41,21 @@ pub const SECRET_NAME: &str = "baremetal-cloud-config";
 pub const SECRET_KEY: &str = "cloud.yaml";
 /// The LoadBalancer Service (in `default`).
 pub const SERVICE_NAME: &str = "web";
-/// The load-balancer pool (in TEST-NET-3).
-pub const LB_POOL: &str = "203.0.113.10-203.0.113.29";
-/// The simulated machines: name, InternalIP (TEST-NET-1), zone.
-pub const MACHINES: [(&str, &str, &str); 3] = [
-    ("bm-node-1", "192.0.2.11", "rack-a"),
-    ("bm-node-2", "192.0.2.12", "rack-a"),
-    ("bm-node-3", "192.0.2.13", "rack-b"),
-];
+/// The Service's port (above 1024, so an unprivileged user's data path can listen on it).
+pub const SERVICE_PORT: i32 = 8000;
+/// The simulated machines: name, last octet of the InternalIP (see [`node_ip`]), zone.
+pub const MACHINES: [(&str, u8, &str); 3] =
+    [("bm-node-1", 11, "rack-a"), ("bm-node-2", 12, "rack-a"), ("bm-node-3", 13, "rack-b")];
+
+/// The load-balancer pool of loopback network `net`: `127.<net>.0.240/28`.
+pub fn lb_pool(net: u8) -> String {
+    format!("127.{net}.0.240/28")
+}
+
+/// A simulated machine's InternalIP on loopback network `net`: `127.<net>.1.<host>`.
+pub fn node_ip(net: u8, host: u8) -> String {
+    format!("127.{net}.1.{host}")
+}
 /// After this long without a progress line, the wait says what it still waits for.
 const WAITING_NOTICE: Duration = Duration::from_secs(5);
 /// Field manager of the objects the demo writes as "the user".
@@ -84,25 +94,37 @@ pub struct DemoOptions {
     pub manager_binary: Option<PathBuf>,
     /// Where the emulated kubelet keeps its files (default: the system temporary directory).
     pub work_root: Option<PathBuf>,
+    /// Second octet of the loopback addresses (pool `127.<net>.0.240/28`, Nodes
+    /// `127.<net>.1.11`-`13`); another value lets two demos run side by side.
+    pub loopback_net: u8,
 }
 
 impl Default for DemoOptions {
     fn default() -> Self {
-        Self { mode: DemoMode::Embedded, replicas: 2, manager_binary: None, work_root: None }
+        Self { mode: DemoMode::Embedded, replicas: 2, manager_binary: None, work_root: None, loopback_net: 0 }
     }
 }
 
-/// The baremetal inventory of the simulated machines, with `pool` for load balancers.
-pub fn cloud_config(pool: &str) -> String {
-    let mut yaml = String::from(
-        "# Simulated machines: documentation addresses (RFC 5737), never contacted (no probes).\ninstances:\n",
-    );
-    for (name, ip, zone) in MACHINES {
+/// The baremetal inventory of the simulated machines on loopback network `net`, with `pool` for
+/// load balancers: a loopback CIDR turns on `proxy` mode (the manager's leader carries the
+/// traffic); any other pool (a CIDR or a `first-last` range) only hands out addresses.
+pub fn cloud_config(net: u8, pool: &str) -> String {
+    let mut yaml = String::from("# Simulated machines on loopback, never probed.\ninstances:\n");
+    for (name, host, zone) in MACHINES {
+        let ip = node_ip(net, host);
         yaml.push_str(&format!(
             "  - name: {name}\n    addresses:\n      - {{type: InternalIP, address: {ip}}}\n      - {{type: Hostname, address: {name}}}\n    instanceType: sandbox-small\n    zone: {zone}\n    region: sandbox\n"
         ));
     }
-    yaml.push_str(&format!("loadBalancer:\n  pools:\n    - name: sandbox\n      ranges: [\"{pool}\"]\n"));
+    let key = if pool.contains('/') { "cidrs" } else { "ranges" };
+    if pool.starts_with("127.") {
+        // Short health-check and drain times: a deleted Node leaves the rotation at once.
+        yaml.push_str(&format!(
+            "loadBalancer:\n  mode: proxy\n  proxy:\n    healthCheckInterval: 1s\n    drainTimeout: 5s\n  pools:\n    - name: sandbox\n      {key}: [\"{pool}\"]\n      allowLoopback: true\n"
+        ));
+    } else {
+        yaml.push_str(&format!("loadBalancer:\n  pools:\n    - name: sandbox\n      {key}: [\"{pool}\"]\n"));
+    }
     yaml
 }
 
@@ -150,6 +172,8 @@ pub struct World {
     pub nodes: BTreeMap<String, Option<String>>,
     /// LoadBalancer Services (`namespace/name`) to their ingress addresses.
     pub services: BTreeMap<String, Vec<String>>,
+    /// LoadBalancer Services (`namespace/name`) to their ports (`8000/TCP`).
+    pub service_ports: BTreeMap<String, Vec<String>>,
     /// The CloudControllerManager's conditions: type to `(status, reason)`.
     pub conditions: BTreeMap<String, (String, String)>,
     /// The cloud-config Secret's resourceVersion.
@@ -260,6 +284,13 @@ pub fn changes(before: &World, after: &World) -> Vec<String> {
             }
         }
     }
+    for (name, ports) in &after.service_ports {
+        // A new Service's ports are news only once it has an address to reach them at.
+        let reachable = after.services.get(name).is_some_and(|ips| !ips.is_empty());
+        if reachable && before.service_ports.get(name).is_some_and(|old| old != ports) {
+            out.push(format!("Service {name}: ports now {} (the load balancer follows)", ports.join(", ")));
+        }
+    }
     for name in before.services.keys().filter(|n| !after.services.contains_key(*n)) {
         out.push(format!("Service {name} deleted"));
     }
@@ -272,6 +303,8 @@ pub struct Demo {
     options: DemoOptions,
     operator: Option<OperatorHandle>,
     kubelet: Option<Kubelet>,
+    /// The emulated Nodes' nodePorts and kube-proxy health ports.
+    node_ports: Option<NodePorts>,
     started: Instant,
 }
 
@@ -321,6 +354,14 @@ impl Snapshot {
             .as_ref()?
             .iter()
             .find_map(|i| i.ip.clone())
+    }
+
+    /// The address a client reaches the Service's first TCP port at: `http://<ip>:<port>/`.
+    pub fn url(&self) -> Option<String> {
+        let ip = self.external_ip()?;
+        let spec = self.service.as_ref()?.spec.as_ref()?;
+        let port = spec.ports.iter().flatten().find(|p| p.protocol.as_deref().unwrap_or("TCP") == "TCP")?.port;
+        Some(format!("http://{ip}:{port}/"))
     }
 
     /// A condition of the CloudControllerManager.
@@ -568,7 +609,8 @@ impl Demo {
                 Some(kubelet)
             }
         };
-        let demo = Demo { client, options, operator: Some(operator), kubelet, started };
+        let node_ports = Some(NodePorts::start(client.clone()));
+        let demo = Demo { client, options, operator: Some(operator), kubelet, node_ports, started };
         demo.register_nodes().await?;
         progress(&format!(
             "{} Nodes registered as kubelets with --cloud-provider=external do: Ready, tainted {UNINITIALIZED}",
@@ -576,7 +618,8 @@ impl Demo {
         ));
         demo.apply_world().await?;
         progress(&format!(
-            "applied Secret {NAMESPACE}/{SECRET_NAME} (inventory, pool {LB_POOL}), CloudControllerManager {NAMESPACE}/{CR_NAME} (mode {}), Service default/{SERVICE_NAME} (type LoadBalancer)",
+            "applied Secret {NAMESPACE}/{SECRET_NAME} (inventory, pool {} in proxy mode), CloudControllerManager {NAMESPACE}/{CR_NAME} (mode {}), Service default/{SERVICE_NAME} (type LoadBalancer, port {SERVICE_PORT})",
+            demo.pool(),
             demo.options.mode
         ));
         Ok(demo)
@@ -585,6 +628,11 @@ impl Demo {
     /// Time since the demo started.
     pub fn elapsed(&self) -> Duration {
         self.started.elapsed()
+    }
+
+    /// The load-balancer pool.
+    pub fn pool(&self) -> String {
+        lb_pool(self.options.loopback_net)
     }
 
     /// The emulated kubelet (Deployment mode).
@@ -627,7 +675,7 @@ impl Demo {
         let secret = json!({
             "apiVersion": "v1", "kind": "Secret",
             "metadata": {"name": SECRET_NAME, "namespace": NAMESPACE},
-            "stringData": {SECRET_KEY: cloud_config(LB_POOL)},
+            "stringData": {SECRET_KEY: cloud_config(self.options.loopback_net, &self.pool())},
         });
         secrets.patch(SECRET_NAME, &params, &Patch::Apply(&secret)).await?;
         let crs: Api<CloudControllerManager> = Api::namespaced(self.client.clone(), NAMESPACE);
@@ -642,7 +690,7 @@ impl Demo {
             "apiVersion": "v1", "kind": "Service",
             "metadata": {"name": SERVICE_NAME, "namespace": "default"},
             "spec": {"type": "LoadBalancer", "selector": {"app": SERVICE_NAME},
-                "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]},
+                "ports": [{"name": "http", "port": SERVICE_PORT, "targetPort": 8080, "protocol": "TCP"}]},
         });
         services.patch(SERVICE_NAME, &params, &Patch::Apply(&svc)).await?;
         Ok(())
@@ -784,7 +832,15 @@ impl Demo {
                 .flatten()
                 .filter_map(|i| i.ip.clone().or_else(|| i.hostname.clone()))
                 .collect();
-            world.services.insert(format!("{}/{}", s.namespace().unwrap_or_default(), s.name_any()), ips);
+            let ports = s
+                .spec
+                .iter()
+                .flat_map(|spec| spec.ports.iter().flatten())
+                .map(|p| format!("{}/{}", p.port, p.protocol.as_deref().unwrap_or("TCP")))
+                .collect();
+            let key = format!("{}/{}", s.namespace().unwrap_or_default(), s.name_any());
+            world.service_ports.insert(key.clone(), ports);
+            world.services.insert(key, ips);
         }
         if let Some(cr) = &snap.cr {
             for c in cr.status.iter().flat_map(|s| s.conditions.iter()) {
@@ -825,6 +881,7 @@ impl Demo {
 
     /// Stop the emulated kubelet's processes (gracefully) and the operator.
     pub async fn shutdown(mut self) {
+        self.node_ports.take();
         if let Some(kubelet) = self.kubelet.take() {
             kubelet.shutdown().await;
         }
@@ -917,5 +974,26 @@ mod tests {
                 "Service default/web: load-balancer address 203.0.113.10",
             ]
         );
+    }
+
+    #[test]
+    fn a_port_added_to_a_reachable_service_is_logged_once() {
+        let mut before = World::default();
+        before.services.insert("default/web".into(), vec!["127.0.0.240".into()]);
+        before.service_ports.insert("default/web".into(), vec!["8000/TCP".into()]);
+        let mut after = before.clone();
+        after.service_ports.insert("default/web".into(), vec!["8000/TCP".into(), "8001/TCP".into()]);
+        assert_eq!(
+            changes(&before, &after),
+            ["Service default/web: ports now 8000/TCP, 8001/TCP (the load balancer follows)"]
+        );
+        assert!(changes(&after, &after).is_empty());
+        // A Service still waiting for its address: its ports are not news yet.
+        let mut pending = World::default();
+        pending.services.insert("default/new".into(), vec![]);
+        pending.service_ports.insert("default/new".into(), vec!["80/TCP".into()]);
+        let mut more = pending.clone();
+        more.service_ports.insert("default/new".into(), vec!["80/TCP".into(), "81/TCP".into()]);
+        assert!(changes(&pending, &more).is_empty());
     }
 }

@@ -134,6 +134,8 @@ async fn the_live_log_shows_a_leader_crash_and_a_secret_rotation_within_2s() {
         "deployment",
         "--port",
         "0",
+        "--loopback-net",
+        "22",
         "--kubeconfig",
         &kubeconfig.display().to_string(),
         "--manager-binary",
@@ -163,7 +165,7 @@ async fn the_live_log_shows_a_leader_crash_and_a_secret_rotation_within_2s() {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), demo::NAMESPACE);
     let secret = json!({"apiVersion": "v1", "kind": "Secret",
         "metadata": {"name": demo::SECRET_NAME, "namespace": demo::NAMESPACE},
-        "stringData": {demo::SECRET_KEY: demo::cloud_config("203.0.113.100-203.0.113.109")}});
+        "stringData": {demo::SECRET_KEY: demo::cloud_config(22, "203.0.113.100-203.0.113.109")}});
     let rotated = Instant::now();
     secrets
         .patch(demo::SECRET_NAME, &PatchParams::apply("sandbox-demo").force(), &Patch::Apply(&secret))

@@ -71,13 +71,18 @@ async fn two_manager_processes_elect_one_leader_hand_over_on_a_crash_and_roll_on
     let binary = kubelet::manager_binary().expect("the cloud-controller-manager binary");
     let server = TestApiServer::start().await.expect("the local API server starts");
     server.install_crd(&crds::crd()).await.expect("the CRD installs");
-    let options =
-        DemoOptions { mode: DemoMode::Deployment, replicas: 2, manager_binary: Some(binary), work_root: None };
+    let options = DemoOptions {
+        mode: DemoMode::Deployment,
+        replicas: 2,
+        manager_binary: Some(binary),
+        work_root: None,
+        loopback_net: 23,
+    };
     let say = |line: &str| eprintln!("{line}");
     let demo = Demo::start(server.client(), server.kubeconfig_path(), options, &say).await.expect("the demo starts");
     let snap = demo.wait_until_complete(WAIT, &say).await.expect("the final picture");
     assert_eq!(snap.initialized_nodes().len(), demo::MACHINES.len());
-    assert!(snap.external_ip().is_some_and(|ip| ip.starts_with("203.0.113.")));
+    assert!(snap.external_ip().is_some_and(|ip| ip.starts_with("127.23.0.")));
     let kubelet = demo.kubelet().expect("Deployment mode has a kubelet");
 
     // Two processes, exactly one leads.
@@ -117,7 +122,7 @@ async fn two_manager_processes_elect_one_leader_hand_over_on_a_crash_and_roll_on
     // Rotating the cloud-config: a new pod template, both processes replaced with the new config.
     let before: Vec<PodInfo> = kubelet.pods_of(demo::NAMESPACE, DEPLOYMENT);
     let old_hash = before[0].template_hash.clone();
-    let rotated = demo::cloud_config(ROTATED_POOL);
+    let rotated = demo::cloud_config(23, ROTATED_POOL);
     let secrets: Api<Secret> = Api::namespaced(server.client(), demo::NAMESPACE);
     let secret = json!({"apiVersion": "v1", "kind": "Secret",
         "metadata": {"name": demo::SECRET_NAME, "namespace": demo::NAMESPACE},

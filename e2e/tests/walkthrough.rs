@@ -38,6 +38,12 @@ const BLOCKS: &[(&str, &str, &str, Check)] = &[
     ("README.md", "readme-test", "83dd88fcd62db702", Check::Paths("the test suite itself (this test runs inside it)")),
     (
         "README.md",
+        "readme-sandbox-curl",
+        "6d4cdde56280b836",
+        Check::Run("readme_sandbox_and_reading_state_run_as_written"),
+    ),
+    (
+        "README.md",
         "readme-genuine-tests",
         "41177e090147d27b",
         Check::Paths("CI runs exactly this (.ci/run); the suite itself runs inside it"),
@@ -307,6 +313,17 @@ fn block_scanner_finds_marked_indented_and_unmarked_blocks() {
     );
 }
 
+/// GET / on `addr` (`ip:port`); the body.
+fn http_get(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).expect("the external IP accepts");
+    stream.set_read_timeout(Some(Duration::from_secs(5))).expect("a timeout");
+    stream.write_all(b"GET / HTTP/1.1\r\nHost: sandbox\r\nConnection: close\r\n\r\n").expect("the request is sent");
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+    response.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or(response)
+}
+
 /// Why the runs cannot happen here, if they cannot.
 fn missing_tool(needs_helm: bool) -> Option<String> {
     if Command::new("kubectl").args(["version", "--client"]).output().is_err() {
@@ -493,6 +510,21 @@ fn readme_sandbox_and_reading_state_run_as_written() {
         );
         assert!(text.contains("Ready=True"), "{file} block {name} shows no Ready=True:\n{text}");
     }
+    // The printed curl line is the README's, and it gets an emulated Node's answer.
+    let curl = block("README.md", "readme-sandbox-curl");
+    assert!(out.iter().any(|l| l.trim() == curl.trim()), "the sandbox does not print `{curl}`:\n{}", out.join("\n"));
+    let body = if Command::new("curl").arg("--version").output().is_ok() {
+        let o = bash(&curl).output().expect("bash runs");
+        assert!(o.status.success(), "`{curl}` failed: {}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).to_string()
+    } else {
+        eprintln!("no curl on this machine: the block's GET made by the test instead");
+        http_get(curl.trim().trim_start_matches("curl http://").trim_end_matches('/'))
+    };
+    assert!(
+        body.starts_with("node=bm-node-") && body.trim_end().ends_with("service=default/web"),
+        "`{curl}` printed {body:?}"
+    );
     let status = run.interrupt(Duration::from_secs(30));
     assert!(status.is_some_and(|s| s.success()), "the sandbox did not stop on Ctrl-C: {status:?}");
 }

@@ -66,6 +66,10 @@ struct Args {
     /// executable).
     #[arg(long)]
     manager_binary: Option<PathBuf>,
+    /// Second octet N of the loopback addresses the demo uses: load-balancer pool
+    /// 127.N.0.240/28, Nodes 127.N.1.11-13. Give two sandboxes different values to run both.
+    #[arg(long, default_value_t = 0)]
+    loopback_net: u8,
 }
 
 /// Wait for Ctrl-C or SIGTERM.
@@ -90,21 +94,33 @@ fn say(started: Instant, line: &str) {
     let _ = out.flush();
 }
 
-fn instructions(kubeconfig: &str, mode: DemoMode, demo: &Demo) -> String {
-    let mut s = format!(
+fn instructions(kubeconfig: &str, mode: DemoMode, demo: &Demo, url: Option<&str>) -> String {
+    let mut s = match url {
+        Some(url) => format!(
+            "The Service carries traffic: the manager's data path forwards its external IP to the Nodes' nodePorts,\n\
+             where each emulated Node answers with its name:\n\n\
+             \x20 curl {url}\n\n"
+        ),
+        None => String::new(),
+    };
+    s.push_str(&format!(
         "The sandbox keeps serving until Ctrl-C. In another shell:\n\n\
          \x20 export KUBECONFIG={kubeconfig}\n\
          \x20 kubectl get ccm,nodes,svc -A\n\
          \x20 kubectl -n {ns} get ccm {cr} -o jsonpath='{{range .status.conditions[*]}}{{.type}}={{.status}} {{.reason}}{{\"\\n\"}}{{end}}'\n\
          \x20 kubectl get nodes -o wide --show-labels\n\
          \x20 kubectl -n {ns} get lease {cr} -o jsonpath='{{.spec.holderIdentity}}{{\"\\n\"}}'\n\n\
+         A port added to the Service answers within seconds (the live log below says so):\n\n\
+         \x20 kubectl patch svc {svc} --type=json -p '[{{\"op\":\"add\",\"path\":\"/spec/ports/-\",\"value\":{{\"name\":\"alt\",\"port\":{alt},\"targetPort\":8080}}}}]'\n\n\
          Another LoadBalancer Service gets the next address of {pool}:\n\n\
-         \x20 kubectl create service loadbalancer demo2 --tcp=80:8080 --dry-run=client -o yaml | kubectl apply --server-side -f -\n\
-         \x20 kubectl get svc demo2\n",
+         \x20 kubectl create service loadbalancer demo2 --tcp={alt}:8080 --dry-run=client -o yaml | kubectl apply --server-side -f -\n\
+         \x20 kubectl get svc demo2     # then: curl http://<its EXTERNAL-IP>:{alt}/\n",
         ns = demo::NAMESPACE,
         cr = demo::CR_NAME,
-        pool = demo::LB_POOL,
-    );
+        svc = demo::SERVICE_NAME,
+        alt = demo::SERVICE_PORT + 1,
+        pool = demo.pool(),
+    ));
     if mode == DemoMode::Deployment
         && let Some(kubelet) = demo.kubelet()
     {
@@ -238,7 +254,8 @@ async fn run(args: Args) -> Result<(), String> {
         say(started, &format!("manager binary: {} ({})", binary.display(), built_ago(binary)));
     }
     say(started, "starting the operator in this process (it waits for its CRD and takes its Lease)...");
-    let options = DemoOptions { mode, replicas: args.replicas, manager_binary, work_root: None };
+    let options =
+        DemoOptions { mode, replicas: args.replicas, manager_binary, work_root: None, loopback_net: args.loopback_net };
     let progress = move |line: &str| say(started, line);
     let demo =
         match Demo::start(sandbox.server().client(), sandbox.server().kubeconfig_path(), options, &progress).await {
@@ -265,11 +282,18 @@ async fn run(args: Args) -> Result<(), String> {
     }
     // The live log starts from what the picture shows.
     let since = demo.world().await.unwrap_or_default();
-    match demo.picture().await {
-        Ok(p) => println!("\n{p}"),
-        Err(e) => println!("\n(could not read the picture: {e})"),
-    }
-    println!("{}", instructions(&kubeconfig, mode, &demo));
+    let url = match demo.snapshot().await {
+        Ok(snap) => {
+            let pods = demo.kubelet().map(e2e::kubelet::Kubelet::pods).unwrap_or_default();
+            println!("\n{}", snap.picture(&pods));
+            snap.url()
+        }
+        Err(e) => {
+            println!("\n(could not read the picture: {e})");
+            None
+        }
+    };
+    println!("{}", instructions(&kubeconfig, mode, &demo, url.as_deref()));
     say(started, "live log: one line per change in the cluster (leader, processes, rollouts, Nodes, Services)");
     tokio::select! {
         _ = demo.follow(since, &progress) => {}
