@@ -158,6 +158,10 @@ impl ControlPlane {
             format!("--service-cluster-ip-range={SERVICE_CIDRS}"),
             format!("--service-node-port-range={NODE_PORTS}"),
             "--disable-admission-plugins=ServiceAccount".to_string(),
+            // Added to the default plugins, as production clusters commonly run it: setting
+            // blockOwnerDeletion then needs update on the owner's finalizers (an RBAC rule the
+            // chart grants the operator, proven needed in e2e/tests/rbac.rs).
+            "--enable-admission-plugins=OwnerReferencesPermissionEnforcement".to_string(),
             "--allow-privileged=true".to_string(),
             "--profiling=false".to_string(),
             format!("--audit-policy-file={}", path(&policy)),
