@@ -433,6 +433,109 @@ e2e_apiserver::backend_tests! {
     }
 }
 
+/// A TCP relay in front of the API server: the manager talks to it, and stopping it makes the
+/// API server unreachable (connection refused), as when the API server stops first.
+struct Relay {
+    addr: SocketAddr,
+    stop: CancellationToken,
+}
+
+impl Relay {
+    async fn start(upstream: String) -> Relay {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let token = stop.clone();
+        tokio::spawn(async move {
+            let mut conns = tokio::task::JoinSet::new();
+            loop {
+                tokio::select! {
+                    _ = token.cancelled() => break,
+                    accepted = listener.accept() => {
+                        let Ok((mut inbound, _)) = accepted else { continue };
+                        let upstream = upstream.clone();
+                        conns.spawn(async move {
+                            if let Ok(mut out) = tokio::net::TcpStream::connect(upstream).await {
+                                let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+                            }
+                        });
+                    }
+                }
+            }
+            // The listener and every relayed connection close here.
+            conns.abort_all();
+        });
+        Relay { addr, stop }
+    }
+}
+
+e2e_apiserver::backend_tests! {
+    /// Stopping the API server first, then the manager (an order the quick start allows): the
+    /// outage is WARN lines with context (watches retrying, renewals failing), never an ERROR,
+    /// and the stop itself is quiet: it says the Lease will expire by itself and exits 0.
+    async fn an_api_server_stopped_before_the_manager_gives_warnings_then_a_quiet_stop_never_an_error(backend) {
+        let cluster = TestCluster::start(backend).await.unwrap();
+        let url = cluster.url();
+        let upstream = url.split("://").nth(1).unwrap().trim_end_matches('/').to_string();
+        let relay = Relay::start(upstream.clone()).await;
+        let dir = std::env::temp_dir().join(format!("ccm-stop-order-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let kubeconfig = dir.join("kubeconfig");
+        let original = std::fs::read_to_string(cluster.kubeconfig_path()).unwrap();
+        assert!(original.contains(&upstream), "the kubeconfig names {upstream}");
+        std::fs::write(&kubeconfig, original.replace(&upstream, &relay.addr.to_string())).unwrap();
+        let cloud_config = dir.join("fake.yaml");
+        std::fs::write(&cloud_config, "autoInstances: true\nlatency: 1ms\n").unwrap();
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let stderr = dir.join("stderr");
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_cloud-controller-manager"))
+            .args([
+                "--cloud-provider=fake",
+                &format!("--cloud-config={}", cloud_config.display()),
+                &format!("--kubeconfig={}", kubeconfig.display()),
+                "--bind-address=127.0.0.1",
+                &format!("--secure-port={port}"),
+                "--configure-cloud-routes=false",
+                "--leader-elect-retry-period=500ms",
+                "--leader-elect-resource-name=stop-order",
+            ])
+            .env_remove("RUST_LOG")
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut child = child;
+        let leases: Api<Lease> = Api::namespaced(cluster.client(), "kube-system");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while leases.get_opt("stop-order").await.unwrap().and_then(|l| l.spec?.holder_identity).is_none() {
+            assert!(Instant::now() < deadline, "the binary never took the lease");
+            sleep(Duration::from_millis(100)).await;
+        }
+
+        relay.stop.cancel();
+        // Long enough for watches to retry and a renewal (every 500 ms) to fail.
+        sleep(Duration::from_secs(3)).await;
+        let pid = child.id().unwrap().to_string();
+        assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+        let status = timeout(Duration::from_secs(30), child.wait()).await.unwrap().unwrap();
+        assert!(status.success(), "exit status {status:?}");
+
+        let log = std::fs::read_to_string(&stderr).unwrap();
+        let errors: Vec<&str> = log.lines().filter(|l| l.contains("ERROR")).collect();
+        assert!(errors.is_empty(), "ERROR lines:\n{}", errors.join("\n"));
+        assert!(log.lines().any(|l| l.contains(" WARN")), "the outage itself is reported:\n{log}");
+        let stop = log.split_once("received SIGTERM").map(|(_, after)| after).expect("the stop is logged");
+        let loud: Vec<&str> = stop.lines().filter(|l| l.contains(" WARN")).collect();
+        assert!(loud.is_empty(), "the stop logs warnings:\n{}", loud.join("\n"));
+        assert!(stop.contains("the leader lease expires by itself"), "{stop}");
+        let _ = std::fs::remove_dir_all(&dir);
+        drop(cluster);
+    }
+}
+
 #[test]
 fn the_binary_prints_its_version_and_upstream_flags() {
     let out =
