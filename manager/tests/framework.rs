@@ -690,3 +690,77 @@ e2e_apiserver::backend_tests! {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// Replace a file in one step, as kubelet's symlink swap does, so it is never read half written.
+fn replace_file(path: &std::path::Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+e2e_apiserver::backend_tests! {
+    /// The binary picks up edits of its `--cloud-config` file while it runs: a pool edit is
+    /// applied, an invalid edit is refused, an edit that needs a restart says so; none of it
+    /// quotes the file (a planted token never reaches the log, even at `trace`).
+    async fn the_binary_reloads_pool_edits_from_its_cloud_config_file_without_quoting_it(backend) {
+        use tokio::io::AsyncBufReadExt;
+        const TOKEN: &str = "SECRET-TOKEN-67890";
+        let cluster = TestCluster::start(backend).await.unwrap();
+        let dir = std::env::temp_dir().join(format!("ccm-reload-{}-{:?}", std::process::id(), backend));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("cloud.yaml");
+        let pools = "loadBalancer:\n  pools:\n    - {name: lan, cidrs: [192.0.2.0/30]}\n";
+        replace_file(&path, pools);
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_cloud-controller-manager"))
+            .args([
+                "--cloud-provider=baremetal".to_string(),
+                format!("--cloud-config={}", path.display()),
+                format!("--kubeconfig={}", cluster.kubeconfig_path().display()),
+                "--leader-elect=false".into(),
+                "--secure-port=0".into(),
+            ])
+            .env("RUST_LOG", "trace")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("the binary starts");
+        let log = Arc::new(Mutex::new(String::new()));
+        let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+        let sink = log.clone();
+        let reader = tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                let mut log = sink.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        // The watcher reads the file every 5 s.
+        let wait_for = |needle: &'static str| {
+            let log = log.clone();
+            async move {
+                let deadline = Instant::now() + Duration::from_secs(20);
+                while !log.lock().unwrap().contains(needle) {
+                    assert!(Instant::now() < deadline, "no {needle:?} in the log:\n{}", log.lock().unwrap());
+                    sleep(Duration::from_millis(100)).await;
+                }
+            }
+        };
+        wait_for("rebuilt the load-balancer allocator").await;
+
+        replace_file(&path, &pools.replace("192.0.2.0/30]", "192.0.2.0/30, 198.51.100.0/30]"));
+        wait_for("applied the cloud-config edit without a restart").await;
+        replace_file(&path, &pools.replace("192.0.2.0/30]", &format!("192.0.2.0/30, {TOKEN}]")));
+        wait_for("the edited cloud-config is invalid").await;
+        replace_file(&path, &format!("instances: [{{name: n1, labels: {{example.com/t: {TOKEN}}}}}]\n{pools}"));
+        wait_for("needs a restart").await;
+
+        child.kill().await.unwrap();
+        reader.await.unwrap();
+        let log = log.lock().unwrap().clone();
+        assert!(log.contains("loadBalancer.pools[0].cidrs[1]"), "the invalid edit is named by its path:\n{log}");
+        assert!(log.contains("changed: instances"), "the restart names what changed:\n{log}");
+        assert!(!log.contains(TOKEN), "the cloud-config leaked into the log:\n{log}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
