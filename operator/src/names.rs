@@ -33,7 +33,8 @@ pub const ANNOTATION_OWNER: &str = "ccm.rs/owner";
 pub const ANNOTATION_APPLIED_HASH: &str = "ccm.rs/applied-hash";
 /// Hash of the pod template, on the workload: a change means a new rollout.
 pub const ANNOTATION_TEMPLATE_HASH: &str = "ccm.rs/template-hash";
-/// Hash of the referenced cloud-config, on the pod template: rotating the Secret rolls the pods.
+/// Hash of the referenced cloud-config's restart-only part, on the pod template: rotating the
+/// Secret rolls the pods, unless only what the provider reloads in place changed.
 pub const ANNOTATION_CLOUD_CONFIG_HASH: &str = "ccm.rs/cloud-config-hash";
 
 /// The manager container's name.
