@@ -1,23 +1,31 @@
 //! bench-services: the service-lb-controller at scale, with the manager as its own process.
 //!
-//! For each configuration ("variant") the driver creates Nodes, starts the manager command
-//! line with the variant's extra flags, creates LoadBalancer Services as fast as it can, and
-//! measures: the time until every Service has an ingress, the time until every load balancer
-//! has the new host set after one Node is added, cloud calls (from the manager's
-//! `cloudprovider_api_requests_total`), API writes (from the test API server's request log,
-//! when the cluster is one), writes and cloud calls during an idle window, and the manager's
-//! peak RSS. It knows nothing about the provider: the manager command line is a parameter, with
-//! `{kubeconfig}`, `{port}` and `{cloud_config}` placeholders. Without `--kubeconfig` it
-//! starts the local test API server in-process, fresh for every variant.
+//! For each configuration ("variant") the driver starts a fresh API server (the local test
+//! server in-process, or with `--backend genuine` etcd and kube-apiserver from
+//! `CCM_TEST_ASSETS`), creates Nodes and LoadBalancer Services, starts the manager command
+//! line with the variant's extra flags, and measures: the time until every Service has an
+//! ingress, the time until every load balancer has the new host set after one Node is added,
+//! cloud calls (from the manager's `cloudprovider_api_requests_total`), API writes by verb and
+//! resource (from the local request log or the kube-apiserver audit log), writes and cloud
+//! calls during an idle window, and the manager's peak RSS. After the manager has stopped it
+//! measures the API server's own limit for the same work: the manager's two writes per
+//! Service (finalizer patch, status patch with an ingress) from a tight client with no cloud
+//! latency, at the best of a few concurrencies.
+//!
+//! By default (`--create precreate`) the Nodes and Services exist before the manager starts
+//! and the clock runs from the manager's start, so it measures the manager and not the
+//! driver; `--create during` keeps the older mode (Services created while the manager runs,
+//! clock from the first create). It knows nothing about the provider: the manager command line
+//! is a parameter, with `{kubeconfig}`, `{port}` and `{cloud_config}` placeholders.
 //!
 //! ```sh
-//! cargo build --release -p manager -p e2e
-//! target/release/bench-services            # the three default variants
+//! cargo build --release -p manager --bin cloud-controller-manager
+//! cargo test --workspace --no-run                       # builds target/debug/bench-services
+//! CCM_TEST_ASSETS=/tmp/ccm-assets target/debug/bench-services --backend genuine
 //! ```
 
-use std::collections::{BTreeMap, HashSet};
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -28,17 +36,19 @@ use clap::Parser;
 use e2e_apiserver::genuine::ControlPlane;
 use e2e_apiserver::{RequestLog, TestApiServer};
 use k8s_openapi::api::core::v1::{Namespace, Node, NodeSpec, Service, ServicePort, ServiceSpec};
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use manager::cache::{Cache, CacheWriter, Change, run_watch};
 use tokio::task::JoinSet;
 
 /// Field manager of everything the driver writes; other writes are the manager's.
 const DRIVER: &str = "bench-services";
+/// Field manager of the driver's limit measurement (after the manager has stopped).
+const LIMIT: &str = "bench-services-limit";
 
 const DEFAULT_MANAGER: &str = "target/release/cloud-controller-manager --cloud-provider=fake \
 --cloud-config={cloud_config} --kubeconfig={kubeconfig} --leader-elect=false --bind-address=127.0.0.1 \
---secure-port={port} --controllers=service-lb-controller";
+--secure-port={port} --authorization-always-allow-paths=/healthz,/metrics --controllers=service-lb-controller";
 
 /// The three configurations of the issue. Ours name `--concurrent-service-syncs` explicitly (at
 /// the manager crate's default) so the numbers do not depend on the flag's compiled default.
@@ -57,13 +67,21 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 #[derive(Debug, Parser)]
 #[command(name = "bench-services", about = "Benchmark the service-lb-controller with the manager as its own process")]
 struct Args {
-    /// Cluster to run against; without it, a local test API server is started per variant.
+    /// Cluster to run against; without it, `--backend` picks a fresh server per variant.
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
     /// Without `--kubeconfig`, the API server each variant starts: `genuine` (etcd +
     /// kube-apiserver from `CCM_TEST_ASSETS`, writes counted from its audit log) or `local`.
     #[arg(long, value_enum, default_value_t = BackendArg::Local)]
     backend: BackendArg,
+    /// When the Services are created: `precreate` (before the manager starts; the clock runs
+    /// from the manager's start) or `during` (while it runs; the clock runs from the first
+    /// create, so it also measures the driver).
+    #[arg(long, value_enum, default_value_t = CreateMode::Precreate)]
+    create: CreateMode,
+    /// Create requests the driver keeps in flight.
+    #[arg(long, default_value_t = 16)]
+    create_concurrency: usize,
     /// LoadBalancer Services to create.
     #[arg(long, default_value_t = 1000)]
     services: usize,
@@ -76,6 +94,9 @@ struct Args {
     /// Length of the idle window, in seconds.
     #[arg(long, default_value_t = 60)]
     idle_seconds: u64,
+    /// Skip measuring the API server's own limit for the same writes.
+    #[arg(long)]
+    no_limit: bool,
     /// Manager command line; `{kubeconfig}`, `{port}` and `{cloud_config}` are substituted.
     #[arg(long, default_value = DEFAULT_MANAGER)]
     manager: String,
@@ -90,29 +111,53 @@ struct Args {
     timeout_seconds: u64,
 }
 
+/// When the driver creates the Services.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum CreateMode {
+    Precreate,
+    During,
+}
+
 /// What one variant measured.
 #[derive(Debug, Default)]
 struct Report {
     name: String,
+    backend: &'static str,
+    /// Sync workers of the variant (its `--concurrent-service-syncs`), for the cloud bound.
+    workers: usize,
+    create_nodes_secs: f64,
     create_secs: f64,
     ingress_secs: f64,
+    first_ingress_secs: f64,
     hosts_secs: f64,
     host_updates: u64,
     updates_after_unrelated_change: u64,
     calls_ingress: BTreeMap<String, u64>,
     calls_hosts: BTreeMap<String, u64>,
-    writes_services: Option<usize>,
-    writes_events: Option<usize>,
-    writes_other: Option<usize>,
+    /// Manager writes by `verb resource[/subresource]` until the backlog drained.
+    writes: Option<BTreeMap<String, usize>>,
+    /// Manager writes by the time every Service had its ingress.
+    writes_at_ingress: Option<BTreeMap<String, usize>>,
     quiet_after_secs: f64,
     idle_writes: Option<usize>,
     idle_calls: u64,
     peak_rss_mib: f64,
+    /// Event-related counters the manager exposes (e.g. dropped events), if any.
+    event_metrics: BTreeMap<String, u64>,
+    /// The API server's limit for the same writes: seconds and the concurrency that gave it.
+    limit: Option<(f64, usize)>,
+    /// Why the variant stopped early, if it did.
+    failed: Option<String>,
 }
 
 fn main() -> Result<(), BoxError> {
     let args = Args::parse();
-    tracing_subscriber::fmt().with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into())).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| {
+            // The client builder logs every failed probe while a control plane starts.
+            "warn,kube_client::client::builder=off".into()
+        }))
+        .init();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(run(args))
 }
@@ -130,12 +175,39 @@ async fn run(args: Args) -> Result<(), BoxError> {
     for (i, v) in variants.iter().enumerate() {
         let (name, extra) = v.split_once('=').unwrap_or((v.as_str(), ""));
         eprintln!("== {name}: {extra}");
-        let report = run_variant(&args, &work, &cloud_config, i, name, extra).await?;
+        let mut report = Report {
+            name: name.to_string(),
+            workers: workers(extra),
+            backend: backend_name(&args),
+            ..Default::default()
+        };
+        // A failed phase ends the variant, not the run; its processes stop as it returns.
+        if let Err(e) = run_variant(&args, &work, &cloud_config, i, extra, &mut report).await {
+            eprintln!("{name} failed: {e}");
+            report.failed = Some(e.to_string());
+        }
         eprintln!("{report:#?}");
         reports.push(report);
     }
     print_table(&args, &reports);
+    eprintln!("manager logs: {}", work.display());
     Ok(())
+}
+
+/// The sync workers a variant's flags ask for (the crate default when not given).
+fn workers(extra: &str) -> usize {
+    extra
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("--concurrent-service-syncs=").and_then(|v| v.parse().ok()))
+        .unwrap_or(manager::controllers::service::DEFAULT_CONCURRENT_SYNCS)
+}
+
+/// A duration such as `50ms` or `1s`, in seconds.
+fn seconds_of(text: &str) -> Option<f64> {
+    if let Some(ms) = text.strip_suffix("ms") {
+        return ms.parse::<f64>().ok().map(|v| v / 1000.0);
+    }
+    text.strip_suffix('s').and_then(|s| s.parse().ok())
 }
 
 /// Which API server a variant starts.
@@ -145,8 +217,16 @@ enum BackendArg {
     Genuine,
 }
 
+fn backend_name(args: &Args) -> &'static str {
+    match (&args.kubeconfig, args.backend) {
+        (Some(_), _) => "external",
+        (None, BackendArg::Genuine) => "genuine",
+        (None, BackendArg::Local) => "local",
+    }
+}
+
 /// The cluster of one variant: a fresh local or genuine server, or a namespace on the given
-/// cluster.
+/// cluster. Dropping it stops the processes it started.
 struct Cluster {
     _server: Option<TestApiServer>,
     _plane: Option<ControlPlane>,
@@ -177,7 +257,7 @@ async fn cluster(args: &Args, index: usize) -> Result<Cluster, BoxError> {
             })
         }
         None => {
-            let server = TestApiServer::start().await?;
+            let server = TestApiServer::builder().request_log_capacity(1_000_000).start().await?;
             Ok(Cluster {
                 client: server.client(),
                 kubeconfig: server.kubeconfig_path().to_path_buf(),
@@ -239,28 +319,59 @@ fn has_ingress(s: &Service) -> bool {
         .is_some_and(|i| !i.is_empty())
 }
 
-/// Feed `writer` from a watch on `api`; the returned closure stops it.
-fn watch(api: Api<Service>, writer: CacheWriter<Service>) -> impl FnOnce() {
-    // The token's type comes from `run_watch`, so this crate needs no tokio-util of its own.
-    let token = Default::default();
-    tokio::spawn(run_watch(api, watcher::Config::default(), writer, Clone::clone(&token)));
-    move || token.cancel()
+/// Create `count` objects made by `make(i)` with `in_flight` requests at a time; seconds taken.
+async fn create_all<K, F>(api: &Api<K>, count: usize, in_flight: usize, make: F) -> Result<f64, BoxError>
+where
+    K: kube::Resource
+        + Clone
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+    F: Fn(usize) -> K,
+{
+    let started = Instant::now();
+    let mut tasks = JoinSet::new();
+    for i in 0..count {
+        if tasks.len() >= in_flight.max(1)
+            && let Some(done) = tasks.join_next().await
+        {
+            done??;
+        }
+        let (api, object) = (api.clone(), make(i));
+        tasks.spawn(async move { api.create(&post(), &object).await.map(|_| ()) });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done??;
+    }
+    Ok(started.elapsed().as_secs_f64())
+}
+
+/// Feed `writer` from a watch on `api`; the returned guard stops it when dropped.
+fn watch(api: Api<Service>, writer: CacheWriter<Service>) -> AbortOnDrop {
+    AbortOnDrop(tokio::spawn(run_watch(api, watcher::Config::default(), writer, Default::default())))
+}
+
+/// Aborts a task when dropped, so a failed phase leaves no watch behind.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 fn free_port() -> Result<u16, BoxError> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-/// GET `path` from the manager's HTTP endpoint (plain HTTP/1.0).
-fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    let status = out.split_whitespace().nth(1)?.parse().ok()?;
-    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-    Some((status, body))
+/// GET `path` from the manager's HTTPS endpoint (its self-signed certificate not verified).
+async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let r = manager::serving::probe::get(addr, path, None, Duration::from_secs(5)).await?;
+    Some((r.status, r.body))
 }
 
 /// Sum of the samples of `metric` grouped by the value of `label` (or "" for none).
@@ -291,15 +402,33 @@ fn metric_total(text: &str, metric: &str) -> u64 {
     metric_by(text, metric, "").values().sum()
 }
 
+/// Every sample whose metric name mentions events (for example a dropped-events counter),
+/// summed by name.
+fn event_metrics(text: &str) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let name = line.split(['{', ' ']).next().unwrap_or_default();
+        if !name.contains("event") {
+            continue;
+        }
+        if let Some(v) = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) {
+            *out.entry(name.to_string()).or_insert(0) += v as u64;
+        }
+    }
+    out
+}
+
 fn diff(after: &BTreeMap<String, u64>, before: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
     after.iter().map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0))).filter(|(_, v)| *v > 0).collect()
 }
 
+/// The manager process; dropping it kills the process, so a failed phase leaves none behind.
 struct ManagerProcess {
     child: Child,
     port: u16,
     peak_rss_kib: Arc<AtomicU64>,
     stop_sampling: Arc<AtomicBool>,
+    stopped: bool,
 }
 
 impl ManagerProcess {
@@ -328,20 +457,25 @@ impl ManagerProcess {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         });
-        Ok(Self { child, port, peak_rss_kib: peak, stop_sampling: stop })
+        Ok(Self { child, port, peak_rss_kib: peak, stop_sampling: stop, stopped: false })
     }
 
-    fn metrics(&self) -> String {
-        http_get(self.port, "/metrics").map(|(_, b)| b).unwrap_or_default()
+    async fn metrics(&self) -> String {
+        http_get(self.port, "/metrics").await.map(|(_, b)| b).unwrap_or_default()
+    }
+
+    fn check_running(&mut self) -> Result<(), BoxError> {
+        match self.child.try_wait()? {
+            Some(status) => Err(format!("manager exited with {status}").into()),
+            None => Ok(()),
+        }
     }
 
     async fn wait_healthy(&mut self, timeout: Duration) -> Result<(), BoxError> {
         let deadline = Instant::now() + timeout;
         loop {
-            if let Some(status) = self.child.try_wait()? {
-                return Err(format!("manager exited with {status}").into());
-            }
-            if http_get(self.port, "/healthz").is_some_and(|(code, _)| code == 200) {
+            self.check_running()?;
+            if http_get(self.port, "/healthz").await.is_some_and(|(code, _)| code == 200) {
                 return Ok(());
             }
             if Instant::now() > deadline {
@@ -351,23 +485,37 @@ impl ManagerProcess {
         }
     }
 
-    fn stop(mut self) -> f64 {
-        self.stop_sampling.store(true, Ordering::Relaxed);
-        // The kernel's high-water mark catches peaks between samples.
-        if let Some(hwm) = proc_status_kib(self.child.id(), "VmHWM:") {
-            self.peak_rss_kib.fetch_max(hwm, Ordering::Relaxed);
-        }
-        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                break;
+    /// Stop the manager (SIGTERM, then SIGKILL after 10 s); its peak RSS in MiB.
+    fn stop(&mut self) -> f64 {
+        if !self.stopped {
+            self.stopped = true;
+            self.stop_sampling.store(true, Ordering::Relaxed);
+            // The kernel's high-water mark catches peaks between samples.
+            if let Some(hwm) = proc_status_kib(self.child.id(), "VmHWM:") {
+                self.peak_rss_kib.fetch_max(hwm, Ordering::Relaxed);
             }
-            std::thread::sleep(Duration::from_millis(50));
+            let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
         self.peak_rss_kib.load(Ordering::Relaxed) as f64 / 1024.0
+    }
+}
+
+impl Drop for ManagerProcess {
+    fn drop(&mut self) {
+        if !self.stopped {
+            self.stop_sampling.store(true, Ordering::Relaxed);
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
 
@@ -380,20 +528,69 @@ fn proc_status_kib(pid: u32, field: &str) -> Option<u64> {
     status.lines().find(|l| l.starts_with(field))?.split_whitespace().nth(1)?.parse().ok()
 }
 
-/// Manager writes since `mark` by resource, from the request or audit log; `None` on an
-/// external cluster. The driver's writes and the genuine server's own are left out.
-async fn manager_writes(log: Option<&RequestLog>, since: u64) -> Option<BTreeMap<String, usize>> {
+/// Manager writes since `mark` by `verb resource[/subresource]`, from the request or audit
+/// log; `None` on an external cluster. The driver's writes and the genuine server's own are
+/// left out.
+fn manager_writes(log: Option<&RequestLog>, since: u64) -> Option<BTreeMap<String, usize>> {
     let mut out = BTreeMap::new();
     for r in log?.since(since).iter().filter(|r| {
-        r.is_write() && r.field_manager.as_deref() != Some(DRIVER) && r.user.as_deref() != Some("system:apiserver")
+        r.is_write()
+            && !matches!(r.field_manager.as_deref(), Some(DRIVER | LIMIT))
+            && r.user.as_deref() != Some("system:apiserver")
     }) {
-        *out.entry(r.resource.clone().unwrap_or_default()).or_insert(0) += 1;
+        let mut key = format!("{} {}", r.verb, r.resource.as_deref().unwrap_or("?"));
+        if let Some(sub) = &r.subresource {
+            key = format!("{key}/{sub}");
+        }
+        *out.entry(key).or_insert(0) += 1;
     }
     Some(out)
 }
 
-async fn log_mark(log: Option<&RequestLog>) -> u64 {
+fn log_mark(log: Option<&RequestLog>) -> u64 {
     log.map(RequestLog::mark).unwrap_or(0)
+}
+
+fn total(w: &Option<BTreeMap<String, usize>>) -> Option<usize> {
+    w.as_ref().map(|w| w.values().sum())
+}
+
+/// Wait until every Service in `cache` has an ingress.
+async fn wait_for_ingresses(
+    cache: &Cache<Service>,
+    changes: &mut manager::cache::Subscription<Service>,
+    manager: &mut ManagerProcess,
+    count: usize,
+    timeout: Duration,
+) -> Result<f64, BoxError> {
+    let started = Instant::now();
+    let mut first = None;
+    let mut ready: HashSet<String> = HashSet::new();
+    let deadline = Instant::now() + timeout;
+    loop {
+        if first.is_none() && !ready.is_empty() {
+            first = Some(started.elapsed().as_secs_f64());
+        }
+        for s in cache.state() {
+            if has_ingress(&s) {
+                ready.insert(s.metadata.name.clone().unwrap_or_default());
+            }
+        }
+        if ready.len() >= count {
+            return Ok(first.unwrap_or_else(|| started.elapsed().as_secs_f64()));
+        }
+        manager.check_running()?;
+        if Instant::now() > deadline {
+            return Err(format!("only {} of {count} Services got an ingress", ready.len()).into());
+        }
+        match tokio::time::timeout(Duration::from_millis(500), changes.recv()).await {
+            Ok(Some(Change::Applied { new, .. })) if has_ingress(&new) => {
+                ready.insert(new.metadata.name.clone().unwrap_or_default());
+            }
+            Ok(Some(_)) | Err(_) => {}
+            Ok(None) => return Err("the Service watch stopped".into()),
+        }
+    }
 }
 
 async fn run_variant(
@@ -401,9 +598,9 @@ async fn run_variant(
     work: &Path,
     cloud_config: &Path,
     index: usize,
-    name: &str,
     extra: &str,
-) -> Result<Report, BoxError> {
+    report: &mut Report,
+) -> Result<(), BoxError> {
     let timeout = Duration::from_secs(args.timeout_seconds);
     let c = cluster(args, index).await?;
     let control = c.log.as_ref();
@@ -416,69 +613,55 @@ async fn run_variant(
         eprintln!("namespace {}: {e}", c.namespace);
     }
     let nodes: Api<Node> = Api::all(c.client.clone());
-    for i in 0..args.nodes {
-        nodes.create(&post(), &node(&format!("{}-{i}", c.node_prefix))).await?;
+    let prefix = c.node_prefix.clone();
+    report.create_nodes_secs =
+        create_all(&nodes, args.nodes, args.create_concurrency, |i| node(&format!("{prefix}-{i}"))).await?;
+    let services: Api<Service> = Api::namespaced(c.client.clone(), &c.namespace);
+    let ns_name = c.namespace.clone();
+    let make_service = move |i: usize| service(&ns_name, &format!("svc-{i}"));
+    if args.create == CreateMode::Precreate {
+        report.create_secs =
+            create_all(&services, args.services, args.create_concurrency, make_service.clone()).await?;
+        eprintln!(
+            "   driver: {} Nodes in {:.2} s, {} Services in {:.2} s ({} in flight)",
+            args.nodes, report.create_nodes_secs, args.services, report.create_secs, args.create_concurrency
+        );
     }
 
     // Watch our Services through the manager crate's cache (one watch, change stream).
-    let services: Api<Service> = Api::namespaced(c.client.clone(), &c.namespace);
     let (cache, writer) = Cache::<Service>::new();
-    let stop_watch = watch(services.clone(), writer);
+    let watch_guard = watch(services.clone(), writer);
     cache.wait_until_ready().await;
     let mut changes = cache.subscribe();
 
-    let log = work.join(format!("manager-{index}-{name}.log"));
+    let log = work.join(format!("manager-{index}-{}.log", report.name));
+    let mark = log_mark(control);
     let mut manager = ManagerProcess::spawn(&args.manager, extra, &c.kubeconfig, cloud_config, &log)?;
+    // Phase 1: every Service gets an ingress. Precreated: the clock runs from the manager's
+    // start. During: from the first create, once the manager is healthy.
+    let (started, calls0) = match args.create {
+        CreateMode::Precreate => (Instant::now(), BTreeMap::new()),
+        CreateMode::During => {
+            manager.wait_healthy(Duration::from_secs(30)).await?;
+            let calls0 = metric_by(&manager.metrics().await, "cloudprovider_api_requests_total", "method");
+            let started = Instant::now();
+            report.create_secs = create_all(&services, args.services, args.create_concurrency, make_service).await?;
+            (started, calls0)
+        }
+    };
+    let wait_started = Instant::now();
+    let first_after = wait_for_ingresses(&cache, &mut changes, &mut manager, args.services, timeout).await?;
+    report.ingress_secs = started.elapsed().as_secs_f64();
+    report.first_ingress_secs = (wait_started - started).as_secs_f64() + first_after;
+    report.writes_at_ingress = manager_writes(control, mark);
+    eprintln!("   every ingress after {:.2} s", report.ingress_secs);
     manager.wait_healthy(Duration::from_secs(30)).await?;
-    let mark = log_mark(control).await;
-    let calls0 = metric_by(&manager.metrics(), "cloudprovider_api_requests_total", "method");
-
-    // Phase 1: create every Service, wait for every ingress.
-    let started = Instant::now();
-    let mut creates = JoinSet::new();
-    let per_task = args.services.div_ceil(32);
-    for t in 0..32 {
-        let (api, ns) = (services.clone(), c.namespace.clone());
-        let range = (t * per_task)..((t + 1) * per_task).min(args.services);
-        creates.spawn(async move {
-            for i in range {
-                api.create(&post(), &service(&ns, &format!("svc-{i}"))).await?;
-            }
-            Ok::<(), kube::Error>(())
-        });
-    }
-    while let Some(r) = creates.join_next().await {
-        r??;
-    }
-    let create_secs = started.elapsed().as_secs_f64();
-    let mut ready: HashSet<String> = HashSet::new();
-    let deadline = Instant::now() + timeout;
-    while ready.len() < args.services {
-        for s in cache.state() {
-            if has_ingress(&s) {
-                ready.insert(s.metadata.name.clone().unwrap_or_default());
-            }
-        }
-        if ready.len() >= args.services {
-            break;
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(left, changes.recv()).await {
-            Ok(Some(Change::Applied { new, .. })) if has_ingress(&new) => {
-                ready.insert(new.metadata.name.clone().unwrap_or_default());
-            }
-            Ok(Some(_)) => {}
-            Ok(None) | Err(_) => {
-                return Err(format!("only {} of {} Services got an ingress", ready.len(), args.services).into());
-            }
-        }
-    }
-    let ingress_secs = started.elapsed().as_secs_f64();
-    let calls1 = metric_by(&manager.metrics(), "cloudprovider_api_requests_total", "method");
+    let calls1 = metric_by(&manager.metrics().await, "cloudprovider_api_requests_total", "method");
+    report.calls_ingress = diff(&calls1, &calls0);
 
     // Phase 2: one Node that changes nothing for the load balancers, then one that does.
     let updates = |m: &str| metric_total(m, "service_controller_update_loadbalancer_host_latency_seconds_count");
-    let before_unrelated = updates(&manager.metrics());
+    let before_unrelated = updates(&manager.metrics().await);
     nodes
         .create(&post(), &{
             let mut n = node(&format!("{}-excluded", c.node_prefix));
@@ -490,50 +673,62 @@ async fn run_variant(
         })
         .await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let updates_after_unrelated_change = updates(&manager.metrics()) - before_unrelated;
-    let before = updates(&manager.metrics());
+    report.updates_after_unrelated_change = updates(&manager.metrics().await) - before_unrelated;
+    let before = updates(&manager.metrics().await);
     let started = Instant::now();
     nodes.create(&post(), &node(&format!("{}-added", c.node_prefix))).await?;
     let deadline = Instant::now() + timeout;
-    let host_updates = loop {
-        let done = updates(&manager.metrics()) - before;
+    report.host_updates = loop {
+        let done = updates(&manager.metrics().await) - before;
         if done >= args.services as u64 {
             break done;
         }
+        manager.check_running()?;
         if Instant::now() > deadline {
             return Err(format!("only {done} of {} load balancers got the new host", args.services).into());
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    let hosts_secs = started.elapsed().as_secs_f64();
-    let calls2 = metric_by(&manager.metrics(), "cloudprovider_api_requests_total", "method");
+    report.hosts_secs = started.elapsed().as_secs_f64();
+    eprintln!("   every LB has the added Node after {:.2} s", report.hosts_secs);
+    let calls2 = metric_by(&manager.metrics().await, "cloudprovider_api_requests_total", "method");
+    report.calls_hosts = diff(&calls2, &calls1);
 
-    // Phase 3: wait until the manager has been quiet (events drained) for 5 s, then idle.
+    // Phase 3: the manager exposes no event-queue gauge, so the backlog counts as drained once
+    // its writes (from the log) and cloud calls have not moved for 5 s; then the idle window.
     let quiet_started = Instant::now();
-    let mut last = (manager_writes(control, mark).await.map(|w| w.values().sum::<usize>()), calls2.clone());
+    let mut last = (total(&manager_writes(control, mark)), calls2.clone());
     let mut quiet_since = Instant::now();
     while quiet_since.elapsed() < Duration::from_secs(5) && quiet_started.elapsed() < timeout {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let now = (
-            manager_writes(control, mark).await.map(|w| w.values().sum::<usize>()),
-            metric_by(&manager.metrics(), "cloudprovider_api_requests_total", "method"),
+            total(&manager_writes(control, mark)),
+            metric_by(&manager.metrics().await, "cloudprovider_api_requests_total", "method"),
         );
         if now != last {
             quiet_since = Instant::now();
             last = now;
         }
     }
-    let quiet_after_secs = quiet_started.elapsed().as_secs_f64() - 5.0;
+    report.quiet_after_secs = (quiet_started.elapsed().as_secs_f64() - 5.0).max(0.0);
     // Everything phases 1 and 2 caused, including events written in the background.
-    let writes = manager_writes(control, mark).await;
-    let idle_mark = log_mark(control).await;
-    let idle_calls0 = metric_total(&manager.metrics(), "cloudprovider_api_requests_total");
+    report.writes = manager_writes(control, mark);
+    let idle_mark = log_mark(control);
+    let idle_calls0 = metric_total(&manager.metrics().await, "cloudprovider_api_requests_total");
     tokio::time::sleep(Duration::from_secs(args.idle_seconds)).await;
-    let idle_writes = manager_writes(control, idle_mark).await.map(|w| w.values().sum());
-    let idle_calls = metric_total(&manager.metrics(), "cloudprovider_api_requests_total") - idle_calls0;
+    report.idle_writes = total(&manager_writes(control, idle_mark));
+    let metrics = manager.metrics().await;
+    report.idle_calls = metric_total(&metrics, "cloudprovider_api_requests_total") - idle_calls0;
+    report.event_metrics = event_metrics(&metrics);
+    report.peak_rss_mib = manager.stop();
+    drop(manager);
+    // As in bench-nodes, the limit runs with no watch of the driver's open.
+    drop(watch_guard);
 
-    let peak_rss_mib = manager.stop();
-    stop_watch();
+    // Phase 4: the API server's own limit for the manager's writes, nothing else running.
+    if !args.no_limit {
+        report.limit = Some(measure_limit(&services, args.services).await?);
+    }
     if args.kubeconfig.is_some() {
         let _ = ns_api.delete(&c.namespace, &DeleteParams::default()).await;
         let lp = ListParams::default();
@@ -544,25 +739,47 @@ async fn run_variant(
             }
         }
     }
-    Ok(Report {
-        name: name.to_string(),
-        create_secs,
-        ingress_secs,
-        hosts_secs,
-        host_updates,
-        updates_after_unrelated_change,
-        calls_ingress: diff(&calls1, &calls0),
-        calls_hosts: diff(&calls2, &calls1),
-        writes_services: writes.as_ref().map(|w| w.get("services").copied().unwrap_or(0)),
-        writes_events: writes.as_ref().map(|w| w.get("events.events.k8s.io").copied().unwrap_or(0)),
-        writes_other: writes
-            .as_ref()
-            .map(|w| w.iter().filter(|(k, _)| *k != "services" && *k != "events.events.k8s.io").map(|(_, v)| v).sum()),
-        quiet_after_secs,
-        idle_writes,
-        idle_calls,
-        peak_rss_mib,
-    })
+    Ok(())
+}
+
+/// The API server's own limit for the manager's work on `count` Services: the two writes it
+/// makes per Service (a strategic-merge patch adding a finalizer, a merge patch of the status
+/// with an ingress), issued by a tight client with no cloud latency, at the best of a few
+/// concurrencies. Each round writes a new finalizer and address so no patch is a no-op.
+async fn measure_limit(api: &Api<Service>, count: usize) -> Result<(f64, usize), BoxError> {
+    let mut best: Option<(f64, usize)> = None;
+    for (round, concurrency) in [8usize, 32, 96].into_iter().enumerate() {
+        let started = Instant::now();
+        let mut tasks = JoinSet::new();
+        for i in 0..count {
+            if tasks.len() >= concurrency
+                && let Some(done) = tasks.join_next().await
+            {
+                done??;
+            }
+            let api = api.clone();
+            tasks.spawn(async move {
+                let name = format!("svc-{i}");
+                let pp = PatchParams { field_manager: Some(LIMIT.into()), ..Default::default() };
+                let finalizer =
+                    serde_json::json!({"metadata": {"finalizers": [format!("bench.ccm.rs/limit-{round}")]}});
+                api.patch(&name, &pp, &Patch::Strategic(finalizer)).await?;
+                let ip = format!("10.{}.{}.{}", 200 + round, i / 256, i % 256);
+                let status = serde_json::json!({"status": {"loadBalancer": {"ingress": [{"ip": ip}]}}});
+                api.patch_status(&name, &pp, &Patch::Merge(status)).await?;
+                Ok::<(), kube::Error>(())
+            });
+        }
+        while let Some(done) = tasks.join_next().await {
+            done??;
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        eprintln!("   limit: {count} Services x 2 patches at concurrency {concurrency}: {seconds:.2} s");
+        if best.is_none_or(|(b, _)| seconds < b) {
+            best = Some((seconds, concurrency));
+        }
+    }
+    best.ok_or_else(|| "no limit measured".into())
 }
 
 fn calls(m: &BTreeMap<String, u64>) -> String {
@@ -577,39 +794,82 @@ fn opt(v: Option<usize>) -> String {
 }
 
 fn print_table(args: &Args, reports: &[Report]) {
+    let latency = seconds_of(&args.lb_latency);
+    let mode = match args.create {
+        CreateMode::Precreate => "created before the manager starts; clocks from the manager's start",
+        CreateMode::During => "created during the run; clock from the first create",
+    };
     println!(
-        "\n{} LoadBalancer Services, {} Nodes, load-balancer latency {}, idle window {} s\n",
+        "\n{} LoadBalancer Services and {} Nodes ({mode}), load-balancer latency {}, idle window {} s\n",
         args.services, args.nodes, args.lb_latency, args.idle_seconds
     );
-    print!("| |");
+    print!("| | source |");
     for r in reports {
         print!(" {} |", r.name);
     }
     println!();
-    print!("|---|");
+    print!("|---|---|");
     for _ in reports {
         print!("---|");
     }
     println!();
-    let row = |label: &str, f: &dyn Fn(&Report) -> String| {
-        print!("| {label} |");
+    let row = |label: &str, source: &str, f: &dyn Fn(&Report) -> String| {
+        print!("| {label} | {source} |");
         for r in reports {
             print!(" {} |", f(r));
         }
         println!();
     };
-    row("creating the Services (driver)", &|r| format!("{:.2} s", r.create_secs));
-    row("every Service has an ingress", &|r| format!("{:.2} s", r.ingress_secs));
-    row("every LB has the added Node", &|r| format!("{:.2} s", r.hosts_secs));
-    row("cloud calls until ingress", &|r| calls(&r.calls_ingress));
-    row("cloud calls for the added Node", &|r| calls(&r.calls_hosts));
-    row("host updates for the added Node", &|r| r.host_updates.to_string());
-    row("host updates for an excluded Node", &|r| r.updates_after_unrelated_change.to_string());
-    row("API writes: Service patches (rate-limited)", &|r| opt(r.writes_services));
-    row("API writes: events (own budget)", &|r| opt(r.writes_events));
-    row("API writes: other", &|r| opt(r.writes_other));
-    row("quiet (events drained) after", &|r| format!("{:.1} s", r.quiet_after_secs.max(0.0)));
-    row("idle: API writes", &|r| opt(r.idle_writes));
-    row("idle: cloud calls", &|r| r.idle_calls.to_string());
-    row("manager peak RSS", &|r| format!("{:.1} MiB", r.peak_rss_mib));
+    let server = |r: &Report| r.backend;
+    row("API server (backend)", "", &|r| server(r).to_string());
+    row("failed", "", &|r| r.failed.clone().unwrap_or_else(|| "no".into()));
+    row("driver: creating the Nodes", "driver on backend", &|r| format!("{:.2} s", r.create_nodes_secs));
+    row("driver: creating the Services", "driver on backend", &|r| format!("{:.2} s", r.create_secs));
+    row("first Service has an ingress", "driver's watch", &|r| format!("{:.2} s", r.first_ingress_secs));
+    row("every Service has an ingress", "driver's watch", &|r| format!("{:.2} s", r.ingress_secs));
+    row("API server limit, same 2 writes per Service", "driver, after the run", &|r| {
+        r.limit.map_or_else(|| "n/a".into(), |(s, c)| format!("{s:.2} s (concurrency {c})"))
+    });
+    row("ingress time / API server limit", "", &|r| {
+        r.limit.map_or_else(|| "n/a".into(), |(s, _)| format!("{:.2}", r.ingress_secs / s))
+    });
+    row("cloud-latency bound (Services x latency / workers)", "computed", &|r| {
+        latency.map_or_else(|| "n/a".into(), |l| format!("{:.2} s", args.services as f64 * l / r.workers as f64))
+    });
+    row("ingress time / the larger bound", "", &|r| match (latency, r.limit) {
+        (Some(l), Some((s, _))) => {
+            format!("{:.2}", r.ingress_secs / (args.services as f64 * l / r.workers as f64).max(s))
+        }
+        _ => "n/a".into(),
+    });
+    row("every LB has the added Node", "manager metrics", &|r| format!("{:.2} s", r.hosts_secs));
+    row("cloud calls until ingress", "manager metrics", &|r| calls(&r.calls_ingress));
+    row("cloud calls for the added Node", "manager metrics", &|r| calls(&r.calls_hosts));
+    row("host updates for the added Node", "manager metrics", &|r| r.host_updates.to_string());
+    row("host updates for an excluded Node", "manager metrics", &|r| r.updates_after_unrelated_change.to_string());
+    let log = |r: &Report| if r.backend == "genuine" { "audit log" } else { "request log" };
+    let keys: BTreeSet<&String> = reports.iter().filter_map(|r| r.writes.as_ref()).flat_map(|w| w.keys()).collect();
+    let source = reports.first().map(log).unwrap_or("log");
+    for key in keys {
+        row(&format!("API writes: {key}"), source, &|r| {
+            r.writes.as_ref().map_or_else(|| "n/a".into(), |w| w.get(key).copied().unwrap_or(0).to_string())
+        });
+    }
+    row("API writes when the last ingress came: Services / events", source, &|r| {
+        r.writes_at_ingress.as_ref().map_or_else(
+            || "n/a".into(),
+            |w| {
+                let of = |p: &str| w.iter().filter(|(k, _)| k.contains(p)).map(|(_, v)| v).sum::<usize>();
+                format!("{} / {}", of(" services"), of(" events"))
+            },
+        )
+    });
+    row("quiet (events drained) after", source, &|r| format!("{:.1} s", r.quiet_after_secs));
+    row("idle: API writes", source, &|r| opt(r.idle_writes));
+    row("idle: cloud calls", "manager metrics", &|r| r.idle_calls.to_string());
+    let names: BTreeSet<&String> = reports.iter().flat_map(|r| r.event_metrics.keys()).collect();
+    for name in names {
+        row(name, "manager metrics", &|r| r.event_metrics.get(name).map_or_else(|| "n/a".into(), |v| v.to_string()));
+    }
+    row("manager peak RSS", "/proc", &|r| format!("{:.1} MiB", r.peak_rss_mib));
 }
