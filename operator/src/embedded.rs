@@ -203,7 +203,8 @@ impl Engines {
     }
 
     /// Make sure the engine for `cr` runs with this configuration. Returns whether an engine
-    /// was (re)started. `cloud_config` is the Secret's value, handed to the provider factory.
+    /// was (re)started. `cloud_config` is the Secret's (validated) value, handed to the provider
+    /// factory, or to the running provider's `reload` when only what it reloads changed.
     pub async fn ensure(
         &self,
         cr: &CloudControllerManager,
