@@ -1,16 +1,25 @@
 //! Kubernetes Events, kept off the controllers' critical path.
 //!
 //! Controllers hand an event to [`EventSink::publish`], which never waits: a background task
-//! writes events at its own pace (its own budget, separate from the controllers' API budget).
-//! Pending events are keyed by (component, object, reason): a repeat of one that is still
-//! waiting replaces it instead of taking a new slot, so a retry storm on a few objects cannot
-//! crowd out every other object's events. Only when the number of distinct pending events
-//! exceeds the queue size is a new one dropped (and counted) rather than delaying work.
+//! writes events from a bounded pending queue ([`queue::PendingQueue`], pure). A repeat of a
+//! pending event (same component, object and reason) folds into it and is written as one
+//! events.k8s.io series (`series.count`), as Kubernetes aggregates repeats. When the queue is
+//! full, a newer event of an object takes the place of that object's older pending one, or of
+//! another object's superseded one; an object's latest event is never dropped for another
+//! object's older event. Whatever is dropped is counted in `ccm_events_dropped_total{reason}`.
+//!
+//! Pace: one write in flight at a time, at most [`DEFAULT_RATE`] per second, backing off on
+//! 429/5xx. The event client is the same user as the controllers' client, so API Priority and
+//! Fairness puts its requests in the same flow: a single writer holds at most one of the
+//! flow's seats and cannot crowd out the controllers' own writes, while the server's latency
+//! (not a fixed 50/s) sets the drain rate. The rate cap only bounds the write rate against a
+//! very fast server.
+
+pub mod queue;
 
 use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,57 +29,142 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-/// Distinct events waiting to be written before new ones are dropped.
-pub const DEFAULT_QUEUE: usize = 1024;
-/// Events written per second at most.
-pub const DEFAULT_RATE: u32 = 50;
+use crate::metrics::Metrics;
+use queue::{Admission, Pace, PendingQueue};
+
+/// Events waiting to be written before older ones are superseded or new ones dropped: one
+/// per object for 10,000 Services and 5,000 Nodes with room to spare. An entry is an
+/// ObjectReference and a note (well under 1 KiB), so a full queue holds about 10 MiB at most.
+pub const DEFAULT_QUEUE: usize = 16_384;
+/// Largest queue [`EventSink::spawn_with`] accepts (bounds memory whatever is configured).
+pub const MAX_QUEUE: usize = 65_536;
+/// Events written per second at most (one at a time; the server's latency usually paces first).
+pub const DEFAULT_RATE: u32 = 500;
 /// How long a written event is remembered so a repeat becomes a series update.
 pub const SERIES_WINDOW: Duration = Duration::from_secs(6 * 60);
 /// How many written events are remembered for series updates (bounds memory).
 pub const SERIES_MEMORY: usize = 1024;
+/// Writes of one event tried before it is dropped (`reason="write_failed"`).
+pub const MAX_ATTEMPTS: u8 = 3;
 
 struct Queued {
     component: &'static str,
     event: Event,
     reference: ObjectReference,
+    /// When the newest occurrence was published.
+    observed: Timestamp,
+    attempts: u8,
 }
 
+/// The involved object as the queue sees it: component and object.
+type Object = (&'static str, Option<String>, Option<String>, Option<String>);
 /// Identifies "the same event again": component, object and reason.
 type Key = (&'static str, Option<String>, Option<String>, Option<String>, String);
 
-fn key_of(item: &Queued) -> Key {
-    let r = &item.reference;
-    (item.component, r.namespace.clone(), r.name.clone(), r.uid.clone(), item.event.reason.clone())
+fn object_of(component: &'static str, r: &ObjectReference) -> Object {
+    (component, r.namespace.clone(), r.name.clone(), r.uid.clone())
 }
 
-/// Pending events in arrival order, one entry per key.
-#[derive(Default)]
-struct Pending {
-    order: VecDeque<Key>,
-    items: HashMap<Key, Queued>,
+fn key_of(item: &Queued) -> Key {
+    let (c, ns, name, uid) = object_of(item.component, &item.reference);
+    (c, ns, name, uid, item.event.reason.clone())
+}
+
+/// Why an event was not written.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct DropLabels {
+    reason: &'static str,
+}
+
+/// A newer event of the same object (or of another object, taking the slot of an event that
+/// was not its object's latest) replaced it in the full queue.
+const SUPERSEDED: &str = "superseded";
+/// The queue was full of events that are each the latest of their object.
+const QUEUE_FULL: &str = "queue_full";
+/// The API server refused it, or failed [`MAX_ATTEMPTS`] times.
+const WRITE_FAILED: &str = "write_failed";
+
+/// The sink's counters; registered on `/metrics` by [`EventSink::spawn_observed`].
+#[derive(Clone, Default)]
+struct EventMetrics {
+    dropped: Family<DropLabels, Counter>,
+    aggregated: Counter,
+    written: Counter,
+    pending: Gauge,
+}
+
+impl EventMetrics {
+    fn registered(metrics: &Metrics) -> Self {
+        Self {
+            dropped: metrics.get_or_register(
+                "ccm_events_dropped",
+                "Events not written, by reason (superseded, queue_full, write_failed)",
+                Family::default,
+            ),
+            aggregated: metrics.get_or_register(
+                "ccm_events_aggregated",
+                "Repeats of a pending event folded into its series count",
+                Counter::default,
+            ),
+            written: metrics.get_or_register(
+                "ccm_events_written",
+                "Event creations and series updates written",
+                Counter::default,
+            ),
+            pending: metrics.get_or_register("ccm_events_pending", "Events waiting to be written", Gauge::default),
+        }
+    }
+
+    fn drop_one(&self, reason: &'static str) {
+        self.dropped.get_or_create(&DropLabels { reason }).inc();
+    }
+
+    fn count(&self, admission: Admission) {
+        match admission {
+            Admission::Queued => {}
+            Admission::Aggregated => {
+                self.aggregated.inc();
+            }
+            Admission::Superseded => self.drop_one(SUPERSEDED),
+            Admission::Dropped => self.drop_one(QUEUE_FULL),
+        }
+    }
 }
 
 struct Shared {
-    pending: Mutex<Pending>,
+    pending: Mutex<PendingQueue<Object, Queued>>,
     wake: Notify,
-    capacity: usize,
-    dropped: AtomicU64,
-    coalesced: AtomicU64,
-    published: AtomicU64,
+    metrics: EventMetrics,
 }
 
 impl Shared {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, PendingQueue<Object, Queued>> {
         self.pending.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn pop(&self) -> Option<Queued> {
-        let mut p = self.lock();
-        let key = p.order.pop_front()?;
-        p.items.remove(&key)
+    /// Run `f` on the queue, keeping the pending gauge in step (by difference, so sinks
+    /// sharing one registry add up).
+    fn with_queue<R>(&self, f: impl FnOnce(&mut PendingQueue<Object, Queued>) -> R) -> R {
+        let mut q = self.lock();
+        let before = q.len() as i64;
+        let result = f(&mut q);
+        let after = q.len() as i64;
+        drop(q);
+        if after != before {
+            self.metrics.pending.inc_by(after - before);
+        }
+        result
+    }
+
+    fn pop(&self) -> Option<queue::Popped<Queued>> {
+        self.with_queue(|q| q.pop())
     }
 }
 
@@ -118,17 +212,21 @@ impl Recent {
         }
     }
 
-    async fn write(&mut self, item: &Queued) -> Result<(), kube::Error> {
+    /// Write `item`, which stands for `count` occurrences.
+    async fn write(&mut self, item: &Queued, count: u32) -> Result<(), kube::Error> {
         let now = Timestamp::now();
         self.forget_old(now);
+        let count = i32::try_from(count.max(1)).unwrap_or(i32::MAX);
+        let observed = item.observed;
         let key = key_of(item);
         if let Some(w) = self.written.get_mut(&key) {
             let api: kube::Api<K8sEvent> = kube::Api::namespaced(self.client.clone(), &w.namespace);
-            let series = EventSeries { count: w.count + 1, last_observed_time: MicroTime(now) };
+            let total = w.count.saturating_add(count);
+            let series = EventSeries { count: total, last_observed_time: MicroTime(observed) };
             let patch = serde_json::json!({"series": series, "note": item.event.note});
             match api.patch(&w.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
                 Ok(_) => {
-                    w.count += 1;
+                    w.count = total;
                     w.last = now;
                     return Ok(());
                 }
@@ -150,7 +248,9 @@ impl Recent {
                 EventType::Normal => "Normal".to_string(),
                 EventType::Warning => "Warning".to_string(),
             }),
-            event_time: Some(MicroTime(now)),
+            event_time: Some(MicroTime(observed)),
+            // Repeats folded while waiting are one series, as the API defines it (count >= 2).
+            series: (count >= 2).then(|| EventSeries { count, last_observed_time: MicroTime(observed) }),
             regarding: Some(item.reference.clone()),
             related: item.event.secondary.clone(),
             reporting_controller: Some(item.component.to_string()),
@@ -162,8 +262,16 @@ impl Recent {
         if !self.written.contains_key(&key) {
             self.order.push_back(key.clone());
         }
-        self.written.insert(key, Written { namespace, name, count: 1, last: now });
+        self.written.insert(key, Written { namespace, name, count, last: now });
         Ok(())
+    }
+}
+
+/// Whether a failed write may succeed later: the server was overloaded or unreachable.
+fn retryable(error: &kube::Error) -> bool {
+    match error {
+        kube::Error::Api(e) => e.code == 429 || e.code >= 500,
+        _ => true,
     }
 }
 
@@ -176,10 +284,21 @@ pub struct EventSink {
 impl EventSink {
     /// Start the writer task. `instance` identifies this manager (pod name) in events.
     pub fn spawn(client: kube::Client, instance: Option<String>, shutdown: CancellationToken) -> Self {
-        Self::spawn_with(client, instance, DEFAULT_QUEUE, DEFAULT_RATE, shutdown)
+        Self::start(client, instance, DEFAULT_QUEUE, DEFAULT_RATE, EventMetrics::default(), shutdown)
     }
 
-    /// Start the writer task with an explicit queue size and rate.
+    /// Start the writer task, counting written, aggregated, dropped and pending events in
+    /// `metrics` (`ccm_events_*`; sinks sharing a registry share the series).
+    pub fn spawn_observed(
+        client: kube::Client,
+        instance: Option<String>,
+        metrics: &Metrics,
+        shutdown: CancellationToken,
+    ) -> Self {
+        Self::start(client, instance, DEFAULT_QUEUE, DEFAULT_RATE, EventMetrics::registered(metrics), shutdown)
+    }
+
+    /// Start the writer task with an explicit queue size (at most [`MAX_QUEUE`]) and rate.
     pub fn spawn_with(
         client: kube::Client,
         instance: Option<String>,
@@ -187,36 +306,58 @@ impl EventSink {
         per_second: u32,
         shutdown: CancellationToken,
     ) -> Self {
+        Self::start(client, instance, queue, per_second, EventMetrics::default(), shutdown)
+    }
+
+    fn start(
+        client: kube::Client,
+        instance: Option<String>,
+        queue: usize,
+        per_second: u32,
+        metrics: EventMetrics,
+        shutdown: CancellationToken,
+    ) -> Self {
         let shared = Arc::new(Shared {
-            pending: Mutex::new(Pending::default()),
+            pending: Mutex::new(PendingQueue::new(queue.clamp(1, MAX_QUEUE))),
             wake: Notify::new(),
-            capacity: queue.max(1),
-            dropped: AtomicU64::new(0),
-            coalesced: AtomicU64::new(0),
-            published: AtomicU64::new(0),
+            metrics,
         });
         let writer = shared.clone();
-        let pause = Duration::from_secs(1) / per_second.max(1);
         tokio::spawn(async move {
             let mut recent = Recent::new(client, instance);
+            let mut pace = Pace::new(per_second);
             loop {
-                let Some(item) = writer.pop() else {
+                let Some(popped) = writer.pop() else {
                     tokio::select! {
                         _ = shutdown.cancelled() => return,
                         _ = writer.wake.notified() => continue,
                     }
                 };
-                match recent.write(&item).await {
+                let started = tokio::time::Instant::now();
+                let mut item = popped.item;
+                match recent.write(&item, popped.count).await {
                     Ok(()) => {
-                        writer.published.fetch_add(1, Ordering::Relaxed);
+                        pace.succeeded();
+                        writer.metrics.written.inc();
+                    }
+                    Err(error) if retryable(&error) && item.attempts + 1 < MAX_ATTEMPTS => {
+                        tracing::debug!(%error, reason = %item.event.reason, "could not write event; will retry");
+                        pace.failed();
+                        item.attempts += 1;
+                        let object = object_of(item.component, &item.reference);
+                        let reason = item.event.reason.clone();
+                        let admission = writer.with_queue(|q| q.retry(object, &reason, item, popped.count));
+                        writer.metrics.count(admission);
                     }
                     Err(error) => {
                         tracing::debug!(%error, reason = %item.event.reason, "could not write event");
+                        pace.failed();
+                        writer.metrics.drop_one(WRITE_FAILED);
                     }
                 }
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(pause) => {}
+                    _ = tokio::time::sleep_until(started + pace.pause()) => {}
                 }
             }
         });
@@ -224,8 +365,9 @@ impl EventSink {
     }
 
     /// Queue an event on `reference`, written by `component` (for example
-    /// `cloud-node-controller`). Never waits. A repeat of a pending event replaces it; a new
-    /// event is dropped when the queue is full.
+    /// `cloud-node-controller`). Never waits. A repeat of a pending event folds into it (a
+    /// series); when the queue is full, an older event is superseded or this one dropped, as
+    /// [`queue`] describes, and counted.
     pub fn publish(
         &self,
         component: &'static str,
@@ -242,44 +384,36 @@ impl EventSink {
             action: action.to_string(),
             secondary: None,
         };
-        let item = Queued { component, event, reference };
-        let key = key_of(&item);
-        {
-            let mut p = self.shared.lock();
-            if let Some(slot) = p.items.get_mut(&key) {
-                // Same object and reason still waiting: keep its place, send the newest note.
-                *slot = item;
-                self.shared.coalesced.fetch_add(1, Ordering::Relaxed);
-                return;
-            }
-            if p.items.len() >= self.shared.capacity {
-                self.shared.dropped.fetch_add(1, Ordering::Relaxed);
-                return;
-            }
-            p.order.push_back(key.clone());
-            p.items.insert(key, item);
+        let object = object_of(component, &reference);
+        let item = Queued { component, event, reference, observed: Timestamp::now(), attempts: 0 };
+        let admission = self.shared.with_queue(|q| q.push(object, reason, item, 1));
+        self.shared.metrics.count(admission);
+        if matches!(admission, Admission::Queued | Admission::Superseded) {
+            self.shared.wake.notify_one();
         }
-        self.shared.wake.notify_one();
     }
 
-    /// Events dropped because the queue was full.
+    /// Events not written: superseded in a full queue, dropped, or refused by the server.
     pub fn dropped(&self) -> u64 {
-        self.shared.dropped.load(Ordering::Relaxed)
+        [SUPERSEDED, QUEUE_FULL, WRITE_FAILED]
+            .iter()
+            .map(|&reason| self.shared.metrics.dropped.get_or_create(&DropLabels { reason }).get())
+            .sum()
     }
 
-    /// Events that replaced a pending repeat of themselves.
+    /// Events folded into a pending repeat of themselves (written as a series).
     pub fn coalesced(&self) -> u64 {
-        self.shared.coalesced.load(Ordering::Relaxed)
+        self.shared.metrics.aggregated.get()
     }
 
-    /// Events written successfully.
+    /// Event creations and series updates written successfully.
     pub fn published(&self) -> u64 {
-        self.shared.published.load(Ordering::Relaxed)
+        self.shared.metrics.written.get()
     }
 
     /// Events waiting to be written.
     pub fn pending(&self) -> usize {
-        self.shared.lock().items.len()
+        self.shared.lock().len()
     }
 }
 
@@ -322,8 +456,9 @@ mod tests {
         assert_eq!(sink.pending(), 1);
         assert_eq!(sink.coalesced(), 99);
         assert_eq!(sink.dropped(), 0);
-        let item = sink.shared.pop().unwrap();
-        assert_eq!(item.event.note.as_deref(), Some("try 99"), "the newest note is kept");
+        let popped = sink.shared.pop().unwrap();
+        assert_eq!(popped.item.event.note.as_deref(), Some("try 99"), "the newest note is kept");
+        assert_eq!(popped.count, 100, "written as one series of 100");
     }
 
     #[tokio::test]
@@ -344,16 +479,46 @@ mod tests {
         assert_eq!(sink.pending(), 3);
         assert_eq!(sink.dropped(), 0);
         sink.publish("service-controller", reference("c"), EventType::Normal, "EnsuringLoadBalancer", "x", "Sync");
-        assert_eq!(sink.dropped(), 1, "a fourth distinct event does not fit");
-        let order: Vec<_> =
-            std::iter::from_fn(|| sink.shared.pop()).map(|q| (q.reference.name.unwrap(), q.event.reason)).collect();
+        assert_eq!(sink.dropped(), 1, "a fourth object's event takes the slot of b's superseded one");
+        sink.publish("service-controller", reference("d"), EventType::Normal, "EnsuringLoadBalancer", "x", "Sync");
+        assert_eq!(sink.dropped(), 2, "every pending event is its object's latest: the new one is dropped");
+        let order: Vec<_> = std::iter::from_fn(|| sink.shared.pop())
+            .map(|p| (p.item.reference.name.unwrap(), p.item.event.reason, p.count))
+            .collect();
         assert_eq!(
             order,
             [
-                ("hot".to_string(), "SyncLoadBalancerFailed".to_string()),
-                ("b".to_string(), "SyncLoadBalancerFailed".to_string()),
-                ("b".to_string(), "EnsuringLoadBalancer".to_string())
+                ("hot".to_string(), "SyncLoadBalancerFailed".to_string(), 50),
+                ("b".to_string(), "EnsuringLoadBalancer".to_string(), 1),
+                ("c".to_string(), "EnsuringLoadBalancer".to_string(), 1)
             ]
         );
+    }
+
+    #[tokio::test]
+    async fn dropped_events_are_counted_by_reason_on_metrics() {
+        let client = kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
+        let token = CancellationToken::new();
+        token.cancel();
+        let metrics = Metrics::new();
+        let sink = EventSink::start(client, None, 2, 1, EventMetrics::registered(&metrics), token);
+        let publish = |name: &str, reason: &str| {
+            sink.publish("service-controller", reference(name), EventType::Normal, reason, "x", "Sync")
+        };
+        publish("a", "EnsuringLoadBalancer");
+        publish("a", "EnsuringLoadBalancer");
+        publish("b", "EnsuringLoadBalancer");
+        publish("b", "EnsuredLoadBalancer");
+        publish("c", "EnsuringLoadBalancer");
+        let text = metrics.encode();
+        for line in [
+            "ccm_events_aggregated_total 1",
+            "ccm_events_dropped_total{reason=\"superseded\"} 1",
+            "ccm_events_dropped_total{reason=\"queue_full\"} 1",
+            "ccm_events_pending 2",
+        ] {
+            assert!(text.contains(line), "{line} in\n{text}");
+        }
+        assert_eq!(sink.dropped(), 2);
     }
 }

@@ -544,7 +544,12 @@ impl Engine {
                 }
             });
         }
-        let events = EventSink::spawn(self.event_client.clone(), Some(self.identity.clone()), background.clone());
+        let events = EventSink::spawn_observed(
+            self.event_client.clone(),
+            Some(self.identity.clone()),
+            &self.metrics,
+            background.clone(),
+        );
         if let Some(e) = &elector {
             self.spawn_leader_monitor(e.subscribe(), e.config().clone(), background.clone());
         }

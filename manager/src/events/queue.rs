@@ -1,0 +1,360 @@
+//! Which pending events wait, which fold into a series and which are dropped: pure, no I/O.
+//!
+//! Entries are keyed by (object, reason). Rules, in order:
+//! 1. An event whose object already has one with the same reason pending folds into it (its
+//!    series count grows, the newest payload wins). Nothing is lost.
+//! 2. Otherwise it takes a new slot while fewer than `capacity` are pending.
+//! 3. When full, it takes the place of its own object's newest pending event (that older
+//!    event of the same object is dropped as superseded; the object keeps its latest).
+//! 4. Else it takes the slot of the oldest pending event that is not its object's latest.
+//! 5. Only when every pending event is the latest of its object is the new one dropped.
+//!
+//! So an object's latest event is never dropped for another object's older one, and with
+//! `capacity` at least the number of objects that have events pending, every object's final
+//! event is written.
+//!
+//! Memory: at most `capacity` entries, one index entry per object with events pending, and two
+//! id queues compacted to at most `2 * capacity + COMPACT_SLACK` ids each.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::Hash;
+use std::time::Duration;
+
+/// Stale ids tolerated in the id queues before they are compacted.
+const COMPACT_SLACK: usize = 64;
+
+/// What happened to an event offered to the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Queued in a free slot.
+    Queued,
+    /// Folded into a pending event of the same object and reason (a series).
+    Aggregated,
+    /// Queued in place of an older pending event, which is dropped.
+    Superseded,
+    /// Not queued: every pending event is the latest of its object.
+    Dropped,
+}
+
+/// An event handed out for writing: the payload and how many occurrences it stands for.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Popped<T> {
+    /// The newest payload of the folded occurrences.
+    pub item: T,
+    /// Occurrences folded together (at least 1).
+    pub count: u32,
+}
+
+struct Entry<O, T> {
+    object: O,
+    reason: String,
+    item: T,
+    count: u32,
+}
+
+/// Bounded pending events; see the module documentation for the rules.
+pub struct PendingQueue<O, T> {
+    capacity: usize,
+    next: u64,
+    entries: HashMap<u64, Entry<O, T>>,
+    /// Arrival order; ids no longer in `entries` are skipped.
+    order: VecDeque<u64>,
+    /// Pending ids per object, oldest first (a handful: one per reason at most).
+    objects: HashMap<O, Vec<u64>>,
+    /// Ids that were not their object's newest when a newer one arrived: eviction candidates.
+    evictable: VecDeque<u64>,
+}
+
+impl<O: Clone + Eq + Hash, T> PendingQueue<O, T> {
+    /// An empty queue holding at most `capacity` (at least 1) events.
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            capacity: capacity.max(1),
+            next: 0,
+            entries: HashMap::new(),
+            order: VecDeque::new(),
+            objects: HashMap::new(),
+            evictable: VecDeque::new(),
+        }
+    }
+
+    /// Events pending.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether nothing is pending.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Offer one event (standing for `count` occurrences) of `object` with `reason`.
+    pub fn push(&mut self, object: O, reason: &str, item: T, count: u32) -> Admission {
+        let count = count.max(1);
+        if let Some(ids) = self.objects.get(&object) {
+            let newest = ids.last().copied();
+            let same = ids.iter().copied().find(|id| self.entries.get(id).is_some_and(|e| e.reason == reason));
+            if let Some(id) = same {
+                if Some(id) == newest {
+                    if let Some(e) = self.entries.get_mut(&id) {
+                        e.count = e.count.saturating_add(count);
+                        e.item = item;
+                    }
+                } else {
+                    // The same reason is pending behind other events of this object: move it
+                    // after them so the object's events stay in the order they happened.
+                    let folded = self.remove(id).map_or(0, |e| e.count);
+                    self.append(object, reason, item, count.saturating_add(folded));
+                }
+                return Admission::Aggregated;
+            }
+            if self.entries.len() >= self.capacity
+                && let Some(id) = newest
+                && let Some(e) = self.entries.get_mut(&id)
+            {
+                *e = Entry { object, reason: reason.to_string(), item, count };
+                return Admission::Superseded;
+            }
+        }
+        if self.entries.len() < self.capacity {
+            self.append(object, reason, item, count);
+            return Admission::Queued;
+        }
+        match self.next_evictable() {
+            Some(victim) => {
+                self.remove(victim);
+                self.append(object, reason, item, count);
+                Admission::Superseded
+            }
+            None => Admission::Dropped,
+        }
+    }
+
+    /// Offer again an event whose write failed. A pending repeat of it (newer) absorbs its
+    /// count; a different pending event of its object is that object's latest, so this one is
+    /// dropped as superseded.
+    pub fn retry(&mut self, object: O, reason: &str, item: T, count: u32) -> Admission {
+        if let Some(ids) = self.objects.get(&object) {
+            let same = ids.iter().find_map(|id| self.entries.get(id).filter(|e| e.reason == reason).map(|_| *id));
+            return match same.and_then(|id| self.entries.get_mut(&id)) {
+                Some(e) => {
+                    e.count = e.count.saturating_add(count.max(1));
+                    Admission::Aggregated
+                }
+                None => Admission::Superseded,
+            };
+        }
+        self.push(object, reason, item, count)
+    }
+
+    /// The oldest pending event.
+    pub fn pop(&mut self) -> Option<Popped<T>> {
+        while let Some(id) = self.order.pop_front() {
+            if let Some(e) = self.remove(id) {
+                return Some(Popped { item: e.item, count: e.count });
+            }
+        }
+        None
+    }
+
+    fn append(&mut self, object: O, reason: &str, item: T, count: u32) {
+        let id = self.next;
+        self.next += 1;
+        let ids = self.objects.entry(object.clone()).or_default();
+        if let Some(&previous) = ids.last() {
+            self.evictable.push_back(previous);
+        }
+        ids.push(id);
+        self.order.push_back(id);
+        self.entries.insert(id, Entry { object, reason: reason.to_string(), item, count });
+        self.compact();
+    }
+
+    fn remove(&mut self, id: u64) -> Option<Entry<O, T>> {
+        let e = self.entries.remove(&id)?;
+        if let Some(ids) = self.objects.get_mut(&e.object) {
+            ids.retain(|&i| i != id);
+            if ids.is_empty() {
+                self.objects.remove(&e.object);
+            }
+        }
+        Some(e)
+    }
+
+    fn next_evictable(&mut self) -> Option<u64> {
+        while let Some(id) = self.evictable.pop_front() {
+            let Some(e) = self.entries.get(&id) else { continue };
+            if self.objects.get(&e.object).and_then(|ids| ids.last()) != Some(&id) {
+                return Some(id);
+            }
+        }
+        None
+    }
+
+    fn compact(&mut self) {
+        let limit = 2 * self.capacity + COMPACT_SLACK;
+        if self.order.len() > limit {
+            let entries = &self.entries;
+            self.order.retain(|id| entries.contains_key(id));
+        }
+        if self.evictable.len() > limit {
+            let (entries, objects) = (&self.entries, &self.objects);
+            self.evictable.retain(|id| {
+                entries.get(id).is_some_and(|e| objects.get(&e.object).and_then(|ids| ids.last()) != Some(id))
+            });
+        }
+    }
+}
+
+/// The writer's pause before its next write: at least `interval` (the rate cap), longer after
+/// failures (doubling from `MIN_BACKOFF` to `MAX_BACKOFF`), back to `interval` after a success.
+#[derive(Debug, Clone)]
+pub struct Pace {
+    interval: Duration,
+    backoff: Duration,
+}
+
+/// First pause after a failed write.
+pub const MIN_BACKOFF: Duration = Duration::from_millis(100);
+/// Longest pause after repeated failures.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+impl Pace {
+    /// A pace of at most `per_second` writes (at least 1).
+    pub fn new(per_second: u32) -> Self {
+        Self { interval: Duration::from_secs(1) / per_second.max(1), backoff: Duration::ZERO }
+    }
+
+    /// A write succeeded.
+    pub fn succeeded(&mut self) {
+        self.backoff = Duration::ZERO;
+    }
+
+    /// A write failed because the server was overloaded or unreachable.
+    pub fn failed(&mut self) {
+        self.backoff = (self.backoff * 2).clamp(MIN_BACKOFF, MAX_BACKOFF);
+    }
+
+    /// Time from the start of one write to the start of the next.
+    pub fn pause(&self) -> Duration {
+        self.interval.max(self.backoff)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type Q = PendingQueue<String, String>;
+
+    fn drain(q: &mut Q) -> Vec<(String, u32)> {
+        std::iter::from_fn(|| q.pop()).map(|p| (p.item, p.count)).collect()
+    }
+
+    #[test]
+    fn under_overload_every_object_keeps_its_final_event() {
+        // 1,000 objects, three events each, interleaved as 1,000 parallel reconciles emit
+        // them, into a queue that holds half of the 3,000 events.
+        let mut q = Q::new(1_500);
+        let reasons = ["EnsuringLoadBalancer", "SyncLoadBalancerFailed", "EnsuredLoadBalancer"];
+        let mut admissions = Vec::new();
+        for reason in reasons {
+            for object in 0..1_000 {
+                admissions.push(q.push(format!("svc-{object}"), reason, format!("svc-{object}/{reason}"), 1));
+            }
+        }
+        assert_eq!(q.len(), 1_500);
+        let written = drain(&mut q);
+        let finals: Vec<_> = written.iter().filter(|(item, _)| item.ends_with("/EnsuredLoadBalancer")).collect();
+        assert_eq!(finals.len(), 1_000, "every object's final event is kept");
+        let dropped = admissions.iter().filter(|a| matches!(a, Admission::Superseded | Admission::Dropped)).count();
+        assert_eq!(written.len() + dropped, 3_000, "each event is either written or counted as dropped");
+        assert!(!admissions.contains(&Admission::Dropped), "nothing dropped while objects fit");
+    }
+
+    #[test]
+    fn an_objects_latest_event_is_not_dropped_for_another_objects_older_one() {
+        let mut q = Q::new(3);
+        assert_eq!(q.push("a".into(), "Ensuring", "a1".into(), 1), Admission::Queued);
+        assert_eq!(q.push("b".into(), "Ensuring", "b1".into(), 1), Admission::Queued);
+        assert_eq!(q.push("a".into(), "Ensured", "a2".into(), 1), Admission::Queued);
+        // Full. A new object takes the slot of "a"'s superseded first event, not "b"'s only one.
+        assert_eq!(q.push("c".into(), "Ensuring", "c1".into(), 1), Admission::Superseded);
+        // Full of latest events: "b"'s newer event replaces its own older one.
+        assert_eq!(q.push("b".into(), "Ensured", "b2".into(), 1), Admission::Superseded);
+        // A fourth object cannot take anyone's latest event: it is the one dropped.
+        assert_eq!(q.push("d".into(), "Ensuring", "d1".into(), 1), Admission::Dropped);
+        assert_eq!(drain(&mut q), [("b2".to_string(), 1), ("a2".to_string(), 1), ("c1".to_string(), 1)]);
+    }
+
+    #[test]
+    fn repeats_fold_into_a_series_count_with_the_newest_payload() {
+        let mut q = Q::new(10);
+        for attempt in 1..=5 {
+            let a = q.push("a".into(), "SyncLoadBalancerFailed", format!("try {attempt}"), 1);
+            assert_eq!(a, if attempt == 1 { Admission::Queued } else { Admission::Aggregated });
+        }
+        assert_eq!(q.len(), 1);
+        assert_eq!(drain(&mut q), [("try 5".to_string(), 5)]);
+    }
+
+    #[test]
+    fn a_repeat_behind_other_events_of_its_object_moves_after_them() {
+        let mut q = Q::new(10);
+        q.push("a".into(), "Ensuring", "ensuring 1".into(), 1);
+        q.push("a".into(), "Ensured", "ensured".into(), 1);
+        q.push("b".into(), "Ensuring", "b".into(), 1);
+        assert_eq!(q.push("a".into(), "Ensuring", "ensuring 2".into(), 1), Admission::Aggregated);
+        assert_eq!(
+            drain(&mut q),
+            [("ensured".to_string(), 1), ("b".to_string(), 1), ("ensuring 2".to_string(), 2)],
+            "the object's last event is the newest one"
+        );
+    }
+
+    #[test]
+    fn a_failed_write_is_not_retried_over_a_newer_event_of_its_object() {
+        let mut q = Q::new(10);
+        q.push("a".into(), "Ensured", "ensured".into(), 1);
+        assert_eq!(q.retry("a".into(), "Ensuring", "ensuring".into(), 1), Admission::Superseded);
+        assert_eq!(q.retry("a".into(), "Ensured", "ensured earlier".into(), 2), Admission::Aggregated);
+        assert_eq!(q.retry("b".into(), "Ensuring", "b".into(), 1), Admission::Queued);
+        assert_eq!(
+            drain(&mut q),
+            [("ensured".to_string(), 3), ("b".to_string(), 1)],
+            "the pending (newer) note is kept, the failed occurrences counted"
+        );
+    }
+
+    #[test]
+    fn sustained_overload_keeps_memory_bounded() {
+        let mut q = Q::new(8);
+        for round in 0..10_000 {
+            q.push(format!("o{}", round % 5), if round % 2 == 0 { "A" } else { "B" }, String::new(), 1);
+            q.push(format!("n{round}"), "A", String::new(), 1);
+            if round % 3 == 0 {
+                q.pop();
+            }
+        }
+        assert!(q.len() <= 8);
+        assert!(q.order.len() <= 2 * 8 + COMPACT_SLACK, "{}", q.order.len());
+        assert!(q.evictable.len() <= 2 * 8 + COMPACT_SLACK, "{}", q.evictable.len());
+        assert!(q.objects.len() <= 8);
+    }
+
+    #[test]
+    fn pace_backs_off_on_failures_and_recovers_on_success() {
+        let mut pace = Pace::new(500);
+        assert_eq!(pace.pause(), Duration::from_millis(2));
+        pace.failed();
+        assert_eq!(pace.pause(), MIN_BACKOFF);
+        pace.failed();
+        assert_eq!(pace.pause(), MIN_BACKOFF * 2);
+        for _ in 0..20 {
+            pace.failed();
+        }
+        assert_eq!(pace.pause(), MAX_BACKOFF);
+        pace.succeeded();
+        assert_eq!(pace.pause(), Duration::from_millis(2));
+    }
+}
