@@ -122,8 +122,8 @@ impl EventMetrics {
         }
     }
 
-    fn drop_one(&self, reason: &'static str) {
-        self.dropped.get_or_create(&DropLabels { reason }).inc();
+    fn drop_some(&self, reason: &'static str, occurrences: u32) {
+        self.dropped.get_or_create(&DropLabels { reason }).inc_by(u64::from(occurrences));
     }
 
     fn count(&self, admission: Admission) {
@@ -132,8 +132,8 @@ impl EventMetrics {
             Admission::Aggregated => {
                 self.aggregated.inc();
             }
-            Admission::Superseded => self.drop_one(SUPERSEDED),
-            Admission::Dropped => self.drop_one(QUEUE_FULL),
+            Admission::Superseded(n) => self.drop_some(SUPERSEDED, n),
+            Admission::Dropped(n) => self.drop_some(QUEUE_FULL, n),
         }
     }
 }
@@ -298,15 +298,18 @@ impl EventSink {
         Self::start(client, instance, DEFAULT_QUEUE, DEFAULT_RATE, EventMetrics::registered(metrics), shutdown)
     }
 
-    /// Start the writer task with an explicit queue size (at most [`MAX_QUEUE`]) and rate.
+    /// Start the writer task with an explicit queue size (at most [`MAX_QUEUE`]) and rate,
+    /// counting in `metrics` when given.
     pub fn spawn_with(
         client: kube::Client,
         instance: Option<String>,
         queue: usize,
         per_second: u32,
+        metrics: Option<&Metrics>,
         shutdown: CancellationToken,
     ) -> Self {
-        Self::start(client, instance, queue, per_second, EventMetrics::default(), shutdown)
+        let metrics = metrics.map(EventMetrics::registered).unwrap_or_default();
+        Self::start(client, instance, queue, per_second, metrics, shutdown)
     }
 
     fn start(
@@ -352,7 +355,7 @@ impl EventSink {
                     Err(error) => {
                         tracing::debug!(%error, reason = %item.event.reason, "could not write event");
                         pace.failed();
-                        writer.metrics.drop_one(WRITE_FAILED);
+                        writer.metrics.drop_some(WRITE_FAILED, popped.count);
                     }
                 }
                 tokio::select! {
@@ -388,12 +391,13 @@ impl EventSink {
         let item = Queued { component, event, reference, observed: Timestamp::now(), attempts: 0 };
         let admission = self.shared.with_queue(|q| q.push(object, reason, item, 1));
         self.shared.metrics.count(admission);
-        if matches!(admission, Admission::Queued | Admission::Superseded) {
+        if matches!(admission, Admission::Queued | Admission::Superseded(_)) {
             self.shared.wake.notify_one();
         }
     }
 
-    /// Events not written: superseded in a full queue, dropped, or refused by the server.
+    /// Event occurrences not written: superseded in a full queue, dropped, or refused by the
+    /// server.
     pub fn dropped(&self) -> u64 {
         [SUPERSEDED, QUEUE_FULL, WRITE_FAILED]
             .iter()
@@ -401,7 +405,7 @@ impl EventSink {
             .sum()
     }
 
-    /// Events folded into a pending repeat of themselves (written as a series).
+    /// Event occurrences folded into a pending repeat of themselves (written as a series).
     pub fn coalesced(&self) -> u64 {
         self.shared.metrics.aggregated.get()
     }
@@ -437,7 +441,7 @@ mod tests {
         let client = kube::Client::try_from(config).unwrap();
         let token = CancellationToken::new();
         token.cancel();
-        EventSink::spawn_with(client, None, queue, 1, token)
+        EventSink::spawn_with(client, None, queue, 1, None, token)
     }
 
     #[tokio::test]
@@ -501,7 +505,7 @@ mod tests {
         let token = CancellationToken::new();
         token.cancel();
         let metrics = Metrics::new();
-        let sink = EventSink::start(client, None, 2, 1, EventMetrics::registered(&metrics), token);
+        let sink = EventSink::spawn_with(client, None, 2, 1, Some(&metrics), token);
         let publish = |name: &str, reason: &str| {
             sink.publish("service-controller", reference(name), EventType::Normal, reason, "x", "Sync")
         };

@@ -30,10 +30,11 @@ pub enum Admission {
     Queued,
     /// Folded into a pending event of the same object and reason (a series).
     Aggregated,
-    /// Queued in place of an older pending event, which is dropped.
-    Superseded,
-    /// Not queued: every pending event is the latest of its object.
-    Dropped,
+    /// Queued in place of an older pending event, which is dropped with the given number of
+    /// occurrences.
+    Superseded(u32),
+    /// Not queued (this many occurrences): every pending event is the latest of its object.
+    Dropped(u32),
 }
 
 /// An event handed out for writing: the payload and how many occurrences it stands for.
@@ -112,8 +113,9 @@ impl<O: Clone + Eq + Hash, T> PendingQueue<O, T> {
                 && let Some(id) = newest
                 && let Some(e) = self.entries.get_mut(&id)
             {
+                let lost = e.count;
                 *e = Entry { object, reason: reason.to_string(), item, count };
-                return Admission::Superseded;
+                return Admission::Superseded(lost);
             }
         }
         if self.entries.len() < self.capacity {
@@ -122,11 +124,11 @@ impl<O: Clone + Eq + Hash, T> PendingQueue<O, T> {
         }
         match self.next_evictable() {
             Some(victim) => {
-                self.remove(victim);
+                let lost = self.remove(victim).map_or(0, |e| e.count);
                 self.append(object, reason, item, count);
-                Admission::Superseded
+                Admission::Superseded(lost)
             }
-            None => Admission::Dropped,
+            None => Admission::Dropped(count),
         }
     }
 
@@ -141,7 +143,7 @@ impl<O: Clone + Eq + Hash, T> PendingQueue<O, T> {
                     e.count = e.count.saturating_add(count.max(1));
                     Admission::Aggregated
                 }
-                None => Admission::Superseded,
+                None => Admission::Superseded(count.max(1)),
             };
         }
         self.push(object, reason, item, count)
@@ -267,9 +269,16 @@ mod tests {
         let written = drain(&mut q);
         let finals: Vec<_> = written.iter().filter(|(item, _)| item.ends_with("/EnsuredLoadBalancer")).collect();
         assert_eq!(finals.len(), 1_000, "every object's final event is kept");
-        let dropped = admissions.iter().filter(|a| matches!(a, Admission::Superseded | Admission::Dropped)).count();
-        assert_eq!(written.len() + dropped, 3_000, "each event is either written or counted as dropped");
-        assert!(!admissions.contains(&Admission::Dropped), "nothing dropped while objects fit");
+        let dropped: u32 = admissions
+            .iter()
+            .map(|a| match a {
+                Admission::Superseded(n) | Admission::Dropped(n) => *n,
+                _ => 0,
+            })
+            .sum();
+        let written: u32 = written.iter().map(|(_, count)| count).sum();
+        assert_eq!(written + dropped, 3_000, "each event is either written or counted as dropped");
+        assert!(!admissions.iter().any(|a| matches!(a, Admission::Dropped(_))), "nothing dropped while objects fit");
     }
 
     #[test]
@@ -279,11 +288,11 @@ mod tests {
         assert_eq!(q.push("b".into(), "Ensuring", "b1".into(), 1), Admission::Queued);
         assert_eq!(q.push("a".into(), "Ensured", "a2".into(), 1), Admission::Queued);
         // Full. A new object takes the slot of "a"'s superseded first event, not "b"'s only one.
-        assert_eq!(q.push("c".into(), "Ensuring", "c1".into(), 1), Admission::Superseded);
+        assert_eq!(q.push("c".into(), "Ensuring", "c1".into(), 1), Admission::Superseded(1));
         // Full of latest events: "b"'s newer event replaces its own older one.
-        assert_eq!(q.push("b".into(), "Ensured", "b2".into(), 1), Admission::Superseded);
+        assert_eq!(q.push("b".into(), "Ensured", "b2".into(), 1), Admission::Superseded(1));
         // A fourth object cannot take anyone's latest event: it is the one dropped.
-        assert_eq!(q.push("d".into(), "Ensuring", "d1".into(), 1), Admission::Dropped);
+        assert_eq!(q.push("d".into(), "Ensuring", "d1".into(), 1), Admission::Dropped(1));
         assert_eq!(drain(&mut q), [("b2".to_string(), 1), ("a2".to_string(), 1), ("c1".to_string(), 1)]);
     }
 
@@ -316,7 +325,7 @@ mod tests {
     fn a_failed_write_is_not_retried_over_a_newer_event_of_its_object() {
         let mut q = Q::new(10);
         q.push("a".into(), "Ensured", "ensured".into(), 1);
-        assert_eq!(q.retry("a".into(), "Ensuring", "ensuring".into(), 1), Admission::Superseded);
+        assert_eq!(q.retry("a".into(), "Ensuring", "ensuring".into(), 4), Admission::Superseded(4));
         assert_eq!(q.retry("a".into(), "Ensured", "ensured earlier".into(), 2), Admission::Aggregated);
         assert_eq!(q.retry("b".into(), "Ensuring", "b".into(), 1), Admission::Queued);
         assert_eq!(
