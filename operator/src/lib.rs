@@ -380,7 +380,12 @@ async fn main_loop(
     let (process_tx, process_rx) = mpsc::unbounded_channel();
     let hub = TriggerHub::default();
     hub.spawn(process_rx);
-    let events = EventSink::spawn(config.client.clone(), Some(config.identity.clone()), shutdown.clone());
+    let events = EventSink::spawn_observed(
+        config.client.clone(),
+        Some(config.identity.clone()),
+        &metrics.registry,
+        shutdown.clone(),
+    );
     let engines = Arc::new(Engines::new(
         config.client.clone(),
         config.registry.clone(),
