@@ -58,17 +58,9 @@ pub async fn context(
     })
     .await;
     assert!(matches!(synced, Ok(true)), "the Node and Service caches did not sync within {SYNC_TIMEOUT:?}");
-    let events = EventSink::spawn(client.clone(), Some("test".into()), shutdown.clone());
-    Context {
-        client,
-        provider,
-        options: Arc::new(options),
-        nodes,
-        services,
-        events,
-        metrics: Arc::new(Metrics::new()),
-        shutdown,
-    }
+    let metrics = Arc::new(Metrics::new());
+    let events = EventSink::spawn_observed(client.clone(), Some("test".into()), &metrics, shutdown.clone());
+    Context { client, provider, options: Arc::new(options), nodes, services, events, metrics, shutdown }
 }
 
 /// A controller running in the background; see [`run_controller`].
