@@ -966,6 +966,16 @@ async fn manager_steps(
     Ok(())
 }
 
+/// The first request of `user` refused (403) since `mark` (genuine backend: the audit log): the
+/// removed rule at work, so that a step that broke for another reason (a slow run) is not
+/// taken as proof.
+fn first_refusal(log: &e2e_apiserver::RequestLog, mark: u64, user: &str) -> Option<String> {
+    log.since(mark)
+        .into_iter()
+        .find(|r| r.status == 403 && r.user.as_deref() == Some(user))
+        .map(|r| format!("{} {}", r.verb, r.path))
+}
+
 /// The rules of the chart's ClusterRoles `names`: (object index, rule index, label).
 fn cluster_role_rule_sites(objects: &[Value], names: &[&str]) -> Vec<(usize, usize, String)> {
     let mut sites = Vec::new();
@@ -1040,10 +1050,16 @@ e2e_apiserver::backend_tests! {
                 apply_chart_rbac(&cluster.client(), &objects, Some((*object, *rule))).await;
                 let leases: Api<Lease> = Api::namespaced(cluster.client(), RELEASE_NAMESPACE);
                 let _ = leases.delete(operator::names::OPERATOR_LEASE, &DeleteParams::default()).await;
+                let log = cluster.request_log();
+                let mark = log.mark();
                 let outcome = manager_scenario(&cluster, &client, &objects, &ns, Duration::from_secs(10)).await;
                 clean_up(&client, &ns).await;
+                let manager = format!("system:serviceaccount:{ns}:{}", operator::names::workload_name(CR_NAME));
                 match outcome {
-                    Err(step) => broken.push(format!("{label}\n      breaks: {step}")),
+                    Err(step) => match first_refusal(&log, mark, &manager) {
+                        Some(refused) => broken.push(format!("{label}\n      breaks: {step}\n      first refused: {refused}")),
+                        None => unbroken.push(format!("{label} (breaks {step}, but nothing was refused)")),
+                    },
                     Ok(_) => unbroken.push(label.clone()),
                 }
             }
@@ -1144,6 +1160,8 @@ e2e_apiserver::backend_tests! {
                 let leases: Api<Lease> = Api::namespaced(cluster.client(), RELEASE_NAMESPACE);
                 let _ = leases.delete(operator::names::OPERATOR_LEASE, &DeleteParams::default()).await;
                 let timeout = Duration::from_secs(10);
+                let log = cluster.request_log();
+                let mark = log.mark();
                 let outcome = match start_operator(&cluster, &objects, &ns, Duration::from_secs(30)).await {
                     Ok(operator) => {
                         let mut outcome = metrics_step(&cluster, "the operator", operator.local_addr(), timeout).await;
@@ -1156,8 +1174,12 @@ e2e_apiserver::backend_tests! {
                     Err(step) => Err(step),
                 };
                 clean_up(&client, &ns).await;
+                let operator = format!("system:serviceaccount:{RELEASE_NAMESPACE}:{}", operator_identity(&objects).0);
                 match outcome {
-                    Err(step) => broken.push(format!("{label}\n      breaks: {step}")),
+                    Err(step) => match first_refusal(&log, mark, &operator) {
+                        Some(refused) => broken.push(format!("{label}\n      breaks: {step}\n      first refused: {refused}")),
+                        None => unbroken.push(format!("{label} (breaks {step}, but nothing was refused)")),
+                    },
                     Ok(()) => unbroken.push(label.clone()),
                 }
             }
