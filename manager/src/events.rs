@@ -28,7 +28,7 @@ use k8s_openapi::api::events::v1::{Event as K8sEvent, EventSeries};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
-use kube::runtime::events::{Event, EventType};
+use kube::runtime::events::EventType;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -40,8 +40,9 @@ use crate::metrics::Metrics;
 use queue::{Admission, Pace, PendingQueue};
 
 /// Events waiting to be written before older ones are superseded or new ones dropped: one
-/// per object for 10,000 Services and 5,000 Nodes with room to spare. An entry is an
-/// ObjectReference and a note (well under 1 KiB), so a full queue holds about 10 MiB at most.
+/// per object for 10,000 Services and 5,000 Nodes with room to spare. A pending event costs
+/// about 0.9 KiB (measured: 14 MiB of RSS for 16,384 distinct pending Service events), and
+/// the queue is only full while the API server takes events slower than they come.
 pub const DEFAULT_QUEUE: usize = 16_384;
 /// Largest queue [`EventSink::spawn_with`] accepts (bounds memory whatever is configured).
 pub const MAX_QUEUE: usize = 65_536;
@@ -56,9 +57,18 @@ pub const SERIES_MEMORY: usize = 1024;
 /// Writes of one event tried before it is dropped (`reason="write_failed"`).
 pub const MAX_ATTEMPTS: u8 = 3;
 
+/// The event as published (kube's `Event` minus its `secondary` reference, which is never set
+/// here and would cost an inline ObjectReference per pending event).
+struct Published {
+    type_: EventType,
+    reason: String,
+    note: Option<String>,
+    action: String,
+}
+
 struct Queued {
     component: &'static str,
-    event: Event,
+    event: Published,
     reference: ObjectReference,
     /// When the newest occurrence was published.
     observed: Timestamp,
@@ -258,7 +268,6 @@ impl Recent {
             // Repeats folded while waiting are one series, as the API defines it (count >= 2).
             series: (count >= 2).then(|| EventSeries { count, last_observed_time: MicroTime(observed) }),
             regarding: Some(item.reference.clone()),
-            related: item.event.secondary.clone(),
             reporting_controller: Some(item.component.to_string()),
             reporting_instance: Some(self.instance.clone().unwrap_or_else(|| item.component.to_string())),
             ..Default::default()
@@ -387,13 +396,8 @@ impl EventSink {
         note: impl Into<String>,
         action: &str,
     ) {
-        let event = Event {
-            type_,
-            reason: reason.to_string(),
-            note: Some(note.into()),
-            action: action.to_string(),
-            secondary: None,
-        };
+        let event =
+            Published { type_, reason: reason.to_string(), note: Some(note.into()), action: action.to_string() };
         let object = self.shared.object_of(component, &reference);
         let item = Queued { component, event, reference, observed: Timestamp::now(), attempts: 0 };
         let admission = self.shared.with_queue(|q| q.push(object, reason, item, 1));

@@ -57,7 +57,9 @@ struct Entry<O, T> {
 pub struct PendingQueue<O, T> {
     capacity: usize,
     next: u64,
-    entries: HashMap<u64, Entry<O, T>>,
+    /// Boxed: a map sized for `capacity` keeps up to twice as many buckets, and a bucket then
+    /// holds a pointer rather than a whole entry.
+    entries: HashMap<u64, Box<Entry<O, T>>>,
     /// Arrival order; ids no longer in `entries` are skipped.
     order: VecDeque<u64>,
     /// Pending ids per object, oldest first (a handful: one per reason at most).
@@ -114,7 +116,7 @@ impl<O: Clone + Eq + Hash, T> PendingQueue<O, T> {
                 && let Some(e) = self.entries.get_mut(&id)
             {
                 let lost = e.count;
-                *e = Entry { object, reason: reason.to_string(), item, count };
+                **e = Entry { object, reason: reason.to_string(), item, count };
                 return Admission::Superseded(lost);
             }
         }
@@ -168,12 +170,12 @@ impl<O: Clone + Eq + Hash, T> PendingQueue<O, T> {
         }
         ids.push(id);
         self.order.push_back(id);
-        self.entries.insert(id, Entry { object, reason: reason.to_string(), item, count });
+        self.entries.insert(id, Box::new(Entry { object, reason: reason.to_string(), item, count }));
         self.compact();
     }
 
     fn remove(&mut self, id: u64) -> Option<Entry<O, T>> {
-        let e = self.entries.remove(&id)?;
+        let e = *self.entries.remove(&id)?;
         if let Some(ids) = self.objects.get_mut(&e.object) {
             ids.retain(|&i| i != id);
             if ids.is_empty() {
