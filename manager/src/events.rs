@@ -70,9 +70,18 @@ struct Queued {
     component: &'static str,
     event: Published,
     reference: ObjectReference,
-    /// When the newest occurrence was published.
-    observed: Timestamp,
+    /// When the first and the newest occurrence folded into this one were published.
+    first: Timestamp,
+    last: Timestamp,
     attempts: u8,
+}
+
+impl queue::Occurrence for Queued {
+    /// The series starts at the older occurrence; everything else is the newer one's.
+    fn absorb_older(&mut self, older: Self) {
+        self.first = self.first.min(older.first);
+        self.last = self.last.max(older.last);
+    }
 }
 
 /// The involved object as the queue sees it: a 64-bit keyed hash of component, namespace,
@@ -233,12 +242,11 @@ impl Recent {
         let now = Timestamp::now();
         self.forget_old(now);
         let count = i32::try_from(count.max(1)).unwrap_or(i32::MAX);
-        let observed = item.observed;
         let key = key_of(item);
         if let Some(w) = self.written.get_mut(&key) {
             let api: kube::Api<K8sEvent> = kube::Api::namespaced(self.client.clone(), &w.namespace);
             let total = w.count.saturating_add(count);
-            let series = EventSeries { count: total, last_observed_time: MicroTime(observed) };
+            let series = EventSeries { count: total, last_observed_time: MicroTime(item.last) };
             let patch = serde_json::json!({"series": series, "note": item.event.note});
             match api.patch(&w.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
                 Ok(_) => {
@@ -264,9 +272,9 @@ impl Recent {
                 EventType::Normal => "Normal".to_string(),
                 EventType::Warning => "Warning".to_string(),
             }),
-            event_time: Some(MicroTime(observed)),
+            event_time: Some(MicroTime(item.first)),
             // Repeats folded while waiting are one series, as the API defines it (count >= 2).
-            series: (count >= 2).then(|| EventSeries { count, last_observed_time: MicroTime(observed) }),
+            series: (count >= 2).then(|| EventSeries { count, last_observed_time: MicroTime(item.last) }),
             regarding: Some(item.reference.clone()),
             reporting_controller: Some(item.component.to_string()),
             reporting_instance: Some(self.instance.clone().unwrap_or_else(|| item.component.to_string())),
@@ -399,7 +407,8 @@ impl EventSink {
         let event =
             Published { type_, reason: reason.to_string(), note: Some(note.into()), action: action.to_string() };
         let object = self.shared.object_of(component, &reference);
-        let item = Queued { component, event, reference, observed: Timestamp::now(), attempts: 0 };
+        let now = Timestamp::now();
+        let item = Queued { component, event, reference, first: now, last: now, attempts: 0 };
         let admission = self.shared.with_queue(|q| q.push(object, reason, item, 1));
         self.shared.metrics.count(admission);
         if matches!(admission, Admission::Queued | Admission::Superseded(_)) {
@@ -474,6 +483,26 @@ mod tests {
         let popped = sink.shared.pop().unwrap();
         assert_eq!(popped.item.event.note.as_deref(), Some("try 99"), "the newest note is kept");
         assert_eq!(popped.count, 100, "written as one series of 100");
+    }
+
+    #[tokio::test]
+    async fn a_folded_series_spans_its_first_and_last_occurrence() {
+        let sink = idle_sink(10);
+        let publish = || {
+            sink.publish("service-controller", reference("a"), EventType::Normal, "EnsuringLoadBalancer", "x", "Sync")
+        };
+        publish();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        sink.publish("service-controller", reference("b"), EventType::Normal, "EnsuringLoadBalancer", "x", "Sync");
+        sink.publish("service-controller", reference("a"), EventType::Normal, "EnsuredLoadBalancer", "x", "Sync");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        // Behind a's Ensured: moves after it, keeping when the series began.
+        publish();
+        let popped: Vec<_> = std::iter::from_fn(|| sink.shared.pop()).collect();
+        let last = popped.last().unwrap();
+        assert_eq!((last.item.event.reason.as_str(), last.count), ("EnsuringLoadBalancer", 2));
+        assert!(last.item.first < popped[0].item.first, "the series began before b's event");
+        assert!(last.item.last > popped[1].item.last, "and was last seen after a's Ensured");
     }
 
     #[tokio::test]

@@ -37,6 +37,13 @@ pub enum Admission {
     Dropped(u32),
 }
 
+/// A payload that can take in an older occurrence of the same event when the two fold into
+/// one series (for example to keep the first occurrence's time).
+pub trait Occurrence {
+    /// `self` is the newer occurrence; keep from `older` what the series needs.
+    fn absorb_older(&mut self, older: Self);
+}
+
 /// An event handed out for writing: the payload and how many occurrences it stands for.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Popped<T> {
@@ -68,7 +75,7 @@ pub struct PendingQueue<O, T> {
     evictable: VecDeque<u64>,
 }
 
-impl<O: Clone + Eq + Hash, T> PendingQueue<O, T> {
+impl<O: Clone + Eq + Hash, T: Occurrence> PendingQueue<O, T> {
     /// An empty queue holding at most `capacity` (at least 1) events.
     pub fn new(capacity: usize) -> Self {
         Self {
@@ -101,13 +108,19 @@ impl<O: Clone + Eq + Hash, T> PendingQueue<O, T> {
                 if Some(id) == newest {
                     if let Some(e) = self.entries.get_mut(&id) {
                         e.count = e.count.saturating_add(count);
-                        e.item = item;
+                        let older = std::mem::replace(&mut e.item, item);
+                        e.item.absorb_older(older);
                     }
                 } else {
                     // The same reason is pending behind other events of this object: move it
                     // after them so the object's events stay in the order they happened.
-                    let folded = self.remove(id).map_or(0, |e| e.count);
-                    self.append(object, reason, item, count.saturating_add(folded));
+                    let mut item = item;
+                    let mut count = count;
+                    if let Some(older) = self.remove(id) {
+                        item.absorb_older(older.item);
+                        count = count.saturating_add(older.count);
+                    }
+                    self.append(object, reason, item, count);
                 }
                 return Admission::Aggregated;
             }
@@ -143,6 +156,7 @@ impl<O: Clone + Eq + Hash, T> PendingQueue<O, T> {
             return match same.and_then(|id| self.entries.get_mut(&id)) {
                 Some(e) => {
                     e.count = e.count.saturating_add(count.max(1));
+                    e.item.absorb_older(item);
                     Admission::Aggregated
                 }
                 None => Admission::Superseded(count.max(1)),
@@ -250,6 +264,11 @@ mod tests {
     use super::*;
 
     type Q = PendingQueue<String, String>;
+
+    /// Test payloads: the newest text wins.
+    impl Occurrence for String {
+        fn absorb_older(&mut self, _older: Self) {}
+    }
 
     fn drain(q: &mut Q) -> Vec<(String, u32)> {
         std::iter::from_fn(|| q.pop()).map(|p| (p.item, p.count)).collect()
