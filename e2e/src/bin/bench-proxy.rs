@@ -3,7 +3,9 @@
 //!
 //! Measures TCP throughput over one connection and over `--concurrent` connections, the median
 //! and p99 round trip of small messages (the proxy's added latency is the difference of the
-//! medians), and the time to apply `--services` Services and then to reconfigure all of them
+//! medians) for four paths: direct to the backend, a bare relay (accept, connect,
+//! `tokio::io::copy_bidirectional`, nothing else: what any user-space copy relay costs), the
+//! data path copying through user space, and the data path as shipped (splice on Linux); then and the time to apply `--services` Services and then to reconfigure all of them
 //! (a backend change). Client, proxy and backend share the machine's cores, so the proxy also
 //! competes with its own load generator; numbers are for comparison, not for capacity planning.
 //! Throughput figures are the median of three runs.
@@ -18,7 +20,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use manager::datapath::{Affinity, Backend, Balance, DataPath, HealthCheck, PortSpec, Protocol, ServiceSpec, Settings};
+use manager::datapath::{
+    Affinity, Backend, Balance, DataPath, HealthCheck, PortSpec, Protocol, ServiceSpec, Settings, TcpForwarding,
+};
 use manager::metrics::Metrics;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -94,6 +98,23 @@ async fn echo(addr: SocketAddr) -> Result<(), BoxError> {
             tokio::spawn(async move {
                 let (mut r, mut w) = s.split();
                 let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    Ok(())
+}
+
+/// The reference relay: accept, connect to `backend`, copy both ways with Tokio's
+/// `copy_bidirectional` (its default 8 KiB buffers), nothing else.
+async fn bare_relay(addr: SocketAddr, backend: SocketAddr) -> Result<(), BoxError> {
+    let listener = listen(addr)?;
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let Ok(mut upstream) = TcpStream::connect(backend).await else { return };
+                let _ = client.set_nodelay(true);
+                let _ = upstream.set_nodelay(true);
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
             });
         }
     });
@@ -182,59 +203,90 @@ fn spec(key: String, address: IpAddr, port: u16, target: u16, backend: IpAddr) -
     }
 }
 
+/// The paths every throughput and latency row measures, in column order.
+struct Paths {
+    direct: IpAddr,
+    bare: IpAddr,
+    copy: IpAddr,
+    splice: IpAddr,
+}
+
+impl Paths {
+    fn all(&self) -> [IpAddr; 4] {
+        [self.direct, self.bare, self.copy, self.splice]
+    }
+}
+
+/// A throughput row: each path's MiB/s and its share of the direct figure.
+fn throughput_row(label: &str, bytes: u64, times: &[Duration]) -> String {
+    let direct = mib_per_s(bytes, times[0]);
+    let mut row = format!("| {label} | {direct:.0} MiB/s |");
+    for t in &times[1..] {
+        let v = mib_per_s(bytes, *t);
+        row.push_str(&format!(" {v:.0} MiB/s ({:.0}%) |", 100.0 * v / direct));
+    }
+    row
+}
+
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let args = Args::parse();
     let backend = ip(0, 1);
     sink(SocketAddr::new(backend, SINK_PORT)).await?;
     echo(SocketAddr::new(backend, ECHO_PORT)).await?;
+    let paths = Paths { direct: backend, bare: ip(0, 102), copy: ip(0, 101), splice: ip(0, 100) };
+    for port in [SINK_PORT, ECHO_PORT] {
+        bare_relay(SocketAddr::new(paths.bare, port), SocketAddr::new(backend, port)).await?;
+    }
     let metrics = Arc::new(Metrics::new());
     // A generous connect timeout: 1,000 simultaneous connects can see a SYN retransmitted.
     let settings = Settings { health_checks: false, connect_timeout: Duration::from_secs(10), ..Settings::default() };
-    let dp = DataPath::new(settings, &metrics, CancellationToken::new());
-    let lb = ip(0, 100);
-    dp.apply(ServiceSpec {
-        ports: vec![
-            PortSpec { protocol: Protocol::Tcp, port: SINK_PORT, target_port: SINK_PORT },
-            PortSpec { protocol: Protocol::Tcp, port: ECHO_PORT, target_port: ECHO_PORT },
-        ],
-        ..spec("bench/main".into(), lb, SINK_PORT, SINK_PORT, backend)
-    })?;
-    let direct_sink = SocketAddr::new(backend, SINK_PORT);
-    let proxied_sink = SocketAddr::new(lb, SINK_PORT);
+    let dp = DataPath::new(settings.clone(), &metrics, CancellationToken::new());
+    let copy_metrics = Arc::new(Metrics::new());
+    let copying = DataPath::with_tcp_forwarding(settings, TcpForwarding::Copy, &copy_metrics, CancellationToken::new());
+    let both_ports = vec![
+        PortSpec { protocol: Protocol::Tcp, port: SINK_PORT, target_port: SINK_PORT },
+        PortSpec { protocol: Protocol::Tcp, port: ECHO_PORT, target_port: ECHO_PORT },
+    ];
+    dp.apply(ServiceSpec { ports: both_ports.clone(), ..spec("bench/main".into(), paths.splice, 0, 0, backend) })?;
+    copying.apply(ServiceSpec { ports: both_ports, ..spec("bench/copy".into(), paths.copy, 0, 0, backend) })?;
 
-    println!("| Measurement | Direct | Through the proxy | Ratio |");
-    println!("|---|---|---|---|");
+    println!(
+        "| Measurement | Direct | Bare relay (copy_bidirectional) | Data path, copying | Data path, splice (default) |"
+    );
+    println!("|---|---|---|---|---|");
     let bytes = args.mib * 1024 * 1024;
-    let d = median3(|| send(direct_sink, bytes)).await?;
-    let p = median3(|| send(proxied_sink, bytes)).await?;
-    let (d, p) = (mib_per_s(bytes, d), mib_per_s(bytes, p));
-    println!("| TCP, 1 connection, {} MiB | {d:.0} MiB/s | {p:.0} MiB/s | {:.0}% |", args.mib, 100.0 * p / d);
+    let mut times = Vec::new();
+    for to in paths.all() {
+        times.push(median3(|| send(SocketAddr::new(to, SINK_PORT), bytes)).await?);
+    }
+    println!("{}", throughput_row(&format!("TCP, 1 connection, {} MiB", args.mib), bytes, &times));
 
     let each = args.kib_each * 1024;
     let total = each * args.concurrent as u64;
-    let d = median3(|| concurrent(direct_sink, args.concurrent, each)).await?;
-    let p = median3(|| concurrent(proxied_sink, args.concurrent, each)).await?;
-    let (d, p) = (mib_per_s(total, d), mib_per_s(total, p));
-    println!(
-        "| TCP, {} concurrent connections × {} KiB | {d:.0} MiB/s | {p:.0} MiB/s | {:.0}% |",
-        args.concurrent,
-        args.kib_each,
-        100.0 * p / d
-    );
+    let mut times = Vec::new();
+    for to in paths.all() {
+        times.push(median3(|| concurrent(SocketAddr::new(to, SINK_PORT), args.concurrent, each)).await?);
+    }
+    let label = format!("TCP, {} concurrent connections × {} KiB", args.concurrent, args.kib_each);
+    println!("{}", throughput_row(&label, total, &times));
 
-    let d = round_trips(SocketAddr::new(backend, ECHO_PORT), args.round_trips).await?;
-    let p = round_trips(SocketAddr::new(lb, ECHO_PORT), args.round_trips).await?;
     let pct = |v: &[Duration], q: f64| v[((v.len() as f64 - 1.0) * q) as usize];
     let us = |d: Duration| d.as_secs_f64() * 1e6;
-    println!(
-        "| Round trip, 64 B, median (p99) | {:.0} µs ({:.0} µs) | {:.0} µs ({:.0} µs) | +{:.0} µs median |",
-        us(pct(&d, 0.5)),
-        us(pct(&d, 0.99)),
-        us(pct(&p, 0.5)),
-        us(pct(&p, 0.99)),
-        us(pct(&p, 0.5)) - us(pct(&d, 0.5))
-    );
+    let mut row = String::from("| Round trip, 64 B, median (p99) |");
+    let mut direct_median = 0.0;
+    for (i, to) in paths.all().into_iter().enumerate() {
+        let v = round_trips(SocketAddr::new(to, ECHO_PORT), args.round_trips).await?;
+        let (median, p99) = (us(pct(&v, 0.5)), us(pct(&v, 0.99)));
+        if i == 0 {
+            direct_median = median;
+            row.push_str(&format!(" {median:.0} µs ({p99:.0} µs) |"));
+        } else {
+            row.push_str(&format!(" {median:.0} µs ({p99:.0} µs), {:+.0} µs |", median - direct_median));
+        }
+    }
+    println!("{row}");
+    copying.shutdown();
 
     // Reconfiguration: N Services, each its own address and listener.
     let addr = |i: usize| ip(1 + (i / 250) as u8, 1 + (i % 250) as u8);
@@ -254,9 +306,11 @@ async fn main() -> Result<(), BoxError> {
         dp.apply(spec(format!("bench/s{i}"), addr(i), 8080, SINK_PORT, other_backend))?;
     }
     let unchanged = started.elapsed();
+    println!();
+    println!("| {} Services | Open every listener | Change every backend | Re-apply unchanged |", args.services);
+    println!("|---|---|---|---|");
     println!(
-        "| {} Services: open listeners / change every backend / re-apply unchanged | {:.1} ms | {:.1} ms | {:.1} ms |",
-        args.services,
+        "| data path | {:.1} ms | {:.1} ms | {:.1} ms |",
         create.as_secs_f64() * 1e3,
         reconfigure.as_secs_f64() * 1e3,
         unchanged.as_secs_f64() * 1e3

@@ -90,6 +90,17 @@ pub struct Backend {
     pub ip: IpAddr,
 }
 
+/// How TCP bytes are moved between client and backend.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TcpForwarding {
+    /// splice(2) through a pipe per direction on Linux (no copy through user space); a
+    /// connection the kernel will not splice is copied instead. Elsewhere the same as `Copy`.
+    #[default]
+    Splice,
+    /// Read into a buffer and write it out (`tokio::io::copy_bidirectional`).
+    Copy,
+}
+
 /// How a backend is chosen for a new connection or session.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Balance {

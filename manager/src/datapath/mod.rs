@@ -18,6 +18,8 @@ pub mod config;
 pub mod health;
 pub mod metrics;
 pub mod select;
+#[cfg(target_os = "linux")]
+mod splice;
 mod tcp;
 mod udp;
 
@@ -34,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use self::config::{
     Affinity, Backend, Balance, BindMode, HealthCheck, HealthSettings, ListenerKey, PortSpec, Protocol, ServiceSpec,
-    Settings,
+    Settings, TcpForwarding,
 };
 use self::metrics::{BackendCounters, DataPathMetrics, HealthLabels, RefusedLabels};
 use self::select::{Candidate, Health};
@@ -129,6 +131,7 @@ pub(crate) struct ServiceShared {
     routing: RwLock<Arc<Routing>>,
     turn: AtomicUsize,
     settings: Arc<Settings>,
+    tcp_forwarding: TcpForwarding,
     source_refused: Counter,
     no_backend: Counter,
 }
@@ -177,6 +180,7 @@ struct ServiceRt {
 
 struct Inner {
     settings: Arc<Settings>,
+    tcp_forwarding: TcpForwarding,
     monitor: health::Monitor,
     metrics: DataPathMetrics,
     services: Mutex<HashMap<String, ServiceRt>>,
@@ -199,10 +203,22 @@ impl DataPath {
     /// An empty data path whose tasks all stop when `shutdown` fires. Registers its metric
     /// families in `registry` (once per process).
     pub fn new(settings: Settings, registry: &Metrics, shutdown: CancellationToken) -> Self {
+        Self::with_tcp_forwarding(settings, TcpForwarding::default(), registry, shutdown)
+    }
+
+    /// [`DataPath::new`] with a chosen way of moving TCP bytes (benchmarks and tests compare
+    /// them; the default is the fastest the platform offers).
+    pub fn with_tcp_forwarding(
+        settings: Settings,
+        tcp_forwarding: TcpForwarding,
+        registry: &Metrics,
+        shutdown: CancellationToken,
+    ) -> Self {
         let monitor = health::Monitor::new(settings.health, shutdown.clone());
         Self {
             inner: Arc::new(Inner {
                 settings: Arc::new(settings),
+                tcp_forwarding,
                 monitor,
                 metrics: DataPathMetrics::register(registry),
                 services: Mutex::new(HashMap::new()),
@@ -313,6 +329,7 @@ impl DataPath {
             })),
             turn: AtomicUsize::new(0),
             settings: self.inner.settings.clone(),
+            tcp_forwarding: self.inner.tcp_forwarding,
             source_refused: refused("source_range"),
             no_backend: refused("no_backend"),
         };

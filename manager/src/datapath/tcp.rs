@@ -1,5 +1,6 @@
 //! The TCP proxy: accept, filter, pick a backend (trying the next one when a connect fails),
-//! then copy both ways until either side closes or the connection's drain ends.
+//! then forward both ways (splice on Linux, see `splice.rs`; a buffer copy otherwise) until
+//! both sides have closed, either fails, or the connection's drain ends.
 
 use std::io;
 use std::net::SocketAddr;
@@ -14,7 +15,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
-use super::config::Protocol;
+use super::config::{Protocol, TcpForwarding};
 use super::{ActiveGuard, PortShared};
 
 /// Copy buffer per direction: larger than Tokio's 8 KiB default for loopback-class links,
@@ -74,9 +75,8 @@ async fn handle(mut client: TcpStream, peer: SocketAddr, port: Arc<PortShared>) 
     let _ = upstream.set_nodelay(true);
     let _active = ActiveGuard::new(backend.clone(), Protocol::Tcp);
     let counters = backend.counters(Protocol::Tcp);
-    let mut counted = Counted { inner: &mut client, read: &counters.rx, written: &counters.tx };
     tokio::select! {
-        r = tokio::io::copy_bidirectional_with_sizes(&mut counted, &mut upstream, COPY_BUFFER, COPY_BUFFER) => {
+        r = forward(&mut client, &mut upstream, service.tcp_forwarding, &counters.rx, &counters.tx) => {
             if let Err(error) = r {
                 tracing::trace!(service = %service.key, %error, "connection ended with an error");
             }
@@ -84,6 +84,25 @@ async fn handle(mut client: TcpStream, peer: SocketAddr, port: Arc<PortShared>) 
         _ = port.drain.cancelled() => {}
         _ = backend.drain.cancelled() => {}
     }
+}
+
+/// Move bytes both ways until both directions have ended; `rx` counts client → backend, `tx`
+/// backend → client.
+async fn forward(
+    client: &mut TcpStream,
+    upstream: &mut TcpStream,
+    how: TcpForwarding,
+    rx: &Counter,
+    tx: &Counter,
+) -> io::Result<()> {
+    #[cfg(target_os = "linux")]
+    if how == TcpForwarding::Splice {
+        return super::splice::relay(client, upstream, rx, tx).await;
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = how;
+    let mut counted = Counted { inner: client, read: rx, written: tx };
+    tokio::io::copy_bidirectional_with_sizes(&mut counted, upstream, COPY_BUFFER, COPY_BUFFER).await.map(drop)
 }
 
 /// A stream that counts the bytes read from and written to it as they pass.

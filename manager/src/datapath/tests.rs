@@ -472,3 +472,116 @@ async fn shutdown_closes_listeners() {
     .await;
     assert!(matches!(dp.apply(spec(b, &[], &[], HealthCheck::None)), Err(DataPathError::ShutDown)));
 }
+
+/// Deterministic pseudo-random bytes (xorshift), so corruption or reordering shows.
+fn payload(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+fn sha256(data: &[u8]) -> Vec<u8> {
+    ring::digest::digest(&ring::digest::SHA256, data).as_ref().to_vec()
+}
+
+fn byte_counter(metrics: &Metrics, block: u8, direction: &str) -> Option<u64> {
+    let prefix = format!(
+        r#"ccm_datapath_bytes_total{{service="default/svc-{block}",backend="node-a",protocol="TCP",direction="{direction}"}} "#
+    );
+    metrics.encode().lines().find_map(|l| l.strip_prefix(prefix.as_str()).and_then(|v| v.trim().parse().ok()))
+}
+
+const LARGE: usize = 8 * 1024 * 1024;
+
+/// The backend reads the client's payload to its end (the client's half-close), answers with
+/// its SHA-256, then sends its own payload and closes. Client and backend payloads cross the
+/// proxy in full, each way after the other side has half-closed.
+async fn large_payloads_cross_intact(block: u8, how: TcpForwarding) {
+    let listener = TcpListener::bind(SocketAddr::new(ip(block, 1), NODE_PORT)).await.expect("bind backend");
+    let backend = tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.expect("accept");
+        let mut got = Vec::new();
+        stream.read_to_end(&mut got).await.expect("read the client's payload");
+        stream.write_all(&sha256(&got)).await.expect("write digest");
+        stream.write_all(&payload(2, LARGE)).await.expect("write payload");
+        stream.shutdown().await.expect("close");
+    });
+    let metrics = Arc::new(Metrics::new());
+    let dp = DataPath::with_tcp_forwarding(settings(), how, &metrics, CancellationToken::new());
+    dp.apply(spec(block, &[(Protocol::Tcp, 80)], &[("node-a", 1)], HealthCheck::None)).unwrap();
+    let mut client = TcpStream::connect(SocketAddr::new(ip(block, 100), 80)).await.expect("connect via the proxy");
+    let sent = payload(1, LARGE);
+    let (mut read_half, mut write_half) = client.split();
+    let (written, answer) = tokio::join!(
+        async {
+            write_half.write_all(&sent).await?;
+            write_half.shutdown().await
+        },
+        async {
+            let mut answer = Vec::new();
+            read_half.read_to_end(&mut answer).await.map(|_| answer)
+        }
+    );
+    written.expect("send the payload and half-close");
+    let answer = answer.expect("read the answer to its end");
+    backend.await.expect("backend");
+    assert_eq!(answer.len(), 32 + LARGE, "the backend's bytes arrive in full");
+    assert_eq!(answer[..32], sha256(&sent)[..], "the client's payload reaches the backend intact");
+    assert!(answer[32..] == payload(2, LARGE)[..], "the backend's payload reaches the client intact");
+    assert_eq!(byte_counter(&metrics, block, "rx"), Some(LARGE as u64));
+    assert_eq!(byte_counter(&metrics, block, "tx"), Some(32 + LARGE as u64));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spliced_tcp_moves_8_mib_each_way_intact_across_half_closes_and_counts_every_byte() {
+    large_payloads_cross_intact(23, TcpForwarding::Splice).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copied_tcp_moves_8_mib_each_way_intact_across_half_closes_and_counts_every_byte() {
+    large_payloads_cross_intact(24, TcpForwarding::Copy).await;
+}
+
+/// The backend says goodbye and half-closes first; the client sees the end of the stream yet
+/// can still send, and every byte it sends reaches the backend.
+async fn a_backend_that_finishes_first_still_receives(block: u8, how: TcpForwarding) {
+    let listener = TcpListener::bind(SocketAddr::new(ip(block, 1), NODE_PORT)).await.expect("bind backend");
+    let backend = tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.expect("accept");
+        stream.write_all(b"bye").await.expect("write");
+        stream.shutdown().await.expect("half-close");
+        let mut got = Vec::new();
+        stream.read_to_end(&mut got).await.expect("read the client's bytes");
+        got
+    });
+    let metrics = Arc::new(Metrics::new());
+    let dp = DataPath::with_tcp_forwarding(settings(), how, &metrics, CancellationToken::new());
+    dp.apply(spec(block, &[(Protocol::Tcp, 80)], &[("node-a", 1)], HealthCheck::None)).unwrap();
+    let mut client = TcpStream::connect(SocketAddr::new(ip(block, 100), 80)).await.expect("connect via the proxy");
+    let mut first = Vec::new();
+    tokio::time::timeout(WAIT, client.read_to_end(&mut first)).await.expect("end of stream").expect("read");
+    assert_eq!(first, b"bye");
+    let sent = payload(3, 1024 * 1024);
+    client.write_all(&sent).await.expect("the client can still send after the backend's half-close");
+    client.shutdown().await.expect("close");
+    let got = tokio::time::timeout(WAIT, backend).await.expect("backend finishes").expect("backend");
+    assert!(got == sent, "the backend receives the client's bytes intact");
+    assert_eq!(byte_counter(&metrics, block, "rx"), Some(sent.len() as u64));
+    assert_eq!(byte_counter(&metrics, block, "tx"), Some(3));
+}
+
+#[tokio::test]
+async fn spliced_tcp_keeps_the_client_s_direction_open_after_the_backend_half_closes() {
+    a_backend_that_finishes_first_still_receives(25, TcpForwarding::Splice).await;
+}
+
+#[tokio::test]
+async fn copied_tcp_keeps_the_client_s_direction_open_after_the_backend_half_closes() {
+    a_backend_that_finishes_first_still_receives(26, TcpForwarding::Copy).await;
+}

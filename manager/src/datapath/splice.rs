@@ -1,0 +1,224 @@
+//! Zero-copy TCP forwarding on Linux: splice(2) moves each direction's bytes socket → pipe →
+//! socket inside the kernel, so the proxy neither copies them through user space nor keeps a
+//! buffer per connection. Tokio supplies readiness (`readable()`/`writable()` + `try_io`); the
+//! sockets stay Tokio's. A direction whose pipe cannot be made, or whose first splice the kernel
+//! refuses, continues with an ordinary read/write copy.
+
+use std::io;
+use std::net::Shutdown;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+
+use prometheus_client::metrics::counter::Counter;
+use tokio::io::Interest;
+use tokio::net::TcpStream;
+
+/// Bytes asked for per splice: the default pipe capacity (16 pages).
+const PIPE_CHUNK: usize = 64 * 1024;
+/// The buffer of the read/write fallback.
+const COPY_BUFFER: usize = 32 * 1024;
+
+/// Forward both directions until both have ended (each end's write side is shut down when the
+/// other end has nothing more to send); an error in either ends both. `rx` counts bytes
+/// delivered to `upstream`, `tx` bytes delivered to `client`.
+pub(super) async fn relay(client: &TcpStream, upstream: &TcpStream, rx: &Counter, tx: &Counter) -> io::Result<()> {
+    tokio::try_join!(one_way(client, upstream, rx), one_way(upstream, client, tx))?;
+    Ok(())
+}
+
+/// What a spliced direction ended with.
+#[derive(Debug, PartialEq, Eq)]
+enum Spliced {
+    /// The source ended and everything read was delivered.
+    Ended,
+    /// The kernel refused to splice these descriptors before any byte moved.
+    Unsupported,
+}
+
+/// What to do with an error of the splice that fills an empty pipe.
+#[derive(Debug, PartialEq, Eq)]
+enum OnFillError {
+    /// The socket has nothing to read yet: wait for readiness again.
+    Wait,
+    /// Splice cannot be used here: copy instead (nothing was lost, the pipe is empty).
+    Copy,
+    /// A real error of the connection.
+    Fail,
+}
+
+/// Pure: classify an error of `splice(socket → empty pipe)`. EINVAL and ENOSYS mean a socket
+/// type or kernel without splice support; the pipe is empty, so EAGAIN can only be the socket's.
+fn on_fill_error(error: &io::Error) -> OnFillError {
+    if error.kind() == io::ErrorKind::WouldBlock {
+        return OnFillError::Wait;
+    }
+    match error.raw_os_error() {
+        Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP) => OnFillError::Copy,
+        _ => OnFillError::Fail,
+    }
+}
+
+async fn one_way(from: &TcpStream, to: &TcpStream, delivered: &Counter) -> io::Result<()> {
+    let spliced = match std::io::pipe() {
+        Ok((pipe_out, pipe_in)) => splice_until_end(from, to, pipe_in.as_fd(), pipe_out.as_fd(), delivered).await?,
+        Err(error) => {
+            // Usually out of descriptors: this connection still works without a pipe.
+            tracing::debug!(%error, "no pipe for splice; copying through user space");
+            Spliced::Unsupported
+        }
+    };
+    if spliced == Spliced::Unsupported {
+        copy_until_end(from, to, delivered).await?;
+    }
+    // Half-close: the other side learns that no more bytes come this way.
+    match socket2::SockRef::from(to).shutdown(Shutdown::Write) {
+        Err(error) if error.kind() != io::ErrorKind::NotConnected => Err(error),
+        _ => Ok(()),
+    }
+}
+
+/// Socket → pipe → socket until `from` ends. Fills the pipe only when it is empty, so that a
+/// would-block always belongs to the socket whose readiness was awaited.
+async fn splice_until_end(
+    from: &TcpStream,
+    to: &TcpStream,
+    pipe_in: BorrowedFd<'_>,
+    pipe_out: BorrowedFd<'_>,
+    delivered: &Counter,
+) -> io::Result<Spliced> {
+    let mut moved_any = false;
+    loop {
+        from.readable().await?;
+        let filled = match from.try_io(Interest::READABLE, || splice(from.as_fd(), pipe_in, PIPE_CHUNK)) {
+            Ok(0) => return Ok(Spliced::Ended),
+            Ok(n) => n,
+            Err(error) => match on_fill_error(&error) {
+                OnFillError::Wait => continue,
+                OnFillError::Copy if !moved_any => {
+                    tracing::debug!(%error, "splice refused; copying through user space");
+                    return Ok(Spliced::Unsupported);
+                }
+                OnFillError::Copy | OnFillError::Fail => return Err(error),
+            },
+        };
+        moved_any = true;
+        let mut left = filled;
+        while left > 0 {
+            to.writable().await?;
+            match to.try_io(Interest::WRITABLE, || splice(pipe_out, to.as_fd(), left)) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    left -= n;
+                    delivered.inc_by(n as u64);
+                }
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
+                Err(error) => return Err(error),
+            }
+        }
+    }
+}
+
+/// The fallback: read into a buffer, write it out, until `from` ends.
+async fn copy_until_end(from: &TcpStream, to: &TcpStream, delivered: &Counter) -> io::Result<()> {
+    let mut buf = vec![0u8; COPY_BUFFER];
+    loop {
+        from.readable().await?;
+        let read = match from.try_read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => n,
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(error) => return Err(error),
+        };
+        let mut written = 0;
+        while written < read {
+            to.writable().await?;
+            match to.try_write(&buf[written..read]) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    written += n;
+                    delivered.inc_by(n as u64);
+                }
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
+                Err(error) => return Err(error),
+            }
+        }
+    }
+}
+
+/// One non-blocking splice of up to `len` bytes.
+fn splice(from: BorrowedFd<'_>, to: BorrowedFd<'_>, len: usize) -> io::Result<usize> {
+    // SAFETY: both descriptors are borrowed from live owners, so they stay open for the call;
+    // null offsets are what splice expects for sockets and pipes, and it reads or writes no
+    // memory of this process.
+    let n = unsafe {
+        libc::splice(
+            from.as_raw_fd(),
+            std::ptr::null_mut(),
+            to.as_raw_fd(),
+            std::ptr::null_mut(),
+            len,
+            libc::SPLICE_F_MOVE | libc::SPLICE_F_NONBLOCK,
+        )
+    };
+    // A negative return is the only failure signal; any other value fits in usize.
+    usize::try_from(n).map_err(|_| io::Error::last_os_error())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connected pair of loopback sockets.
+    async fn pair() -> (TcpStream, TcpStream) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let (a, b) = tokio::join!(TcpStream::connect(addr), listener.accept());
+        (a.expect("connect"), b.expect("accept").0)
+    }
+
+    /// The fallback a direction takes when splice is refused moves every byte in order.
+    #[tokio::test]
+    async fn the_copy_fallback_delivers_every_byte_and_counts_them() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut source, from) = pair().await;
+        let (to, mut sink) = pair().await;
+        let sent: Vec<u8> = (0..4 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
+        let counter = Counter::default();
+        let expected = sent.clone();
+        let writer = tokio::spawn(async move {
+            source.write_all(&sent).await.expect("write");
+            source.shutdown().await.expect("close")
+        });
+        let mut got = Vec::new();
+        let (copied, read) = tokio::join!(
+            async {
+                let copied = copy_until_end(&from, &to, &counter).await;
+                drop(to);
+                copied
+            },
+            sink.read_to_end(&mut got)
+        );
+        copied.expect("copy");
+        read.expect("read");
+        writer.await.expect("writer");
+        assert!(got == expected);
+        assert_eq!(counter.get(), expected.len() as u64);
+    }
+
+    #[test]
+    fn would_block_waits_for_readiness() {
+        assert_eq!(on_fill_error(&io::ErrorKind::WouldBlock.into()), OnFillError::Wait);
+        assert_eq!(on_fill_error(&io::Error::from_raw_os_error(libc::EAGAIN)), OnFillError::Wait);
+    }
+
+    #[test]
+    fn an_unsupported_descriptor_falls_back_to_copying() {
+        assert_eq!(on_fill_error(&io::Error::from_raw_os_error(libc::EINVAL)), OnFillError::Copy);
+        assert_eq!(on_fill_error(&io::Error::from_raw_os_error(libc::ENOSYS)), OnFillError::Copy);
+    }
+
+    #[test]
+    fn a_connection_error_ends_the_connection() {
+        assert_eq!(on_fill_error(&io::Error::from_raw_os_error(libc::ECONNRESET)), OnFillError::Fail);
+        assert_eq!(on_fill_error(&io::Error::from_raw_os_error(libc::EPIPE)), OnFillError::Fail);
+    }
+}
