@@ -43,6 +43,8 @@ use tokio::task::JoinSet;
 
 /// Field manager of everything the driver writes; other writes are the manager's.
 const DRIVER: &str = "bench-services";
+/// The manager's gauge of events waiting to be written.
+const EVENTS_PENDING: &str = "ccm_events_pending";
 /// Field manager of the driver's limit measurement (after the manager has stopped).
 const LIMIT: &str = "bench-services-limit";
 
@@ -694,20 +696,27 @@ async fn run_variant(
     let calls2 = metric_by(&manager.metrics().await, "cloudprovider_api_requests_total", "method");
     report.calls_hosts = diff(&calls2, &calls1);
 
-    // Phase 3: the manager exposes no event-queue gauge, so the backlog counts as drained once
-    // its writes (from the log) and cloud calls have not moved for 5 s; then the idle window.
+    // Phase 3: wait for the backlog to drain: the manager's event queue empty
+    // (`ccm_events_pending`, when it exposes the gauge) and its writes (from the log) and
+    // cloud calls unchanged for 5 s; then the idle window.
     let quiet_started = Instant::now();
     let mut last = (total(&manager_writes(control, mark)), calls2.clone());
     let mut quiet_since = Instant::now();
-    while quiet_since.elapsed() < Duration::from_secs(5) && quiet_started.elapsed() < timeout {
+    loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let now = (
-            total(&manager_writes(control, mark)),
-            metric_by(&manager.metrics().await, "cloudprovider_api_requests_total", "method"),
-        );
-        if now != last {
+        let metrics = manager.metrics().await;
+        let pending = metric_by(&metrics, EVENTS_PENDING, "").values().sum::<u64>();
+        let now =
+            (total(&manager_writes(control, mark)), metric_by(&metrics, "cloudprovider_api_requests_total", "method"));
+        if now != last || pending > 0 {
             quiet_since = Instant::now();
             last = now;
+        }
+        if quiet_since.elapsed() >= Duration::from_secs(5) {
+            break;
+        }
+        if quiet_started.elapsed() > timeout {
+            return Err(format!("the manager did not settle ({pending} events pending)").into());
         }
     }
     report.quiet_after_secs = (quiet_started.elapsed().as_secs_f64() - 5.0).max(0.0);
@@ -867,9 +876,19 @@ fn print_table(args: &Args, reports: &[Report]) {
     row("quiet (events drained) after", source, &|r| format!("{:.1} s", r.quiet_after_secs));
     row("idle: API writes", source, &|r| opt(r.idle_writes));
     row("idle: cloud calls", "manager metrics", &|r| r.idle_calls.to_string());
-    let names: BTreeSet<&String> = reports.iter().flat_map(|r| r.event_metrics.keys()).collect();
-    for name in names {
-        row(name, "manager metrics", &|r| r.event_metrics.get(name).map_or_else(|| "n/a".into(), |v| v.to_string()));
+    // A labelled counter has no series until its first sample: absent reads as 0 when the
+    // manager exposes the family's siblings.
+    let known = ["ccm_events_written_total", "ccm_events_dropped_total", "ccm_events_aggregated_total"];
+    let mut names: BTreeSet<String> = reports.iter().flat_map(|r| r.event_metrics.keys().cloned()).collect();
+    if !names.is_empty() {
+        names.extend(known.iter().map(|n| n.to_string()));
+    }
+    for name in &names {
+        row(name, "manager metrics", &|r| match r.event_metrics.get(name) {
+            Some(v) => v.to_string(),
+            None if !r.event_metrics.is_empty() => "0".into(),
+            None => "n/a".into(),
+        });
     }
     row("manager peak RSS", "/proc", &|r| format!("{:.1} MiB", r.peak_rss_mib));
 }
