@@ -5,7 +5,8 @@
 //! and p99 round trip of small messages (the proxy's added latency is the difference of the
 //! medians) for four paths: direct to the backend, a bare relay (accept, connect,
 //! `tokio::io::copy_bidirectional`, nothing else: what any user-space copy relay costs), the
-//! data path copying through user space, and the data path as shipped (splice on Linux); then and the time to apply `--services` Services and then to reconfigure all of them
+//! data path always copying through user space, always splicing (Linux), and as shipped (copy
+//! while few connections are open, splice under load); then and the time to apply `--services` Services and then to reconfigure all of them
 //! (a backend change). Client, proxy and backend share the machine's cores, so the proxy also
 //! competes with its own load generator; numbers are for comparison, not for capacity planning.
 //! Throughput figures are the median of three runs.
@@ -209,11 +210,12 @@ struct Paths {
     bare: IpAddr,
     copy: IpAddr,
     splice: IpAddr,
+    auto: IpAddr,
 }
 
 impl Paths {
-    fn all(&self) -> [IpAddr; 4] {
-        [self.direct, self.bare, self.copy, self.splice]
+    fn all(&self) -> [IpAddr; 5] {
+        [self.direct, self.bare, self.copy, self.splice, self.auto]
     }
 }
 
@@ -234,7 +236,7 @@ async fn main() -> Result<(), BoxError> {
     let backend = ip(0, 1);
     sink(SocketAddr::new(backend, SINK_PORT)).await?;
     echo(SocketAddr::new(backend, ECHO_PORT)).await?;
-    let paths = Paths { direct: backend, bare: ip(0, 102), copy: ip(0, 101), splice: ip(0, 100) };
+    let paths = Paths { direct: backend, bare: ip(0, 102), copy: ip(0, 101), splice: ip(0, 103), auto: ip(0, 100) };
     for port in [SINK_PORT, ECHO_PORT] {
         bare_relay(SocketAddr::new(paths.bare, port), SocketAddr::new(backend, port)).await?;
     }
@@ -243,18 +245,23 @@ async fn main() -> Result<(), BoxError> {
     let settings = Settings { health_checks: false, connect_timeout: Duration::from_secs(10), ..Settings::default() };
     let dp = DataPath::new(settings.clone(), &metrics, CancellationToken::new());
     let copy_metrics = Arc::new(Metrics::new());
-    let copying = DataPath::with_tcp_forwarding(settings, TcpForwarding::Copy, &copy_metrics, CancellationToken::new());
+    let copying =
+        DataPath::with_tcp_forwarding(settings.clone(), TcpForwarding::Copy, &copy_metrics, CancellationToken::new());
+    let splice_metrics = Arc::new(Metrics::new());
+    let splicing =
+        DataPath::with_tcp_forwarding(settings, TcpForwarding::Splice, &splice_metrics, CancellationToken::new());
     let both_ports = vec![
         PortSpec { protocol: Protocol::Tcp, port: SINK_PORT, target_port: SINK_PORT },
         PortSpec { protocol: Protocol::Tcp, port: ECHO_PORT, target_port: ECHO_PORT },
     ];
-    dp.apply(ServiceSpec { ports: both_ports.clone(), ..spec("bench/main".into(), paths.splice, 0, 0, backend) })?;
-    copying.apply(ServiceSpec { ports: both_ports, ..spec("bench/copy".into(), paths.copy, 0, 0, backend) })?;
+    dp.apply(ServiceSpec { ports: both_ports.clone(), ..spec("bench/main".into(), paths.auto, 0, 0, backend) })?;
+    copying.apply(ServiceSpec { ports: both_ports.clone(), ..spec("bench/copy".into(), paths.copy, 0, 0, backend) })?;
+    splicing.apply(ServiceSpec { ports: both_ports, ..spec("bench/splice".into(), paths.splice, 0, 0, backend) })?;
 
     println!(
-        "| Measurement | Direct | Bare relay (copy_bidirectional) | Data path, copying | Data path, splice (default) |"
+        "| Measurement | Direct | Bare relay (copy_bidirectional) | Data path, copy | Data path, splice | Data path, default (auto) |"
     );
-    println!("|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|");
     let bytes = args.mib * 1024 * 1024;
     let mut times = Vec::new();
     for to in paths.all() {
@@ -287,6 +294,7 @@ async fn main() -> Result<(), BoxError> {
     }
     println!("{row}");
     copying.shutdown();
+    splicing.shutdown();
 
     // Reconfiguration: N Services, each its own address and listener.
     let addr = |i: usize| ip(1 + (i / 250) as u8, 1 + (i % 250) as u8);

@@ -93,12 +93,30 @@ pub struct Backend {
 /// How TCP bytes are moved between client and backend.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum TcpForwarding {
+    /// Copy while few connections are open, splice once the data path carries at least
+    /// [`SPLICE_FROM_OPEN_CONNECTIONS`]: splice saves the copies that bound a loaded proxy,
+    /// while a lone connection measured faster copied (docs/benchmarks.md).
+    #[default]
+    Auto,
     /// splice(2) through a pipe per direction on Linux (no copy through user space); a
     /// connection the kernel will not splice is copied instead. Elsewhere the same as `Copy`.
-    #[default]
     Splice,
     /// Read into a buffer and write it out (`tokio::io::copy_bidirectional`).
     Copy,
+}
+
+/// Open TCP connections from which [`TcpForwarding::Auto`] splices new ones.
+pub const SPLICE_FROM_OPEN_CONNECTIONS: usize = 32;
+
+impl TcpForwarding {
+    /// Pure: whether a new connection is spliced, given the TCP connections already open.
+    pub fn splices(self, open_connections: usize) -> bool {
+        match self {
+            Self::Auto => open_connections >= SPLICE_FROM_OPEN_CONNECTIONS,
+            Self::Splice => true,
+            Self::Copy => false,
+        }
+    }
 }
 
 /// How a backend is chosen for a new connection or session.
@@ -504,6 +522,15 @@ mod tests {
         assert_eq!(plan.open, [key(9090)]);
         assert_eq!(plan.close, [key(8080)]);
         assert_eq!(plan.retarget, [(key(443), 31443)]);
+    }
+
+    #[test]
+    fn auto_forwarding_copies_a_few_connections_and_splices_under_load() {
+        assert!(!TcpForwarding::Auto.splices(0));
+        assert!(!TcpForwarding::Auto.splices(SPLICE_FROM_OPEN_CONNECTIONS - 1));
+        assert!(TcpForwarding::Auto.splices(SPLICE_FROM_OPEN_CONNECTIONS));
+        assert!(TcpForwarding::Splice.splices(0));
+        assert!(!TcpForwarding::Copy.splices(10_000));
     }
 
     #[test]

@@ -35,8 +35,8 @@ use socket2::{Domain, Socket, Type};
 use tokio_util::sync::CancellationToken;
 
 pub use self::config::{
-    Affinity, Backend, Balance, BindMode, HealthCheck, HealthSettings, ListenerKey, PortSpec, Protocol, ServiceSpec,
-    Settings, TcpForwarding,
+    Affinity, Backend, Balance, BindMode, HealthCheck, HealthSettings, ListenerKey, PortSpec, Protocol,
+    SPLICE_FROM_OPEN_CONNECTIONS, ServiceSpec, Settings, TcpForwarding,
 };
 use self::metrics::{BackendCounters, DataPathMetrics, HealthLabels, RefusedLabels};
 use self::select::{Candidate, Health};
@@ -132,6 +132,8 @@ pub(crate) struct ServiceShared {
     turn: AtomicUsize,
     settings: Arc<Settings>,
     tcp_forwarding: TcpForwarding,
+    /// TCP connections open in the whole data path (what [`TcpForwarding::Auto`] looks at).
+    open_tcp: Arc<AtomicUsize>,
     source_refused: Counter,
     no_backend: Counter,
 }
@@ -181,6 +183,7 @@ struct ServiceRt {
 struct Inner {
     settings: Arc<Settings>,
     tcp_forwarding: TcpForwarding,
+    open_tcp: Arc<AtomicUsize>,
     monitor: health::Monitor,
     metrics: DataPathMetrics,
     services: Mutex<HashMap<String, ServiceRt>>,
@@ -219,6 +222,7 @@ impl DataPath {
             inner: Arc::new(Inner {
                 settings: Arc::new(settings),
                 tcp_forwarding,
+                open_tcp: Arc::new(AtomicUsize::new(0)),
                 monitor,
                 metrics: DataPathMetrics::register(registry),
                 services: Mutex::new(HashMap::new()),
@@ -330,6 +334,7 @@ impl DataPath {
             turn: AtomicUsize::new(0),
             settings: self.inner.settings.clone(),
             tcp_forwarding: self.inner.tcp_forwarding,
+            open_tcp: self.inner.open_tcp.clone(),
             source_refused: refused("source_range"),
             no_backend: refused("no_backend"),
         };

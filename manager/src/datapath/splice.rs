@@ -12,7 +12,7 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 
-/// Bytes asked for per splice: the default pipe capacity (16 pages).
+/// A pipe's default capacity (16 pages).
 const PIPE_CHUNK: usize = 64 * 1024;
 /// The buffer of the read/write fallback.
 const COPY_BUFFER: usize = 32 * 1024;
@@ -59,7 +59,16 @@ fn on_fill_error(error: &io::Error) -> OnFillError {
 
 async fn one_way(from: &TcpStream, to: &TcpStream, delivered: &Counter) -> io::Result<()> {
     let spliced = match std::io::pipe() {
-        Ok((pipe_out, pipe_in)) => splice_until_end(from, to, pipe_in.as_fd(), pipe_out.as_fd(), delivered).await?,
+        Ok((pipe_out, pipe_in)) => {
+            let capacity = pipe_capacity(pipe_in.as_fd());
+            if worth_splicing(capacity) {
+                splice_until_end(from, to, pipe_in.as_fd(), pipe_out.as_fd(), capacity, delivered).await?
+            } else {
+                // Unprivileged users past fs.pipe-user-pages-soft get two-page pipes.
+                tracing::debug!(capacity, "pipe too small to be worth splicing; copying");
+                Spliced::Unsupported
+            }
+        }
         Err(error) => {
             // Usually out of descriptors: this connection still works without a pipe.
             tracing::debug!(%error, "no pipe for splice; copying through user space");
@@ -83,12 +92,13 @@ async fn splice_until_end(
     to: &TcpStream,
     pipe_in: BorrowedFd<'_>,
     pipe_out: BorrowedFd<'_>,
+    chunk: usize,
     delivered: &Counter,
 ) -> io::Result<Spliced> {
     let mut moved_any = false;
     loop {
         from.readable().await?;
-        let filled = match from.try_io(Interest::READABLE, || splice(from.as_fd(), pipe_in, PIPE_CHUNK)) {
+        let filled = match from.try_io(Interest::READABLE, || splice(from.as_fd(), pipe_in, chunk)) {
             Ok(0) => return Ok(Spliced::Ended),
             Ok(n) => n,
             Err(error) => match on_fill_error(&error) {
@@ -142,6 +152,20 @@ async fn copy_until_end(from: &TcpStream, to: &TcpStream, delivered: &Counter) -
             }
         }
     }
+}
+
+/// The pipe's capacity in bytes (the default when the kernel will not say).
+fn pipe_capacity(pipe: BorrowedFd<'_>) -> usize {
+    // SAFETY: F_GETPIPE_SZ takes no argument and touches no memory of this process; the
+    // descriptor is borrowed from its live owner.
+    let capacity = unsafe { libc::fcntl(pipe.as_raw_fd(), libc::F_GETPIPE_SZ) };
+    usize::try_from(capacity).unwrap_or(PIPE_CHUNK)
+}
+
+/// Pure: a pipe smaller than the copy buffer would move fewer bytes per system call than
+/// copying does.
+fn worth_splicing(pipe_capacity: usize) -> bool {
+    pipe_capacity >= COPY_BUFFER
 }
 
 /// One non-blocking splice of up to `len` bytes.
@@ -202,6 +226,12 @@ mod tests {
         writer.await.expect("writer");
         assert!(got == expected);
         assert_eq!(counter.get(), expected.len() as u64);
+    }
+
+    #[test]
+    fn pipes_shrunk_below_the_copy_buffer_are_not_used() {
+        assert!(worth_splicing(PIPE_CHUNK));
+        assert!(!worth_splicing(2 * 4096));
     }
 
     #[test]

@@ -1,12 +1,12 @@
 //! The TCP proxy: accept, filter, pick a backend (trying the next one when a connect fails),
-//! then forward both ways (splice on Linux, see `splice.rs`; a buffer copy otherwise) until
+//! then forward both ways (splice on Linux under load, see `splice.rs`; a buffer copy otherwise) until
 //! both sides have closed, either fails, or the connection's drain ends.
 
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -15,7 +15,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
-use super::config::{Protocol, TcpForwarding};
+use super::config::Protocol;
 use super::{ActiveGuard, PortShared};
 
 /// Copy buffer per direction: larger than Tokio's 8 KiB default for loopback-class links,
@@ -75,8 +75,10 @@ async fn handle(mut client: TcpStream, peer: SocketAddr, port: Arc<PortShared>) 
     let _ = upstream.set_nodelay(true);
     let _active = ActiveGuard::new(backend.clone(), Protocol::Tcp);
     let counters = backend.counters(Protocol::Tcp);
+    let open = OpenGuard::new(&service.open_tcp);
+    let splice = service.tcp_forwarding.splices(open.others);
     tokio::select! {
-        r = forward(&mut client, &mut upstream, service.tcp_forwarding, &counters.rx, &counters.tx) => {
+        r = forward(&mut client, &mut upstream, splice, &counters.rx, &counters.tx) => {
             if let Err(error) = r {
                 tracing::trace!(service = %service.key, %error, "connection ended with an error");
             }
@@ -91,18 +93,37 @@ async fn handle(mut client: TcpStream, peer: SocketAddr, port: Arc<PortShared>) 
 async fn forward(
     client: &mut TcpStream,
     upstream: &mut TcpStream,
-    how: TcpForwarding,
+    splice: bool,
     rx: &Counter,
     tx: &Counter,
 ) -> io::Result<()> {
     #[cfg(target_os = "linux")]
-    if how == TcpForwarding::Splice {
+    if splice {
         return super::splice::relay(client, upstream, rx, tx).await;
     }
     #[cfg(not(target_os = "linux"))]
-    let _ = how;
+    let _ = splice;
     let mut counted = Counted { inner: client, read: rx, written: tx };
     tokio::io::copy_bidirectional_with_sizes(&mut counted, upstream, COPY_BUFFER, COPY_BUFFER).await.map(drop)
+}
+
+/// Counts a TCP connection in the data path's open total while it lives.
+struct OpenGuard<'a> {
+    open: &'a AtomicUsize,
+    /// Connections that were open before this one.
+    others: usize,
+}
+
+impl<'a> OpenGuard<'a> {
+    fn new(open: &'a AtomicUsize) -> Self {
+        Self { open, others: open.fetch_add(1, Ordering::Relaxed) }
+    }
+}
+
+impl Drop for OpenGuard<'_> {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// A stream that counts the bytes read from and written to it as they pass.
