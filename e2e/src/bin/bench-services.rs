@@ -892,3 +892,32 @@ fn print_table(args: &Args, reports: &[Report]) {
     }
     row("manager peak RSS", "/proc", &|r| format!("{:.1} MiB", r.peak_rss_mib));
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cloud_bound_uses_the_variants_workers_and_the_latency_in_seconds() {
+        assert_eq!(workers("--concurrent-service-syncs=1 --kube-api-qps=20"), 1);
+        assert_eq!(workers("--kube-api-qps=0"), manager::controllers::service::DEFAULT_CONCURRENT_SYNCS);
+        assert_eq!(seconds_of("50ms"), Some(0.05));
+        assert_eq!(seconds_of("2s"), Some(2.0));
+        assert_eq!(seconds_of("fast"), None);
+    }
+
+    #[test]
+    fn event_counters_are_summed_over_their_labels_and_other_families_ignored() {
+        let text = "# HELP ccm_events_dropped Dropped\nccm_events_dropped_total{reason=\"superseded\"} 2\n\
+                    ccm_events_dropped_total{reason=\"queue_full\"} 3\nccm_events_pending 0\n\
+                    cloudprovider_api_requests_total{method=\"ensure_load_balancer\"} 1000\n";
+        let m = event_metrics(text);
+        assert_eq!(m.get("ccm_events_dropped_total"), Some(&5));
+        assert_eq!(m.get("ccm_events_pending"), Some(&0));
+        assert_eq!(m.len(), 2);
+        assert_eq!(
+            metric_by(text, "cloudprovider_api_requests_total", "method").get("ensure_load_balancer"),
+            Some(&1000)
+        );
+    }
+}
