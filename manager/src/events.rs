@@ -354,6 +354,10 @@ impl EventSink {
             let mut recent = Recent::new(client, instance);
             let mut pace = Pace::new(per_second);
             loop {
+                // Checked before taking work: after shutdown nothing more is written.
+                if shutdown.is_cancelled() {
+                    return;
+                }
                 let Some(popped) = writer.pop() else {
                     tokio::select! {
                         _ = shutdown.cancelled() => return,

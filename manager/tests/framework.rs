@@ -478,7 +478,8 @@ e2e_apiserver::backend_tests! {
         let url = cluster.url();
         let upstream = url.split("://").nth(1).unwrap().trim_end_matches('/').to_string();
         let relay = Relay::start(upstream.clone()).await;
-        let dir = std::env::temp_dir().join(format!("ccm-stop-order-{}", std::process::id()));
+        // One per backend: both variants run at once in this process.
+        let dir = std::env::temp_dir().join(format!("ccm-stop-order-{}-{}", std::process::id(), cluster.backend().name()));
         std::fs::create_dir_all(&dir).unwrap();
         let kubeconfig = dir.join("kubeconfig");
         let original = std::fs::read_to_string(cluster.kubeconfig_path()).unwrap();
