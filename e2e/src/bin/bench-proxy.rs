@@ -154,25 +154,38 @@ async fn concurrent(to: SocketAddr, connections: usize, bytes_each: u64) -> Resu
     Ok(started.elapsed())
 }
 
-/// Round trips of 64-byte messages; returns sorted durations.
-async fn round_trips(to: SocketAddr, count: usize) -> Result<Vec<Duration>, BoxError> {
-    let mut s = TcpStream::connect(to).await?;
-    s.set_nodelay(true)?;
+/// Round trips of 64-byte messages, `count` per path, one connection per path, taken in
+/// interleaved rounds so that every path sees the same machine (wake-up latency on this shared
+/// machine shifts over time); returns each path's sorted durations.
+async fn round_trips(to: &[SocketAddr], count: usize) -> Result<Vec<Vec<Duration>>, BoxError> {
+    const ROUNDS: usize = 20;
     let msg = [1u8; 64];
     let mut back = [0u8; 64];
-    // Warm up (connection set-up, first allocation).
-    for _ in 0..100 {
-        s.write_all(&msg).await?;
-        s.read_exact(&mut back).await?;
+    let mut streams = Vec::new();
+    for addr in to {
+        let mut s = TcpStream::connect(addr).await?;
+        s.set_nodelay(true)?;
+        // Warm up (connection set-up, first allocation).
+        for _ in 0..100 {
+            s.write_all(&msg).await?;
+            s.read_exact(&mut back).await?;
+        }
+        streams.push(s);
     }
-    let mut out = Vec::with_capacity(count);
-    for _ in 0..count {
-        let t = Instant::now();
-        s.write_all(&msg).await?;
-        s.read_exact(&mut back).await?;
-        out.push(t.elapsed());
+    let mut out = vec![Vec::with_capacity(count); to.len()];
+    for _ in 0..ROUNDS {
+        for (s, times) in streams.iter_mut().zip(out.iter_mut()) {
+            for _ in 0..count.div_ceil(ROUNDS) {
+                let t = Instant::now();
+                s.write_all(&msg).await?;
+                s.read_exact(&mut back).await?;
+                times.push(t.elapsed());
+            }
+        }
     }
-    out.sort();
+    for times in &mut out {
+        times.sort();
+    }
     Ok(out)
 }
 
@@ -282,8 +295,8 @@ async fn main() -> Result<(), BoxError> {
     let us = |d: Duration| d.as_secs_f64() * 1e6;
     let mut row = String::from("| Round trip, 64 B, median (p99) |");
     let mut direct_median = 0.0;
-    for (i, to) in paths.all().into_iter().enumerate() {
-        let v = round_trips(SocketAddr::new(to, ECHO_PORT), args.round_trips).await?;
+    let echo_at = paths.all().map(|ip| SocketAddr::new(ip, ECHO_PORT));
+    for (i, v) in round_trips(&echo_at, args.round_trips).await?.into_iter().enumerate() {
         let (median, p99) = (us(pct(&v, 0.5)), us(pct(&v, 0.99)));
         if i == 0 {
             direct_median = median;
