@@ -116,7 +116,7 @@ impl Env {
     }
 
     fn hosts(&self, name: &str) -> Option<Vec<String>> {
-        self.fake.load_balancer_for(NS, name).map(|lb| lb.hosts)
+        self.fake.load_balancer_for(NS, name).map(|lb| lb.hosts.to_vec())
     }
 
     /// Service writes made by the controller.

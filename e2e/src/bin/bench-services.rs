@@ -87,6 +87,10 @@ struct Args {
     /// LoadBalancer Services to create.
     #[arg(long, default_value_t = 1000)]
     services: usize,
+    /// Create the Services with `allocateLoadBalancerNodePorts: false`: the default node-port
+    /// range (30000-32767) holds 2,768 ports, fewer than the 10,000 Services of the scale run.
+    #[arg(long)]
+    no_node_ports: bool,
     /// Nodes to create before the manager starts.
     #[arg(long, default_value_t = 200)]
     nodes: usize,
@@ -300,13 +304,14 @@ fn node(name: &str) -> Node {
     }
 }
 
-fn service(ns: &str, name: &str) -> Service {
+fn service(ns: &str, name: &str, node_ports: bool) -> Service {
     Service {
         metadata: ObjectMeta { name: Some(name.into()), namespace: Some(ns.into()), ..Default::default() },
         spec: Some(ServiceSpec {
             type_: Some("LoadBalancer".into()),
             selector: Some(BTreeMap::from([("app".to_string(), name.to_string())])),
             ports: Some(vec![ServicePort { name: Some("http".into()), port: 80, ..Default::default() }]),
+            allocate_load_balancer_node_ports: (!node_ports).then_some(false),
             ..Default::default()
         }),
         ..Default::default()
@@ -620,7 +625,8 @@ async fn run_variant(
         create_all(&nodes, args.nodes, args.create_concurrency, |i| node(&format!("{prefix}-{i}"))).await?;
     let services: Api<Service> = Api::namespaced(c.client.clone(), &c.namespace);
     let ns_name = c.namespace.clone();
-    let make_service = move |i: usize| service(&ns_name, &format!("svc-{i}"));
+    let node_ports = !args.no_node_ports;
+    let make_service = move |i: usize| service(&ns_name, &format!("svc-{i}"), node_ports);
     if args.create == CreateMode::Precreate {
         report.create_secs =
             create_all(&services, args.services, args.create_concurrency, make_service.clone()).await?;
