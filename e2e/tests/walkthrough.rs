@@ -307,6 +307,8 @@ fn block_scanner_finds_marked_indented_and_unmarked_blocks() {
     assert_eq!((found[0].name.as_deref(), found[0].text.as_str()), (Some("one"), "echo 1"));
     assert_eq!((found[1].name.as_deref(), found[1].text.as_str()), (None, "a = 1"));
     assert_ne!(fnv("a"), fnv("b"));
+    assert!(set_by_cargo_for_tests("CARGO_PKG_NAME") && set_by_cargo_for_tests("CARGO_MANIFEST_DIR"));
+    assert!(!set_by_cargo_for_tests("CARGO_HOME") && !set_by_cargo_for_tests("CARGO_TARGET_DIR"));
     assert_eq!(
         named_paths("kubectl apply -f charts/x.yaml --from-file=k=manager/y.yaml"),
         ["charts/x.yaml", "manager/y.yaml"]
@@ -372,7 +374,25 @@ fn bash(script: &str) -> Command {
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .env("CARGO_TERM_COLOR", "never")
         .process_group(0);
+    for (name, _) in std::env::vars_os() {
+        if name.to_str().is_some_and(set_by_cargo_for_tests) {
+            cmd.env_remove(name);
+        }
+    }
     cmd
+}
+
+/// Variables `cargo test` sets for this test process that a reader's shell does not have.
+/// The blocks run `cargo`, and build scripts that watch such variables (ring's watches
+/// `CARGO_PKG_NAME` and `CARGO_MANIFEST_DIR`) would see them change, so the reader's next
+/// `cargo run` rebuilt ring, rustls and kube-client and everything above them.
+fn set_by_cargo_for_tests(name: &str) -> bool {
+    name == "CARGO"
+        || name == "OUT_DIR"
+        || name == "CARGO_PRIMARY_PACKAGE"
+        || name == "CARGO_TARGET_TMPDIR"
+        || name == "CARGO_RUSTC_CURRENT_DIR"
+        || ["CARGO_PKG_", "CARGO_MANIFEST_", "CARGO_BIN_", "CARGO_CRATE_"].iter().any(|p| name.starts_with(p))
 }
 
 /// A block running in the background, its stdout lines on a channel, its stderr in a file.
