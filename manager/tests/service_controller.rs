@@ -87,8 +87,15 @@ impl Env {
         self.services().patch(name, &pp, &Patch::Merge(patch)).await.expect("edit service");
     }
 
+    /// Create a Node and wait until the running controller's cache holds it, so a Service
+    /// created next is ensured with it (otherwise the Node may land mid-ensure and, as S23
+    /// requires, cause a second sync).
     async fn create_node(&self, node: Node) {
+        let name = node.metadata.name.clone().unwrap_or_default();
         self.nodes().create(&PostParams::default(), &node).await.expect("create node");
+        if let Some(r) = &self.running {
+            eventually(|| async { r.context.nodes.get(None, &name).map(|_| ()) }).await;
+        }
     }
 
     async fn edit_node(&self, name: &str, patch: Value) {

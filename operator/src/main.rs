@@ -106,19 +106,9 @@ struct RunFlags {
     log_json: bool,
 }
 
-/// The log filter for `level`. kube-client's own ERROR line for a failed request ("failed with
-/// error client error (Connect)") repeats what the caller logs with context (a watch retrying,
-/// a Lease renewal failing), and made an API server that stops first look like a crash, so it is
-/// off unless `debug` or `trace` asks for everything.
-pub(crate) fn default_directives(level: &str) -> String {
-    match level.trim().to_ascii_lowercase().as_str() {
-        "debug" | "trace" => level.to_string(),
-        _ => format!("{level},kube_client::client::builder=off"),
-    }
-}
-
 fn init_logging(level: &str, json: bool) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_directives(level)));
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(manager::engine::app::default_directives(level)));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     let _ = if json { builder.json().try_init() } else { builder.try_init() };
 }

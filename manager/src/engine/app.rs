@@ -72,14 +72,21 @@ where
     }
 }
 
-/// The log filter for `level`. kube-client's own ERROR line for a failed request ("failed with
-/// error client error (Connect)") repeats what the caller logs with context (a watch retrying,
-/// a Lease renewal failing), and made an API server that stops first look like a crash, so it is
-/// off unless `debug` or `trace` asks for everything.
-pub(crate) fn default_directives(level: &str) -> String {
+/// The log filter for `level` shared by the manager and the operator binaries.
+///
+/// Below `debug`, two kinds of kube-client lines are dropped because the caller already reports
+/// the same event with context: the ERROR for a failed request ("failed with error client error
+/// (Connect)", logged again by the watch or Lease renewal that retries it) and the WARNs for a
+/// watch stream cut short ("eof in poll", "timeout in poll"), which kube-client treats as a normal
+/// end and the watcher resumes. They made an API server that stops or restarts look like a
+/// failure. kube-client's TLS warnings keep the chosen level.
+pub fn default_directives(level: &str) -> String {
     match level.trim().to_ascii_lowercase().as_str() {
         "debug" | "trace" => level.to_string(),
-        _ => format!("{level},kube_client::client::builder=off"),
+        "error" | "off" => format!("{level},kube_client::client::builder=off"),
+        _ => {
+            format!("{level},kube_client::client=error,kube_client::client::tls=warn,kube_client::client::builder=off")
+        }
     }
 }
 
@@ -196,4 +203,72 @@ pub async fn run(registry: Registry, mut settings: Settings, shutdown: Cancellat
         .report_status(settings.ccm_resource, settings.ccm_resource_interval)
         .build()?;
     engine.run(shutdown).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::default_directives;
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+    use tracing_subscriber::EnvFilter;
+
+    /// Collects formatted log lines in memory.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().map_err(|_| std::io::Error::other("poisoned"))?.extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Emits the kube-client lines in question under `level` and returns what was printed.
+    fn printed_at(level: &str) -> String {
+        let out = Captured::default();
+        let writer = out.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter(EnvFilter::new(default_directives(level)))
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::warn!(target: "kube_client::client", "eof in poll: cut short");
+            tracing::error!(target: "kube_client::client::builder", "failed with error client error (Connect)");
+            tracing::warn!(target: "kube_client::client::tls", "failed to reload CA bundle");
+            tracing::error!(target: "kube_client::client", "response could not be parsed");
+            tracing::warn!(target: "manager::leader", "renewal failed");
+        });
+        let bytes = out.0.lock().map(|b| b.clone()).unwrap_or_default();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    #[test]
+    fn a_watch_cut_short_and_a_repeated_request_error_stay_quiet_below_debug() {
+        let info = printed_at("info");
+        assert!(!info.contains("eof in poll"), "{info}");
+        assert!(!info.contains("client error (Connect)"), "{info}");
+        assert!(info.contains("failed to reload CA bundle"), "TLS warnings keep the level: {info}");
+        assert!(info.contains("response could not be parsed"), "kube-client errors still show: {info}");
+        assert!(info.contains("renewal failed"), "our own warnings show: {info}");
+    }
+
+    #[test]
+    fn debug_shows_every_kube_client_line() {
+        let debug = printed_at("debug");
+        for line in ["eof in poll", "client error (Connect)", "failed to reload CA bundle"] {
+            assert!(debug.contains(line), "{line} missing at debug: {debug}");
+        }
+    }
+
+    #[test]
+    fn error_level_hides_warnings_from_kube_client_tls_too() {
+        let error = printed_at("error");
+        assert!(!error.contains("failed to reload CA bundle"), "{error}");
+        assert!(!error.contains("renewal failed"), "{error}");
+        assert!(error.contains("response could not be parsed"), "{error}");
+    }
 }
