@@ -503,6 +503,13 @@ fn quick_start_reaches_ready_and_stops_quietly_as_documented() {
     assert!(out.contains("Ready=True AsExpected"), "the resource is not Ready\n{log}");
     // `kill %1 %2` stops both without an error or a warning, and the kubeconfig is gone.
     assert!(warnings(&err).is_empty(), "warnings or errors:\n  {}\n{log}", warnings(&err).join("\n  "));
+    // One INFO line per component after the signal: the embedded engine's and the operator's.
+    let stop =
+        err.split_once("received SIGTERM").map(|(_, after)| after).unwrap_or_else(|| panic!("no signal logged\n{log}"));
+    let infos: Vec<&str> = stop.lines().filter(|l| l.contains(" INFO")).collect();
+    assert_eq!(infos.len(), 2, "after the signal:\n  {}\n{log}", infos.join("\n  "));
+    assert!(infos.iter().any(|l| l.contains("engine stopped") && l.contains("baremetal-embedded")), "{log}");
+    assert!(infos.iter().any(|l| l.contains("ccm-operator stopped")), "{log}");
     assert!(!root().join(".sandbox/kubeconfig").exists(), "the sandbox removed its kubeconfig");
     eprintln!("quick start finished in {:?}", started.elapsed());
 }

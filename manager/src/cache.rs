@@ -199,15 +199,50 @@ where
     ObjectRef<K>: Hash + Eq,
 {
     let mut stream = watcher(api, config).default_backoff().boxed();
+    let mut streak = FailureStreak::default();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             next = stream.next() => match next {
-                Some(Ok(event)) => writer.apply(event),
-                Some(Err(error)) => tracing::warn!(%error, kind = %K::kind(&()), "watch failed; retrying"),
+                Some(Ok(event)) => {
+                    streak.reset();
+                    writer.apply(event);
+                }
+                Some(Err(error)) => {
+                    let failures = streak.record();
+                    if FailureStreak::is_outage(failures) {
+                        tracing::warn!(%error, kind = %K::kind(&()), failures, "watch failed; retrying");
+                    } else {
+                        tracing::debug!(%error, kind = %K::kind(&()), "watch interrupted; retrying");
+                    }
+                }
                 None => return,
             },
         }
+    }
+}
+
+/// Consecutive failures of one watch. The first after a working stream is routine (an API
+/// server restarting, or stopping together with us, as `kill %1 %2` does) and stays at debug;
+/// the retry failing too, after the watcher's backoff (0.8 s or more), is an outage worth a WARN.
+#[derive(Debug, Default)]
+struct FailureStreak(u32);
+
+impl FailureStreak {
+    /// Count one failure; returns the failures in a row so far.
+    fn record(&mut self) -> u32 {
+        self.0 = self.0.saturating_add(1);
+        self.0
+    }
+
+    /// The watch delivered an event again.
+    fn reset(&mut self) {
+        self.0 = 0;
+    }
+
+    /// Whether `failures` in a row deserve a warning.
+    fn is_outage(failures: u32) -> bool {
+        failures >= 2
     }
 }
 
@@ -236,6 +271,16 @@ mod tests {
             }
             other => panic!("expected Applied, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_single_watch_failure_is_routine_and_a_failed_retry_is_an_outage() {
+        let mut streak = FailureStreak::default();
+        assert!(!FailureStreak::is_outage(streak.record()), "the first failure is routine");
+        assert!(FailureStreak::is_outage(streak.record()), "the retry failing too is an outage");
+        assert!(FailureStreak::is_outage(streak.record()));
+        streak.reset();
+        assert!(!FailureStreak::is_outage(streak.record()), "an event in between starts over");
     }
 
     #[tokio::test]

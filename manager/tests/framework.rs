@@ -380,7 +380,8 @@ e2e_apiserver::backend_tests! {
 
     async fn the_binary_runs_the_fake_provider_against_the_api_server_and_stops_on_sigterm(backend) {
         let cluster = TestCluster::start(backend).await.unwrap();
-        let dir = std::env::temp_dir().join(format!("ccm-bin-test-{}", std::process::id()));
+        // One per backend: both variants run at once in this process.
+        let dir = std::env::temp_dir().join(format!("ccm-bin-test-{}-{}", std::process::id(), cluster.backend().name()));
         std::fs::create_dir_all(&dir).unwrap();
         let cloud_config = dir.join("fake.yaml");
         std::fs::write(&cloud_config, "autoInstances: true\nlatency: 1ms\n").unwrap();
@@ -399,6 +400,7 @@ e2e_apiserver::backend_tests! {
                 "--leader-elect-retry-period=500ms",
             ])
             .env_remove("RUST_LOG")
+            .stderr(std::fs::File::create(dir.join("stderr")).unwrap())
             .kill_on_drop(true)
             .spawn()
             .unwrap();
@@ -428,6 +430,13 @@ e2e_apiserver::backend_tests! {
         // A graceful stop released the Lease.
         let lease = leases.get("cloud-controller-manager").await.unwrap();
         assert_eq!(lease.spec.unwrap().holder_identity, None);
+        // The stop is one INFO line saying so, and nothing louder.
+        let log = std::fs::read_to_string(dir.join("stderr")).unwrap();
+        let stop = log.split_once("received SIGTERM").map(|(_, after)| after).expect("the signal is logged");
+        let lines: Vec<&str> = stop.lines().skip(1).filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "one line after the signal's:\n{stop}");
+        assert!(lines[0].contains(" INFO") && lines[0].contains("engine stopped"), "{stop}");
+        assert!(lines[0].contains("lease=released"), "{stop}");
         let _ = std::fs::remove_dir_all(&dir);
         drop(cluster);
     }
@@ -531,7 +540,10 @@ e2e_apiserver::backend_tests! {
         let stop = log.split_once("received SIGTERM").map(|(_, after)| after).expect("the stop is logged");
         let loud: Vec<&str> = stop.lines().filter(|l| l.contains(" WARN")).collect();
         assert!(loud.is_empty(), "the stop logs warnings:\n{}", loud.join("\n"));
-        assert!(stop.contains("the leader lease expires by itself"), "{stop}");
+        // One INFO line for the stop, naming what became of the Lease.
+        let infos: Vec<&str> = stop.lines().filter(|l| l.contains(" INFO")).collect();
+        assert_eq!(infos.len(), 1, "one INFO line after the signal:\n{stop}");
+        assert!(infos[0].contains("engine stopped") && infos[0].contains("lease=left to expire"), "{stop}");
         let _ = std::fs::remove_dir_all(&dir);
         drop(cluster);
     }

@@ -29,6 +29,7 @@ use manager::status::StatusTarget;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::hash;
 use crate::metrics::OperatorMetrics;
@@ -297,57 +298,63 @@ impl Engines {
         let token = stop.clone();
         let crash = self.crash.clone();
         let key = format!("{namespace}/{name}");
-        let task = tokio::spawn(async move {
-            let changed = |s: EngineState| {
-                set(&task_state, s);
-                let _ = notify.send(cr_ref.clone());
-            };
-            let engine = match built {
-                Ok(engine) => engine,
-                Err(e) => {
-                    tracing::warn!(cr = %key, error = %e, "the embedded engine could not be built");
-                    return changed(EngineState::Failed(e.to_string()));
-                }
-            };
-            let running = match engine.start(token.clone()).await {
-                Ok(r) => r,
-                Err(e) => {
-                    tracing::warn!(cr = %key, error = %e, "the embedded engine could not start");
-                    return changed(EngineState::Failed(e.to_string()));
-                }
-            };
-            tracing::info!(cr = %key, "embedded engine started");
-            let ready = running.ready().clone();
-            let mut synced = false;
-            while !(running.is_finished() || token.is_cancelled() || crash.is_cancelled()) {
-                if !synced && ready.get(INFORMER_SYNC_CHECK) == Some(Ok(())) {
-                    synced = true;
-                    changed(EngineState::Running);
-                }
-                tokio::select! {
-                    _ = tokio::time::sleep(READY_POLL) => {}
-                    _ = token.cancelled() => {}
-                    _ = crash.cancelled() => {}
-                }
-            }
-            if crash.is_cancelled() {
-                running.abort();
-                return;
-            }
-            // A panic in the engine is a failure of this CR's engine, not of the operator.
-            let result = AssertUnwindSafe(running.wait()).catch_unwind().await;
-            if !token.is_cancelled() {
-                let message = match result {
-                    Ok(Ok(())) => "the engine stopped unexpectedly".to_string(),
-                    Ok(Err(e)) => e.to_string(),
-                    Err(_) => "the engine panicked".to_string(),
+        // The engine's lines carry the CR they run for.
+        let span = tracing::info_span!("embedded", cr = %key);
+        let task = tokio::spawn(
+            async move {
+                let changed = |s: EngineState| {
+                    set(&task_state, s);
+                    let _ = notify.send(cr_ref.clone());
                 };
-                tracing::warn!(cr = %key, error = %message, "embedded engine failed");
-                changed(EngineState::Failed(message));
-            } else {
-                tracing::info!(cr = %key, "embedded engine stopped");
+                let engine = match built {
+                    Ok(engine) => engine,
+                    Err(e) => {
+                        tracing::warn!(cr = %key, error = %e, "the embedded engine could not be built");
+                        return changed(EngineState::Failed(e.to_string()));
+                    }
+                };
+                let running = match engine.start(token.clone()).await {
+                    Ok(r) => r,
+                    Err(e) => {
+                        tracing::warn!(cr = %key, error = %e, "the embedded engine could not start");
+                        return changed(EngineState::Failed(e.to_string()));
+                    }
+                };
+                tracing::info!(cr = %key, "embedded engine started");
+                let ready = running.ready().clone();
+                let mut synced = false;
+                while !(running.is_finished() || token.is_cancelled() || crash.is_cancelled()) {
+                    if !synced && ready.get(INFORMER_SYNC_CHECK) == Some(Ok(())) {
+                        synced = true;
+                        changed(EngineState::Running);
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(READY_POLL) => {}
+                        _ = token.cancelled() => {}
+                        _ = crash.cancelled() => {}
+                    }
+                }
+                if crash.is_cancelled() {
+                    running.abort();
+                    return;
+                }
+                // A panic in the engine is a failure of this CR's engine, not of the operator.
+                let result = AssertUnwindSafe(running.wait()).catch_unwind().await;
+                if !token.is_cancelled() {
+                    let message = match result {
+                        Ok(Ok(())) => "the engine stopped unexpectedly".to_string(),
+                        Ok(Err(e)) => e.to_string(),
+                        Err(_) => "the engine panicked".to_string(),
+                    };
+                    tracing::warn!(cr = %key, error = %message, "embedded engine failed");
+                    changed(EngineState::Failed(message));
+                } else {
+                    // The engine's own closing line (in this task's span, naming the CR) says it.
+                    tracing::debug!(cr = %key, "embedded engine stopped");
+                }
             }
-        });
+            .instrument(span),
+        );
         let config_hash = config_hash(validated);
         Entry {
             fingerprint: fp,

@@ -423,6 +423,7 @@ async fn main_loop(
             let _ = handle.await;
             engines.stop_all().await;
             set_leading(false);
+            tracing::info!(lease = "not used (--leader-elect=false)", "ccm-operator stopped");
         }
         Some(le) => {
             let mut elector = LeaderElector::new(config.client.clone(), le);
@@ -442,9 +443,15 @@ async fn main_loop(
                 set_leading(false);
                 match end {
                     TermEnd::Stopped => {
-                        if let Err(e) = elector.release().await {
-                            tracing::warn!(error = %e, "could not release the operator Lease");
-                        }
+                        let lease = match elector.release().await {
+                            Ok(outcome) => outcome.to_string(),
+                            Err(e) => {
+                                tracing::warn!(error = %e, "could not release the operator Lease");
+                                "left to expire (release refused)".to_string()
+                            }
+                        };
+                        // The operator's one INFO line of a stop.
+                        tracing::info!(%lease, "ccm-operator stopped");
                         break;
                     }
                     TermEnd::Lost => {

@@ -94,7 +94,9 @@ pub fn default_directives(level: &str) -> String {
 pub fn init_logging(log: LogSettings) {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_directives(log.level.as_str())));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colours only on a terminal: `kubectl logs` and log files get plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     // A second initialization (tests, embedding) keeps the first subscriber.
     let _ = if log.json { builder.json().try_init() } else { builder.try_init() };
 }

@@ -33,6 +33,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::Error;
 use crate::cache::{Cache, run_watch};
@@ -506,7 +507,7 @@ impl Engine {
             leading: self.leading.subscribe(),
             leader: elector.as_ref().map(LeaderElector::subscribe),
             identity: self.identity.clone(),
-            task: tokio::spawn(self.main_loop(elector, shutdown)),
+            task: tokio::spawn(self.main_loop(elector, shutdown).in_current_span()),
         };
         Ok(running)
     }
@@ -554,6 +555,8 @@ impl Engine {
             self.spawn_leader_monitor(e.subscribe(), e.config().clone(), background.clone());
         }
         let running = Arc::new(Mutex::new(BTreeSet::<String>::new()));
+        // What became of the Lease, for the closing line.
+        let mut lease = "not used (--leader-elect=false)".to_string();
         let result = loop {
             if let Some(e) = elector.as_mut() {
                 if !e.acquire(&shutdown).await {
@@ -595,26 +598,38 @@ impl Engine {
             if stopped.is_err() {
                 let names: Vec<String> = running.lock().unwrap_or_else(|e| e.into_inner()).iter().cloned().collect();
                 tracing::error!(controllers = ?names, grace = ?self.stop_grace, "controllers did not stop; keeping the Lease unreleased");
+                lease = "left to expire (controllers did not stop)".to_string();
                 break Err(Error::ControllersDidNotStop { names, grace: self.stop_grace });
             }
             match end {
                 TermEnd::Stopped => {
-                    if let Some(e) = elector.as_mut()
-                        && e.config().release_on_cancel
-                        && let Err(error) = e.release().await
-                    {
-                        tracing::warn!(%error, "could not release the leader lease; standbys wait for it to expire");
+                    if let Some(e) = elector.as_mut() {
+                        lease = if !e.config().release_on_cancel {
+                            "kept until it expires (--leader-elect-release-on-shutdown=false)".to_string()
+                        } else {
+                            match e.release().await {
+                                Ok(outcome) => outcome.to_string(),
+                                Err(error) => {
+                                    tracing::warn!(%error, "could not release the leader lease; standbys wait for it to expire");
+                                    "left to expire (release refused)".to_string()
+                                }
+                            }
+                        };
                     }
                     break Ok(());
                 }
                 TermEnd::Lost => match self.on_leader_loss {
-                    LeaderLoss::Exit => break Err(Error::LeadershipLost),
+                    LeaderLoss::Exit => {
+                        lease = "lost".to_string();
+                        break Err(Error::LeadershipLost);
+                    }
                     LeaderLoss::StandBy => tracing::info!("controllers stopped after losing the lease; standing by"),
                 },
             }
         };
         background.cancel();
-        tracing::info!("cloud-controller-manager engine stopped");
+        // The one INFO line of a stop: the controllers' and the Lease's own lines are at debug.
+        tracing::info!(%lease, "cloud-controller-manager engine stopped");
         result
     }
 
@@ -770,7 +785,7 @@ impl Supervisor {
         self.gauge.set(0);
         self.health.remove(&self.name);
         self.running.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.name);
-        tracing::info!(controller = %self.name, "controller stopped");
+        tracing::debug!(controller = %self.name, "controller stopped");
     }
 }
 
