@@ -4,6 +4,7 @@
 
 pub mod conditions;
 pub mod controllers;
+pub mod defaults;
 pub mod v1alpha1;
 pub mod validation;
 

@@ -188,7 +188,7 @@ impl Default for LeaderElection {
 #[serde(rename_all = "camelCase")]
 pub struct Concurrency {
     /// `--concurrent-node-syncs`: cloud-node workers.
-    #[serde(default = "default_five")]
+    #[serde(default = "default_node_syncs")]
     #[schemars(range(min = 1))]
     #[x_kube(validation = kube::core::Rule::new("self >= 1").message("must be at least 1"))]
     pub node_syncs: i32,
@@ -206,7 +206,11 @@ pub struct Concurrency {
 
 impl Default for Concurrency {
     fn default() -> Self {
-        Self { node_syncs: 5, service_syncs: default_service_syncs(), route_syncs: 1 }
+        Self {
+            node_syncs: default_node_syncs(),
+            service_syncs: default_service_syncs(),
+            route_syncs: crate::defaults::CONCURRENT_ROUTE_SYNCS,
+        }
     }
 }
 
@@ -379,12 +383,11 @@ fn default_renew_deadline() -> Duration {
 fn default_retry_period() -> Duration {
     std::time::Duration::from_secs(2).into()
 }
-fn default_five() -> i32 {
-    5
+fn default_node_syncs() -> i32 {
+    crate::defaults::CONCURRENT_NODE_SYNCS
 }
-/// The manager binary's `--concurrent-service-syncs` default, so the knob has one default.
 fn default_service_syncs() -> i32 {
-    32
+    crate::defaults::CONCURRENT_SERVICE_SYNCS
 }
 fn default_one() -> i32 {
     1

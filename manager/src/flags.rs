@@ -179,9 +179,9 @@ pub struct Flags {
     pub leader_migration_config: String,
 
     // ----- Node controller flags
-    /// Workers initializing Nodes in parallel. At least 1 (upstream takes 0 and then never
-    /// initializes a Node).
-    #[arg(long, default_value_t = 1, value_name = "int32", help_heading = "Node controller flags")]
+    /// Workers initializing Nodes in parallel (upstream's default is 1). At least 1 (upstream
+    /// takes 0 and then never initializes a Node).
+    #[arg(long, default_value_t = crate::options::DEFAULT_CONCURRENT_NODE_SYNCS as i64, value_name = "int32", help_heading = "Node controller flags")]
     pub concurrent_node_syncs: i64,
     /// Workers refreshing Node addresses in parallel; 0 uses --concurrent-node-syncs.
     #[arg(long, default_value_t = 0, value_name = "int32", help_heading = "Node controller flags")]
@@ -191,7 +191,7 @@ pub struct Flags {
     /// Services synced in parallel (and the parallelism of node-change passes). Default 32, not
     /// upstream's 1: with 1, a cluster with hundreds of Services waits minutes to hours for load
     /// balancers. `=1` reproduces upstream.
-    #[arg(long, default_value_t = crate::controllers::service::DEFAULT_CONCURRENT_SYNCS as i64, value_name = "int32", help_heading = "Service controller flags")]
+    #[arg(long, default_value_t = crate::options::DEFAULT_CONCURRENT_SERVICE_SYNCS as i64, value_name = "int32", help_heading = "Service controller flags")]
     pub concurrent_service_syncs: i64,
 
     // ----- Misc flags
@@ -759,7 +759,7 @@ mod tests {
         assert_eq!(f.leader_elect_resource_lock, "leases");
         assert_eq!(f.leader_elect_resource_name, "cloud-controller-manager");
         assert_eq!(f.leader_elect_resource_namespace, "kube-system");
-        assert_eq!(f.concurrent_node_syncs, 1);
+        assert_eq!(f.concurrent_node_syncs, 5, "deliberately above upstream's 1");
         assert_eq!(f.concurrent_node_status_updates, 0);
         assert_eq!(f.concurrent_service_syncs, 32, "deliberately above upstream's 1");
         assert_eq!(f.bind_address, "0.0.0.0");

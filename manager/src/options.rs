@@ -8,6 +8,11 @@ use std::time::Duration;
 use crds::controllers::ControllerSelection;
 use ipnet::IpNet;
 
+/// Default of `--concurrent-node-syncs`: the resource's ([`crds::defaults`]), not upstream's 1.
+pub const DEFAULT_CONCURRENT_NODE_SYNCS: usize = crds::defaults::CONCURRENT_NODE_SYNCS as usize;
+/// Default of `--concurrent-service-syncs`: the resource's ([`crds::defaults`]), not upstream's 1.
+pub const DEFAULT_CONCURRENT_SERVICE_SYNCS: usize = crds::defaults::CONCURRENT_SERVICE_SYNCS as usize;
+
 /// Settings shared by the engine and every controller.
 #[derive(Debug, Clone)]
 pub struct ControllerOptions {
@@ -28,12 +33,13 @@ pub struct ControllerOptions {
     pub node_monitor_period: Duration,
     /// `--node-status-update-frequency`: node address refresh interval.
     pub node_status_update_frequency: Duration,
-    /// `--concurrent-node-syncs`: cloud-node workers (at least 1).
+    /// `--concurrent-node-syncs`: cloud-node workers (at least 1). Defaults to
+    /// [`DEFAULT_CONCURRENT_NODE_SYNCS`], not upstream's 1; 1 is the upstream-equivalent setting.
     pub concurrent_node_syncs: usize,
     /// `--concurrent-node-status-updates`: address refresh workers; 0 means `concurrent_node_syncs`.
     pub concurrent_node_status_updates: usize,
     /// `--concurrent-service-syncs`: service syncs in flight and node-pass parallelism (at
-    /// least 1). Defaults to [`crate::controllers::service::DEFAULT_CONCURRENT_SYNCS`], not
+    /// least 1). Defaults to [`DEFAULT_CONCURRENT_SERVICE_SYNCS`], not
     /// upstream's 1; 1 is the upstream-equivalent setting.
     pub concurrent_service_syncs: usize,
     /// `--concurrent-route-syncs` (addition): route operations in flight are still capped at 200.
@@ -66,9 +72,9 @@ impl Default for ControllerOptions {
             route_reconciliation_period: Duration::from_secs(10),
             node_monitor_period: Duration::from_secs(5),
             node_status_update_frequency: Duration::from_secs(5 * 60),
-            concurrent_node_syncs: 1,
+            concurrent_node_syncs: DEFAULT_CONCURRENT_NODE_SYNCS,
             concurrent_node_status_updates: 0,
-            concurrent_service_syncs: crate::controllers::service::DEFAULT_CONCURRENT_SYNCS,
+            concurrent_service_syncs: DEFAULT_CONCURRENT_SERVICE_SYNCS,
             concurrent_route_syncs: 1,
             node_batch_size: 500,
             node_batch_window: Duration::from_millis(100),
@@ -102,9 +108,14 @@ mod tests {
         assert_eq!(o.route_reconciliation_period, Duration::from_secs(10));
         assert_eq!(o.node_monitor_period, Duration::from_secs(5));
         assert_eq!(o.node_status_update_frequency, Duration::from_secs(300));
-        assert_eq!(o.concurrent_node_syncs, 1);
-        // Deliberately not upstream's 1: see the service controller.
-        assert_eq!(o.concurrent_service_syncs, crate::controllers::service::DEFAULT_CONCURRENT_SYNCS);
+        // Deliberately not upstream's 1 (docs/migrating.md), and the resource's defaults.
+        assert_eq!(o.concurrent_node_syncs, 5);
+        assert_eq!(o.concurrent_service_syncs, 32);
+        let crd = crds::v1alpha1::Concurrency::default();
+        assert_eq!(
+            (crd.node_syncs as usize, crd.service_syncs as usize),
+            (o.concurrent_node_syncs, o.concurrent_service_syncs)
+        );
         assert_eq!(o.node_deletion_grace_period, Duration::ZERO);
         assert!(o.load_balancer_resync_period.is_none());
         assert_eq!(o.controllers.enabled().len(), 4);

@@ -469,8 +469,9 @@ e2e_apiserver::backend_tests! {
         env.create(kubelet_node("b")).await;
         let a = eventually(|| async { Some(env.get("a").await).filter(|n| addresses(n).len() == 3) }).await;
         assert_eq!(addresses(&a), vec![cloud[0].clone(), cloud[1].clone(), addr("Hostname", "a")]);
-        let b = eventually(|| async { Some(env.get("b").await).filter(|n| addresses(n) == with_host) }).await;
-        assert!(!tainted(&b));
+        // Addresses (status) and the taint (metadata) are two writes: wait for both.
+        let b = eventually(|| async { Some(env.get("b").await).filter(|n| addresses(n) == with_host && !tainted(n)) }).await;
+        assert_eq!(addresses(&b), with_host, "the cloud's hostname replaces the kubelet's");
     }
 
     async fn n16_dual_stack_node_ip_table(backend) {

@@ -40,13 +40,6 @@ pub const NAME: &str = "service-lb-controller";
 pub const COMPONENT: &str = "service-controller";
 /// Field manager of this controller's patches.
 pub const FIELD_MANAGER: &str = "service-controller";
-/// Our default for `--concurrent-service-syncs` (upstream's is 1, which stays available as the
-/// upstream-equivalent setting). Load-balancer calls are slow (tens of milliseconds to
-/// seconds) and cheap for the manager to wait on, so with one sync in flight 1,000 Services take
-/// minutes; 32 gives 1,000 Services their ingress within 2 s at 50 ms per call (see
-/// docs/benchmarks.md). Providers whose cloud API cannot take that many calls at once should
-/// limit themselves, or the flag can be lowered.
-pub const DEFAULT_CONCURRENT_SYNCS: usize = 32;
 /// Fastest pace of the periodic re-ensure, in Services per second.
 pub const RESYNC_MAX_PER_SECOND: u32 = 20;
 
