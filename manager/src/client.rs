@@ -525,7 +525,7 @@ mod tests {
         )
         .unwrap();
         let kubeconfig = Some(path.display().to_string());
-        for master in [format!("https://{TOKEN} x"), format!("{TOKEN}"), format!("ftp://{TOKEN}")] {
+        for master in [format!("https://{TOKEN} x"), TOKEN.to_string(), format!("ftp://{TOKEN}")] {
             let source = ClientSource { kubeconfig: kubeconfig.clone(), master: Some(master.clone()) };
             let error = load_config(&source).await.expect_err(&master);
             assert!(!format!("{error} {error:?}").contains("SECRET"), "{error}");

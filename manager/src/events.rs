@@ -274,7 +274,7 @@ impl Recent {
             }),
             event_time: Some(MicroTime(item.first)),
             // Repeats folded while waiting are one series, as the API defines it (count >= 2).
-            series: (count >= 2).then(|| EventSeries { count, last_observed_time: MicroTime(item.last) }),
+            series: (count >= 2).then_some(EventSeries { count, last_observed_time: MicroTime(item.last) }),
             regarding: Some(item.reference.clone()),
             reporting_controller: Some(item.component.to_string()),
             reporting_instance: Some(self.instance.clone().unwrap_or_else(|| item.component.to_string())),

@@ -268,6 +268,8 @@ pub enum Release {
     AlreadyTaken,
     /// The API server did not answer; standbys take the Lease when it expires.
     LeftToExpire,
+    /// The API server refused the release (logged); standbys take the Lease when it expires.
+    Refused,
 }
 
 impl std::fmt::Display for Release {
@@ -277,6 +279,7 @@ impl std::fmt::Display for Release {
             Release::Released => "released",
             Release::AlreadyTaken => "already taken over",
             Release::LeftToExpire => "left to expire (API server unreachable)",
+            Release::Refused => "left to expire (release refused)",
         })
     }
 }
@@ -409,13 +412,14 @@ impl LeaderElector {
     /// Called on the way out, when the API server may already be gone (a `kill %1 %2`, a node
     /// shutting down): the attempt is bounded by [`RELEASE_TIMEOUT`], and an unreachable server is
     /// an expected outcome, returned as [`Release::LeftToExpire`] for the caller's one closing
-    /// line; standbys then take the Lease when it expires. Only an answer of the API server
-    /// itself (say, a 403) is returned as an error.
-    pub async fn release(&mut self) -> Result<Release, kube::Error> {
+    /// line; standbys then take the Lease when it expires. An answer of the API server itself
+    /// refusing the release (say, a 403) is logged as a warning and returned as
+    /// [`Release::Refused`].
+    pub async fn release(&mut self) -> Release {
         if !self.status().leading {
-            return Ok(Release::NotHeld);
+            return Release::NotHeld;
         }
-        let Some(mut lease) = self.last.take() else { return Ok(Release::NotHeld) };
+        let Some(mut lease) = self.last.take() else { return Release::NotHeld };
         let now = MicroTime(Timestamp::now());
         let spec = lease.spec.get_or_insert_with(Default::default);
         spec.holder_identity = None;
@@ -436,18 +440,21 @@ impl LeaderElector {
         match result {
             Ok(Ok(_)) => {
                 tracing::debug!(%lease, "released leader lease");
-                Ok(Release::Released)
+                Release::Released
             }
             // Someone else already moved the Lease on: nothing of ours to release.
-            Ok(Err(kube::Error::Api(s))) if s.is_conflict() => Ok(Release::AlreadyTaken),
-            Ok(Err(e @ kube::Error::Api(_))) => Err(e),
+            Ok(Err(kube::Error::Api(s))) if s.is_conflict() => Release::AlreadyTaken,
+            Ok(Err(kube::Error::Api(status))) => {
+                tracing::warn!(%lease, error = %status, "could not release the leader lease; standbys wait for it to expire");
+                Release::Refused
+            }
             Ok(Err(error)) => {
                 tracing::debug!(%lease, %error, "API server unreachable; the leader lease expires by itself");
-                Ok(Release::LeftToExpire)
+                Release::LeftToExpire
             }
             Err(_) => {
                 tracing::debug!(%lease, timeout = ?RELEASE_TIMEOUT, "API server did not answer; the leader lease expires by itself");
-                Ok(Release::LeftToExpire)
+                Release::LeftToExpire
             }
         }
     }
@@ -652,27 +659,6 @@ mod tests {
         assert!(bad.validate().unwrap_err().contains("retry-period"));
     }
 
-    /// Collects what a `fmt` subscriber writes.
-    #[derive(Clone, Default)]
-    struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Captured {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
-        type Writer = Captured;
-        fn make_writer(&'a self) -> Self::Writer {
-            self.clone()
-        }
-    }
-
     #[tokio::test]
     async fn releasing_after_the_api_server_is_gone_is_quick_quiet_and_reports_left_to_expire() {
         let server = e2e_apiserver::TestApiServer::start().await.unwrap();
@@ -682,7 +668,7 @@ mod tests {
         // Stopped before the manager, as `kill %1 %2` does.
         server.shutdown().await;
 
-        let logs = Captured::default();
+        let logs = crate::test_log::Captured::default();
         let subscriber = tracing_subscriber::fmt()
             .with_writer(logs.clone())
             .with_ansi(false)
@@ -694,9 +680,9 @@ mod tests {
         let took = started.elapsed();
         drop(_guard);
 
-        let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+        let text = logs.text();
         assert!(
-            matches!(result, Ok(Release::LeftToExpire)),
+            matches!(result, Release::LeftToExpire),
             "an unreachable API server is not an error on the way out: {result:?}"
         );
         assert!(took <= RELEASE_TIMEOUT + Duration::from_secs(1), "release took {took:?}");

@@ -25,6 +25,8 @@ pub mod providers;
 pub mod registry;
 pub mod serving;
 pub mod status;
+#[cfg(test)]
+mod test_log;
 
 pub use async_trait::async_trait;
 pub use engine::app::run_main;

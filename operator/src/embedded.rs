@@ -309,18 +309,18 @@ impl Engines {
                 let engine = match built {
                     Ok(engine) => engine,
                     Err(e) => {
-                        tracing::warn!(cr = %key, error = %e, "the embedded engine could not be built");
+                        tracing::warn!(error = %e, "the embedded engine could not be built");
                         return changed(EngineState::Failed(e.to_string()));
                     }
                 };
                 let running = match engine.start(token.clone()).await {
                     Ok(r) => r,
                     Err(e) => {
-                        tracing::warn!(cr = %key, error = %e, "the embedded engine could not start");
+                        tracing::warn!(error = %e, "the embedded engine could not start");
                         return changed(EngineState::Failed(e.to_string()));
                     }
                 };
-                tracing::info!(cr = %key, "embedded engine started");
+                tracing::info!("embedded engine started");
                 let ready = running.ready().clone();
                 let mut synced = false;
                 while !(running.is_finished() || token.is_cancelled() || crash.is_cancelled()) {
@@ -346,11 +346,11 @@ impl Engines {
                         Ok(Err(e)) => e.to_string(),
                         Err(_) => "the engine panicked".to_string(),
                     };
-                    tracing::warn!(cr = %key, error = %message, "embedded engine failed");
+                    tracing::warn!(error = %message, "embedded engine failed");
                     changed(EngineState::Failed(message));
                 } else {
                     // The engine's own closing line (in this task's span, naming the CR) says it.
-                    tracing::debug!(cr = %key, "embedded engine stopped");
+                    tracing::debug!("embedded engine stopped");
                 }
             }
             .instrument(span),

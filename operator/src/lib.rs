@@ -443,13 +443,7 @@ async fn main_loop(
                 set_leading(false);
                 match end {
                     TermEnd::Stopped => {
-                        let lease = match elector.release().await {
-                            Ok(outcome) => outcome.to_string(),
-                            Err(e) => {
-                                tracing::warn!(error = %e, "could not release the operator Lease");
-                                "left to expire (release refused)".to_string()
-                            }
-                        };
+                        let lease = elector.release().await;
                         // The operator's one INFO line of a stop.
                         tracing::info!(%lease, "ccm-operator stopped");
                         break;

@@ -210,31 +210,15 @@ pub async fn run(registry: Registry, mut settings: Settings, shutdown: Cancellat
 #[cfg(test)]
 mod tests {
     use super::default_directives;
-    use std::io::Write;
-    use std::sync::{Arc, Mutex};
+    use crate::test_log::Captured;
     use tracing_subscriber::EnvFilter;
-
-    /// Collects formatted log lines in memory.
-    #[derive(Clone, Default)]
-    struct Captured(Arc<Mutex<Vec<u8>>>);
-
-    impl Write for Captured {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().map_err(|_| std::io::Error::other("poisoned"))?.extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
 
     /// Emits the kube-client lines in question under `level` and returns what was printed.
     fn printed_at(level: &str) -> String {
         let out = Captured::default();
-        let writer = out.clone();
         let subscriber = tracing_subscriber::fmt()
             .with_env_filter(EnvFilter::new(default_directives(level)))
-            .with_writer(move || writer.clone())
+            .with_writer(out.clone())
             .with_ansi(false)
             .finish();
         tracing::subscriber::with_default(subscriber, || {
@@ -244,8 +228,7 @@ mod tests {
             tracing::error!(target: "kube_client::client", "response could not be parsed");
             tracing::warn!(target: "manager::leader", "renewal failed");
         });
-        let bytes = out.0.lock().map(|b| b.clone()).unwrap_or_default();
-        String::from_utf8_lossy(&bytes).into_owned()
+        out.text()
     }
 
     #[test]

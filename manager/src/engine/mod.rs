@@ -607,13 +607,7 @@ impl Engine {
                         lease = if !e.config().release_on_cancel {
                             "kept until it expires (--leader-elect-release-on-shutdown=false)".to_string()
                         } else {
-                            match e.release().await {
-                                Ok(outcome) => outcome.to_string(),
-                                Err(error) => {
-                                    tracing::warn!(%error, "could not release the leader lease; standbys wait for it to expire");
-                                    "left to expire (release refused)".to_string()
-                                }
-                            }
+                            e.release().await.to_string()
                         };
                     }
                     break Ok(());
