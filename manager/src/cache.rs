@@ -2,8 +2,9 @@
 //!
 //! A [`Cache`] is a kube-runtime reflector store plus a broadcast of [`Change`]s carrying the
 //! old and new object, so controllers can apply upstream's old-vs-new update filters without
-//! each keeping a copy of every object. `managedFields` is stripped before storing to save
-//! memory.
+//! each keeping a copy of every object. What no controller reads is stripped before storing
+//! to save memory: `managedFields` and kubectl's last-applied annotation on every kind, and
+//! per kind what [`CacheWriter::trimmed`] names ([`trim_node`], [`trim_service`]).
 
 use std::collections::HashMap;
 use std::fmt::Debug;
@@ -11,6 +12,7 @@ use std::hash::Hash;
 use std::sync::Arc;
 
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Service};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource, ResourceExt};
@@ -20,6 +22,31 @@ use tokio_util::sync::CancellationToken;
 
 /// How many changes a slow subscriber may fall behind before it must rescan the store.
 pub const CHANGE_BUFFER: usize = 16 * 1024;
+
+/// kubectl's copy of the last applied object: as large as the spec, read by no controller.
+pub const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Drop `spec.selector`: it picks the Service's pods, which no cloud controller looks at (a
+/// selector change never triggers a sync), and a map costs about 0.6 KiB per Service.
+/// Providers receive cached Services, so the selector is `None` there.
+pub fn trim_service(service: &mut Service) {
+    if let Some(spec) = service.spec.as_mut() {
+        spec.selector = None;
+    }
+}
+
+/// Drop what the kubelet reports for the scheduler and the attach/detach controller, which no
+/// cloud controller or provider reads: `status.images` (up to 50 images with their names and
+/// sizes, often the largest part of a Node), `volumesInUse`, `volumesAttached` and `config`.
+/// Providers receive cached Nodes, so these fields are `None` there.
+pub fn trim_node(node: &mut Node) {
+    if let Some(status) = node.status.as_mut() {
+        status.images = None;
+        status.volumes_in_use = None;
+        status.volumes_attached = None;
+        status.config = None;
+    }
+}
 
 /// One change to a cached object.
 #[derive(Debug)]
@@ -72,7 +99,7 @@ where
         let (ready_tx, ready) = tokio::sync::watch::channel(false);
         (
             Self { store: store.clone(), changes: changes.clone(), ready },
-            CacheWriter { writer, store, changes, before_relist: None, ready: ready_tx },
+            CacheWriter { writer, store, changes, before_relist: None, ready: ready_tx, trim: |_| {} },
         )
     }
 
@@ -139,6 +166,7 @@ pub struct CacheWriter<K: Resource<DynamicType = ()> + Clone + 'static> {
     changes: broadcast::Sender<Change<K>>,
     before_relist: Option<HashMap<ObjectRef<K>, Arc<K>>>,
     ready: tokio::sync::watch::Sender<bool>,
+    trim: fn(&mut K),
 }
 
 impl<K> CacheWriter<K>
@@ -146,11 +174,22 @@ where
     K: Resource<DynamicType = ()> + Clone + Debug + Send + Sync + 'static,
     ObjectRef<K>: Hash + Eq,
 {
+    /// Also drop, from every object before it is stored, whatever `trim` removes.
+    pub fn trimmed(mut self, trim: fn(&mut K)) -> Self {
+        self.trim = trim;
+        self
+    }
+
     /// Apply one watcher event: update the store and broadcast what changed.
     pub fn apply(&mut self, mut event: watcher::Event<K>) {
         match &mut event {
             watcher::Event::Apply(o) | watcher::Event::Delete(o) | watcher::Event::InitApply(o) => {
-                o.meta_mut().managed_fields = None;
+                let meta = o.meta_mut();
+                meta.managed_fields = None;
+                if let Some(annotations) = meta.annotations.as_mut() {
+                    annotations.remove(LAST_APPLIED_ANNOTATION);
+                }
+                (self.trim)(o);
             }
             watcher::Event::Init | watcher::Event::InitDone => {}
         }
@@ -249,7 +288,7 @@ impl FailureStreak {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::Node;
+    use k8s_openapi::api::core::v1::{Node, Service};
     use kube::api::ObjectMeta;
 
     fn node(name: &str, rv: &str) -> Node {
@@ -297,6 +336,69 @@ mod tests {
         w.apply(watcher::Event::Delete(node("a", "3")));
         assert!(matches!(sub.recv().await.unwrap(), Change::Deleted(n) if n.name_any() == "a"));
         assert!(cache.get(None, "a").is_none());
+    }
+
+    #[tokio::test]
+    async fn cached_nodes_lack_what_no_controller_reads_and_keep_the_rest() {
+        use k8s_openapi::api::core::v1::{
+            ContainerImage, NodeAddress, NodeCondition, NodeSpec, NodeStatus, NodeSystemInfo,
+        };
+        let (cache, w) = Cache::<Node>::new();
+        let mut w = w.trimmed(trim_node);
+        let mut n = node("a", "1");
+        n.metadata.annotations = Some(
+            [(LAST_APPLIED_ANNOTATION.to_string(), "{...}".to_string()), ("keep".to_string(), "me".to_string())].into(),
+        );
+        n.spec = Some(NodeSpec { provider_id: Some("fake://a".into()), ..Default::default() });
+        n.status = Some(NodeStatus {
+            images: Some(vec![ContainerImage { names: Some(vec!["registry/app:1".into()]), size_bytes: Some(1) }]),
+            volumes_in_use: Some(vec!["v".into()]),
+            addresses: Some(vec![NodeAddress { type_: "InternalIP".into(), address: "10.0.0.1".into() }]),
+            conditions: Some(vec![NodeCondition {
+                type_: "Ready".into(),
+                status: "True".into(),
+                ..Default::default()
+            }]),
+            node_info: Some(NodeSystemInfo { system_uuid: "uuid".into(), ..Default::default() }),
+            ..Default::default()
+        });
+        w.apply(watcher::Event::Apply(n));
+        let cached = cache.get(None, "a").unwrap();
+        let status = cached.status.as_ref().unwrap();
+        assert!(status.images.is_none() && status.volumes_in_use.is_none(), "trimmed: {status:?}");
+        assert_eq!(status.addresses.as_ref().unwrap()[0].address, "10.0.0.1");
+        assert_eq!(status.conditions.as_ref().unwrap()[0].type_, "Ready");
+        assert_eq!(status.node_info.as_ref().unwrap().system_uuid, "uuid", "providers may look instances up by it");
+        assert_eq!(cached.spec.as_ref().unwrap().provider_id.as_deref(), Some("fake://a"));
+        let annotations = cached.metadata.annotations.as_ref().unwrap();
+        assert_eq!(annotations.keys().collect::<Vec<_>>(), ["keep"], "kubectl's last-applied copy is dropped");
+    }
+
+    #[tokio::test]
+    async fn cached_services_lack_their_selector_and_keep_the_rest() {
+        use k8s_openapi::api::core::v1::ServiceSpec;
+        let (cache, w) = Cache::<Service>::new();
+        let mut w = w.trimmed(trim_service);
+        let svc = Service {
+            metadata: ObjectMeta {
+                name: Some("web".into()),
+                namespace: Some("ns".into()),
+                labels: Some([("tier".to_string(), "front".to_string())].into()),
+                ..Default::default()
+            },
+            spec: Some(ServiceSpec {
+                type_: Some("LoadBalancer".into()),
+                selector: Some([("app".to_string(), "web".to_string())].into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        w.apply(watcher::Event::Apply(svc));
+        let cached = cache.get(Some("ns"), "web").unwrap();
+        let spec = cached.spec.as_ref().unwrap();
+        assert!(spec.selector.is_none());
+        assert_eq!(spec.type_.as_deref(), Some("LoadBalancer"));
+        assert_eq!(cached.metadata.labels.as_ref().unwrap()["tier"], "front", "pool selectors read labels");
     }
 
     #[tokio::test]

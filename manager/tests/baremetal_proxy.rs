@@ -307,4 +307,37 @@ e2e_apiserver::backend_tests! {
         .await;
         running.stop().await.unwrap();
     }
+
+    /// A Node change no host set sees (its InternalIP moved) still reaches the provider: the
+    /// Service's next sync hands the data path the Node as it is now, so traffic follows the
+    /// address (the service controller computes the Nodes once per Node change, not per sync).
+    async fn a_moved_node_address_reaches_the_data_path_at_the_next_sync(backend) {
+        let cluster = TestCluster::start(backend).await.unwrap();
+        let b = block(&cluster, 43);
+        let ns = cluster.fresh_namespace("bm-proxy").await.unwrap();
+        let services: Api<Service> = Api::namespaced(cluster.client(), &ns);
+        let np = node_port(b, 0);
+        two_nodes(&cluster, b, &[np]).await;
+        // Where node a's address moves to, greeting with another name.
+        let moved = format!("n{b}-a-moved");
+        crate::backend(&moved, SocketAddr::new(ip(b, 3), np)).await;
+        healthz(SocketAddr::new(ip(b, 3), HEALTH_PORT)).await;
+        let running = start(&cluster, provider(&config(b, ""))).await;
+        services.create(&PostParams::default(), &service("web", &[(80, np)])).await.unwrap();
+        let lb = SocketAddr::new(wait_for_ingress(&services, "web").await.0.parse().unwrap(), 80);
+        eventually("web answers", || greeting(lb)).await;
+
+        let nodes: Api<Node> = Api::all(cluster.client());
+        let address = json!({ "status": { "addresses": [{ "type": "InternalIP", "address": ip(b, 3).to_string() }] } });
+        nodes.patch_status(&format!("n{b}-a"), &PatchParams::default(), &Patch::Merge(&address)).await.unwrap();
+        // Any change that syncs the Service: here an annotation.
+        let touch = json!({ "metadata": { "annotations": { "example.com/touched": "1" } } });
+        services.patch("web", &PatchParams::default(), &Patch::Merge(&touch)).await.unwrap();
+        eventually("the moved address serves", || {
+            let moved = moved.clone();
+            async move { greeting(lb).await.filter(|(name, _)| *name == moved).map(|_| ()) }
+        })
+        .await;
+        running.stop().await.unwrap();
+    }
 }

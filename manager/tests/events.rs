@@ -1,6 +1,6 @@
 //! The event sink against both API server backends: under bursts far above its pace, every
 //! object's final event is written, repeats become events.k8s.io series, and
-//! `ccm_events_dropped_total` counts exactly what was not written.
+//! `ccm_events_dropped_total` counts exactly what was not written, also at shutdown.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -163,5 +163,42 @@ e2e_apiserver::backend_tests! {
         assert_eq!(running.context.events.dropped(), 0, "nothing dropped: {text}");
         assert_eq!(sample(&text, "ccm_events_written_total"), running.context.events.published(), "{text}");
         running.stop().await.unwrap();
+    }
+
+    /// The sink is stopped right after events are published: a few are all written within
+    /// the drain grace; a burst that needs longer than the grace at the sink's pace is written
+    /// in part, and the rest is counted as dropped with `reason="shutdown"`, so written plus
+    /// counted is every occurrence.
+    async fn events_pending_at_shutdown_are_written_or_counted(backend) {
+        let cluster = TestCluster::start(backend).await.unwrap();
+        let ns = cluster.fresh_namespace("events").await.unwrap();
+        let api: Api<Event> = Api::namespaced(cluster.client(), &ns);
+        let publish_and_stop = |count: usize, per_second: u32, offset: usize| {
+            let metrics = Metrics::new();
+            let stop = CancellationToken::new();
+            let sink = EventSink::spawn_with(cluster.client(), Some("test".into()), 1000, per_second, Some(&metrics), stop.clone());
+            for i in offset..offset + count {
+                sink.publish("service-controller", service_ref(&ns, i), EventType::Normal, ENSURED, "done", "EnsureLoadBalancer");
+            }
+            stop.cancel();
+            async move {
+                let unwritten = tokio::time::timeout(manager::events::DRAIN_GRACE * 3, sink.closed()).await.unwrap();
+                (unwritten, metrics.encode())
+            }
+        };
+
+        let (unwritten, text) = publish_and_stop(20, 1000, 0).await;
+        assert_eq!(unwritten, 0, "{text}");
+        assert_eq!(sample(&text, "ccm_events_written_total"), 20, "{text}");
+        assert_eq!(api.list(&ListParams::default()).await.unwrap().items.len(), 20);
+
+        // 400 at 100/s need 4 s; the 2 s grace writes at most about 200 of them.
+        let (unwritten, text) = publish_and_stop(400, 100, 1000).await;
+        let written = sample(&text, "ccm_events_written_total");
+        assert!(unwritten >= 150, "the grace bounds the drain: {unwritten} unwritten\n{text}");
+        assert_eq!(sample(&text, "ccm_events_dropped_total{reason=\"shutdown\"}"), unwritten, "{text}");
+        assert_eq!(written + unwritten, 400, "{text}");
+        let on_server = api.list(&ListParams::default()).await.unwrap().items.len() as u64;
+        assert_eq!(on_server, 20 + written, "what the metric says was written is on the server");
     }
 }

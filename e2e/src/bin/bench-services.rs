@@ -35,7 +35,9 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use e2e_apiserver::genuine::ControlPlane;
 use e2e_apiserver::{RequestLog, TestApiServer};
-use k8s_openapi::api::core::v1::{Namespace, Node, NodeSpec, Service, ServicePort, ServiceSpec};
+use k8s_openapi::api::core::v1::{
+    Namespace, Node, NodeCondition, NodeSpec, NodeStatus, Service, ServicePort, ServiceSpec,
+};
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use manager::cache::{Cache, CacheWriter, Change, run_watch};
@@ -147,6 +149,8 @@ struct Report {
     quiet_after_secs: f64,
     idle_writes: Option<usize>,
     idle_calls: u64,
+    idle_writes_by: Option<BTreeMap<String, usize>>,
+    idle_calls_by: BTreeMap<String, u64>,
     peak_rss_mib: f64,
     /// Event-related counters the manager exposes (e.g. dropped events), if any.
     event_metrics: BTreeMap<String, u64>,
@@ -296,11 +300,20 @@ fn post() -> PostParams {
     PostParams { field_manager: Some(DRIVER.into()), ..Default::default() }
 }
 
+/// A Node as a kubelet registers it once running: with its providerID and Ready (so the
+/// lifecycle controller, when enabled, has no reason to ask the cloud about it).
 fn node(name: &str) -> Node {
     Node {
         metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
         spec: Some(NodeSpec { provider_id: Some(format!("fake://{name}")), ..Default::default() }),
-        ..Default::default()
+        status: Some(NodeStatus {
+            conditions: Some(vec![NodeCondition {
+                type_: "Ready".into(),
+                status: "True".into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
     }
 }
 
@@ -558,8 +571,9 @@ fn log_mark(log: Option<&RequestLog>) -> u64 {
     log.map(RequestLog::mark).unwrap_or(0)
 }
 
-fn total(w: &Option<BTreeMap<String, usize>>) -> Option<usize> {
-    w.as_ref().map(|w| w.values().sum())
+/// Writes other than Lease renewals, which go on every few seconds with leader election on.
+fn total_without_leases(w: &Option<BTreeMap<String, usize>>) -> Option<usize> {
+    w.as_ref().map(|w| w.iter().filter(|(k, _)| !k.contains("leases")).map(|(_, v)| v).sum())
 }
 
 /// Wait until every Service in `cache` has an ingress.
@@ -706,14 +720,16 @@ async fn run_variant(
     // (`ccm_events_pending`, when it exposes the gauge) and its writes (from the log) and
     // cloud calls unchanged for 5 s; then the idle window.
     let quiet_started = Instant::now();
-    let mut last = (total(&manager_writes(control, mark)), calls2.clone());
+    let mut last = (total_without_leases(&manager_writes(control, mark)), calls2.clone());
     let mut quiet_since = Instant::now();
     loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let metrics = manager.metrics().await;
         let pending = metric_by(&metrics, EVENTS_PENDING, "").values().sum::<u64>();
-        let now =
-            (total(&manager_writes(control, mark)), metric_by(&metrics, "cloudprovider_api_requests_total", "method"));
+        let now = (
+            total_without_leases(&manager_writes(control, mark)),
+            metric_by(&metrics, "cloudprovider_api_requests_total", "method"),
+        );
         if now != last || pending > 0 {
             quiet_since = Instant::now();
             last = now;
@@ -729,11 +745,13 @@ async fn run_variant(
     // Everything phases 1 and 2 caused, including events written in the background.
     report.writes = manager_writes(control, mark);
     let idle_mark = log_mark(control);
-    let idle_calls0 = metric_total(&manager.metrics().await, "cloudprovider_api_requests_total");
+    let idle_calls0 = metric_by(&manager.metrics().await, "cloudprovider_api_requests_total", "method");
     tokio::time::sleep(Duration::from_secs(args.idle_seconds)).await;
-    report.idle_writes = total(&manager_writes(control, idle_mark));
+    report.idle_writes_by = manager_writes(control, idle_mark);
+    report.idle_writes = total_without_leases(&report.idle_writes_by);
     let metrics = manager.metrics().await;
-    report.idle_calls = metric_total(&metrics, "cloudprovider_api_requests_total") - idle_calls0;
+    report.idle_calls_by = diff(&metric_by(&metrics, "cloudprovider_api_requests_total", "method"), &idle_calls0);
+    report.idle_calls = report.idle_calls_by.values().sum();
     report.event_metrics = event_metrics(&metrics);
     report.peak_rss_mib = manager.stop();
     drop(manager);
@@ -880,8 +898,17 @@ fn print_table(args: &Args, reports: &[Report]) {
         )
     });
     row("quiet (events drained) after", source, &|r| format!("{:.1} s", r.quiet_after_secs));
-    row("idle: API writes", source, &|r| opt(r.idle_writes));
+    row("idle: API writes, Lease renewals aside", source, &|r| opt(r.idle_writes));
     row("idle: cloud calls", "manager metrics", &|r| r.idle_calls.to_string());
+    row("idle: API writes by verb and resource", source, &|r| match &r.idle_writes_by {
+        Some(w) if !w.is_empty() => w.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", "),
+        Some(_) => "none".to_string(),
+        None => "n/a".to_string(),
+    });
+    row("idle: cloud calls by method", "manager metrics", &|r| {
+        let calls: Vec<_> = r.idle_calls_by.iter().filter(|(_, v)| **v > 0).map(|(k, v)| format!("{k} {v}")).collect();
+        if calls.is_empty() { "none".to_string() } else { calls.join(", ") }
+    });
     // A labelled counter has no series until its first sample: absent reads as 0 when the
     // manager exposes the family's siblings.
     let known = ["ccm_events_written_total", "ccm_events_dropped_total", "ccm_events_aggregated_total"];

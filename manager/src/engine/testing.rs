@@ -44,13 +44,13 @@ pub async fn context(
     tokio::spawn(run_watch(
         Api::<Node>::all(client.clone()),
         watcher::Config::default(),
-        node_writer,
+        node_writer.trimmed(crate::cache::trim_node),
         shutdown.clone(),
     ));
     tokio::spawn(run_watch(
         Api::<Service>::all(client.clone()),
         watcher::Config::default(),
-        service_writer,
+        service_writer.trimmed(crate::cache::trim_service),
         shutdown.clone(),
     ));
     let synced = tokio::time::timeout(SYNC_TIMEOUT, async {

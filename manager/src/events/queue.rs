@@ -55,9 +55,19 @@ pub struct Popped<T> {
 
 struct Entry<O, T> {
     object: O,
-    reason: String,
+    /// The reason's hash: a copy of the text per pending event is not needed to compare.
+    reason: u64,
     item: T,
     count: u32,
+}
+
+/// A reason's 64-bit hash (fixed keys): two reasons of one object collide with probability
+/// ~2^-64, and would then fold into one series.
+fn reason_key(reason: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::hash::DefaultHasher::new();
+    reason.hash(&mut hasher);
+    hasher.finish()
 }
 
 /// Bounded pending events; see the module documentation for the rules.
@@ -103,7 +113,8 @@ impl<O: Clone + Eq + Hash, T: Occurrence> PendingQueue<O, T> {
         let count = count.max(1);
         if let Some(ids) = self.objects.get(&object) {
             let newest = ids.last().copied();
-            let same = ids.iter().copied().find(|id| self.entries.get(id).is_some_and(|e| e.reason == reason));
+            let key = reason_key(reason);
+            let same = ids.iter().copied().find(|id| self.entries.get(id).is_some_and(|e| e.reason == key));
             if let Some(id) = same {
                 if Some(id) == newest {
                     if let Some(e) = self.entries.get_mut(&id) {
@@ -129,7 +140,7 @@ impl<O: Clone + Eq + Hash, T: Occurrence> PendingQueue<O, T> {
                 && let Some(e) = self.entries.get_mut(&id)
             {
                 let lost = e.count;
-                **e = Entry { object, reason: reason.to_string(), item, count };
+                **e = Entry { object, reason: reason_key(reason), item, count };
                 return Admission::Superseded(lost);
             }
         }
@@ -152,7 +163,8 @@ impl<O: Clone + Eq + Hash, T: Occurrence> PendingQueue<O, T> {
     /// dropped as superseded.
     pub fn retry(&mut self, object: O, reason: &str, item: T, count: u32) -> Admission {
         if let Some(ids) = self.objects.get(&object) {
-            let same = ids.iter().find_map(|id| self.entries.get(id).filter(|e| e.reason == reason).map(|_| *id));
+            let key = reason_key(reason);
+            let same = ids.iter().find_map(|id| self.entries.get(id).filter(|e| e.reason == key).map(|_| *id));
             return match same.and_then(|id| self.entries.get_mut(&id)) {
                 Some(e) => {
                     e.count = e.count.saturating_add(count.max(1));
@@ -184,7 +196,7 @@ impl<O: Clone + Eq + Hash, T: Occurrence> PendingQueue<O, T> {
         }
         ids.push(id);
         self.order.push_back(id);
-        self.entries.insert(id, Box::new(Entry { object, reason: reason.to_string(), item, count }));
+        self.entries.insert(id, Box::new(Entry { object, reason: reason_key(reason), item, count }));
         self.compact();
     }
 
