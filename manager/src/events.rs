@@ -62,6 +62,10 @@ pub const MAX_ATTEMPTS: u8 = 3;
 /// counting the rest as dropped (`reason="shutdown"`). Bounds how much a stop can be delayed.
 pub const DRAIN_GRACE: Duration = Duration::from_secs(2);
 
+/// How long a write in flight when [`DRAIN_GRACE`] runs out may still take. One cut off after
+/// that is counted as dropped, though the server may have taken it.
+const IN_FLIGHT_SLACK: Duration = Duration::from_millis(500);
+
 /// Longest `note` the events.k8s.io API accepts (bytes); longer notes are cut to fit.
 pub const NOTE_LIMIT: usize = 1024;
 
@@ -264,8 +268,8 @@ impl EventMetrics {
         }
     }
 
-    fn drop_some(&self, reason: &'static str, occurrences: u32) {
-        self.dropped.get_or_create(&DropLabels { reason }).inc_by(u64::from(occurrences));
+    fn drop_some(&self, reason: &'static str, occurrences: impl Into<u64>) {
+        self.dropped.get_or_create(&DropLabels { reason }).inc_by(occurrences.into());
     }
 
     fn count(&self, admission: Admission) {
@@ -300,18 +304,8 @@ impl Shared {
         })
     }
 
-    fn object_of(
-        &self,
-        component: &'static str,
-        namespace: Option<&str>,
-        name: Option<&str>,
-        uid: Option<&str>,
-    ) -> Object {
-        self.objects.hash_one((component, namespace, name, uid))
-    }
-
-    fn object_of_item(&self, item: &Queued) -> Object {
-        self.object_of(item.component, item.namespace(), item.name(), item.text.get(UID))
+    fn object_of(&self, item: &Queued) -> Object {
+        self.objects.hash_one((item.component, item.namespace(), item.name(), item.text.get(UID)))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, PendingQueue<Object, Queued>> {
@@ -348,7 +342,7 @@ impl Shared {
                 tracing::debug!(%error, reason = %item.reason(), "could not write event; will retry");
                 pace.failed();
                 item.attempts += 1;
-                let object = self.object_of_item(&item);
+                let object = self.object_of(&item);
                 let reason = item.reason().to_string();
                 let admission = self.with_queue(|q| q.retry(object, &reason, item, popped.count));
                 self.metrics.count(admission);
@@ -371,7 +365,7 @@ impl Shared {
             }
         });
         if left > 0 {
-            self.metrics.dropped.get_or_create(&DropLabels { reason: SHUTDOWN }).inc_by(left);
+            self.metrics.drop_some(SHUTDOWN, left);
             tracing::debug!(unwritten = left, "events left unwritten at shutdown");
         }
         left
@@ -554,12 +548,23 @@ impl EventSink {
                 };
                 let started = tokio::time::Instant::now();
                 let count = popped.count;
-                tokio::select! {
-                    _ = writer.write(&mut recent, &mut pace, popped) => {}
-                    _ = &mut grace_over => {
-                        in_flight = count;
-                        break;
+                let grace_ran_out = {
+                    let write = writer.write(&mut recent, &mut pace, popped);
+                    tokio::pin!(write);
+                    tokio::select! {
+                        _ = &mut write => false,
+                        // A write already sent may have landed: let it finish briefly, so it is
+                        // counted for what it was; only one the server holds longer is a guess.
+                        _ = &mut grace_over => {
+                            if tokio::time::timeout(IN_FLIGHT_SLACK, &mut write).await.is_err() {
+                                in_flight = count;
+                            }
+                            true
+                        }
                     }
+                };
+                if grace_ran_out {
+                    break;
                 }
                 tokio::select! {
                     _ = tokio::time::sleep_until(started + pace.pause()) => {}
@@ -586,7 +591,7 @@ impl EventSink {
         action: &str,
     ) {
         let item = Queued::new(component, type_, reason, &note.into(), action, &reference);
-        let object = self.shared.object_of_item(&item);
+        let object = self.shared.object_of(&item);
         let admission = self.shared.with_queue(|q| q.push(object, reason, item, 1));
         self.shared.metrics.count(admission);
         if matches!(admission, Admission::Queued | Admission::Superseded(_)) {
@@ -618,15 +623,17 @@ impl EventSink {
         self.shared.lock().len()
     }
 
-    /// Wait for the writer to finish after shutdown (it writes what is pending for at most
-    /// [`DRAIN_GRACE`]); returns the occurrences left unwritten, also counted as dropped with
-    /// `reason="shutdown"`.
-    /// Never resolves before shutdown; callers bound it with a timeout.
-    pub async fn closed(&self) -> u64 {
+    /// Call after shutdown: wait for the writer, which writes what is pending for at most
+    /// [`DRAIN_GRACE`] (plus [`IN_FLIGHT_SLACK`] for a write already sent), and return the occurrences it left unwritten (also counted as dropped
+    /// with `reason="shutdown"`). `None` if it has not finished a second after the grace.
+    pub async fn closed(&self) -> Option<u64> {
         let mut rx = self.shared.closed.subscribe();
-        // The sender lives as long as `self`, so this only returns once the writer has spoken.
-        let _ = rx.wait_for(Option::is_some).await;
-        rx.borrow().unwrap_or(0)
+        let finished = rx.wait_for(Option::is_some);
+        match tokio::time::timeout(DRAIN_GRACE + IN_FLIGHT_SLACK + Duration::from_secs(1), finished).await {
+            Ok(Ok(left)) => *left,
+            // The sender lives as long as `self`, so only the timeout gets here.
+            _ => None,
+        }
     }
 }
 
@@ -784,7 +791,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(50)).await;
         let stopped = tokio::time::Instant::now();
         token.cancel();
-        let unwritten = tokio::time::timeout(DRAIN_GRACE * 3, sink.closed()).await.expect("the writer finished");
+        let unwritten = sink.closed().await.expect("the writer finished");
         let waited = stopped.elapsed();
         assert_eq!(unwritten, 4, "a and b once, c's series of two (one of them was in flight)");
         assert!(waited >= DRAIN_GRACE && waited < DRAIN_GRACE * 2, "stopped after the grace, took {waited:?}");
@@ -803,7 +810,7 @@ mod tests {
         let sink = EventSink::spawn_with(client, None, 10, 100, None, token.clone());
         token.cancel();
         let unwritten = tokio::time::timeout(Duration::from_millis(500), sink.closed()).await;
-        assert_eq!(unwritten, Ok(0), "an empty queue stops at once");
+        assert_eq!(unwritten, Ok(Some(0)), "an empty queue stops at once");
         server.abort();
     }
 

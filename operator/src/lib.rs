@@ -31,7 +31,7 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::wait::{await_condition, conditions};
 use kube::{Api, Client, CustomResourceExt};
-use manager::events::{self, EventSink};
+use manager::events::EventSink;
 use manager::health::HealthRegistry;
 use manager::http::{HttpConfig, HttpState, Listener};
 use manager::leader::{LeaderElectionConfig, LeaderElector, TermEnd};
@@ -386,10 +386,7 @@ async fn main_loop(
         &metrics.registry,
         shutdown.clone(),
     );
-    let events_closed = {
-        let events = events.clone();
-        async move { events.closed().await }
-    };
+    let sink = events.clone();
     let engines = Arc::new(Engines::new(
         config.client.clone(),
         config.registry.clone(),
@@ -461,6 +458,6 @@ async fn main_loop(
         }
     }
     // The sink writes what is still pending for a short grace; let it before the runtime ends.
-    let _ = tokio::time::timeout(events::DRAIN_GRACE + Duration::from_secs(1), events_closed).await;
+    let _ = sink.closed().await;
     Ok(())
 }

@@ -38,7 +38,7 @@ use tracing::Instrument;
 use crate::Error;
 use crate::cache::{Cache, run_watch};
 use crate::controller::{Context, Controller};
-use crate::events::{self, EventSink};
+use crate::events::EventSink;
 use crate::health::{HealthHandle, HealthRegistry};
 use crate::http::{HttpConfig, HttpState, Listener};
 use crate::leader::{self, LeaderElectionConfig, LeaderElector, LeaderStatus, TermEnd};
@@ -623,12 +623,11 @@ impl Engine {
         };
         background.cancel();
         // Pending events get a short grace to be written (counted as dropped if not).
-        let unwritten = tokio::time::timeout(events::DRAIN_GRACE + Duration::from_secs(1), events.closed()).await;
         // The one INFO line of a stop: the controllers' and the Lease's own lines are at debug.
-        match unwritten {
-            Ok(0) => tracing::info!(%lease, "cloud-controller-manager engine stopped"),
-            Ok(n) => tracing::info!(%lease, unwritten_events = n, "cloud-controller-manager engine stopped"),
-            Err(_) => tracing::info!(%lease, unwritten_events = "unknown", "cloud-controller-manager engine stopped"),
+        match events.closed().await {
+            Some(0) => tracing::info!(%lease, "cloud-controller-manager engine stopped"),
+            Some(n) => tracing::info!(%lease, unwritten_events = n, "cloud-controller-manager engine stopped"),
+            None => tracing::info!(%lease, unwritten_events = "unknown", "cloud-controller-manager engine stopped"),
         }
         result
     }
