@@ -8,12 +8,14 @@
 //! another object's superseded one; an object's latest event is never dropped for another
 //! object's older event. Whatever is dropped is counted in `ccm_events_dropped_total{reason}`.
 //!
-//! Pace: one write in flight at a time, at most [`DEFAULT_RATE`] per second, backing off on
-//! 429/5xx. The event client is the same user as the controllers' client, so API Priority and
-//! Fairness puts its requests in the same flow: a single writer holds at most one of the
-//! flow's seats and cannot crowd out the controllers' own writes, while the server's latency
-//! (not a fixed 50/s) sets the drain rate. The rate cap only bounds the write rate against a
-//! very fast server.
+//! Pace: one write in flight while few events wait, at most [`DEFAULT_RATE`] per second,
+//! backing off on 429/5xx. The event client is the same user as the controllers' client, so
+//! API Priority and Fairness puts its requests in the same flow, and one writer holds one of
+//! the flow's seats. When many objects change at once that seat is too small: with 10,000
+//! Services converging on a genuine kube-apiserver, one writer landed 1,812 of 20,000 events
+//! during the 52 s of convergence and the full queue superseded 4,617. So a backlog opens up
+//! to [`MAX_IN_FLIGHT`] writes (one per [`BACKLOG_PER_WRITE`] pending), each for a different
+//! object, so that no object's events are reordered; the controllers keep the other seats.
 
 pub mod queue;
 
@@ -22,6 +24,9 @@ use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::{Event as K8sEvent, EventSeries};
@@ -41,17 +46,22 @@ use queue::{Admission, Pace, PendingQueue};
 
 /// Events waiting to be written before older ones are superseded or new ones dropped: one
 /// per object for 10,000 Services and 5,000 Nodes with room to spare. A pending event costs
-/// about 0.6 KiB with its strings packed into one allocation (0.9 KiB before: 14 MiB of RSS for
-/// 16,384 pending Service events; packing saved 4.2 MiB at 15,700 pending in the 10,000-Service
-/// benchmark), and the queue is only full while the API server takes events slower than they
-/// come.
+/// about 0.4 KiB with the queue's bookkeeping (heaptrack, 10,000-Service benchmark: 5.9 MiB at
+/// 15,700 pending; 0.9 KiB before its strings were packed into one allocation), and the queue
+/// only fills while the API server takes events slower than they come.
 pub const DEFAULT_QUEUE: usize = 16_384;
 /// Largest queue [`EventSink::spawn_with`] accepts (bounds memory whatever is configured).
 pub const MAX_QUEUE: usize = 65_536;
-/// Events written per second at most. Writes go one at a time, so the server's latency paces
-/// them first (about 2.4 ms per write on a genuine kube-apiserver here: ~420/s); the cap only
-/// bounds the rate against a faster server.
+/// Events written per second at most. The server's latency paces writes first (about 2.4 ms
+/// per write on a genuine kube-apiserver here: ~420/s with one in flight); the cap only bounds
+/// the rate against a faster server.
 pub const DEFAULT_RATE: u32 = 1000;
+/// Event writes in flight at most. One while few events wait; more only as a backlog
+/// builds (one more per [`BACKLOG_PER_WRITE`] pending), so that when many objects change at
+/// once the events still get a share of the API server next to the controllers' writes.
+pub const MAX_IN_FLIGHT: usize = 4;
+/// Pending events per write in flight (see [`MAX_IN_FLIGHT`]).
+pub const BACKLOG_PER_WRITE: usize = 256;
 /// How long a written event is remembered so a repeat becomes a series update.
 pub const SERIES_WINDOW: Duration = Duration::from_secs(6 * 60);
 /// How many written events are remembered for series updates (bounds memory).
@@ -326,31 +336,38 @@ impl Shared {
         result
     }
 
-    fn pop(&self) -> Option<queue::Popped<Queued>> {
-        self.with_queue(|q| q.pop())
+    /// The next events to write together: one while the queue is short, up to
+    /// [`MAX_IN_FLIGHT`] (of different objects) when a backlog builds.
+    fn pop_batch(&self) -> Vec<queue::Popped<Queued>> {
+        self.with_queue(|q| {
+            let writes = (q.len() / BACKLOG_PER_WRITE).clamp(1, MAX_IN_FLIGHT);
+            q.pop_distinct(writes)
+        })
     }
 
-    /// Write one popped event; a retryable failure puts it back, any other is counted.
-    async fn write(&self, recent: &mut Recent, pace: &mut Pace, popped: queue::Popped<Queued>) {
-        let mut item = popped.item;
-        match recent.write(&item, popped.count).await {
-            Ok(()) => {
+    /// Book the outcome of one write: a retryable failure puts the event back, any other
+    /// failure is counted as dropped.
+    fn settle(&self, recent: &mut Recent, pace: &mut Pace, planned: Planned, result: Result<Landed, kube::Error>) {
+        match result {
+            Ok(landed) => {
+                recent.record(planned, landed);
                 pace.succeeded();
                 self.metrics.written.inc();
             }
-            Err(error) if retryable(&error) && item.attempts + 1 < MAX_ATTEMPTS => {
+            Err(error) if retryable(&error) && planned.popped.item.attempts + 1 < MAX_ATTEMPTS => {
+                let queue::Popped { mut item, count } = planned.popped;
                 tracing::debug!(%error, reason = %item.reason(), "could not write event; will retry");
                 pace.failed();
                 item.attempts += 1;
                 let object = self.object_of(&item);
                 let reason = item.reason().to_string();
-                let admission = self.with_queue(|q| q.retry(object, &reason, item, popped.count));
+                let admission = self.with_queue(|q| q.retry(object, &reason, item, count));
                 self.metrics.count(admission);
             }
             Err(error) => {
-                tracing::debug!(%error, reason = %item.reason(), "could not write event");
+                tracing::debug!(%error, reason = %planned.popped.item.reason(), "could not write event");
                 pace.failed();
-                self.metrics.drop_some(WRITE_FAILED, popped.count);
+                self.metrics.drop_some(WRITE_FAILED, planned.popped.count);
             }
         }
     }
@@ -372,9 +389,9 @@ impl Shared {
     }
 }
 
-/// Writes events, turning a repeat within [`SERIES_WINDOW`] into a series update of the
-/// event already written. Unlike kube's `Recorder`, whose cache keeps every event it ever
-/// wrote for the window, this remembers at most [`SERIES_MEMORY`] events.
+/// Remembers written events so that a repeat within [`SERIES_WINDOW`] becomes a series
+/// update of the event already written. Unlike kube's `Recorder`, whose cache keeps every
+/// event it ever wrote for the window, this remembers at most [`SERIES_MEMORY`] events.
 struct Recent {
     client: kube::Client,
     instance: Option<String>,
@@ -389,6 +406,26 @@ struct Written {
     name: String,
     count: i32,
     last: Timestamp,
+}
+
+/// One write, decided from [`Recent`] before its request is sent.
+struct Planned {
+    popped: queue::Popped<Queued>,
+    key: Key,
+    /// Occurrences this write stands for.
+    count: i32,
+    /// The event already written for this key (namespace, name) and the series' new total.
+    series: Option<(String, String, i32)>,
+    /// The name a newly created event gets.
+    name: String,
+}
+
+/// What a successful write did.
+enum Landed {
+    /// The series of the event already written grew.
+    Series,
+    /// A new event was created.
+    Created,
 }
 
 impl Recent {
@@ -416,34 +453,42 @@ impl Recent {
         }
     }
 
-    /// Write `item`, which stands for `count` occurrences.
-    async fn write(&mut self, item: &Queued, count: u32) -> Result<(), kube::Error> {
+    /// Decide how `popped` is written: a series update or a new event, and its name.
+    fn plan(&mut self, popped: queue::Popped<Queued>) -> Planned {
         let now = Timestamp::now();
         self.forget_old(now);
-        let count = i32::try_from(count.max(1)).unwrap_or(i32::MAX);
-        let key = key_of(item);
-        if let Some(w) = self.written.get_mut(&key) {
-            let api: kube::Api<K8sEvent> = kube::Api::namespaced(self.client.clone(), &w.namespace);
-            let total = w.count.saturating_add(count);
-            let series = EventSeries { count: total, last_observed_time: MicroTime(item.last) };
+        let count = i32::try_from(popped.count.max(1)).unwrap_or(i32::MAX);
+        let key = key_of(&popped.item);
+        let series =
+            self.written.get(&key).map(|w| (w.namespace.clone(), w.name.clone(), w.count.saturating_add(count)));
+        self.sequence += 1;
+        let suffix = self.names.hash_one((self.sequence, now.as_nanosecond()));
+        let name = format!("{}.{suffix:016x}", popped.item.name().unwrap_or("object"));
+        Planned { popped, key, count, series, name }
+    }
+
+    /// Send the request `planned` describes. Takes `&self`, so several can be in flight.
+    async fn send(&self, planned: &Planned) -> Result<Landed, kube::Error> {
+        let item = &planned.popped.item;
+        if let Some((namespace, name, total)) = &planned.series {
+            let api: kube::Api<K8sEvent> = kube::Api::namespaced(self.client.clone(), namespace);
+            let series = EventSeries { count: *total, last_observed_time: MicroTime(item.last) };
             let patch = serde_json::json!({"series": series, "note": item.note()});
-            match api.patch(&w.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-                Ok(_) => {
-                    w.count = total;
-                    w.last = now;
-                    return Ok(());
-                }
+            match api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                Ok(_) => return Ok(Landed::Series),
                 // The event expired on the server: write a new one below.
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
                 Err(e) => return Err(e),
             }
         }
-        let namespace = item.namespace().unwrap_or("default").to_string();
-        self.sequence += 1;
-        let suffix = self.names.hash_one((self.sequence, now.as_nanosecond()));
-        let name = format!("{}.{suffix:016x}", item.name().unwrap_or("object"));
+        let count = planned.count;
+        let namespace = item.namespace().unwrap_or("default");
         let event = K8sEvent {
-            metadata: ObjectMeta { name: Some(name.clone()), namespace: Some(namespace.clone()), ..Default::default() },
+            metadata: ObjectMeta {
+                name: Some(planned.name.clone()),
+                namespace: Some(namespace.to_string()),
+                ..Default::default()
+            },
             action: item.text.owned(ACTION),
             reason: Some(item.reason().to_string()),
             note: item.text.owned(NOTE),
@@ -459,14 +504,66 @@ impl Recent {
             reporting_instance: Some(self.instance.clone().unwrap_or_else(|| item.component.to_string())),
             ..Default::default()
         };
-        let api: kube::Api<K8sEvent> = kube::Api::namespaced(self.client.clone(), &namespace);
+        let api: kube::Api<K8sEvent> = kube::Api::namespaced(self.client.clone(), namespace);
         api.create(&PostParams::default(), &event).await?;
-        if !self.written.contains_key(&key) {
-            self.order.push_back(key.clone());
-        }
-        self.written.insert(key, Written { namespace, name, count, last: now });
-        Ok(())
+        Ok(Landed::Created)
     }
+
+    /// Remember a write that succeeded, for later repeats.
+    fn record(&mut self, planned: Planned, landed: Landed) {
+        let now = Timestamp::now();
+        match landed {
+            Landed::Series => {
+                if let (Some(w), Some((_, _, total))) = (self.written.get_mut(&planned.key), planned.series) {
+                    w.count = total;
+                    w.last = now;
+                }
+            }
+            Landed::Created => {
+                let namespace = planned.popped.item.namespace().unwrap_or("default").to_string();
+                if !self.written.contains_key(&planned.key) {
+                    self.order.push_back(planned.key.clone());
+                }
+                let written = Written { namespace, name: planned.name, count: planned.count, last: now };
+                self.written.insert(planned.key, written);
+            }
+        }
+    }
+}
+
+/// Send every planned write at once. When `grace_over` resolves meanwhile, writes still in
+/// flight get [`IN_FLIGHT_SLACK`] more; those cut off after that come back as `None`.
+/// Returns the results in `planned`'s order and whether the grace ran out.
+async fn send_all(
+    recent: &Recent,
+    planned: &[Planned],
+    grace_over: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
+) -> (Vec<Option<Result<Landed, kube::Error>>>, bool) {
+    let mut results: Vec<Option<Result<Landed, kube::Error>>> = planned.iter().map(|_| None).collect();
+    let mut sending: FuturesUnordered<_> =
+        planned.iter().enumerate().map(|(i, p)| async move { (i, recent.send(p).await) }).collect();
+    let mut grace_ran_out = false;
+    loop {
+        tokio::select! {
+            next = sending.next() => match next {
+                Some((i, result)) => results[i] = Some(result),
+                None => break,
+            },
+            // A write already sent may have landed: let it finish briefly, so it is counted
+            // for what it was; only one the server holds longer is a guess.
+            _ = grace_over.as_mut() => {
+                grace_ran_out = true;
+                let _ = tokio::time::timeout(IN_FLIGHT_SLACK, async {
+                    while let Some((i, result)) = sending.next().await {
+                        results[i] = Some(result);
+                    }
+                })
+                .await;
+                break;
+            }
+        }
+    }
+    (results, grace_ran_out)
 }
 
 /// Whether a failed write may succeed later: the server was overloaded or unreachable.
@@ -536,7 +633,8 @@ impl EventSink {
             // Occurrences being written when the grace ran out.
             let mut in_flight = 0;
             loop {
-                let Some(popped) = writer.pop() else {
+                let batch = writer.pop_batch();
+                if batch.is_empty() {
                     if shutdown.is_cancelled() {
                         break;
                     }
@@ -545,29 +643,22 @@ impl EventSink {
                         _ = shutdown.cancelled() => continue,
                         _ = writer.wake.notified() => continue,
                     }
-                };
+                }
                 let started = tokio::time::Instant::now();
-                let count = popped.count;
-                let grace_ran_out = {
-                    let write = writer.write(&mut recent, &mut pace, popped);
-                    tokio::pin!(write);
-                    tokio::select! {
-                        _ = &mut write => false,
-                        // A write already sent may have landed: let it finish briefly, so it is
-                        // counted for what it was; only one the server holds longer is a guess.
-                        _ = &mut grace_over => {
-                            if tokio::time::timeout(IN_FLIGHT_SLACK, &mut write).await.is_err() {
-                                in_flight = count;
-                            }
-                            true
-                        }
+                let writes = batch.len();
+                let planned: Vec<Planned> = batch.into_iter().map(|popped| recent.plan(popped)).collect();
+                let (results, grace_ran_out) = send_all(&recent, &planned, &mut grace_over).await;
+                for (planned, result) in planned.into_iter().zip(results) {
+                    match result {
+                        Some(result) => writer.settle(&mut recent, &mut pace, planned, result),
+                        None => in_flight += planned.popped.count,
                     }
-                };
+                }
                 if grace_ran_out {
                     break;
                 }
                 tokio::select! {
-                    _ = tokio::time::sleep_until(started + pace.pause()) => {}
+                    _ = tokio::time::sleep_until(started + pace.pause_after(writes)) => {}
                     _ = &mut grace_over => break,
                 }
             }
@@ -705,7 +796,7 @@ mod tests {
         assert_eq!(sink.pending(), 1);
         assert_eq!(sink.coalesced(), 99);
         assert_eq!(sink.dropped(), 0);
-        let popped = sink.shared.pop().unwrap();
+        let popped = sink.shared.with_queue(|q| q.pop()).unwrap();
         assert_eq!(popped.item.note(), Some("try 99"), "the newest note is kept");
         assert_eq!(popped.count, 100, "written as one series of 100");
     }
@@ -723,7 +814,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(5)).await;
         // Behind a's Ensured: moves after it, keeping when the series began.
         publish();
-        let popped: Vec<_> = std::iter::from_fn(|| sink.shared.pop()).collect();
+        let popped: Vec<_> = std::iter::from_fn(|| sink.shared.with_queue(|q| q.pop())).collect();
         let last = popped.last().unwrap();
         assert_eq!((last.item.reason(), last.count), ("EnsuringLoadBalancer", 2));
         assert!(last.item.first < popped[0].item.first, "the series began before b's event");
@@ -751,7 +842,7 @@ mod tests {
         assert_eq!(sink.dropped(), 1, "a fourth object's event takes the slot of b's superseded one");
         sink.publish("service-controller", reference("d"), EventType::Normal, "EnsuringLoadBalancer", "x", "Sync");
         assert_eq!(sink.dropped(), 2, "every pending event is its object's latest: the new one is dropped");
-        let order: Vec<_> = std::iter::from_fn(|| sink.shared.pop())
+        let order: Vec<_> = std::iter::from_fn(|| sink.shared.with_queue(|q| q.pop()))
             .map(|p| (p.item.name().unwrap().to_string(), p.item.reason().to_string(), p.count))
             .collect();
         assert_eq!(
@@ -775,6 +866,124 @@ mod tests {
             }
         });
         (addr, task)
+    }
+
+    /// What [`slow_server`] saw: writes in flight at most, overall and for one object at once,
+    /// and the reasons each object's events arrived with, in order.
+    #[derive(Default)]
+    struct Seen {
+        in_flight: usize,
+        max_in_flight: usize,
+        per_object: HashMap<String, usize>,
+        max_per_object: usize,
+        reasons: HashMap<String, Vec<String>>,
+    }
+
+    /// A server that answers every event creation after `delay`, echoing it back.
+    async fn slow_server(delay: Duration) -> (std::net::SocketAddr, Arc<Mutex<Seen>>) {
+        use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let state = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                let seen = state.clone();
+                tokio::spawn(async move {
+                    let mut conn = BufReader::new(conn);
+                    loop {
+                        let mut length = 0;
+                        loop {
+                            let mut line = String::new();
+                            if conn.read_line(&mut line).await.unwrap_or(0) == 0 {
+                                return;
+                            }
+                            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                                length = v.trim().parse().unwrap();
+                            }
+                            if line == "\r\n" {
+                                break;
+                            }
+                        }
+                        let mut body = vec![0; length];
+                        conn.read_exact(&mut body).await.unwrap();
+                        let event: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                        let object = event["regarding"]["name"].as_str().unwrap().to_string();
+                        {
+                            let mut s = seen.lock().unwrap();
+                            s.in_flight += 1;
+                            s.max_in_flight = s.max_in_flight.max(s.in_flight);
+                            let n = s.per_object.entry(object.clone()).or_default();
+                            *n += 1;
+                            let n = *n;
+                            s.max_per_object = s.max_per_object.max(n);
+                            let reason = event["reason"].as_str().unwrap().to_string();
+                            s.reasons.entry(object.clone()).or_default().push(reason);
+                        }
+                        tokio::time::sleep(delay).await;
+                        {
+                            let mut s = seen.lock().unwrap();
+                            s.in_flight -= 1;
+                            *s.per_object.entry(object).or_default() -= 1;
+                        }
+                        let head = format!(
+                            "HTTP/1.1 201 Created\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                            body.len()
+                        );
+                        // One write: a head and body sent apart would wait on a delayed ACK.
+                        let reply = [head.as_bytes(), &body].concat();
+                        if conn.get_mut().write_all(&reply).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (addr, seen)
+    }
+
+    async fn written(sink: &EventSink, total: u64) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while sink.published() < total {
+            assert!(tokio::time::Instant::now() < deadline, "{} of {total} written", sink.published());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_few_pending_events_are_written_one_at_a_time() {
+        let (addr, seen) = slow_server(Duration::from_millis(20)).await;
+        let client = kube::Client::try_from(kube::Config::new(format!("http://{addr}").parse().unwrap())).unwrap();
+        let sink = EventSink::spawn_with(client, None, 100, 100_000, None, CancellationToken::new());
+        for i in 0..20 {
+            let name = format!("svc-{i}");
+            sink.publish("service-controller", reference(&name), EventType::Normal, "EnsuredLoadBalancer", "x", "Sync");
+        }
+        written(&sink, 20).await;
+        assert_eq!(seen.lock().unwrap().max_in_flight, 1, "fewer pending than BACKLOG_PER_WRITE: one seat");
+    }
+
+    #[tokio::test]
+    async fn a_backlog_is_written_several_at_a_time_each_object_in_order() {
+        let (addr, seen) = slow_server(Duration::from_millis(5)).await;
+        let client = kube::Client::try_from(kube::Config::new(format!("http://{addr}").parse().unwrap())).unwrap();
+        let sink = EventSink::spawn_with(client, None, 4096, 100_000, None, CancellationToken::new());
+        let objects = BACKLOG_PER_WRITE * MAX_IN_FLIGHT;
+        for i in 0..objects {
+            let name = format!("svc-{i}");
+            for reason in ["EnsuringLoadBalancer", "EnsuredLoadBalancer"] {
+                sink.publish("service-controller", reference(&name), EventType::Normal, reason, "x", "Sync");
+            }
+        }
+        written(&sink, 2 * objects as u64).await;
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.max_in_flight, MAX_IN_FLIGHT, "a backlog takes every seat, and no more");
+        assert_eq!(seen.max_per_object, 1, "one object's events are never in flight together");
+        assert_eq!(seen.reasons.len(), objects);
+        for (object, reasons) in &seen.reasons {
+            assert_eq!(reasons, &["EnsuringLoadBalancer", "EnsuredLoadBalancer"], "{object}'s events in order");
+        }
+        assert_eq!(sink.dropped(), 0);
     }
 
     #[tokio::test]

@@ -9,7 +9,7 @@
 //! while few connections are open, splice under load); then and the time to apply `--services` Services and then to reconfigure all of them
 //! (a backend change). Client, proxy and backend share the machine's cores, so the proxy also
 //! competes with its own load generator; numbers are for comparison, not for capacity planning.
-//! Throughput figures are the median of three runs.
+//! Throughput figures are medians over `--rounds` rounds, each taking every path in turn.
 //!
 //! ```sh
 //! cargo test --workspace --no-run && target/debug/bench-proxy          # quick, unoptimised
@@ -44,6 +44,9 @@ struct Args {
     /// KiB each concurrent connection sends.
     #[arg(long, default_value_t = 256)]
     kib_each: u64,
+    /// Rounds of every throughput measurement (each round takes every path once, in turn).
+    #[arg(long, default_value_t = 9)]
+    rounds: usize,
     /// Round trips for the latency run.
     #[arg(long, default_value_t = 10_000)]
     round_trips: usize,
@@ -189,15 +192,26 @@ async fn round_trips(to: &[SocketAddr], count: usize) -> Result<Vec<Vec<Duration
     Ok(out)
 }
 
-/// The median of three runs (the machine is shared; one run is noise).
-async fn median3<F, Fut>(f: F) -> Result<Duration, BoxError>
+/// Each path's times over `rounds` rounds, the paths taken in turn within a round so that
+/// every path sees the same machine (on this shared machine the direct rate alone moved by
+/// ±12% between back-to-back runs).
+async fn interleaved<F, Fut>(rounds: usize, paths: &[IpAddr], f: F) -> Result<Vec<Vec<Duration>>, BoxError>
 where
-    F: Fn() -> Fut,
+    F: Fn(IpAddr) -> Fut,
     Fut: std::future::Future<Output = Result<Duration, BoxError>>,
 {
-    let mut runs = [f().await?, f().await?, f().await?];
-    runs.sort();
-    Ok(runs[1])
+    let mut times = vec![Vec::with_capacity(rounds); paths.len()];
+    for _ in 0..rounds.max(1) {
+        for (path, t) in paths.iter().zip(times.iter_mut()) {
+            t.push(f(*path).await?);
+        }
+    }
+    Ok(times)
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
 }
 
 fn mib_per_s(bytes: u64, d: Duration) -> f64 {
@@ -232,13 +246,15 @@ impl Paths {
     }
 }
 
-/// A throughput row: each path's MiB/s and its share of the direct figure.
-fn throughput_row(label: &str, bytes: u64, times: &[Duration]) -> String {
-    let direct = mib_per_s(bytes, times[0]);
-    let mut row = format!("| {label} | {direct:.0} MiB/s |");
-    for t in &times[1..] {
-        let v = mib_per_s(bytes, *t);
-        row.push_str(&format!(" {v:.0} MiB/s ({:.0}%) |", 100.0 * v / direct));
+/// A throughput row: each path's median MiB/s and, in brackets, the median over the rounds of
+/// its share of the same round's direct rate. `times[path][round]`, the direct path first.
+fn throughput_row(label: &str, bytes: u64, times: &[Vec<Duration>]) -> String {
+    let rates: Vec<Vec<f64>> = times.iter().map(|t| t.iter().map(|d| mib_per_s(bytes, *d)).collect()).collect();
+    let direct = &rates[0];
+    let mut row = format!("| {label} | {:.0} MiB/s |", median(direct.clone()));
+    for path in &rates[1..] {
+        let share = median(path.iter().zip(direct).map(|(v, d)| 100.0 * v / d).collect());
+        row.push_str(&format!(" {:.0} MiB/s ({share:.0}%) |", median(path.clone())));
     }
     row
 }
@@ -276,18 +292,14 @@ async fn main() -> Result<(), BoxError> {
     );
     println!("|---|---|---|---|---|---|");
     let bytes = args.mib * 1024 * 1024;
-    let mut times = Vec::new();
-    for to in paths.all() {
-        times.push(median3(|| send(SocketAddr::new(to, SINK_PORT), bytes)).await?);
-    }
+    let times = interleaved(args.rounds, &paths.all(), |to| send(SocketAddr::new(to, SINK_PORT), bytes)).await?;
     println!("{}", throughput_row(&format!("TCP, 1 connection, {} MiB", args.mib), bytes, &times));
 
     let each = args.kib_each * 1024;
     let total = each * args.concurrent as u64;
-    let mut times = Vec::new();
-    for to in paths.all() {
-        times.push(median3(|| concurrent(SocketAddr::new(to, SINK_PORT), args.concurrent, each)).await?);
-    }
+    let times =
+        interleaved(args.rounds, &paths.all(), |to| concurrent(SocketAddr::new(to, SINK_PORT), args.concurrent, each))
+            .await?;
     let label = format!("TCP, {} concurrent connections × {} KiB", args.concurrent, args.kib_each);
     println!("{}", throughput_row(&label, total, &times));
 

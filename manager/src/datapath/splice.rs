@@ -16,6 +16,8 @@ use tokio::net::TcpStream;
 const PIPE_CHUNK: usize = 64 * 1024;
 /// The buffer of the read/write fallback.
 const COPY_BUFFER: usize = 32 * 1024;
+/// A direction is copied until one read fills this many bytes, then spliced.
+const PROBE: usize = 4 * 1024;
 
 /// Forward both directions until both have ended (each end's write side is shut down when the
 /// other end has nothing more to send); an error in either ends both. `rx` counts bytes
@@ -58,6 +60,66 @@ fn on_fill_error(error: &io::Error) -> OnFillError {
 }
 
 async fn one_way(from: &TcpStream, to: &TcpStream, delivered: &Counter) -> io::Result<()> {
+    if copy_until_bulk(from, to, delivered).await? == Flow::Bulk {
+        splice_rest(from, to, delivered).await?;
+    }
+    // Half-close: the other side learns that no more bytes come this way.
+    match socket2::SockRef::from(to).shutdown(Shutdown::Write) {
+        Err(error) if error.kind() != io::ErrorKind::NotConnected => Err(error),
+        _ => Ok(()),
+    }
+}
+
+/// How a direction's first bytes went.
+#[derive(Debug, PartialEq, Eq)]
+enum Flow {
+    /// The source ended and everything read was delivered.
+    Ended,
+    /// A read filled the probe buffer: bulk data is flowing.
+    Bulk,
+}
+
+/// Copy through a small buffer until the source ends or a read fills the buffer. Many
+/// directions carry a few bytes (a reply's status, a request), for which a pipe (created,
+/// sized and closed per direction: four system calls) costs more than the copy; only a
+/// direction that fills [`PROBE`] in one read gets one.
+async fn copy_until_bulk(from: &TcpStream, to: &TcpStream, delivered: &Counter) -> io::Result<Flow> {
+    let mut buf = [0u8; PROBE];
+    loop {
+        from.readable().await?;
+        let read = match from.try_read(&mut buf) {
+            Ok(0) => return Ok(Flow::Ended),
+            Ok(n) => n,
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(error) => return Err(error),
+        };
+        write_all(to, &buf[..read], delivered).await?;
+        if read == PROBE {
+            return Ok(Flow::Bulk);
+        }
+    }
+}
+
+/// Write all of `bytes` to `to`, counting them as delivered.
+async fn write_all(to: &TcpStream, bytes: &[u8], delivered: &Counter) -> io::Result<()> {
+    let mut written = 0;
+    while written < bytes.len() {
+        to.writable().await?;
+        match to.try_write(&bytes[written..]) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                written += n;
+                delivered.inc_by(n as u64);
+            }
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(())
+}
+
+/// Splice the rest of a bulk direction, or copy it where splice cannot be used.
+async fn splice_rest(from: &TcpStream, to: &TcpStream, delivered: &Counter) -> io::Result<()> {
     let spliced = match std::io::pipe() {
         Ok((pipe_out, pipe_in)) => {
             let capacity = pipe_capacity(pipe_in.as_fd());
@@ -78,11 +140,7 @@ async fn one_way(from: &TcpStream, to: &TcpStream, delivered: &Counter) -> io::R
     if spliced == Spliced::Unsupported {
         copy_until_end(from, to, delivered).await?;
     }
-    // Half-close: the other side learns that no more bytes come this way.
-    match socket2::SockRef::from(to).shutdown(Shutdown::Write) {
-        Err(error) if error.kind() != io::ErrorKind::NotConnected => Err(error),
-        _ => Ok(()),
-    }
+    Ok(())
 }
 
 /// Socket → pipe → socket until `from` ends. Fills the pipe only when it is empty, so that a
@@ -138,19 +196,7 @@ async fn copy_until_end(from: &TcpStream, to: &TcpStream, delivered: &Counter) -
             Err(error) if error.kind() == io::ErrorKind::WouldBlock => continue,
             Err(error) => return Err(error),
         };
-        let mut written = 0;
-        while written < read {
-            to.writable().await?;
-            match to.try_write(&buf[written..read]) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => {
-                    written += n;
-                    delivered.inc_by(n as u64);
-                }
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
-                Err(error) => return Err(error),
-            }
-        }
+        write_all(to, &buf[..read], delivered).await?;
     }
 }
 
@@ -226,6 +272,59 @@ mod tests {
         writer.await.expect("writer");
         assert!(got == expected);
         assert_eq!(counter.get(), expected.len() as u64);
+    }
+
+    /// Send `bytes` through `one_way` and return what arrived and what the flow probe saw.
+    async fn through_one_way(sent: Vec<u8>) -> (Vec<u8>, u64) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut source, from) = pair().await;
+        let (to, mut sink) = pair().await;
+        let counter = Counter::default();
+        let writer = tokio::spawn(async move {
+            source.write_all(&sent).await.expect("write");
+            source.shutdown().await.expect("close")
+        });
+        let mut got = Vec::new();
+        let (moved, read) = tokio::join!(one_way(&from, &to, &counter), sink.read_to_end(&mut got));
+        moved.expect("forward");
+        read.expect("read");
+        writer.await.expect("writer");
+        (got, counter.get())
+    }
+
+    /// A short direction (a request line, a reply's status) is copied to its end without a pipe;
+    /// a direction that fills the probe buffer in one read is spliced from then on; both
+    /// deliver every byte in order and half-close the other side at the end.
+    #[tokio::test]
+    async fn short_directions_are_copied_and_bulk_ones_spliced_with_every_byte_delivered() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut source, from) = pair().await;
+        let (to, mut sink) = pair().await;
+        source.write_all(b"GET / HTTP/1.0\r\n\r\n").await.expect("write");
+        source.shutdown().await.expect("close");
+        let counter = Counter::default();
+        assert_eq!(copy_until_bulk(&from, &to, &counter).await.expect("copy"), Flow::Ended);
+        assert_eq!(counter.get(), 18);
+        drop(to);
+        let mut got = Vec::new();
+        sink.read_to_end(&mut got).await.expect("read");
+        assert_eq!(got, b"GET / HTTP/1.0\r\n\r\n");
+
+        let (mut source, from) = pair().await;
+        let (to, _sink) = pair().await;
+        source.write_all(&[9u8; 4 * PROBE]).await.expect("write");
+        // One write on loopback arrives whole; the pause only makes sure it has.
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        let counter = Counter::default();
+        assert_eq!(copy_until_bulk(&from, &to, &counter).await.expect("copy"), Flow::Bulk);
+        assert_eq!(counter.get(), PROBE as u64, "stops copying after the first full read");
+
+        for len in [0, 1, PROBE - 1, PROBE, PROBE + 1, 3 * 1024 * 1024 + 7] {
+            let sent: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            let (got, counted) = through_one_way(sent.clone()).await;
+            assert!(got == sent, "{len} bytes arrive intact");
+            assert_eq!(counted, len as u64, "{len} bytes counted");
+        }
     }
 
     #[test]

@@ -23,6 +23,9 @@ use std::time::Duration;
 /// Stale ids tolerated in the id queues before they are compacted.
 const COMPACT_SLACK: usize = 64;
 
+/// How deep [`PendingQueue::pop_distinct`] looks, per event it may take.
+pub const LOOKAHEAD: usize = 8;
+
 /// What happened to an event offered to the queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admission {
@@ -187,6 +190,32 @@ impl<O: Clone + Eq + Hash, T: Occurrence> PendingQueue<O, T> {
         None
     }
 
+    /// The oldest pending events, up to `max`, each the oldest of a different object: they
+    /// can be written at the same time without reordering any object's events. Looks at most
+    /// [`LOOKAHEAD`] × `max` pending events deep.
+    pub fn pop_distinct(&mut self, max: usize) -> Vec<Popped<T>> {
+        let mut objects: Vec<&O> = Vec::new();
+        let mut ids = Vec::new();
+        let mut looked = 0;
+        for id in &self.order {
+            if ids.len() >= max || looked >= LOOKAHEAD * max {
+                break;
+            }
+            let Some(e) = self.entries.get(id) else { continue };
+            looked += 1;
+            if !objects.contains(&&e.object) {
+                objects.push(&e.object);
+                ids.push(*id);
+            }
+        }
+        let popped = ids.into_iter().filter_map(|id| self.remove(id)).map(|e| Popped { item: e.item, count: e.count });
+        let popped = popped.collect();
+        while self.order.front().is_some_and(|id| !self.entries.contains_key(id)) {
+            self.order.pop_front();
+        }
+        popped
+    }
+
     fn append(&mut self, object: O, reason: &str, item: T, count: u32) {
         let id = self.next;
         self.next += 1;
@@ -269,6 +298,13 @@ impl Pace {
     pub fn pause(&self) -> Duration {
         self.interval.max(self.backoff)
     }
+
+    /// Time from the start of `writes` writes sent together to the start of the next ones:
+    /// the rate cap for all of them, or the backoff after a failure.
+    pub fn pause_after(&self, writes: usize) -> Duration {
+        let writes = u32::try_from(writes.max(1)).unwrap_or(u32::MAX);
+        self.interval.saturating_mul(writes).max(self.backoff)
+    }
 }
 
 #[cfg(test)]
@@ -284,6 +320,46 @@ mod tests {
 
     fn drain(q: &mut Q) -> Vec<(String, u32)> {
         std::iter::from_fn(|| q.pop()).map(|p| (p.item, p.count)).collect()
+    }
+
+    #[test]
+    fn a_batch_takes_the_oldest_event_of_distinct_objects_and_leaves_their_later_ones_in_order() {
+        let mut q = Q::new(10);
+        for (object, reason) in [("a", "r1"), ("a", "r2"), ("b", "r1"), ("a", "r3"), ("c", "r1")] {
+            q.push(object.to_string(), reason, format!("{object}/{reason}"), 1);
+        }
+        let first: Vec<_> = q.pop_distinct(4).into_iter().map(|p| p.item).collect();
+        assert_eq!(first, ["a/r1", "b/r1", "c/r1"], "a's later events wait for its first");
+        let second: Vec<_> = q.pop_distinct(4).into_iter().map(|p| p.item).collect();
+        assert_eq!(second, ["a/r2"]);
+        assert_eq!(drain(&mut q), [("a/r3".to_string(), 1)]);
+        for object in ["x", "y", "z"] {
+            q.push(object.to_string(), "r", object.to_string(), 1);
+        }
+        let capped: Vec<_> = q.pop_distinct(2).into_iter().map(|p| p.item).collect();
+        assert_eq!(capped, ["x", "y"], "at most max");
+    }
+
+    #[test]
+    fn a_batch_looks_only_a_bounded_depth_into_the_queue() {
+        let mut q = Q::new(100);
+        for i in 0..LOOKAHEAD {
+            q.push("a".to_string(), &format!("r{i}"), format!("a/{i}"), 1);
+        }
+        q.push("b".to_string(), "r", "b".to_string(), 1);
+        let batch: Vec<_> = q.pop_distinct(1).into_iter().map(|p| p.item).collect();
+        assert_eq!(batch, ["a/0"]);
+        let batch: Vec<_> = q.pop_distinct(1).into_iter().map(|p| p.item).collect();
+        assert_eq!(batch, ["a/1"], "b lies beyond the first LOOKAHEAD events: not reached");
+    }
+
+    #[test]
+    fn writes_sent_together_pause_for_all_of_them_or_for_the_backoff() {
+        let mut pace = Pace::new(500);
+        assert_eq!(pace.pause_after(4), Duration::from_millis(8));
+        assert_eq!(pace.pause_after(0), Duration::from_millis(2), "counted as one");
+        pace.failed();
+        assert_eq!(pace.pause_after(4), MIN_BACKOFF);
     }
 
     #[test]

@@ -127,6 +127,32 @@ struct HostsCache {
     nodes: Arc<Vec<Arc<Node>>>,
 }
 
+/// What the start-up scan saw: each Service key's hash with its resourceVersion's hash, so
+/// that the cache's first list, should it reach the controller after the scan, does not sync
+/// the same objects twice. Hashes, not the strings: the map lives as long as the controller
+/// and at 10,000 Services the strings would hold about 1.5 MiB. Two 64-bit hashes colliding
+/// together (~2^-128) is the only way a new object could be mistaken for a scanned one.
+#[derive(Default)]
+struct Scanned {
+    hasher: std::hash::RandomState,
+    seen: HashMap<u64, u64>,
+}
+
+impl Scanned {
+    fn insert(&mut self, key: &str, resource_version: &str) {
+        use std::hash::BuildHasher;
+        let entry = (self.hasher.hash_one(key), self.hasher.hash_one(resource_version));
+        self.seen.insert(entry.0, entry.1);
+    }
+
+    /// Whether `key` at `resource_version` was scanned; forgets the key either way.
+    fn take(&mut self, key: &str, resource_version: Option<&str>) -> bool {
+        use std::hash::BuildHasher;
+        let scanned = self.seen.remove(&self.hasher.hash_one(key));
+        scanned.is_some_and(|rv| resource_version.is_some_and(|v| self.hasher.hash_one(v) == rv))
+    }
+}
+
 struct Inner {
     ctx: Context,
     class: Option<String>,
@@ -228,13 +254,13 @@ impl Inner {
 
     // ---- Service events -------------------------------------------------------------------
 
-    fn on_service_change(&self, change: Change<Service>, initial: &mut HashMap<String, String>) {
+    fn on_service_change(&self, change: Change<Service>, initial: &mut Scanned) {
         let class = self.class.as_deref();
         match change {
             Change::Applied { old: None, new } => {
                 let key = logic::service_key(&new);
                 // The cache's first list may reach us after the start-up scan saw the same object.
-                if initial.remove(&key).is_some_and(|rv| Some(rv) == new.resource_version()) {
+                if initial.take(&key, new.metadata.resource_version.as_deref()) {
                     return;
                 }
                 if logic::should_sync_added(&new, class, &self.finalizer) {
@@ -628,14 +654,14 @@ impl Controller for ServiceController {
         }
         let mut services = ctx.services.subscribe();
         let mut nodes = ctx.nodes.subscribe();
-        let mut initial = HashMap::new();
+        let mut initial = Scanned::default();
         for svc in ctx.services.state() {
             let key = logic::service_key(&svc);
-            if logic::should_sync_added(&svc, inner.class.as_deref(), &inner.finalizer) {
-                inner.queue.add(key.clone());
+            if let Some(rv) = svc.metadata.resource_version.as_deref() {
+                initial.insert(&key, rv);
             }
-            if let Some(rv) = svc.resource_version() {
-                initial.insert(key, rv);
+            if logic::should_sync_added(&svc, inner.class.as_deref(), &inner.finalizer) {
+                inner.queue.add(key);
             }
         }
         let workers = ctx.options.concurrent_service_syncs.max(1);
@@ -711,6 +737,21 @@ mod tests {
     use super::*;
     use crate::cache::Cache;
     use kube::runtime::watcher;
+
+    #[test]
+    fn a_scanned_service_at_the_same_version_is_recognised_once_and_any_other_is_not() {
+        let mut scanned = Scanned::default();
+        scanned.insert("ns/web", "41");
+        scanned.insert("ns/api", "7");
+        assert!(scanned.take("ns/web", Some("41")), "the first list repeating the scan");
+        assert!(!scanned.take("ns/web", Some("41")), "forgotten after one match");
+        assert!(!scanned.take("ns/api", Some("8")), "changed since the scan: synced");
+        assert!(!scanned.take("ns/api", Some("7")), "a mismatch forgets the key too");
+        assert!(!scanned.take("ns/new", Some("41")), "never scanned");
+        scanned.insert("ns/db", "3");
+        assert!(!scanned.take("ns/db", None), "no version: synced");
+        assert!(scanned.seen.is_empty());
+    }
 
     #[tokio::test]
     async fn every_waiter_sees_the_cache_become_ready() {
