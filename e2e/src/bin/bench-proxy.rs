@@ -351,3 +351,19 @@ async fn main() -> Result<(), BoxError> {
     dp.shutdown();
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_path_s_share_is_the_median_of_its_ratios_to_the_same_round_s_direct_rate() {
+        let ms = Duration::from_millis;
+        // 1 MiB per run; direct slows down in round 3, and the proxy with it.
+        let direct = vec![ms(100), ms(100), ms(400)];
+        let proxy = vec![ms(125), ms(200), ms(500)];
+        let row = throughput_row("t", 1024 * 1024, &[direct, proxy]);
+        // Direct: 10, 10, 2.5 MiB/s (median 10); proxy: 8, 5, 2 (median 5); shares 80, 50, 80%.
+        assert_eq!(row, "| t | 10 MiB/s | 5 MiB/s (80%) |");
+    }
+}

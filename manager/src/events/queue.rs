@@ -294,11 +294,6 @@ impl Pace {
         self.backoff = (self.backoff * 2).clamp(MIN_BACKOFF, MAX_BACKOFF);
     }
 
-    /// Time from the start of one write to the start of the next.
-    pub fn pause(&self) -> Duration {
-        self.interval.max(self.backoff)
-    }
-
     /// Time from the start of `writes` writes sent together to the start of the next ones:
     /// the rate cap for all of them, or the backoff after a failure.
     pub fn pause_after(&self, writes: usize) -> Duration {
@@ -463,16 +458,16 @@ mod tests {
     #[test]
     fn pace_backs_off_on_failures_and_recovers_on_success() {
         let mut pace = Pace::new(500);
-        assert_eq!(pace.pause(), Duration::from_millis(2));
+        assert_eq!(pace.pause_after(1), Duration::from_millis(2));
         pace.failed();
-        assert_eq!(pace.pause(), MIN_BACKOFF);
+        assert_eq!(pace.pause_after(1), MIN_BACKOFF);
         pace.failed();
-        assert_eq!(pace.pause(), MIN_BACKOFF * 2);
+        assert_eq!(pace.pause_after(1), MIN_BACKOFF * 2);
         for _ in 0..20 {
             pace.failed();
         }
-        assert_eq!(pace.pause(), MAX_BACKOFF);
+        assert_eq!(pace.pause_after(1), MAX_BACKOFF);
         pace.succeeded();
-        assert_eq!(pace.pause(), Duration::from_millis(2));
+        assert_eq!(pace.pause_after(1), Duration::from_millis(2));
     }
 }
