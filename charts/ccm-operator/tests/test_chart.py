@@ -376,6 +376,18 @@ class Render(unittest.TestCase):
                 flag = a.split("=", 1)[0].removeprefix("--")
                 self.assertIn(flag, known, f"the chart passes {a}, which ccm-operator does not define")
 
+    def test_operator_schedules_on_a_fresh_cluster_whose_nodes_are_tainted_uninitialized(self):
+        # Every Node of a cluster with external cloud providers carries this taint until a
+        # manager initializes it, and the operator is what starts that manager.
+        uninitialized = {"key": "node.cloudprovider.kubernetes.io/uninitialized", "operator": "Exists",
+                         "effect": "NoSchedule"}
+        for overlay in (None, helmlib.load_yaml(CHART / "ci" / "full-values.yaml"),
+                        helmlib.load_yaml(CHART / "ci" / "ha-values.yaml")):
+            pod = one(self.render(overlay), "Deployment")["spec"]["template"]["spec"]
+            self.assertIn(uninitialized, pod.get("tolerations", []))
+            for t in (overlay or {}).get("tolerations", []):
+                self.assertIn(t, pod["tolerations"], "a user's toleration was dropped")
+
     def test_single_replica_runs_without_leader_election_and_never_overlaps(self):
         objects = self.render()
         deployment = one(objects, "Deployment")
@@ -577,7 +589,7 @@ class Render(unittest.TestCase):
         pod = deployment["spec"]["template"]["spec"]
         self.assertEqual(pod["imagePullSecrets"], [{"name": "regcred"}])
         self.assertEqual(pod["nodeSelector"], overlay["nodeSelector"])
-        self.assertEqual(pod["tolerations"], overlay["tolerations"])
+        self.assertEqual(pod["tolerations"][-len(overlay["tolerations"]):], overlay["tolerations"])
         self.assertEqual(pod["priorityClassName"], "system-cluster-critical")
         self.assertEqual(pod["serviceAccountName"], "ccm-operator-sa")
         self.assertEqual(deployment["spec"]["template"]["metadata"]["annotations"]["example.com/team"], "platform")
