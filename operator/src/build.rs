@@ -632,6 +632,10 @@ fn pod_template(
                 run_as_non_root: Some(true),
                 run_as_user: Some(65532),
                 run_as_group: Some(65532),
+                // The kubelet gives the Secret volume's files this group, so the 0440 cloud-config
+                // is readable by the manager (uid/gid 65532) and no one else; without it they are
+                // root:root and the manager crash-loops on `Permission denied`.
+                fs_group: Some(65532),
                 seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), localhost_profile: None }),
                 ..Default::default()
             }),
@@ -818,6 +822,24 @@ mod tests {
         assert_eq!(sc.capabilities.unwrap().drop.unwrap(), ["ALL"]);
         let vol = &pod.volumes.unwrap()[0];
         assert_eq!(vol.secret.as_ref().unwrap().secret_name.as_deref(), Some("cfg"));
+    }
+
+    #[test]
+    fn manager_pod_can_read_its_cloud_config_as_uid_65532_in_every_mode() {
+        for mode in ["Deployment", "DaemonSet"] {
+            let c = cr(json!({"provider": "fake", "mode": mode, "cloudConfig": {"secretRef": {"name": "cfg"}}}));
+            let pod = pod_of(&build(&c, &validated(&c, Some("h")), &BuildSettings::default()));
+            let sc = pod.security_context.clone().unwrap();
+            let (uid, gid) = (sc.run_as_user.unwrap(), sc.run_as_group.unwrap());
+            assert_eq!((uid, gid), (65532, 65532), "{mode}");
+            // The kubelet makes Secret files root:<fsGroup>; a 0440 file is readable by that group only.
+            assert_eq!(sc.fs_group, Some(gid), "{mode}: the cloud-config would stay root:root");
+            let secret = pod.volumes.unwrap()[0].secret.clone().unwrap();
+            let mode_bits = secret.default_mode.unwrap();
+            assert_eq!(mode_bits & 0o040, 0o040, "{mode}: group cannot read");
+            assert_eq!(mode_bits & 0o007, 0, "{mode}: the cloud-config must not be world-readable");
+            assert!(secret.items.unwrap().iter().all(|i| i.mode.is_none()), "{mode}: an item overrides the mode");
+        }
     }
 
     #[test]
