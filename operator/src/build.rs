@@ -263,15 +263,7 @@ pub fn build(cr: &CloudControllerManager, validated: &Validated, settings: &Buil
                     replicas: Some(replicas),
                     selector: selector.clone(),
                     template,
-                    // One at a time and no surge: with hostNetwork, a surge pod could not bind the
-                    // port next to an old one, and one replica keeps leading throughout.
-                    strategy: Some(DeploymentStrategy {
-                        type_: Some("RollingUpdate".into()),
-                        rolling_update: Some(RollingUpdateDeployment {
-                            max_surge: Some(IntOrString::Int(0)),
-                            max_unavailable: Some(IntOrString::Int(1)),
-                        }),
-                    }),
+                    strategy: Some(deployment_strategy(cr.spec.deployment.host_network)),
                     revision_history_limit: Some(3),
                     ..Default::default()
                 }),
@@ -311,6 +303,23 @@ pub fn build(cr: &CloudControllerManager, validated: &Validated, settings: &Buil
         Mode::Embedded => {}
     }
     out.into_iter().map(Desired::stamped).collect()
+}
+
+/// How a manager Deployment rolls. Never a surge: with `hostNetwork` a surge pod could not bind
+/// the port beside an old one. On the host network every replica may go at once (`100%`):
+/// with more replicas than Nodes that can run one (the default two on a one-node cluster) the
+/// extra replica stays Pending, and with `maxUnavailable: 1` the Deployment controller then
+/// never removes the one running old pod whose port the new pod waits for. The Lease hands over
+/// anyway; the gap is one pod start. On the pod network pods roll one at a time.
+pub fn deployment_strategy(host_network: bool) -> DeploymentStrategy {
+    let max_unavailable = if host_network { IntOrString::String("100%".into()) } else { IntOrString::Int(1) };
+    DeploymentStrategy {
+        type_: Some("RollingUpdate".into()),
+        rolling_update: Some(RollingUpdateDeployment {
+            max_surge: Some(IntOrString::Int(0)),
+            max_unavailable: Some(max_unavailable),
+        }),
+    }
 }
 
 /// The controller ownerReference to `cr`, so namespaced children are garbage-collected with it.
@@ -840,6 +849,91 @@ mod tests {
             assert_eq!(mode_bits & 0o007, 0, "{mode}: the cloud-config must not be world-readable");
             assert!(secret.items.unwrap().iter().all(|i| i.mode.is_none()), "{mode}: an item overrides the mode");
         }
+    }
+
+    /// Rolls a Deployment from one pod template to another the way kube-controller-manager's
+    /// Deployment controller does (`rolling.go`: scale the new ReplicaSet up to
+    /// `replicas + maxSurge`, scale old ones down while at least `replicas - maxUnavailable` pods
+    /// stay available, unhealthy old pods first), with a scheduler that puts at most one
+    /// host-network pod on each of `nodes` Nodes (the port). Pods start and stop at once.
+    /// Returns whether every replica runs the new template (as far as Nodes allow).
+    fn rollout_completes(replicas: i32, nodes: i32, host_network: bool, strategy: &DeploymentStrategy) -> bool {
+        let ru = strategy.rolling_update.clone().unwrap();
+        let resolve = |v: Option<IntOrString>, round_up: bool| match v.unwrap() {
+            IntOrString::Int(i) => i,
+            IntOrString::String(p) => {
+                let pct: i32 = p.trim_end_matches('%').parse().unwrap();
+                if round_up { (replicas * pct + 99) / 100 } else { replicas * pct / 100 }
+            }
+        };
+        let surge = resolve(ru.max_surge, true);
+        let mut unavailable = resolve(ru.max_unavailable, false);
+        if surge == 0 && unavailable == 0 {
+            unavailable = 1;
+        }
+        let capacity = if host_network { nodes } else { i32::MAX };
+        // (desired replicas, running pods) of the old and the new ReplicaSet, from a steady
+        // state of the old template.
+        let (mut old, mut new) = ((replicas, replicas.min(capacity)), (0, 0));
+        for _ in 0..100 {
+            // Scheduler: pending pods take free Nodes, the old ReplicaSet's first (created first).
+            let free = |old: (i32, i32), new: (i32, i32)| capacity.saturating_sub(old.1 + new.1);
+            old.1 += (old.0 - old.1).min(free(old, new)).max(0);
+            new.1 += (new.0 - new.1).min(free(old, new)).max(0);
+            // reconcileNewReplicaSet.
+            let total = old.0 + new.0;
+            if total < replicas + surge && new.0 < replicas {
+                new.0 += (replicas + surge - total).min(replicas - new.0);
+            }
+            // reconcileOldReplicaSets.
+            let min_available = replicas - unavailable;
+            let mut max_down = old.0 + new.0 - min_available - (new.0 - new.1);
+            if max_down > 0 && old.0 > 0 {
+                let unhealthy = (old.0 - old.1).min(max_down);
+                old.0 -= unhealthy;
+                max_down -= unhealthy;
+                let available = old.1 + new.1;
+                let down = (available - min_available).min(old.0).min(max_down.max(0));
+                if down > 0 {
+                    old.0 -= down;
+                    old.1 = old.1.min(old.0);
+                }
+            }
+            old.1 = old.1.min(old.0);
+            if old.0 == 0 && new.0 == replicas && new.1 == replicas.min(capacity) {
+                return true;
+            }
+        }
+        false
+    }
+
+    #[test]
+    fn a_host_network_rollout_finishes_on_one_node_with_the_default_two_replicas() {
+        let c = cr(json!({"provider": "fake"}));
+        let d = deployment(&build(&c, &validated(&c, Some("h")), &BuildSettings::default())).clone();
+        let spec = d.spec.unwrap();
+        assert_eq!(spec.template.spec.unwrap().host_network, Some(true));
+        let strategy = spec.strategy.unwrap();
+        let surge = strategy.rolling_update.as_ref().unwrap().max_surge.clone();
+        assert_eq!(surge, Some(IntOrString::Int(0)), "a surge pod cannot bind the host port");
+        assert!(rollout_completes(spec.replicas.unwrap(), 1, true, &strategy), "deadlocks on one Node");
+        for (replicas, nodes) in [(1, 1), (2, 1), (3, 1), (3, 2), (2, 3), (3, 5)] {
+            assert!(rollout_completes(replicas, nodes, true, &strategy), "{replicas} replicas on {nodes} Nodes");
+        }
+        // What it was: one at a time deadlocks as soon as replicas outnumber the Nodes.
+        let one_at_a_time = deployment_strategy(false);
+        assert!(!rollout_completes(2, 1, true, &one_at_a_time));
+        assert!(rollout_completes(2, 2, true, &one_at_a_time));
+    }
+
+    #[test]
+    fn a_pod_network_rollout_replaces_one_pod_at_a_time() {
+        let c = cr(json!({"provider": "fake", "deployment": {"hostNetwork": false, "replicas": 3}}));
+        let d = deployment(&build(&c, &validated(&c, Some("h")), &BuildSettings::default())).clone();
+        let strategy = d.spec.unwrap().strategy.unwrap();
+        let ru = strategy.rolling_update.clone().unwrap();
+        assert_eq!((ru.max_surge, ru.max_unavailable), (Some(IntOrString::Int(0)), Some(IntOrString::Int(1))));
+        assert!(rollout_completes(3, 1, false, &strategy));
     }
 
     #[test]
