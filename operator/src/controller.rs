@@ -91,6 +91,8 @@ pub struct Shared {
     pub registry: Registry,
     /// Build inputs.
     pub build: BuildSettings,
+    /// What this installation allows (Embedded mode, the host network).
+    pub environment: validate::Environment,
     /// Timings.
     pub timings: Timings,
     /// Embedded engines of this process.
@@ -840,6 +842,7 @@ async fn validate_step(ctx: &Ctx, input: &Input<'_>, secret: &SecretState, allow
             secret.clone(),
             ctx.shared.registry.clone(),
             peers.clone(),
+            ctx.shared.environment,
             limit,
         )
         .await;

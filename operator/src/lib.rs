@@ -83,6 +83,9 @@ pub struct OperatorConfig {
     pub timings: Timings,
     /// Server-side apply the CRD this operator was built with at start (`--manage-crd`).
     pub manage_crd: bool,
+    /// What this installation allows: Embedded mode (`--embedded-enabled`) and whether the
+    /// process is on its Node's network (`--embedded-host-network`).
+    pub environment: validate::Environment,
 }
 
 impl std::fmt::Debug for OperatorConfig {
@@ -96,6 +99,7 @@ impl std::fmt::Debug for OperatorConfig {
             .field("http", &self.http)
             .field("timings", &self.timings)
             .field("manage_crd", &self.manage_crd)
+            .field("environment", &self.environment)
             .finish_non_exhaustive()
     }
 }
@@ -115,6 +119,7 @@ impl OperatorConfig {
             http: None,
             timings: Timings::default(),
             manage_crd: true,
+            environment: validate::Environment::default(),
         }
     }
 
@@ -401,6 +406,7 @@ async fn main_loop(
         allowed: config.allowed_namespaces(),
         registry: config.registry.clone(),
         build: config.build.clone(),
+        environment: config.environment,
         timings: config.timings.clone(),
         engines: engines.clone(),
         trigger: process_tx,

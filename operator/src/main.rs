@@ -92,6 +92,16 @@ struct RunFlags {
     /// chart's crds.manage); when RBAC forbids it, log that and use the CRD as it is.
     #[arg(long, default_value_t = true, action = ArgAction::Set, value_name = "bool")]
     manage_crd: bool,
+    /// Allow `spec.mode: Embedded` (the chart's embedded.enabled, which grants the operator the
+    /// manager's rights); when false such a resource is refused with EmbeddedNotEnabled and
+    /// whatever already runs for it is left alone.
+    #[arg(long, default_value_t = true, action = ArgAction::Set, value_name = "bool")]
+    embedded_enabled: bool,
+    /// Whether this process shares its Node's network namespace, where an embedded engine's
+    /// proxy listeners (baremetal loadBalancer.mode: proxy) are reachable; the chart's operator
+    /// Pod is not, and passes false.
+    #[arg(long, default_value_t = true, action = ArgAction::Set, value_name = "bool")]
+    embedded_host_network: bool,
     /// Reconcile every CloudControllerManager at least this often.
     #[arg(long, default_value = "5m", value_parser = manager::flags::parse_duration, value_name = "duration")]
     resync_period: Duration,
@@ -176,6 +186,8 @@ async fn run(flags: RunFlags) -> Result<(), operator::Error> {
     };
     config.http = http;
     config.manage_crd = flags.manage_crd;
+    config.environment =
+        operator::validate::Environment { embedded_enabled: flags.embedded_enabled, host_network: flags.embedded_host_network };
     config.timings = Timings {
         degraded_window: flags.degraded_window,
         requeue: flags.resync_period,

@@ -29,9 +29,15 @@ pub mod config_valid {
     /// False: the resource's namespace is not one the operator may read cloud-config Secrets
     /// and run managers in (`--cloud-config-namespaces`, the chart's `cloudConfig.namespaces`).
     pub const NAMESPACE_NOT_ALLOWED: &str = "NamespaceNotAllowed";
+    /// False: `spec.mode` is Embedded but this operator was installed without Embedded mode (the
+    /// chart's `embedded.enabled`, `--embedded-enabled`), so it lacks the manager's rights.
+    pub const EMBEDDED_NOT_ENABLED: &str = "EmbeddedNotEnabled";
+    /// False: the cloud-config asks for a proxy data path (baremetal `loadBalancer.mode: proxy`)
+    /// whose listeners would open in a Pod's own network namespace, out of the Node's reach.
+    pub const PROXY_NEEDS_HOST_NETWORK: &str = "ProxyNeedsHostNetwork";
 
     /// Every reason of `ConfigValid`.
-    pub const ALL: [&str; 11] = [
+    pub const ALL: [&str; 13] = [
         VALID,
         INVALID_SPEC,
         MALFORMED_SPEC,
@@ -43,6 +49,8 @@ pub mod config_valid {
         CONFLICT,
         SECRET_UNREADABLE,
         NAMESPACE_NOT_ALLOWED,
+        EMBEDDED_NOT_ENABLED,
+        PROXY_NEEDS_HOST_NETWORK,
     ];
 }
 

@@ -420,6 +420,78 @@ pub fn parse_timed_out(provider: &str, limit: std::time::Duration) -> Validation
     }
 }
 
+/// What the operator's own installation allows, for the checks the spec alone cannot make.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Environment {
+    /// Embedded mode may run: the operator's ServiceAccount holds the manager's rights
+    /// (`--embedded-enabled`, the chart's `embedded.enabled`).
+    pub embedded_enabled: bool,
+    /// The operator process shares its Node's network namespace (`--embedded-host-network`), so
+    /// an embedded engine's proxy listeners are reachable from outside (the sandbox, a binary on
+    /// a host). The chart's operator Pod is on the pod network.
+    pub host_network: bool,
+}
+
+impl Default for Environment {
+    fn default() -> Self {
+        Self { embedded_enabled: true, host_network: true }
+    }
+}
+
+/// Whether `cr` would run a proxy data path: the baremetal provider with
+/// `loadBalancer.mode: proxy` and the service controller enabled. Its listeners open in the
+/// network namespace of the process that runs the provider.
+pub fn runs_proxy_data_path(cr: &CloudControllerManager, secret: &SecretState) -> bool {
+    use manager::providers::baremetal::{config, proxy};
+    let SecretState::Found { data, .. } = secret else { return false };
+    let service_controller = ControllerSelection::parse(&cr.spec.controllers)
+        .is_ok_and(|s| s.is_enabled(controllers::SERVICE_LB));
+    cr.spec.provider == "baremetal"
+        && service_controller
+        && config::parse(data).is_ok_and(|c| c.load_balancer.mode == proxy::Mode::Proxy)
+}
+
+/// Refuse what this installation cannot run as specified, before anything is applied or torn
+/// down: Embedded mode when it was not enabled (the engine would stall on 403s while holding the
+/// Lease, after the working manager was removed), and a proxy data path whose listeners would
+/// open in a Pod's own network namespace (the Service would get an address nothing answers on).
+/// Only a valid verdict changes.
+pub fn check_environment(
+    cr: &CloudControllerManager,
+    verdict: Validation,
+    secret: &SecretState,
+    env: &Environment,
+) -> Validation {
+    if !verdict.is_valid() {
+        return verdict;
+    }
+    let embedded = cr.spec.mode == crds::Mode::Embedded;
+    let mut failures = Vec::new();
+    if embedded && !env.embedded_enabled {
+        failures.push(Failure {
+            reason: reason::EMBEDDED_NOT_ENABLED,
+            message: "spec.mode is Embedded, but this operator was installed without Embedded mode, so it lacks the manager's permissions; install the chart with embedded.enabled=true (the operator's --embedded-enabled), or set spec.mode to Deployment or DaemonSet. Whatever runs now is left running".to_string(),
+        });
+    } else if runs_proxy_data_path(cr, secret) {
+        let where_ = if embedded && !env.host_network {
+            Some("spec.mode is Embedded and the operator's Pod is not on the host network")
+        } else if !embedded && !cr.spec.deployment.host_network {
+            Some("spec.deployment.hostNetwork is false")
+        } else {
+            None
+        };
+        if let Some(where_) = where_ {
+            failures.push(Failure {
+                reason: reason::PROXY_NEEDS_HOST_NETWORK,
+                message: format!(
+                    "the cloud-config sets loadBalancer.mode: proxy, whose listeners must open on the Node, but {where_}: they would open in the Pod's own network namespace, where no traffic reaches them; run on the host network (spec.mode Deployment or DaemonSet with spec.deployment.hostNetwork: true) or use loadBalancer.mode: addresses"
+                ),
+            });
+        }
+    }
+    if failures.is_empty() { verdict } else { Validation::Invalid { failures, conflicts_with: Vec::new() } }
+}
+
 /// How long a provider may take to check a cloud-config before it is refused.
 pub const PARSE_TIME_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -432,10 +504,14 @@ pub async fn validate_bounded(
     secret: SecretState,
     registry: Registry,
     peers: Vec<Peer>,
+    env: Environment,
     limit: std::time::Duration,
 ) -> Option<Validation> {
     let provider = cr.spec.provider.clone();
-    let task = tokio::task::spawn_blocking(move || validate(&cr, &secret, &registry, &peers));
+    let task = tokio::task::spawn_blocking(move || {
+        let verdict = validate(&cr, &secret, &registry, &peers);
+        check_environment(&cr, verdict, &secret, &env)
+    });
     match tokio::time::timeout(limit, task).await {
         Ok(Ok(v)) => Some(v),
         Ok(Err(_)) => Some(Validation::Invalid {
@@ -555,6 +631,69 @@ mod tests {
     }
 
     #[test]
+    fn embedded_mode_is_refused_naming_spec_mode_when_the_installation_did_not_enable_it() {
+        let registry = Registry::builtin();
+        let disabled = Environment { embedded_enabled: false, host_network: false };
+        let doc = b"instances: [{name: n1}]\n";
+        let embedded = cr("a", 1, json!({"provider": "baremetal", "mode": "Embedded",
+            "cloudConfig": {"secretRef": {"name": "cfg"}}}));
+        let v = check_environment(&embedded, validate(&embedded, &found(doc), &registry, &[]), &found(doc), &disabled);
+        assert_eq!(reason_of(&v), reason::EMBEDDED_NOT_ENABLED);
+        let (_, message) = v.summary().unwrap();
+        assert!(message.contains("spec.mode") && message.contains("embedded.enabled"), "{message}");
+        // Not a conflict: the apply step leaves whatever runs for it alone.
+        assert!(matches!(&v, Validation::Invalid { conflicts_with, .. } if conflicts_with.is_empty()));
+        // Enabled, or another mode: accepted.
+        let enabled = Environment { embedded_enabled: true, ..disabled };
+        let v = check_environment(&embedded, validate(&embedded, &found(doc), &registry, &[]), &found(doc), &enabled);
+        assert!(v.is_valid(), "{v:?}");
+        let deployment = cr("a", 1, json!({"provider": "baremetal", "cloudConfig": {"secretRef": {"name": "cfg"}}}));
+        let v = check_environment(&deployment, validate(&deployment, &found(doc), &registry, &[]), &found(doc), &disabled);
+        assert!(v.is_valid(), "{v:?}");
+    }
+
+    #[test]
+    fn a_proxy_data_path_is_refused_where_its_listeners_would_be_unreachable() {
+        let registry = Registry::builtin();
+        let proxy = b"instances: [{name: n1}]\nloadBalancer:\n  mode: proxy\n  pools: [{name: lan, cidrs: [10.0.0.0/30]}]\n";
+        let addresses = b"instances: [{name: n1}]\nloadBalancer:\n  pools: [{name: lan, cidrs: [10.0.0.0/30]}]\n";
+        let in_pod = Environment { embedded_enabled: true, host_network: false };
+        let check = |spec: serde_json::Value, doc: &[u8], env: &Environment| {
+            let mut spec = spec;
+            spec["provider"] = json!("baremetal");
+            spec["cloudConfig"] = json!({"secretRef": {"name": "cfg"}});
+            let c = cr("a", 1, spec);
+            check_environment(&c, validate(&c, &found(doc), &registry, &[]), &found(doc), env)
+        };
+        let refused = [
+            (json!({"deployment": {"hostNetwork": false}}), "spec.deployment.hostNetwork"),
+            (json!({"mode": "DaemonSet", "deployment": {"hostNetwork": false}}), "spec.deployment.hostNetwork"),
+            (json!({"mode": "Embedded"}), "spec.mode"),
+        ];
+        for (spec, field) in refused {
+            let v = check(spec.clone(), proxy, &in_pod);
+            assert_eq!(reason_of(&v), reason::PROXY_NEEDS_HOST_NETWORK, "{spec}");
+            let (_, message) = v.summary().unwrap();
+            assert!(message.contains(field) && message.contains("loadBalancer.mode"), "{message}");
+            // Addresses mode listens nowhere: nothing to refuse.
+            assert!(check(spec.clone(), addresses, &in_pod).is_valid(), "{spec}");
+            // Without the service controller no listener opens either.
+            let mut no_lb = spec.clone();
+            no_lb["controllers"] = json!(["*", "-service"]);
+            assert!(check(no_lb, proxy, &in_pod).is_valid(), "{spec}");
+        }
+        // On the host network it works: the default pod, and an operator process on a host.
+        assert!(check(json!({}), proxy, &in_pod).is_valid());
+        assert!(check(json!({"mode": "DaemonSet"}), proxy, &in_pod).is_valid());
+        assert!(check(json!({"mode": "Embedded"}), proxy, &Environment::default()).is_valid());
+        // An earlier failure stands.
+        let c = cr("a", 1, json!({"provider": "baremetal", "mode": "Embedded"}));
+        let bad = found(b"instances: [");
+        let v = check_environment(&c, validate(&c, &bad, &registry, &[]), &bad, &in_pod);
+        assert_eq!(reason_of(&v), reason::CLOUD_CONFIG_REJECTED);
+    }
+
+    #[test]
     fn valid_spec_with_secret_yields_the_config_hash() {
         let c = cr("a", 1, json!({"provider": "plain", "cloudConfig": {"secretRef": {"name": "cfg"}}}));
         let Validation::Valid(v) = validate(&c, &found(b"ok"), &registry(), &[]) else { panic!() };
@@ -603,7 +742,7 @@ mod tests {
     async fn a_cloud_config_slower_than_the_limit_is_refused_and_the_runtime_stays_free() {
         let c = cr("a", 1, json!({"provider": "plain", "cloudConfig": {"secretRef": {"name": "cfg"}}}));
         let limit = std::time::Duration::from_millis(100);
-        let slow = validate_bounded(c.clone(), found(b"slow"), registry(), Vec::new(), limit);
+        let slow = validate_bounded(c.clone(), found(b"slow"), registry(), Vec::new(), Environment::default(), limit);
         // The async runtime (one thread here) keeps serving other work meanwhile.
         let other = async {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
@@ -617,7 +756,7 @@ mod tests {
         assert_eq!(r, reason::CLOUD_CONFIG_REJECTED);
         assert!(message.contains("within the limit of 100ms"), "{message}");
         // Within the limit, the verdict is validate's own.
-        let v = validate_bounded(c, found(b"fine"), registry(), Vec::new(), std::time::Duration::from_secs(5)).await;
+        let v = validate_bounded(c, found(b"fine"), registry(), Vec::new(), Environment::default(), std::time::Duration::from_secs(5)).await;
         assert!(v.unwrap().is_valid());
     }
 

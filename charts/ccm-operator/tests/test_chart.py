@@ -545,6 +545,17 @@ class Render(unittest.TestCase):
                       if b["roleRef"]["kind"] == "ClusterRole"]
         self.assertEqual(namespaced, [("kube-system", "ccm-manager-namespace")])
 
+    def test_the_operator_refuses_embedded_mode_unless_the_chart_granted_its_rights(self):
+        # The operator must know: without the manager's rights an embedded engine stalls on 403s
+        # after the working manager was removed. Its Pod is on the pod network, where an
+        # embedded proxy data path would be unreachable.
+        objects = self.render()
+        self.assertEqual(arg(objects, "--embedded-enabled"), "false")
+        self.assertFalse(one(objects, "Deployment")["spec"]["template"]["spec"].get("hostNetwork", False))
+        self.assertEqual(arg(objects, "--embedded-host-network"), "false")
+        objects = self.render(values(**{"embedded.enabled": True}))
+        self.assertEqual(arg(objects, "--embedded-enabled"), "true")
+
     def test_manager_role_names_are_configurable_and_consistent(self):
         objects = self.render(values(**{"manager.rbac.clusterRoleName": "blue", "embedded.enabled": True,
                                         "manager.rbac.namespaceRoleName": "blue-ns"}))
