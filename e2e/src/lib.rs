@@ -1,9 +1,11 @@
 //! End-to-end helpers: the emulated kubelet that runs manager Deployments as local processes
-//! ([`kubelet`]), the sandbox demo ([`demo`]), and a tiny HTTP probe ([`probe`]).
+//! ([`kubelet`]), the sandbox demo ([`demo`]), a tiny HTTP probe ([`probe`]), and a real
+//! kubelet-backed cluster for the scenarios that need one ([`realcluster`]).
 
 pub mod demo;
 pub mod kubelet;
 pub mod probe;
+pub mod realcluster;
 
 /// Errors of the e2e helpers.
 #[derive(Debug, thiserror::Error)]

@@ -4,8 +4,12 @@ machines without the Helm CLI: the same Helm, through helm-sdkpy. Only what the 
 uses is understood:
 
     helm install NAME CHART [--namespace|-n NS] [--create-namespace] [--set a.b=c ...]
+    helm upgrade NAME CHART [--namespace|-n NS] [--set a.b=c ...]
+    helm uninstall NAME [--namespace|-n NS]
 
-The API server comes from $KUBECONFIG. Exit codes as run.py (77: a tool is missing outside CI).
+The API server comes from $KUBECONFIG. Releases are stored as Helm stores them (Secrets in the
+release's namespace) unless HELM_DRIVER says otherwise: with HELM_DRIVER=memory an install is
+forgotten when the command exits, so upgrade and uninstall need the default driver. Exit codes as run.py (77: a tool is missing outside CI).
 """
 
 from __future__ import annotations
@@ -48,6 +52,14 @@ def main() -> int:
     install.add_argument("--namespace", "-n", default="default")
     install.add_argument("--create-namespace", action="store_true")
     install.add_argument("--set", action="append", default=[])
+    upgrade = sub.add_parser("upgrade")
+    upgrade.add_argument("name")
+    upgrade.add_argument("chart")
+    upgrade.add_argument("--namespace", "-n", default="default")
+    upgrade.add_argument("--set", action="append", default=[])
+    uninstall = sub.add_parser("uninstall")
+    uninstall.add_argument("name")
+    uninstall.add_argument("--namespace", "-n", default="default")
     args = parser.parse_args()
 
     missing = run.missing_tools()
@@ -58,13 +70,21 @@ def main() -> int:
     if not kubeconfig:
         print("helm: KUBECONFIG is not set", file=sys.stderr)
         return 1
-    if Path(args.chart).resolve() != run_chart():
+    if args.command != "uninstall" and Path(args.chart).resolve() != run_chart():
         print(f"helm: only this repository's chart is supported, not {args.chart}", file=sys.stderr)
         return 1
 
     import helmlib
 
-    release = helmlib.Cluster(kubeconfig).install(args.name, args.namespace, parse_set(args.set))
+    cluster = helmlib.Cluster(kubeconfig)
+    if args.command == "uninstall":
+        cluster.uninstall(args.name, args.namespace)
+        print(f'release "{args.name}" uninstalled')
+        return 0
+    if args.command == "upgrade":
+        release = cluster.upgrade(args.name, args.namespace, parse_set(args.set))
+    else:
+        release = cluster.install(args.name, args.namespace, parse_set(args.set))
     print(f"NAME: {release.get('name')}\nNAMESPACE: {release.get('namespace')}\nSTATUS: {release['info']['status']}")
     print(f"NOTES:\n{release['info'].get('notes', '')}")
     return 0

@@ -1,0 +1,105 @@
+//! Images for the real cluster, built without a registry by `e2e/realcluster/mkimage.py` and
+//! imported into the node's containerd.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::Error;
+
+/// The sandbox (pause) image containerd runs for every Pod.
+pub const PAUSE: &str = "localhost/ccm-e2e-pause:dev";
+/// A web server (busybox `httpd`) that answers with its Pod's name: the backend of the
+/// load-balancer scenarios.
+pub const WEB: &str = "localhost/ccm-e2e-web:dev";
+/// The tag of the project's own images in the scenarios.
+pub const TAG: &str = "e2e";
+/// The operator image the scenarios install.
+pub const OPERATOR: &str = "localhost/ccm-operator";
+/// The manager image the scenarios install.
+pub const MANAGER: &str = "localhost/cloud-controller-manager";
+
+/// The image builder script.
+pub fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("realcluster/mkimage.py")
+}
+
+fn python(args: &[String]) -> Result<String, Error> {
+    let out = Command::new("python3")
+        .arg(script())
+        .args(args)
+        .output()
+        .map_err(|e| Error::io("running python3 e2e/realcluster/mkimage.py", e))?;
+    if !out.status.success() {
+        return Err(Error::Other(format!(
+            "mkimage.py {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Builds the pause image from the kit's static `pause` binary.
+pub fn build_pause(pause: &Path, out: &Path) -> Result<(), Error> {
+    python(&[
+        "generic".into(),
+        "--name".into(),
+        PAUSE.into(),
+        "--out".into(),
+        out.display().to_string(),
+        "--file".into(),
+        format!("{}:/pause:0755", pause.display()),
+        "--entrypoint".into(),
+        r#"["/pause"]"#.into(),
+    ])
+    .map(drop)
+}
+
+/// Builds the web image from a static busybox: `httpd` serving `/www`, whose index a Pod
+/// writes at start with its own name (see the scenarios' web Deployment).
+pub fn build_web(busybox: &Path, out: &Path) -> Result<(), Error> {
+    python(&[
+        "generic".into(),
+        "--name".into(),
+        WEB.into(),
+        "--out".into(),
+        out.display().to_string(),
+        "--busybox".into(),
+        busybox.display().to_string(),
+        "--entrypoint".into(),
+        r#"["/bin/sh"]"#.into(),
+    ])
+    .map(drop)
+}
+
+/// Builds the operator and manager images from the binaries in `bin_dir`, as the Dockerfile
+/// lays them out; returns the two archives.
+pub fn build_project(bin_dir: &Path, out_dir: &Path) -> Result<Vec<PathBuf>, Error> {
+    python(&[
+        "--bin-dir".into(),
+        bin_dir.display().to_string(),
+        "--out-dir".into(),
+        out_dir.display().to_string(),
+        "--tag".into(),
+        TAG.into(),
+    ])?;
+    Ok(["ccm-operator", "cloud-controller-manager"].iter().map(|n| out_dir.join(format!("{n}.tar"))).collect())
+}
+
+/// Imports an image archive into the node's containerd (namespace `k8s.io`, the kubelet's).
+pub fn import(archive: &Path) -> Result<(), Error> {
+    let sock = super::RealCluster::containerd_socket();
+    let out = Command::new("ctr")
+        .args(["-a", &sock.to_string_lossy(), "-n", "k8s.io", "images", "import"])
+        .arg(archive)
+        .output()
+        .map_err(|e| Error::io("running ctr images import", e))?;
+    if !out.status.success() {
+        return Err(Error::Other(format!(
+            "ctr images import {}: {}",
+            archive.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
+}

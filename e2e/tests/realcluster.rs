@@ -1,0 +1,551 @@
+//! Scenarios on a real kubelet-backed cluster (`e2e::realcluster`): the images and the chart
+//! installed as a user would, the manager in Pods the kubelet starts, a real Node initialized,
+//! load-balancer traffic to a real Pod.
+//!
+//! One cluster serves the whole run, so this binary has its own runner (`harness = false`):
+//! it starts the cluster once, runs the scenarios in order (each builds on what the earlier
+//! ones installed, as a user's session would), stops the cluster, and checks last that the
+//! host is as it was found. It prints libtest's lines, so `cargo test` and CI count it.
+//! Without `CCM_REALCLUSTER_ASSETS` it prints one line saying how to enable it.
+
+use std::future::Future;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::process::{Command, ExitCode};
+use std::time::{Duration, Instant};
+
+use e2e::realcluster::{self, RealCluster, images};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Node, Pod, Secret, Service};
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+/// What every scenario gets.
+struct Ctx {
+    cluster: RealCluster,
+    client: Client,
+    repo: PathBuf,
+}
+
+type Scenario = fn(Arc<Ctx>) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// The scenarios, in the order they run.
+const SCENARIOS: &[(&str, Scenario)] = &[
+    ("operator_installs_from_the_chart_and_starts_on_a_fresh_tainted_node", |c| Box::pin(chart_install(c))),
+    ("deployment_mode_manager_reads_its_mounted_cloud_config_and_initializes_the_kubelets_node", |c| {
+        Box::pin(deployment_initializes_node(c))
+    }),
+    ("load_balancer_address_carries_traffic_from_the_host_to_a_pod", |c| Box::pin(lb_traffic(c))),
+    ("helm_upgrade_to_another_tag_rolls_the_operator_and_uninstall_leaves_only_helms_keeps", |c| {
+        Box::pin(helm_upgrade_and_uninstall(c))
+    }),
+];
+
+/// The check that runs after the cluster stopped.
+const HOST_CHECK: &str = "host_is_left_as_it_was_found";
+
+const OPERATOR_NS: &str = "ccm-system";
+const CCM_NS: &str = "kube-system";
+const CCM_NAME: &str = "baremetal";
+const SECRET: &str = "baremetal-cloud-config";
+const APP_NS: &str = "lb-demo";
+/// The load-balancer pool: loopback, so the host reaches the proxy's listener and nothing
+/// leaves the machine.
+const POOL: &str = "127.0.0.240/28";
+const SERVICE_PORT: u16 = 8000;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let names: Vec<&str> = SCENARIOS.iter().map(|(n, _)| *n).chain([HOST_CHECK]).collect();
+    if args.iter().any(|a| a == "--list") {
+        for name in &names {
+            println!("{name}: test");
+        }
+        return ExitCode::SUCCESS;
+    }
+    let filter = args.iter().find(|a| !a.starts_with('-')).cloned();
+    let selected: Vec<&(&str, Scenario)> =
+        SCENARIOS.iter().filter(|(n, _)| filter.as_deref().is_none_or(|f| n.contains(f))).collect();
+    let filtered_out = SCENARIOS.len() - selected.len();
+    println!("\nrunning {} tests", selected.len() + 1);
+    let Some(assets) = realcluster::assets_dir() else {
+        println!("{}", realcluster::HOW_TO_ENABLE);
+        println!("\ntest result: ok. 0 passed; 0 failed; {} ignored; 0 measured; {filtered_out} filtered out\n", names.len());
+        return ExitCode::SUCCESS;
+    };
+    let started = Instant::now();
+    let state = Path::new(env!("CARGO_TARGET_TMPDIR")).join("realcluster");
+    // Started from this (the main) thread, which outlives every scenario: the daemons die
+    // with the thread that started them.
+    let cluster = match RealCluster::start(&assets, &state) {
+        Ok(c) => c,
+        Err(e) => {
+            println!("real cluster did not start: {e}");
+            println!("\ntest result: FAILED. 0 passed; 1 failed; 0 ignored; 0 measured; {filtered_out} filtered out\n");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!("real cluster: Node {} Ready in {:.1} s ({})", cluster.node_name, cluster.start_seconds, cluster.api_url);
+
+    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            println!("tokio runtime: {e}");
+            cluster.stop();
+            return ExitCode::FAILURE;
+        }
+    };
+    let (mut passed, mut failed) = (0, Vec::new());
+    let prepared = runtime.block_on(prepare(&cluster));
+    match prepared {
+        Err(e) => {
+            println!("preparing the cluster failed: {e}");
+            failed.push("prepare".to_string());
+        }
+        Ok(client) => {
+            let ctx = Arc::new(Ctx { client, repo: repo(), cluster });
+            for (name, scenario) in &selected {
+                print!("test {name} ... ");
+                let _ = std::io::stdout().flush();
+                let t = Instant::now();
+                let outcome = runtime.block_on(async {
+                    let task = tokio::spawn(scenario(ctx.clone()));
+                    let abort = task.abort_handle();
+                    let outcome = tokio::time::timeout(Duration::from_secs(300), task).await;
+                    abort.abort();
+                    outcome
+                });
+                match outcome {
+                    Ok(Ok(())) => {
+                        println!("ok ({:.1} s)", t.elapsed().as_secs_f64());
+                        passed += 1;
+                    }
+                    Ok(Err(e)) => {
+                        println!("FAILED ({:.1} s)\n  {}", t.elapsed().as_secs_f64(), panic_text(e));
+                        diagnose(&ctx.cluster);
+                        failed.push(name.to_string());
+                    }
+                    Err(_) => {
+                        println!("FAILED (timed out after 300 s)");
+                        diagnose(&ctx.cluster);
+                        failed.push(name.to_string());
+                    }
+                }
+            }
+            runtime.shutdown_timeout(Duration::from_secs(5));
+            let Ok(ctx) = Arc::try_unwrap(ctx) else {
+                println!("a scenario still holds the cluster; stopping it anyway is not possible");
+                return ExitCode::FAILURE;
+            };
+            return finish(ctx.cluster, passed, failed, filtered_out, started);
+        }
+    }
+    runtime.shutdown_timeout(Duration::from_secs(5));
+    finish(cluster, passed, failed, filtered_out, started)
+}
+
+fn finish(
+    cluster: RealCluster,
+    mut passed: usize,
+    mut failed: Vec<String>,
+    filtered_out: usize,
+    started: Instant,
+) -> ExitCode {
+    let t = Instant::now();
+    let left = cluster.stop();
+    print!("test {HOST_CHECK} ... ");
+    if left.is_empty() {
+        println!("ok (stopped in {:.1} s)", t.elapsed().as_secs_f64());
+        passed += 1;
+    } else {
+        println!("FAILED\n  after stopping, the host differs:\n    {}", left.join("\n    "));
+        failed.push(HOST_CHECK.to_string());
+    }
+    if !failed.is_empty() {
+        println!("\nfailures:\n    {}", failed.join("\n    "));
+        println!("(component logs: {})", cluster.state_dir().join("logs").display());
+    }
+    println!(
+        "\ntest result: {}. {passed} passed; {} failed; 0 ignored; 0 measured; {filtered_out} filtered out; finished in {:.2}s\n",
+        if failed.is_empty() { "ok" } else { "FAILED" },
+        failed.len(),
+        started.elapsed().as_secs_f64()
+    );
+    if failed.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
+
+fn panic_text(e: tokio::task::JoinError) -> String {
+    match e.try_into_panic() {
+        Ok(p) => p
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "panicked".into()),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
+}
+
+/// `target/debug` (or whichever profile built this test): `cargo test --workspace` builds
+/// the workspace's binaries there.
+fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_default();
+    exe.parent().and_then(Path::parent).map(Path::to_path_buf).unwrap_or_default()
+}
+
+/// Builds and imports the images every scenario needs.
+async fn prepare(cluster: &RealCluster) -> Result<Client, String> {
+    let t = Instant::now();
+    let bins = bin_dir();
+    for b in ["ccm-operator", "cloud-controller-manager"] {
+        if !bins.join(b).is_file() {
+            return Err(format!("{} is missing: build it first (cargo build --bin {b})", bins.join(b).display()));
+        }
+    }
+    let out = cluster.state_dir().join("images");
+    std::fs::create_dir_all(&out).map_err(|e| e.to_string())?;
+    let mut archives = images::build_project(&bins, &out).map_err(|e| e.to_string())?;
+    let web = out.join("web.tar");
+    images::build_web(Path::new("/bin/busybox"), &web).map_err(|e| e.to_string())?;
+    archives.push(web);
+    for a in &archives {
+        images::import(a).map_err(|e| e.to_string())?;
+    }
+    println!("images built from {} and imported in {:.1} s", bins.display(), t.elapsed().as_secs_f64());
+    cluster.client().await.map_err(|e| e.to_string())
+}
+
+/// Polls `check` every 250 ms until it answers `Some`; panics naming `what` after `within`.
+async fn wait<T, F, Fut>(what: &str, within: Duration, check: F) -> T
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    match wait_quietly(within, check).await {
+        Some(v) => v,
+        None => panic!("timed out after {within:?} waiting for {what}"),
+    }
+}
+
+/// Polls `check` every 250 ms until it answers `Some`, or `None` after `within`.
+async fn wait_quietly<T, F, Fut>(within: Duration, check: F) -> Option<T>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = check().await {
+            return Some(v);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// What a reader of a failure needs: every Pod, recent events, and the last lines of our
+/// components' logs.
+fn diagnose(cluster: &RealCluster) {
+    let show = |title: &str, args: &[&str]| {
+        let out = cluster.kubectl_raw(args).unwrap_or_else(|e| e.to_string());
+        println!("  --- {title}\n{}", out.lines().map(|l| format!("    {l}")).collect::<Vec<_>>().join("\n"));
+    };
+    show("pods", &["get", "pods", "-A", "-o", "wide"]);
+    show("events", &["get", "events", "-A", "--sort-by=.lastTimestamp"]);
+    show("resources", &["get", "ccm", "-A", "-o", "yaml"]);
+    for (ns, selector) in [(OPERATOR_NS, "app.kubernetes.io/name=ccm-operator"), (CCM_NS, "app.kubernetes.io/name=cloud-controller-manager")] {
+        show(&format!("logs {ns} {selector}"), &["logs", "-n", ns, "-l", selector, "--tail=40", "--all-containers", "--prefix"]);
+    }
+}
+
+/// Runs the helm-compatible tool the docs name (charts/ccm-operator/tests/helm_cli.py).
+fn helm(ctx: &Ctx, args: &[&str]) -> String {
+    let out = Command::new("python3")
+        .arg(ctx.repo.join("charts/ccm-operator/tests/helm_cli.py"))
+        .args(args)
+        .env("KUBECONFIG", ctx.cluster.kubeconfig())
+        .env_remove("HELM_DRIVER")
+        .current_dir(&ctx.repo)
+        .output()
+        .expect("running helm_cli.py");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "helm {} failed: {text}", args.join(" "));
+    text
+}
+
+fn helm_install_args(tag: &str) -> Vec<String> {
+    [
+        "--namespace",
+        OPERATOR_NS,
+        "--set",
+        &format!("image.repository={}", images::OPERATOR),
+        "--set",
+        &format!("image.tag={tag}"),
+        "--set",
+        "image.pullPolicy=Never",
+        "--set",
+        &format!("manager.image.repository={}", images::MANAGER),
+        "--set",
+        &format!("manager.image.tag={}", images::TAG),
+        "--set",
+        "embedded.enabled=true",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+async fn deployment_available(client: &Client, ns: &str, name: &str) -> Option<Deployment> {
+    let api: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let d = api.get_opt(name).await.ok()??;
+    let status = d.status.as_ref()?;
+    let want = d.spec.as_ref()?.replicas.unwrap_or(1);
+    let current = status.observed_generation == d.metadata.generation
+        && status.updated_replicas.unwrap_or(0) == want
+        && status.available_replicas.unwrap_or(0) == want
+        && status.replicas.unwrap_or(0) == want;
+    current.then_some(d)
+}
+
+async fn chart_install(ctx: Arc<Ctx>) {
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    let node = nodes.get(&ctx.cluster.node_name).await.expect("the Node");
+    let tainted = node.spec.and_then(|s| s.taints).unwrap_or_default();
+    assert!(
+        tainted.iter().any(|t| t.key == "node.cloudprovider.kubernetes.io/uninitialized"),
+        "the kubelet (--cloud-provider=external) registers its Node tainted uninitialized: {tainted:?}"
+    );
+    let t = Instant::now();
+    let mut args = vec!["install", "ccm-operator", "charts/ccm-operator", "--create-namespace"];
+    let rest = helm_install_args(images::TAG);
+    args.extend(rest.iter().map(String::as_str));
+    helm(&ctx, &args);
+    wait("the operator Deployment available", Duration::from_secs(120), || {
+        deployment_available(&ctx.client, OPERATOR_NS, "ccm-operator")
+    })
+    .await;
+    println!("    helm install to operator available: {:.1} s", t.elapsed().as_secs_f64());
+}
+
+fn cloud_config(node: &str, node_ip: &str) -> String {
+    format!(
+        "instances:\n  - name: {node}\n    addresses:\n      - {{type: InternalIP, address: {node_ip}}}\n      - {{type: Hostname, address: {node}}}\n    instanceType: e2e-small\n    zone: zone-a\n    region: region-1\nloadBalancer:\n  mode: proxy\n  proxy:\n    healthCheckInterval: 1s\n    drainTimeout: 5s\n  pools:\n    - name: loopback\n      cidrs: [\"{POOL}\"]\n      allowLoopback: true\n"
+    )
+}
+
+async fn apply(client: &Client, obj: serde_json::Value) {
+    let kind = obj["kind"].as_str().unwrap_or_default().to_string();
+    let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    let ns = obj["metadata"]["namespace"].as_str().map(str::to_string);
+    let params = PatchParams::apply("realcluster-e2e").force();
+    let patch = Patch::Apply(&obj);
+    let result = match kind.as_str() {
+        "Secret" => Api::<Secret>::namespaced(client.clone(), ns.as_deref().unwrap_or("default"))
+            .patch(&name, &params, &patch)
+            .await
+            .map(drop),
+        "Service" => Api::<Service>::namespaced(client.clone(), ns.as_deref().unwrap_or("default"))
+            .patch(&name, &params, &patch)
+            .await
+            .map(drop),
+        "Deployment" => Api::<Deployment>::namespaced(client.clone(), ns.as_deref().unwrap_or("default"))
+            .patch(&name, &params, &patch)
+            .await
+            .map(drop),
+        "Namespace" => Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+            .patch(&name, &params, &patch)
+            .await
+            .map(drop),
+        "CloudControllerManager" => {
+            Api::<crds::CloudControllerManager>::namespaced(client.clone(), ns.as_deref().unwrap_or("default"))
+                .patch(&name, &params, &patch)
+                .await
+                .map(drop)
+        }
+        other => panic!("apply: unexpected kind {other}"),
+    };
+    result.unwrap_or_else(|e| panic!("applying {kind} {name}: {e}"));
+}
+
+async fn deployment_initializes_node(ctx: Arc<Ctx>) {
+    let node_name = ctx.cluster.node_name.clone();
+    let node_ip = ctx.cluster.network.node_ip.to_string();
+    apply(
+        &ctx.client,
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": SECRET, "namespace": CCM_NS},
+            "stringData": {"cloud.conf": cloud_config(&node_name, &node_ip)}}),
+    )
+    .await;
+    let t = Instant::now();
+    apply(
+        &ctx.client,
+        json!({"apiVersion": "ccm.rs/v1alpha1", "kind": "CloudControllerManager",
+            "metadata": {"name": CCM_NAME, "namespace": CCM_NS},
+            "spec": {"provider": "baremetal", "mode": "Deployment",
+                "cloudConfig": {"secretRef": {"name": SECRET}},
+                "deployment": {"replicas": 1}}}),
+    )
+    .await;
+    let workload = format!("ccm-{CCM_NAME}");
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), CCM_NS);
+    wait("the manager Deployment available", Duration::from_secs(120), || async {
+        if let Some(d) = deployment_available(&ctx.client, CCM_NS, &workload).await {
+            return Some(d);
+        }
+        // A crash-looping manager fails fast with its own words.
+        for p in pods.list(&ListParams::default().labels("app.kubernetes.io/name=cloud-controller-manager")).await.ok()?.items {
+            for cs in p.status.and_then(|s| s.container_statuses).unwrap_or_default() {
+                let restarted = cs.restart_count > 0;
+                let message = cs.last_state.and_then(|s| s.terminated).and_then(|t| t.message).unwrap_or_default();
+                assert!(!restarted, "manager Pod {} restarted: {message}", p.metadata.name.unwrap_or_default());
+            }
+        }
+        None
+    })
+    .await;
+    println!("    resource applied to manager Pod available: {:.1} s", t.elapsed().as_secs_f64());
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    let node = wait("the Node initialized", Duration::from_secs(60), || async {
+        let n = nodes.get(&node_name).await.ok()?;
+        let taints = n.spec.as_ref()?.taints.clone().unwrap_or_default();
+        let initialized = n.spec.as_ref()?.provider_id.is_some()
+            && !taints.iter().any(|t| t.key == "node.cloudprovider.kubernetes.io/uninitialized");
+        initialized.then_some(n)
+    })
+    .await;
+    println!("    resource applied to Node initialized: {:.1} s", t.elapsed().as_secs_f64());
+    let labels = node.labels();
+    assert_eq!(labels.get("topology.kubernetes.io/zone").map(String::as_str), Some("zone-a"), "{labels:?}");
+    assert_eq!(labels.get("topology.kubernetes.io/region").map(String::as_str), Some("region-1"), "{labels:?}");
+    assert_eq!(labels.get("node.kubernetes.io/instance-type").map(String::as_str), Some("e2e-small"), "{labels:?}");
+    assert_eq!(node.spec.as_ref().and_then(|s| s.provider_id.as_deref()), Some(format!("baremetal://{node_name}").as_str()));
+    let addresses = node.status.and_then(|s| s.addresses).unwrap_or_default();
+    assert!(addresses.iter().any(|a| a.type_ == "InternalIP" && a.address == node_ip), "{addresses:?}");
+}
+
+/// One HTTP/1.0 GET; the body, or why not.
+fn http_get(addr: &str) -> Result<String, String> {
+    let mut stream = TcpStream::connect_timeout(&addr.parse().map_err(|e| format!("{e}"))?, Duration::from_secs(2))
+        .map_err(|e| e.to_string())?;
+    stream.set_read_timeout(Some(Duration::from_secs(3))).map_err(|e| e.to_string())?;
+    stream.write_all(b"GET / HTTP/1.0\r\nHost: e2e\r\n\r\n").map_err(|e| e.to_string())?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body).map_err(|e| e.to_string())?;
+    Ok(body)
+}
+
+async fn lb_traffic(ctx: Arc<Ctx>) {
+    apply(&ctx.client, json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": APP_NS}})).await;
+    let t = Instant::now();
+    apply(
+        &ctx.client,
+        json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": APP_NS},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
+                "template": {"metadata": {"labels": {"app": "web"}},
+                    "spec": {"containers": [{"name": "web", "image": images::WEB, "imagePullPolicy": "Never",
+                        "command": ["/bin/sh", "-c", "mkdir -p /www && echo \"pod=$POD_NAME\" > /www/index.html && exec httpd -f -p 8080 -h /www"],
+                        "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+                        "ports": [{"containerPort": 8080}],
+                        "readinessProbe": {"httpGet": {"path": "/", "port": 8080}, "periodSeconds": 1}}]}}}}),
+    )
+    .await;
+    apply(
+        &ctx.client,
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": APP_NS},
+            "spec": {"type": "LoadBalancer", "selector": {"app": "web"},
+                "ports": [{"name": "http", "port": SERVICE_PORT, "targetPort": 8080, "protocol": "TCP"}]}}),
+    )
+    .await;
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), APP_NS);
+    let ip = wait("the Service's load-balancer address", Duration::from_secs(60), || async {
+        let s = services.get("web").await.ok()?;
+        s.status?.load_balancer?.ingress?.first()?.ip.clone()
+    })
+    .await;
+    println!("    Service to address {ip}: {:.1} s", t.elapsed().as_secs_f64());
+    wait("the web Deployment available", Duration::from_secs(120), || deployment_available(&ctx.client, APP_NS, "web")).await;
+    let addr = format!("{ip}:{SERVICE_PORT}");
+    let body = wait(&format!("an answer from the web Pod through {addr}"), Duration::from_secs(60), || {
+        let addr = addr.clone();
+        async move { http_get(&addr).ok().filter(|b| b.contains("pod=web-")) }
+    })
+    .await;
+    println!("    Service created to traffic through {addr}: {:.1} s", t.elapsed().as_secs_f64());
+    let started = Instant::now();
+    for _ in 0..20 {
+        let b = http_get(&addr).expect("a request through the load balancer");
+        assert!(b.contains("pod=web-"), "{b}");
+    }
+    println!("    20 requests: {:.1} ms each", started.elapsed().as_secs_f64() * 1000.0 / 20.0);
+    assert!(body.contains("200 OK"), "{body}");
+}
+
+async fn helm_upgrade_and_uninstall(ctx: Arc<Ctx>) {
+    // Another tag of the same image: the operator's pod template changes, so it rolls.
+    let retag = format!("{}-next", images::TAG);
+    let out = Command::new("ctr")
+        .args(["-a", &RealCluster::containerd_socket().to_string_lossy(), "-n", "k8s.io", "images", "tag", "--force"])
+        .arg(format!("{}:{}", images::OPERATOR, images::TAG))
+        .arg(format!("{}:{retag}", images::OPERATOR))
+        .output()
+        .expect("ctr images tag");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let t = Instant::now();
+    let mut args = vec!["upgrade", "ccm-operator", "charts/ccm-operator"];
+    let rest = helm_install_args(&retag);
+    args.extend(rest.iter().map(String::as_str));
+    helm(&ctx, &args);
+    let d = wait("the operator rolled to the new tag", Duration::from_secs(120), || async {
+        let d = deployment_available(&ctx.client, OPERATOR_NS, "ccm-operator").await?;
+        let image = d.spec.as_ref()?.template.spec.as_ref()?.containers.first()?.image.clone()?;
+        image.ends_with(&retag).then_some(d)
+    })
+    .await;
+    println!("    helm upgrade to the new tag available: {:.1} s", t.elapsed().as_secs_f64());
+    assert_eq!(d.status.and_then(|s| s.updated_replicas), Some(1));
+
+    // Uninstall: the resource goes first (its finalizer needs the operator), as docs/helm.md says.
+    let crs: Api<crds::CloudControllerManager> = Api::namespaced(ctx.client.clone(), CCM_NS);
+    let _ = crs.delete(CCM_NAME, &Default::default()).await;
+    wait("the CloudControllerManager gone", Duration::from_secs(60), || async {
+        crs.get_opt(CCM_NAME).await.ok().and_then(|o| o.is_none().then_some(()))
+    })
+    .await;
+    let t = Instant::now();
+    helm(&ctx, &["uninstall", "ccm-operator", "--namespace", OPERATOR_NS]);
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), OPERATOR_NS);
+    wait("the operator Deployment gone", Duration::from_secs(60), || async {
+        deployments.get_opt("ccm-operator").await.ok().and_then(|o| o.is_none().then_some(()))
+    })
+    .await;
+    println!("    helm uninstall to nothing left: {:.1} s", t.elapsed().as_secs_f64());
+    // What Helm keeps by convention: the CRD (crds/ is never deleted by Helm).
+    let crd = ctx.cluster.kubectl_raw(&["get", "crd", "cloudcontrollermanagers.ccm.rs", "-o", "name"]);
+    assert!(crd.is_ok(), "Helm keeps CRDs it installed from crds/");
+    // The garbage collector removes the operator's Pods after their ReplicaSet.
+    let leftovers = || {
+        ctx.cluster
+            .kubectl_raw(&[
+                "get",
+                "all,sa,role,rolebinding,clusterrole,clusterrolebinding,secret,configmap,lease",
+                "-A",
+                "-l",
+                "app.kubernetes.io/instance=ccm-operator",
+                "-o",
+                "name",
+            ])
+            .unwrap_or_default()
+    };
+    let gone = wait_quietly(Duration::from_secs(60), || async { leftovers().trim().is_empty().then_some(()) }).await;
+    assert!(gone.is_some(), "left 60 s after uninstall:\n{}", leftovers());
+    println!("    helm uninstall to nothing of ours left: {:.1} s", t.elapsed().as_secs_f64());
+}
