@@ -45,6 +45,10 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     }),
 ];
 
+/// `CCM_REALCLUSTER_HOLD=SECONDS` keeps the cluster that long after the scenarios (only after
+/// a failure with `CCM_REALCLUSTER_HOLD=failure:SECONDS`), to look at it with kubectl.
+const HOLD_ENV: &str = "CCM_REALCLUSTER_HOLD";
+
 /// The check that runs after the cluster stopped.
 const HOST_CHECK: &str = "host_is_left_as_it_was_found";
 
@@ -155,6 +159,7 @@ fn finish(
     filtered_out: usize,
     started: Instant,
 ) -> ExitCode {
+    hold(&cluster, !failed.is_empty());
     let t = Instant::now();
     let left = cluster.stop();
     print!("test {HOST_CHECK} ... ");
@@ -176,6 +181,27 @@ fn finish(
         started.elapsed().as_secs_f64()
     );
     if failed.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
+
+fn hold(cluster: &RealCluster, failed: bool) {
+    let Ok(value) = std::env::var(HOLD_ENV) else { return };
+    let (only_on_failure, seconds) = match value.strip_prefix("failure:") {
+        Some(rest) => (true, rest),
+        None => (false, value.as_str()),
+    };
+    let Ok(seconds) = seconds.parse::<u64>() else {
+        println!("{HOLD_ENV}={value}: expected SECONDS or failure:SECONDS");
+        return;
+    };
+    if only_on_failure && !failed {
+        return;
+    }
+    println!(
+        "holding the cluster for {seconds} s ({HOLD_ENV}):\n  export KUBECONFIG={} PATH={}:$PATH",
+        cluster.kubeconfig().display(),
+        cluster.assets().display()
+    );
+    std::thread::sleep(Duration::from_secs(seconds));
 }
 
 fn panic_text(e: tokio::task::JoinError) -> String {

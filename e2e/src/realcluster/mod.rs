@@ -575,7 +575,9 @@ mode: iptables
 clusterCIDR: {pods}
 hostnameOverride: {node}
 bindAddress: {ip}
-healthzBindAddress: 127.0.0.1:{healthz}
+# Load balancers health-check Nodes here (kube-proxy's default port), so it is on the node
+# address as in any cluster; never on the host's other interfaces.
+healthzBindAddress: {ip}:10256
 metricsBindAddress: 127.0.0.1:{metrics}
 nodePortAddresses: [\"{ip}/32\"]
 # 0: leave the host's conntrack settings alone (kube-proxy would set them host-wide).
@@ -585,7 +587,6 @@ conntrack: {{maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}}
                 pods = net.pod_cidr(),
                 node = self.node_name,
                 ip = net.node_ip,
-                healthz = free_port()?,
                 metrics = free_port()?,
             ),
         )?;
