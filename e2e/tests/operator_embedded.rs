@@ -135,6 +135,7 @@ e2e_apiserver::backend_tests! {
             allowed: config.allowed_namespaces(),
             registry: config.registry.clone(),
             build: config.build.clone(),
+            environment: config.environment,
             timings: config.timings.clone(),
             engines: engines.clone(),
             trigger,
