@@ -186,8 +186,10 @@ async fn run(flags: RunFlags) -> Result<(), operator::Error> {
     };
     config.http = http;
     config.manage_crd = flags.manage_crd;
-    config.environment =
-        operator::validate::Environment { embedded_enabled: flags.embedded_enabled, host_network: flags.embedded_host_network };
+    config.environment = operator::validate::Environment {
+        embedded_enabled: flags.embedded_enabled,
+        host_network: flags.embedded_host_network,
+    };
     config.timings = Timings {
         degraded_window: flags.degraded_window,
         requeue: flags.resync_period,

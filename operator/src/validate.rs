@@ -444,8 +444,8 @@ impl Default for Environment {
 pub fn runs_proxy_data_path(cr: &CloudControllerManager, secret: &SecretState) -> bool {
     use manager::providers::baremetal::{config, proxy};
     let SecretState::Found { data, .. } = secret else { return false };
-    let service_controller = ControllerSelection::parse(&cr.spec.controllers)
-        .is_ok_and(|s| s.is_enabled(controllers::SERVICE_LB));
+    let service_controller =
+        ControllerSelection::parse(&cr.spec.controllers).is_ok_and(|s| s.is_enabled(controllers::SERVICE_LB));
     cr.spec.provider == "baremetal"
         && service_controller
         && config::parse(data).is_ok_and(|c| c.load_balancer.mode == proxy::Mode::Proxy)
@@ -635,8 +635,12 @@ mod tests {
         let registry = Registry::builtin();
         let disabled = Environment { embedded_enabled: false, host_network: false };
         let doc = b"instances: [{name: n1}]\n";
-        let embedded = cr("a", 1, json!({"provider": "baremetal", "mode": "Embedded",
-            "cloudConfig": {"secretRef": {"name": "cfg"}}}));
+        let embedded = cr(
+            "a",
+            1,
+            json!({"provider": "baremetal", "mode": "Embedded",
+            "cloudConfig": {"secretRef": {"name": "cfg"}}}),
+        );
         let v = check_environment(&embedded, validate(&embedded, &found(doc), &registry, &[]), &found(doc), &disabled);
         assert_eq!(reason_of(&v), reason::EMBEDDED_NOT_ENABLED);
         let (_, message) = v.summary().unwrap();
@@ -648,14 +652,16 @@ mod tests {
         let v = check_environment(&embedded, validate(&embedded, &found(doc), &registry, &[]), &found(doc), &enabled);
         assert!(v.is_valid(), "{v:?}");
         let deployment = cr("a", 1, json!({"provider": "baremetal", "cloudConfig": {"secretRef": {"name": "cfg"}}}));
-        let v = check_environment(&deployment, validate(&deployment, &found(doc), &registry, &[]), &found(doc), &disabled);
+        let v =
+            check_environment(&deployment, validate(&deployment, &found(doc), &registry, &[]), &found(doc), &disabled);
         assert!(v.is_valid(), "{v:?}");
     }
 
     #[test]
     fn a_proxy_data_path_is_refused_where_its_listeners_would_be_unreachable() {
         let registry = Registry::builtin();
-        let proxy = b"instances: [{name: n1}]\nloadBalancer:\n  mode: proxy\n  pools: [{name: lan, cidrs: [10.0.0.0/30]}]\n";
+        let proxy =
+            b"instances: [{name: n1}]\nloadBalancer:\n  mode: proxy\n  pools: [{name: lan, cidrs: [10.0.0.0/30]}]\n";
         let addresses = b"instances: [{name: n1}]\nloadBalancer:\n  pools: [{name: lan, cidrs: [10.0.0.0/30]}]\n";
         let in_pod = Environment { embedded_enabled: true, host_network: false };
         let check = |spec: serde_json::Value, doc: &[u8], env: &Environment| {
@@ -756,7 +762,15 @@ mod tests {
         assert_eq!(r, reason::CLOUD_CONFIG_REJECTED);
         assert!(message.contains("within the limit of 100ms"), "{message}");
         // Within the limit, the verdict is validate's own.
-        let v = validate_bounded(c, found(b"fine"), registry(), Vec::new(), Environment::default(), std::time::Duration::from_secs(5)).await;
+        let v = validate_bounded(
+            c,
+            found(b"fine"),
+            registry(),
+            Vec::new(),
+            Environment::default(),
+            std::time::Duration::from_secs(5),
+        )
+        .await;
         assert!(v.unwrap().is_valid());
     }
 
