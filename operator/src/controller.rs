@@ -19,7 +19,7 @@ use crds::{CloudControllerManager, Mode};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ObjectReference, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -44,7 +44,7 @@ use crate::error::Error;
 use crate::metrics::OperatorMetrics;
 use crate::names;
 use crate::reasons::{self, degraded};
-use crate::status::{self, EngineState, StatusInput, TransientFailures, Workload};
+use crate::status::{self, EngineState, PodsObservation, StatusInput, TransientFailures, Workload};
 use crate::validate::{self, AllowedNamespaces, SecretState, Validation};
 use crate::watch::{self, Scope};
 
@@ -112,6 +112,10 @@ struct Ctx {
     children: ChildStores,
     secrets: Store<PartialObjectMeta<Secret>>,
     leases: Store<Lease>,
+    /// The manager Pods (stripped to their container statuses), for status and teardown.
+    pods: Store<Pod>,
+    /// For each CR (UID), since when the deletion of its manager's RBAC waits for its Pods.
+    teardown_since: Mutex<HashMap<String, std::time::Instant>>,
     secret_reader: SecretReader,
     applier: Arc<Applier>,
     failures: Mutex<HashMap<String, TransientFailures>>,
@@ -291,6 +295,37 @@ pub async fn run(shared: Shared, trigger_rx: mpsc::UnboundedReceiver<ObjectRef<G
             PredicateConfig::default(),
         );
 
+    let (pods, pods_writer) = reflector::store::<Pod>();
+    let seen_pods: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
+    let pod_stream = watch::merged(
+        namespaced_apis::<Pod>(&client, &workload_namespaces),
+        watcher::Config::default().labels(&names::managed_selector()),
+        pods.clone(),
+    )
+    .modify(dereference::strip_pod)
+    .reflect(pods_writer)
+    // Only what status and teardown read is news (not every kubelet heartbeat); a deletion
+    // always is.
+    .filter_map(move |event| {
+        let seen = seen_pods.clone();
+        async move {
+            match event {
+                Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => {
+                    let summary = pod_summary(&p);
+                    let before = lock(&seen).insert(p.uid().unwrap_or_default(), summary);
+                    (before != Some(summary)).then_some(Ok(p))
+                }
+                Ok(watcher::Event::Delete(p)) => {
+                    lock(&seen).remove(&p.uid().unwrap_or_default());
+                    Some(Ok(p))
+                }
+                Ok(_) => None,
+                Err(e) => Some(Err(e)),
+            }
+        }
+    });
+    let crs_for_pods = cr_reader.clone();
+
     let (ready_tx, ready) = tokio::sync::watch::channel(false);
     let ctx = Arc::new(Ctx {
         shared: shared.clone(),
@@ -306,6 +341,8 @@ pub async fn run(shared: Shared, trigger_rx: mpsc::UnboundedReceiver<ObjectRef<G
         },
         secrets,
         leases,
+        pods,
+        teardown_since: Mutex::new(HashMap::new()),
         secret_reader: SecretReader::default(),
         applier,
         failures: Mutex::new(HashMap::new()),
@@ -319,6 +356,7 @@ pub async fn run(shared: Shared, trigger_rx: mpsc::UnboundedReceiver<ObjectRef<G
         gate.children.wait_ready().await;
         let _ = gate.secrets.wait_until_ready().await;
         let _ = gate.leases.wait_until_ready().await;
+        let _ = gate.pods.wait_until_ready().await;
         let _ = ready_tx.send(true);
     });
 
@@ -343,6 +381,9 @@ pub async fn run(shared: Shared, trigger_rx: mpsc::UnboundedReceiver<ObjectRef<G
         .watches_stream(lease_stream, |lease: Lease| {
             Some(ObjectRef::<Guarded>::new(&lease.name_any()).within(&lease.namespace().unwrap_or_default()))
         })
+        .watches_stream(pod_stream, move |pod: Pod| {
+            owner_of_pod(&crs_for_pods, pod.labels().get(names::LABEL_OWNER_UID).map(String::as_str))
+        })
         .reconcile_on(triggers)
         .graceful_shutdown_on(async move { stopped.cancelled().await })
         .run(reconcile, error_policy, ctx)
@@ -358,6 +399,28 @@ pub async fn run(shared: Shared, trigger_rx: mpsc::UnboundedReceiver<ObjectRef<G
 fn owner_annotation(value: Option<&str>) -> Option<ObjectRef<Guarded>> {
     let (ns, name) = value?.split_once('/')?;
     Some(ObjectRef::new(name).within(ns))
+}
+
+/// The CR whose UID a manager Pod's `ccm.rs/owner-uid` label names.
+fn owner_of_pod(crs: &Store<Guarded>, uid: Option<&str>) -> Option<ObjectRef<Guarded>> {
+    let uid = uid?;
+    crs.state().iter().find(|o| o.uid().as_deref() == Some(uid)).map(|o| ObjectRef::from_obj(&**o))
+}
+
+/// A hash of what the operator reads from a manager Pod: its deletion and, per container,
+/// readiness, restarts and state.
+fn pod_summary(pod: &Pod) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    pod.metadata.deletion_timestamp.is_some().hash(&mut h);
+    let statuses = pod.status.as_ref().and_then(|s| s.container_statuses.as_ref());
+    for c in statuses.into_iter().flatten() {
+        (&c.name, c.ready, c.restart_count).hash(&mut h);
+        let state = c.state.as_ref();
+        state.and_then(|s| s.waiting.as_ref()).and_then(|w| w.reason.as_deref()).hash(&mut h);
+        state.is_some_and(|s| s.running.is_some()).hash(&mut h);
+    }
+    h.finish()
 }
 
 /// The CRs in `namespace` whose cloud-config is Secret `name`.
@@ -481,15 +544,60 @@ impl Ctx {
         }
     }
 
-    /// Delete every child of `uid` not in `keep`. Returns the deleted ones and failures.
-    async fn prune(&self, uid: &str, keep: &[ChildKey]) -> (Vec<String>, Vec<(&'static str, String)>) {
+    /// The manager Pods of the CR with UID `uid`, from the cache.
+    fn pods_of(&self, uid: &str) -> Vec<Arc<Pod>> {
+        self.pods
+            .state()
+            .into_iter()
+            .filter(|p| p.labels().get(names::LABEL_OWNER_UID).map(String::as_str) == Some(uid))
+            .collect()
+    }
+
+    /// Whether the manager's RBAC of `uid` must stay for now: its Pods still exist (a stopping
+    /// manager needs its Lease rights to release the Lease) and [`TEARDOWN_GRACE`] has not run
+    /// out since the wait began.
+    fn rbac_must_wait(&self, uid: &str) -> bool {
+        let pods = self.pods_of(uid).len();
+        let mut since = lock(&self.teardown_since);
+        if pods == 0 {
+            since.remove(uid);
+            return false;
+        }
+        let started = *since.entry(uid.to_string()).or_insert_with(std::time::Instant::now);
+        let wait = teardown_waits(pods, started.elapsed());
+        if !wait {
+            since.remove(uid);
+            tracing::warn!(uid, pods, grace = ?TEARDOWN_GRACE, "manager Pods still exist after the grace; deleting their RBAC anyway");
+        }
+        wait
+    }
+
+    /// Delete every child of `uid` not in `keep`: the workload first, then the manager's RBAC,
+    /// but only once the workload's Pods are gone (see [`Ctx::rbac_must_wait`]). Returns the
+    /// deleted ones, failures, and whether RBAC deletion waits for Pods.
+    async fn prune(&self, uid: &str, keep: &[ChildKey]) -> (Vec<String>, Vec<(&'static str, String)>, bool) {
         let mut pruned = Vec::new();
         let mut failures = Vec::new();
-        for key in self.children.owned_by(uid) {
-            if keep.contains(&key) {
-                continue;
-            }
-            match self.applier.delete_owned(&key, uid).await {
+        let (workload, rbac): (Vec<ChildKey>, Vec<ChildKey>) =
+            self.children.owned_by(uid).into_iter().filter(|k| !keep.contains(k)).partition(|k| is_workload(k.kind));
+        self.delete_children(uid, &workload, &mut pruned, &mut failures).await;
+        let waiting = !rbac.is_empty() && self.rbac_must_wait(uid);
+        if !waiting {
+            self.delete_children(uid, &rbac, &mut pruned, &mut failures).await;
+        }
+        (pruned, failures, waiting)
+    }
+
+    /// Delete `keys` (children of `uid`), recording what existed and what failed.
+    async fn delete_children(
+        &self,
+        uid: &str,
+        keys: &[ChildKey],
+        pruned: &mut Vec<String>,
+        failures: &mut Vec<(&'static str, String)>,
+    ) {
+        for key in keys {
+            match self.applier.delete_owned(key, uid).await {
                 Ok(existed) => {
                     self.shared.metrics.write("delete", key.kind.as_str());
                     if existed {
@@ -499,8 +607,24 @@ impl Ctx {
                 Err(e) => failures.push((degraded::APPLY_FAILED, format!("deleting {key}: {e}"))),
             }
         }
-        (pruned, failures)
     }
+}
+
+/// How long the manager's RBAC outlives its workload at most, waiting for its Pods to stop: the
+/// Pods' termination grace (30 s) plus the garbage collector's and the kubelet's delays.
+pub const TEARDOWN_GRACE: Duration = Duration::from_secs(60);
+
+/// How soon a CR whose teardown waits for Pods is looked at again (Pod deletions also wake it).
+const TEARDOWN_RECHECK: Duration = Duration::from_secs(2);
+
+/// Whether RBAC deletion keeps waiting with `pods_left` manager Pods after `waited` (pure).
+pub fn teardown_waits(pods_left: usize, waited: Duration) -> bool {
+    pods_left > 0 && waited < TEARDOWN_GRACE
+}
+
+/// The kinds that run or guard manager Pods, deleted before the RBAC those Pods use.
+fn is_workload(kind: Kind) -> bool {
+    matches!(kind, Kind::Deployment | Kind::DaemonSet | Kind::PodDisruptionBudget)
 }
 
 fn has_finalizer(meta: &ObjectMeta) -> bool {
@@ -554,7 +678,10 @@ async fn reconcile_inner(obj: &Guarded, ctx: &Ctx) -> Result<Action, Error> {
     }
     if meta.deletion_timestamp.is_some() {
         if has_finalizer(meta) {
-            cleanup(ctx, meta, &namespace, &name).await?;
+            if !cleanup(ctx, meta, &namespace, &name).await? {
+                // The manager's Pods are still stopping; they keep their RBAC to release the Lease.
+                return Ok(Action::requeue(TEARDOWN_RECHECK));
+            }
             remove_finalizer(ctx, &namespace, &name, meta).await?;
         }
         return Ok(Action::await_change());
@@ -570,8 +697,11 @@ async fn reconcile_inner(obj: &Guarded, ctx: &Ctx) -> Result<Action, Error> {
     }
 }
 
-/// Remove what ownerReferences cannot (the ClusterRoleBinding) and stop an embedded engine.
-async fn cleanup(ctx: &Ctx, meta: &ObjectMeta, namespace: &str, name: &str) -> Result<(), Error> {
+/// Stop an embedded engine, delete the workload, and once its Pods are gone remove what
+/// ownerReferences cannot (the ClusterRoleBinding). Returns false while the Pods still run: the
+/// garbage collector would otherwise delete the workload and the manager's RBAC at once when the
+/// finalizer goes, and a stopping manager could not release its Lease.
+async fn cleanup(ctx: &Ctx, meta: &ObjectMeta, namespace: &str, name: &str) -> Result<bool, Error> {
     let uid = meta.uid.clone().unwrap_or_default();
     let key = format!("{namespace}/{name}");
     if ctx.shared.engines.stop(&uid).await {
@@ -582,6 +712,26 @@ async fn cleanup(ctx: &Ctx, meta: &ObjectMeta, namespace: &str, name: &str) -> R
             "the CloudControllerManager is being deleted".into(),
             "StopEngine",
         );
+    }
+    let workload: Vec<ChildKey> = ctx.children.owned_by(&uid).into_iter().filter(|k| is_workload(k.kind)).collect();
+    let mut deleted = Vec::new();
+    let mut failures = Vec::new();
+    ctx.delete_children(&uid, &workload, &mut deleted, &mut failures).await;
+    if let Some((_, message)) = failures.first() {
+        ctx.publish(meta, EventType::Warning, reasons::events::CLEANUP_FAILED, message.clone(), "Cleanup");
+        return Err(Error::Cleanup(message.clone()));
+    }
+    if !deleted.is_empty() {
+        ctx.publish(
+            meta,
+            EventType::Normal,
+            reasons::events::PRUNED,
+            format!("deleted {}", deleted.join(", ")),
+            "Cleanup",
+        );
+    }
+    if ctx.rbac_must_wait(&uid) {
+        return Ok(false);
     }
     let mut crbs: Vec<ChildKey> =
         ctx.children.owned_by(&uid).into_iter().filter(|k| k.kind == Kind::ClusterRoleBinding).collect();
@@ -628,8 +778,9 @@ async fn cleanup(ctx: &Ctx, meta: &ObjectMeta, namespace: &str, name: &str) -> R
             "Cleanup",
         );
     }
+    lock(&ctx.teardown_since).remove(&uid);
     tracing::info!(cr = %key, "cleaned up");
-    Ok(())
+    Ok(true)
 }
 
 /// A CR that does not deserialize: say so in status, once.
@@ -748,7 +899,7 @@ async fn reconcile_cr(ctx: &Ctx, cr: &CloudControllerManager, namespace: &str, n
     let secret = dereference_secret(ctx, &input, allowed).await;
     let validation = validate_step(ctx, &input, &secret, allowed).await;
     let outcome = apply_step(ctx, &input, &validation, &secret).await;
-    let (workload, lease) = observe(ctx, &input).await;
+    let (workload, pods, lease) = observe(ctx, &input).await;
     let lease_obs = lease.as_deref().map(|l| dereference::observe_lease(l, &input.now));
 
     // Status.
@@ -762,6 +913,7 @@ async fn reconcile_cr(ctx: &Ctx, cr: &CloudControllerManager, namespace: &str, n
             validation: &validation,
             workload: &workload,
             lease: lease_obs.as_ref(),
+            pods: &pods,
             rollout_started: outcome.rollout_started,
             transient: &failures,
             degraded_window: ctx.shared.timings.degraded_window,
@@ -777,7 +929,11 @@ async fn reconcile_cr(ctx: &Ctx, cr: &CloudControllerManager, namespace: &str, n
     if computed.changed || !outcome.applied.is_empty() || !outcome.pruned.is_empty() {
         tracing::info!(cr = %input.key, applied = outcome.applied.len(), pruned = outcome.pruned.len(), status_written = computed.changed, "reconciled");
     }
-    Ok(Action::requeue(next_look(ctx, &input, &failures, lease.as_deref(), lease_obs.as_ref(), &workload)))
+    let mut next = next_look(ctx, &input, &failures, lease.as_deref(), lease_obs.as_ref(), &workload);
+    if outcome.teardown_waiting {
+        next = next.min(TEARDOWN_RECHECK);
+    }
+    Ok(Action::requeue(next))
 }
 
 /// What every step of one reconcile knows about the CR.
@@ -800,6 +956,8 @@ struct Outcome {
     engine_event: Option<(EventType, &'static str, String)>,
     /// Transient failures of this reconcile: `(Degraded reason, message)`.
     transient: Vec<(&'static str, String)>,
+    /// The manager's RBAC waits for its Pods to stop before it is deleted.
+    teardown_waiting: bool,
 }
 
 /// Read the referenced Secret, only in an allowed namespace (Embedded mode gets its
@@ -896,9 +1054,10 @@ async fn apply_step(ctx: &Ctx, input: &Input<'_>, validation: &Validation, secre
                     format!("started the embedded engine (Lease {})", input.key),
                 ));
             }
-            let (p, f) = ctx.prune(uid, &[]).await;
+            let (p, f, waiting) = ctx.prune(uid, &[]).await;
             out.pruned = p;
             out.transient.extend(f);
+            out.teardown_waiting = waiting;
         }
         (Validation::Valid(v), false) => {
             if ctx.shared.engines.stop(uid).await {
@@ -924,9 +1083,10 @@ async fn apply_step(ctx: &Ctx, input: &Input<'_>, validation: &Validation, secre
                     Err(e) => out.transient.push((degraded::APPLY_FAILED, format!("applying {child}: {e}"))),
                 }
             }
-            let (p, f) = ctx.prune(uid, &keep).await;
+            let (p, f, waiting) = ctx.prune(uid, &keep).await;
             out.pruned = p;
             out.transient.extend(f);
+            out.teardown_waiting = waiting;
         }
         (Validation::Invalid { .. }, false) if conflicting => {
             // Two managers must never run the same controller: stop this one.
@@ -937,9 +1097,10 @@ async fn apply_step(ctx: &Ctx, input: &Input<'_>, validation: &Validation, secre
                     "stopped: conflicts with an older CloudControllerManager".into(),
                 ));
             }
-            let (p, f) = ctx.prune(uid, &[]).await;
+            let (p, f, waiting) = ctx.prune(uid, &[]).await;
             out.pruned = p;
             out.transient.extend(f);
+            out.teardown_waiting = waiting;
         }
         // Invalid otherwise, or unreadable Secret: whatever runs keeps running as it was.
         _ => {}
@@ -947,8 +1108,8 @@ async fn apply_step(ctx: &Ctx, input: &Input<'_>, validation: &Validation, secre
     out
 }
 
-/// The workload (or engine) and the Lease, from the caches.
-async fn observe(ctx: &Ctx, input: &Input<'_>) -> (Workload, Option<Arc<Lease>>) {
+/// The workload (or engine), its Pods and the Lease, from the caches.
+async fn observe(ctx: &Ctx, input: &Input<'_>) -> (Workload, PodsObservation, Option<Arc<Lease>>) {
     let (namespace, name) = (input.namespace, input.name);
     let workload = match input.cr.spec.mode {
         Mode::Embedded => match ctx.shared.engines.state(&input.uid).await {
@@ -967,7 +1128,15 @@ async fn observe(ctx: &Ctx, input: &Input<'_>) -> (Workload, Option<Arc<Lease>>)
             .map_or(Workload::None, |d| Workload::DaemonSet(dereference::observe_daemon_set(&d))),
     };
     let lease = ctx.leases.get(&ObjectRef::new(name).within(namespace));
-    (workload, lease)
+    let pods = match input.cr.spec.mode {
+        // Pods left by a previous mode are the teardown's business, not this status's.
+        Mode::Embedded => PodsObservation::default(),
+        Mode::Deployment | Mode::DaemonSet => {
+            let pods = ctx.pods_of(&input.uid);
+            dereference::observe_pods(pods.iter().map(|p| &**p))
+        }
+    };
+    (workload, pods, lease)
 }
 
 /// Events: ConfigValid transitions, applies, prunes, new transient failures, engine changes.
@@ -1105,6 +1274,18 @@ mod tests {
         assert!(malformed_message(Some(&spec)).ends_with(
             "spec.leaderElection.leaseDuration: invalid duration; expected a Go duration such as 15s or 1m30s"
         ));
+    }
+
+    #[test]
+    fn the_managers_rbac_waits_for_its_pods_but_not_beyond_the_grace() {
+        assert!(!teardown_waits(0, Duration::ZERO), "no Pods: delete at once");
+        assert!(teardown_waits(2, Duration::from_secs(5)));
+        assert!(teardown_waits(1, TEARDOWN_GRACE - Duration::from_millis(1)));
+        assert!(!teardown_waits(1, TEARDOWN_GRACE), "bounded");
+        for kind in Kind::ALL {
+            let rbac = matches!(kind, Kind::ServiceAccount | Kind::ClusterRoleBinding | Kind::RoleBinding | Kind::Role);
+            assert_eq!(is_workload(kind), !rbac, "{kind}");
+        }
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::time::Duration;
 use crds::CloudControllerManager;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::PartialObjectMeta;
 use kube::core::DeserializeGuard;
@@ -20,7 +20,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, ResourceExt};
 use manager::registry::Registry;
 
-use crate::status::{DaemonSetObservation, DeploymentObservation, LeaseObservation};
+use crate::status::{DaemonSetObservation, DeploymentObservation, FailingContainer, LeaseObservation, PodsObservation};
 use crate::validate::{Peer, SecretState};
 
 /// How far a Lease's renew time may lag the operator's clock before the holder counts as gone,
@@ -171,6 +171,80 @@ pub fn observe_daemon_set(d: &DaemonSet) -> DaemonSetObservation {
     }
 }
 
+/// Waiting reasons of a container that cannot start (the kubelet retries, with backoff).
+const CANNOT_START: [&str; 6] = [
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+];
+
+/// What the manager Pods' container statuses say (pure): crash loops (`CrashLoopBackOff`, or
+/// restarted and not ready) and containers that cannot start. Pods being deleted are left out.
+pub fn observe_pods<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> PodsObservation {
+    use crate::reasons::degraded;
+    let mut out = PodsObservation::default();
+    for pod in pods {
+        if pod.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        out.pods += 1;
+        let pod_name = pod.metadata.name.clone().unwrap_or_default();
+        let statuses = pod.status.as_ref().and_then(|s| s.container_statuses.as_ref());
+        for c in statuses.into_iter().flatten() {
+            let waiting = c.state.as_ref().and_then(|s| s.waiting.as_ref()).and_then(|w| w.reason.clone());
+            let running = c.state.as_ref().is_some_and(|s| s.running.is_some());
+            let last_exit = c.last_state.as_ref().and_then(|s| s.terminated.as_ref()).map(|t| {
+                let reason = t.reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default();
+                format!(", last exit code {}{reason}", t.exit_code)
+            });
+            let restarts = format!("{} restart{}", c.restart_count, if c.restart_count == 1 { "" } else { "s" });
+            let reason = match waiting.as_deref() {
+                Some("CrashLoopBackOff") => Some(degraded::MANAGER_CRASH_LOOPING),
+                Some(w) if CANNOT_START.contains(&w) => Some(degraded::MANAGER_CANNOT_START),
+                // Restarted and down again; one running but not ready yet (just restarted,
+                // probes pending) is not flagged, so one restart does not flap Degraded.
+                _ if c.restart_count > 0 && !c.ready && !running => Some(degraded::MANAGER_CRASH_LOOPING),
+                _ => None,
+            };
+            if let Some(reason) = reason {
+                let state = waiting.unwrap_or_else(|| "not ready".to_string());
+                out.failing.push(FailingContainer {
+                    name: format!("{pod_name}/{}", c.name),
+                    reason,
+                    detail: format!("{state}, {restarts}{}", last_exit.unwrap_or_default()),
+                });
+            }
+        }
+    }
+    out.failing.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
+/// Keep of a manager Pod only what [`observe_pods`] and the teardown need: its identity,
+/// labels, deletion and container statuses (no spec, no image IDs, no conditions).
+pub fn strip_pod(pod: &mut Pod) {
+    use k8s_openapi::api::core::v1::{ContainerStatus, PodStatus};
+    pod.spec = None;
+    pod.metadata.managed_fields = None;
+    pod.metadata.annotations = None;
+    let statuses = pod.status.take().and_then(|s| s.container_statuses).map(|cs| {
+        cs.into_iter()
+            .map(|c| ContainerStatus {
+                name: c.name,
+                ready: c.ready,
+                restart_count: c.restart_count,
+                state: c.state,
+                last_state: c.last_state,
+                ..Default::default()
+            })
+            .collect()
+    });
+    pod.status = Some(PodStatus { container_statuses: statuses, ..Default::default() });
+}
+
 /// `namespace/name` of a CR.
 pub fn cr_key(cr: &impl ResourceExt) -> String {
     format!("{}/{}", cr.namespace().unwrap_or_default(), cr.name_any())
@@ -225,5 +299,77 @@ mod tests {
         let o = observe_deployment(&d);
         assert!(o.deadline_exceeded);
         assert_eq!((o.desired, o.updated, o.available), (2, 1, 1));
+    }
+
+    fn pod(name: &str, container: serde_json::Value) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "status": {"containerStatuses": [container]},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn pods_report_crash_loops_and_start_failures_but_not_a_fresh_restart() {
+        use crate::reasons::degraded;
+        let crash = pod(
+            "a",
+            serde_json::json!({"name": "m", "image": "i", "imageID": "", "ready": false,
+            "restartCount": 3, "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "message": "SECRET"}}}),
+        );
+        let down_again = pod(
+            "b",
+            serde_json::json!({"name": "m", "image": "i", "imageID": "", "ready": false,
+            "restartCount": 1, "state": {"terminated": {"exitCode": 2}}}),
+        );
+        let pull = pod(
+            "c",
+            serde_json::json!({"name": "m", "image": "i", "imageID": "", "ready": false,
+            "restartCount": 0, "state": {"waiting": {"reason": "ImagePullBackOff"}}}),
+        );
+        let restarted_running = pod(
+            "d",
+            serde_json::json!({"name": "m", "image": "i", "imageID": "", "ready": false,
+            "restartCount": 1, "state": {"running": {}}}),
+        );
+        let healthy = pod(
+            "e",
+            serde_json::json!({"name": "m", "image": "i", "imageID": "", "ready": true,
+            "restartCount": 4, "state": {"running": {}}}),
+        );
+        let mut deleting = crash.clone();
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now()));
+        let o = observe_pods([&crash, &down_again, &pull, &restarted_running, &healthy, &deleting]);
+        assert_eq!(o.pods, 5);
+        let got: Vec<(&str, &str)> = o.failing.iter().map(|f| (f.name.as_str(), f.reason)).collect();
+        assert_eq!(
+            got,
+            [
+                ("a/m", degraded::MANAGER_CRASH_LOOPING),
+                ("b/m", degraded::MANAGER_CRASH_LOOPING),
+                ("c/m", degraded::MANAGER_CANNOT_START)
+            ]
+        );
+        assert_eq!(o.failing[0].detail, "CrashLoopBackOff, 3 restarts, last exit code 1 (Error)");
+        assert!(o.failing.iter().all(|f| !f.detail.contains("SECRET")), "termination messages are never copied");
+    }
+
+    #[test]
+    fn stripped_pods_keep_only_what_status_reads() {
+        let mut p = pod(
+            "a",
+            serde_json::json!({"name": "m", "image": "registry/x", "imageID": "sha", "ready": true,
+            "restartCount": 2, "state": {"running": {}}}),
+        );
+        p.spec = Some(Default::default());
+        p.metadata.annotations = Some([("a".to_string(), "b".to_string())].into());
+        let before = observe_pods([&p]);
+        strip_pod(&mut p);
+        assert!(p.spec.is_none() && p.metadata.annotations.is_none());
+        let c = &p.status.as_ref().unwrap().container_statuses.as_ref().unwrap()[0];
+        assert_eq!((c.image.as_str(), c.restart_count, c.ready), ("", 2, true));
+        assert_eq!(observe_pods([&p]), before);
     }
 }

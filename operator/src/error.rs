@@ -28,6 +28,9 @@ pub enum Error {
     /// The configuration is unusable.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// Deleting a resource's children on its deletion failed (retried; the finalizer stays).
+    #[error("cleanup: {0}")]
+    Cleanup(String),
 }
 
 impl Error {
@@ -43,6 +46,7 @@ impl Error {
             Error::CrdNotEstablished(_) => "crd_not_established",
             Error::Wait { .. } => "wait",
             Error::Config(_) => "config",
+            Error::Cleanup(_) => "cleanup",
         }
     }
 }

@@ -66,9 +66,12 @@ pub mod available {
     pub const NO_LEADER: &str = "NoLeader";
     /// False: the embedded engine is not running.
     pub const ENGINE_NOT_RUNNING: &str = "EngineNotRunning";
+    /// False: the DaemonSet matches no Node (its nodeSelector and tolerations select none).
+    pub const NO_MATCHING_NODES: &str = "NoMatchingNodes";
 
     /// Every reason of `Available`.
-    pub const ALL: [&str; 5] = [AS_EXPECTED, NOT_DEPLOYED, NO_AVAILABLE_REPLICAS, NO_LEADER, ENGINE_NOT_RUNNING];
+    pub const ALL: [&str; 6] =
+        [AS_EXPECTED, NOT_DEPLOYED, NO_AVAILABLE_REPLICAS, NO_LEADER, ENGINE_NOT_RUNNING, NO_MATCHING_NODES];
 }
 
 /// Reasons of `Progressing`.
@@ -98,19 +101,34 @@ pub mod degraded {
     pub const APPLY_FAILED: &str = "ApplyFailed";
     /// True after the failure window: reading the cloud-config Secret keeps failing.
     pub const SECRET_UNREADABLE: &str = "SecretUnreadable";
+    /// True at once: a manager container is in CrashLoopBackOff, or restarted and is not ready.
+    pub const MANAGER_CRASH_LOOPING: &str = "ManagerCrashLooping";
+    /// True at once: a manager container cannot start (image pull or container creation fails).
+    pub const MANAGER_CANNOT_START: &str = "ManagerCannotStart";
 
     /// Every reason of `Degraded`.
-    pub const ALL: [&str; 6] =
-        [AS_EXPECTED, CONFIG_INVALID, ROLLOUT_STALLED, ENGINE_FAILED, APPLY_FAILED, SECRET_UNREADABLE];
+    pub const ALL: [&str; 8] = [
+        AS_EXPECTED,
+        CONFIG_INVALID,
+        ROLLOUT_STALLED,
+        ENGINE_FAILED,
+        APPLY_FAILED,
+        SECRET_UNREADABLE,
+        MANAGER_CRASH_LOOPING,
+        MANAGER_CANNOT_START,
+    ];
 }
 
 /// Reasons of `ProviderHealthy` that the operator itself writes.
 pub mod provider_healthy {
     /// Unknown: the manager (or embedded engine) has not reported provider health yet.
     pub const AWAITING_MANAGER: &str = "AwaitingManager";
+    /// Unknown: no manager runs (no ready replica and no fresh Lease holder, or the embedded
+    /// engine is not running), so the last report no longer holds.
+    pub const NO_MANAGER_RUNNING: &str = "NoManagerRunning";
 
     /// Every reason of `ProviderHealthy` the operator writes.
-    pub const ALL: [&str; 1] = [AWAITING_MANAGER];
+    pub const ALL: [&str; 2] = [AWAITING_MANAGER, NO_MANAGER_RUNNING];
 }
 
 /// Reasons of Kubernetes Events the operator publishes on a CloudControllerManager.

@@ -59,6 +59,27 @@ pub struct DaemonSetObservation {
     pub available: i32,
 }
 
+/// A manager container that does not run as it should.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailingContainer {
+    /// `pod/container`.
+    pub name: String,
+    /// The `Degraded` reason: [`degraded::MANAGER_CRASH_LOOPING`] or
+    /// [`degraded::MANAGER_CANNOT_START`].
+    pub reason: &'static str,
+    /// What the kubelet reports (state, restarts, last exit code); never the container's output.
+    pub detail: String,
+}
+
+/// What the Pods of the manager workload report (Deployment and DaemonSet modes).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodsObservation {
+    /// Pods not being deleted.
+    pub pods: i32,
+    /// Containers that crash-loop or cannot start, sorted by name.
+    pub failing: Vec<FailingContainer>,
+}
+
 /// The embedded engine's state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EngineState {
@@ -112,6 +133,8 @@ pub struct StatusInput<'a> {
     pub workload: &'a Workload,
     /// The Lease, if it exists.
     pub lease: Option<&'a LeaseObservation>,
+    /// The manager Pods (empty in Embedded mode, and where no kubelet runs them).
+    pub pods: &'a PodsObservation,
     /// Whether this reconcile started a new rollout (new or changed pod template, or an
     /// embedded engine (re)start for a spec or Secret change).
     pub rollout_started: bool,
@@ -189,11 +212,27 @@ pub fn compute(input: &StatusInput<'_>) -> ComputedStatus {
         progressing_condition(input, &existing),
         degraded_condition(input),
     ];
-    let owns_provider_healthy = match conditions::find(&existing.conditions, types::PROVIDER_HEALTHY) {
-        None => true,
-        Some(c) => c.reason == provider_healthy::AWAITING_MANAGER,
-    };
-    if owns_provider_healthy {
+    // With no manager running, a report it made no longer holds: say so (taking the condition
+    // over from the manager, which takes it back when it reports again). Before any report,
+    // AwaitingManager already says as much.
+    let reported = conditions::find(&existing.conditions, types::PROVIDER_HEALTHY)
+        .is_some_and(|c| c.reason != provider_healthy::AWAITING_MANAGER);
+    let no_manager = no_manager_running(input).filter(|_| reported);
+    let owns_provider_healthy = no_manager.is_some()
+        || match conditions::find(&existing.conditions, types::PROVIDER_HEALTHY) {
+            None => true,
+            Some(c) => {
+                c.reason == provider_healthy::AWAITING_MANAGER || c.reason == provider_healthy::NO_MANAGER_RUNNING
+            }
+        };
+    if let Some(message) = no_manager {
+        desired.push(DesiredCondition::new(
+            types::PROVIDER_HEALTHY,
+            Status::Unknown,
+            provider_healthy::NO_MANAGER_RUNNING,
+            message,
+        ));
+    } else if owns_provider_healthy {
         desired.push(DesiredCondition::new(
             types::PROVIDER_HEALTHY,
             Status::Unknown,
@@ -230,6 +269,25 @@ pub fn compute(input: &StatusInput<'_>) -> ComputedStatus {
     };
     let changed = differs(&status, &existing);
     ComputedStatus { status, owns_provider_healthy, changed }
+}
+
+/// Why no manager can be reporting provider health, or `None` when one may be: no replica is
+/// ready and no holder renews the Lease (a crash-looping or unschedulable manager), or the
+/// embedded engine is not running. With nothing deployed the condition is left as it is.
+fn no_manager_running(input: &StatusInput<'_>) -> Option<String> {
+    let leader = input.lease.is_some_and(|l| l.fresh && l.holder.as_deref().is_some_and(|h| !h.is_empty()));
+    let why = match input.workload {
+        Workload::None => return None,
+        Workload::Embedded(EngineState::Running) => return None,
+        Workload::Embedded(_) => "the embedded engine is not running".to_string(),
+        Workload::Deployment(d) if d.ready == 0 => format!("no manager replica is ready (0 of {})", d.desired),
+        Workload::DaemonSet(d) if d.ready == 0 => format!("no manager pod is ready (0 of {})", d.desired),
+        Workload::Deployment(_) | Workload::DaemonSet(_) => return None,
+    };
+    if leader {
+        return None;
+    }
+    Some(format!("{why} and no manager holds Lease {}, so nothing reports provider health", lease_name(input.cr)))
 }
 
 /// Whether `desired` changes anything in `existing`. Fields the operator leaves unset are not
@@ -295,6 +353,9 @@ fn available_condition(input: &StatusInput<'_>) -> DesiredCondition {
             return cond(Status::False, available::NOT_DEPLOYED, why);
         }
         Workload::Deployment(d) => (d.available > 0, format!("{} of {} replicas available", d.available, d.desired)),
+        Workload::DaemonSet(d) if d.desired == 0 && d.observed_generation >= d.generation => {
+            return cond(Status::False, available::NO_MATCHING_NODES, no_matching_nodes(input.cr));
+        }
         Workload::DaemonSet(d) => (d.available > 0, format!("{} of {} pods available", d.available, d.desired)),
         Workload::Embedded(state) => {
             if *state != EngineState::Running {
@@ -314,6 +375,17 @@ fn available_condition(input: &StatusInput<'_>) -> DesiredCondition {
         Ok(holder) => cond(Status::True, available::AS_EXPECTED, format!("{what}; {holder} leads")),
         Err((reason, message)) => cond(Status::False, reason, format!("{what}, but {message}")),
     }
+}
+
+/// The `NoMatchingNodes` message: the selector the pods use, and how to widen it.
+fn no_matching_nodes(cr: &CloudControllerManager) -> String {
+    let d = &cr.spec.deployment;
+    let selector = d.node_selector.clone().unwrap_or_else(crate::build::control_plane_selector);
+    let selector = selector.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
+    let which = if d.node_selector.is_some() { "spec.deployment.nodeSelector" } else { "the default nodeSelector" };
+    format!(
+        "the DaemonSet matches no Node (0 pods scheduled): no schedulable Node has the labels of {which} ({selector}) with taints that spec.deployment.tolerations and the built-in tolerations allow; label the Nodes that should run the manager, or set spec.deployment.nodeSelector and tolerations"
+    )
 }
 
 fn progressing_condition(input: &StatusInput<'_>, existing: &CloudControllerManagerStatus) -> DesiredCondition {
@@ -393,6 +465,22 @@ fn degraded_condition(input: &StatusInput<'_>) -> DesiredCondition {
         Workload::Embedded(EngineState::Failed(m)) => causes.push((degraded::ENGINE_FAILED, m.clone())),
         _ => {}
     }
+    // At once: the kubelet already waited (CrashLoopBackOff, ImagePullBackOff), and each
+    // failing container is named.
+    if !matches!(input.workload, Workload::Embedded(_) | Workload::None) {
+        for reason in [degraded::MANAGER_CRASH_LOOPING, degraded::MANAGER_CANNOT_START] {
+            let details: Vec<String> = input
+                .pods
+                .failing
+                .iter()
+                .filter(|f| f.reason == reason)
+                .map(|f| format!("{}: {}", f.name, f.detail))
+                .collect();
+            if !details.is_empty() {
+                causes.push((reason, details.join(", ")));
+            }
+        }
+    }
     let persisted = input.transient.since.as_ref().is_some_and(|since| {
         let elapsed = Duration::try_from(input.now.0.duration_since(since.0)).unwrap_or_default();
         elapsed >= input.degraded_window
@@ -461,13 +549,21 @@ mod tests {
         cr: CloudControllerManager,
         validation: Validation,
         lease: Option<LeaseObservation>,
+        pods: PodsObservation,
         transient: TransientFailures,
         now: i64,
     }
 
     impl Run {
         fn new(mode: &str) -> Self {
-            Self { cr: cr(mode), validation: valid(), lease: Some(leader()), transient: Default::default(), now: 100 }
+            Self {
+                cr: cr(mode),
+                validation: valid(),
+                lease: Some(leader()),
+                pods: PodsObservation::default(),
+                transient: Default::default(),
+                now: 100,
+            }
         }
 
         /// Compute, store the result on the CR as the API server would, and return it.
@@ -477,6 +573,7 @@ mod tests {
                 validation: &self.validation,
                 workload: &workload,
                 lease: self.lease.as_ref(),
+                pods: &self.pods,
                 rollout_started,
                 transient: &self.transient,
                 degraded_window: Duration::from_secs(120),
@@ -728,5 +825,99 @@ mod tests {
         let t = TransientFailures { since: Some(at(100)), causes: vec![] };
         assert_eq!(requeue_for_degraded(&t, Duration::from_secs(120), &at(150)), Some(Duration::from_secs(70)));
         assert_eq!(requeue_for_degraded(&t, Duration::from_secs(120), &at(300)), None);
+    }
+
+    fn crash_looping() -> PodsObservation {
+        PodsObservation {
+            pods: 2,
+            failing: vec![FailingContainer {
+                name: "ccm-aws-1/cloud-controller-manager".into(),
+                reason: degraded::MANAGER_CRASH_LOOPING,
+                detail: "CrashLoopBackOff, 3 restarts, last exit code 1 (Error)".into(),
+            }],
+        }
+    }
+
+    #[test]
+    fn a_crash_looping_manager_is_degraded_at_once_and_provider_health_stops_claiming_health() {
+        let mut r = Run::new("Deployment");
+        r.step(deploy(2, 2, 2, 2), false);
+        // The manager reported health, then its pods crash-loop: no replica ready, no leader.
+        let mut healthy = r.cond(types::PROVIDER_HEALTHY);
+        (healthy.status, healthy.reason) = ("True".into(), "Healthy".into());
+        r.cr.status.as_mut().unwrap().conditions.retain(|c| c.type_ != types::PROVIDER_HEALTHY);
+        r.cr.status.as_mut().unwrap().conditions.push(healthy);
+        r.lease = Some(LeaseObservation { holder: Some("pod-a".into()), fresh: false });
+        r.pods = crash_looping();
+        let out = r.step(deploy(2, 2, 2, 0), false);
+        // No transient window: the kubelet's back-off already is one.
+        let degraded = r.cond(types::DEGRADED);
+        assert_eq!((degraded.status.as_str(), degraded.reason.as_str()), ("True", degraded::MANAGER_CRASH_LOOPING));
+        assert!(degraded.message.contains("ccm-aws-1/cloud-controller-manager: CrashLoopBackOff, 3 restarts"));
+        let health = r.cond(types::PROVIDER_HEALTHY);
+        assert_eq!((health.status.as_str(), health.reason.as_str()), ("Unknown", provider_healthy::NO_MANAGER_RUNNING));
+        assert!(out.owns_provider_healthy, "the operator takes the condition over");
+        assert!(
+            out.apply_body()["status"]["conditions"].as_array().unwrap().iter().any(|c| c["type"] == "ProviderHealthy")
+        );
+        assert_eq!(r.cond(types::READY).status, "False");
+        // Recovered: a replica is ready and leads; Degraded clears, the operator waits for a report.
+        r.pods = PodsObservation { pods: 2, failing: Vec::new() };
+        r.lease = Some(leader());
+        r.step(deploy(2, 2, 2, 2), false);
+        assert_eq!(r.cond(types::DEGRADED).status, "False");
+        assert_eq!(r.cond(types::PROVIDER_HEALTHY).reason, provider_healthy::AWAITING_MANAGER);
+    }
+
+    #[test]
+    fn a_running_manager_keeps_its_provider_health_even_with_no_replica_ready() {
+        // Readiness failing while the leader still renews: the manager reports, leave it alone.
+        let mut r = Run::new("Deployment");
+        r.step(deploy(2, 2, 2, 2), false);
+        let mut healthy = r.cond(types::PROVIDER_HEALTHY);
+        (healthy.status, healthy.reason) = ("True".into(), "Healthy".into());
+        r.cr.status.as_mut().unwrap().conditions.retain(|c| c.type_ != types::PROVIDER_HEALTHY);
+        r.cr.status.as_mut().unwrap().conditions.push(healthy);
+        let out = r.step(deploy(2, 2, 2, 0), false);
+        assert!(!out.owns_provider_healthy);
+        assert_eq!(r.cond(types::PROVIDER_HEALTHY).reason, "Healthy");
+        // Nothing deployed (an invalid spec leaves a previous manager running): left alone too.
+        let out = r.step(Workload::None, false);
+        assert!(!out.owns_provider_healthy);
+    }
+
+    #[test]
+    fn a_manager_that_cannot_start_is_degraded_with_its_own_reason() {
+        let mut r = Run::new("DaemonSet");
+        r.pods = PodsObservation {
+            pods: 1,
+            failing: vec![FailingContainer {
+                name: "ccm-aws-x/cloud-controller-manager".into(),
+                reason: degraded::MANAGER_CANNOT_START,
+                detail: "ImagePullBackOff, 0 restarts".into(),
+            }],
+        };
+        r.lease = None;
+        r.step(daemonset(1, 1, 1, 0), false);
+        assert_eq!(r.cond(types::DEGRADED).reason, degraded::MANAGER_CANNOT_START);
+        // Never reported: still awaited, not "no longer running".
+        assert_eq!(r.cond(types::PROVIDER_HEALTHY).reason, provider_healthy::AWAITING_MANAGER);
+    }
+
+    #[test]
+    fn a_daemonset_that_matches_no_node_says_so() {
+        let mut r = Run::new("DaemonSet");
+        r.step(daemonset(0, 0, 0, 0), false);
+        let available = r.cond(types::AVAILABLE);
+        assert_eq!((available.status.as_str(), available.reason.as_str()), ("False", available::NO_MATCHING_NODES));
+        assert!(available.message.contains("node-role.kubernetes.io/control-plane"), "{}", available.message);
+        assert!(available.message.contains("nodeSelector") && available.message.contains("tolerations"));
+        // Not before the DaemonSet controller has looked at this generation.
+        let mut fresh = daemonset(0, 0, 0, 0);
+        if let Workload::DaemonSet(d) = &mut fresh {
+            d.generation = 2;
+        }
+        r.step(fresh, false);
+        assert_eq!(r.cond(types::AVAILABLE).reason, available::NO_AVAILABLE_REPLICAS);
     }
 }

@@ -442,7 +442,7 @@ class Render(unittest.TestCase):
         for group, resource in [("", "secrets"), ("coordination.k8s.io", "leases"), ("apps", "deployments"),
                                 ("apps", "daemonsets"), ("", "serviceaccounts"),
                                 ("rbac.authorization.k8s.io", "rolebindings"), ("rbac.authorization.k8s.io", "roles"),
-                                ("policy", "poddisruptionbudgets")]:
+                                ("policy", "poddisruptionbudgets"), ("", "pods")]:
             with self.subTest(cluster_wide=resource):
                 self.assertEqual(verbs_for(rules, group, resource), set())
         # `bind` on the cluster-wide manager ClusterRole and nothing else.
@@ -476,6 +476,8 @@ class Render(unittest.TestCase):
                                         ("rbac.authorization.k8s.io", "roles"), ("policy", "poddisruptionbudgets")]:
                     self.assertLessEqual({"get", "list", "watch", "create", "patch", "delete"},
                                          verbs_for(rules, group, resource), resource)
+                # The manager Pods: read-only, for status and an orderly teardown.
+                self.assertEqual(verbs_for(rules, "", "pods"), {"list", "watch"})
                 # Lease writes only so it may grant a manager its own Lease; never create or delete.
                 self.assertEqual(verbs_for(rules, "coordination.k8s.io", "leases"),
                                  {"get", "list", "watch", "update", "patch"})
