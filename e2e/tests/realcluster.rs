@@ -40,6 +40,20 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         Box::pin(deployment_initializes_node(c))
     }),
     ("load_balancer_address_carries_traffic_from_the_host_to_a_pod", |c| Box::pin(lb_traffic(c))),
+    ("two_replicas_on_one_node_one_leads_and_a_leader_delete_hands_over_while_traffic_continues", |c| {
+        Box::pin(leader_handover(c))
+    }),
+    ("pod_template_change_rolls_out_on_one_node_with_the_default_two_replicas", |c| Box::pin(rollout_one_node(c))),
+    ("cloud_config_rotation_reaches_the_pods_pool_edits_reload_other_edits_roll", |c| Box::pin(rotation(c))),
+    ("operator_and_manager_metrics_are_scraped_with_the_metrics_reader_token", |c| Box::pin(metrics(c))),
+    ("daemonset_mode_replaces_the_deployment_and_keeps_carrying_traffic", |c| Box::pin(to_daemonset(c))),
+    ("embedded_mode_with_proxy_is_refused_before_anything_is_torn_down", |c| Box::pin(embedded_proxy_refused(c))),
+    ("embedded_mode_runs_in_the_operator_and_the_garbage_collector_removes_the_daemonset", |c| {
+        Box::pin(to_embedded(c))
+    }),
+    ("deleting_the_resource_removes_every_child_and_its_finalizer_and_releases_the_lease", |c| {
+        Box::pin(delete_resource(c))
+    }),
     ("helm_upgrade_to_another_tag_rolls_the_operator_and_uninstall_leaves_only_helms_keeps", |c| {
         Box::pin(helm_upgrade_and_uninstall(c))
     }),
@@ -241,6 +255,9 @@ async fn prepare(cluster: &RealCluster) -> Result<Client, String> {
     let web = out.join("web.tar");
     images::build_web(Path::new("/bin/busybox"), &web).map_err(|e| e.to_string())?;
     archives.push(web);
+    let curl = out.join("curl.tar");
+    images::build_curl(Path::new("/usr/bin/curl"), &curl).map_err(|e| e.to_string())?;
+    archives.push(curl);
     for a in &archives {
         images::import(a).map_err(|e| e.to_string())?;
     }
@@ -539,7 +556,8 @@ async fn helm_upgrade_and_uninstall(ctx: Arc<Ctx>) {
     println!("    helm upgrade to the new tag available: {:.1} s", t.elapsed().as_secs_f64());
     assert_eq!(d.status.and_then(|s| s.updated_replicas), Some(1));
 
-    // Uninstall: the resource goes first (its finalizer needs the operator), as docs/helm.md says.
+    // Uninstall: resources go first (their finalizer needs the operator), as docs/helm.md says;
+    // the deletion scenario removed the last one.
     let crs: Api<crds::CloudControllerManager> = Api::namespaced(ctx.client.clone(), CCM_NS);
     let _ = crs.delete(CCM_NAME, &Default::default()).await;
     wait("the CloudControllerManager gone", Duration::from_secs(60), || async {
@@ -574,4 +592,407 @@ async fn helm_upgrade_and_uninstall(ctx: Arc<Ctx>) {
     let gone = wait_quietly(Duration::from_secs(60), || async { leftovers().trim().is_empty().then_some(()) }).await;
     assert!(gone.is_some(), "left 60 s after uninstall:\n{}", leftovers());
     println!("    helm uninstall to nothing of ours left: {:.1} s", t.elapsed().as_secs_f64());
+}
+
+/// The CloudControllerManager's spec with the given mode and deployment settings.
+fn ccm_spec(mode: &str, deployment: serde_json::Value) -> serde_json::Value {
+    json!({"apiVersion": "ccm.rs/v1alpha1", "kind": "CloudControllerManager",
+        "metadata": {"name": CCM_NAME, "namespace": CCM_NS},
+        "spec": {"provider": "baremetal", "mode": mode,
+            "cloudConfig": {"secretRef": {"name": SECRET}},
+            "deployment": deployment}})
+}
+
+fn manager_selector() -> ListParams {
+    ListParams::default().labels("app.kubernetes.io/name=cloud-controller-manager")
+}
+
+fn is_ready(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        && p.metadata.deletion_timestamp.is_none()
+}
+
+async fn manager_pods(ctx: &Ctx) -> Vec<Pod> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), CCM_NS);
+    pods.list(&manager_selector()).await.map(|l| l.items).unwrap_or_default()
+}
+
+async fn lease_holder(ctx: &Ctx) -> Option<String> {
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(ctx.client.clone(), CCM_NS);
+    leases.get_opt(CCM_NAME).await.ok()??.spec?.holder_identity.filter(|h| !h.is_empty())
+}
+
+async fn lb_address(ctx: &Ctx) -> String {
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), APP_NS);
+    let s = services.get("web").await.expect("the web Service");
+    let ip = s.status.and_then(|s| s.load_balancer).and_then(|l| l.ingress).and_then(|i| i.first()?.ip.clone());
+    format!("{}:{SERVICE_PORT}", ip.expect("the web Service's address"))
+}
+
+/// Sends a request every 50 ms until stopped; returns (requests, failures, longest run of
+/// failures in seconds).
+fn traffic(addr: String, stop: Arc<std::sync::atomic::AtomicBool>) -> std::thread::JoinHandle<(u32, u32, f64)> {
+    std::thread::spawn(move || {
+        let (mut total, mut failures, mut longest) = (0u32, 0u32, 0f64);
+        let mut failing_since: Option<Instant> = None;
+        while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+            total += 1;
+            let ok = http_get(&addr).is_ok_and(|b| b.contains("pod=web-"));
+            match (ok, failing_since) {
+                (true, Some(since)) => {
+                    longest = longest.max(since.elapsed().as_secs_f64());
+                    failing_since = None;
+                }
+                (false, None) => {
+                    failures += 1;
+                    failing_since = Some(Instant::now());
+                }
+                (false, Some(_)) => failures += 1,
+                (true, None) => {}
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if let Some(since) = failing_since {
+            longest = longest.max(since.elapsed().as_secs_f64());
+        }
+        (total, failures, longest)
+    })
+}
+
+async fn leader_handover(ctx: Arc<Ctx>) {
+    apply(&ctx.client, ccm_spec("Deployment", json!({"replicas": 2}))).await;
+    // Host network on one Node: the second replica cannot have the port and waits Pending.
+    // A host-network Pod's identity is the Node's host name and a UUID (upstream's format), so
+    // the leader is the one Ready Pod and a handover shows as a new identity.
+    let (leader, holder) = wait("one Ready manager leading, the other Pending", Duration::from_secs(90), || async {
+        let pods = manager_pods(&ctx).await;
+        let ready: Vec<&Pod> = pods.iter().filter(|p| is_ready(p)).collect();
+        let pending = pods.iter().filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Pending")).count();
+        let holder = lease_holder(&ctx).await?;
+        (pods.len() == 2 && ready.len() == 1 && pending == 1).then(|| (ready[0].name_any(), holder))
+    })
+    .await;
+    let addr = lb_address(&ctx).await;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = traffic(addr.clone(), stop.clone());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let t = Instant::now();
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), CCM_NS);
+    pods.delete(&leader, &Default::default()).await.expect("deleting the leader Pod");
+    let new_leader = wait("another manager leading", Duration::from_secs(90), || async {
+        let now = lease_holder(&ctx).await?;
+        let pods = manager_pods(&ctx).await;
+        let ready = pods.iter().find(|p| is_ready(p) && p.name_any() != leader)?;
+        (now != holder).then(|| ready.name_any())
+    })
+    .await;
+    println!("    leader {leader} deleted to {new_leader} leading: {:.1} s", t.elapsed().as_secs_f64());
+    wait(&format!("traffic through {addr} again"), Duration::from_secs(30), || {
+        let addr = addr.clone();
+        async move { http_get(&addr).ok().filter(|b| b.contains("pod=web-")) }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (total, failures, longest) = load.join().expect("the traffic thread");
+    println!("    traffic during the handover: {failures} of {total} requests failed, longest gap {longest:.2} s");
+    assert!(failures < total, "no request succeeded during the handover");
+}
+
+async fn rollout_one_node(ctx: Arc<Ctx>) {
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), CCM_NS);
+    let workload = format!("ccm-{CCM_NAME}");
+    let before = deployments.get(&workload).await.expect("the manager Deployment");
+    let t = Instant::now();
+    // The chart's defaults (two replicas, host network) and a template change.
+    let mut spec = ccm_spec("Deployment", json!({}));
+    spec["spec"]["extraArgs"] = json!(["--node-status-update-frequency=1m"]);
+    apply(&ctx.client, spec).await;
+    let generation = before.metadata.generation.unwrap_or(0);
+    wait("the rollout complete", Duration::from_secs(120), || async {
+        let d = deployments.get(&workload).await.ok()?;
+        let status = d.status.as_ref()?;
+        let done = d.metadata.generation? > generation
+            && status.observed_generation == d.metadata.generation
+            && status.updated_replicas == Some(2)
+            && status.replicas == Some(2)
+            && status.ready_replicas.unwrap_or(0) >= 1;
+        let args: Vec<String> = manager_pods(&ctx)
+            .await
+            .iter()
+            .filter(|p| is_ready(p))
+            .flat_map(|p| p.spec.as_ref().map(|s| s.containers[0].args.clone().unwrap_or_default()).unwrap_or_default())
+            .collect();
+        (done && args.iter().any(|a| a == "--node-status-update-frequency=1m")).then_some(())
+    })
+    .await;
+    println!("    template change to rolled out on one Node: {:.1} s", t.elapsed().as_secs_f64());
+    let addr = lb_address(&ctx).await;
+    wait(&format!("traffic through {addr} after the rollout"), Duration::from_secs(30), || {
+        let addr = addr.clone();
+        async move { http_get(&addr).ok().filter(|b| b.contains("pod=web-")) }
+    })
+    .await;
+}
+
+async fn rotation(ctx: Arc<Ctx>) {
+    let node_name = ctx.cluster.node_name.clone();
+    let node_ip = ctx.cluster.network.node_ip.to_string();
+    let before: Vec<String> = manager_pods(&ctx).await.iter().filter(|p| is_ready(p)).map(|p| p.name_any()).collect();
+    // A pool-only edit: the manager reloads its mounted file; no Pod rolls.
+    let t = Instant::now();
+    let config = cloud_config(&node_name, &node_ip).replace(POOL, "127.0.0.240/28\", \"127.0.0.224/28");
+    apply(&ctx.client, json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": SECRET, "namespace": CCM_NS},
+        "stringData": {"cloud.conf": config}})).await;
+    apply(
+        &ctx.client,
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web-b", "namespace": APP_NS},
+            "spec": {"type": "LoadBalancer", "selector": {"app": "web"}, "loadBalancerIP": "127.0.0.230",
+                "ports": [{"name": "http", "port": SERVICE_PORT, "targetPort": 8080, "protocol": "TCP"}]}}),
+    )
+    .await;
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), APP_NS);
+    // The kubelet refreshes Secret volumes on its sync period (a minute) plus its cache's.
+    wait("an address from the reloaded pool", Duration::from_secs(180), || async {
+        let s = services.get("web-b").await.ok()?;
+        let ip = s.status?.load_balancer?.ingress?.first()?.ip.clone()?;
+        (ip == "127.0.0.230").then_some(())
+    })
+    .await;
+    println!("    pool-only Secret edit to an address from the new pool: {:.1} s", t.elapsed().as_secs_f64());
+    let after: Vec<String> = manager_pods(&ctx).await.iter().filter(|p| is_ready(p)).map(|p| p.name_any()).collect();
+    assert_eq!(before, after, "a pool-only edit is reloaded in place; no Pod rolls");
+    let _ = services.delete("web-b", &Default::default()).await;
+
+    // Any other edit rolls the Pods, which read it at start.
+    let t = Instant::now();
+    let config = cloud_config(&node_name, &node_ip).replace("e2e-small", "e2e-large");
+    apply(&ctx.client, json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": SECRET, "namespace": CCM_NS},
+        "stringData": {"cloud.conf": config}})).await;
+    wait("new manager Pods for the rotated Secret", Duration::from_secs(120), || async {
+        let pods = manager_pods(&ctx).await;
+        pods.iter().any(|p| is_ready(p) && !before.contains(&p.name_any())).then_some(())
+    })
+    .await;
+    println!("    other Secret edit to a new Pod Ready: {:.1} s", t.elapsed().as_secs_f64());
+}
+
+/// A token of a ServiceAccount bound to the chart's metrics-reader ClusterRole.
+async fn metrics_token(ctx: &Ctx) -> String {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+    let params = PatchParams::apply("realcluster-e2e").force();
+    let sas: Api<ServiceAccount> = Api::namespaced(ctx.client.clone(), APP_NS);
+    let sa = json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "scraper", "namespace": APP_NS}});
+    sas.patch("scraper", &params, &Patch::Apply(&sa)).await.expect("the scraper ServiceAccount");
+    let roles: Api<k8s_openapi::api::rbac::v1::ClusterRole> = Api::all(ctx.client.clone());
+    let role = roles
+        .list(&ListParams::default())
+        .await
+        .expect("ClusterRoles")
+        .items
+        .into_iter()
+        .map(|r| r.name_any())
+        .find(|n| n.contains("metrics-reader"))
+        .expect("the chart's metrics-reader ClusterRole");
+    let bindings: Api<ClusterRoleBinding> = Api::all(ctx.client.clone());
+    let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "e2e-scraper"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"kind": "ServiceAccount", "name": "scraper", "namespace": APP_NS}]});
+    bindings.patch("e2e-scraper", &params, &Patch::Apply(&binding)).await.expect("the scraper's binding");
+    let request = TokenRequest {
+        spec: TokenRequestSpec { audiences: vec![], expiration_seconds: Some(600), ..Default::default() },
+        ..Default::default()
+    };
+    sas.create_token_request("scraper", &Default::default(), &request)
+        .await
+        .expect("a token")
+        .status
+        .expect("a token in the answer")
+        .token
+}
+
+/// Scrapes `/metrics` from a Pod running curl, i.e. from inside the cluster's network; returns
+/// what it printed.
+async fn scrape_in_cluster(ctx: &Ctx, url: &str, token: &str) -> String {
+    let name = format!("scrape-{}", std::process::id());
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), APP_NS);
+    // -k: the servers' certificates are self-signed (no --tls-cert-file in the chart's defaults).
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": APP_NS},
+        "spec": {"restartPolicy": "Never", "containers": [{"name": "scrape", "image": images::CURL, "imagePullPolicy": "Never",
+            "args": ["-sSk", "--max-time", "10", "-H", format!("Authorization: Bearer {token}"), url]}]}});
+    let _ = pods.delete(&name, &Default::default()).await;
+    wait("the previous scrape Pod gone", Duration::from_secs(30), || async {
+        pods.get_opt(&name).await.ok().and_then(|o| o.is_none().then_some(()))
+    })
+    .await;
+    pods.create(&Default::default(), &serde_json::from_value(pod).expect("a Pod")).await.expect("the scrape Pod");
+    wait("the scrape Pod finished", Duration::from_secs(60), || async {
+        let p = pods.get(&name).await.ok()?;
+        matches!(p.status?.phase.as_deref(), Some("Succeeded" | "Failed")).then_some(())
+    })
+    .await;
+    let logs = pods.logs(&name, &Default::default()).await.unwrap_or_default();
+    let _ = pods.delete(&name, &Default::default()).await;
+    logs
+}
+
+async fn metrics(ctx: Arc<Ctx>) {
+    let token = metrics_token(&ctx).await;
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), OPERATOR_NS);
+    let operator = pods
+        .list(&ListParams::default().labels("app.kubernetes.io/name=ccm-operator"))
+        .await
+        .expect("operator Pods")
+        .items
+        .into_iter()
+        .find(is_ready)
+        .expect("a Ready operator Pod");
+    let ip = operator.status.and_then(|s| s.pod_ip).expect("the operator's Pod IP");
+    let text = scrape_in_cluster(&ctx, &format!("https://{ip}:8080/metrics"), &token).await;
+    assert!(text.contains("# TYPE"), "operator /metrics: {text}");
+    let manager = manager_pods(&ctx).await.into_iter().find(is_ready).expect("a Ready manager Pod");
+    let ip = manager.status.and_then(|s| s.pod_ip).expect("the manager's Pod IP");
+    let text = scrape_in_cluster(&ctx, &format!("https://{ip}:10258/metrics"), &token).await;
+    assert!(text.contains("# TYPE"), "manager /metrics: {text}");
+    // The probes passed all along: nothing restarted.
+    for p in manager_pods(&ctx).await {
+        for cs in p.status.and_then(|s| s.container_statuses).unwrap_or_default() {
+            assert_eq!(cs.restart_count, 0, "{} restarted", p.metadata.name.unwrap_or_default());
+        }
+    }
+}
+
+async fn to_daemonset(ctx: Arc<Ctx>) {
+    use k8s_openapi::api::apps::v1::DaemonSet;
+    let t = Instant::now();
+    apply(&ctx.client, ccm_spec("DaemonSet", json!({}))).await;
+    let workload = format!("ccm-{CCM_NAME}");
+    let daemonsets: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), CCM_NS);
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), CCM_NS);
+    // The default nodeSelector is the control plane's; this Node has no such label yet, and
+    // the resource says so.
+    let (_, reason, message) = wait("Available False for want of a Node", Duration::from_secs(60), || async {
+        condition(&ctx, "Available").await.filter(|(s, r, _)| s == "False" && r == "NoMatchingNodes")
+    })
+    .await;
+    println!("    Available=False {reason}: {message}");
+    ctx.cluster
+        .kubectl_raw(&["label", "node", &ctx.cluster.node_name, "node-role.kubernetes.io/control-plane=", "--overwrite"])
+        .expect("labelling the Node as control plane");
+    wait("the DaemonSet ready and the Deployment gone", Duration::from_secs(120), || async {
+        let ds = daemonsets.get_opt(&workload).await.ok()??;
+        let status = ds.status?;
+        let gone = deployments.get_opt(&workload).await.ok()?.is_none();
+        (gone && status.number_ready == 1 && status.desired_number_scheduled == 1).then_some(())
+    })
+    .await;
+    println!("    Deployment to DaemonSet switch done: {:.1} s", t.elapsed().as_secs_f64());
+    let addr = lb_address(&ctx).await;
+    wait(&format!("traffic through {addr} in DaemonSet mode"), Duration::from_secs(60), || {
+        let addr = addr.clone();
+        async move { http_get(&addr).ok().filter(|b| b.contains("pod=web-")) }
+    })
+    .await;
+    println!("    traffic again: {:.1} s", t.elapsed().as_secs_f64());
+}
+
+async fn condition(ctx: &Ctx, type_: &str) -> Option<(String, String, String)> {
+    let crs: Api<crds::CloudControllerManager> = Api::namespaced(ctx.client.clone(), CCM_NS);
+    let cr = crs.get_opt(CCM_NAME).await.ok()??;
+    let status = cr.status?;
+    (status.observed_generation == cr.metadata.generation).then_some(())?;
+    let c = status.conditions.into_iter().find(|c| c.type_ == type_)?;
+    Some((c.status, c.reason, c.message))
+}
+
+async fn embedded_proxy_refused(ctx: Arc<Ctx>) {
+    use k8s_openapi::api::apps::v1::DaemonSet;
+    apply(&ctx.client, ccm_spec("Embedded", json!({}))).await;
+    let (status, reason, message) = wait("ConfigValid False", Duration::from_secs(60), || async {
+        condition(&ctx, "ConfigValid").await.filter(|(s, _, _)| s == "False")
+    })
+    .await;
+    println!("    ConfigValid={status} {reason}: {message}");
+    assert_eq!(reason, "ProxyNeedsHostNetwork", "{message}");
+    // Nothing was torn down: the DaemonSet still runs and carries traffic.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let daemonsets: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), CCM_NS);
+    let ds = daemonsets.get_opt(&format!("ccm-{CCM_NAME}")).await.expect("get").expect("the DaemonSet is kept");
+    assert_eq!(ds.status.map(|s| s.number_ready), Some(1));
+    let addr = lb_address(&ctx).await;
+    http_get(&addr).expect("traffic continues while the resource is refused");
+}
+
+async fn to_embedded(ctx: Arc<Ctx>) {
+    use k8s_openapi::api::apps::v1::DaemonSet;
+    // Without proxy mode the operator's own Pod can run the controllers.
+    let node_name = ctx.cluster.node_name.clone();
+    let node_ip = ctx.cluster.network.node_ip.to_string();
+    let config = cloud_config(&node_name, &node_ip)
+        .replace("  mode: proxy\n  proxy:\n    healthCheckInterval: 1s\n    drainTimeout: 5s\n", "")
+        .replace(POOL, "192.0.2.0/28")
+        .replace("      allowLoopback: true\n", "");
+    let t = Instant::now();
+    apply(&ctx.client, json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": SECRET, "namespace": CCM_NS},
+        "stringData": {"cloud.conf": config}})).await;
+    let daemonsets: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), CCM_NS);
+    wait("Embedded mode Ready and the DaemonSet gone", Duration::from_secs(120), || async {
+        let gone = daemonsets.get_opt(&format!("ccm-{CCM_NAME}")).await.ok()?.is_none();
+        let ready = condition(&ctx, "Ready").await?.0 == "True";
+        (gone && ready && manager_pods(&ctx).await.is_empty()).then_some(())
+    })
+    .await;
+    let holder = wait("the operator holding the Lease", Duration::from_secs(60), || lease_holder(&ctx)).await;
+    // The operator's Pod is not on the host network: its identity starts with its Pod name.
+    assert!(holder.starts_with("ccm-operator-"), "{holder}");
+    println!("    DaemonSet to Embedded switch done: {:.1} s (Lease held by {holder})", t.elapsed().as_secs_f64());
+}
+
+async fn delete_resource(ctx: Arc<Ctx>) {
+    let crs: Api<crds::CloudControllerManager> = Api::namespaced(ctx.client.clone(), CCM_NS);
+    // Back to Deployment mode, so the deletion has Pods, RBAC and a Lease to clean up.
+    apply(&ctx.client, ccm_spec("Deployment", json!({"replicas": 1}))).await;
+    let workload = format!("ccm-{CCM_NAME}");
+    wait("the manager Deployment available", Duration::from_secs(120), || {
+        deployment_available(&ctx.client, CCM_NS, &workload)
+    })
+    .await;
+    // A host-network Pod's identity is the Node's host name and a UUID (upstream's format).
+    wait("a manager leading", Duration::from_secs(60), || async {
+        let holder = lease_holder(&ctx).await?;
+        (!holder.starts_with("ccm-operator-")).then_some(())
+    })
+    .await;
+    let t = Instant::now();
+    crs.delete(CCM_NAME, &Default::default()).await.expect("deleting the resource");
+    wait("the resource gone", Duration::from_secs(60), || async {
+        crs.get_opt(CCM_NAME).await.ok().and_then(|o| o.is_none().then_some(()))
+    })
+    .await;
+    println!("    delete to resource gone: {:.1} s", t.elapsed().as_secs_f64());
+    let children = || {
+        ctx.cluster
+            .kubectl_raw(&[
+                "get",
+                "deploy,ds,rs,pod,sa,role,rolebinding,pdb",
+                "-n",
+                CCM_NS,
+                "-l",
+                "app.kubernetes.io/managed-by=ccm-operator",
+                "-o",
+                "name",
+            ])
+            .unwrap_or_default()
+    };
+    let gone = wait_quietly(Duration::from_secs(60), || async { children().trim().is_empty().then_some(()) }).await;
+    assert!(gone.is_some(), "children left after the deletion:\n{}", children());
+    // The manager released its Lease on the way out (it still had the RBAC to do so).
+    assert_eq!(lease_holder(&ctx).await, None, "the Lease is released (or removed) when the resource goes");
+    println!("    delete to every child gone: {:.1} s", t.elapsed().as_secs_f64());
 }

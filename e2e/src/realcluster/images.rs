@@ -11,6 +11,9 @@ pub const PAUSE: &str = "localhost/ccm-e2e-pause:dev";
 /// A web server (busybox `httpd`) that answers with its Pod's name: the backend of the
 /// load-balancer scenarios.
 pub const WEB: &str = "localhost/ccm-e2e-web:dev";
+/// curl, for requests from inside the cluster's network (busybox's TLS client cannot talk to
+/// the rustls servers' cipher suites).
+pub const CURL: &str = "localhost/ccm-e2e-curl:dev";
 /// The tag of the project's own images in the scenarios.
 pub const TAG: &str = "e2e";
 /// The operator image the scenarios install.
@@ -68,6 +71,22 @@ pub fn build_web(busybox: &Path, out: &Path) -> Result<(), Error> {
         busybox.display().to_string(),
         "--entrypoint".into(),
         r#"["/bin/sh"]"#.into(),
+    ])
+    .map(drop)
+}
+
+/// Builds the curl image from the host's (dynamic) curl and its libraries.
+pub fn build_curl(curl: &Path, out: &Path) -> Result<(), Error> {
+    python(&[
+        "generic".into(),
+        "--name".into(),
+        CURL.into(),
+        "--out".into(),
+        out.display().to_string(),
+        "--file".into(),
+        format!("{}:/usr/bin/curl:0755", curl.display()),
+        "--entrypoint".into(),
+        r#"["/usr/bin/curl"]"#.into(),
     ])
     .map(drop)
 }

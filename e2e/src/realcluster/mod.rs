@@ -107,9 +107,37 @@ pub struct RealCluster {
     pub start_seconds: f64,
 }
 
-fn free_port() -> Result<u16, Error> {
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| Error::io("choosing a port", e))?;
-    Ok(listener.local_addr().map_err(|e| Error::io("choosing a port", e))?.port())
+/// The cluster's TCP ports, below the kernel's ephemeral range (32768 and up) so that no
+/// outgoing connection of a concurrent test takes one between the check and the bind.
+#[derive(Debug, Clone, Copy)]
+struct Ports {
+    api: u16,
+    etcd: u16,
+    etcd_peer: u16,
+    kubelet: u16,
+    kcm: u16,
+    scheduler: u16,
+    proxy_metrics: u16,
+}
+
+impl Ports {
+    const DEFAULT: Ports =
+        Ports { api: 24443, etcd: 24379, etcd_peer: 24380, kubelet: 24250, kcm: 24257, scheduler: 24259, proxy_metrics: 24249 };
+
+    /// Fails naming the first port something already listens on.
+    fn check(&self, node_ip: Ipv4Addr) -> Result<(), Error> {
+        let all = [self.api, self.etcd, self.etcd_peer, self.kubelet, self.kcm, self.scheduler, self.proxy_metrics, 10256];
+        for port in all {
+            for ip in [Ipv4Addr::LOCALHOST, node_ip] {
+                if let Err(e) = TcpListener::bind((ip, port))
+                    && e.kind() == std::io::ErrorKind::AddrInUse
+                {
+                    return Err(Error::Other(format!("port {ip}:{port} is in use (another cluster on this host?)")));
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 fn run(program: &str, args: &[&str]) -> Result<String, Error> {
@@ -334,14 +362,16 @@ impl RealCluster {
         }
 
         pki::generate(&pki, &self.node_name, net.node_ip, net.kubernetes_ip)?;
-        let api_port = free_port()?;
+        let ports = Ports::DEFAULT;
+        ports.check(net.node_ip)?;
+        let api_port = ports.api;
         self.api_url = format!("https://{}:{api_port}", net.node_ip);
         for (stem, _, _) in pki::identities(&self.node_name) {
             let file = if stem == "admin" { self.state.join("admin.kubeconfig") } else { etc.join(format!("{stem}.kubeconfig")) };
             self.write_kubeconfig(&file, stem)?;
         }
 
-        let (etcd_port, peer_port) = (free_port()?, free_port()?);
+        let (etcd_port, peer_port) = (ports.etcd, ports.etcd_peer);
         let etcd = daemon(
             "etcd",
             &self.assets.join("etcd"),
@@ -476,7 +506,7 @@ state = "{run}/containerd"
         } else {
             "/etc/resolv.conf"
         };
-        let kubelet_port = free_port()?;
+        let kubelet_port = ports.kubelet;
         write(
             &etc.join("kubelet.yaml"),
             &format!(
@@ -536,7 +566,7 @@ serializeImagePulls: false
                 format!("--authentication-kubeconfig={kcm_kubeconfig}"),
                 format!("--authorization-kubeconfig={kcm_kubeconfig}"),
                 "--bind-address=127.0.0.1".into(),
-                format!("--secure-port={}", free_port()?),
+                format!("--secure-port={}", ports.kcm),
                 format!("--service-account-private-key-file={}", p("sa.key")),
                 format!("--root-ca-file={}", p("ca.crt")),
                 format!("--cluster-signing-cert-file={}", p("ca.crt")),
@@ -559,7 +589,7 @@ serializeImagePulls: false
                 format!("--authentication-kubeconfig={sched_kubeconfig}"),
                 format!("--authorization-kubeconfig={sched_kubeconfig}"),
                 "--bind-address=127.0.0.1".into(),
-                format!("--secure-port={}", free_port()?),
+                format!("--secure-port={}", ports.scheduler),
                 "--leader-elect=false".into(),
                 "--v=1".into(),
             ],
@@ -587,7 +617,7 @@ conntrack: {{maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}}
                 pods = net.pod_cidr(),
                 node = self.node_name,
                 ip = net.node_ip,
-                metrics = free_port()?,
+                metrics = ports.proxy_metrics,
             ),
         )?;
         daemon(
