@@ -1,5 +1,6 @@
 //! Every command block of the user documentation, run as written or checked, each registered
-//! here: README.md, docs/quickstart.md, docs/provider-guide.md and docs/troubleshooting.md.
+//! here: README.md, docs/quickstart.md, docs/provider-guide.md, docs/troubleshooting.md and
+//! docs/real-cluster.md.
 //!
 //! A block is a fenced block with an info string (`sh`, `toml`, `rust`, `yaml`) right after a
 //! `<!-- block: NAME -->` comment. [`BLOCKS`] names every block with a hash of its text and how
@@ -126,6 +127,42 @@ const BLOCKS: &[(&str, &str, &str, Check)] = &[
         Check::Paths("needs a cluster; the flag and field exist (manager flags test, CRD reference)"),
     ),
     (
+        "README.md",
+        "readme-realcluster-tests",
+        "241c8ec008b9d281",
+        Check::Paths("CI runs exactly this (.ci/run); the suite itself runs inside it"),
+    ),
+    (
+        "docs/real-cluster.md",
+        "real-cluster-images",
+        "73c15dd93f9a315c",
+        Check::Paths("needs kind; tests/realcluster.rs builds the images with mkimage.py and imports them with ctr"),
+    ),
+    (
+        "docs/real-cluster.md",
+        "real-cluster-install",
+        "0478e03bc0fd16c3",
+        Check::Paths("tests/realcluster.rs installs the chart with these values on its real cluster (helm_cli.py)"),
+    ),
+    (
+        "docs/real-cluster.md",
+        "real-cluster-cloud-config",
+        "40c5cea2f51d6a7e",
+        Check::Paths("names a kind Node's address; tests/realcluster.rs applies the same shape for its Node"),
+    ),
+    (
+        "docs/real-cluster.md",
+        "real-cluster-resource",
+        "72a2833ac21fa021",
+        Check::Paths("tests/realcluster.rs applies the Secret and a resource like the minimal example"),
+    ),
+    (
+        "docs/real-cluster.md",
+        "real-cluster-look",
+        "4e2f8dcfdb1d5922",
+        Check::Paths("tests/realcluster.rs checks each of these facts on its real cluster"),
+    ),
+    (
         "docs/troubleshooting.md",
         "troubleshooting-first-look",
         "9cf34479dc0bf3d8",
@@ -134,7 +171,8 @@ const BLOCKS: &[(&str, &str, &str, Check)] = &[
 ];
 
 /// The documents whose blocks are registered.
-const DOCUMENTS: [&str; 4] = ["README.md", "docs/quickstart.md", "docs/provider-guide.md", "docs/troubleshooting.md"];
+const DOCUMENTS: [&str; 5] =
+    ["README.md", "docs/quickstart.md", "docs/provider-guide.md", "docs/troubleshooting.md", "docs/real-cluster.md"];
 /// Fence info strings that make a block a documented block.
 const LANGUAGES: [&str; 5] = ["sh", "bash", "toml", "rust", "yaml"];
 const MARKER: &str = "<!-- block: ";
