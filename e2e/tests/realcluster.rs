@@ -35,7 +35,9 @@ type Scenario = fn(Arc<Ctx>) -> Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// The scenarios, in the order they run.
 const SCENARIOS: &[(&str, Scenario)] = &[
-    ("operator_installs_from_the_chart_and_starts_on_a_fresh_tainted_node", |c| Box::pin(chart_install(c))),
+    ("operator_installs_from_the_chart_under_restricted_pod_security_and_starts_on_a_fresh_tainted_node", |c| {
+        Box::pin(chart_install(c))
+    }),
     ("deployment_mode_manager_reads_its_mounted_cloud_config_and_initializes_the_kubelets_node", |c| {
         Box::pin(deployment_initializes_node(c))
     }),
@@ -46,7 +48,13 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     ("pod_template_change_rolls_out_on_one_node_with_the_default_two_replicas", |c| Box::pin(rollout_one_node(c))),
     ("cloud_config_rotation_reaches_the_pods_pool_edits_reload_other_edits_roll", |c| Box::pin(rotation(c))),
     ("operator_and_manager_metrics_are_scraped_with_the_metrics_reader_token", |c| Box::pin(metrics(c))),
+    ("a_crash_looping_manager_shows_degraded_within_a_minute_and_provider_health_is_not_claimed", |c| {
+        Box::pin(crash_loop(c))
+    }),
     ("daemonset_mode_replaces_the_deployment_and_keeps_carrying_traffic", |c| Box::pin(to_daemonset(c))),
+    ("embedded_mode_when_the_chart_did_not_enable_it_is_refused_before_anything_is_torn_down", |c| {
+        Box::pin(embedded_not_enabled(c))
+    }),
     ("embedded_mode_with_proxy_is_refused_before_anything_is_torn_down", |c| Box::pin(embedded_proxy_refused(c))),
     ("embedded_mode_runs_in_the_operator_and_the_garbage_collector_removes_the_daemonset", |c| {
         Box::pin(to_embedded(c))
@@ -180,6 +188,8 @@ fn finish(
     if left.is_empty() {
         println!("ok (stopped in {:.1} s)", t.elapsed().as_secs_f64());
         passed += 1;
+        // Nothing mounted any more: the data can go (the logs stay for a reader).
+        cluster.remove_data();
     } else {
         println!("FAILED\n  after stopping, the host differs:\n    {}", left.join("\n    "));
         failed.push(HOST_CHECK.to_string());
@@ -326,6 +336,10 @@ fn helm(ctx: &Ctx, args: &[&str]) -> String {
 }
 
 fn helm_install_args(tag: &str) -> Vec<String> {
+    helm_args(tag, true)
+}
+
+fn helm_args(tag: &str, embedded: bool) -> Vec<String> {
     [
         "--namespace",
         OPERATOR_NS,
@@ -340,7 +354,7 @@ fn helm_install_args(tag: &str) -> Vec<String> {
         "--set",
         &format!("manager.image.tag={}", images::TAG),
         "--set",
-        "embedded.enabled=true",
+        &format!("embedded.enabled={embedded}"),
     ]
     .iter()
     .map(|s| s.to_string())
@@ -367,6 +381,14 @@ async fn chart_install(ctx: Arc<Ctx>) {
         tainted.iter().any(|t| t.key == "node.cloudprovider.kubernetes.io/uninitialized"),
         "the kubelet (--cloud-provider=external) registers its Node tainted uninitialized: {tainted:?}"
     );
+    // Pod Security admission enforces `restricted` on the operator's namespace, as docs/helm.md
+    // recommends; the operator's Pod must pass it.
+    apply(
+        &ctx.client,
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OPERATOR_NS, "labels": {
+            "pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/warn": "restricted"}}}),
+    )
+    .await;
     let t = Instant::now();
     let mut args = vec!["install", "ccm-operator", "charts/ccm-operator", "--create-namespace"];
     let rest = helm_install_args(images::TAG);
@@ -995,4 +1017,71 @@ async fn delete_resource(ctx: Arc<Ctx>) {
     // The manager released its Lease on the way out (it still had the RBAC to do so).
     assert_eq!(lease_holder(&ctx).await, None, "the Lease is released (or removed) when the resource goes");
     println!("    delete to every child gone: {:.1} s", t.elapsed().as_secs_f64());
+}
+
+async fn crash_loop(ctx: Arc<Ctx>) {
+    // An address the manager cannot listen on: it exits at start, again and again.
+    let mut spec = ccm_spec("Deployment", json!({"replicas": 1}));
+    spec["spec"]["extraArgs"] = json!(["--bind-address=192.0.2.1"]);
+    let t = Instant::now();
+    apply(&ctx.client, spec).await;
+    let (_, reason, message) = wait("Degraded True", Duration::from_secs(60), || async {
+        condition(&ctx, "Degraded").await.filter(|(s, _, _)| s == "True")
+    })
+    .await;
+    println!("    crash-looping manager to Degraded=True {reason}: {:.1} s ({message})", t.elapsed().as_secs_f64());
+    assert_eq!(reason, "ManagerCrashLooping", "{message}");
+    let provider = wait("ProviderHealthy no longer True", Duration::from_secs(60), || async {
+        condition(&ctx, "ProviderHealthy").await.filter(|(s, _, _)| s != "True")
+    })
+    .await;
+    println!("    ProviderHealthy={} {}: {:.1} s", provider.0, provider.1, t.elapsed().as_secs_f64());
+    // Fixed: the resource recovers.
+    apply(&ctx.client, ccm_spec("Deployment", json!({"replicas": 1}))).await;
+    wait("Degraded False again", Duration::from_secs(120), || async {
+        condition(&ctx, "Degraded").await.filter(|(s, _, _)| s == "False")
+    })
+    .await;
+    wait("the manager Deployment available again", Duration::from_secs(120), || {
+        deployment_available(&ctx.client, CCM_NS, "ccm-baremetal")
+    })
+    .await;
+}
+
+/// Upgrades the release with `embedded.enabled` set as given and waits for the operator to
+/// run with it.
+async fn set_embedded(ctx: &Ctx, enabled: bool) {
+    let mut args = vec!["upgrade", "ccm-operator", "charts/ccm-operator"];
+    let rest = helm_args(images::TAG, enabled);
+    args.extend(rest.iter().map(String::as_str));
+    helm(ctx, &args);
+    let flag = format!("--embedded-enabled={enabled}");
+    wait("the operator running with the new embedded setting", Duration::from_secs(120), || async {
+        let d = deployment_available(&ctx.client, OPERATOR_NS, "ccm-operator").await?;
+        let c = d.spec.as_ref()?.template.spec.as_ref()?.containers.first()?.clone();
+        let args = c.args.unwrap_or_default();
+        // The chart passes the flag only when it says something; absent means disabled.
+        let matches = args.iter().any(|a| *a == flag) || (!enabled && !args.iter().any(|a| a.starts_with("--embedded-enabled")));
+        matches.then_some(())
+    })
+    .await;
+}
+
+async fn embedded_not_enabled(ctx: Arc<Ctx>) {
+    use k8s_openapi::api::apps::v1::DaemonSet;
+    set_embedded(&ctx, false).await;
+    let t = Instant::now();
+    apply(&ctx.client, ccm_spec("Embedded", json!({}))).await;
+    let (_, reason, message) = wait("ConfigValid False", Duration::from_secs(60), || async {
+        condition(&ctx, "ConfigValid").await.filter(|(s, _, _)| s == "False")
+    })
+    .await;
+    println!("    ConfigValid=False {reason}: {:.1} s ({message})", t.elapsed().as_secs_f64());
+    assert_eq!(reason, "EmbeddedNotEnabled", "{message}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let daemonsets: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), CCM_NS);
+    let ds = daemonsets.get_opt(&format!("ccm-{CCM_NAME}")).await.expect("get").expect("the DaemonSet is kept");
+    assert_eq!(ds.status.map(|s| s.number_ready), Some(1), "the running manager is left alone");
+    http_get(&lb_address(&ctx).await).expect("traffic continues while the resource is refused");
+    set_embedded(&ctx, true).await;
 }

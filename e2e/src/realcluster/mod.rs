@@ -673,6 +673,15 @@ conntrack: {{maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}}
         run(&self.kubectl().to_string_lossy(), &all)
     }
 
+    /// Removes the cluster's data (etcd, containerd's content and snapshots, the images), keeping
+    /// the certificates and logs; for after a [`RealCluster::stop`] that left the host clean.
+    pub fn remove_data(&self) {
+        for dir in ["var", "images"] {
+            let _ = std::fs::remove_dir_all(self.state.join(dir));
+        }
+        let _ = std::fs::remove_file(self.state.join("pause.tar"));
+    }
+
     /// Stops every component, removes what the cluster added to the host and puts back the
     /// kernel settings. Returns what still differs from the host before the start (empty when
     /// the host is as it was).
