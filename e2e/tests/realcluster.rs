@@ -13,8 +13,8 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::Arc;
 use std::process::{Command, ExitCode};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use e2e::realcluster::{self, RealCluster, images};
@@ -100,7 +100,10 @@ fn main() -> ExitCode {
     println!("\nrunning {} tests", selected.len() + 1);
     let Some(assets) = realcluster::assets_dir() else {
         println!("{}", realcluster::HOW_TO_ENABLE);
-        println!("\ntest result: ok. 0 passed; 0 failed; {} ignored; 0 measured; {filtered_out} filtered out\n", names.len());
+        println!(
+            "\ntest result: ok. 0 passed; 0 failed; {} ignored; 0 measured; {filtered_out} filtered out\n",
+            names.len()
+        );
         return ExitCode::SUCCESS;
     };
     let started = Instant::now();
@@ -315,8 +318,14 @@ fn diagnose(cluster: &RealCluster) {
     show("pods", &["get", "pods", "-A", "-o", "wide"]);
     show("events", &["get", "events", "-A", "--sort-by=.lastTimestamp"]);
     show("resources", &["get", "ccm", "-A", "-o", "yaml"]);
-    for (ns, selector) in [(OPERATOR_NS, "app.kubernetes.io/name=ccm-operator"), (CCM_NS, "app.kubernetes.io/name=cloud-controller-manager")] {
-        show(&format!("logs {ns} {selector}"), &["logs", "-n", ns, "-l", selector, "--tail=40", "--all-containers", "--prefix"]);
+    for (ns, selector) in [
+        (OPERATOR_NS, "app.kubernetes.io/name=ccm-operator"),
+        (CCM_NS, "app.kubernetes.io/name=cloud-controller-manager"),
+    ] {
+        show(
+            &format!("logs {ns} {selector}"),
+            &["logs", "-n", ns, "-l", selector, "--tail=40", "--all-containers", "--prefix"],
+        );
     }
 }
 
@@ -467,7 +476,12 @@ async fn deployment_initializes_node(ctx: Arc<Ctx>) {
             return Some(d);
         }
         // A crash-looping manager fails fast with its own words.
-        for p in pods.list(&ListParams::default().labels("app.kubernetes.io/name=cloud-controller-manager")).await.ok()?.items {
+        for p in pods
+            .list(&ListParams::default().labels("app.kubernetes.io/name=cloud-controller-manager"))
+            .await
+            .ok()?
+            .items
+        {
             for cs in p.status.and_then(|s| s.container_statuses).unwrap_or_default() {
                 let restarted = cs.restart_count > 0;
                 let message = cs.last_state.and_then(|s| s.terminated).and_then(|t| t.message).unwrap_or_default();
@@ -492,7 +506,10 @@ async fn deployment_initializes_node(ctx: Arc<Ctx>) {
     assert_eq!(labels.get("topology.kubernetes.io/zone").map(String::as_str), Some("zone-a"), "{labels:?}");
     assert_eq!(labels.get("topology.kubernetes.io/region").map(String::as_str), Some("region-1"), "{labels:?}");
     assert_eq!(labels.get("node.kubernetes.io/instance-type").map(String::as_str), Some("e2e-small"), "{labels:?}");
-    assert_eq!(node.spec.as_ref().and_then(|s| s.provider_id.as_deref()), Some(format!("baremetal://{node_name}").as_str()));
+    assert_eq!(
+        node.spec.as_ref().and_then(|s| s.provider_id.as_deref()),
+        Some(format!("baremetal://{node_name}").as_str())
+    );
     let addresses = node.status.and_then(|s| s.addresses).unwrap_or_default();
     assert!(addresses.iter().any(|a| a.type_ == "InternalIP" && a.address == node_ip), "{addresses:?}");
 }
@@ -537,7 +554,8 @@ async fn lb_traffic(ctx: Arc<Ctx>) {
     })
     .await;
     println!("    Service to address {ip}: {:.1} s", t.elapsed().as_secs_f64());
-    wait("the web Deployment available", Duration::from_secs(120), || deployment_available(&ctx.client, APP_NS, "web")).await;
+    wait("the web Deployment available", Duration::from_secs(120), || deployment_available(&ctx.client, APP_NS, "web"))
+        .await;
     let addr = format!("{ip}:{SERVICE_PORT}");
     let body = wait(&format!("an answer from the web Pod through {addr}"), Duration::from_secs(60), || {
         let addr = addr.clone();
@@ -692,7 +710,8 @@ async fn leader_handover(ctx: Arc<Ctx>) {
     let (leader, holder) = wait("one Ready manager leading, the other Pending", Duration::from_secs(90), || async {
         let pods = manager_pods(&ctx).await;
         let ready: Vec<&Pod> = pods.iter().filter(|p| is_ready(p)).collect();
-        let pending = pods.iter().filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Pending")).count();
+        let pending =
+            pods.iter().filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Pending")).count();
         let holder = lease_holder(&ctx).await?;
         (pods.len() == 2 && ready.len() == 1 && pending == 1).then(|| (ready[0].name_any(), holder))
     })
@@ -767,8 +786,12 @@ async fn rotation(ctx: Arc<Ctx>) {
     // A pool-only edit: the manager reloads its mounted file; no Pod rolls.
     let t = Instant::now();
     let config = cloud_config(&node_name, &node_ip).replace(POOL, "127.0.0.240/28\", \"127.0.0.224/28");
-    apply(&ctx.client, json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": SECRET, "namespace": CCM_NS},
-        "stringData": {"cloud.conf": config}})).await;
+    apply(
+        &ctx.client,
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": SECRET, "namespace": CCM_NS},
+        "stringData": {"cloud.conf": config}}),
+    )
+    .await;
     apply(
         &ctx.client,
         json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web-b", "namespace": APP_NS},
@@ -792,8 +815,12 @@ async fn rotation(ctx: Arc<Ctx>) {
     // Any other edit rolls the Pods, which read it at start.
     let t = Instant::now();
     let config = cloud_config(&node_name, &node_ip).replace("e2e-small", "e2e-large");
-    apply(&ctx.client, json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": SECRET, "namespace": CCM_NS},
-        "stringData": {"cloud.conf": config}})).await;
+    apply(
+        &ctx.client,
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": SECRET, "namespace": CCM_NS},
+        "stringData": {"cloud.conf": config}}),
+    )
+    .await;
     wait("new manager Pods for the rotated Secret", Duration::from_secs(120), || async {
         let pods = manager_pods(&ctx).await;
         pods.iter().any(|p| is_ready(p) && !before.contains(&p.name_any())).then_some(())
@@ -809,7 +836,8 @@ async fn metrics_token(ctx: &Ctx) -> String {
     use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
     let params = PatchParams::apply("realcluster-e2e").force();
     let sas: Api<ServiceAccount> = Api::namespaced(ctx.client.clone(), APP_NS);
-    let sa = json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "scraper", "namespace": APP_NS}});
+    let sa =
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "scraper", "namespace": APP_NS}});
     sas.patch("scraper", &params, &Patch::Apply(&sa)).await.expect("the scraper ServiceAccount");
     let roles: Api<k8s_openapi::api::rbac::v1::ClusterRole> = Api::all(ctx.client.clone());
     let role = roles
@@ -905,7 +933,13 @@ async fn to_daemonset(ctx: Arc<Ctx>) {
     .await;
     println!("    Available=False {reason}: {message}");
     ctx.cluster
-        .kubectl_raw(&["label", "node", &ctx.cluster.node_name, "node-role.kubernetes.io/control-plane=", "--overwrite"])
+        .kubectl_raw(&[
+            "label",
+            "node",
+            &ctx.cluster.node_name,
+            "node-role.kubernetes.io/control-plane=",
+            "--overwrite",
+        ])
         .expect("labelling the Node as control plane");
     wait("the DaemonSet ready and the Deployment gone", Duration::from_secs(120), || async {
         let ds = daemonsets.get_opt(&workload).await.ok()??;
@@ -961,8 +995,12 @@ async fn to_embedded(ctx: Arc<Ctx>) {
         .replace(POOL, "192.0.2.0/28")
         .replace("      allowLoopback: true\n", "");
     let t = Instant::now();
-    apply(&ctx.client, json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": SECRET, "namespace": CCM_NS},
-        "stringData": {"cloud.conf": config}})).await;
+    apply(
+        &ctx.client,
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": SECRET, "namespace": CCM_NS},
+        "stringData": {"cloud.conf": config}}),
+    )
+    .await;
     let daemonsets: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), CCM_NS);
     wait("Embedded mode Ready and the DaemonSet gone", Duration::from_secs(120), || async {
         let gone = daemonsets.get_opt(&format!("ccm-{CCM_NAME}")).await.ok()?.is_none();
@@ -1061,7 +1099,8 @@ async fn set_embedded(ctx: &Ctx, enabled: bool) {
         let c = d.spec.as_ref()?.template.spec.as_ref()?.containers.first()?.clone();
         let args = c.args.unwrap_or_default();
         // The chart passes the flag only when it says something; absent means disabled.
-        let matches = args.iter().any(|a| *a == flag) || (!enabled && !args.iter().any(|a| a.starts_with("--embedded-enabled")));
+        let matches =
+            args.contains(&flag) || (!enabled && !args.iter().any(|a| a.starts_with("--embedded-enabled")));
         matches.then_some(())
     })
     .await;

@@ -42,53 +42,29 @@ fn python(args: &[String]) -> Result<String, Error> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// A one-layer test image from host files (`mkimage.py generic`).
+fn generic(name: &str, out: &Path, contents: &[String], entrypoint: &str) -> Result<(), Error> {
+    let mut args: Vec<String> =
+        vec!["generic".into(), "--name".into(), name.into(), "--out".into(), out.display().to_string()];
+    args.extend_from_slice(contents);
+    args.extend(["--entrypoint".into(), entrypoint.into()]);
+    python(&args).map(drop)
+}
+
 /// Builds the pause image from the kit's static `pause` binary.
 pub fn build_pause(pause: &Path, out: &Path) -> Result<(), Error> {
-    python(&[
-        "generic".into(),
-        "--name".into(),
-        PAUSE.into(),
-        "--out".into(),
-        out.display().to_string(),
-        "--file".into(),
-        format!("{}:/pause:0755", pause.display()),
-        "--entrypoint".into(),
-        r#"["/pause"]"#.into(),
-    ])
-    .map(drop)
+    generic(PAUSE, out, &["--file".into(), format!("{}:/pause:0755", pause.display())], r#"["/pause"]"#)
 }
 
 /// Builds the web image from a static busybox: `httpd` serving `/www`, whose index a Pod
 /// writes at start with its own name (see the scenarios' web Deployment).
 pub fn build_web(busybox: &Path, out: &Path) -> Result<(), Error> {
-    python(&[
-        "generic".into(),
-        "--name".into(),
-        WEB.into(),
-        "--out".into(),
-        out.display().to_string(),
-        "--busybox".into(),
-        busybox.display().to_string(),
-        "--entrypoint".into(),
-        r#"["/bin/sh"]"#.into(),
-    ])
-    .map(drop)
+    generic(WEB, out, &["--busybox".into(), busybox.display().to_string()], r#"["/bin/sh"]"#)
 }
 
 /// Builds the curl image from the host's (dynamic) curl and its libraries.
 pub fn build_curl(curl: &Path, out: &Path) -> Result<(), Error> {
-    python(&[
-        "generic".into(),
-        "--name".into(),
-        CURL.into(),
-        "--out".into(),
-        out.display().to_string(),
-        "--file".into(),
-        format!("{}:/usr/bin/curl:0755", curl.display()),
-        "--entrypoint".into(),
-        r#"["/usr/bin/curl"]"#.into(),
-    ])
-    .map(drop)
+    generic(CURL, out, &["--file".into(), format!("{}:/usr/bin/curl:0755", curl.display())], r#"["/usr/bin/curl"]"#)
 }
 
 /// Builds the operator and manager images from the binaries in `bin_dir`, as the Dockerfile

@@ -121,12 +121,20 @@ struct Ports {
 }
 
 impl Ports {
-    const DEFAULT: Ports =
-        Ports { api: 24443, etcd: 24379, etcd_peer: 24380, kubelet: 24250, kcm: 24257, scheduler: 24259, proxy_metrics: 24249 };
+    const DEFAULT: Ports = Ports {
+        api: 24443,
+        etcd: 24379,
+        etcd_peer: 24380,
+        kubelet: 24250,
+        kcm: 24257,
+        scheduler: 24259,
+        proxy_metrics: 24249,
+    };
 
     /// Fails naming the first port something already listens on.
     fn check(&self, node_ip: Ipv4Addr) -> Result<(), Error> {
-        let all = [self.api, self.etcd, self.etcd_peer, self.kubelet, self.kcm, self.scheduler, self.proxy_metrics, 10256];
+        let all =
+            [self.api, self.etcd, self.etcd_peer, self.kubelet, self.kcm, self.scheduler, self.proxy_metrics, 10256];
         for port in all {
             for ip in [Ipv4Addr::LOCALHOST, node_ip] {
                 if let Err(e) = TcpListener::bind((ip, port))
@@ -295,9 +303,15 @@ impl RealCluster {
                 missing.join(", ")
             )));
         }
-        CNI_DIRS.iter().map(PathBuf::from).find(|d| ["bridge", "host-local", "loopback", "portmap"].iter().all(|p| d.join(p).is_file())).ok_or_else(|| {
-            Error::Other("no CNI plugins in /usr/lib/cni or /opt/cni/bin (Debian: containernetworking-plugins)".into())
-        })
+        CNI_DIRS
+            .iter()
+            .map(PathBuf::from)
+            .find(|d| ["bridge", "host-local", "loopback", "portmap"].iter().all(|p| d.join(p).is_file()))
+            .ok_or_else(|| {
+                Error::Other(
+                    "no CNI plugins in /usr/lib/cni or /opt/cni/bin (Debian: containernetworking-plugins)".into(),
+                )
+            })
     }
 
     /// Starts the cluster and waits until its Node is Ready. Blocking; call it from the thread
@@ -358,7 +372,23 @@ impl RealCluster {
         host::set_sysctl("net/ipv4/ip_forward", "1").map_err(|e| Error::io("enabling ip_forward", e))?;
         let _ = host::set_sysctl("net/bridge/bridge-nf-call-iptables", "1");
         for dir in ["-i", "-o"] {
-            run("iptables", &["-w", "-I", "FORWARD", "1", dir, &net.bridge, "-m", "comment", "--comment", RULE_COMMENT, "-j", "ACCEPT"])?;
+            run(
+                "iptables",
+                &[
+                    "-w",
+                    "-I",
+                    "FORWARD",
+                    "1",
+                    dir,
+                    &net.bridge,
+                    "-m",
+                    "comment",
+                    "--comment",
+                    RULE_COMMENT,
+                    "-j",
+                    "ACCEPT",
+                ],
+            )?;
         }
 
         pki::generate(&pki, &self.node_name, net.node_ip, net.kubernetes_ip)?;
@@ -367,7 +397,11 @@ impl RealCluster {
         let api_port = ports.api;
         self.api_url = format!("https://{}:{api_port}", net.node_ip);
         for (stem, _, _) in pki::identities(&self.node_name) {
-            let file = if stem == "admin" { self.state.join("admin.kubeconfig") } else { etc.join(format!("{stem}.kubeconfig")) };
+            let file = if stem == "admin" {
+                self.state.join("admin.kubeconfig")
+            } else {
+                etc.join(format!("{stem}.kubeconfig"))
+            };
             self.write_kubeconfig(&file, stem)?;
         }
 
@@ -418,9 +452,13 @@ impl RealCluster {
             &logs,
         )?;
         let _ = etcd;
-        wait_for("kube-apiserver ready", Some(api), Duration::from_secs(120), &logs.join("kube-apiserver.log"), || {
-            self.kubectl_raw(&["get", "--raw", "/readyz"]).is_ok_and(|o| o.trim() == "ok")
-        })?;
+        wait_for(
+            "kube-apiserver ready",
+            Some(api),
+            Duration::from_secs(120),
+            &logs.join("kube-apiserver.log"),
+            || self.kubectl_raw(&["get", "--raw", "/readyz"]).is_ok_and(|o| o.trim() == "ok"),
+        )?;
 
         let sock = Self::containerd_socket();
         let runc = which("runc").unwrap_or_else(|| PathBuf::from("runc"));
@@ -690,7 +728,9 @@ conntrack: {{maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}}
         let mut left = host::Snapshot::take().differences(&self.before);
         let sock = Self::containerd_socket();
         for needle in [self.state.to_string_lossy().into_owned(), sock.to_string_lossy().into_owned()] {
-            left.extend(host::processes_mentioning(&needle).into_iter().map(|(pid, cmd)| format!("process {pid}: {cmd}")));
+            left.extend(
+                host::processes_mentioning(&needle).into_iter().map(|(pid, cmd)| format!("process {pid}: {cmd}")),
+            );
         }
         left
     }
@@ -815,7 +855,12 @@ fn teardown(assets: &Path, bridge: &str, saved_sysctls: &std::collections::BTree
         let _ = run(tool, &["-w", "-t", "mangle", "-X", "KUBE-IPTABLES-HINT"]);
     }
     for dir in ["-i", "-o"] {
-        while run("iptables", &["-w", "-D", "FORWARD", dir, bridge, "-m", "comment", "--comment", RULE_COMMENT, "-j", "ACCEPT"]).is_ok() {}
+        while run(
+            "iptables",
+            &["-w", "-D", "FORWARD", dir, bridge, "-m", "comment", "--comment", RULE_COMMENT, "-j", "ACCEPT"],
+        )
+        .is_ok()
+        {}
     }
     let _ = run("ip", &["link", "del", bridge]);
     restore_sysctls(saved_sysctls, &[""]);
