@@ -124,7 +124,7 @@ fn main() -> ExitCode {
         Ok(r) => r,
         Err(e) => {
             println!("tokio runtime: {e}");
-            cluster.stop();
+            let _ = cluster.stop();
             return ExitCode::FAILURE;
         }
     };
@@ -186,10 +186,12 @@ fn finish(
 ) -> ExitCode {
     hold(&cluster, !failed.is_empty());
     let t = Instant::now();
-    let left = cluster.stop();
+    let stopped = cluster.stop();
+    let left = stopped.leftovers;
+    let steps: Vec<String> = stopped.steps.iter().map(|(s, secs)| format!("{s} {secs:.1} s")).collect();
     print!("test {HOST_CHECK} ... ");
     if left.is_empty() {
-        println!("ok (stopped in {:.1} s)", t.elapsed().as_secs_f64());
+        println!("ok (stopped in {:.1} s: {})", t.elapsed().as_secs_f64(), steps.join(", "));
         passed += 1;
         // Nothing mounted any more: the data can go (the logs stay for a reader).
         cluster.remove_data();
@@ -1099,8 +1101,7 @@ async fn set_embedded(ctx: &Ctx, enabled: bool) {
         let c = d.spec.as_ref()?.template.spec.as_ref()?.containers.first()?.clone();
         let args = c.args.unwrap_or_default();
         // The chart passes the flag only when it says something; absent means disabled.
-        let matches =
-            args.contains(&flag) || (!enabled && !args.iter().any(|a| a.starts_with("--embedded-enabled")));
+        let matches = args.contains(&flag) || (!enabled && !args.iter().any(|a| a.starts_with("--embedded-enabled")));
         matches.then_some(())
     })
     .await;

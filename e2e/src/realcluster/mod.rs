@@ -345,7 +345,7 @@ impl RealCluster {
             Ok(()) => Ok(cluster),
             Err(e) => {
                 let logs = cluster.state.join("logs");
-                let leftovers = cluster.stop();
+                let leftovers = cluster.stop().leftovers;
                 Err(Error::Other(format!(
                     "{e}\n(logs in {}; after teardown: {})",
                     logs.display(),
@@ -723,17 +723,26 @@ conntrack: {{maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}}
     /// Stops every component, removes what the cluster added to the host and puts back the
     /// kernel settings. Returns what still differs from the host before the start (empty when
     /// the host is as it was).
-    pub fn stop(&self) -> Vec<String> {
-        teardown(&self.assets, &self.network.bridge, &self.before.sysctls);
-        let mut left = host::Snapshot::take().differences(&self.before);
+    pub fn stop(&self) -> Stopped {
+        let steps = teardown(&self.assets, &self.network.bridge, &self.before.sysctls);
+        let mut leftovers = host::Snapshot::take().differences(&self.before);
         let sock = Self::containerd_socket();
         for needle in [self.state.to_string_lossy().into_owned(), sock.to_string_lossy().into_owned()] {
-            left.extend(
+            leftovers.extend(
                 host::processes_mentioning(&needle).into_iter().map(|(pid, cmd)| format!("process {pid}: {cmd}")),
             );
         }
-        left
+        Stopped { leftovers, steps }
     }
+}
+
+/// What [`RealCluster::stop`] did.
+#[derive(Debug)]
+pub struct Stopped {
+    /// What still differs from the host before the start (empty when it is as it was).
+    pub leftovers: Vec<String>,
+    /// Seconds each step of the teardown took.
+    pub steps: Vec<(&'static str, f64)>,
 }
 
 /// The current time as the API server writes it (RFC 3339, seconds, UTC).
@@ -796,28 +805,45 @@ fn teardown_stale() {
         std::fs::read_to_string(run.join("sysctl.orig")).unwrap_or_default().lines().map(str::to_string).collect();
     let assets = assets_dir().unwrap_or_else(|| PathBuf::from(state.trim()));
     eprintln!("real cluster: tearing down what an earlier run left ({})", state.trim());
-    teardown(&assets, &Network::default().bridge, &saved);
+    let _ = teardown(&assets, &Network::default().bridge, &saved);
 }
 
 /// Stops the components, the pods (through CRI, so each gets its CNI DEL) and the shims,
 /// unmounts what is left, removes the kubelet's cgroups and iptables chains, the harness's
 /// FORWARD rules and bridge, and writes the saved kernel settings back.
-fn teardown(assets: &Path, bridge: &str, saved_sysctls: &std::collections::BTreeSet<String>) {
+fn teardown(
+    assets: &Path,
+    bridge: &str,
+    saved_sysctls: &std::collections::BTreeSet<String>,
+) -> Vec<(&'static str, f64)> {
+    let mut steps = Vec::new();
+    let mut t = Instant::now();
+    let mut step = |name: &'static str, t: &mut Instant| {
+        steps.push((name, t.elapsed().as_secs_f64()));
+        *t = Instant::now();
+    };
     let run_dir = Path::new(RUN_DIR);
     let sock = RealCluster::containerd_socket();
     stop_components(&COMPONENTS[..4], Duration::from_secs(20));
+    step("node components", &mut t);
     let _ = run(&assets.join("kube-proxy").to_string_lossy(), &["--cleanup"]);
     if recorded_pid("containerd").is_some() {
         let endpoint = format!("unix://{}", sock.display());
         let _ = run(&assets.join("rc-cri").to_string_lossy(), &["-endpoint", &endpoint, "stopall"]);
     }
+    step("pods", &mut t);
     stop_components(&["containerd"], Duration::from_secs(20));
     for (pid, cmd) in host::processes_mentioning(&sock.to_string_lossy()) {
         if cmd.contains("containerd-shim") {
             signal(pid, libc::SIGKILL);
         }
     }
-    stop_components(&COMPONENTS[5..], Duration::from_secs(20));
+    step("containerd", &mut t);
+    // One after the other: an API server whose etcd is already gone waits out its grace.
+    stop_components(&["kube-apiserver"], Duration::from_secs(20));
+    step("kube-apiserver", &mut t);
+    stop_components(&["etcd"], Duration::from_secs(20));
+    step("etcd", &mut t);
 
     let state = std::fs::read_to_string(run_dir.join("state")).unwrap_or_default();
     let roots: Vec<String> = [state.trim().to_string(), RUN_DIR.to_string()]
@@ -865,6 +891,8 @@ fn teardown(assets: &Path, bridge: &str, saved_sysctls: &std::collections::BTree
     let _ = run("ip", &["link", "del", bridge]);
     restore_sysctls(saved_sysctls, &[""]);
     let _ = std::fs::remove_dir_all(run_dir);
+    step("host", &mut t);
+    steps
 }
 
 /// Removes the kubelet's (empty, once the pods are gone) `kubepods` cgroups, deepest first.
