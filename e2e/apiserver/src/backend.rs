@@ -305,6 +305,17 @@ impl TestCluster {
         self.backend == Backend::Genuine
     }
 
+    /// Whether owned objects are garbage-collected after their owner goes: always on the local
+    /// backend, on the genuine one when kube-controller-manager runs beside it.
+    pub fn garbage_collects(&self) -> bool {
+        match self.backend {
+            Backend::Local => true,
+            Backend::Genuine => {
+                SHARED.get().and_then(|s| s.as_ref().ok()).is_some_and(|s| s.plane.has_controller_manager())
+            }
+        }
+    }
+
     /// An admin client.
     pub fn client(&self) -> Client {
         self.client.clone()

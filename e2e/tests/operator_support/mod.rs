@@ -94,6 +94,11 @@ impl Env {
         self.cluster.is_genuine()
     }
 
+    /// Whether a garbage collector removes owned objects after their owner goes.
+    pub fn garbage_collects(&self) -> bool {
+        self.cluster.garbage_collects()
+    }
+
     /// The request log: the local server's, or the genuine server's audit log, from the start
     /// of this scenario.
     pub fn request_log(&self) -> RequestLog {

@@ -54,6 +54,8 @@ pub struct ControlPlane {
     admin_cert_pem: String,
     admin_key_pem: String,
     pids: Vec<u32>,
+    /// Whether kube-controller-manager runs (garbage collector and namespace lifecycle).
+    controller_manager: bool,
 }
 
 fn free_port() -> Result<u16, Error> {
@@ -185,12 +187,52 @@ impl ControlPlane {
             admin_key_pem: pki.admin_key,
             pids: vec![api.id(), etcd.id()],
             dir,
+            controller_manager: false,
         };
         register_exit_cleanup(&plane);
         plane.write_kubeconfig(&plane.dir.join("admin.kubeconfig"), None)?;
         plane.wait_ready(started, &mut api)?;
+        let mut plane = plane;
+        if let Some(kcm) = plane.start_controller_manager(assets)? {
+            plane.pids.push(kcm);
+            plane.controller_manager = true;
+            register_exit_cleanup(&plane);
+        }
         info!(url = %plane.url, seconds = started.elapsed().as_secs_f64(), "genuine control plane ready");
         Ok(plane)
+    }
+
+    /// Starts kube-controller-manager with the garbage collector and the namespace controller
+    /// when `assets` holds one (`e2e/envtest/setup.sh` adds it next to a real-cluster kit):
+    /// what a cluster does after a deletion (children collected, namespaces finalized) then
+    /// happens on this backend too. Its other controllers stay off: they would create objects
+    /// (ServiceAccounts, Endpoints, ...) the tests do not expect.
+    fn start_controller_manager(&self, assets: &Path) -> Result<Option<u32>, Error> {
+        let binary = assets.join("kube-controller-manager");
+        if !binary.is_file() {
+            return Ok(None);
+        }
+        let kubeconfig = self.admin_kubeconfig_path().to_string_lossy().into_owned();
+        let mut kcm = Command::new(binary);
+        kcm.args([
+            format!("--kubeconfig={kubeconfig}"),
+            format!("--authentication-kubeconfig={kubeconfig}"),
+            format!("--authorization-kubeconfig={kubeconfig}"),
+            // No serving: nothing scrapes it, and no port to choose.
+            "--secure-port=0".to_string(),
+            "--controllers=garbage-collector-controller,namespace-controller".to_string(),
+            "--leader-elect=false".to_string(),
+            "--v=1".to_string(),
+        ]);
+        let child = spawn(kcm, &self.dir.join("kube-controller-manager.log"))?;
+        info!("kube-controller-manager started (garbage collector, namespace lifecycle)");
+        Ok(Some(child.id()))
+    }
+
+    /// Whether kube-controller-manager runs beside the API server (garbage collector and
+    /// namespace lifecycle).
+    pub fn has_controller_manager(&self) -> bool {
+        self.controller_manager
     }
 
     /// Polls `/readyz` as admin until it answers `ok`; fails early if kube-apiserver exits.
