@@ -169,7 +169,10 @@ fn the_scan_finds_the_reasons_the_crates_declare() {
         .chain(operator::reasons::available::ALL.iter())
         .chain(operator::reasons::degraded::ALL.iter())
         .chain(operator::reasons::events::ALL.iter())
-        .chain([manager::provider::health_reasons::HEALTHY, manager::provider::health_reasons::PROBE_ERROR].iter());
+        .chain(
+            [ccm_framework::provider::health_reasons::HEALTHY, ccm_framework::provider::health_reasons::PROBE_ERROR]
+                .iter(),
+        );
     for reason in declared {
         assert!(found.contains(*reason), "the scan missed {reason}");
     }

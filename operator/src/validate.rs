@@ -7,12 +7,12 @@
 
 use std::fmt;
 
+use ccm_framework::registry::{ClusterSettings, Registry, RegistryError};
 use crds::CloudControllerManager;
 use crds::controllers::{self, ControllerSelection};
 use crds::validation::{parse_cluster_cidrs, validate_spec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{Resource, ResourceExt};
-use manager::registry::{ClusterSettings, Registry, RegistryError};
 
 use crate::hash;
 use crate::reasons::config_valid as reason;
@@ -283,7 +283,7 @@ pub fn validate(cr: &CloudControllerManager, secret: &SecretState, registry: &Re
         return invalid(vec![Failure { reason: reason::INVALID_SPEC, message: e.to_string() }]);
     }
     // The manager refuses timings the CRD accepts (renewDeadline must exceed 1.2 x retryPeriod).
-    let timings = manager::leader::LeaderElectionConfig {
+    let timings = ccm_framework::leader::LeaderElectionConfig {
         identity: "validation".into(),
         lease_duration: spec.leader_election.lease_duration.into(),
         renew_deadline: spec.leader_election.renew_deadline.into(),
@@ -454,10 +454,10 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use ccm_framework::provider::{CloudError, CloudProvider, Route, Routes};
+    use ccm_framework::registry::FactoryInput;
     use crds::CloudControllerManagerSpec;
     use k8s_openapi::jiff::Timestamp;
-    use manager::provider::{CloudError, CloudProvider, Route, Routes};
-    use manager::registry::FactoryInput;
     use serde_json::json;
 
     struct NoRoutes;
@@ -468,9 +468,9 @@ mod tests {
     }
 
     struct WithRoutes;
-    #[manager::async_trait]
+    #[ccm_framework::async_trait]
     impl Routes for WithRoutes {
-        async fn list_routes(&self, _cluster_name: &str) -> manager::provider::CloudResult<Vec<Route>> {
+        async fn list_routes(&self, _cluster_name: &str) -> ccm_framework::provider::CloudResult<Vec<Route>> {
             Ok(Vec::new())
         }
         async fn create_route(
@@ -478,10 +478,10 @@ mod tests {
             _cluster_name: &str,
             _name_hint: &str,
             _route: &Route,
-        ) -> manager::provider::CloudResult<()> {
+        ) -> ccm_framework::provider::CloudResult<()> {
             Ok(())
         }
-        async fn delete_route(&self, _cluster_name: &str, _route: &Route) -> manager::provider::CloudResult<()> {
+        async fn delete_route(&self, _cluster_name: &str, _route: &Route) -> ccm_framework::provider::CloudResult<()> {
             Ok(())
         }
     }
@@ -537,7 +537,7 @@ mod tests {
     #[test]
     fn a_pool_edit_keeps_the_restart_hash_and_other_edits_change_it() {
         let c = cr("a", 1, json!({"provider": "baremetal", "cloudConfig": {"secretRef": {"name": "cfg"}}}));
-        let registry = Registry::builtin();
+        let registry = crate::providers::builtin_registry();
         let refs = |doc: &str| match validate(&c, &found(doc.as_bytes()), &registry, &[]) {
             Validation::Valid(v) => v.cloud_config.unwrap(),
             other => panic!("{other:?}"),
