@@ -581,6 +581,19 @@ fn the_binary_prints_its_version_and_upstream_flags() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--concurrent-node-syncs"));
 }
 
+#[test]
+fn the_binary_ships_every_built_in_provider() {
+    // An unknown name is refused before any connection, listing what the binary registered
+    // (operator::providers pins the operator to the same list).
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cloud-controller-manager"))
+        .args(["--cloud-provider=nope"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("known providers: aws, baremetal, fake"), "{stderr}");
+}
+
 e2e_apiserver::backend_tests! {
     async fn the_engine_runs_the_enabled_built_in_controllers_and_skips_those_the_provider_cannot_serve(backend) {
         use k8s_openapi::api::core::v1::{Node, NodeSpec, Taint};

@@ -14,7 +14,15 @@ fn root() -> PathBuf {
 }
 
 /// Crates whose source may emit reasons.
-const SOURCE_DIRS: [&str; 3] = ["crds/src", "manager/src", "operator/src"];
+const SOURCE_DIRS: [&str; 7] = [
+    "crds/src",
+    "framework/src",
+    "providers/fake/src",
+    "providers/baremetal/src",
+    "providers/aws/src",
+    "cloud-controller-manager/src",
+    "operator/src",
+];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };

@@ -226,7 +226,9 @@ fn named_paths(text: &str) -> Vec<String> {
                 && !w.starts_with('$')
                 && !w.starts_with("--")
                 && (w.starts_with("charts/")
-                    || w.starts_with("manager/")
+                    || w.starts_with("framework/")
+                    || w.starts_with("providers/")
+                    || w.starts_with("cloud-controller-manager/")
                     || w.starts_with("examples/")
                     || w.starts_with("docs/")
                     || w.starts_with("operator/")
@@ -310,8 +312,8 @@ fn block_scanner_finds_marked_indented_and_unmarked_blocks() {
     assert!(set_by_cargo_for_tests("CARGO_PKG_NAME") && set_by_cargo_for_tests("CARGO_MANIFEST_DIR"));
     assert!(!set_by_cargo_for_tests("CARGO_HOME") && !set_by_cargo_for_tests("CARGO_TARGET_DIR"));
     assert_eq!(
-        named_paths("kubectl apply -f charts/x.yaml --from-file=k=manager/y.yaml"),
-        ["charts/x.yaml", "manager/y.yaml"]
+        named_paths("kubectl apply -f charts/x.yaml --from-file=k=providers/y.yaml"),
+        ["charts/x.yaml", "providers/y.yaml"]
     );
 }
 

@@ -1,4 +1,4 @@
-//! The manager crate's error type.
+//! The framework's error type.
 
 use crate::provider::CloudError;
 use crate::registry::RegistryError;

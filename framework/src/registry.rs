@@ -148,7 +148,7 @@ impl Registry {
     /// Build the provider `name` from its cloud-config: also the pure validation function the
     /// operator calls (factories have no side effects). A cloud-config over
     /// [`MAX_CLOUD_CONFIG_BYTES`] is refused before the factory; the built-in factories bound
-    /// depth and alias expansion too (`providers::safe_yaml`). Blocking: on an async runtime,
+    /// depth and alias expansion too (`safe_yaml`). Blocking: on an async runtime,
     /// prefer [`Self::create_bounded`].
     pub fn create(
         &self,

@@ -19,7 +19,7 @@
 //! is a parameter, with `{kubeconfig}`, `{port}` and `{cloud_config}` placeholders.
 //!
 //! ```sh
-//! cargo build --release -p manager --bin cloud-controller-manager
+//! cargo build --release -p cloud-controller-manager --bin cloud-controller-manager
 //! cargo test --workspace --no-run                       # builds target/debug/bench-services
 //! CCM_TEST_ASSETS=/tmp/ccm-assets target/debug/bench-services --backend genuine
 //! ```
@@ -55,7 +55,7 @@ const DEFAULT_MANAGER: &str = "target/release/cloud-controller-manager --cloud-p
 --secure-port={port} --authorization-always-allow-paths=/healthz,/metrics --controllers=service-lb-controller";
 
 /// The three configurations of the issue. Ours name `--concurrent-service-syncs` explicitly (at
-/// the manager crate's default) so the numbers do not depend on the flag's compiled default.
+/// the framework's default) so the numbers do not depend on the flag's compiled default.
 fn default_variants() -> Vec<String> {
     let ours = ccm_framework::options::DEFAULT_CONCURRENT_SERVICE_SYNCS;
     vec![
@@ -650,7 +650,7 @@ async fn run_variant(
         );
     }
 
-    // Watch our Services through the manager crate's cache (one watch, change stream).
+    // Watch our Services through the framework's cache (one watch, change stream).
     let (cache, writer) = Cache::<Service>::new();
     let watch_guard = watch(services.clone(), writer);
     cache.wait_until_ready().await;

@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 
-use super::ipam::{IpBlock, Pool};
+pub use crate::duration::{BAD_DURATION, HUGE_DURATION, NEGATIVE_DURATION, parse_duration};
+use crate::ipam::{IpBlock, Pool};
+pub use crate::selector::{LabelSelectorConfig, SelectorOperator, SelectorRequirement};
 use ccm_framework::safe_yaml::{
     self, CLOUD_CONFIG_LIMITS, DUPLICATE_KEY, DocumentError, FieldPath, Problem, Schema, unique_string_map,
 };
@@ -142,10 +144,10 @@ pub struct LoadBalancerConfig {
     pub retry_after: Duration,
     /// `addresses` (default: assign only) or `proxy` (the leader also carries the traffic).
     #[serde(default)]
-    pub mode: super::proxy::Mode,
+    pub mode: crate::proxy::Mode,
     /// Data-path settings for `mode: proxy`.
     #[serde(default)]
-    pub proxy: super::proxy::ProxyConfig,
+    pub proxy: crate::proxy::ProxyConfig,
     /// Write kube-vip's `kube-vip.io/loadbalancerIPs` annotation on every Service with addresses.
     #[serde(default)]
     pub kube_vip: bool,
@@ -191,60 +193,6 @@ pub struct PoolConfig {
     /// only useful when the data path answers on the node itself.
     #[serde(default)]
     pub allow_loopback: bool,
-}
-
-/// A label selector (the Kubernetes shape).
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct LabelSelectorConfig {
-    /// Labels that must be present with these values.
-    #[serde(default, deserialize_with = "unique_string_map")]
-    pub match_labels: BTreeMap<String, String>,
-    /// Set-based requirements.
-    #[serde(default)]
-    pub match_expressions: Vec<SelectorRequirement>,
-}
-
-impl LabelSelectorConfig {
-    /// Whether `labels` satisfy every requirement.
-    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
-        self.match_labels.iter().all(|(k, v)| labels.get(k) == Some(v))
-            && self.match_expressions.iter().all(|r| {
-                let value = labels.get(&r.key);
-                match r.operator {
-                    SelectorOperator::In => value.is_some_and(|v| r.values.contains(v)),
-                    SelectorOperator::NotIn => value.is_none_or(|v| !r.values.contains(v)),
-                    SelectorOperator::Exists => value.is_some(),
-                    SelectorOperator::DoesNotExist => value.is_none(),
-                }
-            })
-    }
-}
-
-/// One set-based selector requirement.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SelectorRequirement {
-    /// The label key.
-    pub key: String,
-    /// How the key relates to the values.
-    pub operator: SelectorOperator,
-    /// Values for `In` / `NotIn`; must be empty otherwise.
-    #[serde(default)]
-    pub values: Vec<String>,
-}
-
-/// Selector operators.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-pub enum SelectorOperator {
-    /// The label's value is one of the values.
-    In,
-    /// The label is absent or its value is none of the values.
-    NotIn,
-    /// The label is present.
-    Exists,
-    /// The label is absent.
-    DoesNotExist,
 }
 
 /// Node lifecycle settings.
@@ -308,29 +256,6 @@ fn default_probe_address_types() -> Vec<AddressType> {
     vec![AddressType::InternalIP, AddressType::ExternalIP]
 }
 
-/// The message of a malformed duration (registered with the schema, so it is shown as is).
-pub const BAD_DURATION: &str = "is not a duration such as 1m30s, 500ms or 2h (units h, m, s, ms, us, ns)";
-/// The message of a negative duration.
-pub const NEGATIVE_DURATION: &str = "must not be negative";
-/// The message of a duration beyond what the provider can wait.
-pub const HUGE_DURATION: &str = "is longer than 1000000000s";
-
-/// Parse a Go-style duration: a sequence of numbers with units, such as `1m30s`, `500ms`,
-/// `2h` or `1.5s` (units `h`, `m`, `s`, `ms`, `us`/`µs`, `ns`; `0` alone is zero). The error is
-/// one of the fixed messages above, never the text.
-pub fn parse_duration(text: &str) -> Result<Duration, &'static str> {
-    // kube's Go duration parser; its own message quotes the input, so only the outcome is kept.
-    let parsed: kube::core::Duration = text.trim().parse().map_err(|_| BAD_DURATION)?;
-    if parsed.is_negative() {
-        return Err(NEGATIVE_DURATION);
-    }
-    let duration = Duration::from(parsed);
-    if duration > Duration::from_secs(1_000_000_000) {
-        return Err(HUGE_DURATION);
-    }
-    Ok(duration)
-}
-
 fn duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
     // A visitor, so the error is raised inside the YAML deserializer and carries the field's
     // path and line.
@@ -358,11 +283,11 @@ fn schema() -> &'static Schema {
             .with::<AddressConfig>()
             .with::<AddressType>()
             .with::<LoadBalancerConfig>()
-            .with::<super::proxy::Mode>()
-            .with::<super::proxy::ProxyConfig>()
-            .with::<super::proxy::BindConfig>()
-            .with::<super::proxy::BalanceConfig>()
-            .with_messages(super::proxy::MESSAGES)
+            .with::<crate::proxy::Mode>()
+            .with::<crate::proxy::ProxyConfig>()
+            .with::<crate::proxy::BindConfig>()
+            .with::<crate::proxy::BalanceConfig>()
+            .with_messages(crate::proxy::MESSAGES)
             .with::<PoolConfig>()
             .with::<LabelSelectorConfig>()
             .with::<SelectorRequirement>()

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 
-use super::config::LabelSelectorConfig;
+use crate::selector::LabelSelectorConfig;
 
 /// Annotation listing the addresses a Service asks for (comma-separated, one per family).
 pub const LOAD_BALANCER_IPS_ANNOTATION: &str = "ccm.rs/load-balancer-ips";

@@ -10,12 +10,14 @@
 pub mod config;
 #[cfg(feature = "datapath")]
 pub mod datapath;
+pub mod duration;
 pub mod inventory;
 pub mod ipam;
 pub mod pool_metrics;
 pub mod probe;
 pub mod proxy;
 pub mod reload;
+pub mod selector;
 
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};

@@ -194,7 +194,7 @@ fn positive_duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Durat
             f.write_str("a duration such as 2s or 500ms")
         }
         fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Duration, E> {
-            let duration = super::config::parse_duration(text).map_err(safe_yaml::custom)?;
+            let duration = crate::duration::parse_duration(text).map_err(safe_yaml::custom)?;
             if duration.is_zero() { Err(safe_yaml::custom(NOT_POSITIVE)) } else { Ok(duration) }
         }
     }

@@ -313,7 +313,7 @@ async fn an_invalid_edit_is_refused_with_its_path_and_the_running_pools_stay() {
 
 #[test]
 fn every_example_cloud_config_parses() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/baremetal");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
     let mut parsed = 0;
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
@@ -331,7 +331,7 @@ fn every_example_cloud_config_parses() {
 fn the_readme_example_parses() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md");
     let readme = std::fs::read_to_string(path).unwrap();
-    let section = readme.split("## The baremetal provider").nth(1).expect("the README documents the provider");
+    let section = readme.split("# ccm-provider-baremetal").nth(1).expect("the README documents the provider");
     let block = section.split("```yaml\n").nth(1).and_then(|b| b.split("```").next()).unwrap();
     let p = BaremetalProvider::from_cloud_config(Some(block.as_bytes())).unwrap();
     // The complete example sets every section.
