@@ -63,7 +63,7 @@ const BLOCKS: &[(&str, &str, &str, Check)] = &[
     (
         "README.md",
         "readme-install-resource",
-        "2113aa97fa6cefd1",
+        "8da058b3ca82c78a",
         Check::Paths("needs a cluster; the quick start applies a resource the same way"),
     ),
     (
@@ -94,13 +94,13 @@ const BLOCKS: &[(&str, &str, &str, Check)] = &[
     (
         "docs/quickstart.md",
         "quickstart",
-        "64efb8bad465e2bf",
+        "3279eb40dd47bcc0",
         Check::Run("quick_start_reaches_ready_and_stops_quietly_as_documented"),
     ),
     (
         "docs/provider-guide.md",
         "provider-dependency",
-        "b27e5c52c7cfb36e",
+        "cb6fdccf4064adc5",
         Check::Paths(
             "a vendor's Cargo.toml; examples/out-of-tree-provider depends on the framework by path the same way",
         ),
@@ -108,7 +108,7 @@ const BLOCKS: &[(&str, &str, &str, Check)] = &[
     (
         "docs/provider-guide.md",
         "provider-implementation",
-        "2480d696cc13a9d1",
+        "9f7921999008ce1b",
         Check::Paths(
             "a sketch with the vendor's own client; examples/out-of-tree-provider is the compiled, tested version",
         ),
@@ -116,7 +116,7 @@ const BLOCKS: &[(&str, &str, &str, Check)] = &[
     (
         "docs/provider-guide.md",
         "provider-main",
-        "f9293581e309cd23",
+        "9bfadda4dbbd153a",
         Check::Paths("examples/out-of-tree-provider/src/main.rs is the compiled version"),
     ),
     (
