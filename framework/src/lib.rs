@@ -18,6 +18,7 @@ pub mod http;
 pub mod leader;
 pub mod metrics;
 pub mod options;
+pub mod process;
 pub mod provider;
 pub mod registry;
 pub mod safe_yaml;

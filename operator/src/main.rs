@@ -108,7 +108,7 @@ struct RunFlags {
 
 fn init_logging(level: &str, json: bool) {
     let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(ccm_framework::engine::app::default_directives(level)));
+        .unwrap_or_else(|_| EnvFilter::new(ccm_framework::process::default_directives(level)));
     // Colours only on a terminal: `kubectl logs` and log files get plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
@@ -187,7 +187,7 @@ async fn run(flags: RunFlags) -> Result<(), operator::Error> {
         config.leader_election = Some(OperatorConfig::operator_lease(&ns, &config.identity));
     }
     tracing::info!(version = env!("CARGO_PKG_VERSION"), identity = %config.identity, scope = ?config.scope, cloud_config_namespaces = ?config.allowed_namespaces().as_slice(), "starting ccm-operator");
-    operator::run(config, ccm_framework::engine::app::shutdown_on_signal()).await
+    operator::run(config, ccm_framework::process::shutdown_on_signal()).await
 }
 
 fn main() -> ExitCode {
