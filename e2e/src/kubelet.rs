@@ -1352,8 +1352,8 @@ mod node_port_tests {
         /// a deleted Node stops answering.
         async fn an_http_get_and_a_datagram_on_the_external_ip_reach_an_emulated_node(backend) {
             use kube::api::{DeleteParams, PostParams};
-            use manager::provider::CloudProvider;
-            use manager::providers::baremetal::BaremetalProvider;
+            use ccm_framework::provider::CloudProvider;
+            use ccm_provider_baremetal::BaremetalProvider;
 
             let cluster = e2e_apiserver::TestCluster::start(backend).await.unwrap();
             let b: u8 = if cluster.is_genuine() { 160 } else { 60 };
@@ -1383,12 +1383,12 @@ mod node_port_tests {
                 "loadBalancer:\n  mode: proxy\n  proxy:\n    healthCheckInterval: 100ms\n    healthCheckTimeout: 100ms\n    drainTimeout: 1s\n  pools:\n    - name: sandbox\n      cidrs: [127.{b}.0.240/29]\n      allowLoopback: true\n"
             );
             let provider = std::sync::Arc::new(BaremetalProvider::from_cloud_config(Some(config.as_bytes())).unwrap());
-            let options = manager::options::ControllerOptions { concurrent_service_syncs: 2, ..Default::default() };
-            let running = manager::engine::testing::run_controller(
+            let options = ccm_framework::options::ControllerOptions { concurrent_service_syncs: 2, ..Default::default() };
+            let running = ccm_framework::engine::testing::run_controller(
                 cluster.client(),
                 provider as std::sync::Arc<dyn CloudProvider>,
                 options,
-                Box::new(manager::controllers::service::ServiceController::new()),
+                Box::new(ccm_framework::controllers::service::ServiceController::new()),
             )
             .await;
             let ip: IpAddr = eventually("an external IP", || async {

@@ -1,5 +1,5 @@
 //! A minimal HTTPS GET for probing local endpoints (`/readyz`, `/healthz`, `/metrics`) of
-//! manager processes (through `manager::serving::probe`), and the parsing of what they answer.
+//! manager processes (through `ccm_framework::serving::probe`), and the parsing of what they answer.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -16,7 +16,7 @@ pub struct Response {
 /// `GET path` on `addr` over HTTPS, not verifying the (self-signed) certificate, as a
 /// kubelet's HTTPS probe; `None` when the connection fails, times out or the answer is not HTTP.
 pub async fn get(addr: SocketAddr, path: &str, timeout: Duration) -> Option<Response> {
-    let r = manager::serving::probe::get(addr, path, None, timeout).await?;
+    let r = ccm_framework::serving::probe::get(addr, path, None, timeout).await?;
     Some(Response { status: r.status, body: r.body })
 }
 

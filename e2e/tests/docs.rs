@@ -14,7 +14,15 @@ fn root() -> PathBuf {
 }
 
 /// Crates whose source may emit reasons.
-const SOURCE_DIRS: [&str; 3] = ["crds/src", "manager/src", "operator/src"];
+const SOURCE_DIRS: [&str; 7] = [
+    "crds/src",
+    "framework/src",
+    "providers/fake/src",
+    "providers/baremetal/src",
+    "providers/aws/src",
+    "cloud-controller-manager/src",
+    "operator/src",
+];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
@@ -169,7 +177,10 @@ fn the_scan_finds_the_reasons_the_crates_declare() {
         .chain(operator::reasons::available::ALL.iter())
         .chain(operator::reasons::degraded::ALL.iter())
         .chain(operator::reasons::events::ALL.iter())
-        .chain([manager::provider::health_reasons::HEALTHY, manager::provider::health_reasons::PROBE_ERROR].iter());
+        .chain(
+            [ccm_framework::provider::health_reasons::HEALTHY, ccm_framework::provider::health_reasons::PROBE_ERROR]
+                .iter(),
+        );
     for reason in declared {
         assert!(found.contains(*reason), "the scan missed {reason}");
     }

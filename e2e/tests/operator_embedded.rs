@@ -6,12 +6,12 @@ mod operator_support;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ccm_framework::events::EventSink;
 use crds::conditions::{reasons as ready_reasons, types};
 use e2e_apiserver::FaultRule;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use manager::events::EventSink;
 use operator::controller::{self, Shared};
 use operator::embedded::Engines;
 use operator::metrics::OperatorMetrics;

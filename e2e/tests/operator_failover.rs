@@ -5,11 +5,11 @@ mod operator_support;
 
 use std::time::Duration;
 
+use ccm_framework::leader::LeaderElectionConfig;
 use crds::conditions::types;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Patch, PatchParams};
-use manager::leader::LeaderElectionConfig;
 use operator::OperatorHandle;
 use operator_support::{Env, HARNESS_AGENT, by_code_under_test, eventually, eventually_value, micro_now};
 use serde_json::json;

@@ -158,7 +158,7 @@ e2e_apiserver::backend_tests! {
     async fn health_readiness_and_metrics_are_served(backend) {
         let env = Env::start(backend, "http").await;
         let mut config = env.operator_config();
-        config.http = Some(manager::http::HttpConfig::plain("127.0.0.1:0".parse().unwrap()));
+        config.http = Some(ccm_framework::http::HttpConfig::plain("127.0.0.1:0".parse().unwrap()));
         let op = operator::start(config).await.unwrap();
         let addr = op.local_addr().expect("an HTTP address");
         env.apply_cr("web", spec("Deployment")).await;

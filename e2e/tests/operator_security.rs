@@ -38,7 +38,7 @@ fn log_buffer() -> Arc<Mutex<Vec<u8>>> {
             let sink = buffer.clone();
             // Set before any Env starts: its own try_init then keeps this one.
             let _ = tracing_subscriber::fmt()
-                .with_env_filter(tracing_subscriber::EnvFilter::new("info,operator=trace,manager=trace"))
+                .with_env_filter(tracing_subscriber::EnvFilter::new("info,operator=trace,ccm_framework=trace"))
                 .with_ansi(false)
                 .with_writer(move || BufferWriter(sink.clone()))
                 .try_init();
@@ -510,7 +510,7 @@ async fn manager_pods_pass_restricted_pod_security_admission_except_host_network
             key: "cloud.conf".into(),
             data: b"autoInstances: true\n".to_vec(),
         };
-        let validation = operator::validate::validate(&cr, &secret, &manager::registry::Registry::builtin(), &[]);
+        let validation = operator::validate::validate(&cr, &secret, &operator::providers::builtin_registry(), &[]);
         let operator::validate::Validation::Valid(validated) = validation else { panic!("{validation:?}") };
         let template = build::build(&cr, &validated, &BuildSettings::default())
             .into_iter()

@@ -30,6 +30,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
+use ccm_framework::serving::{AuthConfig, AuthSettings, HttpConfig};
 use clap::Parser;
 use e2e_apiserver::{RequestRecord, TestCluster};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
@@ -42,7 +43,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::Client;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
-use manager::serving::{AuthConfig, AuthSettings, HttpConfig};
 use serde_json::{Value, json};
 
 /// The user agent of this test's own requests, so they are left out of the proof.
@@ -535,7 +535,7 @@ async fn metrics_step(
     let addr = addr.ok_or_else(|| format!("{what} (no endpoint)"))?;
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
-        let answer = manager::serving::probe::get(addr, "/metrics", Some(&token), Duration::from_secs(5)).await;
+        let answer = ccm_framework::serving::probe::get(addr, "/metrics", Some(&token), Duration::from_secs(5)).await;
         if answer.as_ref().is_some_and(|r| r.status == 200 && r.body.contains("# TYPE")) {
             return Ok(());
         }
@@ -859,10 +859,14 @@ async fn manager_scenario(
         format!("--ccm-resource={namespace}/{CR_NAME}"),
         "--ccm-resource-interval=1s".into(),
     ];
-    let settings = manager::flags::Flags::try_parse_from(&args).expect("flags parse").settings().expect("settings");
+    let settings =
+        ccm_framework::flags::Flags::try_parse_from(&args).expect("flags parse").settings().expect("settings");
     let shutdown = tokio_util::sync::CancellationToken::new();
-    let manager =
-        tokio::spawn(manager::engine::app::run(manager::registry::Registry::builtin(), settings, shutdown.clone()));
+    let manager = tokio::spawn(ccm_framework::engine::app::run(
+        operator::providers::builtin_registry(),
+        settings,
+        shutdown.clone(),
+    ));
     let mut outcome = metrics_step(cluster, "the manager", Some(metrics_addr), timeout).await;
     if outcome.is_ok() {
         outcome = manager_steps(client, &nodes, [&node_a, &node_b, &node_gone], namespace, timeout).await;

@@ -64,7 +64,7 @@ const BLOCKS: &[(&str, &str, &str, Check)] = &[
     (
         "README.md",
         "readme-install-resource",
-        "2113aa97fa6cefd1",
+        "8da058b3ca82c78a",
         Check::Paths("needs a cluster; the quick start applies a resource the same way"),
     ),
     (
@@ -95,13 +95,13 @@ const BLOCKS: &[(&str, &str, &str, Check)] = &[
     (
         "docs/quickstart.md",
         "quickstart",
-        "64efb8bad465e2bf",
+        "3279eb40dd47bcc0",
         Check::Run("quick_start_reaches_ready_and_stops_quietly_as_documented"),
     ),
     (
         "docs/provider-guide.md",
         "provider-dependency",
-        "b27e5c52c7cfb36e",
+        "cb6fdccf4064adc5",
         Check::Paths(
             "a vendor's Cargo.toml; examples/out-of-tree-provider depends on the framework by path the same way",
         ),
@@ -109,7 +109,7 @@ const BLOCKS: &[(&str, &str, &str, Check)] = &[
     (
         "docs/provider-guide.md",
         "provider-implementation",
-        "2480d696cc13a9d1",
+        "9f7921999008ce1b",
         Check::Paths(
             "a sketch with the vendor's own client; examples/out-of-tree-provider is the compiled, tested version",
         ),
@@ -117,7 +117,7 @@ const BLOCKS: &[(&str, &str, &str, Check)] = &[
     (
         "docs/provider-guide.md",
         "provider-main",
-        "f9293581e309cd23",
+        "9bfadda4dbbd153a",
         Check::Paths("examples/out-of-tree-provider/src/main.rs is the compiled version"),
     ),
     (
@@ -264,7 +264,9 @@ fn named_paths(text: &str) -> Vec<String> {
                 && !w.starts_with('$')
                 && !w.starts_with("--")
                 && (w.starts_with("charts/")
-                    || w.starts_with("manager/")
+                    || w.starts_with("framework/")
+                    || w.starts_with("providers/")
+                    || w.starts_with("cloud-controller-manager/")
                     || w.starts_with("examples/")
                     || w.starts_with("docs/")
                     || w.starts_with("operator/")
@@ -348,8 +350,8 @@ fn block_scanner_finds_marked_indented_and_unmarked_blocks() {
     assert!(set_by_cargo_for_tests("CARGO_PKG_NAME") && set_by_cargo_for_tests("CARGO_MANIFEST_DIR"));
     assert!(!set_by_cargo_for_tests("CARGO_HOME") && !set_by_cargo_for_tests("CARGO_TARGET_DIR"));
     assert_eq!(
-        named_paths("kubectl apply -f charts/x.yaml --from-file=k=manager/y.yaml"),
-        ["charts/x.yaml", "manager/y.yaml"]
+        named_paths("kubectl apply -f charts/x.yaml --from-file=k=providers/y.yaml"),
+        ["charts/x.yaml", "providers/y.yaml"]
     );
 }
 

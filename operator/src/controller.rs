@@ -14,6 +14,8 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use ccm_framework::events::EventSink;
+use ccm_framework::registry::Registry;
 use crds::conditions::{self, DesiredCondition, Status, types};
 use crds::{CloudControllerManager, Mode};
 use futures::StreamExt;
@@ -31,8 +33,6 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{PredicateConfig, WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
-use manager::events::EventSink;
-use manager::registry::Registry;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use ccm_framework::registry::Registry;
 use crds::CloudControllerManager;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -18,7 +19,6 @@ use kube::api::PartialObjectMeta;
 use kube::core::DeserializeGuard;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, ResourceExt};
-use manager::registry::Registry;
 
 use crate::status::{DaemonSetObservation, DeploymentObservation, FailingContainer, LeaseObservation, PodsObservation};
 use crate::validate::{Peer, SecretState};

@@ -13,6 +13,12 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use ccm_framework::engine::{EngineBuilder, INFORMER_SYNC_CHECK, LeaderLoss};
+use ccm_framework::leader::LeaderElectionConfig;
+use ccm_framework::options::ControllerOptions;
+use ccm_framework::provider::{CloudProvider, Reload};
+use ccm_framework::registry::{ClusterSettings, Registry};
+use ccm_framework::status::StatusTarget;
 use crds::controllers::ControllerSelection;
 use crds::validation::parse_cluster_cidrs;
 use crds::{CloudControllerManager, CloudControllerManagerSpec};
@@ -20,12 +26,6 @@ use futures::FutureExt;
 use kube::core::DeserializeGuard;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt};
-use manager::engine::{EngineBuilder, INFORMER_SYNC_CHECK, LeaderLoss};
-use manager::leader::LeaderElectionConfig;
-use manager::options::ControllerOptions;
-use manager::provider::{CloudProvider, Reload};
-use manager::registry::{ClusterSettings, Registry};
-use manager::status::StatusTarget;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -284,7 +284,7 @@ impl Engines {
         };
         let created = self.registry.create(&cr.spec.provider, cloud_config, &settings);
         let provider = created.as_ref().ok().cloned();
-        let built = created.map_err(manager::Error::from).and_then(|provider| {
+        let built = created.map_err(ccm_framework::Error::from).and_then(|provider| {
             EngineBuilder::new(self.client.clone(), provider, options)
                 .leader_election(Some(leader_election(cr, &self.identity)))
                 .identity(self.identity.clone())
@@ -403,7 +403,7 @@ async fn reload_bounded(provider: Option<Arc<dyn CloudProvider>>, cloud_config: 
     let provider = provider?;
     let bytes = cloud_config.map(<[u8]>::to_vec);
     let task = tokio::task::spawn_blocking(move || provider.reload(bytes.as_deref()));
-    match tokio::time::timeout(manager::registry::FACTORY_TIME_LIMIT, task).await {
+    match tokio::time::timeout(ccm_framework::registry::FACTORY_TIME_LIMIT, task).await {
         Ok(Ok(outcome)) => Some(outcome),
         _ => None,
     }

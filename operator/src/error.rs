@@ -8,7 +8,7 @@ pub enum Error {
     Kube(#[from] kube::Error),
     /// The manager framework failed (engine start, leader election, HTTP endpoint).
     #[error(transparent)]
-    Manager(#[from] manager::Error),
+    Manager(#[from] ccm_framework::Error),
     /// The object has no name or namespace (cannot happen for objects read from the server).
     #[error("object without {0}")]
     MissingField(&'static str),

@@ -17,6 +17,7 @@ pub mod error;
 pub mod hash;
 pub mod metrics;
 pub mod names;
+pub mod providers;
 pub mod reasons;
 pub mod status;
 pub mod validate;
@@ -26,16 +27,16 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use ccm_framework::events::EventSink;
+use ccm_framework::health::HealthRegistry;
+use ccm_framework::http::{HttpConfig, HttpState, Listener};
+use ccm_framework::leader::{LeaderElectionConfig, LeaderElector, TermEnd};
+use ccm_framework::registry::Registry;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::wait::{await_condition, conditions};
 use kube::{Api, Client, CustomResourceExt};
-use manager::events::EventSink;
-use manager::health::HealthRegistry;
-use manager::http::{HttpConfig, HttpState, Listener};
-use manager::leader::{LeaderElectionConfig, LeaderElector, TermEnd};
-use manager::registry::Registry;
 use tokio::sync::{mpsc, watch as tokio_watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -113,8 +114,8 @@ impl OperatorConfig {
             scope: Scope::All,
             cloud_config_namespaces: None,
             build: BuildSettings::default(),
-            registry: Registry::builtin(),
-            identity: manager::leader::default_identity(),
+            registry: providers::builtin_registry(),
+            identity: ccm_framework::leader::default_identity(),
             leader_election: None,
             http: None,
             timings: Timings::default(),
@@ -357,7 +358,7 @@ impl TriggerHub {
 async fn main_loop(
     config: OperatorConfig,
     metrics: OperatorMetrics,
-    crd_check: manager::health::HealthHandle,
+    crd_check: ccm_framework::health::HealthHandle,
     leading: tokio_watch::Sender<bool>,
     shutdown: CancellationToken,
     crash: CancellationToken,

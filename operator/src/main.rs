@@ -4,10 +4,10 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use ccm_framework::client::{self, ClientSource, RateLimitLayer};
+use ccm_framework::http::{HttpConfig, Tls, TlsFiles};
+use ccm_framework::serving::{AuthConfig, AuthSettings};
 use clap::{ArgAction, Parser, Subcommand};
-use manager::client::{self, ClientSource, RateLimitLayer};
-use manager::http::{HttpConfig, Tls, TlsFiles};
-use manager::serving::{AuthConfig, AuthSettings};
 use operator::{BuildSettings, OperatorConfig, Scope, Timings};
 use tracing_subscriber::EnvFilter;
 
@@ -86,7 +86,7 @@ struct RunFlags {
     #[arg(long, env = "POD_NAMESPACE", value_name = "namespace")]
     leader_elect_namespace: Option<String>,
     /// How long transient failures must last before Degraded turns True.
-    #[arg(long, default_value = "2m", value_parser = manager::flags::parse_duration, value_name = "duration")]
+    #[arg(long, default_value = "2m", value_parser = ccm_framework::flags::parse_duration, value_name = "duration")]
     degraded_window: Duration,
     /// At start, server-side apply the CloudControllerManager CRD this binary was built with (the
     /// chart's crds.manage); when RBAC forbids it, log that and use the CRD as it is.
@@ -103,7 +103,7 @@ struct RunFlags {
     #[arg(long, default_value_t = true, action = ArgAction::Set, value_name = "bool")]
     embedded_host_network: bool,
     /// Reconcile every CloudControllerManager at least this often.
-    #[arg(long, default_value = "5m", value_parser = manager::flags::parse_duration, value_name = "duration")]
+    #[arg(long, default_value = "5m", value_parser = ccm_framework::flags::parse_duration, value_name = "duration")]
     resync_period: Duration,
     /// Reconciles running at once.
     #[arg(long, default_value_t = 8, value_name = "int")]
@@ -118,7 +118,7 @@ struct RunFlags {
 
 fn init_logging(level: &str, json: bool) {
     let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(manager::engine::app::default_directives(level)));
+        .unwrap_or_else(|_| EnvFilter::new(ccm_framework::process::default_directives(level)));
     // Colours only on a terminal: `kubectl logs` and log files get plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
@@ -201,7 +201,7 @@ async fn run(flags: RunFlags) -> Result<(), operator::Error> {
         config.leader_election = Some(OperatorConfig::operator_lease(&ns, &config.identity));
     }
     tracing::info!(version = env!("CARGO_PKG_VERSION"), identity = %config.identity, scope = ?config.scope, cloud_config_namespaces = ?config.allowed_namespaces().as_slice(), "starting ccm-operator");
-    operator::run(config, manager::engine::app::shutdown_on_signal()).await
+    operator::run(config, ccm_framework::process::shutdown_on_signal()).await
 }
 
 fn main() -> ExitCode {

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use manager::metrics::Metrics;
+use ccm_framework::metrics::Metrics;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;

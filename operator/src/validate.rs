@@ -7,12 +7,12 @@
 
 use std::fmt;
 
+use ccm_framework::registry::{ClusterSettings, Registry, RegistryError};
 use crds::CloudControllerManager;
 use crds::controllers::{self, ControllerSelection};
 use crds::validation::{parse_cluster_cidrs, validate_spec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{Resource, ResourceExt};
-use manager::registry::{ClusterSettings, Registry, RegistryError};
 
 use crate::hash;
 use crate::reasons::config_valid as reason;
@@ -283,7 +283,7 @@ pub fn validate(cr: &CloudControllerManager, secret: &SecretState, registry: &Re
         return invalid(vec![Failure { reason: reason::INVALID_SPEC, message: e.to_string() }]);
     }
     // The manager refuses timings the CRD accepts (renewDeadline must exceed 1.2 x retryPeriod).
-    let timings = manager::leader::LeaderElectionConfig {
+    let timings = ccm_framework::leader::LeaderElectionConfig {
         identity: "validation".into(),
         lease_duration: spec.leader_election.lease_duration.into(),
         renew_deadline: spec.leader_election.renew_deadline.into(),
@@ -442,7 +442,7 @@ impl Default for Environment {
 /// `loadBalancer.mode: proxy` and the service controller enabled. Its listeners open in the
 /// network namespace of the process that runs the provider.
 pub fn runs_proxy_data_path(cr: &CloudControllerManager, secret: &SecretState) -> bool {
-    use manager::providers::baremetal::{config, proxy};
+    use ccm_provider_baremetal::{config, proxy};
     let SecretState::Found { data, .. } = secret else { return false };
     let service_controller =
         ControllerSelection::parse(&cr.spec.controllers).is_ok_and(|s| s.is_enabled(controllers::SERVICE_LB));
@@ -530,10 +530,10 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use ccm_framework::provider::{CloudError, CloudProvider, Route, Routes};
+    use ccm_framework::registry::FactoryInput;
     use crds::CloudControllerManagerSpec;
     use k8s_openapi::jiff::Timestamp;
-    use manager::provider::{CloudError, CloudProvider, Route, Routes};
-    use manager::registry::FactoryInput;
     use serde_json::json;
 
     struct NoRoutes;
@@ -544,9 +544,9 @@ mod tests {
     }
 
     struct WithRoutes;
-    #[manager::async_trait]
+    #[ccm_framework::async_trait]
     impl Routes for WithRoutes {
-        async fn list_routes(&self, _cluster_name: &str) -> manager::provider::CloudResult<Vec<Route>> {
+        async fn list_routes(&self, _cluster_name: &str) -> ccm_framework::provider::CloudResult<Vec<Route>> {
             Ok(Vec::new())
         }
         async fn create_route(
@@ -554,10 +554,10 @@ mod tests {
             _cluster_name: &str,
             _name_hint: &str,
             _route: &Route,
-        ) -> manager::provider::CloudResult<()> {
+        ) -> ccm_framework::provider::CloudResult<()> {
             Ok(())
         }
-        async fn delete_route(&self, _cluster_name: &str, _route: &Route) -> manager::provider::CloudResult<()> {
+        async fn delete_route(&self, _cluster_name: &str, _route: &Route) -> ccm_framework::provider::CloudResult<()> {
             Ok(())
         }
     }
@@ -613,7 +613,7 @@ mod tests {
     #[test]
     fn a_pool_edit_keeps_the_restart_hash_and_other_edits_change_it() {
         let c = cr("a", 1, json!({"provider": "baremetal", "cloudConfig": {"secretRef": {"name": "cfg"}}}));
-        let registry = Registry::builtin();
+        let registry = crate::providers::builtin_registry();
         let refs = |doc: &str| match validate(&c, &found(doc.as_bytes()), &registry, &[]) {
             Validation::Valid(v) => v.cloud_config.unwrap(),
             other => panic!("{other:?}"),
@@ -632,7 +632,7 @@ mod tests {
 
     #[test]
     fn embedded_mode_is_refused_naming_spec_mode_when_the_installation_did_not_enable_it() {
-        let registry = Registry::builtin();
+        let registry = crate::providers::builtin_registry();
         let disabled = Environment { embedded_enabled: false, host_network: false };
         let doc = b"instances: [{name: n1}]\n";
         let embedded = cr(
@@ -659,7 +659,7 @@ mod tests {
 
     #[test]
     fn a_proxy_data_path_is_refused_where_its_listeners_would_be_unreachable() {
-        let registry = Registry::builtin();
+        let registry = crate::providers::builtin_registry();
         let proxy =
             b"instances: [{name: n1}]\nloadBalancer:\n  mode: proxy\n  pools: [{name: lan, cidrs: [10.0.0.0/30]}]\n";
         let addresses = b"instances: [{name: n1}]\nloadBalancer:\n  pools: [{name: lan, cidrs: [10.0.0.0/30]}]\n";

@@ -24,6 +24,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ccm_framework::cache::{Cache, Change, run_watch};
 use clap::Parser;
 use e2e_apiserver::genuine::ControlPlane;
 use e2e_apiserver::{RequestLog, TestApiServer};
@@ -31,7 +32,6 @@ use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition, NodeSpec, Nod
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::watcher;
-use manager::cache::{Cache, Change, run_watch};
 use tokio::task::JoinSet;
 
 /// The taint kubelet registers Nodes with under `--cloud-provider=external`.
@@ -410,7 +410,8 @@ async fn scrape(url: &str) -> Result<String, BoxError> {
         let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
         let addr: std::net::SocketAddr = authority.parse()?;
         let path = if path.is_empty() { "/" } else { path };
-        let r = manager::serving::probe::get(addr, path, None, Duration::from_secs(10)).await.ok_or("no answer")?;
+        let r =
+            ccm_framework::serving::probe::get(addr, path, None, Duration::from_secs(10)).await.ok_or("no answer")?;
         return if r.status == 200 { Ok(r.body) } else { Err(format!("HTTP {}", r.status).into()) };
     }
     let url = url.to_string();

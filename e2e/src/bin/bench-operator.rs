@@ -72,7 +72,7 @@ async fn run_operator(kubeconfig: PathBuf) {
     let mut config = operator::OperatorConfig::new(client);
     config.scope = operator::Scope::Namespaces(vec![NAMESPACE.to_string()]);
     config.build.manager_image = "example.test/cloud-controller-manager:bench".into();
-    if let Err(e) = operator::run(config, manager::engine::app::shutdown_on_signal()).await {
+    if let Err(e) = operator::run(config, ccm_framework::process::shutdown_on_signal()).await {
         eprintln!("operator failed: {e}");
         std::process::exit(1);
     }

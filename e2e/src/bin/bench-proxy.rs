@@ -1,4 +1,4 @@
-//! bench-proxy: the load-balancer data path (`manager::datapath`) against a direct connection
+//! bench-proxy: the load-balancer data path (`ccm_provider_baremetal::datapath`) against a direct connection
 //! on the same machine, everything on loopback in one process.
 //!
 //! Measures TCP throughput over one connection and over `--concurrent` connections, the median
@@ -20,11 +20,11 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use clap::Parser;
-use manager::datapath::{
+use ccm_framework::metrics::Metrics;
+use ccm_provider_baremetal::datapath::{
     Affinity, Backend, Balance, DataPath, HealthCheck, PortSpec, Protocol, ServiceSpec, Settings, TcpForwarding,
 };
-use manager::metrics::Metrics;
+use clap::Parser;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;

@@ -19,7 +19,7 @@
 //! is a parameter, with `{kubeconfig}`, `{port}` and `{cloud_config}` placeholders.
 //!
 //! ```sh
-//! cargo build --release -p manager --bin cloud-controller-manager
+//! cargo build --release -p cloud-controller-manager --bin cloud-controller-manager
 //! cargo test --workspace --no-run                       # builds target/debug/bench-services
 //! CCM_TEST_ASSETS=/tmp/ccm-assets target/debug/bench-services --backend genuine
 //! ```
@@ -32,6 +32,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use ccm_framework::cache::{Cache, CacheWriter, Change, run_watch};
 use clap::Parser;
 use e2e_apiserver::genuine::ControlPlane;
 use e2e_apiserver::{RequestLog, TestApiServer};
@@ -40,7 +41,6 @@ use k8s_openapi::api::core::v1::{
 };
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
-use manager::cache::{Cache, CacheWriter, Change, run_watch};
 use tokio::task::JoinSet;
 
 /// Field manager of everything the driver writes; other writes are the manager's.
@@ -55,9 +55,9 @@ const DEFAULT_MANAGER: &str = "target/release/cloud-controller-manager --cloud-p
 --secure-port={port} --authorization-always-allow-paths=/healthz,/metrics --controllers=service-lb-controller";
 
 /// The three configurations of the issue. Ours name `--concurrent-service-syncs` explicitly (at
-/// the manager crate's default) so the numbers do not depend on the flag's compiled default.
+/// the framework's default) so the numbers do not depend on the flag's compiled default.
 fn default_variants() -> Vec<String> {
-    let ours = manager::options::DEFAULT_CONCURRENT_SERVICE_SYNCS;
+    let ours = ccm_framework::options::DEFAULT_CONCURRENT_SERVICE_SYNCS;
     vec![
         format!("ours-no-client-limit=--concurrent-service-syncs={ours} --kube-api-qps=0"),
         format!("ours-20qps=--concurrent-service-syncs={ours} --kube-api-qps=20 --kube-api-burst=30"),
@@ -209,7 +209,7 @@ fn workers(extra: &str) -> usize {
     extra
         .split_whitespace()
         .find_map(|w| w.strip_prefix("--concurrent-service-syncs=").and_then(|v| v.parse().ok()))
-        .unwrap_or(manager::options::DEFAULT_CONCURRENT_SERVICE_SYNCS)
+        .unwrap_or(ccm_framework::options::DEFAULT_CONCURRENT_SERVICE_SYNCS)
 }
 
 /// A duration such as `50ms` or `1s`, in seconds.
@@ -390,7 +390,7 @@ fn free_port() -> Result<u16, BoxError> {
 /// GET `path` from the manager's HTTPS endpoint (its self-signed certificate not verified).
 async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let r = manager::serving::probe::get(addr, path, None, Duration::from_secs(5)).await?;
+    let r = ccm_framework::serving::probe::get(addr, path, None, Duration::from_secs(5)).await?;
     Some((r.status, r.body))
 }
 
@@ -579,7 +579,7 @@ fn total_without_leases(w: &Option<BTreeMap<String, usize>>) -> Option<usize> {
 /// Wait until every Service in `cache` has an ingress.
 async fn wait_for_ingresses(
     cache: &Cache<Service>,
-    changes: &mut manager::cache::Subscription<Service>,
+    changes: &mut ccm_framework::cache::Subscription<Service>,
     manager: &mut ManagerProcess,
     count: usize,
     timeout: Duration,
@@ -650,7 +650,7 @@ async fn run_variant(
         );
     }
 
-    // Watch our Services through the manager crate's cache (one watch, change stream).
+    // Watch our Services through the framework's cache (one watch, change stream).
     let (cache, writer) = Cache::<Service>::new();
     let watch_guard = watch(services.clone(), writer);
     cache.wait_until_ready().await;
@@ -933,7 +933,7 @@ mod tests {
     #[test]
     fn the_cloud_bound_uses_the_variants_workers_and_the_latency_in_seconds() {
         assert_eq!(workers("--concurrent-service-syncs=1 --kube-api-qps=20"), 1);
-        assert_eq!(workers("--kube-api-qps=0"), manager::options::DEFAULT_CONCURRENT_SERVICE_SYNCS);
+        assert_eq!(workers("--kube-api-qps=0"), ccm_framework::options::DEFAULT_CONCURRENT_SERVICE_SYNCS);
         assert_eq!(seconds_of("50ms"), Some(0.05));
         assert_eq!(seconds_of("2s"), Some(2.0));
         assert_eq!(seconds_of("fast"), None);

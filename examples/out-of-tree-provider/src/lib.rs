@@ -17,10 +17,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use ccm_framework::provider::{CloudError, CloudProvider, CloudResult, Health, InstanceMetadata, Instances};
+use ccm_framework::registry::FactoryInput;
 use k8s_openapi::api::core::v1::{Node, NodeAddress};
 use kube::ResourceExt;
-use manager::provider::{CloudError, CloudProvider, CloudResult, Health, InstanceMetadata, Instances};
-use manager::registry::FactoryInput;
 use serde::Deserialize;
 
 /// The name to pass to `--cloud-provider`.

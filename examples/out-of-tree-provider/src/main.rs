@@ -1,10 +1,10 @@
-//! The example cloud's cloud-controller-manager: every built-in provider plus `example`.
+//! The example cloud's cloud-controller-manager: the framework with the `example` provider alone.
 
 fn main() -> std::process::ExitCode {
-    let mut registry = manager::registry::Registry::builtin();
+    let mut registry = ccm_framework::registry::Registry::new();
     if let Err(error) = registry.register(example_cloud::NAME, example_cloud::factory) {
         eprintln!("{error}");
         return std::process::ExitCode::FAILURE;
     }
-    manager::run_main(registry)
+    ccm_framework::run_main(registry)
 }

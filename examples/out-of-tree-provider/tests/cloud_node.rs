@@ -3,12 +3,12 @@
 
 use std::time::Duration;
 
+use ccm_framework::options::ControllerOptions;
+use ccm_framework::registry::{ClusterSettings, Registry};
 use e2e_apiserver::TestCluster;
 use k8s_openapi::api::core::v1::{Node, NodeSpec, Taint};
 use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
-use manager::options::ControllerOptions;
-use manager::registry::{ClusterSettings, Registry};
 
 const UNINITIALIZED: &str = "node.cloudprovider.kubernetes.io/uninitialized";
 
@@ -42,7 +42,7 @@ e2e_apiserver::backend_tests! {
         };
         nodes.create(&PostParams::default(), &node).await.unwrap();
 
-        let running = manager::engine::testing::run_builtin(
+        let running = ccm_framework::engine::testing::run_builtin(
             cluster.client(),
             provider,
             ControllerOptions { node_batch_window: Duration::from_millis(10), ..Default::default() },

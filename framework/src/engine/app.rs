@@ -1,0 +1,150 @@
+//! The `cloud-controller-manager` program, for any registry of providers.
+//!
+//! A vendor's whole `main.rs`:
+//!
+//! ```no_run
+//! fn main() -> std::process::ExitCode {
+//!     let mut registry = ccm_framework::registry::Registry::new();
+//!     // registry.register("mycloud", mycloud::factory).expect("a unique name");
+//!     ccm_framework::run_main(registry)
+//! }
+//! ```
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use tokio_util::sync::CancellationToken;
+
+use crate::Error;
+use crate::client::{self, RateLimitLayer};
+use crate::engine::{EngineBuilder, LeaderLoss};
+use crate::flags::{self, Flags, Settings};
+use crate::metrics::Metrics;
+use crate::process::{init_logging, shutdown_on_signal};
+use crate::registry::{ClusterSettings, Registry};
+
+/// Parse the process arguments and run the manager until SIGTERM or SIGINT. Exits 0 after a
+/// clean shutdown, 1 on any error (including a lost Lease, like upstream), 2 on bad usage.
+pub fn run_main(registry: Registry) -> ExitCode {
+    run_main_from(registry, std::env::args_os())
+}
+
+/// [`run_main`] with explicit arguments (the first is the program name).
+pub fn run_main_from<I, T>(registry: Registry, args: I) -> ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let flags = match Flags::try_parse_from(args) {
+        Ok(f) => f,
+        Err(e) => {
+            // --help and --version end up here too, with exit code 0.
+            let _ = e.print();
+            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+        }
+    };
+    let settings = match flags.settings() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    init_logging(settings.log);
+    tracing::info!(version = env!("CARGO_PKG_VERSION"), "starting cloud-controller-manager");
+    for warning in &settings.warnings {
+        tracing::warn!("{warning}");
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!(error = %e, "could not start the async runtime");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(async { run(registry, settings, shutdown_on_signal()).await }) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(%error, "cloud-controller-manager failed");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Build the provider, the clients and the engine from `settings`, and run until `shutdown`.
+pub async fn run(registry: Registry, mut settings: Settings, shutdown: CancellationToken) -> Result<(), Error> {
+    let cloud_config = match &settings.cloud_config {
+        // Read once at start-up; the bytes go to the factory and are then dropped.
+        Some(path) => Some(
+            crate::registry::read_cloud_config_file(path)
+                .map_err(|source| Error::Io { path: path.display().to_string(), source })?,
+        ),
+        None => None,
+    };
+    let cluster = ClusterSettings {
+        cluster_name: settings.options.cluster_name.clone(),
+        cluster_cidrs: settings.options.cluster_cidrs.clone(),
+    };
+    // Only a digest stays, to tell an edit of the file from the content read here.
+    let initial = cloud_config.as_deref().map(crate::config_watch::digest);
+    // Parsed on a blocking thread with a time limit, like the operator does.
+    let provider = registry
+        .create_bounded(&settings.provider, cloud_config, &cluster, crate::registry::FACTORY_TIME_LIMIT)
+        .await?;
+    if !provider.has_cluster_id() {
+        if settings.allow_untagged_cloud {
+            tracing::warn!("detected a cluster without a ClusterID; a ClusterID will be required in the future");
+        } else {
+            return Err(Error::InvalidFlag {
+                flag: "--allow-untagged-cloud",
+                message: "no ClusterID found; a ClusterID is required for the cloud provider to function properly"
+                    .into(),
+            });
+        }
+    }
+    flags::check_with_provider(&mut settings.options, provider.as_ref())?;
+    if let Some(path) = settings.cloud_config.clone() {
+        // Edits reach the provider without a restart where it can take them (see config_watch).
+        tokio::spawn(crate::config_watch::watch(
+            path,
+            provider.clone(),
+            initial,
+            crate::config_watch::POLL_INTERVAL,
+            shutdown.child_token(),
+        ));
+    }
+
+    let config = client::load_config(&settings.client).await?;
+    let metrics = Arc::new(Metrics::new());
+    let wait = metrics.get_or_register(
+        "rest_client_rate_limiter_duration_seconds",
+        "Client side rate limiter latency in seconds.",
+        || {
+            prometheus_client::metrics::histogram::Histogram::new(
+                prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 15),
+            )
+        },
+    );
+    let layer = RateLimitLayer::new(settings.qps, settings.burst)
+        .with_observer(Arc::new(move |d: std::time::Duration| wait.observe(d.as_secs_f64())));
+    // The endpoint's TokenReviews and SubjectAccessReviews use this configuration unless
+    // --authentication-kubeconfig / --authorization-kubeconfig say otherwise.
+    let http = match settings.http {
+        Some(http) => Some(http.resolve_auth(&config).await?),
+        None => None,
+    };
+    let client = client::build_client(config.clone(), &layer)?;
+    let event_client = client::build_client(config, &RateLimitLayer::disabled())?;
+
+    let on_loss = if settings.exit_on_lost_lease { LeaderLoss::Exit } else { LeaderLoss::StandBy };
+    let engine = EngineBuilder::new(client, provider, settings.options)
+        .event_client(event_client)
+        .leader_election(settings.leader_election)
+        .http(http)
+        .metrics(metrics)
+        .on_leader_loss(on_loss)
+        .report_status(settings.ccm_resource, settings.ccm_resource_interval)
+        .build()?;
+    engine.run(shutdown).await
+}

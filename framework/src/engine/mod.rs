@@ -1,0 +1,804 @@
+//! The engine: shared caches, leader election, and the controllers, in one embeddable value.
+//!
+//! Given a client, a provider and [`ControllerOptions`], an [`Engine`] watches Nodes and
+//! Services once for all controllers, serves health and metrics, and, while this replica holds
+//! the leader Lease (or always, without leader election), initializes the provider and runs
+//! every enabled controller as a task. The binary (see [`app`]) and the operator's Embedded
+//! mode both build one with [`EngineBuilder`].
+//!
+//! Leadership: caches warm while standing by, so a new leader starts on synced caches. When a
+//! term ends, every controller must stop within a grace period before anything else happens.
+//! Losing the Lease then either returns [`Error::LeadershipLost`] (upstream's behaviour: the
+//! binary exits with status 1, see [`LeaderLoss::Exit`]) or stands by for the next term in the
+//! same process ([`LeaderLoss::StandBy`], the default, for the embedded mode). A graceful stop
+//! releases the Lease after the controllers stopped, so a standby takes over at once.
+
+pub mod app;
+pub mod instrument;
+pub mod testing;
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Service};
+use kube::runtime::events::EventType;
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::sync::watch;
+use tokio::task::{JoinHandle, JoinSet};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::Error;
+use crate::cache::{Cache, run_watch};
+use crate::controller::{Context, Controller};
+use crate::events::EventSink;
+use crate::health::{HealthHandle, HealthRegistry};
+use crate::http::{HttpConfig, HttpState, Listener};
+use crate::leader::{self, LeaderElectionConfig, LeaderElector, LeaderStatus, TermEnd};
+use crate::metrics::Metrics;
+use crate::options::ControllerOptions;
+use crate::provider::{CloudProvider, InitContext};
+use crate::status::{StatusReporter, StatusTarget};
+
+/// The manager name used in metrics and events, as upstream.
+pub const MANAGER_NAME: &str = "cloud-controller-manager";
+
+/// How long controllers get to stop after a leadership term ends.
+pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(30);
+
+/// The `/readyz` check that passes once the shared caches have synced.
+pub const INFORMER_SYNC_CHECK: &str = "informer-sync";
+
+/// The `/healthz` check of leader election (upstream's name).
+pub const LEADER_ELECTION_CHECK: &str = "leaderElection";
+
+/// Builds a fresh controller for each leadership term.
+pub type ControllerFactory = Arc<dyn Fn() -> Box<dyn Controller> + Send + Sync>;
+
+/// What to do when this replica loses the Lease.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LeaderLoss {
+    /// Stop the controllers and campaign again, in process.
+    #[default]
+    StandBy,
+    /// Stop the controllers and return [`Error::LeadershipLost`] (upstream exits the process).
+    Exit,
+}
+
+/// Why a controller is not started, or `None` to start it (S24, R1).
+pub fn skip_reason(name: &str, provider: &dyn CloudProvider, options: &ControllerOptions) -> Option<String> {
+    use crds::controllers::{CLOUD_NODE, CLOUD_NODE_LIFECYCLE, NODE_ROUTE, SERVICE_LB};
+    match name {
+        CLOUD_NODE | CLOUD_NODE_LIFECYCLE if provider.instances().is_none() => {
+            Some(format!("cloud provider {:?} does not support instances", provider.name()))
+        }
+        SERVICE_LB if provider.load_balancer().is_none() => {
+            Some(format!("cloud provider {:?} does not support load balancers", provider.name()))
+        }
+        NODE_ROUTE if !options.configure_cloud_routes => Some("--configure-cloud-routes is false".into()),
+        NODE_ROUTE if provider.routes().is_none() => {
+            Some(format!("cloud provider {:?} does not support routes", provider.name()))
+        }
+        // An empty or invalid --cluster-cidr is the route controller's to report, on its own
+        // health check, so the manager stays up; upstream exits the whole manager here (R2).
+        _ => None,
+    }
+}
+
+/// Upstream's legacy name for `running_managed_controllers` (`cloud-node`, `service`, ...).
+pub fn metric_name(canonical: &str) -> String {
+    crds::controllers::KNOWN
+        .iter()
+        .find(|(name, _)| *name == canonical)
+        .map_or_else(|| canonical.to_string(), |(_, alias)| alias.to_string())
+}
+
+/// Labels of `running_managed_controllers`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ControllerLabels {
+    name: String,
+    manager: String,
+}
+
+/// Labels of `leader_election_master_status`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LeaseLabels {
+    name: String,
+}
+
+#[derive(Clone)]
+struct EngineMetrics {
+    running: Family<ControllerLabels, Gauge>,
+    leader: Family<LeaseLabels, Gauge>,
+}
+
+impl EngineMetrics {
+    fn new(metrics: &Metrics) -> Self {
+        Self {
+            running: metrics.get_or_register(
+                "running_managed_controllers",
+                "Indicates where instances of a controller are currently running",
+                Family::default,
+            ),
+            leader: metrics.get_or_register(
+                "leader_election_master_status",
+                "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease.",
+                Family::default,
+            ),
+        }
+    }
+
+    fn controller(&self, name: &str) -> Gauge {
+        self.running.get_or_create(&ControllerLabels { name: metric_name(name), manager: MANAGER_NAME.into() }).clone()
+    }
+}
+
+/// Configures an [`Engine`].
+pub struct EngineBuilder {
+    client: Client,
+    event_client: Option<Client>,
+    provider: Arc<dyn CloudProvider>,
+    options: ControllerOptions,
+    leader_election: Option<LeaderElectionConfig>,
+    identity: Option<String>,
+    http: Option<HttpConfig>,
+    extra: Vec<(String, ControllerFactory)>,
+    builtin: bool,
+    metrics: Option<Arc<Metrics>>,
+    health: Option<HealthRegistry>,
+    on_leader_loss: LeaderLoss,
+    status: Option<(StatusTarget, Duration)>,
+    stop_grace: Duration,
+    instrument: bool,
+}
+
+impl std::fmt::Debug for EngineBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineBuilder")
+            .field("provider", &self.provider.name())
+            .field("options", &self.options)
+            .field("leader_election", &self.leader_election)
+            .field("http", &self.http)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EngineBuilder {
+    /// An engine for `provider` with these options: no leader election, no HTTP endpoint, the
+    /// built-in controllers that `options.controllers` enables.
+    ///
+    /// `client` is used for everything but events: give it the client-side rate limit (see
+    /// [`crate::client`]).
+    pub fn new(client: Client, provider: Arc<dyn CloudProvider>, options: ControllerOptions) -> Self {
+        Self {
+            client,
+            event_client: None,
+            provider,
+            options,
+            leader_election: None,
+            identity: None,
+            http: None,
+            extra: Vec::new(),
+            builtin: true,
+            metrics: None,
+            health: None,
+            on_leader_loss: LeaderLoss::default(),
+            status: None,
+            stop_grace: DEFAULT_STOP_GRACE,
+            instrument: true,
+        }
+    }
+
+    /// Elect a leader on this Lease; controllers run only while leading.
+    pub fn leader_election(mut self, config: Option<LeaderElectionConfig>) -> Self {
+        self.leader_election = config;
+        self
+    }
+
+    /// This replica's identity (events, the Lease holder, the resource's `status.leader`);
+    /// default: the leader-election identity, else `<hostname>_<random>`.
+    pub fn identity(mut self, identity: impl Into<String>) -> Self {
+        self.identity = Some(identity.into());
+        self
+    }
+
+    /// Serve `/healthz`, `/livez`, `/readyz` and `/metrics`.
+    pub fn http(mut self, config: Option<HttpConfig>) -> Self {
+        self.http = config;
+        self
+    }
+
+    /// Also run a vendor controller, built afresh by `factory` for each leadership term. It
+    /// always runs while leading (`--controllers` selects only the built-in ones).
+    pub fn controller(mut self, name: impl Into<String>, factory: ControllerFactory) -> Self {
+        self.extra.push((name.into(), factory));
+        self
+    }
+
+    /// Run no built-in controller, only those added with [`Self::controller`].
+    pub fn without_builtin_controllers(mut self) -> Self {
+        self.builtin = false;
+        self
+    }
+
+    /// The client events are written with (default: the main client). Give it no rate limit:
+    /// the event sink has its own budget.
+    pub fn event_client(mut self, client: Client) -> Self {
+        self.event_client = Some(client);
+        self
+    }
+
+    /// Register metrics here (default: a new registry).
+    pub fn metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// Report `/healthz` checks here (default: a new registry).
+    pub fn health(mut self, health: HealthRegistry) -> Self {
+        self.health = Some(health);
+        self
+    }
+
+    /// What losing the Lease does (default: stand by).
+    pub fn on_leader_loss(mut self, policy: LeaderLoss) -> Self {
+        self.on_leader_loss = policy;
+        self
+    }
+
+    /// While leading, report the provider's health on this CloudControllerManager every
+    /// `interval` (`--ccm-resource`).
+    pub fn report_status(mut self, target: Option<StatusTarget>, interval: Duration) -> Self {
+        self.status = target.map(|t| (t, interval));
+        self
+    }
+
+    /// How long controllers get to stop when a term ends (default 30s).
+    pub fn stop_grace(mut self, grace: Duration) -> Self {
+        self.stop_grace = grace;
+        self
+    }
+
+    /// Count and time cloud calls in `/metrics` (default on).
+    pub fn instrument_provider(mut self, on: bool) -> Self {
+        self.instrument = on;
+        self
+    }
+
+    /// Check the settings and build the engine.
+    pub fn build(self) -> Result<Engine, Error> {
+        if let Some(le) = &self.leader_election {
+            le.validate().map_err(|message| Error::InvalidFlag { flag: "--leader-elect", message })?;
+        }
+        let metrics = self.metrics.unwrap_or_else(|| Arc::new(Metrics::new()));
+        let provider: Arc<dyn CloudProvider> = if self.instrument {
+            Arc::new(instrument::InstrumentedProvider::new(self.provider, &metrics))
+        } else {
+            self.provider
+        };
+        let identity = self
+            .identity
+            .or_else(|| self.leader_election.as_ref().map(|le| le.identity.clone()))
+            .unwrap_or_else(leader::default_identity);
+        let leader_election = self.leader_election.map(|le| LeaderElectionConfig { identity: identity.clone(), ..le });
+        let mut controllers = Vec::new();
+        if self.builtin {
+            for name in self.options.controllers.enabled() {
+                let factory: ControllerFactory =
+                    Arc::new(move || crate::controllers::builtin(name).unwrap_or_else(|| Box::new(Missing(name))));
+                controllers.push((name.to_string(), factory));
+            }
+        }
+        controllers.extend(self.extra);
+        Ok(Engine {
+            event_client: self.event_client.unwrap_or_else(|| self.client.clone()),
+            client: self.client,
+            provider,
+            options: Arc::new(self.options),
+            leader_election,
+            identity,
+            http: self.http,
+            controllers,
+            engine_metrics: EngineMetrics::new(&metrics),
+            metrics,
+            health: self.health.unwrap_or_default(),
+            ready: HealthRegistry::new(),
+            on_leader_loss: self.on_leader_loss,
+            status: self.status,
+            stop_grace: self.stop_grace,
+            leading: watch::channel(false).0,
+        })
+    }
+}
+
+/// Stands in for a built-in controller this build does not have yet.
+struct Missing(&'static str);
+
+#[async_trait::async_trait]
+impl Controller for Missing {
+    fn name(&self) -> &'static str {
+        self.0
+    }
+
+    async fn run(self: Box<Self>, ctx: Context, health: HealthHandle) -> Result<(), Error> {
+        tracing::warn!(controller = self.0, "controller is not built into this manager; it does nothing");
+        health.set_healthy();
+        ctx.shutdown.cancelled().await;
+        Ok(())
+    }
+}
+
+/// A configured engine; [`Engine::start`] or [`Engine::run`] it.
+pub struct Engine {
+    client: Client,
+    event_client: Client,
+    provider: Arc<dyn CloudProvider>,
+    options: Arc<ControllerOptions>,
+    leader_election: Option<LeaderElectionConfig>,
+    identity: String,
+    http: Option<HttpConfig>,
+    controllers: Vec<(String, ControllerFactory)>,
+    metrics: Arc<Metrics>,
+    engine_metrics: EngineMetrics,
+    health: HealthRegistry,
+    ready: HealthRegistry,
+    on_leader_loss: LeaderLoss,
+    status: Option<(StatusTarget, Duration)>,
+    stop_grace: Duration,
+    leading: watch::Sender<bool>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("provider", &self.provider.name())
+            .field("identity", &self.identity)
+            .field("controllers", &self.controllers.iter().map(|(n, _)| n).collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A started engine.
+pub struct RunningEngine {
+    shutdown: CancellationToken,
+    task: JoinHandle<Result<(), Error>>,
+    local_addr: Option<SocketAddr>,
+    health: HealthRegistry,
+    ready: HealthRegistry,
+    metrics: Arc<Metrics>,
+    leading: watch::Receiver<bool>,
+    leader: Option<watch::Receiver<LeaderStatus>>,
+    identity: String,
+}
+
+impl std::fmt::Debug for RunningEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunningEngine").field("identity", &self.identity).field("local_addr", &self.local_addr).finish()
+    }
+}
+
+impl RunningEngine {
+    /// The HTTP endpoint's bound address, if serving.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.local_addr
+    }
+
+    /// This replica's identity.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// `/healthz` checks.
+    pub fn health(&self) -> &HealthRegistry {
+        &self.health
+    }
+
+    /// `/readyz` checks.
+    pub fn ready(&self) -> &HealthRegistry {
+        &self.ready
+    }
+
+    /// The metrics registry.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Whether controllers are running (this replica leads, or there is no election).
+    pub fn is_leading(&self) -> bool {
+        *self.leading.borrow()
+    }
+
+    /// Follow [`Self::is_leading`].
+    pub fn leading(&self) -> watch::Receiver<bool> {
+        self.leading.clone()
+    }
+
+    /// The leader-election status, when electing.
+    pub fn leader_status(&self) -> Option<LeaderStatus> {
+        self.leader.as_ref().map(|r| r.borrow().clone())
+    }
+
+    /// Wait until [`Self::is_leading`] equals `leading`.
+    pub async fn wait_leading(&self, leading: bool) {
+        let mut rx = self.leading.clone();
+        let _ = rx.wait_for(|l| *l == leading).await;
+    }
+
+    /// The token that stops the engine.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    /// Whether the engine has finished.
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// Stop gracefully (controllers stop, the Lease is released) and wait.
+    pub async fn stop(self) -> Result<(), Error> {
+        self.shutdown.cancel();
+        self.wait().await
+    }
+
+    /// Wait for the engine to finish on its own (shutdown token, or an error).
+    pub async fn wait(self) -> Result<(), Error> {
+        match self.task.await {
+            Ok(result) => result,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// Kill the engine without any cleanup, as a crash would (tests of Lease expiry).
+    pub fn abort(self) {
+        self.task.abort();
+        // The HTTP server and background tasks follow the token; the Lease is not released.
+        self.shutdown.cancel();
+    }
+}
+
+impl Engine {
+    /// The identity this engine uses.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// `/healthz` checks.
+    pub fn health(&self) -> &HealthRegistry {
+        &self.health
+    }
+
+    /// The metrics registry.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Run until `shutdown` fires or an error ends it.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), Error> {
+        self.start(shutdown).await?.wait().await
+    }
+
+    /// Bind the HTTP endpoint and start in the background.
+    pub async fn start(self, shutdown: CancellationToken) -> Result<RunningEngine, Error> {
+        let listener = match &self.http {
+            Some(config) => Some(Listener::bind(config).await?),
+            None => None,
+        };
+        let local_addr = listener.as_ref().map(Listener::local_addr);
+        if let Some(listener) = listener {
+            let state =
+                HttpState { health: self.health.clone(), ready: self.ready.clone(), metrics: self.metrics.clone() };
+            tokio::spawn(listener.serve(state, shutdown.clone()));
+        }
+        let elector = self.leader_election.clone().map(|c| LeaderElector::new(self.client.clone(), c));
+        let running = RunningEngine {
+            shutdown: shutdown.clone(),
+            local_addr,
+            health: self.health.clone(),
+            ready: self.ready.clone(),
+            metrics: self.metrics.clone(),
+            leading: self.leading.subscribe(),
+            leader: elector.as_ref().map(LeaderElector::subscribe),
+            identity: self.identity.clone(),
+            task: tokio::spawn(self.main_loop(elector, shutdown).in_current_span()),
+        };
+        Ok(running)
+    }
+
+    async fn main_loop(self, mut elector: Option<LeaderElector>, shutdown: CancellationToken) -> Result<(), Error> {
+        let background = shutdown.child_token();
+        tracing::info!(provider = self.provider.name(), identity = %self.identity, "starting cloud-controller-manager engine");
+        let (nodes, node_writer) = Cache::<Node>::new();
+        let (services, service_writer) = Cache::<Service>::new();
+        tokio::spawn(run_watch(
+            Api::<Node>::all(self.client.clone()),
+            watcher::Config::default(),
+            node_writer.trimmed(crate::cache::trim_node),
+            background.clone(),
+        ));
+        tokio::spawn(run_watch(
+            Api::<Service>::all(self.client.clone()),
+            watcher::Config::default(),
+            service_writer.trimmed(crate::cache::trim_service),
+            background.clone(),
+        ));
+        let synced =
+            self.ready.handle_with(INFORMER_SYNC_CHECK, Err("the Node and Service caches have not synced yet".into()));
+        {
+            let (nodes, services, token) = (nodes.clone(), services.clone(), background.clone());
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = token.cancelled() => {}
+                    ok = async { nodes.wait_until_ready().await && services.wait_until_ready().await } => {
+                        if ok {
+                            tracing::info!("caches synced");
+                            synced.set_healthy();
+                        }
+                    }
+                }
+            });
+        }
+        let events = EventSink::spawn_observed(
+            self.event_client.clone(),
+            Some(self.identity.clone()),
+            &self.metrics,
+            background.clone(),
+        );
+        if let Some(e) = &elector {
+            self.spawn_leader_monitor(e.subscribe(), e.config().clone(), background.clone());
+        }
+        let running = Arc::new(Mutex::new(BTreeSet::<String>::new()));
+        // What became of the Lease, for the closing line.
+        let mut lease = "not used (--leader-elect=false)".to_string();
+        let result = loop {
+            if let Some(e) = elector.as_mut() {
+                if !e.acquire(&shutdown).await {
+                    break Ok(());
+                }
+                let cfg = e.config();
+                events.publish(
+                    MANAGER_NAME,
+                    lease_reference(cfg),
+                    EventType::Normal,
+                    "LeaderElection",
+                    format!("{} became leader", cfg.identity),
+                    "Acquire",
+                );
+            }
+            let term = shutdown.child_token();
+            let ctx = Context {
+                client: self.client.clone(),
+                provider: self.provider.clone(),
+                options: self.options.clone(),
+                nodes: nodes.clone(),
+                services: services.clone(),
+                events: events.clone(),
+                metrics: self.metrics.clone(),
+                shutdown: term.clone(),
+            };
+            self.leading.send_replace(true);
+            let term_task = tokio::spawn(self.term(ctx, running.clone()));
+            let end = match elector.as_mut() {
+                Some(e) => e.hold(&shutdown).await,
+                None => {
+                    shutdown.cancelled().await;
+                    TermEnd::Stopped
+                }
+            };
+            term.cancel();
+            let stopped = tokio::time::timeout(self.stop_grace, term_task).await;
+            self.leading.send_replace(false);
+            if stopped.is_err() {
+                let names: Vec<String> = running.lock().unwrap_or_else(|e| e.into_inner()).iter().cloned().collect();
+                tracing::error!(controllers = ?names, grace = ?self.stop_grace, "controllers did not stop; keeping the Lease unreleased");
+                lease = "left to expire (controllers did not stop)".to_string();
+                break Err(Error::ControllersDidNotStop { names, grace: self.stop_grace });
+            }
+            match end {
+                TermEnd::Stopped => {
+                    if let Some(e) = elector.as_mut() {
+                        lease = if !e.config().release_on_cancel {
+                            "kept until it expires (--leader-elect-release-on-shutdown=false)".to_string()
+                        } else {
+                            e.release().await.to_string()
+                        };
+                    }
+                    break Ok(());
+                }
+                TermEnd::Lost => match self.on_leader_loss {
+                    LeaderLoss::Exit => {
+                        lease = "lost".to_string();
+                        break Err(Error::LeadershipLost);
+                    }
+                    LeaderLoss::StandBy => tracing::info!("controllers stopped after losing the lease; standing by"),
+                },
+            }
+        };
+        background.cancel();
+        // Pending events get a short grace to be written (counted as dropped if not).
+        // The one INFO line of a stop: the controllers' and the Lease's own lines are at debug.
+        match events.closed().await {
+            Some(0) => tracing::info!(%lease, "cloud-controller-manager engine stopped"),
+            Some(n) => tracing::info!(%lease, unwritten_events = n, "cloud-controller-manager engine stopped"),
+            None => tracing::info!(%lease, unwritten_events = "unknown", "cloud-controller-manager engine stopped"),
+        }
+        result
+    }
+
+    fn spawn_leader_monitor(
+        &self,
+        mut rx: watch::Receiver<LeaderStatus>,
+        config: LeaderElectionConfig,
+        stop: CancellationToken,
+    ) {
+        let check = self.health.handle(LEADER_ELECTION_CHECK);
+        let gauge = self.engine_metrics.leader.get_or_create(&LeaseLabels { name: config.name.clone() }).clone();
+        tokio::spawn(async move {
+            loop {
+                let status = rx.borrow_and_update().clone();
+                gauge.set(i64::from(status.leading));
+                match leader::check_health(
+                    &status,
+                    tokio::time::Instant::now(),
+                    config.lease_duration,
+                    leader::HEALTH_TOLERANCE,
+                ) {
+                    Ok(()) => check.set_healthy(),
+                    Err(reason) => check.set_unhealthy(reason),
+                }
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    changed = rx.changed() => if changed.is_err() { return },
+                    _ = tokio::time::sleep(config.retry_period) => {}
+                }
+            }
+        });
+    }
+
+    /// One leadership term: initialize the provider, run the controllers until `ctx.shutdown`.
+    fn term(&self, ctx: Context, running: Arc<Mutex<BTreeSet<String>>>) -> impl Future<Output = ()> + Send + 'static {
+        let controllers = self.controllers.clone();
+        let health = self.health.clone();
+        let gauges = self.engine_metrics.clone();
+        let reporter = self.status.as_ref().map(|(target, interval)| {
+            StatusReporter::new(
+                ctx.client.clone(),
+                target.clone(),
+                ctx.provider.clone(),
+                self.identity.clone(),
+                ctx.options.controllers.enabled().iter().map(|s| s.to_string()).collect(),
+                *interval,
+            )
+        });
+        async move {
+            let token = ctx.shutdown.clone();
+            if !initialize(&ctx).await {
+                return;
+            }
+            let mut tasks = JoinSet::new();
+            for (name, factory) in controllers {
+                if let Some(reason) = skip_reason(&name, ctx.provider.as_ref(), &ctx.options) {
+                    tracing::info!(controller = %name, %reason, "skipping controller");
+                    continue;
+                }
+                tracing::info!(controller = %name, "starting controller");
+                let gauge = gauges.controller(&name);
+                let supervisor = Supervisor { name, factory, health: health.clone(), gauge, running: running.clone() };
+                tasks.spawn(supervisor.run(ctx.clone()));
+            }
+            if let Some(reporter) = reporter {
+                tasks.spawn(reporter.run(token.clone()));
+            }
+            while tasks.join_next().await.is_some() {}
+        }
+    }
+}
+
+/// Run `initialize` until it succeeds; false if the term ended first.
+async fn initialize(ctx: &Context) -> bool {
+    let mut backoff = Duration::from_secs(1);
+    loop {
+        let init =
+            InitContext { client: ctx.client.clone(), shutdown: ctx.shutdown.clone(), metrics: ctx.metrics.clone() };
+        let outcome = tokio::select! {
+            _ = ctx.shutdown.cancelled() => return false,
+            r = ctx.provider.initialize(init) => r,
+        };
+        match outcome {
+            Ok(()) => return true,
+            Err(error) => {
+                tracing::error!(%error, provider = ctx.provider.name(), retry_in = ?backoff, "cloud provider initialization failed")
+            }
+        }
+        tokio::select! {
+            _ = ctx.shutdown.cancelled() => return false,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(60));
+    }
+}
+
+fn lease_reference(config: &LeaderElectionConfig) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("coordination.k8s.io/v1".into()),
+        kind: Some("Lease".into()),
+        name: Some(config.name.clone()),
+        namespace: Some(config.namespace.clone()),
+        ..Default::default()
+    }
+}
+
+/// Runs one controller for a term, restarting it with backoff when it fails (upstream
+/// restarts workers after 1s).
+struct Supervisor {
+    name: String,
+    factory: ControllerFactory,
+    health: HealthRegistry,
+    gauge: Gauge,
+    running: Arc<Mutex<BTreeSet<String>>>,
+}
+
+impl Supervisor {
+    async fn run(self, ctx: Context) {
+        let handle = self.health.handle(&self.name);
+        self.running.lock().unwrap_or_else(|e| e.into_inner()).insert(self.name.clone());
+        self.gauge.set(1);
+        let mut backoff = Duration::from_secs(1);
+        loop {
+            let controller = (self.factory)();
+            let outcome = tokio::spawn(controller.run(ctx.clone(), handle.clone())).await;
+            if ctx.shutdown.is_cancelled() {
+                if let Ok(Err(error)) = outcome {
+                    tracing::warn!(controller = %self.name, %error, "controller failed while stopping");
+                }
+                break;
+            }
+            match outcome {
+                Ok(Ok(())) => {
+                    tracing::warn!(controller = %self.name, "controller returned before shutdown; not restarting it");
+                    break;
+                }
+                Ok(Err(error)) => {
+                    tracing::error!(controller = %self.name, %error, restart_in = ?backoff, "controller failed");
+                    handle.set_unhealthy(format!("controller failed: {error}"));
+                }
+                Err(join) => {
+                    tracing::error!(controller = %self.name, error = %join, restart_in = ?backoff, "controller panicked");
+                    handle.set_unhealthy("controller panicked");
+                }
+            }
+            tokio::select! {
+                _ = ctx.shutdown.cancelled() => break,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(60));
+            handle.set_healthy();
+        }
+        self.gauge.set(0);
+        self.health.remove(&self.name);
+        self.running.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.name);
+        tracing::debug!(controller = %self.name, "controller stopped");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crds::controllers::{CLOUD_NODE, CLOUD_NODE_LIFECYCLE, NODE_ROUTE, SERVICE_LB};
+
+    #[test]
+    fn running_managed_controllers_uses_upstream_legacy_names() {
+        assert_eq!(metric_name(CLOUD_NODE), "cloud-node");
+        assert_eq!(metric_name(CLOUD_NODE_LIFECYCLE), "cloud-node-lifecycle");
+        assert_eq!(metric_name(SERVICE_LB), "service");
+        assert_eq!(metric_name(NODE_ROUTE), "route");
+        assert_eq!(metric_name("tagging"), "tagging");
+    }
+}

@@ -1,0 +1,32 @@
+//! A cloud-controller-manager framework: the Rust counterpart of `k8s.io/cloud-provider`.
+//!
+//! A cloud vendor implements [`provider::CloudProvider`], registers it in a
+//! [`registry::Registry`], and runs the manager. The engine runs the enabled controllers on
+//! shared watch caches while this replica holds the leader-election Lease.
+
+pub mod cache;
+pub mod client;
+pub mod config_watch;
+pub mod controller;
+pub mod controllers;
+pub mod engine;
+pub mod error;
+pub mod events;
+pub mod flags;
+pub mod health;
+pub mod http;
+pub mod leader;
+pub mod metrics;
+pub mod options;
+pub mod process;
+pub mod provider;
+pub mod registry;
+pub mod safe_yaml;
+pub mod serving;
+pub mod status;
+#[cfg(test)]
+mod test_log;
+
+pub use async_trait::async_trait;
+pub use engine::app::run_main;
+pub use error::Error;

@@ -1,0 +1,1000 @@
+//! Network Load Balancers for `type: LoadBalancer` Services through ELBv2.
+//!
+//! Every object is created with tags naming the cluster and the Service, and is found again by
+//! those tags, never by name: an ensure that died half-way (or an emulator that makes a second
+//! load balancer for a repeated name) leaves objects that the next ensure adopts or removes and
+//! that a delete finds. Each step compares what exists with what the Service asks for and
+//! changes only the difference, so a sync that failed part-way resumes where it stopped.
+//!
+//! Objects per Service: one NLB; one target group per Service port (instance targets on the
+//! nodePort, HTTP health check on kube-proxy's port 10256 `/healthz`, or on
+//! `healthCheckNodePort` for `externalTrafficPolicy: Local`); one listener per port; and, unless
+//! `DisableSecurityGroupIngress`, ingress rules on the Nodes' security group for the nodePorts
+//! from `loadBalancerSourceRanges`, marked by their description.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use aws_sdk_ec2::types::{Filter, IpPermission, IpRange};
+use aws_sdk_elasticloadbalancingv2::types::{
+    Action, ActionTypeEnum, LoadBalancerSchemeEnum, LoadBalancerTypeEnum, ProtocolEnum, Tag, TargetDescription,
+    TargetTypeEnum,
+};
+use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, Node, Service};
+
+use super::AwsProvider;
+use super::errors::code;
+use super::instances::{InstanceInfo, InstanceKey, key_of};
+use ccm_framework::provider::{CloudError, CloudResult, LoadBalancer, default_load_balancer_name};
+
+/// `true` (or a CIDR, as upstream accepts) makes the load balancer internal.
+pub const ANNOTATION_INTERNAL: &str = "service.beta.kubernetes.io/aws-load-balancer-internal";
+/// `nlb` (default here); `external` and `nlb-ip` belong to the AWS Load Balancer Controller.
+pub const ANNOTATION_TYPE: &str = "service.beta.kubernetes.io/aws-load-balancer-type";
+/// Comma-separated subnet IDs for the load balancer.
+pub const ANNOTATION_SUBNETS: &str = "service.beta.kubernetes.io/aws-load-balancer-subnets";
+/// Comma-separated `key=value` tags added to every object made for the Service.
+pub const ANNOTATION_EXTRA_TAGS: &str = "service.beta.kubernetes.io/aws-load-balancer-additional-resource-tags";
+
+/// Tag key prefix marking cluster ownership (`kubernetes.io/cluster/<id>`).
+pub const TAG_CLUSTER_PREFIX: &str = "kubernetes.io/cluster/";
+/// Tag naming the Service (`<namespace>/<name>`), as upstream.
+pub const TAG_SERVICE: &str = "kubernetes.io/service-name";
+/// Tag naming the Service port a target group serves.
+pub const TAG_SERVICE_PORT: &str = "kubernetes.io/service-port";
+/// kube-proxy's health port, checked for `externalTrafficPolicy: Cluster`.
+pub const KUBE_PROXY_HEALTH_PORT: i32 = 10256;
+/// Retry delay while ELBv2 still considers a target group in use.
+const IN_USE_RETRY: Duration = Duration::from_secs(10);
+
+/// One listener and its target group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DesiredPort {
+    /// The Service port (the listener's port).
+    pub port: i32,
+    /// `TCP` or `UDP`.
+    pub protocol: String,
+    /// The nodePort (the targets' port).
+    pub node_port: i32,
+}
+
+/// What a Service asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Desired {
+    /// The load balancer's name.
+    pub name: String,
+    /// `internal` or `internet-facing`.
+    pub internal: bool,
+    /// Subnets from the annotation, if given.
+    pub subnets: Vec<String>,
+    /// Listeners.
+    pub ports: Vec<DesiredPort>,
+    /// The health-check port (as ELBv2 wants it, a string).
+    pub health_port: i32,
+    /// Whether the health port is the Service's own `healthCheckNodePort`.
+    pub health_port_is_service_owned: bool,
+    /// Client CIDRs (IPv4) allowed to the nodePorts.
+    pub source_ranges: Vec<String>,
+    /// Tags on every object.
+    pub tags: BTreeMap<String, String>,
+}
+
+/// Whether the Service's load balancer belongs to another controller.
+pub fn implemented_elsewhere(service: &Service) -> bool {
+    let t = annotation(service, ANNOTATION_TYPE).unwrap_or_default();
+    t == "external" || t == "nlb-ip"
+}
+
+fn annotation<'a>(service: &'a Service, key: &str) -> Option<&'a str> {
+    service.metadata.annotations.as_ref().and_then(|a| a.get(key)).map(|v| v.trim())
+}
+
+/// `<namespace>/<name>`.
+pub fn service_key(service: &Service) -> String {
+    format!(
+        "{}/{}",
+        service.metadata.namespace.as_deref().unwrap_or("default"),
+        service.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// The ownership tags of a Service's objects.
+pub fn ownership_tags(cluster_id: &str, service: &Service) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (format!("{TAG_CLUSTER_PREFIX}{cluster_id}"), "owned".to_string()),
+        (TAG_SERVICE.to_string(), service_key(service)),
+    ])
+}
+
+/// Whether `tags` mark an object of this cluster and Service.
+pub fn owned_by(tags: &BTreeMap<String, String>, cluster_id: &str, service: &Service) -> bool {
+    tags.contains_key(&format!("{TAG_CLUSTER_PREFIX}{cluster_id}"))
+        && tags.get(TAG_SERVICE).is_some_and(|v| *v == service_key(service))
+}
+
+/// The description marking our security-group rules for a load balancer.
+pub fn rule_description(lb_name: &str) -> String {
+    format!("kubernetes.io/rule/nlb/client={lb_name}")
+}
+
+/// The description marking our health-check rules for a load balancer.
+pub fn health_rule_description(lb_name: &str) -> String {
+    format!("kubernetes.io/rule/nlb/health={lb_name}")
+}
+
+/// A target group name (at most 32 characters, stable for the same port mapping).
+pub fn target_group_name(lb_name: &str, port: &DesiredPort) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in format!("{lb_name}/{}/{}/{}", port.port, port.protocol, port.node_port).bytes() {
+        hash ^= u64::from(b);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("k8s-{:05}-{:016x}", port.port.clamp(0, 99_999), hash)
+}
+
+/// What the Service asks for, or why it cannot be served.
+pub fn desired(service: &Service, cluster_id: &str) -> Result<Desired, String> {
+    let spec = service.spec.as_ref().ok_or("the Service has no spec")?;
+    let internal = match annotation(service, ANNOTATION_INTERNAL) {
+        None => false,
+        Some(v) => !v.is_empty() && !v.eq_ignore_ascii_case("false"),
+    };
+    let subnets: Vec<String> = annotation(service, ANNOTATION_SUBNETS)
+        .map(|v| v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect())
+        .unwrap_or_default();
+    if let Some(bad) = subnets.iter().find(|s| !s.starts_with("subnet-")) {
+        let _ = bad;
+        return Err(format!("annotation {ANNOTATION_SUBNETS}: only subnet IDs (subnet-...) are supported"));
+    }
+    let mut ports = Vec::new();
+    for p in spec.ports.iter().flatten() {
+        let protocol = p.protocol.clone().unwrap_or_else(|| "TCP".into());
+        if protocol != "TCP" && protocol != "UDP" {
+            return Err(format!(
+                "port {}: protocol {protocol} is not supported by Network Load Balancers here",
+                p.port
+            ));
+        }
+        let node_port = p.node_port.unwrap_or(0);
+        if node_port == 0 {
+            return Err(format!("port {} has no nodePort yet", p.port));
+        }
+        if ports.iter().any(|d: &DesiredPort| d.port == p.port) {
+            return Err(format!("port {} is used by two protocols; TCP_UDP listeners are not supported", p.port));
+        }
+        ports.push(DesiredPort { port: p.port, protocol, node_port });
+    }
+    if ports.is_empty() {
+        return Err("the Service has no ports".into());
+    }
+    let local = spec.external_traffic_policy.as_deref() == Some("Local");
+    let hcnp = spec.health_check_node_port.unwrap_or(0);
+    let (health_port, health_port_is_service_owned) =
+        if local && hcnp > 0 { (hcnp, true) } else { (KUBE_PROXY_HEALTH_PORT, false) };
+    let mut source_ranges: Vec<String> = spec
+        .load_balancer_source_ranges
+        .iter()
+        .flatten()
+        .map(|r| r.trim().to_string())
+        .filter(|r| !r.is_empty() && !r.contains(':'))
+        .collect();
+    for r in &source_ranges {
+        if r.parse::<ipnet::Ipv4Net>().is_err() {
+            return Err(format!("loadBalancerSourceRanges: {r:?} is not an IPv4 CIDR"));
+        }
+    }
+    if source_ranges.is_empty() {
+        source_ranges.push("0.0.0.0/0".into());
+    }
+    source_ranges.sort();
+    source_ranges.dedup();
+    let mut tags = ownership_tags(cluster_id, service);
+    if let Some(extra) = annotation(service, ANNOTATION_EXTRA_TAGS) {
+        for pair in extra.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let k = k.trim();
+            if k.is_empty()
+                || k.starts_with("kubernetes.io/")
+                || k.starts_with("aws:")
+                || k.len() > 128
+                || v.len() > 256
+            {
+                return Err(format!("annotation {ANNOTATION_EXTRA_TAGS}: invalid or reserved tag key"));
+            }
+            tags.insert(k.to_string(), v.trim().to_string());
+        }
+    }
+    Ok(Desired {
+        name: default_load_balancer_name(service),
+        internal,
+        subnets,
+        ports,
+        health_port,
+        health_port_is_service_owned,
+        source_ranges,
+        tags,
+    })
+}
+
+/// A security-group rule: (group, protocol, port, CIDR, description).
+type Rule = (String, String, i32, String, String);
+
+/// The rules to add and to remove, given the wanted and the existing ones.
+pub fn rule_diff(want: &BTreeSet<Rule>, have: &BTreeSet<Rule>) -> (Vec<Rule>, Vec<Rule>) {
+    (want.difference(have).cloned().collect(), have.difference(want).cloned().collect())
+}
+
+#[derive(Debug, Clone)]
+struct LbInfo {
+    arn: String,
+    dns: String,
+    internal: bool,
+    created: Option<f64>,
+}
+
+#[derive(Debug, Clone)]
+struct TgInfo {
+    arn: String,
+    protocol: String,
+    port: i32,
+    health_port: String,
+    health_path: String,
+    health_protocol: String,
+    lb_arns: Vec<String>,
+}
+
+fn to_tags(tags: &BTreeMap<String, String>) -> Vec<Tag> {
+    tags.iter().map(|(k, v)| Tag::builder().key(k).value(v).build()).collect()
+}
+
+impl AwsProvider {
+    fn elb_err<E>(
+        &self,
+        op: &str,
+    ) -> impl Fn(aws_sdk_ec2::error::SdkError<E, aws_sdk_ec2::config::http::HttpResponse>) -> CloudError + '_
+    where
+        E: aws_sdk_ec2::error::ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    {
+        let op = op.to_string();
+        move |e| self.classify(&op, e)
+    }
+
+    /// Tags of ELBv2 resources, 20 ARNs per call.
+    async fn elb_tags(&self, arns: &[String]) -> CloudResult<BTreeMap<String, BTreeMap<String, String>>> {
+        let elb = &self.clients().await?.elb;
+        let mut out = BTreeMap::new();
+        for chunk in arns.chunks(20) {
+            let r = elb
+                .describe_tags()
+                .set_resource_arns(Some(chunk.to_vec()))
+                .send()
+                .await
+                .map_err(self.elb_err("DescribeTags"))?;
+            for d in r.tag_descriptions() {
+                let tags = d
+                    .tags()
+                    .iter()
+                    .map(|t| (t.key().unwrap_or_default().to_string(), t.value().unwrap_or_default().to_string()))
+                    .collect();
+                out.insert(d.resource_arn().unwrap_or_default().to_string(), tags);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Load balancers of the Service, found by tags, oldest first.
+    async fn owned_lbs(&self, cluster_id: &str, service: &Service) -> CloudResult<Vec<LbInfo>> {
+        let elb = &self.clients().await?.elb;
+        let mut all = Vec::new();
+        let mut marker: Option<String> = None;
+        loop {
+            let page = elb
+                .describe_load_balancers()
+                .set_marker(marker.take())
+                .page_size(400)
+                .send()
+                .await
+                .map_err(self.elb_err("DescribeLoadBalancers"))?;
+            for lb in page.load_balancers() {
+                if lb.r#type().is_some_and(|t| *t != LoadBalancerTypeEnum::Network) {
+                    continue;
+                }
+                all.push(LbInfo {
+                    arn: lb.load_balancer_arn().unwrap_or_default().to_string(),
+                    dns: lb.dns_name().unwrap_or_default().to_string(),
+                    internal: lb.scheme().is_some_and(|s| *s == LoadBalancerSchemeEnum::Internal),
+                    created: lb.created_time().map(|t| t.as_secs_f64()),
+                });
+            }
+            match page.next_marker().filter(|m| !m.is_empty()) {
+                Some(m) => marker = Some(m.to_string()),
+                None => break,
+            }
+        }
+        let arns: Vec<String> = all.iter().map(|l| l.arn.clone()).collect();
+        let tags = self.elb_tags(&arns).await?;
+        let mut mine: Vec<LbInfo> =
+            all.into_iter().filter(|l| tags.get(&l.arn).is_some_and(|t| owned_by(t, cluster_id, service))).collect();
+        mine.sort_by(|a, b| {
+            a.created.partial_cmp(&b.created).unwrap_or(std::cmp::Ordering::Equal).then(a.arn.cmp(&b.arn))
+        });
+        Ok(mine)
+    }
+
+    /// Target groups of the Service, found by tags.
+    async fn owned_tgs(&self, cluster_id: &str, service: &Service) -> CloudResult<Vec<TgInfo>> {
+        let elb = &self.clients().await?.elb;
+        let mut all = Vec::new();
+        let mut marker: Option<String> = None;
+        loop {
+            let page = elb
+                .describe_target_groups()
+                .set_marker(marker.take())
+                .page_size(400)
+                .send()
+                .await
+                .map_err(self.elb_err("DescribeTargetGroups"))?;
+            for tg in page.target_groups() {
+                all.push(TgInfo {
+                    arn: tg.target_group_arn().unwrap_or_default().to_string(),
+                    protocol: tg.protocol().map(|p| p.as_str().to_string()).unwrap_or_default(),
+                    port: tg.port().unwrap_or_default(),
+                    health_port: tg.health_check_port().unwrap_or_default().to_string(),
+                    health_path: tg.health_check_path().unwrap_or_default().to_string(),
+                    health_protocol: tg.health_check_protocol().map(|p| p.as_str().to_string()).unwrap_or_default(),
+                    lb_arns: tg.load_balancer_arns().to_vec(),
+                });
+            }
+            match page.next_marker().filter(|m| !m.is_empty()) {
+                Some(m) => marker = Some(m.to_string()),
+                None => break,
+            }
+        }
+        let arns: Vec<String> = all.iter().map(|t| t.arn.clone()).collect();
+        let tags = self.elb_tags(&arns).await?;
+        Ok(all.into_iter().filter(|t| tags.get(&t.arn).is_some_and(|t| owned_by(t, cluster_id, service))).collect())
+    }
+
+    /// The instances behind `nodes` that can be targets (not terminated).
+    async fn node_instances(&self, nodes: &[&Node]) -> CloudResult<Vec<Arc<InstanceInfo>>> {
+        let keys: Vec<InstanceKey> = nodes.iter().filter_map(|n| key_of(n).ok()).collect();
+        let found = self.lookup(&keys).await?;
+        let mut out: Vec<Arc<InstanceInfo>> = found.into_iter().flatten().filter(|i| !i.is_terminated()).collect();
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        out.dedup_by(|a, b| a.id == b.id);
+        Ok(out)
+    }
+
+    /// The VPC: the config's, or the Nodes' instances'.
+    fn vpc_of(&self, instances: &[Arc<InstanceInfo>]) -> Option<String> {
+        if !self.config.vpc.is_empty() {
+            return Some(self.config.vpc.clone());
+        }
+        instances.iter().map(|i| i.vpc_id.clone()).find(|v| !v.is_empty())
+    }
+
+    /// Subnets for a new load balancer: the annotation's, else one per zone of the VPC, preferring
+    /// cluster-tagged subnets and the `kubernetes.io/role/elb` (or `internal-elb`) role tag, else
+    /// the config's SubnetID.
+    async fn subnets_for(&self, desired: &Desired, vpc: &str, cluster_id: &str) -> CloudResult<Vec<String>> {
+        if !desired.subnets.is_empty() {
+            return Ok(desired.subnets.clone());
+        }
+        let ec2 = &self.clients().await?.ec2;
+        let r = ec2
+            .describe_subnets()
+            .filters(Filter::builder().name("vpc-id").values(vpc).build())
+            .send()
+            .await
+            .map_err(self.elb_err("DescribeSubnets"))?;
+        let role = if desired.internal { "kubernetes.io/role/internal-elb" } else { "kubernetes.io/role/elb" };
+        let cluster_key = format!("{TAG_CLUSTER_PREFIX}{cluster_id}");
+        let subnets: Vec<(String, String, bool, bool)> = r
+            .subnets()
+            .iter()
+            .map(|s| {
+                let has = |k: &str| s.tags().iter().any(|t| t.key() == Some(k));
+                (
+                    s.availability_zone().unwrap_or_default().to_string(),
+                    s.subnet_id().unwrap_or_default().to_string(),
+                    has(&cluster_key),
+                    has(role),
+                )
+            })
+            .collect();
+        let any_tagged = subnets.iter().any(|s| s.2);
+        let mut by_zone: BTreeMap<String, (bool, String)> = BTreeMap::new();
+        for (zone, id, tagged, has_role) in subnets {
+            if any_tagged && !tagged {
+                continue;
+            }
+            let better = match by_zone.get(&zone) {
+                None => true,
+                Some((role_before, id_before)) => {
+                    (has_role && !role_before) || (has_role == *role_before && id < *id_before)
+                }
+            };
+            if better {
+                by_zone.insert(zone, (has_role, id));
+            }
+        }
+        let mut ids: Vec<String> = by_zone.into_values().map(|(_, id)| id).collect();
+        if ids.is_empty() && !self.config.subnet_id.is_empty() {
+            ids.push(self.config.subnet_id.clone());
+        }
+        if ids.is_empty() {
+            return Err(CloudError::Other(format!(
+                "no subnet found for the load balancer in VPC {vpc}; tag subnets with {role} or set the {ANNOTATION_SUBNETS} annotation"
+            )));
+        }
+        Ok(ids)
+    }
+
+    async fn create_lb(&self, desired: &Desired, subnets: Vec<String>) -> CloudResult<LbInfo> {
+        let elb = &self.clients().await?.elb;
+        let scheme =
+            if desired.internal { LoadBalancerSchemeEnum::Internal } else { LoadBalancerSchemeEnum::InternetFacing };
+        let r = elb
+            .create_load_balancer()
+            .name(&desired.name)
+            .r#type(LoadBalancerTypeEnum::Network)
+            .scheme(scheme)
+            .set_subnets(Some(subnets))
+            .set_tags(Some(to_tags(&desired.tags)))
+            .send()
+            .await
+            .map_err(self.elb_err("CreateLoadBalancer"))?;
+        let lb = r
+            .load_balancers()
+            .first()
+            .ok_or_else(|| CloudError::Other("CreateLoadBalancer returned nothing".into()))?;
+        tracing::info!(name = %desired.name, "created network load balancer");
+        Ok(LbInfo {
+            arn: lb.load_balancer_arn().unwrap_or_default().to_string(),
+            dns: lb.dns_name().unwrap_or_default().to_string(),
+            internal: desired.internal,
+            created: None,
+        })
+    }
+
+    async fn delete_lb(&self, arn: &str) -> CloudResult<()> {
+        let elb = &self.clients().await?.elb;
+        match elb.delete_load_balancer().load_balancer_arn(arn).send().await {
+            Ok(_) => Ok(()),
+            Err(e) if code(&e) == Some("LoadBalancerNotFound") => Ok(()),
+            Err(e) => Err(self.classify("DeleteLoadBalancer", e)),
+        }
+    }
+
+    /// Delete a target group; `Ok(false)` while ELBv2 still has it in use.
+    async fn delete_tg(&self, arn: &str) -> CloudResult<bool> {
+        let elb = &self.clients().await?.elb;
+        match elb.delete_target_group().target_group_arn(arn).send().await {
+            Ok(_) => Ok(true),
+            Err(e) if code(&e) == Some("TargetGroupNotFound") => Ok(true),
+            Err(e) if code(&e) == Some("ResourceInUse") => Ok(false),
+            Err(e) => Err(self.classify("DeleteTargetGroup", e)),
+        }
+    }
+
+    async fn ensure_tg(
+        &self,
+        desired: &Desired,
+        port: &DesiredPort,
+        vpc: &str,
+        existing: &[TgInfo],
+    ) -> CloudResult<String> {
+        let elb = &self.clients().await?.elb;
+        let health_port = desired.health_port.to_string();
+        if let Some(tg) = existing.iter().find(|t| t.protocol == port.protocol && t.port == port.node_port) {
+            if tg.health_port != health_port || tg.health_path != "/healthz" || tg.health_protocol != "HTTP" {
+                elb.modify_target_group()
+                    .target_group_arn(&tg.arn)
+                    .health_check_protocol(ProtocolEnum::Http)
+                    .health_check_port(&health_port)
+                    .health_check_path("/healthz")
+                    .send()
+                    .await
+                    .map_err(self.elb_err("ModifyTargetGroup"))?;
+            }
+            return Ok(tg.arn.clone());
+        }
+        let mut tags = desired.tags.clone();
+        tags.insert(TAG_SERVICE_PORT.to_string(), format!("{}/{}", port.port, port.protocol));
+        let r = elb
+            .create_target_group()
+            .name(target_group_name(&desired.name, port))
+            .protocol(ProtocolEnum::from(port.protocol.as_str()))
+            .port(port.node_port)
+            .vpc_id(vpc)
+            .target_type(TargetTypeEnum::Instance)
+            .health_check_enabled(true)
+            .health_check_protocol(ProtocolEnum::Http)
+            .health_check_port(&health_port)
+            .health_check_path("/healthz")
+            .set_tags(Some(to_tags(&tags)))
+            .send()
+            .await
+            .map_err(self.elb_err("CreateTargetGroup"))?;
+        r.target_groups()
+            .first()
+            .and_then(|t| t.target_group_arn())
+            .map(str::to_string)
+            .ok_or_else(|| CloudError::Other("CreateTargetGroup returned nothing".into()))
+    }
+
+    async fn sync_targets(&self, tg_arn: &str, node_port: i32, instances: &[Arc<InstanceInfo>]) -> CloudResult<()> {
+        let elb = &self.clients().await?.elb;
+        let r = elb
+            .describe_target_health()
+            .target_group_arn(tg_arn)
+            .send()
+            .await
+            .map_err(self.elb_err("DescribeTargetHealth"))?;
+        let have: BTreeSet<(String, i32)> = r
+            .target_health_descriptions()
+            .iter()
+            .filter_map(|d| d.target())
+            .map(|t| (t.id().unwrap_or_default().to_string(), t.port().unwrap_or(node_port)))
+            .collect();
+        let want: BTreeSet<(String, i32)> = instances.iter().map(|i| (i.id.clone(), node_port)).collect();
+        let add: Vec<TargetDescription> =
+            want.difference(&have).map(|(id, port)| TargetDescription::builder().id(id).port(*port).build()).collect();
+        let remove: Vec<TargetDescription> =
+            have.difference(&want).map(|(id, port)| TargetDescription::builder().id(id).port(*port).build()).collect();
+        if !add.is_empty() {
+            elb.register_targets()
+                .target_group_arn(tg_arn)
+                .set_targets(Some(add))
+                .send()
+                .await
+                .map_err(self.elb_err("RegisterTargets"))?;
+        }
+        if !remove.is_empty() {
+            elb.deregister_targets()
+                .target_group_arn(tg_arn)
+                .set_targets(Some(remove))
+                .send()
+                .await
+                .map_err(self.elb_err("DeregisterTargets"))?;
+        }
+        Ok(())
+    }
+
+    async fn sync_listeners(&self, lb_arn: &str, wanted: &[(DesiredPort, String)]) -> CloudResult<()> {
+        let elb = &self.clients().await?.elb;
+        let r = elb
+            .describe_listeners()
+            .load_balancer_arn(lb_arn)
+            .send()
+            .await
+            .map_err(self.elb_err("DescribeListeners"))?;
+        let forward = |tg: &str| Action::builder().r#type(ActionTypeEnum::Forward).target_group_arn(tg).build();
+        let mut seen = BTreeSet::new();
+        for l in r.listeners() {
+            let arn = l.listener_arn().unwrap_or_default();
+            let port = l.port().unwrap_or_default();
+            let protocol = l.protocol().map(|p| p.as_str()).unwrap_or_default();
+            let target = l.default_actions().first().and_then(|a| a.target_group_arn()).unwrap_or_default();
+            match wanted.iter().find(|(p, _)| p.port == port) {
+                Some((p, tg)) if !seen.contains(&port) => {
+                    seen.insert(port);
+                    if p.protocol != protocol || tg != target || l.default_actions().len() != 1 {
+                        elb.modify_listener()
+                            .listener_arn(arn)
+                            .protocol(ProtocolEnum::from(p.protocol.as_str()))
+                            .port(p.port)
+                            .default_actions(forward(tg))
+                            .send()
+                            .await
+                            .map_err(self.elb_err("ModifyListener"))?;
+                    }
+                }
+                _ => match elb.delete_listener().listener_arn(arn).send().await {
+                    Ok(_) => {}
+                    Err(e) if code(&e) == Some("ListenerNotFound") => {}
+                    Err(e) => return Err(self.classify("DeleteListener", e)),
+                },
+            }
+        }
+        for (p, tg) in wanted.iter().filter(|(p, _)| !seen.contains(&p.port)) {
+            elb.create_listener()
+                .load_balancer_arn(lb_arn)
+                .protocol(ProtocolEnum::from(p.protocol.as_str()))
+                .port(p.port)
+                .default_actions(forward(tg))
+                .send()
+                .await
+                .map_err(self.elb_err("CreateListener"))?;
+        }
+        Ok(())
+    }
+
+    /// Security groups whose rules we may have written (the VPC's, or all when unknown).
+    async fn security_groups(
+        &self,
+        vpc: Option<&str>,
+        ids: Option<&[String]>,
+    ) -> CloudResult<Vec<aws_sdk_ec2::types::SecurityGroup>> {
+        let ec2 = &self.clients().await?.ec2;
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let mut req = ec2.describe_security_groups().set_next_token(token.take());
+            if let Some(vpc) = vpc {
+                req = req.filters(Filter::builder().name("vpc-id").values(vpc).build());
+            }
+            if let Some(ids) = ids {
+                req = req.set_group_ids(Some(ids.to_vec()));
+            } else {
+                req = req.max_results(1000);
+            }
+            let page = req.send().await.map_err(self.elb_err("DescribeSecurityGroups"))?;
+            out.extend(page.security_groups().iter().cloned());
+            match page.next_token().filter(|t| !t.is_empty()) {
+                Some(t) => token = Some(t.to_string()),
+                None => break,
+            }
+        }
+        Ok(out)
+    }
+
+    /// Our rules for `lb_name` on the given groups.
+    fn rules_in(groups: &[aws_sdk_ec2::types::SecurityGroup], lb_name: &str) -> BTreeSet<Rule> {
+        let ours = [rule_description(lb_name), health_rule_description(lb_name)];
+        let mut out = BTreeSet::new();
+        for g in groups {
+            for p in g.ip_permissions() {
+                for r in p.ip_ranges() {
+                    let d = r.description().unwrap_or_default();
+                    if ours.iter().any(|o| o == d) {
+                        out.insert((
+                            g.group_id().unwrap_or_default().to_string(),
+                            p.ip_protocol().unwrap_or_default().to_string(),
+                            p.from_port().unwrap_or_default(),
+                            r.cidr_ip().unwrap_or_default().to_string(),
+                            d.to_string(),
+                        ));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    async fn apply_rules(&self, add: Vec<Rule>, remove: Vec<Rule>) -> CloudResult<()> {
+        let ec2 = &self.clients().await?.ec2;
+        let perm = |(_, proto, port, cidr, desc): &Rule| {
+            IpPermission::builder()
+                .ip_protocol(proto)
+                .from_port(*port)
+                .to_port(*port)
+                .ip_ranges(IpRange::builder().cidr_ip(cidr).description(desc).build())
+                .build()
+        };
+        for rule in &remove {
+            match ec2.revoke_security_group_ingress().group_id(&rule.0).ip_permissions(perm(rule)).send().await {
+                Ok(_) => {}
+                Err(e)
+                    if code(&e).is_some_and(|c| {
+                        c.starts_with("InvalidPermission.NotFound") || c == "InvalidGroup.NotFound"
+                    }) => {}
+                Err(e) => return Err(self.classify("RevokeSecurityGroupIngress", e)),
+            }
+        }
+        for rule in &add {
+            match ec2.authorize_security_group_ingress().group_id(&rule.0).ip_permissions(perm(rule)).send().await {
+                Ok(_) => {}
+                // An identical rule made by someone else already lets the traffic in.
+                Err(e) if code(&e) == Some("InvalidPermission.Duplicate") => {}
+                Err(e) => return Err(self.classify("AuthorizeSecurityGroupIngress", e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// The security group of each instance that receives our rules: `ElbSecurityGroup` when
+    /// set, else the instance's group tagged with the cluster, else its only (or first) group.
+    async fn target_groups_for_rules(
+        &self,
+        instances: &[Arc<InstanceInfo>],
+        cluster_id: &str,
+    ) -> CloudResult<Vec<String>> {
+        if !self.config.elb_security_group.is_empty() {
+            return Ok(vec![self.config.elb_security_group.clone()]);
+        }
+        let ids: BTreeSet<String> = instances.iter().flat_map(|i| i.security_groups.iter().cloned()).collect();
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<String> = ids.into_iter().collect();
+        let groups = self.security_groups(None, Some(&ids)).await?;
+        let cluster_key = format!("{TAG_CLUSTER_PREFIX}{cluster_id}");
+        let tagged: BTreeSet<String> = groups
+            .iter()
+            .filter(|g| g.tags().iter().any(|t| t.key() == Some(cluster_key.as_str())))
+            .filter_map(|g| g.group_id().map(str::to_string))
+            .collect();
+        let mut out = BTreeSet::new();
+        for i in instances {
+            let mut own: Vec<&String> = i.security_groups.iter().collect();
+            own.sort();
+            if let Some(g) = own.iter().find(|g| tagged.contains(**g)) {
+                out.insert((*g).clone());
+            } else if let Some(g) = own.first() {
+                out.insert((*g).clone());
+            }
+        }
+        Ok(out.into_iter().collect())
+    }
+
+    async fn vpc_cidrs(&self, vpc: &str) -> CloudResult<Vec<String>> {
+        let ec2 = &self.clients().await?.ec2;
+        let r = ec2.describe_vpcs().vpc_ids(vpc).send().await.map_err(self.elb_err("DescribeVpcs"))?;
+        Ok(r.vpcs().iter().filter_map(|v| v.cidr_block()).map(str::to_string).collect())
+    }
+
+    async fn sync_rules(
+        &self,
+        desired: &Desired,
+        instances: &[Arc<InstanceInfo>],
+        vpc: &str,
+        cluster_id: &str,
+    ) -> CloudResult<()> {
+        if self.config.disable_security_group_ingress {
+            return Ok(());
+        }
+        let groups = self.target_groups_for_rules(instances, cluster_id).await?;
+        let mut want: BTreeSet<Rule> = BTreeSet::new();
+        let client = rule_description(&desired.name);
+        for g in &groups {
+            for p in &desired.ports {
+                for cidr in &desired.source_ranges {
+                    want.insert((g.clone(), p.protocol.to_lowercase(), p.node_port, cidr.clone(), client.clone()));
+                }
+            }
+        }
+        if desired.health_port_is_service_owned && !groups.is_empty() {
+            let health = health_rule_description(&desired.name);
+            for cidr in self.vpc_cidrs(vpc).await? {
+                for g in &groups {
+                    want.insert((g.clone(), "tcp".into(), desired.health_port, cidr.clone(), health.clone()));
+                }
+            }
+        }
+        let all = self.security_groups(Some(vpc), None).await?;
+        let have = Self::rules_in(&all, &desired.name);
+        let (add, remove) = rule_diff(&want, &have);
+        self.apply_rules(add, remove).await
+    }
+
+    async fn ensure(
+        &self,
+        cluster_name: &str,
+        service: &Service,
+        nodes: &[&Node],
+        create: bool,
+    ) -> CloudResult<Option<LoadBalancerStatus>> {
+        if implemented_elsewhere(service) {
+            return Err(CloudError::ImplementedElsewhere);
+        }
+        let cluster_id = self.cluster_id(cluster_name).to_string();
+        let desired = desired(service, &cluster_id).map_err(CloudError::Other)?;
+        let instances = self.node_instances(nodes).await?;
+        let mut lbs = self.owned_lbs(&cluster_id, service).await?;
+        // Duplicates (a create whose answer was lost, or an emulator's same-name copy): keep the
+        // oldest, remove the rest.
+        for extra in lbs.iter().skip(1) {
+            tracing::warn!(service = %service_key(service), "removing a duplicate load balancer");
+            self.delete_lb(&extra.arn).await?;
+        }
+        lbs.truncate(1);
+        let mut lb = lbs.pop();
+        if let Some(existing) = &lb
+            && existing.internal != desired.internal
+        {
+            // The scheme cannot change in place.
+            tracing::info!(service = %service_key(service), "load balancer scheme changed; replacing it");
+            self.delete_lb(&existing.arn).await?;
+            lb = None;
+        }
+        let vpc = match self.vpc_of(&instances) {
+            Some(v) => v,
+            None => {
+                return Err(CloudError::Other(
+                    "cannot tell the VPC: set [Global] VPC in the cloud-config or give the Service a Node".into(),
+                ));
+            }
+        };
+        let lb = match lb {
+            Some(lb) => lb,
+            None if create => {
+                let subnets = self.subnets_for(&desired, &vpc, &cluster_id).await?;
+                self.create_lb(&desired, subnets).await?
+            }
+            None => return Ok(None),
+        };
+        let tgs = self.owned_tgs(&cluster_id, service).await?;
+        let mut wanted = Vec::new();
+        for port in &desired.ports {
+            let arn = self.ensure_tg(&desired, port, &vpc, &tgs).await?;
+            self.sync_targets(&arn, port.node_port, &instances).await?;
+            wanted.push((port.clone(), arn));
+        }
+        self.sync_listeners(&lb.arn, &wanted).await?;
+        let keep: BTreeSet<&str> = wanted.iter().map(|(_, a)| a.as_str()).collect();
+        for tg in tgs.iter().filter(|t| !keep.contains(t.arn.as_str())) {
+            if !self.delete_tg(&tg.arn).await? {
+                tracing::debug!(lbs = tg.lb_arns.len(), "target group still in use; removed on a later sync");
+            }
+        }
+        self.sync_rules(&desired, &instances, &vpc, &cluster_id).await?;
+        Ok(Some(status(&lb.dns)))
+    }
+}
+
+/// The Service status for an NLB: its DNS name only. The API server refuses `ipMode` without
+/// an `ip`, and an NLB has no fixed IP to report.
+fn status(dns: &str) -> LoadBalancerStatus {
+    LoadBalancerStatus {
+        ingress: Some(vec![LoadBalancerIngress { hostname: Some(dns.to_string()), ..Default::default() }]),
+    }
+}
+
+#[async_trait]
+impl LoadBalancer for AwsProvider {
+    async fn get_load_balancer(
+        &self,
+        cluster_name: &str,
+        service: &Service,
+    ) -> CloudResult<Option<LoadBalancerStatus>> {
+        let cluster_id = self.cluster_id(cluster_name).to_string();
+        Ok(self.owned_lbs(&cluster_id, service).await?.first().map(|lb| status(&lb.dns)))
+    }
+
+    async fn ensure_load_balancer(
+        &self,
+        cluster_name: &str,
+        service: &Service,
+        nodes: &[&Node],
+    ) -> CloudResult<LoadBalancerStatus> {
+        self.ensure(cluster_name, service, nodes, true)
+            .await?
+            .ok_or_else(|| CloudError::Other("the load balancer was not created".into()))
+    }
+
+    async fn update_load_balancer(&self, cluster_name: &str, service: &Service, nodes: &[&Node]) -> CloudResult<()> {
+        // The same diff as ensure, without creating a load balancer that is not there.
+        self.ensure(cluster_name, service, nodes, false).await.map(|_| ())
+    }
+
+    async fn ensure_load_balancer_deleted(&self, cluster_name: &str, service: &Service) -> CloudResult<()> {
+        let cluster_id = self.cluster_id(cluster_name).to_string();
+        let lb_name = default_load_balancer_name(service);
+        // Rules first: they are found by description, which needs no other object.
+        if !self.config.disable_security_group_ingress {
+            let vpc = (!self.config.vpc.is_empty()).then_some(self.config.vpc.as_str());
+            let groups = self.security_groups(vpc, None).await?;
+            let have = Self::rules_in(&groups, &lb_name);
+            self.apply_rules(Vec::new(), have.into_iter().collect()).await?;
+        }
+        for lb in self.owned_lbs(&cluster_id, service).await? {
+            self.delete_lb(&lb.arn).await?;
+        }
+        let mut pending = 0;
+        for tg in self.owned_tgs(&cluster_id, service).await? {
+            if !self.delete_tg(&tg.arn).await? {
+                pending += 1;
+            }
+        }
+        if pending > 0 {
+            return Err(CloudError::retry_after(
+                IN_USE_RETRY,
+                format!("{pending} target groups are still in use by the deleted load balancer"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{ServicePort, ServiceSpec};
+
+    fn svc(annotations: &[(&str, &str)], ports: &[(i32, &str, i32)], etp: &str, hcnp: i32) -> Service {
+        let mut s = Service::default();
+        s.metadata.name = Some("web".into());
+        s.metadata.namespace = Some("shop".into());
+        s.metadata.uid = Some("0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0".into());
+        s.metadata.annotations = Some(annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
+        s.spec = Some(ServiceSpec {
+            type_: Some("LoadBalancer".into()),
+            ports: Some(
+                ports
+                    .iter()
+                    .map(|(p, proto, np)| ServicePort {
+                        port: *p,
+                        protocol: Some(proto.to_string()),
+                        node_port: Some(*np),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            external_traffic_policy: Some(etp.into()),
+            health_check_node_port: (hcnp > 0).then_some(hcnp),
+            ..Default::default()
+        });
+        s
+    }
+
+    #[test]
+    fn cluster_traffic_policy_checks_kube_proxy_and_local_checks_the_service_port() {
+        let d = desired(&svc(&[], &[(80, "TCP", 30080)], "Cluster", 0), "c").unwrap();
+        assert_eq!(d.health_port, KUBE_PROXY_HEALTH_PORT);
+        assert!(!d.health_port_is_service_owned);
+        let d = desired(&svc(&[], &[(80, "TCP", 30080)], "Local", 31999), "c").unwrap();
+        assert_eq!(d.health_port, 31999);
+        assert!(d.health_port_is_service_owned);
+    }
+
+    #[test]
+    fn internal_annotation_and_defaults() {
+        let d = desired(&svc(&[(ANNOTATION_INTERNAL, "true")], &[(80, "TCP", 30080)], "Cluster", 0), "c").unwrap();
+        assert!(d.internal);
+        assert_eq!(d.source_ranges, vec!["0.0.0.0/0".to_string()]);
+        assert_eq!(d.name, "a0f1e2d3c4b5a69788796a5b4c3d2e1f");
+        let d = desired(&svc(&[(ANNOTATION_INTERNAL, "false")], &[(80, "TCP", 30080)], "Cluster", 0), "c").unwrap();
+        assert!(!d.internal);
+    }
+
+    #[test]
+    fn tags_mark_cluster_and_service_and_extra_tags_cannot_take_reserved_keys() {
+        let s = svc(&[(ANNOTATION_EXTRA_TAGS, "team=web, cost=1")], &[(80, "TCP", 30080)], "Cluster", 0);
+        let d = desired(&s, "prod").unwrap();
+        assert!(owned_by(&d.tags, "prod", &s));
+        assert!(!owned_by(&d.tags, "other", &s));
+        assert_eq!(d.tags.get("team").map(String::as_str), Some("web"));
+        let s = svc(&[(ANNOTATION_EXTRA_TAGS, "kubernetes.io/service-name=x")], &[(80, "TCP", 30080)], "Cluster", 0);
+        assert!(desired(&s, "prod").is_err());
+    }
+
+    #[test]
+    fn unsupported_services_are_refused_with_a_reason() {
+        assert!(desired(&svc(&[], &[(80, "SCTP", 30080)], "Cluster", 0), "c").unwrap_err().contains("SCTP"));
+        assert!(desired(&svc(&[], &[(53, "TCP", 30053), (53, "UDP", 30054)], "Cluster", 0), "c").is_err());
+        assert!(desired(&svc(&[], &[(80, "TCP", 0)], "Cluster", 0), "c").unwrap_err().contains("nodePort"));
+        assert!(implemented_elsewhere(&svc(&[(ANNOTATION_TYPE, "external")], &[], "Cluster", 0)));
+        assert!(!implemented_elsewhere(&svc(&[(ANNOTATION_TYPE, "nlb")], &[], "Cluster", 0)));
+    }
+
+    #[test]
+    fn target_group_names_fit_and_change_with_the_port_mapping() {
+        let p = DesiredPort { port: 443, protocol: "TCP".into(), node_port: 30443 };
+        let a = target_group_name("a0f1e2d3c4b5a69788796a5b4c3d2e1f", &p);
+        assert!(a.len() <= 32, "{a}");
+        let q = DesiredPort { node_port: 30444, ..p.clone() };
+        assert_ne!(a, target_group_name("a0f1e2d3c4b5a69788796a5b4c3d2e1f", &q));
+        assert_eq!(a, target_group_name("a0f1e2d3c4b5a69788796a5b4c3d2e1f", &p));
+    }
+
+    #[test]
+    fn status_names_the_dns_name_without_ip_mode() {
+        let ingress = status("lb.elb.amazonaws.com").ingress.unwrap();
+        assert_eq!(ingress.len(), 1);
+        assert_eq!(ingress[0].hostname.as_deref(), Some("lb.elb.amazonaws.com"));
+        assert!(ingress[0].ip.is_none() && ingress[0].ip_mode.is_none(), "ipMode is only valid with an ip");
+    }
+
+    #[test]
+    fn rule_diff_adds_missing_and_removes_stale_only() {
+        let r = |port: i32| ("sg-1".to_string(), "tcp".to_string(), port, "0.0.0.0/0".to_string(), "d".to_string());
+        let want: BTreeSet<Rule> = [r(1), r(2)].into();
+        let have: BTreeSet<Rule> = [r(2), r(3)].into();
+        let (add, remove) = rule_diff(&want, &have);
+        assert_eq!(add, vec![r(1)]);
+        assert_eq!(remove, vec![r(3)]);
+    }
+}

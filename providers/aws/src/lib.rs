@@ -1,0 +1,540 @@
+//! The `aws` provider on the official AWS SDK: instances from EC2 (InstancesV2 semantics, batched
+//! and cached), Network Load Balancers through ELBv2, and pod routes in VPC route tables.
+//!
+//! The factory only parses the cloud-config; the SDK clients are built on first use, because
+//! resolving credentials and the region may touch the network (metadata service, STS).
+//! See docs/aws.md for the IAM policy, the annotations and the differences from upstream.
+
+pub mod config;
+pub mod errors;
+pub mod instances;
+pub mod lb;
+pub mod routes;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use aws_config::BehaviorVersion;
+use aws_config::retry::RetryConfig;
+use aws_config::timeout::TimeoutConfig;
+use aws_sdk_ec2::config::{Credentials, Region, SharedCredentialsProvider};
+use aws_sdk_ec2::types::Filter;
+use k8s_openapi::api::core::v1::Node;
+use tokio::sync::OnceCell;
+
+use self::config::AwsConfig;
+use self::errors::{ThrottleLog, classify};
+use self::instances::{Absence, AbsenceTracker, InstanceCache, InstanceInfo, InstanceKey, KeyError, key_of};
+use ccm_framework::metrics::Metrics;
+use ccm_framework::provider::{
+    CloudError, CloudProvider, CloudResult, Health, InstanceMetadata, Instances, LoadBalancer, Routes, health_reasons,
+};
+use ccm_framework::registry::{FactoryInput, Registry, RegistryError};
+
+/// The SDK crates, for callers (and tests) that talk to AWS directly.
+pub mod sdk {
+    pub use aws_sdk_ec2 as ec2;
+    pub use aws_sdk_elasticloadbalancingv2 as elbv2;
+}
+
+/// The registered provider name.
+pub const NAME: &str = "aws";
+
+/// Values per filter in one DescribeInstances call (EC2 accepts up to 200).
+pub const FILTER_VALUES_PER_CALL: usize = 200;
+
+/// Register the provider under [`NAME`].
+pub fn register(registry: &mut Registry) -> Result<(), RegistryError> {
+    registry.register(NAME, factory)
+}
+
+/// The factory: parse and validate the cloud-config (no I/O).
+pub fn factory(input: FactoryInput<'_>) -> Result<Arc<dyn CloudProvider>, CloudError> {
+    let config = match input.cloud_config {
+        Some(bytes) => config::parse(bytes).map_err(|e| CloudError::InvalidConfig(e.to_string()))?,
+        None => AwsConfig::default(),
+    };
+    Ok(Arc::new(AwsProvider::new(config, &input.cluster.cluster_name, AwsOptions::default())))
+}
+
+/// Tunables that are not part of upstream's cloud-config.
+#[derive(Debug, Clone)]
+pub struct AwsOptions {
+    /// How long a described instance is reused by every controller.
+    pub cache_ttl: Duration,
+    /// Two lookups at least this far apart must both miss an instance before it is reported
+    /// gone (EC2's eventual consistency right after launch).
+    pub absence_confirm_after: Duration,
+    /// How long throttling answers count towards the delay and `ProviderHealthy`.
+    pub throttle_window: Duration,
+    /// SDK attempts per call.
+    pub max_attempts: u32,
+    /// The SDK's adaptive retry mode (a client-side rate limiter that slows down after
+    /// throttling, down to one request per two seconds); `false` is its standard mode.
+    pub adaptive_retry: bool,
+    /// Static credentials instead of the standard chain (tests, emulators).
+    pub credentials: Option<Credentials>,
+    /// An endpoint for every service (tests, emulators); `[ServiceOverride]` sections win.
+    pub endpoint_url: Option<String>,
+}
+
+impl Default for AwsOptions {
+    fn default() -> Self {
+        Self {
+            cache_ttl: Duration::from_secs(10),
+            absence_confirm_after: Duration::from_secs(20),
+            throttle_window: Duration::from_secs(60),
+            max_attempts: 3,
+            adaptive_retry: true,
+            credentials: None,
+            endpoint_url: None,
+        }
+    }
+}
+
+/// The SDK clients, built once.
+#[derive(Debug, Clone)]
+pub struct Clients {
+    /// EC2.
+    pub ec2: aws_sdk_ec2::Client,
+    /// ELBv2.
+    pub elb: aws_sdk_elasticloadbalancingv2::Client,
+    /// The region in use.
+    pub region: String,
+}
+
+/// The aws provider.
+#[derive(Debug)]
+pub struct AwsProvider {
+    config: AwsConfig,
+    cluster_name: String,
+    options: AwsOptions,
+    clients: OnceCell<Clients>,
+    cache: InstanceCache,
+    absence: AbsenceTracker,
+    throttles: ThrottleLog,
+}
+
+impl AwsProvider {
+    /// A provider for `config` in the cluster `cluster_name` (`--cluster-name`, used when the
+    /// config has no KubernetesClusterID).
+    pub fn new(config: AwsConfig, cluster_name: &str, options: AwsOptions) -> Self {
+        Self {
+            cache: InstanceCache::new(options.cache_ttl),
+            absence: AbsenceTracker::new(options.absence_confirm_after),
+            throttles: ThrottleLog::new(options.throttle_window),
+            config,
+            cluster_name: cluster_name.to_string(),
+            options,
+            clients: OnceCell::new(),
+        }
+    }
+
+    /// The parsed cloud-config.
+    pub fn config(&self) -> &AwsConfig {
+        &self.config
+    }
+
+    /// The cluster ID that tags mark ownership with.
+    pub fn cluster_id<'a>(&'a self, cluster_name: &'a str) -> &'a str {
+        if !self.config.cluster_id.is_empty() {
+            &self.config.cluster_id
+        } else if !cluster_name.is_empty() {
+            cluster_name
+        } else {
+            &self.cluster_name
+        }
+    }
+
+    /// The instance cache (its counters are the hit/miss metrics).
+    pub fn cache(&self) -> &InstanceCache {
+        &self.cache
+    }
+
+    /// Throttling answers in the recent window.
+    pub fn recent_throttles(&self) -> usize {
+        self.throttles.recent()
+    }
+
+    /// Register the provider's own metrics (cache hits and misses, DescribeInstances calls).
+    pub fn register_metrics(&self, metrics: &Metrics) {
+        let c = &self.cache.counters;
+        metrics.get_or_register("aws_instance_cache_hits", "Instance lookups answered by the shared snapshot", || {
+            c.hits.clone()
+        });
+        metrics.get_or_register(
+            "aws_instance_cache_misses",
+            "Instance lookups that needed a DescribeInstances call",
+            || c.misses.clone(),
+        );
+        metrics.get_or_register("aws_describe_instances_calls", "DescribeInstances calls (pages)", || {
+            c.describe_calls.clone()
+        });
+    }
+
+    /// The SDK clients, built on first use.
+    pub async fn clients(&self) -> CloudResult<&Clients> {
+        self.clients.get_or_try_init(|| self.build_clients()).await
+    }
+
+    async fn build_clients(&self) -> CloudResult<Clients> {
+        use aws_smithy_http_client::tls::{Provider, rustls_provider::CryptoMode};
+        let http =
+            aws_smithy_http_client::Builder::new().tls_provider(Provider::Rustls(CryptoMode::Ring)).build_https();
+        let timeouts = TimeoutConfig::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .operation_attempt_timeout(Duration::from_secs(20))
+            .operation_timeout(Duration::from_secs(60))
+            .build();
+        let retry = if self.options.adaptive_retry { RetryConfig::adaptive() } else { RetryConfig::standard() };
+        let mut loader = aws_config::defaults(BehaviorVersion::latest())
+            .http_client(http)
+            .retry_config(retry.with_max_attempts(self.options.max_attempts.max(1)))
+            .timeout_config(timeouts);
+        let region = self.config.effective_region();
+        if !region.is_empty() {
+            loader = loader.region(Region::new(region));
+        }
+        if let Some(credentials) = &self.options.credentials {
+            loader = loader.credentials_provider(credentials.clone());
+        }
+        let mut sdk = loader.load().await;
+        let region = sdk.region().map(|r| r.to_string()).ok_or_else(|| {
+            CloudError::InvalidConfig(
+                "no AWS region: set [Global] Zone in the cloud-config or AWS_REGION in the environment".into(),
+            )
+        })?;
+        if !self.config.role_arn.is_empty() {
+            let mut role = aws_config::sts::AssumeRoleProvider::builder(self.config.role_arn.clone())
+                .session_name("ccm-operator")
+                .configure(&sdk);
+            if let Some(o) = self.config.endpoint("sts", &region) {
+                // The STS endpoint override applies through a config of its own.
+                let sts = sdk.to_builder().endpoint_url(o.url.clone()).build();
+                role = role.configure(&sts);
+            }
+            let provider = role.build().await;
+            sdk = sdk.into_builder().credentials_provider(SharedCredentialsProvider::new(provider)).build();
+        }
+        let mut ec2 = aws_sdk_ec2::config::Builder::from(&sdk);
+        match self.config.endpoint("ec2", &region) {
+            Some(o) => {
+                ec2 = ec2.endpoint_url(o.url.clone());
+                if !o.signing_region.is_empty() {
+                    ec2 = ec2.region(Region::new(o.signing_region.clone()));
+                }
+            }
+            None => {
+                if let Some(url) = &self.options.endpoint_url {
+                    ec2 = ec2.endpoint_url(url.clone());
+                }
+            }
+        }
+        let mut elb = aws_sdk_elasticloadbalancingv2::config::Builder::from(&sdk);
+        let elb_override =
+            self.config.endpoint("elasticloadbalancing", &region).or_else(|| self.config.endpoint("elbv2", &region));
+        match elb_override {
+            Some(o) => {
+                elb = elb.endpoint_url(o.url.clone());
+                if !o.signing_region.is_empty() {
+                    elb = elb.region(Region::new(o.signing_region.clone()));
+                }
+            }
+            None => {
+                if let Some(url) = &self.options.endpoint_url {
+                    elb = elb.endpoint_url(url.clone());
+                }
+            }
+        }
+        tracing::info!(region = %region, "AWS clients ready");
+        Ok(Clients {
+            ec2: aws_sdk_ec2::Client::from_conf(ec2.build()),
+            elb: aws_sdk_elasticloadbalancingv2::Client::from_conf(elb.build()),
+            region,
+        })
+    }
+
+    fn classify<E>(
+        &self,
+        op: &str,
+        err: aws_sdk_ec2::error::SdkError<E, aws_sdk_ec2::config::http::HttpResponse>,
+    ) -> CloudError
+    where
+        E: aws_sdk_ec2::error::ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    {
+        classify(op, err, &self.throttles)
+    }
+
+    /// Describe instances matching one filter whose values are `values` (paginated).
+    async fn describe_by(&self, filter: &str, values: &[String]) -> CloudResult<Vec<Arc<InstanceInfo>>> {
+        let ec2 = &self.clients().await?.ec2;
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            self.cache.counters.describe_calls.inc();
+            let page = ec2
+                .describe_instances()
+                .filters(Filter::builder().name(filter).set_values(Some(values.to_vec())).build())
+                .set_next_token(token.take())
+                .max_results(1000)
+                .send()
+                .await
+                .map_err(|e| self.classify("DescribeInstances", e))?;
+            for reservation in page.reservations() {
+                out.extend(reservation.instances().iter().filter_map(InstanceInfo::from_sdk).map(Arc::new));
+            }
+            match page.next_token().filter(|t| !t.is_empty()) {
+                Some(t) => token = Some(t.to_string()),
+                None => break,
+            }
+        }
+        Ok(out)
+    }
+
+    /// Look up many instances: fresh cache entries first, then one filtered DescribeInstances
+    /// per kind of key (instance ID, private DNS name) and per [`FILTER_VALUES_PER_CALL`].
+    /// Results are in input order; `None` where no instance matched.
+    pub async fn lookup(&self, keys: &[InstanceKey]) -> CloudResult<Vec<Option<Arc<InstanceInfo>>>> {
+        let mut results: Vec<Option<Arc<InstanceInfo>>> = keys.iter().map(|k| self.cache.get(k)).collect();
+        let mut ids: Vec<String> = Vec::new();
+        let mut names: Vec<String> = Vec::new();
+        for (key, result) in keys.iter().zip(&results) {
+            if result.is_some() {
+                continue;
+            }
+            match key {
+                InstanceKey::Id(id) if !ids.contains(id) => ids.push(id.clone()),
+                InstanceKey::PrivateDns(name) if !name.is_empty() && !names.contains(name) => names.push(name.clone()),
+                _ => {}
+            }
+        }
+        let mut found: Vec<Arc<InstanceInfo>> = Vec::new();
+        for chunk in ids.chunks(FILTER_VALUES_PER_CALL) {
+            found.extend(self.describe_by("instance-id", chunk).await?);
+        }
+        for chunk in names.chunks(FILTER_VALUES_PER_CALL) {
+            found.extend(self.describe_by("private-dns-name", chunk).await?);
+        }
+        self.cache.put(&found);
+        for (key, result) in keys.iter().zip(results.iter_mut()) {
+            if result.is_none() {
+                *result = found
+                    .iter()
+                    .find(|i| match key {
+                        InstanceKey::Id(id) => &i.id == id,
+                        // A name may be reused by a terminated instance: prefer one that is not.
+                        InstanceKey::PrivateDns(name) => &i.private_dns == name && !i.is_terminated(),
+                    })
+                    .or_else(|| found.iter().find(|i| matches!(key, InstanceKey::PrivateDns(n) if &i.private_dns == n)))
+                    .cloned();
+            }
+        }
+        Ok(results)
+    }
+
+    /// Look up the instances of `nodes`; per-Node errors for Nodes that cannot name one.
+    async fn lookup_nodes(&self, nodes: &[&Node]) -> Vec<CloudResult<(InstanceKey, Option<Arc<InstanceInfo>>)>> {
+        let keys: Vec<Result<InstanceKey, KeyError>> = nodes.iter().map(|n| key_of(n)).collect();
+        let valid: Vec<InstanceKey> = keys.iter().filter_map(|k| k.as_ref().ok().cloned()).collect();
+        let looked = self.lookup(&valid).await;
+        let mut looked = match looked {
+            Ok(v) => v.into_iter(),
+            Err(e) => return nodes.iter().map(|_| Err(e.clone())).collect(),
+        };
+        keys.into_iter()
+            .zip(nodes)
+            .map(|(key, node)| match key {
+                Ok(key) => Ok((key, looked.next().flatten())),
+                Err(KeyError::ForeignProviderId) => Err(CloudError::Other(format!(
+                    "Node {} has a providerID of another provider",
+                    node.metadata.name.as_deref().unwrap_or_default()
+                ))),
+                Err(KeyError::MalformedProviderId) => Err(CloudError::Other(format!(
+                    "Node {} has an aws providerID without an instance ID",
+                    node.metadata.name.as_deref().unwrap_or_default()
+                ))),
+            })
+            .collect()
+    }
+
+    fn exists_outcome(&self, key: &InstanceKey, info: Option<&InstanceInfo>) -> CloudResult<bool> {
+        match info {
+            Some(i) if !i.is_terminated() => {
+                self.absence.found(key);
+                Ok(true)
+            }
+            // Terminated is final: no need to wait for a second look.
+            Some(_) => Ok(false),
+            None => match self.absence.missed(key) {
+                Absence::Confirmed => Ok(false),
+                Absence::Unconfirmed(after) => Err(CloudError::retry_after(
+                    after,
+                    "instance not found; confirming with a second lookup before reporting it gone",
+                )),
+            },
+        }
+    }
+
+    fn metadata_of(&self, info: &InstanceInfo, region: &str) -> InstanceMetadata {
+        InstanceMetadata {
+            provider_id: info.provider_id(),
+            instance_type: info.instance_type.clone(),
+            node_addresses: info.addresses.clone(),
+            zone: info.zone.clone(),
+            region: region.to_string(),
+            additional_labels: Default::default(),
+        }
+    }
+
+    /// A cheap call that proves credentials, endpoint and region work.
+    async fn probe(&self) -> CloudResult<()> {
+        let clients = self.clients().await?;
+        clients
+            .ec2
+            .describe_instances()
+            .max_results(5)
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|e| self.classify("DescribeInstances", e))
+    }
+}
+
+#[async_trait]
+impl CloudProvider for AwsProvider {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn instances(&self) -> Option<&dyn Instances> {
+        Some(self)
+    }
+
+    fn load_balancer(&self) -> Option<&dyn LoadBalancer> {
+        Some(self)
+    }
+
+    fn routes(&self) -> Option<&dyn Routes> {
+        Some(self)
+    }
+
+    fn has_cluster_id(&self) -> bool {
+        !self.config.cluster_id.is_empty() || !self.cluster_name.is_empty()
+    }
+
+    async fn health(&self) -> Health {
+        let recent = self.throttles.recent();
+        let outcome = self.probe().await;
+        match outcome {
+            Err(CloudError::Throttled { .. }) => Health::unhealthy(
+                health_reasons::THROTTLED,
+                format!("the AWS API is rate-limiting calls ({} throttled answers recently)", self.throttles.recent()),
+            ),
+            Err(CloudError::Unauthorized(m)) => Health::unhealthy(health_reasons::CREDENTIALS_REJECTED, m),
+            Err(CloudError::InvalidConfig(m)) => Health::unhealthy(health_reasons::INVALID_CLOUD_CONFIG, m),
+            Err(CloudError::Unavailable(m)) => Health::unhealthy(health_reasons::ENDPOINT_UNREACHABLE, m),
+            Err(other) => Health::unhealthy(health_reasons::PROBE_ERROR, other.to_string()),
+            Ok(()) if recent > 0 => Health::unhealthy(
+                health_reasons::THROTTLED,
+                format!("{recent} calls were throttled by the AWS API in the last minute; retrying with backoff"),
+            ),
+            Ok(()) => {
+                let region = self.clients().await.map(|c| c.region.clone()).unwrap_or_default();
+                Health::healthy(format!("AWS API reachable in {region}"))
+            }
+        }
+    }
+}
+
+fn node_name(node: &Node) -> &str {
+    node.metadata.name.as_deref().unwrap_or_default()
+}
+
+#[async_trait]
+impl Instances for AwsProvider {
+    async fn instance_exists(&self, node: &Node) -> CloudResult<bool> {
+        self.instances_exist(&[node]).await.pop().unwrap_or(Err(CloudError::Other("no result".into())))
+    }
+
+    async fn instance_shutdown(&self, node: &Node) -> CloudResult<bool> {
+        self.instances_shutdown(&[node]).await.pop().unwrap_or(Err(CloudError::Other("no result".into())))
+    }
+
+    async fn instance_metadata(&self, node: &Node) -> CloudResult<Option<InstanceMetadata>> {
+        self.instances_metadata(&[node]).await.pop().unwrap_or(Err(CloudError::Other("no result".into())))
+    }
+
+    fn batch_size(&self) -> usize {
+        // Two filters (IDs, names) of FILTER_VALUES_PER_CALL values each; larger batches are
+        // split inside `lookup`, still one call per 200 Nodes.
+        1000
+    }
+
+    async fn instances_metadata(&self, nodes: &[&Node]) -> Vec<CloudResult<Option<InstanceMetadata>>> {
+        let region = match self.clients().await {
+            Ok(c) => c.region.clone(),
+            Err(e) => return nodes.iter().map(|_| Err(e.clone())).collect(),
+        };
+        self.lookup_nodes(nodes)
+            .await
+            .into_iter()
+            .zip(nodes)
+            .map(|(r, node)| {
+                let (_, info) = r?;
+                match info {
+                    Some(i) if !i.is_terminated() => Ok(Some(self.metadata_of(&i, &region))),
+                    _ => {
+                        tracing::debug!(node = %node_name(node), "no EC2 instance for this Node yet");
+                        Ok(None)
+                    }
+                }
+            })
+            .collect()
+    }
+
+    async fn instances_exist(&self, nodes: &[&Node]) -> Vec<CloudResult<bool>> {
+        self.lookup_nodes(nodes)
+            .await
+            .into_iter()
+            .map(|r| {
+                let (key, info) = r?;
+                self.exists_outcome(&key, info.as_deref())
+            })
+            .collect()
+    }
+
+    async fn instances_shutdown(&self, nodes: &[&Node]) -> Vec<CloudResult<bool>> {
+        self.lookup_nodes(nodes)
+            .await
+            .into_iter()
+            .map(|r| {
+                let (_, info) = r?;
+                Ok(info.is_some_and(|i| i.is_shut_down()))
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ccm_framework::registry::ClusterSettings;
+
+    #[test]
+    fn factory_accepts_a_valid_config_without_io_and_rejects_a_bad_one_by_key() {
+        let cluster = ClusterSettings { cluster_name: "c".into(), ..Default::default() };
+        let ok = factory(FactoryInput { cloud_config: Some(b"[Global]\nZone = us-east-1a\n"), cluster: &cluster });
+        assert_eq!(ok.unwrap().name(), "aws");
+        let bad = factory(FactoryInput { cloud_config: Some(b"[Global]\nVPC = hunter2\n"), cluster: &cluster });
+        let Err(CloudError::InvalidConfig(m)) = bad else { panic!("expected InvalidConfig") };
+        assert!(m.contains("VPC") && !m.contains("hunter2"), "{m}");
+    }
+
+    #[test]
+    fn registered_under_aws() {
+        let mut r = Registry::new();
+        register(&mut r).unwrap();
+        assert!(r.contains("aws"));
+    }
+}

@@ -1,0 +1,1031 @@
+//! The `aws` provider against moto (an AWS emulator started by each test on a free loopback
+//! port) and the controllers against the local API server. Every AWS outcome is checked through
+//! the emulator's own API. A small proxy in front of moto injects throttling answers and
+//! "kills" the manager right after a chosen request reached AWS.
+//!
+//! Skips (one printed line per test) when `moto_server` is not installed.
+//! Everything that depends on the API server goes through [`Env`], so switching the backend
+//! (local or genuine kube-apiserver) is one place.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ccm_framework::controller::{Context, Controller};
+use ccm_framework::controllers::lifecycle::LifecycleController;
+use ccm_framework::controllers::node::NodeController;
+use ccm_framework::controllers::route::RouteController;
+use ccm_framework::controllers::service::ServiceController;
+use ccm_framework::health::HealthRegistry;
+use ccm_framework::options::ControllerOptions;
+use ccm_framework::provider::{CloudError, CloudProvider, Health, Instances, LoadBalancer};
+use ccm_provider_aws::config::AwsConfig;
+use ccm_provider_aws::sdk::ec2;
+use ccm_provider_aws::{AwsOptions, AwsProvider, Clients};
+use e2e_apiserver::{Backend, TestCluster};
+use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus, Service, ServicePort, ServiceSpec, Taint};
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::process::{Child, Command};
+use tokio_util::sync::CancellationToken;
+
+const WAIT: Duration = Duration::from_secs(60);
+const CLUSTER: &str = "moto-test";
+const ZONE: &str = "us-east-1a";
+const TAINT_UNINITIALIZED: &str = "node.cloudprovider.kubernetes.io/uninitialized";
+const TAINT_SHUTDOWN: &str = "node.cloudprovider.kubernetes.io/shutdown";
+
+// ---------------------------------------------------------------------------------------------
+// moto
+
+/// A moto server on a free loopback port, stopped on drop.
+struct Moto {
+    _child: Child,
+    url: String,
+    port: u16,
+}
+
+async fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+impl Moto {
+    /// Start moto, or `None` (after one printed line) when it is not installed.
+    async fn start(test: &str) -> Option<Moto> {
+        for _ in 0..3 {
+            let port = free_port().await;
+            let child = match Command::new("moto_server")
+                .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .kill_on_drop(true)
+                .spawn()
+            {
+                Ok(c) => c,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    println!("skipping {test}: moto_server is not installed (pip install 'moto[server]==5.2.5')");
+                    return None;
+                }
+                Err(e) => panic!("starting moto_server: {e}"),
+            };
+            let mut moto = Moto { _child: child, url: format!("http://127.0.0.1:{port}"), port };
+            for _ in 0..100 {
+                if http(port, "GET", "/moto-api/", "").await.is_some_and(|(status, _)| status == 200) {
+                    return Some(moto);
+                }
+                if let Ok(Some(_)) = moto._child.try_wait() {
+                    break; // the port was taken in between; try another
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        panic!("moto_server did not start");
+    }
+}
+
+/// A minimal HTTP/1.1 request (for moto's own API); `None` if the server is not there.
+async fn http(port: u16, method: &str, path: &str, body: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.ok()?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).await.ok()?;
+    let text = String::from_utf8_lossy(&out).to_string();
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, text))
+}
+
+fn options_for(url: &str) -> AwsOptions {
+    AwsOptions {
+        credentials: Some(ec2::config::Credentials::new("testing", "testing", None, None, "test")),
+        endpoint_url: Some(url.to_string()),
+        cache_ttl: Duration::from_millis(500),
+        absence_confirm_after: Duration::from_secs(2),
+        max_attempts: 3,
+        ..Default::default()
+    }
+}
+
+fn config() -> AwsConfig {
+    AwsConfig { zone: ZONE.into(), cluster_id: CLUSTER.into(), ..Default::default() }
+}
+
+fn provider(url: &str) -> Arc<AwsProvider> {
+    Arc::new(AwsProvider::new(config(), CLUSTER, options_for(url)))
+}
+
+/// The world in moto: a VPC with cluster-tagged subnets, route table and security group.
+struct World {
+    vpc: String,
+    subnets: Vec<String>,
+    sg: String,
+    rtb: String,
+}
+
+fn tag(k: &str, v: &str) -> ec2::types::Tag {
+    ec2::types::Tag::builder().key(k).value(v).build()
+}
+
+fn tags_spec(kind: ec2::types::ResourceType, tags: &[(&str, &str)]) -> ec2::types::TagSpecification {
+    let mut b = ec2::types::TagSpecification::builder().resource_type(kind);
+    for (k, v) in tags {
+        b = b.tags(tag(k, v));
+    }
+    b.build()
+}
+
+async fn seed(c: &Clients) -> World {
+    let cluster_tag = format!("kubernetes.io/cluster/{CLUSTER}");
+    let vpc = c.ec2.create_vpc().cidr_block("10.0.0.0/16").send().await.unwrap().vpc.unwrap().vpc_id.unwrap();
+    let mut subnets = Vec::new();
+    for (i, zone) in ["us-east-1a", "us-east-1b"].iter().enumerate() {
+        let s = c
+            .ec2
+            .create_subnet()
+            .vpc_id(&vpc)
+            .cidr_block(format!("10.0.{}.0/24", i + 1))
+            .availability_zone(*zone)
+            .tag_specifications(tags_spec(
+                ec2::types::ResourceType::Subnet,
+                &[(&cluster_tag, "shared"), ("kubernetes.io/role/elb", "1")],
+            ))
+            .send()
+            .await
+            .unwrap();
+        subnets.push(s.subnet.unwrap().subnet_id.unwrap());
+    }
+    let sg = c
+        .ec2
+        .create_security_group()
+        .group_name("nodes")
+        .description("nodes")
+        .vpc_id(&vpc)
+        .tag_specifications(tags_spec(ec2::types::ResourceType::SecurityGroup, &[(&cluster_tag, "owned")]))
+        .send()
+        .await
+        .unwrap()
+        .group_id
+        .unwrap();
+    let rtb = c
+        .ec2
+        .create_route_table()
+        .vpc_id(&vpc)
+        .tag_specifications(tags_spec(ec2::types::ResourceType::RouteTable, &[(&cluster_tag, "owned")]))
+        .send()
+        .await
+        .unwrap()
+        .route_table
+        .unwrap()
+        .route_table_id
+        .unwrap();
+    World { vpc, subnets, sg, rtb }
+}
+
+/// (instance ID, private DNS name) of `n` new instances.
+async fn launch(c: &Clients, w: &World, n: i32) -> Vec<(String, String)> {
+    let r = c
+        .ec2
+        .run_instances()
+        .image_id("ami-12345678")
+        .instance_type(ec2::types::InstanceType::M5Large)
+        .min_count(n)
+        .max_count(n)
+        .subnet_id(&w.subnets[0])
+        .security_group_ids(&w.sg)
+        .send()
+        .await
+        .unwrap();
+    r.instances()
+        .iter()
+        .map(|i| (i.instance_id().unwrap().to_string(), i.private_dns_name().unwrap().to_string()))
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// the API-server side: one place to switch backends
+
+struct Env {
+    cluster: TestCluster,
+    ctx: Context,
+    shutdown: CancellationToken,
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+impl Env {
+    async fn start(backend: Backend, provider: Arc<dyn CloudProvider>, options: ControllerOptions) -> Env {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+        let cluster = TestCluster::start(backend).await.expect("API server starts");
+        let shutdown = CancellationToken::new();
+        let ctx = ccm_framework::engine::testing::context(cluster.client(), provider, options, shutdown.clone()).await;
+        Env { cluster, ctx, shutdown }
+    }
+
+    fn run(&self, controller: Box<dyn Controller>) {
+        let health = HealthRegistry::new().handle(controller.name());
+        tokio::spawn(controller.run(self.ctx.clone(), health));
+    }
+
+    fn nodes(&self) -> Api<Node> {
+        Api::all(self.cluster.client())
+    }
+
+    fn services(&self) -> Api<Service> {
+        Api::namespaced(self.cluster.client(), "default")
+    }
+
+    async fn create_node(&self, node: Node) {
+        let pp = PostParams { field_manager: Some("kubelet".into()), ..Default::default() };
+        self.nodes().create(&pp, &node).await.expect("create node");
+    }
+}
+
+fn options() -> ControllerOptions {
+    ControllerOptions {
+        node_batch_window: Duration::from_millis(50),
+        node_monitor_period: Duration::from_millis(500),
+        concurrent_service_syncs: 2,
+        cluster_name: CLUSTER.into(),
+        ..Default::default()
+    }
+}
+
+fn node(name: &str, provider_id: Option<&str>, ready: Option<&str>, taints: Vec<Taint>) -> Node {
+    Node {
+        metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
+        spec: Some(NodeSpec {
+            provider_id: provider_id.map(str::to_string),
+            taints: (!taints.is_empty()).then_some(taints),
+            ..Default::default()
+        }),
+        status: Some(NodeStatus {
+            conditions: ready
+                .map(|s| vec![NodeCondition { type_: "Ready".into(), status: s.into(), ..Default::default() }]),
+            ..Default::default()
+        }),
+    }
+}
+
+fn uninitialized() -> Vec<Taint> {
+    vec![Taint {
+        key: TAINT_UNINITIALIZED.into(),
+        value: Some("true".into()),
+        effect: "NoSchedule".into(),
+        time_added: None,
+    }]
+}
+
+fn has_taint(n: &Node, key: &str) -> bool {
+    n.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|ts| ts.iter().any(|t| t.key == key))
+}
+
+fn pid(id: &str) -> String {
+    format!("aws:///{ZONE}/{id}")
+}
+
+async fn eventually<T, F, Fut>(f: F) -> T
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    e2e_apiserver::wait::eventually(WAIT, f).await
+}
+
+// ---------------------------------------------------------------------------------------------
+// Nodes
+
+e2e_apiserver::backend_tests! {
+    async fn node_named_by_private_dns_name_is_initialized_from_ec2(backend) {
+        let Some(moto) = Moto::start("node_named_by_private_dns_name_is_initialized_from_ec2").await else { return };
+        let p = provider(&moto.url);
+        let c = p.clients().await.unwrap().clone();
+        let w = seed(&c).await;
+        let instances = launch(&c, &w, 3).await;
+        let env = Env::start(backend, p.clone(), options()).await;
+        env.run(Box::new(NodeController::new()));
+        for (_, dns) in &instances {
+            env.create_node(node(dns, None, None, uninitialized())).await;
+        }
+        for (id, dns) in &instances {
+            let n = eventually(|| async { env.nodes().get(dns).await.ok().filter(|n| !has_taint(n, TAINT_UNINITIALIZED)) })
+                .await;
+            assert_eq!(n.spec.as_ref().unwrap().provider_id.as_deref(), Some(pid(id).as_str()));
+            let labels = n.metadata.labels.clone().unwrap_or_default();
+            assert_eq!(labels.get("node.kubernetes.io/instance-type").map(String::as_str), Some("m5.large"));
+            assert_eq!(labels.get("topology.kubernetes.io/zone").map(String::as_str), Some(ZONE));
+            assert_eq!(labels.get("topology.kubernetes.io/region").map(String::as_str), Some("us-east-1"));
+            let addrs: Vec<(String, String)> =
+                n.status.unwrap().addresses.unwrap().into_iter().map(|a| (a.type_, a.address)).collect();
+            assert_eq!(addrs.first().map(|a| a.0.as_str()), Some("InternalIP"));
+            assert!(addrs.contains(&("InternalDNS".into(), dns.clone())), "{addrs:?}");
+            assert!(addrs.contains(&("Hostname".into(), dns.clone())), "{addrs:?}");
+        }
+        // Three Nodes in one window: batched, not one call per Node.
+        let calls = p.cache().counters.describe_calls.get();
+        assert!(calls <= 2, "{calls} DescribeInstances calls for 3 Nodes");
+    }
+}
+
+e2e_apiserver::backend_tests! {
+    async fn node_with_provider_id_is_initialized_and_unknown_instance_stays_tainted(backend) {
+        let Some(moto) = Moto::start("node_with_provider_id_is_initialized").await else { return };
+        let p = provider(&moto.url);
+        let c = p.clients().await.unwrap().clone();
+        let w = seed(&c).await;
+        let instances = launch(&c, &w, 1).await;
+        let env = Env::start(backend, p.clone(), options()).await;
+        env.run(Box::new(NodeController::new()));
+        let (id, dns) = &instances[0];
+        env.create_node(node("custom-name", Some(&pid(id)), None, uninitialized())).await;
+        env.create_node(node("ghost", Some(&pid("i-0000000000000dead")), None, uninitialized())).await;
+        let n = eventually(|| async {
+            env.nodes().get("custom-name").await.ok().filter(|n| !has_taint(n, TAINT_UNINITIALIZED))
+        })
+        .await;
+        let addrs = n.status.unwrap().addresses.unwrap();
+        assert!(addrs.iter().any(|a| a.type_ == "InternalDNS" && &a.address == dns));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let ghost = env.nodes().get("ghost").await.unwrap();
+        assert!(has_taint(&ghost, TAINT_UNINITIALIZED), "a Node without an instance is never initialized");
+    }
+}
+
+e2e_apiserver::backend_tests! {
+    async fn terminated_instance_deletes_its_node_and_stopped_instance_gets_the_shutdown_taint(backend) {
+        let Some(moto) = Moto::start("terminated_instance_deletes_its_node").await else { return };
+        let p = provider(&moto.url);
+        let c = p.clients().await.unwrap().clone();
+        let w = seed(&c).await;
+        let instances = launch(&c, &w, 3).await;
+        let env = Env::start(backend, p.clone(), options()).await;
+        for (id, dns) in &instances {
+            env.create_node(node(dns, Some(&pid(id)), Some("False"), vec![])).await;
+        }
+        c.ec2.terminate_instances().instance_ids(&instances[0].0).send().await.unwrap();
+        c.ec2.stop_instances().instance_ids(&instances[1].0).send().await.unwrap();
+        env.run(Box::new(LifecycleController::new()));
+        let gone = &instances[0].1;
+        eventually(|| async { env.nodes().get_opt(gone).await.unwrap().is_none().then_some(()) }).await;
+        let stopped = &instances[1].1;
+        eventually(|| async { env.nodes().get(stopped).await.ok().filter(|n| has_taint(n, TAINT_SHUTDOWN)) }).await;
+        let running = env.nodes().get(&instances[2].1).await.unwrap();
+        assert!(!has_taint(&running, TAINT_SHUTDOWN));
+    }
+}
+
+#[tokio::test]
+async fn instance_not_visible_yet_is_not_reported_gone_until_a_second_lookup_confirms() {
+    let Some(moto) = Moto::start("instance_not_visible_yet").await else { return };
+    let p = provider(&moto.url);
+    let n = node("late", Some(&pid("i-00000000000000001")), Some("False"), vec![]);
+    // First miss: unknown, never "gone".
+    assert!(matches!(p.instance_exists(&n).await, Err(CloudError::RetryAfter { .. })));
+    // It appears (launched just now): found, and the earlier miss is forgotten.
+    let c = p.clients().await.unwrap().clone();
+    let w = seed(&c).await;
+    let (id, _) = launch(&c, &w, 1).await.remove(0);
+    let seen = node("late", Some(&pid(&id)), Some("False"), vec![]);
+    assert_eq!(p.instance_exists(&seen).await, Ok(true));
+    // Really absent: gone only after two misses at least absence_confirm_after apart.
+    assert!(p.instance_exists(&n).await.is_err());
+    assert!(p.instance_exists(&n).await.is_err(), "a second miss right away is not a confirmation");
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    assert_eq!(p.instance_exists(&n).await, Ok(false));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Load balancers
+
+/// What moto holds for the test's cluster.
+#[derive(Debug, Default, PartialEq)]
+struct LbState {
+    lbs: Vec<(String, String)>,
+    /// (TG ARN, protocol, port, health port, targets).
+    tgs: Vec<(String, String, i32, String, BTreeSet<String>)>,
+    /// (listener port, target group port).
+    listeners: BTreeSet<(i32, i32)>,
+    /// (protocol, port, cidr, description) on any security group.
+    rules: BTreeSet<(String, i32, String, String)>,
+}
+
+async fn lb_state(c: &Clients) -> LbState {
+    let mut st = LbState::default();
+    let lbs = c.elb.describe_load_balancers().send().await.unwrap();
+    let arns: Vec<String> = lbs.load_balancers().iter().map(|l| l.load_balancer_arn().unwrap().to_string()).collect();
+    let tgs = c.elb.describe_target_groups().send().await.unwrap();
+    let tg_arns: Vec<String> = tgs.target_groups().iter().map(|t| t.target_group_arn().unwrap().to_string()).collect();
+    let mut tagged: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    for chunk in arns.iter().chain(tg_arns.iter()).cloned().collect::<Vec<_>>().chunks(20) {
+        let r = c.elb.describe_tags().set_resource_arns(Some(chunk.to_vec())).send().await.unwrap();
+        for d in r.tag_descriptions() {
+            tagged.insert(
+                d.resource_arn().unwrap().to_string(),
+                d.tags().iter().map(|t| (t.key().unwrap().to_string(), t.value().unwrap_or("").to_string())).collect(),
+            );
+        }
+    }
+    let mine = |arn: &str| tagged.get(arn).is_some_and(|t| t.contains_key(&format!("kubernetes.io/cluster/{CLUSTER}")));
+    let mut tg_ports = BTreeMap::new();
+    for t in tgs.target_groups() {
+        let arn = t.target_group_arn().unwrap();
+        assert!(mine(arn), "every target group carries the cluster tag");
+        let th = c.elb.describe_target_health().target_group_arn(arn).send().await.unwrap();
+        let targets =
+            th.target_health_descriptions().iter().map(|d| d.target().unwrap().id().unwrap().to_string()).collect();
+        tg_ports.insert(arn.to_string(), t.port().unwrap());
+        st.tgs.push((
+            arn.to_string(),
+            t.protocol().unwrap().as_str().to_string(),
+            t.port().unwrap(),
+            t.health_check_port().unwrap_or_default().to_string(),
+            targets,
+        ));
+    }
+    for l in lbs.load_balancers() {
+        let arn = l.load_balancer_arn().unwrap();
+        assert!(mine(arn), "every load balancer carries the cluster tag");
+        st.lbs.push((arn.to_string(), tagged[arn]["kubernetes.io/service-name"].clone()));
+        let ls = c.elb.describe_listeners().load_balancer_arn(arn).send().await.unwrap();
+        for li in ls.listeners() {
+            let tg = li.default_actions()[0].target_group_arn().unwrap();
+            st.listeners.insert((li.port().unwrap(), tg_ports.get(tg).copied().unwrap_or(-1)));
+        }
+    }
+    st.tgs.sort_by_key(|t| t.2);
+    let sgs = c.ec2.describe_security_groups().send().await.unwrap();
+    for g in sgs.security_groups() {
+        for p in g.ip_permissions() {
+            for r in p.ip_ranges() {
+                let d = r.description().unwrap_or_default();
+                if d.starts_with("kubernetes.io/rule/nlb/") {
+                    st.rules.insert((
+                        p.ip_protocol().unwrap().to_string(),
+                        p.from_port().unwrap(),
+                        r.cidr_ip().unwrap().to_string(),
+                        d.to_string(),
+                    ));
+                }
+            }
+        }
+    }
+    st
+}
+
+fn lb_service(name: &str, ports: &[(i32, i32)]) -> Service {
+    Service {
+        metadata: ObjectMeta { name: Some(name.into()), namespace: Some("default".into()), ..Default::default() },
+        spec: Some(ServiceSpec {
+            type_: Some("LoadBalancer".into()),
+            ports: Some(
+                ports
+                    .iter()
+                    .map(|(p, np)| ServicePort {
+                        name: Some(format!("p{p}")),
+                        port: *p,
+                        node_port: Some(*np),
+                        protocol: Some("TCP".into()),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            external_traffic_policy: Some("Cluster".into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn targets(st: &LbState) -> Vec<BTreeSet<String>> {
+    st.tgs.iter().map(|t| t.4.clone()).collect()
+}
+
+e2e_apiserver::backend_tests! {
+    async fn nlb_lifecycle_create_ports_nodes_traffic_policy_delete(backend) {
+        let Some(moto) = Moto::start("nlb_lifecycle").await else { return };
+        let p = provider(&moto.url);
+        let c = p.clients().await.unwrap().clone();
+        let w = seed(&c).await;
+        let inst = launch(&c, &w, 3).await;
+        let env = Env::start(backend, p.clone(), options()).await;
+        for (id, dns) in &inst[..2] {
+            env.create_node(node(dns, Some(&pid(id)), Some("True"), vec![])).await;
+        }
+        env.run(Box::new(ServiceController::new()));
+        let mut svc = lb_service("web", &[(80, 30080)]);
+        svc.spec.as_mut().unwrap().load_balancer_source_ranges = Some(vec!["203.0.113.0/24".into()]);
+        env.services().create(&PostParams::default(), &svc).await.unwrap();
+        let two: BTreeSet<String> = inst[..2].iter().map(|i| i.0.clone()).collect();
+
+        // Created: one NLB, one target group on the nodePort with kube-proxy's health port, a
+        // listener, targets, and the client rule from the source range.
+        let s = eventually(|| async {
+            env.services().get("web").await.ok().filter(|s| {
+                s.status.as_ref().and_then(|st| st.load_balancer.as_ref()).and_then(|lb| lb.ingress.as_ref()).is_some()
+            })
+        })
+        .await;
+        let hostname = s.status.unwrap().load_balancer.unwrap().ingress.unwrap()[0].hostname.clone().unwrap();
+        assert!(!hostname.is_empty());
+        let st = lb_state(&c).await;
+        assert_eq!(st.lbs.len(), 1);
+        assert_eq!(st.lbs[0].1, "default/web");
+        assert_eq!(st.tgs.len(), 1);
+        assert_eq!((st.tgs[0].1.as_str(), st.tgs[0].2, st.tgs[0].3.as_str()), ("TCP", 30080, "10256"));
+        assert_eq!(targets(&st), vec![two.clone()]);
+        assert_eq!(st.listeners, BTreeSet::from([(80, 30080)]));
+        assert!(st.rules.iter().any(|r| r.1 == 30080 && r.2 == "203.0.113.0/24"), "{:?}", st.rules);
+
+        // Add a port.
+        let pp = PatchParams::default();
+        let ports = |list: &[(i32, i32)]| json!({"spec": {"ports": list.iter().map(|(p, np)| json!({"name": format!("p{p}"), "port": p, "nodePort": np, "protocol": "TCP"})).collect::<Vec<_>>()}});
+        env.services().patch("web", &pp, &Patch::Merge(ports(&[(80, 30080), (443, 30443)]))).await.unwrap();
+        let st =
+            eventually(|| async { Some(lb_state(&c).await).filter(|s| s.listeners.len() == 2 && s.tgs.len() == 2) }).await;
+        assert_eq!(st.listeners, BTreeSet::from([(80, 30080), (443, 30443)]));
+        assert_eq!(st.lbs.len(), 1, "the load balancer is kept");
+
+        // Remove a port: its listener, target group and rule go.
+        env.services().patch("web", &pp, &Patch::Merge(ports(&[(443, 30443)]))).await.unwrap();
+        let st =
+            eventually(|| async { Some(lb_state(&c).await).filter(|s| s.listeners.len() == 1 && s.tgs.len() == 1) }).await;
+        assert_eq!(st.listeners, BTreeSet::from([(443, 30443)]));
+        assert!(!st.rules.iter().any(|r| r.1 == 30080), "{:?}", st.rules);
+
+        // Add a Node, then remove one.
+        env.create_node(node(&inst[2].1, Some(&pid(&inst[2].0)), Some("True"), vec![])).await;
+        let all: BTreeSet<String> = inst.iter().map(|i| i.0.clone()).collect();
+        eventually(|| async { Some(lb_state(&c).await).filter(|s| targets(s) == vec![all.clone()]) }).await;
+        env.nodes().delete(&inst[0].1, &DeleteParams::default()).await.unwrap();
+        let last_two: BTreeSet<String> = inst[1..].iter().map(|i| i.0.clone()).collect();
+        eventually(|| async { Some(lb_state(&c).await).filter(|s| targets(s) == vec![last_two.clone()]) }).await;
+
+        // Switch to externalTrafficPolicy: Local: the health check moves to healthCheckNodePort and
+        // a health rule opens it from the VPC.
+        env.services()
+            .patch(
+                "web",
+                &pp,
+                &Patch::Merge(json!({"spec": {"externalTrafficPolicy": "Local", "healthCheckNodePort": 32100}})),
+            )
+            .await
+            .unwrap();
+        let st =
+            eventually(|| async { Some(lb_state(&c).await).filter(|s| s.tgs.first().is_some_and(|t| t.3 == "32100")) })
+                .await;
+        assert!(st.rules.iter().any(|r| r.1 == 32100 && r.2 == "10.0.0.0/16"), "{:?}", st.rules);
+        assert_eq!(st.lbs.len(), 1);
+
+        // Delete: nothing left.
+        env.services().delete("web", &DeleteParams::default()).await.unwrap();
+        eventually(|| async { env.services().get_opt("web").await.unwrap().is_none().then_some(()) }).await;
+        assert_eq!(lb_state(&c).await, LbState::default());
+        let _ = w.vpc;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The fault proxy
+
+#[derive(Default)]
+struct Faults {
+    /// Throttling answers still to give, by action.
+    throttle: BTreeMap<String, usize>,
+    /// Hold the answer of the N-th request (1-based) forever, after it reached moto.
+    hold_at: Option<usize>,
+    requests: usize,
+    throttled: usize,
+    actions: Vec<String>,
+}
+
+/// A proxy in front of moto that throttles chosen actions and can "kill" the caller right after
+/// a request took effect (the answer never comes back).
+struct Proxy {
+    url: String,
+    faults: Arc<Mutex<Faults>>,
+    held: Arc<tokio::sync::Notify>,
+    held_count: Arc<AtomicUsize>,
+}
+
+impl Proxy {
+    async fn start(moto_port: u16) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let faults = Arc::new(Mutex::new(Faults::default()));
+        let held = Arc::new(tokio::sync::Notify::new());
+        let held_count = Arc::new(AtomicUsize::new(0));
+        let (f, h, hc) = (faults.clone(), held.clone(), held_count.clone());
+        tokio::spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                tokio::spawn(serve(conn, moto_port, f.clone(), h.clone(), hc.clone()));
+            }
+        });
+        Proxy { url, faults, held, held_count }
+    }
+
+    fn set(&self, f: impl FnOnce(&mut Faults)) {
+        f(&mut self.faults.lock().unwrap());
+    }
+}
+
+async fn read_request(conn: &mut TcpStream) -> Option<(String, Vec<u8>)> {
+    let mut buf = Vec::new();
+    let mut byte = [0u8; 4096];
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let n = conn.read(&mut byte).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&byte[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap_or(0)))
+        .unwrap_or(0);
+    let mut body = buf[head_end..].to_vec();
+    while body.len() < len {
+        let n = conn.read(&mut byte).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        body.extend_from_slice(&byte[..n]);
+    }
+    Some((head, body))
+}
+
+async fn serve(
+    mut conn: TcpStream,
+    moto_port: u16,
+    faults: Arc<Mutex<Faults>>,
+    held: Arc<tokio::sync::Notify>,
+    held_count: Arc<AtomicUsize>,
+) {
+    while let Some((head, body)) = read_request(&mut conn).await {
+        let text = String::from_utf8_lossy(&body).to_string();
+        let action = text.split('&').find_map(|kv| kv.strip_prefix("Action=")).unwrap_or("").to_string();
+        let is_ec2 = head.contains("/ec2/aws4_request");
+        let (throttle, hold) = {
+            let mut f = faults.lock().unwrap();
+            f.requests += 1;
+            f.actions.push(action.clone());
+            let throttle = match f.throttle.get_mut(&action) {
+                Some(n) if *n > 0 => {
+                    *n -= 1;
+                    f.throttled += 1;
+                    true
+                }
+                _ => false,
+            };
+            (throttle, !throttle && f.hold_at == Some(f.requests))
+        };
+        if throttle {
+            let (status, xml) = if is_ec2 {
+                ("503 Service Unavailable", "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Response><Errors><Error><Code>RequestLimitExceeded</Code><Message>Request limit exceeded.</Message></Error></Errors><RequestID>throttle</RequestID></Response>".to_string())
+            } else {
+                ("400 Bad Request", "<ErrorResponse xmlns=\"http://elasticloadbalancing.amazonaws.com/doc/2015-12-01/\"><Error><Type>Sender</Type><Code>Throttling</Code><Message>Rate exceeded</Message></Error><RequestId>throttle</RequestId></ErrorResponse>".to_string())
+            };
+            let resp =
+                format!("HTTP/1.1 {status}\r\nContent-Type: text/xml\r\nContent-Length: {}\r\n\r\n{xml}", xml.len());
+            if conn.write_all(resp.as_bytes()).await.is_err() {
+                return;
+            }
+            continue;
+        }
+        // Forward on a fresh connection, one request each.
+        let mut upstream = match TcpStream::connect(("127.0.0.1", moto_port)).await {
+            Ok(u) => u,
+            Err(_) => return,
+        };
+        let mut new_head: String = head
+            .split("\r\n")
+            .filter(|l| !l.to_ascii_lowercase().starts_with("connection:") && !l.is_empty())
+            .map(|l| format!("{l}\r\n"))
+            .collect();
+        new_head.push_str("Connection: close\r\n\r\n");
+        if upstream.write_all(new_head.as_bytes()).await.is_err() || upstream.write_all(&body).await.is_err() {
+            return;
+        }
+        let mut resp = Vec::new();
+        if upstream.read_to_end(&mut resp).await.is_err() {
+            return;
+        }
+        if hold {
+            // The cloud did it; the caller never learns. Wait until the test ends.
+            held_count.fetch_add(1, Ordering::SeqCst);
+            held.notify_one();
+            std::future::pending::<()>().await;
+        }
+        if conn.write_all(&resp).await.is_err() {
+            return;
+        }
+        // moto was asked to close; so do we, after a complete answer.
+        return;
+    }
+}
+
+/// A provider through the proxy that retries little, so faults reach the caller, and counts
+/// throttling over a short window, so the delays it asks for fit the test. Standard retry mode:
+/// the adaptive mode's rate limiter would slow a burst-ridden test to half a request a second.
+fn proxied(url: &str, attempts: u32) -> Arc<AwsProvider> {
+    let options = AwsOptions {
+        max_attempts: attempts,
+        throttle_window: Duration::from_secs(4),
+        adaptive_retry: false,
+        ..options_for(url)
+    };
+    Arc::new(AwsProvider::new(config(), CLUSTER, options))
+}
+
+fn with_uid(mut s: Service, uid: &str) -> Service {
+    s.metadata.uid = Some(uid.into());
+    s
+}
+
+#[tokio::test]
+async fn manager_killed_mid_ensure_or_mid_delete_leaves_nothing_orphaned() {
+    let Some(moto) = Moto::start("manager_killed_mid_ensure").await else { return };
+    let direct = provider(&moto.url);
+    let c = direct.clients().await.unwrap().clone();
+    let w = seed(&c).await;
+    let inst = launch(&c, &w, 2).await;
+    let nodes: Vec<Node> = inst.iter().map(|(id, dns)| node(dns, Some(&pid(id)), Some("True"), vec![])).collect();
+    let refs: Vec<&Node> = nodes.iter().collect();
+    let proxy = Proxy::start(moto.port).await;
+
+    // How many requests an uninterrupted ensure makes.
+    let probe = with_uid(lb_service("probe", &[(80, 30080), (443, 30443)]), "00000000-0000-0000-0000-000000000000");
+    let before = proxy.faults.lock().unwrap().requests;
+    proxied(&proxy.url, 1).ensure_load_balancer(CLUSTER, &probe, &refs).await.unwrap();
+    let per_ensure = proxy.faults.lock().unwrap().requests - before;
+    direct.ensure_load_balancer_deleted(CLUSTER, &probe).await.unwrap();
+    assert_eq!(lb_state(&c).await, LbState::default());
+    assert!(per_ensure >= 8, "{per_ensure}");
+
+    for kill_at in 1..=per_ensure {
+        let svc = with_uid(
+            lb_service("web", &[(80, 30080), (443, 30443)]),
+            &format!("00000000-0000-0000-0000-{kill_at:012}"),
+        );
+        // Killed right after request `kill_at` of an ensure took effect.
+        let start = proxy.faults.lock().unwrap().requests;
+        proxy.set(|f| f.hold_at = Some(start + kill_at));
+        let victim = proxied(&proxy.url, 1);
+        let (s2, n2) = (svc.clone(), nodes.clone());
+        let task = tokio::spawn(async move {
+            let refs: Vec<&Node> = n2.iter().collect();
+            victim.ensure_load_balancer(CLUSTER, &s2, &refs).await
+        });
+        let held = proxy.held_count.load(Ordering::SeqCst);
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while proxy.held_count.load(Ordering::SeqCst) == held {
+                proxy.held.notified().await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("request {kill_at} was never made"));
+        task.abort();
+        proxy.set(|f| f.hold_at = None);
+        // A new manager resumes: one of everything, then a delete that leaves nothing.
+        let restarted = provider(&moto.url);
+        restarted.ensure_load_balancer(CLUSTER, &svc, &refs).await.unwrap();
+        let st = lb_state(&c).await;
+        assert_eq!(st.lbs.len(), 1, "killed at request {kill_at}: {st:?}");
+        assert_eq!(st.tgs.len(), 2, "killed at request {kill_at}: {st:?}");
+        assert_eq!(st.listeners, BTreeSet::from([(80, 30080), (443, 30443)]), "killed at request {kill_at}");
+
+        // Killed mid-delete at the same point (bounded by the delete's own length).
+        let start = proxy.faults.lock().unwrap().requests;
+        proxy.set(|f| f.hold_at = Some(start + kill_at.min(4)));
+        let victim = proxied(&proxy.url, 1);
+        let s2 = svc.clone();
+        let task = tokio::spawn(async move { victim.ensure_load_balancer_deleted(CLUSTER, &s2).await });
+        let held = proxy.held_count.load(Ordering::SeqCst);
+        let _ = tokio::time::timeout(Duration::from_secs(10), async {
+            while proxy.held_count.load(Ordering::SeqCst) == held {
+                proxy.held.notified().await;
+            }
+        })
+        .await;
+        task.abort();
+        proxy.set(|f| f.hold_at = None);
+        provider(&moto.url).ensure_load_balancer_deleted(CLUSTER, &svc).await.unwrap();
+        assert_eq!(lb_state(&c).await, LbState::default(), "killed at request {kill_at}");
+    }
+}
+
+e2e_apiserver::backend_tests! {
+    async fn throttling_bursts_end_converged_with_nothing_duplicated_and_show_in_health(backend) {
+        let Some(moto) = Moto::start("throttling_bursts").await else { return };
+        let direct = provider(&moto.url);
+        let c = direct.clients().await.unwrap().clone();
+        let w = seed(&c).await;
+        let inst = launch(&c, &w, 2).await;
+        let proxy = Proxy::start(moto.port).await;
+        let p = proxied(&proxy.url, 2);
+
+        // More throttling answers than the SDK retries: the caller sees Throttled with a delay.
+        proxy.set(|f| {
+            f.throttle.insert("DescribeInstances".into(), 3);
+        });
+        let n = node(&inst[0].1, Some(&pid(&inst[0].0)), Some("True"), vec![]);
+        match p.instance_metadata(&n).await {
+            Err(CloudError::Throttled { retry_after: Some(d), .. }) => assert!(d >= Duration::from_secs(1)),
+            other => panic!("expected Throttled, got {other:?}"),
+        }
+        assert!(matches!(p.health().await, Health::Unhealthy { ref reason, .. } if reason == "Throttled"));
+
+        // Bursts on every step of an ensure, through the service controller: it converges.
+        proxy.set(|f| {
+            for a in [
+                "DescribeLoadBalancers",
+                "CreateLoadBalancer",
+                "CreateTargetGroup",
+                "RegisterTargets",
+                "CreateListener",
+                "DescribeTags",
+            ] {
+                f.throttle.insert(a.into(), 3);
+            }
+            f.throttle.insert("DescribeInstances".into(), 2);
+            f.throttle.insert("AuthorizeSecurityGroupIngress".into(), 2);
+        });
+        let env = Env::start(backend, p.clone(), options()).await;
+        for (id, dns) in &inst {
+            env.create_node(node(dns, Some(&pid(id)), Some("True"), vec![])).await;
+        }
+        env.run(Box::new(ServiceController::new()));
+        env.services().create(&PostParams::default(), &lb_service("web", &[(80, 30080), (443, 30443)])).await.unwrap();
+        eventually(|| async {
+            env.services().get("web").await.ok().filter(|s| {
+                s.status.as_ref().and_then(|st| st.load_balancer.as_ref()).and_then(|lb| lb.ingress.as_ref()).is_some()
+            })
+        })
+        .await;
+        let st = lb_state(&c).await;
+        assert_eq!(st.lbs.len(), 1, "{st:?}");
+        assert_eq!(st.tgs.len(), 2, "{st:?}");
+        assert_eq!(st.listeners, BTreeSet::from([(80, 30080), (443, 30443)]));
+        let all: BTreeSet<String> = inst.iter().map(|i| i.0.clone()).collect();
+        assert_eq!(targets(&st), vec![all.clone(), all]);
+        assert_eq!(st.rules.len(), 2, "{:?}", st.rules);
+        let f = proxy.faults.lock().unwrap();
+        assert!(f.throttled >= 10, "the proxy throttled {} requests", f.throttled);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Routes
+
+e2e_apiserver::backend_tests! {
+    async fn routes_for_pod_cidrs_are_created_and_removed_and_blackholes_cleaned_up(backend) {
+        let Some(moto) = Moto::start("routes").await else { return };
+        let p = provider(&moto.url);
+        let c = p.clients().await.unwrap().clone();
+        let w = seed(&c).await;
+        let inst = launch(&c, &w, 2).await;
+        let opts = ControllerOptions {
+            cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()],
+            route_reconciliation_period: Duration::from_millis(500),
+            ..options()
+        };
+        let env = Env::start(backend, p.clone(), opts).await;
+        for (i, (id, dns)) in inst.iter().enumerate() {
+            let mut n = node(dns, Some(&pid(id)), Some("True"), vec![]);
+            n.spec.as_mut().unwrap().pod_cidr = Some(format!("10.244.{i}.0/24"));
+            n.spec.as_mut().unwrap().pod_cidrs = Some(vec![format!("10.244.{i}.0/24")]);
+            env.create_node(n).await;
+        }
+        env.run(Box::new(RouteController::new()));
+        let routes = || async {
+            let t = c.ec2.describe_route_tables().route_table_ids(&w.rtb).send().await.unwrap();
+            t.route_tables()[0]
+                .routes()
+                .iter()
+                .filter(|r| r.instance_id().is_some())
+                .map(|r| (r.destination_cidr_block().unwrap().to_string(), r.instance_id().unwrap().to_string()))
+                .collect::<BTreeSet<_>>()
+        };
+        let want: BTreeSet<(String, String)> =
+            inst.iter().enumerate().map(|(i, (id, _))| (format!("10.244.{i}.0/24"), id.clone())).collect();
+        eventually(|| async { Some(routes().await).filter(|r| *r == want) }).await;
+        let d = c.ec2.describe_instances().instance_ids(&inst[0].0).send().await.unwrap();
+        let i0 = &d.reservations()[0].instances()[0];
+        assert_eq!(i0.source_dest_check(), Some(false), "source/destination check is off on route targets");
+
+        // The Node goes: its route is removed.
+        env.nodes().delete(&inst[1].1, &DeleteParams::default()).await.unwrap();
+        let one: BTreeSet<(String, String)> = [("10.244.0.0/24".to_string(), inst[0].0.clone())].into();
+        eventually(|| async { Some(routes().await).filter(|r| *r == one) }).await;
+
+        // A route to an instance that is then terminated is reported as a blackhole. It lives in a
+        // table the running controller does not manage (named by RouteTableID), so nothing
+        // removes it before it is listed.
+        let other = c.ec2.create_route_table().vpc_id(&w.vpc).send().await.unwrap();
+        let other = other.route_table.unwrap().route_table_id.unwrap();
+        c.ec2
+            .create_route()
+            .route_table_id(&other)
+            .destination_cidr_block("10.245.0.0/24")
+            .instance_id(&inst[0].0)
+            .send()
+            .await
+            .unwrap();
+        c.ec2.terminate_instances().instance_ids(&inst[0].0).send().await.unwrap();
+        let by_id = AwsProvider::new(
+            AwsConfig { route_table_id: other.clone(), ..config() },
+            CLUSTER,
+            options_for(&moto.url),
+        );
+        let listed = ccm_framework::provider::Routes::list_routes(&by_id, CLUSTER).await.unwrap();
+        assert_eq!(listed.len(), 1, "{listed:?}");
+        assert!(listed[0].blackhole && listed[0].destination_cidr == "10.245.0.0/24", "{listed:?}");
+        assert!(listed[0].target_node.is_empty(), "a blackhole has no target Node: {listed:?}");
+
+        // In the managed table, the terminated instance's route goes (the route controller removes
+        // blackholes, as upstream does) and is not recreated while no instance backs the Node.
+        eventually(|| async { Some(routes().await).filter(|r| r.is_empty()) }).await;
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        assert!(routes().await.is_empty(), "a route to a terminated instance is never recreated");
+        eventually(|| async { Some(routes().await).filter(|r| r.is_empty()) }).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Benchmark (ignored: run by hand, see docs/aws.md)
+
+/// 1,000 instances in moto, 1,000 Nodes registered at once: how many `DescribeInstances` calls
+/// and how long until every Node is initialized. On the genuine kube-apiserver when
+/// `CCM_TEST_ASSETS` is set, else on the local one. Asserts only that all Nodes are
+/// initialized with batched lookups (fewer calls than Nodes / 10); prints the numbers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: cargo test --workspace --test aws -- --ignored --nocapture bench_"]
+async fn bench_thousand_nodes_initialized_with_batched_describe_calls() {
+    const N: usize = 1000;
+    let Some(moto) = Moto::start("bench_thousand_nodes").await else { return };
+    let p = provider(&moto.url);
+    let c = p.clients().await.unwrap().clone();
+    let mut w = seed(&c).await;
+    // A /20 for the instances: a /24 holds fewer than 256.
+    let big = c.ec2.create_subnet().vpc_id(&w.vpc).cidr_block("10.0.16.0/20").availability_zone(ZONE).send().await;
+    w.subnets[0] = big.unwrap().subnet.unwrap().subnet_id.unwrap();
+    let mut instances = Vec::new();
+    while instances.len() < N {
+        instances.extend(launch(&c, &w, 250.min((N - instances.len()) as i32)).await);
+    }
+    let backend = if Backend::genuine_available() { Backend::Genuine } else { Backend::Local };
+    let env =
+        Env::start(backend, p.clone(), ControllerOptions { cluster_name: CLUSTER.into(), ..Default::default() }).await;
+    env.run(Box::new(NodeController::new()));
+    let started = std::time::Instant::now();
+    let env = Arc::new(env);
+    let mut tasks = tokio::task::JoinSet::new();
+    for chunk in instances.chunks(N / 16) {
+        let (env, chunk) = (env.clone(), chunk.to_vec());
+        tasks.spawn(async move {
+            for (_, dns) in chunk {
+                env.create_node(node(&dns, None, None, uninitialized())).await;
+            }
+        });
+    }
+    tasks.join_all().await;
+    let created = started.elapsed();
+    let lp = kube::api::ListParams::default();
+    tokio::time::timeout(Duration::from_secs(600), async {
+        loop {
+            let nodes = env.nodes().list(&lp).await.unwrap();
+            if nodes.items.iter().filter(|n| !has_taint(n, TAINT_UNINITIALIZED)).count() >= N {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await
+    .expect("all Nodes initialized within 10 minutes");
+    let elapsed = started.elapsed();
+    let calls = p.cache().counters.describe_calls.get();
+    println!(
+        "bench aws ({}): {N} Nodes created in {created:?}, all initialized after {elapsed:?}; \
+         {calls} DescribeInstances calls ({:.2}% of the Node count)",
+        backend.name(),
+        calls as f64 * 100.0 / N as f64
+    );
+    assert!((calls as usize) < N / 10, "{calls} DescribeInstances calls for {N} Nodes: not batched");
+}

@@ -1,0 +1,509 @@
+//! The `baremetal` provider: instances from an inventory in the cloud-config, TCP liveness
+//! probes, and load-balancer IPs from address pools.
+//!
+//! By default it programs no network: it only decides which Service gets which address and
+//! reports it (`ipMode: VIP`). An L2 or BGP announcer (kube-vip in services mode, MetalLB's
+//! speaker with its own allocation off, or a router's static routes) must make the addresses
+//! reachable; `loadBalancer.kubeVip: true` writes the annotation kube-vip reads. With
+//! `loadBalancer.mode: proxy` the leader also carries the traffic itself (see [`proxy`]).
+
+pub mod config;
+#[cfg(feature = "datapath")]
+pub mod datapath;
+pub mod duration;
+pub mod inventory;
+pub mod ipam;
+pub mod pool_metrics;
+pub mod probe;
+pub mod proxy;
+pub mod reload;
+pub mod selector;
+
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, Node, Service};
+use kube::api::{Api, ListParams};
+use tokio_util::sync::CancellationToken;
+
+use self::config::{CloudConfig, ConfigError, LifecycleConfig};
+use self::inventory::Inventory;
+use self::ipam::{AllocError, Allocator, RestoreReport, ServiceKey};
+use self::probe::{ProbeStates, ProbeTarget};
+use ccm_framework::provider::{
+    CloudError, CloudProvider, CloudResult, Health, InitContext, InstanceMetadata, Instances, LoadBalancer, Reload,
+    health_reasons,
+};
+use ccm_framework::registry::{FactoryInput, Registry, RegistryError};
+
+/// The registered provider name.
+pub const NAME: &str = "baremetal";
+
+/// `ipMode` of every reported ingress: traffic arrives addressed to the VIP itself.
+pub const IP_MODE: &str = "VIP";
+
+/// How long a Service waits when it asks before the allocator has been rebuilt.
+const NOT_READY_RETRY: Duration = Duration::from_secs(2);
+
+/// Services listed per page when rebuilding the allocator.
+const LIST_PAGE: u32 = 500;
+
+/// Register the provider under [`NAME`].
+pub fn register(registry: &mut Registry) -> Result<(), RegistryError> {
+    registry.register(NAME, factory)
+}
+
+/// The factory: parse and validate the cloud-config, nothing else (no I/O, no tasks).
+pub fn factory(input: FactoryInput<'_>) -> Result<Arc<dyn CloudProvider>, CloudError> {
+    Ok(Arc::new(BaremetalProvider::from_cloud_config(input.cloud_config)?))
+}
+
+/// The health of a cloud-config alone: `InvalidCloudConfig` with the first culprit, or
+/// `Healthy` with a summary. Cheap; for callers that validate a Secret without running it.
+pub fn config_health(cloud_config: Option<&[u8]>) -> Health {
+    match BaremetalProvider::from_cloud_config(cloud_config) {
+        Ok(provider) => Health::healthy(provider.summary()),
+        Err(CloudError::InvalidConfig(message)) => Health::unhealthy(health_reasons::INVALID_CLOUD_CONFIG, message),
+        Err(other) => Health::unhealthy(health_reasons::INVALID_CLOUD_CONFIG, other.to_string()),
+    }
+}
+
+/// The baremetal provider.
+#[derive(Debug)]
+pub struct BaremetalProvider {
+    inventory: Inventory,
+    lifecycle: LifecycleConfig,
+    allocator: Allocator,
+    retry_after: Duration,
+    probe_targets: Vec<ProbeTarget>,
+    probes: Arc<ProbeStates>,
+    probe_task: Mutex<Option<CancellationToken>>,
+    #[cfg(feature = "datapath")]
+    proxy: Option<proxy::ProxyRuntime>,
+    kube_vip: bool,
+    /// The client of the current leadership term, for the kube-vip annotation.
+    client: proxy::ClientSlot,
+    pool_gauges: pool_metrics::PoolGauges,
+    /// The config it was built from, for telling a pool edit from one that needs a restart.
+    /// Only the pools change after start ([`CloudProvider::reload`]).
+    config: ConfigCell,
+}
+
+/// The running config; its debug output leaves the content out.
+struct ConfigCell(Mutex<CloudConfig>);
+
+impl std::fmt::Debug for ConfigCell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ConfigCell(..)")
+    }
+}
+
+impl ConfigCell {
+    fn lock(&self) -> std::sync::MutexGuard<'_, CloudConfig> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Parse and validate cloud-config bytes; errors name a field path, never a value.
+fn parse_config(cloud_config: Option<&[u8]>) -> Result<CloudConfig, CloudError> {
+    let bytes = cloud_config.ok_or_else(|| {
+        CloudError::InvalidConfig(
+            "the baremetal provider needs a cloud-config (instances, loadBalancer, lifecycle)".to_string(),
+        )
+    })?;
+    config::parse(bytes).map_err(|e| CloudError::InvalidConfig(e.to_string()))
+}
+
+impl BaremetalProvider {
+    /// Build from cloud-config bytes; a missing or invalid config is
+    /// [`CloudError::InvalidConfig`] naming the culprit.
+    pub fn from_cloud_config(cloud_config: Option<&[u8]>) -> Result<Self, CloudError> {
+        Self::from_config(parse_config(cloud_config)?).map_err(|e| CloudError::InvalidConfig(e.to_string()))
+    }
+
+    /// Build from a parsed config (validated again here).
+    pub fn from_config(config: CloudConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let pools = config::build_pools(&config.load_balancer)?;
+        let probe_targets =
+            config.lifecycle.probe.as_ref().map(|p| probe::targets(&config.instances, p)).unwrap_or_default();
+        let names = config.instances.iter().map(|i| i.name.clone()).collect();
+        let mode = config.load_balancer.mode;
+        #[cfg(not(feature = "datapath"))]
+        if mode == proxy::Mode::Proxy {
+            tracing::error!(
+                "loadBalancer.mode is proxy but this build has no data path (feature datapath); addresses are assigned only"
+            );
+        }
+        Ok(Self {
+            #[cfg(feature = "datapath")]
+            proxy: (mode == proxy::Mode::Proxy).then(|| proxy::ProxyRuntime::new(&config.load_balancer.proxy)),
+            kube_vip: config.load_balancer.kube_vip,
+            client: proxy::ClientSlot::default(),
+            pool_gauges: pool_metrics::PoolGauges::default(),
+            inventory: Inventory::new(&config.instances),
+            retry_after: config.load_balancer.retry_after,
+            lifecycle: config.lifecycle.clone(),
+            allocator: Allocator::new(pools),
+            probe_targets,
+            probes: Arc::new(ProbeStates::new(names)),
+            probe_task: Mutex::new(None),
+            config: ConfigCell(Mutex::new(config)),
+        })
+    }
+
+    /// Apply a new config: the pools are swapped in place (every assigned address stays with
+    /// its Service); any other change is refused with the paths that need a restart.
+    pub fn reload_config(&self, new: CloudConfig) -> Reload {
+        let pools = match config::build_pools(&new.load_balancer) {
+            Ok(pools) => pools,
+            Err(e) => return Reload::Invalid(CloudError::InvalidConfig(e.to_string())),
+        };
+        let mut current = self.config.lock();
+        let restart = reload::needs_restart(&current, &new);
+        if !restart.is_empty() {
+            return Reload::RestartNeeded(format!("changed: {}", restart.join(", ")));
+        }
+        let before = self.allocator.pools();
+        if *before == pools {
+            return Reload::Unchanged;
+        }
+        let count = pools.len();
+        let report = self.allocator.replace_pools(pools);
+        current.load_balancer.pools = new.load_balancer.pools;
+        drop(current);
+        self.pool_gauges.update(&self.allocator);
+        if !report.outside_pools.is_empty() {
+            tracing::warn!(
+                ips = ?report.outside_pools,
+                "load-balancer addresses are in no pool after the edit; their Services keep them until they are deleted"
+            );
+        }
+        Reload::Applied(format!(
+            "loadBalancer.pools: {} pools before, {count} now; {} assigned addresses in the pools, {} kept outside them until their Services go",
+            before.len(),
+            report.in_pools,
+            report.outside_pools.len()
+        ))
+    }
+
+    /// The instance inventory.
+    pub fn inventory(&self) -> &Inventory {
+        &self.inventory
+    }
+
+    /// The load-balancer allocator.
+    pub fn allocator(&self) -> &Allocator {
+        &self.allocator
+    }
+
+    /// The data path of the current leadership term (proxy mode only).
+    #[cfg(feature = "datapath")]
+    pub fn data_path(&self) -> Option<crate::datapath::DataPath> {
+        self.proxy.as_ref().and_then(|p| p.data_path())
+    }
+
+    /// The probe states.
+    pub fn probe_states(&self) -> &ProbeStates {
+        &self.probes
+    }
+
+    /// Rebuild the allocator from the Services' reported ingress IPs (what `initialize` does
+    /// after listing them).
+    pub fn restore_services(&self, services: &[Service]) -> RestoreReport {
+        let report = self.allocator.restore(services);
+        tracing::info!(
+            services = services.len(),
+            restored = report.restored,
+            outside_pools = report.outside_pools,
+            conflicts = report.conflicts,
+            "rebuilt the load-balancer allocator from existing Services"
+        );
+        report
+    }
+
+    /// Start the probe task (when probing is configured), replacing a previous one. It stops
+    /// when `shutdown` fires.
+    pub fn start_probes(&self, shutdown: CancellationToken) {
+        let Some(probe) = self.lifecycle.probe.clone() else { return };
+        if self.probe_targets.is_empty() {
+            tracing::info!("no instance has an address of the probed types; nothing to probe");
+            return;
+        }
+        let token = shutdown.child_token();
+        let previous = self.probe_task.lock().unwrap_or_else(|e| e.into_inner()).replace(token.clone());
+        if let Some(previous) = previous {
+            previous.cancel();
+        }
+        self.probes.reset();
+        tokio::spawn(probe::run(self.probe_targets.clone(), probe, self.probes.clone(), token));
+    }
+
+    fn summary(&self) -> String {
+        let declared = (0..self.inventory.len()).filter(|i| self.inventory.declared_shutdown(*i)).count();
+        let probes = self.probes.summary();
+        let usage = self.allocator.usage();
+        let (in_use, usable) =
+            usage.iter().fold((0usize, 0u128), |(u, t), p| (u + p.in_use, t.saturating_add(p.usable)));
+        let mut text = format!("{} instances ({declared} declared shut down", self.inventory.len());
+        if self.lifecycle.probe.is_some() {
+            text.push_str(&format!(", {} of {} probed failing", probes.down, self.probe_targets.len()));
+        }
+        let per_family = pool_metrics::describe(&pool_metrics::usage_by_family(&self.allocator));
+        text.push_str(&format!("), {} pools ({in_use} of {usable} addresses in use{per_family})", usage.len()));
+        let outside = self.allocator.outside_pools().len();
+        if outside > 0 {
+            text.push_str(&format!(
+                ", {outside} assigned addresses outside the pools (kept until their Services are deleted)"
+            ));
+        }
+        text
+    }
+
+    fn lookup(&self, node: &Node) -> Option<usize> {
+        self.inventory.lookup(node).map(|(index, _)| index)
+    }
+
+    fn exists(&self, node: &Node) -> bool {
+        if self.lookup(node).is_some() {
+            return true;
+        }
+        if !self.lifecycle.delete_absent_nodes {
+            tracing::debug!(node = %node_name(node), "Node is not in the inventory; reported as existing (deleteAbsentNodes is off)");
+        }
+        !self.lifecycle.delete_absent_nodes
+    }
+
+    fn shutdown(&self, node: &Node) -> bool {
+        self.lookup(node).is_some_and(|i| self.inventory.declared_shutdown(i) || self.probes.is_down(i))
+    }
+
+    fn metadata(&self, node: &Node) -> Option<InstanceMetadata> {
+        match self.lookup(node) {
+            Some(index) => self.inventory.metadata(index).cloned(),
+            None => {
+                tracing::warn!(node = %node_name(node), "Node matches no instance of the inventory (by providerID, name or hostname); it stays uninitialized");
+                None
+            }
+        }
+    }
+
+    fn ip_mode(&self) -> &'static str {
+        #[cfg(feature = "datapath")]
+        if self.proxy.is_some() {
+            return proxy::IP_MODE_PROXY;
+        }
+        IP_MODE
+    }
+
+    /// Bring the kube-vip annotation to `ips` (none removes it), when the switch is on.
+    async fn sync_kube_vip(&self, service: &Service, ips: Option<&[IpAddr]>) -> CloudResult<()> {
+        if !self.kube_vip {
+            return Ok(());
+        }
+        let Some(client) = self.client.get() else { return Ok(()) };
+        let value = ips.map(proxy::kube_vip_value);
+        proxy::sync_kube_vip(&client, service, value.as_deref()).await
+    }
+
+    fn status(&self, ips: &[IpAddr]) -> LoadBalancerStatus {
+        let ip_mode = self.ip_mode();
+        LoadBalancerStatus {
+            ingress: Some(
+                ips.iter()
+                    .map(|ip| LoadBalancerIngress {
+                        ip: Some(ip.to_string()),
+                        ip_mode: Some(ip_mode.to_string()),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+        }
+    }
+
+    fn cloud_error(&self, error: AllocError) -> CloudError {
+        match error {
+            AllocError::Invalid(message) => CloudError::Other(message),
+            AllocError::Unsatisfiable(message) => CloudError::retry_after(self.retry_after, message),
+            AllocError::NotReady => CloudError::retry_after(NOT_READY_RETRY, AllocError::NotReady.to_string()),
+        }
+    }
+}
+
+fn node_name(node: &Node) -> &str {
+    node.metadata.name.as_deref().unwrap_or_default()
+}
+
+/// Every Service in the cluster, page by page.
+async fn list_services(client: kube::Client) -> Result<Vec<Service>, kube::Error> {
+    let api: Api<Service> = Api::all(client);
+    let mut services = Vec::new();
+    let mut params = ListParams::default().limit(LIST_PAGE);
+    loop {
+        let page = api.list(&params).await?;
+        services.extend(page.items);
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(services),
+        }
+    }
+}
+
+#[async_trait]
+impl CloudProvider for BaremetalProvider {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    async fn initialize(&self, ctx: InitContext) -> CloudResult<()> {
+        let services = list_services(ctx.client.clone()).await.map_err(|e| {
+            CloudError::Unavailable(format!("listing Services to rebuild the load-balancer allocator: {e}"))
+        })?;
+        self.restore_services(&services);
+        self.pool_gauges.register(&ctx.metrics);
+        self.pool_gauges.update(&self.allocator);
+        self.client.set(ctx.client.clone());
+        #[cfg(feature = "datapath")]
+        if let Some(proxy) = &self.proxy {
+            proxy.start(&ctx.metrics, ctx.shutdown.clone());
+        }
+        self.start_probes(ctx.shutdown.clone());
+        Ok(())
+    }
+
+    fn instances(&self) -> Option<&dyn Instances> {
+        Some(self)
+    }
+
+    fn load_balancer(&self) -> Option<&dyn LoadBalancer> {
+        // Without pools the service controller stays off, leaving Services to another
+        // implementation (for example MetalLB) instead of failing every one of them.
+        if self.allocator.pools().is_empty() { None } else { Some(self) }
+    }
+
+    async fn health(&self) -> Health {
+        let probes = self.probes.summary();
+        let targets = self.probe_targets.len();
+        if targets > 0 && probes.down >= targets {
+            let port = self.lifecycle.probe.as_ref().map(|p| p.port).unwrap_or_default();
+            return Health::unhealthy(
+                health_reasons::PROBE_FAILING,
+                format!(
+                    "all {targets} probed instances fail the TCP probe on port {port} ({}); check the manager's network path to them",
+                    probes.down_names.join(", ")
+                ),
+            );
+        }
+        Health::healthy(self.summary())
+    }
+
+    fn reload(&self, cloud_config: Option<&[u8]>) -> Reload {
+        match parse_config(cloud_config) {
+            Ok(config) => self.reload_config(config),
+            Err(e) => Reload::Invalid(e),
+        }
+    }
+
+    fn restart_fingerprint(&self) -> Option<Vec<u8>> {
+        Some(reload::restart_fingerprint(&self.config.lock()))
+    }
+}
+
+#[async_trait]
+impl Instances for BaremetalProvider {
+    async fn instance_exists(&self, node: &Node) -> CloudResult<bool> {
+        Ok(self.exists(node))
+    }
+
+    async fn instance_shutdown(&self, node: &Node) -> CloudResult<bool> {
+        Ok(self.shutdown(node))
+    }
+
+    async fn instance_metadata(&self, node: &Node) -> CloudResult<Option<InstanceMetadata>> {
+        Ok(self.metadata(node))
+    }
+
+    fn batch_size(&self) -> usize {
+        // Lookups are in memory: any batch is one cheap call.
+        usize::MAX
+    }
+
+    async fn instances_metadata(&self, nodes: &[&Node]) -> Vec<CloudResult<Option<InstanceMetadata>>> {
+        nodes.iter().map(|n| Ok(self.metadata(n))).collect()
+    }
+
+    async fn instances_exist(&self, nodes: &[&Node]) -> Vec<CloudResult<bool>> {
+        nodes.iter().map(|n| Ok(self.exists(n))).collect()
+    }
+
+    async fn instances_shutdown(&self, nodes: &[&Node]) -> Vec<CloudResult<bool>> {
+        nodes.iter().map(|n| Ok(self.shutdown(n))).collect()
+    }
+}
+
+#[async_trait]
+impl LoadBalancer for BaremetalProvider {
+    async fn get_load_balancer(
+        &self,
+        _cluster_name: &str,
+        service: &Service,
+    ) -> CloudResult<Option<LoadBalancerStatus>> {
+        let key = ServiceKey::of(service);
+        Ok(self.allocator.assigned(&key, &service.metadata.uid).map(|ips| self.status(&ips)))
+    }
+
+    async fn ensure_load_balancer(
+        &self,
+        _cluster_name: &str,
+        service: &Service,
+        nodes: &[&Node],
+    ) -> CloudResult<LoadBalancerStatus> {
+        let request = ipam::request_for(service).map_err(|e| self.cloud_error(e))?;
+        let ips = self.allocator.ensure(&request).map_err(|e| self.cloud_error(e))?;
+        self.pool_gauges.update(&self.allocator);
+        #[cfg(feature = "datapath")]
+        if let Some(proxy) = &self.proxy {
+            proxy.ensure(service, nodes, &ips)?;
+        }
+        #[cfg(not(feature = "datapath"))]
+        let _ = nodes;
+        self.sync_kube_vip(service, Some(&ips)).await?;
+        Ok(self.status(&ips))
+    }
+
+    async fn update_load_balancer(&self, _cluster_name: &str, service: &Service, nodes: &[&Node]) -> CloudResult<()> {
+        // Address mode: backends are whatever the announcer and kube-proxy route to.
+        #[cfg(feature = "datapath")]
+        if let Some(proxy) = &self.proxy
+            && let Some(ips) = self.allocator.assigned(&ServiceKey::of(service), &service.metadata.uid)
+        {
+            proxy.ensure(service, nodes, &ips)?;
+        }
+        #[cfg(not(feature = "datapath"))]
+        let _ = (service, nodes);
+        Ok(())
+    }
+
+    async fn ensure_load_balancer_deleted(&self, _cluster_name: &str, service: &Service) -> CloudResult<()> {
+        #[cfg(feature = "datapath")]
+        if let Some(proxy) = &self.proxy {
+            proxy.remove(service);
+        }
+        self.allocator.release(&ServiceKey::of(service), &service.metadata.uid);
+        self.pool_gauges.update(&self.allocator);
+        self.sync_kube_vip(service, None).await
+    }
+}
+
+/// A registry holding this provider alone, for tests that go through the registry.
+#[cfg(test)]
+fn test_registry() -> Registry {
+    let mut registry = Registry::new();
+    register(&mut registry).unwrap();
+    registry
+}
+
+#[cfg(test)]
+mod tests;

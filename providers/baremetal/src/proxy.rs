@@ -1,0 +1,387 @@
+//! `loadBalancer.mode: proxy`: the manager's leader also carries the traffic of the addresses
+//! it assigns, with the data path ([`crate::datapath`]), and reports `ipMode: Proxy`.
+//!
+//! Backends are the eligible Nodes' InternalIPs at the Service's nodePorts (kube-proxy takes it
+//! from there); health checks follow kube-proxy's conventions. Listeners bind on the node the
+//! leader runs on, either because the pool's addresses are configured on one of its interfaces
+//! (`bind: local`, the default) or with `IP_FREEBIND` when the pool is routed to that node
+//! (`bind: freebind`). See docs/datapath.md.
+
+use std::fmt;
+use std::net::IpAddr;
+use std::sync::Mutex;
+use std::time::Duration;
+
+#[cfg(feature = "datapath")]
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{Api, Patch, PatchParams};
+use serde::{Deserialize, Deserializer};
+#[cfg(feature = "datapath")]
+use tokio_util::sync::CancellationToken;
+
+#[cfg(feature = "datapath")]
+use crate::datapath::{Balance, BindMode, DataPath, DataPathError, HealthSettings, Settings};
+#[cfg(feature = "datapath")]
+use ccm_framework::metrics::Metrics;
+use ccm_framework::provider::CloudError;
+use ccm_framework::safe_yaml;
+
+/// The annotation kube-vip reads the addresses to announce from (comma-separated).
+pub const KUBE_VIP_ANNOTATION: &str = "kube-vip.io/loadbalancerIPs";
+
+/// Field manager of the provider's own Service writes (the kube-vip annotation).
+pub const FIELD_MANAGER: &str = "ccm-baremetal-provider";
+
+/// `ipMode` reported in proxy mode: traffic reaches the backends through this proxy.
+pub const IP_MODE_PROXY: &str = "Proxy";
+
+/// How long a Service waits when one of its listeners cannot be opened.
+#[cfg(feature = "datapath")]
+const BIND_RETRY: Duration = Duration::from_secs(5);
+
+/// The message of a zero duration or threshold.
+pub const NOT_POSITIVE: &str = "must be greater than zero";
+
+/// Fixed messages this module's fields raise (registered with the cloud-config schema).
+pub const MESSAGES: &[&str] = &[NOT_POSITIVE];
+
+/// What the provider does for a `type: LoadBalancer` Service.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Mode {
+    /// Assign addresses only (`ipMode: VIP`); an announcer and kube-proxy carry the traffic.
+    #[default]
+    Addresses,
+    /// Assign addresses and proxy their traffic from the leader (`ipMode: Proxy`).
+    Proxy,
+}
+
+/// How proxy listeners bind their addresses.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum BindConfig {
+    /// The address is configured on an interface of the leader's node.
+    #[default]
+    Local,
+    /// `IP_FREEBIND`: bind addresses the node does not have; the pool must be routed to it.
+    Freebind,
+}
+
+/// Backend selection.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum BalanceConfig {
+    /// Healthy backends in turn.
+    #[default]
+    RoundRobin,
+    /// The healthy backend with the fewest open connections.
+    LeastConnections,
+}
+
+/// `loadBalancer.proxy`: data-path settings for `mode: proxy`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ProxyConfig {
+    /// How listeners bind.
+    #[serde(default)]
+    pub bind: BindConfig,
+    /// Backend selection (Services with `sessionAffinity: ClientIP` hash the source instead).
+    #[serde(default)]
+    pub balance: BalanceConfig,
+    /// Health-check backends (kube-proxy's conventions); off sends traffic to every Node.
+    #[serde(default = "yes")]
+    pub health_checks: bool,
+    /// kube-proxy's health port, checked for `externalTrafficPolicy: Cluster`.
+    #[serde(default = "default_health_port")]
+    pub cluster_health_port: u16,
+    /// Time between two checks of one backend.
+    #[serde(default = "default_interval", deserialize_with = "positive_duration")]
+    pub health_check_interval: Duration,
+    /// How long one check may take.
+    #[serde(default = "default_timeout", deserialize_with = "positive_duration")]
+    pub health_check_timeout: Duration,
+    /// Consecutive failures before a backend takes no new traffic.
+    #[serde(default = "default_unhealthy", deserialize_with = "positive_u32")]
+    pub unhealthy_threshold: u32,
+    /// Consecutive successes before it takes traffic again.
+    #[serde(default = "default_healthy", deserialize_with = "positive_u32")]
+    pub healthy_threshold: u32,
+    /// How long connections to a removed backend or port may continue.
+    #[serde(default = "default_drain", deserialize_with = "positive_duration")]
+    pub drain_timeout: Duration,
+    /// How long a UDP session lives without traffic.
+    #[serde(default = "default_udp_idle", deserialize_with = "positive_duration")]
+    pub udp_idle_timeout: Duration,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        Self {
+            bind: BindConfig::Local,
+            balance: BalanceConfig::RoundRobin,
+            health_checks: true,
+            cluster_health_port: default_health_port(),
+            health_check_interval: default_interval(),
+            health_check_timeout: default_timeout(),
+            unhealthy_threshold: default_unhealthy(),
+            healthy_threshold: default_healthy(),
+            drain_timeout: default_drain(),
+            udp_idle_timeout: default_udp_idle(),
+        }
+    }
+}
+
+#[cfg(feature = "datapath")]
+impl ProxyConfig {
+    /// The data-path settings.
+    pub fn settings(&self) -> Settings {
+        Settings {
+            health: HealthSettings {
+                interval: self.health_check_interval,
+                timeout: self.health_check_timeout,
+                unhealthy_threshold: self.unhealthy_threshold,
+                healthy_threshold: self.healthy_threshold,
+            },
+            health_checks: self.health_checks,
+            cluster_health_port: self.cluster_health_port,
+            drain_timeout: self.drain_timeout,
+            udp_idle_timeout: self.udp_idle_timeout,
+            balance: match self.balance {
+                BalanceConfig::RoundRobin => Balance::RoundRobin,
+                BalanceConfig::LeastConnections => Balance::LeastConnections,
+            },
+            bind: match self.bind {
+                BindConfig::Local => BindMode::Local,
+                BindConfig::Freebind => BindMode::Freebind,
+            },
+            ..Settings::default()
+        }
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+// kube-proxy's health port and the check timing cloud load balancers use with it.
+fn default_health_port() -> u16 {
+    10256
+}
+fn default_interval() -> Duration {
+    Duration::from_secs(2)
+}
+fn default_timeout() -> Duration {
+    Duration::from_secs(3)
+}
+fn default_unhealthy() -> u32 {
+    2
+}
+fn default_healthy() -> u32 {
+    1
+}
+fn default_drain() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_udp_idle() -> Duration {
+    Duration::from_secs(60)
+}
+
+fn positive_duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+    struct Visitor;
+    impl serde::de::Visitor<'_> for Visitor {
+        type Value = Duration;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a duration such as 2s or 500ms")
+        }
+        fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Duration, E> {
+            let duration = crate::duration::parse_duration(text).map_err(safe_yaml::custom)?;
+            if duration.is_zero() { Err(safe_yaml::custom(NOT_POSITIVE)) } else { Ok(duration) }
+        }
+    }
+    deserializer.deserialize_str(Visitor)
+}
+
+fn positive_u32<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u32, D::Error> {
+    let value = u32::deserialize(deserializer)?;
+    if value == 0 { Err(safe_yaml::custom(NOT_POSITIVE)) } else { Ok(value) }
+}
+
+/// The proxy of one provider: a data path per leadership term.
+#[cfg(feature = "datapath")]
+pub struct ProxyRuntime {
+    settings: Settings,
+    current: Mutex<Option<DataPath>>,
+}
+
+#[cfg(feature = "datapath")]
+impl fmt::Debug for ProxyRuntime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProxyRuntime").field("settings", &self.settings).finish_non_exhaustive()
+    }
+}
+
+#[cfg(feature = "datapath")]
+impl ProxyRuntime {
+    /// A runtime with these settings; nothing runs until [`Self::start`].
+    pub fn new(config: &ProxyConfig) -> Self {
+        Self { settings: config.settings(), current: Mutex::new(None) }
+    }
+
+    /// Start a fresh data path for a leadership term; it stops when `shutdown` fires.
+    pub fn start(&self, metrics: &Metrics, shutdown: CancellationToken) {
+        let fresh = DataPath::new(self.settings.clone(), metrics, shutdown.child_token());
+        if let Some(previous) = self.lock().replace(fresh) {
+            previous.shutdown();
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<DataPath>> {
+        self.current.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The running data path, if any (for tests and diagnostics).
+    pub fn data_path(&self) -> Option<DataPath> {
+        self.lock().clone()
+    }
+
+    /// Serve the Service on `ips` with `nodes` as backends.
+    pub fn ensure(&self, service: &Service, nodes: &[&Node], ips: &[IpAddr]) -> Result<(), CloudError> {
+        let Some(data_path) = self.data_path() else {
+            return Err(CloudError::retry_after(
+                Duration::from_secs(2),
+                "the load-balancer data path is not running yet",
+            ));
+        };
+        let spec = crate::datapath::config::service_spec(service, nodes, ips, &self.settings)
+            .map_err(|e| CloudError::Other(e.to_string()))?;
+        data_path.apply(spec).map_err(|e| match e {
+            DataPathError::Bind { .. } => CloudError::retry_after(
+                BIND_RETRY,
+                format!(
+                    "{e}; the address must be configured on an interface of the manager's node, or set loadBalancer.proxy.bind: freebind with the pool routed to that node"
+                ),
+            ),
+            DataPathError::ShutDown => CloudError::retry_after(Duration::from_secs(2), e.to_string()),
+        })
+    }
+
+    /// Stop serving the Service (its connections drain).
+    pub fn remove(&self, service: &Service) {
+        if let Some(data_path) = self.data_path() {
+            data_path.remove(&service_key(service));
+        }
+    }
+}
+
+#[cfg(feature = "datapath")]
+fn service_key(service: &Service) -> String {
+    format!(
+        "{}/{}",
+        service.metadata.namespace.as_deref().unwrap_or_default(),
+        service.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// The kube-vip annotation's value for these addresses.
+pub fn kube_vip_value(ips: &[IpAddr]) -> String {
+    ips.iter().map(IpAddr::to_string).collect::<Vec<_>>().join(",")
+}
+
+/// The annotation patch that brings the Service to `want` (`None` removes the annotation),
+/// or `None` when it already is there. Pure.
+pub fn kube_vip_patch(service: &Service, want: Option<&str>) -> Option<serde_json::Value> {
+    let have = service.metadata.annotations.as_ref().and_then(|a| a.get(KUBE_VIP_ANNOTATION)).map(String::as_str);
+    (have != want).then(|| serde_json::json!({ "metadata": { "annotations": { KUBE_VIP_ANNOTATION: want } } }))
+}
+
+/// Write the kube-vip annotation when it differs. The provider writes it itself (the provider
+/// contract has no way to return annotations), as a merge patch of that one key under its own
+/// field manager, so nothing else on the Service is touched.
+pub async fn sync_kube_vip(client: &kube::Client, service: &Service, want: Option<&str>) -> Result<(), CloudError> {
+    let Some(patch) = kube_vip_patch(service, want) else { return Ok(()) };
+    let namespace = service.metadata.namespace.as_deref().unwrap_or("default");
+    let name = service.metadata.name.as_deref().unwrap_or_default();
+    let api: Api<Service> = Api::namespaced(client.clone(), namespace);
+    let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
+    match api.patch(name, &params, &Patch::Merge(&patch)).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(e) => Err(CloudError::Unavailable(format!("writing the {KUBE_VIP_ANNOTATION} annotation: {e}"))),
+    }
+}
+
+/// The client of the current leadership term (set by `initialize`), for the provider's own
+/// Service writes.
+#[derive(Default)]
+pub struct ClientSlot(Mutex<Option<kube::Client>>);
+
+impl fmt::Debug for ClientSlot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientSlot").finish_non_exhaustive()
+    }
+}
+
+impl ClientSlot {
+    /// Replace the client.
+    pub fn set(&self, client: kube::Client) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(client);
+    }
+
+    /// The client, once set.
+    pub fn get(&self) -> Option<kube::Client> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kube_vip_patch_is_written_only_when_the_value_differs() {
+        let mut service = Service::default();
+        let ips: Vec<IpAddr> = vec!["192.0.2.1".parse().unwrap(), "2001:db8::1".parse().unwrap()];
+        let value = kube_vip_value(&ips);
+        assert_eq!(value, "192.0.2.1,2001:db8::1");
+        let patch = kube_vip_patch(&service, Some(&value)).expect("a patch");
+        assert_eq!(patch["metadata"]["annotations"][KUBE_VIP_ANNOTATION], "192.0.2.1,2001:db8::1");
+        service.metadata.annotations = Some([(KUBE_VIP_ANNOTATION.to_string(), value.clone())].into());
+        assert_eq!(kube_vip_patch(&service, Some(&value)), None);
+        let removal = kube_vip_patch(&service, None).expect("a removal");
+        assert!(removal["metadata"]["annotations"][KUBE_VIP_ANNOTATION].is_null());
+        assert_eq!(kube_vip_patch(&Service::default(), None), None);
+    }
+
+    #[test]
+    fn proxy_mode_and_its_settings_are_read_from_the_cloud_config() {
+        let yaml = "loadBalancer:\n  mode: proxy\n  kubeVip: true\n  proxy:\n    bind: freebind\n    balance: leastConnections\n    healthCheckInterval: 500ms\n    unhealthyThreshold: 3\n";
+        let config = crate::config::parse(yaml.as_bytes()).unwrap();
+        let lb = &config.load_balancer;
+        assert_eq!(lb.mode, Mode::Proxy);
+        assert!(lb.kube_vip);
+        assert_eq!(lb.proxy.bind, BindConfig::Freebind);
+        assert_eq!(lb.proxy.balance, BalanceConfig::LeastConnections);
+        assert_eq!(lb.proxy.health_check_interval, Duration::from_millis(500));
+        assert_eq!(lb.proxy.unhealthy_threshold, 3);
+        assert_eq!(lb.proxy.health_check_timeout, Duration::from_secs(3), "unset fields keep their defaults");
+        let default = crate::config::parse(b"loadBalancer: {}\n").unwrap();
+        assert_eq!(default.load_balancer.mode, Mode::Addresses, "proxy mode is opt-in");
+    }
+
+    #[test]
+    fn a_zero_health_check_interval_is_refused_by_field() {
+        let yaml = "loadBalancer:\n  mode: proxy\n  proxy:\n    healthCheckInterval: 0s\n";
+        let error = crate::config::parse(yaml.as_bytes()).unwrap_err().to_string();
+        assert!(error.contains("healthCheckInterval"), "{error}");
+        assert!(error.contains(NOT_POSITIVE), "{error}");
+    }
+
+    #[cfg(feature = "datapath")]
+    #[test]
+    fn proxy_settings_default_to_kube_proxy_conventions() {
+        let settings = ProxyConfig::default().settings();
+        assert_eq!(settings.health, HealthSettings::default());
+        assert_eq!(settings.cluster_health_port, 10256);
+        assert_eq!(settings.bind, BindMode::Local);
+    }
+}

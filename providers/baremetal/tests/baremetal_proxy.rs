@@ -1,0 +1,343 @@
+//! The baremetal provider in `loadBalancer.mode: proxy` against an API server (both backends): the
+//! service controller assigns loopback addresses and the provider's data path carries real
+//! traffic to backends that stand in for Nodes' nodePorts. Every test owns a `127.<n>.0.0/16`
+//! block (offset by 100 on the genuine backend) so that tests run in parallel with fixed ports;
+//! Nodes, namespaces and nodePorts are unique per test because the genuine API server is shared.
+
+#![cfg(feature = "datapath")]
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ccm_framework::controllers::service::ServiceController;
+use ccm_framework::engine::testing::{RunningController, run_controller};
+use ccm_framework::options::ControllerOptions;
+use ccm_framework::provider::CloudProvider;
+use ccm_provider_baremetal::BaremetalProvider;
+use e2e_apiserver::TestCluster;
+use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeSpec, NodeStatus, Service, ServicePort, ServiceSpec};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+
+const WAIT: Duration = Duration::from_secs(30);
+const HEALTH_PORT: u16 = 31256;
+
+fn ip(block: u8, host: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(127, block, 0, host))
+}
+
+/// A proxy-mode cloud-config with a loopback pool and fast health checks on `HEALTH_PORT`.
+fn config(block: u8, extra: &str) -> String {
+    format!(
+        "loadBalancer:\n  retryAfter: 1s\n  mode: proxy\n{extra}  proxy:\n    clusterHealthPort: {HEALTH_PORT}\n    healthCheckInterval: 100ms\n    healthCheckTimeout: 100ms\n    drainTimeout: 1s\n  pools:\n    - name: loopback\n      cidrs: [127.{block}.0.240/29]\n      allowLoopback: true\n"
+    )
+}
+
+fn provider(config: &str) -> Arc<BaremetalProvider> {
+    Arc::new(BaremetalProvider::from_cloud_config(Some(config.as_bytes())).expect("valid cloud-config"))
+}
+
+async fn start(cluster: &TestCluster, provider: Arc<BaremetalProvider>) -> RunningController {
+    let options = ControllerOptions { concurrent_service_syncs: 2, ..Default::default() };
+    run_controller(cluster.client(), provider as Arc<dyn CloudProvider>, options, Box::new(ServiceController::new()))
+        .await
+}
+
+async fn eventually<T, F, Fut>(what: &str, f: F) -> T
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "{what}: not reached within {WAIT:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A Node with an InternalIP, as the node controller leaves it.
+fn node(name: &str, address: IpAddr) -> Node {
+    Node {
+        metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
+        spec: Some(NodeSpec { provider_id: Some(format!("baremetal://{name}")), ..Default::default() }),
+        status: Some(NodeStatus {
+            addresses: Some(vec![NodeAddress { type_: "InternalIP".into(), address: address.to_string() }]),
+            ..Default::default()
+        }),
+    }
+}
+
+async fn create_node(nodes: &Api<Node>, node: &Node) {
+    let created = nodes.create(&PostParams::default(), node).await.expect("create node");
+    // The API server may drop status on create: write it as the kubelet would.
+    let patch = json!({ "status": node.status });
+    nodes
+        .patch_status(created.metadata.name.as_deref().unwrap(), &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("node status");
+}
+
+fn service(name: &str, ports: &[(i32, u16)]) -> Service {
+    Service {
+        metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
+        spec: Some(ServiceSpec {
+            type_: Some("LoadBalancer".into()),
+            ports: Some(
+                ports
+                    .iter()
+                    .map(|(port, node_port)| ServicePort {
+                        name: Some(format!("p{port}")),
+                        port: *port,
+                        node_port: Some(i32::from(*node_port)),
+                        protocol: Some("TCP".into()),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn ingress(service: &Service) -> Vec<(String, Option<String>)> {
+    service
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|l| l.ingress.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|i| Some((i.ip.clone()?, i.ip_mode.clone())))
+        .collect()
+}
+
+async fn wait_for_ingress(services: &Api<Service>, name: &str) -> (String, Option<String>) {
+    eventually(&format!("{name} gets an address"), || async {
+        ingress(&services.get(name).await.ok()?).into_iter().next()
+    })
+    .await
+}
+
+/// A stand-in for a Node's nodePort: greets with the Node name, then echoes.
+async fn backend(name: &str, addr: SocketAddr) {
+    let listener = TcpListener::bind(addr).await.expect("bind backend");
+    let name = name.to_string();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let name = name.clone();
+            tokio::spawn(async move {
+                let _ = stream.write_all(format!("{name}\n").as_bytes()).await;
+                let mut buf = [0u8; 1024];
+                while let Ok(n) = stream.read(&mut buf).await {
+                    if n == 0 || stream.write_all(&buf[..n]).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+}
+
+/// A stand-in for kube-proxy's health endpoint, always healthy.
+async fn healthz(addr: SocketAddr) {
+    let listener = TcpListener::bind(addr).await.expect("bind healthz");
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 512];
+                let _ = stream.read(&mut buf).await;
+                let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok").await;
+            });
+        }
+    });
+}
+
+async fn greeting(addr: SocketAddr) -> Option<(String, BufReader<TcpStream>)> {
+    let stream = tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(addr)).await.ok()?.ok()?;
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    let n = tokio::time::timeout(Duration::from_secs(2), reader.read_line(&mut line)).await.ok()?.ok()?;
+    (n > 0).then(|| (line.trim().to_string(), reader))
+}
+
+async fn echoes(reader: &mut BufReader<TcpStream>, text: &str) -> bool {
+    if reader.get_mut().write_all(format!("{text}\n").as_bytes()).await.is_err() {
+        return false;
+    }
+    let mut line = String::new();
+    matches!(tokio::time::timeout(Duration::from_secs(2), reader.read_line(&mut line)).await, Ok(Ok(n)) if n > 0)
+        && line.trim() == text
+}
+
+/// The test's address block: its own number, plus 100 on the genuine backend (both variants of a
+/// test run at the same time).
+fn block(cluster: &TestCluster, n: u8) -> u8 {
+    if cluster.is_genuine() { n + 100 } else { n }
+}
+
+/// The `i`th nodePort of a block's Services (unique in the shared genuine API server).
+fn node_port(block: u8, i: u16) -> u16 {
+    30000 + u16::from(block) * 10 + i
+}
+
+/// Two Nodes (`n<block>-a`, `n<block>-b`) serving `node_ports` and kube-proxy's health port.
+async fn two_nodes(cluster: &TestCluster, block: u8, node_ports: &[u16]) {
+    let nodes: Api<Node> = Api::all(cluster.client());
+    for (suffix, host) in [("a", 1), ("b", 2)] {
+        let name = format!("n{block}-{suffix}");
+        for port in node_ports {
+            backend(&name, SocketAddr::new(ip(block, host), *port)).await;
+        }
+        healthz(SocketAddr::new(ip(block, host), HEALTH_PORT)).await;
+        create_node(&nodes, &node(&name, ip(block, host))).await;
+    }
+}
+
+e2e_apiserver::backend_tests! {
+    /// Proxy mode carries traffic and reports `ipMode: Proxy`; a manager restart keeps every
+    /// address and traffic resumes on them.
+    async fn proxy_mode_carries_traffic_reports_ip_mode_proxy_and_a_restart_keeps_address_and_traffic(backend) {
+        let cluster = TestCluster::start(backend).await.unwrap();
+        let b = block(&cluster, 40);
+        let ns = cluster.fresh_namespace("bm-proxy").await.unwrap();
+        let services: Api<Service> = Api::namespaced(cluster.client(), &ns);
+        let (web_np, api_np, late_np) = (node_port(b, 0), node_port(b, 1), node_port(b, 2));
+        two_nodes(&cluster, b, &[web_np, api_np]).await;
+        let first = start(&cluster, provider(&config(b, ""))).await;
+
+        services.create(&PostParams::default(), &service("web", &[(80, web_np)])).await.unwrap();
+        services.create(&PostParams::default(), &service("api", &[(8080, api_np)])).await.unwrap();
+        let (web_ip, mode) = wait_for_ingress(&services, "web").await;
+        assert_eq!(mode.as_deref(), Some("Proxy"));
+        let (api_ip, _) = wait_for_ingress(&services, "api").await;
+        // Pool usage is exported as gauges (the /29 holds 8 addresses).
+        let text = first.context.metrics.encode();
+        let labels = r#"{pool="loopback",family="IPv4"}"#;
+        assert!(text.contains(&format!("ccm_baremetal_pool_addresses_assigned{labels} 2")), "{text}");
+        assert!(text.contains(&format!("ccm_baremetal_pool_addresses_available{labels} 6")), "{text}");
+        let web: SocketAddr = SocketAddr::new(web_ip.parse().unwrap(), 80);
+        let api: SocketAddr = SocketAddr::new(api_ip.parse().unwrap(), 8080);
+        let mut answered = std::collections::BTreeSet::new();
+        for _ in 0..4 {
+            let (name, _) = eventually("web answers", || greeting(web)).await;
+            answered.insert(name);
+        }
+        assert_eq!(answered.len(), 2, "both Nodes serve: {answered:?}");
+        assert!(greeting(api).await.is_some(), "api answers");
+
+        // The manager stops (restart, or leadership lost): its listeners close with it.
+        first.stop().await.unwrap();
+        eventually("listeners closed with the manager", || async { TcpStream::connect(web).await.is_err().then_some(()) })
+            .await;
+
+        // A new process with the same config: same addresses, traffic resumes.
+        let second = start(&cluster, provider(&config(b, ""))).await;
+        assert_eq!(wait_for_ingress(&services, "web").await.0, web_ip);
+        assert_eq!(wait_for_ingress(&services, "api").await.0, api_ip);
+        eventually("web answers again", || greeting(web)).await;
+        eventually("api answers again", || greeting(api)).await;
+        // A new Service gets a new address, not one of the kept ones.
+        services.create(&PostParams::default(), &service("late", &[(80, late_np)])).await.unwrap();
+        let (late_ip, _) = wait_for_ingress(&services, "late").await;
+        assert!(late_ip != web_ip && late_ip != api_ip, "{late_ip} is new");
+        second.stop().await.unwrap();
+    }
+
+    /// Adding a port to a live Service opens it without dropping connections on the others,
+    /// and the address stays.
+    async fn a_port_added_to_a_live_service_serves_without_dropping_existing_connections(backend) {
+        let cluster = TestCluster::start(backend).await.unwrap();
+        let b = block(&cluster, 41);
+        let ns = cluster.fresh_namespace("bm-proxy").await.unwrap();
+        let services: Api<Service> = Api::namespaced(cluster.client(), &ns);
+        let (np80, np443) = (node_port(b, 0), node_port(b, 1));
+        two_nodes(&cluster, b, &[np80, np443]).await;
+        let running = start(&cluster, provider(&config(b, ""))).await;
+        services.create(&PostParams::default(), &service("web", &[(80, np80)])).await.unwrap();
+        let (lb_ip, _) = wait_for_ingress(&services, "web").await;
+        let lb: IpAddr = lb_ip.parse().unwrap();
+        let (_, mut open) = eventually("web answers", || greeting(SocketAddr::new(lb, 80))).await;
+
+        let ports = service("web", &[(80, np80), (443, np443)]).spec.unwrap().ports;
+        let patch = json!({ "spec": { "ports": ports } });
+        services.patch("web", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+        eventually("443 answers", || greeting(SocketAddr::new(lb, 443))).await;
+        assert!(echoes(&mut open, "still connected").await, "the connection on 80 survived the port change");
+        assert_eq!(wait_for_ingress(&services, "web").await.0, lb_ip, "the address did not change");
+        running.stop().await.unwrap();
+    }
+
+    /// `kubeVip: true` writes `kube-vip.io/loadbalancerIPs` with the assigned address, and
+    /// removes it when the Service stops being a load balancer.
+    async fn the_kube_vip_switch_writes_the_annotation_kube_vip_reads(backend) {
+        let cluster = TestCluster::start(backend).await.unwrap();
+        let b = block(&cluster, 42);
+        let ns = cluster.fresh_namespace("bm-proxy").await.unwrap();
+        let services: Api<Service> = Api::namespaced(cluster.client(), &ns);
+        // Address mode (the default) paired with kube-vip as the announcer.
+        let config = format!(
+            "loadBalancer:\n  retryAfter: 1s\n  kubeVip: true\n  pools:\n    - name: lan\n      cidrs: [192.168.{b}.0/29]\n"
+        );
+        let running = start(&cluster, provider(&config)).await;
+        services.create(&PostParams::default(), &service("web", &[(80, node_port(b, 0))])).await.unwrap();
+        let (lb_ip, mode) = wait_for_ingress(&services, "web").await;
+        assert_eq!(mode.as_deref(), Some("VIP"));
+        let annotations: BTreeMap<String, String> = eventually("annotation written", || async {
+            let svc = services.get("web").await.ok()?;
+            svc.metadata.annotations.filter(|a| a.contains_key("kube-vip.io/loadbalancerIPs"))
+        })
+        .await;
+        assert_eq!(annotations["kube-vip.io/loadbalancerIPs"], lb_ip);
+
+        // Turning the Service into a ClusterIP Service removes the address and the annotation.
+        let patch = json!({ "spec": { "type": "ClusterIP", "ports": [{"name": "p80", "port": 80, "protocol": "TCP"}] } });
+        services.patch("web", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+        eventually("annotation removed", || async {
+            let svc = services.get("web").await.ok()?;
+            (!svc.metadata.annotations.unwrap_or_default().contains_key("kube-vip.io/loadbalancerIPs")).then_some(())
+        })
+        .await;
+        running.stop().await.unwrap();
+    }
+
+    /// A Node change no host set sees (its InternalIP moved) still reaches the provider: the
+    /// Service's next sync hands the data path the Node as it is now, so traffic follows the
+    /// address (the service controller computes the Nodes once per Node change, not per sync).
+    async fn a_moved_node_address_reaches_the_data_path_at_the_next_sync(backend) {
+        let cluster = TestCluster::start(backend).await.unwrap();
+        let b = block(&cluster, 43);
+        let ns = cluster.fresh_namespace("bm-proxy").await.unwrap();
+        let services: Api<Service> = Api::namespaced(cluster.client(), &ns);
+        let np = node_port(b, 0);
+        two_nodes(&cluster, b, &[np]).await;
+        // Where node a's address moves to, greeting with another name.
+        let moved = format!("n{b}-a-moved");
+        crate::backend(&moved, SocketAddr::new(ip(b, 3), np)).await;
+        healthz(SocketAddr::new(ip(b, 3), HEALTH_PORT)).await;
+        let running = start(&cluster, provider(&config(b, ""))).await;
+        services.create(&PostParams::default(), &service("web", &[(80, np)])).await.unwrap();
+        let lb = SocketAddr::new(wait_for_ingress(&services, "web").await.0.parse().unwrap(), 80);
+        eventually("web answers", || greeting(lb)).await;
+
+        let nodes: Api<Node> = Api::all(cluster.client());
+        let address = json!({ "status": { "addresses": [{ "type": "InternalIP", "address": ip(b, 3).to_string() }] } });
+        nodes.patch_status(&format!("n{b}-a"), &PatchParams::default(), &Patch::Merge(&address)).await.unwrap();
+        // Any change that syncs the Service: here an annotation.
+        let touch = json!({ "metadata": { "annotations": { "example.com/touched": "1" } } });
+        services.patch("web", &PatchParams::default(), &Patch::Merge(&touch)).await.unwrap();
+        eventually("the moved address serves", || {
+            let moved = moved.clone();
+            async move { greeting(lb).await.filter(|(name, _)| *name == moved).map(|_| ()) }
+        })
+        .await;
+        running.stop().await.unwrap();
+    }
+}
