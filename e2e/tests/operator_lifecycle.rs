@@ -11,6 +11,9 @@ use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
 use kube::api::{Api, DeleteParams};
 use operator::reasons::{available, progressing};
 use operator_support::{Env, eventually};
+
+/// How long the garbage collector may take (see the deletion test).
+const GC_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 use serde_json::{Value, json};
 
 async fn exists<K>(env: &Env, name: &str) -> bool
@@ -118,11 +121,15 @@ e2e_apiserver::backend_tests! {
         .await;
         if env.garbage_collects() {
             // The genuine backend collects only with kube-controller-manager beside it
-            // (e2e/envtest/setup.sh adds it when the real-cluster kit is there).
-            eventually("namespaced children to be garbage-collected", || async {
-                !exists::<Deployment>(&env, "ccm-gone").await && !exists::<ServiceAccount>(&env, "ccm-gone").await
+            // (e2e/envtest/setup.sh adds it when the real-cluster kit is there). Its garbage
+            // collector learns a freshly installed CRD's kind at its 30 s discovery resync, so
+            // the wait is longer than the others (41 s measured on genuine).
+            let gone = operator_support::eventually_value(GC_WAIT, || async {
+                (!exists::<Deployment>(&env, "ccm-gone").await && !exists::<ServiceAccount>(&env, "ccm-gone").await)
+                    .then_some(())
             })
             .await;
+            assert!(gone.is_some(), "namespaced children not garbage-collected within {GC_WAIT:?}");
         }
 
         // An embedded engine stops and releases its Lease.
