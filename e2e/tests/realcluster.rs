@@ -138,8 +138,9 @@ fn main() -> ExitCode {
         Ok(client) => {
             let ctx = Arc::new(Ctx { client, repo: repo(), cluster });
             for (name, scenario) in &selected {
-                print!("test {name} ... ");
-                let _ = std::io::stdout().flush();
+                // The scenario's own lines (its timings) come first; the result line follows in
+                // libtest's form, `test NAME ... ok`, which CI's summary counts.
+                println!("{name}:");
                 let t = Instant::now();
                 let outcome = runtime.block_on(async {
                     let task = tokio::spawn(scenario(ctx.clone()));
@@ -150,16 +151,16 @@ fn main() -> ExitCode {
                 });
                 match outcome {
                     Ok(Ok(())) => {
-                        println!("ok ({:.1} s)", t.elapsed().as_secs_f64());
+                        println!("test {name} ... ok ({:.1} s)", t.elapsed().as_secs_f64());
                         passed += 1;
                     }
                     Ok(Err(e)) => {
-                        println!("FAILED ({:.1} s)\n  {}", t.elapsed().as_secs_f64(), panic_text(e));
+                        println!("test {name} ... FAILED ({:.1} s)\n  {}", t.elapsed().as_secs_f64(), panic_text(e));
                         diagnose(&ctx.cluster);
                         failed.push(name.to_string());
                     }
                     Err(_) => {
-                        println!("FAILED (timed out after 300 s)");
+                        println!("test {name} ... FAILED (timed out after 300 s)");
                         diagnose(&ctx.cluster);
                         failed.push(name.to_string());
                     }
