@@ -51,7 +51,7 @@ const RUN_DIR: &str = "/run/ccm-realcluster";
 /// The comment on the harness's own FORWARD rules, so teardown removes exactly those.
 const RULE_COMMENT: &str = "ccm-realcluster";
 
-/// Where the assets are, if configured and complete.
+/// Where the assets are, if configured; [`RealCluster::preflight`] checks what they hold.
 pub fn assets_dir() -> Option<PathBuf> {
     let dir = PathBuf::from(std::env::var_os(ASSETS_ENV).filter(|v| !v.is_empty())?);
     Some(dir)
