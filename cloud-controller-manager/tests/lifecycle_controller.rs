@@ -282,7 +282,7 @@ e2e_apiserver::backend_tests! {
         assert!(env.controller_writes().is_empty());
     }
 
-    async fn deletion_grace_period_survives_a_brief_not_found(backend) {
+    async fn l7_deletion_grace_period_survives_a_brief_not_found(backend) {
         let grace = Duration::from_secs(2);
         let env = Env::start(backend, ControllerOptions { node_deletion_grace_period: grace, ..options() }).await;
         env.node("blip", Some("False"), vec![], Some(running("blip"))).await;
@@ -297,7 +297,7 @@ e2e_apiserver::backend_tests! {
         assert_eq!(env.events("DeletingNode", "blip").await, 0);
     }
 
-    async fn deletion_grace_period_deletes_after_continuous_absence(backend) {
+    async fn l7_deletion_grace_period_deletes_after_continuous_absence(backend) {
         let grace = Duration::from_millis(1500);
         let env = Env::start(backend, ControllerOptions { node_deletion_grace_period: grace, ..options() }).await;
         env.node("dead", Some("False"), vec![], None).await;

@@ -1,5 +1,6 @@
 //! cloud-node-controller against both API server backends and the fake provider: one test per
-//! upstream behaviour (N1–N18, named after its ID) plus our additions (batching, §6 fixes,
+//! upstream behaviour (N1–N18 but N3, which has no counterpart here; named after its ID, see
+//! docs/behaviours.md) plus our additions (batching, §6 fixes,
 //! write budget, idle cost).
 
 use std::collections::BTreeMap;

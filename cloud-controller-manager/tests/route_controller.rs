@@ -303,7 +303,7 @@ e2e_apiserver::backend_tests! {
 // ---- Triggers, retries, concurrency ----------------------------------------------------------
 
 e2e_apiserver::backend_tests! {
-    async fn node_changes_trigger_a_pass_without_waiting_for_the_period(backend) {
+    async fn r5_node_changes_trigger_a_pass_without_waiting_for_the_period(backend) {
         let env = Env::start(backend, options(), FakeProvider::new()).await;
         create_nodes(&env.cluster, &[node("a", None, "10.0.0.1")]).await;
         env.nodes()
@@ -319,7 +319,7 @@ e2e_apiserver::backend_tests! {
         eventually(|| async { env.routes().is_empty().then_some(()) }).await;
     }
 
-    async fn unrelated_node_changes_do_not_trigger_a_pass(backend) {
+    async fn r5_unrelated_node_changes_do_not_trigger_a_pass(backend) {
         let cluster = TestCluster::start(backend).await.unwrap();
         create_nodes(&cluster, &[node("a", Some("10.244.0.0/24"), "10.0.0.1")]).await;
         let env = Env::start_on(cluster, options(), FakeProvider::new()).await;
@@ -334,7 +334,7 @@ e2e_apiserver::backend_tests! {
         assert_eq!(env.fake.calls().count(methods::LIST_ROUTES), passes);
     }
 
-    async fn failed_creation_is_retried_without_waiting_for_the_period(backend) {
+    async fn r11_failed_creation_is_retried_without_waiting_for_the_period(backend) {
         let cluster = TestCluster::start(backend).await.unwrap();
         create_nodes(&cluster, &[node("a", Some("10.244.0.0/24"), "10.0.0.1")]).await;
         let fake = FakeProvider::new();
@@ -350,7 +350,7 @@ e2e_apiserver::backend_tests! {
         assert!(failed.note.as_deref().unwrap_or_default().contains("cloud down"));
     }
 
-    async fn periodic_pass_repairs_a_deleted_route(backend) {
+    async fn r4_r6_periodic_pass_repairs_a_deleted_route_and_counts_the_sync(backend) {
         let cluster = TestCluster::start(backend).await.unwrap();
         create_nodes(&cluster, &[node("a", Some("10.244.0.0/24"), "10.0.0.1")]).await;
         let opts = ControllerOptions { route_reconciliation_period: Duration::from_millis(300), ..options() };
@@ -363,7 +363,7 @@ e2e_apiserver::backend_tests! {
         assert!(text.contains("route_controller_route_sync_total"), "{text}");
     }
 
-    async fn at_most_200_route_operations_in_flight(backend) {
+    async fn r11_at_most_200_route_operations_in_flight(backend) {
         let cluster = TestCluster::start(backend).await.unwrap();
         let nodes: Vec<Node> = (0..450)
             .map(|i| node(&format!("n{i}"), Some(&format!("10.244.{}.{}/26", i / 4, (i % 4) * 64)), "10.0.0.1"))

@@ -1,5 +1,6 @@
 //! service-lb-controller against both API server backends and the fake provider: one test per
-//! upstream behaviour (S1–S24, named after its ID), our deliberate fixes and additions, the
+//! upstream behaviour (S1–S24 but S9, which cannot arise here; named after its ID, see
+//! docs/behaviours.md), our deliberate fixes and additions, the
 //! write budget, the idle cost and the crash test.
 
 use std::collections::BTreeMap;
@@ -289,7 +290,7 @@ s3! {
     s3_external_ips_change_triggers_ensure: json!({"spec": {"externalIPs": ["192.0.2.10"]}}) => true;
     s3_annotation_change_triggers_ensure: json!({"metadata": {"annotations": {"lb.example/size": "large"}}}) => true;
     s3_annotation_removal_triggers_ensure: json!({"metadata": {"annotations": {"keep": null}}}) => true;
-    s3_external_traffic_policy_change_triggers_ensure: json!({"spec": {"externalTrafficPolicy": "Local"}}) => true;
+    s22_external_traffic_policy_change_triggers_ensure: json!({"spec": {"externalTrafficPolicy": "Local"}}) => true;
     s3_ip_families_count_change_triggers_ensure: json!({"spec": {"ipFamilies": ["IPv4", "IPv6"], "ipFamilyPolicy": "PreferDualStack"}}) => true;
     s3_label_change_does_not_trigger: json!({"metadata": {"labels": {"team": "web"}}}) => false;
     s3_selector_change_does_not_trigger: json!({"spec": {"selector": {"app": "other"}}}) => false;
@@ -304,7 +305,7 @@ s3! {
 /// Local backend only: kube-apiserver makes healthCheckNodePort immutable, so on a real cluster
 /// it never changes alone (the comparison itself is unit-tested in `logic.rs`).
 #[tokio::test]
-async fn s3_health_check_node_port_change_triggers_ensure() {
+async fn s22_health_check_node_port_change_triggers_ensure() {
     let setup: fn(&mut ServiceSpec) = |s| s.external_traffic_policy = Some("Local".into());
     let patch = json!({"spec": {"healthCheckNodePort": 32200}});
     assert!(s3_case(Backend::Local, setup, patch).await);
@@ -606,7 +607,7 @@ e2e_apiserver::backend_tests! {
         eventually(|| async { (env.updates() == 2).then_some(()) }).await;
     }
 
-    async fn autoscaler_taint_appearing_updates_hosts(backend) {
+    async fn s21_autoscaler_taint_appearing_updates_hosts(backend) {
         let env = Env::started(backend, options()).await;
         env.create_node(node("n1")).await;
         env.create_node(node("n2")).await;
@@ -638,7 +639,7 @@ e2e_apiserver::backend_tests! {
 // ---- Additions ----------------------------------------------------------------------------------
 
 e2e_apiserver::backend_tests! {
-    async fn resync_period_repairs_cloud_side_drift(backend) {
+    async fn s4_resync_period_repairs_cloud_side_drift(backend) {
         let env =
             Env::started(backend, ControllerOptions { load_balancer_resync_period: Some(Duration::from_millis(500)), ..options() })
                 .await;

@@ -321,3 +321,173 @@ fn the_readme_commands_resolve_the_same_features_so_neither_rebuilds_the_other()
         differ.join("\n  ")
     );
 }
+
+// ---- The behaviour reference (docs/behaviours.md) ------------------------------------------
+
+/// Families of behaviour IDs: registry, manager, node, lifecycle, service, route, and the
+/// shared controller mechanics.
+const ID_FAMILIES: &str = "PMNLSRC";
+
+/// Every behaviour ID cited in `text`: `S7`, ranges `S1–S24` or `S1-S24` (expanded), and
+/// deliberate fixes as `§6 item 4`. An ID is a family letter and one or two digits standing
+/// alone, so `EC2`, `P99x` and test names (lower case) are not citations.
+fn cited_ids(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let chars: Vec<char> = text.chars().collect();
+    let digits_at = |i: usize| -> (usize, usize) {
+        let mut j = i;
+        while j < chars.len() && chars[j].is_ascii_digit() {
+            j += 1;
+        }
+        (j, chars[i..j].iter().collect::<String>().parse().unwrap_or(0))
+    };
+    let boundary = |i: usize| i >= chars.len() || !(chars[i].is_alphanumeric() || chars[i] == '_');
+    for i in 0..chars.len() {
+        let c = chars[i];
+        if !ID_FAMILIES.contains(c) || (i > 0 && !boundary(i - 1)) {
+            continue;
+        }
+        let (end, first) = digits_at(i + 1);
+        if end == i + 1 || end - (i + 1) > 2 || !boundary(end) {
+            continue;
+        }
+        let mut last = first;
+        // A range: `–` or `-`, the family letter again (optional), digits.
+        let mut k = end;
+        while k < chars.len() && chars[k] == ' ' {
+            k += 1;
+        }
+        if k < chars.len() && (chars[k] == '–' || chars[k] == '-') {
+            let mut m = k + 1;
+            while m < chars.len() && chars[m] == ' ' {
+                m += 1;
+            }
+            if m < chars.len() && chars[m] == c {
+                m += 1;
+            }
+            let (e, n) = digits_at(m);
+            if e > m && e - m <= 2 && boundary(e) && n > first {
+                last = n;
+            }
+        }
+        for n in first..=last {
+            out.insert(format!("{c}{n}"));
+        }
+    }
+    let mut rest = text;
+    while let Some(i) = rest.find("§6 item ") {
+        rest = &rest[i + "§6 item ".len()..];
+        let n: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+        if !n.is_empty() {
+            out.insert(format!("§6 item {n}"));
+        }
+    }
+    out
+}
+
+/// Every `.rs` and `.md` file of the repository but the reference itself and build output.
+fn cited_files() -> Vec<PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let name = entry.file_name();
+            if path.is_dir() {
+                if !matches!(name.to_str(), Some("target" | ".git" | "node_modules")) {
+                    walk(&path, out);
+                }
+            } else if path.extension().is_some_and(|e| e == "rs" || e == "md") && !path.ends_with("docs/behaviours.md")
+            {
+                out.push(path);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(&root(), &mut out);
+    out
+}
+
+/// Names of every function in the repository's Rust files.
+fn function_names(files: &[PathBuf]) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for file in files.iter().filter(|f| f.extension().is_some_and(|e| e == "rs")) {
+        let text = std::fs::read_to_string(file).unwrap_or_default();
+        let mut rest = text.as_str();
+        while let Some(i) = rest.find("fn ") {
+            rest = &rest[i + 3..];
+            let name: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+            if !name.is_empty() {
+                out.insert(name);
+            }
+        }
+    }
+    out
+}
+
+/// The rows of the reference: ID (or `§6 item N`) and the test column, `None` for `n/a`.
+fn reference_rows() -> Vec<(String, Option<String>)> {
+    let doc = std::fs::read_to_string(root().join("docs/behaviours.md")).expect("docs/behaviours.md");
+    doc.lines()
+        .filter_map(|line| {
+            let cells: Vec<&str> =
+                line.trim().strip_prefix('|')?.strip_suffix('|')?.split('|').map(str::trim).collect();
+            let id = cells.first()?;
+            let ids = cited_ids(id);
+            if ids.len() != 1 || ids.first()? != id {
+                return None;
+            }
+            let test = cells.last()?;
+            let test = (*test != "n/a").then(|| test.trim_matches('`').to_string());
+            Some((id.to_string(), test))
+        })
+        .collect()
+}
+
+/// Whether a test name carries an ID: `n6_n7_n8_labels` carries N6, N7 and N8.
+fn names_id(test: &str, id: &str) -> bool {
+    test.split('_').any(|part| part.eq_ignore_ascii_case(id))
+}
+
+#[test]
+fn behaviour_reference_covers_every_cited_id() {
+    let files = cited_files();
+    let functions = function_names(&files);
+    let rows = reference_rows();
+    assert!(rows.len() > 60, "docs/behaviours.md has only {} rows: the table format changed?", rows.len());
+    let listed: BTreeSet<&str> = rows.iter().map(|(id, _)| id.as_str()).collect();
+
+    let mut missing = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap_or_default();
+        for id in cited_ids(&text) {
+            if !listed.contains(id.as_str()) {
+                missing.push(format!("{id} (cited in {})", file.strip_prefix(root()).unwrap_or(file).display()));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "cited but not in docs/behaviours.md: {missing:#?}");
+
+    for (id, test) in &rows {
+        match test {
+            Some(test) => {
+                assert!(functions.contains(test), "{id}: test `{test}` does not exist");
+                if !id.starts_with('§') {
+                    assert!(names_id(test, id), "{id}: test `{test}` does not carry the ID in its name");
+                }
+            }
+            None => {
+                let named: Vec<&String> = functions.iter().filter(|f| names_id(f, id)).collect();
+                assert!(named.is_empty(), "{id} is marked n/a but {named:?} test it: name the test in its row");
+            }
+        }
+    }
+}
+
+#[test]
+fn citation_scanner_reads_ids_ranges_and_section_items() {
+    let text = "Matches S1–S3 and N15 (L2-L3, R4), see §6 item 12; not EC2, P99x, s7_ or S100.";
+    let ids: Vec<String> = cited_ids(text).into_iter().collect();
+    assert_eq!(ids, ["L2", "L3", "N15", "R4", "S1", "S2", "S3", "§6 item 12"]);
+    assert!(names_id("n6_n7_n8_labels", "N7"));
+    assert!(!names_id("n17_refresh", "N1"));
+}

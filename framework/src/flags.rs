@@ -874,8 +874,10 @@ mod tests {
     }
 
     #[test]
-    fn no_op_and_deprecated_flags_are_accepted_with_a_warning() {
+    fn r3_no_op_and_deprecated_flags_are_accepted_with_a_warning() {
         let s = settings(&[
+            "--allocate-node-cidrs=true",
+            "--cidr-allocator-type=CloudAllocator",
             "--node-sync-period=10s",
             "--use-service-account-credentials=true",
             "--profiling=false",
@@ -886,6 +888,8 @@ mod tests {
         ])
         .unwrap();
         for flag in [
+            "--allocate-node-cidrs",
+            "--cidr-allocator-type",
             "--node-sync-period",
             "--use-service-account-credentials",
             "--profiling",

@@ -439,7 +439,7 @@ mod tests {
     }
 
     #[test]
-    fn sync_plans_cover_ensure_cleanup_and_legacy_deletion() {
+    fn s5_s6_s14_sync_plans_cover_ensure_cleanup_and_legacy_deletion() {
         let svc = lb();
         assert_eq!(plan_sync(Some(&svc), None, None, F), SyncPlan::Ensure);
         let mut deleting = svc.clone();

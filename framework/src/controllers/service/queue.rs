@@ -215,7 +215,7 @@ mod tests {
     use std::sync::Arc;
 
     #[tokio::test]
-    async fn a_key_is_never_handed_out_twice_at_once_and_is_redone_if_added_meanwhile() {
+    async fn s23_a_key_is_never_handed_out_twice_at_once_and_is_redone_if_added_meanwhile() {
         let q = WorkQueue::new();
         let stop = CancellationToken::new();
         q.add("a");
