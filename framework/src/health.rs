@@ -2,7 +2,14 @@
 //! `/healthz/<name>`.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use crate::serving::logic::WarnLimiter;
+
+/// A failing check is logged at most once per this period, however often `/healthz` is asked
+/// (the path needs no authentication, so anyone could otherwise flood the log).
+pub const FAILURE_LOG_EVERY: Duration = Duration::from_secs(30);
 
 /// The state of one check: `Ok` or the reason it fails.
 pub type CheckState = Result<(), String>;
@@ -11,6 +18,7 @@ pub type CheckState = Result<(), String>;
 #[derive(Clone, Default, Debug)]
 pub struct HealthRegistry {
     checks: Arc<RwLock<BTreeMap<String, CheckState>>>,
+    failure_logs: Arc<Mutex<BTreeMap<String, WarnLimiter>>>,
 }
 
 impl HealthRegistry {
@@ -44,6 +52,13 @@ impl HealthRegistry {
     /// Remove a check (its controller stopped).
     pub fn remove(&self, name: &str) {
         self.checks.write().unwrap_or_else(|e| e.into_inner()).remove(name);
+    }
+
+    /// Whether a failure of `name` seen at `now` should be logged: `Some(suppressed)` at most
+    /// once per [`FAILURE_LOG_EVERY`] per check, with the number of failures not logged since.
+    pub fn failure_log_allowed(&self, name: &str, now: Instant) -> Option<u64> {
+        let mut logs = self.failure_logs.lock().unwrap_or_else(|e| e.into_inner());
+        logs.entry(name.to_string()).or_insert_with(|| WarnLimiter::new(FAILURE_LOG_EVERY)).allow(now)
     }
 
     fn set(&self, name: &str, state: CheckState) {
@@ -93,5 +108,19 @@ mod tests {
         syncing.set_healthy();
         r.remove("node-route-controller");
         assert!(r.get("node-route-controller").is_none());
+    }
+
+    #[test]
+    fn a_failing_check_is_logged_once_per_period_whatever_the_request_rate() {
+        let r = HealthRegistry::new();
+        let t0 = Instant::now();
+        assert_eq!(r.failure_log_allowed("leaderElection", t0), Some(0));
+        let logged = (1..=1000u64)
+            .filter(|ms| r.failure_log_allowed("leaderElection", t0 + Duration::from_millis(*ms)).is_some())
+            .count();
+        assert_eq!(logged, 0, "1,000 requests within a second log nothing more");
+        // Each check has its own period.
+        assert_eq!(r.failure_log_allowed("informer-sync", t0), Some(0));
+        assert_eq!(r.failure_log_allowed("leaderElection", t0 + FAILURE_LOG_EVERY), Some(1000));
     }
 }

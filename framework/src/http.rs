@@ -89,8 +89,10 @@ fn aggregate(registry: &HealthRegistry, what: &str, verbose: bool) -> Answer {
     }
     if failed {
         for (name, state) in &checks {
-            if let Err(reason) = state {
-                tracing::info!(check = %name, %reason, endpoint = what, "health check failed");
+            if let Err(reason) = state
+                && let Some(suppressed) = registry.failure_log_allowed(name, std::time::Instant::now())
+            {
+                tracing::info!(check = %name, %reason, endpoint = what, suppressed, "health check failed");
             }
         }
         body.push_str(&format!("{what} check failed\n"));

@@ -113,8 +113,11 @@ pub struct AuthSettings {
     pub denied_ttl: Duration,
     /// Most entries of each cache.
     pub cache_size: usize,
-    /// Most reviews in flight at once; further requests wait (bounded by the request timeout).
+    /// Most reviews in flight at once; further requests wait up to `review_queue_timeout`.
     pub max_reviews_in_flight: usize,
+    /// The longest a request waits for a review slot before it gets a 429, so a flood of
+    /// made-up tokens cannot keep connections waiting.
+    pub review_queue_timeout: Duration,
     /// The longest one review may take before the request gets a 500.
     pub review_timeout: Duration,
 }
@@ -131,6 +134,7 @@ impl Default for AuthSettings {
             denied_ttl: Duration::from_secs(5),
             cache_size: 1024,
             max_reviews_in_flight: 16,
+            review_queue_timeout: Duration::from_secs(1),
             review_timeout: Duration::from_secs(10),
         }
     }
@@ -182,6 +186,15 @@ struct AccessKey {
     path: String,
 }
 
+/// Why a review gave no answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum ReviewFailure {
+    /// No review slot came free within the queue wait.
+    Busy,
+    /// The review was made and failed, or timed out.
+    Failed(String),
+}
+
 /// The gate in front of every request: decides, caches, and counts.
 pub struct Gatekeeper {
     settings: AuthSettings,
@@ -227,7 +240,8 @@ impl Gatekeeper {
         let user = match self.authenticate(token).await {
             Ok(TokenOutcome::Authenticated(user)) => user,
             Ok(TokenOutcome::Rejected) => return Gate::Unauthorized,
-            Err(message) => {
+            Err(ReviewFailure::Busy) => return Gate::Busy,
+            Err(ReviewFailure::Failed(message)) => {
                 self.warn_failure("TokenReview", &message);
                 // Upstream answers 401 when the token cannot be checked.
                 return Gate::Unauthorized;
@@ -240,14 +254,15 @@ impl Gatekeeper {
         match self.authorize(user.clone(), verb, path).await {
             Ok(true) => Gate::Allow,
             Ok(false) => Gate::Forbidden { user: user.username, verb },
-            Err(message) => {
+            Err(ReviewFailure::Busy) => Gate::Busy,
+            Err(ReviewFailure::Failed(message)) => {
                 self.warn_failure("SubjectAccessReview", &message);
                 Gate::Failed
             }
         }
     }
 
-    async fn authenticate(&self, token: &str) -> Result<TokenOutcome, String> {
+    async fn authenticate(&self, token: &str) -> Result<TokenOutcome, ReviewFailure> {
         let digest = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
         let mut key = [0u8; 32];
         key.copy_from_slice(digest.as_ref());
@@ -263,7 +278,7 @@ impl Gatekeeper {
         Ok(outcome)
     }
 
-    async fn authorize(&self, user: UserInfo, verb: &'static str, path: &str) -> Result<bool, String> {
+    async fn authorize(&self, user: UserInfo, verb: &'static str, path: &str) -> Result<bool, ReviewFailure> {
         let key = AccessKey { user, verb, path: path.to_string() };
         if let Some(hit) = lock(&self.decisions).get(&key, Instant::now()) {
             return Ok(hit);
@@ -274,14 +289,17 @@ impl Gatekeeper {
         Ok(allowed)
     }
 
-    /// Run one review with a bounded number in flight and a time limit.
-    async fn bounded<T>(&self, review: impl Future<Output = Result<T, String>>) -> Result<T, String> {
-        tokio::time::timeout(self.settings.review_timeout, async {
-            let _permit = self.in_flight.acquire().await.map_err(|_| "shutting down".to_string())?;
-            review.await
-        })
-        .await
-        .map_err(|_| format!("no answer within {:?}", self.settings.review_timeout))?
+    /// Run one review with a bounded number in flight, a bounded wait for a slot and a time
+    /// limit.
+    async fn bounded<T>(&self, review: impl Future<Output = Result<T, String>>) -> Result<T, ReviewFailure> {
+        let _permit = tokio::time::timeout(self.settings.review_queue_timeout, self.in_flight.acquire())
+            .await
+            .map_err(|_| ReviewFailure::Busy)?
+            .map_err(|_| ReviewFailure::Failed("shutting down".into()))?;
+        tokio::time::timeout(self.settings.review_timeout, review)
+            .await
+            .map_err(|_| ReviewFailure::Failed(format!("no answer within {:?}", self.settings.review_timeout)))?
+            .map_err(ReviewFailure::Failed)
     }
 
     fn warn_failure(&self, what: &str, message: &str) {
@@ -444,5 +462,44 @@ pub(crate) mod tests {
         let started = std::time::Instant::now();
         assert_eq!(gate(&g, "/metrics", Some("Bearer t")).await, Gate::Unauthorized);
         assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    #[tokio::test]
+    async fn with_every_review_slot_taken_a_request_gets_429_after_the_queue_wait_and_probes_pass() {
+        struct Hangs;
+        #[async_trait]
+        impl Reviews for Hangs {
+            async fn review_token(&self, _: &str) -> Result<TokenOutcome, String> {
+                futures::future::pending().await
+            }
+            async fn review_access(&self, _: &UserInfo, _: &str, _: &str) -> Result<bool, String> {
+                futures::future::pending().await
+            }
+        }
+        let settings = AuthSettings {
+            max_reviews_in_flight: 2,
+            review_queue_timeout: Duration::from_millis(100),
+            review_timeout: Duration::from_secs(600),
+            ..AuthSettings::default()
+        };
+        let g = Arc::new(Gatekeeper::new(settings, Arc::new(Hangs)));
+        // Two made-up tokens take both slots and hang.
+        let hanging: Vec<_> = (0..2)
+            .map(|i| {
+                let g = g.clone();
+                tokio::spawn(async move { gate(&g, "/metrics", Some(&format!("Bearer made-up-{i}"))).await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let started = std::time::Instant::now();
+        assert_eq!(gate(&g, "/metrics", Some("Bearer another")).await, Gate::Busy);
+        let waited = started.elapsed();
+        assert!(waited >= Duration::from_millis(100) && waited < Duration::from_secs(5), "waited {waited:?}");
+        // Always-allowed paths (the kubelet's probes) ask for no slot at all.
+        assert_eq!(gate(&g, "/livez", None).await, Gate::Allow);
+        for h in hanging {
+            assert!(!h.is_finished());
+            h.abort();
+        }
     }
 }

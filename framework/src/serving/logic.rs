@@ -87,6 +87,8 @@ pub enum Gate {
     },
     /// 500: the review could not be made (the API server was unreachable, ...).
     Failed,
+    /// 429: every review slot stayed taken for the whole queue wait; the client may retry.
+    Busy,
 }
 
 impl Gate {
@@ -99,6 +101,9 @@ impl Gate {
                 Some((http::StatusCode::FORBIDDEN, format!("forbidden: User {user:?} cannot {verb} path {path:?}\n")))
             }
             Gate::Failed => Some((http::StatusCode::INTERNAL_SERVER_ERROR, "authorization check failed\n".into())),
+            Gate::Busy => {
+                Some((http::StatusCode::TOO_MANY_REQUESTS, "too many requests awaiting authentication\n".into()))
+            }
         }
     }
 }
@@ -156,13 +161,33 @@ impl<K: Eq + Hash + Clone, V: Clone> TtlCache<K, V> {
     }
 }
 
-/// Which open connection to close to make room for a new one: the one idle the longest
-/// (`idle_since` is `None` while a request is being answered). `None` when all are busy.
+/// What an open connection is doing, for choosing which one to close.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activity {
+    /// No request in progress since this instant.
+    Idle(Instant),
+    /// A request waiting for its TokenReview or SubjectAccessReview since this instant: an
+    /// unauthenticated client must not keep a slot a probe needs.
+    Reviewing(Instant),
+    /// Answering an allowed request (fast: health, metrics).
+    Serving,
+}
+
+/// Which open connection to close to make room for a new one: the one idle the longest, else
+/// the request waiting longest for a review. `None` when every connection is serving.
 pub fn eviction_victim<I>(connections: I) -> Option<u64>
 where
-    I: IntoIterator<Item = (u64, Option<Instant>)>,
+    I: IntoIterator<Item = (u64, Activity)>,
 {
-    connections.into_iter().filter_map(|(id, idle)| idle.map(|since| (since, id))).min().map(|(_, id)| id)
+    connections
+        .into_iter()
+        .filter_map(|(id, activity)| match activity {
+            Activity::Idle(since) => Some(((0, since), id)),
+            Activity::Reviewing(since) => Some(((1, since), id)),
+            Activity::Serving => None,
+        })
+        .min()
+        .map(|(_, id)| id)
 }
 
 /// File descriptors kept free for everything but served connections (the API client's
@@ -188,6 +213,12 @@ pub const EXHAUSTION_HEADROOM: usize = 16;
 /// descriptors back; never raised, never below [`MIN_CONNECTIONS`].
 pub fn limit_after_exhaustion(current_limit: usize, open: usize) -> usize {
     current_limit.min(open.saturating_sub(EXHAUSTION_HEADROOM)).max(MIN_CONNECTIONS)
+}
+
+/// The connection limit at a quiet tick (no descriptor exhaustion since the last one): back up
+/// by [`EXHAUSTION_HEADROOM`] towards `ceiling`, so one exhaustion does not lower it for good.
+pub fn limit_after_quiet_period(current_limit: usize, ceiling: usize) -> usize {
+    current_limit.max(ceiling.min(current_limit.saturating_add(EXHAUSTION_HEADROOM)))
 }
 
 /// The soft "Max open files" of a `/proc/<pid>/limits` text; `None` when unlimited or absent.
@@ -359,12 +390,43 @@ mod tests {
     }
 
     #[test]
-    fn the_longest_idle_connection_is_closed_first_and_busy_ones_never() {
+    fn the_longest_idle_connection_is_closed_first_and_serving_ones_never() {
         let t0 = Instant::now();
-        let s = |n| Some(t0 + Duration::from_secs(n));
-        assert_eq!(eviction_victim([(1, s(5)), (2, s(1)), (3, None), (4, s(3))]), Some(2));
-        assert_eq!(eviction_victim([(1, None), (2, None)]), None);
+        let idle = |n| Activity::Idle(t0 + Duration::from_secs(n));
+        let reviewing = |n| Activity::Reviewing(t0 + Duration::from_secs(n));
+        assert_eq!(eviction_victim([(1, idle(5)), (2, idle(1)), (3, Activity::Serving), (4, idle(3))]), Some(2));
+        // An idle connection goes before any request awaiting a review, however old.
+        assert_eq!(eviction_victim([(1, reviewing(0)), (2, idle(9)), (3, Activity::Serving)]), Some(2));
+        assert_eq!(eviction_victim([(1, Activity::Serving), (2, Activity::Serving)]), None);
         assert_eq!(eviction_victim(std::iter::empty()), None);
+    }
+
+    #[test]
+    fn requests_awaiting_a_review_are_closed_oldest_first_to_make_room() {
+        let t0 = Instant::now();
+        let reviewing = |n| Activity::Reviewing(t0 + Duration::from_secs(n));
+        assert_eq!(eviction_victim([(1, reviewing(4)), (2, Activity::Serving), (3, reviewing(2))]), Some(3));
+    }
+
+    #[test]
+    fn the_connection_limit_climbs_back_after_exhaustion() {
+        let mut limit = limit_after_exhaustion(128, 40);
+        assert_eq!(limit, 24);
+        let mut ticks = 0;
+        while limit < 128 {
+            limit = limit_after_quiet_period(limit, 128);
+            ticks += 1;
+        }
+        assert_eq!((limit, ticks), (128, 7), "16 a tick, never past the ceiling");
+        assert_eq!(limit_after_quiet_period(128, 128), 128);
+        // A ceiling lowered below the limit (a smaller open-file limit) never lowers it here.
+        assert_eq!(limit_after_quiet_period(100, 64), 100);
+    }
+
+    #[test]
+    fn a_busy_review_queue_is_429() {
+        let (status, _) = Gate::Busy.refusal("/metrics").expect("a refusal");
+        assert_eq!(status, http::StatusCode::TOO_MANY_REQUESTS);
     }
 
     #[test]

@@ -5,10 +5,14 @@
 //! Resilience, in order of a connection's life:
 //! - at most [`Limits::max_connections`] open at once (lowered to leave descriptors for the
 //!   rest of the process); when full, the connection idle the longest is closed to make room,
-//!   and a new one is closed at once only when every slot is answering a request;
+//!   else the request waiting longest for its token or access review, and a new one is closed
+//!   at once only when every slot is answering an allowed request. Requests with made-up tokens
+//!   therefore never keep the kubelet's probes out, and wait at most
+//!   [`auth::AuthSettings::review_queue_timeout`] for a review slot (then 429);
 //! - `accept` errors pause the loop (10 ms doubling to 1 s) and are logged at most once per
 //!   [`Limits::warn_every`]; running out of descriptors also lowers the limit and closes idle
-//!   connections, so the process gets descriptors back;
+//!   connections, so the process gets descriptors back; each quiet
+//!   [`Limits::limit_recovery_every`] then raises the limit back towards its ceiling;
 //! - the TLS handshake, the request head, and idleness between requests each have a timeout.
 //!
 //! Pure decisions live in [`logic`].
@@ -21,7 +25,7 @@ pub mod tls;
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -40,7 +44,7 @@ use crate::Error;
 use crate::client::{self, ClientSource, RateLimitLayer};
 
 pub use auth::{AuthConfig, AuthSettings, Gatekeeper, KubeReviews, Reviews, TokenOutcome};
-pub use logic::{Gate, UserInfo};
+pub use logic::{Activity, Gate, UserInfo};
 pub use tls::{Tls, TlsFiles, load_tls};
 
 /// Limits and timeouts of the endpoint.
@@ -60,6 +64,9 @@ pub struct Limits {
     pub accept_backoff_max: Duration,
     /// At most one "accepting a connection failed" warning per this period.
     pub warn_every: Duration,
+    /// After descriptor exhaustion lowered the connection limit, each period without another
+    /// one raises it back by a step, up to the limit the server started with.
+    pub limit_recovery_every: Duration,
 }
 
 impl Default for Limits {
@@ -72,6 +79,7 @@ impl Default for Limits {
             accept_backoff_first: Duration::from_millis(10),
             accept_backoff_max: Duration::from_secs(1),
             warn_every: Duration::from_secs(10),
+            limit_recovery_every: Duration::from_secs(10),
         }
     }
 }
@@ -181,6 +189,8 @@ pub struct ServerStats {
     pub open: AtomicUsize,
     /// The connection limit now.
     pub limit: AtomicUsize,
+    /// Times the connection limit was raised back after exhaustion.
+    pub limit_raised: AtomicU64,
 }
 
 impl ServerStats {
@@ -189,36 +199,41 @@ impl ServerStats {
     }
 }
 
-/// One open connection: closed through `cancel`; `idle_since` is `None` while a request is
-/// being answered.
+/// One open connection: closed through `cancel`.
 #[derive(Debug)]
 struct Slot {
     cancel: CancellationToken,
-    idle_since: Mutex<Option<Instant>>,
+    activity: Mutex<Activity>,
 }
 
 impl Slot {
-    fn idle_since(&self) -> Option<Instant> {
-        *self.idle_since.lock().unwrap_or_else(|e| e.into_inner())
+    fn activity(&self) -> Activity {
+        *self.activity.lock().unwrap_or_else(|e| e.into_inner())
     }
-    fn set_idle(&self, since: Option<Instant>) {
-        *self.idle_since.lock().unwrap_or_else(|e| e.into_inner()) = since;
+    fn set(&self, activity: Activity) {
+        *self.activity.lock().unwrap_or_else(|e| e.into_inner()) = activity;
+    }
+    fn idle_since(&self) -> Option<Instant> {
+        match self.activity() {
+            Activity::Idle(since) => Some(since),
+            Activity::Reviewing(_) | Activity::Serving => None,
+        }
     }
 }
 
-/// Marks a slot busy for the life of a request.
-struct Busy(Arc<Slot>);
+/// Marks a slot in use for the life of a request, idle again after it.
+struct InUse(Arc<Slot>);
 
-impl Busy {
-    fn new(slot: Arc<Slot>) -> Self {
-        slot.set_idle(None);
+impl InUse {
+    fn new(slot: Arc<Slot>, activity: Activity) -> Self {
+        slot.set(activity);
         Self(slot)
     }
 }
 
-impl Drop for Busy {
+impl Drop for InUse {
     fn drop(&mut self) {
-        self.0.set_idle(Some(Instant::now()));
+        self.0.set(Activity::Idle(Instant::now()));
     }
 }
 
@@ -228,6 +243,8 @@ struct Table {
     slots: Mutex<HashMap<u64, Arc<Slot>>>,
     next: AtomicU64,
     stats: Arc<ServerStats>,
+    /// Set by an exhaustion, cleared by the next recovery tick.
+    exhausted: AtomicBool,
 }
 
 impl Table {
@@ -244,14 +261,15 @@ impl Table {
     fn admit(self: &Arc<Self>) -> Option<SlotGuard> {
         let mut slots = self.lock();
         while slots.len() >= self.limit() {
-            let victim = logic::eviction_victim(slots.iter().map(|(id, s)| (*id, s.idle_since())))?;
+            let victim = logic::eviction_victim(slots.iter().map(|(id, s)| (*id, s.activity())))?;
             if let Some(s) = slots.remove(&victim) {
                 s.cancel.cancel();
                 ServerStats::add(&self.stats.evicted);
             }
         }
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let slot = Arc::new(Slot { cancel: CancellationToken::new(), idle_since: Mutex::new(Some(Instant::now())) });
+        let slot =
+            Arc::new(Slot { cancel: CancellationToken::new(), activity: Mutex::new(Activity::Idle(Instant::now())) });
         slots.insert(id, slot.clone());
         self.stats.open.store(slots.len(), Ordering::Relaxed);
         Some(SlotGuard { table: self.clone(), id, slot })
@@ -259,6 +277,7 @@ impl Table {
 
     /// Out of descriptors: lower the limit and close idle connections down to it.
     fn on_exhaustion(&self) {
+        self.exhausted.store(true, Ordering::Relaxed);
         let mut slots = self.lock();
         let limit = logic::limit_after_exhaustion(self.limit(), slots.len());
         if limit < self.limit() {
@@ -268,7 +287,7 @@ impl Table {
         // At least one, so the next accept can succeed.
         let mut closed = 0;
         while slots.len() > limit || closed == 0 {
-            let Some(victim) = logic::eviction_victim(slots.iter().map(|(id, s)| (*id, s.idle_since()))) else {
+            let Some(victim) = logic::eviction_victim(slots.iter().map(|(id, s)| (*id, s.activity()))) else {
                 break;
             };
             if let Some(s) = slots.remove(&victim) {
@@ -278,6 +297,25 @@ impl Table {
             closed += 1;
         }
         self.stats.open.store(slots.len(), Ordering::Relaxed);
+    }
+
+    /// A recovery tick: with no exhaustion since the last one, raise the limit a step back
+    /// towards `ceiling`.
+    fn on_recovery_tick(&self, ceiling: usize) {
+        if self.exhausted.swap(false, Ordering::Relaxed) {
+            return;
+        }
+        let current = self.limit();
+        let raised = logic::limit_after_quiet_period(current, ceiling);
+        if raised > current {
+            self.stats.limit.store(raised, Ordering::Relaxed);
+            ServerStats::add(&self.stats.limit_raised);
+            tracing::info!(
+                limit = raised,
+                ceiling,
+                "no descriptor exhaustion lately: raising the endpoint's connection limit"
+            );
+        }
     }
 }
 
@@ -304,6 +342,8 @@ pub struct Listener {
     gate: Option<Arc<Gatekeeper>>,
     limits: Limits,
     stats: Arc<ServerStats>,
+    /// The limit the server started with; recovery never raises it past this.
+    ceiling: usize,
 }
 
 impl std::fmt::Debug for Listener {
@@ -340,11 +380,9 @@ impl Listener {
         let tcp = TcpListener::bind(config.address).await.map_err(|e| serve_error(e.to_string()))?;
         let address = tcp.local_addr().map_err(|e| serve_error(e.to_string()))?;
         let stats = Arc::new(ServerStats::default());
-        stats.limit.store(
-            logic::effective_max_connections(config.limits.max_connections, open_files_limit()),
-            Ordering::Relaxed,
-        );
-        Ok(Self { tcp, tls, address, gate, limits: config.limits.clone(), stats })
+        let ceiling = logic::effective_max_connections(config.limits.max_connections, open_files_limit());
+        stats.limit.store(ceiling, Ordering::Relaxed);
+        Ok(Self { tcp, tls, address, gate, limits: config.limits.clone(), stats, ceiling })
     }
 
     /// The bound address (the real port when port 0 was asked for).
@@ -367,8 +405,14 @@ impl Listener {
             max_connections = self.stats.limit.load(Ordering::Relaxed),
             "serving health and metrics"
         );
-        let table =
-            Arc::new(Table { slots: Mutex::new(HashMap::new()), next: AtomicU64::new(0), stats: self.stats.clone() });
+        let table = Arc::new(Table {
+            slots: Mutex::new(HashMap::new()),
+            next: AtomicU64::new(0),
+            stats: self.stats.clone(),
+            exhausted: AtomicBool::new(false),
+        });
+        let mut recovery = tokio::time::interval(self.limits.limit_recovery_every.max(Duration::from_millis(10)));
+        recovery.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut backoff = logic::Backoff::new(self.limits.accept_backoff_first, self.limits.accept_backoff_max);
         let mut warnings = logic::WarnLimiter::new(self.limits.warn_every);
         let shared =
@@ -376,6 +420,10 @@ impl Listener {
         loop {
             let accepted = tokio::select! {
                 _ = shutdown.cancelled() => return,
+                _ = recovery.tick() => {
+                    table.on_recovery_tick(self.ceiling);
+                    continue;
+                }
                 accepted = self.tcp.accept() => accepted,
             };
             match accepted {
@@ -441,7 +489,11 @@ async fn connection(stream: TcpStream, guard: SlotGuard, shared: Arc<Shared>, sh
 
 fn respond(status: StatusCode, content_type: &'static str, body: String, method: &Method) -> Response<Full<Bytes>> {
     let body = if *method == Method::HEAD { Bytes::new() } else { Bytes::from(body) };
-    Response::builder()
+    let mut builder = Response::builder();
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        builder = builder.header(header::RETRY_AFTER, "1");
+    }
+    builder
         .status(status)
         .header(header::CONTENT_TYPE, content_type)
         .header(header::CACHE_CONTROL, "no-cache, private")
@@ -451,17 +503,22 @@ fn respond(status: StatusCode, content_type: &'static str, body: String, method:
 }
 
 async fn handle(req: Request<Incoming>, slot: Arc<Slot>, shared: Arc<Shared>) -> Response<Full<Bytes>> {
-    let _busy = Busy::new(slot);
     let method = req.method().clone();
     let path_and_query = req.uri().path_and_query().map_or("/", |p| p.as_str());
     let path = path_and_query.split_once('?').map_or(path_and_query, |(p, _)| p);
-    if let Some(gate) = &shared.gate {
+    let _in_use = if let Some(gate) = &shared.gate {
+        // Until the gate answers, the connection may be closed to make room for a probe.
+        let in_use = InUse::new(slot.clone(), Activity::Reviewing(Instant::now()));
         let authorization = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
         let decision = gate.check(&method, path, authorization).await;
         if let Some((status, body)) = decision.refusal(path) {
             return respond(status, "text/plain; charset=utf-8", body, &method);
         }
-    }
+        slot.set(Activity::Serving);
+        in_use
+    } else {
+        InUse::new(slot, Activity::Serving)
+    };
     let a = (shared.handler)(&method, path_and_query);
     respond(a.status, a.content_type, a.body, &method)
 }
@@ -512,5 +569,78 @@ where
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use async_trait::async_trait;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Reviews that never answer: a flood of made-up tokens against a slow API server.
+    struct Hangs;
+
+    #[async_trait]
+    impl Reviews for Hangs {
+        async fn review_token(&self, _: &str) -> Result<TokenOutcome, String> {
+            futures::future::pending().await
+        }
+        async fn review_access(&self, _: &UserInfo, _: &str, _: &str) -> Result<bool, String> {
+            futures::future::pending().await
+        }
+    }
+
+    async fn get(addr: SocketAddr, path: &str, token: Option<&str>) -> std::io::Result<TcpStream> {
+        let mut s = TcpStream::connect(addr).await?;
+        let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n{auth}\r\n").as_bytes()).await?;
+        Ok(s)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn requests_stuck_in_review_never_keep_a_probe_out() {
+        let settings = AuthSettings {
+            review_queue_timeout: Duration::from_secs(60),
+            review_timeout: Duration::from_secs(60),
+            ..AuthSettings::default()
+        };
+        let config = HttpConfig::plain(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .with_auth(AuthConfig::new(settings).with_reviews(Arc::new(Hangs)))
+            .with_limits(Limits { max_connections: 8, ..Limits::default() });
+        let listener = Listener::bind(&config).await.expect("bind");
+        let (addr, stats) = (listener.local_addr(), listener.stats());
+        let shutdown = CancellationToken::new();
+        let handler: Handler = Arc::new(|_: &Method, _: &str| Answer::text(StatusCode::OK, "ok"));
+        tokio::spawn(listener.serve_with(handler, shutdown.clone()));
+
+        // Every slot taken by a request whose token review hangs.
+        let mut flood = Vec::new();
+        for i in 0..8 {
+            flood.push(get(addr, "/metrics", Some(&format!("made-up-{i}"))).await.expect("connect"));
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while stats.open.load(Ordering::Relaxed) < 8 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+
+        // The kubelet's probe still gets its answer, in far less than any review timeout.
+        let started = Instant::now();
+        let mut probe = get(addr, "/livez", None).await.expect("connect");
+        let mut buf = [0u8; 256];
+        let n = tokio::time::timeout(Duration::from_secs(5), probe.read(&mut buf))
+            .await
+            .expect("the probe is answered")
+            .expect("read");
+        assert!(
+            String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"),
+            "{}",
+            String::from_utf8_lossy(&buf[..n])
+        );
+        assert!(started.elapsed() < Duration::from_secs(2), "answered in {:?}", started.elapsed());
+        assert!(stats.evicted.load(Ordering::Relaxed) >= 1, "a stuck review made room");
+        assert_eq!(stats.rejected.load(Ordering::Relaxed), 0);
+        shutdown.cancel();
     }
 }
