@@ -15,6 +15,7 @@ use serde::{Deserialize, Deserializer};
 
 pub use crate::duration::{BAD_DURATION, HUGE_DURATION, NEGATIVE_DURATION, parse_duration};
 use crate::ipam::{IpBlock, Pool};
+use crate::name::NAME;
 pub use crate::selector::{LabelSelectorConfig, SelectorOperator, SelectorRequirement};
 use ccm_framework::safe_yaml::{
     self, CLOUD_CONFIG_LIMITS, DUPLICATE_KEY, DocumentError, FieldPath, Problem, Schema, unique_string_map,
@@ -72,7 +73,7 @@ impl InstanceConfig {
     pub fn effective_provider_id(&self) -> String {
         match &self.provider_id {
             Some(id) => id.clone(),
-            None => format!("{}://{}", super::NAME, self.name),
+            None => format!("{NAME}://{}", self.name),
         }
     }
 }
@@ -397,7 +398,7 @@ fn validate_labels(labels: &BTreeMap<String, String>, path: &FieldPath, node_lab
 
 /// Build the allocator's pools, checking names, CIDRs, ranges, namespaces, selectors and
 /// that no two address blocks overlap. Reserved addresses are left out of the pools (see
-/// [`super::ipam::Reserved`]); an entry made only of them is refused.
+/// [`crate::ipam::Reserved`]); an entry made only of them is refused.
 pub fn build_pools(config: &LoadBalancerConfig) -> Result<Vec<Pool>, ConfigError> {
     let lb = root().field("loadBalancer");
     if config.retry_after.is_zero() {
