@@ -1,26 +1,27 @@
 //! One API for tests to get an API server, local or genuine, so a scenario is written once and
-//! runs on both (see [`backend_tests!`](crate::backend_tests)).
+//! runs on both (see the `backend_tests!` macro below).
 //!
 //! - `Local`: a fresh in-memory [`TestApiServer`] per test.
-//! - `Genuine`: the test binary's shared etcd and kube-apiserver ([`crate::genuine`]). Tests
-//!   take turns on it (the controllers under test watch cluster-wide), and each turn starts by
-//!   deleting every object earlier turns created, so a test sees a cluster as it was at start.
+//! - `Genuine`: a turn on the test binary's shared etcd and kube-apiserver
+//!   ([`crate::genuine`]); each turn starts from the cluster as it was at start.
+//!
+//! Both stand behind one trait, `ClusterBackend`; [`Backend`] only chooses which to start.
 
-use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, Once, OnceLock};
-use std::time::Duration;
+use std::sync::Once;
 
+use futures::future::BoxFuture;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
-use kube::core::GroupVersionKind;
-use tokio::sync::OwnedMutexGuard;
+use kube::api::Api;
 
-use crate::genuine::audit::AuditLog;
+use crate::error::Error;
+use crate::faults::Faults;
 use crate::genuine::proxy::FaultProxy;
+use crate::genuine::turn::GenuineTurn;
 use crate::genuine::{self, ControlPlane};
-use crate::{Error, Faults, RequestLog, TestApiServer};
+use crate::local::{TestApiServer, kubeconfig_yaml};
+use crate::request_log::RequestLog;
 
 /// Which API server a test runs against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,223 +58,176 @@ impl Backend {
     }
 }
 
-/// The shared control plane of this test binary, and the turn lock.
-struct Shared {
-    plane: ControlPlane,
-    turn: Arc<tokio::sync::Mutex<()>>,
-    /// Objects present before any test ran, by (group/kind, namespace, name): never purged.
-    baseline: Mutex<Option<BTreeSet<(String, String, String)>>>,
-}
-
-static SHARED: OnceLock<Result<&'static Shared, String>> = OnceLock::new();
-
-fn shared_blocking() -> Result<&'static Shared, Error> {
-    SHARED
-        .get_or_init(|| {
-            let Some(assets) = genuine::assets_dir() else { return Err(genuine::HOW_TO_ENABLE.to_string()) };
-            let (tx, rx) = std::sync::mpsc::channel();
-            // The thread that starts the processes lives as long as the binary: the children's
-            // parent-death signal is tied to it.
-            let spawned = std::thread::Builder::new().name("genuine-control-plane".into()).spawn(move || {
-                match ControlPlane::start_blocking(&assets) {
-                    Ok(plane) => {
-                        let shared: &'static Shared = Box::leak(Box::new(Shared {
-                            plane,
-                            turn: Arc::new(tokio::sync::Mutex::new(())),
-                            baseline: Mutex::new(None),
-                        }));
-                        let _ = tx.send(Ok(shared));
-                        loop {
-                            std::thread::park();
-                        }
-                    }
-                    Err(e) => {
-                        let _ = tx.send(Err(e.to_string()));
-                    }
-                }
-            });
-            if let Err(e) = spawned {
-                return Err(e.to_string());
-            }
-            rx.recv().unwrap_or_else(|e| Err(e.to_string()))
+impl Backend {
+    async fn start(self) -> Result<Box<dyn ClusterBackend>, Error> {
+        Ok(match self {
+            Backend::Local => Box::new(TestApiServer::start().await?),
+            Backend::Genuine => Box::new(GenuineTurn::start().await?),
         })
-        .clone()
-        .map_err(Error::Genuine)
-}
-
-async fn shared() -> Result<&'static Shared, Error> {
-    tokio::task::spawn_blocking(shared_blocking).await.map_err(|e| Error::Genuine(e.to_string()))?
-}
-
-/// The kinds a test may leave behind, purged between turns: (group, version, kind, plural, namespaced).
-const PURGED: &[(&str, &str, &str, &str, bool)] = &[
-    ("", "v1", "Node", "nodes", false),
-    ("", "v1", "Service", "services", true),
-    ("", "v1", "Secret", "secrets", true),
-    ("", "v1", "ConfigMap", "configmaps", true),
-    ("", "v1", "ServiceAccount", "serviceaccounts", true),
-    ("", "v1", "Pod", "pods", true),
-    ("", "v1", "Event", "events", true),
-    ("", "v1", "Endpoints", "endpoints", true),
-    ("discovery.k8s.io", "v1", "EndpointSlice", "endpointslices", true),
-    ("coordination.k8s.io", "v1", "Lease", "leases", true),
-    ("apps", "v1", "Deployment", "deployments", true),
-    ("apps", "v1", "DaemonSet", "daemonsets", true),
-    ("apps", "v1", "ReplicaSet", "replicasets", true),
-    ("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets", true),
-    ("rbac.authorization.k8s.io", "v1", "Role", "roles", true),
-    ("rbac.authorization.k8s.io", "v1", "RoleBinding", "rolebindings", true),
-    ("rbac.authorization.k8s.io", "v1", "ClusterRole", "clusterroles", false),
-    ("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding", "clusterrolebindings", false),
-];
-
-/// The API group of the project's own custom resources, purged too (whatever CRDs a test installed).
-const OWN_GROUP: &str = "ccm.rs";
-
-async fn purge_kinds(client: &Client) -> Result<Vec<ApiResource>, Error> {
-    let mut kinds: Vec<ApiResource> = PURGED
-        .iter()
-        .map(|(g, v, k, plural, _)| ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(g, v, k), plural))
-        .collect();
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in crds.list(&ListParams::default()).await? {
-        if crd.spec.group == OWN_GROUP
-            && let Some(version) = crd.spec.versions.iter().find(|v| v.storage)
-        {
-            let gvk = GroupVersionKind::gvk(&crd.spec.group, &version.name, &crd.spec.names.kind);
-            kinds.push(ApiResource::from_gvk_with_plural(&gvk, &crd.spec.names.plural));
-        }
     }
-    Ok(kinds)
 }
 
-fn key(ar: &ApiResource, obj: &DynamicObject) -> (String, String, String) {
-    (
-        format!("{}/{}", ar.group, ar.kind),
-        obj.metadata.namespace.clone().unwrap_or_default(),
-        obj.metadata.name.clone().unwrap_or_default(),
-    )
-}
-
-async fn snapshot(client: &Client) -> Result<BTreeSet<(String, String, String)>, Error> {
-    let mut keys = BTreeSet::new();
-    for ar in purge_kinds(client).await? {
-        let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
-        for obj in api.list(&ListParams::default()).await? {
-            keys.insert(key(&ar, &obj));
-        }
+/// What a test's API server offers beyond a client: the local server and a turn on the genuine
+/// control plane each answer for themselves, so [`TestCluster`] never asks which it holds.
+trait ClusterBackend: Send + Sync {
+    /// Which backend this is.
+    fn kind(&self) -> Backend;
+    /// The admin client config.
+    fn admin_config(&self) -> kube::Config;
+    /// An admin kubeconfig file.
+    fn admin_kubeconfig_path(&self) -> PathBuf;
+    /// Requests made since the test began.
+    fn request_log(&self) -> RequestLog;
+    /// Built-in fault injection; `None` where a fault proxy has to stand in front.
+    fn faults(&self) -> Option<Faults>;
+    /// Where this test's own files (kubeconfigs) go.
+    fn files_dir(&self) -> PathBuf;
+    /// Whether owned objects are garbage-collected after their owner goes.
+    fn garbage_collects(&self) -> bool;
+    /// Installs a CRD; its resources are served when this returns.
+    fn install_crd<'a>(&'a self, crd: &'a CustomResourceDefinition) -> BoxFuture<'a, Result<(), Error>>;
+    /// A config and kubeconfig authenticating as a ServiceAccount; `None` where there is no
+    /// authentication, so the admin's serve.
+    fn service_account<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<(kube::Config, PathBuf)>, Error>>;
+    /// The local server.
+    fn local(&self) -> Option<&TestApiServer> {
+        None
     }
-    Ok(keys)
-}
-
-/// Objects kube-apiserver maintains itself (the `kubernetes` Service, its identity Lease, ...),
-/// which may appear after the baseline was taken.
-fn made_by_the_api_server(obj: &DynamicObject) -> bool {
-    obj.metadata.managed_fields.iter().flatten().any(|m| m.manager.as_deref() == Some("kube-apiserver"))
-}
-
-/// Deletes every object of the purged kinds that is not in the baseline, finalizers first.
-async fn purge(client: &Client, baseline: &BTreeSet<(String, String, String)>) -> Result<(), Error> {
-    for ar in purge_kinds(client).await? {
-        let all: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
-        for obj in all.list(&ListParams::default()).await? {
-            if baseline.contains(&key(&ar, &obj)) || made_by_the_api_server(&obj) {
-                continue;
-            }
-            let name = obj.metadata.name.clone().unwrap_or_default();
-            let api: Api<DynamicObject> = match &obj.metadata.namespace {
-                Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
-                None => Api::all_with(client.clone(), &ar),
-            };
-            if obj.metadata.finalizers.as_ref().is_some_and(|f| !f.is_empty()) {
-                let patch = serde_json::json!({"metadata": {"finalizers": null}});
-                let _ = api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await;
-            }
-            match api.delete(&name, &DeleteParams::background()).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
+    /// The genuine control plane.
+    fn control_plane(&self) -> Option<&ControlPlane> {
+        None
     }
-    Ok(())
+}
+
+impl ClusterBackend for TestApiServer {
+    fn kind(&self) -> Backend {
+        Backend::Local
+    }
+
+    fn admin_config(&self) -> kube::Config {
+        self.kube_config()
+    }
+
+    fn admin_kubeconfig_path(&self) -> PathBuf {
+        self.kubeconfig_path().to_path_buf()
+    }
+
+    fn request_log(&self) -> RequestLog {
+        TestApiServer::request_log(self)
+    }
+
+    fn faults(&self) -> Option<Faults> {
+        Some(TestApiServer::faults(self))
+    }
+
+    fn files_dir(&self) -> PathBuf {
+        self.kubeconfig_path().parent().map(PathBuf::from).unwrap_or_else(std::env::temp_dir)
+    }
+
+    fn garbage_collects(&self) -> bool {
+        true
+    }
+
+    fn install_crd<'a>(&'a self, crd: &'a CustomResourceDefinition) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move { TestApiServer::install_crd(self, crd).await.map(|_| ()) })
+    }
+
+    fn service_account<'a>(
+        &'a self,
+        _namespace: &'a str,
+        _name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<(kube::Config, PathBuf)>, Error>> {
+        Box::pin(async { Ok(None) })
+    }
+
+    fn local(&self) -> Option<&TestApiServer> {
+        Some(self)
+    }
+}
+
+impl ClusterBackend for GenuineTurn {
+    fn kind(&self) -> Backend {
+        Backend::Genuine
+    }
+
+    fn admin_config(&self) -> kube::Config {
+        GenuineTurn::admin_config(self)
+    }
+
+    fn admin_kubeconfig_path(&self) -> PathBuf {
+        self.plane().admin_kubeconfig_path()
+    }
+
+    fn request_log(&self) -> RequestLog {
+        GenuineTurn::request_log(self)
+    }
+
+    fn faults(&self) -> Option<Faults> {
+        None
+    }
+
+    fn files_dir(&self) -> PathBuf {
+        self.plane().dir().to_path_buf()
+    }
+
+    fn garbage_collects(&self) -> bool {
+        // Only when kube-controller-manager runs beside the API server.
+        self.plane().has_controller_manager()
+    }
+
+    fn install_crd<'a>(&'a self, crd: &'a CustomResourceDefinition) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(GenuineTurn::install_crd(self, crd))
+    }
+
+    fn service_account<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<(kube::Config, PathBuf)>, Error>> {
+        Box::pin(async move { GenuineTurn::service_account(self, namespace, name).await.map(Some) })
+    }
+
+    fn control_plane(&self) -> Option<&ControlPlane> {
+        Some(self.plane())
+    }
 }
 
 /// An API server for one test.
 pub struct TestCluster {
-    backend: Backend,
-    local: Option<TestApiServer>,
-    genuine: Option<&'static Shared>,
+    inner: Box<dyn ClusterBackend>,
     config: kube::Config,
     client: Client,
     log: RequestLog,
-    /// Set when started with [`TestCluster::start_with_faults`] on the genuine backend.
+    /// Set when started with [`TestCluster::start_with_faults`] where the backend has no fault
+    /// injection of its own.
     proxy: Option<FaultProxy>,
     kubeconfig: Option<PathBuf>,
-    _turn: Option<OwnedMutexGuard<()>>,
 }
 
 impl TestCluster {
     /// Starts (local) or takes a turn on (genuine) an API server. Genuine needs
     /// `CCM_TEST_ASSETS`; check [`Backend::genuine_available`] first.
     pub async fn start(backend: Backend) -> Result<TestCluster, Error> {
-        match backend {
-            Backend::Local => {
-                let server = TestApiServer::start().await?;
-                Ok(TestCluster {
-                    backend,
-                    config: server.kube_config(),
-                    client: server.client(),
-                    log: server.request_log(),
-                    local: Some(server),
-                    genuine: None,
-                    proxy: None,
-                    kubeconfig: None,
-                    _turn: None,
-                })
-            }
-            Backend::Genuine => {
-                let shared = shared().await?;
-                let turn = shared.turn.clone().lock_owned().await;
-                let config = shared.plane.admin_config().await?;
-                let client = Client::try_from(config.clone())?;
-                let baseline = {
-                    let existing = shared.baseline.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                    match existing {
-                        Some(b) => b,
-                        None => {
-                            let b = snapshot(&client).await?;
-                            *shared.baseline.lock().unwrap_or_else(|e| e.into_inner()) = Some(b.clone());
-                            b
-                        }
-                    }
-                };
-                purge(&client, &baseline).await?;
-                let log = RequestLog::audit(Arc::new(AuditLog::from_end(shared.plane.audit_log_path().to_path_buf())));
-                Ok(TestCluster {
-                    backend,
-                    local: None,
-                    genuine: Some(shared),
-                    config,
-                    client,
-                    log,
-                    proxy: None,
-                    kubeconfig: None,
-                    _turn: Some(turn),
-                })
-            }
-        }
+        let inner = backend.start().await?;
+        let config = inner.admin_config();
+        let client = Client::try_from(config.clone())?;
+        let log = inner.request_log();
+        Ok(TestCluster { inner, config, client, log, proxy: None, kubeconfig: None })
     }
 
     /// Like [`start`](Self::start), with fault injection: on the genuine backend every client
     /// and kubeconfig this cluster hands out goes through a fault-injecting proxy (as admin).
     pub async fn start_with_faults(backend: Backend) -> Result<TestCluster, Error> {
         let mut cluster = TestCluster::start(backend).await?;
-        if let Some(shared) = cluster.genuine {
+        if cluster.inner.faults().is_none() {
             let proxy = FaultProxy::start(cluster.client.clone()).await?;
             let uri: http::Uri = proxy.url().parse().map_err(|e: http::uri::InvalidUri| Error::Url(e.to_string()))?;
-            let path = shared.plane.dir().join(format!("proxy-{}.kubeconfig", crate::util::random_suffix()));
-            std::fs::write(&path, crate::kubeconfig_yaml(proxy.url()))?;
+            let path = cluster.inner.files_dir().join(format!("proxy-{}.kubeconfig", crate::util::random_suffix()));
+            std::fs::write(&path, kubeconfig_yaml(proxy.url()))?;
             cluster.config = kube::Config::new(uri);
             cluster.client = Client::try_from(cluster.config.clone())?;
             cluster.kubeconfig = Some(path);
@@ -288,8 +242,8 @@ impl TestCluster {
     /// On the genuine backend when the cluster was not started with
     /// [`start_with_faults`](Self::start_with_faults).
     pub fn faults(&self) -> Faults {
-        match (&self.local, &self.proxy) {
-            (Some(server), _) => server.faults(),
+        match (self.inner.faults(), &self.proxy) {
+            (Some(faults), _) => faults,
             (None, Some(proxy)) => proxy.faults(),
             (None, None) => panic!("fault injection on the genuine backend needs TestCluster::start_with_faults"),
         }
@@ -297,23 +251,18 @@ impl TestCluster {
 
     /// Which backend this is.
     pub fn backend(&self) -> Backend {
-        self.backend
+        self.inner.kind()
     }
 
     /// Whether this is the genuine backend.
     pub fn is_genuine(&self) -> bool {
-        self.backend == Backend::Genuine
+        self.backend() == Backend::Genuine
     }
 
     /// Whether owned objects are garbage-collected after their owner goes: always on the local
     /// backend, on the genuine one when kube-controller-manager runs beside it.
     pub fn garbage_collects(&self) -> bool {
-        match self.backend {
-            Backend::Local => true,
-            Backend::Genuine => {
-                SHARED.get().and_then(|s| s.as_ref().ok()).is_some_and(|s| s.plane.has_controller_manager())
-            }
-        }
+        self.inner.garbage_collects()
     }
 
     /// An admin client.
@@ -328,14 +277,7 @@ impl TestCluster {
 
     /// An admin kubeconfig file for kubectl and child processes.
     pub fn kubeconfig_path(&self) -> PathBuf {
-        if let Some(path) = &self.kubeconfig {
-            return path.clone();
-        }
-        match (&self.local, self.genuine) {
-            (Some(server), _) => server.kubeconfig_path().to_path_buf(),
-            (None, Some(shared)) => shared.plane.admin_kubeconfig_path(),
-            (None, None) => PathBuf::new(),
-        }
+        self.kubeconfig.clone().unwrap_or_else(|| self.inner.admin_kubeconfig_path())
     }
 
     /// The server URL.
@@ -351,43 +293,26 @@ impl TestCluster {
 
     /// The local server, for what only it offers (its fault injection, its statistics).
     pub fn local(&self) -> Option<&TestApiServer> {
-        self.local.as_ref()
+        self.inner.local()
     }
 
     /// The genuine control plane; `None` on the local backend.
     pub fn control_plane(&self) -> Option<&ControlPlane> {
-        self.genuine.map(|s| &s.plane)
+        self.inner.control_plane()
     }
 
     /// Installs a CRD and waits until its resources are served.
     pub async fn install_crd(&self, crd: &CustomResourceDefinition) -> Result<(), Error> {
-        if let Some(server) = &self.local {
-            server.install_crd(crd).await?;
-            return Ok(());
-        }
-        let api: Api<CustomResourceDefinition> = Api::all(self.client());
-        let name = crd.metadata.name.clone().unwrap_or_default();
-        let mut crd = crd.clone();
-        crd.metadata.managed_fields = None;
-        crd.metadata.resource_version = None;
-        crd.status = None;
-        api.patch(&name, &PatchParams::apply("e2e-apiserver").force(), &Patch::Apply(&crd)).await?;
-        let established = kube::runtime::wait::conditions::is_crd_established();
-        tokio::time::timeout(Duration::from_secs(30), kube::runtime::wait::await_condition(api, &name, established))
-            .await
-            .map_err(|_| Error::Genuine(format!("CRD {name} not established in 30 s")))?
-            .map_err(|e| Error::Genuine(format!("waiting for CRD {name}: {e}")))?;
-        Ok(())
+        self.inner.install_crd(crd).await
     }
 
     /// A client config and kubeconfig file authenticating as a ServiceAccount (which must exist).
     /// On the local backend (no authentication) these are the admin's.
     pub async fn service_account(&self, namespace: &str, name: &str) -> Result<(kube::Config, PathBuf), Error> {
-        let Some(shared) = self.genuine else { return Ok((self.kube_config(), self.kubeconfig_path())) };
-        let token = shared.plane.service_account_token(namespace, name).await?;
-        let path = shared.plane.dir().join(format!("{namespace}-{name}-{}.kubeconfig", crate::util::random_suffix()));
-        shared.plane.write_kubeconfig(&path, Some(&token))?;
-        Ok((shared.plane.config(Some(&token)).await?, path))
+        match self.inner.service_account(namespace, name).await? {
+            Some(account) => Ok(account),
+            None => Ok((self.kube_config(), self.kubeconfig_path())),
+        }
     }
 
     /// A new namespace with a unique name starting with `prefix`.

@@ -11,12 +11,12 @@ use hyper::body::Incoming;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::Error;
 use crate::core::Core;
 use crate::error::ApiError;
+use crate::error::Error;
 use crate::faults::{FaultConfig, FaultRule, Faults};
-use crate::request_log::RequestRecord;
-use crate::server::{Body, error_response, json_response};
+use crate::request_log::{RequestLog, RequestRecord};
+use crate::response::{Body, error_response, json_response};
 use crate::util::parse_query;
 
 /// Server statistics from `GET /_test/stats`.
@@ -115,8 +115,8 @@ async fn handle_inner(core: &Arc<Core>, req: Request<Incoming>) -> Result<Respon
     let q = parse_query(req.uri().query());
     let body =
         req.into_body().collect().await.map(|c| c.to_bytes()).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let faults = Faults::local(core.clone());
-    let log = crate::RequestLog::local(core.clone());
+    let faults = Faults::new(core.clone());
+    let log = RequestLog::new(core.clone());
     let ok = || json_response(200, &json!({"ok": true}));
     let parse = |what: &str| ApiError::bad_request(format!("invalid {what}"));
     match (method, path.as_str()) {

@@ -12,9 +12,9 @@ use tokio::sync::{Notify, watch};
 
 use crate::convert::{from_view, needs_conversion, to_view};
 use crate::error::{ApiError, Cause};
-use crate::faults::FaultConfig;
+use crate::faults::{FaultConfig, FaultTarget};
 use crate::managed::{self, Writer};
-use crate::request_log::LogData;
+use crate::request_log::{LogData, LogSource, RequestRecord};
 use crate::resources::{ResourceType, Strategy, crd_name};
 use crate::selectors::{FieldSelector, LabelSelector};
 use crate::store::{Obj, State, key, meta_str, owner_uids};
@@ -141,12 +141,6 @@ fn blocking_finalizers(rt: &ResourceType, v: &Value) -> bool {
     !finalizers(v).is_empty()
         || (rt.strategy == Strategy::Namespace
             && v.pointer("/spec/finalizers").and_then(Value::as_array).is_some_and(|a| !a.is_empty()))
-}
-
-/// The field manager a write is attributed to when the client names none.
-pub(crate) fn default_manager(user_agent: &str) -> String {
-    let prefix = user_agent.split('/').next().unwrap_or("").trim();
-    if prefix.is_empty() { "unknown".into() } else { prefix.to_string() }
 }
 
 impl Core {
@@ -1106,4 +1100,57 @@ fn decode_continue(tok: &str) -> Result<(u64, Option<String>), ApiError> {
 #[allow(dead_code)]
 pub(crate) fn names(set: &BTreeSet<(Arc<str>, String)>) -> Vec<String> {
     set.iter().map(|(s, k)| format!("{s}:{k}")).collect()
+}
+
+impl Core {
+    pub(crate) fn log_request(&self, mut record: RequestRecord) {
+        let cap = self.opts.request_log_capacity;
+        let mut data = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        record.seq = data.next_seq;
+        data.next_seq += 1;
+        data.records.push_back(record);
+        while data.records.len() > cap {
+            data.records.pop_front();
+        }
+    }
+}
+
+impl LogSource for Core {
+    fn with_data(&self, f: &mut dyn FnMut(&mut LogData)) {
+        f(&mut self.log.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+}
+
+impl Core {
+    /// Ends every open watch.
+    pub(crate) fn close_watches(&self) {
+        self.watch_close.send_modify(|g| *g += 1);
+    }
+}
+
+impl FaultTarget for Core {
+    fn config(&self) -> &Mutex<FaultConfig> {
+        &self.faults
+    }
+
+    fn close_watches(&self) {
+        Core::close_watches(self);
+    }
+
+    fn open_watches(&self) -> usize {
+        self.open_watches.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn close_every(&self) -> &Mutex<Option<tokio::task::JoinHandle<()>>> {
+        &self.close_every
+    }
+
+    fn runtime(&self) -> tokio::runtime::Handle {
+        self.runtime.clone()
+    }
+
+    fn compact_history(&self) -> bool {
+        self.lock().compact();
+        true
+    }
 }

@@ -1,16 +1,13 @@
 //! Fault injection: error rates (500 or 429 with Retry-After), added latency, closing watches,
 //! compacting the event history.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use serde::{Deserialize, Serialize};
 
-use crate::core::Core;
 use crate::error::ApiError;
 
 /// One fault rule; applies to requests whose path starts with `path_prefix` (all when unset).
@@ -67,59 +64,37 @@ impl FaultConfig {
     }
 }
 
-/// Handle to fault injection: the local server's own, or the fault proxy's in front of a
-/// genuine kube-apiserver ([`crate::genuine::proxy`]).
+/// What fault injection steers: the local server, or the fault proxy in front of a genuine
+/// kube-apiserver.
+pub(crate) trait FaultTarget: Send + Sync + 'static {
+    /// The configuration requests are checked against.
+    fn config(&self) -> &Mutex<FaultConfig>;
+    /// Ends every open watch.
+    fn close_watches(&self);
+    /// Watches open now.
+    fn open_watches(&self) -> usize;
+    /// The task closing watches periodically, if one runs.
+    fn close_every(&self) -> &Mutex<Option<JoinHandle<()>>>;
+    /// Where that task runs.
+    fn runtime(&self) -> tokio::runtime::Handle;
+    /// Drops the event history; false where the target cannot (a genuine etcd compacts on its
+    /// own schedule).
+    fn compact_history(&self) -> bool;
+}
+
+/// Handle to fault injection, on either backend.
 #[derive(Clone)]
 pub struct Faults {
-    target: Target,
-}
-
-#[derive(Clone)]
-enum Target {
-    Local(Arc<Core>),
-    Proxy(Arc<ProxyFaults>),
-}
-
-/// The fault state of a proxy: the same knobs as the local server's.
-pub(crate) struct ProxyFaults {
-    pub config: Mutex<FaultConfig>,
-    pub watch_close: watch::Sender<u64>,
-    pub open_watches: AtomicUsize,
-    pub close_every: Mutex<Option<JoinHandle<()>>>,
-    pub runtime: tokio::runtime::Handle,
-}
-
-impl ProxyFaults {
-    pub fn new() -> ProxyFaults {
-        ProxyFaults {
-            config: Mutex::new(FaultConfig::default()),
-            watch_close: watch::channel(0).0,
-            open_watches: AtomicUsize::new(0),
-            close_every: Mutex::new(None),
-            runtime: tokio::runtime::Handle::current(),
-        }
-    }
-
-    pub fn close_watches(&self) {
-        self.watch_close.send_modify(|g| *g += 1);
-    }
+    target: Arc<dyn FaultTarget>,
 }
 
 impl Faults {
-    pub(crate) fn local(core: Arc<Core>) -> Faults {
-        Faults { target: Target::Local(core) }
-    }
-
-    pub(crate) fn proxy(state: Arc<ProxyFaults>) -> Faults {
-        Faults { target: Target::Proxy(state) }
+    pub(crate) fn new(target: Arc<dyn FaultTarget>) -> Faults {
+        Faults { target }
     }
 
     fn config_lock(&self) -> std::sync::MutexGuard<'_, FaultConfig> {
-        match &self.target {
-            Target::Local(core) => core.faults.lock(),
-            Target::Proxy(p) => p.config.lock(),
-        }
-        .unwrap_or_else(|e| e.into_inner())
+        self.target.config().lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn update(&self, f: impl FnOnce(&mut FaultConfig)) {
@@ -180,10 +155,7 @@ impl Faults {
 
     /// Ends every open watch now (clients see a clean end of stream and re-watch).
     pub fn close_watches(&self) {
-        match &self.target {
-            Target::Local(core) => core.close_watches(),
-            Target::Proxy(p) => p.close_watches(),
-        }
+        self.target.close_watches();
     }
 
     /// Ends every open watch every `period` (`None` stops it).
@@ -196,61 +168,32 @@ impl Faults {
     /// Local server only: a genuine etcd compacts on its own schedule, so through the proxy this
     /// panics rather than let a test pass without the 410 it meant to cause.
     pub fn compact_history(&self) {
-        match &self.target {
-            Target::Local(core) => core.lock().compact(),
-            Target::Proxy(_) => panic!("compact_history is not available on the genuine backend"),
+        if !self.target.compact_history() {
+            panic!("compact_history is not available on the genuine backend");
         }
     }
 
     /// Number of watches currently open.
     pub fn open_watches(&self) -> usize {
-        match &self.target {
-            Target::Local(core) => core.open_watches.load(Ordering::Relaxed),
-            Target::Proxy(p) => p.open_watches.load(Ordering::Relaxed),
-        }
+        self.target.open_watches()
     }
 
     fn schedule_close(&self, period: Option<Duration>) {
-        let (slot, runtime) = match &self.target {
-            Target::Local(core) => (&core.close_every, core.runtime.clone()),
-            Target::Proxy(p) => (&p.close_every, p.runtime.clone()),
-        };
-        let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slot = self.target.close_every().lock().unwrap_or_else(|e| e.into_inner());
         if let Some(old) = slot.take() {
             old.abort();
         }
         if let Some(period) = period.filter(|p| !p.is_zero()) {
-            let target = match &self.target {
-                Target::Local(core) => WeakTarget::Local(Arc::downgrade(core)),
-                Target::Proxy(p) => WeakTarget::Proxy(Arc::downgrade(p)),
-            };
-            *slot = Some(runtime.spawn(async move {
+            let target = Arc::downgrade(&self.target);
+            *slot = Some(self.target.runtime().spawn(async move {
                 loop {
                     tokio::time::sleep(period).await;
-                    match &target {
-                        WeakTarget::Local(w) => match w.upgrade() {
-                            Some(core) => core.close_watches(),
-                            None => return,
-                        },
-                        WeakTarget::Proxy(w) => match w.upgrade() {
-                            Some(p) => p.close_watches(),
-                            None => return,
-                        },
+                    match target.upgrade() {
+                        Some(t) => t.close_watches(),
+                        None => return,
                     }
                 }
             }));
         }
-    }
-}
-
-enum WeakTarget {
-    Local(Weak<Core>),
-    Proxy(Weak<ProxyFaults>),
-}
-
-impl Core {
-    /// Ends every open watch.
-    pub(crate) fn close_watches(&self) {
-        self.watch_close.send_modify(|g| *g += 1);
     }
 }

@@ -627,6 +627,12 @@ pub(crate) fn record_apply(
     Ok(())
 }
 
+/// The field manager a write is attributed to when the client names none.
+pub(crate) fn default_manager(user_agent: &str) -> String {
+    let prefix = user_agent.split('/').next().unwrap_or("").trim();
+    if prefix.is_empty() { "unknown".into() } else { prefix.to_string() }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

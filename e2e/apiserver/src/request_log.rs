@@ -5,9 +5,6 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::core::Core;
-use crate::genuine::audit::AuditLog;
-
 /// One logged request.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -62,35 +59,37 @@ pub(crate) struct LogData {
     pub next_seq: u64,
 }
 
-/// Handle to a request log: the local server's own, or a genuine kube-apiserver's audit log
-/// read as the same records.
-#[derive(Clone)]
-pub struct RequestLog {
-    source: LogSource,
+/// Where a [`RequestLog`]'s records live: the local server's own log, or a genuine
+/// kube-apiserver's audit log read as the same records.
+pub(crate) trait LogSource: Send + Sync {
+    /// Runs `f` on the records as they stand now.
+    fn with_data(&self, f: &mut dyn FnMut(&mut LogData));
 }
 
+/// Handle to a request log, on either backend.
 #[derive(Clone)]
-enum LogSource {
-    Local(Arc<Core>),
-    Audit(Arc<AuditLog>),
+pub struct RequestLog {
+    source: Arc<dyn LogSource>,
 }
 
 impl RequestLog {
-    pub(crate) fn local(core: Arc<Core>) -> RequestLog {
-        RequestLog { source: LogSource::Local(core) }
-    }
-
-    pub(crate) fn audit(log: Arc<AuditLog>) -> RequestLog {
-        RequestLog { source: LogSource::Audit(log) }
+    pub(crate) fn new(source: Arc<dyn LogSource>) -> RequestLog {
+        RequestLog { source }
     }
 
     fn with<R>(&self, f: impl FnOnce(&mut LogData) -> R) -> R {
-        match &self.source {
-            LogSource::Local(core) => {
-                let mut data = core.log.lock().unwrap_or_else(|e| e.into_inner());
-                f(&mut data)
+        let mut f = Some(f);
+        let mut out = None;
+        self.source.with_data(&mut |data| {
+            if let Some(f) = f.take() {
+                out = Some(f(data));
             }
-            LogSource::Audit(log) => log.with(f),
+        });
+        match (out, f) {
+            (Some(r), _) => r,
+            // A source that never called back holds no records.
+            (None, Some(f)) => f(&mut LogData::default()),
+            (None, None) => unreachable!("f ran, so it gave a result"),
         }
     }
 
@@ -152,18 +151,5 @@ impl RequestLog {
     /// Records logged since a [`mark`](Self::mark).
     pub fn since(&self, mark: u64) -> Vec<RequestRecord> {
         self.filter(|r| r.seq >= mark)
-    }
-}
-
-impl Core {
-    pub(crate) fn log_request(&self, mut record: RequestRecord) {
-        let cap = self.opts.request_log_capacity;
-        let mut data = self.log.lock().unwrap_or_else(|e| e.into_inner());
-        record.seq = data.next_seq;
-        data.next_seq += 1;
-        data.records.push_back(record);
-        while data.records.len() > cap {
-            data.records.pop_front();
-        }
     }
 }

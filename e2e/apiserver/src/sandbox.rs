@@ -9,7 +9,8 @@ use std::pin::Pin;
 use tokio::task::JoinHandle;
 use tracing::{error, info};
 
-use crate::{Error, TestApiServer, TestApiServerBuilder};
+use crate::error::Error;
+use crate::local::{TestApiServer, TestApiServerBuilder};
 
 type ComponentFuture = Pin<Box<dyn Future<Output = Result<(), Error>> + Send>>;
 type ComponentFn = Box<dyn FnOnce(SandboxContext) -> ComponentFuture + Send>;

@@ -6,9 +6,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::{HeaderMap, Method, Response, StatusCode, header};
-use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Full};
+use http::{HeaderMap, Method, Response, header};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -19,47 +18,15 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{debug, warn};
 
-use crate::core::{Core, DeleteOpts, ListOpts, PatchKind, Shape, default_manager, render};
+use crate::core::{Core, DeleteOpts, ListOpts, PatchKind, Shape, render};
 use crate::error::ApiError;
+use crate::managed::default_manager;
 use crate::request_log::RequestRecord;
 use crate::resources::ResourceType;
+use crate::response::{Body, bytes_response, error_response, full, json_response, respond};
 use crate::selectors::{FieldSelector, LabelSelector};
 use crate::util::{now_rfc3339, parse_query};
 use crate::{control, discovery, table, watch as watches};
-
-/// Response body: whole buffers or a watch stream.
-pub(crate) type Body = BoxBody<Bytes, Infallible>;
-
-pub(crate) fn full(b: impl Into<Bytes>) -> Body {
-    BoxBody::new(Full::new(b.into()))
-}
-
-fn respond(code: u16, content_type: &str, body: Body) -> Response<Body> {
-    let mut r = Response::new(body);
-    *r.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    if let Ok(v) = content_type.parse() {
-        r.headers_mut().insert(header::CONTENT_TYPE, v);
-    }
-    r
-}
-
-pub(crate) fn json_response(code: u16, v: &Value) -> Response<Body> {
-    respond(code, "application/json", full(serde_json::to_vec(v).unwrap_or_default()))
-}
-
-fn bytes_response(code: u16, b: Bytes) -> Response<Body> {
-    respond(code, "application/json", full(b))
-}
-
-pub(crate) fn error_response(e: &ApiError) -> Response<Body> {
-    let mut r = json_response(e.code, &e.to_status());
-    if let Some(s) = e.retry_after
-        && let Ok(v) = s.to_string().parse()
-    {
-        r.headers_mut().insert(header::RETRY_AFTER, v);
-    }
-    r
-}
 
 /// Accepts connections until `shutdown` flips; dropping the task drops every connection.
 pub(crate) async fn serve(listener: TcpListener, core: Arc<Core>, mut shutdown: watch::Receiver<bool>) {

@@ -13,6 +13,7 @@ pub mod datapath;
 pub mod duration;
 pub mod inventory;
 pub mod ipam;
+pub mod name;
 pub mod pool_metrics;
 pub mod probe;
 pub mod proxy;
@@ -38,8 +39,7 @@ use ccm_framework::provider::{
 };
 use ccm_framework::registry::{FactoryInput, Registry, RegistryError};
 
-/// The registered provider name.
-pub const NAME: &str = "baremetal";
+pub use name::NAME;
 
 /// `ipMode` of every reported ingress: traffic arrives addressed to the VIP itself.
 pub const IP_MODE: &str = "VIP";

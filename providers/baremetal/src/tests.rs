@@ -474,3 +474,26 @@ async fn random_concurrent_ensure_and_delete_keep_addresses_unique_and_stable() 
     let in_use: usize = p.allocator().usage().iter().map(|u| u.in_use).sum();
     assert_eq!(in_use, all.len());
 }
+
+#[test]
+fn no_factory_or_health_error_quotes_the_document() {
+    // What the manager and the operator print: the factory's error and the config health.
+    for doc in crate::config::tests::token_documents() {
+        let e = BaremetalProvider::from_cloud_config(Some(doc.as_bytes())).err().expect("refused by the factory");
+        for message in [e.to_string(), format!("{e:?}")] {
+            assert!(!message.contains("SECRET"), "{doc}\n=> {message}");
+        }
+        let health = config_health(Some(doc.as_bytes()));
+        assert!(!health.message().contains("SECRET"), "{doc}\n=> {}", health.message());
+    }
+}
+
+#[test]
+fn hostile_documents_are_refused_by_the_registry_with_the_limit_they_break() {
+    let registry = test_registry();
+    let cluster = ClusterSettings::default();
+    for (name, doc, _) in ccm_framework::safe_yaml::hostile::all() {
+        let e = registry.create(NAME, Some(&doc), &cluster).err().expect("refused");
+        assert!(e.to_string().contains("limit of"), "{name}: {e}");
+    }
+}

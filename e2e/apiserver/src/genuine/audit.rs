@@ -8,7 +8,7 @@ use std::sync::Mutex;
 
 use serde::Deserialize;
 
-use crate::request_log::{LogData, RequestRecord};
+use crate::request_log::{LogData, LogSource, RequestRecord};
 
 /// The audit policy: one `ResponseComplete` line per request, metadata only (no bodies, so no
 /// Secret content ever reaches the file).
@@ -107,7 +107,7 @@ fn record(line: &str) -> Option<RequestRecord> {
     // Same rule as the API server: the query's fieldManager, else the user agent's prefix.
     let field_manager = query_param(&query, "fieldManager").map(|m| m.to_string()).or_else(|| {
         matches!(event.verb.as_str(), "create" | "update" | "patch")
-            .then(|| crate::core::default_manager(&event.user_agent))
+            .then(|| crate::managed::default_manager(&event.user_agent))
     });
     let duration_ms = match (seconds_of_day(&event.request_received_timestamp), seconds_of_day(&event.stage_timestamp))
     {
@@ -159,6 +159,12 @@ impl AuditLog {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         state.refresh(&self.path);
         f(&mut state.data)
+    }
+}
+
+impl LogSource for AuditLog {
+    fn with_data(&self, f: &mut dyn FnMut(&mut LogData)) {
+        self.with(f)
     }
 }
 

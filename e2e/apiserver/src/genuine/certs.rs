@@ -8,7 +8,7 @@ use rcgen::{
     SanType,
 };
 
-use crate::Error;
+use crate::error::Error;
 
 /// PEM-encoded material written to the control plane's directory.
 pub(crate) struct Pki {

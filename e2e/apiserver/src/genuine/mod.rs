@@ -9,6 +9,7 @@
 pub(crate) mod audit;
 mod certs;
 pub mod proxy;
+pub(crate) mod turn;
 
 use std::io::Write;
 use std::net::TcpListener;
@@ -25,7 +26,7 @@ use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::api::{Api, PostParams};
 use tracing::info;
 
-use crate::Error;
+use crate::error::Error;
 
 /// The environment variable naming the assets directory.
 pub const ASSETS_ENV: &str = "CCM_TEST_ASSETS";
@@ -282,8 +283,10 @@ impl ControlPlane {
     }
 
     /// The audit log as a request log, from this moment on.
-    pub fn request_log(&self) -> crate::RequestLog {
-        crate::RequestLog::audit(std::sync::Arc::new(audit::AuditLog::from_end(self.audit_log_path().to_path_buf())))
+    pub fn request_log(&self) -> crate::request_log::RequestLog {
+        crate::request_log::RequestLog::new(std::sync::Arc::new(audit::AuditLog::from_end(
+            self.audit_log_path().to_path_buf(),
+        )))
     }
 
     /// Path of the JSON audit log (one event per request).

@@ -7,8 +7,8 @@
 //! requests). Scenarios that check authorization use the genuine server directly.
 
 use std::convert::Infallible;
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -20,15 +20,66 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::debug;
 
-use crate::Error;
 use crate::error::ApiError;
-use crate::faults::{Faults, ProxyFaults};
-use crate::server::{error_response, kube_verb};
+use crate::error::Error;
+use crate::faults::{FaultConfig, FaultTarget, Faults};
+use crate::response::{Body, error_response};
+use crate::server::kube_verb;
 
-type Body = BoxBody<Bytes, Infallible>;
+/// The fault state of a proxy: the same knobs as the local server's.
+pub(crate) struct ProxyFaults {
+    pub config: Mutex<FaultConfig>,
+    pub watch_close: watch::Sender<u64>,
+    pub open_watches: AtomicUsize,
+    pub close_every: Mutex<Option<JoinHandle<()>>>,
+    pub runtime: tokio::runtime::Handle,
+}
+
+impl ProxyFaults {
+    pub fn new() -> ProxyFaults {
+        ProxyFaults {
+            config: Mutex::new(FaultConfig::default()),
+            watch_close: watch::channel(0).0,
+            open_watches: AtomicUsize::new(0),
+            close_every: Mutex::new(None),
+            runtime: tokio::runtime::Handle::current(),
+        }
+    }
+
+    pub fn close_watches(&self) {
+        self.watch_close.send_modify(|g| *g += 1);
+    }
+}
+
+impl FaultTarget for ProxyFaults {
+    fn config(&self) -> &Mutex<FaultConfig> {
+        &self.config
+    }
+
+    fn close_watches(&self) {
+        ProxyFaults::close_watches(self);
+    }
+
+    fn open_watches(&self) -> usize {
+        self.open_watches.load(Ordering::Relaxed)
+    }
+
+    fn close_every(&self) -> &Mutex<Option<JoinHandle<()>>> {
+        &self.close_every
+    }
+
+    fn runtime(&self) -> tokio::runtime::Handle {
+        self.runtime.clone()
+    }
+
+    fn compact_history(&self) -> bool {
+        false
+    }
+}
 
 /// A running proxy; stops when dropped.
 pub struct FaultProxy {
@@ -87,7 +138,7 @@ impl FaultProxy {
 
     /// The proxy's fault injection.
     pub fn faults(&self) -> Faults {
-        Faults::proxy(self.state.clone())
+        Faults::new(self.state.clone())
     }
 }
 
