@@ -330,14 +330,14 @@ mod tests {
     fn extra_args_come_last_and_reach_the_parser() {
         let config = ManagerConfig {
             provider: "fake".into(),
-            extra_args: vec!["--concurrent-node-syncs=9".into(), "--node-monitor-period=7s".into()],
+            extra_args: vec!["--kube-api-qps=5".into(), "--node-monitor-period=7s".into()],
             ..ManagerConfig::default()
         };
         let args = config.to_args();
         assert_eq!(args.last().map(String::as_str), Some("--node-monitor-period=7s"));
         let flags = Flags::try_parse_args(std::iter::once("ccm".to_string()).chain(args)).unwrap();
-        assert_eq!(flags.node_monitor_period, Duration::from_secs(7));
-        assert_eq!(flags.manager_config().unwrap().concurrent_node_syncs, 9, "a later flag wins, as upstream");
+        assert_eq!((flags.node_monitor_period, flags.kube_api_qps), (Duration::from_secs(7), 5.0));
+        assert_eq!(flags.manager_config().unwrap(), ManagerConfig { extra_args: Vec::new(), ..config });
     }
 
     #[test]
