@@ -204,6 +204,8 @@ pub struct Failure {
 }
 
 /// The verdict.
+// One verdict per reconcile: the valid variant's size (its ManagerConfig) costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Validation {
     /// Usable.
