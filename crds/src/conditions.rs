@@ -24,27 +24,8 @@ pub mod types {
     pub const ALL: [&str; 6] = [AVAILABLE, CONFIG_VALID, DEGRADED, PROGRESSING, PROVIDER_HEALTHY, READY];
 }
 
-/// Reasons of the `Ready` summary condition.
-pub mod reasons {
-    /// Ready=True: everything is as expected.
-    pub const AS_EXPECTED: &str = "AsExpected";
-    /// Ready=False: `ConfigValid` is False.
-    pub const CONFIG_INVALID: &str = "ConfigInvalid";
-    /// Ready=False: `Degraded` is True.
-    pub const DEGRADED: &str = "Degraded";
-    /// Ready=False: `ProviderHealthy` is False.
-    pub const PROVIDER_UNHEALTHY: &str = "ProviderUnhealthy";
-    /// Ready=False: `Available` is False.
-    pub const UNAVAILABLE: &str = "Unavailable";
-    /// Ready=False: `Progressing` is True.
-    pub const PROGRESSING: &str = "Progressing";
-    /// Ready=Unknown: some input condition is missing or Unknown.
-    pub const AWAITING_STATUS: &str = "AwaitingStatus";
-
-    /// Every reason the `Ready` computation can produce.
-    pub const ALL: [&str; 7] =
-        [AS_EXPECTED, CONFIG_INVALID, DEGRADED, PROVIDER_UNHEALTHY, UNAVAILABLE, PROGRESSING, AWAITING_STATUS];
-}
+/// Reasons of the `Ready` summary condition (they live in [`crate::reasons::ready`]).
+pub use crate::reasons::ready as reasons;
 
 /// The longest Condition message a kube-apiserver accepts (`metav1.Condition.message`), in bytes.
 pub const MAX_MESSAGE_BYTES: usize = 32_768;

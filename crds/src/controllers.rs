@@ -5,22 +5,78 @@
 
 use std::fmt;
 
-/// The cloud-node controller: initializes Nodes from cloud metadata.
-pub const CLOUD_NODE: &str = "cloud-node-controller";
-/// The cloud-node-lifecycle controller: taints shut-down Nodes and deletes vanished ones.
-pub const CLOUD_NODE_LIFECYCLE: &str = "cloud-node-lifecycle-controller";
-/// The service controller: provisions load balancers for `type: LoadBalancer` Services.
-pub const SERVICE_LB: &str = "service-lb-controller";
-/// The route controller: programs pod-network routes in the cloud.
-pub const NODE_ROUTE: &str = "node-route-controller";
+/// A controller the manager runs: the one typing of controller names, used by the CRD (allowed
+/// entries), the operator (resolved status list, conflicts) and the manager (the `--controllers`
+/// flag and the controllers it starts), so a name cannot mean a controller in one and nothing in
+/// another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Controller {
+    /// Initializes Nodes from cloud metadata.
+    CloudNode,
+    /// Taints shut-down Nodes and deletes vanished ones.
+    CloudNodeLifecycle,
+    /// Provisions load balancers for `type: LoadBalancer` Services.
+    ServiceLb,
+    /// Programs pod-network routes in the cloud.
+    NodeRoute,
+}
 
-/// Every controller, as `(canonical name, alias)`, in the order the manager starts them.
-pub const KNOWN: [(&str, &str); 4] = [
-    (CLOUD_NODE, "cloud-node"),
-    (CLOUD_NODE_LIFECYCLE, "cloud-node-lifecycle"),
-    (SERVICE_LB, "service"),
-    (NODE_ROUTE, "route"),
-];
+impl Controller {
+    /// Every controller, in the order the manager starts them.
+    pub const ALL: [Controller; 4] =
+        [Controller::CloudNode, Controller::CloudNodeLifecycle, Controller::ServiceLb, Controller::NodeRoute];
+
+    /// The canonical name (`--controllers`, `/healthz/<name>`, `status.controllers`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Controller::CloudNode => "cloud-node-controller",
+            Controller::CloudNodeLifecycle => "cloud-node-lifecycle-controller",
+            Controller::ServiceLb => "service-lb-controller",
+            Controller::NodeRoute => "node-route-controller",
+        }
+    }
+
+    /// Upstream's short alias, also its legacy metric name.
+    pub const fn alias(self) -> &'static str {
+        match self {
+            Controller::CloudNode => "cloud-node",
+            Controller::CloudNodeLifecycle => "cloud-node-lifecycle",
+            Controller::ServiceLb => "service",
+            Controller::NodeRoute => "route",
+        }
+    }
+
+    /// The controller a canonical name or alias names, or `None` if unknown.
+    pub fn from_name(name: &str) -> Option<Controller> {
+        Controller::ALL.into_iter().find(|c| name == c.name() || name == c.alias())
+    }
+}
+
+impl fmt::Display for Controller {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The cloud-node controller's name.
+pub const CLOUD_NODE: &str = Controller::CloudNode.name();
+/// The cloud-node-lifecycle controller's name.
+pub const CLOUD_NODE_LIFECYCLE: &str = Controller::CloudNodeLifecycle.name();
+/// The service controller's name.
+pub const SERVICE_LB: &str = Controller::ServiceLb.name();
+/// The route controller's name.
+pub const NODE_ROUTE: &str = Controller::NodeRoute.name();
+
+/// Whether the route controller runs: the one place this is decided. It must be enabled,
+/// `--configure-cloud-routes` (`spec.configureCloudRoutes`) on, and the provider must program
+/// routes.
+pub fn route_controller_runs(
+    controllers: &ControllerSelection,
+    configure_cloud_routes: bool,
+    provider_has_routes: bool,
+) -> bool {
+    controllers.is_enabled(Controller::NodeRoute) && configure_cloud_routes && provider_has_routes
+}
 
 /// An entry of a `--controllers` list that names no known controller.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -32,19 +88,14 @@ pub struct UnknownController {
 
 /// Canonical names of every known controller.
 pub fn known_names() -> Vec<&'static str> {
-    KNOWN.iter().map(|(name, _)| *name).collect()
-}
-
-/// The canonical name for a controller name or alias, or `None` if unknown.
-pub fn canonical(name: &str) -> Option<&'static str> {
-    KNOWN.iter().find(|(canonical, alias)| name == *canonical || name == *alias).map(|(canonical, _)| *canonical)
+    Controller::ALL.iter().map(|c| c.name()).collect()
 }
 
 /// Every string allowed as an entry: `*`, each name and alias, and each of those with `-`.
 pub fn allowed_entries() -> Vec<String> {
     let mut out = vec!["*".to_string()];
-    for (name, alias) in KNOWN {
-        for n in [name, alias] {
+    for c in Controller::ALL {
+        for n in [c.name(), c.alias()] {
             out.push(n.to_string());
             out.push(format!("-{n}"));
         }
@@ -73,15 +124,17 @@ impl ControllerSelection {
                 Some(rest) => ("-", rest),
                 None => ("", entry),
             };
-            let canonical = canonical(name).ok_or_else(|| UnknownController { entry: entry.to_string() })?;
-            resolved.push(format!("{prefix}{canonical}"));
+            let controller =
+                Controller::from_name(name).ok_or_else(|| UnknownController { entry: entry.to_string() })?;
+            resolved.push(format!("{prefix}{controller}"));
         }
         Ok(Self { entries: resolved })
     }
 
-    /// Whether `name` (canonical) is enabled: the first entry naming it wins; otherwise it
-    /// runs only when `*` appears somewhere in the list.
-    pub fn is_enabled(&self, name: &str) -> bool {
+    /// Whether `controller` is enabled: the first entry naming it wins; otherwise it runs only
+    /// when `*` appears somewhere in the list.
+    pub fn is_enabled(&self, controller: Controller) -> bool {
+        let name = controller.name();
         for entry in &self.entries {
             if entry == name {
                 return true;
@@ -93,9 +146,19 @@ impl ControllerSelection {
         self.entries.iter().any(|e| e == "*")
     }
 
-    /// Canonical names of the enabled controllers, in start order.
-    pub fn enabled(&self) -> Vec<&'static str> {
-        KNOWN.iter().map(|(name, _)| *name).filter(|name| self.is_enabled(name)).collect()
+    /// The enabled controllers, in start order.
+    pub fn enabled(&self) -> Vec<Controller> {
+        Controller::ALL.into_iter().filter(|c| self.is_enabled(*c)).collect()
+    }
+
+    /// Canonical names of the enabled controllers, in start order (`status.controllers`).
+    pub fn enabled_names(&self) -> Vec<String> {
+        self.enabled().iter().map(|c| c.name().to_string()).collect()
+    }
+
+    /// Every controller enabled (`*`), the default.
+    pub fn all() -> Self {
+        Self { entries: vec!["*".to_string()] }
     }
 
     /// The normalized entries (aliases rewritten), suitable for a `--controllers` flag.
@@ -115,7 +178,7 @@ mod tests {
     use super::*;
 
     fn enabled(list: &[&str]) -> Vec<&'static str> {
-        ControllerSelection::parse(list).unwrap().enabled()
+        ControllerSelection::parse(list).unwrap().enabled().iter().map(|c| c.name()).collect()
     }
 
     #[test]
@@ -139,6 +202,24 @@ mod tests {
     fn m2_first_match_wins() {
         assert_eq!(enabled(&["service", "-service"]), vec![SERVICE_LB]);
         assert!(enabled(&["-service", "service", "*"]).iter().all(|c| *c != SERVICE_LB));
+    }
+
+    #[test]
+    fn every_controller_is_found_by_its_name_and_alias_and_nothing_else() {
+        for c in Controller::ALL {
+            assert_eq!(Controller::from_name(c.name()), Some(c));
+            assert_eq!(Controller::from_name(c.alias()), Some(c));
+        }
+        assert_eq!(Controller::from_name("nodeipam"), None);
+    }
+
+    #[test]
+    fn the_route_controller_runs_only_when_enabled_configured_and_supported() {
+        let all = ControllerSelection::all();
+        assert!(route_controller_runs(&all, true, true));
+        assert!(!route_controller_runs(&all, false, true));
+        assert!(!route_controller_runs(&all, true, false));
+        assert!(!route_controller_runs(&ControllerSelection::parse(&["*", "-route"]).unwrap(), true, true));
     }
 
     #[test]

@@ -5,6 +5,7 @@
 pub mod conditions;
 pub mod controllers;
 pub mod defaults;
+pub mod reasons;
 pub mod v1alpha1;
 pub mod validation;
 

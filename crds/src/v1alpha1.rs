@@ -198,7 +198,7 @@ pub struct Concurrency {
     #[x_kube(validation = kube::core::Rule::new("self >= 1").message("must be at least 1"))]
     pub service_syncs: i32,
     /// `--concurrent-route-syncs`: route workers.
-    #[serde(default = "default_one")]
+    #[serde(default = "default_route_syncs")]
     #[schemars(range(min = 1))]
     #[x_kube(validation = kube::core::Rule::new("self >= 1").message("must be at least 1"))]
     pub route_syncs: i32,
@@ -209,7 +209,7 @@ impl Default for Concurrency {
         Self {
             node_syncs: default_node_syncs(),
             service_syncs: default_service_syncs(),
-            route_syncs: crate::defaults::CONCURRENT_ROUTE_SYNCS,
+            route_syncs: default_route_syncs(),
         }
     }
 }
@@ -358,7 +358,11 @@ pub(crate) fn controllers_rule() -> String {
 pub(crate) fn controllers_message() -> String {
     format!(
         "each entry must be '*', a controller name or alias, optionally prefixed with '-'; known controllers: {}",
-        controllers::KNOWN.iter().map(|(name, alias)| format!("{name} ({alias})")).collect::<Vec<_>>().join(", ")
+        controllers::Controller::ALL
+            .iter()
+            .map(|c| format!("{} ({})", c.name(), c.alias()))
+            .collect::<Vec<_>>()
+            .join(", ")
     )
 }
 
@@ -366,7 +370,7 @@ fn default_controllers() -> Vec<String> {
     vec!["*".to_string()]
 }
 fn default_cluster_name() -> String {
-    "kubernetes".to_string()
+    crate::defaults::CLUSTER_NAME.to_string()
 }
 fn default_true() -> bool {
     true
@@ -375,13 +379,13 @@ fn default_cloud_config_key() -> String {
     DEFAULT_CLOUD_CONFIG_KEY.to_string()
 }
 fn default_lease_duration() -> Duration {
-    std::time::Duration::from_secs(15).into()
+    crate::defaults::LEASE_DURATION.into()
 }
 fn default_renew_deadline() -> Duration {
-    std::time::Duration::from_secs(10).into()
+    crate::defaults::RENEW_DEADLINE.into()
 }
 fn default_retry_period() -> Duration {
-    std::time::Duration::from_secs(2).into()
+    crate::defaults::RETRY_PERIOD.into()
 }
 fn default_node_syncs() -> i32 {
     crate::defaults::CONCURRENT_NODE_SYNCS
@@ -389,8 +393,8 @@ fn default_node_syncs() -> i32 {
 fn default_service_syncs() -> i32 {
     crate::defaults::CONCURRENT_SERVICE_SYNCS
 }
-fn default_one() -> i32 {
-    1
+fn default_route_syncs() -> i32 {
+    crate::defaults::CONCURRENT_ROUTE_SYNCS
 }
 fn default_replicas() -> i32 {
     2

@@ -47,6 +47,30 @@ pub enum CidrError {
     SameFamily,
 }
 
+/// The leader-election timing rule the manager enforces (client-go's): the lease outlasts the
+/// renew deadline, which outlasts the jittered retry period, which is positive. The CRD's own
+/// rule (its CEL, mirrored by [`validate_spec`]) is looser; this is the one place of the
+/// manager's, for the flags, the embedded engine and the operator's validation alike.
+pub fn leader_election_timings(
+    lease_duration: std::time::Duration,
+    renew_deadline: std::time::Duration,
+    retry_period: std::time::Duration,
+) -> Result<(), String> {
+    use crate::defaults::LEADER_ELECTION_JITTER as JITTER;
+    if lease_duration <= renew_deadline {
+        return Err("--leader-elect-lease-duration must be greater than --leader-elect-renew-deadline".into());
+    }
+    if renew_deadline <= retry_period.mul_f64(JITTER) {
+        return Err(format!(
+            "--leader-elect-renew-deadline must be greater than {JITTER} x --leader-elect-retry-period"
+        ));
+    }
+    if retry_period.is_zero() {
+        return Err("--leader-elect-retry-period must be positive".into());
+    }
+    Ok(())
+}
+
 /// Parse a comma-separated CIDR list with upstream's rules: one or two entries, and two only
 /// when they are of different IP families (dual-stack).
 pub fn parse_cluster_cidrs(value: &str) -> Result<Vec<IpNet>, CidrError> {
@@ -248,14 +272,15 @@ pub fn validate_spec(spec: &CloudControllerManagerSpec) -> Result<(), InvalidSpe
         );
     }
 
-    for (field, value) in [
-        ("spec.concurrency.nodeSyncs", spec.concurrency.node_syncs),
-        ("spec.concurrency.serviceSyncs", spec.concurrency.service_syncs),
-        ("spec.concurrency.routeSyncs", spec.concurrency.route_syncs),
-        ("spec.deployment.replicas", spec.deployment.replicas),
+    let min_workers = crate::defaults::MIN_WORKERS;
+    for (field, value, min) in [
+        ("spec.concurrency.nodeSyncs", spec.concurrency.node_syncs, min_workers),
+        ("spec.concurrency.serviceSyncs", spec.concurrency.service_syncs, min_workers),
+        ("spec.concurrency.routeSyncs", spec.concurrency.route_syncs, min_workers),
+        ("spec.deployment.replicas", spec.deployment.replicas, 1),
     ] {
-        if value < 1 {
-            errors.push(field, messages::below_minimum(field, i64::from(value), 1));
+        if value < min {
+            errors.push(field, messages::below_minimum(field, i64::from(value), i64::from(min)));
         }
     }
 

@@ -13,10 +13,10 @@ use std::time::Duration;
 
 use clap::{ArgAction, Parser};
 use crds::controllers::ControllerSelection;
-use crds::validation::parse_cluster_cidrs;
 
 use crate::Error;
 use crate::client::ClientSource;
+use crate::config::{LeaderElectionSettings, ManagerConfig, workers};
 use crate::http::{HttpConfig, Tls, TlsFiles};
 use crate::leader::LeaderElectionConfig;
 use crate::options::ControllerOptions;
@@ -102,7 +102,7 @@ pub struct Flags {
     )]
     pub kube_api_content_type: String,
     /// Name of this cluster, passed to every load-balancer and route call of the provider.
-    #[arg(long, default_value = "kubernetes", value_name = "string", help_heading = "Generic flags")]
+    #[arg(long, default_value = crds::defaults::CLUSTER_NAME, value_name = "string", help_heading = "Generic flags")]
     pub cluster_name: String,
     /// Pod address range(s) of the cluster, one CIDR or an IPv4,IPv6 pair; the route controller
     /// manages routes within it.
@@ -159,13 +159,13 @@ pub struct Flags {
     /// Name of the leader-election Lease.
     #[arg(
         long,
-        default_value = "cloud-controller-manager",
+        default_value = crds::defaults::LEASE_NAME,
         value_name = "string",
         help_heading = "Leader-election flags"
     )]
     pub leader_elect_resource_name: String,
     /// Namespace of the leader-election Lease.
-    #[arg(long, default_value = "kube-system", value_name = "string", help_heading = "Leader-election flags")]
+    #[arg(long, default_value = crds::defaults::LEASE_NAMESPACE, value_name = "string", help_heading = "Leader-election flags")]
     pub leader_elect_resource_namespace: String,
     /// Pause between two attempts to acquire or renew the Lease. Used with leader election only.
     #[arg(long, default_value = "2s", value_parser = parse_duration, value_name = "duration", help_heading = "Leader-election flags")]
@@ -181,7 +181,7 @@ pub struct Flags {
     // ----- Node controller flags
     /// Workers initializing Nodes in parallel (upstream's default is 1). At least 1 (upstream
     /// takes 0 and then never initializes a Node).
-    #[arg(long, default_value_t = crate::options::DEFAULT_CONCURRENT_NODE_SYNCS as i64, value_name = "int32", help_heading = "Node controller flags")]
+    #[arg(long, default_value_t = crds::defaults::CONCURRENT_NODE_SYNCS.into(), value_name = "int32", help_heading = "Node controller flags")]
     pub concurrent_node_syncs: i64,
     /// Workers refreshing Node addresses in parallel; 0 uses --concurrent-node-syncs.
     #[arg(long, default_value_t = 0, value_name = "int32", help_heading = "Node controller flags")]
@@ -191,7 +191,7 @@ pub struct Flags {
     /// Services synced in parallel (and the parallelism of node-change passes). Default 32, not
     /// upstream's 1: with 1, a cluster with hundreds of Services waits minutes to hours for load
     /// balancers. `=1` reproduces upstream.
-    #[arg(long, default_value_t = crate::options::DEFAULT_CONCURRENT_SERVICE_SYNCS as i64, value_name = "int32", help_heading = "Service controller flags")]
+    #[arg(long, default_value_t = crds::defaults::CONCURRENT_SERVICE_SYNCS.into(), value_name = "int32", help_heading = "Service controller flags")]
     pub concurrent_service_syncs: i64,
 
     // ----- Misc flags
@@ -223,7 +223,7 @@ pub struct Flags {
     /// HTTPS port of the /healthz, /livez, /readyz and /metrics endpoint; 0 turns it off. Paths
     /// outside --authorization-always-allow-paths need a bearer token the API server accepts
     /// (TokenReview) and allows (SubjectAccessReview).
-    #[arg(long, default_value_t = 10258, value_name = "int", help_heading = "Secure serving flags")]
+    #[arg(long, default_value_t = crds::defaults::SECURE_PORT, value_name = "int", help_heading = "Secure serving flags")]
     pub secure_port: u16,
     /// PEM certificate for the endpoint, followed by any intermediate certificates. Without it,
     /// a self-signed certificate for localhost is generated in memory at start.
@@ -350,7 +350,7 @@ pub struct Flags {
     // ----- Additions
     /// (Addition) Route operations run concurrently by the route controller; never more than
     /// 200 are in flight.
-    #[arg(long, default_value_t = 1, value_name = "int", help_heading = "Additions (not upstream flags)")]
+    #[arg(long, default_value_t = crds::defaults::CONCURRENT_ROUTE_SYNCS.into(), value_name = "int", help_heading = "Additions (not upstream flags)")]
     pub concurrent_route_syncs: i64,
     /// (Addition) Most Nodes per batched cloud instance lookup; the provider's own batch size
     /// caps it too. 1 reproduces upstream's one call per Node.
@@ -436,13 +436,6 @@ fn invalid(flag: &'static str, message: impl Into<String>) -> Error {
     Error::InvalidFlag { flag, message: message.into() }
 }
 
-fn positive(flag: &'static str, value: i64) -> Result<usize, Error> {
-    if value < 1 {
-        return Err(invalid(flag, format!("must be at least 1, got {value}")));
-    }
-    usize::try_from(value).map_err(|_| invalid(flag, "is too large"))
-}
-
 fn non_zero(flag: &'static str, d: Duration) -> Result<Duration, Error> {
     if d.is_zero() {
         return Err(invalid(flag, "must be greater than 0"));
@@ -465,6 +458,41 @@ impl Flags {
         T: Into<std::ffi::OsString> + Clone,
     {
         Self::try_parse_from(args)
+    }
+
+    /// The settings the operator renders ([`ManagerConfig`]), checked as at start-up. Empty
+    /// `--controllers` entries are dropped, so `--controllers=` runs none.
+    pub fn manager_config(&self) -> Result<ManagerConfig, Error> {
+        let entries: Vec<&str> = self.controllers.iter().map(String::as_str).filter(|e| !e.trim().is_empty()).collect();
+        let controllers = ControllerSelection::parse(&entries).map_err(|e| invalid("--controllers", e.to_string()))?;
+        let config = ManagerConfig {
+            provider: self.cloud_provider.clone(),
+            cloud_config: Some(PathBuf::from(&self.cloud_config)).filter(|p| !p.as_os_str().is_empty()),
+            controllers,
+            cluster_name: self.cluster_name.clone(),
+            cluster_cidr: Some(self.cluster_cidr.clone()).filter(|c| !c.trim().is_empty()),
+            configure_cloud_routes: self.configure_cloud_routes,
+            concurrent_node_syncs: workers("--concurrent-node-syncs", self.concurrent_node_syncs)?,
+            concurrent_service_syncs: workers("--concurrent-service-syncs", self.concurrent_service_syncs)?,
+            concurrent_route_syncs: workers("--concurrent-route-syncs", self.concurrent_route_syncs)?,
+            leader_election: LeaderElectionSettings {
+                enabled: self.leader_elect,
+                namespace: self.leader_elect_resource_namespace.clone(),
+                name: self.leader_elect_resource_name.clone(),
+                lease_duration: self.leader_elect_lease_duration,
+                renew_deadline: self.leader_elect_renew_deadline,
+                retry_period: self.leader_elect_retry_period,
+            },
+            load_balancer_class: Some(self.load_balancer_class.clone()).filter(|c| !c.is_empty()),
+            secure_port: self.secure_port,
+            ccm_resource: match self.ccm_resource.as_str() {
+                "" => None,
+                target => Some(target.parse::<StatusTarget>().map_err(|m| invalid("--ccm-resource", m))?),
+            },
+            extra_args: Vec::new(),
+        };
+        config.check()?;
+        Ok(config)
     }
 
     /// Validate and convert to [`Settings`].
@@ -542,40 +570,23 @@ impl Flags {
             }
         }
 
-        let controllers =
-            ControllerSelection::parse(&self.controllers).map_err(|e| invalid("--controllers", e.to_string()))?;
-        let (cluster_cidrs, cluster_cidr_error) = if self.cluster_cidr.trim().is_empty() {
-            (Vec::new(), None)
-        } else {
-            match parse_cluster_cidrs(&self.cluster_cidr) {
-                Ok(nets) => (nets, None),
-                Err(e) => (Vec::new(), Some(format!("--cluster-cidr: {e}"))),
-            }
-        };
+        let config = self.manager_config()?;
         let options = ControllerOptions {
-            cluster_name: self.cluster_name.clone(),
-            cluster_cidrs,
-            cluster_cidr_error,
-            configure_cloud_routes: self.configure_cloud_routes,
-            controllers,
             route_reconciliation_period: non_zero("--route-reconciliation-period", self.route_reconciliation_period)?,
             node_monitor_period: non_zero("--node-monitor-period", self.node_monitor_period)?,
             node_status_update_frequency: non_zero(
                 "--node-status-update-frequency",
                 self.node_status_update_frequency,
             )?,
-            concurrent_node_syncs: positive("--concurrent-node-syncs", self.concurrent_node_syncs)?,
             concurrent_node_status_updates: match self.concurrent_node_status_updates {
                 0 => 0,
-                n => positive("--concurrent-node-status-updates", n)?,
+                n => workers("--concurrent-node-status-updates", n)?,
             },
-            concurrent_service_syncs: positive("--concurrent-service-syncs", self.concurrent_service_syncs)?,
-            concurrent_route_syncs: positive("--concurrent-route-syncs", self.concurrent_route_syncs)?,
-            node_batch_size: positive("--node-batch-size", self.node_batch_size)?,
+            node_batch_size: workers("--node-batch-size", self.node_batch_size)?,
             node_batch_window: self.node_batch_window,
             node_deletion_grace_period: self.node_deletion_grace_period,
-            load_balancer_class: Some(self.load_balancer_class.clone()).filter(|c| !c.is_empty()),
             load_balancer_resync_period: Some(self.load_balancer_resync_period).filter(|d| !d.is_zero()),
+            ..config.controller_options()
         };
 
         let leader_election = if self.leader_elect {
@@ -585,15 +596,9 @@ impl Flags {
                     format!("{:?} is not supported; use leases", self.leader_elect_resource_lock),
                 ));
             }
-            let config = LeaderElectionConfig {
-                lease_duration: self.leader_elect_lease_duration,
-                renew_deadline: self.leader_elect_renew_deadline,
-                retry_period: self.leader_elect_retry_period,
-                release_on_cancel: self.leader_elect_release_on_shutdown,
-                ..LeaderElectionConfig::new(&self.leader_elect_resource_namespace, &self.leader_elect_resource_name)
-            };
-            config.validate().map_err(|m| invalid("--leader-elect", m))?;
-            Some(config)
+            config
+                .leader_election_config(&crate::leader::default_identity())
+                .map(|le| LeaderElectionConfig { release_on_cancel: self.leader_elect_release_on_shutdown, ..le })
         } else {
             None
         };
@@ -648,12 +653,6 @@ impl Flags {
             Some(HttpConfig::new(SocketAddr::new(ip, self.secure_port)).with_tls(tls).with_auth(auth))
         };
 
-        let ccm_resource = if self.ccm_resource.is_empty() {
-            None
-        } else {
-            Some(self.ccm_resource.parse::<StatusTarget>().map_err(|m| invalid("--ccm-resource", m))?)
-        };
-
         let json = match self.logging_format.as_str() {
             "text" => false,
             "json" => true,
@@ -666,8 +665,8 @@ impl Flags {
         };
 
         Ok(Settings {
-            provider: self.cloud_provider.clone(),
-            cloud_config: Some(PathBuf::from(&self.cloud_config)).filter(|p| !p.as_os_str().is_empty()),
+            provider: config.provider,
+            cloud_config: config.cloud_config,
             options,
             leader_election,
             exit_on_lost_lease: self.exit_on_lost_lease,
@@ -678,7 +677,7 @@ impl Flags {
             qps: self.kube_api_qps,
             burst,
             http,
-            ccm_resource,
+            ccm_resource: config.ccm_resource,
             ccm_resource_interval: non_zero("--ccm-resource-interval", self.ccm_resource_interval)?,
             allow_untagged_cloud: self.allow_untagged_cloud,
             log: LogSettings { level, json },
@@ -689,15 +688,39 @@ impl Flags {
 
 /// Whether the route controller would run with this provider and these options.
 pub fn routes_would_run(options: &ControllerOptions, provider: &dyn CloudProvider) -> bool {
-    options.controllers.is_enabled(crds::controllers::NODE_ROUTE)
-        && options.configure_cloud_routes
-        && provider.routes().is_some()
+    crds::controllers::route_controller_runs(
+        &options.controllers,
+        options.configure_cloud_routes,
+        provider.routes().is_some(),
+    )
 }
 
-/// Checks that need the provider. An empty or unparsable `--cluster-cidr` does not stop the
-/// manager (upstream R2 does, deliberately changed): when the route controller would run it
-/// keeps the error and reports it on `/healthz/node-route-controller`; otherwise the value is
-/// ignored with a warning.
+/// The start-up checks that need the provider, for the binary and Embedded mode alike. A
+/// provider that reports no cluster ID is refused unless `allow_untagged_cloud`
+/// (`--allow-untagged-cloud`; Embedded mode has no such setting). An empty or unparsable
+/// `--cluster-cidr` does not stop the manager (upstream R2 does, deliberately changed): when the
+/// route controller would run it keeps the error and reports it on
+/// `/healthz/node-route-controller`; otherwise the value is ignored with a warning.
+pub fn start_up_checks(
+    options: &mut ControllerOptions,
+    provider: &dyn CloudProvider,
+    allow_untagged_cloud: bool,
+) -> Result<(), Error> {
+    if !provider.has_cluster_id() {
+        if allow_untagged_cloud {
+            tracing::warn!("detected a cluster without a ClusterID; a ClusterID will be required in the future");
+        } else {
+            return Err(Error::InvalidFlag {
+                flag: "--allow-untagged-cloud",
+                message: "no ClusterID found; a ClusterID is required for the cloud provider to function properly"
+                    .into(),
+            });
+        }
+    }
+    check_with_provider(options, provider)
+}
+
+/// The `--cluster-cidr` part of [`start_up_checks`].
 pub fn check_with_provider(options: &mut ControllerOptions, provider: &dyn CloudProvider) -> Result<(), Error> {
     let routes = routes_would_run(options, provider);
     if routes {
@@ -801,8 +824,8 @@ mod tests {
     #[test]
     fn m2_controllers_flag_resolves_aliases_and_rejects_unknown_names() {
         let s = settings(&["--controllers=*,-route,service"]).unwrap();
-        assert!(!s.options.controllers.is_enabled(crds::controllers::NODE_ROUTE));
-        assert!(s.options.controllers.is_enabled(crds::controllers::SERVICE_LB));
+        assert!(!s.options.controllers.is_enabled(crds::controllers::Controller::NodeRoute));
+        assert!(s.options.controllers.is_enabled(crds::controllers::Controller::ServiceLb));
         let msg = rejected(&["--controllers=*,bogus"], "--controllers");
         assert!(msg.contains("not in the list of known controllers"), "{msg}");
     }

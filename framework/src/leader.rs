@@ -55,9 +55,9 @@ impl LeaderElectionConfig {
             namespace: namespace.into(),
             name: name.into(),
             identity: default_identity(),
-            lease_duration: Duration::from_secs(15),
-            renew_deadline: Duration::from_secs(10),
-            retry_period: Duration::from_secs(2),
+            lease_duration: crds::defaults::LEASE_DURATION,
+            renew_deadline: crds::defaults::RENEW_DEADLINE,
+            retry_period: crds::defaults::RETRY_PERIOD,
             release_on_cancel: true,
         }
     }
@@ -67,29 +67,18 @@ impl LeaderElectionConfig {
         if self.identity.is_empty() {
             return Err("the leader-election identity must not be empty".into());
         }
-        if self.lease_duration <= self.renew_deadline {
-            return Err("--leader-elect-lease-duration must be greater than --leader-elect-renew-deadline".into());
-        }
-        if self.renew_deadline <= self.retry_period.mul_f64(JITTER) {
-            return Err(format!(
-                "--leader-elect-renew-deadline must be greater than {JITTER} x --leader-elect-retry-period"
-            ));
-        }
-        if self.retry_period.is_zero() {
-            return Err("--leader-elect-retry-period must be positive".into());
-        }
-        Ok(())
+        crds::validation::leader_election_timings(self.lease_duration, self.renew_deadline, self.retry_period)
     }
 }
 
 impl Default for LeaderElectionConfig {
     fn default() -> Self {
-        Self::new("kube-system", "cloud-controller-manager")
+        Self::new(crds::defaults::LEASE_NAMESPACE, crds::defaults::LEASE_NAME)
     }
 }
 
 /// The most a candidate stretches `retryPeriod` by, at random, so standbys do not poll in step.
-pub const JITTER: f64 = 1.2;
+pub const JITTER: f64 = crds::defaults::LEADER_ELECTION_JITTER;
 
 /// How long past an expired Lease the `leaderElection` health check tolerates a leader that
 /// has not stepped down (upstream: 20s).

@@ -6,6 +6,7 @@
 
 pub mod cache;
 pub mod client;
+pub mod config;
 pub mod config_watch;
 pub mod controller;
 pub mod controllers;

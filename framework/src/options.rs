@@ -8,11 +8,6 @@ use std::time::Duration;
 use crds::controllers::ControllerSelection;
 use ipnet::IpNet;
 
-/// Default of `--concurrent-node-syncs`: the resource's ([`crds::defaults`]), not upstream's 1.
-pub const DEFAULT_CONCURRENT_NODE_SYNCS: usize = crds::defaults::CONCURRENT_NODE_SYNCS as usize;
-/// Default of `--concurrent-service-syncs`: the resource's ([`crds::defaults`]), not upstream's 1.
-pub const DEFAULT_CONCURRENT_SERVICE_SYNCS: usize = crds::defaults::CONCURRENT_SERVICE_SYNCS as usize;
-
 /// Settings shared by the engine and every controller.
 #[derive(Debug, Clone)]
 pub struct ControllerOptions {
@@ -34,12 +29,12 @@ pub struct ControllerOptions {
     /// `--node-status-update-frequency`: node address refresh interval.
     pub node_status_update_frequency: Duration,
     /// `--concurrent-node-syncs`: cloud-node workers (at least 1). Defaults to
-    /// [`DEFAULT_CONCURRENT_NODE_SYNCS`], not upstream's 1; 1 is the upstream-equivalent setting.
+    /// [`crds::defaults::CONCURRENT_NODE_SYNCS`], not upstream's 1; 1 is the upstream-equivalent setting.
     pub concurrent_node_syncs: usize,
     /// `--concurrent-node-status-updates`: address refresh workers; 0 means `concurrent_node_syncs`.
     pub concurrent_node_status_updates: usize,
     /// `--concurrent-service-syncs`: service syncs in flight and node-pass parallelism (at
-    /// least 1). Defaults to [`DEFAULT_CONCURRENT_SERVICE_SYNCS`], not
+    /// least 1). Defaults to [`crds::defaults::CONCURRENT_SERVICE_SYNCS`], not
     /// upstream's 1; 1 is the upstream-equivalent setting.
     pub concurrent_service_syncs: usize,
     /// `--concurrent-route-syncs` (addition): route operations in flight are still capped at 200.
@@ -64,18 +59,18 @@ pub struct ControllerOptions {
 impl Default for ControllerOptions {
     fn default() -> Self {
         Self {
-            cluster_name: "kubernetes".to_string(),
+            cluster_name: crds::defaults::CLUSTER_NAME.to_string(),
             cluster_cidrs: Vec::new(),
             cluster_cidr_error: None,
             configure_cloud_routes: true,
-            controllers: ControllerSelection::parse(&["*"]).unwrap_or_else(|_| unreachable!("* is always valid")),
+            controllers: ControllerSelection::all(),
             route_reconciliation_period: Duration::from_secs(10),
             node_monitor_period: Duration::from_secs(5),
             node_status_update_frequency: Duration::from_secs(5 * 60),
-            concurrent_node_syncs: DEFAULT_CONCURRENT_NODE_SYNCS,
+            concurrent_node_syncs: crds::defaults::CONCURRENT_NODE_SYNCS as usize,
             concurrent_node_status_updates: 0,
-            concurrent_service_syncs: DEFAULT_CONCURRENT_SERVICE_SYNCS,
-            concurrent_route_syncs: 1,
+            concurrent_service_syncs: crds::defaults::CONCURRENT_SERVICE_SYNCS as usize,
+            concurrent_route_syncs: crds::defaults::CONCURRENT_ROUTE_SYNCS as usize,
             node_batch_size: 500,
             node_batch_window: Duration::from_millis(100),
             node_deletion_grace_period: Duration::ZERO,

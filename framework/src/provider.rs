@@ -89,24 +89,9 @@ impl CloudError {
     }
 }
 
-/// Well-known reasons for [`Health::Unhealthy`]; they become the `ProviderHealthy` condition's
-/// reason, so they are one CamelCase word.
-pub mod health_reasons {
-    /// The probe passed.
-    pub const HEALTHY: &str = "Healthy";
-    /// The cloud rejected the credentials.
-    pub const CREDENTIALS_REJECTED: &str = "CredentialsRejected";
-    /// The cloud API endpoint could not be reached.
-    pub const ENDPOINT_UNREACHABLE: &str = "EndpointUnreachable";
-    /// The cloud API is rate-limiting us.
-    pub const THROTTLED: &str = "Throttled";
-    /// The cloud-config is invalid.
-    pub const INVALID_CLOUD_CONFIG: &str = "InvalidCloudConfig";
-    /// The provider's own probes of its instances are failing.
-    pub const PROBE_FAILING: &str = "ProbeFailing";
-    /// The manager could not run the probe (for example it timed out).
-    pub const PROBE_ERROR: &str = "ProbeError";
-}
+/// Well-known reasons for [`Health::Unhealthy`], defined with every other condition reason in
+/// [`crds::reasons::provider_healthy`]; they become the `ProviderHealthy` condition's reason.
+pub use crds::reasons::provider_healthy as health_reasons;
 
 /// Outcome of a provider health probe.
 #[derive(Debug, Clone, PartialEq, Eq)]

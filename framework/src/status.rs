@@ -2,9 +2,9 @@
 //!
 //! While leading, the manager runs the provider's health probe every interval and
 //! server-side-applies, with field manager `cloud-controller-manager`, the `ProviderHealthy`
-//! condition plus `status.controllers` (the resolved `--controllers` list) and `status.leader`
-//! (this replica's identity). Other conditions belong to the operator and are never touched:
-//! the CRD declares `conditions` a map list keyed by `type`. Nothing is written when nothing
+//! condition: the one status field it writes (docs/architecture.md, "Status fields and their
+//! writers"). Every other field, `status.controllers` and `status.leader` included, belongs to
+//! the operator and is never touched: the CRD declares `conditions` a map list keyed by `type`. Nothing is written when nothing
 //! changed, and `lastTransitionTime` moves only when the condition's status flips.
 
 use std::str::FromStr;
@@ -76,27 +76,18 @@ pub fn desired_apply(
     current: Option<&CloudControllerManagerStatus>,
     generation: Option<i64>,
     health: &Health,
-    controllers: &[String],
-    leader: &str,
     now: &Time,
 ) -> Option<serde_json::Value> {
     let existing: &[Condition] = current.map_or(&[], |s| s.conditions.as_slice());
     let mut merged = existing.to_vec();
-    let condition_changed = conditions::set_condition(&mut merged, provider_condition(health), generation, now);
-    let controllers_changed = current.and_then(|s| s.controllers.as_deref()) != Some(controllers);
-    let leader_changed = current.and_then(|s| s.leader.as_deref()) != Some(leader);
-    if !(condition_changed || controllers_changed || leader_changed) {
+    if !conditions::set_condition(&mut merged, provider_condition(health), generation, now) {
         return None;
     }
     let condition = conditions::find(&merged, types::PROVIDER_HEALTHY)?;
     Some(json!({
         "apiVersion": CloudControllerManager::api_version(&()),
         "kind": CloudControllerManager::kind(&()),
-        "status": {
-            "conditions": [condition],
-            "controllers": controllers,
-            "leader": leader,
-        }
+        "status": {"conditions": [condition]}
     }))
 }
 
@@ -116,8 +107,6 @@ pub struct StatusReporter {
     api: Api<CloudControllerManager>,
     target: StatusTarget,
     provider: Arc<dyn CloudProvider>,
-    identity: String,
-    controllers: Vec<String>,
     interval: Duration,
     probe_timeout: Duration,
 }
@@ -129,21 +118,12 @@ impl std::fmt::Debug for StatusReporter {
 }
 
 impl StatusReporter {
-    /// A reporter writing to `target` as `identity`.
-    pub fn new(
-        client: Client,
-        target: StatusTarget,
-        provider: Arc<dyn CloudProvider>,
-        identity: String,
-        controllers: Vec<String>,
-        interval: Duration,
-    ) -> Self {
+    /// A reporter writing to `target`.
+    pub fn new(client: Client, target: StatusTarget, provider: Arc<dyn CloudProvider>, interval: Duration) -> Self {
         Self {
             api: Api::namespaced(client, &target.namespace),
             target,
             provider,
-            identity,
-            controllers,
             interval,
             probe_timeout: PROBE_TIMEOUT.min(interval.max(Duration::from_secs(1))),
         }
@@ -172,14 +152,7 @@ impl StatusReporter {
             return Ok(false);
         };
         let now = Time(Timestamp::now());
-        let Some(body) = desired_apply(
-            current.status.as_ref(),
-            current.metadata.generation,
-            &health,
-            &self.controllers,
-            &self.identity,
-            &now,
-        ) else {
+        let Some(body) = desired_apply(current.status.as_ref(), current.metadata.generation, &health, &now) else {
             return Ok(false);
         };
         if !health.is_healthy() {
@@ -210,13 +183,7 @@ mod tests {
             out.conditions.retain(|x| x.type_ != c.type_);
             out.conditions.push(c);
         }
-        out.controllers = applied.controllers;
-        out.leader = applied.leader;
         out
-    }
-
-    fn controllers() -> Vec<String> {
-        vec!["cloud-node-controller".into(), "service-lb-controller".into()]
     }
 
     #[test]
@@ -228,8 +195,8 @@ mod tests {
     }
 
     #[test]
-    fn first_report_applies_condition_controllers_and_leader() {
-        let body = desired_apply(None, Some(3), &Health::healthy(""), &controllers(), "me_1", &time(100)).unwrap();
+    fn first_report_applies_only_the_provider_healthy_condition() {
+        let body = desired_apply(None, Some(3), &Health::healthy(""), &time(100)).unwrap();
         assert_eq!(body["apiVersion"], "ccm.rs/v1alpha1");
         assert_eq!(body["kind"], "CloudControllerManager");
         let c = &body["status"]["conditions"][0];
@@ -238,36 +205,31 @@ mod tests {
         assert_eq!(c["reason"], "Healthy");
         assert_eq!(c["observedGeneration"], 3);
         assert_eq!(body["status"]["conditions"].as_array().unwrap().len(), 1, "only our condition is applied");
-        assert_eq!(body["status"]["leader"], "me_1");
-        assert_eq!(body["status"]["controllers"][1], "service-lb-controller");
+        // status.leader and status.controllers are the operator's (one writer per field).
+        assert_eq!(body["status"].as_object().unwrap().len(), 1, "{body}");
     }
 
     #[test]
     fn nothing_is_written_when_nothing_changed() {
-        let body = desired_apply(None, Some(1), &Health::healthy("ok"), &controllers(), "me", &time(100)).unwrap();
+        let body = desired_apply(None, Some(1), &Health::healthy("ok"), &time(100)).unwrap();
         let now = status_after(&body, None);
-        assert_eq!(desired_apply(Some(&now), Some(1), &Health::healthy("ok"), &controllers(), "me", &time(200)), None);
-        // A new leader, controller list or generation is a change.
-        assert!(
-            desired_apply(Some(&now), Some(1), &Health::healthy("ok"), &controllers(), "other", &time(200)).is_some()
-        );
-        assert!(desired_apply(Some(&now), Some(1), &Health::healthy("ok"), &[], "me", &time(200)).is_some());
-        assert!(desired_apply(Some(&now), Some(2), &Health::healthy("ok"), &controllers(), "me", &time(200)).is_some());
+        assert_eq!(desired_apply(Some(&now), Some(1), &Health::healthy("ok"), &time(200)), None);
+        // A new generation is a change.
+        assert!(desired_apply(Some(&now), Some(2), &Health::healthy("ok"), &time(200)).is_some());
     }
 
     #[test]
     fn last_transition_time_moves_only_when_the_status_flips() {
         let healthy = Health::healthy("");
-        let b1 = desired_apply(None, None, &healthy, &controllers(), "me", &time(100)).unwrap();
+        let b1 = desired_apply(None, None, &healthy, &time(100)).unwrap();
         let s1 = status_after(&b1, None);
         // A new message alone keeps the transition time.
-        let b2 =
-            desired_apply(Some(&s1), None, &Health::healthy("3 instances"), &controllers(), "me", &time(200)).unwrap();
+        let b2 = desired_apply(Some(&s1), None, &Health::healthy("3 instances"), &time(200)).unwrap();
         let s2 = status_after(&b2, Some(&s1));
         assert_eq!(s2.conditions[0].last_transition_time, time(100));
         // Flipping to unhealthy moves it and carries the probe's reason.
         let sick = Health::unhealthy(health_reasons::CREDENTIALS_REJECTED, "401 from the API");
-        let b3 = desired_apply(Some(&s2), None, &sick, &controllers(), "me", &time(300)).unwrap();
+        let b3 = desired_apply(Some(&s2), None, &sick, &time(300)).unwrap();
         let s3 = status_after(&b3, Some(&s2));
         let c = &s3.conditions[0];
         assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "CredentialsRejected"));
@@ -284,7 +246,7 @@ mod tests {
             None,
             &time(1),
         );
-        let body = desired_apply(Some(&current), None, &Health::healthy(""), &controllers(), "me", &time(5)).unwrap();
+        let body = desired_apply(Some(&current), None, &Health::healthy(""), &time(5)).unwrap();
         let conds = body["status"]["conditions"].as_array().unwrap();
         assert_eq!(conds.len(), 1);
         assert_eq!(conds[0]["type"], "ProviderHealthy");

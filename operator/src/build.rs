@@ -431,52 +431,10 @@ fn cluster_role_ref(name: &str) -> RoleRef {
     RoleRef { api_group: "rbac.authorization.k8s.io".into(), kind: "ClusterRole".into(), name: name.into() }
 }
 
-/// A Go duration string (`15s`, `1500ms`) for a manager flag.
-pub fn go_duration(d: &kube::core::Duration) -> String {
-    let d: std::time::Duration = (*d).into();
-    if d.subsec_nanos() == 0 {
-        format!("{}s", d.as_secs())
-    } else if d.subsec_nanos().is_multiple_of(1_000_000) {
-        format!("{}ms", d.as_millis())
-    } else {
-        format!("{}ns", d.as_nanos())
-    }
-}
-
-/// The manager's command-line arguments, derived from the spec (then `extraArgs`).
-pub fn manager_args(cr: &CloudControllerManager, validated: &Validated) -> Vec<String> {
-    let spec = &cr.spec;
-    let ns = cr.namespace().unwrap_or_default();
-    let name = cr.name_any();
-    let le = &spec.leader_election;
-    let mut args = vec![format!("--cloud-provider={}", spec.provider)];
-    if let Some(cc) = &validated.cloud_config {
-        args.push(format!("--cloud-config={}", names::cloud_config_path(&cc.key)));
-    }
-    args.push(format!("--controllers={}", validated.selection));
-    args.push(format!("--cluster-name={}", spec.cluster_name));
-    if let Some(cidr) = spec.cluster_cidr.as_deref().filter(|c| !c.trim().is_empty()) {
-        args.push(format!("--cluster-cidr={cidr}"));
-    }
-    args.push(format!("--configure-cloud-routes={}", spec.configure_cloud_routes));
-    args.extend([
-        "--leader-elect=true".to_string(),
-        format!("--leader-elect-resource-name={name}"),
-        format!("--leader-elect-resource-namespace={ns}"),
-        format!("--leader-elect-lease-duration={}", go_duration(&le.lease_duration)),
-        format!("--leader-elect-renew-deadline={}", go_duration(&le.renew_deadline)),
-        format!("--leader-elect-retry-period={}", go_duration(&le.retry_period)),
-        format!("--concurrent-node-syncs={}", spec.concurrency.node_syncs),
-        format!("--concurrent-service-syncs={}", spec.concurrency.service_syncs),
-        format!("--concurrent-route-syncs={}", spec.concurrency.route_syncs),
-    ]);
-    if let Some(class) = &spec.load_balancer_class {
-        args.push(format!("--load-balancer-class={class}"));
-    }
-    args.push(format!("--secure-port={}", names::MANAGER_PORT));
-    args.push(format!("--ccm-resource={ns}/{name}"));
-    args.extend(spec.extra_args.iter().cloned());
-    args
+/// The manager's command-line arguments: the validated [`ccm_framework::config::ManagerConfig`]
+/// rendered (then `extraArgs`).
+pub fn manager_args(validated: &Validated) -> Vec<String> {
+    validated.config.to_args()
 }
 
 /// Tolerations every manager pod gets: it must run on nodes the CCM has not initialized yet,
@@ -574,7 +532,7 @@ fn pod_template(
         image: Some(d.image.clone().unwrap_or_else(|| settings.manager_image.clone())),
         image_pull_policy: d.image_pull_policy.map(|p| p.as_str().to_string()),
         command: Some(vec!["cloud-controller-manager".into()]),
-        args: Some(manager_args(cr, validated)),
+        args: Some(manager_args(validated)),
         ports: Some(vec![ContainerPort {
             name: Some("metrics".into()),
             container_port: names::MANAGER_PORT,
@@ -660,7 +618,6 @@ mod tests {
     use super::*;
     use crate::validate::CloudConfigRef;
     use crds::CloudControllerManagerSpec;
-    use crds::controllers::ControllerSelection;
     use serde_json::json;
 
     fn cr(spec: serde_json::Value) -> CloudControllerManager {
@@ -673,7 +630,7 @@ mod tests {
 
     fn validated(cr: &CloudControllerManager, hash: Option<&str>) -> Validated {
         Validated {
-            selection: ControllerSelection::parse(&cr.spec.controllers).unwrap(),
+            config: crate::validate::manager_config(cr, hash.map(|_| "cloud.conf")).unwrap(),
             cloud_config: hash.map(|h| CloudConfigRef {
                 secret: "cfg".into(),
                 key: "cloud.conf".into(),
@@ -775,7 +732,7 @@ mod tests {
             "concurrency": {"nodeSyncs": 3, "serviceSyncs": 4, "routeSyncs": 2},
             "extraArgs": ["-v=4"]
         }));
-        let args = manager_args(&c, &validated(&c, Some("h")));
+        let args = manager_args(&validated(&c, Some("h")));
         assert_eq!(
             args,
             [

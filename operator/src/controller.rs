@@ -43,10 +43,10 @@ use crate::embedded::Engines;
 use crate::error::Error;
 use crate::metrics::OperatorMetrics;
 use crate::names;
-use crate::reasons::{self, degraded};
 use crate::status::{self, EngineState, PodsObservation, StatusInput, TransientFailures, Workload};
 use crate::validate::{self, AllowedNamespaces, SecretState, Validation};
 use crate::watch::{self, Scope};
+use crds::reasons::{self, degraded};
 
 /// The CR as the controller sees it: valid or not.
 pub type Guarded = DeserializeGuard<CloudControllerManager>;

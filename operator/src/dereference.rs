@@ -184,7 +184,7 @@ const CANNOT_START: [&str; 6] = [
 /// What the manager Pods' container statuses say (pure): crash loops (`CrashLoopBackOff`, or
 /// restarted and not ready) and containers that cannot start. Pods being deleted are left out.
 pub fn observe_pods<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> PodsObservation {
-    use crate::reasons::degraded;
+    use crds::reasons::degraded;
     let mut out = PodsObservation::default();
     for pod in pods {
         if pod.metadata.deletion_timestamp.is_some() {
@@ -311,7 +311,7 @@ mod tests {
 
     #[test]
     fn pods_report_crash_loops_and_start_failures_but_not_a_fresh_restart() {
-        use crate::reasons::degraded;
+        use crds::reasons::degraded;
         let crash = pod(
             "a",
             serde_json::json!({"name": "m", "image": "i", "imageID": "", "ready": false,

@@ -14,14 +14,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ccm_framework::engine::{EngineBuilder, INFORMER_SYNC_CHECK, LeaderLoss};
-use ccm_framework::leader::LeaderElectionConfig;
-use ccm_framework::options::ControllerOptions;
 use ccm_framework::provider::{CloudProvider, Reload};
 use ccm_framework::registry::{ClusterSettings, Registry};
-use ccm_framework::status::StatusTarget;
-use crds::controllers::ControllerSelection;
-use crds::validation::parse_cluster_cidrs;
-use crds::{CloudControllerManager, CloudControllerManagerSpec};
+use crds::CloudControllerManager;
 use futures::FutureExt;
 use kube::core::DeserializeGuard;
 use kube::runtime::reflector::ObjectRef;
@@ -56,44 +51,6 @@ pub fn recheck_after(state: &EngineState) -> Option<Duration> {
         EngineState::Starting => Some(STARTING_RECHECK),
         EngineState::Failed(_) => Some(RESTART_BACKOFF),
         EngineState::Running => None,
-    }
-}
-
-/// The engine settings a CR asks for (pure).
-pub fn controller_options(spec: &CloudControllerManagerSpec, selection: &ControllerSelection) -> ControllerOptions {
-    let (cluster_cidrs, cluster_cidr_error) = match spec.cluster_cidr.as_deref().filter(|c| !c.trim().is_empty()) {
-        None => (Vec::new(), None),
-        Some(c) => match parse_cluster_cidrs(c) {
-            Ok(nets) => (nets, None),
-            Err(e) => (Vec::new(), Some(e.to_string())),
-        },
-    };
-    let workers = |n: i32| usize::try_from(n.max(1)).unwrap_or(1);
-    ControllerOptions {
-        cluster_name: spec.cluster_name.clone(),
-        cluster_cidrs,
-        cluster_cidr_error,
-        configure_cloud_routes: spec.configure_cloud_routes,
-        controllers: selection.clone(),
-        concurrent_node_syncs: workers(spec.concurrency.node_syncs),
-        concurrent_service_syncs: workers(spec.concurrency.service_syncs),
-        concurrent_route_syncs: workers(spec.concurrency.route_syncs),
-        load_balancer_class: spec.load_balancer_class.clone(),
-        ..ControllerOptions::default()
-    }
-}
-
-/// The leader election an embedded engine runs for `cr` (pure).
-pub fn leader_election(cr: &CloudControllerManager, identity: &str) -> LeaderElectionConfig {
-    let le = &cr.spec.leader_election;
-    LeaderElectionConfig {
-        namespace: cr.namespace().unwrap_or_default(),
-        name: cr.name_any(),
-        identity: identity.to_string(),
-        lease_duration: le.lease_duration.into(),
-        renew_deadline: le.renew_deadline.into(),
-        retry_period: le.retry_period.into(),
-        release_on_cancel: true,
     }
 }
 
@@ -277,19 +234,24 @@ impl Engines {
         let name = cr.name_any();
         let state = Arc::new(Mutex::new(EngineState::Starting));
         let stop = CancellationToken::new();
-        let options = controller_options(&cr.spec, &validated.selection);
+        // The same configuration a Deployment-mode manager gets as arguments, through the
+        // binary's start-up checks.
+        let config = &validated.config;
+        let mut options = config.controller_options();
         let settings = ClusterSettings {
             cluster_name: options.cluster_name.clone(),
             cluster_cidrs: options.cluster_cidrs.clone(),
         };
-        let created = self.registry.create(&cr.spec.provider, cloud_config, &settings);
+        let created = self.registry.create(&config.provider, cloud_config, &settings);
         let provider = created.as_ref().ok().cloned();
         let built = created.map_err(ccm_framework::Error::from).and_then(|provider| {
+            config.check()?;
+            ccm_framework::flags::start_up_checks(&mut options, provider.as_ref(), false)?;
             EngineBuilder::new(self.client.clone(), provider, options)
-                .leader_election(Some(leader_election(cr, &self.identity)))
+                .leader_election(config.leader_election_config(&self.identity))
                 .identity(self.identity.clone())
                 .on_leader_loss(LeaderLoss::StandBy)
-                .report_status(Some(StatusTarget { namespace: namespace.clone(), name: name.clone() }), STATUS_INTERVAL)
+                .report_status(config.ccm_resource.clone(), STATUS_INTERVAL)
                 .build()
         });
         let notify = self.notify.clone();
@@ -422,7 +384,7 @@ mod tests {
     use serde_json::json;
 
     fn cr(spec: serde_json::Value) -> CloudControllerManager {
-        let spec: CloudControllerManagerSpec = serde_json::from_value(spec).unwrap();
+        let spec: crds::CloudControllerManagerSpec = serde_json::from_value(spec).unwrap();
         let mut c = CloudControllerManager::new("bm", spec);
         c.metadata.namespace = Some("kube-system".into());
         c
@@ -430,7 +392,7 @@ mod tests {
 
     fn validated(c: &CloudControllerManager, hash: Option<&str>) -> Validated {
         Validated {
-            selection: ControllerSelection::parse(&c.spec.controllers).unwrap(),
+            config: crate::validate::manager_config(c, None).unwrap(),
             cloud_config: hash.map(|h| crate::validate::CloudConfigRef {
                 secret: "s".into(),
                 key: "cloud.conf".into(),
@@ -446,24 +408,43 @@ mod tests {
         let c = cr(json!({"provider": "baremetal", "mode": "Embedded", "clusterName": "lab",
             "clusterCIDR": "10.244.0.0/16", "loadBalancerClass": "x", "configureCloudRoutes": false,
             "concurrency": {"nodeSyncs": 3, "serviceSyncs": 4, "routeSyncs": 2}, "controllers": ["*", "-route"]}));
-        let o = controller_options(&c.spec, &validated(&c, None).selection);
+        let o = validated(&c, None).config.controller_options();
         assert_eq!(o.cluster_name, "lab");
         assert_eq!(o.cluster_cidrs.len(), 1);
         assert!(!o.configure_cloud_routes);
         assert_eq!((o.concurrent_node_syncs, o.concurrent_service_syncs, o.concurrent_route_syncs), (3, 4, 2));
         assert_eq!(o.load_balancer_class.as_deref(), Some("x"));
-        assert!(!o.controllers.is_enabled(crds::controllers::NODE_ROUTE));
+        assert!(!o.controllers.is_enabled(crds::controllers::Controller::NodeRoute));
     }
 
     #[test]
     fn leader_election_uses_the_deployment_mode_lease() {
         let c = cr(json!({"provider": "baremetal", "mode": "Embedded",
             "leaderElection": {"leaseDuration": "20s", "renewDeadline": "15s", "retryPeriod": "3s"}}));
-        let le = leader_election(&c, "op-1");
+        let le = validated(&c, None).config.leader_election_config("op-1").unwrap();
         assert_eq!((le.namespace.as_str(), le.name.as_str(), le.identity.as_str()), ("kube-system", "bm", "op-1"));
         assert_eq!(le.lease_duration, Duration::from_secs(20));
         assert!(le.release_on_cancel);
         assert!(le.validate().is_ok());
+    }
+
+    #[test]
+    fn the_embedded_engine_runs_exactly_what_a_deployment_mode_manager_would_parse() {
+        // One configuration, two roads: the engine's options and Lease equal those the binary
+        // builds from the pod's arguments (spec.extraArgs aside, which Embedded mode refuses).
+        let c = cr(json!({"provider": "baremetal", "mode": "Embedded", "clusterName": "lab",
+            "clusterCIDR": "10.244.0.0/16,fd00::/48", "loadBalancerClass": "x",
+            "concurrency": {"nodeSyncs": 3, "serviceSyncs": 4, "routeSyncs": 2}, "controllers": ["*", "-service"],
+            "leaderElection": {"leaseDuration": "20s", "renewDeadline": "15s", "retryPeriod": "3s"}}));
+        let config = validated(&c, None).config;
+        let args = std::iter::once("cloud-controller-manager".to_string()).chain(config.to_args());
+        let settings = ccm_framework::flags::Flags::try_parse_args(args).unwrap().settings().unwrap();
+        let (embedded, binary) = (config.controller_options(), settings.options);
+        assert_eq!(format!("{embedded:?}"), format!("{binary:?}"));
+        let le = settings.leader_election.unwrap();
+        let embedded_le = config.leader_election_config(&le.identity).unwrap();
+        assert_eq!(embedded_le, le);
+        assert_eq!(settings.ccm_resource, config.ccm_resource);
     }
 
     #[test]

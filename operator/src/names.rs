@@ -44,7 +44,7 @@ pub const CLOUD_CONFIG_DIR: &str = "/etc/kubernetes/cloud-config";
 /// The volume holding the cloud-config.
 pub const CLOUD_CONFIG_VOLUME: &str = "cloud-config";
 /// The manager's secure port (upstream default), also its probe port.
-pub const MANAGER_PORT: i32 = 10258;
+pub const MANAGER_PORT: i32 = crds::defaults::SECURE_PORT as i32;
 
 /// Name of the namespaced children (ServiceAccount, Deployment or DaemonSet, PDB).
 pub fn workload_name(cr_name: &str) -> String {

@@ -7,15 +7,16 @@
 
 use std::fmt;
 
+use ccm_framework::config::{LeaderElectionSettings, ManagerConfig, workers};
 use ccm_framework::registry::{ClusterSettings, Registry, RegistryError};
-use crds::CloudControllerManager;
-use crds::controllers::{self, ControllerSelection};
+use crds::controllers::{Controller, ControllerSelection, route_controller_runs};
 use crds::validation::{parse_cluster_cidrs, validate_spec};
+use crds::{CloudControllerManager, Mode};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{Resource, ResourceExt};
 
 use crate::hash;
-use crate::reasons::config_valid as reason;
+use crds::reasons::config_valid as reason;
 
 /// What the dereference step found for the cloud-config Secret.
 #[derive(Clone)]
@@ -106,12 +107,15 @@ impl Peer {
             name: cr.name_any(),
             uid: cr.uid().unwrap_or_default(),
             created: cr.meta().creation_timestamp.clone(),
-            node_controllers: [controllers::CLOUD_NODE, controllers::CLOUD_NODE_LIFECYCLE]
+            node_controllers: [Controller::CloudNode, Controller::CloudNodeLifecycle]
                 .into_iter()
-                .filter(|c| selection.is_enabled(c))
+                .filter(|c| selection.is_enabled(*c))
+                .map(Controller::name)
                 .collect(),
-            routes: selection.is_enabled(controllers::NODE_ROUTE) && cr.spec.configure_cloud_routes,
-            services: selection.is_enabled(controllers::SERVICE_LB).then(|| cr.spec.load_balancer_class.clone()),
+            // Whether the provider programs routes is not asked: a peer that might run the
+            // route controller blocks the same ones.
+            routes: route_controller_runs(&selection, cr.spec.configure_cloud_routes, true),
+            services: selection.is_enabled(Controller::ServiceLb).then(|| cr.spec.load_balancer_class.clone()),
         })
     }
 
@@ -136,7 +140,7 @@ impl Peer {
             out.push(format!("both run {}", nodes.join(" and ")));
         }
         if self.routes && other.routes {
-            out.push(format!("both run {}", controllers::NODE_ROUTE));
+            out.push(format!("both run {}", Controller::NodeRoute));
         }
         if let (Some(a), Some(b)) = (&self.services, &other.services)
             && a == b
@@ -167,8 +171,8 @@ pub fn conflicts_of(me: &Peer, peers: &[Peer]) -> Vec<(String, Vec<String>)> {
 /// The usable configuration of a valid CR.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Validated {
-    /// The parsed `--controllers` list.
-    pub selection: ControllerSelection,
+    /// What the manager runs: rendered as the pod's arguments, or run by the embedded engine.
+    pub config: ManagerConfig,
     /// The cloud-config key and the hash of its value, when a Secret is referenced.
     pub cloud_config: Option<CloudConfigRef>,
     /// Whether the provider programs routes.
@@ -200,6 +204,8 @@ pub struct Failure {
 }
 
 /// The verdict.
+// One verdict per reconcile: the valid variant's size (its ManagerConfig) costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Validation {
     /// Usable.
@@ -274,6 +280,63 @@ pub fn namespace_not_allowed(namespace: &str, allowed: &AllowedNamespaces) -> Va
     }
 }
 
+/// The manager configuration `cr` asks for, with the cloud-config (Secret key `cloud_config_key`)
+/// at its path in the manager pod, checked as the binary checks it at start. A failure's
+/// message names the spec field.
+pub fn manager_config(cr: &CloudControllerManager, cloud_config_key: Option<&str>) -> Result<ManagerConfig, Failure> {
+    let spec = &cr.spec;
+    let failure =
+        |field: &str, message: String| Failure { reason: reason::INVALID_SPEC, message: format!("{field}: {message}") };
+    let controllers =
+        ControllerSelection::parse(&spec.controllers).map_err(|e| failure("spec.controllers", e.to_string()))?;
+    let concurrency = |field: &'static str, flag: &'static str, n: i32| {
+        workers(flag, i64::from(n)).map_err(|e| failure(field, e.to_string()))
+    };
+    let namespace = cr.namespace().unwrap_or_default();
+    let name = cr.name_any();
+    let le = &spec.leader_election;
+    let config = ManagerConfig {
+        provider: spec.provider.clone(),
+        cloud_config: cloud_config_key.map(|key| crate::names::cloud_config_path(key).into()),
+        controllers,
+        cluster_name: spec.cluster_name.clone(),
+        cluster_cidr: spec.cluster_cidr.clone().filter(|c| !c.trim().is_empty()),
+        configure_cloud_routes: spec.configure_cloud_routes,
+        concurrent_node_syncs: concurrency(
+            "spec.concurrency.nodeSyncs",
+            "--concurrent-node-syncs",
+            spec.concurrency.node_syncs,
+        )?,
+        concurrent_service_syncs: concurrency(
+            "spec.concurrency.serviceSyncs",
+            "--concurrent-service-syncs",
+            spec.concurrency.service_syncs,
+        )?,
+        concurrent_route_syncs: concurrency(
+            "spec.concurrency.routeSyncs",
+            "--concurrent-route-syncs",
+            spec.concurrency.route_syncs,
+        )?,
+        leader_election: LeaderElectionSettings {
+            enabled: true,
+            namespace: namespace.clone(),
+            name: name.clone(),
+            lease_duration: le.lease_duration.into(),
+            renew_deadline: le.renew_deadline.into(),
+            retry_period: le.retry_period.into(),
+        },
+        load_balancer_class: spec.load_balancer_class.clone(),
+        secure_port: crds::defaults::SECURE_PORT,
+        ccm_resource: Some(ccm_framework::status::StatusTarget { namespace, name }),
+        extra_args: spec.extra_args.clone(),
+    };
+    config.check().map_err(|e| match e {
+        ccm_framework::Error::InvalidFlag { message, .. } => failure("spec.leaderElection", message),
+        other => failure("spec", other.to_string()),
+    })?;
+    Ok(config)
+}
+
 /// Validate `cr` given its Secret and the other CRs in scope.
 pub fn validate(cr: &CloudControllerManager, secret: &SecretState, registry: &Registry, peers: &[Peer]) -> Validation {
     let spec = &cr.spec;
@@ -282,20 +345,19 @@ pub fn validate(cr: &CloudControllerManager, secret: &SecretState, registry: &Re
     if let Err(e) = validate_spec(spec) {
         return invalid(vec![Failure { reason: reason::INVALID_SPEC, message: e.to_string() }]);
     }
-    // The manager refuses timings the CRD accepts (renewDeadline must exceed 1.2 x retryPeriod).
-    let timings = ccm_framework::leader::LeaderElectionConfig {
-        identity: "validation".into(),
-        lease_duration: spec.leader_election.lease_duration.into(),
-        renew_deadline: spec.leader_election.renew_deadline.into(),
-        retry_period: spec.leader_election.retry_period.into(),
-        ..Default::default()
-    };
-    if let Err(message) = timings.validate() {
+    if spec.mode == Mode::Embedded && !spec.extra_args.is_empty() {
         return invalid(vec![Failure {
-            reason: reason::INVALID_SPEC,
-            message: format!("spec.leaderElection: {message}"),
+            reason: reason::EXTRA_ARGS_NOT_SUPPORTED,
+            message: "spec.extraArgs is not supported in Embedded mode: the embedded engine takes no command line, so the arguments would be ignored; remove spec.extraArgs, or use mode Deployment or DaemonSet".into(),
         }]);
     }
+    let cloud_config_key = cr.spec.cloud_config.as_ref().map(|c| c.secret_ref.key.as_str());
+    // The binary's own checks, which refuse timings the CRD accepts (renewDeadline must exceed
+    // 1.2 x retryPeriod).
+    let config = match manager_config(cr, cloud_config_key) {
+        Ok(config) => config,
+        Err(failure) => return invalid(vec![failure]),
+    };
     if !registry.contains(&spec.provider) {
         return invalid(vec![Failure {
             reason: reason::UNKNOWN_PROVIDER,
@@ -306,11 +368,6 @@ pub fn validate(cr: &CloudControllerManager, secret: &SecretState, registry: &Re
             ),
         }]);
     }
-    // validate_spec accepted the list, so this parse succeeds; stay total anyway.
-    let selection = match ControllerSelection::parse(&spec.controllers) {
-        Ok(s) => s,
-        Err(e) => return invalid(vec![Failure { reason: reason::INVALID_SPEC, message: e.to_string() }]),
-    };
 
     let mut failures = Vec::new();
     let mut conflicts_with = Vec::new();
@@ -376,10 +433,8 @@ pub fn validate(cr: &CloudControllerManager, secret: &SecretState, registry: &Re
     };
     let provider_has_routes = provider.routes().is_some();
     let restart_fingerprint = provider.restart_fingerprint();
-    if provider_has_routes
-        && spec.configure_cloud_routes
-        && selection.is_enabled(controllers::NODE_ROUTE)
-        && spec.cluster_cidr.as_deref().is_none_or(|c| c.trim().is_empty())
+    if route_controller_runs(&config.controllers, config.configure_cloud_routes, provider_has_routes)
+        && config.cluster_cidr.is_none()
     {
         failures.push(Failure {
             reason: reason::CLUSTER_CIDR_REQUIRED,
@@ -393,7 +448,7 @@ pub fn validate(cr: &CloudControllerManager, secret: &SecretState, registry: &Re
         return Validation::Invalid { failures, conflicts_with };
     }
     Validation::Valid(Validated {
-        selection,
+        config,
         cloud_config: cloud_config.map(|(name, key, data)| {
             let hash = hash::cloud_config(key, data);
             let restart_hash = match &restart_fingerprint {
@@ -445,7 +500,7 @@ pub fn runs_proxy_data_path(cr: &CloudControllerManager, secret: &SecretState) -
     use ccm_provider_baremetal::{config, proxy};
     let SecretState::Found { data, .. } = secret else { return false };
     let service_controller =
-        ControllerSelection::parse(&cr.spec.controllers).is_ok_and(|s| s.is_enabled(controllers::SERVICE_LB));
+        ControllerSelection::parse(&cr.spec.controllers).is_ok_and(|s| s.is_enabled(Controller::ServiceLb));
     cr.spec.provider == "baremetal"
         && service_controller
         && config::parse(data).is_ok_and(|c| c.load_balancer.mode == proxy::Mode::Proxy)
@@ -707,7 +762,23 @@ mod tests {
         assert_eq!(refs.restart_hash, refs.hash, "a provider that reloads nothing restarts on any edit");
         assert_eq!(v.cloud_config.unwrap().hash, hash::cloud_config("cloud.conf", b"ok"));
         assert!(!v.provider_has_routes);
-        assert_eq!(v.selection.enabled().len(), 4);
+        assert_eq!(v.config.controllers.enabled().len(), 4);
+    }
+
+    #[test]
+    fn extra_args_in_embedded_mode_are_refused_naming_the_field() {
+        let embedded = cr("a", 1, json!({"provider": "plain", "mode": "Embedded", "extraArgs": ["-v=4"]}));
+        let v = validate(&embedded, &SecretState::NotReferenced, &registry(), &[]);
+        assert_eq!(reason_of(&v), reason::EXTRA_ARGS_NOT_SUPPORTED);
+        assert!(v.summary().unwrap().1.starts_with("spec.extraArgs"), "{v:?}");
+        // Without extraArgs, or in a mode with a command line, the same spec is valid.
+        let plain = cr("a", 1, json!({"provider": "plain", "mode": "Embedded"}));
+        assert!(validate(&plain, &SecretState::NotReferenced, &registry(), &[]).is_valid());
+        let deployment = cr("a", 1, json!({"provider": "plain", "mode": "Deployment", "extraArgs": ["-v=4"]}));
+        let Validation::Valid(v) = validate(&deployment, &SecretState::NotReferenced, &registry(), &[]) else {
+            panic!("extraArgs are a Deployment's")
+        };
+        assert_eq!(v.config.to_args().last().map(String::as_str), Some("-v=4"));
     }
 
     #[test]

@@ -8,13 +8,13 @@ use crate::controller::Controller;
 pub mod route;
 pub mod service;
 
-/// The built-in controller with canonical name `name`, if it exists.
-pub fn builtin(name: &str) -> Option<Box<dyn Controller>> {
-    match name {
-        node::NAME => Some(Box::new(node::NodeController::new())),
-        lifecycle::NAME => Some(Box::new(lifecycle::LifecycleController::new())),
-        service::NAME => Some(Box::new(service::ServiceController::new())),
-        route::NAME => Some(Box::new(route::RouteController::new())),
-        _ => None,
+/// The built-in controller for `controller`: every name the `--controllers` flag accepts has one.
+pub fn builtin(controller: crds::controllers::Controller) -> Box<dyn Controller> {
+    use crds::controllers::Controller as Name;
+    match controller {
+        Name::CloudNode => Box::new(node::NodeController::new()),
+        Name::CloudNodeLifecycle => Box::new(lifecycle::LifecycleController::new()),
+        Name::ServiceLb => Box::new(service::ServiceController::new()),
+        Name::NodeRoute => Box::new(route::RouteController::new()),
     }
 }

@@ -92,18 +92,7 @@ pub async fn run(registry: Registry, mut settings: Settings, shutdown: Cancellat
     let provider = registry
         .create_bounded(&settings.provider, cloud_config, &cluster, crate::registry::FACTORY_TIME_LIMIT)
         .await?;
-    if !provider.has_cluster_id() {
-        if settings.allow_untagged_cloud {
-            tracing::warn!("detected a cluster without a ClusterID; a ClusterID will be required in the future");
-        } else {
-            return Err(Error::InvalidFlag {
-                flag: "--allow-untagged-cloud",
-                message: "no ClusterID found; a ClusterID is required for the cloud provider to function properly"
-                    .into(),
-            });
-        }
-    }
-    flags::check_with_provider(&mut settings.options, provider.as_ref())?;
+    flags::start_up_checks(&mut settings.options, provider.as_ref(), settings.allow_untagged_cloud)?;
     if let Some(path) = settings.cloud_config.clone() {
         // Edits reach the provider without a restart where it can take them (see config_watch).
         tokio::spawn(crate::config_watch::watch(

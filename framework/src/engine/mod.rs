@@ -39,7 +39,7 @@ use crate::Error;
 use crate::cache::{Cache, run_watch};
 use crate::controller::{Context, Controller};
 use crate::events::EventSink;
-use crate::health::{HealthHandle, HealthRegistry};
+use crate::health::HealthRegistry;
 use crate::http::{HttpConfig, HttpState, Listener};
 use crate::leader::{self, LeaderElectionConfig, LeaderElector, LeaderStatus, TermEnd};
 use crate::metrics::Metrics;
@@ -74,30 +74,30 @@ pub enum LeaderLoss {
 
 /// Why a controller is not started, or `None` to start it (S24, R1).
 pub fn skip_reason(name: &str, provider: &dyn CloudProvider, options: &ControllerOptions) -> Option<String> {
-    use crds::controllers::{CLOUD_NODE, CLOUD_NODE_LIFECYCLE, NODE_ROUTE, SERVICE_LB};
-    match name {
-        CLOUD_NODE | CLOUD_NODE_LIFECYCLE if provider.instances().is_none() => {
+    use crds::controllers::Controller;
+    match Controller::from_name(name)? {
+        Controller::CloudNode | Controller::CloudNodeLifecycle if provider.instances().is_none() => {
             Some(format!("cloud provider {:?} does not support instances", provider.name()))
         }
-        SERVICE_LB if provider.load_balancer().is_none() => {
+        Controller::ServiceLb if provider.load_balancer().is_none() => {
             Some(format!("cloud provider {:?} does not support load balancers", provider.name()))
-        }
-        NODE_ROUTE if !options.configure_cloud_routes => Some("--configure-cloud-routes is false".into()),
-        NODE_ROUTE if provider.routes().is_none() => {
-            Some(format!("cloud provider {:?} does not support routes", provider.name()))
         }
         // An empty or invalid --cluster-cidr is the route controller's to report, on its own
         // health check, so the manager stays up; upstream exits the whole manager here (R2).
+        Controller::NodeRoute if !crate::flags::routes_would_run(options, provider) => {
+            Some(if options.configure_cloud_routes {
+                format!("cloud provider {:?} does not support routes", provider.name())
+            } else {
+                "--configure-cloud-routes is false".into()
+            })
+        }
         _ => None,
     }
 }
 
 /// Upstream's legacy name for `running_managed_controllers` (`cloud-node`, `service`, ...).
 pub fn metric_name(canonical: &str) -> String {
-    crds::controllers::KNOWN
-        .iter()
-        .find(|(name, _)| *name == canonical)
-        .map_or_else(|| canonical.to_string(), |(_, alias)| alias.to_string())
+    crds::controllers::Controller::from_name(canonical).map_or_else(|| canonical.to_string(), |c| c.alias().to_string())
 }
 
 /// Labels of `running_managed_controllers`.
@@ -290,10 +290,9 @@ impl EngineBuilder {
         let leader_election = self.leader_election.map(|le| LeaderElectionConfig { identity: identity.clone(), ..le });
         let mut controllers = Vec::new();
         if self.builtin {
-            for name in self.options.controllers.enabled() {
-                let factory: ControllerFactory =
-                    Arc::new(move || crate::controllers::builtin(name).unwrap_or_else(|| Box::new(Missing(name))));
-                controllers.push((name.to_string(), factory));
+            for controller in self.options.controllers.enabled() {
+                let factory: ControllerFactory = Arc::new(move || crate::controllers::builtin(controller));
+                controllers.push((controller.name().to_string(), factory));
             }
         }
         controllers.extend(self.extra);
@@ -315,23 +314,6 @@ impl EngineBuilder {
             stop_grace: self.stop_grace,
             leading: watch::channel(false).0,
         })
-    }
-}
-
-/// Stands in for a built-in controller this build does not have yet.
-struct Missing(&'static str);
-
-#[async_trait::async_trait]
-impl Controller for Missing {
-    fn name(&self) -> &'static str {
-        self.0
-    }
-
-    async fn run(self: Box<Self>, ctx: Context, health: HealthHandle) -> Result<(), Error> {
-        tracing::warn!(controller = self.0, "controller is not built into this manager; it does nothing");
-        health.set_healthy();
-        ctx.shutdown.cancelled().await;
-        Ok(())
     }
 }
 
@@ -668,14 +650,7 @@ impl Engine {
         let health = self.health.clone();
         let gauges = self.engine_metrics.clone();
         let reporter = self.status.as_ref().map(|(target, interval)| {
-            StatusReporter::new(
-                ctx.client.clone(),
-                target.clone(),
-                ctx.provider.clone(),
-                self.identity.clone(),
-                ctx.options.controllers.enabled().iter().map(|s| s.to_string()).collect(),
-                *interval,
-            )
+            StatusReporter::new(ctx.client.clone(), target.clone(), ctx.provider.clone(), *interval)
         });
         async move {
             let token = ctx.shutdown.clone();

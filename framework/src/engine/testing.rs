@@ -129,6 +129,6 @@ pub async fn run_builtin(
     options: ControllerOptions,
     name: &str,
 ) -> Option<RunningController> {
-    let controller = crate::controllers::builtin(name)?;
+    let controller = crate::controllers::builtin(crds::controllers::Controller::from_name(name)?);
     Some(run_controller(client, provider, options, controller).await)
 }

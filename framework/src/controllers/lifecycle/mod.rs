@@ -28,7 +28,7 @@ use crate::provider::{CloudError, CloudResult, Instances};
 use self::logic::{AbsenceTracker, Action, NodeKey};
 
 /// Canonical controller name (also the event component and the field manager).
-pub const NAME: &str = "cloud-node-lifecycle-controller";
+pub const NAME: &str = crds::controllers::Controller::CloudNodeLifecycle.name();
 
 /// Cloud batch calls one pass keeps in flight.
 pub const BATCHES_IN_FLIGHT: usize = 4;

@@ -36,7 +36,7 @@ use self::logic::{AddressDecision, InitError};
 use self::queue::BatchQueue;
 
 /// Canonical controller name (also the event component and the field manager).
-pub const NAME: &str = "cloud-node-controller";
+pub const NAME: &str = crds::controllers::Controller::CloudNode.name();
 
 /// API writes one batch keeps in flight. The client-side rate limit still applies; this only
 /// stops one batch of hundreds from opening hundreds of requests at once.

@@ -30,7 +30,7 @@ use crate::provider::{Route, Routes};
 use logic::{Action, Plan};
 
 /// Canonical controller name.
-pub const NAME: &str = "node-route-controller";
+pub const NAME: &str = crds::controllers::Controller::NodeRoute.name();
 /// Event source component (upstream's, with its underscore).
 pub const COMPONENT: &str = "route_controller";
 /// Field manager of this controller's Node status patches.

@@ -35,7 +35,7 @@ use logic::{HostSet, SyncPlan};
 use queue::{Claim, WorkQueue};
 
 /// Canonical controller name.
-pub const NAME: &str = "service-lb-controller";
+pub const NAME: &str = crds::controllers::Controller::ServiceLb.name();
 /// Event source component (upstream's).
 pub const COMPONENT: &str = "service-controller";
 /// Field manager of this controller's patches.

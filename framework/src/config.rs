@@ -1,0 +1,360 @@
+//! [`ManagerConfig`]: what a manager is asked to run, typed and validated once.
+//!
+//! The operator makes one from a CloudControllerManager and either renders it as the manager
+//! pod's arguments ([`ManagerConfig::to_args`]) or runs it in Embedded mode
+//! ([`ManagerConfig::controller_options`], [`ManagerConfig::leader_election_config`]); the
+//! binary reads it back from those arguments ([`crate::flags::Flags::manager_config`]). Both
+//! roads run [`ManagerConfig::check`], the binary's start-up checks, so a configuration one
+//! road refuses the other refuses too.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crds::controllers::ControllerSelection;
+use crds::defaults;
+use crds::validation::parse_cluster_cidrs;
+
+use crate::Error;
+use crate::leader::LeaderElectionConfig;
+use crate::options::ControllerOptions;
+use crate::status::StatusTarget;
+
+/// Leader election as configured (`--leader-elect*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaderElectionSettings {
+    /// `--leader-elect`.
+    pub enabled: bool,
+    /// `--leader-elect-resource-namespace`.
+    pub namespace: String,
+    /// `--leader-elect-resource-name`.
+    pub name: String,
+    /// `--leader-elect-lease-duration`.
+    pub lease_duration: Duration,
+    /// `--leader-elect-renew-deadline`.
+    pub renew_deadline: Duration,
+    /// `--leader-elect-retry-period`.
+    pub retry_period: Duration,
+}
+
+impl Default for LeaderElectionSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            namespace: defaults::LEASE_NAMESPACE.to_string(),
+            name: defaults::LEASE_NAME.to_string(),
+            lease_duration: defaults::LEASE_DURATION,
+            renew_deadline: defaults::RENEW_DEADLINE,
+            retry_period: defaults::RETRY_PERIOD,
+        }
+    }
+}
+
+/// One manager's configuration: every setting the operator derives from a resource.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ManagerConfig {
+    /// `--cloud-provider`.
+    pub provider: String,
+    /// `--cloud-config`: the file the provider reads (Embedded mode hands it the bytes instead).
+    pub cloud_config: Option<PathBuf>,
+    /// `--controllers`, resolved once.
+    pub controllers: ControllerSelection,
+    /// `--cluster-name`.
+    pub cluster_name: String,
+    /// `--cluster-cidr` as given; `None` when empty. An unusable value is the route
+    /// controller's to report, not a reason to refuse the configuration.
+    pub cluster_cidr: Option<String>,
+    /// `--configure-cloud-routes`.
+    pub configure_cloud_routes: bool,
+    /// `--concurrent-node-syncs` (at least 1).
+    pub concurrent_node_syncs: usize,
+    /// `--concurrent-service-syncs` (at least 1).
+    pub concurrent_service_syncs: usize,
+    /// `--concurrent-route-syncs` (at least 1).
+    pub concurrent_route_syncs: usize,
+    /// `--leader-elect*`.
+    pub leader_election: LeaderElectionSettings,
+    /// `--load-balancer-class`; `None` when empty.
+    pub load_balancer_class: Option<String>,
+    /// `--secure-port` (0: no endpoint).
+    pub secure_port: u16,
+    /// `--ccm-resource`: the resource the leader reports provider health on.
+    pub ccm_resource: Option<StatusTarget>,
+    /// Arguments appended after the rendered ones (`spec.extraArgs`); they are not read back.
+    pub extra_args: Vec<String>,
+}
+
+impl Default for ManagerConfig {
+    /// The binary's defaults.
+    fn default() -> Self {
+        Self {
+            provider: String::new(),
+            cloud_config: None,
+            controllers: ControllerSelection::all(),
+            cluster_name: defaults::CLUSTER_NAME.to_string(),
+            cluster_cidr: None,
+            configure_cloud_routes: true,
+            concurrent_node_syncs: defaults::CONCURRENT_NODE_SYNCS as usize,
+            concurrent_service_syncs: defaults::CONCURRENT_SERVICE_SYNCS as usize,
+            concurrent_route_syncs: defaults::CONCURRENT_ROUTE_SYNCS as usize,
+            leader_election: LeaderElectionSettings::default(),
+            load_balancer_class: None,
+            secure_port: defaults::SECURE_PORT,
+            ccm_resource: None,
+            extra_args: Vec::new(),
+        }
+    }
+}
+
+/// A worker count as configured, checked: the one place "at least 1" is decided.
+pub fn workers(flag: &'static str, value: i64) -> Result<usize, Error> {
+    if value < i64::from(defaults::MIN_WORKERS) {
+        return Err(Error::InvalidFlag {
+            flag,
+            message: format!("must be at least {}, got {value}", defaults::MIN_WORKERS),
+        });
+    }
+    usize::try_from(value).map_err(|_| Error::InvalidFlag { flag, message: "is too large".into() })
+}
+
+/// A Go duration string (`15s`, `1500ms`) for a flag, read back exactly by
+/// [`crate::flags::parse_duration`].
+pub fn go_duration(d: Duration) -> String {
+    if d.subsec_nanos() == 0 {
+        format!("{}s", d.as_secs())
+    } else if d.subsec_nanos().is_multiple_of(1_000_000) {
+        format!("{}ms", d.as_millis())
+    } else {
+        format!("{}ns", d.as_nanos())
+    }
+}
+
+impl ManagerConfig {
+    /// The binary's start-up checks of these settings (the flag parser and Embedded mode both
+    /// call this): worker counts and, with leader election, its timing rule.
+    pub fn check(&self) -> Result<(), Error> {
+        for (flag, n) in [
+            ("--concurrent-node-syncs", self.concurrent_node_syncs),
+            ("--concurrent-service-syncs", self.concurrent_service_syncs),
+            ("--concurrent-route-syncs", self.concurrent_route_syncs),
+        ] {
+            workers(flag, i64::try_from(n).unwrap_or(i64::MAX))?;
+        }
+        if self.leader_election.enabled {
+            let le = &self.leader_election;
+            crds::validation::leader_election_timings(le.lease_duration, le.renew_deadline, le.retry_period)
+                .map_err(|message| Error::InvalidFlag { flag: "--leader-elect", message })?;
+        }
+        Ok(())
+    }
+
+    /// The manager's command-line arguments: every field, then [`ManagerConfig::extra_args`].
+    pub fn to_args(&self) -> Vec<String> {
+        let le = &self.leader_election;
+        let mut args = vec![format!("--cloud-provider={}", self.provider)];
+        if let Some(path) = &self.cloud_config {
+            args.push(format!("--cloud-config={}", path.display()));
+        }
+        args.push(format!("--controllers={}", self.controllers));
+        args.push(format!("--cluster-name={}", self.cluster_name));
+        if let Some(cidr) = &self.cluster_cidr {
+            args.push(format!("--cluster-cidr={cidr}"));
+        }
+        args.push(format!("--configure-cloud-routes={}", self.configure_cloud_routes));
+        args.extend([
+            format!("--leader-elect={}", le.enabled),
+            format!("--leader-elect-resource-name={}", le.name),
+            format!("--leader-elect-resource-namespace={}", le.namespace),
+            format!("--leader-elect-lease-duration={}", go_duration(le.lease_duration)),
+            format!("--leader-elect-renew-deadline={}", go_duration(le.renew_deadline)),
+            format!("--leader-elect-retry-period={}", go_duration(le.retry_period)),
+            format!("--concurrent-node-syncs={}", self.concurrent_node_syncs),
+            format!("--concurrent-service-syncs={}", self.concurrent_service_syncs),
+            format!("--concurrent-route-syncs={}", self.concurrent_route_syncs),
+        ]);
+        if let Some(class) = &self.load_balancer_class {
+            args.push(format!("--load-balancer-class={class}"));
+        }
+        args.push(format!("--secure-port={}", self.secure_port));
+        if let Some(target) = &self.ccm_resource {
+            args.push(format!("--ccm-resource={target}"));
+        }
+        args.extend(self.extra_args.iter().cloned());
+        args
+    }
+
+    /// The engine's options for these settings; every other option keeps its default (the
+    /// binary's flags set them).
+    pub fn controller_options(&self) -> ControllerOptions {
+        let (cluster_cidrs, cluster_cidr_error) = match self.cluster_cidr.as_deref().filter(|c| !c.trim().is_empty()) {
+            None => (Vec::new(), None),
+            Some(c) => match parse_cluster_cidrs(c) {
+                Ok(nets) => (nets, None),
+                Err(e) => (Vec::new(), Some(format!("--cluster-cidr: {e}"))),
+            },
+        };
+        ControllerOptions {
+            cluster_name: self.cluster_name.clone(),
+            cluster_cidrs,
+            cluster_cidr_error,
+            configure_cloud_routes: self.configure_cloud_routes,
+            controllers: self.controllers.clone(),
+            concurrent_node_syncs: self.concurrent_node_syncs,
+            concurrent_service_syncs: self.concurrent_service_syncs,
+            concurrent_route_syncs: self.concurrent_route_syncs,
+            load_balancer_class: self.load_balancer_class.clone(),
+            ..ControllerOptions::default()
+        }
+    }
+
+    /// The leader election to run as `identity`, unless it is off. The Lease is released on
+    /// graceful shutdown.
+    pub fn leader_election_config(&self, identity: &str) -> Option<LeaderElectionConfig> {
+        let le = &self.leader_election;
+        le.enabled.then(|| LeaderElectionConfig {
+            namespace: le.namespace.clone(),
+            name: le.name.clone(),
+            identity: identity.to_string(),
+            lease_duration: le.lease_duration,
+            renew_deadline: le.renew_deadline,
+            retry_period: le.retry_period,
+            release_on_cancel: true,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The round trip `ManagerConfig` → arguments → the binary's flag parser → `ManagerConfig`,
+    //! over generated configurations that vary every field.
+
+    use super::*;
+    use crate::flags::Flags;
+    use crds::controllers::Controller;
+
+    /// A small deterministic generator (xorshift), so failures reproduce from the seed.
+    struct Gen(u64);
+
+    impl Gen {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+        fn bool(&mut self) -> bool {
+            self.below(2) == 1
+        }
+        fn pick<'a>(&mut self, of: &[&'a str]) -> &'a str {
+            of[self.below(of.len() as u64) as usize]
+        }
+        fn duration(&mut self) -> Duration {
+            match self.below(3) {
+                0 => Duration::from_secs(1 + self.below(600)),
+                1 => Duration::from_millis(1 + self.below(90_000)),
+                _ => Duration::from_nanos(1 + self.below(5_000_000_000)),
+            }
+        }
+    }
+
+    fn controllers(g: &mut Gen) -> ControllerSelection {
+        let mut entries = Vec::new();
+        for _ in 0..g.below(5) {
+            let c = Controller::ALL[g.below(4) as usize];
+            let name = if g.bool() { c.name() } else { c.alias() };
+            entries.push(match g.below(3) {
+                0 => "*".to_string(),
+                1 => format!("-{name}"),
+                _ => name.to_string(),
+            });
+        }
+        ControllerSelection::parse(&entries).expect("generated entries are known")
+    }
+
+    fn config(g: &mut Gen) -> ManagerConfig {
+        let retry = g.duration();
+        let renew = retry.mul_f64(1.2) + g.duration();
+        let lease = renew + g.duration();
+        ManagerConfig {
+            provider: g.pick(&["fake", "baremetal", "aws", "my-cloud"]).to_string(),
+            cloud_config: g.bool().then(|| PathBuf::from(g.pick(&["/etc/ccm/cloud.conf", "/config/a b.yaml"]))),
+            controllers: controllers(g),
+            cluster_name: g.pick(&["kubernetes", "prod", "lab-1"]).to_string(),
+            cluster_cidr: g
+                .bool()
+                .then(|| g.pick(&["10.244.0.0/16", "10.244.0.0/16,fd00::/48", "not-a-cidr"]).to_string()),
+            configure_cloud_routes: g.bool(),
+            concurrent_node_syncs: 1 + g.below(100) as usize,
+            concurrent_service_syncs: 1 + g.below(100) as usize,
+            concurrent_route_syncs: 1 + g.below(100) as usize,
+            leader_election: LeaderElectionSettings {
+                enabled: g.bool(),
+                namespace: g.pick(&["kube-system", "ccm"]).to_string(),
+                name: g.pick(&["cloud-controller-manager", "aws", "bm"]).to_string(),
+                lease_duration: lease,
+                renew_deadline: renew,
+                retry_period: retry,
+            },
+            load_balancer_class: g.bool().then(|| g.pick(&["example.com/lb", "x"]).to_string()),
+            secure_port: g.pick(&["0", "10258", "443"]).parse().expect("a port"),
+            ccm_resource: g.bool().then(|| StatusTarget { namespace: "kube-system".into(), name: "aws".into() }),
+            extra_args: Vec::new(),
+        }
+    }
+
+    fn read_back(args: &[String]) -> ManagerConfig {
+        let flags = Flags::try_parse_args(std::iter::once("cloud-controller-manager".to_string()).chain(args.to_vec()))
+            .unwrap_or_else(|e| panic!("{args:?} do not parse: {e}"));
+        flags.manager_config().unwrap_or_else(|e| panic!("{args:?} are refused: {e}"))
+    }
+
+    #[test]
+    fn a_manager_config_survives_the_flag_parser_for_every_field() {
+        for seed in 1..=2_000u64 {
+            let mut g = Gen(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+            let config = config(&mut g);
+            config.check().unwrap_or_else(|e| panic!("seed {seed}: generated config refused: {e}"));
+            assert_eq!(read_back(&config.to_args()), config, "seed {seed}");
+        }
+    }
+
+    #[test]
+    fn the_default_config_renders_the_binarys_defaults() {
+        assert_eq!(read_back(&[]), ManagerConfig::default());
+        assert_eq!(read_back(&ManagerConfig::default().to_args()), ManagerConfig::default());
+    }
+
+    #[test]
+    fn extra_args_come_last_and_reach_the_parser() {
+        let config = ManagerConfig {
+            provider: "fake".into(),
+            extra_args: vec!["--kube-api-qps=5".into(), "--node-monitor-period=7s".into()],
+            ..ManagerConfig::default()
+        };
+        let args = config.to_args();
+        assert_eq!(args.last().map(String::as_str), Some("--node-monitor-period=7s"));
+        let flags = Flags::try_parse_args(std::iter::once("ccm".to_string()).chain(args)).unwrap();
+        assert_eq!((flags.node_monitor_period, flags.kube_api_qps), (Duration::from_secs(7), 5.0));
+        assert_eq!(flags.manager_config().unwrap(), ManagerConfig { extra_args: Vec::new(), ..config });
+    }
+
+    #[test]
+    fn check_refuses_zero_workers_and_bad_timings_only_with_leader_election() {
+        let zero = ManagerConfig { concurrent_route_syncs: 0, ..ManagerConfig::default() };
+        assert!(matches!(zero.check(), Err(Error::InvalidFlag { flag: "--concurrent-route-syncs", .. })));
+        let mut bad = ManagerConfig::default();
+        bad.leader_election.renew_deadline = Duration::from_secs(20);
+        assert!(matches!(bad.check(), Err(Error::InvalidFlag { flag: "--leader-elect", .. })));
+        bad.leader_election.enabled = false;
+        assert!(bad.check().is_ok());
+    }
+
+    #[test]
+    fn go_durations_read_back_exactly() {
+        for d in [Duration::from_secs(15), Duration::from_millis(1500), Duration::from_nanos(7)] {
+            assert_eq!(crate::flags::parse_duration(&go_duration(d)), Ok(d));
+        }
+    }
+}
