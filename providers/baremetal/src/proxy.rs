@@ -216,9 +216,9 @@ fn positive_u32<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u32, D::Er
 
 /// Event reason (Warning, on the Service): every backend of its load balancer fails its health
 /// check, so new connections are refused.
-pub const EVENT_ALL_BACKENDS_UNHEALTHY: &str = "AllBackendsUnhealthy";
+pub const REASON_ALL_BACKENDS_UNHEALTHY: &str = "AllBackendsUnhealthy";
 /// Event reason (Normal, on the Service): a backend passes its health check again.
-pub const EVENT_BACKENDS_HEALTHY: &str = "BackendsHealthy";
+pub const REASON_BACKENDS_HEALTHY: &str = "BackendsHealthy";
 
 /// A change in whether every backend of a Service is unhealthy.
 #[cfg(feature = "datapath")]
@@ -369,7 +369,7 @@ async fn watch_backends(
                     tracing::warn!(service = %key, backends = %names, "every load-balancer backend is unhealthy; new connections are refused");
                     (
                         EventType::Warning,
-                        EVENT_ALL_BACKENDS_UNHEALTHY,
+                        REASON_ALL_BACKENDS_UNHEALTHY,
                         format!(
                             "every backend fails its health check ({names}); new connections are refused until one passes (check kube-proxy's health port on the Nodes)"
                         ),
@@ -377,7 +377,7 @@ async fn watch_backends(
                 }
                 BackendsTransition::Recovered => {
                     tracing::info!(service = %key, "a load-balancer backend is healthy again");
-                    (EventType::Normal, EVENT_BACKENDS_HEALTHY, "a backend passes its health check again".to_string())
+                    (EventType::Normal, REASON_BACKENDS_HEALTHY, "a backend passes its health check again".to_string())
                 }
             };
             let reference = refs.lock().unwrap_or_else(|e| e.into_inner()).get(&key).cloned();
