@@ -106,9 +106,12 @@ pub mod progressing {
     pub const ROLLING_OUT: &str = "RollingOut";
     /// True: the embedded engine is (re)starting after a spec or cloud-config change.
     pub const ENGINE_STARTING: &str = "EngineStarting";
+    /// True: a Deployment ↔ DaemonSet switch keeps the previous mode's workload serving until
+    /// the new one has an available Pod (or, on the host network, a Node to run on).
+    pub const MODE_SWITCHING: &str = "ModeSwitching";
 
     /// Every reason of `Progressing`.
-    pub const ALL: [&str; 3] = [AS_EXPECTED, ROLLING_OUT, ENGINE_STARTING];
+    pub const ALL: [&str; 4] = [AS_EXPECTED, ROLLING_OUT, ENGINE_STARTING, MODE_SWITCHING];
 }
 
 /// Reasons of `Degraded`.

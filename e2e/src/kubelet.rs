@@ -7,8 +7,8 @@
 //! `--cloud-config` points at a private copy of the mounted Secret key, `--kubeconfig` at the
 //! local server, and each process gets its own free `--secure-port` on `--bind-address=127.0.0.1`.
 //! Processes are "pods": a crashed one is restarted (a container restart); a changed pod template
-//! (the operator's `ccm.rs/template-hash` annotation) is rolled out one pod at a time with
-//! `maxSurge: 0, maxUnavailable: 1`, as the operator's Deployment asks; scaling starts or stops
+//! (the operator's `ccm.rs/template-hash` annotation) is rolled out as the Deployment's strategy
+//! says (no surge; its `maxUnavailable`, `100%` for host-network managers); scaling starts or stops
 //! processes. Readiness is each process's `/readyz`; from it the Deployment's status is written
 //! (replicas, updated, ready, available, observedGeneration, `Available` and `Progressing`) only
 //! when it changed.
@@ -26,9 +26,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::apps::v1::{Deployment, DeploymentCondition, DeploymentStatus};
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentCondition, DeploymentStatus, DeploymentStrategy};
 use k8s_openapi::api::core::v1::{Node, PodTemplateSpec, Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::{self, Store};
@@ -42,8 +43,6 @@ use crate::Error;
 
 /// The field manager of the Deployment status writes.
 pub const FIELD_MANAGER: &str = "sandbox-kubelet";
-/// The rollout's `maxUnavailable`, as the operator's Deployments ask.
-const MAX_UNAVAILABLE: i32 = 1;
 /// How long one `/readyz` probe may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -336,6 +335,8 @@ struct Workload {
     namespace: String,
     name: String,
     desired: i32,
+    /// Pods the rollout may take down at once (the strategy's `maxUnavailable`, resolved).
+    max_unavailable: i32,
     hash: String,
     template: PodTemplateSpec,
     deployment: Arc<Deployment>,
@@ -356,6 +357,7 @@ fn workload(d: &Arc<Deployment>) -> Option<Workload> {
         namespace: d.namespace().unwrap_or_default(),
         name: d.name_any(),
         desired: spec.replicas.unwrap_or(1).max(0),
+        max_unavailable: max_unavailable(spec.strategy.as_ref(), spec.replicas.unwrap_or(1).max(0)),
         hash,
         template: spec.template.clone(),
         deployment: d.clone(),
@@ -382,10 +384,29 @@ pub struct PlanPod {
     pub ready: bool,
 }
 
-/// The rollout and scaling decision for one Deployment (pure): `maxSurge: 0`,
-/// `maxUnavailable: 1`; surplus pods go old first, then unready first; an old pod is replaced
-/// only while the others keep `desired - 1` ready.
-pub fn plan(desired: i32, pods: &[PlanPod]) -> Plan {
+/// A Deployment strategy's `maxUnavailable` for `desired` replicas, as the Deployment
+/// controller resolves it (pure): `Recreate` takes every pod down; a percentage rounds down;
+/// unset is `25%`; and since this kubelet never surges, at least one.
+pub fn max_unavailable(strategy: Option<&DeploymentStrategy>, desired: i32) -> i32 {
+    if strategy.and_then(|s| s.type_.as_deref()) == Some("Recreate") {
+        return desired.max(1);
+    }
+    let value = strategy.and_then(|s| s.rolling_update.as_ref()).and_then(|r| r.max_unavailable.as_ref());
+    let n = match value {
+        Some(IntOrString::Int(n)) => *n,
+        Some(IntOrString::String(p)) => match p.strip_suffix('%').and_then(|p| p.parse::<i64>().ok()) {
+            Some(pct) => i32::try_from(i64::from(desired) * pct / 100).unwrap_or(desired),
+            None => 1,
+        },
+        None => desired / 4,
+    };
+    n.clamp(1, desired.max(1))
+}
+
+/// The rollout and scaling decision for one Deployment (pure): no surge, at most
+/// `max_unavailable` pods down; surplus pods go old first, then unready first; old pods are
+/// replaced only while the others keep `desired - max_unavailable` ready.
+pub fn plan(desired: i32, max_unavailable: i32, pods: &[PlanPod]) -> Plan {
     let desired = usize::try_from(desired.max(0)).unwrap_or(0);
     let mut plan = Plan::default();
     let current: Vec<&PlanPod> = pods.iter().filter(|p| p.current).collect();
@@ -408,11 +429,13 @@ pub fn plan(desired: i32, pods: &[PlanPod]) -> Plan {
         plan.start = desired - total;
         return plan;
     }
-    let ready = pods.iter().filter(|p| p.ready).count() as i64;
-    let floor = desired as i64 - i64::from(MAX_UNAVAILABLE);
-    if let Some(victim) = old.first()
-        && ready - i64::from(victim.ready) >= floor
-    {
+    let mut ready = pods.iter().filter(|p| p.ready).count() as i64;
+    let floor = desired as i64 - i64::from(max_unavailable.max(1));
+    for victim in old {
+        if ready - i64::from(victim.ready) < floor {
+            break;
+        }
+        ready -= i64::from(victim.ready);
         plan.terminate.push(victim.name.clone());
     }
     plan
@@ -523,7 +546,7 @@ async fn sync(ctx: &Ctx, reader: &Store<Deployment>) {
                     ready: p.info.ready,
                 })
                 .collect();
-            plan(w.desired, &live)
+            plan(w.desired, w.max_unavailable, &live)
         };
         if !planned.terminate.is_empty() {
             let mut st = lock(&ctx.state);
@@ -742,6 +765,8 @@ pub struct Counts {
     pub updated: i32,
     /// Ready pods.
     pub ready: i32,
+    /// The strategy's `maxUnavailable`, resolved ([`max_unavailable`]).
+    pub max_unavailable: i32,
 }
 
 /// The Deployment status the real controller would report for these counts (pure);
@@ -754,7 +779,7 @@ pub fn deployment_status(
     now: &Time,
 ) -> DeploymentStatus {
     let available = c.ready;
-    let minimum = available >= c.desired - MAX_UNAVAILABLE;
+    let minimum = available >= c.desired - c.max_unavailable;
     let complete = c.updated == c.desired && c.replicas == c.desired && available == c.desired;
     let condition = |type_: &str, status: bool, reason: &str, message: String| {
         let status = if status { "True" } else { "False" }.to_string();
@@ -843,6 +868,7 @@ async fn write_status(ctx: &Ctx, w: &Workload) -> Result<(), Error> {
             replicas: count(&|_| true),
             updated: count(&|p| p.info.template_hash == w.hash),
             ready: count(&|p| p.info.ready),
+            max_unavailable: w.max_unavailable,
         }
     };
     let previous = w.deployment.status.as_ref();
@@ -1442,38 +1468,66 @@ mod tests {
 
     #[test]
     fn scaling_up_from_nothing_starts_every_replica() {
-        assert_eq!(plan(2, &[]), Plan { terminate: vec![], start: 2 });
+        assert_eq!(plan(2, 1, &[]), Plan { terminate: vec![], start: 2 });
     }
 
     #[test]
     fn a_rollout_replaces_one_pod_at_a_time_keeping_one_ready() {
         // Two ready old pods: stop one.
-        let p = plan(2, &[pod("a", false, true), pod("b", false, true)]);
+        let p = plan(2, 1, &[pod("a", false, true), pod("b", false, true)]);
         assert_eq!(p, Plan { terminate: vec!["a".into()], start: 0 });
         // One old left: start its replacement.
-        assert_eq!(plan(2, &[pod("b", false, true)]), Plan { terminate: vec![], start: 1 });
+        assert_eq!(plan(2, 1, &[pod("b", false, true)]), Plan { terminate: vec![], start: 1 });
         // The new one is not ready: the last old one stays.
-        assert_eq!(plan(2, &[pod("b", false, true), pod("n1", true, false)]), Plan::default());
+        assert_eq!(plan(2, 1, &[pod("b", false, true), pod("n1", true, false)]), Plan::default());
         // Ready: replace the last old one.
-        let p = plan(2, &[pod("b", false, true), pod("n1", true, true)]);
+        let p = plan(2, 1, &[pod("b", false, true), pod("n1", true, true)]);
         assert_eq!(p.terminate, vec!["b".to_string()]);
         // Done.
-        assert_eq!(plan(2, &[pod("n1", true, true), pod("n2", true, true)]), Plan::default());
+        assert_eq!(plan(2, 1, &[pod("n1", true, true), pod("n2", true, true)]), Plan::default());
+    }
+
+    #[test]
+    fn the_strategy_sets_how_many_pods_a_rollout_takes_down_at_once() {
+        // The operator's host-network Deployments: every old pod goes at once, as the
+        // Deployment controller does, so a second replica never waits for a port.
+        let host = operator::build::deployment_strategy(true);
+        assert_eq!(max_unavailable(Some(&host), 2), 2);
+        let p = plan(2, max_unavailable(Some(&host), 2), &[pod("a", false, true), pod("b", false, true)]);
+        assert_eq!(p, Plan { terminate: vec!["a".into(), "b".into()], start: 0 });
+        // On the pod network: one at a time.
+        let pod_network = operator::build::deployment_strategy(false);
+        assert_eq!(max_unavailable(Some(&pod_network), 2), 1);
+        let p = plan(2, max_unavailable(Some(&pod_network), 2), &[pod("a", false, true), pod("b", false, true)]);
+        assert_eq!(p.terminate, vec!["a".to_string()]);
+        // Percentages round down, unset is 25%, and never below one without a surge.
+        let pct = |v: &str| DeploymentStrategy {
+            rolling_update: Some(k8s_openapi::api::apps::v1::RollingUpdateDeployment {
+                max_unavailable: Some(IntOrString::String(v.into())),
+                max_surge: None,
+            }),
+            ..Default::default()
+        };
+        assert_eq!(max_unavailable(Some(&pct("50%")), 3), 1);
+        assert_eq!(max_unavailable(Some(&pct("0%")), 3), 1);
+        assert_eq!(max_unavailable(None, 8), 2);
+        let recreate = DeploymentStrategy { type_: Some("Recreate".into()), rolling_update: None };
+        assert_eq!(max_unavailable(Some(&recreate), 3), 3);
     }
 
     #[test]
     fn an_unready_old_pod_goes_first() {
-        let p = plan(2, &[pod("a", false, true), pod("b", false, false)]);
+        let p = plan(2, 1, &[pod("a", false, true), pod("b", false, false)]);
         assert_eq!(p.terminate, vec!["b".to_string()]);
     }
 
     #[test]
     fn scaling_down_stops_surplus_pods() {
-        let p = plan(1, &[pod("a", true, true), pod("b", true, true)]);
+        let p = plan(1, 1, &[pod("a", true, true), pod("b", true, true)]);
         assert_eq!(p.terminate, vec!["b".to_string()]);
-        let p = plan(1, &[pod("old", false, true), pod("a", true, true)]);
+        let p = plan(1, 1, &[pod("old", false, true), pod("a", true, true)]);
         assert_eq!(p.terminate, vec!["old".to_string()]);
-        assert_eq!(plan(0, &[pod("a", true, true)]).terminate, vec!["a".to_string()]);
+        assert_eq!(plan(0, 1, &[pod("a", true, true)]).terminate, vec!["a".to_string()]);
     }
 
     #[test]
@@ -1482,7 +1536,7 @@ mod tests {
         let done = deployment_status(
             Some(3),
             "ccm-x-1234",
-            Counts { desired: 2, replicas: 2, updated: 2, ready: 2 },
+            Counts { desired: 2, replicas: 2, updated: 2, ready: 2, max_unavailable: 1 },
             None,
             &now,
         );
@@ -1496,7 +1550,7 @@ mod tests {
         let rolling = deployment_status(
             Some(4),
             "ccm-x-5678",
-            Counts { desired: 2, replicas: 2, updated: 1, ready: 1 },
+            Counts { desired: 2, replicas: 2, updated: 1, ready: 1, max_unavailable: 1 },
             Some(&done),
             &now,
         );
@@ -1510,14 +1564,19 @@ mod tests {
         let again = deployment_status(
             Some(4),
             "ccm-x-5678",
-            Counts { desired: 2, replicas: 2, updated: 1, ready: 1 },
+            Counts { desired: 2, replicas: 2, updated: 1, ready: 1, max_unavailable: 1 },
             Some(&rolling),
             &later,
         );
         assert!(!status_differs(&rolling, &again));
         assert_eq!(again.conditions.unwrap()[0].last_transition_time, conditions[0].last_transition_time);
-        let down =
-            deployment_status(Some(4), "x", Counts { desired: 2, replicas: 2, updated: 2, ready: 0 }, None, &now);
+        let down = deployment_status(
+            Some(4),
+            "x",
+            Counts { desired: 2, replicas: 2, updated: 2, ready: 0, max_unavailable: 1 },
+            None,
+            &now,
+        );
         assert_eq!(down.conditions.unwrap()[0].status, "False");
     }
 }

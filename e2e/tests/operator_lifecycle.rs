@@ -58,6 +58,25 @@ e2e_apiserver::backend_tests! {
         .await;
 
         env.apply_cr("sw", spec("DaemonSet")).await;
+        // The Deployment keeps serving while the DaemonSet cannot: no Node matches it yet.
+        let progressing = env.wait_status("sw", types::PROGRESSING, "True", progressing::MODE_SWITCHING).await;
+        assert!(progressing.message.contains("Deployment keeps serving"), "{}", progressing.message);
+        let ds = env.api::<DaemonSet>().get("ccm-sw").await.unwrap();
+        let generation = ds.metadata.generation;
+        env.write_status::<DaemonSet>(
+            "ccm-sw",
+            json!({"observedGeneration": generation, "desiredNumberScheduled": 0, "currentNumberScheduled": 0, "numberReady": 0, "numberMisscheduled": 0}),
+        )
+        .await;
+        env.wait_status("sw", types::AVAILABLE, "False", available::NO_MATCHING_NODES).await;
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        assert!(exists::<Deployment>(&env, "ccm-sw").await, "the Deployment went before the DaemonSet could serve");
+        // The DaemonSet's Pod is available: now the Deployment goes.
+        env.write_status::<DaemonSet>(
+            "ccm-sw",
+            json!({"observedGeneration": generation, "desiredNumberScheduled": 1, "currentNumberScheduled": 1, "updatedNumberScheduled": 1, "numberReady": 1, "numberAvailable": 1, "numberMisscheduled": 0}),
+        )
+        .await;
         eventually("the Deployment and PDB to be pruned and a DaemonSet to exist", || async {
             !exists::<Deployment>(&env, "ccm-sw").await
                 && !exists::<PodDisruptionBudget>(&env, "ccm-sw").await

@@ -731,6 +731,19 @@ async fn deployment_scenario(client: &Client, namespace: &str, timeout: Duration
     let to_daemonset = json!({"spec": {"mode": "DaemonSet"}});
     ccms.patch("dep", &PatchParams::default(), &Patch::Merge(&to_daemonset)).await.expect("mode switch");
     let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), namespace);
+    // The Deployment serves until the DaemonSet can: play its controller, with a Node to run on.
+    step("the DaemonSet exists beside the Deployment", timeout, || async {
+        daemonsets.get_opt("ccm-dep").await.ok().flatten().is_some()
+    })
+    .await?;
+    let generation = daemonsets.get("ccm-dep").await.unwrap().metadata.generation.unwrap_or(1);
+    let status = json!({"status": {"observedGeneration": generation, "desiredNumberScheduled": 1,
+        "currentNumberScheduled": 1, "updatedNumberScheduled": 1, "numberReady": 1, "numberAvailable": 1,
+        "numberMisscheduled": 0}});
+    daemonsets
+        .patch_status("ccm-dep", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .expect("daemonset status");
     step("the DaemonSet replaces the Deployment", timeout, || async {
         daemonsets.get_opt("ccm-dep").await.ok().flatten().is_some()
             && deployments.get_opt("ccm-dep").await.ok().flatten().is_none()

@@ -411,6 +411,36 @@ async fn chart_install(ctx: Arc<Ctx>) {
     })
     .await;
     println!("    helm install to operator available: {:.1} s", t.elapsed().as_secs_f64());
+    operator_pod_delete_hands_the_lease_over(&ctx).await;
+}
+
+/// The one operator replica leads on Lease `ccm-operator`, so its Pod's replacement (started by
+/// the ReplicaSet while the deleted one still terminates) waits until the old one released it.
+async fn operator_pod_delete_hands_the_lease_over(ctx: &Ctx) {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), OPERATOR_NS);
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), OPERATOR_NS);
+    let holder =
+        || async { leases.get_opt("ccm-operator").await.ok()??.spec?.holder_identity.filter(|h| !h.is_empty()) };
+    let old = wait("the operator holding Lease ccm-operator", Duration::from_secs(60), holder).await;
+    let t = Instant::now();
+    // The identity is `HOSTNAME_uuid`, and a Pod's hostname is its name.
+    let old_pod = old.split('_').next().unwrap_or_default();
+    pods.delete(old_pod, &Default::default()).await.expect("deleting the operator Pod");
+    // Until the old process let go, the Lease names it or no one, never its replacement.
+    let new = wait("the replacement operator leading", Duration::from_secs(90), || async {
+        let h = holder().await?;
+        (h != old).then_some(h)
+    })
+    .await;
+    println!(
+        "    operator Pod deleted: {new} leads after {:.1} s (the Lease kept them apart)",
+        t.elapsed().as_secs_f64()
+    );
+    wait("the replacement operator available", Duration::from_secs(60), || {
+        deployment_available(&ctx.client, OPERATOR_NS, "ccm-operator")
+    })
+    .await;
 }
 
 fn cloud_config(node: &str, node_ip: &str) -> String {
@@ -935,6 +965,22 @@ async fn to_daemonset(ctx: Arc<Ctx>) {
     })
     .await;
     println!("    Available=False {reason}: {message}");
+    // Meanwhile the Deployment keeps serving, and the resource says why it is kept.
+    let (_, _, message) = wait("Progressing True ModeSwitching", Duration::from_secs(30), || async {
+        condition(&ctx, "Progressing").await.filter(|(s, r, _)| s == "True" && r == "ModeSwitching")
+    })
+    .await;
+    println!("    Progressing=True ModeSwitching: {message}");
+    let addr = lb_address(&ctx).await;
+    for _ in 0..5 {
+        let d =
+            deployments.get_opt(&workload).await.expect("get").expect("the Deployment is kept while no Node matches");
+        assert!(d.status.and_then(|s| s.available_replicas).unwrap_or(0) >= 1, "the kept Deployment is not available");
+        let body = http_get(&addr).expect("traffic while the DaemonSet waits for a Node");
+        assert!(body.contains("pod=web-"), "{body}");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    println!("    the Deployment kept serving {addr}: {:.1} s", t.elapsed().as_secs_f64());
     ctx.cluster
         .kubectl_raw(&[
             "label",
@@ -952,7 +998,6 @@ async fn to_daemonset(ctx: Arc<Ctx>) {
     })
     .await;
     println!("    Deployment to DaemonSet switch done: {:.1} s", t.elapsed().as_secs_f64());
-    let addr = lb_address(&ctx).await;
     wait(&format!("traffic through {addr} in DaemonSet mode"), Duration::from_secs(60), || {
         let addr = addr.clone();
         async move { http_get(&addr).ok().filter(|b| b.contains("pod=web-")) }
@@ -973,12 +1018,14 @@ async fn condition(ctx: &Ctx, type_: &str) -> Option<(String, String, String)> {
 async fn embedded_proxy_refused(ctx: Arc<Ctx>) {
     use k8s_openapi::api::apps::v1::DaemonSet;
     apply(&ctx.client, ccm_spec("Embedded", json!({}))).await;
-    let (status, reason, message) = wait("ConfigValid False", Duration::from_secs(60), || async {
-        condition(&ctx, "ConfigValid").await.filter(|(s, _, _)| s == "False")
-    })
-    .await;
+    // The operator the last `helm upgrade` rolled leads only once the old one released the
+    // Lease; until then the old one (without Embedded mode) answers EmbeddedNotEnabled.
+    let (status, reason, message) =
+        wait("ConfigValid False ProxyNeedsHostNetwork", Duration::from_secs(60), || async {
+            condition(&ctx, "ConfigValid").await.filter(|(s, r, _)| s == "False" && r == "ProxyNeedsHostNetwork")
+        })
+        .await;
     println!("    ConfigValid={status} {reason}: {message}");
-    assert_eq!(reason, "ProxyNeedsHostNetwork", "{message}");
     // Nothing was torn down: the DaemonSet still runs and carries traffic.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let daemonsets: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), CCM_NS);

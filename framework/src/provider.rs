@@ -168,6 +168,8 @@ pub struct InitContext {
     /// The manager's metrics registry, for the provider's own series (register with
     /// `get_or_register`: `initialize` runs once per leadership term).
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
+    /// The manager's event sink, for events on the objects the provider serves.
+    pub events: crate::events::EventSink,
 }
 
 impl fmt::Debug for InitContext {

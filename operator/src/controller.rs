@@ -44,6 +44,7 @@ use crate::error::Error;
 use crate::metrics::OperatorMetrics;
 use crate::names;
 use crate::status::{self, EngineState, PodsObservation, StatusInput, TransientFailures, Workload};
+use crate::switch::{self, Switch};
 use crate::validate::{self, AllowedNamespaces, SecretState, Validation};
 use crate::watch::{self, Scope};
 use crds::reasons::{self, degraded};
@@ -116,6 +117,9 @@ struct Ctx {
     pods: Store<Pod>,
     /// For each CR (UID), since when the deletion of its manager's RBAC waits for its Pods.
     teardown_since: Mutex<HashMap<String, std::time::Instant>>,
+    /// CRs (by UID) whose new pod template this operator applied and whose workload controller
+    /// has not observed it yet: the cached CR may not show the `Progressing=True` written for it.
+    rollouts: Mutex<BTreeSet<String>>,
     secret_reader: SecretReader,
     applier: Arc<Applier>,
     failures: Mutex<HashMap<String, TransientFailures>>,
@@ -343,6 +347,7 @@ pub async fn run(shared: Shared, trigger_rx: mpsc::UnboundedReceiver<ObjectRef<G
         leases,
         pods,
         teardown_since: Mutex::new(HashMap::new()),
+        rollouts: Mutex::new(BTreeSet::new()),
         secret_reader: SecretReader::default(),
         applier,
         failures: Mutex::new(HashMap::new()),
@@ -622,6 +627,20 @@ pub fn teardown_waits(pods_left: usize, waited: Duration) -> bool {
     pods_left > 0 && waited < TEARDOWN_GRACE
 }
 
+/// Whether a pod template just applied is still unseen by the workload's controller (pure): the
+/// workload is not in the cache yet, or its controller has not observed its generation. Until
+/// then its counts describe the old template, and the rollout counts as just started (the
+/// cached CR may lag behind the `Progressing=True` written for it, and a status computed from
+/// that stale copy would otherwise write `Progressing=False` over it).
+pub fn awaiting_observation(workload: &Workload) -> bool {
+    match workload {
+        Workload::None => true,
+        Workload::Deployment(d) => d.observed_generation < d.generation,
+        Workload::DaemonSet(d) => d.observed_generation < d.generation,
+        Workload::Embedded(_) => false,
+    }
+}
+
 /// The kinds that run or guard manager Pods, deleted before the RBAC those Pods use.
 fn is_workload(kind: Kind) -> bool {
     matches!(kind, Kind::Deployment | Kind::DaemonSet | Kind::PodDisruptionBudget)
@@ -779,6 +798,7 @@ async fn cleanup(ctx: &Ctx, meta: &ObjectMeta, namespace: &str, name: &str) -> R
         );
     }
     lock(&ctx.teardown_since).remove(&uid);
+    lock(&ctx.rollouts).remove(&uid);
     tracing::info!(cr = %key, "cleaned up");
     Ok(true)
 }
@@ -900,6 +920,17 @@ async fn reconcile_cr(ctx: &Ctx, cr: &CloudControllerManager, namespace: &str, n
     let validation = validate_step(ctx, &input, &secret, allowed).await;
     let outcome = apply_step(ctx, &input, &validation, &secret).await;
     let (workload, pods, lease) = observe(ctx, &input).await;
+    let rollout_started = {
+        let mut rollouts = lock(&ctx.rollouts);
+        if outcome.rollout_started {
+            rollouts.insert(input.uid.clone());
+        }
+        let in_flight = rollouts.contains(&input.uid) && awaiting_observation(&workload);
+        if !in_flight {
+            rollouts.remove(&input.uid);
+        }
+        outcome.rollout_started || in_flight
+    };
     let lease_obs = lease.as_deref().map(|l| dereference::observe_lease(l, &input.now));
 
     // Status.
@@ -914,7 +945,8 @@ async fn reconcile_cr(ctx: &Ctx, cr: &CloudControllerManager, namespace: &str, n
             workload: &workload,
             lease: lease_obs.as_ref(),
             pods: &pods,
-            rollout_started: outcome.rollout_started,
+            rollout_started,
+            switching: outcome.switching.as_deref(),
             transient: &failures,
             degraded_window: ctx.shared.timings.degraded_window,
             now: input.now.clone(),
@@ -958,6 +990,8 @@ struct Outcome {
     transient: Vec<(&'static str, String)>,
     /// The manager's RBAC waits for its Pods to stop before it is deleted.
     teardown_waiting: bool,
+    /// A mode switch keeps the previous workload serving: what it waits for.
+    switching: Option<String>,
 }
 
 /// Read the referenced Secret, only in an allowed namespace (Embedded mode gets its
@@ -1065,7 +1099,7 @@ async fn apply_step(ctx: &Ctx, input: &Input<'_>, validation: &Validation, secre
                     Some((EventType::Normal, reasons::events::ENGINE_STOPPED, format!("mode is now {}", cr.spec.mode)));
             }
             let desired = build::build(cr, v, &ctx.shared.build);
-            let keep: Vec<ChildKey> = desired.iter().map(ChildKey::of).collect();
+            let mut keep: Vec<ChildKey> = desired.iter().map(ChildKey::of).collect();
             for d in &desired {
                 let child = ChildKey::of(d);
                 let observed = ctx.children.meta(&child);
@@ -1081,6 +1115,19 @@ async fn apply_step(ctx: &Ctx, input: &Input<'_>, validation: &Validation, secre
                     }
                     Ok(false) => {}
                     Err(e) => out.transient.push((degraded::APPLY_FAILED, format!("applying {child}: {e}"))),
+                }
+            }
+            // A Deployment <-> DaemonSet switch: the old workload serves until the new one can.
+            let old: Vec<ChildKey> =
+                ctx.children.owned_by(uid).into_iter().filter(|k| is_workload(k.kind) && !keep.contains(k)).collect();
+            if let Some(old_kind) = old.iter().map(|k| k.kind).find(|k| matches!(k, Kind::Deployment | Kind::DaemonSet))
+            {
+                let new = observe_workload(ctx, input).await;
+                if let Switch::KeepOld(message) =
+                    switch::decide(old_kind.as_str(), &new, cr.spec.deployment.host_network)
+                {
+                    keep.extend(old);
+                    out.switching = Some(message);
                 }
             }
             let (p, f, waiting) = ctx.prune(uid, &keep).await;
@@ -1110,8 +1157,23 @@ async fn apply_step(ctx: &Ctx, input: &Input<'_>, validation: &Validation, secre
 
 /// The workload (or engine), its Pods and the Lease, from the caches.
 async fn observe(ctx: &Ctx, input: &Input<'_>) -> (Workload, PodsObservation, Option<Arc<Lease>>) {
+    let workload = observe_workload(ctx, input).await;
+    let lease = ctx.leases.get(&ObjectRef::new(input.name).within(input.namespace));
+    let pods = match input.cr.spec.mode {
+        // Pods left by a previous mode are the teardown's business, not this status's.
+        Mode::Embedded => PodsObservation::default(),
+        Mode::Deployment | Mode::DaemonSet => {
+            let pods = ctx.pods_of(&input.uid);
+            dereference::observe_pods(pods.iter().map(|p| &**p))
+        }
+    };
+    (workload, pods, lease)
+}
+
+/// The workload (or engine) of the CR's current mode, from the caches.
+async fn observe_workload(ctx: &Ctx, input: &Input<'_>) -> Workload {
     let (namespace, name) = (input.namespace, input.name);
-    let workload = match input.cr.spec.mode {
+    match input.cr.spec.mode {
         Mode::Embedded => match ctx.shared.engines.state(&input.uid).await {
             Some(state) => Workload::Embedded(state),
             None => Workload::None,
@@ -1126,17 +1188,7 @@ async fn observe(ctx: &Ctx, input: &Input<'_>) -> (Workload, PodsObservation, Op
             .daemon_sets
             .get(&ObjectRef::new(&names::workload_name(name)).within(namespace))
             .map_or(Workload::None, |d| Workload::DaemonSet(dereference::observe_daemon_set(&d))),
-    };
-    let lease = ctx.leases.get(&ObjectRef::new(name).within(namespace));
-    let pods = match input.cr.spec.mode {
-        // Pods left by a previous mode are the teardown's business, not this status's.
-        Mode::Embedded => PodsObservation::default(),
-        Mode::Deployment | Mode::DaemonSet => {
-            let pods = ctx.pods_of(&input.uid);
-            dereference::observe_pods(pods.iter().map(|p| &**p))
-        }
-    };
-    (workload, pods, lease)
+    }
 }
 
 /// Events: ConfigValid transitions, applies, prunes, new transient failures, engine changes.
@@ -1279,6 +1331,21 @@ mod tests {
     #[test]
     fn the_managers_rbac_waits_for_its_pods_but_not_beyond_the_grace() {
         assert!(!teardown_waits(0, Duration::ZERO), "no Pods: delete at once");
+        use crate::status::{DaemonSetObservation, DeploymentObservation};
+        let dep = |generation, observed| {
+            Workload::Deployment(DeploymentObservation {
+                generation,
+                observed_generation: observed,
+                ..Default::default()
+            })
+        };
+        assert!(awaiting_observation(&Workload::None), "not in the cache yet");
+        assert!(awaiting_observation(&dep(2, 1)), "the controller has not seen the new template");
+        assert!(!awaiting_observation(&dep(2, 2)), "observed: its counts tell the rollout");
+        let ds =
+            Workload::DaemonSet(DaemonSetObservation { generation: 3, observed_generation: 2, ..Default::default() });
+        assert!(awaiting_observation(&ds));
+        assert!(!awaiting_observation(&Workload::Embedded(EngineState::Running)));
         assert!(teardown_waits(2, Duration::from_secs(5)));
         assert!(teardown_waits(1, TEARDOWN_GRACE - Duration::from_millis(1)));
         assert!(!teardown_waits(1, TEARDOWN_GRACE), "bounded");

@@ -20,6 +20,7 @@ pub mod names;
 pub mod providers;
 pub mod reasons;
 pub mod status;
+pub mod switch;
 pub mod validate;
 pub mod watch;
 

@@ -138,6 +138,8 @@ pub struct StatusInput<'a> {
     /// Whether this reconcile started a new rollout (new or changed pod template, or an
     /// embedded engine (re)start for a spec or Secret change).
     pub rollout_started: bool,
+    /// Set while a mode switch keeps the previous mode's workload serving: what it waits for.
+    pub switching: Option<&'a str>,
     /// Transient failures.
     pub transient: &'a TransientFailures,
     /// How long transient failures must persist before `Degraded` turns True.
@@ -398,6 +400,9 @@ fn progressing_condition(input: &StatusInput<'_>, existing: &CloudControllerMana
         Some(c) => DesiredCondition::new(types::PROGRESSING, Status::parse(&c.status), &c.reason, &c.message),
         None => done(),
     };
+    if let Some(message) = input.switching {
+        return DesiredCondition::new(types::PROGRESSING, Status::True, progressing::MODE_SWITCHING, message);
+    }
     match input.workload {
         // Just created; the watch has not delivered the workload yet.
         Workload::None if input.rollout_started => rolling("rolling out a new pod template".to_string()),
@@ -575,6 +580,7 @@ mod tests {
                 lease: self.lease.as_ref(),
                 pods: &self.pods,
                 rollout_started,
+                switching: None,
                 transient: &self.transient,
                 degraded_window: Duration::from_secs(120),
                 now: at(self.now),

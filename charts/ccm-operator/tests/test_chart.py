@@ -273,7 +273,9 @@ class Render(unittest.TestCase):
                 "ClusterRole/ccm-operator-metrics-reader",
                 "ClusterRoleBinding/ccm-operator",
                 "Deployment/ccm-operator",
+                "Role/ccm-operator-leader-election",
                 "Role/ccm-operator-namespace",
+                "RoleBinding/ccm-operator-leader-election",
                 "RoleBinding/ccm-operator-namespace",
                 "Service/ccm-operator-metrics",
                 "ServiceAccount/ccm-operator",
@@ -376,6 +378,26 @@ class Render(unittest.TestCase):
                 flag = a.split("=", 1)[0].removeprefix("--")
                 self.assertIn(flag, known, f"the chart passes {a}, which ccm-operator does not define")
 
+    def test_host_network_puts_the_operator_on_the_node_with_its_probes_and_port(self):
+        default = one(self.render(), "Deployment")["spec"]["template"]["spec"]
+        self.assertNotIn("hostNetwork", default)
+        self.assertEqual(arg(self.render(), "--embedded-host-network"), "false")
+        objects = self.render(values(**{"hostNetwork": True}))
+        pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+        self.assertIs(pod["hostNetwork"], True)
+        self.assertEqual(pod["dnsPolicy"], "ClusterFirstWithHostNet")
+        # The embedded engine's proxy listeners are on the Node now, so they are reachable.
+        self.assertEqual(arg(objects, "--embedded-host-network"), "true")
+        c = container(objects)
+        port = next(p for p in c["ports"] if p["name"] == "http")
+        self.assertEqual(arg(objects, "--http-address"), f"0.0.0.0:{port['containerPort']}")
+        self.assertEqual(c["livenessProbe"]["httpGet"]["port"], "http")
+        self.assertEqual(c["readinessProbe"]["httpGet"]["port"], "http")
+        self.assertEqual(one(objects, "Service")["spec"]["ports"][0]["targetPort"], "http")
+        # Only the host network: no host port beyond the one it implies, no other namespace.
+        self.assertNotIn("hostPort", port)
+        self.assertFalse(pod.get("hostPID", False) or pod.get("hostIPC", False))
+
     def test_operator_schedules_on_a_fresh_cluster_whose_nodes_are_tainted_uninitialized(self):
         # Every Node of a cluster with external cloud providers carries this taint until a
         # manager initializes it, and the operator is what starts that manager.
@@ -388,13 +410,25 @@ class Render(unittest.TestCase):
             for t in (overlay or {}).get("tolerations", []):
                 self.assertIn(t, pod["tolerations"], "a user's toleration was dropped")
 
-    def test_single_replica_runs_without_leader_election_and_never_overlaps(self):
+    def test_single_replica_elects_a_leader_so_a_deleted_pod_and_its_replacement_never_overlap(self):
+        # A deleted Pod's replacement starts while the old one terminates (Recreate only
+        # orders rollouts), so one replica needs the Lease too.
         objects = self.render()
         deployment = one(objects, "Deployment")
         self.assertEqual(deployment["spec"]["replicas"], 1)
+        self.assertEqual(arg(objects, "--leader-elect"), "true")
+        self.assertNotIn("strategy", deployment["spec"])
+        self.assertEqual(find(objects, "PodDisruptionBudget"), [])
+        self.assertEqual(len([r for r in find(objects, "Role") if r["metadata"]["name"].endswith("-leader-election")]), 1)
+        # On the host network a rollout cannot surge (the port), so it recreates.
+        objects = self.render(values(hostNetwork=True))
+        self.assertEqual(one(objects, "Deployment")["spec"]["strategy"]["type"], "Recreate")
+
+    def test_without_leader_election_a_single_replica_recreates(self):
+        objects = self.render(values(**{"leaderElection.enabled": False}))
+        deployment = one(objects, "Deployment")
         self.assertEqual(arg(objects, "--leader-elect"), "false")
         self.assertEqual(deployment["spec"]["strategy"]["type"], "Recreate")
-        self.assertEqual(find(objects, "PodDisruptionBudget"), [])
         self.assertEqual([r for r in find(objects, "Role") if r["metadata"]["name"].endswith("-leader-election")], [])
 
     def test_several_replicas_elect_a_leader_and_get_a_disruption_budget(self):

@@ -680,8 +680,12 @@ impl Engine {
 async fn initialize(ctx: &Context) -> bool {
     let mut backoff = Duration::from_secs(1);
     loop {
-        let init =
-            InitContext { client: ctx.client.clone(), shutdown: ctx.shutdown.clone(), metrics: ctx.metrics.clone() };
+        let init = InitContext {
+            client: ctx.client.clone(),
+            shutdown: ctx.shutdown.clone(),
+            metrics: ctx.metrics.clone(),
+            events: ctx.events.clone(),
+        };
         let outcome = tokio::select! {
             _ = ctx.shutdown.cancelled() => return false,
             r = ctx.provider.initialize(init) => r,

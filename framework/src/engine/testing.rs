@@ -112,7 +112,8 @@ pub async fn run_controller(
 ) -> RunningController {
     let shutdown = CancellationToken::new();
     let context = context(client.clone(), provider.clone(), options, shutdown.clone()).await;
-    if let Err(error) = provider.initialize(InitContext { client, shutdown, metrics: context.metrics.clone() }).await {
+    let init = InitContext { client, shutdown, metrics: context.metrics.clone(), events: context.events.clone() };
+    if let Err(error) = provider.initialize(init).await {
         tracing::warn!(%error, "provider initialization failed in test setup");
     }
     let health = HealthRegistry::new();

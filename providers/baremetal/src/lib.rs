@@ -367,7 +367,7 @@ impl CloudProvider for BaremetalProvider {
         self.client.set(ctx.client.clone());
         #[cfg(feature = "datapath")]
         if let Some(proxy) = &self.proxy {
-            proxy.start(&ctx.metrics, ctx.shutdown.clone());
+            proxy.start(&ctx.metrics, Some(ctx.events.clone()), ctx.shutdown.clone());
         }
         self.start_probes(ctx.shutdown.clone());
         Ok(())

@@ -23,9 +23,17 @@ use tokio_util::sync::CancellationToken;
 #[cfg(feature = "datapath")]
 use crate::datapath::{Balance, BindMode, DataPath, DataPathError, HealthSettings, Settings};
 #[cfg(feature = "datapath")]
+use ccm_framework::controllers::service::COMPONENT as SERVICE_COMPONENT;
+#[cfg(feature = "datapath")]
+use ccm_framework::events::EventSink;
+#[cfg(feature = "datapath")]
 use ccm_framework::metrics::Metrics;
 use ccm_framework::provider::CloudError;
 use ccm_framework::safe_yaml;
+#[cfg(feature = "datapath")]
+use k8s_openapi::api::core::v1::ObjectReference;
+#[cfg(feature = "datapath")]
+use kube::Resource;
 
 /// The annotation kube-vip reads the addresses to announce from (comma-separated).
 pub const KUBE_VIP_ANNOTATION: &str = "kube-vip.io/loadbalancerIPs";
@@ -206,11 +214,52 @@ fn positive_u32<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u32, D::Er
     if value == 0 { Err(safe_yaml::custom(NOT_POSITIVE)) } else { Ok(value) }
 }
 
+/// Event reason (Warning, on the Service): every backend of its load balancer fails its health
+/// check, so new connections are refused.
+pub const REASON_ALL_BACKENDS_UNHEALTHY: &str = "AllBackendsUnhealthy";
+/// Event reason (Normal, on the Service): a backend passes its health check again.
+pub const REASON_BACKENDS_HEALTHY: &str = "BackendsHealthy";
+
+/// A change in whether every backend of a Service is unhealthy.
+#[cfg(feature = "datapath")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendsTransition {
+    /// Every backend is unhealthy now; some was not before.
+    AllUnhealthy,
+    /// Some backend is no longer unhealthy.
+    Recovered,
+}
+
+/// Whether a Service's backends (`health`) are all unhealthy now, and the transition from
+/// `was_all_unhealthy`, if any (pure). A Service without backends is not "all unhealthy": that
+/// is the service controller's `UnAvailableLoadBalancer`.
+#[cfg(feature = "datapath")]
+pub fn backends_transition(
+    was_all_unhealthy: bool,
+    health: impl IntoIterator<Item = crate::datapath::select::Health>,
+) -> (bool, Option<BackendsTransition>) {
+    use crate::datapath::select::Health;
+    let (mut any, mut all) = (false, true);
+    for h in health {
+        any = true;
+        all &= h == Health::Unhealthy;
+    }
+    let now = any && all;
+    let transition = match (was_all_unhealthy, now) {
+        (false, true) => Some(BackendsTransition::AllUnhealthy),
+        (true, false) => Some(BackendsTransition::Recovered),
+        _ => None,
+    };
+    (now, transition)
+}
+
 /// The proxy of one provider: a data path per leadership term.
 #[cfg(feature = "datapath")]
 pub struct ProxyRuntime {
     settings: Settings,
     current: Mutex<Option<DataPath>>,
+    /// The served Services' references, by `namespace/name`, for events on them.
+    refs: std::sync::Arc<Mutex<std::collections::HashMap<String, ObjectReference>>>,
 }
 
 #[cfg(feature = "datapath")]
@@ -224,12 +273,19 @@ impl fmt::Debug for ProxyRuntime {
 impl ProxyRuntime {
     /// A runtime with these settings; nothing runs until [`Self::start`].
     pub fn new(config: &ProxyConfig) -> Self {
-        Self { settings: config.settings(), current: Mutex::new(None) }
+        Self { settings: config.settings(), current: Mutex::new(None), refs: Default::default() }
     }
 
-    /// Start a fresh data path for a leadership term; it stops when `shutdown` fires.
-    pub fn start(&self, metrics: &Metrics, shutdown: CancellationToken) {
-        let fresh = DataPath::new(self.settings.clone(), metrics, shutdown.child_token());
+    /// Start a fresh data path for a leadership term; it stops when `shutdown` fires. With
+    /// `events`, a Service whose backends all turn unhealthy gets a Warning (and a Normal event
+    /// when one recovers).
+    pub fn start(&self, metrics: &Metrics, events: Option<EventSink>, shutdown: CancellationToken) {
+        let token = shutdown.child_token();
+        let fresh = DataPath::new(self.settings.clone(), metrics, token.clone());
+        if let Some(events) = events.filter(|_| self.settings.health_checks) {
+            let interval = self.settings.health.interval;
+            tokio::spawn(watch_backends(fresh.clone(), self.refs.clone(), events, interval, token));
+        }
         if let Some(previous) = self.lock().replace(fresh) {
             previous.shutdown();
         }
@@ -254,21 +310,80 @@ impl ProxyRuntime {
         };
         let spec = crate::datapath::config::service_spec(service, nodes, ips, &self.settings)
             .map_err(|e| CloudError::Other(e.to_string()))?;
-        data_path.apply(spec).map_err(|e| match e {
-            DataPathError::Bind { .. } => CloudError::retry_after(
-                BIND_RETRY,
-                format!(
-                    "{e}; the address must be configured on an interface of the manager's node, or set loadBalancer.proxy.bind: freebind with the pool routed to that node"
-                ),
-            ),
+        self.refs.lock().unwrap_or_else(|e| e.into_inner()).insert(service_key(service), service.object_ref(&()));
+        data_path.apply(spec).map_err(|e| match &e {
+            DataPathError::Bind { failed } => {
+                let mut hints: Vec<String> = Vec::new();
+                for hint in failed.iter().filter_map(|(key, err)| bind_hint(err.kind(), key.port)) {
+                    if !hints.contains(&hint) {
+                        hints.push(hint);
+                    }
+                }
+                let message = if hints.is_empty() { e.to_string() } else { format!("{e}; {}", hints.join("; ")) };
+                CloudError::retry_after(BIND_RETRY, message)
+            }
             DataPathError::ShutDown => CloudError::retry_after(Duration::from_secs(2), e.to_string()),
         })
     }
 
     /// Stop serving the Service (its connections drain).
     pub fn remove(&self, service: &Service) {
+        self.refs.lock().unwrap_or_else(|e| e.into_inner()).remove(&service_key(service));
         if let Some(data_path) = self.data_path() {
             data_path.remove(&service_key(service));
+        }
+    }
+}
+
+/// Every health-check interval, compare each served Service's backends with the last look
+/// and publish an event (and a log line) on each transition, not on each tick.
+#[cfg(feature = "datapath")]
+async fn watch_backends(
+    data_path: DataPath,
+    refs: std::sync::Arc<Mutex<std::collections::HashMap<String, ObjectReference>>>,
+    events: EventSink,
+    interval: Duration,
+    stop: CancellationToken,
+) {
+    use kube::runtime::events::EventType;
+    let mut down = std::collections::HashSet::<String>::new();
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+        let keys = data_path.keys();
+        down.retain(|k| keys.contains(k));
+        for key in keys {
+            let health = data_path.backend_health(&key);
+            let (now, transition) = backends_transition(down.contains(&key), health.values().copied());
+            if now {
+                down.insert(key.clone());
+            } else {
+                down.remove(&key);
+            }
+            let Some(transition) = transition else { continue };
+            let names = health.keys().cloned().collect::<Vec<_>>().join(", ");
+            let (type_, reason, note) = match transition {
+                BackendsTransition::AllUnhealthy => {
+                    tracing::warn!(service = %key, backends = %names, "every load-balancer backend is unhealthy; new connections are refused");
+                    (
+                        EventType::Warning,
+                        REASON_ALL_BACKENDS_UNHEALTHY,
+                        format!(
+                            "every backend fails its health check ({names}); new connections are refused until one passes (check kube-proxy's health port on the Nodes)"
+                        ),
+                    )
+                }
+                BackendsTransition::Recovered => {
+                    tracing::info!(service = %key, "a load-balancer backend is healthy again");
+                    (EventType::Normal, REASON_BACKENDS_HEALTHY, "a backend passes its health check again".to_string())
+                }
+            };
+            let reference = refs.lock().unwrap_or_else(|e| e.into_inner()).get(&key).cloned();
+            if let Some(reference) = reference {
+                events.publish(SERVICE_COMPONENT, reference, type_, reason, note, "HealthCheck");
+            }
         }
     }
 }
@@ -280,6 +395,24 @@ fn service_key(service: &Service) -> String {
         service.metadata.namespace.as_deref().unwrap_or_default(),
         service.metadata.name.as_deref().unwrap_or_default()
     )
+}
+
+/// What to do about a listener that could not bind `port`, by the socket error's kind (pure).
+pub fn bind_hint(kind: std::io::ErrorKind, port: u16) -> Option<String> {
+    use std::io::ErrorKind;
+    match kind {
+        // EACCES: the manager runs as uid 65532 without CAP_NET_BIND_SERVICE.
+        ErrorKind::PermissionDenied if port < 1024 => Some(format!(
+            "port {port} is privileged (below 1024) and the manager runs as a non-root user: on the manager's node lower net.ipv4.ip_unprivileged_port_start to {port} or less (sysctl), or use a Service port of 1024 or above"
+        )),
+        ErrorKind::AddrNotAvailable => Some(
+            "the address must be configured on an interface of the manager's node, or set loadBalancer.proxy.bind: freebind with the pool routed to that node".into(),
+        ),
+        ErrorKind::AddrInUse => Some(format!(
+            "another process on the manager's node already listens on that address and port {port}"
+        )),
+        _ => None,
+    }
 }
 
 /// The kube-vip annotation's value for these addresses.
@@ -336,6 +469,36 @@ impl ClientSlot {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(feature = "datapath")]
+    #[test]
+    fn only_the_turn_into_and_out_of_all_backends_unhealthy_is_a_transition() {
+        use crate::datapath::select::Health::{Healthy, Unhealthy, Unknown};
+        assert_eq!(backends_transition(false, [Unhealthy, Unhealthy]), (true, Some(BackendsTransition::AllUnhealthy)));
+        // The next ticks, still all down: nothing new to say.
+        assert_eq!(backends_transition(true, [Unhealthy, Unhealthy]), (true, None));
+        assert_eq!(backends_transition(false, [Unhealthy, Healthy]), (false, None));
+        assert_eq!(backends_transition(true, [Unhealthy, Healthy]), (false, Some(BackendsTransition::Recovered)));
+        assert_eq!(backends_transition(false, [Unknown]), (false, None), "not checked yet is not unhealthy");
+        assert_eq!(backends_transition(false, []), (false, None), "no backends is another problem");
+        assert_eq!(backends_transition(true, []), (false, Some(BackendsTransition::Recovered)));
+    }
+
+    #[test]
+    fn a_privileged_port_gets_the_privileged_port_hint_not_the_address_hint() {
+        use std::io::ErrorKind;
+        let hint = bind_hint(ErrorKind::PermissionDenied, 80).expect("a hint");
+        assert!(hint.contains("port 80 is privileged"), "{hint}");
+        assert!(hint.contains("net.ipv4.ip_unprivileged_port_start to 80"), "{hint}");
+        assert!(hint.contains("1024 or above"), "{hint}");
+        assert!(!hint.contains("freebind"), "{hint}");
+        let hint = bind_hint(ErrorKind::AddrNotAvailable, 80).expect("a hint");
+        assert!(hint.contains("freebind") && !hint.contains("privileged"), "{hint}");
+        assert!(bind_hint(ErrorKind::AddrNotAvailable, 8080).is_some_and(|h| h.contains("interface")));
+        assert!(bind_hint(ErrorKind::AddrInUse, 8080).is_some_and(|h| h.contains("already listens")));
+        // Not a privileged port: EACCES there has another cause this hint would not name.
+        assert_eq!(bind_hint(ErrorKind::PermissionDenied, 8080), None);
+    }
 
     #[test]
     fn the_kube_vip_patch_is_written_only_when_the_value_differs() {

@@ -340,4 +340,52 @@ e2e_apiserver::backend_tests! {
         .await;
         running.stop().await.unwrap();
     }
+
+    /// When every backend fails its health check the Service gets one Warning event (not one per
+    /// check), and a Normal one when a backend passes again.
+    async fn every_backend_unhealthy_is_a_warning_on_the_service_once_per_transition(backend) {
+        use k8s_openapi::api::events::v1::Event;
+        let cluster = TestCluster::start(backend).await.unwrap();
+        let b = block(&cluster, 44);
+        let ns = cluster.fresh_namespace("bm-proxy").await.unwrap();
+        let services: Api<Service> = Api::namespaced(cluster.client(), &ns);
+        let np = node_port(b, 0);
+        // Two Nodes whose kube-proxy health port answers nothing.
+        let nodes: Api<Node> = Api::all(cluster.client());
+        for (suffix, host) in [("a", 1), ("b", 2)] {
+            let name = format!("n{b}-{suffix}");
+            crate::backend(&name, SocketAddr::new(ip(b, host), np)).await;
+            create_node(&nodes, &node(&name, ip(b, host))).await;
+        }
+        let running = start(&cluster, provider(&config(b, ""))).await;
+        services.create(&PostParams::default(), &service("web", &[(80, np)])).await.unwrap();
+        wait_for_ingress(&services, "web").await;
+        let events: Api<Event> = Api::namespaced(cluster.client(), &ns);
+        let with_reason = |reason: &'static str| {
+            let events = events.clone();
+            async move {
+                let list = events.list(&Default::default()).await.ok()?;
+                let found: Vec<Event> = list
+                    .items
+                    .into_iter()
+                    .filter(|e| e.reason.as_deref() == Some(reason))
+                    .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("web"))
+                    .collect();
+                (!found.is_empty()).then_some(found)
+            }
+        };
+        let warned = eventually("an AllBackendsUnhealthy event", || with_reason("AllBackendsUnhealthy")).await;
+        assert_eq!(warned[0].type_.as_deref(), Some("Warning"));
+        assert!(warned[0].note.as_deref().unwrap_or_default().contains(&format!("n{b}-a")), "{:?}", warned[0].note);
+        // Many more checks fail (every 100 ms); the transition was said once.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let warned = with_reason("AllBackendsUnhealthy").await.unwrap_or_default();
+        assert_eq!(warned.len(), 1);
+        assert_eq!(warned[0].series.as_ref().map(|s| s.count), None, "repeated: {:?}", warned[0].series);
+        // Node b's kube-proxy answers again.
+        healthz(SocketAddr::new(ip(b, 2), HEALTH_PORT)).await;
+        let healed = eventually("a BackendsHealthy event", || with_reason("BackendsHealthy")).await;
+        assert_eq!(healed[0].type_.as_deref(), Some("Normal"));
+        running.stop().await.unwrap();
+    }
 }
