@@ -19,6 +19,27 @@ pub fn init_tracing() {
         .try_init();
 }
 
+/// For a test that measures its whole process (CPU time), which the other tests of this binary
+/// share: runs `test` (its full name) alone in a child process of this binary. Returns true in
+/// that child, where the test does its work; in the parent, waits for the child, fails with its
+/// output if it failed, and returns false.
+pub fn alone_in_a_process(test: &str) -> bool {
+    const CHILD: &str = "CCM_TEST_ALONE";
+    if std::env::var_os(CHILD).is_some() {
+        return true;
+    }
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let out = std::process::Command::new(exe)
+        .args([test, "--exact", "--test-threads=1", "--nocapture"])
+        .env(CHILD, "1")
+        .output()
+        .expect("the test binary runs");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{test}, alone in a process:\n{stdout}{stderr}");
+    assert!(stdout.contains("1 passed"), "{test} ran in the child:\n{stdout}");
+    false
+}
+
 /// Waits until `check` holds; after `within` it fails naming `what`.
 pub async fn until(what: &str, within: Duration, check: impl Fn() -> bool) {
     let _named = Named(what);
