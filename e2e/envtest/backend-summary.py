@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Reads `cargo test` output on stdin and prints, per test binary, how many tests ran on each
 backend (tests named `<scenario>::local` / `<scenario>::genuine` by `backend_tests!`, and every
-test of the real-cluster binary, tests/realcluster.rs)."""
+test of the real-cluster binary, tests/realcluster.rs). A crate's integration tests are one
+binary (`tests/<name>/main.rs`) with a module per area; its rows are per module."""
 import re
 import sys
 
@@ -29,19 +30,22 @@ for line in sys.stdin:
     if not m or binary is None:
         continue
     name, result = m.groups()
+    row_name = binary
+    if binary.endswith("/main.rs") and "::" in name:
+        row_name = f"{binary} {name.split('::')[0]}"
     if "realcluster" in binary:
         backend = "real"
     elif name.endswith("::genuine"):
         backend = "genuine"
     else:
         backend = "local" if name.endswith("::local") else "other"
-    if binary not in counts:
-        counts[binary] = {}
-        order.append(binary)
+    if row_name not in counts:
+        counts[row_name] = {}
+        order.append(row_name)
     key = (backend, result)
-    counts[binary][key] = counts[binary].get(key, 0) + 1
+    counts[row_name][key] = counts[row_name].get(key, 0) + 1
 
-print(f"{'test binary':<48} {'local':>6} {'genuine':>8} {'real':>6} {'other':>6}")
+print(f"{'test binary (module)':<48} {'local':>6} {'genuine':>8} {'real':>6} {'other':>6}")
 total = {"local": 0, "genuine": 0, "real": 0, "other": 0}
 for b in order:
     c = counts[b]

@@ -1,7 +1,9 @@
 //! End-to-end helpers: the emulated kubelet that runs manager Deployments as local processes
-//! ([`kubelet`]), the sandbox demo ([`demo`]), a tiny HTTP probe ([`probe`]), and a real
-//! kubelet-backed cluster for the scenarios that need one ([`realcluster`]).
+//! ([`kubelet`]), the sandbox demo ([`demo`]), a tiny HTTP probe ([`probe`]), a real
+//! kubelet-backed cluster for the scenarios that need one ([`realcluster`]), and what the
+//! benchmark drivers share ([`bench`]).
 
+pub mod bench;
 pub mod demo;
 pub mod kubelet;
 pub mod probe;

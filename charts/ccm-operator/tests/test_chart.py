@@ -1,6 +1,6 @@
 """Chart tests with real Helm (helm-sdkpy): lint, schema, rendering and install.
 
-Run through `run.py` (which `cargo test -p e2e --test chart` calls with a local API server).
+Run through `run.py` (which `cargo test -p e2e --test e2e chart::` calls with a local API server).
 Tests marked as needing a cluster read the kubeconfig from CHART_TEST_KUBECONFIG.
 """
 

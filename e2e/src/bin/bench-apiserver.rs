@@ -10,12 +10,13 @@
 //! ```
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use e2e::bench::{BoxError, ChildGuard};
 use e2e_apiserver::{RemoteControl, TestApiServer};
 use futures::{StreamExt, TryStreamExt};
 use http_body_util::BodyExt;
@@ -49,8 +50,6 @@ struct Args {
     #[arg(long, hide = true)]
     serve: bool,
 }
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 fn node(i: usize) -> serde_json::Value {
     let name = format!("node-{i:05}");
@@ -194,15 +193,6 @@ async fn serve() -> Result<(), BoxError> {
     .await?;
     server.shutdown().await;
     Ok(())
-}
-
-struct ChildGuard(Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[tokio::main]

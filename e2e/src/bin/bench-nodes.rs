@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use ccm_framework::cache::{Cache, Change, run_watch};
 use clap::Parser;
+use e2e::bench::{self, BackendArg, BoxError, proc_status_kib};
 use e2e_apiserver::genuine::ControlPlane;
 use e2e_apiserver::{RequestLog, TestApiServer};
 use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus, Taint};
@@ -79,13 +80,6 @@ struct Args {
     log_dir: Option<PathBuf>,
 }
 
-/// Which API server a run starts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-enum BackendArg {
-    Local,
-    Genuine,
-}
-
 /// What one run measured.
 #[derive(Debug, Default)]
 struct Outcome {
@@ -103,8 +97,6 @@ struct Outcome {
     /// concurrency: seconds and that concurrency.
     limit: Option<(f64, usize)>,
 }
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
@@ -265,56 +257,34 @@ async fn run_once(args: &Args, label: &str, command: &str, log_dir: &Path) -> Re
         outcome.node_writes_by_kind = by_kind;
         outcome.event_writes = Some(event_writes);
     }
-    outcome.peak_rss_bytes = peak_rss(child.id());
+    outcome.peak_rss_bytes = proc_status_kib(child.id(), "VmHWM:").map(|kib| kib * 1024);
     drop(guard);
     let _ = child.wait();
     watch.abort();
     if !args.no_limit {
-        outcome.limit = Some(measure_limit(&nodes, args.nodes).await?);
+        outcome.limit = Some(
+            bench::measure_limit("Nodes", args.nodes, |round, i| {
+                let api = nodes.clone();
+                async move {
+                    let name = format!("bench-node-{i:05}");
+                    let pp = PatchParams { field_manager: Some(format!("{DRIVER}-limit")), ..Default::default() };
+                    let meta = serde_json::json!({"metadata": {"labels": {"bench.ccm.rs/limit": round.to_string()}}});
+                    api.patch(&name, &pp, &Patch::Merge(&meta)).await?;
+                    let status = serde_json::json!({"status": {"addresses": [
+                        {"type": "InternalIP", "address": format!("10.{}.{}.{}", round, i / 256, i % 256)},
+                        {"type": "Hostname", "address": name},
+                    ]}});
+                    api.patch_status(&name, &pp, &Patch::Merge(&status)).await?;
+                    Ok(())
+                }
+            })
+            .await?,
+        );
     }
     if args.kubeconfig.is_some() {
         delete_bench_nodes(&nodes).await?;
     }
     Ok(outcome)
-}
-
-/// The API server's own limit for the manager's work: a metadata patch and a status patch per
-/// Node, issued by a tight client with no cloud latency, at the best of a few concurrencies.
-async fn measure_limit(api: &Api<Node>, count: usize) -> Result<(f64, usize), BoxError> {
-    let mut best: Option<(f64, usize)> = None;
-    for (round, concurrency) in [8usize, 32, 96].into_iter().enumerate() {
-        let started = Instant::now();
-        let mut tasks = JoinSet::new();
-        for i in 0..count {
-            if tasks.len() >= concurrency
-                && let Some(done) = tasks.join_next().await
-            {
-                done??;
-            }
-            let api = api.clone();
-            tasks.spawn(async move {
-                let name = format!("bench-node-{i:05}");
-                let pp = PatchParams { field_manager: Some(format!("{DRIVER}-limit")), ..Default::default() };
-                let meta = serde_json::json!({"metadata": {"labels": {"bench.ccm.rs/limit": round.to_string()}}});
-                api.patch(&name, &pp, &Patch::Merge(&meta)).await?;
-                let status = serde_json::json!({"status": {"addresses": [
-                    {"type": "InternalIP", "address": format!("10.{}.{}.{}", round, i / 256, i % 256)},
-                    {"type": "Hostname", "address": name},
-                ]}});
-                api.patch_status(&name, &pp, &Patch::Merge(&status)).await?;
-                Ok::<(), kube::Error>(())
-            });
-        }
-        while let Some(done) = tasks.join_next().await {
-            done??;
-        }
-        let seconds = started.elapsed().as_secs_f64();
-        eprintln!("   limit: {} Nodes x 2 patches at concurrency {concurrency}: {seconds:.2}s", count);
-        if best.is_none_or(|(b, _)| seconds < b) {
-            best = Some((seconds, concurrency));
-        }
-    }
-    best.ok_or_else(|| "no limit measured".into())
 }
 
 /// Kills the manager if the run ends early (error or panic).
@@ -452,14 +422,6 @@ fn sum_counter(text: &str, family: &str) -> BTreeMap<String, u64> {
         *out.entry(method).or_insert(0) += value as u64;
     }
     out
-}
-
-/// The process's peak resident set size (`VmHWM`), Linux only.
-fn peak_rss(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
 }
 
 fn mib(bytes: Option<u64>) -> String {

@@ -14,12 +14,13 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use crds::CloudControllerManager;
 use crds::conditions::{self, types};
+use e2e::bench::{BackendArg, ChildGuard, proc_status_kib};
 use e2e_apiserver::{Backend, TestCluster};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -34,13 +35,6 @@ use serde_json::{Value, json};
 const DRIVER: &str = "bench-operator-driver";
 /// The namespace the resources live in.
 const NAMESPACE: &str = "bench";
-
-/// Which API server the run uses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-enum BackendArg {
-    Local,
-    Genuine,
-}
 
 #[derive(Parser, Debug)]
 #[command(name = "bench-operator", about = "Time N CloudControllerManagers reconciled from cold")]
@@ -58,11 +52,6 @@ struct Args {
     /// Internal: run the operator against this kubeconfig (the child process).
     #[arg(long, hide = true)]
     operator: Option<PathBuf>,
-}
-
-fn rss_kib(pid: u32, field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status.lines().find(|l| l.starts_with(field))?.split_whitespace().nth(1)?.parse().ok()
 }
 
 async fn run_operator(kubeconfig: PathBuf) {
@@ -140,15 +129,6 @@ fn lease(cr: &str) -> serde_json::Value {
     })
 }
 
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
@@ -182,11 +162,11 @@ async fn main() {
         .stdout(Stdio::null())
         .spawn()
         .expect("the operator process starts");
-    let child = KillOnDrop(child);
+    let child = ChildGuard(child);
     let pid = child.0.id();
     // Let the operator start its watches, so "cold" means "no resources yet", not "not started".
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let idle_rss = rss_kib(pid, "VmRSS:").unwrap_or(0);
+    let idle_rss = proc_status_kib(pid, "VmRSS:").unwrap_or(0);
 
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let player = tokio::spawn(play_cluster(client.clone(), stopped));
@@ -207,7 +187,7 @@ async fn main() {
     let created = started.elapsed();
     let mut peak_rss = 0;
     let all_ready = loop {
-        peak_rss = peak_rss.max(rss_kib(pid, "VmRSS:").unwrap_or(0));
+        peak_rss = peak_rss.max(proc_status_kib(pid, "VmRSS:").unwrap_or(0));
         let list = crs.list(&ListParams::default()).await.expect("a list");
         let ready = list
             .items
@@ -257,7 +237,7 @@ async fn main() {
         );
         *by_kind.entry(what).or_default() += 1;
     }
-    let ready_rss = rss_kib(pid, "VmRSS:").unwrap_or(0);
+    let ready_rss = proc_status_kib(pid, "VmRSS:").unwrap_or(0);
 
     let idle_mark = log.mark();
     tokio::time::sleep(Duration::from_secs(args.idle_seconds)).await;
@@ -266,7 +246,7 @@ async fn main() {
         .iter()
         .filter(|r| r.is_write() && r.user_agent != DRIVER && r.user.as_deref() != Some("system:apiserver"))
         .count();
-    let hwm = rss_kib(pid, "VmHWM:").unwrap_or(0);
+    let hwm = proc_status_kib(pid, "VmHWM:").unwrap_or(0);
     let _ = stop.send(true);
     let _ = player.await;
     drop(child);

@@ -25,12 +25,11 @@ use ccm_provider_baremetal::datapath::{
     Affinity, Backend, Balance, DataPath, HealthCheck, PortSpec, Protocol, ServiceSpec, Settings, TcpForwarding,
 };
 use clap::Parser;
+use e2e::bench::BoxError;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 #[derive(Parser, Debug)]
 #[command(about = "Benchmark the L4 data path against direct loopback connections")]

@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 
 use ccm_framework::cache::{Cache, CacheWriter, Change, run_watch};
 use clap::Parser;
+use e2e::bench::{self, BackendArg, BoxError, proc_status_kib};
 use e2e_apiserver::genuine::ControlPlane;
 use e2e_apiserver::{RequestLog, TestApiServer};
 use k8s_openapi::api::core::v1::{
@@ -64,8 +65,6 @@ fn default_variants() -> Vec<String> {
         "upstream-equivalent=--concurrent-service-syncs=1 --kube-api-qps=20 --kube-api-burst=30".to_string(),
     ]
 }
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Command line.
 #[derive(Debug, Parser)]
@@ -218,13 +217,6 @@ fn seconds_of(text: &str) -> Option<f64> {
         return ms.parse::<f64>().ok().map(|v| v / 1000.0);
     }
     text.strip_suffix('s').and_then(|s| s.parse().ok())
-}
-
-/// Which API server a variant starts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-enum BackendArg {
-    Local,
-    Genuine,
 }
 
 fn backend_name(args: &Args) -> &'static str {
@@ -543,11 +535,6 @@ fn rss_kib(pid: u32) -> Option<u64> {
     proc_status_kib(pid, "VmRSS:")
 }
 
-fn proc_status_kib(pid: u32, field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status.lines().find(|l| l.starts_with(field))?.split_whitespace().nth(1)?.parse().ok()
-}
-
 /// Manager writes since `mark` by `verb resource[/subresource]`, from the request or audit
 /// log; `None` on an external cluster. The driver's writes and the genuine server's own are
 /// left out.
@@ -760,7 +747,27 @@ async fn run_variant(
 
     // Phase 4: the API server's own limit for the manager's writes, nothing else running.
     if !args.no_limit {
-        report.limit = Some(measure_limit(&services, args.services).await?);
+        // The API server's own limit for the manager's work: the two writes it makes per
+        // Service (a strategic-merge patch adding a finalizer, a merge patch of the status with
+        // an ingress) from a tight client with no cloud latency. Each round writes a new
+        // finalizer and address so no patch is a no-op.
+        report.limit = Some(
+            bench::measure_limit("Services", args.services, |round, i| {
+                let api = services.clone();
+                async move {
+                    let name = format!("svc-{i}");
+                    let pp = PatchParams { field_manager: Some(LIMIT.into()), ..Default::default() };
+                    let finalizer =
+                        serde_json::json!({"metadata": {"finalizers": [format!("bench.ccm.rs/limit-{round}")]}});
+                    api.patch(&name, &pp, &Patch::Strategic(finalizer)).await?;
+                    let ip = format!("10.{}.{}.{}", 200 + round, i / 256, i % 256);
+                    let status = serde_json::json!({"status": {"loadBalancer": {"ingress": [{"ip": ip}]}}});
+                    api.patch_status(&name, &pp, &Patch::Merge(status)).await?;
+                    Ok(())
+                }
+            })
+            .await?,
+        );
     }
     if args.kubeconfig.is_some() {
         let _ = ns_api.delete(&c.namespace, &DeleteParams::default()).await;
@@ -773,46 +780,6 @@ async fn run_variant(
         }
     }
     Ok(())
-}
-
-/// The API server's own limit for the manager's work on `count` Services: the two writes it
-/// makes per Service (a strategic-merge patch adding a finalizer, a merge patch of the status
-/// with an ingress), issued by a tight client with no cloud latency, at the best of a few
-/// concurrencies. Each round writes a new finalizer and address so no patch is a no-op.
-async fn measure_limit(api: &Api<Service>, count: usize) -> Result<(f64, usize), BoxError> {
-    let mut best: Option<(f64, usize)> = None;
-    for (round, concurrency) in [8usize, 32, 96].into_iter().enumerate() {
-        let started = Instant::now();
-        let mut tasks = JoinSet::new();
-        for i in 0..count {
-            if tasks.len() >= concurrency
-                && let Some(done) = tasks.join_next().await
-            {
-                done??;
-            }
-            let api = api.clone();
-            tasks.spawn(async move {
-                let name = format!("svc-{i}");
-                let pp = PatchParams { field_manager: Some(LIMIT.into()), ..Default::default() };
-                let finalizer =
-                    serde_json::json!({"metadata": {"finalizers": [format!("bench.ccm.rs/limit-{round}")]}});
-                api.patch(&name, &pp, &Patch::Strategic(finalizer)).await?;
-                let ip = format!("10.{}.{}.{}", 200 + round, i / 256, i % 256);
-                let status = serde_json::json!({"status": {"loadBalancer": {"ingress": [{"ip": ip}]}}});
-                api.patch_status(&name, &pp, &Patch::Merge(status)).await?;
-                Ok::<(), kube::Error>(())
-            });
-        }
-        while let Some(done) = tasks.join_next().await {
-            done??;
-        }
-        let seconds = started.elapsed().as_secs_f64();
-        eprintln!("   limit: {count} Services x 2 patches at concurrency {concurrency}: {seconds:.2} s");
-        if best.is_none_or(|(b, _)| seconds < b) {
-            best = Some((seconds, concurrency));
-        }
-    }
-    best.ok_or_else(|| "no limit measured".into())
 }
 
 fn calls(m: &BTreeMap<String, u64>) -> String {

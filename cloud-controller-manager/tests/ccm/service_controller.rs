@@ -3,8 +3,8 @@
 //! docs/behaviours.md), our deliberate fixes and additions, the
 //! write budget, the idle cost and the crash test.
 
+use crate::kit::{eventually, lb_service};
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,9 +17,8 @@ use ccm_framework::options::ControllerOptions;
 use ccm_framework::provider::CloudError;
 use ccm_provider_fake::{FakeProvider, methods};
 use e2e_apiserver::{Backend, RequestRecord, TestCluster};
-use k8s_openapi::api::core::v1::{Node, NodeSpec, Service, ServicePort, ServiceSpec, Taint};
+use k8s_openapi::api::core::v1::{Node, NodeSpec, Service, ServiceSpec, Taint};
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
@@ -95,7 +94,7 @@ impl Env {
         let name = node.metadata.name.clone().unwrap_or_default();
         self.nodes().create(&PostParams::default(), &node).await.expect("create node");
         if let Some(r) = &self.running {
-            eventually(|| async { r.context.nodes.get(None, &name).map(|_| ()) }).await;
+            eventually(WAIT, || async { r.context.nodes.get(None, &name).map(|_| ()) }).await;
         }
     }
 
@@ -104,7 +103,7 @@ impl Env {
     }
 
     async fn wait_ingress(&self, name: &str) -> Service {
-        eventually(|| async { self.get(name).await.filter(|s| ingress(s).is_some()) }).await
+        eventually(WAIT, || async { self.get(name).await.filter(|s| ingress(s).is_some()) }).await
     }
 
     fn lb_calls(&self) -> usize {
@@ -143,14 +142,14 @@ impl Env {
     }
 
     async fn wait_event(&self, reason: &str) -> Event {
-        eventually(|| async { self.events(reason).await.into_iter().next() }).await
+        eventually(WAIT, || async { self.events(reason).await.into_iter().next() }).await
     }
 
     /// Make sure the controller has handled everything queued before now: with one worker
     /// keys are served in order, so once a fresh sentinel Service has its ingress, every
     /// earlier change has been looked at.
     async fn settle(&self, sentinel: &str) {
-        self.create_service(lb_service(sentinel)).await;
+        self.create_service(lb_service(NS, sentinel)).await;
         self.wait_ingress(sentinel).await;
     }
 }
@@ -163,35 +162,8 @@ impl Drop for Env {
     }
 }
 
-async fn eventually<T, F, Fut>(f: F) -> T
-where
-    F: Fn() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    e2e_apiserver::wait::eventually(WAIT, f).await
-}
-
-fn lb_service(name: &str) -> Service {
-    Service {
-        metadata: ObjectMeta { name: Some(name.into()), namespace: Some(NS.into()), ..Default::default() },
-        spec: Some(ServiceSpec {
-            type_: Some("LoadBalancer".into()),
-            selector: Some(BTreeMap::from([("app".to_string(), name.to_string())])),
-            ports: Some(vec![ServicePort {
-                name: Some("http".into()),
-                port: 80,
-                target_port: Some(IntOrString::Int(8080)),
-                protocol: Some("TCP".into()),
-                ..Default::default()
-            }]),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
 fn classed(name: &str, class: &str) -> Service {
-    let mut s = lb_service(name);
+    let mut s = lb_service(NS, name);
     s.spec.as_mut().unwrap().load_balancer_class = Some(class.into());
     s
 }
@@ -230,7 +202,7 @@ fn finalizers(s: &Service) -> Vec<String> {
 async fn s3_case(backend: Backend, setup: fn(&mut ServiceSpec), patch: Value) -> bool {
     let env = Env::started(backend, options()).await;
     env.create_node(node("n1")).await;
-    let mut svc = lb_service("web");
+    let mut svc = lb_service(NS, "web");
     // Fields some cases change need a starting value.
     svc.metadata.annotations = Some(BTreeMap::from([("keep".to_string(), "me".to_string())]));
     setup(svc.spec.as_mut().unwrap());
@@ -314,7 +286,7 @@ async fn s22_health_check_node_port_change_triggers_ensure() {
 e2e_apiserver::backend_tests! {
     async fn s3_foreign_status_write_does_not_trigger(backend) {
         let env = Env::started(backend, options()).await;
-        env.create_service(lb_service("web")).await;
+        env.create_service(lb_service(NS, "web")).await;
         env.wait_ingress("web").await;
         let before = env.ensures();
         let pp = PatchParams { field_manager: Some("someone-else".into()), ..Default::default() };
@@ -331,9 +303,9 @@ e2e_apiserver::backend_tests! {
     async fn s7_finalizer_is_added_before_ensure(backend) {
         let env = Env::started(backend, options()).await;
         env.fake.set_load_balancer_latency(Duration::from_millis(500));
-        env.create_service(lb_service("web")).await;
+        env.create_service(lb_service(NS, "web")).await;
         // While the first ensure is in flight, the finalizer is already stored.
-        eventually(|| async { (env.fake.calls().in_flight() > 0).then_some(()) }).await;
+        eventually(WAIT, || async { (env.fake.calls().in_flight() > 0).then_some(()) }).await;
         let svc = env.get("web").await.unwrap();
         assert_eq!(finalizers(&svc), [LOAD_BALANCER_CLEANUP_FINALIZER]);
         assert!(ingress(&svc).is_none());
@@ -347,7 +319,7 @@ e2e_apiserver::backend_tests! {
 
     async fn s11_finalizer_removed_only_after_load_balancer_deleted(backend) {
         let env = Env::started(backend, options()).await;
-        env.create_service(lb_service("web")).await;
+        env.create_service(lb_service(NS, "web")).await;
         env.wait_ingress("web").await;
         env.fake.fail_next(methods::ENSURE_LOAD_BALANCER_DELETED, 1, CloudError::Unavailable("cloud down".into()));
         env.services().delete("web", &DeleteParams::default()).await.expect("delete");
@@ -357,7 +329,7 @@ e2e_apiserver::backend_tests! {
         assert!(held.metadata.deletion_timestamp.is_some());
         assert!(env.fake.load_balancer_for(NS, "web").is_some());
         // The retry (5 s backoff) deletes the LB, then the Service goes.
-        eventually(|| async {
+        eventually(WAIT, || async {
             let gone = env.get("web").await.is_none();
             if gone {
                 assert!(env.fake.load_balancer_for(NS, "web").is_none(), "Service released before its LB was deleted");
@@ -371,41 +343,41 @@ e2e_apiserver::backend_tests! {
 
     async fn s13_type_change_while_stopped_is_cleaned_up_on_start(backend) {
         let mut env = Env::started(backend, options()).await;
-        env.create_service(lb_service("web")).await;
+        env.create_service(lb_service(NS, "web")).await;
         env.wait_ingress("web").await;
         env.stop().await;
         env.edit("web", to_cluster_ip()).await;
         env.start().await;
-        let svc = eventually(|| async { env.get("web").await.filter(|s| finalizers(s).is_empty()) }).await;
+        let svc = eventually(WAIT, || async { env.get("web").await.filter(|s| finalizers(s).is_empty()) }).await;
         assert!(env.fake.load_balancer_for(NS, "web").is_none());
         assert!(ingress(&svc).is_none(), "the stale ingress is cleared");
     }
 
     async fn s13_deletion_while_stopped_is_cleaned_up_on_start(backend) {
         let mut env = Env::started(backend, options()).await;
-        env.create_service(lb_service("web")).await;
+        env.create_service(lb_service(NS, "web")).await;
         env.wait_ingress("web").await;
         env.stop().await;
         env.services().delete("web", &DeleteParams::default()).await.expect("delete");
         assert!(env.get("web").await.is_some(), "KEP-992: the finalizer holds the Service");
         env.start().await;
-        eventually(|| async { env.get("web").await.is_none().then_some(()) }).await;
+        eventually(WAIT, || async { env.get("web").await.is_none().then_some(()) }).await;
         assert!(env.fake.load_balancers().is_empty());
     }
 
     async fn s14_service_deleted_without_finalizer_still_loses_its_load_balancer(backend) {
         let env = Env::started(backend, options()).await;
-        env.create_service(lb_service("web")).await;
+        env.create_service(lb_service(NS, "web")).await;
         env.wait_ingress("web").await;
         // Someone strips the finalizer, then deletes: the Service vanishes at once.
         env.edit("web", json!({"metadata": {"finalizers": null}})).await;
         env.services().delete("web", &DeleteParams::default()).await.expect("delete");
-        eventually(|| async { env.fake.load_balancer_for(NS, "web").is_none().then_some(()) }).await;
+        eventually(WAIT, || async { env.fake.load_balancer_for(NS, "web").is_none().then_some(()) }).await;
     }
 
     async fn finalizer_never_added_to_a_service_being_deleted(backend) {
         let mut env = Env::new(backend, options()).await;
-        let mut svc = lb_service("web");
+        let mut svc = lb_service(NS, "web");
         svc.metadata.finalizers = Some(vec!["example.com/hold".into()]);
         env.create_service(svc).await;
         env.services().delete("web", &DeleteParams::default()).await.expect("delete");
@@ -425,7 +397,7 @@ e2e_apiserver::backend_tests! {
     async fn s8_implemented_elsewhere_keeps_finalizer_and_writes_no_status(backend) {
         let env = Env::started(backend, options()).await;
         env.fake.fail_rate(methods::ENSURE_LOAD_BALANCER, 1.0, CloudError::ImplementedElsewhere);
-        env.create_service(lb_service("web")).await;
+        env.create_service(lb_service(NS, "web")).await;
         env.settle_after_failure("sentinel").await;
         let svc = env.get("web").await.unwrap();
         assert_eq!(finalizers(&svc), [LOAD_BALANCER_CLEANUP_FINALIZER]);
@@ -441,9 +413,9 @@ impl Env {
     /// [`Env::settle`] when ensures fail for every Service: wait until the sentinel's ensure
     /// has been attempted.
     async fn settle_after_failure(&self, sentinel: &str) {
-        self.create_service(lb_service(sentinel)).await;
+        self.create_service(lb_service(NS, sentinel)).await;
         let subject = format!("{NS}/{sentinel}");
-        eventually(|| async {
+        eventually(WAIT, || async {
             self.fake.calls().subjects(methods::ENSURE_LOAD_BALANCER).contains(&subject).then_some(())
         })
         .await;
@@ -454,7 +426,7 @@ impl Env {
 e2e_apiserver::backend_tests! {
     async fn s10_status_written_once_and_only_when_ingress_changes(backend) {
         let env = Env::started(backend, options()).await;
-        env.create_service(lb_service("web")).await;
+        env.create_service(lb_service(NS, "web")).await;
         env.wait_ingress("web").await;
         // A change that re-ensures but yields the same ingress writes nothing.
         env.edit("web", json!({"spec": {"sessionAffinity": "ClientIP"}})).await;
@@ -479,7 +451,7 @@ e2e_apiserver::backend_tests! {
             CloudError::retry_after(Duration::from_millis(300), "creating"),
         );
         let started = Instant::now();
-        env.create_service(lb_service("web")).await;
+        env.create_service(lb_service(NS, "web")).await;
         env.wait_ingress("web").await;
         let took = started.elapsed();
         assert!(took >= Duration::from_millis(300), "retried before the requested delay: {took:?}");
@@ -492,7 +464,7 @@ e2e_apiserver::backend_tests! {
         let env = Env::started(backend, options()).await;
         env.fake.fail_next(methods::ENSURE_LOAD_BALANCER, 1, CloudError::Unavailable("cloud down".into()));
         let started = Instant::now();
-        env.create_service(lb_service("web")).await;
+        env.create_service(lb_service(NS, "web")).await;
         env.wait_ingress("web").await;
         let took = started.elapsed();
         assert!(took >= Duration::from_secs(5), "retried before the 5 s backoff: {took:?}");
@@ -516,7 +488,7 @@ e2e_apiserver::backend_tests! {
     async fn load_balancer_class_manager_handles_only_its_class(backend) {
         let class = "example.com/internal";
         let env = Env::started(backend, ControllerOptions { load_balancer_class: Some(class.into()), ..options() }).await;
-        env.create_service(lb_service("unclassed")).await;
+        env.create_service(lb_service(NS, "unclassed")).await;
         env.create_service(classed("theirs", "example.com/external")).await;
         env.create_service(classed("mine", class)).await;
         let mine = env.wait_ingress("mine").await;
@@ -527,7 +499,7 @@ e2e_apiserver::backend_tests! {
             assert!(ingress(&svc).is_none() && finalizers(&svc).is_empty(), "{name} was handled");
         }
         env.services().delete("mine", &DeleteParams::default()).await.expect("delete");
-        eventually(|| async { env.get("mine").await.is_none().then_some(()) }).await;
+        eventually(WAIT, || async { env.get("mine").await.is_none().then_some(()) }).await;
         assert!(env.fake.load_balancers().is_empty());
     }
 }
@@ -538,7 +510,7 @@ e2e_apiserver::backend_tests! {
     async fn s7_zero_eligible_nodes_emits_unavailable_event_and_still_ensures(backend) {
         let env = Env::started(backend, options()).await;
         env.create_node(labelled_node("excluded", "true")).await;
-        env.create_service(lb_service("web")).await;
+        env.create_service(lb_service(NS, "web")).await;
         env.wait_ingress("web").await;
         assert_eq!(env.hosts("web"), Some(vec![]));
         let e = env.wait_event("UnAvailableLoadBalancer").await;
@@ -553,8 +525,8 @@ e2e_apiserver::backend_tests! {
         {
             env.create_node(labelled_node(name, value)).await;
         }
-        eventually(|| async { (env.running.as_ref()?.context.nodes.state().len() == 7).then_some(()) }).await;
-        env.create_service(lb_service("web")).await;
+        eventually(WAIT, || async { (env.running.as_ref()?.context.nodes.state().len() == 7).then_some(()) }).await;
+        env.create_service(lb_service(NS, "web")).await;
         env.wait_ingress("web").await;
         assert_eq!(env.hosts("web").unwrap(), ["no-f", "no-false", "plain"]);
     }
@@ -563,14 +535,14 @@ e2e_apiserver::backend_tests! {
         let env = Env::started(backend, ControllerOptions { concurrent_service_syncs: 4, ..options() }).await;
         env.create_node(node("n1")).await;
         for i in 0..10 {
-            env.create_service(lb_service(&format!("web-{i}"))).await;
+            env.create_service(lb_service(NS, &format!("web-{i}"))).await;
         }
         for i in 0..10 {
             env.wait_ingress(&format!("web-{i}")).await;
         }
         let ensures = env.ensures();
         env.create_node(node("n2")).await;
-        eventually(|| async { (0..10).all(|i| env.hosts(&format!("web-{i}")).unwrap().len() == 2).then_some(()) }).await;
+        eventually(WAIT, || async { (0..10).all(|i| env.hosts(&format!("web-{i}")).unwrap().len() == 2).then_some(()) }).await;
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(env.updates(), 10, "one host update per load balancer");
         assert_eq!(env.ensures(), ensures, "a host change is an update, not an ensure");
@@ -580,13 +552,13 @@ e2e_apiserver::backend_tests! {
     async fn s15_unrelated_node_changes_call_no_update(backend) {
         let env = Env::started(backend, options()).await;
         env.create_node(node("n1")).await;
-        env.create_service(lb_service("web")).await;
+        env.create_service(lb_service(NS, "web")).await;
         env.wait_ingress("web").await;
         env.edit_node("n1", json!({"metadata": {"labels": {"team": "a"}}, "spec": {"taints": [{"key": "dedicated", "effect": "NoSchedule"}]}})).await;
         env.edit_node("n1", json!({"metadata": {"labels": {(EXCLUDE_FROM_LB_LABEL): "false"}}})).await;
         // A sentinel Node change that does count, to know the earlier ones were seen.
         env.create_node(node("n2")).await;
-        eventually(|| async { (env.hosts("web")?.len() == 2).then_some(()) }).await;
+        eventually(WAIT, || async { (env.hosts("web")?.len() == 2).then_some(()) }).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert_eq!(env.updates(), 1, "only the added Node caused an update");
     }
@@ -598,38 +570,38 @@ e2e_apiserver::backend_tests! {
         n1.spec.as_mut().unwrap().provider_id = None;
         env.create_node(n1).await;
         env.create_node(node("n2")).await;
-        env.create_service(lb_service("web")).await;
+        env.create_service(lb_service(NS, "web")).await;
         env.wait_ingress("web").await;
-        eventually(|| async { (env.hosts("web")?.len() == 2).then_some(()) }).await;
+        eventually(WAIT, || async { (env.hosts("web")?.len() == 2).then_some(()) }).await;
         env.edit_node("n2", json!({"metadata": {"labels": {(EXCLUDE_FROM_LB_LABEL): "true"}}})).await;
-        eventually(|| async { (env.hosts("web")? == ["n1"]).then_some(()) }).await;
+        eventually(WAIT, || async { (env.hosts("web")? == ["n1"]).then_some(()) }).await;
         env.edit_node("n1", json!({"spec": {"providerID": "fake://n1"}})).await;
-        eventually(|| async { (env.updates() == 2).then_some(()) }).await;
+        eventually(WAIT, || async { (env.updates() == 2).then_some(()) }).await;
     }
 
     async fn s21_autoscaler_taint_appearing_updates_hosts(backend) {
         let env = Env::started(backend, options()).await;
         env.create_node(node("n1")).await;
         env.create_node(node("n2")).await;
-        env.create_service(lb_service("web")).await;
+        env.create_service(lb_service(NS, "web")).await;
         env.wait_ingress("web").await;
-        eventually(|| async { (env.hosts("web")?.len() == 2).then_some(()) }).await;
+        eventually(WAIT, || async { (env.hosts("web")?.len() == 2).then_some(()) }).await;
         let taint = Taint { key: TO_BE_DELETED_TAINT.into(), effect: "NoSchedule".into(), ..Default::default() };
         env.edit_node("n2", json!({"spec": {"taints": [taint]}})).await;
-        eventually(|| async { (env.hosts("web")? == ["n1"]).then_some(()) }).await;
+        eventually(WAIT, || async { (env.hosts("web")? == ["n1"]).then_some(()) }).await;
     }
 
     async fn s18_failed_host_update_retries_through_ensure(backend) {
         let env = Env::started(backend, options()).await;
         env.create_node(node("n1")).await;
-        env.create_service(lb_service("web")).await;
+        env.create_service(lb_service(NS, "web")).await;
         env.wait_ingress("web").await;
         let ensures = env.ensures();
         env.fake.fail_next(methods::UPDATE_LOAD_BALANCER, 1, CloudError::Unavailable("cloud down".into()));
         env.create_node(node("n2")).await;
         let e = env.wait_event("UpdateLoadBalancerFailed").await;
         assert!(e.note.unwrap_or_default().contains("[n1, n2]"));
-        eventually(|| async { (env.hosts("web")?.len() == 2).then_some(()) }).await;
+        eventually(WAIT, || async { (env.hosts("web")?.len() == 2).then_some(()) }).await;
         assert_eq!(env.ensures(), ensures + 1, "the retry ran the ensure path");
         let text = env.running.as_ref().unwrap().context.metrics.encode();
         assert!(text.contains("service_controller_nodesync_error_total 1"), "{text}");
@@ -643,20 +615,20 @@ e2e_apiserver::backend_tests! {
         let env =
             Env::started(backend, ControllerOptions { load_balancer_resync_period: Some(Duration::from_millis(500)), ..options() })
                 .await;
-        env.create_service(lb_service("web")).await;
+        env.create_service(lb_service(NS, "web")).await;
         env.wait_ingress("web").await;
         // Someone deletes the load balancer behind our back.
         let svc = env.get("web").await.unwrap();
         use ccm_framework::provider::LoadBalancer;
         env.fake.ensure_load_balancer_deleted("kubernetes", &svc).await.unwrap();
-        eventually(|| async { env.fake.load_balancer_for(NS, "web").map(|_| ()) }).await;
+        eventually(WAIT, || async { env.fake.load_balancer_for(NS, "web").map(|_| ()) }).await;
     }
 
     async fn two_writes_per_service_and_none_when_idle(backend) {
         let env = Env::started(backend, ControllerOptions { concurrent_service_syncs: 8, ..options() }).await;
         env.create_node(node("n1")).await;
         for i in 0..50 {
-            env.create_service(lb_service(&format!("web-{i}"))).await;
+            env.create_service(lb_service(NS, &format!("web-{i}"))).await;
         }
         for i in 0..50 {
             env.wait_ingress(&format!("web-{i}")).await;
@@ -690,9 +662,9 @@ e2e_apiserver::backend_tests! {
         let mut env = Env::started(backend, ControllerOptions { concurrent_service_syncs: 10, ..options() }).await;
         env.create_node(node("n1")).await;
         for i in 0..100 {
-            env.create_service(lb_service(&format!("web-{i}"))).await;
+            env.create_service(lb_service(NS, &format!("web-{i}"))).await;
         }
-        eventually(|| async { (env.fake.load_balancers().len() == 100).then_some(()) }).await;
+        eventually(WAIT, || async { (env.fake.load_balancers().len() == 100).then_some(()) }).await;
         for i in 0..100 {
             env.wait_ingress(&format!("web-{i}")).await;
         }
@@ -701,13 +673,13 @@ e2e_apiserver::backend_tests! {
             env.services().delete(&format!("web-{i}"), &DeleteParams::default()).await.expect("delete");
         }
         // Stop mid-way: some deleted, some not.
-        eventually(|| async { (env.fake.load_balancers().len() < 80).then_some(()) }).await;
+        eventually(WAIT, || async { (env.fake.load_balancers().len() < 80).then_some(()) }).await;
         env.stop().await;
         let left = env.fake.load_balancers().len();
         assert!(left > 0, "stopped too late to test anything");
         env.fake.set_load_balancer_latency(Duration::ZERO);
         env.start().await;
-        eventually(|| async {
+        eventually(WAIT, || async {
             let svcs = env.services().list(&ListParams::default()).await.ok()?;
             // kube-apiserver keeps its own `kubernetes` Service in this namespace.
             let ours = svcs.items.iter().filter(|s| s.metadata.name.as_deref() != Some("kubernetes")).count();

@@ -1,4 +1,5 @@
-//! Shared harness of the operator scenarios (`operator_*.rs`).
+//! The shared harness of this test binary: the operator scenarios' cluster and namespace
+//! ([`Env`]), waiting, the one tracing subscriber and its log capture, and request-log filters.
 //!
 //! Each scenario runs on both backends (`e2e_apiserver::backend_tests!`): the local API server,
 //! and a genuine etcd + kube-apiserver when `CCM_TEST_ASSETS` is set. It installs the CRD and
@@ -7,6 +8,8 @@
 #![allow(dead_code)]
 
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, Once};
 use std::time::Duration;
 
 use crds::CloudControllerManager;
@@ -19,13 +22,17 @@ use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Client, Resource};
 use operator::{OperatorConfig, OperatorHandle, Scope, Timings};
 use serde_json::{Value, json};
+use tracing_subscriber::filter::{EnvFilter, FilterExt, filter_fn};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{Layer, fmt};
 
 /// The user agent of the harness's own requests, so request-log checks can leave them out.
 pub const HARNESS_AGENT: &str = "ccm-operator-e2e-harness";
 /// How long a scenario waits for one expectation.
 pub const WAIT: Duration = Duration::from_secs(30);
 
-static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static NEXT: AtomicUsize = AtomicUsize::new(0);
 
 /// One scenario's cluster and namespace.
 pub struct Env {
@@ -39,14 +46,60 @@ pub struct Env {
     pub ns: String,
 }
 
-fn init_logging() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,operator=info")),
-        )
-        .with_test_writer()
-        .try_init();
+/// Whether a [`LogCapture`] is held, and what was captured meanwhile.
+static CAPTURING: AtomicUsize = AtomicUsize::new(0);
+static CAPTURED: Mutex<Vec<u8>> = Mutex::new(Vec::new());
+
+/// Installs the process's one tracing subscriber (the first call does; later ones keep it): the
+/// test's captured output filtered by `RUST_LOG` (default `warn,operator=info`), and, while a
+/// [`LogCapture`] is held, everything at the most verbose level into the capture. One
+/// subscriber, because every module of this test binary shares the process.
+pub fn init_logging() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let output = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn,operator=info"));
+        let capture = EnvFilter::new("info,operator=trace,ccm_framework=trace")
+            .and(filter_fn(|_| CAPTURING.load(Ordering::SeqCst) > 0));
+        let _ = tracing_subscriber::registry()
+            .with(fmt::layer().with_test_writer().with_filter(output))
+            .with(fmt::layer().with_ansi(false).with_writer(|| CaptureWriter).with_filter(capture))
+            .try_init();
+    });
+}
+
+/// While held, the operator's (and its embedded engines') logs at trace level are captured.
+pub struct LogCapture(());
+
+impl LogCapture {
+    /// Starts capturing (installing the subscriber first if needed).
+    pub fn start() -> LogCapture {
+        init_logging();
+        CAPTURING.fetch_add(1, Ordering::SeqCst);
+        LogCapture(())
+    }
+}
+
+impl Drop for LogCapture {
+    fn drop(&mut self) {
+        CAPTURING.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Everything captured so far in this process, by any holder of a [`LogCapture`].
+pub fn captured_logs() -> String {
+    String::from_utf8_lossy(&CAPTURED.lock().unwrap_or_else(|e| e.into_inner())).into_owned()
+}
+
+struct CaptureWriter;
+
+impl std::io::Write for CaptureWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        CAPTURED.lock().unwrap_or_else(|e| e.into_inner()).extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 fn with_agent(mut config: kube::Config) -> Client {
@@ -73,7 +126,7 @@ impl Env {
     async fn on(cluster: TestCluster, name: &str) -> Env {
         let (client, harness) = (cluster.client(), with_agent(cluster.kube_config()));
         cluster.install_crd(&crds::crd()).await.expect("the CRD installs");
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let ns = format!("e2e-{name}-{}-{n}", std::process::id());
         let namespaces: Api<Namespace> = Api::all(harness.clone());
         namespaces
@@ -237,12 +290,21 @@ where
 }
 
 /// Poll `check` until it is true; panics naming `what` after `WAIT`.
-pub async fn eventually<F, Fut>(what: &str, mut check: F)
+pub async fn eventually<F, Fut>(what: &str, check: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
 {
-    if eventually_value(WAIT, || {
+    eventually_within(what, WAIT, check).await
+}
+
+/// [`eventually`] with its own deadline.
+pub async fn eventually_within<F, Fut>(what: &str, within: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    if eventually_value(within, || {
         let f = check();
         async move { f.await.then_some(()) }
     })
@@ -278,4 +340,34 @@ pub fn micro_now() -> Value {
 /// The Ready condition is published and kstatus-readable.
 pub fn ready(cr: &CloudControllerManager) -> Option<Condition> {
     condition(cr, types::READY)
+}
+
+/// The repository's root directory.
+pub fn root() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Whether this runs in CI (`CI=true`), where a missing tool is a failure rather than a skip.
+pub fn in_ci() -> bool {
+    std::env::var("CI").as_deref() == Ok("true")
+}
+
+/// Whether the namespaced object `name` of kind `K` exists in the scenario's namespace.
+pub async fn exists<K>(env: &Env, name: &str) -> bool
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    env.api::<K>().get_opt(name).await.expect("reading the object").is_some()
+}
+
+/// Whether the operator's ClusterRoleBinding for the resource `cr` of the scenario exists.
+pub async fn crb_exists(env: &Env, cr: &str) -> bool {
+    Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(env.harness.clone())
+        .get_opt(&format!("ccm-operator:{}:{cr}", env.ns))
+        .await
+        .expect("reading the ClusterRoleBinding")
+        .is_some()
 }

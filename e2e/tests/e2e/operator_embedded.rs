@@ -1,11 +1,10 @@
 //! Operator scenario: Embedded mode with the `baremetal` provider initializes Nodes, assigns a
 //! LoadBalancer IP, and reports provider health.
 
-mod operator_support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::kit::{Env, HARNESS_AGENT, condition, eventually, eventually_value};
 use ccm_framework::events::EventSink;
 use crds::conditions::{reasons as ready_reasons, types};
 use e2e_apiserver::FaultRule;
@@ -16,7 +15,6 @@ use operator::controller::{self, Shared};
 use operator::embedded::Engines;
 use operator::metrics::OperatorMetrics;
 use operator::reasons::{available, config_valid, progressing};
-use operator_support::{Env, HARNESS_AGENT, condition, eventually, eventually_value};
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -179,7 +177,7 @@ loadBalancer:
 ";
 
 /// The CR's Lease as (holder, acquireTime): an engine restart releases and re-takes it.
-async fn lease_term(env: &operator_support::Env) -> Option<(String, String)> {
+async fn lease_term(env: &crate::kit::Env) -> Option<(String, String)> {
     let spec = env.api::<Lease>().get_opt("baremetal").await.ok()??.spec?;
     Some((spec.holder_identity.filter(|h| !h.is_empty())?, format!("{:?}", spec.acquire_time?)))
 }

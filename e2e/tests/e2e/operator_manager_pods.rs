@@ -5,39 +5,19 @@
 //! No kubelet runs here: the harness creates the Pods a ReplicaSet would (with the pod
 //! template's labels) and writes their status as a kubelet would.
 
-mod operator_support;
-
 use std::time::{Duration, Instant};
 
+use crate::kit::{Env, crb_exists, eventually, exists, status_reason};
 use crds::conditions::types;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
+use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use operator::reasons::{available, degraded, provider_healthy};
-use operator_support::{Env, eventually, status_reason};
 use serde_json::{Value, json};
 
 fn spec(mode: &str) -> Value {
     json!({"provider": "fake", "mode": mode, "configureCloudRoutes": false, "cloudConfig": {"secretRef": {"name": "cfg"}}})
-}
-
-async fn exists<K>(env: &Env, name: &str) -> bool
-where
-    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
-{
-    env.api::<K>().get_opt(name).await.unwrap().is_some()
-}
-
-async fn crb_exists(env: &Env, cr: &str) -> bool {
-    Api::<ClusterRoleBinding>::all(env.harness.clone())
-        .get_opt(&format!("ccm-operator:{}:{cr}", env.ns))
-        .await
-        .unwrap()
-        .is_some()
 }
 
 /// The manager's RBAC in the namespace and cluster-wide: all of it, or none of it.

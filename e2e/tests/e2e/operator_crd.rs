@@ -115,6 +115,13 @@ fn crd_patches(server: &TestCluster) -> usize {
         .count()
 }
 
+/// Puts the current CRD back: on the genuine backend the control plane outlives this scenario,
+/// and later turns of other modules in this test binary expect the CRD this build serves.
+async fn restore_current_crd(server: &TestCluster) {
+    server.faults().clear();
+    server.install_crd(&crds::crd()).await.expect("the current CRD is restored");
+}
+
 e2e_apiserver::backend_tests! {
     async fn an_older_crd_is_upgraded_to_the_operators_own_at_start(backend) {
         let (server, crds) = server_with_older_crd(backend).await;
@@ -157,6 +164,7 @@ e2e_apiserver::backend_tests! {
         let after = crds.get(CloudControllerManager::crd_name()).await.unwrap();
         assert!(!has_paused(&after), "the CRD is left as it was");
         op.stop().await.unwrap();
+        restore_current_crd(&server).await;
         drop(server);
     }
 }
@@ -169,6 +177,7 @@ e2e_apiserver::backend_tests! {
         assert_eq!(crd_patches(&server), 0, "no apply of the CRD");
         assert!(!has_paused(&crds.get(CloudControllerManager::crd_name()).await.unwrap()));
         op.stop().await.unwrap();
+        restore_current_crd(&server).await;
         drop(server);
     }
 }

@@ -14,6 +14,7 @@
 //! helm-sdkpy, the runs are skipped with the reason printed (a failure in CI). They use the
 //! documented port 8080, so they run one at a time.
 
+use crate::kit::{in_ci, root};
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -180,14 +181,6 @@ const MARKER: &str = "<!-- block: ";
 /// The documented port: runs that use it take turns.
 static PORT_8080: Mutex<()> = Mutex::new(());
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn in_ci() -> bool {
-    std::env::var("CI").as_deref() == Ok("true")
-}
-
 /// A documented block: its name (from the marker, if any), fence language and text.
 #[derive(Debug, Clone)]
 struct Block {
@@ -280,7 +273,7 @@ fn named_paths(text: &str) -> Vec<String> {
 fn every_documented_block_is_registered_and_unchanged() {
     let mut problems = Vec::new();
     let mut seen = Vec::new();
-    let source = document("e2e/tests/walkthrough.rs");
+    let source = document("e2e/tests/e2e/walkthrough.rs");
     for file in DOCUMENTS {
         for b in blocks(&document(file)) {
             let Some(name) = &b.name else {
@@ -290,7 +283,7 @@ fn every_documented_block_is_registered_and_unchanged() {
             seen.push((file, name.clone()));
             let Some((_, _, hash, check)) = BLOCKS.iter().find(|(f, n, _, _)| *f == file && n == name) else {
                 problems.push(format!(
-                    "{file}:{}: block {name} is not registered in e2e/tests/walkthrough.rs BLOCKS (hash {})",
+                    "{file}:{}: block {name} is not registered in e2e/tests/e2e/walkthrough.rs BLOCKS (hash {})",
                     b.line,
                     fnv(&b.text)
                 ));

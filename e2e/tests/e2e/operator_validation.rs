@@ -1,14 +1,12 @@
 //! Operator scenarios: every `ConfigValid` failure, conflicts between CRs, malformed CRs.
 
-mod operator_support;
-
+use crate::kit::{Env, HARNESS_AGENT, WAIT, eventually};
 use crds::conditions::{reasons as ready_reasons, types};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::wait::await_condition;
 use operator::reasons::{config_valid, degraded};
-use operator_support::{Env, HARNESS_AGENT, WAIT, eventually};
 use serde_json::json;
 
 /// The CRD with a spec schema that takes anything (as an old release's might have).

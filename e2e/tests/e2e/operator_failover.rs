@@ -1,17 +1,15 @@
 //! Operator scenarios: two operator replicas, one leads; a crash hands over; an idle
 //! operator writes nothing.
 
-mod operator_support;
-
 use std::time::Duration;
 
+use crate::kit::{Env, HARNESS_AGENT, by_code_under_test, eventually, eventually_value, micro_now};
 use ccm_framework::leader::LeaderElectionConfig;
 use crds::conditions::types;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Patch, PatchParams};
 use operator::OperatorHandle;
-use operator_support::{Env, HARNESS_AGENT, by_code_under_test, eventually, eventually_value, micro_now};
 use serde_json::json;
 
 async fn start_replica(env: &Env, identity: &str) -> OperatorHandle {
@@ -42,7 +40,7 @@ e2e_apiserver::backend_tests! {
         env.secret("cfg", "cloud.conf", "autoInstances: true\n").await;
         let a = start_replica(&env, "operator-a").await;
         let b = start_replica(&env, "operator-b").await;
-        let leader_id = eventually_value(operator_support::WAIT, || async { holder(&env, "ccm-operator").await })
+        let leader_id = eventually_value(crate::kit::WAIT, || async { holder(&env, "ccm-operator").await })
             .await
             .expect("one operator leads");
         let (leader, standby) = if leader_id == "operator-a" { (a, b) } else { (b, a) };
@@ -114,7 +112,7 @@ e2e_apiserver::backend_tests! {
         env.apply_cr("bad", json!({"provider": "nimbus"})).await;
 
         // Play the deployment controller and the manager for `dep`, renewing its Lease throughout.
-        let d = eventually_value(operator_support::WAIT, || async {
+        let d = eventually_value(crate::kit::WAIT, || async {
             env.api::<Deployment>().get_opt("ccm-dep").await.ok().flatten()
         })
         .await
@@ -124,7 +122,7 @@ e2e_apiserver::backend_tests! {
             json!({"observedGeneration": d.metadata.generation, "replicas": 2, "updatedReplicas": 2, "readyReplicas": 2, "availableReplicas": 2}),
         )
         .await;
-        let ds = eventually_value(operator_support::WAIT, || async {
+        let ds = eventually_value(crate::kit::WAIT, || async {
             env.api::<DaemonSet>().get_opt("ccm-ds").await.ok().flatten()
         })
         .await

@@ -1,38 +1,18 @@
 //! Operator scenarios: mode switches prune, deletion cleans up, nothing is orphaned.
 
-mod operator_support;
-
+use crate::kit::{Env, crb_exists, eventually, exists};
 use crds::conditions::types;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
-use kube::api::{Api, DeleteParams};
+use k8s_openapi::api::rbac::v1::RoleBinding;
+use kube::api::DeleteParams;
 use operator::reasons::{available, progressing};
-use operator_support::{Env, eventually};
 
 /// How long the garbage collector may take (see the deletion test).
 const GC_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 use serde_json::{Value, json};
-
-async fn exists<K>(env: &Env, name: &str) -> bool
-where
-    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
-{
-    env.api::<K>().get_opt(name).await.unwrap().is_some()
-}
-
-async fn crb_exists(env: &Env, cr: &str) -> bool {
-    Api::<ClusterRoleBinding>::all(env.harness.clone())
-        .get_opt(&format!("ccm-operator:{}:{cr}", env.ns))
-        .await
-        .unwrap()
-        .is_some()
-}
 
 fn spec(mode: &str) -> Value {
     json!({"provider": "fake", "mode": mode, "configureCloudRoutes": false, "cloudConfig": {"secretRef": {"name": "cfg"}}})
@@ -143,7 +123,7 @@ e2e_apiserver::backend_tests! {
             // (e2e/envtest/setup.sh adds it when the real-cluster kit is there). Its garbage
             // collector learns a freshly installed CRD's kind at its 30 s discovery resync, so
             // the wait is longer than the others (41 s measured on genuine).
-            let gone = operator_support::eventually_value(GC_WAIT, || async {
+            let gone = crate::kit::eventually_value(GC_WAIT, || async {
                 (!exists::<Deployment>(&env, "ccm-gone").await && !exists::<ServiceAccount>(&env, "ccm-gone").await)
                     .then_some(())
             })

@@ -1,27 +1,15 @@
 //! Operator scenarios: what the installation cannot run is refused before anything changes
 //! (Embedded mode the chart did not enable; a proxy data path off the host network).
 
-mod operator_support;
-
 use std::time::Duration;
 
+use crate::kit::{Env, eventually, exists};
 use crds::conditions::types;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use operator::reasons::config_valid;
 use operator::validate::Environment;
-use operator_support::{Env, eventually};
 use serde_json::json;
-
-async fn exists<K>(env: &Env, name: &str) -> bool
-where
-    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
-{
-    env.api::<K>().get_opt(name).await.unwrap().is_some()
-}
 
 const PROXY: &str =
     "instances: [{name: n1}]\nloadBalancer:\n  mode: proxy\n  pools: [{name: lan, cidrs: [10.0.0.0/30]}]\n";

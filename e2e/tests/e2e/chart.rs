@@ -7,6 +7,7 @@
 //! the API server and runs it. Without python3, helm-sdkpy or PyYAML the test is skipped with the
 //! reason printed, except when `CI=true`, where that is a failure (`.ci/run` installs them).
 
+use crate::kit::in_ci;
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -14,10 +15,6 @@ use e2e_apiserver::TestCluster;
 
 /// `run.py`'s exit code for "a tool is missing, skipped".
 const SKIPPED: i32 = 77;
-
-fn in_ci() -> bool {
-    std::env::var("CI").as_deref() == Ok("true")
-}
 
 fn chart_tests() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../charts/ccm-operator/tests/run.py")

@@ -30,6 +30,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
+use crate::kit::{eventually_within, in_ci};
 use ccm_framework::serving::{AuthConfig, AuthSettings, HttpConfig};
 use clap::Parser;
 use e2e_apiserver::{RequestRecord, TestCluster};
@@ -65,10 +66,6 @@ fn genuine_only(rule: &Value) -> bool {
     let mut resources = rule["resources"].as_array().into_iter().flatten().filter_map(Value::as_str);
     rule["verbs"] == json!(["bind"])
         || resources.any(|r| r.ends_with("/finalizers") || r == "tokenreviews" || r == "subjectaccessreviews")
-}
-
-fn in_ci() -> bool {
-    std::env::var("CI").as_deref() == Ok("true")
 }
 
 /// The chart's objects rendered by Helm, or `None` when Helm is unavailable outside CI.
@@ -377,16 +374,8 @@ where
     }
 }
 
-/// Like [`step`], panicking on timeout (for the scenarios that must pass).
-async fn eventually<F, Fut>(what: &str, check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    if let Err(what) = step(what, Duration::from_secs(60), check).await {
-        panic!("timed out waiting until {what}");
-    }
-}
+/// How long a scenario that must pass waits for one step.
+const RBAC_WAIT: Duration = Duration::from_secs(60);
 
 /// The kinds of the chart's RBAC objects, applied on the genuine backend as rendered.
 const RBAC_KINDS: &[(&str, &str, &str, &str)] = &[
@@ -563,7 +552,7 @@ async fn start_operator(
     timeout: Duration,
 ) -> Result<operator::OperatorHandle, String> {
     // RUST_LOG=operator=debug shows the operator's side when a scenario step times out.
-    let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).try_init();
+    crate::kit::init_logging();
     let (_, namespaces) = operator_identity(objects);
     assert_eq!(namespaces, [CR_NAMESPACE], "the chart passes its cloudConfig.namespaces to the operator");
     let client_config = operator_config(cluster, objects).await;
@@ -1253,7 +1242,7 @@ e2e_apiserver::backend_tests! {
         let spec = json!({"provider": "fake", "mode": "Embedded", "clusterCIDR": "10.244.0.0/16",
             "cloudConfig": {"secretRef": {"name": "fake-cloud-config"}}});
         ccms.create(&PostParams::default(), &ccm(CR_NAMESPACE, "emb", spec)).await.expect("the CloudControllerManager");
-        eventually("the embedded engine initializes the Nodes", || async {
+        eventually_within("the embedded engine initializes the Nodes", RBAC_WAIT, || async {
             for name in ["node-a", "node-b"] {
                 let initialized = nodes.get(name).await.ok().and_then(|n| n.spec).is_some_and(|s| s.provider_id.is_some());
                 if !initialized {
@@ -1264,12 +1253,12 @@ e2e_apiserver::backend_tests! {
         })
         .await;
         // Written by the engine inside the operator, through the manager's rules.
-        eventually("the resource is Ready", || async {
+        eventually_within("the resource is Ready", RBAC_WAIT, || async {
             ccms.get_status("emb").await.ok().is_some_and(|c| condition_is(&c, "Ready", "True"))
         })
         .await;
         ccms.delete("emb", &DeleteParams::default()).await.expect("delete");
-        eventually("the resource is gone", || async { ccms.get_opt("emb").await.ok().flatten().is_none() }).await;
+        eventually_within("the resource is gone", RBAC_WAIT, || async { ccms.get_opt("emb").await.ok().flatten().is_none() }).await;
         let _ = tokio::time::timeout(Duration::from_secs(20), operator.stop()).await;
 
         let by_operator = by_operator(&cluster, &objects);

@@ -3,14 +3,12 @@
 //! shared stores' readiness were never woken again when several waited at once, which only
 //! shows when the stores take a while to list, as on a genuine kube-apiserver).
 
-mod operator_support;
-
 use std::time::Duration;
 
+use crate::kit::{Env, eventually_value};
 use crds::CloudControllerManager;
 use crds::conditions::types;
 use operator::names::FINALIZER;
-use operator_support::{Env, eventually_value};
 use serde_json::json;
 
 /// Resources present across the restarts.

@@ -2,7 +2,7 @@
 //! per upstream behaviour (L1–L5, named after its ID) plus our additions (batched checks with
 //! bounded concurrency, the deletion grace period).
 
-use std::future::Future;
+use crate::kit::eventually;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -53,10 +53,7 @@ impl Env {
     }
 
     async fn with_cluster(cluster: TestCluster, options: ControllerOptions) -> Env {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
+        crate::kit::init_tracing();
         let client = cluster.client();
         let shutdown = CancellationToken::new();
         let fake = Arc::new(FakeProvider::new());
@@ -92,7 +89,7 @@ impl Env {
         let pp = PostParams { field_manager: Some("kubelet".into()), ..Default::default() };
         self.nodes.create(&pp, &node).await.expect("create node");
         // The controller works from the cache: wait until it has the Node.
-        eventually(|| async { self.ctx.nodes.get(None, name).map(|_| ()) }).await;
+        eventually(WAIT, || async { self.ctx.nodes.get(None, name).map(|_| ()) }).await;
     }
 
     async fn get(&self, name: &str) -> Option<Node> {
@@ -129,14 +126,6 @@ fn is_controller_write(r: &RequestRecord) -> bool {
         && (r.field_manager.as_deref() == Some(lifecycle::NAME) || r.verb == "delete")
 }
 
-async fn eventually<T, F, Fut>(f: F) -> T
-where
-    F: Fn() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    e2e_apiserver::wait::eventually(WAIT, f).await
-}
-
 fn shutdown_taint() -> Taint {
     Taint { key: TAINT_SHUTDOWN.into(), effect: "NoSchedule".into(), value: None, time_added: None }
 }
@@ -164,7 +153,7 @@ e2e_apiserver::backend_tests! {
             Taint { key: "dedicated".into(), effect: "NoSchedule".into(), value: Some("x".into()), time_added: None };
         env.node("back", Some("True"), vec![other.clone(), shutdown_taint()], Some(running("back"))).await;
         env.run();
-        let node = eventually(|| async { env.get("back").await.filter(|n| !has_shutdown_taint(n)) }).await;
+        let node = eventually(WAIT, || async { env.get("back").await.filter(|n| !has_shutdown_taint(n)) }).await;
         let mut expected = vec![other];
         if env.cluster.is_genuine() {
             // kube-apiserver's TaintNodesByCondition admission taints every new Node not-ready.
@@ -195,7 +184,7 @@ e2e_apiserver::backend_tests! {
         }
         env.node("ready", Some("True"), vec![], Some(running("ready"))).await;
         env.run();
-        eventually(|| async { (env.fake.calls().count(methods::INSTANCES_SHUTDOWN) == 3).then_some(()) }).await;
+        eventually(WAIT, || async { (env.fake.calls().count(methods::INSTANCES_SHUTDOWN) == 3).then_some(()) }).await;
         assert_eq!(env.fake.calls().count(methods::INSTANCES_EXIST), 3, "30 Nodes in batches of 10, Ready one skipped");
         assert_eq!(env.fake.calls().count(methods::INSTANCE_EXISTS), 0, "no single lookups");
         assert!(env.controller_writes().is_empty(), "existing, running instances change nothing");
@@ -210,7 +199,7 @@ e2e_apiserver::backend_tests! {
             env.node(&name, Some("False"), vec![], Some(running(&name))).await;
         }
         env.run();
-        eventually(|| async { (env.fake.calls().count(methods::INSTANCES_SHUTDOWN) == 10).then_some(()) }).await;
+        eventually(WAIT, || async { (env.fake.calls().count(methods::INSTANCES_SHUTDOWN) == 10).then_some(()) }).await;
         assert_eq!(env.fake.calls().count(methods::INSTANCES_EXIST), 10);
         let peak = env.fake.calls().peak_in_flight();
         assert!(peak > 1 && peak <= lifecycle::BATCHES_IN_FLIGHT, "parallel but bounded: peak {peak}");
@@ -221,7 +210,7 @@ e2e_apiserver::backend_tests! {
         env.node("flaky", Some("False"), vec![], None).await; // absent from the cloud...
         env.fake.fail_rate(methods::INSTANCES_EXIST, 1.0, CloudError::Unavailable("503".into())); // ...but the cloud errors
         env.run();
-        eventually(|| async { (env.fake.calls().count(methods::INSTANCES_EXIST) >= 3).then_some(()) }).await;
+        eventually(WAIT, || async { (env.fake.calls().count(methods::INSTANCES_EXIST) >= 3).then_some(()) }).await;
         assert!(env.get("flaky").await.is_some(), "an error never deletes");
         assert_eq!(env.fake.calls().count(methods::INSTANCES_SHUTDOWN), 0, "no shutdown check after an error");
         assert!(env.controller_writes().is_empty());
@@ -232,8 +221,8 @@ e2e_apiserver::backend_tests! {
         env.node("gone", Some("Unknown"), vec![], None).await;
         env.node("alive", Some("Unknown"), vec![], Some(running("alive"))).await;
         env.run();
-        eventually(|| async { env.get("gone").await.is_none().then_some(()) }).await;
-        eventually(|| async { (env.events("DeletingNode", "gone").await == 1).then_some(()) }).await;
+        eventually(WAIT, || async { env.get("gone").await.is_none().then_some(()) }).await;
+        eventually(WAIT, || async { (env.events("DeletingNode", "gone").await == 1).then_some(()) }).await;
         env.passes(3).await;
         assert!(env.get("alive").await.is_some());
         let deletes = env.cluster.request_log().count(|r| r.verb == "delete" && r.resource.as_deref() == Some("nodes"));
@@ -251,17 +240,17 @@ e2e_apiserver::backend_tests! {
             ..Default::default()
         });
         env.run();
-        eventually(|| async { (env.events("DeletingNodeFailed", "stuck").await >= 1).then_some(()) }).await;
+        eventually(WAIT, || async { (env.events("DeletingNodeFailed", "stuck").await >= 1).then_some(()) }).await;
         assert!(env.get("stuck").await.is_some());
         env.cluster.faults().clear();
-        eventually(|| async { env.get("stuck").await.is_none().then_some(()) }).await;
+        eventually(WAIT, || async { env.get("stuck").await.is_none().then_some(()) }).await;
     }
 
     async fn l5_shut_down_instance_gets_the_shutdown_taint_once(backend) {
         let env = Env::start(backend, options()).await;
         env.node("off", Some("False"), vec![], Some(shut_down("off"))).await;
         env.run();
-        let node = eventually(|| async { env.get("off").await.filter(has_shutdown_taint) }).await;
+        let node = eventually(WAIT, || async { env.get("off").await.filter(has_shutdown_taint) }).await;
         let taint = node.spec.unwrap().taints.unwrap().into_iter().find(|t| t.key == TAINT_SHUTDOWN).unwrap();
         assert_eq!((taint.effect.as_str(), taint.value), ("NoSchedule", None));
         env.passes(4).await;
@@ -269,7 +258,7 @@ e2e_apiserver::backend_tests! {
         // Back up and Ready: L1 removes it.
         let ready = json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}});
         env.nodes.patch_status("off", &PatchParams::default(), &Patch::Strategic(ready)).await.expect("ready");
-        eventually(|| async { env.get("off").await.filter(|n| !has_shutdown_taint(n)) }).await;
+        eventually(WAIT, || async { env.get("off").await.filter(|n| !has_shutdown_taint(n)) }).await;
     }
 
     async fn l5_shutdown_check_error_adds_no_taint(backend) {
@@ -277,7 +266,7 @@ e2e_apiserver::backend_tests! {
         env.node("off", Some("False"), vec![], Some(shut_down("off"))).await;
         env.fake.fail_rate(methods::INSTANCES_SHUTDOWN, 1.0, CloudError::Other("boom".into()));
         env.run();
-        eventually(|| async { (env.fake.calls().count(methods::INSTANCES_SHUTDOWN) >= 3).then_some(()) }).await;
+        eventually(WAIT, || async { (env.fake.calls().count(methods::INSTANCES_SHUTDOWN) >= 3).then_some(()) }).await;
         assert!(!has_shutdown_taint(&env.get("off").await.unwrap()));
         assert!(env.controller_writes().is_empty());
     }
@@ -290,7 +279,7 @@ e2e_apiserver::backend_tests! {
         // The cloud says "not found" for about a second, then finds the instance again.
         env.fake.remove_instance("blip");
         let absent_from = env.fake.calls().count(methods::INSTANCES_EXIST);
-        eventually(|| async { (env.fake.calls().count(methods::INSTANCES_EXIST) >= absent_from + 5).then_some(()) }).await;
+        eventually(WAIT, || async { (env.fake.calls().count(methods::INSTANCES_EXIST) >= absent_from + 5).then_some(()) }).await;
         env.fake.set_instance("blip", running("blip"));
         tokio::time::sleep(grace + Duration::from_millis(500)).await;
         assert!(env.get("blip").await.is_some(), "a brief absence inside the grace period deletes nothing");
@@ -303,7 +292,7 @@ e2e_apiserver::backend_tests! {
         env.node("dead", Some("False"), vec![], None).await;
         let started = Instant::now();
         env.run();
-        eventually(|| async { env.get("dead").await.is_none().then_some(()) }).await;
+        eventually(WAIT, || async { env.get("dead").await.is_none().then_some(()) }).await;
         assert!(started.elapsed() >= grace, "deleted only after the grace period: {:?}", started.elapsed());
         assert!(env.fake.calls().count(methods::INSTANCES_EXIST) >= 5, "absence was confirmed on every pass meanwhile");
     }

@@ -9,8 +9,9 @@
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use crate::kit::eventually;
 use ccm_framework::controllers::service::ServiceController;
 use ccm_framework::engine::testing::{RunningController, run_controller};
 use ccm_framework::options::ControllerOptions;
@@ -23,7 +24,6 @@ use serde_json::json;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 
-const WAIT: Duration = Duration::from_secs(30);
 const HEALTH_PORT: u16 = 31256;
 
 fn ip(block: u8, host: u8) -> IpAddr {
@@ -45,21 +45,6 @@ async fn start(cluster: &TestCluster, provider: Arc<BaremetalProvider>) -> Runni
     let options = ControllerOptions { concurrent_service_syncs: 2, ..Default::default() };
     run_controller(cluster.client(), provider as Arc<dyn CloudProvider>, options, Box::new(ServiceController::new()))
         .await
-}
-
-async fn eventually<T, F, Fut>(what: &str, f: F) -> T
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "{what}: not reached within {WAIT:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// A Node with an InternalIP, as the node controller leaves it.
@@ -320,7 +305,7 @@ e2e_apiserver::backend_tests! {
         two_nodes(&cluster, b, &[np]).await;
         // Where node a's address moves to, greeting with another name.
         let moved = format!("n{b}-a-moved");
-        crate::backend(&moved, SocketAddr::new(ip(b, 3), np)).await;
+        super::backend(&moved, SocketAddr::new(ip(b, 3), np)).await;
         healthz(SocketAddr::new(ip(b, 3), HEALTH_PORT)).await;
         let running = start(&cluster, provider(&config(b, ""))).await;
         services.create(&PostParams::default(), &service("web", &[(80, np)])).await.unwrap();

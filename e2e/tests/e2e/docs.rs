@@ -6,12 +6,9 @@
 //! *reasons { .. }` block, `REASON_*` constants, and literal reasons passed to
 //! `Health::unhealthy(..)` or next to an `EventType::..` argument.
 
+use crate::kit::root;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
 
 /// Crates whose source may emit reasons.
 const SOURCE_DIRS: [&str; 7] = [

@@ -2,7 +2,7 @@
 //! (R1, R2 and our §6 item 6 fix), the decision table (R8–R10), NetworkUnavailable (R12, R13),
 //! retries (§6 item 5), node-change triggers and the 200-operation cap.
 
-use std::future::Future;
+use crate::kit::eventually;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -92,14 +92,6 @@ async fn create_nodes(cluster: &TestCluster, nodes: &[Node]) {
     }
 }
 
-async fn eventually<T, F, Fut>(f: F) -> T
-where
-    F: Fn() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    e2e_apiserver::wait::eventually(WAIT, f).await
-}
-
 fn addr(ip: &str) -> NodeAddress {
     NodeAddress { type_: "InternalIP".into(), address: ip.into() }
 }
@@ -141,7 +133,7 @@ fn not_created() -> Option<(String, String)> {
 e2e_apiserver::backend_tests! {
     async fn r1_not_started_when_configure_cloud_routes_is_false(backend) {
         let env = Env::start(backend, ControllerOptions { configure_cloud_routes: false, ..options() }, FakeProvider::new()).await;
-        eventually(|| async { env.running.is_finished().then_some(()) }).await;
+        eventually(WAIT, || async { env.running.is_finished().then_some(()) }).await;
         assert_eq!(env.fake.calls().count(methods::LIST_ROUTES), 0);
     }
 
@@ -149,7 +141,7 @@ e2e_apiserver::backend_tests! {
         let fake = FakeProvider::new();
         fake.set_capabilities(FakeCapabilities { routes: false, ..Default::default() });
         let env = Env::start(backend, options(), fake).await;
-        eventually(|| async { env.running.is_finished().then_some(()) }).await;
+        eventually(WAIT, || async { env.running.is_finished().then_some(()) }).await;
         assert_eq!(env.running.check(), Some(Ok(())));
     }
 
@@ -160,7 +152,7 @@ e2e_apiserver::backend_tests! {
             ..options()
         };
         let env = Env::start(backend, opts, FakeProvider::new()).await;
-        let err = eventually(|| async { env.running.check()?.err() }).await;
+        let err = eventually(WAIT, || async { env.running.check()?.err() }).await;
         assert!(err.contains("--cluster-cidr") && err.contains("10.244.0.0/33"), "{err}");
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(!env.running.is_finished(), "§6 item 6: the controller stays (failing) instead of ending the manager");
@@ -169,7 +161,7 @@ e2e_apiserver::backend_tests! {
 
     async fn empty_cluster_cidr_disables_the_controller_with_a_failing_health_check(backend) {
         let env = Env::start(backend, ControllerOptions { cluster_cidrs: vec![], ..options() }, FakeProvider::new()).await;
-        let err = eventually(|| async { env.running.check()?.err() }).await;
+        let err = eventually(WAIT, || async { env.running.check()?.err() }).await;
         assert!(err.contains("--cluster-cidr is empty"), "{err}");
         assert_eq!(env.fake.calls().count(methods::LIST_ROUTES), 0);
     }
@@ -182,8 +174,8 @@ e2e_apiserver::backend_tests! {
         let cluster = TestCluster::start(backend).await.unwrap();
         create_nodes(&cluster, &[node("a", Some("10.244.0.0/24"), "10.0.0.1"), node("b", None, "10.0.0.2")]).await;
         let env = Env::start_on(cluster, options(), FakeProvider::new()).await;
-        eventually(|| async { (env.routes() == [("a".to_string(), "10.244.0.0/24".to_string())]).then_some(()) }).await;
-        eventually(|| async { (status_reason(&env.node("a").await) == created()).then_some(()) }).await;
+        eventually(WAIT, || async { (env.routes() == [("a".to_string(), "10.244.0.0/24".to_string())]).then_some(()) }).await;
+        eventually(WAIT, || async { (status_reason(&env.node("a").await) == created()).then_some(()) }).await;
         let c = condition(&env.node("a").await).unwrap();
         assert_eq!(c.message.as_deref(), Some("RouteController created a route"));
         assert_eq!(condition(&env.node("b").await), None, "R12: no pod CIDRs and no routes: untouched");
@@ -201,7 +193,7 @@ e2e_apiserver::backend_tests! {
         fake.insert_route(CLUSTER, route("r4-wrong-cidr", "a", "10.244.7.0/24"));
         fake.insert_route(CLUSTER, route("r5-outside", "gone", "192.168.5.0/24"));
         let env = Env::start_on(cluster, options(), fake).await;
-        eventually(|| async {
+        eventually(WAIT, || async {
             let want = [("a".to_string(), "10.244.0.0/24".to_string()), ("gone".to_string(), "192.168.5.0/24".to_string())];
             (env.routes() == want).then_some(())
         })
@@ -228,7 +220,7 @@ e2e_apiserver::backend_tests! {
             );
         }
         let env = Env::start_on(cluster, options(), fake).await;
-        eventually(|| async { (env.fake.calls().count(methods::CREATE_ROUTE) == 1).then_some(()) }).await;
+        eventually(WAIT, || async { (env.fake.calls().count(methods::CREATE_ROUTE) == 1).then_some(()) }).await;
         let order: Vec<&str> = env
             .fake
             .calls()
@@ -263,10 +255,10 @@ e2e_apiserver::backend_tests! {
         fake.insert_route(CLUSTER, route("r-stripped", "stripped", "10.244.2.0/24"));
         fake.fail_next(methods::CREATE_ROUTE, 1, CloudError::Unavailable("quota".into()));
         let env = Env::start_on(cluster, options(), fake).await;
-        eventually(|| async { (status_reason(&env.node("stripped").await) == not_created()).then_some(()) }).await;
+        eventually(WAIT, || async { (status_reason(&env.node("stripped").await) == not_created()).then_some(()) }).await;
         // One of the two creations failed on the first pass: that Node is NoRouteCreated until the
         // retry succeeds; both end RouteCreated.
-        eventually(|| async {
+        eventually(WAIT, || async {
             let (ok, failing) = (status_reason(&env.node("ok").await), status_reason(&env.node("failing").await));
             (ok == created() && failing == created()).then_some(())
         })
@@ -281,17 +273,17 @@ e2e_apiserver::backend_tests! {
         create_nodes(&cluster, &[node("a", Some("10.244.0.0/24"), "10.0.0.1")]).await;
         let opts = ControllerOptions { route_reconciliation_period: Duration::from_millis(200), ..options() };
         let env = Env::start_on(cluster, opts, FakeProvider::new()).await;
-        eventually(|| async { (status_reason(&env.node("a").await) == created()).then_some(()) }).await;
+        eventually(WAIT, || async { (status_reason(&env.node("a").await) == created()).then_some(()) }).await;
         let first = condition(&env.node("a").await).unwrap();
         // Several periodic passes later: still one write.
         let passes = env.fake.calls().count(methods::LIST_ROUTES);
-        eventually(|| async { (env.fake.calls().count(methods::LIST_ROUTES) >= passes + 3).then_some(()) }).await;
+        eventually(WAIT, || async { (env.fake.calls().count(methods::LIST_ROUTES) >= passes + 3).then_some(()) }).await;
         assert_eq!(env.condition_writes(), 1);
         // A CNI's False with another reason is taken over, without moving lastTransitionTime.
         let patch = json!({"status": {"conditions": [{"type": NETWORK_UNAVAILABLE, "status": "False", "reason": "CalicoIsUp", "message": "Calico is running on this node", "lastTransitionTime": first.last_transition_time}]}});
         env.nodes().patch_status("a", &PatchParams::default(), &Patch::Strategic(patch)).await.unwrap();
         // The log may record a write a moment after its response: wait for both.
-        eventually(|| async {
+        eventually(WAIT, || async {
             (status_reason(&env.node("a").await) == created() && env.condition_writes() >= 2).then_some(())
         })
         .await;
@@ -314,16 +306,16 @@ e2e_apiserver::backend_tests! {
             )
             .await
             .unwrap();
-        eventually(|| async { (env.routes() == [("a".to_string(), "10.244.3.0/24".to_string())]).then_some(()) }).await;
+        eventually(WAIT, || async { (env.routes() == [("a".to_string(), "10.244.3.0/24".to_string())]).then_some(()) }).await;
         env.nodes().delete("a", &DeleteParams::default()).await.unwrap();
-        eventually(|| async { env.routes().is_empty().then_some(()) }).await;
+        eventually(WAIT, || async { env.routes().is_empty().then_some(()) }).await;
     }
 
     async fn r5_unrelated_node_changes_do_not_trigger_a_pass(backend) {
         let cluster = TestCluster::start(backend).await.unwrap();
         create_nodes(&cluster, &[node("a", Some("10.244.0.0/24"), "10.0.0.1")]).await;
         let env = Env::start_on(cluster, options(), FakeProvider::new()).await;
-        eventually(|| async { (status_reason(&env.node("a").await) == created()).then_some(()) }).await;
+        eventually(WAIT, || async { (status_reason(&env.node("a").await) == created()).then_some(()) }).await;
         tokio::time::sleep(Duration::from_millis(400)).await;
         let passes = env.fake.calls().count(methods::LIST_ROUTES);
         env.nodes()
@@ -341,12 +333,12 @@ e2e_apiserver::backend_tests! {
         fake.fail_next(methods::CREATE_ROUTE, 2, CloudError::Unavailable("cloud down".into()));
         let started = Instant::now();
         let env = Env::start_on(cluster, options(), fake).await;
-        eventually(|| async { (env.routes().len() == 1).then_some(()) }).await;
+        eventually(WAIT, || async { (env.routes().len() == 1).then_some(()) }).await;
         // Retries after 1 s and 2 s; the period is an hour.
         assert!(started.elapsed() < Duration::from_secs(10));
         assert_eq!(env.fake.calls().count(methods::CREATE_ROUTE), 3);
         // Both failures share one event key, so the recorder may fold them into one series.
-        let failed = eventually(|| async { env.events("FailedToCreateRoute").await.into_iter().next() }).await;
+        let failed = eventually(WAIT, || async { env.events("FailedToCreateRoute").await.into_iter().next() }).await;
         assert!(failed.note.as_deref().unwrap_or_default().contains("cloud down"));
     }
 
@@ -355,10 +347,10 @@ e2e_apiserver::backend_tests! {
         create_nodes(&cluster, &[node("a", Some("10.244.0.0/24"), "10.0.0.1")]).await;
         let opts = ControllerOptions { route_reconciliation_period: Duration::from_millis(300), ..options() };
         let env = Env::start_on(cluster, opts, FakeProvider::new()).await;
-        eventually(|| async { (env.routes().len() == 1).then_some(()) }).await;
+        eventually(WAIT, || async { (env.routes().len() == 1).then_some(()) }).await;
         let r = env.fake.cloud_routes(CLUSTER).remove(0);
         ccm_framework::provider::Routes::delete_route(env.fake.as_ref(), CLUSTER, &r).await.unwrap();
-        eventually(|| async { (env.routes().len() == 1).then_some(()) }).await;
+        eventually(WAIT, || async { (env.routes().len() == 1).then_some(()) }).await;
         let text = env.running.context.metrics.encode();
         assert!(text.contains("route_controller_route_sync_total"), "{text}");
     }
@@ -372,7 +364,7 @@ e2e_apiserver::backend_tests! {
         let fake = FakeProvider::new();
         fake.set_latency(Duration::from_millis(200));
         let env = Env::start_on(cluster, options(), fake).await;
-        eventually(|| async { (env.routes().len() == 450).then_some(()) }).await;
+        eventually(WAIT, || async { (env.routes().len() == 450).then_some(()) }).await;
         assert_eq!(env.fake.calls().peak_in_flight(), 200);
     }
 }

@@ -2,9 +2,10 @@
 //! object's final event is written, repeats become events.k8s.io series, and
 //! `ccm_events_dropped_total` counts exactly what was not written, also at shutdown.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::Duration;
 
+use crate::kit::lb_service;
 use ccm_framework::controllers::service::ServiceController;
 use ccm_framework::engine::testing::run_controller;
 use ccm_framework::events::EventSink;
@@ -12,9 +13,8 @@ use ccm_framework::metrics::Metrics;
 use ccm_framework::options::ControllerOptions;
 use ccm_provider_fake::FakeProvider;
 use e2e_apiserver::TestCluster;
-use k8s_openapi::api::core::v1::{Node, NodeSpec, ObjectReference, Service, ServicePort, ServiceSpec};
+use k8s_openapi::api::core::v1::{Node, NodeSpec, ObjectReference, Service};
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Api;
 use kube::api::{ListParams, ObjectMeta, PostParams};
 use kube::runtime::events::EventType;
@@ -44,25 +44,6 @@ fn occurrences(e: &Event) -> u64 {
 /// The value of one sample line in the Prometheus text, 0 when absent.
 fn sample(text: &str, series: &str) -> u64 {
     text.lines().find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse().ok())).unwrap_or(0)
-}
-
-fn lb_service(namespace: &str, name: &str) -> Service {
-    Service {
-        metadata: ObjectMeta { name: Some(name.into()), namespace: Some(namespace.into()), ..Default::default() },
-        spec: Some(ServiceSpec {
-            type_: Some("LoadBalancer".into()),
-            selector: Some(BTreeMap::from([("app".to_string(), name.to_string())])),
-            ports: Some(vec![ServicePort {
-                name: Some("http".into()),
-                port: 80,
-                target_port: Some(IntOrString::Int(8080)),
-                protocol: Some("TCP".into()),
-                ..Default::default()
-            }]),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
 }
 
 e2e_apiserver::backend_tests! {

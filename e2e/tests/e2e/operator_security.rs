@@ -4,14 +4,11 @@
 //! hostile cloud-config never delaying a valid neighbour, and the manager pod admitted by the
 //! `restricted` Pod Security admission of the genuine API server.
 
-mod operator_support;
-
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use crate::kit::{Env, HARNESS_AGENT, LogCapture, condition, eventually, eventually_value};
 use crds::conditions::types;
 use e2e_apiserver::{Backend, TestCluster};
 use k8s_openapi::ByteString;
@@ -22,46 +19,10 @@ use kube::{Client, ResourceExt};
 use operator::build::{self, BuildSettings, Desired};
 use operator::reasons::config_valid;
 use operator::{OperatorConfig, Scope};
-use operator_support::{Env, HARNESS_AGENT, condition, eventually, eventually_value};
 use serde_json::{Value, json};
 
 /// The recognizable value planted in cloud-configs.
 const TOKEN: &str = "SECRET-TOKEN-12345";
-
-/// Everything the operator (and the engines it embeds) logs, at the most verbose level, for
-/// the whole test binary.
-fn log_buffer() -> Arc<Mutex<Vec<u8>>> {
-    static BUFFER: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
-    BUFFER
-        .get_or_init(|| {
-            let buffer = Arc::new(Mutex::new(Vec::new()));
-            let sink = buffer.clone();
-            // Set before any Env starts: its own try_init then keeps this one.
-            let _ = tracing_subscriber::fmt()
-                .with_env_filter(tracing_subscriber::EnvFilter::new("info,operator=trace,ccm_framework=trace"))
-                .with_ansi(false)
-                .with_writer(move || BufferWriter(sink.clone()))
-                .try_init();
-            buffer
-        })
-        .clone()
-}
-
-struct BufferWriter(Arc<Mutex<Vec<u8>>>);
-
-impl Write for BufferWriter {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-fn logs() -> String {
-    String::from_utf8_lossy(&log_buffer().lock().unwrap_or_else(|e| e.into_inner())).into_owned()
-}
 
 /// A Secret with one key, in `namespace`.
 async fn put_secret(client: &Client, namespace: &str, name: &str, value: &[u8]) {
@@ -102,7 +63,7 @@ e2e_apiserver::backend_tests! {
     /// NamespaceNotAllowed with a message naming the setting; its Secret there is never read,
     /// while a resource in an allowed namespace is served.
     async fn resource_outside_the_allowed_namespaces_is_refused_and_its_secret_never_read(backend) {
-        log_buffer();
+        let _capture = LogCapture::start();
         let env = Env::start(backend, "nsallow").await;
         let other = env.cluster.fresh_namespace("e2e-tenant").await.expect("a second namespace");
         put_secret(&env.harness, &env.ns, "cfg", b"autoInstances: true\n").await;
@@ -146,7 +107,7 @@ e2e_apiserver::backend_tests! {
     /// format (as values, keys, tags, anchors, malformed documents) never shows in any
     /// resource's status, in any event, or in the operator's logs at trace level.
     async fn a_token_in_every_cloud_config_field_never_reaches_status_events_or_logs(backend) {
-        log_buffer();
+        let _capture = LogCapture::start();
         let env = Env::start(backend, "token").await;
         let op = env.operator().await;
         let docs = token_documents();
@@ -190,7 +151,7 @@ e2e_apiserver::backend_tests! {
             ("status", serde_json::to_string(&crs).unwrap()),
             ("events", serde_json::to_string(&all_events).unwrap()),
             ("core events", serde_json::to_string(&core).unwrap()),
-            ("operator logs", logs()),
+            ("operator logs", crate::kit::captured_logs()),
         ];
         // Where it leaked, with the token masked: the ConfigValid message of each resource.
         let leaks: Vec<String> = crs
@@ -217,7 +178,7 @@ e2e_apiserver::backend_tests! {
     /// A 100,000-level YAML document and a YAML alias bomb beside a valid resource: the valid one
     /// becomes Ready within twice its time alone, and the hostile ones are refused.
     async fn hostile_cloud_configs_never_delay_a_valid_neighbour(backend) {
-        log_buffer();
+        let _capture = LogCapture::start();
         let env = Env::start(backend, "hostile").await;
         let op = env.operator().await;
         env.secret("calm", "cloud.conf", "autoInstances: true\n").await;
@@ -404,7 +365,7 @@ async fn chart_rbac_lets_the_operator_read_secrets_only_in_the_allowed_namespace
         eprintln!("SKIPPED: needs the genuine API server (CCM_TEST_ASSETS)");
         return;
     }
-    log_buffer();
+    let _capture = LogCapture::start();
     let cluster = TestCluster::start(Backend::Genuine).await.expect("the API server starts");
     cluster.install_crd(&crds::crd()).await.expect("the CRD installs");
     let admin = cluster.client();
@@ -475,7 +436,7 @@ async fn chart_rbac_lets_the_operator_read_secrets_only_in_the_allowed_namespace
             _ => Api::<ClusterRoleBinding>::all(admin.clone()).delete(name, &DeleteParams::default()).await.map(|_| ()),
         };
     }
-    let leftover = logs();
+    let leftover = crate::kit::captured_logs();
     assert!(!leftover.contains("SECRET-TOKEN"));
 }
 

@@ -3,8 +3,8 @@
 //! docs/behaviours.md) plus our additions (batching, §6 fixes,
 //! write budget, idle cost).
 
+use crate::kit::eventually;
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -56,10 +56,7 @@ fn options() -> ControllerOptions {
 
 impl Env {
     async fn start(backend: Backend, options: ControllerOptions, fake: FakeProvider) -> Env {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
+        crate::kit::init_tracing();
         let cluster = TestCluster::start(backend).await.expect("API server starts");
         let client = cluster.client();
         let shutdown = CancellationToken::new();
@@ -107,17 +104,8 @@ impl Env {
     }
 
     async fn wait_initialized(&self, name: &str) -> Node {
-        eventually(|| async { Some(self.get(name).await).filter(|n| !tainted(n)) }).await
+        eventually(WAIT, || async { Some(self.get(name).await).filter(|n| !tainted(n)) }).await
     }
-}
-
-/// Poll `f` until it returns `Some`, or fail after [`WAIT`].
-async fn eventually<T, F, Fut>(f: F) -> T
-where
-    F: Fn() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    e2e_apiserver::wait::eventually(WAIT, f).await
 }
 
 fn addr(t: &str, a: &str) -> NodeAddress {
@@ -191,7 +179,7 @@ e2e_apiserver::backend_tests! {
         let env = Env::started(backend, options(), FakeProvider::new()).await;
         // No instance: every lookup returns None, so the Node waits in backoff.
         env.create(kubelet_node("gone")).await;
-        eventually(|| async { (env.metadata_calls() >= 1).then_some(()) }).await;
+        eventually(WAIT, || async { (env.metadata_calls() >= 1).then_some(()) }).await;
         env.nodes.delete("gone", &Default::default()).await.expect("delete");
         tokio::time::sleep(Duration::from_millis(300)).await;
         let after_delete = env.metadata_calls();
@@ -203,7 +191,7 @@ e2e_apiserver::backend_tests! {
         let no_id = InstanceMetadata { provider_id: String::new(), ..metadata("n", vec![addr("InternalIP", "10.0.0.1")]) };
         let env = Env::started(backend, options(), fake_with(&[("n", no_id)])).await;
         env.create(kubelet_node("n")).await;
-        eventually(|| async { (env.metadata_calls() >= 3).then_some(()) }).await;
+        eventually(WAIT, || async { (env.metadata_calls() >= 3).then_some(()) }).await;
         let node = env.get("n").await;
         assert!(tainted(&node), "never untainted without a providerID");
         assert!(provider_id(&node).is_none());
@@ -233,7 +221,7 @@ e2e_apiserver::backend_tests! {
         // §6 item 1: upstream leaves the Node tainted until its next update event.
         let env = Env::started(backend, options(), FakeProvider::new()).await;
         env.create(kubelet_node("late")).await;
-        eventually(|| async { (env.metadata_calls() >= 2).then_some(()) }).await;
+        eventually(WAIT, || async { (env.metadata_calls() >= 2).then_some(()) }).await;
         assert!(tainted(&env.get("late").await));
         env.fake.set_instance("late", FakeInstance::running(metadata("late", vec![addr("InternalIP", "10.0.0.7")])));
         env.wait_initialized("late").await;
@@ -252,7 +240,7 @@ e2e_apiserver::backend_tests! {
     async fn n5_node_ip_not_among_cloud_addresses_keeps_the_node_tainted_until_fixed(backend) {
         let env = Env::started(backend, options(), fake_with(&[("n", metadata("n", vec![addr("InternalIP", "10.0.0.1")]))])).await;
         env.create(with_node_ip(kubelet_node("n"), "10.0.0.99")).await;
-        eventually(|| async { (env.metadata_calls() >= 2).then_some(()) }).await;
+        eventually(WAIT, || async { (env.metadata_calls() >= 2).then_some(()) }).await;
         assert!(tainted(&env.get("n").await), "an invalid node IP blocks untainting");
         assert!(env.writes_by(node::NAME, Some("n")).is_empty());
         // Fixing the annotation is a real change: retried at once, not after the backoff.
@@ -304,7 +292,7 @@ e2e_apiserver::backend_tests! {
         fake.set_latency(Duration::from_millis(400));
         let env = Env::started(backend, options(), fake).await;
         env.create(kubelet_node("n")).await;
-        eventually(|| async { (env.fake.calls().in_flight() > 0).then_some(()) }).await;
+        eventually(WAIT, || async { (env.fake.calls().in_flight() > 0).then_some(()) }).await;
         // Another controller puts a taint in front of ours while the cloud call is running.
         let maintenance = json!({"key": "example.com/maintenance", "effect": "NoSchedule"});
         let ops = json!([{"op": "add", "path": "/spec/taints/0", "value": maintenance}]);
@@ -350,7 +338,7 @@ e2e_apiserver::backend_tests! {
         let env = Env::started(backend, options(), fake_with(&[("n", metadata("n", vec![addr("InternalIP", "10.0.0.1")]))])).await;
         env.create(kubelet_node("n")).await;
         env.wait_initialized("n").await;
-        eventually(|| async {
+        eventually(WAIT, || async {
             (env.get("n").await.status.and_then(|s| s.addresses).map(|a| a.len()) == Some(2)).then_some(())
         })
         .await;
@@ -369,7 +357,7 @@ e2e_apiserver::backend_tests! {
         assert!(text.contains("node_controller_cloud_provider_taint_removal_delay_seconds_count 1"), "{text}");
         assert!(text.contains("node_controller_initial_node_sync_delay_seconds_count 1"), "{text}");
         let events: Api<Event> = Api::all(env.cluster.client());
-        eventually(|| async {
+        eventually(WAIT, || async {
             let list = events.list(&ListParams::default()).await.ok()?;
             list.items
                 .iter()
@@ -392,7 +380,7 @@ e2e_apiserver::backend_tests! {
         let env = Env::started(backend, options(), fake).await;
         env.create(kubelet_node("n")).await;
         // The controller has read the Node and is waiting on the cloud: kubelet writes now.
-        eventually(|| async { (env.fake.calls().in_flight() > 0).then_some(()) }).await;
+        eventually(WAIT, || async { (env.fake.calls().in_flight() > 0).then_some(()) }).await;
         let ready = NodeCondition {
             type_: "Ready".into(),
             status: "True".into(),
@@ -405,7 +393,7 @@ e2e_apiserver::backend_tests! {
         let label = json!({"metadata": {"labels": {"kubelet-added": "yes"}}});
         env.nodes.patch("n", &kubelet, &Patch::Strategic(label)).await.expect("kubelet label patch");
         env.wait_initialized("n").await;
-        let node = eventually(|| async { Some(env.get("n").await).filter(|n| addresses(n).len() == 2) }).await;
+        let node = eventually(WAIT, || async { Some(env.get("n").await).filter(|n| addresses(n).len() == 2) }).await;
         let conditions = node.status.as_ref().and_then(|s| s.conditions.clone()).unwrap_or_default();
         assert!(
             conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True"),
@@ -428,7 +416,7 @@ e2e_apiserver::backend_tests! {
             (LABEL_REGION.to_string(), "ga-only".to_string()),
         ]);
         env.create(n).await;
-        let node = eventually(|| async { Some(env.get("old").await).filter(|n| labels(n).contains_key(LABEL_ZONE)) }).await;
+        let node = eventually(WAIT, || async { Some(env.get("old").await).filter(|n| labels(n).contains_key(LABEL_ZONE)) }).await;
         let l = labels(&node);
         assert_eq!(l.get(LABEL_ZONE).map(String::as_str), Some("z1"));
         assert_eq!(l.get(LABEL_INSTANCE_TYPE).map(String::as_str), Some("t1"));
@@ -469,10 +457,10 @@ e2e_apiserver::backend_tests! {
         .await;
         env.create(kubelet_node("a")).await;
         env.create(kubelet_node("b")).await;
-        let a = eventually(|| async { Some(env.get("a").await).filter(|n| addresses(n).len() == 3) }).await;
+        let a = eventually(WAIT, || async { Some(env.get("a").await).filter(|n| addresses(n).len() == 3) }).await;
         assert_eq!(addresses(&a), vec![cloud[0].clone(), cloud[1].clone(), addr("Hostname", "a")]);
         // Addresses (status) and the taint (metadata) are two writes: wait for both.
-        let b = eventually(|| async { Some(env.get("b").await).filter(|n| addresses(n) == with_host && !tainted(n)) }).await;
+        let b = eventually(WAIT, || async { Some(env.get("b").await).filter(|n| addresses(n) == with_host && !tainted(n)) }).await;
         assert_eq!(addresses(&b), with_host, "the cloud's hostname replaces the kubelet's");
     }
 
@@ -541,7 +529,7 @@ e2e_apiserver::backend_tests! {
                 continue;
             }
             let node =
-                eventually(|| async { Some(env.get(name).await).filter(|n| !tainted(n) && addresses(n) == *want) }).await;
+                eventually(WAIT, || async { Some(env.get(name).await).filter(|n| !tainted(n) && addresses(n) == *want) }).await;
             assert_eq!(addresses(&node), *want, "{name} {annotation}");
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -560,7 +548,7 @@ e2e_apiserver::backend_tests! {
         env.wait_initialized("d").await;
         let status_writes =
             || env.writes_by(node::NAME, Some("d")).iter().filter(|w| w.subresource.as_deref() == Some("status")).count();
-        eventually(|| async { (status_writes() == 1).then_some(()) }).await;
+        eventually(WAIT, || async { (status_writes() == 1).then_some(()) }).await;
         let passes_before = env.metadata_calls();
         tokio::time::sleep(Duration::from_millis(1200)).await;
         assert!(env.metadata_calls() >= passes_before + 3, "the refresh ran several times");
@@ -569,7 +557,7 @@ e2e_apiserver::backend_tests! {
         let swapped = vec![dual[1].clone(), dual[0].clone()];
         env.fake.set_instance("d", FakeInstance::running(metadata("d", swapped.clone())));
         let node =
-            eventually(|| async { Some(env.get("d").await).filter(|n| addresses(n).first() == swapped.first()) }).await;
+            eventually(WAIT, || async { Some(env.get("d").await).filter(|n| addresses(n).first() == swapped.first()) }).await;
         assert_eq!(addresses(&node), vec![swapped[0].clone(), swapped[1].clone(), addr("Hostname", "d")]);
         tokio::time::sleep(Duration::from_millis(600)).await;
         assert_eq!(status_writes(), 2, "exactly one more write for the reordering");
@@ -601,11 +589,11 @@ e2e_apiserver::backend_tests! {
             env.fake.set_instance(n, FakeInstance::running(meta));
         }
         for n in &names {
-            eventually(|| async { Some(env.get(n).await).filter(|node| addresses(node)[0].address == "10.0.2.2") }).await;
+            eventually(WAIT, || async { Some(env.get(n).await).filter(|node| addresses(node)[0].address == "10.0.2.2") }).await;
         }
         // Watch one whole pass from the start: four batches of ten, all four workers busy at once.
         env.fake.calls().reset();
-        eventually(|| async { (env.fake.calls().peak_in_flight() == 4 && env.metadata_calls() >= 4).then_some(()) }).await;
+        eventually(WAIT, || async { (env.fake.calls().peak_in_flight() == 4 && env.metadata_calls() >= 4).then_some(()) }).await;
         let subjects = env.fake.calls().subjects(methods::INSTANCES_METADATA);
         assert!(subjects.iter().all(|s| s == "10 nodes"), "40 Nodes in batches of 10: {subjects:?}");
         for n in &names {

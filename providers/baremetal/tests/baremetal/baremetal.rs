@@ -2,10 +2,10 @@
 //! with the provider built from a cloud-config exactly as the manager builds it.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::kit::{eventually, eventually_within};
 use ccm_framework::controllers::lifecycle::LifecycleController;
 use ccm_framework::controllers::node::NodeController;
 use ccm_framework::controllers::service::ServiceController;
@@ -22,36 +22,11 @@ use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, P
 use serde_json::json;
 use tokio::net::TcpListener;
 
-const WAIT: Duration = Duration::from_secs(30);
 const UNINITIALIZED: &str = "node.cloudprovider.kubernetes.io/uninitialized";
 const SHUTDOWN: &str = "node.cloudprovider.kubernetes.io/shutdown";
 
 fn provider(config: &str) -> Arc<BaremetalProvider> {
     Arc::new(BaremetalProvider::from_cloud_config(Some(config.as_bytes())).expect("valid cloud-config"))
-}
-
-/// Poll `f` until it returns `Some`, or fail after `within`.
-async fn eventually_within<T, F, Fut>(within: Duration, what: &str, f: F) -> T
-where
-    F: Fn() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "{what}: not reached within {within:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-async fn eventually<T, F, Fut>(what: &str, f: F) -> T
-where
-    F: Fn() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    eventually_within(WAIT, what, f).await
 }
 
 fn taints(node: &Node) -> Vec<String> {

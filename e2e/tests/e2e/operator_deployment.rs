@@ -1,7 +1,6 @@
 //! Operator scenarios: Deployment and DaemonSet modes, rollout conditions, Secret rotation.
 
-mod operator_support;
-
+use crate::kit::{Env, HARNESS_AGENT, condition, eventually, eventually_value, micro_now};
 use crds::conditions::{reasons as ready_reasons, types};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -11,7 +10,6 @@ use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use operator::reasons::{available, config_valid, progressing, provider_healthy};
-use operator_support::{Env, HARNESS_AGENT, condition, eventually, eventually_value, micro_now};
 use serde_json::json;
 
 /// Play the manager: hold the CR's Lease and report provider health.
@@ -38,7 +36,7 @@ async fn play_manager(env: &Env, cr: &str, holder: &str) {
 }
 
 async fn deployment(env: &Env, name: &str) -> Deployment {
-    eventually_value(operator_support::WAIT, || async { env.api::<Deployment>().get_opt(name).await.ok().flatten() })
+    eventually_value(crate::kit::WAIT, || async { env.api::<Deployment>().get_opt(name).await.ok().flatten() })
         .await
         .unwrap_or_else(|| panic!("Deployment {name} never appeared"))
 }
@@ -163,7 +161,7 @@ e2e_apiserver::backend_tests! {
         roll_out(&env, "ccm-rot", 2).await;
         env.wait_status("rot", types::PROGRESSING, "False", progressing::AS_EXPECTED).await;
         env.secret("cfg", "cloud.conf", "autoInstances: true\nbatchSize: 7\n").await;
-        let after = eventually_value(operator_support::WAIT, || async {
+        let after = eventually_value(crate::kit::WAIT, || async {
             let h = template_hash(&env.api::<Deployment>().get("ccm-rot").await.ok()?);
             (h != before).then_some(h)
         })
@@ -206,7 +204,7 @@ e2e_apiserver::backend_tests! {
         assert_eq!(after.metadata.generation, before.metadata.generation, "the pods are not rolled");
 
         env.secret("cfg", "cloud.conf", &more.replace("name: n1", "name: n2")).await;
-        eventually_value(operator_support::WAIT, || async {
+        eventually_value(crate::kit::WAIT, || async {
             let d = env.api::<Deployment>().get("ccm-bm").await.ok()?;
             (template_hash(&d) != template_hash(&before)).then_some(())
         })
@@ -222,7 +220,7 @@ e2e_apiserver::backend_tests! {
         let env = Env::start(backend, "ds").await;
         let op = env.operator().await;
         env.apply_cr("ds", json!({"provider": "fake", "mode": "DaemonSet", "configureCloudRoutes": false})).await;
-        let ds = eventually_value(operator_support::WAIT, || async {
+        let ds = eventually_value(crate::kit::WAIT, || async {
             env.api::<DaemonSet>().get_opt("ccm-ds").await.ok().flatten()
         })
         .await

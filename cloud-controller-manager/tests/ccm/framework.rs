@@ -1,6 +1,7 @@
 //! Framework integration tests against both API server backends: leader election, the HTTP
 //! endpoints, the ProviderHealthy reporter, and the binary.
 
+use crate::kit::until;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -72,14 +73,6 @@ fn fast_election(name: &str, identity: &str) -> LeaderElectionConfig {
     }
 }
 
-async fn eventually<F: FnMut() -> bool>(what: &str, within: Duration, mut check: F) {
-    let deadline = Instant::now() + within;
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out after {within:?} waiting for {what}");
-        sleep(Duration::from_millis(20)).await;
-    }
-}
-
 async fn start(builder: EngineBuilder) -> RunningEngine {
     builder.build().unwrap().start(CancellationToken::new()).await.unwrap()
 }
@@ -93,8 +86,8 @@ e2e_apiserver::backend_tests! {
             .await;
         let b = start(probe_engine(cluster.client(), fake.clone(), &tally).leader_election(Some(fast_election("ccm", "b"))))
             .await;
-        eventually("a leader", Duration::from_secs(10), || a.is_leading() || b.is_leading()).await;
-        eventually("its controller", Duration::from_secs(5), || tally.running.load(Ordering::SeqCst) == 1).await;
+        until("a leader", Duration::from_secs(10), || a.is_leading() || b.is_leading()).await;
+        until("its controller", Duration::from_secs(5), || tally.running.load(Ordering::SeqCst) == 1).await;
         // For a few renewals, never both.
         for _ in 0..40 {
             assert!(!(a.is_leading() && b.is_leading()), "two leaders");
@@ -112,7 +105,7 @@ e2e_apiserver::backend_tests! {
         let took = crashed.elapsed();
         assert!(took <= Duration::from_millis(5000), "handover took {took:?}, lease is 3s");
         assert!(took >= Duration::from_millis(1500), "handover took {took:?}: the lease cannot have expired yet");
-        eventually("the standby's controller", Duration::from_secs(5), || tally.started.load(Ordering::SeqCst) == 2).await;
+        until("the standby's controller", Duration::from_secs(5), || tally.started.load(Ordering::SeqCst) == 2).await;
         assert_eq!(tally.peak.load(Ordering::SeqCst), 1, "controllers never overlapped");
         standby.stop().await.unwrap();
         drop(cluster);
@@ -153,7 +146,7 @@ e2e_apiserver::backend_tests! {
         )
         .await;
         a.wait_leading(true).await;
-        eventually("the controller", Duration::from_secs(5), || tally.running.load(Ordering::SeqCst) == 1).await;
+        until("the controller", Duration::from_secs(5), || tally.running.load(Ordering::SeqCst) == 1).await;
         // Someone else writes themselves in as holder with a long lease.
         let leases: Api<Lease> = Api::namespaced(cluster.client(), "kube-system");
         let mut lease = leases.get("ccm").await.unwrap();
@@ -162,12 +155,12 @@ e2e_apiserver::backend_tests! {
         spec.lease_duration_seconds = Some(3);
         leases.replace("ccm", &PostParams::default(), &lease).await.unwrap();
         a.wait_leading(false).await;
-        eventually("the controller to stop", Duration::from_secs(5), || tally.running.load(Ordering::SeqCst) == 0).await;
+        until("the controller to stop", Duration::from_secs(5), || tally.running.load(Ordering::SeqCst) == 0).await;
         assert!(!a.is_finished(), "the engine stands by");
         assert_eq!(a.leader_status().unwrap().holder.as_deref(), Some("intruder"));
         // The intruder never renews: the engine takes the Lease back and restarts its controllers.
         timeout(Duration::from_secs(10), a.wait_leading(true)).await.unwrap();
-        eventually("a second term", Duration::from_secs(5), || tally.started.load(Ordering::SeqCst) == 2).await;
+        until("a second term", Duration::from_secs(5), || tally.started.load(Ordering::SeqCst) == 2).await;
         a.stop().await.unwrap();
         drop(cluster);
     }
@@ -216,7 +209,7 @@ e2e_apiserver::backend_tests! {
         }
         assert_eq!(ready.0, 200, "{}", ready.1);
         engine.wait_leading(true).await;
-        eventually("the probe controller", Duration::from_secs(5), || tally.handle.lock().unwrap().is_some()).await;
+        until("the probe controller", Duration::from_secs(5), || tally.handle.lock().unwrap().is_some()).await;
 
         assert_eq!(get(addr, "/healthz").await, (200, "ok".to_string()));
         assert_eq!(get(addr, "/healthz/leaderElection").await.0, 200);
