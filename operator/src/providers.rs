@@ -23,7 +23,7 @@ mod tests {
 
     #[test]
     fn the_operator_knows_every_provider_the_binary_ships() {
-        // cloud-controller-manager/tests/framework.rs pins the binary to the same list.
+        // cloud-controller-manager/tests/ccm/framework.rs pins the binary to the same list.
         assert_eq!(builtin_registry().names(), ["aws", "baremetal", "fake"]);
     }
 }

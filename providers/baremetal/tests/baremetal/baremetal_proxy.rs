@@ -339,7 +339,7 @@ e2e_apiserver::backend_tests! {
         let nodes: Api<Node> = Api::all(cluster.client());
         for (suffix, host) in [("a", 1), ("b", 2)] {
             let name = format!("n{b}-{suffix}");
-            crate::backend(&name, SocketAddr::new(ip(b, host), np)).await;
+            super::backend(&name, SocketAddr::new(ip(b, host), np)).await;
             create_node(&nodes, &node(&name, ip(b, host))).await;
         }
         let running = start(&cluster, provider(&config(b, ""))).await;
