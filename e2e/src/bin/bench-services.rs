@@ -58,7 +58,7 @@ const DEFAULT_MANAGER: &str = "target/release/cloud-controller-manager --cloud-p
 /// The three configurations of the issue. Ours name `--concurrent-service-syncs` explicitly (at
 /// the framework's default) so the numbers do not depend on the flag's compiled default.
 fn default_variants() -> Vec<String> {
-    let ours = (crds::defaults::CONCURRENT_SERVICE_SYNCS as usize);
+    let ours = crds::defaults::CONCURRENT_SERVICE_SYNCS as usize;
     vec![
         format!("ours-no-client-limit=--concurrent-service-syncs={ours} --kube-api-qps=0"),
         format!("ours-20qps=--concurrent-service-syncs={ours} --kube-api-qps=20 --kube-api-burst=30"),
@@ -208,7 +208,7 @@ fn workers(extra: &str) -> usize {
     extra
         .split_whitespace()
         .find_map(|w| w.strip_prefix("--concurrent-service-syncs=").and_then(|v| v.parse().ok()))
-        .unwrap_or((crds::defaults::CONCURRENT_SERVICE_SYNCS as usize))
+        .unwrap_or(crds::defaults::CONCURRENT_SERVICE_SYNCS as usize)
 }
 
 /// A duration such as `50ms` or `1s`, in seconds.
@@ -900,7 +900,7 @@ mod tests {
     #[test]
     fn the_cloud_bound_uses_the_variants_workers_and_the_latency_in_seconds() {
         assert_eq!(workers("--concurrent-service-syncs=1 --kube-api-qps=20"), 1);
-        assert_eq!(workers("--kube-api-qps=0"), (crds::defaults::CONCURRENT_SERVICE_SYNCS as usize));
+        assert_eq!(workers("--kube-api-qps=0"), crds::defaults::CONCURRENT_SERVICE_SYNCS as usize);
         assert_eq!(seconds_of("50ms"), Some(0.05));
         assert_eq!(seconds_of("2s"), Some(2.0));
         assert_eq!(seconds_of("fast"), None);
