@@ -19,7 +19,7 @@ use kube::{Client, Config};
 use tokio::time::{Instant, Sleep};
 use tower::{BoxError, Layer, Service};
 
-use crate::Error;
+use crate::error::Error;
 use crate::safe_yaml;
 
 /// Upstream's `--kube-api-qps` default for the cloud-controller-manager.

@@ -14,7 +14,7 @@ use crds::controllers::ControllerSelection;
 use crds::defaults;
 use crds::validation::parse_cluster_cidrs;
 
-use crate::Error;
+use crate::error::Error;
 use crate::leader::LeaderElectionConfig;
 use crate::options::ControllerOptions;
 use crate::status::StatusTarget;

@@ -48,5 +48,5 @@ pub trait Controller: Send + 'static {
 
     /// Run until `ctx.shutdown` fires. The caches may still be syncing when this is called:
     /// wait with `wait_until_ready` before the first full pass. Report trouble on `health`.
-    async fn run(self: Box<Self>, ctx: Context, health: HealthHandle) -> Result<(), crate::Error>;
+    async fn run(self: Box<Self>, ctx: Context, health: HealthHandle) -> Result<(), crate::error::Error>;
 }

@@ -14,9 +14,9 @@ use std::time::Duration;
 use clap::{ArgAction, Parser};
 use crds::controllers::ControllerSelection;
 
-use crate::Error;
 use crate::client::ClientSource;
 use crate::config::{LeaderElectionSettings, ManagerConfig, workers};
+use crate::error::Error;
 use crate::http::{HttpConfig, Tls, TlsFiles};
 use crate::leader::LeaderElectionConfig;
 use crate::options::ControllerOptions;

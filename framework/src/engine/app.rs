@@ -16,9 +16,9 @@ use std::sync::Arc;
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
-use crate::Error;
 use crate::client::{self, RateLimitLayer};
 use crate::engine::{EngineBuilder, LeaderLoss};
+use crate::error::Error;
 use crate::flags::{self, Flags, Settings};
 use crate::metrics::Metrics;
 use crate::process::{init_logging, shutdown_on_signal};

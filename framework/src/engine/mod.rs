@@ -35,9 +35,9 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::Error;
 use crate::cache::{Cache, run_watch};
 use crate::controller::{Context, Controller};
+use crate::error::Error;
 use crate::events::EventSink;
 use crate::health::HealthRegistry;
 use crate::http::{HttpConfig, HttpState, Listener};

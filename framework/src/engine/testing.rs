@@ -19,9 +19,9 @@ use kube::{Api, Client};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::Error;
 use crate::cache::{Cache, run_watch};
 use crate::controller::{Context, Controller};
+use crate::error::Error;
 use crate::events::EventSink;
 use crate::health::{CheckState, HealthRegistry};
 use crate::metrics::Metrics;

@@ -40,8 +40,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
-use crate::Error;
 use crate::client::{self, ClientSource, RateLimitLayer};
+use crate::error::Error;
 
 pub use auth::{AuthConfig, AuthSettings, Gatekeeper, KubeReviews, Reviews, TokenOutcome};
 pub use logic::{Activity, Gate, UserInfo};

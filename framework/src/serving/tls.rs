@@ -8,7 +8,7 @@ use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use tokio_rustls::rustls::{self, ServerConfig};
 
-use crate::Error;
+use crate::error::Error;
 
 /// PEM files for TLS.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -223,7 +223,7 @@ impl Controller for RouteController {
         NAME
     }
 
-    async fn run(self: Box<Self>, ctx: Context, health: HealthHandle) -> Result<(), crate::Error> {
+    async fn run(self: Box<Self>, ctx: Context, health: HealthHandle) -> Result<(), crate::error::Error> {
         // R1: not configured or not supported: stay off without failing the manager.
         if !ctx.options.configure_cloud_routes {
             tracing::info!("--configure-cloud-routes=false; route controller not started");

@@ -622,7 +622,7 @@ impl Controller for ServiceController {
         NAME
     }
 
-    async fn run(self: Box<Self>, ctx: Context, health: HealthHandle) -> Result<(), crate::Error> {
+    async fn run(self: Box<Self>, ctx: Context, health: HealthHandle) -> Result<(), crate::error::Error> {
         if ctx.provider.load_balancer().is_none() {
             // S24: not an error; the rest of the manager keeps running.
             tracing::info!(provider = %ctx.provider.name(), "provider has no load balancers; service controller not started");
