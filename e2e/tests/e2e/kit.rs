@@ -371,3 +371,46 @@ pub async fn crb_exists(env: &Env, cr: &str) -> bool {
         .expect("reading the ClusterRoleBinding")
         .is_some()
 }
+
+/// The lines a child process writes to `stdout`, on a channel a thread fills.
+pub fn line_channel(stdout: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Lines from `rx` until `until` matches one or `timeout` passes: every line read, and whether
+/// one matched. With `echo`, each line is also printed with that label (kept by libtest for a
+/// failing test).
+pub fn read_until(
+    rx: &std::sync::mpsc::Receiver<String>,
+    echo: Option<&str>,
+    timeout: Duration,
+    until: impl Fn(&str) -> bool,
+) -> (Vec<String>, bool) {
+    let deadline = std::time::Instant::now() + timeout;
+    let mut lines = Vec::new();
+    while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                if let Some(label) = echo {
+                    eprintln!("{label}| {line}");
+                }
+                let done = until(&line);
+                lines.push(line);
+                if done {
+                    return (lines, true);
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    (lines, false)
+}

@@ -2,7 +2,6 @@
 //! kubeconfig is printed and removed on exit, and after the picture the live log reports what
 //! happens in the cluster, here a leader's crash and a cloud-config rotation, each within 2 s.
 
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -38,35 +37,8 @@ fn start(args: &[&str]) -> (Guard, mpsc::Receiver<String>) {
         .spawn()
         .expect("the sandbox starts");
     let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let rx = crate::kit::line_channel(stdout);
     (Guard(child), rx)
-}
-
-/// Lines until one matches (or the timeout), all of them returned.
-fn read_until(rx: &mpsc::Receiver<String>, timeout: Duration, until: impl Fn(&str) -> bool) -> (Vec<String>, bool) {
-    let deadline = Instant::now() + timeout;
-    let mut lines = Vec::new();
-    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-        match rx.recv_timeout(left) {
-            Ok(line) => {
-                eprintln!("sandbox| {line}");
-                let done = until(&line);
-                lines.push(line);
-                if done {
-                    return (lines, true);
-                }
-            }
-            Err(_) => break,
-        }
-    }
-    (lines, false)
 }
 
 /// SIGINT (Ctrl-C), then the exit status within 30 s.
@@ -112,7 +84,8 @@ fn a_busy_port_is_named_with_the_port_0_hint() {
 #[test]
 fn the_default_kubeconfig_is_per_run_printed_and_removed_on_exit() {
     let (mut guard, rx) = start(&["--server-only", "--port", "0"]);
-    let (lines, found) = read_until(&rx, Duration::from_secs(30), |l| l.starts_with("Kubeconfig: "));
+    let (lines, found) =
+        crate::kit::read_until(&rx, Some("sandbox"), Duration::from_secs(30), |l| l.starts_with("Kubeconfig: "));
     assert!(found, "no kubeconfig line:\n{}", lines.join("\n"));
     let path = PathBuf::from(lines.last().unwrap().trim_start_matches("Kubeconfig: "));
     let pid = guard.0.id();
@@ -141,7 +114,8 @@ async fn the_live_log_shows_a_leader_crash_and_a_secret_rotation_within_2s() {
         "--manager-binary",
         &binary.display().to_string(),
     ]);
-    let (lines, found) = read_until(&rx, Duration::from_secs(150), |l| l.contains("] live log:"));
+    let (lines, found) =
+        crate::kit::read_until(&rx, Some("sandbox"), Duration::from_secs(150), |l| l.contains("] live log:"));
     assert!(found, "the sandbox never reached its live log:\n{}", lines.join("\n"));
     let client = client_for(&kubeconfig).await;
 
@@ -153,10 +127,12 @@ async fn the_live_log_shows_a_leader_crash_and_a_secret_rotation_within_2s() {
     let pid = table.split_whitespace().nth(1).unwrap().to_string();
     let killed = Instant::now();
     assert!(Command::new("kill").args(["-9", &pid]).status().unwrap().success());
-    let (log, found) = read_until(&rx, LIVE, |l| l.contains(&format!("process {pod} (the leader) exited")));
+    let (log, found) = crate::kit::read_until(&rx, Some("sandbox"), LIVE, |l| {
+        l.contains(&format!("process {pod} (the leader) exited"))
+    });
     assert!(found, "the leader's crash is not in the live log within {LIVE:?}:\n{}", log.join("\n"));
     eprintln!("crash logged after {:?}", killed.elapsed());
-    let (log, found) = read_until(&rx, Duration::from_secs(30), |l| {
+    let (log, found) = crate::kit::read_until(&rx, Some("sandbox"), Duration::from_secs(30), |l| {
         l.contains("leader: ") && l.contains(" holds Lease") && !l.contains(&format!("leader: {holder} "))
     });
     assert!(found, "the hand-over is not in the live log:\n{}", log.join("\n"));
@@ -171,11 +147,14 @@ async fn the_live_log_shows_a_leader_crash_and_a_secret_rotation_within_2s() {
         .patch(demo::SECRET_NAME, &PatchParams::apply("sandbox-demo").force(), &Patch::Apply(&secret))
         .await
         .unwrap();
-    let (log, found) =
-        read_until(&rx, LIVE, |l| l.contains(&format!("Secret {}/{} changed", demo::NAMESPACE, demo::SECRET_NAME)));
+    let (log, found) = crate::kit::read_until(&rx, Some("sandbox"), LIVE, |l| {
+        l.contains(&format!("Secret {}/{} changed", demo::NAMESPACE, demo::SECRET_NAME))
+    });
     assert!(found, "the rotation is not in the live log within {LIVE:?}:\n{}", log.join("\n"));
     eprintln!("rotation logged after {:?}", rotated.elapsed());
-    let (log, found) = read_until(&rx, Duration::from_secs(60), |l| l.contains("replaced by the rollout"));
+    let (log, found) = crate::kit::read_until(&rx, Some("sandbox"), Duration::from_secs(60), |l| {
+        l.contains("replaced by the rollout")
+    });
     assert!(found, "the rollout is not in the live log:\n{}", log.join("\n"));
 
     let status = interrupt(&mut guard);

@@ -4,9 +4,7 @@
 //! `curl` line, a port added live, a Node deleted), keeps serving for kubectl, and stops cleanly
 //! on Ctrl-C.
 
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use crds::CloudControllerManager;
@@ -55,25 +53,6 @@ impl Drop for Guard {
     }
 }
 
-/// Lines of the sandbox's stdout until `until` matches one (or the timeout).
-fn read_until(rx: &mpsc::Receiver<String>, timeout: Duration, until: impl Fn(&str) -> bool) -> (Vec<String>, bool) {
-    let deadline = Instant::now() + timeout;
-    let mut lines = Vec::new();
-    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-        match rx.recv_timeout(left) {
-            Ok(line) => {
-                let done = until(&line);
-                lines.push(line);
-                if done {
-                    return (lines, true);
-                }
-            }
-            Err(_) => break,
-        }
-    }
-    (lines, false)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_embedded_demo_reaches_the_final_picture_and_keeps_serving() {
     let dir = std::env::temp_dir().join(format!("sandbox-embedded-{}", std::process::id()));
@@ -89,19 +68,12 @@ async fn the_embedded_demo_reaches_the_final_picture_and_keeps_serving() {
         .expect("the sandbox starts");
     let mut guard = Guard(child);
     let stdout = guard.0.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let rx = crate::kit::line_channel(stdout);
 
-    let (progress, done) = read_until(&rx, Duration::from_secs(120), |l| l.contains("] done:"));
+    let (progress, done) = crate::kit::read_until(&rx, None, Duration::from_secs(120), |l| l.contains("] done:"));
     assert!(done, "the demo never reached its final picture:\n{}", progress.join("\n"));
     let took = started.elapsed();
-    let (rest, printed) = read_until(&rx, Duration::from_secs(30), |l| l.starts_with("Press Ctrl-C"));
+    let (rest, printed) = crate::kit::read_until(&rx, None, Duration::from_secs(30), |l| l.starts_with("Press Ctrl-C"));
     assert!(printed, "the picture and instructions were not printed:\n{}", rest.join("\n"));
     let picture = rest.join("\n");
     eprintln!("{}\n{picture}\n(final picture after {took:?})", progress.join("\n"));
@@ -171,8 +143,9 @@ async fn the_embedded_demo_reaches_the_final_picture_and_keeps_serving() {
         )
         .await
         .unwrap();
-    let (log, found) =
-        read_until(&rx, Duration::from_secs(10), |l| l.contains("ports now") && l.contains(&format!("{alt}/TCP")));
+    let (log, found) = crate::kit::read_until(&rx, None, Duration::from_secs(10), |l| {
+        l.contains("ports now") && l.contains(&format!("{alt}/TCP"))
+    });
     assert!(found, "the new port is not in the live log:\n{}", log.join("\n"));
     get_until(&format!("http://{ip}:{alt}/"), answer).await;
     eprintln!("port {alt} logged and answering after {:?}", added.elapsed());
@@ -180,7 +153,8 @@ async fn the_embedded_demo_reaches_the_final_picture_and_keeps_serving() {
 
     // A deleted Node: logged, and only the others answer.
     Api::<Node>::all(client.clone()).delete("bm-node-3", &DeleteParams::default()).await.unwrap();
-    let (log, found) = read_until(&rx, Duration::from_secs(10), |l| l.contains("Node bm-node-3 deleted"));
+    let (log, found) =
+        crate::kit::read_until(&rx, None, Duration::from_secs(10), |l| l.contains("Node bm-node-3 deleted"));
     assert!(found, "the deleted Node is not in the live log:\n{}", log.join("\n"));
     // Within seconds, six answers in a row come from the other Nodes.
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -15,7 +15,6 @@
 //! documented port 8080, so they run one at a time.
 
 use crate::kit::{in_ci, root};
-use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -444,35 +443,13 @@ impl Running {
             .spawn()
             .expect("bash runs");
         let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let rx = crate::kit::line_channel(stdout);
         Running { child, lines: rx, stderr }
     }
 
     /// Lines until one matches, or the timeout.
     fn until(&self, timeout: Duration, done: impl Fn(&str) -> bool) -> (Vec<String>, bool) {
-        let deadline = Instant::now() + timeout;
-        let mut lines = Vec::new();
-        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-            match self.lines.recv_timeout(left) {
-                Ok(line) => {
-                    let hit = done(&line);
-                    lines.push(line);
-                    if hit {
-                        return (lines, true);
-                    }
-                }
-                Err(mpsc::RecvTimeoutError::Timeout) => break,
-                Err(mpsc::RecvTimeoutError::Disconnected) => break,
-            }
-        }
-        (lines, false)
+        crate::kit::read_until(&self.lines, None, timeout, done)
     }
 
     fn stderr(&self) -> String {

@@ -357,6 +357,19 @@ pub(crate) mod tests {
         }
     }
 
+    /// Reviews that never answer: a slow or flooded API server.
+    pub(crate) struct Hangs;
+
+    #[async_trait]
+    impl Reviews for Hangs {
+        async fn review_token(&self, _: &str) -> Result<TokenOutcome, String> {
+            futures::future::pending().await
+        }
+        async fn review_access(&self, _: &UserInfo, _: &str, _: &str) -> Result<bool, String> {
+            futures::future::pending().await
+        }
+    }
+
     async fn gate(g: &Gatekeeper, path: &str, header: Option<&str>) -> Gate {
         g.check(&Method::GET, path, header).await
     }
@@ -447,16 +460,6 @@ pub(crate) mod tests {
 
     #[tokio::test]
     async fn a_review_that_hangs_ends_at_the_review_timeout() {
-        struct Hangs;
-        #[async_trait]
-        impl Reviews for Hangs {
-            async fn review_token(&self, _: &str) -> Result<TokenOutcome, String> {
-                futures::future::pending().await
-            }
-            async fn review_access(&self, _: &UserInfo, _: &str, _: &str) -> Result<bool, String> {
-                futures::future::pending().await
-            }
-        }
         let settings = AuthSettings { review_timeout: Duration::from_millis(50), ..AuthSettings::default() };
         let g = Gatekeeper::new(settings, Arc::new(Hangs));
         let started = std::time::Instant::now();
@@ -466,16 +469,6 @@ pub(crate) mod tests {
 
     #[tokio::test]
     async fn with_every_review_slot_taken_a_request_gets_429_after_the_queue_wait_and_probes_pass() {
-        struct Hangs;
-        #[async_trait]
-        impl Reviews for Hangs {
-            async fn review_token(&self, _: &str) -> Result<TokenOutcome, String> {
-                futures::future::pending().await
-            }
-            async fn review_access(&self, _: &UserInfo, _: &str, _: &str) -> Result<bool, String> {
-                futures::future::pending().await
-            }
-        }
         let settings = AuthSettings {
             max_reviews_in_flight: 2,
             review_queue_timeout: Duration::from_millis(100),

@@ -574,22 +574,9 @@ where
 
 #[cfg(test)]
 mod tests {
+    use super::auth::tests::Hangs;
     use super::*;
-    use async_trait::async_trait;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-    /// Reviews that never answer: a flood of made-up tokens against a slow API server.
-    struct Hangs;
-
-    #[async_trait]
-    impl Reviews for Hangs {
-        async fn review_token(&self, _: &str) -> Result<TokenOutcome, String> {
-            futures::future::pending().await
-        }
-        async fn review_access(&self, _: &UserInfo, _: &str, _: &str) -> Result<bool, String> {
-            futures::future::pending().await
-        }
-    }
 
     async fn get(addr: SocketAddr, path: &str, token: Option<&str>) -> std::io::Result<TcpStream> {
         let mut s = TcpStream::connect(addr).await?;

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::kit::{eventually, eventually_within};
+use crate::kit::{eventually, eventually_within, ingress};
 use ccm_framework::controllers::lifecycle::LifecycleController;
 use ccm_framework::controllers::node::NodeController;
 use ccm_framework::controllers::service::ServiceController;
@@ -81,18 +81,6 @@ fn lb_service(name: &str) -> Service {
         }),
         ..Default::default()
     }
-}
-
-fn ingress(service: &Service) -> Vec<(String, Option<String>)> {
-    service
-        .status
-        .as_ref()
-        .and_then(|s| s.load_balancer.as_ref())
-        .and_then(|l| l.ingress.as_ref())
-        .into_iter()
-        .flatten()
-        .filter_map(|i| Some((i.ip.clone()?, i.ip_mode.clone())))
-        .collect()
 }
 
 fn ips(service: &Service) -> Vec<String> {

@@ -11,7 +11,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::kit::eventually;
+use crate::kit::{eventually, ingress};
 use ccm_framework::controllers::service::ServiceController;
 use ccm_framework::engine::testing::{RunningController, run_controller};
 use ccm_framework::options::ControllerOptions;
@@ -90,18 +90,6 @@ fn service(name: &str, ports: &[(i32, u16)]) -> Service {
         }),
         ..Default::default()
     }
-}
-
-fn ingress(service: &Service) -> Vec<(String, Option<String>)> {
-    service
-        .status
-        .as_ref()
-        .and_then(|s| s.load_balancer.as_ref())
-        .and_then(|l| l.ingress.as_ref())
-        .into_iter()
-        .flatten()
-        .filter_map(|i| Some((i.ip.clone()?, i.ip_mode.clone())))
-        .collect()
 }
 
 async fn wait_for_ingress(services: &Api<Service>, name: &str) -> (String, Option<String>) {

@@ -3,6 +3,8 @@
 use std::future::Future;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Service;
+
 /// How long a test waits for one expectation.
 pub const WAIT: Duration = Duration::from_secs(30);
 
@@ -34,4 +36,17 @@ impl Drop for Named<'_> {
             eprintln!("(waiting for {})", self.0);
         }
     }
+}
+
+/// The Service's load-balancer ingress as (IP, ipMode) pairs.
+pub fn ingress(service: &Service) -> Vec<(String, Option<String>)> {
+    service
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|l| l.ingress.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|i| Some((i.ip.clone()?, i.ip_mode.clone())))
+        .collect()
 }
