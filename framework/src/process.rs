@@ -1,6 +1,6 @@
 //! Process helpers shared by the `cloud-controller-manager` and `ccm-operator` binaries: the
-//! log filter and its set-up, and the shutdown signal. Part of the runtime kit, so the operator
-//! borrows nothing from the manager program's own module (`engine::app`).
+//! log filter and its set-up, the open-file limit, and the shutdown signal. Part of the runtime
+//! kit, so the operator borrows nothing from the manager program's own module (`engine::app`).
 
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
@@ -36,6 +36,81 @@ pub fn init_logging(log: LogSettings) {
     let _ = if log.json { builder.json().try_init() } else { builder.try_init() };
 }
 
+/// The process's open-file limit (`RLIMIT_NOFILE`) as (soft, hard); `None` where it cannot be
+/// read (not Unix, or the call failed). `u64::MAX` stands for unlimited.
+pub fn open_file_limits() -> Option<(u64, u64)> {
+    #[cfg(unix)]
+    {
+        let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: getrlimit writes one rlimit into the struct we own and reads nothing else.
+        let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+        (rc == 0).then(|| (rlim_to_u64(limit.rlim_cur), rlim_to_u64(limit.rlim_max)))
+    }
+    #[cfg(not(unix))]
+    {
+        None
+    }
+}
+
+#[cfg(unix)]
+fn rlim_to_u64(value: libc::rlim_t) -> u64 {
+    if value == libc::RLIM_INFINITY { u64::MAX } else { u64::try_from(value).unwrap_or(u64::MAX) }
+}
+
+/// The soft open-file limit to ask for, given (soft, hard): the hard limit, except that an
+/// unlimited hard limit is capped at `ceiling` (some kernels refuse "unlimited" for
+/// `RLIMIT_NOFILE`, and `fs.nr_open` bounds it anyway). `None` when the soft limit already
+/// is that high (pure).
+pub fn wanted_soft_limit(soft: u64, hard: u64, ceiling: u64) -> Option<u64> {
+    let target = if hard == u64::MAX { ceiling } else { hard };
+    (target > soft).then_some(target)
+}
+
+/// The soft open-file limit asked for when the hard limit is unlimited (Linux's default
+/// `fs.nr_open`).
+pub const UNLIMITED_NOFILE_CEILING: u64 = 1 << 20;
+
+/// Raise the soft open-file limit to the hard limit, once at start, before any thread opens
+/// descriptors: the default soft limit (often 1024) is far below what the proxy data path and
+/// the API client need together, and running out breaks the API client, the Lease renewal and
+/// the health endpoint at once. Logs the limits before and after at info; returns them
+/// (soft before, soft after), or `None` where the limit cannot be read. Never fails: a refused
+/// raise is logged and the old limit stays.
+pub fn raise_open_file_limit() -> Option<(u64, u64)> {
+    let (soft, hard) = open_file_limits()?;
+    let Some(target) = wanted_soft_limit(soft, hard, UNLIMITED_NOFILE_CEILING) else {
+        tracing::info!(soft, hard, "open-file limit already at the hard limit");
+        return Some((soft, soft));
+    };
+    match set_soft_open_file_limit(target, hard) {
+        Ok(()) => {
+            let after = open_file_limits().map(|(s, _)| s).unwrap_or(soft);
+            tracing::info!(before = soft, after, hard, "raised the open-file soft limit to the hard limit");
+            Some((soft, after))
+        }
+        Err(error) => {
+            tracing::warn!(soft, hard, %error, "could not raise the open-file soft limit; keeping it");
+            Some((soft, soft))
+        }
+    }
+}
+
+#[cfg(unix)]
+fn set_soft_open_file_limit(soft: u64, hard: u64) -> std::io::Result<()> {
+    let to_rlim = |v: u64| {
+        if v == u64::MAX { libc::RLIM_INFINITY } else { libc::rlim_t::try_from(v).unwrap_or(libc::RLIM_INFINITY) }
+    };
+    let limit = libc::rlimit { rlim_cur: to_rlim(soft), rlim_max: to_rlim(hard) };
+    // SAFETY: setrlimit reads the struct we pass and touches no other memory of this process.
+    let rc = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) };
+    if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+}
+
+#[cfg(not(unix))]
+fn set_soft_open_file_limit(_soft: u64, _hard: u64) -> std::io::Result<()> {
+    Err(std::io::ErrorKind::Unsupported.into())
+}
+
 /// A token cancelled on SIGTERM or SIGINT. Call it inside the runtime.
 pub fn shutdown_on_signal() -> CancellationToken {
     let token = CancellationToken::new();
@@ -67,7 +142,7 @@ pub fn shutdown_on_signal() -> CancellationToken {
 
 #[cfg(test)]
 mod tests {
-    use super::default_directives;
+    use super::{default_directives, open_file_limits, raise_open_file_limit, wanted_soft_limit};
     use crate::test_log::Captured;
     use tracing_subscriber::EnvFilter;
 
@@ -113,5 +188,28 @@ mod tests {
         assert!(!error.contains("failed to reload CA bundle"), "{error}");
         assert!(!error.contains("renewal failed"), "{error}");
         assert!(error.contains("response could not be parsed"), "{error}");
+    }
+
+    #[test]
+    fn the_soft_limit_is_raised_to_the_hard_limit_and_never_lowered() {
+        assert_eq!(wanted_soft_limit(1024, 524_288, 1 << 20), Some(524_288));
+        assert_eq!(wanted_soft_limit(524_288, 524_288, 1 << 20), None, "already there");
+        assert_eq!(wanted_soft_limit(u64::MAX, u64::MAX, 1 << 20), None, "unlimited stays");
+        assert_eq!(wanted_soft_limit(1024, u64::MAX, 1 << 20), Some(1 << 20), "unlimited hard is capped");
+        assert_eq!(wanted_soft_limit(2 << 20, u64::MAX, 1 << 20), None, "never lowered");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn raising_leaves_the_soft_limit_at_the_hard_limit() {
+        let (_, hard) = open_file_limits().expect("readable on Unix");
+        let (before, after) = raise_open_file_limit().expect("readable on Unix");
+        assert!(after >= before);
+        let (soft, hard_after) = open_file_limits().expect("readable on Unix");
+        assert_eq!(hard_after, hard, "the hard limit is untouched");
+        assert_eq!(soft, after);
+        if hard != u64::MAX {
+            assert_eq!(soft, hard);
+        }
     }
 }

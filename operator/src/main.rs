@@ -219,6 +219,8 @@ fn main() -> ExitCode {
         };
     }
     init_logging(&cli.run.log_level, cli.run.log_json);
+    // The rendered managers' data paths are not in this process, but its watches and serving are.
+    ccm_framework::process::raise_open_file_limit();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {

@@ -53,6 +53,8 @@ where
     };
     init_logging(settings.log);
     tracing::info!(version = env!("CARGO_PKG_VERSION"), "starting cloud-controller-manager");
+    // Before the runtime's threads open anything: the proxy data path and the API client share it.
+    crate::process::raise_open_file_limit();
     for warning in &settings.warnings {
         tracing::warn!("{warning}");
     }
