@@ -194,6 +194,14 @@ pub struct PoolConfig {
     /// only useful when the data path answers on the node itself.
     #[serde(default)]
     pub allow_loopback: bool,
+    /// Service ports below this are refused on the pool's addresses (default 1).
+    #[serde(default)]
+    pub min_port: Option<u16>,
+    /// Service ports allowed on the pool's addresses (`"443"`, `"8000-8999"`); unset allows
+    /// every port, except on a pool holding node addresses, which then allows none (see
+    /// [`crate::ports`]).
+    #[serde(default)]
+    pub allowed_ports: Option<Vec<String>>,
 }
 
 /// Node lifecycle settings.
@@ -289,6 +297,13 @@ fn schema() -> &'static Schema {
             .with::<crate::proxy::BindConfig>()
             .with::<crate::proxy::BalanceConfig>()
             .with_messages(crate::proxy::MESSAGES)
+            .with_messages(&[
+                crate::ports::BAD_PORT_RANGE,
+                crate::ports::BAD_MIN_PORT,
+                crate::ports::TOO_MANY_RANGES,
+                CAP_ABOVE_TOTAL_TCP,
+                CAP_ABOVE_TOTAL_UDP,
+            ])
             .with::<PoolConfig>()
             .with::<LabelSelectorConfig>()
             .with::<SelectorRequirement>()
@@ -315,6 +330,10 @@ impl CloudConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.validate_instances()?;
         build_pools(&self.load_balancer)?;
+        if let Some((field, total)) = self.load_balancer.proxy.cap_above_total() {
+            let message = if total == "maxTcpConnections" { CAP_ABOVE_TOTAL_TCP } else { CAP_ABOVE_TOTAL_UDP };
+            return Err(DocumentError::invalid(root().field("loadBalancer").field("proxy").field(field), message));
+        }
         if let Some(probe) = &self.lifecycle.probe {
             validate_probe(probe)?;
         }
@@ -377,6 +396,11 @@ impl CloudConfig {
         Ok(())
     }
 }
+
+/// The message of a per-listener TCP cap above the data path's.
+pub const CAP_ABOVE_TOTAL_TCP: &str = "must not be greater than maxTcpConnections";
+/// The message of a per-listener UDP cap above the data path's.
+pub const CAP_ABOVE_TOTAL_UDP: &str = "must not be greater than maxUdpSessions";
 
 fn clash(path: FieldPath, how: &'static str, other: FieldPath) -> ConfigError {
     DocumentError::at(path, Problem::Clash { how, other })
@@ -455,6 +479,7 @@ pub fn build_pools(config: &LoadBalancerConfig) -> Result<Vec<Pool>, ConfigError
         if let Some(selector) = &pool.service_selector {
             validate_selector(selector, &path.field("serviceSelector"))?;
         }
+        let ports = port_rule(pool, &path)?;
         pools.push(Pool {
             name: pool.name.clone(),
             blocks,
@@ -462,9 +487,36 @@ pub fn build_pools(config: &LoadBalancerConfig) -> Result<Vec<Pool>, ConfigError
             selector: pool.service_selector.clone(),
             avoid_buggy_ips: pool.avoid_buggy_ips,
             allow_sharing: pool.allow_sharing,
+            ports,
         });
     }
     Ok(pools)
+}
+
+/// A pool's `minPort` and `allowedPorts`, checked.
+fn port_rule(pool: &PoolConfig, path: &FieldPath) -> Result<crate::ports::PortRule, ConfigError> {
+    let min_port = match pool.min_port {
+        Some(0) => return Err(DocumentError::invalid(path.field("minPort"), crate::ports::BAD_MIN_PORT)),
+        Some(port) => port,
+        None => 1,
+    };
+    let allowed = match &pool.allowed_ports {
+        None => None,
+        Some(entries) if entries.len() > crate::ports::MAX_PORT_RANGES => {
+            return Err(DocumentError::invalid(path.field("allowedPorts"), crate::ports::TOO_MANY_RANGES));
+        }
+        Some(entries) => Some(
+            entries
+                .iter()
+                .enumerate()
+                .map(|(j, e)| {
+                    crate::ports::parse_range(e)
+                        .map_err(|m| DocumentError::invalid(path.field("allowedPorts").index(j), m))
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+        ),
+    };
+    Ok(crate::ports::PortRule { min_port, allowed })
 }
 
 fn validate_probe(probe: &ProbeConfig) -> Result<(), ConfigError> {
@@ -891,6 +943,57 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn pool_port_rules_are_parsed_and_their_errors_named() {
+        let doc = format!("{POOL}      minPort: 1024\n      allowedPorts: [\"8080\", \"9000-9099\"]\n");
+        let pools = pools_of(&doc);
+        assert_eq!(pools[0].ports.min_port, 1024);
+        assert_eq!(pools[0].ports.allowed, Some(vec![8080..=8080, 9000..=9099]));
+        assert_eq!(pools_of(POOL)[0].ports, crate::ports::PortRule::default());
+        assert_names(
+            &format!("{POOL}      minPort: 0\n"),
+            "loadBalancer.pools[0].minPort: must be between 1 and 65535",
+        );
+        assert_names(&format!("{POOL}      minPort: 70000\n"), "loadBalancer.pools[0].minPort");
+        assert_names(
+            &format!("{POOL}      allowedPorts: [\"80\", \"90-10\"]\n"),
+            "loadBalancer.pools[0].allowedPorts[1]: is not a port or a first-last port range",
+        );
+        let many = (1..=257).map(|p| format!("\"{p}\"")).collect::<Vec<_>>().join(", ");
+        assert_names(
+            &format!("{POOL}      allowedPorts: [{many}]\n"),
+            "loadBalancer.pools[0].allowedPorts: lists more than 256",
+        );
+    }
+
+    #[test]
+    fn connection_caps_are_bounded_and_a_listener_cap_may_not_exceed_its_total() {
+        let proxy = |body: &str| format!("{POOL}  mode: proxy\n  proxy:\n    {body}\n");
+        let config = parse(
+            proxy("maxTcpConnections: 100\n    maxTcpConnectionsPerListener: 50\n    tcpIdleTimeout: 90s").as_bytes(),
+        )
+        .unwrap();
+        let p = &config.load_balancer.proxy;
+        assert_eq!((p.max_tcp_connections, p.max_tcp_connections_per_listener), (100, 50));
+        assert_eq!(p.tcp_idle_timeout, Duration::from_secs(90));
+        for field in
+            ["maxTcpConnections", "maxTcpConnectionsPerListener", "maxUdpSessions", "maxUdpSessionsPerListener"]
+        {
+            for bad in ["0", "1000001", "-1"] {
+                assert_names(&proxy(&format!("{field}: {bad}")), &format!("loadBalancer.proxy.{field}"));
+            }
+        }
+        assert_names(&proxy("tcpIdleTimeout: 0s"), "loadBalancer.proxy.tcpIdleTimeout: must be greater than zero");
+        assert_names(
+            &proxy("maxTcpConnections: 10"),
+            "loadBalancer.proxy.maxTcpConnectionsPerListener: must not be greater than maxTcpConnections",
+        );
+        assert_names(
+            &proxy("maxUdpSessions: 100"),
+            "loadBalancer.proxy.maxUdpSessionsPerListener: must not be greater than maxUdpSessions",
+        );
+    }
+
+    #[test]
     fn wrong_shapes_are_named() {
         assert_names("instances: {a: 1}\n", "instances: expected a list, found a mapping");
         assert_names("- a\n", "document: expected a mapping, found a list");
@@ -1128,6 +1231,20 @@ pub(crate) mod tests {
         for field in ["unhealthyThreshold", "healthyThreshold"] {
             docs.push(format!("loadBalancer:\n  proxy: {{{field}: [{t}]}}\n"));
         }
+        for field in ["tcpIdleTimeout"] {
+            docs.push(format!("loadBalancer:\n  proxy: {{{field}: {t}}}\n"));
+        }
+        for field in
+            ["maxTcpConnections", "maxTcpConnectionsPerListener", "maxUdpSessions", "maxUdpSessionsPerListener"]
+        {
+            docs.push(format!("loadBalancer:\n  proxy: {{{field}: {t}}}\n"));
+            docs.push(format!("loadBalancer:\n  proxy: {{{field}: 0}}\n  {t}: 1\n"));
+        }
+        docs.push(format!("loadBalancer:\n  pools:\n    - {{name: a, cidrs: [10.0.0.0/24], minPort: {t}}}\n"));
+        docs.push(format!("loadBalancer:\n  pools:\n    - {{name: a, cidrs: [10.0.0.0/24], allowedPorts: [{t}]}}\n"));
+        docs.push(format!(
+            "loadBalancer:\n  pools:\n    - {{name: a, cidrs: [10.0.0.0/24], allowedPorts: [\"1-{t}\"]}}\n"
+        ));
         docs
     }
 

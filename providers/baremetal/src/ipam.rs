@@ -272,6 +272,8 @@ pub struct Pool {
     pub avoid_buggy_ips: bool,
     /// Allow address sharing between Services with the same sharing key.
     pub allow_sharing: bool,
+    /// The Service ports allowed on its addresses.
+    pub ports: crate::ports::PortRule,
 }
 
 impl Pool {
@@ -956,6 +958,7 @@ mod tests {
             selector: None,
             avoid_buggy_ips: false,
             allow_sharing: false,
+            ports: Default::default(),
         }
     }
 

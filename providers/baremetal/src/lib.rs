@@ -15,6 +15,7 @@ pub mod inventory;
 pub mod ipam;
 pub mod name;
 pub mod pool_metrics;
+pub mod ports;
 pub mod probe;
 pub mod proxy;
 pub mod reload;
@@ -323,6 +324,18 @@ impl BaremetalProvider {
         }
     }
 
+    /// Refuse a Service whose ports a pool holding its addresses does not allow (see
+    /// [`ports`]); the error names each `spec.ports[i].port` and the pool.
+    fn check_ports(&self, service: &Service, ips: &[IpAddr], nodes: &[&Node]) -> CloudResult<()> {
+        let node_ips = ports::node_addresses(self.inventory.instances(), nodes);
+        let refused = ports::refused_ports(service, ips, &self.allocator.pools(), &node_ips);
+        if refused.is_empty() {
+            return Ok(());
+        }
+        tracing::info!(service = %ServiceKey::of(service), refused = refused.len(), "Service ports refused by their pool");
+        Err(CloudError::Other(ports::describe(&refused)))
+    }
+
     fn cloud_error(&self, error: AllocError) -> CloudError {
         match error {
             AllocError::Invalid(message) => CloudError::Other(message),
@@ -463,6 +476,7 @@ impl LoadBalancer for BaremetalProvider {
         let request = ipam::request_for(service).map_err(|e| self.cloud_error(e))?;
         let ips = self.allocator.ensure(&request).map_err(|e| self.cloud_error(e))?;
         self.pool_gauges.update(&self.allocator);
+        self.check_ports(service, &ips, nodes)?;
         #[cfg(feature = "datapath")]
         if let Some(proxy) = &self.proxy {
             proxy.ensure(service, nodes, &ips)?;
@@ -479,6 +493,8 @@ impl LoadBalancer for BaremetalProvider {
         if let Some(proxy) = &self.proxy
             && let Some(ips) = self.allocator.assigned(&ServiceKey::of(service), &service.metadata.uid)
         {
+            // A Node change can make the pool one holding node addresses.
+            self.check_ports(service, &ips, nodes)?;
             proxy.ensure(service, nodes, &ips)?;
         }
         #[cfg(not(feature = "datapath"))]

@@ -51,8 +51,14 @@ const BIND_RETRY: Duration = Duration::from_secs(5);
 /// The message of a zero duration or threshold.
 pub const NOT_POSITIVE: &str = "must be greater than zero";
 
+/// The largest connection or session cap the cloud-config may set.
+pub const MAX_CAP: usize = 1_000_000;
+
+/// The message of a cap out of range.
+pub const CAP_OUT_OF_RANGE: &str = "must be between 1 and 1000000";
+
 /// Fixed messages this module's fields raise (registered with the cloud-config schema).
-pub const MESSAGES: &[&str] = &[NOT_POSITIVE];
+pub const MESSAGES: &[&str] = &[NOT_POSITIVE, CAP_OUT_OF_RANGE];
 
 /// What the provider does for a `type: LoadBalancer` Service.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -121,6 +127,22 @@ pub struct ProxyConfig {
     /// How long a UDP session lives without traffic.
     #[serde(default = "default_udp_idle", deserialize_with = "positive_duration")]
     pub udp_idle_timeout: Duration,
+    /// How long a TCP connection lives with no byte moving either way.
+    #[serde(default = "default_tcp_idle", deserialize_with = "positive_duration")]
+    pub tcp_idle_timeout: Duration,
+    /// Most TCP connections one listener holds; more are reset at once.
+    #[serde(default = "default_tcp_per_listener", deserialize_with = "cap")]
+    pub max_tcp_connections_per_listener: usize,
+    /// Most TCP connections the whole data path holds.
+    #[serde(default = "default_tcp_total", deserialize_with = "cap")]
+    pub max_tcp_connections: usize,
+    /// Most UDP sessions one listener keeps; a new client beyond it evicts the least recently
+    /// active one.
+    #[serde(default = "default_udp_per_listener", deserialize_with = "cap")]
+    pub max_udp_sessions_per_listener: usize,
+    /// Most UDP sessions the whole data path keeps.
+    #[serde(default = "default_udp_total", deserialize_with = "cap")]
+    pub max_udp_sessions: usize,
 }
 
 impl Default for ProxyConfig {
@@ -136,6 +158,25 @@ impl Default for ProxyConfig {
             healthy_threshold: default_healthy(),
             drain_timeout: default_drain(),
             udp_idle_timeout: default_udp_idle(),
+            tcp_idle_timeout: default_tcp_idle(),
+            max_tcp_connections_per_listener: default_tcp_per_listener(),
+            max_tcp_connections: default_tcp_total(),
+            max_udp_sessions_per_listener: default_udp_per_listener(),
+            max_udp_sessions: default_udp_total(),
+        }
+    }
+}
+
+impl ProxyConfig {
+    /// The first per-listener cap above its total, as (per-listener field, total field), for
+    /// the validation error (pure).
+    pub fn cap_above_total(&self) -> Option<(&'static str, &'static str)> {
+        if self.max_tcp_connections_per_listener > self.max_tcp_connections {
+            Some(("maxTcpConnectionsPerListener", "maxTcpConnections"))
+        } else if self.max_udp_sessions_per_listener > self.max_udp_sessions {
+            Some(("maxUdpSessionsPerListener", "maxUdpSessions"))
+        } else {
+            None
         }
     }
 }
@@ -155,6 +196,11 @@ impl ProxyConfig {
             cluster_health_port: self.cluster_health_port,
             drain_timeout: self.drain_timeout,
             udp_idle_timeout: self.udp_idle_timeout,
+            tcp_idle_timeout: self.tcp_idle_timeout,
+            max_tcp_connections_per_listener: self.max_tcp_connections_per_listener,
+            max_tcp_connections: self.max_tcp_connections,
+            max_udp_sessions_per_listener: self.max_udp_sessions_per_listener,
+            max_udp_sessions: self.max_udp_sessions,
             balance: match self.balance {
                 BalanceConfig::RoundRobin => Balance::RoundRobin,
                 BalanceConfig::LeastConnections => Balance::LeastConnections,
@@ -192,6 +238,30 @@ fn default_drain() -> Duration {
 }
 fn default_udp_idle() -> Duration {
     Duration::from_secs(60)
+}
+// The data path's defaults (docs/datapath.md says why these numbers); a test keeps them equal.
+fn default_tcp_idle() -> Duration {
+    Duration::from_secs(10 * 60)
+}
+fn default_tcp_per_listener() -> usize {
+    4096
+}
+fn default_tcp_total() -> usize {
+    8192
+}
+fn default_udp_per_listener() -> usize {
+    1024
+}
+fn default_udp_total() -> usize {
+    8192
+}
+
+fn cap<'de, D: Deserializer<'de>>(deserializer: D) -> Result<usize, D::Error> {
+    let value = u64::deserialize(deserializer)?;
+    match usize::try_from(value) {
+        Ok(value) if (1..=MAX_CAP).contains(&value) => Ok(value),
+        _ => Err(safe_yaml::custom(CAP_OUT_OF_RANGE)),
+    }
 }
 
 fn positive_duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
@@ -281,7 +351,7 @@ impl ProxyRuntime {
     /// when one recovers).
     pub fn start(&self, metrics: &Metrics, events: Option<EventSink>, shutdown: CancellationToken) {
         let token = shutdown.child_token();
-        let fresh = DataPath::new(self.settings.clone(), metrics, token.clone());
+        let fresh = DataPath::new(self.fitted_settings(), metrics, token.clone());
         if let Some(events) = events.filter(|_| self.settings.health_checks) {
             let interval = self.settings.health.interval;
             tokio::spawn(watch_backends(fresh.clone(), self.refs.clone(), events, interval, token));
@@ -289,6 +359,22 @@ impl ProxyRuntime {
         if let Some(previous) = self.lock().replace(fresh) {
             previous.shutdown();
         }
+    }
+
+    /// The settings with caps the process's open-file limit can hold, read now (the binary
+    /// raised it to the hard limit at start).
+    fn fitted_settings(&self) -> Settings {
+        let Some((soft, _)) = ccm_framework::process::open_file_limits() else { return self.settings.clone() };
+        let (fitted, shrank) = self.settings.fit_to_descriptors(soft);
+        if shrank {
+            tracing::warn!(
+                open_file_limit = soft,
+                max_tcp_connections = fitted.max_tcp_connections,
+                max_udp_sessions = fitted.max_udp_sessions,
+                "the open-file limit cannot hold the configured connection caps; lowered them (raise the limit or the caps' headroom, see docs/datapath.md)"
+            );
+        }
+        fitted
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<DataPath>> {
@@ -546,5 +632,18 @@ mod tests {
         assert_eq!(settings.health, HealthSettings::default());
         assert_eq!(settings.cluster_health_port, 10256);
         assert_eq!(settings.bind, BindMode::Local);
+    }
+
+    #[cfg(feature = "datapath")]
+    #[test]
+    fn the_cloud_config_defaults_are_the_data_path_defaults() {
+        let settings = ProxyConfig::default().settings();
+        assert_eq!(settings, Settings::default());
+        assert_eq!(MAX_CAP, crate::datapath::config::MAX_CAP);
+        let yaml = "loadBalancer:\n  mode: proxy\n  proxy:\n    maxTcpConnections: 300\n    maxTcpConnectionsPerListener: 100\n    maxUdpSessions: 200\n    maxUdpSessionsPerListener: 20\n    tcpIdleTimeout: 5s\n";
+        let settings = crate::config::parse(yaml.as_bytes()).unwrap().load_balancer.proxy.settings();
+        assert_eq!((settings.max_tcp_connections, settings.max_tcp_connections_per_listener), (300, 100));
+        assert_eq!((settings.max_udp_sessions, settings.max_udp_sessions_per_listener), (200, 20));
+        assert_eq!(settings.tcp_idle_timeout, Duration::from_secs(5));
     }
 }

@@ -244,6 +244,17 @@ pub struct Settings {
     pub drain_timeout: Duration,
     /// How long a UDP session lives without traffic.
     pub udp_idle_timeout: Duration,
+    /// How long a TCP connection lives with no byte moving either way.
+    pub tcp_idle_timeout: Duration,
+    /// Most TCP connections one listener holds; more are reset at accept and counted.
+    pub max_tcp_connections_per_listener: usize,
+    /// Most TCP connections the whole data path holds.
+    pub max_tcp_connections: usize,
+    /// Most UDP sessions one listener keeps; a new client beyond it evicts the least recently
+    /// active session.
+    pub max_udp_sessions_per_listener: usize,
+    /// Most UDP sessions the whole data path keeps.
+    pub max_udp_sessions: usize,
     /// How long connecting to a backend may take before the next one is tried.
     pub connect_timeout: Duration,
     /// Backend selection when there is no affinity.
@@ -260,10 +271,78 @@ impl Default for Settings {
             cluster_health_port: KUBE_PROXY_HEALTH_PORT,
             drain_timeout: Duration::from_secs(30),
             udp_idle_timeout: Duration::from_secs(60),
+            tcp_idle_timeout: DEFAULT_TCP_IDLE_TIMEOUT,
+            max_tcp_connections_per_listener: DEFAULT_MAX_TCP_CONNECTIONS_PER_LISTENER,
+            max_tcp_connections: DEFAULT_MAX_TCP_CONNECTIONS,
+            max_udp_sessions_per_listener: DEFAULT_MAX_UDP_SESSIONS_PER_LISTENER,
+            max_udp_sessions: DEFAULT_MAX_UDP_SESSIONS,
             connect_timeout: Duration::from_secs(3),
             balance: Balance::RoundRobin,
             bind: BindMode::Local,
         }
+    }
+}
+
+/// Default [`Settings::tcp_idle_timeout`]: long enough for idle database and websocket
+/// connections that send keepalives, short enough that abandoned ones give their slot back.
+pub const DEFAULT_TCP_IDLE_TIMEOUT: Duration = Duration::from_secs(10 * 60);
+
+/// Default [`Settings::max_tcp_connections`]. At most [`DESCRIPTORS_PER_TCP_CONNECTION`]
+/// descriptors each: 49,152, well inside the hard limit container runtimes set (524,288 or
+/// more) once the soft limit is raised to it; lower limits shrink it (see
+/// [`Settings::fit_to_descriptors`]).
+pub const DEFAULT_MAX_TCP_CONNECTIONS: usize = 8192;
+
+/// Default [`Settings::max_tcp_connections_per_listener`]: half the total, so one flooded
+/// listener leaves the other half to every other Service.
+pub const DEFAULT_MAX_TCP_CONNECTIONS_PER_LISTENER: usize = 4096;
+
+/// Default [`Settings::max_udp_sessions`]: one descriptor each.
+pub const DEFAULT_MAX_UDP_SESSIONS: usize = 8192;
+
+/// Default [`Settings::max_udp_sessions_per_listener`]: a session per client address, and a
+/// spoofed source is a new client, so a flood only ever recycles this many.
+pub const DEFAULT_MAX_UDP_SESSIONS_PER_LISTENER: usize = 1024;
+
+/// The largest value a connection or session cap may take (bounds the cloud-config).
+pub const MAX_CAP: usize = 1_000_000;
+
+/// Descriptors one TCP connection may hold: client and backend sockets, and a splice pipe
+/// (two descriptors) per direction under load.
+pub const DESCRIPTORS_PER_TCP_CONNECTION: u64 = 6;
+
+/// Descriptors one UDP session holds: its connected upstream socket.
+pub const DESCRIPTORS_PER_UDP_SESSION: u64 = 1;
+
+/// Descriptors kept out of the data path's budget for the rest of the process (API client,
+/// watches, health endpoint, listeners, health checks), or a quarter of a smaller limit.
+pub const RESERVED_DESCRIPTORS: u64 = 1024;
+
+impl Settings {
+    /// The caps shrunk, in proportion, so that the data path at its fullest stays within
+    /// `soft_limit` open files minus [`RESERVED_DESCRIPTORS`] (pure). Returns the settings and
+    /// whether they shrank. Per-listener caps never exceed the totals.
+    pub fn fit_to_descriptors(&self, soft_limit: u64) -> (Settings, bool) {
+        let reserve = RESERVED_DESCRIPTORS.min(soft_limit / 4);
+        let budget = soft_limit.saturating_sub(reserve);
+        let tcp = self.max_tcp_connections as u64;
+        let udp = self.max_udp_sessions as u64;
+        let need = tcp
+            .saturating_mul(DESCRIPTORS_PER_TCP_CONNECTION)
+            .saturating_add(udp.saturating_mul(DESCRIPTORS_PER_UDP_SESSION));
+        let mut fitted = self.clone();
+        let shrank = need > budget;
+        if shrank {
+            // u128: the products of two u64 cannot overflow it.
+            let scale =
+                |n: u64| usize::try_from((u128::from(n) * u128::from(budget) / u128::from(need)).max(1)).unwrap_or(1);
+            fitted.max_tcp_connections = scale(tcp);
+            fitted.max_udp_sessions = scale(udp);
+        }
+        fitted.max_tcp_connections_per_listener =
+            fitted.max_tcp_connections_per_listener.min(fitted.max_tcp_connections).max(1);
+        fitted.max_udp_sessions_per_listener = fitted.max_udp_sessions_per_listener.min(fitted.max_udp_sessions).max(1);
+        (fitted, shrank)
     }
 }
 
@@ -531,6 +610,27 @@ mod tests {
         assert!(TcpForwarding::Auto.splices(SPLICE_FROM_OPEN_CONNECTIONS));
         assert!(TcpForwarding::Splice.splices(0));
         assert!(!TcpForwarding::Copy.splices(10_000));
+    }
+
+    #[test]
+    fn caps_shrink_in_proportion_to_fit_a_low_open_file_limit() {
+        let defaults = Settings::default();
+        let (same, shrank) = defaults.fit_to_descriptors(1 << 20);
+        assert!(!shrank);
+        assert_eq!(same, defaults, "a raised limit keeps the defaults");
+        let (fitted, shrank) = defaults.fit_to_descriptors(20_000);
+        assert!(shrank);
+        let used = fitted.max_tcp_connections as u64 * DESCRIPTORS_PER_TCP_CONNECTION
+            + fitted.max_udp_sessions as u64 * DESCRIPTORS_PER_UDP_SESSION;
+        assert!(used <= 20_000 - RESERVED_DESCRIPTORS, "{used}");
+        assert_eq!(fitted.max_tcp_connections, 8192 * (20_000 - 1024) / (8192 * 7));
+        assert!(fitted.max_tcp_connections_per_listener <= fitted.max_tcp_connections);
+        assert!(fitted.max_udp_sessions_per_listener <= fitted.max_udp_sessions);
+        // An unraised 1024: a quarter stays for the rest of the process, every cap at least 1.
+        let (tiny, _) = defaults.fit_to_descriptors(1024);
+        assert!(tiny.max_tcp_connections as u64 * 6 + tiny.max_udp_sessions as u64 <= 768);
+        let (none, _) = defaults.fit_to_descriptors(0);
+        assert_eq!((none.max_tcp_connections, none.max_udp_sessions), (1, 1));
     }
 
     #[test]

@@ -45,8 +45,19 @@ pub struct HealthLabels {
 pub struct RefusedLabels {
     /// `namespace/name` of the Service.
     pub service: String,
-    /// `source_range` (filtered) or `no_backend` (none eligible or reachable).
+    /// `source_range` (filtered), `no_backend` (none eligible or reachable), `listener_limit`
+    /// (the listener holds its cap) or `total_limit` (the data path holds its cap).
     pub reason: String,
+}
+
+/// The reasons of [`RefusedLabels`].
+pub const REFUSED_REASONS: [&str; 4] = ["source_range", "no_backend", "listener_limit", "total_limit"];
+
+/// Labels of per-Service series.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ServiceLabels {
+    /// `namespace/name` of the Service.
+    pub service: String,
 }
 
 /// The data path's metric families.
@@ -62,6 +73,10 @@ pub struct DataPathMetrics {
     pub healthy: Family<HealthLabels, Gauge>,
     /// Connections and sessions refused.
     pub refused: Family<RefusedLabels, Counter>,
+    /// UDP sessions evicted to make room for a new client.
+    pub evicted: Family<ServiceLabels, Counter>,
+    /// TCP connections closed after the idle timeout.
+    pub idle_closed: Family<ServiceLabels, Counter>,
 }
 
 impl DataPathMetrics {
@@ -93,6 +108,16 @@ impl DataPathMetrics {
                 "Connections and sessions refused, per Service and reason",
                 Family::default,
             ),
+            evicted: registry.get_or_register(
+                "ccm_datapath_udp_sessions_evicted",
+                "UDP sessions evicted (least recently active first) to make room for a new client, per Service",
+                Family::default,
+            ),
+            idle_closed: registry.get_or_register(
+                "ccm_datapath_idle_closed_connections",
+                "TCP connections closed after moving no byte for the idle timeout, per Service",
+                Family::default,
+            ),
         }
     }
 
@@ -116,9 +141,12 @@ impl DataPathMetrics {
 
     /// Drop a Service's refused-connection series.
     pub fn forget_service(&self, service: &str) {
-        for reason in ["source_range", "no_backend"] {
+        for reason in REFUSED_REASONS {
             self.refused.remove(&RefusedLabels { service: service.into(), reason: reason.into() });
         }
+        let labels = ServiceLabels { service: service.into() };
+        self.evicted.remove(&labels);
+        self.idle_closed.remove(&labels);
     }
 }
 

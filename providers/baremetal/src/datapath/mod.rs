@@ -12,10 +12,14 @@
 //!   `sessionAffinity: ClientIP`, and refuses clients outside `loadBalancerSourceRanges`;
 //! - reconfigures live: unchanged listeners keep their connections, connections to a removed
 //!   backend or on a removed port drain for [`Settings::drain_timeout`];
+//! - bounds what a flood can take: TCP connections per listener and in total, an idle timeout
+//!   for TCP, and UDP sessions per listener and in total, a full listener evicting its least
+//!   recently active session (see [`limits`]);
 //! - counts connections, bytes and backend health per Service and backend.
 
 pub mod config;
 pub mod health;
+pub mod limits;
 pub mod metrics;
 pub mod select;
 #[cfg(target_os = "linux")]
@@ -38,7 +42,7 @@ pub use self::config::{
     Affinity, Backend, Balance, BindMode, HealthCheck, HealthSettings, ListenerKey, PortSpec, Protocol,
     SPLICE_FROM_OPEN_CONNECTIONS, ServiceSpec, Settings, TcpForwarding,
 };
-use self::metrics::{BackendCounters, DataPathMetrics, HealthLabels, RefusedLabels};
+use self::metrics::{BackendCounters, DataPathMetrics, HealthLabels, RefusedLabels, ServiceLabels};
 use self::select::{Candidate, Health};
 use ccm_framework::metrics::Metrics;
 
@@ -57,6 +61,15 @@ pub enum DataPathError {
     /// The data path has been shut down.
     #[error("the data path is shut down")]
     ShutDown,
+}
+
+/// What the data path holds, for diagnostics and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Held {
+    /// TCP connections, from accept until closed.
+    pub tcp_connections: usize,
+    /// UDP sessions.
+    pub udp_sessions: usize,
 }
 
 /// One backend of one Service, shared by its listeners.
@@ -134,13 +147,29 @@ pub(crate) struct ServiceShared {
     tcp_forwarding: TcpForwarding,
     /// TCP connections open in the whole data path (what [`TcpForwarding::Auto`] looks at).
     open_tcp: Arc<AtomicUsize>,
+    /// TCP connections held in the whole data path, from accept (what the cap counts).
+    held_tcp: Arc<AtomicUsize>,
+    /// UDP sessions held in the whole data path.
+    held_udp: Arc<AtomicUsize>,
     source_refused: Counter,
     no_backend: Counter,
+    listener_full: Counter,
+    total_full: Counter,
+    evicted: Counter,
+    idle_closed: Counter,
 }
 
 impl ServiceShared {
     fn routing(&self) -> Arc<Routing> {
         self.routing.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The refusal counter of a full cap.
+    fn full(&self, full: limits::Full) -> &Counter {
+        match full {
+            limits::Full::Listener => &self.listener_full,
+            limits::Full::DataPath => &self.total_full,
+        }
     }
 
     /// A backend for a client, skipping those in `tried`.
@@ -162,6 +191,8 @@ pub(crate) struct PortShared {
     target_port: AtomicU16,
     /// Fires when the listener has been removed and its drain time is over.
     drain: CancellationToken,
+    /// TCP connections or UDP sessions this listener holds (what its cap counts).
+    held: Arc<AtomicUsize>,
 }
 
 #[derive(Debug)]
@@ -184,6 +215,8 @@ struct Inner {
     settings: Arc<Settings>,
     tcp_forwarding: TcpForwarding,
     open_tcp: Arc<AtomicUsize>,
+    held_tcp: Arc<AtomicUsize>,
+    held_udp: Arc<AtomicUsize>,
     monitor: health::Monitor,
     metrics: DataPathMetrics,
     services: Mutex<HashMap<String, ServiceRt>>,
@@ -223,6 +256,8 @@ impl DataPath {
                 settings: Arc::new(settings),
                 tcp_forwarding,
                 open_tcp: Arc::new(AtomicUsize::new(0)),
+                held_tcp: Arc::new(AtomicUsize::new(0)),
+                held_udp: Arc::new(AtomicUsize::new(0)),
                 monitor,
                 metrics: DataPathMetrics::register(registry),
                 services: Mutex::new(HashMap::new()),
@@ -310,6 +345,20 @@ impl DataPath {
         rt.shared.routing().backends.iter().map(|b| (b.name.clone(), b.health())).collect()
     }
 
+    /// TCP connections and UDP sessions the whole data path holds now.
+    pub fn held(&self) -> Held {
+        Held {
+            tcp_connections: self.inner.held_tcp.load(Ordering::Acquire),
+            udp_sessions: self.inner.held_udp.load(Ordering::Acquire),
+        }
+    }
+
+    /// The TCP connections or UDP sessions one listener of a Service holds now.
+    pub fn listener_held(&self, key: &str, listener: &ListenerKey) -> Option<usize> {
+        let services = self.services();
+        services.get(key)?.listeners.get(listener).map(|l| l.port.held.load(Ordering::Acquire))
+    }
+
     /// How many health checkers run (one per distinct target).
     pub fn health_checkers(&self) -> usize {
         self.inner.monitor.checkers()
@@ -323,6 +372,9 @@ impl DataPath {
                 .get_or_create(&RefusedLabels { service: key.to_string(), reason: reason.to_string() })
                 .clone()
         };
+        let per_service = |family: &prometheus_client::metrics::family::Family<ServiceLabels, Counter>| {
+            family.get_or_create(&ServiceLabels { service: key.to_string() }).clone()
+        };
         let shared = ServiceShared {
             key: key.to_string(),
             routing: RwLock::new(Arc::new(Routing {
@@ -335,8 +387,14 @@ impl DataPath {
             settings: self.inner.settings.clone(),
             tcp_forwarding: self.inner.tcp_forwarding,
             open_tcp: self.inner.open_tcp.clone(),
+            held_tcp: self.inner.held_tcp.clone(),
+            held_udp: self.inner.held_udp.clone(),
             source_refused: refused("source_range"),
             no_backend: refused("no_backend"),
+            listener_full: refused(limits::Full::Listener.reason()),
+            total_full: refused(limits::Full::DataPath.reason()),
+            evicted: per_service(&self.inner.metrics.evicted),
+            idle_closed: per_service(&self.inner.metrics.idle_closed),
         };
         ServiceRt {
             shared: Arc::new(shared),
@@ -472,6 +530,7 @@ impl DataPath {
                 service: rt.shared.clone(),
                 target_port: AtomicU16::new(target),
                 drain: rt.token.child_token(),
+                held: Arc::new(AtomicUsize::new(0)),
             });
             let stop = port.drain.child_token();
             let addr = SocketAddr::new(key.address, key.port);

@@ -8,9 +8,10 @@ use std::io;
 use std::net::Shutdown;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 
-use prometheus_client::metrics::counter::Counter;
 use tokio::io::Interest;
 use tokio::net::TcpStream;
+
+use super::tcp::Meter;
 
 /// A pipe's default capacity (16 pages).
 const PIPE_CHUNK: usize = 64 * 1024;
@@ -22,7 +23,7 @@ const PROBE: usize = 4 * 1024;
 /// Forward both directions until both have ended (each end's write side is shut down when the
 /// other end has nothing more to send); an error in either ends both. `rx` counts bytes
 /// delivered to `upstream`, `tx` bytes delivered to `client`.
-pub(super) async fn relay(client: &TcpStream, upstream: &TcpStream, rx: &Counter, tx: &Counter) -> io::Result<()> {
+pub(super) async fn relay(client: &TcpStream, upstream: &TcpStream, rx: &Meter<'_>, tx: &Meter<'_>) -> io::Result<()> {
     tokio::try_join!(one_way(client, upstream, rx), one_way(upstream, client, tx))?;
     Ok(())
 }
@@ -59,7 +60,7 @@ fn on_fill_error(error: &io::Error) -> OnFillError {
     }
 }
 
-async fn one_way(from: &TcpStream, to: &TcpStream, delivered: &Counter) -> io::Result<()> {
+async fn one_way(from: &TcpStream, to: &TcpStream, delivered: &Meter<'_>) -> io::Result<()> {
     if copy_until_bulk(from, to, delivered).await? == Flow::Bulk {
         splice_rest(from, to, delivered).await?;
     }
@@ -83,7 +84,7 @@ enum Flow {
 /// directions carry a few bytes (a reply's status, a request), for which a pipe (created,
 /// sized and closed per direction: four system calls) costs more than the copy; only a
 /// direction that fills [`PROBE`] in one read gets one.
-async fn copy_until_bulk(from: &TcpStream, to: &TcpStream, delivered: &Counter) -> io::Result<Flow> {
+async fn copy_until_bulk(from: &TcpStream, to: &TcpStream, delivered: &Meter<'_>) -> io::Result<Flow> {
     let mut buf = [0u8; PROBE];
     loop {
         from.readable().await?;
@@ -101,7 +102,7 @@ async fn copy_until_bulk(from: &TcpStream, to: &TcpStream, delivered: &Counter) 
 }
 
 /// Write all of `bytes` to `to`, counting them as delivered.
-async fn write_all(to: &TcpStream, bytes: &[u8], delivered: &Counter) -> io::Result<()> {
+async fn write_all(to: &TcpStream, bytes: &[u8], delivered: &Meter<'_>) -> io::Result<()> {
     let mut written = 0;
     while written < bytes.len() {
         to.writable().await?;
@@ -119,7 +120,7 @@ async fn write_all(to: &TcpStream, bytes: &[u8], delivered: &Counter) -> io::Res
 }
 
 /// Splice the rest of a bulk direction, or copy it where splice cannot be used.
-async fn splice_rest(from: &TcpStream, to: &TcpStream, delivered: &Counter) -> io::Result<()> {
+async fn splice_rest(from: &TcpStream, to: &TcpStream, delivered: &Meter<'_>) -> io::Result<()> {
     let spliced = match std::io::pipe() {
         Ok((pipe_out, pipe_in)) => {
             let capacity = pipe_capacity(pipe_in.as_fd());
@@ -151,7 +152,7 @@ async fn splice_until_end(
     pipe_in: BorrowedFd<'_>,
     pipe_out: BorrowedFd<'_>,
     chunk: usize,
-    delivered: &Counter,
+    delivered: &Meter<'_>,
 ) -> io::Result<Spliced> {
     let mut moved_any = false;
     loop {
@@ -186,7 +187,7 @@ async fn splice_until_end(
 }
 
 /// The fallback: read into a buffer, write it out, until `from` ends.
-async fn copy_until_end(from: &TcpStream, to: &TcpStream, delivered: &Counter) -> io::Result<()> {
+async fn copy_until_end(from: &TcpStream, to: &TcpStream, delivered: &Meter<'_>) -> io::Result<()> {
     let mut buf = vec![0u8; COPY_BUFFER];
     loop {
         from.readable().await?;
@@ -236,6 +237,8 @@ fn splice(from: BorrowedFd<'_>, to: BorrowedFd<'_>, len: usize) -> io::Result<us
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prometheus_client::metrics::counter::Counter;
+    use std::sync::atomic::AtomicU64;
 
     /// A connected pair of loopback sockets.
     async fn pair() -> (TcpStream, TcpStream) {
@@ -252,7 +255,8 @@ mod tests {
         let (mut source, from) = pair().await;
         let (to, mut sink) = pair().await;
         let sent: Vec<u8> = (0..4 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
-        let counter = Counter::default();
+        let (counter, moved_bytes) = (Counter::default(), AtomicU64::new(0));
+        let meter = Meter::new(&counter, &moved_bytes);
         let expected = sent.clone();
         let writer = tokio::spawn(async move {
             source.write_all(&sent).await.expect("write");
@@ -261,7 +265,7 @@ mod tests {
         let mut got = Vec::new();
         let (copied, read) = tokio::join!(
             async {
-                let copied = copy_until_end(&from, &to, &counter).await;
+                let copied = copy_until_end(&from, &to, &meter).await;
                 drop(to);
                 copied
             },
@@ -279,13 +283,14 @@ mod tests {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let (mut source, from) = pair().await;
         let (to, mut sink) = pair().await;
-        let counter = Counter::default();
+        let (counter, moved_bytes) = (Counter::default(), AtomicU64::new(0));
+        let meter = Meter::new(&counter, &moved_bytes);
         let writer = tokio::spawn(async move {
             source.write_all(&sent).await.expect("write");
             source.shutdown().await.expect("close")
         });
         let mut got = Vec::new();
-        let (moved, read) = tokio::join!(one_way(&from, &to, &counter), sink.read_to_end(&mut got));
+        let (moved, read) = tokio::join!(one_way(&from, &to, &meter), sink.read_to_end(&mut got));
         moved.expect("forward");
         read.expect("read");
         writer.await.expect("writer");
@@ -302,8 +307,9 @@ mod tests {
         let (to, mut sink) = pair().await;
         source.write_all(b"GET / HTTP/1.0\r\n\r\n").await.expect("write");
         source.shutdown().await.expect("close");
-        let counter = Counter::default();
-        assert_eq!(copy_until_bulk(&from, &to, &counter).await.expect("copy"), Flow::Ended);
+        let (counter, moved_bytes) = (Counter::default(), AtomicU64::new(0));
+        let meter = Meter::new(&counter, &moved_bytes);
+        assert_eq!(copy_until_bulk(&from, &to, &meter).await.expect("copy"), Flow::Ended);
         assert_eq!(counter.get(), 18);
         drop(to);
         let mut got = Vec::new();
@@ -315,8 +321,9 @@ mod tests {
         source.write_all(&[9u8; 4 * PROBE]).await.expect("write");
         // One write on loopback arrives whole; the pause only makes sure it has.
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        let counter = Counter::default();
-        assert_eq!(copy_until_bulk(&from, &to, &counter).await.expect("copy"), Flow::Bulk);
+        let (counter, moved_bytes) = (Counter::default(), AtomicU64::new(0));
+        let meter = Meter::new(&counter, &moved_bytes);
+        assert_eq!(copy_until_bulk(&from, &to, &meter).await.expect("copy"), Flow::Bulk);
         assert_eq!(counter.get(), PROBE as u64, "stops copying after the first full read");
 
         for len in [0, 1, PROBE - 1, PROBE, PROBE + 1, 3 * 1024 * 1024 + 7] {

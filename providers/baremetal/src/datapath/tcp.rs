@@ -1,14 +1,15 @@
-//! The TCP proxy: accept, filter, pick a backend (trying the next one when a connect fails),
-//! then forward both ways (splice on Linux under load, see `splice.rs`; a buffer copy otherwise) until
-//! both sides have closed, either fails, or the connection's drain ends.
+//! The TCP proxy: accept (resetting connections beyond the listener's or the data path's cap),
+//! filter, pick a backend (trying the next one when a connect fails), then forward both ways
+//! (splice on Linux under load, see `splice.rs`; a buffer copy otherwise) until both sides have
+//! closed, either fails, no byte moves for the idle timeout, or the connection's drain ends.
 
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::counter::Counter;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -16,22 +17,43 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 use super::config::Protocol;
+use super::limits::{IdleClock, Slot, idle_check_period};
 use super::{ActiveGuard, PortShared};
+
+/// At most one "listener full" warning per listener this often (a flood would repeat it for
+/// every connection).
+const FULL_WARNING_EVERY: Duration = Duration::from_secs(30);
 
 /// Copy buffer per direction: larger than Tokio's 8 KiB default for loopback-class links,
 /// small enough for thousands of connections.
 const COPY_BUFFER: usize = 32 * 1024;
 
 pub(super) async fn serve(listener: TcpListener, port: Arc<PortShared>, stop: CancellationToken) {
+    let service = &port.service;
+    let (listener_cap, total_cap) =
+        (service.settings.max_tcp_connections_per_listener, service.settings.max_tcp_connections);
+    let mut warned: Option<Instant> = None;
     loop {
         let accepted = tokio::select! {
             _ = stop.cancelled() => return,
             r = listener.accept() => r,
         };
         match accepted {
-            Ok((stream, peer)) => {
-                tokio::spawn(handle(stream, peer, port.clone()));
-            }
+            Ok((stream, peer)) => match Slot::take(&port.held, listener_cap, &service.held_tcp, total_cap) {
+                Ok(slot) => {
+                    tokio::spawn(handle(stream, peer, port.clone(), slot));
+                }
+                Err(full) => {
+                    service.full(full).inc();
+                    // Accepted and reset rather than left in the backlog: the client learns at
+                    // once, the backlog stays free for when a slot opens, and the refusal counts.
+                    reset(stream);
+                    if warned.is_none_or(|at| at.elapsed() >= FULL_WARNING_EVERY) {
+                        warned = Some(Instant::now());
+                        tracing::warn!(service = %service.key, limit = full.reason(), listener_cap, total_cap, "TCP connection cap reached; new connections are reset");
+                    }
+                }
+            },
             Err(error) => {
                 // Usually out of file descriptors: pause instead of spinning.
                 tracing::warn!(service = %port.service.key, %error, "accept failed");
@@ -41,7 +63,13 @@ pub(super) async fn serve(listener: TcpListener, port: Arc<PortShared>, stop: Ca
     }
 }
 
-async fn handle(mut client: TcpStream, peer: SocketAddr, port: Arc<PortShared>) {
+/// Close with a reset (linger 0): no FIN handshake or TIME_WAIT for a refused connection.
+fn reset(stream: TcpStream) {
+    let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+}
+
+/// `_slot` holds the connection's place in the caps until it ends.
+async fn handle(mut client: TcpStream, peer: SocketAddr, port: Arc<PortShared>, _slot: Slot) {
     let service = &port.service;
     let routing = service.routing();
     if !super::select::source_allowed(&routing.ranges, peer.ip()) {
@@ -77,14 +105,53 @@ async fn handle(mut client: TcpStream, peer: SocketAddr, port: Arc<PortShared>) 
     let counters = backend.counters(Protocol::Tcp);
     let open = OpenGuard::new(&service.open_tcp);
     let splice = service.tcp_forwarding.splices(open.others);
+    let moved = AtomicU64::new(0);
+    let (rx, tx) = (Meter::new(&counters.rx, &moved), Meter::new(&counters.tx, &moved));
     tokio::select! {
-        r = forward(&mut client, &mut upstream, splice, &counters.rx, &counters.tx) => {
+        r = forward(&mut client, &mut upstream, splice, &rx, &tx) => {
             if let Err(error) = r {
                 tracing::trace!(service = %service.key, %error, "connection ended with an error");
             }
         }
+        _ = idle(&moved, service.settings.tcp_idle_timeout) => {
+            service.idle_closed.inc();
+            tracing::trace!(service = %service.key, client = %peer, "idle timeout; connection closed");
+        }
         _ = port.drain.cancelled() => {}
         _ = backend.drain.cancelled() => {}
+    }
+}
+
+/// Returns once `moved` has not changed for `timeout` (checked every quarter of it).
+async fn idle(moved: &AtomicU64, timeout: Duration) {
+    let mut clock = IdleClock::new(moved.load(Ordering::Relaxed), Instant::now());
+    let mut tick = tokio::time::interval(idle_check_period(timeout));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if clock.expired(moved.load(Ordering::Relaxed), Instant::now(), timeout) {
+            return;
+        }
+    }
+}
+
+/// Bytes delivered one way: the backend's byte counter, and the connection's own count of
+/// bytes moved either way (what the idle timeout watches).
+pub(super) struct Meter<'a> {
+    counter: &'a Counter,
+    moved: &'a AtomicU64,
+}
+
+impl<'a> Meter<'a> {
+    /// Count into `counter` and `moved`.
+    pub(super) fn new(counter: &'a Counter, moved: &'a AtomicU64) -> Self {
+        Self { counter, moved }
+    }
+
+    /// Count `n` bytes.
+    pub(super) fn inc_by(&self, n: u64) {
+        self.counter.inc_by(n);
+        self.moved.fetch_add(n, Ordering::Relaxed);
     }
 }
 
@@ -94,8 +161,8 @@ async fn forward(
     client: &mut TcpStream,
     upstream: &mut TcpStream,
     splice: bool,
-    rx: &Counter,
-    tx: &Counter,
+    rx: &Meter<'_>,
+    tx: &Meter<'_>,
 ) -> io::Result<()> {
     #[cfg(target_os = "linux")]
     if splice {
@@ -129,8 +196,8 @@ impl Drop for OpenGuard<'_> {
 /// A stream that counts the bytes read from and written to it as they pass.
 struct Counted<'a, S> {
     inner: &'a mut S,
-    read: &'a Counter,
-    written: &'a Counter,
+    read: &'a Meter<'a>,
+    written: &'a Meter<'a>,
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Counted<'_, S> {

@@ -585,3 +585,160 @@ async fn spliced_tcp_keeps_the_client_s_direction_open_after_the_backend_half_cl
 async fn copied_tcp_keeps_the_client_s_direction_open_after_the_backend_half_closes() {
     a_backend_that_finishes_first_still_receives(26, TcpForwarding::Copy).await;
 }
+
+// ----- What a flood may take (issue 25 item 4): caps, idle timeout, eviction.
+
+/// Whether the proxy reset or closed a connection (no greeting, or end of stream).
+async fn is_refused(to: SocketAddr) -> bool {
+    let Ok(Ok(mut stream)) = tokio::time::timeout(WAIT, TcpStream::connect(to)).await else { return true };
+    let mut buf = [0u8; 64];
+    matches!(tokio::time::timeout(WAIT, stream.read(&mut buf)).await, Ok(Ok(0) | Err(_)))
+}
+
+fn refused_count(metrics: &Metrics, block: u8, reason: &str) -> u64 {
+    let prefix =
+        format!(r#"ccm_datapath_refused_connections_total{{service="default/svc-{block}",reason="{reason}"}} "#);
+    metrics.encode().lines().find_map(|l| l.strip_prefix(&prefix)?.parse().ok()).unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_listener_at_its_tcp_cap_resets_new_connections_counts_them_and_admits_again_once_one_closes() {
+    let b = 27;
+    tcp_backend("node-a", SocketAddr::new(ip(b, 1), NODE_PORT)).await;
+    let limited = Settings { max_tcp_connections_per_listener: 2, max_tcp_connections: 10, ..settings() };
+    let (dp, metrics) = data_path(limited);
+    dp.apply(spec(b, &[(Protocol::Tcp, 80)], &[("node-a", 1)], HealthCheck::None)).unwrap();
+    let lb = SocketAddr::new(ip(b, 100), 80);
+    let (_, mut first) = connect_from(None, lb).await.expect("first connection");
+    let (_, _second) = connect_from(None, lb).await.expect("second connection");
+    assert!(is_refused(lb).await, "a third connection is reset");
+    assert_eq!(refused_count(&metrics, b, "listener_limit"), 1);
+    let listener = ListenerKey { address: ip(b, 100), port: 80, protocol: Protocol::Tcp };
+    assert_eq!(dp.listener_held("default/svc-27", &listener), Some(2));
+    assert_eq!(dp.held().tcp_connections, 2);
+    assert!(echoes(&mut first, "held connections still forward").await);
+    drop(first);
+    eventually("a slot opens once a connection closes", WAIT, || async { connect_from(None, lb).await.is_some() })
+        .await;
+}
+
+#[tokio::test]
+async fn the_data_path_total_caps_every_listener_together() {
+    let b = 28;
+    tcp_backend("node-a", SocketAddr::new(ip(b, 1), NODE_PORT)).await;
+    let limited = Settings { max_tcp_connections_per_listener: 2, max_tcp_connections: 3, ..settings() };
+    let (dp, metrics) = data_path(limited);
+    dp.apply(spec(b, &[(Protocol::Tcp, 80), (Protocol::Tcp, 81)], &[("node-a", 1)], HealthCheck::None)).unwrap();
+    let (on80, on81) = (SocketAddr::new(ip(b, 100), 80), SocketAddr::new(ip(b, 100), 81));
+    let _held = [
+        connect_from(None, on80).await.expect("80 #1"),
+        connect_from(None, on80).await.expect("80 #2"),
+        connect_from(None, on81).await.expect("81 #1"),
+    ];
+    assert!(is_refused(on81).await, "port 81 is below its own cap but the data path is full");
+    assert_eq!(refused_count(&metrics, b, "total_limit"), 1);
+    assert_eq!(refused_count(&metrics, b, "listener_limit"), 0);
+    assert_eq!(dp.held().tcp_connections, 3);
+}
+
+#[tokio::test]
+async fn a_tcp_connection_moving_no_byte_either_way_is_closed_after_the_idle_timeout() {
+    let b = 29;
+    tcp_backend("node-a", SocketAddr::new(ip(b, 1), NODE_PORT)).await;
+    let idle = Duration::from_millis(400);
+    let (dp, metrics) = data_path(Settings { tcp_idle_timeout: idle, ..settings() });
+    dp.apply(spec(b, &[(Protocol::Tcp, 80)], &[("node-a", 1)], HealthCheck::None)).unwrap();
+    let (_, mut stream) = connect_from(None, SocketAddr::new(ip(b, 100), 80)).await.expect("connect");
+    // Traffic every 150 ms for twice the timeout keeps it open.
+    for i in 0..6 {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert!(echoes(&mut stream, &format!("busy {i}")).await, "closed while busy");
+    }
+    let quiet = Instant::now();
+    let mut buf = [0u8; 16];
+    let end = tokio::time::timeout(WAIT, stream.read(&mut buf)).await.expect("closed by the proxy");
+    assert!(matches!(end, Ok(0) | Err(_)), "{end:?}");
+    let after = quiet.elapsed();
+    assert!(after >= idle && after < idle * 2, "closed after {after:?} of silence (timeout {idle:?})");
+    assert!(metrics.encode().contains(r#"ccm_datapath_idle_closed_connections_total{service="default/svc-29"} 1"#));
+    eventually("its slot is given back", WAIT, || async { dp.held().tcp_connections == 0 }).await;
+}
+
+/// A UDP backend answering every datagram with the source port it came from (which session).
+async fn udp_port_backend(addr: SocketAddr) {
+    let socket = UdpSocket::bind(addr).await.expect("bind udp backend");
+    tokio::spawn(async move {
+        let mut buf = [0u8; 64];
+        while let Ok((_, peer)) = socket.recv_from(&mut buf).await {
+            let _ = socket.send_to(peer.port().to_string().as_bytes(), peer).await;
+        }
+    });
+}
+
+/// Send from `client` to `to` and return the upstream port the backend saw.
+async fn session_port(client: &UdpSocket, to: SocketAddr) -> Option<u16> {
+    client.send_to(b"x", to).await.ok()?;
+    let mut buf = [0u8; 64];
+    let (n, _) = tokio::time::timeout(Duration::from_secs(2), client.recv_from(&mut buf)).await.ok()?.ok()?;
+    std::str::from_utf8(&buf[..n]).ok()?.parse().ok()
+}
+
+#[tokio::test]
+async fn a_full_udp_listener_evicts_its_least_recently_active_session_and_an_empty_one_is_refused_when_the_total_is_full()
+ {
+    let b = 30;
+    udp_port_backend(SocketAddr::new(ip(b, 1), NODE_PORT)).await;
+    let limited = Settings { max_udp_sessions_per_listener: 2, max_udp_sessions: 2, ..settings() };
+    let limited = Settings { udp_idle_timeout: Duration::from_secs(60), ..limited };
+    let (dp, metrics) = data_path(limited);
+    dp.apply(spec(b, &[(Protocol::Udp, 53), (Protocol::Udp, 54)], &[("node-a", 1)], HealthCheck::None)).unwrap();
+    let lb = SocketAddr::new(ip(b, 100), 53);
+    let client = |host| UdpSocket::bind(SocketAddr::new(ip(b, host), 0));
+    let (a, bb, c) = (client(50).await.unwrap(), client(51).await.unwrap(), client(52).await.unwrap());
+    // A pause between steps so that activity times differ.
+    let step = || tokio::time::sleep(Duration::from_millis(5));
+    let a_port = session_port(&a, lb).await.expect("a answered");
+    step().await;
+    let b_port = session_port(&bb, lb).await.expect("b answered");
+    step().await;
+    // A is active again: B is now the least recently active.
+    assert_eq!(session_port(&a, lb).await, Some(a_port));
+    step().await;
+    let _ = session_port(&c, lb).await.expect("a third client is served, not refused");
+    step().await;
+    assert!(metrics.encode().contains(r#"ccm_datapath_udp_sessions_evicted_total{service="default/svc-30"} 1"#));
+    assert_eq!(session_port(&a, lb).await, Some(a_port), "the recently active session stayed");
+    assert_ne!(session_port(&bb, lb).await, Some(b_port), "the least recently active one was evicted");
+    let listener = ListenerKey { address: ip(b, 100), port: 53, protocol: Protocol::Udp };
+    assert_eq!(dp.listener_held("default/svc-30", &listener), Some(2));
+    assert_eq!(dp.held().udp_sessions, 2);
+    // The other listener holds nothing to give back while the data path is full.
+    let other = SocketAddr::new(ip(b, 100), 54);
+    assert_eq!(session_port(&client(53).await.unwrap(), other).await, None);
+    assert_eq!(refused_count(&metrics, b, "total_limit"), 1);
+}
+
+#[tokio::test]
+async fn the_largest_udp_datagrams_cross_both_ways_intact_without_a_buffer_per_session() {
+    let b = 31;
+    let backend = UdpSocket::bind(SocketAddr::new(ip(b, 1), NODE_PORT)).await.unwrap();
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 65_535];
+        while let Ok((n, peer)) = backend.recv_from(&mut buf).await {
+            let _ = backend.send_to(&buf[..n], peer).await;
+        }
+    });
+    let (dp, _) = data_path(settings());
+    dp.apply(spec(b, &[(Protocol::Udp, 53)], &[("node-a", 1)], HealthCheck::None)).unwrap();
+    let lb = SocketAddr::new(ip(b, 100), 53);
+    // The largest UDP payload over IPv4: 65,535 minus the IP and UDP headers.
+    for len in [1, 1472, 65_507] {
+        let client = UdpSocket::bind(SocketAddr::new(ip(b, 50), 0)).await.unwrap();
+        let sent = payload(len as u64, len);
+        client.send_to(&sent, lb).await.unwrap();
+        let mut buf = vec![0u8; 65_535];
+        let (n, _) = tokio::time::timeout(WAIT, client.recv_from(&mut buf)).await.expect("an echo").unwrap();
+        assert_eq!(n, len);
+        assert!(buf[..n] == sent[..], "{len} bytes came back intact");
+    }
+}
