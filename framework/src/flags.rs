@@ -21,7 +21,7 @@ use crate::http::{HttpConfig, Tls, TlsFiles};
 use crate::leader::LeaderElectionConfig;
 use crate::options::ControllerOptions;
 use crate::provider::CloudProvider;
-use crate::serving::{AuthConfig, AuthSettings};
+use crate::serving::{AuthConfig, AuthSettings, TlsOptions};
 use crate::status::StatusTarget;
 
 /// Parse a Go-style duration (`10s`, `5m0s`, `1h30m`, `250ms`); negative values are rejected.
@@ -236,10 +236,14 @@ pub struct Flags {
     /// is kept in memory only.
     #[arg(long, default_value = "", value_name = "string", help_heading = "Secure serving flags")]
     pub cert_dir: String,
-    /// TLS cipher suites. Has no effect here: rustls' safe defaults are used.
+    /// Cipher suites offered, comma-separated, by upstream's names (e.g.
+    /// TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256). Only ECDHE suites with AES-GCM or
+    /// ChaCha20-Poly1305 are available; any other name is refused at start. TLS 1.3 suites stay
+    /// on unless the list names one. Empty: every available suite.
     #[arg(long, default_value = "", value_name = "strings", help_heading = "Secure serving flags")]
     pub tls_cipher_suites: String,
-    /// Oldest TLS version accepted. Has no effect here: TLS 1.2 and 1.3 are offered.
+    /// Oldest TLS version accepted: VersionTLS12 (the default when empty) or VersionTLS13;
+    /// VersionTLS10 and VersionTLS11 are refused at start.
     #[arg(long, default_value = "", value_name = "string", help_heading = "Secure serving flags")]
     pub tls_min_version: String,
     /// TLS key-exchange groups. Has no effect here.
@@ -548,8 +552,6 @@ impl Flags {
         }
         for (flag, set) in [
             ("--cert-dir", !self.cert_dir.is_empty()),
-            ("--tls-cipher-suites", !self.tls_cipher_suites.is_empty()),
-            ("--tls-min-version", !self.tls_min_version.is_empty()),
             ("--tls-curve-preferences", !self.tls_curve_preferences.is_empty()),
             ("--tls-sni-cert-key", !self.tls_sni_cert_key.is_empty()),
             ("--http2-max-streams-per-connection", self.http2_max_streams_per_connection != 0),
@@ -612,6 +614,8 @@ impl Flags {
         let burst =
             u32::try_from(self.kube_api_burst.max(0)).map_err(|_| invalid("--kube-api-burst", "is too large"))?;
 
+        // Checked even with the endpoint off: a refused value is never silently ignored.
+        let tls_options = TlsOptions::from_flags(&self.tls_min_version, &self.tls_cipher_suites)?;
         let http = if self.secure_port == 0 {
             None
         } else {
@@ -650,7 +654,12 @@ impl Flags {
                     ..AuthSettings::default()
                 })
             };
-            Some(HttpConfig::new(SocketAddr::new(ip, self.secure_port)).with_tls(tls).with_auth(auth))
+            Some(
+                HttpConfig::new(SocketAddr::new(ip, self.secure_port))
+                    .with_tls(tls)
+                    .with_tls_options(tls_options)
+                    .with_auth(auth),
+            )
         };
 
         let json = match self.logging_format.as_str() {
@@ -740,6 +749,7 @@ pub fn check_with_provider(options: &mut ControllerOptions, provider: &dyn Cloud
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::serving::MinVersion;
 
     fn parse(args: &[&str]) -> Flags {
         let mut all = vec!["cloud-controller-manager"];
@@ -887,6 +897,28 @@ mod tests {
         assert!(none.settings.always_allow_paths.is_empty());
         rejected(&["--authorization-always-allow-paths=healthz"], "--authorization-always-allow-paths");
         rejected(&["--authorization-always-allow-paths=/a*b"], "--authorization-always-allow-paths");
+    }
+
+    #[test]
+    fn tls_min_version_and_cipher_suites_reach_the_endpoint_or_are_refused_naming_the_flag() {
+        let http = settings(&[
+            "--tls-min-version=VersionTLS13",
+            "--tls-cipher-suites=TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,TLS_AES_128_GCM_SHA256",
+        ])
+        .unwrap()
+        .http
+        .unwrap();
+        assert_eq!(http.tls_options.min_version, MinVersion::Tls13);
+        assert_eq!(http.tls_options.cipher_suites, ["TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256", "TLS_AES_128_GCM_SHA256"]);
+        let s = settings(&["--tls-min-version=VersionTLS12"]).unwrap();
+        assert!(s.warnings.iter().all(|w| !w.contains("--tls-")), "{:?}", s.warnings);
+        assert_eq!(settings(&[]).unwrap().http.unwrap().tls_options, TlsOptions::default());
+        assert!(rejected(&["--tls-min-version=VersionTLS10"], "--tls-min-version").contains("VersionTLS10"));
+        assert!(rejected(&["--tls-min-version=VersionTLS11"], "--tls-min-version").contains("VersionTLS11"));
+        let msg = rejected(&["--tls-cipher-suites=TLS_RSA_WITH_AES_128_CBC_SHA"], "--tls-cipher-suites");
+        assert!(msg.contains("TLS_RSA_WITH_AES_128_CBC_SHA"), "{msg}");
+        // Refused even with the endpoint off.
+        rejected(&["--secure-port=0", "--tls-cipher-suites=TLS_BOGUS"], "--tls-cipher-suites");
     }
 
     #[test]

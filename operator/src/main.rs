@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use ccm_framework::client::{self, ClientSource, RateLimitLayer};
 use ccm_framework::http::{HttpConfig, Tls, TlsFiles};
-use ccm_framework::serving::{AuthConfig, AuthSettings};
+use ccm_framework::serving::{AuthConfig, AuthSettings, TlsOptions};
 use clap::{ArgAction, Parser, Subcommand};
 use operator::{BuildSettings, OperatorConfig, Scope, Timings};
 use tracing_subscriber::EnvFilter;
@@ -67,9 +67,16 @@ struct RunFlags {
     /// PEM certificate of the endpoint; without it a self-signed one is generated at start.
     #[arg(long, default_value = "", value_name = "path")]
     tls_cert_file: String,
-    /// PEM private key of --tls-cert-file.
+    /// PEM private key of --tls-cert-file. Both files are re-read when they change.
     #[arg(long, default_value = "", value_name = "path")]
     tls_private_key_file: String,
+    /// Oldest TLS version accepted: VersionTLS12 (default) or VersionTLS13; older ones are refused.
+    #[arg(long, default_value = "", value_name = "version")]
+    tls_min_version: String,
+    /// Cipher suites offered, comma-separated, by upstream's names; a suite rustls cannot
+    /// provide is refused at start. Empty: every available suite.
+    #[arg(long, default_value = "", value_name = "suites")]
+    tls_cipher_suites: String,
     /// Kubeconfig for TokenReviews; empty: the operator's own client configuration.
     #[arg(long, default_value = "", value_name = "path")]
     authentication_kubeconfig: String,
@@ -170,7 +177,15 @@ async fn run(flags: RunFlags) -> Result<(), operator::Error> {
                 ..AuthSettings::default()
             })
         };
-        Some(HttpConfig::new(address).with_tls(tls).with_auth(auth).resolve_auth(&config).await?)
+        let tls_options = TlsOptions::from_flags(&flags.tls_min_version, &flags.tls_cipher_suites)?;
+        Some(
+            HttpConfig::new(address)
+                .with_tls(tls)
+                .with_tls_options(tls_options)
+                .with_auth(auth)
+                .resolve_auth(&config)
+                .await?,
+        )
     };
     let mut config = OperatorConfig::new(client);
     config.scope = if namespaces.is_empty() { Scope::All } else { Scope::Namespaces(namespaces) };

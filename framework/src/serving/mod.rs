@@ -15,6 +15,9 @@
 //!   [`Limits::limit_recovery_every`] then raises the limit back towards its ceiling;
 //! - the TLS handshake, the request head, and idleness between requests each have a timeout.
 //!
+//! Certificate files are re-read every [`Limits::tls_reload_every`]; a changed, usable pair
+//! serves new connections, an unusable one keeps the previous pair and is logged once.
+//!
 //! Pure decisions live in [`logic`].
 
 pub mod auth;
@@ -45,7 +48,7 @@ use crate::error::Error;
 
 pub use auth::{AuthConfig, AuthSettings, Gatekeeper, KubeReviews, Reviews, TokenOutcome};
 pub use logic::{Activity, Gate, UserInfo};
-pub use tls::{Tls, TlsFiles, load_tls};
+pub use tls::{MinVersion, Tls, TlsFiles, TlsOptions, load_tls};
 
 /// Limits and timeouts of the endpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,6 +70,8 @@ pub struct Limits {
     /// After descriptor exhaustion lowered the connection limit, each period without another
     /// one raises it back by a step, up to the limit the server started with.
     pub limit_recovery_every: Duration,
+    /// How often certificate files ([`Tls::Files`]) are checked for a new pair.
+    pub tls_reload_every: Duration,
 }
 
 impl Default for Limits {
@@ -80,6 +85,7 @@ impl Default for Limits {
             accept_backoff_max: Duration::from_secs(1),
             warn_every: Duration::from_secs(10),
             limit_recovery_every: Duration::from_secs(10),
+            tls_reload_every: Duration::from_secs(5),
         }
     }
 }
@@ -91,6 +97,8 @@ pub struct HttpConfig {
     pub address: SocketAddr,
     /// HTTPS with a generated or given certificate, or plain HTTP.
     pub tls: Tls,
+    /// `--tls-min-version` and `--tls-cipher-suites`.
+    pub tls_options: TlsOptions,
     /// Delegated authentication and authorization; `None` serves every path to anyone (tests,
     /// embedding behind an authenticating proxy).
     pub auth: Option<AuthConfig>,
@@ -101,7 +109,13 @@ pub struct HttpConfig {
 impl HttpConfig {
     /// HTTPS with a self-signed certificate, no authentication, default limits.
     pub fn new(address: SocketAddr) -> Self {
-        Self { address, tls: Tls::SelfSigned, auth: None, limits: Limits::default() }
+        Self {
+            address,
+            tls: Tls::SelfSigned,
+            tls_options: TlsOptions::default(),
+            auth: None,
+            limits: Limits::default(),
+        }
     }
 
     /// Plain HTTP, no authentication: for tests.
@@ -112,6 +126,12 @@ impl HttpConfig {
     /// Use this TLS setting.
     pub fn with_tls(mut self, tls: Tls) -> Self {
         self.tls = tls;
+        self
+    }
+
+    /// Offer these TLS versions and cipher suites.
+    pub fn with_tls_options(mut self, options: TlsOptions) -> Self {
+        self.tls_options = options;
         self
     }
 
@@ -191,6 +211,10 @@ pub struct ServerStats {
     pub limit: AtomicUsize,
     /// Times the connection limit was raised back after exhaustion.
     pub limit_raised: AtomicU64,
+    /// Certificate pairs re-read from changed files and served.
+    pub tls_reloads: AtomicU64,
+    /// Changed certificate files found unusable (each distinct content counted once).
+    pub tls_reload_failures: AtomicU64,
 }
 
 impl ServerStats {
@@ -338,6 +362,7 @@ impl Drop for SlotGuard {
 pub struct Listener {
     tcp: TcpListener,
     tls: Option<TlsAcceptor>,
+    reloader: Option<Arc<tls::CertReloader>>,
     address: SocketAddr,
     gate: Option<Arc<Gatekeeper>>,
     limits: Limits,
@@ -365,7 +390,10 @@ impl Listener {
     /// Bind `config.address`, preparing TLS first so bad files fail at start.
     pub async fn bind(config: &HttpConfig) -> Result<Self, Error> {
         let serve_error = |message: String| Error::Serve { address: config.address.to_string(), message };
-        let tls = tls::server_config(&config.tls, config.address.ip())?.map(|c| TlsAcceptor::from(Arc::new(c)));
+        let (tls, reloader) = match tls::server_config(&config.tls, &config.tls_options, config.address.ip())? {
+            Some(server) => (Some(TlsAcceptor::from(Arc::new(server.config))), server.reloader),
+            None => (None, None),
+        };
         let gate = match &config.auth {
             None => None,
             Some(auth) => {
@@ -382,7 +410,7 @@ impl Listener {
         let stats = Arc::new(ServerStats::default());
         let ceiling = logic::effective_max_connections(config.limits.max_connections, open_files_limit());
         stats.limit.store(ceiling, Ordering::Relaxed);
-        Ok(Self { tcp, tls, address, gate, limits: config.limits.clone(), stats, ceiling })
+        Ok(Self { tcp, tls, reloader, address, gate, limits: config.limits.clone(), stats, ceiling })
     }
 
     /// The bound address (the real port when port 0 was asked for).
@@ -405,6 +433,14 @@ impl Listener {
             max_connections = self.stats.limit.load(Ordering::Relaxed),
             "serving health and metrics"
         );
+        if let Some(reloader) = self.reloader.clone() {
+            tokio::spawn(reload_certificates(
+                reloader,
+                self.limits.tls_reload_every,
+                self.stats.clone(),
+                shutdown.clone(),
+            ));
+        }
         let table = Arc::new(Table {
             slots: Mutex::new(HashMap::new()),
             next: AtomicU64::new(0),
@@ -454,6 +490,43 @@ impl Listener {
                         _ = tokio::time::sleep(pause) => {}
                     }
                 }
+            }
+        }
+    }
+}
+
+/// Re-read the certificate files every `every` until `shutdown`. Logs name the files, never
+/// their content; an unusable pair is logged once until the files change again.
+async fn reload_certificates(
+    reloader: Arc<tls::CertReloader>,
+    every: Duration,
+    stats: Arc<ServerStats>,
+    shutdown: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(every.max(Duration::from_millis(10)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let r = reloader.clone();
+        // Two small files, but still blocking I/O: off the runtime's workers.
+        let Ok(outcome) = tokio::task::spawn_blocking(move || r.reload()).await else { continue };
+        match outcome {
+            tls::Reload::Unchanged | tls::Reload::StillRejected => {}
+            tls::Reload::Replaced => {
+                ServerStats::add(&stats.tls_reloads);
+                tracing::info!(cert = %reloader.files().cert.display(), "serving the new certificate from the changed files");
+            }
+            tls::Reload::Rejected(error) => {
+                ServerStats::add(&stats.tls_reload_failures);
+                tracing::warn!(
+                    %error,
+                    cert = %reloader.files().cert.display(),
+                    "the changed certificate files are unusable; still serving the previous certificate"
+                );
             }
         }
     }
@@ -577,6 +650,7 @@ mod tests {
     use super::auth::tests::Hangs;
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_rustls::rustls;
 
     async fn get(addr: SocketAddr, path: &str, token: Option<&str>) -> std::io::Result<TcpStream> {
         let mut s = TcpStream::connect(addr).await?;
@@ -629,5 +703,102 @@ mod tests {
         assert!(stats.evicted.load(Ordering::Relaxed) >= 1, "a stuck review made room");
         assert_eq!(stats.rejected.load(Ordering::Relaxed), 0);
         shutdown.cancel();
+    }
+    /// The certificate the server presents to a new connection (not verified), or `None`
+    /// when the handshake fails.
+    async fn presented(
+        addr: SocketAddr,
+        versions: &[&'static rustls::SupportedProtocolVersion],
+    ) -> Option<(Vec<u8>, rustls::CipherSuite)> {
+        let tcp = TcpStream::connect(addr).await.ok()?;
+        let name = rustls::pki_types::ServerName::try_from("localhost").ok()?;
+        let connector = probe::insecure_connector_with(versions);
+        let tls = tokio::time::timeout(Duration::from_secs(5), connector.connect(name, tcp)).await.ok()?.ok()?;
+        let (_, conn) = tls.get_ref();
+        Some((conn.peer_certificates()?.first()?.to_vec(), conn.negotiated_cipher_suite()?.suite()))
+    }
+
+    async fn serve_tls(config: HttpConfig) -> (SocketAddr, Arc<ServerStats>, CancellationToken) {
+        let listener = Listener::bind(&config).await.expect("bind");
+        let (addr, stats) = (listener.local_addr(), listener.stats());
+        let shutdown = CancellationToken::new();
+        let handler: Handler = Arc::new(|_: &Method, _: &str| Answer::text(StatusCode::OK, "ok"));
+        tokio::spawn(listener.serve_with(handler, shutdown.clone()));
+        (addr, stats, shutdown)
+    }
+
+    /// Replace a file the way a Secret volume does: a new file renamed over the old.
+    fn replace(path: &std::path::Path, content: &str) {
+        let tmp = path.with_extension("new");
+        std::fs::write(&tmp, content).unwrap();
+        std::fs::rename(&tmp, path).unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn replaced_certificate_files_reach_new_connections_and_a_bad_pair_keeps_the_old_one() {
+        let dir = std::env::temp_dir().join(format!("ccm-serving-reload-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let files = TlsFiles { cert: dir.join("tls.crt"), key: dir.join("tls.key") };
+        let (a_cert, a_key, a_der) = tls::tests::pem_pair("a.test");
+        std::fs::write(&files.cert, &a_cert).unwrap();
+        std::fs::write(&files.key, &a_key).unwrap();
+        let limits = Limits { tls_reload_every: Duration::from_millis(50), ..Limits::default() };
+        let config = HttpConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .with_tls(Tls::Files(files.clone()))
+            .with_limits(limits);
+        let (addr, stats, shutdown) = serve_tls(config).await;
+        let all = rustls::DEFAULT_VERSIONS;
+        assert_eq!(presented(addr, all).await.expect("handshake").0, a_der);
+
+        // A garbage certificate: the old pair keeps serving, one failure counted.
+        replace(&files.cert, "-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while stats.tls_reload_failures.load(Ordering::Relaxed) == 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(stats.tls_reload_failures.load(Ordering::Relaxed), 1, "reported once, not every poll");
+        assert_eq!(presented(addr, all).await.expect("handshake").0, a_der);
+
+        // The new pair: the next connection gets it.
+        let (b_cert, b_key, b_der) = tls::tests::pem_pair("b.test");
+        replace(&files.key, &b_key);
+        replace(&files.cert, &b_cert);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut seen = a_der.clone();
+        while seen != b_der && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            seen = presented(addr, all).await.expect("handshake").0;
+        }
+        assert_eq!(seen, b_der, "the replaced certificate is served");
+        assert!(stats.tls_reloads.load(Ordering::Relaxed) >= 1);
+        shutdown.cancel();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn min_version_and_cipher_suites_are_what_a_client_can_negotiate() {
+        let tls12: &[&'static rustls::SupportedProtocolVersion] = &[&rustls::version::TLS12];
+        let tls13: &[&'static rustls::SupportedProtocolVersion] = &[&rustls::version::TLS13];
+        let local = SocketAddr::from(([127, 0, 0, 1], 0));
+
+        let options = TlsOptions::from_flags("VersionTLS13", "").unwrap();
+        let (addr, _, stop) = serve_tls(HttpConfig::new(local).with_tls_options(options)).await;
+        assert!(presented(addr, tls12).await.is_none(), "a TLS 1.2 client is refused");
+        assert!(presented(addr, tls13).await.is_some());
+        stop.cancel();
+
+        // The self-signed certificate is ECDSA: one ECDSA suite for TLS 1.2.
+        let options = TlsOptions::from_flags("VersionTLS12", "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384").unwrap();
+        let (addr, _, stop) = serve_tls(HttpConfig::new(local).with_tls_options(options)).await;
+        let (_, suite) = presented(addr, tls12).await.expect("TLS 1.2 handshake");
+        assert_eq!(suite, rustls::CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384);
+        stop.cancel();
+
+        let options = TlsOptions::from_flags("", "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305").unwrap();
+        let (addr, _, stop) = serve_tls(HttpConfig::new(local).with_tls_options(options)).await;
+        let (_, suite) = presented(addr, tls12).await.expect("TLS 1.2 handshake");
+        assert_eq!(suite, rustls::CipherSuite::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256);
+        stop.cancel();
     }
 }

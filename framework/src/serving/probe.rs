@@ -61,13 +61,20 @@ impl ServerCertVerifier for AnyCertificate {
 
 /// A TLS connector that accepts any server certificate.
 pub fn insecure_connector() -> TlsConnector {
+    insecure_connector_with(rustls::DEFAULT_VERSIONS)
+}
+
+/// A TLS connector that accepts any server certificate and offers only `versions` (an empty
+/// list: TLS 1.2 and 1.3).
+pub fn insecure_connector_with(versions: &[&'static rustls::SupportedProtocolVersion]) -> TlsConnector {
+    let versions = if versions.is_empty() { rustls::DEFAULT_VERSIONS } else { versions };
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
+        .with_protocol_versions(versions)
         .map(|b| {
             b.dangerous().with_custom_certificate_verifier(Arc::new(AnyCertificate(provider))).with_no_client_auth()
         })
-        .unwrap_or_else(|_| unreachable!("ring supports the default protocol versions"));
+        .unwrap_or_else(|_| unreachable!("ring supports TLS 1.2 and 1.3"));
     TlsConnector::from(Arc::new(config))
 }
 
