@@ -6,6 +6,7 @@ Tests marked as needing a cluster read the kubeconfig from CHART_TEST_KUBECONFIG
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import unittest
@@ -279,8 +280,39 @@ class Render(unittest.TestCase):
                 "RoleBinding/ccm-operator-namespace",
                 "Service/ccm-operator-metrics",
                 "ServiceAccount/ccm-operator",
+                "ValidatingAdmissionPolicy/ccm-operator-manager-bindings",
+                "ValidatingAdmissionPolicy/ccm-operator-manager-labels",
+                "ValidatingAdmissionPolicy/ccm-operator-manager-roles",
+                "ValidatingAdmissionPolicy/ccm-operator-manager-workloads",
+                "ValidatingAdmissionPolicyBinding/ccm-operator-manager-bindings",
+                "ValidatingAdmissionPolicyBinding/ccm-operator-manager-labels",
+                "ValidatingAdmissionPolicyBinding/ccm-operator-manager-roles",
+                "ValidatingAdmissionPolicyBinding/ccm-operator-manager-workloads",
             ],
         )
+
+    def test_admission_policies_bind_only_the_operators_requests_and_can_be_turned_off(self):
+        objects = self.render_named()
+        policies = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"]
+        self.assertEqual(len(policies), 4)
+        for policy in policies:
+            conditions = policy["spec"]["matchConditions"]
+            self.assertEqual(len(conditions), 1)
+            self.assertIn('"system:serviceaccount:ccm-render:ccm-operator"', conditions[0]["expression"])
+            self.assertEqual(policy["spec"]["failurePolicy"], "Fail")
+        bindings = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+        self.assertEqual(sorted(b["spec"]["policyName"] for b in bindings), sorted(p["metadata"]["name"] for p in policies))
+        self.assertTrue(all(b["spec"]["validationActions"] == ["Deny"] for b in bindings))
+        workloads = next(p for p in policies if p["metadata"]["name"].endswith("-manager-workloads"))
+        images = next(v for v in workloads["spec"]["variables"] if v["name"] == "allowedImages")["expression"]
+        self.assertEqual(json.loads(images), ["ghcr.io/ccm-rs/cloud-controller-manager:", "ghcr.io/ccm-rs/cloud-controller-manager@"])
+        custom = self.render_named(values(**{"admissionPolicy.allowedImages": ["registry.example/ccm@sha256:"]}))
+        workloads = next(o for o in custom if o["metadata"]["name"].endswith("-manager-workloads"))
+        images = next(v for v in workloads["spec"]["variables"] if v["name"] == "allowedImages")["expression"]
+        self.assertEqual(json.loads(images), ["registry.example/ccm@sha256:"])
+        off = self.render_named(values(**{"admissionPolicy.enabled": False}))
+        self.assertFalse([o for o in off if o["kind"].startswith("ValidatingAdmissionPolicy")])
+
 
     def test_restricted_pod_security_by_default(self):
         objects = self.render()

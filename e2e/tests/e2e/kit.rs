@@ -414,3 +414,69 @@ pub fn read_until(
     }
     (lines, false)
 }
+
+/// `render.py`'s exit code for "a tool is missing, skipped".
+const RENDER_SKIPPED: i32 = 77;
+
+/// The chart rendered by real Helm for `values`, as `release` in `namespace`; `None` (with the
+/// reason printed) when Helm is unavailable outside CI.
+pub fn render_chart(
+    kubeconfig: &std::path::Path,
+    values: &Value,
+    release: &str,
+    namespace: &str,
+) -> Option<Vec<Value>> {
+    let script = root().join("charts/ccm-operator/tests/render.py");
+    let output = std::process::Command::new("python3")
+        .arg(script)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["--values", &values.to_string(), "--release", release, "--namespace", namespace])
+        .env("HELM_DRIVER", "memory")
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output();
+    let output = match output {
+        Ok(o) => o,
+        Err(e) => {
+            assert!(!in_ci(), "python3 could not run ({e}), and CI=true makes that a failure");
+            eprintln!("SKIPPED: python3 could not run: {e}");
+            return None;
+        }
+    };
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    match output.status.code() {
+        Some(0) => Some(serde_json::from_slice(&output.stdout).expect("render.py prints JSON")),
+        Some(RENDER_SKIPPED) if !in_ci() => {
+            eprintln!("SKIPPED: {stderr}");
+            None
+        }
+        code => panic!("rendering the chart failed (exit {code:?}): {stderr}"),
+    }
+}
+
+/// Server-side applies `object` (any kind the API server serves) as `client`, with the
+/// harness's field manager.
+pub async fn apply_dynamic(client: &Client, object: &Value) -> Result<(), kube::Error> {
+    let (ar, namespace, name) = dynamic_target(client, object).await?;
+    let api: Api<kube::api::DynamicObject> = match &namespace {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+        None => Api::all_with(client.clone(), &ar),
+    };
+    api.patch(&name, &PatchParams::apply(HARNESS_AGENT).force(), &Patch::Apply(object)).await.map(drop)
+}
+
+/// The API resource, namespace and name of `object`, found through discovery.
+pub async fn dynamic_target(
+    client: &Client,
+    object: &Value,
+) -> Result<(kube::api::ApiResource, Option<String>, String), kube::Error> {
+    let api_version = object["apiVersion"].as_str().unwrap_or_default();
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    let gvk = kube::api::GroupVersionKind::gvk(group, version, object["kind"].as_str().unwrap_or_default());
+    let (ar, caps) = kube::discovery::pinned_kind(client, &gvk).await?;
+    let namespace = match caps.scope {
+        kube::discovery::Scope::Namespaced => object["metadata"]["namespace"].as_str().map(str::to_string),
+        kube::discovery::Scope::Cluster => None,
+    };
+    Ok((ar, namespace, object["metadata"]["name"].as_str().unwrap_or_default().to_string()))
+}

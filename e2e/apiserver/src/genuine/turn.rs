@@ -85,6 +85,14 @@ const PURGED: &[(&str, &str, &str, &str, bool)] = &[
     ("rbac.authorization.k8s.io", "v1", "RoleBinding", "rolebindings", true),
     ("rbac.authorization.k8s.io", "v1", "ClusterRole", "clusterroles", false),
     ("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding", "clusterrolebindings", false),
+    (
+        "admissionregistration.k8s.io",
+        "v1",
+        "ValidatingAdmissionPolicyBinding",
+        "validatingadmissionpolicybindings",
+        false,
+    ),
+    ("admissionregistration.k8s.io", "v1", "ValidatingAdmissionPolicy", "validatingadmissionpolicies", false),
 ];
 
 /// The API group of the project's own custom resources, purged too (whatever CRDs a test installed).

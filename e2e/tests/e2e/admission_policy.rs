@@ -1,0 +1,238 @@
+//! The chart's ValidatingAdmissionPolicies (issue 25, item 1) on the genuine kube-apiserver,
+//! whose admission enforces them (the local server stores them and enforces nothing): with the
+//! chart's RBAC and policies applied as rendered, everything the operator builds is admitted when
+//! its ServiceAccount creates it, and crafted objects the operator's RBAC would allow but a
+//! manager never needs are refused, each naming the field.
+
+use crate::kit::{apply_dynamic, dynamic_target, render_chart};
+use e2e_apiserver::{Backend, TestCluster};
+use kube::Client;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use operator::build::{self, BuildSettings};
+use serde_json::{Value, json};
+use std::time::Duration;
+
+/// The kinds the chart renders that this test applies: its RBAC and its admission policies.
+const APPLIED_KINDS: &[&str] = &[
+    "ServiceAccount",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Role",
+    "RoleBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+];
+
+/// A server-side apply of `object` as `client` with the operator's field manager.
+async fn apply_as(client: &Client, object: &Value) -> Result<(), kube::Error> {
+    patch_as(client, object, PatchParams::apply(operator::names::FIELD_MANAGER).force()).await
+}
+
+/// The same as a dry run: admission runs, nothing is stored.
+async fn dry_run(client: &Client, object: &Value) -> Result<(), kube::Error> {
+    patch_as(client, object, PatchParams::apply(operator::names::FIELD_MANAGER).force().dry_run()).await
+}
+
+async fn patch_as(client: &Client, object: &Value, params: PatchParams) -> Result<(), kube::Error> {
+    let (ar, namespace, name) = dynamic_target(client, object).await?;
+    let api: Api<DynamicObject> = match &namespace {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+        None => Api::all_with(client.clone(), &ar),
+    };
+    api.patch(&name, &params, &Patch::Apply(object)).await.map(drop)
+}
+
+/// The message of a refusal by a policy, or a panic naming what was admitted or how it failed.
+fn refusal(what: &str, result: Result<(), kube::Error>) -> String {
+    match result {
+        Err(kube::Error::Api(status)) if status.code == 422 || status.code == 403 => status.message,
+        other => panic!("{what}: expected a refusal by the admission policy, got {other:?}"),
+    }
+}
+
+/// What the operator builds for a resource in `namespace` in `mode`, as JSON objects.
+fn operator_objects(namespace: &str, mode: &str, settings: &BuildSettings) -> Vec<Value> {
+    let cr: crds::CloudControllerManager = serde_json::from_value(json!({
+        "apiVersion": "ccm.rs/v1alpha1", "kind": "CloudControllerManager",
+        "metadata": {"name": "cloud", "namespace": namespace, "uid": "9d0c6a1e-0000-4000-8000-000000000001"},
+        "spec": {"provider": "fake", "mode": mode, "clusterCIDR": "10.244.0.0/16",
+                 "cloudConfig": {"secretRef": {"name": "cfg"}}, "deployment": {"replicas": 2}},
+    }))
+    .expect("a resource");
+    let secret = operator::validate::SecretState::Found {
+        name: "cfg".into(),
+        key: "cloud.conf".into(),
+        data: b"autoInstances: true\n".to_vec(),
+    };
+    let validation = operator::validate::validate(&cr, &secret, &operator::providers::builtin_registry(), &[]);
+    let operator::validate::Validation::Valid(validated) = validation else { panic!("{validation:?}") };
+    build::build(&cr, &validated, settings).iter().map(build::Desired::to_json).collect()
+}
+
+/// The operator's `--manager-image` as the chart renders it.
+fn chart_manager_image(objects: &[Value]) -> String {
+    objects
+        .iter()
+        .filter(|o| o["kind"] == "Deployment")
+        .flat_map(|o| o["spec"]["template"]["spec"]["containers"][0]["args"].as_array().cloned().unwrap_or_default())
+        .find_map(|a| a.as_str()?.strip_prefix("--manager-image=").map(str::to_string))
+        .expect("the chart passes --manager-image")
+}
+
+/// `object` changed by `edit`, for crafting requests.
+fn edited(object: &Value, edit: impl FnOnce(&mut Value)) -> Value {
+    let mut object = object.clone();
+    edit(&mut object);
+    object
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chart_admission_policy_admits_what_the_operator_builds_and_refuses_what_a_manager_never_needs() {
+    if !Backend::genuine_available() {
+        eprintln!("SKIPPED: needs the genuine API server (CCM_TEST_ASSETS): admission policies");
+        return;
+    }
+    let cluster = TestCluster::start(Backend::Genuine).await.expect("the API server starts");
+    cluster.install_crd(&crds::crd()).await.expect("the CRD installs");
+    let admin = cluster.client();
+    let managers = cluster.fresh_namespace("e2e-vap-cloud").await.unwrap();
+    let release_ns = cluster.fresh_namespace("e2e-vap-system").await.unwrap();
+    let release = format!("vap{}", std::process::id());
+    let values = json!({"cloudConfig": {"namespaces": [managers]}});
+    let Some(objects) = render_chart(&cluster.kubeconfig_path(), &values, &release, &release_ns) else { return };
+    assert_eq!(
+        objects.iter().filter(|o| o["kind"] == "ValidatingAdmissionPolicy").count(),
+        4,
+        "the chart renders its policies by default"
+    );
+    for o in objects.iter().filter(|o| APPLIED_KINDS.iter().any(|k| o["kind"] == *k)) {
+        let mut o = o.clone();
+        if o["metadata"]["namespace"].is_null()
+            && ["ServiceAccount", "Role", "RoleBinding"].iter().any(|k| o["kind"] == *k)
+        {
+            o["metadata"]["namespace"] = json!(release_ns);
+        }
+        apply_dynamic(&admin, &o)
+            .await
+            .unwrap_or_else(|e| panic!("applying {} {}: {e}", o["kind"], o["metadata"]["name"]));
+    }
+    let account = objects
+        .iter()
+        .find(|o| o["kind"] == "ServiceAccount")
+        .and_then(|o| o["metadata"]["name"].as_str())
+        .expect("the chart renders the operator's ServiceAccount")
+        .to_string();
+    let (config, _) = cluster.service_account(&release_ns, &account).await.expect("a ServiceAccount token");
+    let operator_client = Client::try_from(config).expect("a client");
+    let settings = BuildSettings { manager_image: chart_manager_image(&objects), ..BuildSettings::default() };
+
+    let deployment_mode = operator_objects(&managers, "Deployment", &settings);
+    let deployment = deployment_mode.iter().find(|o| o["kind"] == "Deployment").expect("a Deployment").clone();
+    let role = deployment_mode.iter().find(|o| o["kind"] == "Role").expect("a Role").clone();
+    let binding = deployment_mode.iter().find(|o| o["kind"] == "RoleBinding").expect("a RoleBinding").clone();
+
+    // The API server's policy informer takes a moment to load new policies: wait until the first
+    // crafted request is refused (bounded), then check the rest at once.
+    let privileged = edited(&deployment, |d| {
+        let sc = &mut d["spec"]["template"]["spec"]["containers"][0]["securityContext"];
+        // The API server's own validation refuses privileged without privilege escalation.
+        sc["privileged"] = json!(true);
+        sc["allowPrivilegeEscalation"] = json!(true);
+    });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let message = loop {
+        match dry_run(&operator_client, &privileged).await {
+            Ok(()) if tokio::time::Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(250)).await,
+            result => break refusal("a privileged manager container", result),
+        }
+    };
+    assert!(message.contains("securityContext.privileged"), "{message}");
+
+    // Everything the operator builds is admitted as its ServiceAccount: Deployment mode applied
+    // for real (the Role first, as a binding's role must exist for RBAC to check it), DaemonSet
+    // mode as a dry run over it.
+    let mut in_order = deployment_mode.clone();
+    in_order.sort_by_key(|o| o["kind"] != "Role");
+    for object in &in_order {
+        apply_as(&operator_client, object).await.unwrap_or_else(|e| {
+            panic!("the policy refused the operator's own {} {}: {e}", object["kind"], object["metadata"]["name"])
+        });
+    }
+    for object in &operator_objects(&managers, "DaemonSet", &settings) {
+        dry_run(&operator_client, object).await.unwrap_or_else(|e| {
+            panic!("the policy refused the operator's own {} {}: {e}", object["kind"], object["metadata"]["name"])
+        });
+    }
+
+    let crafted: Vec<(&str, Value, &str)> = vec![
+        (
+            "an image outside the allow-list",
+            edited(&deployment, |d| {
+                d["spec"]["template"]["spec"]["containers"][0]["image"] = json!("docker.io/evil/miner:1")
+            }),
+            "image",
+        ),
+        (
+            "an added capability",
+            edited(&deployment, |d| {
+                d["spec"]["template"]["spec"]["containers"][0]["securityContext"]["capabilities"]["add"] =
+                    json!(["SYS_ADMIN"]);
+            }),
+            "capabilities.add",
+        ),
+        (
+            "a hostPath volume",
+            edited(&deployment, |d| {
+                d["spec"]["template"]["spec"]["volumes"]
+                    .as_array_mut()
+                    .expect("volumes")
+                    .push(json!({"name": "root", "hostPath": {"path": "/"}}));
+            }),
+            "spec.template.spec.volumes",
+        ),
+        ("host PID", edited(&deployment, |d| d["spec"]["template"]["spec"]["hostPID"] = json!(true)), "hostPID"),
+        (
+            "a pod that is not a manager's",
+            edited(&deployment, |d| {
+                // A new workload: the applied one's selector cannot change.
+                d["metadata"]["name"] = json!("ccm-other");
+                d["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] = json!("something-else");
+                d["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"] = json!("something-else");
+            }),
+            "spec.template.metadata.labels",
+        ),
+        (
+            "another ServiceAccount",
+            edited(&deployment, |d| d["spec"]["template"]["spec"]["serviceAccountName"] = json!("default")),
+            "serviceAccountName",
+        ),
+        (
+            "a workload without the operator's label",
+            edited(&deployment, |d| {
+                d["metadata"]["labels"].as_object_mut().expect("labels").remove("app.kubernetes.io/managed-by");
+            }),
+            "app.kubernetes.io/managed-by",
+        ),
+        (
+            "a Role reading Secrets",
+            edited(&role, |r| {
+                r["rules"].as_array_mut().expect("rules").push(json!({"apiGroups": [""], "resources": ["secrets"],
+                    "verbs": ["get"], "resourceNames": ["cfg"]}));
+            }),
+            "rules",
+        ),
+        (
+            "a binding of the manager's Role to a user",
+            edited(&binding, |b| {
+                b["subjects"] = json!([{"kind": "User", "name": "mallory", "apiGroup": "rbac.authorization.k8s.io"}])
+            }),
+            "subjects",
+        ),
+    ];
+    for (what, object, field) in &crafted {
+        let message = refusal(what, dry_run(&operator_client, object).await);
+        assert!(message.contains(field), "{what}: the refusal should name {field}: {message}");
+    }
+    // The policies bind the operator's requests only: the cluster admin is not bound by them.
+    dry_run(&admin, &privileged).await.expect("the admin's own request is not the operator's");
+}
