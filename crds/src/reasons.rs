@@ -58,9 +58,16 @@ pub mod config_valid {
     /// False: `spec.mode` is Embedded and `spec.extraArgs` is set; the embedded engine takes no
     /// command line, so the arguments would be ignored.
     pub const EXTRA_ARGS_NOT_SUPPORTED: &str = "ExtraArgsNotSupported";
+    /// False: an object under a child's name (ServiceAccount, bindings, Role, workload, PDB, the
+    /// ClusterRoleBinding) exists and is not this resource's; it is left untouched and nothing
+    /// is applied.
+    pub const NAME_CONFLICT: &str = "NameConflict";
+    /// False: `metadata.name` is a core component's leader-election Lease name (or its prefix),
+    /// which the manager's Lease, named after the resource, would compete for.
+    pub const RESERVED_NAME: &str = "ReservedName";
 
     /// Every reason of `ConfigValid`.
-    pub const ALL: [&str; 14] = [
+    pub const ALL: [&str; 16] = [
         VALID,
         INVALID_SPEC,
         MALFORMED_SPEC,
@@ -75,6 +82,8 @@ pub mod config_valid {
         EMBEDDED_NOT_ENABLED,
         PROXY_NEEDS_HOST_NETWORK,
         EXTRA_ARGS_NOT_SUPPORTED,
+        NAME_CONFLICT,
+        RESERVED_NAME,
     ];
 }
 

@@ -224,14 +224,15 @@ impl Applier {
         Ok(true)
     }
 
-    /// Delete a child; a missing object is not an error. Returns whether it existed.
-    pub async fn delete(&self, key: &ChildKey) -> Result<bool, kube::Error> {
-        self.forget(key);
-        match self.api(key).delete(&key.name, &DeleteParams::background()).await {
-            Ok(_) => Ok(true),
-            Err(kube::Error::Api(s)) if s.is_not_found() => Ok(false),
-            Err(e) => Err(e),
-        }
+    /// The metadata of the object named like `key`, read from the server: the label-selected
+    /// stores do not show an object someone else created under a child's name.
+    pub async fn read_meta(&self, key: &ChildKey) -> Result<Option<ObjectMeta>, kube::Error> {
+        Ok(self.api(key).get_metadata_opt(&key.name).await?.map(|o| o.metadata))
+    }
+
+    /// Whether this operator applied `key` and its watch has not reported it deleted since.
+    pub fn remembers(&self, key: &ChildKey) -> bool {
+        self.memo().contains_key(key)
     }
 
     /// Delete a child only if it is this operator's object for the CR `owner_uid`: it is read
@@ -268,6 +269,37 @@ impl Applier {
     }
 }
 
+/// An existing object under a child's name that the resource does not own: the operator
+/// neither applies over it nor deletes it, and the resource's reconciliation stops.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NameConflict {
+    /// The child whose name is taken.
+    pub key: ChildKey,
+}
+
+impl NameConflict {
+    /// The `NameConflict` message: kind, namespace and name only, never the object's content.
+    pub fn message(&self) -> String {
+        let k = &self.key;
+        let at = match &k.namespace {
+            Some(ns) => format!("{} {ns}/{}", k.kind, k.name),
+            None => format!("{} {}", k.kind, k.name),
+        };
+        format!(
+            "{at} already exists and is not owned by this CloudControllerManager (it lacks the labels {}={} and {} with this resource's UID); the operator does not modify it: rename the resource, or delete that object if it is a leftover",
+            names::LABEL_MANAGED_BY,
+            names::MANAGED_BY,
+            names::LABEL_OWNER_UID
+        )
+    }
+}
+
+/// Whether the object observed under a child's name (if any) may be applied over for the CR with
+/// UID `owner_uid` (pure): only when there is none or it is this resource's own.
+pub fn may_apply_over(observed: Option<&ObjectMeta>, owner_uid: &str) -> bool {
+    observed.is_none_or(|m| is_owned_by(m, owner_uid))
+}
+
 /// Whether `meta` marks an object this operator created for the CR with UID `owner_uid`: the
 /// managed-by label and the owner-UID label both match.
 pub fn is_owned_by(meta: &ObjectMeta, owner_uid: &str) -> bool {
@@ -291,6 +323,37 @@ mod tests {
         assert!(!is_owned_by(&meta(&[(names::LABEL_OWNER_UID, "u1")]), "u1"));
         assert!(!is_owned_by(&meta(&[(names::LABEL_MANAGED_BY, names::MANAGED_BY)]), "u1"));
         assert!(!is_owned_by(&ObjectMeta::default(), "u1"));
+    }
+
+    #[test]
+    fn an_object_of_someone_else_under_a_childs_name_is_not_applied_over() {
+        let labelled = |uid: &str| ObjectMeta {
+            labels: Some(
+                [(names::LABEL_MANAGED_BY, names::MANAGED_BY), (names::LABEL_OWNER_UID, uid)]
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            ..Default::default()
+        };
+        assert!(may_apply_over(None, "u1"), "nothing there: create it");
+        assert!(may_apply_over(Some(&labelled("u1")), "u1"));
+        assert!(!may_apply_over(Some(&labelled("u2")), "u1"), "another resource's child");
+        let helm = ObjectMeta { name: Some("ccm-operator".into()), ..Default::default() };
+        assert!(!may_apply_over(Some(&helm), "u1"), "an object the operator did not create");
+    }
+
+    #[test]
+    fn the_name_conflict_message_names_kind_namespace_and_name_only() {
+        let key =
+            ChildKey { kind: Kind::ServiceAccount, namespace: Some("kube-system".into()), name: "ccm-operator".into() };
+        let m = NameConflict { key }.message();
+        assert!(
+            m.starts_with("ServiceAccount kube-system/ccm-operator already exists and is not owned by this"),
+            "{m}"
+        );
+        let key = ChildKey { kind: Kind::ClusterRoleBinding, namespace: None, name: "ccm-operator:a:b".into() };
+        assert!(NameConflict { key }.message().starts_with("ClusterRoleBinding ccm-operator:a:b already exists"));
     }
 
     fn memo(hash: &str, generation: i64) -> Applied {

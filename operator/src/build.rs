@@ -356,6 +356,53 @@ pub fn own_rules(cr_name: &str) -> Vec<PolicyRule> {
     ]
 }
 
+/// Why a desired binding would grant more than its resource's own manager should have, or
+/// `None` (pure). RBAC lets the operator bind the manager roles to any subject and create any
+/// ClusterRoleBinding name; this is what confines each binding to the resource's own
+/// ServiceAccount and to the manager roles, checked before every apply.
+pub fn binding_overreach(
+    desired: &Desired,
+    cr_namespace: &str,
+    cr_name: &str,
+    settings: &BuildSettings,
+) -> Option<String> {
+    let own_subject = |subjects: &Option<Vec<Subject>>| {
+        matches!(subjects.as_deref(), Some([s]) if s.kind == "ServiceAccount"
+            && s.name == names::workload_name(cr_name)
+            && s.namespace.as_deref() == Some(cr_namespace)
+            && s.api_group.as_deref().unwrap_or_default().is_empty())
+    };
+    let (what, role_ref, subjects, allowed): (String, &RoleRef, &Option<Vec<Subject>>, Vec<(&str, String)>) =
+        match desired {
+            Desired::ClusterRoleBinding(b) => (
+                format!("ClusterRoleBinding {}", desired.name()),
+                &b.role_ref,
+                &b.subjects,
+                vec![("ClusterRole", settings.manager_cluster_role.clone())],
+            ),
+            Desired::RoleBinding(b) => (
+                format!("RoleBinding {cr_namespace}/{}", desired.name()),
+                &b.role_ref,
+                &b.subjects,
+                vec![("ClusterRole", settings.manager_namespace_role.clone()), ("Role", names::own_role_name(cr_name))],
+            ),
+            _ => return None,
+        };
+    if desired.meta().namespace.as_deref().is_some_and(|ns| ns != cr_namespace) {
+        return Some(format!("{what} is outside namespace {cr_namespace}"));
+    }
+    if !allowed.iter().any(|(kind, name)| role_ref.kind == *kind && role_ref.name == *name) {
+        return Some(format!("{what} refers to {} {}, not a manager role", role_ref.kind, role_ref.name));
+    }
+    if !own_subject(subjects) {
+        return Some(format!(
+            "{what} has subjects other than ServiceAccount {cr_namespace}/{}",
+            names::workload_name(cr_name)
+        ));
+    }
+    None
+}
+
 /// The `restricted` Pod Security Standard checks (Kubernetes' pod-security admission,
 /// `restricted` level, which includes `baseline`) that `pod` fails, one line each. Empty means
 /// the pod would be admitted in a namespace labelled `pod-security.kubernetes.io/enforce:
@@ -1045,5 +1092,32 @@ mod tests {
         assert_eq!(crb.role_ref.name, "my-ccm");
         let subject = &crb.subjects.as_ref().unwrap()[0];
         assert_eq!((subject.name.as_str(), subject.namespace.as_deref()), ("ccm-aws", Some("kube-system")));
+    }
+
+    #[test]
+    fn bindings_are_confined_to_the_resources_own_service_account_and_the_manager_roles() {
+        let c = cr(json!({"provider": "fake"}));
+        let settings = BuildSettings::default();
+        let objs = build(&c, &validated(&c, None), &settings);
+        for o in &objs {
+            assert_eq!(binding_overreach(o, "kube-system", "aws", &settings), None, "{:?}", o.kind());
+        }
+        let crb = objs.iter().find(|o| o.kind() == Kind::ClusterRoleBinding).unwrap().clone();
+        let Desired::ClusterRoleBinding(mut b) = crb.clone() else { panic!() };
+        b.subjects.as_mut().unwrap()[0].name = "ccm-operator".into();
+        assert!(binding_overreach(&Desired::ClusterRoleBinding(b.clone()), "kube-system", "aws", &settings).is_some());
+        b.subjects.as_mut().unwrap()[0].name = "ccm-aws".into();
+        b.subjects.as_mut().unwrap().push(Subject {
+            kind: "Group".into(),
+            name: "system:authenticated".into(),
+            ..Default::default()
+        });
+        assert!(binding_overreach(&Desired::ClusterRoleBinding(b.clone()), "kube-system", "aws", &settings).is_some());
+        b.subjects.as_mut().unwrap().pop();
+        b.role_ref.name = "cluster-admin".into();
+        let m = binding_overreach(&Desired::ClusterRoleBinding(b), "kube-system", "aws", &settings).unwrap();
+        assert!(m.contains("cluster-admin"), "{m}");
+        // The same binding for another resource's name is not this resource's.
+        assert!(binding_overreach(&crb, "kube-system", "operator", &settings).is_some());
     }
 }

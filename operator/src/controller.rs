@@ -36,7 +36,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::apply::{Applier, ChildKey, ChildStores};
+use crate::apply::{self, Applier, ChildKey, ChildStores, NameConflict};
 use crate::build::{self, BuildSettings, Desired, Kind};
 use crate::dereference::{self, SecretReader};
 use crate::embedded::Engines;
@@ -577,6 +577,25 @@ impl Ctx {
         wait
     }
 
+    /// The desired children whose names are taken by an object the CR with UID `uid` does not
+    /// own. The stores show only labelled objects, so a name they lack (and the operator did not
+    /// just create) is read from the server; the object itself is never written.
+    async fn name_conflicts(&self, desired: &[Desired], uid: &str) -> Result<Vec<NameConflict>, String> {
+        let mut out = Vec::new();
+        for d in desired {
+            let key = ChildKey::of(d);
+            let observed = match self.children.meta(&key) {
+                Some(meta) => Some(meta),
+                None if self.applier.remembers(&key) => continue,
+                None => self.applier.read_meta(&key).await.map_err(|e| format!("reading {key}: {e}"))?,
+            };
+            if !apply::may_apply_over(observed.as_ref(), uid) {
+                out.push(NameConflict { key });
+            }
+        }
+        Ok(out)
+    }
+
     /// Delete every child of `uid` not in `keep`: the workload first, then the manager's RBAC,
     /// but only once the workload's Pods are gone (see [`Ctx::rbac_must_wait`]). Returns the
     /// deleted ones, failures, and whether RBAC deletion waits for Pods.
@@ -917,8 +936,11 @@ async fn reconcile_cr(ctx: &Ctx, cr: &CloudControllerManager, namespace: &str, n
     };
     let allowed = ctx.shared.allowed.contains(namespace);
     let secret = dereference_secret(ctx, &input, allowed).await;
-    let validation = validate_step(ctx, &input, &secret, allowed).await;
+    let mut validation = validate_step(ctx, &input, &secret, allowed).await;
     let outcome = apply_step(ctx, &input, &validation, &secret).await;
+    if !outcome.name_conflicts.is_empty() {
+        validation = validate::name_conflicts(&outcome.name_conflicts);
+    }
     let (workload, pods, lease) = observe(ctx, &input).await;
     let rollout_started = {
         let mut rollouts = lock(&ctx.rollouts);
@@ -992,6 +1014,9 @@ struct Outcome {
     teardown_waiting: bool,
     /// A mode switch keeps the previous workload serving: what it waits for.
     switching: Option<String>,
+    /// Children whose names are taken by objects this resource does not own: nothing was
+    /// applied or pruned.
+    name_conflicts: Vec<NameConflict>,
 }
 
 /// Read the referenced Secret, only in an allowed namespace (Embedded mode gets its
@@ -1072,7 +1097,11 @@ async fn apply_step(ctx: &Ctx, input: &Input<'_>, validation: &Validation, secre
     if let Validation::Unknown(f) = validation {
         out.transient.push((degraded::SECRET_UNREADABLE, f.message.clone()));
     }
-    let conflicting = matches!(validation, Validation::Invalid { conflicts_with, .. } if !conflicts_with.is_empty());
+    // A resource that conflicts with an older one, or whose name is a core component's Lease,
+    // must not keep running: whatever it runs is stopped.
+    let conflicting = matches!(validation, Validation::Invalid { conflicts_with, .. } if !conflicts_with.is_empty())
+        || matches!(validation, Validation::Invalid { failures, .. }
+            if failures.first().is_some_and(|f| f.reason == reasons::config_valid::RESERVED_NAME));
     match (validation, cr.spec.paused) {
         (_, true) => {}
         (Validation::Valid(v), false) if cr.spec.mode == Mode::Embedded => {
@@ -1099,6 +1128,26 @@ async fn apply_step(ctx: &Ctx, input: &Input<'_>, validation: &Validation, secre
                     Some((EventType::Normal, reasons::events::ENGINE_STOPPED, format!("mode is now {}", cr.spec.mode)));
             }
             let desired = build::build(cr, v, &ctx.shared.build);
+            // Nothing is applied or pruned while a child's name is taken by an object this
+            // resource does not own, or a binding would reach beyond its own manager.
+            if let Some(why) =
+                desired.iter().find_map(|d| build::binding_overreach(d, input.namespace, input.name, &ctx.shared.build))
+            {
+                tracing::error!(cr = %input.key, %why, "refusing to apply a binding beyond the resource's manager");
+                out.transient.push((degraded::APPLY_FAILED, format!("refused: {why}")));
+                return out;
+            }
+            match ctx.name_conflicts(&desired, uid).await {
+                Ok(conflicts) if conflicts.is_empty() => {}
+                Ok(conflicts) => {
+                    out.name_conflicts = conflicts;
+                    return out;
+                }
+                Err(e) => {
+                    out.transient.push((degraded::APPLY_FAILED, e));
+                    return out;
+                }
+            }
             let mut keep: Vec<ChildKey> = desired.iter().map(ChildKey::of).collect();
             for d in &desired {
                 let child = ChildKey::of(d);
@@ -1141,7 +1190,7 @@ async fn apply_step(ctx: &Ctx, input: &Input<'_>, validation: &Validation, secre
                 out.engine_event = Some((
                     EventType::Normal,
                     reasons::events::ENGINE_STOPPED,
-                    "stopped: conflicts with an older CloudControllerManager".into(),
+                    format!("stopped: {}", validation.summary().map(|(r, _)| r).unwrap_or_default()),
                 ));
             }
             let (p, f, waiting) = ctx.prune(uid, &[]).await;

@@ -337,6 +337,36 @@ pub fn manager_config(cr: &CloudControllerManager, cloud_config_key: Option<&str
     Ok(config)
 }
 
+/// Lease names of core components (and of this operator) that no resource may take: the
+/// manager's Lease is named after its resource, and its own Role grants update on that name.
+pub const RESERVED_LEASE_NAMES: [&str; 4] =
+    ["kube-controller-manager", "kube-scheduler", "cloud-controller-manager", crate::names::OPERATOR_LEASE];
+/// Prefixes of reserved Lease names: kube-apiserver's identity Leases (`apiserver-<hash>`,
+/// formerly `kube-apiserver-<hash>`) and every other `kube-` component.
+pub const RESERVED_LEASE_PREFIXES: [&str; 2] = ["kube-", "apiserver-"];
+
+/// The `ReservedName` failure when `name` (the resource's, and so its Lease's) is one a core
+/// component's leader-election Lease uses (pure).
+pub fn reserved_lease_name(name: &str) -> Option<Failure> {
+    let reserved = RESERVED_LEASE_NAMES.contains(&name) || RESERVED_LEASE_PREFIXES.iter().any(|p| name.starts_with(p));
+    reserved.then(|| Failure {
+        reason: reason::RESERVED_NAME,
+        message: format!(
+            "metadata.name {name:?} is reserved: the manager's leader-election Lease is named after the resource, and this name belongs (or may belong) to a core component's Lease ({}, or a name starting with {}); recreate the resource under another name",
+            RESERVED_LEASE_NAMES.join(", "),
+            RESERVED_LEASE_PREFIXES.join(" or ")
+        ),
+    })
+}
+
+/// The verdict for a resource whose children's names are taken by objects it does not own.
+pub fn name_conflicts(conflicts: &[crate::apply::NameConflict]) -> Validation {
+    Validation::Invalid {
+        failures: conflicts.iter().map(|c| Failure { reason: reason::NAME_CONFLICT, message: c.message() }).collect(),
+        conflicts_with: Vec::new(),
+    }
+}
+
 /// Validate `cr` given its Secret and the other CRs in scope.
 pub fn validate(cr: &CloudControllerManager, secret: &SecretState, registry: &Registry, peers: &[Peer]) -> Validation {
     let spec = &cr.spec;
@@ -344,6 +374,9 @@ pub fn validate(cr: &CloudControllerManager, secret: &SecretState, registry: &Re
 
     if let Err(e) = validate_spec(spec) {
         return invalid(vec![Failure { reason: reason::INVALID_SPEC, message: e.to_string() }]);
+    }
+    if let Some(failure) = reserved_lease_name(&cr.name_any()) {
+        return invalid(vec![failure]);
     }
     if spec.mode == Mode::Embedded && !spec.extra_args.is_empty() {
         return invalid(vec![Failure {
@@ -663,6 +696,27 @@ mod tests {
 
     fn reason_of(v: &Validation) -> &'static str {
         v.summary().map(|(r, _)| r).unwrap_or(reason::VALID)
+    }
+
+    #[test]
+    fn a_resource_named_like_a_core_components_lease_is_refused_naming_metadata_name() {
+        for name in [
+            "kube-controller-manager",
+            "kube-scheduler",
+            "cloud-controller-manager",
+            "ccm-operator",
+            "kube-x",
+            "apiserver-abc",
+        ] {
+            let v = validate(&cr(name, 1, json!({"provider": "plain"})), &SecretState::NotReferenced, &registry(), &[]);
+            assert_eq!(reason_of(&v), reason::RESERVED_NAME, "{name}");
+            let (_, message) = v.summary().unwrap();
+            assert!(message.starts_with(&format!("metadata.name {name:?} is reserved")), "{message}");
+        }
+        for name in ["aws", "operator", "my-kube-ccm", "controller-manager"] {
+            let v = validate(&cr(name, 1, json!({"provider": "plain"})), &SecretState::NotReferenced, &registry(), &[]);
+            assert!(v.is_valid(), "{name}: {v:?}");
+        }
     }
 
     #[test]

@@ -222,6 +222,177 @@ e2e_apiserver::backend_tests! {
     }
 }
 
+/// Only a LoadBalancer class of its own, so resources of one scenario never conflict.
+fn lb_only(class: &str) -> Value {
+    json!({"provider": "fake", "controllers": ["service-lb-controller"], "loadBalancerClass": format!("example.com/{class}")})
+}
+
+/// The resourceVersion of a namespaced object of the scenario, `None` when it does not exist.
+async fn version_of<K>(env: &Env, name: &str) -> Option<String>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    env.api::<K>().get_opt(name).await.expect("reading the object").and_then(|o| o.meta().resource_version.clone())
+}
+
+e2e_apiserver::backend_tests! {
+    /// A ServiceAccount, Deployment, RoleBinding or ClusterRoleBinding that exists under a
+    /// child's name and was not created by the operator for this resource (unlabelled, or
+    /// labelled for another resource) stops the resource with ConfigValid=False NameConflict
+    /// naming the object; the object keeps its resourceVersion, nothing else is created for the
+    /// resource, and deleting the resource does not delete the ClusterRoleBinding. A resource
+    /// named `operator` cannot adopt a ServiceAccount `ccm-operator` (the operator's own, where
+    /// it runs in the same namespace).
+    async fn objects_not_owned_by_the_resource_stop_it_with_name_conflict_and_stay_unchanged(backend) {
+        use k8s_openapi::api::apps::v1::Deployment;
+        let _capture = LogCapture::start();
+        let env = Env::start(backend, "takeover").await;
+        let op = env.operator().await;
+        let params = PostParams::default();
+        let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "ccm-operator"}})).unwrap();
+        env.api::<ServiceAccount>().create(&params, &sa).await.unwrap();
+        let dep: Deployment = serde_json::from_value(json!({"metadata": {"name": "ccm-dep"}, "spec": {
+            "selector": {"matchLabels": {"app": "mine"}},
+            "template": {"metadata": {"labels": {"app": "mine"}},
+                         "spec": {"containers": [{"name": "c", "image": "example.test/mine:1"}]}}}}))
+        .unwrap();
+        env.api::<Deployment>().create(&params, &dep).await.unwrap();
+        let rb: RoleBinding = serde_json::from_value(json!({"metadata": {"name": "ccm-rb"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
+            "subjects": [{"kind": "User", "name": "someone"}]}))
+        .unwrap();
+        env.api::<RoleBinding>().create(&params, &rb).await.unwrap();
+        // Labelled as the operator's, but for another resource's UID: not this one's either.
+        let crb_name = format!("ccm-operator:{}:crb", env.ns);
+        let crb: ClusterRoleBinding = serde_json::from_value(json!({"metadata": {"name": crb_name,
+                "labels": {"app.kubernetes.io/managed-by": "ccm-operator", "ccm.rs/owner-uid": "another-uid"}},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
+            "subjects": [{"kind": "User", "name": "someone"}]}))
+        .unwrap();
+        let crbs = Api::<ClusterRoleBinding>::all(env.harness.clone());
+        crbs.create(&params, &crb).await.unwrap();
+        let before = (
+            version_of::<ServiceAccount>(&env, "ccm-operator").await,
+            version_of::<Deployment>(&env, "ccm-dep").await,
+            version_of::<RoleBinding>(&env, "ccm-rb").await,
+            crbs.get(&crb_name).await.unwrap().resource_version(),
+        );
+
+        let taken = [
+            ("operator", format!("ServiceAccount {}/ccm-operator", env.ns)),
+            ("dep", format!("Deployment {}/ccm-dep", env.ns)),
+            ("rb", format!("RoleBinding {}/ccm-rb", env.ns)),
+            ("crb", format!("ClusterRoleBinding {crb_name}")),
+        ];
+        for (name, _) in &taken {
+            env.apply_cr(name, lb_only(name)).await;
+        }
+        for (name, object) in &taken {
+            let c = env.wait_status(name, types::CONFIG_VALID, "False", config_valid::NAME_CONFLICT).await;
+            assert!(c.message.starts_with(&format!("{object} already exists and is not owned by this")), "{name}: {}", c.message);
+            assert!(!c.message.contains("someone") && !c.message.contains("example.test/mine"), "no content: {}", c.message);
+        }
+        // A neighbour without a taken name is served meanwhile.
+        env.apply_cr("free", lb_only("free")).await;
+        env.wait_status("free", types::CONFIG_VALID, "True", config_valid::VALID).await;
+        eventually("the free resource's Deployment exists", || async { crate::kit::exists::<Deployment>(&env, "ccm-free").await }).await;
+        // Another reconcile of each (a spec edit) still leaves everything as it was.
+        for (name, _) in &taken {
+            let mut spec = lb_only(name);
+            spec["clusterName"] = json!("edited");
+            env.apply_cr(name, spec).await;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let after = (
+            version_of::<ServiceAccount>(&env, "ccm-operator").await,
+            version_of::<Deployment>(&env, "ccm-dep").await,
+            version_of::<RoleBinding>(&env, "ccm-rb").await,
+            crbs.get(&crb_name).await.unwrap().resource_version(),
+        );
+        assert_eq!(before, after, "an object the resources do not own was modified");
+        // Nothing was created for the refused resources: no binding of the manager role to the
+        // taken ServiceAccount, no workload.
+        assert!(!crate::kit::crb_exists(&env, "operator").await, "the manager role was bound to ccm-operator");
+        assert!(!crate::kit::exists::<Deployment>(&env, "ccm-operator").await);
+        assert!(!crate::kit::exists::<ServiceAccount>(&env, "ccm-dep").await);
+        let sa = env.api::<ServiceAccount>().get("ccm-operator").await.unwrap();
+        assert!(sa.owner_references().is_empty(), "the ServiceAccount was adopted: {:?}", sa.owner_references());
+
+        // Deleting the resource leaves the ClusterRoleBinding it did not create.
+        env.crs().delete("crb", &DeleteParams::default()).await.unwrap();
+        eventually("the resource is gone", || async { env.crs().get_opt("crb").await.ok().flatten().is_none() }).await;
+        let still = crbs.get_opt(&crb_name).await.unwrap().expect("the ClusterRoleBinding not owned survives");
+        assert_eq!(still.resource_version(), before.3);
+        let _ = crbs.delete(&crb_name, &DeleteParams::default()).await;
+        let _ = tokio::time::timeout(Duration::from_secs(20), op.stop()).await;
+        env.finish().await;
+    }
+
+    /// A resource named like a core component's leader-election Lease (`kube-controller-manager`
+    /// in Deployment mode, `kube-scheduler` in Embedded mode, where the operator itself would
+    /// compete) is refused with ConfigValid=False ReservedName naming metadata.name: the Lease
+    /// keeps its holder and resourceVersion, and no Role granting update on it is created.
+    async fn a_resource_named_like_a_core_components_lease_cannot_touch_that_lease(backend) {
+        use k8s_openapi::api::coordination::v1::Lease;
+        let _capture = LogCapture::start();
+        let env = Env::start(backend, "reserved").await;
+        let op = env.operator().await;
+        let leases = env.api::<Lease>();
+        for name in ["kube-controller-manager", "kube-scheduler"] {
+            let lease: Lease = serde_json::from_value(json!({"metadata": {"name": name},
+                // Expired a second from now: an engine competing for it would take it over.
+                "spec": {"holderIdentity": format!("{name}-node-1"), "leaseDurationSeconds": 1,
+                         "renewTime": crate::kit::micro_now(), "acquireTime": crate::kit::micro_now()}}))
+            .unwrap();
+            leases.create(&PostParams::default(), &lease).await.unwrap();
+        }
+        let before: Vec<_> = [
+            leases.get("kube-controller-manager").await.unwrap(),
+            leases.get("kube-scheduler").await.unwrap(),
+        ]
+        .into_iter()
+        .map(|l| (l.resource_version(), l.spec.and_then(|s| s.holder_identity)))
+        .collect();
+        env.apply_cr("kube-controller-manager", lb_only("kcm")).await;
+        let mut embedded = lb_only("sched");
+        embedded["mode"] = json!("Embedded");
+        env.apply_cr("kube-scheduler", embedded).await;
+        for name in ["kube-controller-manager", "kube-scheduler"] {
+            let c = env.wait_status(name, types::CONFIG_VALID, "False", config_valid::RESERVED_NAME).await;
+            assert!(c.message.starts_with(&format!("metadata.name \"{name}\" is reserved")), "{}", c.message);
+        }
+        // Longer than an embedded engine's first try at a Lease (retry period 2 s by default).
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let after: Vec<_> = [
+            leases.get("kube-controller-manager").await.unwrap(),
+            leases.get("kube-scheduler").await.unwrap(),
+        ]
+        .into_iter()
+        .map(|l| (l.resource_version(), l.spec.and_then(|s| s.holder_identity)))
+        .collect();
+        assert_eq!(before, after, "a core component's Lease was written");
+        assert!(!crate::kit::exists::<Role>(&env, "ccm:kube-controller-manager:own").await, "a Role on the Lease was created");
+        assert!(!crate::kit::exists::<ServiceAccount>(&env, "ccm-kube-controller-manager").await);
+        let writes: Vec<String> = env
+            .request_log()
+            .filter(|r| {
+                r.user_agent != HARNESS_AGENT
+                    && r.namespace.as_deref() == Some(env.ns.as_str())
+                    && r.resource.as_deref() == Some("leases")
+                    && !matches!(r.verb.as_str(), "get" | "list" | "watch")
+            })
+            .into_iter()
+            .map(|r| format!("{} {:?}", r.verb, r.name))
+            .collect();
+        assert!(writes.is_empty(), "Lease writes: {writes:?}");
+        let _ = tokio::time::timeout(Duration::from_secs(20), op.stop()).await;
+        env.finish().await;
+    }
+}
+
 /// Cloud-configs of the fake, baremetal and aws providers with the token in every field, each
 /// wrong in some way, plus malformed documents.
 fn token_documents() -> Vec<(&'static str, String)> {
