@@ -361,4 +361,41 @@ e2e_apiserver::backend_tests! {
         assert_eq!(healed[0].type_.as_deref(), Some("Normal"));
         running.stop().await.unwrap();
     }
+
+    /// A pool's port rule (issue 25 item 4, host-port squatting): a Service asking for a port
+    /// below the pool's `minPort` gets no listener and a Warning naming `spec.ports[i].port` and
+    /// the pool; a Service on an allowed port of the same pool is served.
+    async fn a_port_the_pool_refuses_gets_no_listener_and_an_event_naming_the_field_and_pool(backend) {
+        use k8s_openapi::api::events::v1::Event;
+        let cluster = TestCluster::start(backend).await.unwrap();
+        let b = block(&cluster, 46);
+        let ns = cluster.fresh_namespace("bm-proxy").await.unwrap();
+        let services: Api<Service> = Api::namespaced(cluster.client(), &ns);
+        let (low_np, high_np, low_high_np) = (node_port(b, 0), node_port(b, 1), node_port(b, 2));
+        two_nodes(&cluster, b, &[low_np, high_np, low_high_np]).await;
+        let provider = provider(&format!("{}      minPort: 1024\n", config(b, "")));
+        let running = start(&cluster, provider.clone()).await;
+        services.create(&PostParams::default(), &service("low", &[(8080, low_high_np), (80, low_np)])).await.unwrap();
+        services.create(&PostParams::default(), &service("high", &[(8080, high_np)])).await.unwrap();
+        let (high_ip, _) = wait_for_ingress(&services, "high").await;
+        eventually("high answers", || greeting(SocketAddr::new(high_ip.parse().unwrap(), 8080))).await;
+
+        let events: Api<Event> = Api::namespaced(cluster.client(), &ns);
+        let warning = eventually("a SyncLoadBalancerFailed event on low", || async {
+            let list = events.list(&Default::default()).await.ok()?;
+            list.items.into_iter().find(|e| {
+                e.reason.as_deref() == Some("SyncLoadBalancerFailed")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("low")
+            })
+        })
+        .await;
+        let note = warning.note.unwrap_or_default();
+        assert!(note.contains("spec.ports[1].port: port 80 is refused by pool loopback"), "{note}");
+        assert!(note.contains("minPort is 1024"), "{note}");
+        assert!(!note.contains("spec.ports[0]"), "the allowed port is not named: {note}");
+        let data_path = provider.data_path().expect("the data path runs");
+        assert!(data_path.listeners(&format!("{ns}/low")).is_empty(), "no listener for the refused Service");
+        assert!(ingress(&services.get("low").await.unwrap()).is_empty(), "no address reported");
+        running.stop().await.unwrap();
+    }
 }
