@@ -52,6 +52,15 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- end }}
 
+{{/* The Secret holding the operator's serving certificate; empty: the self-signed default. */}}
+{{- define "ccm-operator.tlsSecretName" -}}
+{{- if .Values.http.tls.secretName }}
+{{- .Values.http.tls.secretName }}
+{{- else if .Values.http.tls.certManager.enabled }}
+{{- include "ccm-operator.fullname" . }}-tls
+{{- end }}
+{{- end }}
+
 {{/* Whether the operator replicas elect a leader: always with more than one replica. */}}
 {{- define "ccm-operator.leaderElection" -}}
 {{- if or (gt (int .Values.replicas) 1) .Values.leaderElection.enabled }}true{{ else }}false{{ end }}

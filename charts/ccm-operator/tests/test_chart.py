@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 import unittest
 import uuid
 from typing import Any
@@ -746,6 +747,110 @@ class Render(unittest.TestCase):
         for overlay, needle in [(values(replicas=-1), "replicas"), (values(bogus=True), "bogus")]:
             with self.subTest(needle=needle):
                 with self.assertRaises(Exception) as ctx:
+    def install_certificate_crd(self) -> None:
+        """A minimal cert-manager Certificate CRD, so a chart with http.tls.certManager can install."""
+        self.cluster.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", {
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {"name": "certificates.cert-manager.io"},
+            "spec": {
+                "group": "cert-manager.io",
+                "scope": "Namespaced",
+                "names": {"plural": "certificates", "singular": "certificate", "kind": "Certificate",
+                          "listKind": "CertificateList"},
+                "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+                    "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}],
+            },
+        })
+        # The API server needs a moment to serve a new CRD's resource.
+        for _ in range(50):
+            status, _ = self.cluster.request("GET", "/apis/cert-manager.io/v1")
+            if status == 200:
+                return
+            time.sleep(0.1)
+        raise AssertionError("the Certificate CRD is not served")
+
+    def serving_cert(self, objects):
+        """(volume, mount, args) of the operator's serving certificate, each None when absent."""
+        pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+        volume = next((v for v in pod.get("volumes", []) if v["name"] == "serving-cert"), None)
+        mount = next((m for m in container(objects).get("volumeMounts", []) if m["name"] == "serving-cert"), None)
+        return volume, mount, (arg(objects, "--tls-cert-file"), arg(objects, "--tls-private-key-file"))
+
+    def test_without_a_certificate_the_operator_is_self_signed_and_the_service_monitor_skips_verification(self):
+        objects = self.render(values(**{"serviceMonitor.enabled": True}))
+        self.assertEqual(self.serving_cert(objects), (None, None, (None, None)))
+        self.assertEqual(one(objects, "ServiceMonitor")["spec"]["endpoints"][0]["tlsConfig"], {"insecureSkipVerify": True})
+        self.assertEqual(find(objects, "Certificate"), [])
+
+    def test_a_serving_certificate_secret_is_mounted_passed_to_the_operator_and_verified_by_the_service_monitor(self):
+        objects = self.render_named(values(**{"serviceMonitor.enabled": True, "http.tls.secretName": "operator-tls"}))
+        volume, mount, (cert, key) = self.serving_cert(objects)
+        self.assertEqual(volume["secret"], {"secretName": "operator-tls", "defaultMode": 0o440})
+        self.assertEqual(mount, {"name": "serving-cert", "mountPath": "/etc/ccm-operator/tls", "readOnly": True})
+        # No subPath: the kubelet's updates of the Secret reach the files, which the operator re-reads.
+        self.assertEqual((cert, key), ("/etc/ccm-operator/tls/tls.crt", "/etc/ccm-operator/tls/tls.key"))
+        self.assertEqual(one(objects, "Deployment")["spec"]["template"]["spec"]["securityContext"]["fsGroup"], 65532)
+        endpoint = one(objects, "ServiceMonitor")["spec"]["endpoints"][0]
+        service = one(objects, "Service")["metadata"]["name"]
+        self.assertEqual(endpoint["tlsConfig"], {"ca": {"secret": {"name": "operator-tls", "key": "ca.crt"}},
+                                                 "serverName": f"{service}.ccm-render.svc"})
+        self.assertEqual(find(objects, "Certificate"), [], "a Certificate only when certManager.enabled")
+        # An explicit tlsConfig still wins.
+        mine = {"insecureSkipVerify": False, "serverName": "x.example"}
+        objects = self.render(values(**{"serviceMonitor.enabled": True, "http.tls.secretName": "operator-tls",
+                                        "serviceMonitor.tlsConfig": mine}))
+        self.assertEqual(one(objects, "ServiceMonitor")["spec"]["endpoints"][0]["tlsConfig"], mine)
+
+    def test_cert_manager_certificate_only_when_asked_for_the_names_the_service_monitor_verifies(self):
+        self.install_certificate_crd()
+        issuer = {"name": "cluster-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}
+        objects = self.render_named(values(**{"serviceMonitor.enabled": True, "http.tls.certManager.enabled": True,
+                                              "http.tls.certManager.issuerRef": issuer}))
+        certificate = one(objects, "Certificate")
+        self.assertEqual(certificate["apiVersion"], "cert-manager.io/v1")
+        self.assertEqual(certificate["spec"]["issuerRef"], issuer)
+        secret = certificate["spec"]["secretName"]
+        self.assertEqual(secret, "ccm-operator-tls")
+        volume, _, (cert, _) = self.serving_cert(objects)
+        self.assertEqual(volume["secret"]["secretName"], secret)
+        self.assertEqual(cert, "/etc/ccm-operator/tls/tls.crt")
+        tls = one(objects, "ServiceMonitor")["spec"]["endpoints"][0]["tlsConfig"]
+        self.assertEqual(tls["ca"]["secret"]["name"], secret)
+        self.assertIn(tls["serverName"], certificate["spec"]["dnsNames"])
+        self.assertIn("server auth", certificate["spec"]["usages"])
+        # A Secret name given: the Certificate writes there.
+        objects = self.render(values(**{"http.tls.certManager.enabled": True, "http.tls.secretName": "mine",
+                                        "http.tls.certManager.issuerRef.name": "ca"}))
+        self.assertEqual(one(objects, "Certificate")["spec"]["secretName"], "mine")
+        with self.assertRaises(Exception) as ctx:
+            self.render(values(**{"http.tls.certManager.enabled": True}))
+        self.assertIn("issuerRef.name", str(ctx.exception))
+
+    def test_a_mounted_key_needs_an_fs_group_to_be_readable(self):
+        with self.assertRaises(Exception) as ctx:
+            # null removes the default's fsGroup (Helm merges maps).
+            self.render(values(**{"http.tls.secretName": "operator-tls", "podSecurityContext.fsGroup": None}))
+        self.assertIn("fsGroup", str(ctx.exception))
+
+    def test_tls_min_version_and_cipher_suites_reach_the_operator_and_unknown_versions_are_refused(self):
+        suites = ["TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256", "TLS_AES_128_GCM_SHA256"]
+        objects = self.render(values(**{"http.tls.minVersion": "VersionTLS13", "http.tls.cipherSuites": suites}))
+        self.assertEqual(arg(objects, "--tls-min-version"), "VersionTLS13")
+        self.assertEqual(arg(objects, "--tls-cipher-suites"), ",".join(suites))
+        defaults = self.render()
+        self.assertIsNone(arg(defaults, "--tls-min-version"))
+        self.assertIsNone(arg(defaults, "--tls-cipher-suites"))
+        main = (CHART.parent.parent / "operator" / "src" / "main.rs")
+        if main.exists():
+            for field in ("tls_min_version", "tls_cipher_suites", "tls_cert_file", "tls_private_key_file"):
+                self.assertIn(f"    {field}: String,", main.read_text(), f"ccm-operator lacks --{field}")
+        for bad in ({"http.tls.minVersion": "VersionTLS10"}, {"http.tls.cipherSuites": ["rc4"]}):
+            with self.subTest(bad=bad):
+                with self.assertRaises(Exception) as ctx:
+                    self.render(values(**bad))
+                self.assertIn("schema", str(ctx.exception))
+
                     self.render(overlay)
                 message = str(ctx.exception)
                 self.assertIn("schema", message)
