@@ -717,36 +717,6 @@ class Render(unittest.TestCase):
         self.assertNotIn("bearerTokenFile", endpoint)
         self.assertEqual(endpoint["tlsConfig"], tls)
 
-    def test_metrics_reader_grants_get_on_metrics_only_and_binds_only_the_given_subjects(self):
-        objects = self.render_named()
-        role = one(objects, "ClusterRole", "ccm-operator-metrics-reader")
-        self.assertEqual(role["rules"], [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}])
-        self.assertEqual(find(objects, "ClusterRoleBinding", "ccm-operator-metrics-reader"), [])
-        subjects = [{"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "monitoring"},
-                    {"kind": "Group", "name": "metrics-scrapers"}]
-        binding = one(self.render_named(values(**{"metricsReader.subjects": subjects})),
-                      "ClusterRoleBinding", "ccm-operator-metrics-reader")
-        self.assertEqual(binding["roleRef"]["name"], "ccm-operator-metrics-reader")
-        self.assertEqual(binding["subjects"], [subjects[0], {**subjects[1], "apiGroup": "rbac.authorization.k8s.io"}])
-        self.assertEqual(find(self.render(values(**{"metricsReader.create": False})), "ClusterRole",
-                              "ccm-operator-metrics-reader"), [])
-
-    def test_operator_and_managers_may_create_token_and_access_reviews_for_their_endpoints_and_nothing_more(self):
-        objects = self.render()
-        for rules in (operator_rules(objects), one(objects, "ClusterRole", "ccm-manager")["rules"]):
-            self.assertEqual(verbs_for(rules, "authentication.k8s.io", "tokenreviews"), {"create"})
-            self.assertEqual(verbs_for(rules, "authorization.k8s.io", "subjectaccessreviews"), {"create"})
-            self.assertEqual(verbs_for(rules, "authorization.k8s.io", "localsubjectaccessreviews"), set())
-
-    def test_service_monitor_without_the_metrics_service_is_refused(self):
-        with self.assertRaises(Exception) as ctx:
-            self.render(values(**{"serviceMonitor.enabled": True, "metrics.service.enabled": False}))
-        self.assertIn("metrics.service.enabled", str(ctx.exception))
-
-    def test_schema_errors_name_the_offending_value(self):
-        for overlay, needle in [(values(replicas=-1), "replicas"), (values(bogus=True), "bogus")]:
-            with self.subTest(needle=needle):
-                with self.assertRaises(Exception) as ctx:
     def install_certificate_crd(self) -> None:
         """A minimal cert-manager Certificate CRD, so a chart with http.tls.certManager can install."""
         self.cluster.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", {
@@ -851,6 +821,36 @@ class Render(unittest.TestCase):
                     self.render(values(**bad))
                 self.assertIn("schema", str(ctx.exception))
 
+    def test_metrics_reader_grants_get_on_metrics_only_and_binds_only_the_given_subjects(self):
+        objects = self.render_named()
+        role = one(objects, "ClusterRole", "ccm-operator-metrics-reader")
+        self.assertEqual(role["rules"], [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}])
+        self.assertEqual(find(objects, "ClusterRoleBinding", "ccm-operator-metrics-reader"), [])
+        subjects = [{"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "monitoring"},
+                    {"kind": "Group", "name": "metrics-scrapers"}]
+        binding = one(self.render_named(values(**{"metricsReader.subjects": subjects})),
+                      "ClusterRoleBinding", "ccm-operator-metrics-reader")
+        self.assertEqual(binding["roleRef"]["name"], "ccm-operator-metrics-reader")
+        self.assertEqual(binding["subjects"], [subjects[0], {**subjects[1], "apiGroup": "rbac.authorization.k8s.io"}])
+        self.assertEqual(find(self.render(values(**{"metricsReader.create": False})), "ClusterRole",
+                              "ccm-operator-metrics-reader"), [])
+
+    def test_operator_and_managers_may_create_token_and_access_reviews_for_their_endpoints_and_nothing_more(self):
+        objects = self.render()
+        for rules in (operator_rules(objects), one(objects, "ClusterRole", "ccm-manager")["rules"]):
+            self.assertEqual(verbs_for(rules, "authentication.k8s.io", "tokenreviews"), {"create"})
+            self.assertEqual(verbs_for(rules, "authorization.k8s.io", "subjectaccessreviews"), {"create"})
+            self.assertEqual(verbs_for(rules, "authorization.k8s.io", "localsubjectaccessreviews"), set())
+
+    def test_service_monitor_without_the_metrics_service_is_refused(self):
+        with self.assertRaises(Exception) as ctx:
+            self.render(values(**{"serviceMonitor.enabled": True, "metrics.service.enabled": False}))
+        self.assertIn("metrics.service.enabled", str(ctx.exception))
+
+    def test_schema_errors_name_the_offending_value(self):
+        for overlay, needle in [(values(replicas=-1), "replicas"), (values(bogus=True), "bogus")]:
+            with self.subTest(needle=needle):
+                with self.assertRaises(Exception) as ctx:
                     self.render(overlay)
                 message = str(ctx.exception)
                 self.assertIn("schema", message)
