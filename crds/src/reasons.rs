@@ -65,6 +65,10 @@ pub mod config_valid {
     /// False: `metadata.name` is a core component's leader-election Lease name (or its prefix),
     /// which the manager's Lease, named after the resource, would compete for.
     pub const RESERVED_NAME: &str = "ReservedName";
+    /// False: the spec asks for more than the installation allows resource authors: an image
+    /// outside the allow-list, an `extraArgs` flag outside the allowed ones, more replicas than
+    /// the maximum, or a priority class not on the list. The message names the field.
+    pub const NOT_ALLOWED_BY_POLICY: &str = "NotAllowedByPolicy";
 
     /// Every reason of `ConfigValid`.
     pub const ALL: [&str; 16] = [
@@ -84,6 +88,7 @@ pub mod config_valid {
         EXTRA_ARGS_NOT_SUPPORTED,
         NAME_CONFLICT,
         RESERVED_NAME,
+        NOT_ALLOWED_BY_POLICY,
     ];
 }
 

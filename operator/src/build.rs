@@ -41,6 +41,9 @@ pub struct BuildSettings {
     pub manager_cluster_role: String,
     /// The ClusterRole bound in the CR's namespace (Lease and CR status), per CR.
     pub manager_namespace_role: String,
+    /// What resource authors may ask for (images, `extraArgs`, replicas, priority classes):
+    /// checked at validation, before anything is built.
+    pub policy: crate::validate::Policy,
 }
 
 impl Default for BuildSettings {
@@ -49,6 +52,7 @@ impl Default for BuildSettings {
             manager_image: "ghcr.io/ccm-rs/cloud-controller-manager:latest".to_string(),
             manager_cluster_role: "ccm-manager".to_string(),
             manager_namespace_role: "ccm-manager-namespace".to_string(),
+            policy: crate::validate::Policy::default(),
         }
     }
 }
@@ -509,12 +513,23 @@ pub fn control_plane_selector() -> BTreeMap<String, String> {
     BTreeMap::from([("node-role.kubernetes.io/control-plane".to_string(), String::new())])
 }
 
-fn default_resources() -> ResourceRequirements {
+/// The manager container's memory limit when the resource sets no `resources`: its caches of
+/// Nodes and Services plus, in proxy mode, connections and UDP sessions that the data path caps
+/// per listener and in total, so memory stays bounded well below this; a leak or flood ends in
+/// an OOM kill and a restart of this one pod instead of pressure on a control-plane Node.
+pub const DEFAULT_MEMORY_LIMIT: &str = "512Mi";
+/// The manager container's memory request when the resource sets no `resources`.
+pub const DEFAULT_MEMORY_REQUEST: &str = "64Mi";
+
+/// Requests and a memory limit for a resource that sets no `resources` (no CPU limit: a
+/// throttled manager misses Lease renewals).
+pub fn default_resources() -> ResourceRequirements {
     ResourceRequirements {
         requests: Some(BTreeMap::from([
             ("cpu".to_string(), Quantity("50m".into())),
-            ("memory".to_string(), Quantity("64Mi".into())),
+            ("memory".to_string(), Quantity(DEFAULT_MEMORY_REQUEST.into())),
         ])),
+        limits: Some(BTreeMap::from([("memory".to_string(), Quantity(DEFAULT_MEMORY_LIMIT.into()))])),
         ..Default::default()
     }
 }
@@ -1119,5 +1134,18 @@ mod tests {
         assert!(m.contains("cluster-admin"), "{m}");
         // The same binding for another resource's name is not this resource's.
         assert!(binding_overreach(&crb, "kube-system", "operator", &settings).is_some());
+    }
+
+    #[test]
+    fn a_resource_without_resources_gets_a_memory_limit_and_its_own_resources_are_kept() {
+        let c = cr(json!({"provider": "fake"}));
+        let objs = build(&c, &validated(&c, None), &BuildSettings::default());
+        let r = pod_spec(&objs).containers[0].resources.clone().unwrap();
+        assert_eq!(r.limits.unwrap()["memory"], Quantity(DEFAULT_MEMORY_LIMIT.into()));
+        assert_eq!(r.requests.unwrap()["memory"], Quantity(DEFAULT_MEMORY_REQUEST.into()));
+        let c = cr(json!({"provider": "fake", "deployment": {"resources": {"limits": {"memory": "1Gi"}}}}));
+        let objs = build(&c, &validated(&c, None), &BuildSettings::default());
+        let r = pod_spec(&objs).containers[0].resources.clone().unwrap();
+        assert_eq!(r.limits.unwrap()["memory"], Quantity("1Gi".into()));
     }
 }

@@ -1079,6 +1079,8 @@ async fn validate_step(ctx: &Ctx, input: &Input<'_>, secret: &SecretState, allow
     };
     let me = validate::Peer::from_cr(input.cr, &ctx.shared.registry);
     ctx.update_losers(&input.key, me.as_ref(), &peers);
+    let validation =
+        validate::check_policy(input.cr, validation, &ctx.shared.build.policy, &ctx.shared.build.manager_image);
     // The winners learn of this loser now: a winner last reconciled before this CR existed
     // would otherwise not wake it when it goes.
     if let Validation::Invalid { conflicts_with, .. } = &validation {

@@ -109,6 +109,18 @@ struct RunFlags {
     /// Pod is not, and passes false.
     #[arg(long, default_value_t = true, action = ArgAction::Set, value_name = "bool")]
     embedded_host_network: bool,
+    /// Images a CloudControllerManager's spec.deployment.image may name: each entry allows the
+    /// image equal to it or starting with it (`registry/repo:` any tag, `registry/repo@` any
+    /// digest). Empty: only --manager-image.
+    #[arg(long, value_delimiter = ',', value_name = "strings")]
+    allowed_images: Vec<String>,
+    /// The most replicas a CloudControllerManager may ask for (spec.deployment.replicas).
+    #[arg(long, default_value_t = operator::validate::DEFAULT_MAX_REPLICAS, value_name = "int")]
+    max_replicas: i32,
+    /// Priority classes a CloudControllerManager may name (spec.deployment.priorityClassName);
+    /// no priority class is always allowed.
+    #[arg(long, value_delimiter = ',', default_value = operator::validate::DEFAULT_PRIORITY_CLASS, value_name = "strings")]
+    allowed_priority_classes: Vec<String>,
     /// Reconcile every CloudControllerManager at least this often.
     #[arg(long, default_value = "5m", value_parser = ccm_framework::flags::parse_duration, value_name = "duration")]
     resync_period: Duration,
@@ -194,10 +206,16 @@ async fn run(flags: RunFlags) -> Result<(), operator::Error> {
     if !cloud_config_namespaces.is_empty() {
         config.cloud_config_namespaces = Some(cloud_config_namespaces);
     }
+    let list = |v: Vec<String>| v.into_iter().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
     config.build = BuildSettings {
         manager_image: flags.manager_image,
         manager_cluster_role: flags.manager_cluster_role,
         manager_namespace_role: flags.manager_namespace_role,
+        policy: operator::validate::Policy {
+            allowed_images: list(flags.allowed_images),
+            max_replicas: flags.max_replicas,
+            allowed_priority_classes: list(flags.allowed_priority_classes),
+        },
     };
     config.http = http;
     config.manage_crd = flags.manage_crd;

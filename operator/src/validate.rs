@@ -585,6 +585,150 @@ pub const PARSE_TIME_LIMIT: std::time::Duration = std::time::Duration::from_secs
 
 /// [`validate`] on a blocking thread, off the async runtime, given at most `limit`: a
 /// cloud-config that is slow to parse never occupies a runtime thread, so no other resource's
+/// What a resource author may ask for beyond the manager's own configuration, set by whoever
+/// installs the operator (flags, chart values). A resource asking for more is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// Images `spec.deployment.image` may name (`--allowed-images`): an entry allows the image
+    /// equal to it or starting with it (`registry/repo:` any tag, `registry/repo@` any digest,
+    /// `registry/` any repository there). Empty: only the operator's `--manager-image`.
+    pub allowed_images: Vec<String>,
+    /// The most replicas `spec.deployment.replicas` may ask for (`--max-replicas`).
+    pub max_replicas: i32,
+    /// Priority classes `spec.deployment.priorityClassName` may name
+    /// (`--allowed-priority-classes`); an empty name (none) is always allowed.
+    pub allowed_priority_classes: Vec<String>,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            allowed_images: Vec::new(),
+            max_replicas: DEFAULT_MAX_REPLICAS,
+            allowed_priority_classes: vec![DEFAULT_PRIORITY_CLASS.to_string()],
+        }
+    }
+}
+
+/// The default of `--max-replicas`: leader election runs one manager at a time, so more than a
+/// few standbys buy nothing.
+pub const DEFAULT_MAX_REPLICAS: i32 = 5;
+/// The default of `--allowed-priority-classes`: the CRD's default `priorityClassName`.
+pub const DEFAULT_PRIORITY_CLASS: &str = "system-cluster-critical";
+
+/// Manager flags `spec.extraArgs` may set: tuning and logging only. Every other flag is refused,
+/// among them whatever changes the manager's identity, credentials, kubeconfig or authorization
+/// (`--kubeconfig`, `--master`, `--authentication-*`, `--authorization-*`, `--client-ca-file`,
+/// `--requestheader-*`, `--use-service-account-credentials`), its serving (`--tls-*`,
+/// `--cert-dir`, `--secure-port`, `--permit-*`, `--webhook*`, `--profiling`),
+/// its cloud (`--cloud-provider`, `--cloud-config`) or its Lease (`--leader-elect*`,
+/// `--leader-migration-config`), and flags the spec already sets (`--controllers`,
+/// `--cluster-*`, `--configure-cloud-routes`, `--concurrent-*-syncs`). `--bind-address` is
+/// allowed: the default already listens on every address of the pod (or host), so another value
+/// narrows what is exposed, never widens it.
+pub const ALLOWED_EXTRA_ARGS: [&str; 17] = [
+    "v",
+    "vmodule",
+    "logging-format",
+    "kube-api-qps",
+    "kube-api-burst",
+    "kube-api-content-type",
+    "min-resync-period",
+    "controller-start-interval",
+    "route-reconciliation-period",
+    "node-monitor-period",
+    "node-sync-period",
+    "node-status-update-frequency",
+    "concurrent-node-status-updates",
+    "node-batch-size",
+    "node-batch-window",
+    "allow-untagged-cloud",
+    "bind-address",
+];
+
+/// Why `spec.extraArgs[i]` is refused, or `None` (pure). Only `--flag=value`, `--flag` and
+/// `-v=N` forms of [`ALLOWED_EXTRA_ARGS`] pass: a bare value could be taken as another flag's.
+pub fn extra_arg_refused(arg: &str) -> Option<String> {
+    let name = arg.strip_prefix("--").or_else(|| arg.strip_prefix('-').filter(|r| r.starts_with('v')));
+    let Some(name) = name else {
+        return Some("is not a flag; give values in the --flag=value form".into());
+    };
+    let name = name.split_once('=').map_or(name, |(n, _)| n);
+    if ALLOWED_EXTRA_ARGS.contains(&name) {
+        return None;
+    }
+    // The flag name only: a value may be anything the author typed.
+    let shown: String = name.chars().take(64).collect();
+    Some(format!(
+        "--{shown} is not allowed; spec.extraArgs may set only tuning and logging flags ({})",
+        ALLOWED_EXTRA_ARGS.iter().map(|f| format!("--{f}")).collect::<Vec<_>>().join(", ")
+    ))
+}
+
+/// Whether `image` is allowed by `allowed` (entries equal to it or prefixes of it), or, with
+/// an empty list, equal to `default_image` (pure).
+pub fn image_allowed(image: &str, allowed: &[String], default_image: &str) -> bool {
+    if allowed.is_empty() {
+        return image == default_image;
+    }
+    allowed.iter().any(|p| !p.is_empty() && (image == p || image.starts_with(p.as_str())))
+}
+
+/// Refuse a valid verdict whose spec asks for more than `policy` allows: an image outside the
+/// allow-list, a flag outside [`ALLOWED_EXTRA_ARGS`], more replicas than the maximum, a priority
+/// class not on the list. Each failure names the field; the reason is `NotAllowedByPolicy`.
+pub fn check_policy(
+    cr: &CloudControllerManager,
+    verdict: Validation,
+    policy: &Policy,
+    default_image: &str,
+) -> Validation {
+    if !verdict.is_valid() {
+        return verdict;
+    }
+    let d = &cr.spec.deployment;
+    let mut failures = Vec::new();
+    let mut refuse = |message: String| failures.push(Failure { reason: reason::NOT_ALLOWED_BY_POLICY, message });
+    let runs_a_pod = cr.spec.mode != Mode::Embedded;
+    if runs_a_pod {
+        if let Some(image) = d.image.as_deref()
+            && !image_allowed(image, &policy.allowed_images, default_image)
+        {
+            let list = if policy.allowed_images.is_empty() {
+                default_image.to_string()
+            } else {
+                policy.allowed_images.join(", ")
+            };
+            refuse(format!(
+                "spec.deployment.image is not an allowed image (allowed: {list}); the operator's --allowed-images, the chart's manager.allowedImages"
+            ));
+        }
+        if cr.spec.mode == Mode::Deployment && d.replicas > policy.max_replicas {
+            refuse(format!(
+                "spec.deployment.replicas is {}, above the maximum of {} (the operator's --max-replicas, the chart's manager.maxReplicas)",
+                d.replicas, policy.max_replicas
+            ));
+        }
+        if !d.priority_class_name.is_empty() && !policy.allowed_priority_classes.contains(&d.priority_class_name) {
+            refuse(format!(
+                "spec.deployment.priorityClassName {:?} is not allowed (allowed: {}); the operator's --allowed-priority-classes, the chart's manager.allowedPriorityClasses",
+                d.priority_class_name,
+                if policy.allowed_priority_classes.is_empty() {
+                    "none".to_string()
+                } else {
+                    policy.allowed_priority_classes.join(", ")
+                }
+            ));
+        }
+    }
+    for (i, arg) in cr.spec.extra_args.iter().enumerate() {
+        if let Some(why) = extra_arg_refused(arg) {
+            refuse(format!("spec.extraArgs[{i}]: {why}"));
+        }
+    }
+    if failures.is_empty() { verdict } else { Validation::Invalid { failures, conflicts_with: Vec::new() } }
+}
+
 /// reconcile waits for it. Past the limit the thread is abandoned (it cannot be stopped) and
 /// `None` is returned (the caller refuses it with [`parse_timed_out`]).
 pub async fn validate_bounded(
@@ -703,6 +847,69 @@ mod tests {
         for name in [
             "kube-controller-manager",
             "kube-scheduler",
+    #[test]
+    fn a_spec_asking_for_more_than_the_policy_allows_is_refused_naming_each_field() {
+        let policy = Policy::default();
+        let image = "registry.example/ccm:v1";
+        let check = |spec: serde_json::Value, policy: &Policy| {
+            let c = cr("a", 1, spec);
+            check_policy(&c, validate(&c, &SecretState::NotReferenced, &registry(), &[]), policy, image)
+        };
+        assert!(check(json!({"provider": "plain"}), &policy).is_valid(), "the defaults pass");
+        let ok = json!({"provider": "plain", "extraArgs": ["--v=4", "-v=2", "--node-monitor-period=7s", "--bind-address=10.0.0.1"],
+            "deployment": {"image": image, "replicas": 5, "priorityClassName": "system-cluster-critical"}});
+        assert!(check(ok, &policy).is_valid());
+        let v = check(
+            json!({"provider": "plain",
+                "extraArgs": ["--v=2", "--kubeconfig=/tmp/k", "--authorization-always-allow-paths=/metrics", "/x", "--tls-min-version=VersionTLS10",
+                              "--use-service-account-credentials", "--cloud-config=/etc/passwd", "--leader-elect-resource-name=kube-scheduler", "--", "--master=x"],
+                "deployment": {"image": "evil.example/ccm:v1", "replicas": 6, "priorityClassName": "system-node-critical"}}),
+            &policy,
+        );
+        assert_eq!(reason_of(&v), reason::NOT_ALLOWED_BY_POLICY);
+        let Validation::Invalid { failures, .. } = &v else { panic!() };
+        let messages: Vec<&str> = failures.iter().map(|f| f.message.as_str()).collect();
+        let fields: Vec<&str> = messages.iter().map(|m| m.split([' ', ':']).next().unwrap()).collect();
+        assert_eq!(
+            fields,
+            [
+                "spec.deployment.image",
+                "spec.deployment.replicas",
+                "spec.deployment.priorityClassName",
+                "spec.extraArgs[1]",
+                "spec.extraArgs[2]",
+                "spec.extraArgs[3]",
+                "spec.extraArgs[4]",
+                "spec.extraArgs[5]",
+                "spec.extraArgs[6]",
+                "spec.extraArgs[7]",
+                "spec.extraArgs[8]",
+                "spec.extraArgs[9]"
+            ],
+            "{messages:#?}"
+        );
+        assert!(
+            !messages.iter().any(|m| m.contains("/tmp/k") || m.contains("/etc/passwd")),
+            "values stay out: {messages:#?}"
+        );
+        // Entries are exact references or prefixes; DaemonSet mode ignores replicas.
+        let listed = Policy {
+            allowed_images: vec!["registry.example/ccm@".into(), "mirror.example/".into()],
+            ..Policy::default()
+        };
+        let with_image = |i: &str| json!({"provider": "plain", "deployment": {"image": i}});
+        assert!(check(with_image("registry.example/ccm@sha256:abc"), &listed).is_valid());
+        assert!(check(with_image("mirror.example/any:1"), &listed).is_valid());
+        assert!(!check(with_image("registry.example/ccm:v1"), &listed).is_valid(), "tags not listed");
+        assert!(!check(with_image("registry.example/ccm-evil@sha256:abc"), &listed).is_valid());
+        assert!(
+            check(json!({"provider": "plain", "mode": "DaemonSet", "deployment": {"replicas": 50}}), &policy)
+                .is_valid()
+        );
+        let none = Policy { allowed_priority_classes: Vec::new(), ..Policy::default() };
+        assert!(check(json!({"provider": "plain", "deployment": {"priorityClassName": ""}}), &none).is_valid());
+    }
+
             "cloud-controller-manager",
             "ccm-operator",
             "kube-x",

@@ -386,6 +386,22 @@ class Render(unittest.TestCase):
         one(objects, "ClusterRole", arg(objects, "--manager-namespace-role"))
         self.assertEqual(arg(objects, "--manager-cluster-role"), "ccm-manager")
         self.assertIsNone(arg(objects, "--namespaces"), "every namespace is served by default")
+    def test_resource_author_limits_are_passed_to_the_operator(self):
+        objects = self.render()
+        repo = "ghcr.io/ccm-rs/cloud-controller-manager"
+        self.assertEqual(arg(objects, "--allowed-images"), f"{repo}:,{repo}@", "the manager image only")
+        self.assertEqual(arg(objects, "--max-replicas"), "5")
+        self.assertEqual(arg(objects, "--allowed-priority-classes"), "system-cluster-critical")
+        objects = self.render(
+            {
+                "admissionPolicy": {"allowedImages": ["mirror.example/ccm:", "mirror.example/ccm@"]},
+                "manager": {"maxReplicas": 3, "allowedPriorityClasses": []},
+            }
+        )
+        self.assertEqual(arg(objects, "--allowed-images"), "mirror.example/ccm:,mirror.example/ccm@")
+        self.assertEqual(arg(objects, "--max-replicas"), "3")
+        self.assertEqual(arg(objects, "--allowed-priority-classes"), "", "none allowed")
+
 
     def test_operator_defines_every_flag_the_chart_passes(self):
         # A flag the binary does not know makes it exit at start: compare with its clap flags.

@@ -398,6 +398,63 @@ e2e_apiserver::backend_tests! {
 fn token_documents() -> Vec<(&'static str, String)> {
     let t = TOKEN;
     let mut out = Vec::new();
+e2e_apiserver::backend_tests! {
+    /// A resource asking for more than the installation allows (an image outside the allow-list,
+    /// `--kubeconfig` and `--authorization-*` in extraArgs, more replicas than the maximum, a
+    /// priority class not on the list) gets ConfigValid=False NotAllowedByPolicy with a message
+    /// naming each field, and nothing is deployed; within the policy it is deployed with the
+    /// default memory limit, and a later edit outside the policy leaves the running manager as it
+    /// was.
+    async fn a_resource_asking_for_more_than_the_policy_allows_is_refused_naming_each_field(backend) {
+        use k8s_openapi::api::apps::v1::Deployment;
+        let _capture = LogCapture::start();
+        let env = Env::start(backend, "policy").await;
+        let op = env.operator().await;
+        let mut greedy = lb_only("greedy");
+        greedy["extraArgs"] = json!(["--v=2", "--kubeconfig=/etc/kubernetes/admin.conf", "--authorization-always-allow-paths=/metrics"]);
+        greedy["deployment"] = json!({"image": "evil.example/miner:1", "replicas": 6, "priorityClassName": "system-node-critical"});
+        env.apply_cr("greedy", greedy).await;
+        let c = env.wait_status("greedy", types::CONFIG_VALID, "False", config_valid::NOT_ALLOWED_BY_POLICY).await;
+        for field in ["spec.deployment.image", "spec.deployment.replicas", "spec.deployment.priorityClassName", "spec.extraArgs[1]", "spec.extraArgs[2]"] {
+            assert!(c.message.contains(field), "{field} not named: {}", c.message);
+        }
+        assert!(!c.message.contains("spec.extraArgs[0]"), "--v is allowed: {}", c.message);
+        assert!(!c.message.contains("admin.conf"), "flag values stay out: {}", c.message);
+        assert!(!crate::kit::exists::<Deployment>(&env, "ccm-greedy").await, "nothing is deployed");
+        assert!(!crate::kit::exists::<ServiceAccount>(&env, "ccm-greedy").await);
+
+        // Within the policy: deployed, with a memory limit it did not ask for.
+        let mut modest = lb_only("greedy");
+        modest["extraArgs"] = json!(["--v=2"]);
+        modest["deployment"] = json!({"replicas": 5});
+        env.apply_cr("greedy", modest).await;
+        env.wait_status("greedy", types::CONFIG_VALID, "True", config_valid::VALID).await;
+        let deployments = env.api::<Deployment>();
+        let deployed = crate::kit::eventually_value(Duration::from_secs(30), || async {
+            deployments.get_opt("ccm-greedy").await.ok().flatten()
+        })
+        .await
+        .expect("the manager Deployment");
+        let template = deployed.spec.clone().unwrap().template;
+        let container = &template.spec.as_ref().unwrap().containers[0];
+        let limits = container.resources.as_ref().and_then(|r| r.limits.clone()).unwrap_or_default();
+        assert_eq!(limits.get("memory").map(|q| q.0.as_str()), Some(operator::build::DEFAULT_MEMORY_LIMIT));
+        assert_eq!(container.image.as_deref(), Some("example.test/cloud-controller-manager:e2e"));
+
+        // A later edit outside the policy is refused and the manager stays as it was.
+        let mut again = lb_only("greedy");
+        again["deployment"] = json!({"image": "evil.example/miner:1", "replicas": 5});
+        env.apply_cr("greedy", again).await;
+        let c = env.wait_status("greedy", types::CONFIG_VALID, "False", config_valid::NOT_ALLOWED_BY_POLICY).await;
+        assert!(c.message.starts_with("spec.deployment.image is not an allowed image"), "{}", c.message);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = deployments.get("ccm-greedy").await.unwrap();
+        assert_eq!(now.spec.unwrap().template, template, "the running manager was changed");
+        let _ = tokio::time::timeout(Duration::from_secs(20), op.stop()).await;
+        env.finish().await;
+    }
+}
+
     let fake = [
         format!("{t}\n"),
         format!("{t}: 1\n"),
