@@ -14,6 +14,13 @@ pub use v1alpha1::{CloudControllerManager, CloudControllerManagerSpec, CloudCont
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
+/// The label a Secret must carry, with value [`CLOUD_CONFIG_LABEL_VALUE`], for a resource's
+/// `spec.cloudConfig.secretRef` to use it: the operator watches and reads no other Secret, so a
+/// resource cannot point it at a Secret not meant for a cloud-controller-manager.
+pub const CLOUD_CONFIG_LABEL: &str = "ccm.rs/cloud-config";
+/// The value of [`CLOUD_CONFIG_LABEL`].
+pub const CLOUD_CONFIG_LABEL_VALUE: &str = "true";
+
 /// Where the committed CRD lives, relative to the workspace root.
 pub const CRD_PATH: &str = "charts/ccm-operator/crds/cloudcontrollermanagers.ccm.rs.yaml";
 

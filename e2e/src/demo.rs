@@ -674,7 +674,7 @@ impl Demo {
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), NAMESPACE);
         let secret = json!({
             "apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": SECRET_NAME, "namespace": NAMESPACE},
+            "metadata": {"name": SECRET_NAME, "namespace": NAMESPACE, "labels": {(crds::CLOUD_CONFIG_LABEL): crds::CLOUD_CONFIG_LABEL_VALUE}},
             "stringData": {SECRET_KEY: cloud_config(self.options.loopback_net, &self.pool())},
         });
         secrets.patch(SECRET_NAME, &params, &Patch::Apply(&secret)).await?;

@@ -488,7 +488,8 @@ async fn deployment_initializes_node(ctx: Arc<Ctx>) {
     let node_ip = ctx.cluster.network.node_ip.to_string();
     apply(
         &ctx.client,
-        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": SECRET, "namespace": CCM_NS},
+        json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": SECRET, "namespace": CCM_NS, "labels": {(crds::CLOUD_CONFIG_LABEL): crds::CLOUD_CONFIG_LABEL_VALUE}},
             "stringData": {"cloud.conf": cloud_config(&node_name, &node_ip)}}),
     )
     .await;
@@ -821,7 +822,8 @@ async fn rotation(ctx: Arc<Ctx>) {
     let config = cloud_config(&node_name, &node_ip).replace(POOL, "127.0.0.240/28\", \"127.0.0.224/28");
     apply(
         &ctx.client,
-        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": SECRET, "namespace": CCM_NS},
+        json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": SECRET, "namespace": CCM_NS, "labels": {(crds::CLOUD_CONFIG_LABEL): crds::CLOUD_CONFIG_LABEL_VALUE}},
         "stringData": {"cloud.conf": config}}),
     )
     .await;
@@ -850,7 +852,8 @@ async fn rotation(ctx: Arc<Ctx>) {
     let config = cloud_config(&node_name, &node_ip).replace("e2e-small", "e2e-large");
     apply(
         &ctx.client,
-        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": SECRET, "namespace": CCM_NS},
+        json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": SECRET, "namespace": CCM_NS, "labels": {(crds::CLOUD_CONFIG_LABEL): crds::CLOUD_CONFIG_LABEL_VALUE}},
         "stringData": {"cloud.conf": config}}),
     )
     .await;
@@ -1047,7 +1050,8 @@ async fn to_embedded(ctx: Arc<Ctx>) {
     let t = Instant::now();
     apply(
         &ctx.client,
-        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": SECRET, "namespace": CCM_NS},
+        json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": SECRET, "namespace": CCM_NS, "labels": {(crds::CLOUD_CONFIG_LABEL): crds::CLOUD_CONFIG_LABEL_VALUE}},
         "stringData": {"cloud.conf": config}}),
     )
     .await;

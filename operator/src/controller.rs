@@ -263,9 +263,11 @@ pub async fn run(shared: Shared, trigger_rx: mpsc::UnboundedReceiver<ObjectRef<G
     );
 
     let (secrets, secrets_writer) = reflector::store::<PartialObjectMeta<Secret>>();
+    // Only Secrets labelled as cloud-configs: a resource cannot point the operator at any other
+    // Secret of the namespace (bootstrap tokens, other components' credentials).
     let secret_stream = watch::merged(
         namespaced_apis::<PartialObjectMeta<Secret>>(&client, &workload_namespaces),
-        watcher::Config::default(),
+        watcher::Config::default().labels(&names::cloud_config_selector()),
         secrets.clone(),
     )
     .modify(|s| {
@@ -1046,7 +1048,7 @@ async fn validate_step(ctx: &Ctx, input: &Input<'_>, secret: &SecretState, allow
     let mut peers = dereference::peers(std::slice::from_ref(&ctx.crs), &ctx.shared.registry);
     peers.retain(|p| ctx.shared.allowed.contains(&p.namespace));
     let content = match secret {
-        SecretState::Found { key, data, .. } => Some(crate::hash::cloud_config(key, data)),
+        SecretState::Found { key, data, .. } => Some(crate::hash::cloud_config(&input.uid, key, data)),
         _ => None,
     };
     let limit = validate::PARSE_TIME_LIMIT;
@@ -1077,10 +1079,10 @@ async fn validate_step(ctx: &Ctx, input: &Input<'_>, secret: &SecretState, allow
             }
         }
     };
-    let me = validate::Peer::from_cr(input.cr, &ctx.shared.registry);
-    ctx.update_losers(&input.key, me.as_ref(), &peers);
     let validation =
         validate::check_policy(input.cr, validation, &ctx.shared.build.policy, &ctx.shared.build.manager_image);
+    let me = validate::Peer::from_cr(input.cr, &ctx.shared.registry);
+    ctx.update_losers(&input.key, me.as_ref(), &peers);
     // The winners learn of this loser now: a winner last reconciled before this CR existed
     // would otherwise not wake it when it goes.
     if let Validation::Invalid { conflicts_with, .. } = &validation {

@@ -1,8 +1,8 @@
 //! Dereference: read what a CloudControllerManager points at (its Secret, its Lease, its
 //! workload, the other CRs) into plain values for the pure steps.
 //!
-//! Everything comes from watch caches except the Secret's data: the operator watches only
-//! Secret metadata, and reads (then remembers) a referenced key only when the Secret's
+//! Everything comes from watch caches except the Secret's data: the operator watches only the
+//! metadata of Secrets labelled `ccm.rs/cloud-config=true`, and reads (then remembers) a referenced key only when the Secret's
 //! `resourceVersion` moved, so an idle operator makes no requests.
 
 use std::collections::HashMap;
@@ -46,8 +46,10 @@ impl std::fmt::Debug for SecretReader {
 }
 
 impl SecretReader {
-    /// Read `key` of Secret `namespace/name`. `metadata` is the watch cache of Secret metadata:
-    /// when it shows the remembered `resourceVersion`, no request is made.
+    /// Read `key` of Secret `namespace/name`. `metadata` is the watch cache of the metadata of
+    /// Secrets labelled as cloud-configs: a Secret it does not hold is not read at all (it is
+    /// missing or not meant for a manager, and the two look alike); when it shows the remembered
+    /// `resourceVersion`, no request is made.
     pub async fn read(
         &self,
         client: &Client,
@@ -57,8 +59,12 @@ impl SecretReader {
         key: &str,
     ) -> SecretState {
         let cache_key = (namespace.to_string(), name.to_string(), key.to_string());
-        let current_rv =
-            metadata.get(&ObjectRef::new(name).within(namespace)).and_then(|m| m.metadata.resource_version.clone());
+        let Some(current_rv) =
+            metadata.get(&ObjectRef::new(name).within(namespace)).map(|m| m.metadata.resource_version.clone())
+        else {
+            self.forget(namespace, name);
+            return SecretState::NotFound { name: name.to_string() };
+        };
         if let Some(rv) = &current_rv {
             let cached = self.cache.lock().unwrap_or_else(|e| e.into_inner()).get(&cache_key).cloned();
             if let Some(c) = cached
@@ -69,6 +75,11 @@ impl SecretReader {
         }
         let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
         match api.get_opt(name).await {
+            // Unlabelled since the cache saw it: not read, as if it were not there.
+            Ok(Some(secret)) if !crate::names::is_cloud_config(secret.metadata.labels.as_ref()) => {
+                self.forget(namespace, name);
+                SecretState::NotFound { name: name.to_string() }
+            }
             Ok(Some(secret)) => {
                 let value = secret.data.as_ref().and_then(|d| d.get(key)).map(|v| v.0.clone());
                 if let Some(rv) = secret.metadata.resource_version.clone() {

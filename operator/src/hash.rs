@@ -21,16 +21,17 @@ pub fn of_json<T: Serialize>(value: &T) -> String {
     digest(&[&bytes])
 }
 
-/// Hash of a cloud-config: the key and the value's bytes. Only this hash leaves the operator,
-/// never the content.
-pub fn cloud_config(key: &str, data: &[u8]) -> String {
-    digest(&[b"cloud-config", key.as_bytes(), data])
+/// Hash of a cloud-config: the key and the value's bytes, salted with the resource's UID so that
+/// the same content hashes differently per resource and cluster (no precomputed table matches
+/// it). Only this hash leaves the operator, never the content.
+pub fn cloud_config(salt: &str, key: &str, data: &[u8]) -> String {
+    digest(&[b"cloud-config", salt.as_bytes(), key.as_bytes(), data])
 }
 
 /// Hash of the part of a cloud-config whose change needs a restart (a provider's restart
-/// fingerprint), under the same key.
-pub fn cloud_config_restart(key: &str, fingerprint: &[u8]) -> String {
-    digest(&[b"cloud-config-restart", key.as_bytes(), fingerprint])
+/// fingerprint), under the same key and salt.
+pub fn cloud_config_restart(salt: &str, key: &str, fingerprint: &[u8]) -> String {
+    digest(&[b"cloud-config-restart", salt.as_bytes(), key.as_bytes(), fingerprint])
 }
 
 #[cfg(test)]
@@ -39,11 +40,17 @@ mod tests {
 
     #[test]
     fn hash_changes_with_content_and_is_stable() {
-        let a = cloud_config("cloud.conf", b"one");
-        assert_eq!(a, cloud_config("cloud.conf", b"one"));
-        assert_ne!(a, cloud_config("cloud.conf", b"two"));
-        assert_ne!(a, cloud_config("other", b"one"));
+        let a = cloud_config("uid", "cloud.conf", b"one");
+        assert_eq!(a, cloud_config("uid", "cloud.conf", b"one"));
+        assert_ne!(a, cloud_config("uid", "cloud.conf", b"two"));
+        assert_ne!(a, cloud_config("uid", "other", b"one"));
         assert_eq!(a.len(), 32);
+    }
+
+    #[test]
+    fn the_same_cloud_config_hashes_differently_for_each_resource() {
+        assert_ne!(cloud_config("uid-a", "cloud.conf", b"one"), cloud_config("uid-b", "cloud.conf", b"one"));
+        assert_ne!(cloud_config_restart("uid-a", "k", b"f"), cloud_config_restart("uid-b", "k", b"f"));
     }
 
     #[test]

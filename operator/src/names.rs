@@ -46,6 +46,16 @@ pub const CLOUD_CONFIG_VOLUME: &str = "cloud-config";
 /// The manager's secure port (upstream default), also its probe port.
 pub const MANAGER_PORT: i32 = crds::defaults::SECURE_PORT as i32;
 
+/// The label selector of the Secrets the operator may read as cloud-configs.
+pub fn cloud_config_selector() -> String {
+    format!("{}={}", crds::CLOUD_CONFIG_LABEL, crds::CLOUD_CONFIG_LABEL_VALUE)
+}
+
+/// Whether a Secret with these labels may be read as a cloud-config (pure).
+pub fn is_cloud_config(labels: Option<&BTreeMap<String, String>>) -> bool {
+    labels.and_then(|l| l.get(crds::CLOUD_CONFIG_LABEL)).is_some_and(|v| v == crds::CLOUD_CONFIG_LABEL_VALUE)
+}
+
 /// Name of the namespaced children (ServiceAccount, Deployment or DaemonSet, PDB).
 pub fn workload_name(cr_name: &str) -> String {
     format!("ccm-{cr_name}")

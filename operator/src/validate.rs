@@ -422,7 +422,11 @@ pub fn validate(cr: &CloudControllerManager, secret: &SecretState, registry: &Re
         SecretState::NotFound { name } => {
             failures.push(Failure {
                 reason: reason::SECRET_NOT_FOUND,
-                message: format!("Secret {name:?} (spec.cloudConfig.secretRef) does not exist"),
+                message: format!(
+                    "Secret {name:?} (spec.cloudConfig.secretRef) does not exist or is not labelled {}={}",
+                    crds::CLOUD_CONFIG_LABEL,
+                    crds::CLOUD_CONFIG_LABEL_VALUE
+                ),
             });
             return Validation::Invalid { failures, conflicts_with };
         }
@@ -483,9 +487,10 @@ pub fn validate(cr: &CloudControllerManager, secret: &SecretState, registry: &Re
     Validation::Valid(Validated {
         config,
         cloud_config: cloud_config.map(|(name, key, data)| {
-            let hash = hash::cloud_config(key, data);
+            let salt = cr.metadata.uid.as_deref().unwrap_or_default();
+            let hash = hash::cloud_config(salt, key, data);
             let restart_hash = match &restart_fingerprint {
-                Some(fingerprint) => hash::cloud_config_restart(key, fingerprint),
+                Some(fingerprint) => hash::cloud_config_restart(salt, key, fingerprint),
                 None => hash.clone(),
             };
             CloudConfigRef { secret: name.to_string(), key: key.to_string(), hash, restart_hash }

@@ -203,10 +203,15 @@ impl Env {
             .unwrap_or_else(|e| panic!("applying CloudControllerManager {name}: {e}"));
     }
 
-    /// Create or replace a Secret with one key.
+    /// Create or replace a cloud-config Secret (labelled for the operator) with one key.
     pub async fn secret(&self, name: &str, key: &str, value: &str) {
         let secret = Secret {
-            metadata: ObjectMeta { name: Some(name.into()), namespace: Some(self.ns.clone()), ..Default::default() },
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some(self.ns.clone()),
+                labels: Some(cloud_config_labels()),
+                ..Default::default()
+            },
             data: Some([(key.to_string(), ByteString(value.as_bytes().to_vec()))].into()),
             ..Default::default()
         };
@@ -479,4 +484,9 @@ pub async fn dynamic_target(
         kube::discovery::Scope::Cluster => None,
     };
     Ok((ar, namespace, object["metadata"]["name"].as_str().unwrap_or_default().to_string()))
+}
+
+/// The labels that make a Secret usable as a cloud-config.
+pub fn cloud_config_labels() -> std::collections::BTreeMap<String, String> {
+    [(crds::CLOUD_CONFIG_LABEL.to_string(), crds::CLOUD_CONFIG_LABEL_VALUE.to_string())].into()
 }

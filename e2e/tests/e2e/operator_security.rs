@@ -27,7 +27,12 @@ const TOKEN: &str = "SECRET-TOKEN-12345";
 /// A Secret with one key, in `namespace`.
 async fn put_secret(client: &Client, namespace: &str, name: &str, value: &[u8]) {
     let secret = Secret {
-        metadata: ObjectMeta { name: Some(name.into()), namespace: Some(namespace.into()), ..Default::default() },
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(namespace.into()),
+            labels: Some(crate::kit::cloud_config_labels()),
+            ..Default::default()
+        },
         data: Some([("cloud.conf".to_string(), ByteString(value.to_vec()))].into()),
         ..Default::default()
     };
@@ -732,5 +737,52 @@ async fn manager_pods_pass_restricted_pod_security_admission_except_host_network
             let created = result.unwrap_or_else(|e| panic!("{mode}: the restricted profile refused the pod: {e}"));
             assert!(created.name_any().starts_with("psa-"));
         }
+    }
+}
+
+e2e_apiserver::backend_tests! {
+    /// A resource cannot point the operator at a Secret not meant for a manager: an unlabelled
+    /// Secret is never read (no request names it), looks exactly like a missing one, and its
+    /// content reaches nothing; labelled, the same Secret is used; unlabelled again, dropped.
+    async fn a_secret_not_labelled_as_a_cloud_config_is_never_read_and_looks_missing(backend) {
+        let env = Env::start(backend, "secret-label").await;
+        let plain = Secret {
+            metadata: ObjectMeta { name: Some("plain".into()), namespace: Some(env.ns.clone()), ..Default::default() },
+            data: Some([("cloud.conf".to_string(), ByteString(format!("# {TOKEN}\nautoInstances: true\n").into_bytes()))].into()),
+            ..Default::default()
+        };
+        env.api::<Secret>().create(&PostParams::default(), &plain).await.expect("the unlabelled Secret");
+        let op = env.operator().await;
+        // Disjoint controllers, so that the two resources do not conflict.
+        let spec = |name: &str, controller: &str| json!({"provider": "fake", "configureCloudRoutes": false,
+            "controllers": [controller], "cloudConfig": {"secretRef": {"name": name}}});
+        env.apply_cr("unlabelled", spec("plain", "service")).await;
+        env.apply_cr("missing", spec("absent", "cloud-node")).await;
+        let unlabelled = env.wait_status("unlabelled", types::CONFIG_VALID, "False", config_valid::SECRET_NOT_FOUND).await;
+        let missing = env.wait_status("missing", types::CONFIG_VALID, "False", config_valid::SECRET_NOT_FOUND).await;
+        assert!(unlabelled.message.contains("ccm.rs/cloud-config=true"), "{}", unlabelled.message);
+        assert_eq!(unlabelled.message.replace("plain", "absent"), missing.message, "unlabelled and missing look alike");
+        let reads = |name: &'static str| {
+            env.request_log().count(move |r| {
+                crate::kit::by_code_under_test(r)
+                    && r.resource.as_deref() == Some("secrets")
+                    && r.name.as_deref() == Some(name)
+            })
+        };
+        assert_eq!(reads("plain"), 0, "the operator requested the unlabelled Secret by name");
+
+        // Labelled for the operator: used.
+        let label = json!({"metadata": {"labels": {(crds::CLOUD_CONFIG_LABEL): crds::CLOUD_CONFIG_LABEL_VALUE}}});
+        env.api::<Secret>().patch("plain", &PatchParams::default(), &Patch::Merge(&label)).await.expect("labelled");
+        env.wait_status("unlabelled", types::CONFIG_VALID, "True", config_valid::VALID).await;
+        assert!(reads("plain") >= 1);
+        // The label taken away again: dropped, as if deleted.
+        let unlabel = json!({"metadata": {"labels": {(crds::CLOUD_CONFIG_LABEL): null}}});
+        env.api::<Secret>().patch("plain", &PatchParams::default(), &Patch::Merge(&unlabel)).await.expect("unlabelled");
+        env.wait_status("unlabelled", types::CONFIG_VALID, "False", config_valid::SECRET_NOT_FOUND).await;
+        let cr = env.cr("unlabelled").await;
+        assert!(!serde_json::to_string(&cr.status).unwrap().contains(TOKEN));
+        let _ = tokio::time::timeout(Duration::from_secs(20), op.stop()).await;
+        env.finish().await;
     }
 }

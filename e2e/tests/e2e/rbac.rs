@@ -616,7 +616,11 @@ async fn operator_world(client: &Client, namespace: &str) {
 /// The fake provider's cloud-config Secret.
 fn cloud_config_secret(config: &str) -> Secret {
     Secret {
-        metadata: kube::api::ObjectMeta { name: Some("fake-cloud-config".into()), ..Default::default() },
+        metadata: kube::api::ObjectMeta {
+            name: Some("fake-cloud-config".into()),
+            labels: Some(crate::kit::cloud_config_labels()),
+            ..Default::default()
+        },
         string_data: Some([("cloud.conf".to_string(), config.to_string())].into()),
         ..Default::default()
     }

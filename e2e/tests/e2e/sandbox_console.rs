@@ -140,7 +140,7 @@ async fn the_live_log_shows_a_leader_crash_and_a_secret_rotation_within_2s() {
     // Rotating the cloud-config Secret.
     let secrets: Api<Secret> = Api::namespaced(client.clone(), demo::NAMESPACE);
     let secret = json!({"apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": demo::SECRET_NAME, "namespace": demo::NAMESPACE},
+        "metadata": {"name": demo::SECRET_NAME, "namespace": demo::NAMESPACE, "labels": {(crds::CLOUD_CONFIG_LABEL): crds::CLOUD_CONFIG_LABEL_VALUE}},
         "stringData": {demo::SECRET_KEY: demo::cloud_config(22, "203.0.113.100-203.0.113.109")}});
     let rotated = Instant::now();
     secrets

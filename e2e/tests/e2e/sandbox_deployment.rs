@@ -125,7 +125,7 @@ async fn two_manager_processes_elect_one_leader_hand_over_on_a_crash_and_roll_on
     let rotated = demo::cloud_config(23, ROTATED_POOL);
     let secrets: Api<Secret> = Api::namespaced(server.client(), demo::NAMESPACE);
     let secret = json!({"apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": demo::SECRET_NAME, "namespace": demo::NAMESPACE},
+        "metadata": {"name": demo::SECRET_NAME, "namespace": demo::NAMESPACE, "labels": {(crds::CLOUD_CONFIG_LABEL): crds::CLOUD_CONFIG_LABEL_VALUE}},
         "stringData": {demo::SECRET_KEY: rotated}});
     secrets
         .patch(demo::SECRET_NAME, &PatchParams::apply("sandbox-demo").force(), &Patch::Apply(&secret))
