@@ -53,6 +53,8 @@ pub fn open_file_limits() -> Option<(u64, u64)> {
 }
 
 #[cfg(unix)]
+// rlim_t is u64 on Linux and macOS but signed on some BSDs.
+#[allow(clippy::useless_conversion)]
 fn rlim_to_u64(value: libc::rlim_t) -> u64 {
     if value == libc::RLIM_INFINITY { u64::MAX } else { u64::try_from(value).unwrap_or(u64::MAX) }
 }
@@ -96,6 +98,7 @@ pub fn raise_open_file_limit() -> Option<(u64, u64)> {
 }
 
 #[cfg(unix)]
+#[allow(clippy::useless_conversion)]
 fn set_soft_open_file_limit(soft: u64, hard: u64) -> std::io::Result<()> {
     let to_rlim = |v: u64| {
         if v == u64::MAX { libc::RLIM_INFINITY } else { libc::rlim_t::try_from(v).unwrap_or(libc::RLIM_INFINITY) }

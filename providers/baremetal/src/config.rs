@@ -1231,9 +1231,7 @@ pub(crate) mod tests {
         for field in ["unhealthyThreshold", "healthyThreshold"] {
             docs.push(format!("loadBalancer:\n  proxy: {{{field}: [{t}]}}\n"));
         }
-        for field in ["tcpIdleTimeout"] {
-            docs.push(format!("loadBalancer:\n  proxy: {{{field}: {t}}}\n"));
-        }
+        docs.push(format!("loadBalancer:\n  proxy: {{tcpIdleTimeout: {t}}}\n"));
         for field in
             ["maxTcpConnections", "maxTcpConnectionsPerListener", "maxUdpSessions", "maxUdpSessionsPerListener"]
         {
