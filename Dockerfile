@@ -12,6 +12,10 @@ ARG RUST_VERSION=1.95
 
 # Builder: the whole workspace, release profile, with the committed Cargo.lock.
 FROM rust:${RUST_VERSION}-bookworm AS builder
+# Providers compiled into cloud-controller-manager (its cargo features). The default leaves out
+# `fake`, the in-memory test cloud; an image for tests may add it:
+#   docker build --build-arg MANAGER_PROVIDERS=fake,baremetal,aws ...
+ARG MANAGER_PROVIDERS=baremetal,aws
 WORKDIR /src
 COPY . .
 # Cache mounts keep the registry and target dir between builds; the binaries are copied out
@@ -19,7 +23,9 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/usr/local/cargo/git \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --bin ccm-operator --bin cloud-controller-manager \
+    cargo build --release --locked -p operator --bin ccm-operator \
+ && cargo build --release --locked -p cloud-controller-manager --bin cloud-controller-manager \
+      --no-default-features --features "${MANAGER_PROVIDERS}" \
  && mkdir -p /out \
  && cp target/release/ccm-operator target/release/cloud-controller-manager /out/
 

@@ -705,6 +705,21 @@ class Render(unittest.TestCase):
         self.assertEqual(one(affinity, "Deployment")["spec"]["template"]["spec"]["affinity"],
                          helmlib.load_yaml(CHART / "ci" / "ha-values.yaml")["affinity"])
 
+    def test_image_digests_pin_the_operator_and_manager_images_over_their_tags(self):
+        operator_digest = "sha256:" + "a" * 64
+        manager_digest = "sha256:" + "b" * 64
+        objects = self.render(values(**{"image.tag": "1.2.3", "image.digest": operator_digest,
+                                        "manager.image.tag": "1.2.3", "manager.image.digest": manager_digest}))
+        self.assertEqual(container(objects)["image"], f"ghcr.io/ccm-rs/ccm-operator@{operator_digest}")
+        self.assertEqual(arg(objects, "--manager-image"), f"ghcr.io/ccm-rs/cloud-controller-manager@{manager_digest}")
+        # Without a digest: the tag, else the chart's appVersion.
+        objects = self.render(values(**{"manager.image.tag": "1.2.3"}))
+        self.assertEqual(container(objects)["image"], f"ghcr.io/ccm-rs/ccm-operator:{APP_VERSION}")
+        self.assertEqual(arg(objects, "--manager-image"), "ghcr.io/ccm-rs/cloud-controller-manager:1.2.3")
+        with self.assertRaises(Exception) as ctx:
+            self.render(values(**{"manager.image.digest": "sha256:short"}))
+        self.assertIn("digest", str(ctx.exception))
+
     def test_service_monitor_only_when_enabled_and_aimed_at_the_metrics_service(self):
         self.assertEqual(find(self.render(), "ServiceMonitor"), [])
         objects = self.render(values(**{"serviceMonitor.enabled": True, "serviceMonitor.labels": {"release": "prom"}}))

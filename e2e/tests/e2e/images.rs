@@ -141,6 +141,63 @@ fn the_dockerfile_declares_the_entrypoints_user_and_ports_the_chart_relies_on() 
     );
 }
 
+/// The providers the Dockerfile compiles into the manager by default: the builder stage's
+/// `ARG MANAGER_PROVIDERS=...`, checked to be what its `cargo build` of the manager selects
+/// (and nothing else: `--no-default-features`).
+fn dockerfile_manager_features(text: &str) -> Vec<String> {
+    let default = text
+        .lines()
+        .map(str::trim)
+        .find_map(|l| l.strip_prefix("ARG MANAGER_PROVIDERS="))
+        .expect("the Dockerfile declares ARG MANAGER_PROVIDERS=<default>");
+    let joined = text.replace("\\\n", " ");
+    let build = joined
+        .split("&&")
+        .map(|c| c.split_whitespace().collect::<Vec<_>>().join(" "))
+        .find(|c| c.contains("cargo build") && c.contains("-p cloud-controller-manager"))
+        .expect("the Dockerfile builds the manager with `cargo build -p cloud-controller-manager`");
+    assert!(
+        build.contains("--no-default-features") && build.contains(r#"--features "${MANAGER_PROVIDERS}""#),
+        "the manager build must select exactly MANAGER_PROVIDERS: {build}"
+    );
+    default.trim_matches('"').split(',').map(|f| f.trim().to_owned()).filter(|f| !f.is_empty()).collect()
+}
+
+/// The crates `cloud-controller-manager` links (normal dependencies, host platform) with these
+/// cargo arguments, from Cargo.lock without network.
+fn manager_crates(feature_args: &[&str]) -> BTreeSet<String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["tree", "-p", "cloud-controller-manager", "-e", "normal", "--prefix", "none", "--format", "{p}"])
+        .args(["--locked", "--offline"])
+        .args(feature_args)
+        .current_dir(root())
+        .output()
+        .expect("cargo tree runs");
+    assert!(out.status.success(), "cargo tree failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .collect()
+}
+
+#[test]
+fn the_production_image_builds_the_manager_without_the_fake_provider_and_cargo_run_keeps_it() {
+    let text = std::fs::read_to_string(root().join("Dockerfile")).expect("the Dockerfile is readable");
+    let features = dockerfile_manager_features(&text);
+    assert!(!features.iter().any(|f| f == "fake"), "the production default must leave out fake: {features:?}");
+    let production = manager_crates(&["--no-default-features", "--features", &features.join(",")]);
+    assert!(!production.contains("ccm-provider-fake"), "the production manager links the fake provider");
+    for provider in ["ccm-provider-baremetal", "ccm-provider-aws"] {
+        assert!(production.contains(provider), "the production manager lacks {provider}: {features:?}");
+    }
+    // Issue 24: `cargo run -p cloud-controller-manager` has every built-in provider, no feature to remember.
+    let default = manager_crates(&[]);
+    for provider in ["ccm-provider-fake", "ccm-provider-baremetal", "ccm-provider-aws"] {
+        assert!(default.contains(provider), "the default build lacks {provider}");
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Running the script and reading its archives
 

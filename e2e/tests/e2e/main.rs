@@ -1,14 +1,15 @@
 //! The end-to-end scenarios, one module per area (see `e2e/tests/README.md`): the operator on
 //! both API server backends (`operator_*`, `rbac`, `chart`), the sandbox (`sandbox_*`), the
-//! images (`images`) and the documentation (`docs`, `walkthrough`). One test binary links the
-//! dependency tree once and shares one genuine control plane (its tests take turns on it);
-//! shared helpers live in `kit`. Run one module with `cargo test -p e2e --test e2e rbac::`.
+//! images (`images`), the dependency policy (`dependencies`) and the documentation (`docs`,
+//! `walkthrough`). One test binary links the dependency tree once and shares one genuine control
+//! plane (its tests take turns on it); shared helpers live in `kit`. Run one module with `cargo test -p e2e --test e2e rbac::`.
 //!
 //! The real-cluster scenarios are the one other test binary (`tests/realcluster.rs`): they need
 //! their own runner (one cluster per run, scenarios in order, the host checked at the end).
 
 mod admission_policy;
 mod chart;
+mod dependencies;
 mod docs;
 mod images;
 mod kit;
