@@ -394,11 +394,12 @@ class Render(unittest.TestCase):
         self.assertEqual(arg(objects, "--allowed-priority-classes"), "system-cluster-critical")
         objects = self.render(
             {
-                "admissionPolicy": {"allowedImages": ["mirror.example/ccm:", "mirror.example/ccm@"]},
+                # A trailing ":" must stay a string in the rendered arguments.
+                "admissionPolicy": {"allowedImages": ["mirror.example/ccm:", "mirror.example/ccm@sha256:"]},
                 "manager": {"maxReplicas": 3, "allowedPriorityClasses": []},
             }
         )
-        self.assertEqual(arg(objects, "--allowed-images"), "mirror.example/ccm:,mirror.example/ccm@")
+        self.assertEqual(arg(objects, "--allowed-images"), "mirror.example/ccm:,mirror.example/ccm@sha256:")
         self.assertEqual(arg(objects, "--max-replicas"), "3")
         self.assertEqual(arg(objects, "--allowed-priority-classes"), "", "none allowed")
 
