@@ -71,7 +71,7 @@ pub mod config_valid {
     pub const NOT_ALLOWED_BY_POLICY: &str = "NotAllowedByPolicy";
 
     /// Every reason of `ConfigValid`.
-    pub const ALL: [&str; 16] = [
+    pub const ALL: [&str; 17] = [
         VALID,
         INVALID_SPEC,
         MALFORMED_SPEC,

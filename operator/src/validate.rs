@@ -585,11 +585,6 @@ pub fn check_environment(
     if failures.is_empty() { verdict } else { Validation::Invalid { failures, conflicts_with: Vec::new() } }
 }
 
-/// How long a provider may take to check a cloud-config before it is refused.
-pub const PARSE_TIME_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// [`validate`] on a blocking thread, off the async runtime, given at most `limit`: a
-/// cloud-config that is slow to parse never occupies a runtime thread, so no other resource's
 /// What a resource author may ask for beyond the manager's own configuration, set by whoever
 /// installs the operator (flags, chart values). A resource asking for more is refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -734,6 +729,11 @@ pub fn check_policy(
     if failures.is_empty() { verdict } else { Validation::Invalid { failures, conflicts_with: Vec::new() } }
 }
 
+/// How long a provider may take to check a cloud-config before it is refused.
+pub const PARSE_TIME_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// [`validate`] on a blocking thread, off the async runtime, given at most `limit`: a
+/// cloud-config that is slow to parse never occupies a runtime thread, so no other resource's
 /// reconcile waits for it. Past the limit the thread is abandoned (it cannot be stopped) and
 /// `None` is returned (the caller refuses it with [`parse_timed_out`]).
 pub async fn validate_bounded(
@@ -848,11 +848,6 @@ mod tests {
     }
 
     #[test]
-    fn a_resource_named_like_a_core_components_lease_is_refused_naming_metadata_name() {
-        for name in [
-            "kube-controller-manager",
-            "kube-scheduler",
-    #[test]
     fn a_spec_asking_for_more_than_the_policy_allows_is_refused_naming_each_field() {
         let policy = Policy::default();
         let image = "registry.example/ccm:v1";
@@ -915,6 +910,11 @@ mod tests {
         assert!(check(json!({"provider": "plain", "deployment": {"priorityClassName": ""}}), &none).is_valid());
     }
 
+    #[test]
+    fn a_resource_named_like_a_core_components_lease_is_refused_naming_metadata_name() {
+        for name in [
+            "kube-controller-manager",
+            "kube-scheduler",
             "cloud-controller-manager",
             "ccm-operator",
             "kube-x",

@@ -314,7 +314,6 @@ class Render(unittest.TestCase):
         off = self.render_named(values(**{"admissionPolicy.enabled": False}))
         self.assertFalse([o for o in off if o["kind"].startswith("ValidatingAdmissionPolicy")])
 
-
     def test_restricted_pod_security_by_default(self):
         objects = self.render()
         pod = one(objects, "Deployment")["spec"]["template"]["spec"]
@@ -386,6 +385,7 @@ class Render(unittest.TestCase):
         one(objects, "ClusterRole", arg(objects, "--manager-namespace-role"))
         self.assertEqual(arg(objects, "--manager-cluster-role"), "ccm-manager")
         self.assertIsNone(arg(objects, "--namespaces"), "every namespace is served by default")
+
     def test_resource_author_limits_are_passed_to_the_operator(self):
         objects = self.render()
         repo = "ghcr.io/ccm-rs/cloud-controller-manager"
@@ -402,7 +402,6 @@ class Render(unittest.TestCase):
         self.assertEqual(arg(objects, "--allowed-images"), "mirror.example/ccm:,mirror.example/ccm@sha256:")
         self.assertEqual(arg(objects, "--max-replicas"), "3")
         self.assertEqual(arg(objects, "--allowed-priority-classes"), "", "none allowed")
-
 
     def test_operator_defines_every_flag_the_chart_passes(self):
         # A flag the binary does not know makes it exit at start: compare with its clap flags.

@@ -398,11 +398,6 @@ e2e_apiserver::backend_tests! {
     }
 }
 
-/// Cloud-configs of the fake, baremetal and aws providers with the token in every field, each
-/// wrong in some way, plus malformed documents.
-fn token_documents() -> Vec<(&'static str, String)> {
-    let t = TOKEN;
-    let mut out = Vec::new();
 e2e_apiserver::backend_tests! {
     /// A resource asking for more than the installation allows (an image outside the allow-list,
     /// `--kubeconfig` and `--authorization-*` in extraArgs, more replicas than the maximum, a
@@ -460,6 +455,11 @@ e2e_apiserver::backend_tests! {
     }
 }
 
+/// Cloud-configs of the fake, baremetal and aws providers with the token in every field, each
+/// wrong in some way, plus malformed documents.
+fn token_documents() -> Vec<(&'static str, String)> {
+    let t = TOKEN;
+    let mut out = Vec::new();
     let fake = [
         format!("{t}\n"),
         format!("{t}: 1\n"),
