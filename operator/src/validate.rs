@@ -1026,7 +1026,10 @@ mod tests {
         let Validation::Valid(v) = validate(&c, &found(b"ok"), &registry(), &[]) else { panic!() };
         let refs = v.cloud_config.clone().unwrap();
         assert_eq!(refs.restart_hash, refs.hash, "a provider that reloads nothing restarts on any edit");
-        assert_eq!(v.cloud_config.unwrap().hash, hash::cloud_config("cloud.conf", b"ok"));
+        assert_eq!(
+            v.cloud_config.unwrap().hash,
+            hash::cloud_config(c.metadata.uid.as_deref().unwrap_or_default(), "cloud.conf", b"ok")
+        );
         assert!(!v.provider_has_routes);
         assert_eq!(v.config.controllers.enabled().len(), 4);
     }
