@@ -805,6 +805,9 @@ class Render(unittest.TestCase):
 
     def test_cert_manager_certificate_only_when_asked_for_the_names_the_service_monitor_verifies(self):
         self.install_certificate_crd()
+        # Leave the shared server's cluster-wide objects as they were.
+        self.addCleanup(self.cluster.request, "DELETE",
+                        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/certificates.cert-manager.io")
         issuer = {"name": "cluster-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}
         objects = self.render_named(values(**{"serviceMonitor.enabled": True, "http.tls.certManager.enabled": True,
                                               "http.tls.certManager.issuerRef": issuer}))
