@@ -12,7 +12,8 @@ ARG RUST_VERSION=1.95
 
 # Builder: the whole workspace, release profile, with the committed Cargo.lock.
 FROM rust:${RUST_VERSION}-bookworm AS builder
-# Providers compiled into cloud-controller-manager (its cargo features). The default leaves out
+# Providers compiled into cloud-controller-manager (its cargo features), and `fake` into the
+# operator only when listed here, so the two know the same providers. The default leaves out
 # `fake`, the in-memory test cloud; an image for tests may add it:
 #   docker build --build-arg MANAGER_PROVIDERS=fake,baremetal,aws ...
 ARG MANAGER_PROVIDERS=baremetal,aws
@@ -23,7 +24,9 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/usr/local/cargo/git \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked -p operator --bin ccm-operator \
+    case ",${MANAGER_PROVIDERS}," in *,fake,*) operator_features=fake ;; *) operator_features= ;; esac \
+ && cargo build --release --locked -p operator --bin ccm-operator \
+      --no-default-features --features "${operator_features}" \
  && cargo build --release --locked -p cloud-controller-manager --bin cloud-controller-manager \
       --no-default-features --features "${MANAGER_PROVIDERS}" \
  && mkdir -p /out \

@@ -166,9 +166,14 @@ fn dockerfile_manager_features(text: &str) -> Vec<String> {
 /// The crates `cloud-controller-manager` links (normal dependencies, host platform) with these
 /// cargo arguments, from Cargo.lock without network.
 fn manager_crates(feature_args: &[&str]) -> BTreeSet<String> {
+    crates_of("cloud-controller-manager", feature_args)
+}
+
+/// The crates `package` links (normal dependencies, host platform) with these cargo arguments.
+fn crates_of(package: &str, feature_args: &[&str]) -> BTreeSet<String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(cargo)
-        .args(["tree", "-p", "cloud-controller-manager", "-e", "normal", "--prefix", "none", "--format", "{p}"])
+        .args(["tree", "-p", package, "-e", "normal", "--prefix", "none", "--format", "{p}"])
         .args(["--locked", "--offline"])
         .args(feature_args)
         .current_dir(root())
@@ -196,6 +201,30 @@ fn the_production_image_builds_the_manager_without_the_fake_provider_and_cargo_r
     for provider in ["ccm-provider-fake", "ccm-provider-baremetal", "ccm-provider-aws"] {
         assert!(default.contains(provider), "the default build lacks {provider}");
     }
+}
+
+#[test]
+fn the_production_operator_knows_only_the_providers_its_manager_image_has() {
+    let text = std::fs::read_to_string(root().join("Dockerfile")).expect("the Dockerfile is readable");
+    let joined = text.replace("\\\n", " ");
+    let build = joined
+        .split("&&")
+        .map(|c| c.split_whitespace().collect::<Vec<_>>().join(" "))
+        .find(|c| c.contains("cargo build") && c.contains("-p operator"))
+        .expect("the Dockerfile builds the operator with `cargo build -p operator`");
+    assert!(
+        build.contains("--no-default-features") && build.contains(r#"--features "${operator_features}""#),
+        "the operator build must select its features from MANAGER_PROVIDERS: {build}"
+    );
+    assert!(
+        joined.contains(
+            r#"case ",${MANAGER_PROVIDERS}," in *,fake,*) operator_features=fake ;; *) operator_features= ;; esac"#
+        ),
+        "the operator gets `fake` exactly when the manager does"
+    );
+    let production = crates_of("operator", &["--no-default-features"]);
+    assert!(!production.contains("ccm-provider-fake"), "the production operator links the fake provider");
+    assert!(crates_of("operator", &[]).contains("ccm-provider-fake"), "the default operator build lacks fake");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -4,11 +4,9 @@
 //! hostile cloud-config never delaying a valid neighbour, and the manager pod admitted by the
 //! `restricted` Pod Security admission of the genuine API server.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::kit::{Env, HARNESS_AGENT, LogCapture, condition, eventually, eventually_value};
+use crate::kit::{Env, HARNESS_AGENT, LogCapture, condition, eventually, eventually_value, render_chart};
 use crds::conditions::types;
 use e2e_apiserver::{Backend, TestCluster};
 use k8s_openapi::ByteString;
@@ -524,41 +522,6 @@ fn token_documents() -> Vec<(&'static str, String)> {
     ];
     out.extend(aws.into_iter().map(|d| ("aws", d)));
     out
-}
-
-/// `render.py`'s exit code for "a tool is missing, skipped".
-const SKIPPED: i32 = 77;
-
-/// The chart rendered by real Helm for `values`, with `release` in `namespace`; `None` (with the
-/// reason printed) when Helm is unavailable outside CI.
-fn render_chart(kubeconfig: &Path, values: &Value, release: &str, namespace: &str) -> Option<Vec<Value>> {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../charts/ccm-operator/tests/render.py");
-    let output = Command::new("python3")
-        .arg(script)
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(["--values", &values.to_string(), "--release", release, "--namespace", namespace])
-        .env("HELM_DRIVER", "memory")
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .output();
-    let in_ci = std::env::var("CI").as_deref() == Ok("true");
-    let output = match output {
-        Ok(o) => o,
-        Err(e) => {
-            assert!(!in_ci, "python3 could not run: {e}");
-            eprintln!("SKIPPED: python3 could not run: {e}");
-            return None;
-        }
-    };
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    match output.status.code() {
-        Some(0) => Some(serde_json::from_slice(&output.stdout).expect("render.py prints JSON")),
-        Some(SKIPPED) if !in_ci => {
-            eprintln!("SKIPPED: {stderr}");
-            None
-        }
-        code => panic!("rendering the chart failed (exit {code:?}): {stderr}"),
-    }
 }
 
 /// Server-side apply `obj` (any kind) as the admin.

@@ -26,11 +26,9 @@
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
-use crate::kit::{eventually_within, in_ci};
+use crate::kit::eventually_within;
 use ccm_framework::serving::{AuthConfig, AuthSettings, HttpConfig};
 use clap::Parser;
 use e2e_apiserver::{RequestRecord, TestCluster};
@@ -48,8 +46,6 @@ use serde_json::{Value, json};
 
 /// The user agent of this test's own requests, so they are left out of the proof.
 const HARNESS_AGENT: &str = "rbac-proof-harness";
-/// `render.py`'s exit code for "a tool is missing, skipped".
-const SKIPPED: i32 = 77;
 /// The namespace and name of the CloudControllerManager the manager runs for.
 const CR_NAMESPACE: &str = "cloud";
 const CR_NAME: &str = "proof";
@@ -68,35 +64,10 @@ fn genuine_only(rule: &Value) -> bool {
         || resources.any(|r| r.ends_with("/finalizers") || r == "tokenreviews" || r == "subjectaccessreviews")
 }
 
-/// The chart's objects rendered by Helm, or `None` when Helm is unavailable outside CI.
+/// The chart's objects rendered by Helm as release `ccm-operator` in [`RELEASE_NAMESPACE`], or
+/// `None` when Helm is unavailable outside CI.
 fn render_chart(kubeconfig: &std::path::Path, values: &Value) -> Option<Vec<Value>> {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../charts/ccm-operator/tests/render.py");
-    let output = match Command::new("python3")
-        .arg(script)
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .arg("--values")
-        .arg(values.to_string())
-        .env("HELM_DRIVER", "memory")
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .output()
-    {
-        Ok(o) => o,
-        Err(e) => {
-            assert!(!in_ci(), "python3 could not run ({e}), and CI=true makes that a failure");
-            eprintln!("SKIPPED RBAC proof: python3 could not run: {e}");
-            return None;
-        }
-    };
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    match output.status.code() {
-        Some(0) => Some(serde_json::from_slice(&output.stdout).expect("render.py prints JSON")),
-        Some(SKIPPED) if !in_ci() => {
-            eprintln!("SKIPPED RBAC proof: {stderr}");
-            None
-        }
-        code => panic!("rendering the chart failed (exit {code:?}): {stderr}"),
-    }
+    crate::kit::render_chart(kubeconfig, values, "ccm-operator", RELEASE_NAMESPACE)
 }
 
 /// A set of rules and where they apply: everywhere (ClusterRoleBinding) or in one namespace.

@@ -64,7 +64,7 @@ const BLOCKS: &[(&str, &str, &str, Check)] = &[
     (
         "README.md",
         "readme-install-resource",
-        "8da058b3ca82c78a",
+        "4458ba64c0b9c442",
         Check::Paths("needs a cluster; the quick start applies a resource the same way"),
     ),
     (
@@ -95,7 +95,7 @@ const BLOCKS: &[(&str, &str, &str, Check)] = &[
     (
         "docs/quickstart.md",
         "quickstart",
-        "3279eb40dd47bcc0",
+        "a29a52ee9fefc81d",
         Check::Run("quick_start_reaches_ready_and_stops_quietly_as_documented"),
     ),
     (
@@ -153,7 +153,7 @@ const BLOCKS: &[(&str, &str, &str, Check)] = &[
     (
         "docs/real-cluster.md",
         "real-cluster-resource",
-        "72a2833ac21fa021",
+        "75016cf90fb4ab55",
         Check::Paths("tests/realcluster.rs applies the Secret and a resource like the minimal example"),
     ),
     (

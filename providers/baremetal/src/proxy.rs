@@ -239,21 +239,21 @@ fn default_drain() -> Duration {
 fn default_udp_idle() -> Duration {
     Duration::from_secs(60)
 }
-// The data path's defaults (docs/datapath.md says why these numbers); a test keeps them equal.
+// The data path's defaults, from its constants (docs/datapath.md says why these numbers).
 fn default_tcp_idle() -> Duration {
     Duration::from_secs(10 * 60)
 }
 fn default_tcp_per_listener() -> usize {
-    4096
+    crate::datapath::config::DEFAULT_MAX_TCP_CONNECTIONS_PER_LISTENER
 }
 fn default_tcp_total() -> usize {
-    8192
+    crate::datapath::config::DEFAULT_MAX_TCP_CONNECTIONS
 }
 fn default_udp_per_listener() -> usize {
-    1024
+    crate::datapath::config::DEFAULT_MAX_UDP_SESSIONS_PER_LISTENER
 }
 fn default_udp_total() -> usize {
-    8192
+    crate::datapath::config::DEFAULT_MAX_UDP_SESSIONS
 }
 
 fn cap<'de, D: Deserializer<'de>>(deserializer: D) -> Result<usize, D::Error> {

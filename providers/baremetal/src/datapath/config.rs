@@ -287,15 +287,17 @@ impl Default for Settings {
 /// connections that send keepalives, short enough that abandoned ones give their slot back.
 pub const DEFAULT_TCP_IDLE_TIMEOUT: Duration = Duration::from_secs(10 * 60);
 
-/// Default [`Settings::max_tcp_connections`]. At most [`DESCRIPTORS_PER_TCP_CONNECTION`]
-/// descriptors each: 49,152, well inside the hard limit container runtimes set (524,288 or
-/// more) once the soft limit is raised to it; lower limits shrink it (see
+/// Default [`Settings::max_tcp_connections`]. Sized to memory first: a busy connection holds
+/// up to two 64 KiB pipes (splice) or two 32 KiB buffers (copy), so 2,048 of them stay within
+/// 256 MiB, half the manager pod's default 512 MiB memory limit. Descriptors come second: at
+/// most [`DESCRIPTORS_PER_TCP_CONNECTION`] each, far inside the hard limit container runtimes
+/// set once the soft limit is raised to it; lower limits shrink it (see
 /// [`Settings::fit_to_descriptors`]).
-pub const DEFAULT_MAX_TCP_CONNECTIONS: usize = 8192;
+pub const DEFAULT_MAX_TCP_CONNECTIONS: usize = 2048;
 
 /// Default [`Settings::max_tcp_connections_per_listener`]: half the total, so one flooded
 /// listener leaves the other half to every other Service.
-pub const DEFAULT_MAX_TCP_CONNECTIONS_PER_LISTENER: usize = 4096;
+pub const DEFAULT_MAX_TCP_CONNECTIONS_PER_LISTENER: usize = 1024;
 
 /// Default [`Settings::max_udp_sessions`]: one descriptor each.
 pub const DEFAULT_MAX_UDP_SESSIONS: usize = 8192;
@@ -623,7 +625,10 @@ mod tests {
         let used = fitted.max_tcp_connections as u64 * DESCRIPTORS_PER_TCP_CONNECTION
             + fitted.max_udp_sessions as u64 * DESCRIPTORS_PER_UDP_SESSION;
         assert!(used <= 20_000 - RESERVED_DESCRIPTORS, "{used}");
-        assert_eq!(fitted.max_tcp_connections, 8192 * (20_000 - 1024) / (8192 * 7));
+        let wanted = DEFAULT_MAX_TCP_CONNECTIONS as u64 * DESCRIPTORS_PER_TCP_CONNECTION
+            + DEFAULT_MAX_UDP_SESSIONS as u64 * DESCRIPTORS_PER_UDP_SESSION;
+        let expected = DEFAULT_MAX_TCP_CONNECTIONS as u64 * (20_000 - RESERVED_DESCRIPTORS) / wanted;
+        assert_eq!(fitted.max_tcp_connections as u64, expected);
         assert!(fitted.max_tcp_connections_per_listener <= fitted.max_tcp_connections);
         assert!(fitted.max_udp_sessions_per_listener <= fitted.max_udp_sessions);
         // An unraised 1024: a quarter stays for the rest of the process, every cap at least 1.
