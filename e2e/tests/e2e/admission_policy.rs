@@ -4,7 +4,7 @@
 //! its ServiceAccount creates it, and crafted objects the operator's RBAC would allow but a
 //! manager never needs are refused, each naming the field.
 
-use crate::kit::{apply_dynamic, dynamic_target, render_chart};
+use crate::kit::{apply_dynamic, dynamic_target, operator_children, render_chart};
 use e2e_apiserver::{Backend, TestCluster};
 use kube::Client;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
@@ -52,21 +52,13 @@ fn refusal(what: &str, result: Result<(), kube::Error>) -> String {
 
 /// What the operator builds for a resource in `namespace` in `mode`, as JSON objects.
 fn operator_objects(namespace: &str, mode: &str, settings: &BuildSettings) -> Vec<Value> {
-    let cr: crds::CloudControllerManager = serde_json::from_value(json!({
+    let cr = json!({
         "apiVersion": "ccm.rs/v1alpha1", "kind": "CloudControllerManager",
         "metadata": {"name": "cloud", "namespace": namespace, "uid": "9d0c6a1e-0000-4000-8000-000000000001"},
         "spec": {"provider": "fake", "mode": mode, "clusterCIDR": "10.244.0.0/16",
                  "cloudConfig": {"secretRef": {"name": "cfg"}}, "deployment": {"replicas": 2}},
-    }))
-    .expect("a resource");
-    let secret = operator::validate::SecretState::Found {
-        name: "cfg".into(),
-        key: "cloud.conf".into(),
-        data: b"autoInstances: true\n".to_vec(),
-    };
-    let validation = operator::validate::validate(&cr, &secret, &operator::providers::builtin_registry(), &[]);
-    let operator::validate::Validation::Valid(validated) = validation else { panic!("{validation:?}") };
-    build::build(&cr, &validated, settings).iter().map(build::Desired::to_json).collect()
+    });
+    operator_children(cr, settings).iter().map(build::Desired::to_json).collect()
 }
 
 /// The operator's `--manager-image` as the chart renders it.

@@ -150,17 +150,21 @@ fn dockerfile_manager_features(text: &str) -> Vec<String> {
         .map(str::trim)
         .find_map(|l| l.strip_prefix("ARG MANAGER_PROVIDERS="))
         .expect("the Dockerfile declares ARG MANAGER_PROVIDERS=<default>");
-    let joined = text.replace("\\\n", " ");
-    let build = joined
-        .split("&&")
-        .map(|c| c.split_whitespace().collect::<Vec<_>>().join(" "))
-        .find(|c| c.contains("cargo build") && c.contains("-p cloud-controller-manager"))
-        .expect("the Dockerfile builds the manager with `cargo build -p cloud-controller-manager`");
+    let build = dockerfile_build(text, "cloud-controller-manager");
     assert!(
         build.contains("--no-default-features") && build.contains(r#"--features "${MANAGER_PROVIDERS}""#),
         "the manager build must select exactly MANAGER_PROVIDERS: {build}"
     );
     default.trim_matches('"').split(',').map(|f| f.trim().to_owned()).filter(|f| !f.is_empty()).collect()
+}
+
+/// The Dockerfile's `cargo build -p <package>` command, continuation lines joined.
+fn dockerfile_build(text: &str, package: &str) -> String {
+    text.replace("\\\n", " ")
+        .split("&&")
+        .map(|c| c.split_whitespace().collect::<Vec<_>>().join(" "))
+        .find(|c| c.contains("cargo build") && c.contains(&format!("-p {package} ")))
+        .unwrap_or_else(|| panic!("the Dockerfile builds {package} with `cargo build -p {package}`"))
 }
 
 /// The crates `cloud-controller-manager` links (normal dependencies, host platform) with these
@@ -206,12 +210,8 @@ fn the_production_image_builds_the_manager_without_the_fake_provider_and_cargo_r
 #[test]
 fn the_production_operator_knows_only_the_providers_its_manager_image_has() {
     let text = std::fs::read_to_string(root().join("Dockerfile")).expect("the Dockerfile is readable");
+    let build = dockerfile_build(&text, "operator");
     let joined = text.replace("\\\n", " ");
-    let build = joined
-        .split("&&")
-        .map(|c| c.split_whitespace().collect::<Vec<_>>().join(" "))
-        .find(|c| c.contains("cargo build") && c.contains("-p operator"))
-        .expect("the Dockerfile builds the operator with `cargo build -p operator`");
     assert!(
         build.contains("--no-default-features") && build.contains(r#"--features "${operator_features}""#),
         "the operator build must select its features from MANAGER_PROVIDERS: {build}"

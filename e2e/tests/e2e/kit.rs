@@ -490,3 +490,17 @@ pub async fn dynamic_target(
 pub fn cloud_config_labels() -> std::collections::BTreeMap<String, String> {
     [(crds::CLOUD_CONFIG_LABEL.to_string(), crds::CLOUD_CONFIG_LABEL_VALUE.to_string())].into()
 }
+
+/// What the operator builds for the resource `cr` (its JSON) when its Secret holds a valid
+/// `fake` cloud-config: the validate and build steps, without an API server.
+pub fn operator_children(cr: Value, settings: &operator::build::BuildSettings) -> Vec<operator::build::Desired> {
+    let cr: CloudControllerManager = serde_json::from_value(cr).expect("a resource");
+    let secret = operator::validate::SecretState::Found {
+        name: "cfg".into(),
+        key: "cloud.conf".into(),
+        data: b"autoInstances: true\n".to_vec(),
+    };
+    let validation = operator::validate::validate(&cr, &secret, &operator::providers::builtin_registry(), &[]);
+    let operator::validate::Validation::Valid(validated) = validation else { panic!("{validation:?}") };
+    operator::build::build(&cr, &validated, settings)
+}

@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
-use operator::build::{self, BuildSettings, Desired};
+use operator::build::{BuildSettings, Desired};
 use operator::reasons::config_valid;
 use operator::{OperatorConfig, Scope};
 use serde_json::{Value, json};
@@ -655,21 +655,13 @@ async fn manager_pods_pass_restricted_pod_security_admission_except_host_network
     let _ = Api::<Namespace>::all(admin.clone()).create(&PostParams::default(), &namespace).await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), &ns);
     for (mode, host_network) in [("Deployment", false), ("DaemonSet", false), ("Deployment", true)] {
-        let cr: crds::CloudControllerManager = serde_json::from_value(json!({
+        let cr = json!({
             "apiVersion": "ccm.rs/v1alpha1", "kind": "CloudControllerManager",
             "metadata": {"name": "psa", "namespace": ns, "uid": "u1"},
             "spec": {"provider": "fake", "mode": mode, "clusterCIDR": "10.244.0.0/16", "cloudConfig": {"secretRef": {"name": "cfg"}},
                      "deployment": {"hostNetwork": host_network}},
-        }))
-        .unwrap();
-        let secret = operator::validate::SecretState::Found {
-            name: "cfg".into(),
-            key: "cloud.conf".into(),
-            data: b"autoInstances: true\n".to_vec(),
-        };
-        let validation = operator::validate::validate(&cr, &secret, &operator::providers::builtin_registry(), &[]);
-        let operator::validate::Validation::Valid(validated) = validation else { panic!("{validation:?}") };
-        let template = build::build(&cr, &validated, &BuildSettings::default())
+        });
+        let template = crate::kit::operator_children(cr, &BuildSettings::default())
             .into_iter()
             .find_map(|o| match o {
                 Desired::Deployment(d) => d.spec.map(|s| s.template),

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::kit::{eventually, eventually_within, ingress};
+use crate::kit::{eventually, eventually_within, healthz, ingress};
 use ccm_framework::controller::Controller;
 use ccm_framework::controllers::service::ServiceController;
 use ccm_framework::engine::{EngineBuilder, RunningEngine};
@@ -127,43 +127,12 @@ async fn holding_backend(addr: SocketAddr) {
     });
 }
 
-/// A nodePort stand-in that greets, then echoes.
-async fn greeting_backend(addr: SocketAddr) {
-    let listener = TcpListener::bind(addr).await.expect("bind backend");
-    tokio::spawn(async move {
-        while let Ok((mut stream, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let _ = stream.write_all(b"other\n").await;
-                let mut buf = [0u8; 256];
-                while let Ok(n) = stream.read(&mut buf).await {
-                    if n == 0 || stream.write_all(&buf[..n]).await.is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-}
-
 async fn udp_echo(addr: SocketAddr) {
     let socket = UdpSocket::bind(addr).await.expect("bind udp backend");
     tokio::spawn(async move {
         let mut buf = vec![0u8; 2048];
         while let Ok((n, peer)) = socket.recv_from(&mut buf).await {
             let _ = socket.send_to(&buf[..n], peer).await;
-        }
-    });
-}
-
-async fn healthz(addr: SocketAddr) {
-    let listener = TcpListener::bind(addr).await.expect("bind healthz");
-    tokio::spawn(async move {
-        while let Ok((mut stream, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buf = [0u8; 512];
-                let _ = stream.read(&mut buf).await;
-                let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok").await;
-            });
         }
     });
 }
@@ -279,7 +248,7 @@ e2e_apiserver::backend_tests! {
         let node_ip = ip(b, 0, 1);
         holding_backend(SocketAddr::new(node_ip, node_port(0))).await;
         udp_echo(SocketAddr::new(node_ip, node_port(1))).await;
-        greeting_backend(SocketAddr::new(node_ip, node_port(2))).await;
+        crate::kit::greeting_backend("other", SocketAddr::new(node_ip, node_port(2))).await;
         udp_echo(SocketAddr::new(node_ip, node_port(3))).await;
         healthz(SocketAddr::new(node_ip, HEALTH_PORT)).await;
         create_node(&Api::all(cluster.client()), &format!("n{b}-a"), node_ip).await;

@@ -11,7 +11,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::kit::{eventually, ingress};
+use crate::kit::{eventually, healthz, ingress};
 use ccm_framework::controllers::service::ServiceController;
 use ccm_framework::engine::testing::{RunningController, run_controller};
 use ccm_framework::options::ControllerOptions;
@@ -21,8 +21,8 @@ use e2e_apiserver::TestCluster;
 use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeSpec, NodeStatus, Service, ServicePort, ServiceSpec};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
 
 const HEALTH_PORT: u16 = 31256;
 
@@ -99,40 +99,6 @@ async fn wait_for_ingress(services: &Api<Service>, name: &str) -> (String, Optio
     .await
 }
 
-/// A stand-in for a Node's nodePort: greets with the Node name, then echoes.
-async fn backend(name: &str, addr: SocketAddr) {
-    let listener = TcpListener::bind(addr).await.expect("bind backend");
-    let name = name.to_string();
-    tokio::spawn(async move {
-        while let Ok((mut stream, _)) = listener.accept().await {
-            let name = name.clone();
-            tokio::spawn(async move {
-                let _ = stream.write_all(format!("{name}\n").as_bytes()).await;
-                let mut buf = [0u8; 1024];
-                while let Ok(n) = stream.read(&mut buf).await {
-                    if n == 0 || stream.write_all(&buf[..n]).await.is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-}
-
-/// A stand-in for kube-proxy's health endpoint, always healthy.
-async fn healthz(addr: SocketAddr) {
-    let listener = TcpListener::bind(addr).await.expect("bind healthz");
-    tokio::spawn(async move {
-        while let Ok((mut stream, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buf = [0u8; 512];
-                let _ = stream.read(&mut buf).await;
-                let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok").await;
-            });
-        }
-    });
-}
-
 async fn greeting(addr: SocketAddr) -> Option<(String, BufReader<TcpStream>)> {
     let stream = tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(addr)).await.ok()?.ok()?;
     let mut reader = BufReader::new(stream);
@@ -167,7 +133,7 @@ async fn two_nodes(cluster: &TestCluster, block: u8, node_ports: &[u16]) {
     for (suffix, host) in [("a", 1), ("b", 2)] {
         let name = format!("n{block}-{suffix}");
         for port in node_ports {
-            backend(&name, SocketAddr::new(ip(block, host), *port)).await;
+            crate::kit::greeting_backend(&name, SocketAddr::new(ip(block, host), *port)).await;
         }
         healthz(SocketAddr::new(ip(block, host), HEALTH_PORT)).await;
         create_node(&nodes, &node(&name, ip(block, host))).await;
@@ -293,7 +259,7 @@ e2e_apiserver::backend_tests! {
         two_nodes(&cluster, b, &[np]).await;
         // Where node a's address moves to, greeting with another name.
         let moved = format!("n{b}-a-moved");
-        super::backend(&moved, SocketAddr::new(ip(b, 3), np)).await;
+        crate::kit::greeting_backend(&moved, SocketAddr::new(ip(b, 3), np)).await;
         healthz(SocketAddr::new(ip(b, 3), HEALTH_PORT)).await;
         let running = start(&cluster, provider(&config(b, ""))).await;
         services.create(&PostParams::default(), &service("web", &[(80, np)])).await.unwrap();
@@ -327,7 +293,7 @@ e2e_apiserver::backend_tests! {
         let nodes: Api<Node> = Api::all(cluster.client());
         for (suffix, host) in [("a", 1), ("b", 2)] {
             let name = format!("n{b}-{suffix}");
-            super::backend(&name, SocketAddr::new(ip(b, host), np)).await;
+            crate::kit::greeting_backend(&name, SocketAddr::new(ip(b, host), np)).await;
             create_node(&nodes, &node(&name, ip(b, host))).await;
         }
         let running = start(&cluster, provider(&config(b, ""))).await;
