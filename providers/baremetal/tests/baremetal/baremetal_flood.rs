@@ -11,7 +11,7 @@
 //! hosts (the sources share the test's own CPU), or a flood larger than the open-file limit of
 //! this process allows (10,000 client sockets plus the proxy's fit in it).
 //!
-//! Run with `-- --nocapture` to see the numbers.
+//! It prints its numbers past the output capture, so a passing run in CI shows them too.
 
 #![cfg(feature = "datapath")]
 
@@ -19,6 +19,15 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+
+/// Prints past libtest's output capture (which takes `eprintln!`), so that CI shows the flood's
+/// numbers for a passing run too.
+macro_rules! report {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
 
 use crate::kit::{eventually, eventually_within, healthz, ingress};
 use ccm_framework::controller::Controller;
@@ -239,7 +248,7 @@ e2e_apiserver::backend_tests! {
         let _one = ONE_FLOOD_AT_A_TIME.lock().await;
         // 10,000 client sockets and the proxy's own need more than a default soft limit of 1024.
         let limits = ccm_framework::process::raise_open_file_limit();
-        eprintln!("open-file limit of the test process (soft before, after): {limits:?}");
+        report!("open-file limit of the test process (soft before, after): {limits:?}");
         let cluster = TestCluster::start(backend).await.unwrap();
         let b = if cluster.is_genuine() { 145 } else { 45 };
         let node_port = |i: u16| 30000 + u16::from(b) * 10 + i;
@@ -404,24 +413,24 @@ e2e_apiserver::backend_tests! {
         let (udp_p50, udp_max) = spread(ok(&seen.udp_probes));
         let (livez_p50, livez_max) = spread(ok(&seen.livez));
         let max_gap = seen.renewals.windows(2).map(|w| w[1] - w[0]).max().unwrap_or_default();
-        eprintln!(
+        report!(
             "flood ({}): {} TCP connections ({tcp_failed} failed to connect) and {udp_sent} UDP sources in {flood_time:?}",
             if cluster.is_genuine() { "genuine" } else { "local" },
             tcp_streams.len()
         );
-        eprintln!(
+        report!(
             "TCP: held at most {} on the listener (cap {TCP_PER_LISTENER}), {} in the data path (cap {TCP_TOTAL}); {opened_tcp} forwarded, {refused_tcp} refused at the listener cap, {refused_tcp_total} at the total",
             seen.max_tcp_listener, seen.max_tcp_total
         );
-        eprintln!(
+        report!(
             "UDP: at most {} sessions on the listener (cap {UDP_PER_LISTENER}), {} in the data path (cap {UDP_TOTAL}); {opened_udp} sessions opened, {evicted} evicted, {refused_udp} refused",
             seen.max_udp_listener, seen.max_udp_total
         );
-        eprintln!(
+        report!(
             "other Service during the flood: TCP round trip median {tcp_p50:?} max {tcp_max:?} ({} of {} ok), UDP median {udp_p50:?} max {udp_max:?} ({} of {} ok)",
             ok(&seen.tcp_probes).len(), seen.tcp_probes.len(), ok(&seen.udp_probes).len(), seen.udp_probes.len()
         );
-        eprintln!(
+        report!(
             "/livez during the flood: median {livez_p50:?} max {livez_max:?} ({} of {} ok); Lease renewed {} times, longest gap {max_gap:?}, leading throughout: {}",
             ok(&seen.livez).len(), seen.livez.len(), seen.renewals.len(), seen.always_leading
         );
@@ -462,7 +471,7 @@ e2e_apiserver::backend_tests! {
         })
         .await;
         let idle_closed = metric(&engine.metrics().encode(), &idle_series);
-        eprintln!("idle timeout ({TCP_IDLE:?}): {idle_closed} flood connections closed, listener holds 0");
+        report!("idle timeout ({TCP_IDLE:?}): {idle_closed} flood connections closed, listener holds 0");
         assert!(idle_closed >= TCP_PER_LISTENER as u64);
         drop(tcp_streams);
         engine.stop().await.unwrap();
