@@ -50,6 +50,18 @@ fn refusal(what: &str, result: Result<(), kube::Error>) -> String {
     }
 }
 
+/// The refusal of `object` (a dry run as `client`), retried while it is admitted: the API
+/// server loads each new policy and binding on its own, and under load that takes a while.
+async fn refused_once_loaded(client: &Client, object: &Value, what: &str) -> String {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        match dry_run(client, object).await {
+            Ok(()) if tokio::time::Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(250)).await,
+            result => return refusal(what, result),
+        }
+    }
+}
+
 /// What the operator builds for a resource in `namespace` in `mode`, as JSON objects.
 fn operator_objects(namespace: &str, mode: &str, settings: &BuildSettings) -> Vec<Value> {
     let cr = json!({
@@ -123,21 +135,14 @@ async fn chart_admission_policy_admits_what_the_operator_builds_and_refuses_what
     let role = deployment_mode.iter().find(|o| o["kind"] == "Role").expect("a Role").clone();
     let binding = deployment_mode.iter().find(|o| o["kind"] == "RoleBinding").expect("a RoleBinding").clone();
 
-    // The API server's policy informer takes a moment to load new policies: wait until the first
-    // crafted request is refused (bounded), then check the rest at once.
+    // Wait until the workloads policy is loaded (bounded).
     let privileged = edited(&deployment, |d| {
         let sc = &mut d["spec"]["template"]["spec"]["containers"][0]["securityContext"];
         // The API server's own validation refuses privileged without privilege escalation.
         sc["privileged"] = json!(true);
         sc["allowPrivilegeEscalation"] = json!(true);
     });
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let message = loop {
-        match dry_run(&operator_client, &privileged).await {
-            Ok(()) if tokio::time::Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(250)).await,
-            result => break refusal("a privileged manager container", result),
-        }
-    };
+    let message = refused_once_loaded(&operator_client, &privileged, "a privileged manager container").await;
     assert!(message.contains("securityContext.privileged"), "{message}");
 
     // Everything the operator builds is admitted as its ServiceAccount: Deployment mode applied
@@ -146,9 +151,18 @@ async fn chart_admission_policy_admits_what_the_operator_builds_and_refuses_what
     let mut in_order = deployment_mode.clone();
     in_order.sort_by_key(|o| o["kind"] != "Role");
     for object in &in_order {
-        apply_as(&operator_client, object).await.unwrap_or_else(|e| {
-            panic!("the policy refused the operator's own {} {}: {e}", object["kind"], object["metadata"]["name"])
-        });
+        // Retried as the operator's reconciles are: RBAC checks a binding against its Role through
+        // the API server's informer cache, which may not hold the Role created a moment ago.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while let Err(e) = apply_as(&operator_client, object).await {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the operator's own {} {} was not admitted: {e}",
+                object["kind"],
+                object["metadata"]["name"]
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
     }
     for object in &operator_objects(&managers, "DaemonSet", &settings) {
         dry_run(&operator_client, object).await.unwrap_or_else(|e| {
@@ -222,7 +236,7 @@ async fn chart_admission_policy_admits_what_the_operator_builds_and_refuses_what
         ),
     ];
     for (what, object, field) in &crafted {
-        let message = refusal(what, dry_run(&operator_client, object).await);
+        let message = refused_once_loaded(&operator_client, object, what).await;
         assert!(message.contains(field), "{what}: the refusal should name {field}: {message}");
     }
     // The policies bind the operator's requests only: the cluster admin is not bound by them.
