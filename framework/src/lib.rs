@@ -24,6 +24,7 @@ pub mod provider;
 pub mod registry;
 pub mod safe_yaml;
 pub mod serving;
+pub mod shadow;
 pub mod status;
 #[cfg(test)]
 mod test_log;

@@ -54,6 +54,9 @@ pub struct ControllerOptions {
     /// `--load-balancer-resync-period` (addition): periodic re-ensure of every load balancer to
     /// repair cloud-side drift; `None` (upstream) never re-ensures.
     pub load_balancer_resync_period: Option<Duration>,
+    /// `--shadow` (addition): the record every controller compares into instead of acting;
+    /// `None` (the default) acts. See [`crate::shadow`].
+    pub shadow: Option<crate::shadow::Shadow>,
 }
 
 impl Default for ControllerOptions {
@@ -76,6 +79,7 @@ impl Default for ControllerOptions {
             node_deletion_grace_period: Duration::ZERO,
             load_balancer_class: None,
             load_balancer_resync_period: None,
+            shadow: None,
         }
     }
 }

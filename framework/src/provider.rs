@@ -54,6 +54,13 @@ pub enum CloudError {
     /// The cloud-config is invalid. The message must never quote the config's content.
     #[error("invalid cloud-config: {0}")]
     InvalidConfig(String),
+    /// The manager runs in shadow mode and refused a call that would change the cloud
+    /// ([`CallKind::Mutating`]); it never reached the provider.
+    #[error("{call} refused: the manager runs in shadow mode and makes no mutating cloud calls")]
+    RefusedInShadowMode {
+        /// The refused call.
+        call: Call,
+    },
     /// Anything else.
     #[error("{0}")]
     Other(String),
@@ -84,9 +91,131 @@ impl CloudError {
             CloudError::Unauthorized(_) => "unauthorized",
             CloudError::Unavailable(_) => "unavailable",
             CloudError::InvalidConfig(_) => "invalid_config",
+            CloudError::RefusedInShadowMode { .. } => "refused_in_shadow_mode",
             CloudError::Other(_) => "other",
         }
     }
+}
+
+/// Every call of the provider traits, so a provider can say which of them only read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Call {
+    /// [`CloudProvider::initialize`].
+    Initialize,
+    /// [`CloudProvider::health`].
+    Health,
+    /// [`Instances::instance_exists`] and its batch form.
+    InstanceExists,
+    /// [`Instances::instance_shutdown`] and its batch form.
+    InstanceShutdown,
+    /// [`Instances::instance_metadata`] and its batch form.
+    InstanceMetadata,
+    /// [`LoadBalancer::get_load_balancer`].
+    GetLoadBalancer,
+    /// [`LoadBalancer::ensure_load_balancer`].
+    EnsureLoadBalancer,
+    /// [`LoadBalancer::update_load_balancer`].
+    UpdateLoadBalancer,
+    /// [`LoadBalancer::ensure_load_balancer_deleted`].
+    EnsureLoadBalancerDeleted,
+    /// [`Routes::list_routes`].
+    ListRoutes,
+    /// [`Routes::create_route`].
+    CreateRoute,
+    /// [`Routes::delete_route`].
+    DeleteRoute,
+    /// [`Zones::zone_by_provider_id`].
+    ZoneByProviderId,
+    /// [`Zones::zone_by_node_name`].
+    ZoneByNodeName,
+    /// [`Clusters::list_clusters`].
+    ListClusters,
+    /// [`Clusters::master`].
+    Master,
+}
+
+impl Call {
+    /// Every call, in declaration order.
+    pub const ALL: [Call; 16] = [
+        Call::Initialize,
+        Call::Health,
+        Call::InstanceExists,
+        Call::InstanceShutdown,
+        Call::InstanceMetadata,
+        Call::GetLoadBalancer,
+        Call::EnsureLoadBalancer,
+        Call::UpdateLoadBalancer,
+        Call::EnsureLoadBalancerDeleted,
+        Call::ListRoutes,
+        Call::CreateRoute,
+        Call::DeleteRoute,
+        Call::ZoneByProviderId,
+        Call::ZoneByNodeName,
+        Call::ListClusters,
+        Call::Master,
+    ];
+
+    /// The trait method's name, as in `cloudprovider_api_requests_total{method}`.
+    pub fn method(self) -> &'static str {
+        match self {
+            Call::Initialize => "initialize",
+            Call::Health => "health",
+            Call::InstanceExists => "instance_exists",
+            Call::InstanceShutdown => "instance_shutdown",
+            Call::InstanceMetadata => "instance_metadata",
+            Call::GetLoadBalancer => "get_load_balancer",
+            Call::EnsureLoadBalancer => "ensure_load_balancer",
+            Call::UpdateLoadBalancer => "update_load_balancer",
+            Call::EnsureLoadBalancerDeleted => "ensure_load_balancer_deleted",
+            Call::ListRoutes => "list_routes",
+            Call::CreateRoute => "create_route",
+            Call::DeleteRoute => "delete_route",
+            Call::ZoneByProviderId => "zone_by_provider_id",
+            Call::ZoneByNodeName => "zone_by_node_name",
+            Call::ListClusters => "list_clusters",
+            Call::Master => "master",
+        }
+    }
+
+    /// What the traits' contract says the call does: lookups read; ensure, update, create and
+    /// delete change the cloud. `initialize` counts as mutating because it may spawn tasks
+    /// that act (a provider whose initialize only prepares reads overrides
+    /// [`CloudProvider::call_kind`]).
+    pub fn default_kind(self) -> CallKind {
+        match self {
+            Call::Health
+            | Call::InstanceExists
+            | Call::InstanceShutdown
+            | Call::InstanceMetadata
+            | Call::GetLoadBalancer
+            | Call::ListRoutes
+            | Call::ZoneByProviderId
+            | Call::ZoneByNodeName
+            | Call::ListClusters
+            | Call::Master => CallKind::Read,
+            Call::Initialize
+            | Call::EnsureLoadBalancer
+            | Call::UpdateLoadBalancer
+            | Call::EnsureLoadBalancerDeleted
+            | Call::CreateRoute
+            | Call::DeleteRoute => CallKind::Mutating,
+        }
+    }
+}
+
+impl fmt::Display for Call {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.method())
+    }
+}
+
+/// Whether a call only reads the cloud. Shadow mode lets only reads through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CallKind {
+    /// Reads, with no effect on the cloud or the cluster.
+    Read,
+    /// Changes the cloud (or may: anything with side effects).
+    Mutating,
 }
 
 /// Well-known reasons for [`Health::Unhealthy`], defined with every other condition reason in
@@ -214,6 +343,13 @@ pub trait CloudProvider: Send + Sync + 'static {
     /// Cluster listing; no generic controller calls it.
     fn clusters(&self) -> Option<&dyn Clusters> {
         None
+    }
+
+    /// Whether `call` only reads. The default follows the traits' meaning
+    /// ([`Call::default_kind`]); a provider whose lookup has side effects (it tags, caches in
+    /// the cloud, ...) says [`CallKind::Mutating`] for it, and shadow mode then refuses it.
+    fn call_kind(&self, call: Call) -> CallKind {
+        call.default_kind()
     }
 
     /// Whether the provider has the cluster ID it needs (upstream's `HasClusterID`).
@@ -491,6 +627,22 @@ mod tests {
         let name = default_load_balancer_name(&svc);
         assert_eq!(name, "a8f2c1b9e3c4d4e5f9a8b7c6d5e4f3a2");
         assert_eq!(name.len(), 32);
+    }
+
+    #[test]
+    fn lookups_are_reads_and_ensure_update_create_delete_are_mutating_by_default() {
+        use Call::*;
+        for call in [Health, InstanceExists, InstanceShutdown, InstanceMetadata, GetLoadBalancer, ListRoutes] {
+            assert_eq!(call.default_kind(), CallKind::Read, "{call}");
+        }
+        for call in
+            [Initialize, EnsureLoadBalancer, UpdateLoadBalancer, EnsureLoadBalancerDeleted, CreateRoute, DeleteRoute]
+        {
+            assert_eq!(call.default_kind(), CallKind::Mutating, "{call}");
+        }
+        let refused = CloudError::RefusedInShadowMode { call: EnsureLoadBalancer };
+        assert_eq!(refused.kind(), "refused_in_shadow_mode");
+        assert!(refused.to_string().contains("ensure_load_balancer"), "{refused}");
     }
 
     #[test]

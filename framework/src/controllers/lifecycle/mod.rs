@@ -7,6 +7,7 @@
 //! with a bounded number in flight.
 
 pub mod logic;
+mod shadow;
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -26,6 +27,8 @@ use crate::health::HealthHandle;
 use crate::provider::{CloudError, CloudResult, Instances};
 
 use self::logic::{AbsenceTracker, Action, NodeKey};
+use self::shadow::ShadowPass;
+use crate::shadow::driver::Comparer;
 
 /// Canonical controller name (also the event component and the field manager).
 pub const NAME: &str = crds::controllers::Controller::CloudNodeLifecycle.name();
@@ -72,10 +75,11 @@ impl Controller for LifecycleController {
             return Ok(());
         }
         let mut tracker = AbsenceTracker::new();
+        let comparer = crate::shadow::driver::Comparer::from_context(&ctx, NAME);
         loop {
             tokio::select! {
                 _ = ctx.shutdown.cancelled() => return Ok(()),
-                _ = monitor_pass(&ctx, &mut tracker) => {}
+                _ = monitor_pass(&ctx, &mut tracker, comparer.as_ref()) => {}
             }
             tokio::select! {
                 _ = ctx.shutdown.cancelled() => return Ok(()),
@@ -103,8 +107,20 @@ fn reference(node: &Node) -> ObjectReference {
     }
 }
 
-/// One pass over every cached Node.
-pub(crate) async fn monitor_pass(ctx: &Context, tracker: &mut AbsenceTracker) {
+/// One pass over every cached Node. In shadow mode (`comparer`) every write it would make is
+/// recorded as a difference instead.
+pub(crate) async fn monitor_pass(ctx: &Context, tracker: &mut AbsenceTracker, comparer: Option<&Comparer>) {
+    match comparer {
+        None => decide_and_act(ctx, tracker, None).await,
+        Some(comparer) => {
+            let mut plan = ShadowPass::default();
+            decide_and_act(ctx, tracker, Some(&mut plan)).await;
+            plan.commit(ctx, comparer);
+        }
+    }
+}
+
+async fn decide_and_act(ctx: &Context, tracker: &mut AbsenceTracker, mut shadow: Option<&mut ShadowPass>) {
     let Some(instances) = ctx.provider.instances() else { return };
     let api: Api<Node> = Api::all(ctx.client.clone());
     let mut untaint = Vec::new();
@@ -121,6 +137,11 @@ pub(crate) async fn monitor_pass(ctx: &Context, tracker: &mut AbsenceTracker) {
     tracker.retain(|k| not_ready.contains(k));
 
     let api_ref = &api;
+    if let Some(plan) = shadow.as_mut() {
+        for node in std::mem::take(&mut untaint) {
+            plan.add(node, shadow::remove_shutdown_taint());
+        }
+    }
     stream::iter(untaint)
         .for_each_concurrent(WRITES_IN_FLIGHT, |node| async move {
             if let Err(e) = patch_taints(api_ref, &node, TaintChange::RemoveShutdown).await {
@@ -141,7 +162,12 @@ pub(crate) async fn monitor_pass(ctx: &Context, tracker: &mut AbsenceTracker) {
     for (node, result) in check.iter().zip(exists) {
         match result {
             // L3: an error changes nothing (and does not reset a running grace period).
-            Err(e) => tracing::warn!(node = %node.name_any(), error = %e, "instance existence check failed"),
+            Err(e) => {
+                tracing::warn!(node = %node.name_any(), error = %e, "instance existence check failed");
+                if let Some(plan) = shadow.as_mut() {
+                    plan.unknown.insert(node.name_any());
+                }
+            }
             Ok(true) => {
                 tracker.present(&key(node));
                 existing.push(node.clone());
@@ -156,6 +182,11 @@ pub(crate) async fn monitor_pass(ctx: &Context, tracker: &mut AbsenceTracker) {
         }
     }
 
+    if let Some(plan) = shadow.as_mut() {
+        for node in std::mem::take(&mut delete) {
+            plan.add(node, shadow::delete_node());
+        }
+    }
     let tracker_deleted: Vec<NodeKey> = stream::iter(delete)
         .map(|node| async move { delete_node(ctx, api_ref, &node).await.then(|| key(&node)) })
         .buffer_unordered(WRITES_IN_FLIGHT)
@@ -170,7 +201,8 @@ pub(crate) async fn monitor_pass(ctx: &Context, tracker: &mut AbsenceTracker) {
         return;
     }
     let shutdown = batched(instances, &existing, size, Check::Shutdown).await;
-    let to_taint: Vec<Arc<Node>> = existing
+    let mut unknown = Vec::new();
+    let mut to_taint: Vec<Arc<Node>> = existing
         .into_iter()
         .zip(shutdown)
         .filter_map(|(node, result)| match result {
@@ -178,10 +210,17 @@ pub(crate) async fn monitor_pass(ctx: &Context, tracker: &mut AbsenceTracker) {
             Ok(_) => None,
             Err(e) => {
                 tracing::warn!(node = %node.name_any(), error = %e, "instance shutdown check failed");
+                unknown.push(node.name_any());
                 None
             }
         })
         .collect();
+    if let Some(plan) = shadow.as_mut() {
+        plan.unknown.extend(unknown);
+        for node in std::mem::take(&mut to_taint) {
+            plan.add(node, shadow::add_shutdown_taint());
+        }
+    }
     stream::iter(to_taint)
         .for_each_concurrent(WRITES_IN_FLIGHT, |node| async move {
             if let Err(e) = patch_taints(api_ref, &node, TaintChange::AddShutdown).await {

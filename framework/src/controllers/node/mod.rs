@@ -8,8 +8,10 @@
 //! one JSON patch for labels, providerID and the taint (guarded by `test` operations on the
 //! taint being removed) and one merge patch of `status.addresses` on the status subresource.
 
+pub mod diff;
 pub mod logic;
 pub mod queue;
+mod shadow;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -134,6 +136,10 @@ impl Controller for NodeController {
                 "cloud provider does not support instances; {NAME} stays idle"
             );
             ctx.shutdown.cancelled().await;
+            return Ok(());
+        }
+        if let Some(comparer) = crate::shadow::driver::Comparer::from_context(&ctx, NAME) {
+            shadow::run(ctx, comparer).await;
             return Ok(());
         }
         let metrics = NodeMetrics::register(&ctx.metrics);

@@ -6,6 +6,7 @@
 //! `--route-reconciliation-period`, shortly after relevant Node changes, and, when an operation
 //! failed, again after a backoff instead of waiting for the next period.
 
+pub mod diff;
 pub mod logic;
 
 use std::collections::BTreeMap;
@@ -26,6 +27,8 @@ use crate::cache::Change;
 use crate::controller::{Context, Controller};
 use crate::health::HealthHandle;
 use crate::provider::{Route, Routes};
+use crate::shadow::ObjectKey;
+use crate::shadow::driver::Comparer;
 
 use logic::{Action, Plan};
 
@@ -62,6 +65,26 @@ pub struct PassOutcome {
     pub conditions_written: usize,
 }
 
+/// Shadow mode: record what the pass would do, object by object, and close the pass.
+fn record_shadow(comparer: &Comparer, plan: &Plan, nodes: &[Arc<Node>]) {
+    let mut found = diff::differences(plan, nodes.iter().map(|n| n.as_ref()));
+    let by_name: BTreeMap<String, &Arc<Node>> = nodes.iter().map(|n| (n.name_any(), n)).collect();
+    for node in nodes {
+        let key = ObjectKey::node(node.name_any());
+        let differences = found.remove(&key).unwrap_or_default();
+        comparer.record(key, Some(node_ref(node)), differences);
+    }
+    let mut routes = std::collections::BTreeSet::new();
+    for (key, differences) in found {
+        // A route's event goes to its target Node, when there is one.
+        let target = key.name.split_once('/').map(|(t, _)| t.to_string()).unwrap_or_default();
+        routes.insert(key.clone());
+        comparer.record(key, by_name.get(&target).map(|n| node_ref(n)), differences);
+    }
+    // Routes no longer planned are done; Nodes no longer cached are gone.
+    comparer.finish_pass(|k| if k.kind == "Route" { routes.contains(k) } else { by_name.contains_key(&k.name) });
+}
+
 fn node_changed_for_routes(old: &Node, new: &Node) -> bool {
     let cidrs = |n: &Node| n.spec.as_ref().map(|s| (s.pod_cidrs.clone(), s.pod_cidr.clone()));
     let addresses = |n: &Node| n.status.as_ref().and_then(|s| s.addresses.clone());
@@ -76,6 +99,8 @@ fn node_ref(node: &Node) -> ObjectReference {
 struct Reconciler {
     ctx: Context,
     sync_total: Counter,
+    /// Shadow mode: record the plan instead of carrying it out.
+    comparer: Option<Comparer>,
 }
 
 impl Reconciler {
@@ -101,6 +126,11 @@ impl Reconciler {
             logic::plan(&routes, &refs, &self.ctx.options.cluster_cidrs);
         for cidr in unparsable {
             tracing::warn!(%cidr, "ignoring a route whose destination does not parse");
+        }
+        if let Some(comparer) = &self.comparer {
+            let plan = Plan { deletions, creations, actions, deletions_first, unparsable: Vec::new() };
+            record_shadow(comparer, &plan, &nodes);
+            return PassOutcome::default();
         }
         let by_name: BTreeMap<String, &Arc<Node>> = nodes.iter().map(|n| (n.name_any(), n)).collect();
 
@@ -262,7 +292,8 @@ impl Controller for RouteController {
         let mut changes = ctx.nodes.subscribe();
         let sync_total =
             ctx.metrics.get_or_register("route_controller_route_sync", "Route reconcile passes", Counter::default);
-        let reconciler = Reconciler { ctx: ctx.clone(), sync_total };
+        let comparer = Comparer::from_context(&ctx, NAME);
+        let reconciler = Reconciler { ctx: ctx.clone(), sync_total, comparer };
         let period = ctx.options.route_reconciliation_period.max(Duration::from_millis(100));
         tracing::info!(?period, cidrs = ?ctx.options.cluster_cidrs, "route controller started");
         health.set_healthy();

@@ -6,8 +6,10 @@
 //! backoff); Node changes trigger a parallel pass that calls `update_load_balancer` only for
 //! Services whose host set changed, storing each host set before calling the cloud.
 
+pub mod diff;
 pub mod logic;
 pub mod queue;
+mod shadow;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -626,6 +628,11 @@ impl Controller for ServiceController {
         if ctx.provider.load_balancer().is_none() {
             // S24: not an error; the rest of the manager keeps running.
             tracing::info!(provider = %ctx.provider.name(), "provider has no load balancers; service controller not started");
+            return Ok(());
+        }
+        if let Some(comparer) = crate::shadow::driver::Comparer::from_context(&ctx, NAME) {
+            health.set_healthy();
+            shadow::run(ctx, comparer).await;
             return Ok(());
         }
         let class = ctx.options.load_balancer_class.clone().filter(|c| !c.is_empty());
