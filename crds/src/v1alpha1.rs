@@ -171,6 +171,10 @@ pub struct LeaderElection {
     #[serde(default = "default_retry_period", deserialize_with = "go_duration::deserialize")]
     #[schemars(length(max = 32))]
     pub retry_period: Duration,
+    /// Leader migration (upstream's `--enable-leader-migration`): hand controllers over between
+    /// two managers, upstream's or this one, through a second Lease in this namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub migration: Option<LeaderMigration>,
 }
 
 impl Default for LeaderElection {
@@ -179,8 +183,49 @@ impl Default for LeaderElection {
             lease_duration: default_lease_duration(),
             renew_deadline: default_renew_deadline(),
             retry_period: default_retry_period(),
+            migration: None,
         }
     }
+}
+
+/// The most `spec.leaderElection.migration.controllerLeaders` entries.
+pub const MAX_CONTROLLER_LEADERS: usize = 16;
+
+/// Leader migration: the `LeaderMigrationConfiguration` of upstream's
+/// `--leader-migration-config`. Without `leaderName` and `controllerLeaders`, upstream's
+/// default: Lease `cloud-provider-extraction-migration` for `route`, `service` and
+/// `cloud-node-lifecycle`, any component.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaderMigration {
+    /// Turn leader migration on.
+    #[serde(default)]
+    pub enabled: bool,
+    /// Name of the migration Lease, in this namespace (default
+    /// `cloud-provider-extraction-migration`). Every manager taking part must use the same.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = kube::core::Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')").message("leaderName must be a valid Lease name (lowercase letters, digits, '-' and '.')"))]
+    pub leader_name: Option<String>,
+    /// Controllers under migration and the component that runs each (`cloud-controller-manager`
+    /// or `*` for this manager). Controllers not named run under the main Lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    #[x_kube(validation = kube::core::Rule::new("self.all(x, self.exists_one(y, y.name == x.name))").message("controllerLeaders: each name may appear once"))]
+    pub controller_leaders: Option<Vec<ControllerLeader>>,
+}
+
+/// One controller under migration.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ControllerLeader {
+    /// The controller: a name or alias of this manager's controllers, or another component's.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// The component that runs it: `cloud-controller-manager` or `*` (this manager), or
+    /// another (e.g. `kube-controller-manager`: it then does not run here).
+    #[schemars(length(min = 1, max = 253))]
+    pub component: String,
 }
 
 /// Worker counts; each must be at least 1.
@@ -435,6 +480,9 @@ mod cel_tests {
             json!({"provider": "fake", "controllers": ["cloud-node-controller", "-service", "route"]}),
             json!({"provider": "fake", "leaderElection": {"leaseDuration": "137s", "renewDeadline": "107s", "retryPeriod": "26s"}}),
             json!({"provider": "fake", "concurrency": {"nodeSyncs": 1, "serviceSyncs": 1, "routeSyncs": 1}}),
+            json!({"provider": "fake", "leaderElection": {"migration": {"enabled": true}}}),
+            json!({"provider": "fake", "leaderElection": {"migration": {"enabled": true, "leaderName": "moving.example",
+                "controllerLeaders": [{"name": "service", "component": "*"}, {"name": "route", "component": "cloud-controller-manager"}]}}}),
         ] {
             let obj = ccm(spec.clone());
             obj.validate_cel().unwrap_or_else(|e| panic!("{spec} rejected: {e:?}"));
@@ -481,6 +529,23 @@ mod cel_tests {
         assert_rejected(
             json!({"provider": "fake", "leaderElection": {"renewDeadline": "2s", "retryPeriod": "2s"}}),
             "greater than retryPeriod",
+        );
+    }
+
+    #[test]
+    fn m7_a_migration_lease_name_that_is_no_lease_name_is_rejected() {
+        assert_rejected(
+            json!({"provider": "fake", "leaderElection": {"migration": {"enabled": true, "leaderName": "Not_A_Name"}}}),
+            "leaderName must be a valid Lease name",
+        );
+    }
+
+    #[test]
+    fn m7_a_controller_named_twice_in_the_migration_is_rejected() {
+        assert_rejected(
+            json!({"provider": "fake", "leaderElection": {"migration": {"enabled": true,
+                "controllerLeaders": [{"name": "service", "component": "*"}, {"name": "service", "component": "x"}]}}}),
+            "each name may appear once",
         );
     }
 

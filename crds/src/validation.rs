@@ -272,6 +272,35 @@ pub fn validate_spec(spec: &CloudControllerManagerSpec) -> Result<(), InvalidSpe
         );
     }
 
+    if let Some(m) = &le.migration {
+        if let Some(name) = &m.leader_name {
+            errors.string("spec.leaderElection.migration.leaderName", name, limits::NAME);
+            if !name.is_empty() && len(name) <= limits::NAME && !is_dns_subdomain(name) {
+                errors.push(
+                    "spec.leaderElection.migration.leaderName",
+                    messages::cel(
+                        "string",
+                        "leaderName must be a valid Lease name (lowercase letters, digits, '-' and '.')",
+                    ),
+                );
+            }
+        }
+        if let Some(leaders) = &m.controller_leaders {
+            let field = "spec.leaderElection.migration.controllerLeaders";
+            if leaders.len() > crate::v1alpha1::MAX_CONTROLLER_LEADERS {
+                errors.push(field, messages::too_many(leaders.len(), crate::v1alpha1::MAX_CONTROLLER_LEADERS));
+            } else {
+                for (i, l) in leaders.iter().enumerate() {
+                    errors.string(&format!("{field}[{i}].name"), &l.name, limits::NAME);
+                    errors.string(&format!("{field}[{i}].component"), &l.component, limits::NAME);
+                }
+            }
+            if leaders.iter().any(|x| leaders.iter().filter(|y| y.name == x.name).count() != 1) {
+                errors.push(field, messages::cel("array", "controllerLeaders: each name may appear once"));
+            }
+        }
+    }
+
     let min_workers = crate::defaults::MIN_WORKERS;
     for (field, value, min) in [
         ("spec.concurrency.nodeSyncs", spec.concurrency.node_syncs, min_workers),
@@ -320,6 +349,18 @@ pub fn validate_spec(spec: &CloudControllerManagerSpec) -> Result<(), InvalidSpe
         errors.string("spec.cloudConfig.secretRef.key", &src.secret_ref.key, limits::NAME);
     }
     if errors.0.is_empty() { Ok(()) } else { Err(InvalidSpec(errors.0)) }
+}
+
+/// Whether `s` is a DNS-1123 subdomain, as a Lease name must be (the CRD's `leaderName` rule).
+pub fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= limits::NAME
+        && s.split('.').all(|label| {
+            !label.is_empty()
+                && label.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
 }
 
 #[derive(Default)]

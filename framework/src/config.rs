@@ -16,6 +16,7 @@ use crds::validation::parse_cluster_cidrs;
 
 use crate::error::Error;
 use crate::leader::LeaderElectionConfig;
+use crate::leader_migration::LeaderMigrationConfiguration;
 use crate::options::ControllerOptions;
 use crate::status::StatusTarget;
 
@@ -49,6 +50,18 @@ impl Default for LeaderElectionSettings {
     }
 }
 
+/// Where a manager's leader-migration configuration comes from (`--enable-leader-migration`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaderMigrationSource {
+    /// Upstream's default configuration (no `--leader-migration-config`).
+    Default,
+    /// `--leader-migration-config`: a `LeaderMigrationConfiguration` file.
+    File(PathBuf),
+    /// The configuration itself (Embedded mode, which has no files). [`ManagerConfig::to_args`]
+    /// cannot render it: a pod gets it as a [`LeaderMigrationSource::File`].
+    Inline(LeaderMigrationConfiguration),
+}
+
 /// One manager's configuration: every setting the operator derives from a resource.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ManagerConfig {
@@ -73,6 +86,8 @@ pub struct ManagerConfig {
     pub concurrent_route_syncs: usize,
     /// `--leader-elect*`.
     pub leader_election: LeaderElectionSettings,
+    /// `--enable-leader-migration` (and `--leader-migration-config`); `None`: off.
+    pub leader_migration: Option<LeaderMigrationSource>,
     /// `--load-balancer-class`; `None` when empty.
     pub load_balancer_class: Option<String>,
     /// `--secure-port` (0: no endpoint).
@@ -97,6 +112,7 @@ impl Default for ManagerConfig {
             concurrent_service_syncs: defaults::CONCURRENT_SERVICE_SYNCS as usize,
             concurrent_route_syncs: defaults::CONCURRENT_ROUTE_SYNCS as usize,
             leader_election: LeaderElectionSettings::default(),
+            leader_migration: None,
             load_balancer_class: None,
             secure_port: defaults::SECURE_PORT,
             ccm_resource: None,
@@ -144,7 +160,40 @@ impl ManagerConfig {
             crds::validation::leader_election_timings(le.lease_duration, le.renew_deadline, le.retry_period)
                 .map_err(|message| Error::InvalidFlag { flag: "--leader-elect", message })?;
         }
+        self.leader_migration_config()?;
         Ok(())
+    }
+
+    /// The leader-migration configuration to run, read and validated (a file is read here);
+    /// `None` when migration is off. Migration needs leader election, as upstream's does.
+    pub fn leader_migration_config(&self) -> Result<Option<LeaderMigrationConfiguration>, Error> {
+        let Some(source) = &self.leader_migration else { return Ok(None) };
+        if !self.leader_election.enabled {
+            return Err(Error::InvalidFlag {
+                flag: "--enable-leader-migration",
+                message: "leader migration needs leader election; set --leader-elect=true or turn migration off".into(),
+            });
+        }
+        let config = match source {
+            LeaderMigrationSource::Default => LeaderMigrationConfiguration::upstream_default(),
+            LeaderMigrationSource::File(path) => LeaderMigrationConfiguration::read_file(path)
+                .map_err(|message| Error::InvalidFlag { flag: "--leader-migration-config", message })?,
+            LeaderMigrationSource::Inline(config) => {
+                config
+                    .validate()
+                    .map_err(|e| Error::InvalidFlag { flag: "--leader-migration-config", message: e.to_string() })?;
+                config.clone()
+            }
+        };
+        if config.leader_name == self.leader_election.name {
+            return Err(Error::InvalidFlag {
+                flag: "--leader-migration-config",
+                message:
+                    "leaderName must differ from --leader-elect-resource-name: the migration Lease is a second Lease"
+                        .into(),
+            });
+        }
+        Ok(Some(config))
     }
 
     /// The manager's command-line arguments: every field, then [`ManagerConfig::extra_args`].
@@ -171,6 +220,16 @@ impl ManagerConfig {
             format!("--concurrent-service-syncs={}", self.concurrent_service_syncs),
             format!("--concurrent-route-syncs={}", self.concurrent_route_syncs),
         ]);
+        match &self.leader_migration {
+            None => {}
+            Some(LeaderMigrationSource::File(path)) => {
+                args.push("--enable-leader-migration=true".into());
+                args.push(format!("--leader-migration-config={}", path.display()));
+            }
+            Some(LeaderMigrationSource::Default | LeaderMigrationSource::Inline(_)) => {
+                args.push("--enable-leader-migration=true".into())
+            }
+        }
         if let Some(class) = &self.load_balancer_class {
             args.push(format!("--load-balancer-class={class}"));
         }
@@ -273,10 +332,32 @@ mod tests {
         ControllerSelection::parse(&entries).expect("generated entries are known")
     }
 
+    /// A valid `LeaderMigrationConfiguration` file, written once for the whole test binary.
+    fn migration_file() -> PathBuf {
+        static FILE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+        FILE.get_or_init(|| {
+            let path = std::env::temp_dir().join(format!("ccm-leader-migration-{}.yaml", std::process::id()));
+            let config = LeaderMigrationConfiguration {
+                leader_name: "moving".into(),
+                controller_leaders: vec![crate::leader_migration::ControllerLeader::new("service", "*")],
+            };
+            std::fs::write(&path, config.to_yaml()).expect("the temporary directory is writable");
+            path
+        })
+        .clone()
+    }
+
     fn config(g: &mut Gen) -> ManagerConfig {
         let retry = g.duration();
         let renew = retry.mul_f64(1.2) + g.duration();
         let lease = renew + g.duration();
+        let leader_elect = g.bool();
+        let leader_migration = match g.below(3) {
+            _ if !leader_elect => None,
+            0 => None,
+            1 => Some(LeaderMigrationSource::Default),
+            _ => Some(LeaderMigrationSource::File(migration_file())),
+        };
         ManagerConfig {
             provider: g.pick(&["fake", "baremetal", "aws", "my-cloud"]).to_string(),
             cloud_config: g.bool().then(|| PathBuf::from(g.pick(&["/etc/ccm/cloud.conf", "/config/a b.yaml"]))),
@@ -290,13 +371,14 @@ mod tests {
             concurrent_service_syncs: 1 + g.below(100) as usize,
             concurrent_route_syncs: 1 + g.below(100) as usize,
             leader_election: LeaderElectionSettings {
-                enabled: g.bool(),
+                enabled: leader_elect,
                 namespace: g.pick(&["kube-system", "ccm"]).to_string(),
                 name: g.pick(&["cloud-controller-manager", "aws", "bm"]).to_string(),
                 lease_duration: lease,
                 renew_deadline: renew,
                 retry_period: retry,
             },
+            leader_migration,
             load_balancer_class: g.bool().then(|| g.pick(&["example.com/lb", "x"]).to_string()),
             secure_port: g.pick(&["0", "10258", "443"]).parse().expect("a port"),
             ccm_resource: g.bool().then(|| StatusTarget { namespace: "kube-system".into(), name: "aws".into() }),
@@ -349,6 +431,24 @@ mod tests {
         assert!(matches!(bad.check(), Err(Error::InvalidFlag { flag: "--leader-elect", .. })));
         bad.leader_election.enabled = false;
         assert!(bad.check().is_ok());
+    }
+
+    #[test]
+    fn m7_leader_migration_needs_leader_election_and_a_valid_file_naming_the_flag() {
+        let mut config =
+            ManagerConfig { leader_migration: Some(LeaderMigrationSource::Default), ..ManagerConfig::default() };
+        assert_eq!(config.leader_migration_config().unwrap(), Some(LeaderMigrationConfiguration::upstream_default()));
+        config.leader_election.enabled = false;
+        assert!(matches!(config.check(), Err(Error::InvalidFlag { flag: "--enable-leader-migration", .. })));
+        config.leader_election.enabled = true;
+        config.leader_migration = Some(LeaderMigrationSource::File("/nonexistent/migration.yaml".into()));
+        assert!(matches!(config.check(), Err(Error::InvalidFlag { flag: "--leader-migration-config", .. })));
+        let same = LeaderMigrationConfiguration {
+            leader_name: config.leader_election.name.clone(),
+            controller_leaders: Vec::new(),
+        };
+        config.leader_migration = Some(LeaderMigrationSource::Inline(same));
+        assert!(matches!(config.check(), Err(Error::InvalidFlag { flag: "--leader-migration-config", .. })));
     }
 
     #[test]

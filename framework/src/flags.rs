@@ -3,7 +3,7 @@
 //! Names and defaults are upstream's (`k8s.io/cloud-provider` options, controller-manager and
 //! component-base), so a Deployment written for an upstream manager keeps working. Flags
 //! upstream accepts but that have no effect here (profiling, client certificates and
-//! request-header authentication, webhooks, leader migration, ...) are accepted with a warning. Values upstream accepts but that break
+//! request-header authentication, webhooks, ...) are accepted with a warning. Values upstream accepts but that break
 //! the manager (`--concurrent-node-syncs=0`, an unparsable `--cluster-cidr` when routes would
 //! run) are rejected at start. Flags that are not upstream's are listed under "Additions".
 
@@ -15,10 +15,11 @@ use clap::{ArgAction, Parser};
 use crds::controllers::ControllerSelection;
 
 use crate::client::ClientSource;
-use crate::config::{LeaderElectionSettings, ManagerConfig, workers};
+use crate::config::{LeaderElectionSettings, LeaderMigrationSource, ManagerConfig, workers};
 use crate::error::Error;
 use crate::http::{HttpConfig, Tls, TlsFiles};
 use crate::leader::LeaderElectionConfig;
+use crate::leader_migration::LeaderMigrationConfiguration;
 use crate::options::ControllerOptions;
 use crate::provider::CloudProvider;
 use crate::serving::{AuthConfig, AuthSettings, TlsOptions};
@@ -170,11 +171,16 @@ pub struct Flags {
     /// Pause between two attempts to acquire or renew the Lease. Used with leader election only.
     #[arg(long, default_value = "2s", value_parser = parse_duration, value_name = "duration", help_heading = "Leader-election flags")]
     pub leader_elect_retry_period: Duration,
-    /// Controller leader migration. Not supported: ignored with a warning.
+    /// Leader migration (upstream KEP-2436): after the main Lease, take a second Lease (the
+    /// configuration's leaderName, in the main Lease's namespace) and run the controllers the
+    /// configuration assigns to cloud-controller-manager or '*' only while holding it. Needs
+    /// leader election.
     #[arg(long, default_value_t = false, num_args = 0..=1, require_equals = true, default_missing_value = "true",
         value_parser = parse_bool, action = ArgAction::Set, help_heading = "Leader-migration flags")]
     pub enable_leader_migration: bool,
-    /// Leader migration configuration file. Not supported: ignored with a warning.
+    /// A LeaderMigrationConfiguration file (controllermanager.config.k8s.io v1alpha1, v1beta1 or
+    /// v1); empty: upstream's default (Lease cloud-provider-extraction-migration with route,
+    /// service and cloud-node-lifecycle). Used with --enable-leader-migration only.
     #[arg(long, default_value = "", value_name = "string", help_heading = "Leader-migration flags")]
     pub leader_migration_config: String,
 
@@ -414,6 +420,8 @@ pub struct Settings {
     pub options: ControllerOptions,
     /// Leader election, unless `--leader-elect=false`.
     pub leader_election: Option<LeaderElectionConfig>,
+    /// Leader migration (`--enable-leader-migration`), read and validated.
+    pub leader_migration: Option<LeaderMigrationConfiguration>,
     /// `--exit-on-lost-lease`.
     pub exit_on_lost_lease: bool,
     /// `--kubeconfig` and `--master`.
@@ -487,6 +495,11 @@ impl Flags {
                 renew_deadline: self.leader_elect_renew_deadline,
                 retry_period: self.leader_elect_retry_period,
             },
+            leader_migration: match (self.enable_leader_migration, self.leader_migration_config.as_str()) {
+                (false, _) => None,
+                (true, "") => Some(LeaderMigrationSource::Default),
+                (true, path) => Some(LeaderMigrationSource::File(PathBuf::from(path))),
+            },
             load_balancer_class: Some(self.load_balancer_class.clone()).filter(|c| !c.is_empty()),
             secure_port: self.secure_port,
             ccm_resource: match self.ccm_resource.as_str() {
@@ -543,10 +556,11 @@ impl Flags {
             }
             warnings.push("--feature-gates is accepted for compatibility but no gate changes behaviour".into());
         }
-        let mut warn = |flag: &str, why: &str| warnings.push(format!("{flag} is accepted for compatibility but {why}"));
-        if self.enable_leader_migration || !self.leader_migration_config.is_empty() {
-            warn("--enable-leader-migration", "leader migration is not supported; it is ignored");
+        if !self.enable_leader_migration && !self.leader_migration_config.is_empty() {
+            warnings
+                .push("--leader-migration-config has no effect without --enable-leader-migration (as upstream)".into());
         }
+        let mut warn = |flag: &str, why: &str| warnings.push(format!("{flag} is accepted for compatibility but {why}"));
         if !self.profiling || self.contention_profiling {
             warn("--profiling", "has no effect: there are no profiling endpoints");
         }
@@ -573,6 +587,7 @@ impl Flags {
         }
 
         let config = self.manager_config()?;
+        let leader_migration = config.leader_migration_config()?;
         let options = ControllerOptions {
             route_reconciliation_period: non_zero("--route-reconciliation-period", self.route_reconciliation_period)?,
             node_monitor_period: non_zero("--node-monitor-period", self.node_monitor_period)?,
@@ -678,6 +693,7 @@ impl Flags {
             cloud_config: config.cloud_config,
             options,
             leader_election,
+            leader_migration,
             exit_on_lost_lease: self.exit_on_lost_lease,
             client: ClientSource {
                 kubeconfig: Some(self.kubeconfig.clone()).filter(|s| !s.is_empty()),
@@ -938,7 +954,7 @@ mod tests {
             "--profiling=false",
             "--authentication-skip-lookup",
             "--feature-gates=CloudControllerManagerWebhook=true,SomethingElse=false",
-            "--enable-leader-migration",
+            "--leader-migration-config=/etc/migration.yaml",
             "--cert-dir=/var/run/certs",
         ])
         .unwrap();
@@ -950,11 +966,36 @@ mod tests {
             "--profiling",
             "--authentication-skip-lookup",
             "SomethingElse",
-            "--enable-leader-migration",
+            "--leader-migration-config",
             "--cert-dir",
         ] {
             assert!(s.warnings.iter().any(|w| w.contains(flag)), "no warning for {flag}: {:?}", s.warnings);
         }
+    }
+
+    #[test]
+    fn m7_leader_migration_flags_give_upstreams_default_or_the_file_and_need_leader_election() {
+        let s = settings(&["--enable-leader-migration"]).unwrap();
+        assert_eq!(s.leader_migration, Some(LeaderMigrationConfiguration::upstream_default()));
+        assert!(s.warnings.is_empty(), "{:?}", s.warnings);
+        assert!(settings(&[]).unwrap().leader_migration.is_none());
+        let msg = rejected(&["--enable-leader-migration", "--leader-elect=false"], "--enable-leader-migration");
+        assert!(msg.contains("--leader-elect"), "{msg}");
+        rejected(
+            &["--enable-leader-migration", "--leader-migration-config=/nonexistent/m.yaml"],
+            "--leader-migration-config",
+        );
+        let path = std::env::temp_dir().join(format!("ccm-flags-migration-{}.yaml", std::process::id()));
+        std::fs::write(&path, "apiVersion: controllermanager.config.k8s.io/v1alpha1\nkind: LeaderMigrationConfiguration\nleaderName: moving\nresourceLock: leases\ncontrollerLeaders: [{name: cloud-node, component: '*'}]\n").unwrap();
+        let arg = format!("--leader-migration-config={}", path.display());
+        let s = settings(&["--enable-leader-migration", &arg]).unwrap();
+        let m = s.leader_migration.unwrap();
+        assert_eq!(m.leader_name, "moving");
+        assert_eq!(m.placement("cloud-node-controller"), crate::leader_migration::Placement::Migrated);
+        std::fs::write(&path, "apiVersion: controllermanager.config.k8s.io/v1alpha1\nkind: LeaderMigrationConfiguration\nresourceLock: leases\n").unwrap();
+        let msg = rejected(&["--enable-leader-migration", &arg], "--leader-migration-config");
+        assert!(msg.contains("leaderName"), "{msg}");
+        let _ = std::fs::remove_file(&path);
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub mod flags;
 pub mod health;
 pub mod http;
 pub mod leader;
+pub mod leader_migration;
 pub mod metrics;
 pub mod options;
 pub mod process;

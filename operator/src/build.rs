@@ -17,9 +17,10 @@ use k8s_openapi::api::apps::v1::{
     RollingUpdateDaemonSet, RollingUpdateDeployment,
 };
 use k8s_openapi::api::core::v1::{
-    Affinity, Capabilities, Container, ContainerPort, HTTPGetAction, KeyToPath, PodAffinityTerm, PodAntiAffinity,
-    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecretVolumeSource,
-    SecurityContext, ServiceAccount, Toleration, Volume, VolumeMount, WeightedPodAffinityTerm,
+    Affinity, Capabilities, Container, ContainerPort, DownwardAPIProjection, DownwardAPIVolumeFile, HTTPGetAction,
+    KeyToPath, ObjectFieldSelector, PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec,
+    Probe, ProjectedVolumeSource, ResourceRequirements, SeccompProfile, SecretVolumeSource, SecurityContext,
+    ServiceAccount, Toleration, Volume, VolumeMount, VolumeProjection, WeightedPodAffinityTerm,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject};
@@ -241,7 +242,10 @@ pub fn build(cr: &CloudControllerManager, validated: &Validated, settings: &Buil
             role_ref: cluster_role_ref(&settings.manager_namespace_role),
             subjects: Some(vec![subject.clone()]),
         }),
-        Desired::Role(Role { metadata: namespaced_meta(names::own_role_name(&name)), rules: Some(own_rules(&name)) }),
+        Desired::Role(Role {
+            metadata: namespaced_meta(names::own_role_name(&name)),
+            rules: Some(own_rules(&name, crate::validate::migration_lease_name(&cr.spec).as_deref())),
+        }),
         Desired::RoleBinding(RoleBinding {
             metadata: namespaced_meta(names::own_role_name(&name)),
             role_ref: RoleRef {
@@ -342,7 +346,9 @@ pub fn owner_reference(cr: &CloudControllerManager) -> OwnerReference {
 /// name. (Creating the Lease cannot be narrowed by name; the chart's namespace ClusterRole
 /// grants that.) The operator may create this Role because it holds the same rights in the
 /// namespace (the API server refuses to grant what the granter lacks).
-pub fn own_rules(cr_name: &str) -> Vec<PolicyRule> {
+///
+/// With leader migration, the Lease rule also names the migration Lease (`migration_lease`).
+pub fn own_rules(cr_name: &str, migration_lease: Option<&str>) -> Vec<PolicyRule> {
     let rule = |group: &str, resource: &str, verbs: &[&str]| PolicyRule {
         api_groups: Some(vec![group.into()]),
         resources: Some(vec![resource.into()]),
@@ -350,9 +356,14 @@ pub fn own_rules(cr_name: &str) -> Vec<PolicyRule> {
         verbs: verbs.iter().map(|v| (*v).to_string()).collect(),
         non_resource_urls: None,
     };
+    let mut leases = rule("coordination.k8s.io", "leases", &["get", "update", "patch"]);
+    if let Some(lease) = migration_lease {
+        leases.resource_names.get_or_insert_with(Vec::new).push(lease.into());
+    }
     vec![
-        // Leader election on the Lease named after the resource: read, renew, take over.
-        rule("coordination.k8s.io", "leases", &["get", "update", "patch"]),
+        // Leader election on the Lease named after the resource (and, with leader migration,
+        // on the migration Lease): read, renew, take over.
+        leases,
         // Reading the CloudControllerManager it runs for (--ccm-resource).
         rule(crds::v1alpha1::GROUP, "cloudcontrollermanagers", &["get"]),
         // ProviderHealthy, leader and controllers in its status (server-side apply).
@@ -567,6 +578,39 @@ fn pod_template(
             ..Default::default()
         });
     }
+    if let (Some(ccm_framework::config::LeaderMigrationSource::File(_)), Some(migration)) =
+        (&validated.config.leader_migration, crate::validate::leader_migration_of(&cr.spec).ok().flatten())
+    {
+        // The file comes from this annotation through the downward API: no ConfigMap, so the
+        // operator needs no rights on ConfigMaps, and an edit rolls the pods like any template change.
+        annotations.insert(names::ANNOTATION_LEADER_MIGRATION.to_string(), migration.to_yaml());
+        volumes.push(Volume {
+            name: names::LEADER_MIGRATION_VOLUME.into(),
+            projected: Some(ProjectedVolumeSource {
+                sources: Some(vec![VolumeProjection {
+                    downward_api: Some(DownwardAPIProjection {
+                        items: Some(vec![DownwardAPIVolumeFile {
+                            path: names::LEADER_MIGRATION_FILE.into(),
+                            field_ref: Some(ObjectFieldSelector {
+                                api_version: Some("v1".into()),
+                                field_path: format!("metadata.annotations['{}']", names::ANNOTATION_LEADER_MIGRATION),
+                            }),
+                            ..Default::default()
+                        }]),
+                    }),
+                    ..Default::default()
+                }]),
+                default_mode: Some(0o440),
+            }),
+            ..Default::default()
+        });
+        mounts.push(VolumeMount {
+            name: names::LEADER_MIGRATION_VOLUME.into(),
+            mount_path: names::LEADER_MIGRATION_DIR.into(),
+            read_only: Some(true),
+            ..Default::default()
+        });
+    }
     let node_selector = match (cr.spec.mode, &d.node_selector) {
         (_, Some(sel)) => Some(sel.clone()),
         (Mode::DaemonSet, None) => Some(control_plane_selector()),
@@ -679,6 +723,7 @@ fn pod_template(
 mod tests {
     use super::*;
     use crate::validate::CloudConfigRef;
+    use ccm_framework::leader_migration::LeaderMigrationConfiguration;
     use crds::CloudControllerManagerSpec;
     use serde_json::json;
 
@@ -953,6 +998,43 @@ mod tests {
         let ru = strategy.rolling_update.clone().unwrap();
         assert_eq!((ru.max_surge, ru.max_unavailable), (Some(IntOrString::Int(0)), Some(IntOrString::Int(1))));
         assert!(rollout_completes(3, 1, false, &strategy));
+    }
+
+    #[test]
+    fn m7_migration_renders_the_file_from_an_annotation_through_a_projected_volume_and_allows_its_lease() {
+        let c =
+            cr(json!({"provider": "fake", "leaderElection": {"migration": {"enabled": true, "leaderName": "moving",
+            "controllerLeaders": [{"name": "cloud-node", "component": "*"}, {"name": "service", "component": "*"}]}}}));
+        let objs = build(&c, &validated(&c, None), &BuildSettings::default());
+        let pod = pod_spec(&objs);
+        let args = pod.containers[0].args.clone().unwrap();
+        assert!(args.contains(&"--enable-leader-migration=true".to_string()), "{args:?}");
+        assert!(args.contains(&format!("--leader-migration-config={}", names::leader_migration_path())), "{args:?}");
+        let vol = pod.volumes.clone().unwrap().into_iter().find(|v| v.name == names::LEADER_MIGRATION_VOLUME).unwrap();
+        let item = &vol.projected.unwrap().sources.unwrap()[0].downward_api.clone().unwrap().items.unwrap()[0];
+        assert_eq!(item.path, names::LEADER_MIGRATION_FILE);
+        assert!(restricted_violations(&pod).iter().all(|v| !v.contains("volume")), "{:?}", restricted_violations(&pod));
+        let annotations = deployment(&objs).spec.clone().unwrap().template.metadata.unwrap().annotations.unwrap();
+        let file =
+            LeaderMigrationConfiguration::parse(annotations[names::ANNOTATION_LEADER_MIGRATION].as_bytes()).unwrap();
+        assert_eq!(file.leader_name, "moving");
+        assert_eq!(file.controller_leaders.len(), 2);
+        let role = objs.iter().find_map(|o| if let Desired::Role(r) = o { Some(r.clone()) } else { None }).unwrap();
+        let lease_rule = &role.rules.unwrap()[0];
+        assert_eq!(lease_rule.resource_names.clone().unwrap(), ["aws", "moving"]);
+
+        // Upstream's default: the flag alone, no file, and the default Lease in the Role.
+        let c = cr(json!({"provider": "fake", "leaderElection": {"migration": {"enabled": true}}}));
+        let objs = build(&c, &validated(&c, None), &BuildSettings::default());
+        let args = pod_spec(&objs).containers[0].args.clone().unwrap();
+        assert!(args.contains(&"--enable-leader-migration=true".to_string()));
+        assert!(!args.iter().any(|a| a.starts_with("--leader-migration-config")), "{args:?}");
+        assert!(pod_spec(&objs).volumes.is_none());
+        let role = objs.iter().find_map(|o| if let Desired::Role(r) = o { Some(r.clone()) } else { None }).unwrap();
+        assert_eq!(
+            role.rules.unwrap()[0].resource_names.clone().unwrap(),
+            ["aws", "cloud-provider-extraction-migration"]
+        );
     }
 
     #[test]

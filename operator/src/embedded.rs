@@ -246,9 +246,13 @@ impl Engines {
         let provider = created.as_ref().ok().cloned();
         let built = created.map_err(ccm_framework::Error::from).and_then(|provider| {
             config.check()?;
+            let leader_migration = config.leader_migration_config()?;
             ccm_framework::flags::start_up_checks(&mut options, provider.as_ref(), false)?;
             EngineBuilder::new(self.client.clone(), provider, options)
                 .leader_election(config.leader_election_config(&self.identity))
+                .leader_migration(leader_migration)
+                // Engines of this process may share a migration Lease: one holder identity each.
+                .migration_identity(format!("{}_{namespace}_{name}", self.identity))
                 .identity(self.identity.clone())
                 .on_leader_loss(LeaderLoss::StandBy)
                 .report_status(config.ccm_resource.clone(), STATUS_INTERVAL)

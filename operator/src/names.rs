@@ -43,6 +43,15 @@ pub const CONTAINER_NAME: &str = "cloud-controller-manager";
 pub const CLOUD_CONFIG_DIR: &str = "/etc/kubernetes/cloud-config";
 /// The volume holding the cloud-config.
 pub const CLOUD_CONFIG_VOLUME: &str = "cloud-config";
+/// The pod-template annotation holding the manager's `LeaderMigrationConfiguration` (projected
+/// into the pod as a file by the downward API, so no ConfigMap is needed).
+pub const ANNOTATION_LEADER_MIGRATION: &str = "ccm.rs/leader-migration";
+/// Where the leader-migration file is mounted in the manager pod.
+pub const LEADER_MIGRATION_DIR: &str = "/etc/kubernetes/leader-migration";
+/// The leader-migration file's name in [`LEADER_MIGRATION_DIR`].
+pub const LEADER_MIGRATION_FILE: &str = "config.yaml";
+/// The projected volume of the leader-migration file.
+pub const LEADER_MIGRATION_VOLUME: &str = "leader-migration";
 /// The manager's secure port (upstream default), also its probe port.
 pub const MANAGER_PORT: i32 = crds::defaults::SECURE_PORT as i32;
 
@@ -138,4 +147,9 @@ mod tests {
     fn cluster_role_binding_names_carry_the_namespace() {
         assert_ne!(cluster_role_binding_name("a", "x"), cluster_role_binding_name("b", "x"));
     }
+}
+
+/// The leader-migration file's path in the manager pod (`--leader-migration-config`).
+pub fn leader_migration_path() -> String {
+    format!("{LEADER_MIGRATION_DIR}/{LEADER_MIGRATION_FILE}")
 }

@@ -7,7 +7,8 @@
 
 use std::fmt;
 
-use ccm_framework::config::{LeaderElectionSettings, ManagerConfig, workers};
+use ccm_framework::config::{LeaderElectionSettings, LeaderMigrationSource, ManagerConfig, workers};
+use ccm_framework::leader_migration::{self, ControllerLeader, LeaderMigrationConfiguration, Placement};
 use ccm_framework::registry::{ClusterSettings, Registry, RegistryError};
 use crds::controllers::{Controller, ControllerSelection, route_controller_runs};
 use crds::validation::{parse_cluster_cidrs, validate_spec};
@@ -89,6 +90,10 @@ pub struct Peer {
     pub routes: bool,
     /// `Some(class)` when it runs the service controller; `class` is its `loadBalancerClass`.
     pub services: Option<Option<String>>,
+    /// With leader migration: the migration Lease's name and the controllers it runs under it.
+    /// Two resources in one namespace that migrate a controller under the same Lease never run
+    /// it at once, so it is no conflict.
+    pub migration: Option<(String, Vec<&'static str>)>,
 }
 
 impl Peer {
@@ -116,7 +121,25 @@ impl Peer {
             // route controller blocks the same ones.
             routes: route_controller_runs(&selection, cr.spec.configure_cloud_routes, true),
             services: selection.is_enabled(Controller::ServiceLb).then(|| cr.spec.load_balancer_class.clone()),
+            migration: effective_leader_migration(&cr.spec).map(|m| {
+                let migrated = Controller::ALL
+                    .into_iter()
+                    .filter(|c| m.placement(c.name()) == Placement::Migrated)
+                    .map(Controller::name)
+                    .collect();
+                (m.leader_name, migrated)
+            }),
         })
+    }
+
+    /// Whether `self` and `other` both run `controller` under the same migration Lease.
+    fn both_migrate(&self, other: &Peer, controller: &str) -> bool {
+        match (&self.migration, &other.migration) {
+            (Some((a, ca)), Some((b, cb))) => {
+                self.namespace == other.namespace && a == b && ca.contains(&controller) && cb.contains(&controller)
+            }
+            _ => false,
+        }
     }
 
     /// `namespace/name`.
@@ -134,16 +157,21 @@ impl Peer {
     /// What `self` and `other` would both do, described for a message; empty when nothing.
     fn overlap(&self, other: &Peer) -> Vec<String> {
         let mut out = Vec::new();
-        let nodes: Vec<&str> =
-            self.node_controllers.iter().filter(|c| other.node_controllers.contains(c)).copied().collect();
+        let nodes: Vec<&str> = self
+            .node_controllers
+            .iter()
+            .filter(|c| other.node_controllers.contains(c) && !self.both_migrate(other, c))
+            .copied()
+            .collect();
         if !nodes.is_empty() {
             out.push(format!("both run {}", nodes.join(" and ")));
         }
-        if self.routes && other.routes {
+        if self.routes && other.routes && !self.both_migrate(other, Controller::NodeRoute.name()) {
             out.push(format!("both run {}", Controller::NodeRoute));
         }
         if let (Some(a), Some(b)) = (&self.services, &other.services)
             && a == b
+            && !self.both_migrate(other, Controller::ServiceLb.name())
         {
             out.push(match a {
                 None => "both handle LoadBalancer Services without a loadBalancerClass".to_string(),
@@ -295,7 +323,14 @@ pub fn manager_config(cr: &CloudControllerManager, cloud_config_key: Option<&str
     let namespace = cr.namespace().unwrap_or_default();
     let name = cr.name_any();
     let le = &spec.leader_election;
-    let config = ManagerConfig {
+    let migration_failure = |message: String| failure("spec.leaderElection.migration", message);
+    let leader_migration = match leader_migration_of(spec).map_err(|e| migration_failure(e.to_string()))? {
+        None if le.migration.as_ref().is_some_and(|m| m.enabled) => Some(LeaderMigrationSource::Default),
+        None => None,
+        // Checked below as the binary checks a file; a pod then reads it from its file.
+        Some(m) => Some(LeaderMigrationSource::Inline(m)),
+    };
+    let mut config = ManagerConfig {
         provider: spec.provider.clone(),
         cloud_config: cloud_config_key.map(|key| crate::names::cloud_config_path(key).into()),
         controllers,
@@ -325,16 +360,64 @@ pub fn manager_config(cr: &CloudControllerManager, cloud_config_key: Option<&str
             renew_deadline: le.renew_deadline.into(),
             retry_period: le.retry_period.into(),
         },
+        leader_migration,
         load_balancer_class: spec.load_balancer_class.clone(),
         secure_port: crds::defaults::SECURE_PORT,
         ccm_resource: Some(ccm_framework::status::StatusTarget { namespace, name }),
         extra_args: spec.extra_args.clone(),
     };
     config.check().map_err(|e| match e {
+        ccm_framework::Error::InvalidFlag {
+            flag: "--leader-migration-config" | "--enable-leader-migration",
+            message,
+        } => migration_failure(message),
         ccm_framework::Error::InvalidFlag { message, .. } => failure("spec.leaderElection", message),
         other => failure("spec", other.to_string()),
     })?;
+    if spec.mode != Mode::Embedded && matches!(config.leader_migration, Some(LeaderMigrationSource::Inline(_))) {
+        // The pod reads it from the file projected from its template's annotation (build.rs).
+        config.leader_migration = Some(LeaderMigrationSource::File(crate::names::leader_migration_path().into()));
+    }
     Ok(config)
+}
+
+/// The leader-migration configuration `spec.leaderElection.migration` gives when it names a
+/// `leaderName` or `controllerLeaders` (the rest from upstream's default); `None` when
+/// migration is off or runs upstream's default unchanged (pure).
+pub fn leader_migration_of(
+    spec: &crds::CloudControllerManagerSpec,
+) -> Result<Option<LeaderMigrationConfiguration>, ccm_framework::safe_yaml::DocumentError> {
+    let Some(m) = spec.leader_election.migration.as_ref().filter(|m| m.enabled) else { return Ok(None) };
+    if m.leader_name.is_none() && m.controller_leaders.is_none() {
+        return Ok(None);
+    }
+    let default = LeaderMigrationConfiguration::upstream_default();
+    let config = LeaderMigrationConfiguration {
+        leader_name: m.leader_name.clone().unwrap_or(default.leader_name),
+        controller_leaders: match &m.controller_leaders {
+            Some(list) => list.iter().map(|l| ControllerLeader::new(l.name.clone(), l.component.clone())).collect(),
+            None => default.controller_leaders,
+        },
+    };
+    config.validate()?;
+    Ok(Some(config))
+}
+
+/// The leader-migration configuration a valid spec runs, upstream's default included; `None`
+/// when migration is off (pure).
+pub fn effective_leader_migration(spec: &crds::CloudControllerManagerSpec) -> Option<LeaderMigrationConfiguration> {
+    spec.leader_election.migration.as_ref().filter(|m| m.enabled)?;
+    match leader_migration_of(spec) {
+        Ok(Some(m)) => Some(m),
+        Ok(None) => Some(LeaderMigrationConfiguration::upstream_default()),
+        Err(_) => None,
+    }
+}
+
+/// The migration Lease's name when leader migration is on (pure).
+pub fn migration_lease_name(spec: &crds::CloudControllerManagerSpec) -> Option<String> {
+    let m = spec.leader_election.migration.as_ref().filter(|m| m.enabled)?;
+    Some(m.leader_name.clone().unwrap_or_else(|| leader_migration::DEFAULT_LEADER_NAME.to_string()))
 }
 
 /// Lease names of core components (and of this operator) that no resource may take: the
@@ -377,6 +460,23 @@ pub fn validate(cr: &CloudControllerManager, secret: &SecretState, registry: &Re
     }
     if let Some(failure) = reserved_lease_name(&cr.name_any()) {
         return invalid(vec![failure]);
+    }
+    if let Some(lease) = migration_lease_name(spec) {
+        // The default name exists for this purpose; any other must not be a core component's
+        // Lease, nor another resource's main Lease in this namespace (its Role would then allow
+        // renewing that Lease).
+        let namespace = cr.namespace().unwrap_or_default();
+        let taken = peers.iter().any(|p| p.namespace == namespace && p.name == lease);
+        if lease != leader_migration::DEFAULT_LEADER_NAME && (reserved_lease_name(&lease).is_some() || taken) {
+            return invalid(vec![Failure {
+                reason: reason::RESERVED_NAME,
+                message: format!(
+                    "spec.leaderElection.migration.leaderName {lease:?} is reserved: it is a core component's Lease ({}, or a name starting with {}) or another CloudControllerManager's Lease in this namespace; choose another name",
+                    RESERVED_LEASE_NAMES.join(", "),
+                    RESERVED_LEASE_PREFIXES.join(" or ")
+                ),
+            }]);
+        }
     }
     if spec.mode == Mode::Embedded && !spec.extra_args.is_empty() {
         return invalid(vec![Failure {
@@ -1165,6 +1265,65 @@ mod tests {
         let Validation::Invalid { conflicts_with, failures } = &v else { panic!() };
         assert_eq!(conflicts_with, &["kube-system/old"]);
         assert!(failures[0].message.contains("both run cloud-node-controller"), "{}", failures[0].message);
+    }
+
+    #[test]
+    fn m7_resources_migrating_a_controller_under_one_lease_do_not_conflict_on_it() {
+        let all_four = json!({"enabled": true, "leaderName": "moving", "controllerLeaders": [
+            {"name": "cloud-node", "component": "*"}, {"name": "cloud-node-lifecycle", "component": "*"},
+            {"name": "service", "component": "*"}, {"name": "route", "component": "*"}]});
+        let old = cr("old", 1, json!({"provider": "plain", "leaderElection": {"migration": all_four}}));
+        let new = cr("new", 2, json!({"provider": "plain", "leaderElection": {"migration": all_four}}));
+        let all = peers(&[&old, &new]);
+        assert!(validate(&new, &SecretState::NotReferenced, &registry(), &all).is_valid());
+        // Upstream's default leaves cloud-node-controller under each main Lease: still a conflict.
+        let old = cr("old", 1, json!({"provider": "plain", "leaderElection": {"migration": {"enabled": true}}}));
+        let new = cr("new", 2, json!({"provider": "plain", "leaderElection": {"migration": {"enabled": true}}}));
+        let v = validate(&new, &SecretState::NotReferenced, &registry(), &peers(&[&old, &new]));
+        let Validation::Invalid { failures, .. } = &v else { panic!("{v:?}") };
+        assert!(
+            failures[0].message.contains("both run cloud-node-controller;")
+                || failures[0].message.ends_with("both run cloud-node-controller; this one is not deployed"),
+            "{}",
+            failures[0].message
+        );
+        assert!(!failures[0].message.contains("LoadBalancer"), "{}", failures[0].message);
+        // Different migration Leases guard nothing between them.
+        let other = cr(
+            "other",
+            3,
+            json!({"provider": "plain", "controllers": ["service"], "leaderElection": {"migration": {"enabled": true, "leaderName": "elsewhere"}}}),
+        );
+        let v = validate(&other, &SecretState::NotReferenced, &registry(), &peers(&[&old, &other]));
+        assert_eq!(reason_of(&v), reason::CONFLICT);
+    }
+
+    #[test]
+    fn m7_a_migration_lease_named_like_a_core_components_or_another_resources_lease_is_refused() {
+        for name in ["kube-scheduler", "cloud-controller-manager", "kube-anything", "old"] {
+            let old = cr("old", 1, json!({"provider": "plain"}));
+            let c = cr(
+                "a",
+                2,
+                json!({"provider": "plain", "leaderElection": {"migration": {"enabled": true, "leaderName": name}}}),
+            );
+            let v = validate(&c, &SecretState::NotReferenced, &registry(), &peers(&[&old]));
+            assert_eq!(reason_of(&v), reason::RESERVED_NAME, "{name}");
+            assert!(v.summary().unwrap().1.starts_with("spec.leaderElection.migration.leaderName"), "{v:?}");
+        }
+        let c = cr(
+            "a",
+            2,
+            json!({"provider": "plain", "leaderElection": {"migration": {"enabled": true, "leaderName": "cloud-provider-extraction-migration"}}}),
+        );
+        assert!(validate(&c, &SecretState::NotReferenced, &registry(), &[]).is_valid());
+        let c = cr(
+            "a",
+            2,
+            json!({"provider": "plain", "leaderElection": {"migration": {"enabled": true, "leaderName": "a"}}}),
+        );
+        let v = validate(&c, &SecretState::NotReferenced, &registry(), &[]);
+        assert!(v.summary().unwrap().1.starts_with("spec.leaderElection.migration"), "{v:?}");
     }
 
     #[test]

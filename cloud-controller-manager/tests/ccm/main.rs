@@ -6,6 +6,7 @@
 mod events;
 mod framework;
 mod kit;
+mod leader_migration;
 mod lifecycle_controller;
 mod node_controller;
 mod route_controller;

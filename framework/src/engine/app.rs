@@ -132,6 +132,7 @@ pub async fn run(registry: Registry, mut settings: Settings, shutdown: Cancellat
     let engine = EngineBuilder::new(client, provider, settings.options)
         .event_client(event_client)
         .leader_election(settings.leader_election)
+        .leader_migration(settings.leader_migration)
         .http(http)
         .metrics(metrics)
         .on_leader_loss(on_loss)

@@ -12,6 +12,12 @@
 //! binary exits with status 1, see [`LeaderLoss::Exit`]) or stands by for the next term in the
 //! same process ([`LeaderLoss::StandBy`], the default, for the embedded mode). A graceful stop
 //! releases the Lease after the controllers stopped, so a standby takes over at once.
+//!
+//! Leader migration (upstream M7, [`crate::leader_migration`]): while holding the main Lease,
+//! the engine starts the controllers the configuration does not name, then takes the migration
+//! Lease (same namespace, identity and timings) and starts the migrated ones. Controllers the
+//! configuration gives to another component never start. Losing either Lease ends the term as
+//! losing the main one does; a graceful stop releases both.
 
 pub mod app;
 pub mod instrument;
@@ -42,6 +48,7 @@ use crate::events::EventSink;
 use crate::health::HealthRegistry;
 use crate::http::{HttpConfig, HttpState, Listener};
 use crate::leader::{self, LeaderElectionConfig, LeaderElector, LeaderStatus, TermEnd};
+use crate::leader_migration::{LeaderMigrationConfiguration, Placement};
 use crate::metrics::Metrics;
 use crate::options::ControllerOptions;
 use crate::provider::{CloudProvider, InitContext};
@@ -58,6 +65,9 @@ pub const INFORMER_SYNC_CHECK: &str = "informer-sync";
 
 /// The `/healthz` check of leader election (upstream's name).
 pub const LEADER_ELECTION_CHECK: &str = "leaderElection";
+
+/// The `/healthz` check of the leader-migration Lease (with `--enable-leader-migration`).
+pub const LEADER_MIGRATION_CHECK: &str = "leaderMigration";
 
 /// Builds a fresh controller for each leadership term.
 pub type ControllerFactory = Arc<dyn Fn() -> Box<dyn Controller> + Send + Sync>;
@@ -147,6 +157,8 @@ pub struct EngineBuilder {
     provider: Arc<dyn CloudProvider>,
     options: ControllerOptions,
     leader_election: Option<LeaderElectionConfig>,
+    leader_migration: Option<LeaderMigrationConfiguration>,
+    migration_identity: Option<String>,
     identity: Option<String>,
     http: Option<HttpConfig>,
     extra: Vec<(String, ControllerFactory)>,
@@ -183,6 +195,8 @@ impl EngineBuilder {
             provider,
             options,
             leader_election: None,
+            leader_migration: None,
+            migration_identity: None,
             identity: None,
             http: None,
             extra: Vec::new(),
@@ -199,6 +213,21 @@ impl EngineBuilder {
     /// Elect a leader on this Lease; controllers run only while leading.
     pub fn leader_election(mut self, config: Option<LeaderElectionConfig>) -> Self {
         self.leader_election = config;
+        self
+    }
+
+    /// Leader migration: run the controllers `config` migrates only while also holding its
+    /// Lease (needs [`Self::leader_election`]).
+    pub fn leader_migration(mut self, config: Option<LeaderMigrationConfiguration>) -> Self {
+        self.leader_migration = config;
+        self
+    }
+
+    /// The holder identity on the migration Lease (default: the main Lease's, as upstream). A
+    /// process running several engines (the operator's Embedded mode) gives each its own, so
+    /// two of its engines sharing a migration Lease do not both take it as theirs.
+    pub fn migration_identity(mut self, identity: impl Into<String>) -> Self {
+        self.migration_identity = Some(identity.into());
         self
     }
 
@@ -277,6 +306,23 @@ impl EngineBuilder {
         if let Some(le) = &self.leader_election {
             le.validate().map_err(|message| Error::InvalidFlag { flag: "--leader-elect", message })?;
         }
+        if let Some(m) = &self.leader_migration {
+            let Some(le) = &self.leader_election else {
+                return Err(Error::InvalidFlag {
+                    flag: "--enable-leader-migration",
+                    message: "leader migration needs leader election; set --leader-elect=true or turn migration off"
+                        .into(),
+                });
+            };
+            m.validate()
+                .map_err(|e| Error::InvalidFlag { flag: "--leader-migration-config", message: e.to_string() })?;
+            if m.leader_name == le.name {
+                return Err(Error::InvalidFlag {
+                    flag: "--leader-migration-config",
+                    message: "leaderName must differ from the main Lease's name".into(),
+                });
+            }
+        }
         let metrics = self.metrics.unwrap_or_else(|| Arc::new(Metrics::new()));
         let provider: Arc<dyn CloudProvider> = if self.instrument {
             Arc::new(instrument::InstrumentedProvider::new(self.provider, &metrics))
@@ -302,6 +348,8 @@ impl EngineBuilder {
             provider,
             options: Arc::new(self.options),
             leader_election,
+            leader_migration: self.leader_migration,
+            migration_identity: self.migration_identity,
             identity,
             http: self.http,
             controllers,
@@ -324,6 +372,8 @@ pub struct Engine {
     provider: Arc<dyn CloudProvider>,
     options: Arc<ControllerOptions>,
     leader_election: Option<LeaderElectionConfig>,
+    leader_migration: Option<LeaderMigrationConfiguration>,
+    migration_identity: Option<String>,
     identity: String,
     http: Option<HttpConfig>,
     controllers: Vec<(String, ControllerFactory)>,
@@ -357,6 +407,7 @@ pub struct RunningEngine {
     metrics: Arc<Metrics>,
     leading: watch::Receiver<bool>,
     leader: Option<watch::Receiver<LeaderStatus>>,
+    migration: Option<watch::Receiver<LeaderStatus>>,
     identity: String,
 }
 
@@ -405,6 +456,11 @@ impl RunningEngine {
     /// The leader-election status, when electing.
     pub fn leader_status(&self) -> Option<LeaderStatus> {
         self.leader.as_ref().map(|r| r.borrow().clone())
+    }
+
+    /// The leader-migration Lease's status, with leader migration.
+    pub fn migration_status(&self) -> Option<LeaderStatus> {
+        self.migration.as_ref().map(|r| r.borrow().clone())
     }
 
     /// Wait until [`Self::is_leading`] equals `leading`.
@@ -480,6 +536,17 @@ impl Engine {
             tokio::spawn(listener.serve(state, shutdown.clone()));
         }
         let elector = self.leader_election.clone().map(|c| LeaderElector::new(self.client.clone(), c));
+        let migration = match (&self.leader_election, &self.leader_migration) {
+            (Some(le), Some(m)) => Some(LeaderElector::new(
+                self.client.clone(),
+                LeaderElectionConfig {
+                    name: m.leader_name.clone(),
+                    identity: self.migration_identity.clone().unwrap_or_else(|| le.identity.clone()),
+                    ..le.clone()
+                },
+            )),
+            _ => None,
+        };
         let running = RunningEngine {
             shutdown: shutdown.clone(),
             local_addr,
@@ -488,13 +555,51 @@ impl Engine {
             metrics: self.metrics.clone(),
             leading: self.leading.subscribe(),
             leader: elector.as_ref().map(LeaderElector::subscribe),
+            migration: migration.as_ref().map(LeaderElector::subscribe),
             identity: self.identity.clone(),
-            task: tokio::spawn(self.main_loop(elector, shutdown).in_current_span()),
+            task: tokio::spawn(self.main_loop(elector, migration, shutdown).in_current_span()),
         };
         Ok(running)
     }
 
-    async fn main_loop(self, mut elector: Option<LeaderElector>, shutdown: CancellationToken) -> Result<(), Error> {
+    /// The controllers of each Lease: (main, migrated). Controllers another component owns are
+    /// left out, logged once here.
+    #[allow(clippy::type_complexity)]
+    fn partition(&self) -> (Vec<(String, ControllerFactory)>, Vec<(String, ControllerFactory)>) {
+        let Some(m) = &self.leader_migration else { return (self.controllers.clone(), Vec::new()) };
+        let (mut main, mut migrated) = (Vec::new(), Vec::new());
+        for (name, factory) in &self.controllers {
+            match m.placement(name) {
+                Placement::Main => main.push((name.clone(), factory.clone())),
+                Placement::Migrated => migrated.push((name.clone(), factory.clone())),
+                Placement::OtherComponent { component } => tracing::info!(
+                    controller = %name,
+                    %component,
+                    lease = %m.leader_name,
+                    "not starting controller: the leader-migration configuration gives it to another component"
+                ),
+            }
+        }
+        let names: Vec<&str> = self.controllers.iter().map(|(n, _)| n.as_str()).collect();
+        let unmatched = m.unmatched(&names);
+        if !unmatched.is_empty() {
+            tracing::info!(entries = ?unmatched, "leader-migration entries that name no controller of this manager (another component's, or not enabled)");
+        }
+        tracing::info!(
+            lease = %m.leader_name,
+            main = ?main.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+            migrated = ?migrated.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+            "leader migration enabled"
+        );
+        (main, migrated)
+    }
+
+    async fn main_loop(
+        self,
+        mut elector: Option<LeaderElector>,
+        mut migration: Option<LeaderElector>,
+        shutdown: CancellationToken,
+    ) -> Result<(), Error> {
         let background = shutdown.child_token();
         tracing::info!(provider = self.provider.name(), identity = %self.identity, "starting cloud-controller-manager engine");
         let (nodes, node_writer) = Cache::<Node>::new();
@@ -534,8 +639,12 @@ impl Engine {
             background.clone(),
         );
         if let Some(e) = &elector {
-            self.spawn_leader_monitor(e.subscribe(), e.config().clone(), background.clone());
+            self.spawn_leader_monitor(LEADER_ELECTION_CHECK, e.subscribe(), e.config().clone(), background.clone());
         }
+        if let Some(e) = &migration {
+            self.spawn_leader_monitor(LEADER_MIGRATION_CHECK, e.subscribe(), e.config().clone(), background.clone());
+        }
+        let (main_controllers, migrated_controllers) = self.partition();
         let running = Arc::new(Mutex::new(BTreeSet::<String>::new()));
         // What became of the Lease, for the closing line.
         let mut lease = "not used (--leader-elect=false)".to_string();
@@ -566,9 +675,18 @@ impl Engine {
                 shutdown: term.clone(),
             };
             self.leading.send_replace(true);
-            let term_task = tokio::spawn(self.term(ctx, running.clone()));
+            let migration_lost = CancellationToken::new();
+            let second = migration.take().map(|elector| SecondLease {
+                elector,
+                controllers: migrated_controllers.clone(),
+                lost: migration_lost.clone(),
+            });
+            let term_task = tokio::spawn(self.term(ctx, main_controllers.clone(), second, running.clone()));
             let end = match elector.as_mut() {
-                Some(e) => e.hold(&shutdown).await,
+                Some(e) => tokio::select! {
+                    end = e.hold(&shutdown) => end,
+                    _ = migration_lost.cancelled() => TermEnd::Lost,
+                },
                 None => {
                     shutdown.cancelled().await;
                     TermEnd::Stopped
@@ -577,6 +695,10 @@ impl Engine {
             term.cancel();
             let stopped = tokio::time::timeout(self.stop_grace, term_task).await;
             self.leading.send_replace(false);
+            let mut stopped = stopped;
+            if let Ok(Ok(returned)) = &mut stopped {
+                migration = returned.take();
+            }
             if stopped.is_err() {
                 let names: Vec<String> = running.lock().unwrap_or_else(|e| e.into_inner()).iter().cloned().collect();
                 tracing::error!(controllers = ?names, grace = ?self.stop_grace, "controllers did not stop; keeping the Lease unreleased");
@@ -589,6 +711,11 @@ impl Engine {
                         lease = if !e.config().release_on_cancel {
                             "kept until it expires (--leader-elect-release-on-shutdown=false)".to_string()
                         } else {
+                            // The migration Lease first: its controllers already stopped.
+                            if let Some(m) = migration.as_mut() {
+                                let released = m.release().await;
+                                tracing::debug!(lease = %m.status().lease, %released, "leader-migration lease");
+                            }
                             e.release().await.to_string()
                         };
                     }
@@ -599,7 +726,13 @@ impl Engine {
                         lease = "lost".to_string();
                         break Err(Error::LeadershipLost);
                     }
-                    LeaderLoss::StandBy => tracing::info!("controllers stopped after losing the lease; standing by"),
+                    LeaderLoss::StandBy => {
+                        // Not renewed while standing by: hand the migration Lease on now.
+                        if let Some(m) = migration.as_mut() {
+                            m.release().await;
+                        }
+                        tracing::info!("controllers stopped after losing the lease; standing by")
+                    }
                 },
             }
         };
@@ -616,11 +749,12 @@ impl Engine {
 
     fn spawn_leader_monitor(
         &self,
+        check: &str,
         mut rx: watch::Receiver<LeaderStatus>,
         config: LeaderElectionConfig,
         stop: CancellationToken,
     ) {
-        let check = self.health.handle(LEADER_ELECTION_CHECK);
+        let check = self.health.handle(check);
         let gauge = self.engine_metrics.leader.get_or_create(&LeaseLabels { name: config.name.clone() }).clone();
         tokio::spawn(async move {
             loop {
@@ -644,9 +778,16 @@ impl Engine {
         });
     }
 
-    /// One leadership term: initialize the provider, run the controllers until `ctx.shutdown`.
-    fn term(&self, ctx: Context, running: Arc<Mutex<BTreeSet<String>>>) -> impl Future<Output = ()> + Send + 'static {
-        let controllers = self.controllers.clone();
+    /// One leadership term: initialize the provider, run `controllers` until `ctx.shutdown`;
+    /// with leader migration, then take the second Lease and run its controllers too. Returns
+    /// the second Lease's elector for the next term (or its release).
+    fn term(
+        &self,
+        ctx: Context,
+        controllers: Vec<(String, ControllerFactory)>,
+        second: Option<SecondLease>,
+        running: Arc<Mutex<BTreeSet<String>>>,
+    ) -> impl Future<Output = Option<LeaderElector>> + Send + 'static {
         let health = self.health.clone();
         let gauges = self.engine_metrics.clone();
         let reporter = self.status.as_ref().map(|(target, interval)| {
@@ -654,25 +795,74 @@ impl Engine {
         });
         async move {
             let token = ctx.shutdown.clone();
+            let Some(mut second) = second else {
+                if !initialize(&ctx).await {
+                    return None;
+                }
+                let mut tasks = JoinSet::new();
+                start_controllers(&mut tasks, controllers, &ctx, &health, &gauges, &running);
+                if let Some(reporter) = reporter {
+                    tasks.spawn(reporter.run(token.clone()));
+                }
+                while tasks.join_next().await.is_some() {}
+                return None;
+            };
             if !initialize(&ctx).await {
-                return;
+                return Some(second.elector);
             }
             let mut tasks = JoinSet::new();
-            for (name, factory) in controllers {
-                if let Some(reason) = skip_reason(&name, ctx.provider.as_ref(), &ctx.options) {
-                    tracing::info!(controller = %name, %reason, "skipping controller");
-                    continue;
-                }
-                tracing::info!(controller = %name, "starting controller");
-                let gauge = gauges.controller(&name);
-                let supervisor = Supervisor { name, factory, health: health.clone(), gauge, running: running.clone() };
-                tasks.spawn(supervisor.run(ctx.clone()));
-            }
+            start_controllers(&mut tasks, controllers, &ctx, &health, &gauges, &running);
             if let Some(reporter) = reporter {
                 tasks.spawn(reporter.run(token.clone()));
             }
+            // Upstream's order (M7): the main Lease's controllers run, then the migration Lease.
+            if second.elector.acquire(&token).await {
+                let cfg = second.elector.config();
+                ctx.events.publish(
+                    MANAGER_NAME,
+                    lease_reference(cfg),
+                    EventType::Normal,
+                    "LeaderElection",
+                    format!("{} became leader", cfg.identity),
+                    "Acquire",
+                );
+                start_controllers(&mut tasks, second.controllers, &ctx, &health, &gauges, &running);
+                if second.elector.hold(&token).await == TermEnd::Lost {
+                    second.lost.cancel();
+                }
+            }
             while tasks.join_next().await.is_some() {}
+            Some(second.elector)
         }
+    }
+}
+
+/// The leader-migration Lease of a term and the controllers it guards.
+struct SecondLease {
+    elector: LeaderElector,
+    controllers: Vec<(String, ControllerFactory)>,
+    /// Fired when the Lease is lost, which ends the term.
+    lost: CancellationToken,
+}
+
+/// Start each of `controllers` the provider supports under a [`Supervisor`].
+fn start_controllers(
+    tasks: &mut JoinSet<()>,
+    controllers: Vec<(String, ControllerFactory)>,
+    ctx: &Context,
+    health: &HealthRegistry,
+    gauges: &EngineMetrics,
+    running: &Arc<Mutex<BTreeSet<String>>>,
+) {
+    for (name, factory) in controllers {
+        if let Some(reason) = skip_reason(&name, ctx.provider.as_ref(), &ctx.options) {
+            tracing::info!(controller = %name, %reason, "skipping controller");
+            continue;
+        }
+        tracing::info!(controller = %name, "starting controller");
+        let gauge = gauges.controller(&name);
+        let supervisor = Supervisor { name, factory, health: health.clone(), gauge, running: running.clone() };
+        tasks.spawn(supervisor.run(ctx.clone()));
     }
 }
 
