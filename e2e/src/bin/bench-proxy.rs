@@ -3,10 +3,12 @@
 //!
 //! Measures TCP throughput over one connection and over `--concurrent` connections, the median
 //! and p99 round trip of small messages (the proxy's added latency is the difference of the
-//! medians) for four paths: direct to the backend, a bare relay (accept, connect,
+//! medians) for these paths: direct to the backend, a bare relay (accept, connect,
 //! `tokio::io::copy_bidirectional`, nothing else: what any user-space copy relay costs), the
 //! data path always copying through user space, always splicing (Linux), and as shipped (copy
-//! while few connections are open, splice under load); then and the time to apply `--services` Services and then to reconfigure all of them
+//! while few connections are open, splice under load), and HAProxy in TCP mode with its default
+//! settings when `haproxy` is installed (the L4 proxy users would otherwise run; Debian's
+//! package); then the time to apply `--services` Services and then to reconfigure all of them
 //! (a backend change). Client, proxy and backend share the machine's cores, so the proxy also
 //! competes with its own load generator; numbers are for comparison, not for capacity planning.
 //! Throughput figures are medians over `--rounds` rounds, each taking every path in turn.
@@ -52,6 +54,10 @@ struct Args {
     /// Services for the reconfiguration run.
     #[arg(long, default_value_t = 1000)]
     services: usize,
+    /// The HAProxy executable for the peer column (default: `haproxy` on PATH; the column is
+    /// left out, with one line saying so, when there is none).
+    #[arg(long)]
+    haproxy: Option<std::path::PathBuf>,
 }
 
 /// The bench's loopback block (Linux answers on all of 127.0.0.0/8).
@@ -122,6 +128,62 @@ async fn bare_relay(addr: SocketAddr, backend: SocketAddr) -> Result<(), BoxErro
         }
     });
     Ok(())
+}
+
+/// HAProxy's configuration for the peer column: TCP mode, a listener per port relaying to the
+/// same backend, otherwise HAProxy's defaults (threads, buffers, no splicing), as users run it.
+fn haproxy_config(listen_on: IpAddr, backend: IpAddr, ports: &[u16], max_connections: usize) -> String {
+    let mut cfg = format!(
+        "global\n  maxconn {}\n\ndefaults\n  mode tcp\n  timeout connect 10s\n  timeout client 5m\n  timeout server 5m\n",
+        max_connections * 2 + 100
+    );
+    for port in ports {
+        cfg.push_str(&format!(
+            "\nlisten p{port}\n  bind {listen_on}:{port}\n  maxconn {}\n  server b {backend}:{port}\n",
+            max_connections + 100
+        ));
+    }
+    cfg
+}
+
+/// HAProxy in the foreground with `config`, killed when the returned child is dropped; `None`
+/// (after one line saying why) when it is not installed.
+async fn start_haproxy(
+    executable: Option<&std::path::Path>,
+    config: &str,
+    probe: SocketAddr,
+) -> Result<Option<tokio::process::Child>, BoxError> {
+    let executable = executable.map(std::path::Path::to_path_buf).unwrap_or_else(|| "haproxy".into());
+    let file = std::env::temp_dir().join(format!("bench-proxy-haproxy-{}.cfg", std::process::id()));
+    std::fs::write(&file, config)?;
+    let child = tokio::process::Command::new(&executable)
+        .arg("-db")
+        .arg("-f")
+        .arg(&file)
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn();
+    let child = match child {
+        Ok(child) => child,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            eprintln!(
+                "no HAProxy ({}): the HAProxy column is left out; `apt-get install haproxy` adds it",
+                executable.display()
+            );
+            return Ok(None);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(probe).await.is_err() {
+        if Instant::now() > deadline {
+            return Err("HAProxy did not open its listener within 10 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // HAProxy has read its file once it listens.
+    let _ = std::fs::remove_file(&file);
+    Ok(Some(child))
 }
 
 /// Send `bytes` to a sink and wait for its count; returns the elapsed time.
@@ -237,11 +299,15 @@ struct Paths {
     copy: IpAddr,
     splice: IpAddr,
     auto: IpAddr,
+    /// HAProxy's listener, when it runs.
+    haproxy: Option<IpAddr>,
 }
 
 impl Paths {
-    fn all(&self) -> [IpAddr; 5] {
-        [self.direct, self.bare, self.copy, self.splice, self.auto]
+    fn all(&self) -> Vec<IpAddr> {
+        let mut all = vec![self.direct, self.bare, self.copy, self.splice, self.auto];
+        all.extend(self.haproxy);
+        all
     }
 }
 
@@ -264,7 +330,21 @@ async fn main() -> Result<(), BoxError> {
     let backend = ip(0, 1);
     sink(SocketAddr::new(backend, SINK_PORT)).await?;
     echo(SocketAddr::new(backend, ECHO_PORT)).await?;
-    let paths = Paths { direct: backend, bare: ip(0, 102), copy: ip(0, 101), splice: ip(0, 103), auto: ip(0, 100) };
+    let haproxy_at = ip(0, 104);
+    let haproxy = start_haproxy(
+        args.haproxy.as_deref(),
+        &haproxy_config(haproxy_at, backend, &[SINK_PORT, ECHO_PORT], args.concurrent),
+        SocketAddr::new(haproxy_at, ECHO_PORT),
+    )
+    .await?;
+    let paths = Paths {
+        direct: backend,
+        bare: ip(0, 102),
+        copy: ip(0, 101),
+        splice: ip(0, 103),
+        auto: ip(0, 100),
+        haproxy: haproxy.as_ref().map(|_| haproxy_at),
+    };
     for port in [SINK_PORT, ECHO_PORT] {
         bare_relay(SocketAddr::new(paths.bare, port), SocketAddr::new(backend, port)).await?;
     }
@@ -286,10 +366,11 @@ async fn main() -> Result<(), BoxError> {
     copying.apply(ServiceSpec { ports: both_ports.clone(), ..spec("bench/copy".into(), paths.copy, 0, 0, backend) })?;
     splicing.apply(ServiceSpec { ports: both_ports, ..spec("bench/splice".into(), paths.splice, 0, 0, backend) })?;
 
+    let haproxy_column = if paths.haproxy.is_some() { " HAProxy (TCP mode, defaults) |" } else { "" };
     println!(
-        "| Measurement | Direct | Bare relay (copy_bidirectional) | Data path, copy | Data path, splice | Data path, default (auto) |"
+        "| Measurement | Direct | Bare relay (copy_bidirectional) | Data path, copy | Data path, splice | Data path, default (auto) |{haproxy_column}"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|{}", if paths.haproxy.is_some() { "---|" } else { "" });
     let bytes = args.mib * 1024 * 1024;
     let times = interleaved(args.rounds, &paths.all(), |to| send(SocketAddr::new(to, SINK_PORT), bytes)).await?;
     println!("{}", throughput_row(&format!("TCP, 1 connection, {} MiB", args.mib), bytes, &times));
@@ -306,7 +387,7 @@ async fn main() -> Result<(), BoxError> {
     let us = |d: Duration| d.as_secs_f64() * 1e6;
     let mut row = String::from("| Round trip, 64 B, median (p99) |");
     let mut direct_median = 0.0;
-    let echo_at = paths.all().map(|ip| SocketAddr::new(ip, ECHO_PORT));
+    let echo_at: Vec<SocketAddr> = paths.all().into_iter().map(|ip| SocketAddr::new(ip, ECHO_PORT)).collect();
     for (i, v) in round_trips(&echo_at, args.round_trips).await?.into_iter().enumerate() {
         let (median, p99) = (us(pct(&v, 0.5)), us(pct(&v, 0.99)));
         if i == 0 {
@@ -319,6 +400,7 @@ async fn main() -> Result<(), BoxError> {
     println!("{row}");
     copying.shutdown();
     splicing.shutdown();
+    drop(haproxy);
 
     // Reconfiguration: N Services, each its own address and listener.
     let addr = |i: usize| ip(1 + (i / 250) as u8, 1 + (i % 250) as u8);
@@ -364,5 +446,19 @@ mod tests {
         let row = throughput_row("t", 1024 * 1024, &[direct, proxy]);
         // Direct: 10, 10, 2.5 MiB/s (median 10); proxy: 8, 5, 2 (median 5); shares 80, 50, 80%.
         assert_eq!(row, "| t | 10 MiB/s | 5 MiB/s (80%) |");
+    }
+
+    #[test]
+    fn haproxy_relays_each_port_to_the_same_backend_in_tcp_mode_with_room_for_every_connection() {
+        let cfg = haproxy_config(ip(0, 104), ip(0, 1), &[41001, 41002], 1000);
+        assert!(cfg.contains("mode tcp"), "{cfg}");
+        assert!(cfg.contains("maxconn 2100"), "{cfg}");
+        for port in [41001, 41002] {
+            assert!(
+                cfg.contains(&format!("bind 127.77.0.104:{port}\n  maxconn 1100\n  server b 127.77.0.1:{port}")),
+                "{cfg}"
+            );
+        }
+        assert!(!cfg.contains("splice"), "HAProxy runs with its defaults: {cfg}");
     }
 }
