@@ -19,6 +19,9 @@ pub mod types {
     pub const DEGRADED: &str = "Degraded";
     /// True when the provider's health probe passes; written by the running manager.
     pub const PROVIDER_HEALTHY: &str = "ProviderHealthy";
+    /// Shadow mode only: True when this manager's decisions match the cluster; written by the
+    /// manager (docs/shadow.md). Not an input of `Ready`.
+    pub const SHADOW_AGREES: &str = "ShadowAgrees";
 
     /// Every condition type, sorted.
     pub const ALL: [&str; 6] = [AVAILABLE, CONFIG_VALID, DEGRADED, PROGRESSING, PROVIDER_HEALTHY, READY];

@@ -198,6 +198,20 @@ pub mod provider_healthy {
     ];
 }
 
+/// Reasons of `ShadowAgrees`, which a manager in shadow mode writes (docs/shadow.md).
+pub mod shadow_agrees {
+    /// True: every enabled controller compared and none would act.
+    pub const AGREES: &str = "Agrees";
+    /// False: some controller would write or call the cloud; the message counts the
+    /// differences by controller and kind, `status.shadow` lists the first ones.
+    pub const DIFFERS: &str = "Differs";
+    /// Unknown: some controller has not finished its first comparison.
+    pub const COMPARING: &str = "Comparing";
+
+    /// Every reason of `ShadowAgrees`.
+    pub const ALL: [&str; 3] = [AGREES, DIFFERS, COMPARING];
+}
+
 /// Reasons of Kubernetes Events the operator publishes on a CloudControllerManager.
 pub mod events {
     /// Normal: child objects were created or changed (the note lists them).
@@ -246,6 +260,7 @@ pub fn all_condition_reasons() -> Vec<&'static str> {
         .chain(&degraded::ALL)
         .chain(&provider_healthy::ALL)
         .chain(&provider_healthy::MANAGER)
+        .chain(&shadow_agrees::ALL)
         .copied()
         .collect();
     out.sort_unstable();

@@ -52,6 +52,12 @@ pub struct CloudControllerManagerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cloud_config: Option<CloudConfigSource>,
 
+    /// Shadow mode: the manager decides without acting (no write to Nodes, Services or routes,
+    /// only cloud reads) and reports where its decisions differ from what is there, in the
+    /// `ShadowAgrees` condition and `status.shadow` (docs/shadow.md).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shadow: bool,
+
     /// Controllers to run, in upstream `--controllers` syntax: `*`, a name or alias, or
     /// `-name` to disable; the first entry naming a controller wins.
     #[serde(default = "default_controllers")]
@@ -334,6 +340,67 @@ impl PullPolicy {
     }
 }
 
+/// What a manager in shadow mode found (docs/shadow.md); written by the manager.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ShadowReport {
+    /// Differences in all.
+    pub total: i64,
+    /// Objects that differ.
+    pub objects: i64,
+    /// Controllers that have not finished their first comparison.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub pending: Vec<String>,
+    /// Differences by controller and kind.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub counts: Vec<ShadowCount>,
+    /// The first differences, in controller and object order (at most 20).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 20))]
+    pub differences: Vec<ShadowDifference>,
+}
+
+/// A count of differences of one kind from one controller.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ShadowCount {
+    /// The controller.
+    pub controller: String,
+    /// The kind of difference (`would-patch`, `differs`, `would-create-load-balancer`, ...).
+    pub kind: String,
+    /// How many.
+    pub count: i64,
+}
+
+/// One decision the manager would act on.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ShadowDifference {
+    /// The controller.
+    pub controller: String,
+    /// The kind of difference.
+    pub kind: String,
+    /// `Kind/name` or `Kind/namespace/name` (routes: `Route/<node>/<CIDR>`).
+    pub object: String,
+    /// The fields concerned and this manager's value (at most 16).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub fields: Vec<ShadowField>,
+}
+
+/// A field and the value this manager would give it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ShadowField {
+    /// The field path, for example `metadata.labels[topology.kubernetes.io/zone]`.
+    pub path: String,
+    /// This manager's value; empty for a removal.
+    #[serde(default)]
+    pub ours: String,
+}
+
 /// Observed state, written by the operator (and `ProviderHealthy` by the manager).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
@@ -363,6 +430,9 @@ pub struct CloudControllerManagerStatus {
     /// Holder identity of the manager's leader-election Lease.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub leader: Option<String>,
+    /// Shadow mode only: what the manager would do differently (written by the manager).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<ShadowReport>,
 }
 
 /// Deserializing Go duration strings with a message that names the expected form and never

@@ -96,6 +96,8 @@ pub struct ManagerConfig {
     pub ccm_resource: Option<StatusTarget>,
     /// Arguments appended after the rendered ones (`spec.extraArgs`); they are not read back.
     pub extra_args: Vec<String>,
+    /// `--shadow` (addition): every controller decides without acting (docs/shadow.md).
+    pub shadow: bool,
 }
 
 impl Default for ManagerConfig {
@@ -117,6 +119,7 @@ impl Default for ManagerConfig {
             secure_port: defaults::SECURE_PORT,
             ccm_resource: None,
             extra_args: Vec::new(),
+            shadow: false,
         }
     }
 }
@@ -161,6 +164,31 @@ impl ManagerConfig {
                 .map_err(|message| Error::InvalidFlag { flag: "--leader-elect", message })?;
         }
         self.leader_migration_config()?;
+        self.check_shadow()?;
+        Ok(())
+    }
+
+    /// A shadow manager never joins the election of the manager it shadows (docs/shadow.md).
+    fn check_shadow(&self) -> Result<(), Error> {
+        if !self.shadow {
+            return Ok(());
+        }
+        if self.leader_migration.is_some() {
+            return Err(Error::InvalidFlag {
+                flag: "--shadow",
+                message: "a shadow manager takes no part in leader migration; turn off --enable-leader-migration"
+                    .into(),
+            });
+        }
+        if self.leader_election.name == defaults::LEASE_NAME {
+            return Err(Error::InvalidFlag {
+                flag: "--leader-elect-resource-name",
+                message: format!(
+                    "a shadow manager must not use the Lease {:?} of the manager it shadows; give it its own",
+                    defaults::LEASE_NAME
+                ),
+            });
+        }
         Ok(())
     }
 
@@ -237,6 +265,9 @@ impl ManagerConfig {
         if let Some(target) = &self.ccm_resource {
             args.push(format!("--ccm-resource={target}"));
         }
+        if self.shadow {
+            args.push("--shadow=true".into());
+        }
         args.extend(self.extra_args.iter().cloned());
         args
     }
@@ -261,6 +292,7 @@ impl ManagerConfig {
             concurrent_service_syncs: self.concurrent_service_syncs,
             concurrent_route_syncs: self.concurrent_route_syncs,
             load_balancer_class: self.load_balancer_class.clone(),
+            shadow: self.shadow.then(crate::shadow::Shadow::new),
             ..ControllerOptions::default()
         }
     }
@@ -348,6 +380,14 @@ mod tests {
     }
 
     fn config(g: &mut Gen) -> ManagerConfig {
+        let mut config = config_acting(g);
+        // Shadow mode with everything it allows (its own Lease, no migration).
+        config.shadow =
+            g.bool() && config.leader_migration.is_none() && config.leader_election.name != crds::defaults::LEASE_NAME;
+        config
+    }
+
+    fn config_acting(g: &mut Gen) -> ManagerConfig {
         let retry = g.duration();
         let renew = retry.mul_f64(1.2) + g.duration();
         let lease = renew + g.duration();
@@ -383,6 +423,7 @@ mod tests {
             secure_port: g.pick(&["0", "10258", "443"]).parse().expect("a port"),
             ccm_resource: g.bool().then(|| StatusTarget { namespace: "kube-system".into(), name: "aws".into() }),
             extra_args: Vec::new(),
+            shadow: false,
         }
     }
 

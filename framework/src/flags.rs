@@ -385,6 +385,13 @@ pub struct Flags {
     /// reports the ProviderHealthy condition and the controllers and leader status fields.
     #[arg(long, default_value = "", value_name = "namespace/name", help_heading = "Additions (not upstream flags)")]
     pub ccm_resource: String,
+    /// (Addition) Shadow mode: every controller decides without acting. Only cloud reads, no
+    /// write to Nodes, Services or routes; the differences go to the ShadowAgrees condition and
+    /// status.shadow of --ccm-resource, metrics and events (docs/shadow.md). The Lease defaults
+    /// to cloud-controller-manager-shadow; leader migration is refused.
+    #[arg(long, default_value_t = false, num_args = 0..=1, require_equals = true, default_missing_value = "true",
+        value_parser = parse_bool, action = ArgAction::Set, help_heading = "Additions (not upstream flags)")]
+    pub shadow: bool,
     /// (Addition) How often the leader probes the provider's health for --ccm-resource.
     #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "duration", help_heading = "Additions (not upstream flags)")]
     pub ccm_resource_interval: Duration,
@@ -490,7 +497,11 @@ impl Flags {
             leader_election: LeaderElectionSettings {
                 enabled: self.leader_elect,
                 namespace: self.leader_elect_resource_namespace.clone(),
-                name: self.leader_elect_resource_name.clone(),
+                // Never the Lease of the manager being shadowed (docs/shadow.md).
+                name: match self.leader_elect_resource_name.as_str() {
+                    crds::defaults::LEASE_NAME if self.shadow => format!("{}-shadow", crds::defaults::LEASE_NAME),
+                    name => name.to_string(),
+                },
                 lease_duration: self.leader_elect_lease_duration,
                 renew_deadline: self.leader_elect_renew_deadline,
                 retry_period: self.leader_elect_retry_period,
@@ -507,6 +518,7 @@ impl Flags {
                 target => Some(target.parse::<StatusTarget>().map_err(|m| invalid("--ccm-resource", m))?),
             },
             extra_args: Vec::new(),
+            shadow: self.shadow,
         };
         config.check()?;
         Ok(config)

@@ -2,8 +2,8 @@
 //!
 //! While leading, the manager runs the provider's health probe every interval and
 //! server-side-applies, with field manager `cloud-controller-manager`, the `ProviderHealthy`
-//! condition: the one status field it writes (docs/architecture.md, "Status fields and their
-//! writers"). Every other field, `status.controllers` and `status.leader` included, belongs to
+//! condition, and in shadow mode the `ShadowAgrees` condition and `status.shadow`: the status
+//! fields it writes (docs/architecture.md, "Status fields and their writers"). Every other field, `status.controllers` and `status.leader` included, belongs to
 //! the operator and is never touched: the CRD declares `conditions` a map list keyed by `type`. Nothing is written when nothing
 //! changed, and `lastTransitionTime` moves only when the condition's status flips.
 
@@ -21,6 +21,10 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::provider::{CloudProvider, Health, health_reasons};
+use crate::shadow::{REPORT_LIMIT, Shadow, Summary};
+
+/// Reasons of `ShadowAgrees`, defined with every other reason in [`crds::reasons`].
+pub use crds::reasons::shadow_agrees as shadow_reasons;
 
 /// The field manager of the manager's status writes.
 pub const FIELD_MANAGER: &str = "cloud-controller-manager";
@@ -69,6 +73,60 @@ pub fn provider_condition(health: &Health) -> DesiredCondition {
     DesiredCondition::new(types::PROVIDER_HEALTHY, Status::from_bool(health.is_healthy()), health.reason(), message)
 }
 
+/// The `ShadowAgrees` condition for a shadow record: Unknown until every controller compared
+/// once, then True without differences and False with them; the message counts them by
+/// controller and kind.
+pub fn shadow_condition(summary: &Summary) -> DesiredCondition {
+    let (status, reason, message) = if !summary.pending.is_empty() {
+        (
+            Status::Unknown,
+            shadow_reasons::COMPARING,
+            format!("waiting for the first comparison of {}", summary.pending.join(", ")),
+        )
+    } else if summary.total == 0 {
+        let compared =
+            if summary.compared.is_empty() { "no controller".to_string() } else { summary.compared.join(", ") };
+        (Status::True, shadow_reasons::AGREES, format!("no differences; compared: {compared}"))
+    } else {
+        (
+            Status::False,
+            shadow_reasons::DIFFERS,
+            format!("{} differences on {} objects: {}", summary.total, summary.objects, summary.counts_text()),
+        )
+    };
+    DesiredCondition::new(types::SHADOW_AGREES, status, reason, message)
+}
+
+/// `status.shadow` for a shadow record: totals, counts, and the first differences.
+pub fn shadow_report(summary: &Summary) -> crds::v1alpha1::ShadowReport {
+    use crds::v1alpha1::{ShadowCount, ShadowDifference, ShadowField, ShadowReport};
+    let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+    ShadowReport {
+        total: count(summary.total),
+        objects: count(summary.objects),
+        pending: summary.pending.iter().map(|c| c.to_string()).collect(),
+        counts: summary
+            .counts
+            .iter()
+            .map(|((controller, kind), n)| ShadowCount {
+                controller: controller.to_string(),
+                kind: kind.as_str().to_string(),
+                count: count(*n),
+            })
+            .collect(),
+        differences: summary
+            .first
+            .iter()
+            .map(|d| ShadowDifference {
+                controller: d.controller.to_string(),
+                kind: d.kind.as_str().to_string(),
+                object: d.object.to_string(),
+                fields: d.fields.iter().map(|f| ShadowField { path: f.path.clone(), ours: f.ours.clone() }).collect(),
+            })
+            .collect(),
+    }
+}
+
 /// The server-side-apply body to send, or `None` when the resource already says all of it.
 ///
 /// `current` is the resource's status now, `generation` its `metadata.generation`.
@@ -78,16 +136,39 @@ pub fn desired_apply(
     health: &Health,
     now: &Time,
 ) -> Option<serde_json::Value> {
+    desired_apply_with_shadow(current, generation, health, None, now)
+}
+
+/// [`desired_apply`] for a manager in shadow mode (`shadow`): also `ShadowAgrees` and
+/// `status.shadow`. Every field this writer owns is in every body, as server-side apply
+/// drops the owned fields a body leaves out.
+pub fn desired_apply_with_shadow(
+    current: Option<&CloudControllerManagerStatus>,
+    generation: Option<i64>,
+    health: &Health,
+    shadow: Option<&Summary>,
+    now: &Time,
+) -> Option<serde_json::Value> {
     let existing: &[Condition] = current.map_or(&[], |s| s.conditions.as_slice());
     let mut merged = existing.to_vec();
-    if !conditions::set_condition(&mut merged, provider_condition(health), generation, now) {
+    let mut changed = conditions::set_condition(&mut merged, provider_condition(health), generation, now);
+    let mut body_conditions = vec![conditions::find(&merged, types::PROVIDER_HEALTHY)?.clone()];
+    let mut status = serde_json::Map::new();
+    if let Some(summary) = shadow {
+        changed |= conditions::set_condition(&mut merged, shadow_condition(summary), generation, now);
+        body_conditions.push(conditions::find(&merged, types::SHADOW_AGREES)?.clone());
+        let report = shadow_report(summary);
+        changed |= current.and_then(|s| s.shadow.as_ref()) != Some(&report);
+        status.insert("shadow".into(), serde_json::to_value(&report).ok()?);
+    }
+    if !changed {
         return None;
     }
-    let condition = conditions::find(&merged, types::PROVIDER_HEALTHY)?;
+    status.insert("conditions".into(), serde_json::to_value(&body_conditions).ok()?);
     Some(json!({
         "apiVersion": CloudControllerManager::api_version(&()),
         "kind": CloudControllerManager::kind(&()),
-        "status": {"conditions": [condition]}
+        "status": status
     }))
 }
 
@@ -109,6 +190,7 @@ pub struct StatusReporter {
     provider: Arc<dyn CloudProvider>,
     interval: Duration,
     probe_timeout: Duration,
+    shadow: Option<Shadow>,
 }
 
 impl std::fmt::Debug for StatusReporter {
@@ -126,7 +208,14 @@ impl StatusReporter {
             provider,
             interval,
             probe_timeout: PROBE_TIMEOUT.min(interval.max(Duration::from_secs(1))),
+            shadow: None,
         }
+    }
+
+    /// Also report this shadow record (`ShadowAgrees`, `status.shadow`): a manager in shadow mode.
+    pub fn with_shadow(mut self, shadow: Option<Shadow>) -> Self {
+        self.shadow = shadow;
+        self
     }
 
     /// Probe and write until `stop` fires.
@@ -152,7 +241,14 @@ impl StatusReporter {
             return Ok(false);
         };
         let now = Time(Timestamp::now());
-        let Some(body) = desired_apply(current.status.as_ref(), current.metadata.generation, &health, &now) else {
+        let summary = self.shadow.as_ref().map(|s| s.summary(REPORT_LIMIT));
+        let Some(body) = desired_apply_with_shadow(
+            current.status.as_ref(),
+            current.metadata.generation,
+            &health,
+            summary.as_ref(),
+            &now,
+        ) else {
             return Ok(false);
         };
         if !health.is_healthy() {
@@ -250,6 +346,62 @@ mod tests {
         let conds = body["status"]["conditions"].as_array().unwrap();
         assert_eq!(conds.len(), 1);
         assert_eq!(conds[0]["type"], "ProviderHealthy");
+    }
+
+    fn summary_with(differences: usize) -> Summary {
+        let shadow = Shadow::new();
+        shadow.register("cloud-node-controller");
+        for i in 0..differences {
+            let key = crate::shadow::ObjectKey::node(format!("n{i}"));
+            let d = crate::shadow::Difference::new(
+                "cloud-node-controller",
+                key.clone(),
+                crate::shadow::DifferenceKind::Differs,
+                vec![crate::shadow::FieldDifference::new("metadata.labels[topology.kubernetes.io/zone]", "z2")],
+            );
+            shadow.set("cloud-node-controller", key, vec![d]);
+        }
+        shadow.finish_pass("cloud-node-controller", |_| true);
+        shadow.summary(REPORT_LIMIT)
+    }
+
+    #[test]
+    fn shadow_agrees_is_unknown_until_compared_then_true_without_differences_and_false_with_counts() {
+        let pending = Shadow::new();
+        pending.register("service-lb-controller");
+        let c = shadow_condition(&pending.summary(REPORT_LIMIT));
+        assert_eq!((c.status, c.reason.as_str()), (Status::Unknown, shadow_reasons::COMPARING));
+        let c = shadow_condition(&summary_with(0));
+        assert_eq!((c.status, c.reason.as_str()), (Status::True, shadow_reasons::AGREES));
+        let c = shadow_condition(&summary_with(3));
+        assert_eq!((c.status, c.reason.as_str()), (Status::False, shadow_reasons::DIFFERS));
+        assert_eq!(c.message, "3 differences on 3 objects: cloud-node-controller differs=3");
+    }
+
+    #[test]
+    fn a_shadow_manager_applies_both_its_conditions_and_a_bounded_report_and_nothing_when_unchanged() {
+        let summary = summary_with(30);
+        let body = desired_apply_with_shadow(None, Some(1), &Health::healthy(""), Some(&summary), &time(100)).unwrap();
+        let conds = body["status"]["conditions"].as_array().unwrap();
+        let types: Vec<&str> = conds.iter().map(|c| c["type"].as_str().unwrap()).collect();
+        assert_eq!(types, vec!["ProviderHealthy", "ShadowAgrees"]);
+        let report = &body["status"]["shadow"];
+        assert_eq!(report["total"], 30);
+        assert_eq!(report["differences"].as_array().unwrap().len(), REPORT_LIMIT);
+        assert_eq!(report["differences"][0]["kind"], "differs");
+        assert_eq!(report["differences"][0]["fields"][0]["ours"], "z2");
+        assert_eq!(report["counts"][0]["count"], 30);
+        // What the server then holds makes the next identical report a no-op.
+        let mut held = status_after(&body, None);
+        held.shadow = serde_json::from_value(report.clone()).unwrap();
+        assert_eq!(
+            desired_apply_with_shadow(Some(&held), Some(1), &Health::healthy(""), Some(&summary), &time(200)),
+            None
+        );
+        assert!(
+            desired_apply_with_shadow(Some(&held), Some(1), &Health::healthy(""), Some(&summary_with(2)), &time(200))
+                .is_some()
+        );
     }
 
     struct Hangs;

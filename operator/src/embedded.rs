@@ -452,6 +452,20 @@ mod tests {
     }
 
     #[test]
+    fn spec_shadow_runs_every_mode_in_shadow_mode_on_the_resources_own_lease() {
+        let c = cr(json!({"provider": "baremetal", "mode": "Embedded", "shadow": true}));
+        let config = validated(&c, None).config;
+        assert!(config.shadow);
+        assert!(config.controller_options().shadow.is_some(), "the embedded engine compares");
+        assert!(config.to_args().contains(&"--shadow=true".to_string()), "a Deployment's manager compares");
+        assert_eq!(config.leader_election_config("op-1").unwrap().name, "bm", "the resource's own Lease");
+        let c =
+            cr(json!({"provider": "baremetal", "shadow": true, "leaderElection": {"migration": {"enabled": true}}}));
+        let refused = crate::validate::manager_config(&c, None).err().map(|e| format!("{e:?}")).unwrap_or_default();
+        assert!(refused.contains("spec.shadow"), "{refused}");
+    }
+
+    #[test]
     fn a_starting_engine_is_rechecked_soon_without_any_notification() {
         // Regression: a CR stayed EngineStarting until the 5-minute resync when the engine's
         // "running" wake-up did not lead to a reconcile.

@@ -168,6 +168,8 @@ impl ComputedStatus {
             .conditions
             .iter()
             .filter(|c| c.type_ != types::PROVIDER_HEALTHY || self.owns_provider_healthy)
+            // The manager's alone (one writer per field, docs/architecture.md).
+            .filter(|c| c.type_ != types::SHADOW_AGREES)
             .collect();
         let mut status = serde_json::Map::new();
         status.insert("conditions".into(), json!(conditions));
@@ -268,6 +270,8 @@ pub fn compute(input: &StatusInput<'_>) -> ComputedStatus {
         replicas: Some(replicas),
         ready_replicas: Some(ready_replicas),
         leader,
+        // The manager's (shadow mode); never applied by the operator.
+        shadow: None,
     };
     let changed = differs(&status, &existing);
     ComputedStatus { status, owns_provider_healthy, changed }

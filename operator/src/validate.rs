@@ -365,12 +365,14 @@ pub fn manager_config(cr: &CloudControllerManager, cloud_config_key: Option<&str
         secure_port: crds::defaults::SECURE_PORT,
         ccm_resource: Some(ccm_framework::status::StatusTarget { namespace, name }),
         extra_args: spec.extra_args.clone(),
+        shadow: spec.shadow,
     };
     config.check().map_err(|e| match e {
         ccm_framework::Error::InvalidFlag {
             flag: "--leader-migration-config" | "--enable-leader-migration",
             message,
         } => migration_failure(message),
+        ccm_framework::Error::InvalidFlag { flag: "--shadow", message } => failure("spec.shadow", message),
         ccm_framework::Error::InvalidFlag { message, .. } => failure("spec.leaderElection", message),
         other => failure("spec", other.to_string()),
     })?;

@@ -12,3 +12,4 @@ mod node_controller;
 mod route_controller;
 mod service_controller;
 mod serving;
+mod shadow;

@@ -178,6 +178,10 @@ impl CloudProvider for InstrumentedProvider {
         self.inner.has_cluster_id()
     }
 
+    fn call_kind(&self, call: crate::provider::Call) -> crate::provider::CallKind {
+        self.inner.call_kind(call)
+    }
+
     async fn health(&self) -> Health {
         let start = Instant::now();
         let health = self.inner.health().await;

@@ -324,10 +324,16 @@ impl EngineBuilder {
             }
         }
         let metrics = self.metrics.unwrap_or_else(|| Arc::new(Metrics::new()));
+        // Shadow mode: only reads reach the provider (inside the instrumentation, so refused
+        // calls are counted there too).
+        let provider: Arc<dyn CloudProvider> = match self.options.shadow {
+            Some(_) => Arc::new(crate::shadow::ShadowProvider::new(self.provider, &metrics)),
+            None => self.provider,
+        };
         let provider: Arc<dyn CloudProvider> = if self.instrument {
-            Arc::new(instrument::InstrumentedProvider::new(self.provider, &metrics))
+            Arc::new(instrument::InstrumentedProvider::new(provider, &metrics))
         } else {
-            self.provider
+            provider
         };
         let identity = self
             .identity
@@ -792,6 +798,7 @@ impl Engine {
         let gauges = self.engine_metrics.clone();
         let reporter = self.status.as_ref().map(|(target, interval)| {
             StatusReporter::new(ctx.client.clone(), target.clone(), ctx.provider.clone(), *interval)
+                .with_shadow(ctx.options.shadow.clone())
         });
         async move {
             let token = ctx.shutdown.clone();
@@ -858,6 +865,15 @@ fn start_controllers(
         if let Some(reason) = skip_reason(&name, ctx.provider.as_ref(), &ctx.options) {
             tracing::info!(controller = %name, %reason, "skipping controller");
             continue;
+        }
+        if let Some(shadow) = &ctx.options.shadow {
+            // Only the built-in controllers know how to compare without acting.
+            let Some(builtin) = crds::controllers::Controller::from_name(&name) else {
+                tracing::warn!(controller = %name, "not started: shadow mode runs only the built-in controllers");
+                continue;
+            };
+            // Pending from the start, so ShadowAgrees waits for every controller's first pass.
+            shadow.register(builtin.name());
         }
         tracing::info!(controller = %name, "starting controller");
         let gauge = gauges.controller(&name);
