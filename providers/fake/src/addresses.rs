@@ -89,6 +89,61 @@ impl AddressPool {
     }
 }
 
+/// How many addresses the `bench` counter cycles through (`198.18.0-255.1-250`).
+pub const BENCH_ADDRESSES: u32 = 250 * 256;
+
+/// The `n`th address the upstream `bench` provider hands out: `198.18.(n/250 % 256).(n%250 + 1)`.
+pub fn bench_address(n: u32) -> Ipv4Addr {
+    Ipv4Addr::new(198, 18, ((n / 250) % 256) as u8, (n % 250 + 1) as u8)
+}
+
+/// Whether `ip` is one the `bench` counter can hand out.
+pub fn is_bench_address(ip: IpAddr) -> bool {
+    matches!(ip, IpAddr::V4(v4) if { let o = v4.octets(); o[0] == 198 && o[1] == 18 && (1..=250).contains(&o[3]) })
+}
+
+/// The `bench` provider's counter: addresses in the order upstream's hands them out, skipping
+/// the ones in use (upstream's cloud lives in one process and never sees another's addresses;
+/// ours adopts them, so it must not hand them out again).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct BenchCounter {
+    next: u32,
+    used: BTreeSet<IpAddr>,
+}
+
+impl BenchCounter {
+    /// The next counter address not in use.
+    pub(crate) fn allocate(&mut self) -> CloudResult<IpAddr> {
+        for _ in 0..BENCH_ADDRESSES {
+            let ip = IpAddr::V4(bench_address(self.next));
+            self.next = self.next.wrapping_add(1);
+            if self.used.insert(ip) {
+                return Ok(ip);
+            }
+        }
+        Err(CloudError::Other("every bench load-balancer address is in use".into()))
+    }
+
+    /// Mark `ip` in use.
+    pub(crate) fn claim(&mut self, ip: IpAddr) {
+        self.used.insert(ip);
+    }
+
+    /// Give back every ingress address of `status` (the counter itself never goes back, as
+    /// upstream's does not).
+    pub(crate) fn release(&mut self, status: &LoadBalancerStatus) {
+        for ip in ingress_ips(status) {
+            self.used.remove(&ip);
+        }
+    }
+}
+
+/// The first `bench` address among a Service's ingress addresses: the load balancer a
+/// `bench` cloud in another process made for it.
+pub(crate) fn bench_ingress(status: Option<&LoadBalancerStatus>) -> Option<IpAddr> {
+    ingress_ips(status?).into_iter().find(|ip| is_bench_address(*ip))
+}
+
 fn ingress_ips(status: &LoadBalancerStatus) -> Vec<IpAddr> {
     status.ingress.iter().flatten().filter_map(|i| i.ip.as_deref()?.parse().ok()).collect()
 }
@@ -142,6 +197,43 @@ mod tests {
         assert!(matches!(pool.allocate(), Err(CloudError::Other(m)) if m.contains("192.0.2.0/29")));
         pool.release(&status("192.0.2.4".parse().unwrap()));
         assert_eq!(pool.allocate().unwrap().to_string(), "192.0.2.4");
+    }
+
+    #[test]
+    fn the_bench_counter_follows_upstreams_sequence_and_skips_addresses_in_use() {
+        assert_eq!(bench_address(0).to_string(), "198.18.0.1");
+        assert_eq!(bench_address(249).to_string(), "198.18.0.250");
+        assert_eq!(bench_address(250).to_string(), "198.18.1.1");
+        assert_eq!(bench_address(BENCH_ADDRESSES).to_string(), "198.18.0.1", "wraps as upstream's does");
+        let mut c = BenchCounter::default();
+        c.claim("198.18.0.2".parse().unwrap());
+        let got: Vec<String> = (0..3).map(|_| c.allocate().unwrap().to_string()).collect();
+        assert_eq!(got, ["198.18.0.1", "198.18.0.3", "198.18.0.4"]);
+        c.release(&status("198.18.0.1".parse().unwrap()));
+        assert_eq!(c.allocate().unwrap().to_string(), "198.18.0.5", "the counter never goes back");
+    }
+
+    #[test]
+    fn bench_addresses_are_198_18_with_a_last_octet_of_1_to_250() {
+        for (ip, want) in [
+            ("198.18.0.1", true),
+            ("198.18.255.250", true),
+            ("198.18.0.251", false),
+            ("198.18.0.0", false),
+            ("198.19.0.1", false),
+            ("2001:db8::1", false),
+        ] {
+            assert_eq!(is_bench_address(ip.parse().unwrap()), want, "{ip}");
+        }
+        let two = LoadBalancerStatus {
+            ingress: Some(vec![
+                LoadBalancerIngress { hostname: Some("lb.example".into()), ..Default::default() },
+                LoadBalancerIngress { ip: Some("192.0.2.1".into()), ..Default::default() },
+                LoadBalancerIngress { ip: Some("198.18.3.7".into()), ..Default::default() },
+            ]),
+        };
+        assert_eq!(bench_ingress(Some(&two)).unwrap().to_string(), "198.18.3.7");
+        assert_eq!(bench_ingress(None), None);
     }
 
     #[test]

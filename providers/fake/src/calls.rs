@@ -6,6 +6,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use ccm_framework::provider::CloudError;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+
+/// The metric family of load-balancer changes, by `change` label.
+pub type ChangeMetric = Family<Vec<(String, String)>, Counter>;
 
 /// How many recent calls the log keeps with their subject.
 pub const RECENT_CALLS: usize = 4096;
@@ -80,6 +85,32 @@ pub mod methods {
     }
 }
 
+/// What a load-balancer call did to the cloud: the call log keeps these apart from the calls,
+/// since `ensure_load_balancer` both creates and updates, and a hand-over must show no create.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum LoadBalancerChange {
+    /// A load balancer that did not exist was created.
+    Create,
+    /// An existing (or adopted) load balancer was ensured or updated.
+    Update,
+    /// An existing load balancer was deleted.
+    Delete,
+}
+
+impl LoadBalancerChange {
+    /// Every change, in label order.
+    pub const ALL: [LoadBalancerChange; 3] = [Self::Create, Self::Update, Self::Delete];
+
+    /// The lower-case name (`create`, `update`, `delete`), as in the metric's label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Create => "create",
+            Self::Update => "update",
+            Self::Delete => "delete",
+        }
+    }
+}
+
 /// One recorded call.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Call {
@@ -94,12 +125,15 @@ struct CallLogInner {
     counts: BTreeMap<&'static str, usize>,
     total: usize,
     recent: VecDeque<Call>,
+    changes: BTreeMap<LoadBalancerChange, usize>,
+    recent_changes: VecDeque<(LoadBalancerChange, String)>,
 }
 
 /// Counts of calls per method, plus the most recent calls with their subject.
 #[derive(Default)]
 pub struct CallLog {
     inner: Mutex<CallLogInner>,
+    change_metric: ChangeMetric,
     in_flight: AtomicUsize,
     peak_in_flight: AtomicUsize,
 }
@@ -123,6 +157,32 @@ impl CallLog {
             inner.recent.pop_front();
         }
         inner.recent.push_back(Call { method, subject });
+    }
+
+    pub(crate) fn record_change(&self, change: LoadBalancerChange, subject: String) {
+        self.change_metric.get_or_create(&vec![("change".to_string(), change.as_str().to_string())]).inc();
+        let mut inner = self.lock();
+        *inner.changes.entry(change).or_default() += 1;
+        if inner.recent_changes.len() == RECENT_CALLS {
+            inner.recent_changes.pop_front();
+        }
+        inner.recent_changes.push_back((change, subject));
+    }
+
+    /// The changes as a metric family (`fake_load_balancer_changes_total{change}` once the
+    /// provider registers it), so a test can read them from a manager process's `/metrics`.
+    pub fn change_metric(&self) -> ChangeMetric {
+        self.change_metric.clone()
+    }
+
+    /// Load balancers changed this way so far.
+    pub fn changes(&self, change: LoadBalancerChange) -> usize {
+        self.lock().changes.get(&change).copied().unwrap_or(0)
+    }
+
+    /// Services (`namespace/name`) of the recent changes of this kind, oldest first.
+    pub fn changed(&self, change: LoadBalancerChange) -> Vec<String> {
+        self.lock().recent_changes.iter().filter(|(c, _)| *c == change).map(|(_, s)| s.clone()).collect()
     }
 
     /// Calls of `method` so far (a batch call counts once, under its batch method name).

@@ -57,6 +57,25 @@ pub struct FakeConfig {
     /// Seed for rate failures.
     #[serde(default)]
     pub seed: Option<u64>,
+    /// Which cloud the fake answers as (default [`FakeProfile::Fake`]).
+    #[serde(default)]
+    pub profile: FakeProfile,
+    /// With `profile: bench`, also report an InternalIP derived from the Node name, as the
+    /// upstream binary's `BENCH_INTERNAL_IP=1` does.
+    #[serde(default, rename = "benchInternalIP")]
+    pub bench_internal_ip: bool,
+}
+
+/// Which cloud the fake answers as.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum FakeProfile {
+    /// The fake's own cloud: instances derived from the name or listed, addresses from a range.
+    #[default]
+    Fake,
+    /// The `bench` provider of the shared upstream Go binary (`../shared/upstream`), answered
+    /// alike so that the same cluster can be driven by either (see the crate README).
+    Bench,
 }
 
 /// An instance in [`FakeConfig`]. Fields left out take the values the provider derives from
@@ -200,6 +219,7 @@ impl FakeConfig {
                 .with::<FakeHealthConfig>()
                 .with::<FakeFailureConfig>()
                 .with::<FakeErrorKind>()
+                .with::<FakeProfile>()
                 .with_messages(&[safe_yaml::DUPLICATE_KEY])
         });
         let config: Self = safe_yaml::from_slice(bytes, &safe_yaml::CLOUD_CONFIG_LIMITS, schema)
@@ -229,6 +249,17 @@ impl FakeConfig {
                 return Err(CloudError::InvalidConfig(format!("instances[{i}].name must not be empty")));
             }
         }
+        if self.profile == FakeProfile::Bench {
+            // Bench's instances and addresses are fixed; these would silently not apply.
+            if !self.instances.is_empty() {
+                return Err(CloudError::InvalidConfig("instances cannot be listed with profile: bench".into()));
+            }
+            if self.load_balancer_ip_range.is_some() {
+                return Err(CloudError::InvalidConfig("loadBalancerIPRange cannot be set with profile: bench".into()));
+            }
+        } else if self.bench_internal_ip {
+            return Err(CloudError::InvalidConfig("benchInternalIP needs profile: bench".into()));
+        }
         for d in [self.latency, self.load_balancer_latency].into_iter().flatten() {
             if d.is_negative() {
                 return Err(CloudError::InvalidConfig("latencies must not be negative".into()));
@@ -252,6 +283,10 @@ pub(crate) mod tests {
             (b"batchSize: 0\n", "batchSize must be at least 1"),
             (b"failures: [{method: hunter2, error: other}]\n", "not a fake provider method"),
             (b"failures: [{method: health, rate: 2, error: other}]\n", "between 0 and 1"),
+            (b"profile: hunter2\n", "profile"),
+            (b"profile: bench\ninstances: [{name: hunter2}]\n", "instances cannot be listed with profile: bench"),
+            (b"profile: bench\nloadBalancerIPRange: 10.0.0.0/8\n", "loadBalancerIPRange cannot be set"),
+            (b"benchInternalIP: true\n", "benchInternalIP needs profile: bench"),
         ] {
             let err = FakeConfig::parse(yaml).unwrap_err();
             assert!(matches!(err, CloudError::InvalidConfig(_)));
@@ -294,6 +329,8 @@ pub(crate) mod tests {
             format!("loadBalancerIPRange: {t}\n"),
             format!("loadBalancerIPRange: 10.0.0.0/{t}\n"),
             format!("seed: {t}\n"),
+            format!("profile: {t}\n"),
+            format!("profile: bench\nbenchInternalIP: {t}\n"),
             format!("instances: {t}\n"),
             format!("instances: [{{name: [{t}]}}]\n"),
             format!("instances: &{t} [{{name: a}}]\nfailures: *{t}\n"),

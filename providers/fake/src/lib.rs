@@ -26,6 +26,9 @@
 //! health: { healthy: false, reason: CredentialsRejected, message: "401" }
 //! ```
 //!
+//! `profile: bench` answers as the shared upstream Go binary's `bench` provider does (see the
+//! crate README): the same cluster can then be driven by either.
+//!
 //! Four jobs, one module each: [`provider`] (the cloud and the provider traits), [`calls`] (the
 //! call log and fault injection), [`addresses`] (load-balancer address allocation) and
 //! [`config`] (the cloud-config). The provider builds on the other three, which know nothing of it.
@@ -35,11 +38,13 @@ pub mod calls;
 pub mod config;
 pub mod provider;
 
-pub use addresses::DEFAULT_LB_RANGE;
-pub use calls::{Call, CallLog, Fault, RECENT_CALLS, methods};
+pub use addresses::{BENCH_ADDRESSES, DEFAULT_LB_RANGE, bench_address, is_bench_address};
+pub use calls::{Call, CallLog, ChangeMetric, Fault, LoadBalancerChange, RECENT_CALLS, methods};
 pub use config::{
-    FakeAddressConfig, FakeConfig, FakeErrorKind, FakeFailureConfig, FakeHealthConfig, FakeInstanceConfig,
+    FakeAddressConfig, FakeConfig, FakeErrorKind, FakeFailureConfig, FakeHealthConfig, FakeInstanceConfig, FakeProfile,
 };
 pub use provider::{
-    FakeCapabilities, FakeInstance, FakeLoadBalancer, FakeProvider, NAME, PROVIDER_ID_PREFIX, register,
+    BENCH_INSTANCE_LATENCY, BENCH_INSTANCE_TYPE, BENCH_LB_LATENCY, BENCH_PROVIDER_ID_PREFIX, BENCH_REGION, BENCH_ZONE,
+    CHANGES_METRIC, FakeCapabilities, FakeInstance, FakeLoadBalancer, FakeProvider, NAME, PROVIDER_ID_PREFIX,
+    bench_internal_ip, register,
 };

@@ -18,15 +18,31 @@ use ccm_framework::provider::{
 };
 use ccm_framework::registry::{FactoryInput, Registry};
 
-use crate::addresses::AddressPool;
-use crate::calls::{CallLog, Fault, Faults, InFlight, methods};
-use crate::config::{FakeConfig, FakeInstanceConfig};
+use crate::addresses::{AddressPool, BenchCounter, bench_ingress};
+use crate::calls::{CallLog, Fault, Faults, InFlight, LoadBalancerChange, methods};
+use crate::config::{FakeConfig, FakeInstanceConfig, FakeProfile};
 
 /// The name the fake provider is registered under.
 pub const NAME: &str = "fake";
 
 /// The prefix of providerIDs the fake derives (`fake://<node name>`).
 pub const PROVIDER_ID_PREFIX: &str = "fake://";
+
+/// The prefix of providerIDs in the `bench` profile (`bench://<node name>`).
+pub const BENCH_PROVIDER_ID_PREFIX: &str = "bench://";
+/// The instance type of every `bench` instance.
+pub const BENCH_INSTANCE_TYPE: &str = "bench.small";
+/// The zone of every `bench` instance.
+pub const BENCH_ZONE: &str = "bench-zone-a";
+/// The region of every `bench` instance.
+pub const BENCH_REGION: &str = "bench-region";
+/// `bench`'s default latency of an instance call (upstream's `BENCH_INSTANCE_LATENCY`).
+pub const BENCH_INSTANCE_LATENCY: Duration = Duration::from_millis(20);
+/// `bench`'s default latency of a load-balancer call (upstream's `BENCH_LB_LATENCY`).
+pub const BENCH_LB_LATENCY: Duration = Duration::from_millis(50);
+
+/// The name of the metric counting load-balancer changes (`_total` is appended on exposition).
+pub const CHANGES_METRIC: &str = "fake_load_balancer_changes";
 
 /// Register the fake provider under [`NAME`].
 pub fn register(registry: &mut Registry) -> Result<(), ccm_framework::registry::RegistryError> {
@@ -68,6 +84,32 @@ impl FakeInstance {
             node_addresses: vec![NodeAddress { type_: "InternalIP".into(), address: ip.to_string() }],
             zone: zones[((h >> 4) % 3) as usize].to_string(),
             region: "fake-region-1".to_string(),
+            additional_labels: BTreeMap::new(),
+        })
+    }
+
+    /// The instance upstream's `bench` provider reports for `node`: providerID
+    /// `bench://<name>`, `bench.small` in `bench-zone-a`/`bench-region`, and the Node's own
+    /// Hostname and InternalIP addresses (a Hostname of its name if it has none), after an
+    /// InternalIP derived from the name when `internal_ip` is set.
+    pub fn bench(node: &Node, internal_ip: bool) -> Self {
+        let name = node.name_any();
+        let own = node.status.as_ref().and_then(|s| s.addresses.as_ref());
+        let mut addresses: Vec<NodeAddress> =
+            own.into_iter().flatten().filter(|a| a.type_ == "Hostname" || a.type_ == "InternalIP").cloned().collect();
+        if addresses.is_empty() {
+            addresses.push(NodeAddress { type_: "Hostname".into(), address: name.clone() });
+        }
+        if internal_ip {
+            addresses
+                .insert(0, NodeAddress { type_: "InternalIP".into(), address: bench_internal_ip(&name).to_string() });
+        }
+        Self::running(InstanceMetadata {
+            provider_id: format!("{BENCH_PROVIDER_ID_PREFIX}{name}"),
+            instance_type: BENCH_INSTANCE_TYPE.to_string(),
+            node_addresses: addresses,
+            zone: BENCH_ZONE.to_string(),
+            region: BENCH_REGION.to_string(),
             additional_labels: BTreeMap::new(),
         })
     }
@@ -155,6 +197,9 @@ struct State {
     load_balancer_latency: Duration,
     batch_size: usize,
     capabilities: FakeCapabilities,
+    profile: FakeProfile,
+    bench_internal_ip: bool,
+    bench_addresses: BenchCounter,
 }
 
 /// The fake provider. See the module documentation.
@@ -197,6 +242,9 @@ impl FakeProvider {
                 load_balancer_latency: Duration::ZERO,
                 batch_size: 100,
                 capabilities: FakeCapabilities::default(),
+                profile: FakeProfile::Fake,
+                bench_internal_ip: false,
+                bench_addresses: BenchCounter::default(),
             }),
             calls: CallLog::default(),
             initialized: AtomicBool::new(false),
@@ -218,6 +266,12 @@ impl FakeProvider {
         let p = Self::new();
         {
             let mut st = p.state();
+            if config.profile == FakeProfile::Bench {
+                st.profile = FakeProfile::Bench;
+                st.bench_internal_ip = config.bench_internal_ip;
+                st.latency = BENCH_INSTANCE_LATENCY;
+                st.load_balancer_latency = BENCH_LB_LATENCY;
+            }
             if let Some(l) = config.latency {
                 st.latency = l.into();
             }
@@ -233,13 +287,15 @@ impl FakeProvider {
             if let Some(seed) = config.seed {
                 st.faults.seed(seed);
             }
-            st.auto_instances = config.auto_instances;
+            let bench = config.profile == FakeProfile::Bench;
+            st.auto_instances = config.auto_instances || bench;
+            // Bench offers InstancesV2 and LoadBalancer only.
             st.capabilities = FakeCapabilities {
                 instances: !config.disable_instances,
                 load_balancer: !config.disable_load_balancers,
-                routes: !config.disable_routes,
-                zones: !config.disable_zones,
-                clusters: !config.disable_clusters,
+                routes: !config.disable_routes && !bench,
+                zones: !config.disable_zones && !bench,
+                clusters: !config.disable_clusters && !bench,
             };
             if let Some(h) = &config.health {
                 st.health = if h.healthy {
@@ -296,9 +352,17 @@ impl FakeProvider {
         st.gone.insert(name.to_string());
     }
 
-    /// The instance the fake would report for a Node of this name and no providerID.
+    /// The instance the fake would report for a Node of this name and no providerID (in the
+    /// `bench` profile: nor addresses).
     pub fn instance(&self, name: &str) -> Option<FakeInstance> {
         let st = self.state();
+        if st.profile == FakeProfile::Bench {
+            let node = Node {
+                metadata: kube::api::ObjectMeta { name: Some(name.into()), ..Default::default() },
+                ..Default::default()
+            };
+            return st.bench_lookup(&node);
+        }
         st.instances
             .get(name)
             .cloned()
@@ -411,8 +475,16 @@ impl FakeProvider {
         }
     }
 
+    /// Which cloud the fake answers as.
+    pub fn profile(&self) -> FakeProfile {
+        self.state().profile
+    }
+
     fn lookup(&self, node: &Node) -> Option<FakeInstance> {
         let st = self.state();
+        if st.profile == FakeProfile::Bench {
+            return st.bench_lookup(node);
+        }
         let name = node.name_any();
         if let Some(pid) = node.spec.as_ref().and_then(|s| s.provider_id.as_deref()).filter(|p| !p.is_empty()) {
             if let Some(owner) = st.by_provider_id.get(pid) {
@@ -468,12 +540,75 @@ impl FakeProvider {
         stream::iter(chunks).buffered(concurrency).flat_map(stream::iter).collect().await
     }
 
+    /// Bench has no batch API: a batch is one call of `method` per Node, as upstream makes.
+    async fn fan_out<T: Send>(
+        &self,
+        method: &'static str,
+        nodes: &[&Node],
+        one: impl Fn(&Self, &Node) -> T + Send + Sync,
+    ) -> Vec<CloudResult<T>> {
+        let one = &one;
+        let calls: Vec<_> = nodes
+            .iter()
+            .map(|n| async move { self.call(method, n.name_any(), false).await.map(|()| one(self, n)) })
+            .collect();
+        stream::iter(calls).buffered(self.batch_concurrency().max(1)).collect().await
+    }
+
+    fn is_bench(&self) -> bool {
+        self.state().profile == FakeProfile::Bench
+    }
+
+    /// Record what a load-balancer call did.
+    fn changed(&self, change: LoadBalancerChange, service: &Service) {
+        self.calls.record_change(change, Self::service_key(service));
+    }
+
     fn service_key(service: &Service) -> String {
         format!("{}/{}", service.namespace().unwrap_or_default(), service.name_any())
     }
 }
 
 impl State {
+    /// `bench`'s instance for `node`: an instance set explicitly, else every Node not removed.
+    fn bench_lookup(&self, node: &Node) -> Option<FakeInstance> {
+        let name = node.name_any();
+        if let Some(i) = self.instances.get(&name) {
+            return Some(i.clone());
+        }
+        (!self.gone.contains(&name)).then(|| FakeInstance::bench(node, self.bench_internal_ip))
+    }
+
+    /// The load balancer `name` of `service`. In the `bench` profile a Service whose status
+    /// holds a bench address has one: the shared cloud another process made it in (bench's
+    /// state lives in each process, so this is how two of them model one cloud); it is
+    /// adopted here with that address.
+    fn existing_load_balancer(
+        &mut self,
+        name: &str,
+        cluster_name: &str,
+        service: &Service,
+    ) -> Option<&mut FakeLoadBalancer> {
+        if !self.load_balancers.contains_key(name) && self.profile == FakeProfile::Bench {
+            let status = service.status.as_ref().and_then(|s| s.load_balancer.as_ref());
+            if let Some(ip) = bench_ingress(status) {
+                self.bench_addresses.claim(ip);
+                let status = LoadBalancerStatus {
+                    ingress: Some(vec![LoadBalancerIngress { ip: Some(ip.to_string()), ..Default::default() }]),
+                };
+                let lb = FakeLoadBalancer {
+                    name: name.to_string(),
+                    service: FakeProvider::service_key(service),
+                    cluster_name: cluster_name.to_string(),
+                    hosts: Arc::from(Vec::new()),
+                    status,
+                };
+                self.load_balancers.insert(name.to_string(), lb);
+            }
+        }
+        self.load_balancers.get_mut(name)
+    }
+
     /// The names of `nodes`, sorted, as a shared copy: the one stored last when it is the same
     /// set, so that no name is copied unless the set changed (with 5,000 Nodes, copying them
     /// on every call was most of the fake's own cost).
@@ -492,14 +627,32 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ *b as u64).wrapping_mul(0x0100_0000_01b3))
 }
 
+/// 32-bit FNV-1a, as Go's `hash/fnv.New32a`.
+fn fnv1a32(bytes: &[u8]) -> u32 {
+    bytes.iter().fold(0x811c_9dc5u32, |h, b| (h ^ *b as u32).wrapping_mul(0x0100_0193))
+}
+
+/// The InternalIP upstream's `bench` derives from a Node name with `BENCH_INTERNAL_IP=1`:
+/// `10.(h>>8).(h>>16).(1 + (h>>24) % 254)` of its 32-bit FNV-1a hash.
+pub fn bench_internal_ip(name: &str) -> Ipv4Addr {
+    let h = fnv1a32(name.as_bytes());
+    Ipv4Addr::new(10, (h >> 8) as u8, (h >> 16) as u8, 1 + ((h >> 24) % 254) as u8)
+}
+
 #[async_trait]
 impl CloudProvider for FakeProvider {
     fn name(&self) -> &str {
         NAME
     }
 
-    async fn initialize(&self, _ctx: InitContext) -> CloudResult<()> {
+    async fn initialize(&self, ctx: InitContext) -> CloudResult<()> {
         self.call(methods::INITIALIZE, "", false).await?;
+        let family = self.calls.change_metric();
+        ctx.metrics.get_or_register(
+            CHANGES_METRIC,
+            "Load balancers the fake cloud created, updated or deleted",
+            || family,
+        );
         self.initialized.store(true, Ordering::SeqCst);
         Ok(())
     }
@@ -556,16 +709,27 @@ impl Instances for FakeProvider {
 
     async fn instances_metadata(&self, nodes: &[&Node]) -> Vec<CloudResult<Option<InstanceMetadata>>> {
         let _guard = InFlight::enter(&self.calls);
+        if self.is_bench() {
+            return self.fan_out(methods::INSTANCE_METADATA, nodes, |p, n| p.existing(n).map(|i| i.metadata)).await;
+        }
         self.batch(methods::INSTANCES_METADATA, nodes, |p, n| p.existing(n).map(|i| i.metadata)).await
     }
 
     async fn instances_exist(&self, nodes: &[&Node]) -> Vec<CloudResult<bool>> {
         let _guard = InFlight::enter(&self.calls);
+        if self.is_bench() {
+            return self.fan_out(methods::INSTANCE_EXISTS, nodes, |p, n| p.lookup(n).is_some_and(|i| i.exists)).await;
+        }
         self.batch(methods::INSTANCES_EXIST, nodes, |p, n| p.lookup(n).is_some_and(|i| i.exists)).await
     }
 
     async fn instances_shutdown(&self, nodes: &[&Node]) -> Vec<CloudResult<bool>> {
         let _guard = InFlight::enter(&self.calls);
+        if self.is_bench() {
+            return self
+                .fan_out(methods::INSTANCE_SHUTDOWN, nodes, |p, n| p.existing(n).is_some_and(|i| i.shutdown))
+                .await;
+        }
         self.batch(methods::INSTANCES_SHUTDOWN, nodes, |p, n| p.existing(n).is_some_and(|i| i.shutdown)).await
     }
 }
@@ -580,7 +744,7 @@ impl LoadBalancer for FakeProvider {
         let _guard = InFlight::enter(&self.calls);
         self.call(methods::GET_LOAD_BALANCER, Self::service_key(service), true).await?;
         let name = self.load_balancer_name(cluster_name, service);
-        Ok(self.state().load_balancers.get(&name).map(|lb| lb.status.clone()))
+        Ok(self.state().existing_load_balancer(&name, cluster_name, service).map(|lb| lb.status.clone()))
     }
 
     fn load_balancer_name(&self, _cluster_name: &str, service: &Service) -> String {
@@ -601,17 +765,27 @@ impl LoadBalancer for FakeProvider {
         let _guard = InFlight::enter(&self.calls);
         self.call(methods::ENSURE_LOAD_BALANCER, Self::service_key(service), true).await?;
         let name = self.load_balancer_name(cluster_name, service);
-        let requested =
-            service.spec.as_ref().and_then(|s| s.load_balancer_ip.as_deref()).and_then(|ip| ip.parse().ok());
         let mut st = self.state();
+        let bench = st.profile == FakeProfile::Bench;
+        // Bench ignores spec.loadBalancerIP, as upstream's does.
+        let requested = service
+            .spec
+            .as_ref()
+            .and_then(|s| s.load_balancer_ip.as_deref())
+            .and_then(|ip| ip.parse().ok())
+            .filter(|_| !bench);
         let hosts = st.intern_hosts(nodes);
-        if let Some(lb) = st.load_balancers.get_mut(&name) {
+        if let Some(lb) = st.existing_load_balancer(&name, cluster_name, service) {
             lb.hosts = hosts;
             lb.cluster_name = cluster_name.to_string();
-            return Ok(lb.status.clone());
+            let status = lb.status.clone();
+            drop(st);
+            self.changed(LoadBalancerChange::Update, service);
+            return Ok(status);
         }
         let ip = match requested {
             Some(ip) => ip,
+            None if bench => st.bench_addresses.allocate()?,
             None => st.addresses.allocate()?,
         };
         st.addresses.claim(ip);
@@ -628,6 +802,8 @@ impl LoadBalancer for FakeProvider {
                 status: status.clone(),
             },
         );
+        drop(st);
+        self.changed(LoadBalancerChange::Create, service);
         Ok(status)
     }
 
@@ -638,9 +814,10 @@ impl LoadBalancer for FakeProvider {
         // Updating a load balancer that does not exist is a no-op, as in upstream's fake.
         let mut st = self.state();
         let hosts = st.intern_hosts(nodes);
-        if let Some(lb) = st.load_balancers.get_mut(&name) {
-            lb.hosts = hosts;
-        }
+        let Some(lb) = st.existing_load_balancer(&name, cluster_name, service) else { return Ok(()) };
+        lb.hosts = hosts;
+        drop(st);
+        self.changed(LoadBalancerChange::Update, service);
         Ok(())
     }
 
@@ -649,9 +826,15 @@ impl LoadBalancer for FakeProvider {
         self.call(methods::ENSURE_LOAD_BALANCER_DELETED, Self::service_key(service), true).await?;
         let name = self.load_balancer_name(cluster_name, service);
         let mut st = self.state();
+        if st.existing_load_balancer(&name, cluster_name, service).is_none() {
+            return Ok(());
+        }
         if let Some(lb) = st.load_balancers.remove(&name) {
             st.addresses.release(&lb.status);
+            st.bench_addresses.release(&lb.status);
         }
+        drop(st);
+        self.changed(LoadBalancerChange::Delete, service);
         Ok(())
     }
 }
@@ -935,6 +1118,174 @@ mod tests {
         assert_eq!(p.load_balancers().len(), 2);
         assert_eq!(p.calls().count(methods::ENSURE_LOAD_BALANCER), 5);
         assert_eq!(p.calls().count(methods::ENSURE_LOAD_BALANCER_DELETED), 2);
+    }
+
+    fn bench() -> FakeProvider {
+        FakeProvider::from_cloud_config(Some(b"profile: bench\nlatency: 0s\nloadBalancerLatency: 0s\n")).unwrap()
+    }
+
+    fn node_with_addresses(name: &str, addresses: &[(&str, &str)]) -> Node {
+        let mut n = node(name);
+        n.status = Some(k8s_openapi::api::core::v1::NodeStatus {
+            addresses: Some(
+                addresses.iter().map(|(t, a)| NodeAddress { type_: (*t).into(), address: (*a).into() }).collect(),
+            ),
+            ..Default::default()
+        });
+        n
+    }
+
+    fn with_ingress(mut svc: Service, ip: &str) -> Service {
+        svc.status = Some(k8s_openapi::api::core::v1::ServiceStatus {
+            load_balancer: Some(LoadBalancerStatus {
+                ingress: Some(vec![LoadBalancerIngress { ip: Some(ip.into()), ..Default::default() }]),
+            }),
+            ..Default::default()
+        });
+        svc
+    }
+
+    fn ip(status: &LoadBalancerStatus) -> &str {
+        status.ingress.as_ref().unwrap()[0].ip.as_deref().unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_bench_profile_reports_upstream_benchs_metadata_and_the_nodes_own_addresses() {
+        let p = bench();
+        let inst = p.instances().unwrap();
+        let m = inst.instance_metadata(&node("node-1")).await.unwrap().unwrap();
+        assert_eq!(m.provider_id, "bench://node-1");
+        assert_eq!(
+            (m.instance_type.as_str(), m.zone.as_str(), m.region.as_str()),
+            ("bench.small", "bench-zone-a", "bench-region")
+        );
+        assert_eq!(
+            m.node_addresses,
+            [NodeAddress { type_: "Hostname".into(), address: "node-1".into() }],
+            "a Hostname of the name"
+        );
+        assert!(m.additional_labels.is_empty());
+        let own = node_with_addresses(
+            "n2",
+            &[("ExternalIP", "203.0.113.9"), ("InternalIP", "192.168.0.2"), ("Hostname", "h2")],
+        );
+        let m = inst.instance_metadata(&own).await.unwrap().unwrap();
+        let got: Vec<_> = m.node_addresses.iter().map(|a| (a.type_.as_str(), a.address.as_str())).collect();
+        assert_eq!(got, [("InternalIP", "192.168.0.2"), ("Hostname", "h2")], "only Hostname and InternalIP, in order");
+        // Every Node exists and runs, also one with another cloud's providerID.
+        assert!(inst.instance_exists(&node_with_pid("x", "fake://x")).await.unwrap());
+        assert!(!inst.instance_shutdown(&node("x")).await.unwrap());
+        assert_eq!(p.instance("node-1").unwrap().metadata.provider_id, "bench://node-1");
+    }
+
+    #[tokio::test]
+    async fn bench_internal_ip_prepends_upstreams_fnv1a_address() {
+        // Values computed with Go's hash/fnv New32a as upstream's main.go does.
+        assert_eq!(bench_internal_ip("node-1").to_string(), "10.51.196.85");
+        assert_eq!(bench_internal_ip("worker-a").to_string(), "10.125.249.164");
+        let p = FakeProvider::from_cloud_config(Some(b"profile: bench\nbenchInternalIP: true\n")).unwrap();
+        let m = p.instance_metadata(&node_with_addresses("node-1", &[("Hostname", "node-1")])).await.unwrap().unwrap();
+        let got: Vec<_> = m.node_addresses.iter().map(|a| (a.type_.as_str(), a.address.as_str())).collect();
+        assert_eq!(got, [("InternalIP", "10.51.196.85"), ("Hostname", "node-1")]);
+    }
+
+    #[tokio::test]
+    async fn the_bench_profile_offers_instances_and_load_balancers_only_with_benchs_latencies() {
+        let p = FakeProvider::from_cloud_config(Some(b"profile: bench\n")).unwrap();
+        assert!(p.instances().is_some() && p.load_balancer().is_some());
+        assert!(p.zones().is_none() && p.clusters().is_none() && p.routes().is_none());
+        assert_eq!(p.profile(), FakeProfile::Bench);
+        {
+            let st = p.state();
+            assert_eq!((st.latency, st.load_balancer_latency), (BENCH_INSTANCE_LATENCY, BENCH_LB_LATENCY));
+        }
+        let p =
+            FakeProvider::from_cloud_config(Some(b"profile: bench\nlatency: 1ms\nloadBalancerLatency: 2ms\n")).unwrap();
+        let st = p.state();
+        assert_eq!((st.latency, st.load_balancer_latency), (Duration::from_millis(1), Duration::from_millis(2)));
+    }
+
+    #[tokio::test]
+    async fn a_bench_batch_is_one_single_call_per_node_as_upstream_makes() {
+        let p = bench();
+        let nodes: Vec<Node> = (0..3).map(|i| node(&format!("n{i}"))).collect();
+        let refs: Vec<&Node> = nodes.iter().collect();
+        let got = p.instances_metadata(&refs).await;
+        assert_eq!(got[2].as_ref().unwrap().as_ref().unwrap().provider_id, "bench://n2");
+        assert_eq!(p.instances_exist(&refs).await.len(), 3);
+        assert_eq!(p.calls().count(methods::INSTANCE_METADATA), 3);
+        assert_eq!(p.calls().count(methods::INSTANCE_EXISTS), 3);
+        assert_eq!(p.calls().count(methods::INSTANCES_METADATA), 0);
+    }
+
+    #[tokio::test]
+    async fn bench_load_balancers_count_up_from_198_18_0_1_stable_per_service() {
+        let p = bench();
+        let lb = p.load_balancer().unwrap();
+        let mut a = service("ns", "a", "uid-a");
+        a.spec.as_mut().unwrap().load_balancer_ip = Some("192.0.2.7".into());
+        let b = service("ns", "b", "uid-b");
+        assert_eq!(lb.get_load_balancer("k", &a).await.unwrap(), None, "only ensured ones exist");
+        assert_eq!(ip(&lb.ensure_load_balancer("k", &a, &[]).await.unwrap()), "198.18.0.1", "loadBalancerIP ignored");
+        assert_eq!(ip(&lb.ensure_load_balancer("k", &b, &[]).await.unwrap()), "198.18.0.2");
+        assert_eq!(ip(&lb.ensure_load_balancer("k", &a, &[]).await.unwrap()), "198.18.0.1");
+        assert_eq!(ip(&lb.get_load_balancer("k", &b).await.unwrap().unwrap()), "198.18.0.2");
+        assert_eq!(p.calls().changes(LoadBalancerChange::Create), 2);
+        assert_eq!(p.calls().changes(LoadBalancerChange::Update), 1);
+        assert_eq!(p.calls().changed(LoadBalancerChange::Create), ["ns/a", "ns/b"]);
+    }
+
+    #[tokio::test]
+    async fn a_service_holding_a_bench_address_has_that_load_balancer_and_is_not_recreated() {
+        let p = bench();
+        let lb = p.load_balancer().unwrap();
+        let adopted = with_ingress(service("ns", "old", "uid-old"), "198.18.0.1");
+        let foreign = with_ingress(service("ns", "other", "uid-other"), "192.0.2.1");
+        assert_eq!(ip(&lb.get_load_balancer("k", &adopted).await.unwrap().unwrap()), "198.18.0.1");
+        assert_eq!(lb.get_load_balancer("k", &foreign).await.unwrap(), None, "not a bench address");
+        assert_eq!(ip(&lb.ensure_load_balancer("k", &adopted, &[]).await.unwrap()), "198.18.0.1", "address kept");
+        lb.update_load_balancer("k", &adopted, &[&node("n1")]).await.unwrap();
+        assert_eq!(p.calls().changes(LoadBalancerChange::Create), 0);
+        assert_eq!(p.calls().changes(LoadBalancerChange::Update), 2);
+        // A new Service does not get the adopted address.
+        let fresh = service("ns", "new", "uid-new");
+        assert_eq!(ip(&lb.ensure_load_balancer("k", &fresh, &[]).await.unwrap()), "198.18.0.2");
+        assert_eq!(p.calls().changes(LoadBalancerChange::Create), 1);
+        let gone = with_ingress(service("ns", "gone", "uid-gone"), "198.18.9.9");
+        lb.ensure_load_balancer_deleted("k", &gone).await.unwrap();
+        lb.ensure_load_balancer_deleted("k", &service("ns", "never", "uid-never")).await.unwrap();
+        assert_eq!(p.calls().changed(LoadBalancerChange::Delete), ["ns/gone"], "a no-op delete is no change");
+    }
+
+    #[tokio::test]
+    async fn the_fake_profile_tells_load_balancer_creates_from_updates_and_ignores_bench_addresses() {
+        let p = FakeProvider::new();
+        let lb = p.load_balancer().unwrap();
+        let svc = with_ingress(service("ns", "a", "uid-a"), "198.18.0.1");
+        assert_eq!(lb.get_load_balancer("k", &svc).await.unwrap(), None, "no adoption outside bench");
+        lb.ensure_load_balancer("k", &svc, &[]).await.unwrap();
+        lb.ensure_load_balancer("k", &svc, &[]).await.unwrap();
+        lb.update_load_balancer("k", &svc, &[]).await.unwrap();
+        lb.ensure_load_balancer_deleted("k", &svc).await.unwrap();
+        let counts: Vec<usize> = LoadBalancerChange::ALL.iter().map(|c| p.calls().changes(*c)).collect();
+        assert_eq!(counts, [1, 2, 1]);
+        let metrics = ccm_framework::metrics::Metrics::new();
+        metrics.get_or_register(CHANGES_METRIC, "changes", || p.calls().change_metric());
+        let text = metrics.encode();
+        assert!(text.contains(r#"fake_load_balancer_changes_total{change="create"} 1"#), "{text}");
+        assert!(text.contains(r#"fake_load_balancer_changes_total{change="update"} 2"#), "{text}");
+    }
+
+    #[test]
+    fn the_bench_profile_refuses_settings_it_would_ignore() {
+        for (yaml, want) in [
+            (&b"profile: bench\ninstances: [{name: a}]\n"[..], "instances cannot be listed"),
+            (b"profile: bench\nloadBalancerIPRange: 10.0.0.0/8\n", "loadBalancerIPRange cannot be set"),
+            (b"benchInternalIP: true\n", "benchInternalIP needs profile: bench"),
+        ] {
+            let err = FakeProvider::from_cloud_config(Some(yaml)).unwrap_err();
+            assert!(err.to_string().contains(want), "{err}");
+        }
     }
 
     #[tokio::test]
