@@ -59,7 +59,8 @@ impl Comparer {
         };
         let changed = self.shadow.set(self.controller, object.clone(), differences);
         if let (true, Some(line), Some(reference)) = (changed, line, reference) {
-            tracing::info!(controller = self.controller, object = %object, difference = %line, "shadow: decision differs");
+            // Debug only: the event and the report carry it, and thousands of objects may differ.
+            tracing::debug!(controller = self.controller, object = %object, difference = %line, "shadow: decision differs");
             self.events.publish(
                 self.controller,
                 reference,
