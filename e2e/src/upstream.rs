@@ -330,7 +330,7 @@ pub fn counter_sum(exposition: &str, name: &str, label: &str, value: &str) -> f6
             let (labels, v) = rest.strip_prefix('{')?.split_once('}')?;
             labels.split(',').any(|kv| kv == want).then(|| v.trim().parse::<f64>().ok()).flatten()
         })
-        .sum()
+        .fold(0.0, |a, b| a + b)
 }
 
 #[cfg(test)]

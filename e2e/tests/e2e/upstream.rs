@@ -6,7 +6,13 @@
 //!   field (names aside), and ours leaves what upstream made as it is;
 //! - hand-over with leader migration (upstream stopped by SIGTERM, and in a separate run by
 //!   SIGKILL), then the roll-back to upstream: measured from the audit log and the migration
-//!   Lease.
+//!   Lease;
+//! - shadow mode: upstream leads with 200 Nodes and 200 LoadBalancer Services, ours in shadow
+//!   mode reports no difference, and exactly the expected ones with a deliberately different
+//!   configuration; it writes nothing and makes no mutating cloud call.
+//!
+//! Managers are told apart in the audit log by user: each runs as its own cluster-admin
+//! ServiceAccount.
 //!
 //! Every scenario needs both the binary and `CCM_TEST_ASSETS`; without them it prints one
 //! `SKIPPED:` line and passes. The numbers are printed past the output capture.
@@ -454,9 +460,6 @@ async fn equivalence(internal_ip: bool) {
     assert!(up_ips.iter().chain(&ours_ips).all(|ip| is_bench_ip(ip)), "bench addresses only");
     assert_eq!(up_ips.len() + ours_ips.len(), 2 * services.len(), "one address per Service");
     assert!(up_ips.is_disjoint(&ours_ips), "ours never hands out an address upstream's load balancers hold");
-    for n in &ours_done {
-        report!("  {}: {:?}", n.name_any(), node_view(n));
-    }
 
     // Ours left upstream's objects as they were.
     let records = log.since(mark);
@@ -810,4 +813,100 @@ async fn ours_takes_over_every_controller_when_upstream_is_terminated_and_hands_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ours_takes_over_every_controller_when_upstream_is_killed_and_hands_back() {
     hand_over_and_back(Stop::Kill).await;
+}
+
+/// How many Nodes and LoadBalancer Services the shadow scenario has upstream set up.
+const SHADOW_OBJECTS: usize = 200;
+
+/// Ours in shadow mode, beside the cluster upstream set up: its passes and differences from
+/// `/metrics`, once both the node and the service controller finished a pass.
+async fn shadow_differences(ours: &Ours) -> BTreeMap<String, f64> {
+    let passed = |text: &str, controller: &str| {
+        upstream::counter_sum(text, "ccm_shadow_passes_total", "controller", controller) >= 1.0
+    };
+    let text = eventually_value(CONVERGE, || async {
+        let text = ours.metrics().await;
+        (passed(&text, "cloud-node-controller") && passed(&text, "service-lb-controller")).then_some(text)
+    })
+    .await
+    .unwrap_or_else(|| panic!("ours never finished a shadow pass:\n{}", ours.process.log_tail(30)));
+    let mut out = BTreeMap::new();
+    for line in text.lines().filter(|l| l.starts_with("ccm_shadow_differences{")) {
+        let Some((labels, value)) = line.rsplit_once(' ') else { continue };
+        let value: f64 = value.parse().unwrap_or_default();
+        if value != 0.0 {
+            out.insert(labels.trim_start_matches("ccm_shadow_differences").to_string(), value);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ours_in_shadow_mode_beside_upstream_agrees_and_shows_exactly_a_deliberate_difference() {
+    if skipped() {
+        return;
+    }
+    let cluster = TestCluster::start(Backend::Genuine).await.expect("the genuine API server");
+    let client = harness(&cluster);
+    let dir = work_dir("shadow");
+    let log = cluster.request_log();
+    let ns = cluster.fresh_namespace("shadow").await.expect("a namespace");
+    let (up_kubeconfig, _) = identity(&cluster, &client, &ns, "upstream").await;
+    let (ours_kubeconfig, ours_user) = identity(&cluster, &client, &ns, "ours").await;
+
+    // Upstream leads and sets up 200 Nodes and 200 LoadBalancer Services.
+    let controllers = "--controllers=cloud-node-controller,service-lb-controller".to_string();
+    let up_args = ["--leader-elect=false".into(), controllers.clone(), "--concurrent-service-syncs=8".into()];
+    let mut up = Upstream::start(&up_kubeconfig, &up_args, &[], &dir.join("upstream.log")).expect("upstream starts");
+    up.wait_healthy(CONVERGE).await.expect("upstream is healthy");
+    let nodes: Vec<Node> =
+        (0..SHADOW_OBJECTS).map(|i| node(&format!("sh-{i}"), &[("InternalIP", "192.168.10.1")], false)).collect();
+    create_nodes(&client, &nodes).await;
+    let services: Vec<String> = (0..SHADOW_OBJECTS).map(|i| format!("sh-{i}")).collect();
+    create_services(&client, &ns, &services).await;
+    let names: Vec<String> = nodes.iter().map(ResourceExt::name_any).collect();
+    wait_nodes(&client, &names, "upstream").await;
+    wait_services(&client, &ns, &services, "upstream").await;
+
+    // Ours joins in shadow mode, configured as upstream is: no difference.
+    let shadow_args = ["--shadow".into(), "--leader-elect=false".into(), controllers.clone()];
+    let mark = log.mark();
+    let mut ours = Ours::start(&dir, "ours-shadow", &ours_kubeconfig, BENCH_PROFILE, &shadow_args);
+    ours.wait_healthy().await;
+    let same = shadow_differences(&ours).await;
+    let metrics = ours.metrics().await;
+    let mutating: f64 = ["ensure_load_balancer", "update_load_balancer", "ensure_load_balancer_deleted"]
+        .iter()
+        .map(|m| upstream::counter_sum(&metrics, "cloudprovider_api_requests_total", "method", m))
+        .fold(0.0, |a, b| a + b);
+    ours.process.terminate(Duration::from_secs(10)).await.expect("ours stops");
+
+    // Then with a deliberately different configuration: an InternalIP derived from each Node's
+    // name, which upstream (without BENCH_INTERNAL_IP) does not report: every Node's addresses.
+    let mut other = Ours::start(
+        &dir,
+        "ours-shadow-ip",
+        &ours_kubeconfig,
+        &format!("{BENCH_PROFILE}benchInternalIP: true\n"),
+        &shadow_args,
+    );
+    other.wait_healthy().await;
+    let differ = shadow_differences(&other).await;
+    other.process.terminate(Duration::from_secs(10)).await.expect("ours stops");
+    let writes: Vec<String> = manager_writes(&log.since(mark), &ours_user)
+        .iter()
+        .map(|r| format!("{} {} {:?}", r.verb, kind(r), r.name))
+        .collect();
+    report!(
+        "shadow beside upstream: {SHADOW_OBJECTS} Nodes and {SHADOW_OBJECTS} LoadBalancer Services; same configuration: \
+         differences {same:?}; with benchInternalIP: {differ:?}; writes to Nodes and Services: {}; mutating cloud calls: {mutating}",
+        writes.len()
+    );
+    assert!(same.is_empty(), "differences with the same configuration: {same:?}");
+    let want: BTreeMap<String, f64> =
+        [(r#"{controller="cloud-node-controller",kind="would-patch"}"#.to_string(), SHADOW_OBJECTS as f64)].into();
+    assert_eq!(differ, want, "exactly one would-patch (status.addresses) per Node");
+    assert!(writes.is_empty(), "shadow mode wrote: {writes:?}");
+    assert_eq!(mutating, 0.0, "shadow mode made a mutating cloud call");
+    up.process.terminate(Duration::from_secs(10)).await.expect("upstream stops");
 }
