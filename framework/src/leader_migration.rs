@@ -13,8 +13,8 @@
 //! per-controller decision ([`LeaderMigrationConfiguration::placement`]).
 //!
 //! Versions, checked against the upstream v1.36 binary: `controllermanager.config.k8s.io/v1alpha1`,
-//! `v1beta1` and `v1` are read; only `v1` defaults an empty `resourceLock` to `leases` (the
-//! older two refuse it, as upstream does). Deliberate differences from upstream, all stricter:
+//! `v1beta1` and `v1` are read. The older two require `resourceLock`; `v1` has no such field
+//! (Leases only) and refuses it as an unknown field, as upstream does. Deliberate differences from upstream, all stricter:
 //! `resourceLock: endpoints` is refused (only Leases exist here), two entries naming the same
 //! controller (also by its alias) are refused instead of the last one winning silently, and
 //! `leaderName` must be a valid Lease name.
@@ -104,8 +104,7 @@ struct Document {
     kind: Option<String>,
     #[serde(default)]
     leader_name: String,
-    #[serde(default)]
-    resource_lock: String,
+    resource_lock: Option<String>,
     #[serde(default)]
     controller_leaders: Vec<ControllerLeader>,
 }
@@ -117,7 +116,6 @@ struct Written<'a> {
     api_version: &'static str,
     kind: &'static str,
     leader_name: &'a str,
-    resource_lock: &'static str,
     controller_leaders: &'a [ControllerLeader],
 }
 
@@ -167,15 +165,23 @@ impl LeaderMigrationConfiguration {
                 return Err(DocumentError::at(root.field("kind"), Problem::UnknownVariant { allowed: vec![KIND] }));
             }
         }
-        // Only v1 has defaulting (checked against the upstream binary).
+        // v1 dropped the field (Leases only); the older versions require it (checked against
+        // the upstream binary).
         let is_v1 = version == API_VERSIONS.len() - 1;
-        let lock =
-            if doc.resource_lock.is_empty() && is_v1 { RESOURCE_LOCK_LEASES } else { doc.resource_lock.as_str() };
-        if lock != RESOURCE_LOCK_LEASES {
-            return Err(DocumentError::at(
-                root.field("resourceLock"),
-                Problem::UnknownVariant { allowed: vec![RESOURCE_LOCK_LEASES] },
-            ));
+        match (is_v1, doc.resource_lock.as_deref()) {
+            (true, None) | (false, Some(RESOURCE_LOCK_LEASES)) => {}
+            (true, Some(_)) => {
+                return Err(at(
+                    root.field("resourceLock"),
+                    "is not a field of controllermanager.config.k8s.io/v1, which uses Leases only; remove it",
+                ));
+            }
+            (false, _) => {
+                return Err(DocumentError::at(
+                    root.field("resourceLock"),
+                    Problem::UnknownVariant { allowed: vec![RESOURCE_LOCK_LEASES] },
+                ));
+            }
         }
         let config = Self { leader_name: doc.leader_name, controller_leaders: doc.controller_leaders };
         config.validate()?;
@@ -242,7 +248,6 @@ impl LeaderMigrationConfiguration {
             api_version: WRITTEN_API_VERSION,
             kind: KIND,
             leader_name: &self.leader_name,
-            resource_lock: RESOURCE_LOCK_LEASES,
             controller_leaders: &self.controller_leaders,
         };
         // Serializing plain strings cannot fail.
@@ -284,34 +289,41 @@ mod tests {
         LeaderMigrationConfiguration::parse(bytes).expect_err("must be refused").to_string()
     }
 
-    const BODY: &str = "leaderName: my-migration\nresourceLock: leases\ncontrollerLeaders:\n  - name: route\n    component: '*'\n  - name: service-lb-controller\n    component: cloud-controller-manager\n";
+    const BODY: &str = "leaderName: my-migration\ncontrollerLeaders:\n  - name: route\n    component: '*'\n  - name: service-lb-controller\n    component: cloud-controller-manager\n";
+
+    /// `BODY` as `version` takes it: the older versions also name the lock.
+    fn body(version: &str) -> String {
+        if version == "v1" { BODY.to_string() } else { format!("resourceLock: leases\n{BODY}") }
+    }
 
     #[test]
     fn m7_each_version_upstream_accepts_is_read() {
         for version in ["v1alpha1", "v1beta1", "v1"] {
-            let c =
-                LeaderMigrationConfiguration::parse(&doc(version, BODY)).unwrap_or_else(|e| panic!("{version}: {e}"));
+            let c = LeaderMigrationConfiguration::parse(&doc(version, &body(version)))
+                .unwrap_or_else(|e| panic!("{version}: {e}"));
             assert_eq!(c.leader_name, "my-migration");
             assert_eq!(
                 c.controller_leaders,
                 [ControllerLeader::new("route", "*"), ControllerLeader::new("service-lb-controller", COMPONENT)]
             );
         }
-        let msg = refused(&doc("v2", BODY));
+        let msg = refused(&doc("v2", &body("v1alpha1")));
         assert!(msg.starts_with("apiVersion:"), "{msg}");
         assert!(!msg.contains("v2"), "the value is not quoted: {msg}");
     }
 
     #[test]
-    fn m7_only_v1_defaults_an_empty_resource_lock_to_leases() {
+    fn m7_the_older_versions_require_resource_lock_leases_and_v1_has_no_such_field() {
         let body = "leaderName: m\n";
         assert!(LeaderMigrationConfiguration::parse(&doc("v1", body)).is_ok());
         for version in ["v1alpha1", "v1beta1"] {
             assert!(refused(&doc(version, body)).starts_with("resourceLock:"), "{version}");
+            let msg = refused(&doc(version, "leaderName: m\nresourceLock: endpoints\n"));
+            assert!(msg.starts_with("resourceLock:") && msg.contains("leases"), "{msg}");
+            assert!(!msg.contains("endpoints"), "{msg}");
         }
-        let msg = refused(&doc("v1", "leaderName: m\nresourceLock: endpoints\n"));
-        assert!(msg.starts_with("resourceLock:") && msg.contains("leases"), "{msg}");
-        assert!(!msg.contains("endpoints"), "{msg}");
+        let msg = refused(&doc("v1", "leaderName: m\nresourceLock: leases\n"));
+        assert!(msg.starts_with("resourceLock: is not a field"), "{msg}");
     }
 
     #[test]
@@ -343,7 +355,7 @@ mod tests {
             ("leaderName: [SECRET]\n", "leaderName:"),
         ];
         for (body, expected) in cases {
-            let msg = refused(&doc("v1", body));
+            let msg = refused(&doc("v1alpha1", body));
             assert!(msg.starts_with(expected), "{body:?}: {msg}");
             assert!(!msg.contains("SECRET"), "{body:?}: {msg}");
         }
