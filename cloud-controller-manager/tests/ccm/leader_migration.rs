@@ -48,7 +48,7 @@ impl Manager {
                 format!("--kubeconfig={}", cluster.kubeconfig_path().display()),
                 "--bind-address=127.0.0.1".into(),
                 format!("--secure-port={port}"),
-                "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics".into(),
+                "--authorization-always-allow-paths=/healthz,/healthz/*,/readyz,/livez,/metrics".into(),
                 "--controllers=*".into(),
                 format!("--leader-elect-resource-name={main_lease}"),
                 "--leader-elect-lease-duration=3s".into(),
@@ -160,6 +160,15 @@ e2e_apiserver::backend_tests! {
         let log = std::fs::read_to_string(&leaving.log).unwrap();
         assert!(log.contains(&identity), "the holder of {MIGRATION_LEASE} is the manager running them");
         assert!(log.contains("not starting controller") && log.contains("kube-controller-manager"), "{log}");
+
+        // The migration Lease has its own health check and its own leader_election_master_status series.
+        for (m, leading) in [(&leaving, 1), (&staying, 0)] {
+            let get = |path: &'static str| ccm_framework::serving::probe::get(m.addr, path, None, Duration::from_secs(2));
+            assert_eq!(get("/healthz/leaderMigration").await.map(|r| r.status), Some(200));
+            let metrics = get("/metrics").await.unwrap().body;
+            let series = format!("leader_election_master_status{{name=\"{MIGRATION_LEASE}\"}} {leading}");
+            assert!(metrics.contains(&series), "{series} in:\n{metrics}");
+        }
 
         leaving.signal("-TERM").await;
         let took = until_it_runs_the_migrated_controllers(&staying, LEASE * 2).await;
