@@ -46,6 +46,9 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         Box::pin(leader_handover(c))
     }),
     ("pod_template_change_rolls_out_on_one_node_with_the_default_two_replicas", |c| Box::pin(rollout_one_node(c))),
+    ("m7_a_leader_migration_file_reaches_the_manager_pod_through_the_kubelet_and_the_leader_takes_both_leases", |c| {
+        Box::pin(leader_migration_file(c))
+    }),
     ("cloud_config_rotation_reaches_the_pods_pool_edits_reload_other_edits_roll", |c| Box::pin(rotation(c))),
     ("operator_and_manager_metrics_are_scraped_with_the_metrics_reader_token", |c| Box::pin(metrics(c))),
     ("a_crash_looping_manager_shows_degraded_within_a_minute_and_provider_health_is_not_claimed", |c| {
@@ -256,13 +259,53 @@ fn bin_dir() -> PathBuf {
     exe.parent().and_then(Path::parent).map(Path::to_path_buf).unwrap_or_default()
 }
 
+/// The most recently changed `.rs` file of the crates the two images are built from.
+fn newest_rust_source(repo: &Path) -> Option<(PathBuf, std::time::SystemTime)> {
+    let mut newest: Option<(PathBuf, std::time::SystemTime)> = None;
+    let mut dirs: Vec<PathBuf> =
+        ["crds/src", "framework/src", "providers", "operator/src", "cloud-controller-manager/src"]
+            .iter()
+            .map(|d| repo.join(d))
+            .collect();
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                // A provider's tests are not in the binary.
+                if path.file_name().is_some_and(|n| n != "tests") {
+                    dirs.push(path);
+                }
+            } else if path.extension().is_some_and(|e| e == "rs")
+                && let Ok(changed) = entry.metadata().and_then(|m| m.modified())
+                && newest.as_ref().is_none_or(|(_, t)| changed > *t)
+            {
+                newest = Some((path, changed));
+            }
+        }
+    }
+    newest
+}
+
 /// Builds and imports the images every scenario needs.
 async fn prepare(cluster: &RealCluster) -> Result<Client, String> {
     let t = Instant::now();
     let bins = bin_dir();
+    let newest_source = newest_rust_source(&repo());
     for b in ["ccm-operator", "cloud-controller-manager"] {
-        if !bins.join(b).is_file() {
-            return Err(format!("{} is missing: build it first (cargo build --bin {b})", bins.join(b).display()));
+        let bin = bins.join(b);
+        let built = std::fs::metadata(&bin)
+            .and_then(|m| m.modified())
+            .map_err(|_| format!("{} is missing: build it first (cargo build --workspace --bins)", bin.display()))?;
+        // Cargo builds only this package's binaries for this test: after `cargo test -p e2e
+        // --test realcluster` alone the images would carry whatever binary an earlier build left.
+        if let Some((source, changed)) = &newest_source
+            && *changed > built
+        {
+            return Err(format!(
+                "{} is older than {}: the images would run stale code; run `cargo build --workspace --bins` first (`cargo test --workspace` does)",
+                bin.display(),
+                source.display()
+            ));
         }
     }
     let out = cluster.state_dir().join("images");
@@ -807,6 +850,66 @@ async fn rollout_one_node(ctx: Arc<Ctx>) {
     println!("    template change to rolled out on one Node: {:.1} s", t.elapsed().as_secs_f64());
     let addr = lb_address(&ctx).await;
     wait(&format!("traffic through {addr} after the rollout"), Duration::from_secs(30), || {
+        let addr = addr.clone();
+        async move { http_get(&addr).ok().filter(|b| b.contains("pod=web-")) }
+    })
+    .await;
+}
+
+/// The migration Lease of [`leader_migration_file`]: a name of this test's own, so the file
+/// form (not upstream's default) is what the manager runs with.
+const MIGRATION_LEASE: &str = "ccm-e2e-migration";
+
+/// Leader migration with a file of the resource's own: the operator renders it into a
+/// pod-template annotation that a projected downward-API volume turns into a file; the kubelet
+/// writes it, the manager (uid 65532) reads and validates it at start, and its leader holds the
+/// main Lease and the migration Lease. Left on for the scenarios after it.
+async fn leader_migration_file(ctx: Arc<Ctx>) {
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), CCM_NS);
+    let workload = format!("ccm-{CCM_NAME}");
+    let before = deployments.get(&workload).await.expect("the manager Deployment");
+    let generation = before.metadata.generation.unwrap_or(0);
+    let t = Instant::now();
+    let mut spec = ccm_spec("Deployment", json!({}));
+    spec["spec"]["extraArgs"] = json!(["--node-status-update-frequency=1m"]);
+    spec["spec"]["leaderElection"] = json!({"migration": {"enabled": true, "leaderName": MIGRATION_LEASE,
+        "controllerLeaders": [{"name": "service", "component": "*"}, {"name": "cloud-node-lifecycle", "component": "*"},
+                              {"name": "route", "component": "cloud-controller-manager"}]}});
+    apply(&ctx.client, spec).await;
+    wait("the rollout with the migration file complete", Duration::from_secs(120), || async {
+        let d = deployments.get(&workload).await.ok()?;
+        let status = d.status.as_ref()?;
+        let done = d.metadata.generation? > generation
+            && status.observed_generation == d.metadata.generation
+            && status.updated_replicas == Some(2)
+            && status.ready_replicas.unwrap_or(0) >= 1;
+        let pods = manager_pods(&ctx).await;
+        for p in &pods {
+            for cs in p.status.as_ref().and_then(|s| s.container_statuses.clone()).unwrap_or_default() {
+                let message = cs.last_state.and_then(|s| s.terminated).and_then(|t| t.message).unwrap_or_default();
+                assert_eq!(cs.restart_count, 0, "manager Pod {} restarted: {message}", p.name_any());
+            }
+        }
+        let args: Vec<String> = pods
+            .iter()
+            .filter(|p| is_ready(p))
+            .flat_map(|p| p.spec.as_ref().map(|s| s.containers[0].args.clone().unwrap_or_default()).unwrap_or_default())
+            .collect();
+        (done && args.iter().any(|a| a.starts_with("--leader-migration-config="))).then_some(())
+    })
+    .await;
+    println!("    migration file applied to rolled out: {:.1} s", t.elapsed().as_secs_f64());
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(ctx.client.clone(), CCM_NS);
+    let holder = wait("the leader holding the main and the migration Lease", Duration::from_secs(60), || async {
+        let main = lease_holder(&ctx).await?;
+        let migration = leases.get_opt(MIGRATION_LEASE).await.ok()??.spec?.holder_identity?;
+        (migration == main).then_some(main)
+    })
+    .await;
+    println!("    rolled out to both Leases held by {holder}: {:.1} s", t.elapsed().as_secs_f64());
+    // The migrated service controller serves the load balancer again.
+    let addr = lb_address(&ctx).await;
+    wait(&format!("traffic through {addr} with the migrated service controller"), Duration::from_secs(30), || {
         let addr = addr.clone();
         async move { http_get(&addr).ok().filter(|b| b.contains("pod=web-")) }
     })
