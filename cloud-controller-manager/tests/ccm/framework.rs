@@ -271,16 +271,7 @@ e2e_apiserver::backend_tests! {
 }
 
 async fn install_ccm(cluster: &TestCluster) -> Api<CloudControllerManager> {
-    cluster.install_crd(&crds::crd()).await.unwrap();
-    let api: Api<CloudControllerManager> = Api::namespaced(cluster.client(), "kube-system");
-    let ccm: CloudControllerManager = serde_json::from_value(serde_json::json!({
-        "apiVersion": "ccm.rs/v1alpha1",
-        "kind": "CloudControllerManager",
-        "metadata": {"name": "fake", "namespace": "kube-system"},
-        "spec": {"provider": "fake"},
-    }))
-    .unwrap();
-    api.create(&PostParams::default(), &ccm).await.unwrap();
+    let api = crate::kit::install_fake_ccm(cluster).await;
     // The operator's own condition, which the manager must leave alone.
     let operator = serde_json::json!({
         "apiVersion": "ccm.rs/v1alpha1", "kind": "CloudControllerManager",

@@ -76,3 +76,19 @@ pub fn lb_service(namespace: &str, name: &str) -> Service {
         ..Default::default()
     }
 }
+
+/// Installs the CRD and creates `kube-system/fake`, a resource of the fake provider for the
+/// manager to report on (`--ccm-resource`).
+pub async fn install_fake_ccm(cluster: &e2e_apiserver::TestCluster) -> kube::Api<crds::CloudControllerManager> {
+    cluster.install_crd(&crds::crd()).await.unwrap();
+    let api: kube::Api<crds::CloudControllerManager> = kube::Api::namespaced(cluster.client(), "kube-system");
+    let ccm: crds::CloudControllerManager = serde_json::from_value(serde_json::json!({
+        "apiVersion": "ccm.rs/v1alpha1",
+        "kind": "CloudControllerManager",
+        "metadata": {"name": "fake", "namespace": "kube-system"},
+        "spec": {"provider": "fake"},
+    }))
+    .unwrap();
+    api.create(&kube::api::PostParams::default(), &ccm).await.unwrap();
+    api
+}

@@ -98,20 +98,6 @@ fn options(shadow: Option<Shadow>) -> ControllerOptions {
     }
 }
 
-async fn install_ccm(cluster: &TestCluster) -> Api<CloudControllerManager> {
-    cluster.install_crd(&crds::crd()).await.unwrap();
-    let api: Api<CloudControllerManager> = Api::namespaced(cluster.client(), "kube-system");
-    let ccm: CloudControllerManager = serde_json::from_value(serde_json::json!({
-        "apiVersion": "ccm.rs/v1alpha1",
-        "kind": "CloudControllerManager",
-        "metadata": {"name": "fake", "namespace": "kube-system"},
-        "spec": {"provider": "fake"},
-    }))
-    .unwrap();
-    api.create(&PostParams::default(), &ccm).await.unwrap();
-    api
-}
-
 async fn start(client: Client, fake: Arc<FakeProvider>, options: ControllerOptions) -> RunningEngine {
     EngineBuilder::new(client, fake, options)
         .report_status(
@@ -183,7 +169,7 @@ e2e_apiserver::backend_tests! {
     async fn shadow_mode_agrees_with_the_manager_that_set_up_the_cluster_and_writes_nothing(backend) {
         init_tracing();
         let cluster = TestCluster::start(backend).await.unwrap();
-        let api = install_ccm(&cluster).await;
+        let api = crate::kit::install_fake_ccm(&cluster).await;
         let fake = Arc::new(cloud(None));
         set_up_by_a_normal_manager(&cluster, fake.clone()).await;
         let mark = quiet_mark(&cluster).await;
@@ -217,7 +203,7 @@ e2e_apiserver::backend_tests! {
     async fn shadow_mode_with_another_zone_and_an_unknown_load_balancer_reports_exactly_those_differences(backend) {
         init_tracing();
         let cluster = TestCluster::start(backend).await.unwrap();
-        let api = install_ccm(&cluster).await;
+        let api = crate::kit::install_fake_ccm(&cluster).await;
         set_up_by_a_normal_manager(&cluster, Arc::new(cloud(None))).await;
         let mark = quiet_mark(&cluster).await;
 
@@ -287,7 +273,7 @@ e2e_apiserver::backend_tests! {
     async fn the_binary_with_shadow_compares_on_its_own_lease_and_writes_nothing(backend) {
         init_tracing();
         let cluster = TestCluster::start(backend).await.unwrap();
-        let api = install_ccm(&cluster).await;
+        let api = crate::kit::install_fake_ccm(&cluster).await;
         let nodes: Api<Node> = Api::all(cluster.client());
         // A tainted Node the binary's fake cloud knows (autoInstances): shadow mode would patch it.
         nodes.create(&PostParams::default(), &kubelet_node("shadow-bin-n0")).await.unwrap();

@@ -659,15 +659,7 @@ impl Engine {
                 if !e.acquire(&shutdown).await {
                     break Ok(());
                 }
-                let cfg = e.config();
-                events.publish(
-                    MANAGER_NAME,
-                    lease_reference(cfg),
-                    EventType::Normal,
-                    "LeaderElection",
-                    format!("{} became leader", cfg.identity),
-                    "Acquire",
-                );
+                publish_became_leader(&events, e.config());
             }
             let term = shutdown.child_token();
             let ctx = Context {
@@ -824,15 +816,7 @@ impl Engine {
             }
             // Upstream's order (M7): the main Lease's controllers run, then the migration Lease.
             if second.elector.acquire(&token).await {
-                let cfg = second.elector.config();
-                ctx.events.publish(
-                    MANAGER_NAME,
-                    lease_reference(cfg),
-                    EventType::Normal,
-                    "LeaderElection",
-                    format!("{} became leader", cfg.identity),
-                    "Acquire",
-                );
+                publish_became_leader(&ctx.events, second.elector.config());
                 start_controllers(&mut tasks, second.controllers, &ctx, &health, &gauges, &running);
                 if second.elector.hold(&token).await == TermEnd::Lost {
                     second.lost.cancel();
@@ -880,6 +864,18 @@ fn start_controllers(
         let supervisor = Supervisor { name, factory, health: health.clone(), gauge, running: running.clone() };
         tasks.spawn(supervisor.run(ctx.clone()));
     }
+}
+
+/// Upstream's `LeaderElection` event on the Lease when this replica takes it.
+fn publish_became_leader(events: &EventSink, cfg: &LeaderElectionConfig) {
+    events.publish(
+        MANAGER_NAME,
+        lease_reference(cfg),
+        EventType::Normal,
+        "LeaderElection",
+        format!("{} became leader", cfg.identity),
+        "Acquire",
+    );
 }
 
 /// Run `initialize` until it succeeds; false if the term ended first.
