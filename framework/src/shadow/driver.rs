@@ -5,6 +5,8 @@ use std::collections::BTreeSet;
 use std::fmt::Debug;
 use std::time::Duration;
 
+use futures::FutureExt;
+
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Resource;
 use kube::runtime::events::EventType;
@@ -148,6 +150,7 @@ impl<K: Clone + Debug> Trigger<K> {
                 self.next_full = now + self.period;
                 self.dirty.clear();
                 self.dirty_since = None;
+                self.drain();
                 return Some(Pass::Full);
             }
             if let Some(since) = self.dirty_since
@@ -170,6 +173,21 @@ impl<K: Clone + Debug> Trigger<K> {
                     },
                 },
             }
+        }
+    }
+}
+
+impl<K> Trigger<K> {
+    /// Drop the changes already queued: the cache the full pass is about to read holds them
+    /// (it is written before it broadcasts). Without this the first list's thousands of adds
+    /// made a second, partial pass over every object right after the first full one.
+    fn drain(&mut self)
+    where
+        K: Clone,
+    {
+        if let Some(changes) = self.changes.as_mut() {
+            // Unconstrained: tokio's task budget would otherwise stop the drain after 128.
+            while let Some(Some(_)) = tokio::task::unconstrained(changes.recv()).now_or_never() {}
         }
     }
 }
@@ -213,5 +231,23 @@ mod tests {
         assert!(started.elapsed() >= DEBOUNCE);
         assert_eq!(trigger.next(&stop).await, Some(Pass::Full));
         assert!(started.elapsed() >= Duration::from_secs(59));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn changes_queued_before_a_full_pass_are_covered_by_it_and_not_compared_again() {
+        let (cache, mut writer) = Cache::<Node>::new();
+        let mut trigger = Trigger::new(cache.subscribe(), name_of, Duration::from_secs(60));
+        // The first list: every object arrives as a change before the first pass.
+        for i in 0..1000 {
+            writer.apply(kube::runtime::watcher::Event::Apply(node(&format!("n{i}"))));
+        }
+        let stop = CancellationToken::new();
+        let started = Instant::now();
+        assert_eq!(trigger.next(&stop).await, Some(Pass::Full));
+        // A change after the pass began is still compared on its own.
+        writer.apply(kube::runtime::watcher::Event::Apply(node("late")));
+        assert_eq!(trigger.next(&stop).await, Some(Pass::Objects(["late".to_string()].into())));
+        assert_eq!(trigger.next(&stop).await, Some(Pass::Full));
+        assert!(started.elapsed() >= Duration::from_secs(60), "no second pass over the first list");
     }
 }
