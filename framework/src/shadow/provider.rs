@@ -2,8 +2,8 @@
 //!
 //! Which calls read is the provider's own word ([`CloudProvider::call_kind`]). A refused call
 //! returns [`CloudError::RefusedInShadowMode`] without reaching the provider and is counted in
-//! `ccm_shadow_refused_calls_total{method}`. A refused `initialize` (the default: it may spawn
-//! tasks that act) succeeds without running, so the engine goes on to the controllers.
+//! `ccm_shadow_refused_calls_total{method}`. `initialize` (mutating by default: it may spawn
+//! tasks that act) is skipped without being counted, so the engine goes on to the controllers.
 
 use std::sync::Arc;
 
@@ -79,10 +79,14 @@ impl CloudProvider for ShadowProvider {
     }
 
     async fn initialize(&self, ctx: InitContext) -> CloudResult<()> {
-        match self.admit(Call::Initialize) {
-            Ok(()) => self.inner.initialize(ctx).await,
-            // Skipped, not failed: the controllers still compare.
-            Err(_) => Ok(()),
+        // Skipped, not failed, unless declared a read: the controllers still compare. The engine
+        // makes this call itself, so it is not counted as a refused call (a controller's bug).
+        match self.inner.call_kind(Call::Initialize) {
+            CallKind::Read => self.inner.initialize(ctx).await,
+            CallKind::Mutating => {
+                tracing::debug!("provider initialization skipped in shadow mode (not declared a read)");
+                Ok(())
+            }
         }
     }
 
@@ -345,5 +349,20 @@ mod tests {
         let text = metrics.encode();
         assert!(text.contains(r#"ccm_shadow_refused_calls_total{method="ensure_load_balancer"} 1"#), "{text}");
         assert!(text.contains(r#"ccm_shadow_refused_calls_total{method="get_load_balancer"} 1"#), "{text}");
+    }
+
+    #[tokio::test]
+    async fn an_initialize_not_declared_a_read_is_skipped_without_counting_as_a_refused_call() {
+        let inner = Arc::new(Recording::default());
+        let metrics = Metrics::new();
+        let shadow = ShadowProvider::new(inner.clone(), &metrics);
+        // A client that is never used: nothing here talks to an API server.
+        let client = kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let events = crate::events::EventSink::spawn(client.clone(), None, shutdown.clone());
+        let ctx = InitContext { client, shutdown, metrics: Arc::new(Metrics::new()), events };
+        assert_eq!(shadow.initialize(ctx).await, Ok(()));
+        assert!(inner.calls.lock().unwrap().is_empty(), "the provider's initialize never ran");
+        assert!(!metrics.encode().contains(r#"method="initialize""#), "{}", metrics.encode());
     }
 }
