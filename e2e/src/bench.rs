@@ -67,3 +67,28 @@ where
     }
     best.ok_or_else(|| "no limit measured".into())
 }
+
+/// Sum of the samples of Prometheus `metric` in `text`, grouped by the value of `label` (""
+/// when a sample has none).
+pub fn metric_by(text: &str, metric: &str, label: &str) -> std::collections::BTreeMap<String, u64> {
+    let mut out = std::collections::BTreeMap::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some(rest) = line.strip_prefix(metric) else { continue };
+        if !(rest.starts_with('{') || rest.starts_with(' ')) {
+            continue;
+        }
+        let (labels, value) = match rest.split_once('}') {
+            Some((l, v)) => (l.trim_start_matches('{'), v),
+            None => ("", rest),
+        };
+        let Some(value) = value.split_whitespace().next().and_then(|v| v.parse::<f64>().ok()) else { continue };
+        let key = labels
+            .split(',')
+            .find_map(|kv| {
+                kv.split_once('=').filter(|(k, _)| *k == label).map(|(_, v)| v.trim_matches('"').to_string())
+            })
+            .unwrap_or_default();
+        *out.entry(key).or_insert(0) += value as u64;
+    }
+    out
+}

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use ccm_framework::cache::{Cache, CacheWriter, Change, run_watch};
 use clap::Parser;
-use e2e::bench::{self, BackendArg, BoxError, proc_status_kib};
+use e2e::bench::{self, BackendArg, BoxError, metric_by, proc_status_kib};
 use e2e_apiserver::genuine::ControlPlane;
 use e2e_apiserver::{RequestLog, TestApiServer};
 use k8s_openapi::api::core::v1::{
@@ -384,30 +384,6 @@ async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let r = ccm_framework::serving::probe::get(addr, path, None, Duration::from_secs(5)).await?;
     Some((r.status, r.body))
-}
-
-/// Sum of the samples of `metric` grouped by the value of `label` (or "" for none).
-fn metric_by(text: &str, metric: &str, label: &str) -> BTreeMap<String, u64> {
-    let mut out = BTreeMap::new();
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let Some(rest) = line.strip_prefix(metric) else { continue };
-        if !(rest.starts_with('{') || rest.starts_with(' ')) {
-            continue;
-        }
-        let (labels, value) = match rest.split_once('}') {
-            Some((l, v)) => (l.trim_start_matches('{'), v),
-            None => ("", rest),
-        };
-        let Some(value) = value.split_whitespace().next().and_then(|v| v.parse::<f64>().ok()) else { continue };
-        let key = labels
-            .split(',')
-            .find_map(|kv| {
-                kv.split_once('=').filter(|(k, _)| *k == label).map(|(_, v)| v.trim_matches('"').to_string())
-            })
-            .unwrap_or_default();
-        *out.entry(key).or_insert(0) += value as u64;
-    }
-    out
 }
 
 fn metric_total(text: &str, metric: &str) -> u64 {

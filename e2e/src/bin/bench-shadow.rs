@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use e2e::bench::{BoxError, proc_status_kib};
+use e2e::bench::{BoxError, metric_by, proc_status_kib};
 use e2e_apiserver::RequestLog;
 use e2e_apiserver::genuine::ControlPlane;
 use k8s_openapi::api::core::v1::{
@@ -364,30 +364,6 @@ impl Drop for Manager {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// Sum of the samples of `metric` by the value of `label` ("" when absent).
-fn metric_by(text: &str, metric: &str, label: &str) -> BTreeMap<String, u64> {
-    let mut out = BTreeMap::new();
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let Some(rest) = line.strip_prefix(metric) else { continue };
-        if !(rest.starts_with('{') || rest.starts_with(' ')) {
-            continue;
-        }
-        let (labels, value) = match rest.split_once('}') {
-            Some((l, v)) => (l.trim_start_matches('{'), v),
-            None => ("", rest),
-        };
-        let Some(value) = value.split_whitespace().next().and_then(|v| v.parse::<f64>().ok()) else { continue };
-        let key = labels
-            .split(',')
-            .find_map(|kv| {
-                kv.split_once('=').filter(|(k, _)| *k == label).map(|(_, v)| v.trim_matches('"').to_string())
-            })
-            .unwrap_or_default();
-        *out.entry(key).or_insert(0) += value as u64;
-    }
-    out
 }
 
 fn diff(after: &BTreeMap<String, u64>, before: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
