@@ -164,7 +164,7 @@ async fn chart_admission_policy_admits_what_the_operator_builds_and_refuses_what
         let started = tokio::time::Instant::now();
         while let Err(e) = apply_as(&operator_client, object).await {
             if started.elapsed() > Duration::from_secs(30) && role_cache_miss(&e) {
-                // Seen only late in a long CI run on one shared API server: RBAC's escalation
+                // Seen only in full CI runs (the API server shared by the whole test binary, under load): RBAC's escalation
                 // check keeps answering 404 for the binding, before admission runs at all. The
                 // policy is then not reached for this object; the crafted bindings below still
                 // show the binding policy refusing what it must.
