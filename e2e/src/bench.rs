@@ -92,3 +92,17 @@ pub fn metric_by(text: &str, metric: &str, label: &str) -> std::collections::BTr
     }
     out
 }
+
+/// SIGTERM `child`, wait up to `grace` for it to exit, then kill it and reap it.
+pub fn terminate(child: &mut std::process::Child, grace: std::time::Duration) {
+    let _ = std::process::Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+    let deadline = std::time::Instant::now() + grace;
+    while std::time::Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}

@@ -482,16 +482,7 @@ impl ManagerProcess {
             if let Some(hwm) = proc_status_kib(self.child.id(), "VmHWM:") {
                 self.peak_rss_kib.fetch_max(hwm, Ordering::Relaxed);
             }
-            let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = self.child.try_wait() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+            bench::terminate(&mut self.child, Duration::from_secs(10));
         }
         self.peak_rss_kib.load(Ordering::Relaxed) as f64 / 1024.0
     }

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use e2e::bench::{BoxError, metric_by, proc_status_kib};
+use e2e::bench::{self, BoxError, metric_by, proc_status_kib};
 use e2e_apiserver::RequestLog;
 use e2e_apiserver::genuine::ControlPlane;
 use k8s_openapi::api::core::v1::{
@@ -344,16 +344,7 @@ impl Manager {
         if let Some(hwm) = proc_status_kib(self.child.id(), "VmHWM:") {
             self.peak_kib.fetch_max(hwm, Ordering::Relaxed);
         }
-        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        bench::terminate(&mut self.child, Duration::from_secs(15));
         self.peak_kib.load(Ordering::Relaxed) as f64 / 1024.0
     }
 }
