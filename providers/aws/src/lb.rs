@@ -25,18 +25,10 @@ use aws_sdk_elasticloadbalancingv2::types::{
 use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, Node, Service};
 
 use super::AwsProvider;
+use super::annotations::{self as ann, LbKind, NlbAnnotations};
 use super::errors::code;
 use super::instances::{InstanceInfo, InstanceKey, key_of};
 use ccm_framework::provider::{CloudError, CloudResult, LoadBalancer, default_load_balancer_name};
-
-/// `true` (or a CIDR, as upstream accepts) makes the load balancer internal.
-pub const ANNOTATION_INTERNAL: &str = "service.beta.kubernetes.io/aws-load-balancer-internal";
-/// `nlb` (default here); `external` and `nlb-ip` belong to the AWS Load Balancer Controller.
-pub const ANNOTATION_TYPE: &str = "service.beta.kubernetes.io/aws-load-balancer-type";
-/// Comma-separated subnet IDs for the load balancer.
-pub const ANNOTATION_SUBNETS: &str = "service.beta.kubernetes.io/aws-load-balancer-subnets";
-/// Comma-separated `key=value` tags added to every object made for the Service.
-pub const ANNOTATION_EXTRA_TAGS: &str = "service.beta.kubernetes.io/aws-load-balancer-additional-resource-tags";
 
 /// Tag key prefix marking cluster ownership (`kubernetes.io/cluster/<id>`).
 pub const TAG_CLUSTER_PREFIX: &str = "kubernetes.io/cluster/";
@@ -79,16 +71,13 @@ pub struct Desired {
     pub source_ranges: Vec<String>,
     /// Tags on every object.
     pub tags: BTreeMap<String, String>,
+    /// Every annotation, parsed and validated.
+    pub annotations: NlbAnnotations,
 }
 
 /// Whether the Service's load balancer belongs to another controller.
 pub fn implemented_elsewhere(service: &Service) -> bool {
-    let t = annotation(service, ANNOTATION_TYPE).unwrap_or_default();
-    t == "external" || t == "nlb-ip"
-}
-
-fn annotation<'a>(service: &'a Service, key: &str) -> Option<&'a str> {
-    service.metadata.annotations.as_ref().and_then(|a| a.get(key)).map(|v| v.trim())
+    ann::kind(service) == Ok(LbKind::Elsewhere)
 }
 
 /// `<namespace>/<name>`.
@@ -137,16 +126,13 @@ pub fn target_group_name(lb_name: &str, port: &DesiredPort) -> String {
 /// What the Service asks for, or why it cannot be served.
 pub fn desired(service: &Service, cluster_id: &str) -> Result<Desired, String> {
     let spec = service.spec.as_ref().ok_or("the Service has no spec")?;
-    let internal = match annotation(service, ANNOTATION_INTERNAL) {
-        None => false,
-        Some(v) => !v.is_empty() && !v.eq_ignore_ascii_case("false"),
-    };
-    let subnets: Vec<String> = annotation(service, ANNOTATION_SUBNETS)
-        .map(|v| v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect())
-        .unwrap_or_default();
-    if let Some(bad) = subnets.iter().find(|s| !s.starts_with("subnet-")) {
-        let _ = bad;
-        return Err(format!("annotation {ANNOTATION_SUBNETS}: only subnet IDs (subnet-...) are supported"));
+    let empty = BTreeMap::new();
+    let annotations = ann::parse(service.metadata.annotations.as_ref().unwrap_or(&empty)).map_err(|e| e.to_string())?;
+    if annotations.subnets.iter().any(|s| !s.starts_with("subnet-")) {
+        return Err(format!(
+            "annotation {}: expected subnet IDs (subnet-...); subnet names are not supported",
+            ann::SUBNETS
+        ));
     }
     let mut ports = Vec::new();
     for p in spec.ports.iter().flatten() {
@@ -173,6 +159,7 @@ pub fn desired(service: &Service, cluster_id: &str) -> Result<Desired, String> {
     let hcnp = spec.health_check_node_port.unwrap_or(0);
     let (health_port, health_port_is_service_owned) =
         if local && hcnp > 0 { (hcnp, true) } else { (KUBE_PROXY_HEALTH_PORT, false) };
+    // The spec wins over the annotation, as upstream.
     let mut source_ranges: Vec<String> = spec
         .load_balancer_source_ranges
         .iter()
@@ -185,36 +172,33 @@ pub fn desired(service: &Service, cluster_id: &str) -> Result<Desired, String> {
             return Err(format!("loadBalancerSourceRanges: {r:?} is not an IPv4 CIDR"));
         }
     }
+    if spec.load_balancer_source_ranges.as_ref().is_none_or(|r| r.is_empty()) {
+        source_ranges = annotations
+            .source_ranges
+            .iter()
+            .filter(|n| matches!(n, ipnet::IpNet::V4(_)))
+            .map(|n| n.to_string())
+            .collect();
+    }
     if source_ranges.is_empty() {
         source_ranges.push("0.0.0.0/0".into());
     }
     source_ranges.sort();
     source_ranges.dedup();
     let mut tags = ownership_tags(cluster_id, service);
-    if let Some(extra) = annotation(service, ANNOTATION_EXTRA_TAGS) {
-        for pair in extra.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            let k = k.trim();
-            if k.is_empty()
-                || k.starts_with("kubernetes.io/")
-                || k.starts_with("aws:")
-                || k.len() > 128
-                || v.len() > 256
-            {
-                return Err(format!("annotation {ANNOTATION_EXTRA_TAGS}: invalid or reserved tag key"));
-            }
-            tags.insert(k.to_string(), v.trim().to_string());
-        }
+    for (k, v) in &annotations.extra_tags {
+        tags.insert(k.clone(), v.clone());
     }
     Ok(Desired {
         name: default_load_balancer_name(service),
-        internal,
-        subnets,
+        internal: annotations.internal,
+        subnets: annotations.subnets.clone(),
         ports,
         health_port,
         health_port_is_service_owned,
         source_ranges,
         tags,
+        annotations,
     })
 }
 
@@ -426,7 +410,8 @@ impl AwsProvider {
         }
         if ids.is_empty() {
             return Err(CloudError::Other(format!(
-                "no subnet found for the load balancer in VPC {vpc}; tag subnets with {role} or set the {ANNOTATION_SUBNETS} annotation"
+                "no subnet found for the load balancer in VPC {vpc}; tag subnets with {role} or set the {} annotation",
+                ann::SUBNETS
             )));
         }
         Ok(ids)
@@ -777,8 +762,11 @@ impl AwsProvider {
         nodes: &[&Node],
         create: bool,
     ) -> CloudResult<Option<LoadBalancerStatus>> {
-        if implemented_elsewhere(service) {
-            return Err(CloudError::ImplementedElsewhere);
+        // Every annotation is validated before the first call that changes anything.
+        match ann::kind(service) {
+            Ok(LbKind::Nlb) => {}
+            Ok(LbKind::Elsewhere) => return Err(CloudError::ImplementedElsewhere),
+            Err(e) => return Err(CloudError::Other(e.to_string())),
         }
         let cluster_id = self.cluster_id(cluster_name).to_string();
         let desired = desired(service, &cluster_id).map_err(CloudError::Other)?;
@@ -909,7 +897,9 @@ mod tests {
         s.metadata.name = Some("web".into());
         s.metadata.namespace = Some("shop".into());
         s.metadata.uid = Some("0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0".into());
-        s.metadata.annotations = Some(annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
+        let mut a: BTreeMap<String, String> = [(ann::TYPE.to_string(), "nlb".to_string())].into();
+        a.extend(annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        s.metadata.annotations = Some(a);
         s.spec = Some(ServiceSpec {
             type_: Some("LoadBalancer".into()),
             ports: Some(
@@ -942,22 +932,22 @@ mod tests {
 
     #[test]
     fn internal_annotation_and_defaults() {
-        let d = desired(&svc(&[(ANNOTATION_INTERNAL, "true")], &[(80, "TCP", 30080)], "Cluster", 0), "c").unwrap();
+        let d = desired(&svc(&[(ann::INTERNAL, "true")], &[(80, "TCP", 30080)], "Cluster", 0), "c").unwrap();
         assert!(d.internal);
         assert_eq!(d.source_ranges, vec!["0.0.0.0/0".to_string()]);
         assert_eq!(d.name, "a0f1e2d3c4b5a69788796a5b4c3d2e1f");
-        let d = desired(&svc(&[(ANNOTATION_INTERNAL, "false")], &[(80, "TCP", 30080)], "Cluster", 0), "c").unwrap();
+        let d = desired(&svc(&[(ann::INTERNAL, "false")], &[(80, "TCP", 30080)], "Cluster", 0), "c").unwrap();
         assert!(!d.internal);
     }
 
     #[test]
     fn tags_mark_cluster_and_service_and_extra_tags_cannot_take_reserved_keys() {
-        let s = svc(&[(ANNOTATION_EXTRA_TAGS, "team=web, cost=1")], &[(80, "TCP", 30080)], "Cluster", 0);
+        let s = svc(&[(ann::EXTRA_TAGS, "team=web, cost=1")], &[(80, "TCP", 30080)], "Cluster", 0);
         let d = desired(&s, "prod").unwrap();
         assert!(owned_by(&d.tags, "prod", &s));
         assert!(!owned_by(&d.tags, "other", &s));
         assert_eq!(d.tags.get("team").map(String::as_str), Some("web"));
-        let s = svc(&[(ANNOTATION_EXTRA_TAGS, "kubernetes.io/service-name=x")], &[(80, "TCP", 30080)], "Cluster", 0);
+        let s = svc(&[(ann::EXTRA_TAGS, "kubernetes.io/service-name=x")], &[(80, "TCP", 30080)], "Cluster", 0);
         assert!(desired(&s, "prod").is_err());
     }
 
@@ -966,8 +956,8 @@ mod tests {
         assert!(desired(&svc(&[], &[(80, "SCTP", 30080)], "Cluster", 0), "c").unwrap_err().contains("SCTP"));
         assert!(desired(&svc(&[], &[(53, "TCP", 30053), (53, "UDP", 30054)], "Cluster", 0), "c").is_err());
         assert!(desired(&svc(&[], &[(80, "TCP", 0)], "Cluster", 0), "c").unwrap_err().contains("nodePort"));
-        assert!(implemented_elsewhere(&svc(&[(ANNOTATION_TYPE, "external")], &[], "Cluster", 0)));
-        assert!(!implemented_elsewhere(&svc(&[(ANNOTATION_TYPE, "nlb")], &[], "Cluster", 0)));
+        assert!(implemented_elsewhere(&svc(&[(ann::TYPE, "external")], &[], "Cluster", 0)));
+        assert!(!implemented_elsewhere(&svc(&[(ann::TYPE, "nlb")], &[], "Cluster", 0)));
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! resolving credentials and the region may touch the network (metadata service, STS).
 //! See docs/aws.md for the IAM policy, the annotations and the differences from upstream.
 
+pub mod annotations;
 pub mod config;
 pub mod errors;
 pub mod instances;

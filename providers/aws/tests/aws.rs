@@ -21,11 +21,13 @@ use ccm_framework::controllers::service::ServiceController;
 use ccm_framework::health::HealthRegistry;
 use ccm_framework::options::ControllerOptions;
 use ccm_framework::provider::{CloudError, CloudProvider, Health, Instances, LoadBalancer};
+use ccm_provider_aws::annotations;
 use ccm_provider_aws::config::AwsConfig;
 use ccm_provider_aws::sdk::ec2;
 use ccm_provider_aws::{AwsOptions, AwsProvider, Clients};
 use e2e_apiserver::{Backend, TestCluster};
 use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus, Service, ServicePort, ServiceSpec, Taint};
+use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -486,9 +488,15 @@ async fn lb_state(c: &Clients) -> LbState {
     st
 }
 
+/// A `type: LoadBalancer` Service asking for an NLB (`aws-load-balancer-type: nlb`).
 fn lb_service(name: &str, ports: &[(i32, i32)]) -> Service {
     Service {
-        metadata: ObjectMeta { name: Some(name.into()), namespace: Some("default".into()), ..Default::default() },
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("default".into()),
+            annotations: Some([(annotations::TYPE.to_string(), "nlb".to_string())].into()),
+            ..Default::default()
+        },
         spec: Some(ServiceSpec {
             type_: Some("LoadBalancer".into()),
             ports: Some(
@@ -595,6 +603,44 @@ e2e_apiserver::backend_tests! {
         eventually(|| async { env.services().get_opt("web").await.unwrap().is_none().then_some(()) }).await;
         assert_eq!(lb_state(&c).await, LbState::default());
         let _ = w.vpc;
+    }
+}
+
+/// The first event with `reason` in the default namespace.
+async fn event(env: &Env, reason: &str) -> Event {
+    let events: Api<Event> = Api::namespaced(env.cluster.client(), "default");
+    eventually(|| async {
+        events.list(&Default::default()).await.ok()?.items.into_iter().find(|e| e.reason.as_deref() == Some(reason))
+    })
+    .await
+}
+
+e2e_apiserver::backend_tests! {
+    async fn service_without_type_annotation_is_refused_as_classic_with_an_event_naming_the_annotation(backend) {
+        let Some(moto) = Moto::start("classic_refused").await else { return };
+        let p = provider(&moto.url);
+        let c = p.clients().await.unwrap().clone();
+        let w = seed(&c).await;
+        let inst = launch(&c, &w, 1).await;
+        let env = Env::start(backend, p.clone(), options()).await;
+        env.create_node(node(&inst[0].1, Some(&pid(&inst[0].0)), Some("True"), vec![])).await;
+        env.run(Box::new(ServiceController::new()));
+        let mut svc = lb_service("classic", &[(80, 30080)]);
+        svc.metadata.annotations = None;
+        env.services().create(&PostParams::default(), &svc).await.unwrap();
+
+        // Upstream would make a Classic Load Balancer: refused, the event says what to set, and
+        // nothing exists in AWS.
+        let e = event(&env, "SyncLoadBalancerFailed").await;
+        let note = e.note.unwrap_or_default();
+        assert!(note.contains(annotations::TYPE) && note.contains("\"nlb\""), "{note}");
+        assert_eq!(lb_state(&c).await, LbState::default());
+
+        // Setting the annotation makes the NLB.
+        let patch = json!({"metadata": {"annotations": {annotations::TYPE: "nlb"}}});
+        env.services().patch("classic", &PatchParams::default(), &Patch::Merge(patch)).await.unwrap();
+        let st = eventually(|| async { Some(lb_state(&c).await).filter(|s| s.lbs.len() == 1 && s.listeners.len() == 1) }).await;
+        assert_eq!(st.lbs[0].1, "default/classic");
     }
 }
 
