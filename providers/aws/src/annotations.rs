@@ -546,11 +546,11 @@ fn health(a: &BTreeMap<String, String>) -> Result<HealthCheck, AnnotationError> 
         h.unhealthy_threshold = Some(int_in(HC_UNHEALTHY, v, 2, 10, "a count")?);
     }
     if let (Some(t), Some(i)) = (h.timeout, h.interval)
-        && t >= i
+        && t > i
     {
         return Err(AnnotationError::Conflict {
             annotation: HC_TIMEOUT,
-            reason: format!("the timeout must be shorter than {HC_INTERVAL}"),
+            reason: format!("the timeout must not be longer than {HC_INTERVAL}"),
         });
     }
     if h.path.is_some() && h.protocol == Some(HealthProtocol::Tcp) {
@@ -745,7 +745,7 @@ mod tests {
             assert_eq!(e.annotation(), key, "{key}={bad}: {e}");
             assert!(e.to_string().contains("expected"), "{e}");
         }
-        assert_eq!(err(&[(HC_INTERVAL, "10"), (HC_TIMEOUT, "10")]).annotation(), HC_TIMEOUT);
+        assert_eq!(err(&[(HC_INTERVAL, "10"), (HC_TIMEOUT, "11")]).annotation(), HC_TIMEOUT);
         assert_eq!(err(&[(HC_PROTOCOL, "TCP"), (HC_PATH, "/x")]).annotation(), HC_PATH);
     }
 

@@ -19,13 +19,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use aws_sdk_ec2::types::{Filter, IpPermission, IpRange};
 use aws_sdk_elasticloadbalancingv2::types::{
-    Action, ActionTypeEnum, LoadBalancerSchemeEnum, LoadBalancerTypeEnum, ProtocolEnum, Tag, TargetDescription,
-    TargetTypeEnum,
+    Action, ActionTypeEnum, Certificate, LoadBalancerAttribute, LoadBalancerSchemeEnum, LoadBalancerTypeEnum,
+    ProtocolEnum, Tag, TargetDescription, TargetGroupAttribute, TargetTypeEnum,
 };
 use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, Node, Service};
 
 use super::AwsProvider;
-use super::annotations::{self as ann, LbKind, NlbAnnotations};
+use super::annotations::{self as ann, HealthPort, HealthProtocol, LbKind, NlbAnnotations};
 use super::errors::code;
 use super::instances::{InstanceInfo, InstanceKey, key_of};
 use ccm_framework::provider::{CloudError, CloudResult, LoadBalancer, default_load_balancer_name};
@@ -46,10 +46,154 @@ const IN_USE_RETRY: Duration = Duration::from_secs(10);
 pub struct DesiredPort {
     /// The Service port (the listener's port).
     pub port: i32,
-    /// `TCP` or `UDP`.
+    /// The target group's protocol: `TCP`, `UDP`, or `TLS` (`backend-protocol: ssl`).
     pub protocol: String,
     /// The nodePort (the targets' port).
     pub node_port: i32,
+    /// The listener's TLS settings, for a TLS listener.
+    pub tls: Option<ListenerTls>,
+}
+
+impl DesiredPort {
+    /// The listener's protocol: `TLS` with a certificate, else the target group's.
+    pub fn listener_protocol(&self) -> &str {
+        if self.tls.is_some() { "TLS" } else { &self.protocol }
+    }
+}
+
+/// A TLS listener's certificate and policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenerTls {
+    /// The certificate ARN.
+    pub certificate_arn: String,
+    /// The security policy (ELBv2's default when `None`).
+    pub policy: Option<String>,
+}
+
+/// The target groups' health check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthSpec {
+    /// `TCP`, `HTTP` or `HTTPS`.
+    pub protocol: HealthProtocol,
+    /// The port checked.
+    pub port: HealthPort,
+    /// The path (HTTP and HTTPS only).
+    pub path: Option<String>,
+    /// Seconds between checks.
+    pub interval: i32,
+    /// Seconds before a check fails.
+    pub timeout: i32,
+    /// Successes before healthy.
+    pub healthy_threshold: i32,
+    /// Failures before unhealthy.
+    pub unhealthy_threshold: i32,
+}
+
+impl HealthSpec {
+    /// The port as ELBv2 writes it.
+    pub fn port_string(&self) -> String {
+        match self.port {
+            HealthPort::TrafficPort => "traffic-port".into(),
+            HealthPort::Port(p) => p.to_string(),
+        }
+    }
+}
+
+/// The health check for a Service: kube-proxy's `/healthz` on 10256 for `Cluster`, the
+/// Service's `healthCheckNodePort` for `Local` (upstream's intervals and thresholds for each),
+/// then the `healthcheck-*` annotations on top.
+pub fn health_spec(local: bool, health_check_node_port: i32, a: &ann::HealthCheck) -> HealthSpec {
+    let mut h = if local && health_check_node_port > 0 {
+        HealthSpec {
+            protocol: HealthProtocol::Http,
+            port: HealthPort::Port(health_check_node_port),
+            path: Some("/healthz".into()),
+            interval: 10,
+            timeout: 10,
+            healthy_threshold: 2,
+            unhealthy_threshold: 2,
+        }
+    } else {
+        HealthSpec {
+            protocol: HealthProtocol::Http,
+            port: HealthPort::Port(KUBE_PROXY_HEALTH_PORT),
+            path: Some("/healthz".into()),
+            interval: 30,
+            timeout: 10,
+            healthy_threshold: 3,
+            unhealthy_threshold: 3,
+        }
+    };
+    if let Some(p) = a.protocol {
+        h.protocol = p;
+    }
+    if let Some(p) = a.port {
+        h.port = p;
+    }
+    h.path = match h.protocol {
+        HealthProtocol::Tcp => None,
+        _ => a.path.clone().or(h.path),
+    };
+    h.interval = a.interval.unwrap_or(h.interval);
+    h.timeout = a.timeout.unwrap_or(h.timeout).min(h.interval);
+    h.healthy_threshold = a.healthy_threshold.unwrap_or(h.healthy_threshold);
+    h.unhealthy_threshold = a.unhealthy_threshold.unwrap_or(h.unhealthy_threshold);
+    h
+}
+
+/// The ports the health check reaches on the Nodes from inside the VPC, to open there: a fixed
+/// port other than kube-proxy's shared one (opened once by the cluster's owner), or the
+/// nodePorts for `traffic-port`.
+pub fn health_rule_ports(d: &Desired) -> BTreeSet<(String, i32)> {
+    match d.health.port {
+        HealthPort::Port(KUBE_PROXY_HEALTH_PORT) => BTreeSet::new(),
+        HealthPort::Port(p) => [("tcp".to_string(), p)].into(),
+        HealthPort::TrafficPort => d.ports.iter().map(|p| ("tcp".to_string(), p.node_port)).collect(),
+    }
+}
+
+/// Whether a Node is a target: it carries every `target-node-labels` label (and value).
+pub fn node_selected(node: &Node, labels: &BTreeMap<String, Option<String>>) -> bool {
+    let have = node.metadata.labels.as_ref();
+    labels.iter().all(|(k, v)| match (have.and_then(|l| l.get(k)), v) {
+        (Some(_), None) => true,
+        (Some(actual), Some(want)) => actual == want,
+        (None, _) => false,
+    })
+}
+
+/// The load-balancer attributes the annotations manage, with their values when absent.
+pub fn lb_attributes(a: &NlbAnnotations) -> BTreeMap<&'static str, String> {
+    let mut out = BTreeMap::from([
+        ("load_balancing.cross_zone.enabled", a.cross_zone.unwrap_or(false).to_string()),
+        ("access_logs.s3.enabled", "false".to_string()),
+    ]);
+    if let Some(log) = &a.access_log {
+        out.insert("access_logs.s3.enabled", log.enabled.to_string());
+        if log.enabled {
+            out.insert("access_logs.s3.bucket", log.bucket.clone());
+            out.insert("access_logs.s3.prefix", log.prefix.clone());
+        }
+    }
+    out
+}
+
+/// The target-group attributes the annotations manage, with ELBv2's values for instance
+/// targets when absent.
+pub fn tg_attributes(a: &NlbAnnotations) -> BTreeMap<&'static str, String> {
+    let t = &a.target_group_attributes;
+    BTreeMap::from([
+        ("preserve_client_ip.enabled", t.preserve_client_ip.unwrap_or(true).to_string()),
+        ("proxy_protocol_v2.enabled", t.proxy_protocol_v2.unwrap_or(false).to_string()),
+    ])
+}
+
+/// The attributes in `want` whose value differs from `have`.
+pub fn attribute_changes(
+    want: &BTreeMap<&'static str, String>,
+    have: &BTreeMap<String, String>,
+) -> Vec<(&'static str, String)> {
+    want.iter().filter(|(k, v)| have.get(**k) != Some(*v)).map(|(k, v)| (*k, v.clone())).collect()
 }
 
 /// What a Service asks for.
@@ -63,10 +207,8 @@ pub struct Desired {
     pub subnets: Vec<String>,
     /// Listeners.
     pub ports: Vec<DesiredPort>,
-    /// The health-check port (as ELBv2 wants it, a string).
-    pub health_port: i32,
-    /// Whether the health port is the Service's own `healthCheckNodePort`.
-    pub health_port_is_service_owned: bool,
+    /// The health check of every target group.
+    pub health: HealthSpec,
     /// Client CIDRs (IPv4) allowed to the nodePorts.
     pub source_ranges: Vec<String>,
     /// Tags on every object.
@@ -150,15 +292,21 @@ pub fn desired(service: &Service, cluster_id: &str) -> Result<Desired, String> {
         if ports.iter().any(|d: &DesiredPort| d.port == p.port) {
             return Err(format!("port {} is used by two protocols; TCP_UDP listeners are not supported", p.port));
         }
-        ports.push(DesiredPort { port: p.port, protocol, node_port });
+        // TLS for the TCP ports `ssl-ports` names, as upstream.
+        let tls = annotations.tls.as_ref().filter(|t| protocol == "TCP" && t.ports.covers(p.port, p.name.as_deref()));
+        let target_protocol = if tls.is_some_and(|t| t.backend_tls) { "TLS".to_string() } else { protocol };
+        ports.push(DesiredPort {
+            port: p.port,
+            protocol: target_protocol,
+            node_port,
+            tls: tls.map(|t| ListenerTls { certificate_arn: t.certificate_arn.clone(), policy: t.policy.clone() }),
+        });
     }
     if ports.is_empty() {
         return Err("the Service has no ports".into());
     }
     let local = spec.external_traffic_policy.as_deref() == Some("Local");
-    let hcnp = spec.health_check_node_port.unwrap_or(0);
-    let (health_port, health_port_is_service_owned) =
-        if local && hcnp > 0 { (hcnp, true) } else { (KUBE_PROXY_HEALTH_PORT, false) };
+    let health = health_spec(local, spec.health_check_node_port.unwrap_or(0), &annotations.health);
     // The spec wins over the annotation, as upstream.
     let mut source_ranges: Vec<String> = spec
         .load_balancer_source_ranges
@@ -194,8 +342,7 @@ pub fn desired(service: &Service, cluster_id: &str) -> Result<Desired, String> {
         internal: annotations.internal,
         subnets: annotations.subnets.clone(),
         ports,
-        health_port,
-        health_port_is_service_owned,
+        health,
         source_ranges,
         tags,
         annotations,
@@ -226,7 +373,14 @@ struct TgInfo {
     health_port: String,
     health_path: String,
     health_protocol: String,
+    /// (interval, timeout, healthy, unhealthy).
+    health_timing: (i32, i32, i32, i32),
     lb_arns: Vec<String>,
+}
+
+/// A TLS listener's certificate, as ELBv2 takes it.
+fn listener_certificates(p: &DesiredPort) -> Option<Vec<Certificate>> {
+    p.tls.as_ref().map(|t| vec![Certificate::builder().certificate_arn(&t.certificate_arn).build()])
 }
 
 fn to_tags(tags: &BTreeMap<String, String>) -> Vec<Tag> {
@@ -328,6 +482,12 @@ impl AwsProvider {
                     health_port: tg.health_check_port().unwrap_or_default().to_string(),
                     health_path: tg.health_check_path().unwrap_or_default().to_string(),
                     health_protocol: tg.health_check_protocol().map(|p| p.as_str().to_string()).unwrap_or_default(),
+                    health_timing: (
+                        tg.health_check_interval_seconds().unwrap_or_default(),
+                        tg.health_check_timeout_seconds().unwrap_or_default(),
+                        tg.healthy_threshold_count().unwrap_or_default(),
+                        tg.unhealthy_threshold_count().unwrap_or_default(),
+                    ),
                     lb_arns: tg.load_balancer_arns().to_vec(),
                 });
             }
@@ -472,14 +632,26 @@ impl AwsProvider {
         existing: &[TgInfo],
     ) -> CloudResult<String> {
         let elb = &self.clients().await?.elb;
-        let health_port = desired.health_port.to_string();
+        let h = &desired.health;
+        let health_port = h.port_string();
+        let health_protocol = ProtocolEnum::from(h.protocol.as_str());
+        let timing = (h.interval, h.timeout, h.healthy_threshold, h.unhealthy_threshold);
         if let Some(tg) = existing.iter().find(|t| t.protocol == port.protocol && t.port == port.node_port) {
-            if tg.health_port != health_port || tg.health_path != "/healthz" || tg.health_protocol != "HTTP" {
+            let path_differs = h.path.as_ref().is_some_and(|p| *p != tg.health_path);
+            if tg.health_port != health_port
+                || path_differs
+                || tg.health_protocol != h.protocol.as_str()
+                || tg.health_timing != timing
+            {
                 elb.modify_target_group()
                     .target_group_arn(&tg.arn)
-                    .health_check_protocol(ProtocolEnum::Http)
+                    .health_check_protocol(health_protocol)
                     .health_check_port(&health_port)
-                    .health_check_path("/healthz")
+                    .set_health_check_path(h.path.clone())
+                    .health_check_interval_seconds(h.interval)
+                    .health_check_timeout_seconds(h.timeout)
+                    .healthy_threshold_count(h.healthy_threshold)
+                    .unhealthy_threshold_count(h.unhealthy_threshold)
                     .send()
                     .await
                     .map_err(self.elb_err("ModifyTargetGroup"))?;
@@ -496,9 +668,13 @@ impl AwsProvider {
             .vpc_id(vpc)
             .target_type(TargetTypeEnum::Instance)
             .health_check_enabled(true)
-            .health_check_protocol(ProtocolEnum::Http)
+            .health_check_protocol(health_protocol)
             .health_check_port(&health_port)
-            .health_check_path("/healthz")
+            .set_health_check_path(h.path.clone())
+            .health_check_interval_seconds(h.interval)
+            .health_check_timeout_seconds(h.timeout)
+            .healthy_threshold_count(h.healthy_threshold)
+            .unhealthy_threshold_count(h.unhealthy_threshold)
             .set_tags(Some(to_tags(&tags)))
             .send()
             .await
@@ -508,6 +684,62 @@ impl AwsProvider {
             .and_then(|t| t.target_group_arn())
             .map(str::to_string)
             .ok_or_else(|| CloudError::Other("CreateTargetGroup returned nothing".into()))
+    }
+
+    /// Set the target group's managed attributes where they differ.
+    async fn sync_tg_attributes(&self, tg_arn: &str, want: &BTreeMap<&'static str, String>) -> CloudResult<()> {
+        let elb = &self.clients().await?.elb;
+        let r = elb
+            .describe_target_group_attributes()
+            .target_group_arn(tg_arn)
+            .send()
+            .await
+            .map_err(self.elb_err("DescribeTargetGroupAttributes"))?;
+        let have: BTreeMap<String, String> = r
+            .attributes()
+            .iter()
+            .map(|a| (a.key().unwrap_or_default().to_string(), a.value().unwrap_or_default().to_string()))
+            .collect();
+        let changes = attribute_changes(want, &have);
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let attrs = changes.iter().map(|(k, v)| TargetGroupAttribute::builder().key(*k).value(v).build()).collect();
+        elb.modify_target_group_attributes()
+            .target_group_arn(tg_arn)
+            .set_attributes(Some(attrs))
+            .send()
+            .await
+            .map_err(self.elb_err("ModifyTargetGroupAttributes"))?;
+        Ok(())
+    }
+
+    /// Set the load balancer's managed attributes where they differ.
+    async fn sync_lb_attributes(&self, lb_arn: &str, want: &BTreeMap<&'static str, String>) -> CloudResult<()> {
+        let elb = &self.clients().await?.elb;
+        let r = elb
+            .describe_load_balancer_attributes()
+            .load_balancer_arn(lb_arn)
+            .send()
+            .await
+            .map_err(self.elb_err("DescribeLoadBalancerAttributes"))?;
+        let have: BTreeMap<String, String> = r
+            .attributes()
+            .iter()
+            .map(|a| (a.key().unwrap_or_default().to_string(), a.value().unwrap_or_default().to_string()))
+            .collect();
+        let changes = attribute_changes(want, &have);
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let attrs = changes.iter().map(|(k, v)| LoadBalancerAttribute::builder().key(*k).value(v).build()).collect();
+        elb.modify_load_balancer_attributes()
+            .load_balancer_arn(lb_arn)
+            .set_attributes(Some(attrs))
+            .send()
+            .await
+            .map_err(self.elb_err("ModifyLoadBalancerAttributes"))?;
+        Ok(())
     }
 
     async fn sync_targets(&self, tg_arn: &str, node_port: i32, instances: &[Arc<InstanceInfo>]) -> CloudResult<()> {
@@ -563,14 +795,28 @@ impl AwsProvider {
             let port = l.port().unwrap_or_default();
             let protocol = l.protocol().map(|p| p.as_str()).unwrap_or_default();
             let target = l.default_actions().first().and_then(|a| a.target_group_arn()).unwrap_or_default();
+            let certificate = l.certificates().first().and_then(|c| c.certificate_arn()).unwrap_or_default();
+            let policy = l.ssl_policy().unwrap_or_default();
             match wanted.iter().find(|(p, _)| p.port == port) {
                 Some((p, tg)) if !seen.contains(&port) => {
                     seen.insert(port);
-                    if p.protocol != protocol || tg != target || l.default_actions().len() != 1 {
+                    let tls_differs = match &p.tls {
+                        None => false,
+                        Some(t) => {
+                            t.certificate_arn != certificate || t.policy.as_deref().is_some_and(|want| want != policy)
+                        }
+                    };
+                    if p.listener_protocol() != protocol
+                        || tg != target
+                        || l.default_actions().len() != 1
+                        || tls_differs
+                    {
                         elb.modify_listener()
                             .listener_arn(arn)
-                            .protocol(ProtocolEnum::from(p.protocol.as_str()))
+                            .protocol(ProtocolEnum::from(p.listener_protocol()))
                             .port(p.port)
+                            .set_certificates(listener_certificates(p))
+                            .set_ssl_policy(p.tls.as_ref().and_then(|t| t.policy.clone()))
                             .default_actions(forward(tg))
                             .send()
                             .await
@@ -587,8 +833,10 @@ impl AwsProvider {
         for (p, tg) in wanted.iter().filter(|(p, _)| !seen.contains(&p.port)) {
             elb.create_listener()
                 .load_balancer_arn(lb_arn)
-                .protocol(ProtocolEnum::from(p.protocol.as_str()))
+                .protocol(ProtocolEnum::from(p.listener_protocol()))
                 .port(p.port)
+                .set_certificates(listener_certificates(p))
+                .set_ssl_policy(p.tls.as_ref().and_then(|t| t.policy.clone()))
                 .default_actions(forward(tg))
                 .send()
                 .await
@@ -741,11 +989,14 @@ impl AwsProvider {
                 }
             }
         }
-        if desired.health_port_is_service_owned && !groups.is_empty() {
+        let health_ports = health_rule_ports(desired);
+        if !health_ports.is_empty() && !groups.is_empty() {
             let health = health_rule_description(&desired.name);
             for cidr in self.vpc_cidrs(vpc).await? {
                 for g in &groups {
-                    want.insert((g.clone(), "tcp".into(), desired.health_port, cidr.clone(), health.clone()));
+                    for (proto, port) in &health_ports {
+                        want.insert((g.clone(), proto.clone(), *port, cidr.clone(), health.clone()));
+                    }
                 }
             }
         }
@@ -770,7 +1021,9 @@ impl AwsProvider {
         }
         let cluster_id = self.cluster_id(cluster_name).to_string();
         let desired = desired(service, &cluster_id).map_err(CloudError::Other)?;
-        let instances = self.node_instances(nodes).await?;
+        let selected: Vec<&Node> =
+            nodes.iter().copied().filter(|n| node_selected(n, &desired.annotations.target_node_labels)).collect();
+        let instances = self.node_instances(&selected).await?;
         let mut lbs = self.owned_lbs(&cluster_id, service).await?;
         // Duplicates (a create whose answer was lost, or an emulator's same-name copy): keep the
         // oldest, remove the rest.
@@ -804,10 +1057,13 @@ impl AwsProvider {
             }
             None => return Ok(None),
         };
+        self.sync_lb_attributes(&lb.arn, &lb_attributes(&desired.annotations)).await?;
         let tgs = self.owned_tgs(&cluster_id, service).await?;
+        let tg_attrs = tg_attributes(&desired.annotations);
         let mut wanted = Vec::new();
         for port in &desired.ports {
             let arn = self.ensure_tg(&desired, port, &vpc, &tgs).await?;
+            self.sync_tg_attributes(&arn, &tg_attrs).await?;
             self.sync_targets(&arn, port.node_port, &instances).await?;
             wanted.push((port.clone(), arn));
         }
@@ -923,11 +1179,11 @@ mod tests {
     #[test]
     fn cluster_traffic_policy_checks_kube_proxy_and_local_checks_the_service_port() {
         let d = desired(&svc(&[], &[(80, "TCP", 30080)], "Cluster", 0), "c").unwrap();
-        assert_eq!(d.health_port, KUBE_PROXY_HEALTH_PORT);
-        assert!(!d.health_port_is_service_owned);
+        assert_eq!(d.health.port, HealthPort::Port(KUBE_PROXY_HEALTH_PORT));
+        assert!(health_rule_ports(&d).is_empty(), "kube-proxy's shared port is opened once by the cluster owner");
         let d = desired(&svc(&[], &[(80, "TCP", 30080)], "Local", 31999), "c").unwrap();
-        assert_eq!(d.health_port, 31999);
-        assert!(d.health_port_is_service_owned);
+        assert_eq!(d.health.port, HealthPort::Port(31999));
+        assert_eq!(health_rule_ports(&d), [("tcp".to_string(), 31999)].into());
     }
 
     #[test]
@@ -962,7 +1218,7 @@ mod tests {
 
     #[test]
     fn target_group_names_fit_and_change_with_the_port_mapping() {
-        let p = DesiredPort { port: 443, protocol: "TCP".into(), node_port: 30443 };
+        let p = DesiredPort { port: 443, protocol: "TCP".into(), node_port: 30443, tls: None };
         let a = target_group_name("a0f1e2d3c4b5a69788796a5b4c3d2e1f", &p);
         assert!(a.len() <= 32, "{a}");
         let q = DesiredPort { node_port: 30444, ..p.clone() };
@@ -976,6 +1232,78 @@ mod tests {
         assert_eq!(ingress.len(), 1);
         assert_eq!(ingress[0].hostname.as_deref(), Some("lb.elb.amazonaws.com"));
         assert!(ingress[0].ip.is_none() && ingress[0].ip_mode.is_none(), "ipMode is only valid with an ip");
+    }
+
+    #[test]
+    fn healthcheck_annotations_override_the_defaults_and_tcp_drops_the_path() {
+        let a = ann::HealthCheck {
+            protocol: Some(HealthProtocol::Tcp),
+            port: Some(HealthPort::TrafficPort),
+            interval: Some(10),
+            healthy_threshold: Some(5),
+            ..Default::default()
+        };
+        let h = health_spec(false, 0, &a);
+        assert_eq!((h.protocol, h.port, h.path.as_deref()), (HealthProtocol::Tcp, HealthPort::TrafficPort, None));
+        assert_eq!((h.interval, h.timeout, h.healthy_threshold, h.unhealthy_threshold), (10, 10, 5, 3));
+        let local = health_spec(true, 31999, &ann::HealthCheck { path: Some("/ready".into()), ..Default::default() });
+        assert_eq!((local.port_string(), local.path.as_deref()), ("31999".to_string(), Some("/ready")));
+        let d = desired(
+            &svc(&[(ann::HC_PORT, "traffic-port")], &[(80, "TCP", 30080), (443, "TCP", 30443)], "Cluster", 0),
+            "c",
+        )
+        .unwrap();
+        assert_eq!(health_rule_ports(&d), [("tcp".to_string(), 30080), ("tcp".to_string(), 30443)].into());
+    }
+
+    #[test]
+    fn ssl_ports_make_tls_listeners_and_backend_ssl_tls_target_groups() {
+        let cert = "arn:aws:acm:us-east-1:123456789012:certificate/abc";
+        let mut s = svc(
+            &[(ann::SSL_CERT, cert), (ann::SSL_PORTS, "https"), (ann::BACKEND_PROTOCOL, "ssl")],
+            &[(80, "TCP", 30080), (443, "TCP", 30443), (53, "UDP", 30053)],
+            "Cluster",
+            0,
+        );
+        s.spec.as_mut().unwrap().ports.as_mut().unwrap()[1].name = Some("https".into());
+        let d = desired(&s, "c").unwrap();
+        assert_eq!(d.ports[0].listener_protocol(), "TCP");
+        assert_eq!((d.ports[1].listener_protocol(), d.ports[1].protocol.as_str()), ("TLS", "TLS"));
+        assert_eq!(d.ports[1].tls.as_ref().unwrap().certificate_arn, cert);
+        assert_eq!(d.ports[2].listener_protocol(), "UDP", "UDP ports never get TLS");
+    }
+
+    #[test]
+    fn target_node_labels_select_nodes_by_key_and_value() {
+        let mut n = Node::default();
+        n.metadata.labels = Some([("pool".to_string(), "lb".to_string())].into());
+        let want = |pairs: &[(&str, Option<&str>)]| -> BTreeMap<String, Option<String>> {
+            pairs.iter().map(|(k, v)| (k.to_string(), v.map(str::to_string))).collect()
+        };
+        assert!(node_selected(&n, &want(&[])));
+        assert!(node_selected(&n, &want(&[("pool", Some("lb"))])));
+        assert!(node_selected(&n, &want(&[("pool", None)])));
+        assert!(!node_selected(&n, &want(&[("pool", Some("web"))])));
+        assert!(!node_selected(&n, &want(&[("edge", None)])));
+    }
+
+    #[test]
+    fn attributes_have_values_when_annotations_are_absent_so_removal_converges() {
+        let none = NlbAnnotations::default();
+        assert_eq!(lb_attributes(&none)["load_balancing.cross_zone.enabled"], "false");
+        assert_eq!(lb_attributes(&none)["access_logs.s3.enabled"], "false");
+        assert_eq!(tg_attributes(&none)["preserve_client_ip.enabled"], "true");
+        assert_eq!(tg_attributes(&none)["proxy_protocol_v2.enabled"], "false");
+        let have: BTreeMap<String, String> = [
+            ("preserve_client_ip.enabled".to_string(), "true".to_string()),
+            ("proxy_protocol_v2.enabled".to_string(), "true".to_string()),
+            ("deregistration_delay.timeout_seconds".to_string(), "300".to_string()),
+        ]
+        .into();
+        assert_eq!(
+            attribute_changes(&tg_attributes(&none), &have),
+            vec![("proxy_protocol_v2.enabled", "false".to_string())]
+        );
     }
 
     #[test]

@@ -446,7 +446,8 @@ async fn lb_state(c: &Clients) -> LbState {
     for t in tgs.target_groups() {
         let arn = t.target_group_arn().unwrap();
         assert!(mine(arn), "every target group carries the cluster tag");
-        let th = c.elb.describe_target_health().target_group_arn(arn).send().await.unwrap();
+        // A controller running beside the test may delete it in between: then it is gone.
+        let Ok(th) = c.elb.describe_target_health().target_group_arn(arn).send().await else { continue };
         let targets =
             th.target_health_descriptions().iter().map(|d| d.target().unwrap().id().unwrap().to_string()).collect();
         tg_ports.insert(arn.to_string(), t.port().unwrap());
@@ -592,10 +593,14 @@ e2e_apiserver::backend_tests! {
             )
             .await
             .unwrap();
-        let st =
-            eventually(|| async { Some(lb_state(&c).await).filter(|s| s.tgs.first().is_some_and(|t| t.3 == "32100")) })
-                .await;
-        assert!(st.rules.iter().any(|r| r.1 == 32100 && r.2 == "10.0.0.0/16"), "{:?}", st.rules);
+        // Rules are synced last in a sync: wait for both.
+        let st = eventually(|| async {
+            Some(lb_state(&c).await).filter(|s| {
+                s.tgs.first().is_some_and(|t| t.3 == "32100")
+                    && s.rules.iter().any(|r| r.1 == 32100 && r.2 == "10.0.0.0/16")
+            })
+        })
+        .await;
         assert_eq!(st.lbs.len(), 1);
 
         // Delete: nothing left.
@@ -642,6 +647,208 @@ e2e_apiserver::backend_tests! {
         let st = eventually(|| async { Some(lb_state(&c).await).filter(|s| s.lbs.len() == 1 && s.listeners.len() == 1) }).await;
         assert_eq!(st.lbs[0].1, "default/classic");
     }
+}
+
+/// An ACM certificate in moto (ACM's JSON API, through moto's own endpoint).
+async fn acm_certificate(port: u16) -> String {
+    let body = r#"{"DomainName":"web.example.com"}"#;
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let req = format!(
+        "POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nX-Amz-Target: CertificateManager.RequestCertificate\r\nContent-Type: application/x-amz-json-1.1\r\nAuthorization: AWS4-HMAC-SHA256 Credential=testing/20260101/us-east-1/acm/aws4_request, SignedHeaders=host, Signature=0\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).await.unwrap();
+    let text = String::from_utf8_lossy(&out).to_string();
+    let json: serde_json::Value = serde_json::from_str(text.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    json["CertificateArn"].as_str().unwrap_or_else(|| panic!("ACM answered {text}")).to_string()
+}
+
+/// What ELBv2 holds for the one load balancer: its ARN, attributes, and per target group
+/// (by port) the health check, attributes and targets, and per listener (by port) the
+/// protocol, certificate and policy.
+#[derive(Debug, Default)]
+struct NlbDetail {
+    lb_arn: String,
+    lb_attrs: BTreeMap<String, String>,
+    /// nodePort -> (protocol, health (protocol, port, path, interval, timeout, healthy, unhealthy), attributes, targets)
+    tgs: BTreeMap<
+        i32,
+        (String, (String, String, String, i32, i32, i32, i32), BTreeMap<String, String>, BTreeSet<String>),
+    >,
+    /// port -> (protocol, certificate, policy)
+    listeners: BTreeMap<i32, (String, String, String)>,
+}
+
+async fn nlb_detail(c: &Clients) -> NlbDetail {
+    let mut d = NlbDetail::default();
+    let lbs = c.elb.describe_load_balancers().send().await.unwrap();
+    assert_eq!(lbs.load_balancers().len(), 1, "one load balancer");
+    d.lb_arn = lbs.load_balancers()[0].load_balancer_arn().unwrap().to_string();
+    let attrs = c.elb.describe_load_balancer_attributes().load_balancer_arn(&d.lb_arn).send().await.unwrap();
+    d.lb_attrs = attrs
+        .attributes()
+        .iter()
+        .map(|a| (a.key().unwrap().to_string(), a.value().unwrap_or("").to_string()))
+        .collect();
+    let tgs = c.elb.describe_target_groups().send().await.unwrap();
+    for t in tgs.target_groups() {
+        let arn = t.target_group_arn().unwrap();
+        let a = c.elb.describe_target_group_attributes().target_group_arn(arn).send().await.unwrap();
+        let th = c.elb.describe_target_health().target_group_arn(arn).send().await.unwrap();
+        d.tgs.insert(
+            t.port().unwrap(),
+            (
+                t.protocol().unwrap().as_str().to_string(),
+                (
+                    t.health_check_protocol().map(|p| p.as_str().to_string()).unwrap_or_default(),
+                    t.health_check_port().unwrap_or_default().to_string(),
+                    t.health_check_path().unwrap_or_default().to_string(),
+                    t.health_check_interval_seconds().unwrap_or_default(),
+                    t.health_check_timeout_seconds().unwrap_or_default(),
+                    t.healthy_threshold_count().unwrap_or_default(),
+                    t.unhealthy_threshold_count().unwrap_or_default(),
+                ),
+                a.attributes()
+                    .iter()
+                    .map(|a| (a.key().unwrap().to_string(), a.value().unwrap_or("").to_string()))
+                    .collect(),
+                th.target_health_descriptions().iter().map(|h| h.target().unwrap().id().unwrap().to_string()).collect(),
+            ),
+        );
+    }
+    let ls = c.elb.describe_listeners().load_balancer_arn(&d.lb_arn).send().await.unwrap();
+    for l in ls.listeners() {
+        d.listeners.insert(
+            l.port().unwrap(),
+            (
+                l.protocol().unwrap().as_str().to_string(),
+                l.certificates().first().and_then(|c| c.certificate_arn()).unwrap_or_default().to_string(),
+                l.ssl_policy().unwrap_or_default().to_string(),
+            ),
+        );
+    }
+    d
+}
+
+fn annotated(mut s: Service, pairs: &[(&str, &str)]) -> Service {
+    let a = s.metadata.annotations.get_or_insert_with(Default::default);
+    for (k, v) in pairs {
+        a.insert(k.to_string(), v.to_string());
+    }
+    s
+}
+
+#[tokio::test]
+async fn annotations_apply_on_moto_and_changes_converge_on_the_same_load_balancer() {
+    use annotations as a;
+    let Some(moto) = Moto::start("annotations_apply").await else { return };
+    let p = provider(&moto.url);
+    let c = p.clients().await.unwrap().clone();
+    let w = seed(&c).await;
+    let inst = launch(&c, &w, 2).await;
+    let mut nodes: Vec<Node> = inst.iter().map(|(id, dns)| node(dns, Some(&pid(id)), Some("True"), vec![])).collect();
+    nodes[0].metadata.labels = Some([("pool".to_string(), "lb".to_string())].into());
+    let refs: Vec<&Node> = nodes.iter().collect();
+    let cert = acm_certificate(moto.port).await;
+    let policy = "ELBSecurityPolicy-TLS13-1-2-2021-06";
+    let mut base = with_uid(lb_service("web", &[(80, 30080), (443, 30443)]), "00000000-0000-0000-0000-0000000000aa");
+    base.spec.as_mut().unwrap().ports.as_mut().unwrap()[1].name = Some("https".into());
+
+    // Every NLB annotation at once.
+    let first = annotated(
+        base.clone(),
+        &[
+            (a::HC_PROTOCOL, "HTTP"),
+            (a::HC_PORT, "8080"),
+            (a::HC_PATH, "/ready"),
+            (a::HC_INTERVAL, "10"),
+            (a::HC_TIMEOUT, "5"),
+            (a::HC_HEALTHY, "3"),
+            (a::HC_UNHEALTHY, "4"),
+            (a::CROSS_ZONE, "true"),
+            (a::TARGET_GROUP_ATTRIBUTES, "preserve_client_ip.enabled=false,proxy_protocol_v2.enabled=true"),
+            (a::TARGET_NODE_LABELS, "pool=lb"),
+            (a::SSL_CERT, &cert),
+            (a::SSL_PORTS, "https"),
+            (a::SSL_POLICY, policy),
+            (a::SOURCE_RANGES, "198.51.100.0/24"),
+        ],
+    );
+    p.ensure_load_balancer(CLUSTER, &first, &refs).await.unwrap();
+    let d = nlb_detail(&c).await;
+    let only_a: BTreeSet<String> = [inst[0].0.clone()].into();
+    for port in [30080, 30443] {
+        let (proto, health, attrs, targets) = &d.tgs[&port];
+        assert_eq!(proto, "TCP");
+        assert_eq!(health, &("HTTP".into(), "8080".into(), "/ready".into(), 10, 5, 3, 4), "port {port}");
+        assert_eq!(attrs["preserve_client_ip.enabled"], "false");
+        assert_eq!(attrs["proxy_protocol_v2.enabled"], "true");
+        assert_eq!(targets, &only_a, "target-node-labels selects the labelled Node only");
+    }
+    assert_eq!(d.lb_attrs["load_balancing.cross_zone.enabled"], "true");
+    // (moto reports its default policy on every listener, TCP ones too.)
+    assert_eq!((d.listeners[&80].0.as_str(), d.listeners[&80].1.as_str()), ("TCP", ""));
+    assert_eq!(d.listeners[&443], ("TLS".into(), cert.clone(), policy.to_string()));
+    let st = lb_state(&c).await;
+    assert!(st.rules.iter().any(|r| r.1 == 30080 && r.2 == "198.51.100.0/24"), "{:?}", st.rules);
+    assert!(st.rules.iter().any(|r| r.1 == 8080 && r.2 == "10.0.0.0/16" && r.3.contains("/health=")), "{:?}", st.rules);
+    assert!(!st.rules.iter().any(|r| r.2 == "0.0.0.0/0"), "{:?}", st.rules);
+
+    // Changed on the live Service: TCP health check on the traffic port, attributes back to
+    // their defaults, every Node, no TLS, access logs on. Same load balancer.
+    let second = annotated(
+        base.clone(),
+        &[
+            (a::HC_PROTOCOL, "TCP"),
+            (a::HC_PORT, "traffic-port"),
+            (a::HC_INTERVAL, "30"),
+            (a::CROSS_ZONE, "false"),
+            (a::ACCESS_LOG_ENABLED, "true"),
+            (a::ACCESS_LOG_BUCKET, "nlb-logs"),
+            (a::ACCESS_LOG_PREFIX, "web"),
+        ],
+    );
+    p.ensure_load_balancer(CLUSTER, &second, &refs).await.unwrap();
+    let e = nlb_detail(&c).await;
+    assert_eq!(e.lb_arn, d.lb_arn, "not recreated");
+    let all: BTreeSet<String> = inst.iter().map(|i| i.0.clone()).collect();
+    for port in [30080, 30443] {
+        let (_, health, attrs, targets) = &e.tgs[&port];
+        assert_eq!((health.0.as_str(), health.1.as_str(), health.3, health.4), ("TCP", "traffic-port", 30, 10));
+        assert_eq!(attrs["preserve_client_ip.enabled"], "true");
+        assert_eq!(attrs["proxy_protocol_v2.enabled"], "false");
+        assert_eq!(targets, &all);
+    }
+    assert_eq!(e.lb_attrs["load_balancing.cross_zone.enabled"], "false");
+    assert_eq!(e.lb_attrs["access_logs.s3.enabled"], "true");
+    assert_eq!(e.lb_attrs["access_logs.s3.bucket"], "nlb-logs");
+    assert_eq!(e.lb_attrs["access_logs.s3.prefix"], "web");
+    assert_eq!(e.listeners[&443].0, "TCP");
+    let st = lb_state(&c).await;
+    assert!(
+        st.rules.iter().any(|r| r.1 == 30443 && r.2 == "10.0.0.0/16" && r.3.contains("/health=")),
+        "{:?}",
+        st.rules
+    );
+    assert!(!st.rules.iter().any(|r| r.1 == 8080), "the old health port's rule is removed: {:?}", st.rules);
+
+    // A bad value on the live Service changes nothing and names the annotation.
+    let before = lb_state(&c).await;
+    let bad = annotated(second.clone(), &[(a::HC_INTERVAL, "3")]);
+    let err = p.ensure_load_balancer(CLUSTER, &bad, &refs).await.unwrap_err().to_string();
+    assert!(err.contains(a::HC_INTERVAL) && err.contains("5 to 300"), "{err}");
+    assert_eq!(lb_state(&c).await, before);
+
+    // A bad value on a new Service creates nothing.
+    p.ensure_load_balancer_deleted(CLUSTER, &second).await.unwrap();
+    let err = p
+        .ensure_load_balancer(CLUSTER, &annotated(first.clone(), &[(a::SSL_CERT, "web-cert")]), &refs)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains(a::SSL_CERT), "{err}");
+    assert_eq!(lb_state(&c).await, LbState::default());
 }
 
 // ---------------------------------------------------------------------------------------------
