@@ -212,6 +212,60 @@ pub mod shadow_agrees {
     pub const ALL: [&str; 3] = [AGREES, DIFFERS, COMPARING];
 }
 
+/// The condition the service controller writes into a Service's `status.conditions` when the
+/// provider refuses it a load balancer, and the reasons a provider may give (the framework's
+/// `provider::Refusal`). The condition is removed once the load balancer exists.
+pub mod service_load_balancer {
+    /// Condition type: False while the provider refuses the Service a load balancer.
+    pub const CONDITION_TYPE: &str = "LoadBalancerProvisioned";
+    /// False: every address of every pool the Service may use is taken.
+    pub const POOL_EXHAUSTED: &str = "PoolExhausted";
+    /// False: no pool is allowed for this Service (selectors, class, family or a named pool).
+    pub const NO_POOL_MATCHES: &str = "NoPoolMatches";
+    /// False: the sharing key names an address whose Services clash with this one (same port
+    /// and protocol, or another sharing key).
+    pub const SHARING_CONFLICT: &str = "SharingConflict";
+    /// False: an address the Service requests is held by another Service.
+    pub const REQUESTED_ADDRESS_TAKEN: &str = "RequestedAddressTaken";
+    /// False: an address the Service requests is in no pool it may use, or not an address.
+    pub const REQUESTED_ADDRESS_UNAVAILABLE: &str = "RequestedAddressUnavailable";
+    /// False: an annotation of the Service is malformed; the message names it and the form.
+    pub const INVALID_ANNOTATION: &str = "InvalidAnnotation";
+    /// False: the Service asks for something this provider cannot do (a protocol, a port mix).
+    pub const UNSUPPORTED_SERVICE: &str = "UnsupportedService";
+    /// False: a limit of the cloud account stops the load balancer from being created.
+    pub const QUOTA_EXCEEDED: &str = "QuotaExceeded";
+
+    /// Every reason of the condition.
+    pub const ALL: [&str; 8] = [
+        POOL_EXHAUSTED,
+        NO_POOL_MATCHES,
+        SHARING_CONFLICT,
+        REQUESTED_ADDRESS_TAKEN,
+        REQUESTED_ADDRESS_UNAVAILABLE,
+        INVALID_ANNOTATION,
+        UNSUPPORTED_SERVICE,
+        QUOTA_EXCEEDED,
+    ];
+}
+
+/// The condition the `baremetal` provider writes on each `LoadBalancerIPPool`, and its reasons.
+pub mod ip_pool {
+    /// Condition type: True when the pool's addresses are handed out.
+    pub const CONDITION_TYPE: &str = "Valid";
+    /// True: every entry parses and overlaps no other pool.
+    pub const AS_EXPECTED: &str = "AsExpected";
+    /// False: an entry is not a usable CIDR or range (the message names it by index).
+    pub const INVALID_ENTRY: &str = "InvalidEntry";
+    /// False: an entry overlaps a pool of the cloud-config or an older pool resource.
+    pub const OVERLAP: &str = "Overlap";
+    /// False: a pool of the cloud-config has the same name.
+    pub const NAME_TAKEN: &str = "NameTaken";
+
+    /// Every reason of the condition.
+    pub const ALL: [&str; 4] = [AS_EXPECTED, INVALID_ENTRY, OVERLAP, NAME_TAKEN];
+}
+
 /// Reasons of Kubernetes Events the operator publishes on a CloudControllerManager.
 pub mod events {
     /// Normal: child objects were created or changed (the note lists them).
@@ -261,6 +315,8 @@ pub fn all_condition_reasons() -> Vec<&'static str> {
         .chain(&provider_healthy::ALL)
         .chain(&provider_healthy::MANAGER)
         .chain(&shadow_agrees::ALL)
+        .chain(&service_load_balancer::ALL)
+        .chain(&ip_pool::ALL)
         .copied()
         .collect();
     out.sort_unstable();

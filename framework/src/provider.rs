@@ -61,15 +61,104 @@ pub enum CloudError {
         /// The refused call.
         call: Call,
     },
+    /// The provider will not give this Service a load balancer until the Service or the
+    /// provider's configuration changes (no free address, a clash, a malformed annotation).
+    /// The service controller writes it as the Service's `LoadBalancerProvisioned=False`
+    /// condition, emits `SyncLoadBalancerFailed` and retries with backoff. Build it with
+    /// [`CloudError::refused`]; the message names fields and counts, never config content.
+    #[error("{reason}: {message}")]
+    Refused {
+        /// Why, from a fixed set; becomes the condition's reason.
+        reason: Refusal,
+        /// What the user can act on, at most [`MAX_REFUSAL_MESSAGE_BYTES`].
+        message: String,
+    },
     /// Anything else.
     #[error("{0}")]
     Other(String),
+}
+
+/// The longest [`CloudError::Refused`] message kept; longer ones are cut on a character
+/// boundary, so a provider cannot make the Service's status grow without bound.
+pub const MAX_REFUSAL_MESSAGE_BYTES: usize = 1024;
+
+/// Reasons of [`CloudError::Refused`], defined with every other condition reason in
+/// [`crds::reasons::service_load_balancer`].
+pub use crds::reasons::service_load_balancer as refusal_reasons;
+
+/// Why a provider refuses a Service a load balancer; each is one reason of the Service's
+/// `LoadBalancerProvisioned=False` condition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Refusal {
+    /// Every address of every pool the Service may use is taken.
+    PoolExhausted,
+    /// No pool is allowed for this Service.
+    NoPoolMatches,
+    /// The Service's sharing key names an address whose Services clash with it.
+    SharingConflict,
+    /// A requested address is held by another Service.
+    RequestedAddressTaken,
+    /// A requested address is in no pool the Service may use, or is not an address.
+    RequestedAddressUnavailable,
+    /// An annotation of the Service is malformed.
+    InvalidAnnotation,
+    /// The Service asks for something the provider cannot do.
+    UnsupportedService,
+    /// A limit of the cloud account is reached.
+    QuotaExceeded,
+}
+
+impl Refusal {
+    /// Every refusal, in declaration order.
+    pub const ALL: [Refusal; 8] = [
+        Refusal::PoolExhausted,
+        Refusal::NoPoolMatches,
+        Refusal::SharingConflict,
+        Refusal::RequestedAddressTaken,
+        Refusal::RequestedAddressUnavailable,
+        Refusal::InvalidAnnotation,
+        Refusal::UnsupportedService,
+        Refusal::QuotaExceeded,
+    ];
+
+    /// The condition reason (one CamelCase word).
+    pub fn reason(self) -> &'static str {
+        match self {
+            Refusal::PoolExhausted => refusal_reasons::POOL_EXHAUSTED,
+            Refusal::NoPoolMatches => refusal_reasons::NO_POOL_MATCHES,
+            Refusal::SharingConflict => refusal_reasons::SHARING_CONFLICT,
+            Refusal::RequestedAddressTaken => refusal_reasons::REQUESTED_ADDRESS_TAKEN,
+            Refusal::RequestedAddressUnavailable => refusal_reasons::REQUESTED_ADDRESS_UNAVAILABLE,
+            Refusal::InvalidAnnotation => refusal_reasons::INVALID_ANNOTATION,
+            Refusal::UnsupportedService => refusal_reasons::UNSUPPORTED_SERVICE,
+            Refusal::QuotaExceeded => refusal_reasons::QUOTA_EXCEEDED,
+        }
+    }
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.reason())
+    }
 }
 
 impl CloudError {
     /// A fixed-delay retry error.
     pub fn retry_after(after: Duration, message: impl Into<String>) -> Self {
         CloudError::RetryAfter { after, message: message.into() }
+    }
+
+    /// A refusal with its reason; the message is cut to [`MAX_REFUSAL_MESSAGE_BYTES`].
+    pub fn refused(reason: Refusal, message: impl Into<String>) -> Self {
+        let mut message = message.into();
+        if message.len() > MAX_REFUSAL_MESSAGE_BYTES {
+            let mut end = MAX_REFUSAL_MESSAGE_BYTES;
+            while !message.is_char_boundary(end) {
+                end -= 1;
+            }
+            message.truncate(end);
+        }
+        CloudError::Refused { reason, message }
     }
 
     /// The delay the error asks for, if it asks for one.
@@ -92,6 +181,7 @@ impl CloudError {
             CloudError::Unavailable(_) => "unavailable",
             CloudError::InvalidConfig(_) => "invalid_config",
             CloudError::RefusedInShadowMode { .. } => "refused_in_shadow_mode",
+            CloudError::Refused { .. } => "refused",
             CloudError::Other(_) => "other",
         }
     }
@@ -643,6 +733,20 @@ mod tests {
         let refused = CloudError::RefusedInShadowMode { call: EnsureLoadBalancer };
         assert_eq!(refused.kind(), "refused_in_shadow_mode");
         assert!(refused.to_string().contains("ensure_load_balancer"), "{refused}");
+    }
+
+    #[test]
+    fn a_refusal_is_matched_by_reason_and_its_message_is_bounded() {
+        let e = CloudError::refused(Refusal::PoolExhausted, "pool default: 0 of 254 IPv4 addresses free");
+        assert!(matches!(e, CloudError::Refused { reason: Refusal::PoolExhausted, .. }));
+        assert_eq!(e.kind(), "refused");
+        assert_eq!(e.requested_delay(), None, "backoff, not a fixed delay");
+        assert_eq!(e.to_string(), "PoolExhausted: pool default: 0 of 254 IPv4 addresses free");
+        let long = CloudError::refused(Refusal::InvalidAnnotation, "é".repeat(MAX_REFUSAL_MESSAGE_BYTES));
+        let CloudError::Refused { message, .. } = long else { panic!("a refusal") };
+        assert!(message.len() <= MAX_REFUSAL_MESSAGE_BYTES && message.len() > MAX_REFUSAL_MESSAGE_BYTES - 2);
+        let reasons: Vec<&str> = Refusal::ALL.iter().map(|r| r.reason()).collect();
+        assert_eq!(reasons, refusal_reasons::ALL, "one reason per refusal, in the same order");
     }
 
     #[test]

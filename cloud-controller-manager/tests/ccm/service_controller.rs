@@ -688,3 +688,79 @@ e2e_apiserver::backend_tests! {
         .await;
     }
 }
+
+// ---- S25, S26: the LoadBalancerProvisioned condition ---------------------------------------------
+
+fn provisioned(s: &Service) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    use ccm_framework::controllers::service::condition::CONDITION_TYPE;
+    s.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == CONDITION_TYPE).cloned()
+}
+
+impl Env {
+    async fn wait_condition(&self, name: &str, reason: &str) -> Service {
+        eventually(WAIT, || async {
+            self.get(name).await.filter(|s| provisioned(s).is_some_and(|c| c.reason == reason))
+        })
+        .await
+    }
+
+    fn status_writes(&self, name: &str) -> usize {
+        self.writes()
+            .into_iter()
+            .filter(|r| r.name.as_deref() == Some(name) && r.subresource.as_deref() == Some("status"))
+            .count()
+    }
+}
+
+fn pool_exhausted() -> CloudError {
+    use ccm_framework::provider::Refusal;
+    CloudError::refused(Refusal::PoolExhausted, "pool default: 0 of 254 IPv4 addresses free")
+}
+
+e2e_apiserver::backend_tests! {
+    async fn s25_a_refusal_becomes_a_service_condition_written_once_with_its_reason(backend) {
+        let env = Env::started(backend, options()).await;
+        env.fake.fail_rate(methods::ENSURE_LOAD_BALANCER, 1.0, pool_exhausted());
+        let created = env.create_service(lb_service(NS, "web")).await;
+        let svc = env.wait_condition("web", "PoolExhausted").await;
+        let c = provisioned(&svc).unwrap();
+        assert_eq!(c.status, "False");
+        assert_eq!(c.message, "pool default: 0 of 254 IPv4 addresses free");
+        assert_eq!(c.observed_generation, created.metadata.generation);
+        let failed = env.wait_event("SyncLoadBalancerFailed").await;
+        assert!(failed.note.unwrap_or_default().contains("PoolExhausted: pool default"), "the event as well");
+        // The retry after the 5 s backoff is refused alike: nothing new to write.
+        eventually(WAIT, || async {
+            let subjects = env.fake.calls().subjects(methods::ENSURE_LOAD_BALANCER);
+            (subjects.iter().filter(|s| *s == "default/web").count() >= 2).then_some(())
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(env.status_writes("web"), 1, "the condition is written only when it changes");
+        let again = provisioned(&env.get("web").await.unwrap()).unwrap();
+        assert_eq!(again.last_transition_time, c.last_transition_time);
+        // S26: a Service that no longer wants a load balancer loses the condition.
+        env.edit("web", to_cluster_ip()).await;
+        eventually(WAIT, || async { env.get("web").await.filter(|s| provisioned(s).is_none()) }).await;
+    }
+
+    async fn s26_the_condition_goes_once_the_load_balancer_exists(backend) {
+        let env = Env::started(backend, options()).await;
+        env.fake.fail_next(methods::ENSURE_LOAD_BALANCER, 1, pool_exhausted());
+        env.create_service(lb_service(NS, "web")).await;
+        env.wait_condition("web", "PoolExhausted").await;
+        // The retry succeeds: the address is written and the condition removed.
+        let svc = eventually(WAIT, || async {
+            env.get("web").await.filter(|s| ingress(s).is_some() && provisioned(s).is_none())
+        })
+        .await;
+        assert!(ingress(&svc).is_some());
+        assert_eq!(env.status_writes("web"), 3, "condition set, address, condition removed");
+        // Other errors leave no condition behind.
+        env.fake.fail_next(methods::ENSURE_LOAD_BALANCER, 1, CloudError::Unavailable("cloud down".into()));
+        env.create_service(lb_service(NS, "api")).await;
+        env.wait_event("SyncLoadBalancerFailed").await;
+        let api = env.wait_ingress("api").await;
+        assert!(provisioned(&api).is_none());
+    }
+}

@@ -5,7 +5,12 @@
 //! served by `--concurrent-service-syncs` workers (one sync per key at a time, per-key
 //! backoff); Node changes trigger a parallel pass that calls `update_load_balancer` only for
 //! Services whose host set changed, storing each host set before calling the cloud.
+//!
+//! A provider that refuses a Service a load balancer ([`CloudError::Refused`]) gets, besides the
+//! `SyncLoadBalancerFailed` event, the Service condition `LoadBalancerProvisioned=False` with
+//! its reason ([`condition`]); the condition goes once the load balancer exists.
 
+pub mod condition;
 pub mod diff;
 pub mod logic;
 pub mod queue;
@@ -19,6 +24,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{LoadBalancerStatus, Node, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
@@ -108,6 +114,8 @@ enum SyncError {
     RemoveFinalizer(kube::Error),
     #[error("failed to update load balancer status: {0}")]
     Status(kube::Error),
+    #[error("failed to remove the LoadBalancerProvisioned condition: {0}")]
+    Condition(kube::Error),
 }
 
 impl SyncError {
@@ -404,14 +412,42 @@ impl Inner {
                 tracing::debug!(service = %key, "load balancer implemented elsewhere");
                 return Ok(());
             }
-            Err(e) => return Err(SyncError::Ensure(e)),
+            Err(e) => {
+                if let CloudError::Refused { reason, message } = &e {
+                    let now = Time(k8s_openapi::jiff::Timestamp::now());
+                    if let Some(write) = condition::on_refusal(&svc, *reason, message, &now)
+                        && let Err(error) = self.write_condition(key, &svc, &write).await
+                    {
+                        // The event and the retry still follow; the next attempt writes it again.
+                        tracing::warn!(service = %key, %error, "could not record the refusal in the Service's conditions");
+                    }
+                }
+                return Err(SyncError::Ensure(e));
+            }
         };
         self.event(&svc, EventType::Normal, "EnsuredLoadBalancer", "Ensured load balancer", "EnsureLoadBalancer");
         let current = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref());
         if logic::ingress_changed(current, &status) {
             self.write_status(key, &svc, &status).await?;
         }
+        if let Some(write) = condition::on_cleared(&svc) {
+            self.write_condition(key, &svc, &write).await.map_err(SyncError::Condition)?;
+        }
         Ok(())
+    }
+
+    /// One strategic merge patch of the Service's status touching only our condition.
+    async fn write_condition(
+        &self,
+        key: &str,
+        svc: &Service,
+        write: &condition::ConditionWrite,
+    ) -> Result<(), kube::Error> {
+        let r = self
+            .api(split_key(key).0)
+            .patch_status(&svc.name_any(), &patch_params(), &Patch::Strategic(write.patch()))
+            .await;
+        ignore_not_found(r)
     }
 
     async fn write_status(&self, key: &str, svc: &Service, status: &LoadBalancerStatus) -> Result<(), SyncError> {
@@ -437,6 +473,11 @@ impl Inner {
         let current = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref());
         if !logic::is_being_deleted(svc) && logic::ingress_changed(current, &LoadBalancerStatus::default()) {
             self.write_status(key, svc, &LoadBalancerStatus::default()).await?;
+        }
+        if !logic::is_being_deleted(svc)
+            && let Some(write) = condition::on_cleared(svc)
+        {
+            self.write_condition(key, svc, &write).await.map_err(SyncError::Condition)?;
         }
         if logic::has_finalizer(svc, &self.finalizer) {
             let patch = json!({ "metadata": { "$deleteFromPrimitiveList/finalizers": [self.finalizer] } });
