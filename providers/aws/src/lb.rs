@@ -363,6 +363,114 @@ struct LbInfo {
     dns: String,
     internal: bool,
     created: Option<f64>,
+    /// The [`TAG_ADDRESSES`] tag; `None` on a load balancer made before it (or by upstream).
+    addresses: Option<String>,
+    security_groups: BTreeSet<String>,
+}
+
+/// Tag recording which fixed addresses (`eip-allocations`, `private-ipv4-addresses`) the load
+/// balancer was created with: ELBv2 cannot change them in place, so a change replaces it.
+pub const TAG_ADDRESSES: &str = "kubernetes.io/service-load-balancer-addresses";
+
+/// The [`TAG_ADDRESSES`] value for the annotations: "" without fixed addresses, else a
+/// fingerprint of them (a tag value holds 256 characters; the lists may be longer).
+pub fn addresses_fingerprint(a: &NlbAnnotations) -> String {
+    if a.eip_allocations.is_empty() && a.private_ipv4.is_empty() {
+        return String::new();
+    }
+    let text = format!("{:?}/{:?}", a.eip_allocations, a.private_ipv4);
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in text.bytes() {
+        hash ^= u64::from(b);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{hash:016x}")
+}
+
+/// The security groups the annotations put on the load balancer.
+pub fn wanted_security_groups(a: &NlbAnnotations) -> BTreeSet<String> {
+    a.security_groups.iter().chain(a.extra_security_groups.iter()).cloned().collect()
+}
+
+/// Why an existing load balancer must be replaced (ELBv2 fixes these at creation), if it must.
+pub fn replacement_reason(
+    have_internal: bool,
+    have_addresses: Option<&str>,
+    have_security_groups: &BTreeSet<String>,
+    desired: &Desired,
+) -> Option<String> {
+    let a = &desired.annotations;
+    if have_internal != desired.internal {
+        return Some(format!("{} changed the scheme", ann::INTERNAL));
+    }
+    // Without the tag (made before it, or adopted from upstream) the addresses are taken as
+    // they are, and the tag is written.
+    if have_addresses.is_some_and(|h| h != addresses_fingerprint(a)) {
+        return Some(format!("{} or {} changed", ann::EIP_ALLOCATIONS, ann::PRIVATE_IPV4));
+    }
+    let want = wanted_security_groups(a);
+    if have_security_groups.is_empty() != want.is_empty() {
+        return Some(format!(
+            "{} / {} added to or removed from a load balancer (an NLB keeps or lacks security groups for life)",
+            ann::SECURITY_GROUPS,
+            ann::EXTRA_SECURITY_GROUPS
+        ));
+    }
+    None
+}
+
+/// A subnet of the load balancer and the fixed address it gets there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubnetMapping {
+    /// The subnet ID.
+    pub subnet: String,
+    /// An Elastic IP allocation (internet-facing).
+    pub allocation_id: Option<String>,
+    /// A private IPv4 address inside the subnet (internal).
+    pub private_ipv4: Option<std::net::Ipv4Addr>,
+}
+
+/// Pair the subnets with the annotations' addresses: Elastic IPs in order, one per subnet;
+/// private addresses by the subnet whose CIDR holds them, one per subnet.
+pub fn subnet_mappings(
+    subnets: &[(String, Option<ipnet::Ipv4Net>)],
+    a: &NlbAnnotations,
+) -> Result<Vec<SubnetMapping>, ann::AnnotationError> {
+    let mut out: Vec<SubnetMapping> = subnets
+        .iter()
+        .map(|(id, _)| SubnetMapping { subnet: id.clone(), allocation_id: None, private_ipv4: None })
+        .collect();
+    if !a.eip_allocations.is_empty() {
+        if a.eip_allocations.len() != subnets.len() {
+            return Err(ann::AnnotationError::Conflict {
+                annotation: ann::EIP_ALLOCATIONS,
+                reason: format!("one per subnet: {} given for {} subnets", a.eip_allocations.len(), subnets.len()),
+            });
+        }
+        for (m, e) in out.iter_mut().zip(&a.eip_allocations) {
+            m.allocation_id = Some(e.clone());
+        }
+    }
+    if !a.private_ipv4.is_empty() {
+        if a.private_ipv4.len() != subnets.len() {
+            return Err(ann::AnnotationError::Conflict {
+                annotation: ann::PRIVATE_IPV4,
+                reason: format!("one per subnet: {} given for {} subnets", a.private_ipv4.len(), subnets.len()),
+            });
+        }
+        for ip in &a.private_ipv4 {
+            let slot = subnets
+                .iter()
+                .position(|(_, cidr)| cidr.is_some_and(|c| c.contains(ip)))
+                .filter(|i| out[*i].private_ipv4.is_none())
+                .ok_or_else(|| ann::AnnotationError::Conflict {
+                    annotation: ann::PRIVATE_IPV4,
+                    reason: format!("{ip} is not inside a subnet of the load balancer that has no address yet"),
+                })?;
+            out[slot].private_ipv4 = Some(*ip);
+        }
+    }
+    Ok(out)
 }
 
 #[derive(Debug, Clone)]
@@ -444,6 +552,8 @@ impl AwsProvider {
                     dns: lb.dns_name().unwrap_or_default().to_string(),
                     internal: lb.scheme().is_some_and(|s| *s == LoadBalancerSchemeEnum::Internal),
                     created: lb.created_time().map(|t| t.as_secs_f64()),
+                    addresses: None,
+                    security_groups: lb.security_groups().iter().cloned().collect(),
                 });
             }
             match page.next_marker().filter(|m| !m.is_empty()) {
@@ -455,6 +565,9 @@ impl AwsProvider {
         let tags = self.elb_tags(&arns).await?;
         let mut mine: Vec<LbInfo> =
             all.into_iter().filter(|l| tags.get(&l.arn).is_some_and(|t| owned_by(t, cluster_id, service))).collect();
+        for l in &mut mine {
+            l.addresses = tags.get(&l.arn).and_then(|t| t.get(TAG_ADDRESSES)).cloned();
+        }
         mine.sort_by(|a, b| {
             a.created.partial_cmp(&b.created).unwrap_or(std::cmp::Ordering::Equal).then(a.arn.cmp(&b.arn))
         });
@@ -577,17 +690,57 @@ impl AwsProvider {
         Ok(ids)
     }
 
-    async fn create_lb(&self, desired: &Desired, subnets: Vec<String>) -> CloudResult<LbInfo> {
+    /// The subnets of a new load balancer with their fixed addresses; read-only, so a bad
+    /// pairing is found before anything changes.
+    async fn plan_subnets(&self, desired: &Desired, vpc: &str, cluster_id: &str) -> CloudResult<Vec<SubnetMapping>> {
+        let ids = self.subnets_for(desired, vpc, cluster_id).await?;
+        let mut cidrs: BTreeMap<String, ipnet::Ipv4Net> = BTreeMap::new();
+        if !desired.annotations.private_ipv4.is_empty() {
+            let ec2 = &self.clients().await?.ec2;
+            let r = ec2
+                .describe_subnets()
+                .set_subnet_ids(Some(ids.clone()))
+                .send()
+                .await
+                .map_err(self.elb_err("DescribeSubnets"))?;
+            for sn in r.subnets() {
+                if let (Some(id), Some(Ok(c))) = (sn.subnet_id(), sn.cidr_block().map(|c| c.parse::<ipnet::Ipv4Net>()))
+                {
+                    cidrs.insert(id.to_string(), c);
+                }
+            }
+        }
+        let with_cidrs: Vec<(String, Option<ipnet::Ipv4Net>)> =
+            ids.into_iter().map(|id| (id.clone(), cidrs.get(&id).copied())).collect();
+        subnet_mappings(&with_cidrs, &desired.annotations).map_err(|e| CloudError::Other(e.to_string()))
+    }
+
+    async fn create_lb(&self, desired: &Desired, subnets: Vec<SubnetMapping>) -> CloudResult<LbInfo> {
         let elb = &self.clients().await?.elb;
         let scheme =
             if desired.internal { LoadBalancerSchemeEnum::Internal } else { LoadBalancerSchemeEnum::InternetFacing };
+        let mappings = subnets
+            .iter()
+            .map(|m| {
+                aws_sdk_elasticloadbalancingv2::types::SubnetMapping::builder()
+                    .subnet_id(&m.subnet)
+                    .set_allocation_id(m.allocation_id.clone())
+                    .set_private_ipv4_address(m.private_ipv4.map(|ip| ip.to_string()))
+                    .build()
+            })
+            .collect();
+        let mut tags = desired.tags.clone();
+        let addresses = addresses_fingerprint(&desired.annotations);
+        tags.insert(TAG_ADDRESSES.to_string(), addresses.clone());
+        let groups = wanted_security_groups(&desired.annotations);
         let r = elb
             .create_load_balancer()
             .name(&desired.name)
             .r#type(LoadBalancerTypeEnum::Network)
             .scheme(scheme)
-            .set_subnets(Some(subnets))
-            .set_tags(Some(to_tags(&desired.tags)))
+            .set_subnet_mappings(Some(mappings))
+            .set_security_groups((!groups.is_empty()).then(|| groups.iter().cloned().collect()))
+            .set_tags(Some(to_tags(&tags)))
             .send()
             .await
             .map_err(self.elb_err("CreateLoadBalancer"))?;
@@ -601,6 +754,8 @@ impl AwsProvider {
             dns: lb.dns_name().unwrap_or_default().to_string(),
             internal: desired.internal,
             created: None,
+            addresses: Some(addresses),
+            security_groups: groups,
         })
     }
 
@@ -1033,14 +1188,9 @@ impl AwsProvider {
         }
         lbs.truncate(1);
         let mut lb = lbs.pop();
-        if let Some(existing) = &lb
-            && existing.internal != desired.internal
-        {
-            // The scheme cannot change in place.
-            tracing::info!(service = %service_key(service), "load balancer scheme changed; replacing it");
-            self.delete_lb(&existing.arn).await?;
-            lb = None;
-        }
+        let replace = lb
+            .as_ref()
+            .and_then(|l| replacement_reason(l.internal, l.addresses.as_deref(), &l.security_groups, &desired));
         let vpc = match self.vpc_of(&instances) {
             Some(v) => v,
             None => {
@@ -1049,14 +1199,42 @@ impl AwsProvider {
                 ));
             }
         };
-        let lb = match lb {
-            Some(lb) => lb,
-            None if create => {
-                let subnets = self.subnets_for(&desired, &vpc, &cluster_id).await?;
-                self.create_lb(&desired, subnets).await?
-            }
-            None => return Ok(None),
+        // Subnets and addresses are planned (read-only) before a replaced load balancer goes.
+        let plan = if lb.is_none() && create || replace.is_some() {
+            Some(self.plan_subnets(&desired, &vpc, &cluster_id).await?)
+        } else {
+            None
         };
+        if let (Some(existing), Some(reason)) = (&lb, &replace) {
+            tracing::warn!(service = %service_key(service), %reason, "replacing the load balancer");
+            self.delete_lb(&existing.arn).await?;
+            lb = None;
+        }
+        let lb = match (lb, plan) {
+            (Some(lb), _) => lb,
+            (None, Some(plan)) => self.create_lb(&desired, plan).await?,
+            (None, None) => return Ok(None),
+        };
+        if lb.addresses.is_none() {
+            let tag = BTreeMap::from([(TAG_ADDRESSES.to_string(), addresses_fingerprint(&desired.annotations))]);
+            let elb = &self.clients().await?.elb;
+            elb.add_tags()
+                .resource_arns(&lb.arn)
+                .set_tags(Some(to_tags(&tag)))
+                .send()
+                .await
+                .map_err(self.elb_err("AddTags"))?;
+        }
+        let groups = wanted_security_groups(&desired.annotations);
+        if !groups.is_empty() && groups != lb.security_groups {
+            let elb = &self.clients().await?.elb;
+            elb.set_security_groups()
+                .load_balancer_arn(&lb.arn)
+                .set_security_groups(Some(groups.into_iter().collect()))
+                .send()
+                .await
+                .map_err(self.elb_err("SetSecurityGroups"))?;
+        }
         self.sync_lb_attributes(&lb.arn, &lb_attributes(&desired.annotations)).await?;
         let tgs = self.owned_tgs(&cluster_id, service).await?;
         let tg_attrs = tg_attributes(&desired.annotations);
@@ -1304,6 +1482,57 @@ mod tests {
             attribute_changes(&tg_attributes(&none), &have),
             vec![("proxy_protocol_v2.enabled", "false".to_string())]
         );
+    }
+
+    #[test]
+    fn elastic_ips_pair_in_order_and_private_addresses_by_subnet_cidr() {
+        let subnets = vec![
+            ("subnet-a".to_string(), Some("10.0.1.0/24".parse().unwrap())),
+            ("subnet-b".to_string(), Some("10.0.2.0/24".parse().unwrap())),
+        ];
+        let eips =
+            NlbAnnotations { eip_allocations: vec!["eipalloc-1".into(), "eipalloc-2".into()], ..Default::default() };
+        let m = subnet_mappings(&subnets, &eips).unwrap();
+        assert_eq!(m[0].allocation_id.as_deref(), Some("eipalloc-1"));
+        assert_eq!(m[1].allocation_id.as_deref(), Some("eipalloc-2"));
+        let ips = NlbAnnotations {
+            internal: true,
+            private_ipv4: vec!["10.0.2.10".parse().unwrap(), "10.0.1.10".parse().unwrap()],
+            ..Default::default()
+        };
+        let m = subnet_mappings(&subnets, &ips).unwrap();
+        assert_eq!(m[0].private_ipv4, Some("10.0.1.10".parse().unwrap()));
+        assert_eq!(m[1].private_ipv4, Some("10.0.2.10".parse().unwrap()));
+        let outside = NlbAnnotations {
+            private_ipv4: vec!["10.0.1.10".parse().unwrap(), "10.9.9.9".parse().unwrap()],
+            ..Default::default()
+        };
+        assert_eq!(subnet_mappings(&subnets, &outside).unwrap_err().annotation(), ann::PRIVATE_IPV4);
+        let one = NlbAnnotations { eip_allocations: vec!["eipalloc-1".into()], ..Default::default() };
+        assert_eq!(subnet_mappings(&subnets, &one).unwrap_err().annotation(), ann::EIP_ALLOCATIONS);
+        assert!(
+            subnet_mappings(&subnets, &NlbAnnotations::default()).unwrap().iter().all(|m| m.allocation_id.is_none())
+        );
+    }
+
+    #[test]
+    fn scheme_addresses_and_security_group_presence_replace_the_load_balancer_group_changes_do_not() {
+        let d = |pairs: &[(&str, &str)]| desired(&svc(pairs, &[(80, "TCP", 30080)], "Cluster", 0), "c").unwrap();
+        let none = BTreeSet::new();
+        let sg1: BTreeSet<String> = ["sg-01234567".to_string()].into();
+        let plain = d(&[]);
+        assert_eq!(replacement_reason(false, Some(""), &none, &plain), None);
+        assert!(replacement_reason(true, Some(""), &none, &plain).unwrap().contains(ann::INTERNAL));
+        let eip = d(&[(ann::EIP_ALLOCATIONS, "eipalloc-01234567")]);
+        assert!(replacement_reason(false, Some(""), &none, &eip).unwrap().contains(ann::EIP_ALLOCATIONS));
+        let fp = addresses_fingerprint(&eip.annotations);
+        assert_eq!(replacement_reason(false, Some(&fp), &none, &eip), None);
+        assert_eq!(replacement_reason(false, None, &none, &eip), None, "an untagged (adopted) load balancer is kept");
+        let sg = d(&[(ann::SECURITY_GROUPS, "sg-01234567")]);
+        assert!(replacement_reason(false, Some(""), &none, &sg).is_some(), "groups cannot be added to an NLB without");
+        let other = d(&[(ann::EXTRA_SECURITY_GROUPS, "sg-89abcdef")]);
+        assert_eq!(replacement_reason(false, Some(""), &sg1, &other), None, "changed in place (SetSecurityGroups)");
+        assert!(replacement_reason(false, Some(""), &sg1, &plain).is_some(), "nor all removed");
     }
 
     #[test]

@@ -851,6 +851,115 @@ async fn annotations_apply_on_moto_and_changes_converge_on_the_same_load_balance
     assert_eq!(lb_state(&c).await, LbState::default());
 }
 
+/// (ARN, subnets, security groups, the addresses tag) of the one load balancer.
+async fn lb_shape(c: &Clients) -> (String, BTreeSet<String>, BTreeSet<String>, String) {
+    let lbs = c.elb.describe_load_balancers().send().await.unwrap();
+    assert_eq!(lbs.load_balancers().len(), 1, "one load balancer");
+    let lb = &lbs.load_balancers()[0];
+    let arn = lb.load_balancer_arn().unwrap().to_string();
+    let tags = c.elb.describe_tags().resource_arns(&arn).send().await.unwrap();
+    let addresses = tags.tag_descriptions()[0]
+        .tags()
+        .iter()
+        .find(|t| t.key() == Some(ccm_provider_aws::lb::TAG_ADDRESSES))
+        .and_then(|t| t.value())
+        .unwrap_or("<none>")
+        .to_string();
+    (
+        arn,
+        lb.availability_zones().iter().filter_map(|z| z.subnet_id()).map(str::to_string).collect(),
+        lb.security_groups().iter().cloned().collect(),
+        addresses,
+    )
+}
+
+#[tokio::test]
+async fn fixed_addresses_and_security_groups_on_moto_replace_only_where_elbv2_requires() {
+    use annotations as a;
+    let Some(moto) = Moto::start("addresses_and_groups").await else { return };
+    let p = provider(&moto.url);
+    let c = p.clients().await.unwrap().clone();
+    let w = seed(&c).await;
+    let inst = launch(&c, &w, 1).await;
+    let nodes = [node(&inst[0].1, Some(&pid(&inst[0].0)), Some("True"), vec![])];
+    let refs: Vec<&Node> = nodes.iter().collect();
+    let base = with_uid(lb_service("web", &[(80, 30080)]), "00000000-0000-0000-0000-0000000000bb");
+    let subnets: BTreeSet<String> = w.subnets.iter().cloned().collect();
+    let mut eips = Vec::new();
+    for _ in 0..3 {
+        eips.push(
+            c.ec2.allocate_address().domain(ec2::types::DomainType::Vpc).send().await.unwrap().allocation_id.unwrap(),
+        );
+    }
+
+    // Elastic IPs, one per subnet. moto 5.2.5 keeps only SubnetMapping.SubnetId (its
+    // create_load_balancer drops AllocationId and PrivateIPv4Address and DescribeLoadBalancers
+    // reports no LoadBalancerAddresses): checked here are the subnets and the recorded
+    // addresses; the pairing is `elastic_ips_pair_in_order_and_private_addresses_by_subnet_cidr`.
+    let two = format!("{},{}", eips[0], eips[1]);
+    p.ensure_load_balancer(CLUSTER, &annotated(base.clone(), &[(a::EIP_ALLOCATIONS, &two)]), &refs).await.unwrap();
+    let (arn1, got_subnets, _, fp1) = lb_shape(&c).await;
+    assert_eq!(got_subnets, subnets);
+    assert_eq!(fp1.len(), 16, "the addresses are recorded: {fp1}");
+    // The same again: nothing replaced.
+    p.ensure_load_balancer(CLUSTER, &annotated(base.clone(), &[(a::EIP_ALLOCATIONS, &two)]), &refs).await.unwrap();
+    assert_eq!(lb_shape(&c).await.0, arn1);
+    // Other Elastic IPs: ELBv2 cannot change them in place, so the load balancer is replaced,
+    // with nothing left of the old one.
+    let other = format!("{},{}", eips[0], eips[2]);
+    p.ensure_load_balancer(CLUSTER, &annotated(base.clone(), &[(a::EIP_ALLOCATIONS, &other)]), &refs).await.unwrap();
+    let (arn2, _, _, fp2) = lb_shape(&c).await;
+    assert_ne!(arn2, arn1);
+    assert_ne!(fp2, fp1);
+    let st = lb_state(&c).await;
+    assert_eq!((st.lbs.len(), st.tgs.len(), st.listeners.len()), (1, 1, 1), "{st:?}");
+    // One Elastic IP for two subnets: refused before anything changes.
+    let before = lb_state(&c).await;
+    let err = p
+        .ensure_load_balancer(CLUSTER, &annotated(base.clone(), &[(a::EIP_ALLOCATIONS, &eips[1])]), &refs)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains(a::EIP_ALLOCATIONS), "{err}");
+    assert_eq!(lb_state(&c).await, before);
+    assert_eq!(lb_shape(&c).await.0, arn2);
+    p.ensure_load_balancer_deleted(CLUSTER, &base).await.unwrap();
+    assert_eq!(lb_state(&c).await, LbState::default());
+
+    // Private addresses on an internal load balancer; one outside every subnet is refused first.
+    let internal = annotated(base.clone(), &[(a::INTERNAL, "true")]);
+    let bad = annotated(internal.clone(), &[(a::PRIVATE_IPV4, "10.0.1.10,10.0.9.10")]);
+    let err = p.ensure_load_balancer(CLUSTER, &bad, &refs).await.unwrap_err();
+    assert!(err.to_string().contains(a::PRIVATE_IPV4), "{err}");
+    assert_eq!(lb_state(&c).await, LbState::default(), "nothing half-built");
+    let good = annotated(internal.clone(), &[(a::PRIVATE_IPV4, "10.0.2.10,10.0.1.10")]);
+    p.ensure_load_balancer(CLUSTER, &good, &refs).await.unwrap();
+    assert_eq!(lb_shape(&c).await.1, subnets);
+    p.ensure_load_balancer_deleted(CLUSTER, &good).await.unwrap();
+
+    // Security groups: set at creation, changed in place, and their removal replaces the load
+    // balancer (an NLB made with groups keeps at least one).
+    let mut groups = Vec::new();
+    for name in ["lb-a", "lb-b"] {
+        let g = c.ec2.create_security_group().group_name(name).description(name).vpc_id(&w.vpc).send().await.unwrap();
+        groups.push(g.group_id.unwrap());
+    }
+    let with_a = annotated(base.clone(), &[(a::SECURITY_GROUPS, &groups[0])]);
+    p.ensure_load_balancer(CLUSTER, &with_a, &refs).await.unwrap();
+    let (arn_a, _, sgs, _) = lb_shape(&c).await;
+    assert_eq!(sgs, [groups[0].clone()].into());
+    let with_both = annotated(with_a.clone(), &[(a::EXTRA_SECURITY_GROUPS, &groups[1])]);
+    p.ensure_load_balancer(CLUSTER, &with_both, &refs).await.unwrap();
+    let (arn_b, _, sgs, _) = lb_shape(&c).await;
+    assert_eq!(arn_b, arn_a, "changed in place");
+    assert_eq!(sgs, groups.iter().cloned().collect());
+    p.ensure_load_balancer(CLUSTER, &base, &refs).await.unwrap();
+    let (arn_c, _, sgs, _) = lb_shape(&c).await;
+    assert_ne!(arn_c, arn_a);
+    assert!(sgs.is_empty());
+    p.ensure_load_balancer_deleted(CLUSTER, &base).await.unwrap();
+    assert_eq!(lb_state(&c).await, LbState::default());
+}
+
 // ---------------------------------------------------------------------------------------------
 // The fault proxy
 
