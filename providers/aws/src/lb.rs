@@ -28,7 +28,7 @@ use super::AwsProvider;
 use super::annotations::{self as ann, HealthPort, HealthProtocol, LbKind, NlbAnnotations};
 use super::errors::code;
 use super::instances::{InstanceInfo, InstanceKey, key_of};
-use ccm_framework::provider::{CloudError, CloudResult, LoadBalancer, default_load_balancer_name};
+use ccm_framework::provider::{CloudError, CloudResult, LoadBalancer, Refusal, default_load_balancer_name};
 
 /// Tag key prefix marking cluster ownership (`kubernetes.io/cluster/<id>`).
 pub const TAG_CLUSTER_PREFIX: &str = "kubernetes.io/cluster/";
@@ -265,32 +265,46 @@ pub fn target_group_name(lb_name: &str, port: &DesiredPort) -> String {
     format!("k8s-{:05}-{:016x}", port.port.clamp(0, 99_999), hash)
 }
 
+/// A bad annotation as the Service's refusal: `InvalidAnnotation`, or `UnsupportedService` for
+/// a Service that would get a Classic Load Balancer.
+pub fn refused_annotation(e: ann::AnnotationError) -> CloudError {
+    let reason = match e {
+        ann::AnnotationError::ClassicRefused => Refusal::UnsupportedService,
+        _ => Refusal::InvalidAnnotation,
+    };
+    CloudError::refused(reason, e.to_string())
+}
+
 /// What the Service asks for, or why it cannot be served.
-pub fn desired(service: &Service, cluster_id: &str) -> Result<Desired, String> {
-    let spec = service.spec.as_ref().ok_or("the Service has no spec")?;
+pub fn desired(service: &Service, cluster_id: &str) -> Result<Desired, CloudError> {
+    let spec = service.spec.as_ref().ok_or_else(|| CloudError::Other("the Service has no spec".into()))?;
     let empty = BTreeMap::new();
-    let annotations = ann::parse(service.metadata.annotations.as_ref().unwrap_or(&empty)).map_err(|e| e.to_string())?;
+    let annotations =
+        ann::parse(service.metadata.annotations.as_ref().unwrap_or(&empty)).map_err(refused_annotation)?;
     if annotations.subnets.iter().any(|s| !s.starts_with("subnet-")) {
-        return Err(format!(
-            "annotation {}: expected subnet IDs (subnet-...); subnet names are not supported",
-            ann::SUBNETS
+        return Err(CloudError::refused(
+            Refusal::InvalidAnnotation,
+            format!("annotation {}: expected subnet IDs (subnet-...); subnet names are not supported", ann::SUBNETS),
         ));
     }
     let mut ports = Vec::new();
     for p in spec.ports.iter().flatten() {
         let protocol = p.protocol.clone().unwrap_or_else(|| "TCP".into());
         if protocol != "TCP" && protocol != "UDP" {
-            return Err(format!(
-                "port {}: protocol {protocol} is not supported by Network Load Balancers here",
-                p.port
+            return Err(CloudError::refused(
+                Refusal::UnsupportedService,
+                format!("port {}: protocol {protocol} is not supported by Network Load Balancers here", p.port),
             ));
         }
         let node_port = p.node_port.unwrap_or(0);
         if node_port == 0 {
-            return Err(format!("port {} has no nodePort yet", p.port));
+            return Err(CloudError::Other(format!("port {} has no nodePort yet", p.port)));
         }
         if ports.iter().any(|d: &DesiredPort| d.port == p.port) {
-            return Err(format!("port {} is used by two protocols; TCP_UDP listeners are not supported", p.port));
+            return Err(CloudError::refused(
+                Refusal::UnsupportedService,
+                format!("port {} is used by two protocols; TCP_UDP listeners are not supported", p.port),
+            ));
         }
         // TLS for the TCP ports `ssl-ports` names, as upstream.
         let tls = annotations.tls.as_ref().filter(|t| protocol == "TCP" && t.ports.covers(p.port, p.name.as_deref()));
@@ -303,7 +317,7 @@ pub fn desired(service: &Service, cluster_id: &str) -> Result<Desired, String> {
         });
     }
     if ports.is_empty() {
-        return Err("the Service has no ports".into());
+        return Err(CloudError::refused(Refusal::UnsupportedService, "the Service has no ports"));
     }
     let local = spec.external_traffic_policy.as_deref() == Some("Local");
     let health = health_spec(local, spec.health_check_node_port.unwrap_or(0), &annotations.health);
@@ -317,7 +331,10 @@ pub fn desired(service: &Service, cluster_id: &str) -> Result<Desired, String> {
         .collect();
     for r in &source_ranges {
         if r.parse::<ipnet::Ipv4Net>().is_err() {
-            return Err(format!("loadBalancerSourceRanges: {r:?} is not an IPv4 CIDR"));
+            return Err(CloudError::refused(
+                Refusal::UnsupportedService,
+                format!("spec.loadBalancerSourceRanges: {r:?} is not an IPv4 CIDR"),
+            ));
         }
     }
     if spec.load_balancer_source_ranges.as_ref().is_none_or(|r| r.is_empty()) {
@@ -712,7 +729,7 @@ impl AwsProvider {
         }
         let with_cidrs: Vec<(String, Option<ipnet::Ipv4Net>)> =
             ids.into_iter().map(|id| (id.clone(), cidrs.get(&id).copied())).collect();
-        subnet_mappings(&with_cidrs, &desired.annotations).map_err(|e| CloudError::Other(e.to_string()))
+        subnet_mappings(&with_cidrs, &desired.annotations).map_err(refused_annotation)
     }
 
     async fn create_lb(&self, desired: &Desired, subnets: Vec<SubnetMapping>) -> CloudResult<LbInfo> {
@@ -1172,10 +1189,10 @@ impl AwsProvider {
         match ann::kind(service) {
             Ok(LbKind::Nlb) => {}
             Ok(LbKind::Elsewhere) => return Err(CloudError::ImplementedElsewhere),
-            Err(e) => return Err(CloudError::Other(e.to_string())),
+            Err(e) => return Err(refused_annotation(e)),
         }
         let cluster_id = self.cluster_id(cluster_name).to_string();
-        let desired = desired(service, &cluster_id).map_err(CloudError::Other)?;
+        let desired = desired(service, &cluster_id)?;
         let selected: Vec<&Node> =
             nodes.iter().copied().filter(|n| node_selected(n, &desired.annotations.target_node_labels)).collect();
         let instances = self.node_instances(&selected).await?;
@@ -1387,9 +1404,15 @@ mod tests {
 
     #[test]
     fn unsupported_services_are_refused_with_a_reason() {
-        assert!(desired(&svc(&[], &[(80, "SCTP", 30080)], "Cluster", 0), "c").unwrap_err().contains("SCTP"));
+        let e = desired(&svc(&[], &[(80, "SCTP", 30080)], "Cluster", 0), "c").unwrap_err();
+        assert!(
+            matches!(e, CloudError::Refused { reason: Refusal::UnsupportedService, .. })
+                && e.to_string().contains("SCTP")
+        );
+        let e = desired(&svc(&[(ann::HC_INTERVAL, "1")], &[(80, "TCP", 30080)], "Cluster", 0), "c").unwrap_err();
+        assert!(matches!(e, CloudError::Refused { reason: Refusal::InvalidAnnotation, .. }), "{e}");
         assert!(desired(&svc(&[], &[(53, "TCP", 30053), (53, "UDP", 30054)], "Cluster", 0), "c").is_err());
-        assert!(desired(&svc(&[], &[(80, "TCP", 0)], "Cluster", 0), "c").unwrap_err().contains("nodePort"));
+        assert!(desired(&svc(&[], &[(80, "TCP", 0)], "Cluster", 0), "c").unwrap_err().to_string().contains("nodePort"));
         assert!(implemented_elsewhere(&svc(&[(ann::TYPE, "external")], &[], "Cluster", 0)));
         assert!(!implemented_elsewhere(&svc(&[(ann::TYPE, "nlb")], &[], "Cluster", 0)));
     }

@@ -18,8 +18,10 @@ use ccm_framework::controllers::lifecycle::LifecycleController;
 use ccm_framework::controllers::node::NodeController;
 use ccm_framework::controllers::route::RouteController;
 use ccm_framework::controllers::service::ServiceController;
+use ccm_framework::controllers::service::condition as service_condition;
 use ccm_framework::health::HealthRegistry;
 use ccm_framework::options::ControllerOptions;
+use ccm_framework::provider::refusal_reasons;
 use ccm_framework::provider::{CloudError, CloudProvider, Health, Instances, LoadBalancer};
 use ccm_provider_aws::annotations;
 use ccm_provider_aws::config::AwsConfig;
@@ -611,6 +613,28 @@ e2e_apiserver::backend_tests! {
     }
 }
 
+/// The Service's `LoadBalancerProvisioned` condition once its reason is `reason` (or once it is
+/// gone, for `None`).
+async fn condition(
+    env: &Env,
+    name: &str,
+    reason: Option<&str>,
+) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    eventually(|| async {
+        let s = env.services().get(name).await.ok()?;
+        let c = s
+            .status
+            .and_then(|st| st.conditions)
+            .and_then(|cs| cs.into_iter().find(|c| c.type_ == service_condition::CONDITION_TYPE));
+        match (reason, c) {
+            (Some(r), Some(c)) if c.reason == r => Some(Some(c)),
+            (None, None) => Some(None),
+            _ => None,
+        }
+    })
+    .await
+}
+
 /// The first event with `reason` in the default namespace.
 async fn event(env: &Env, reason: &str) -> Event {
     let events: Api<Event> = Api::namespaced(env.cluster.client(), "default");
@@ -621,7 +645,7 @@ async fn event(env: &Env, reason: &str) -> Event {
 }
 
 e2e_apiserver::backend_tests! {
-    async fn service_without_type_annotation_is_refused_as_classic_with_an_event_naming_the_annotation(backend) {
+    async fn service_without_type_annotation_is_refused_as_classic_with_an_event_and_condition_naming_the_annotation(backend) {
         let Some(moto) = Moto::start("classic_refused").await else { return };
         let p = provider(&moto.url);
         let c = p.clients().await.unwrap().clone();
@@ -639,13 +663,24 @@ e2e_apiserver::backend_tests! {
         let e = event(&env, "SyncLoadBalancerFailed").await;
         let note = e.note.unwrap_or_default();
         assert!(note.contains(annotations::TYPE) && note.contains("\"nlb\""), "{note}");
+        let cond = condition(&env, "classic", Some(refusal_reasons::UNSUPPORTED_SERVICE)).await.unwrap();
+        assert_eq!(cond.status, "False");
+        assert!(cond.message.contains(annotations::TYPE) && cond.message.contains("\"nlb\""), "{}", cond.message);
         assert_eq!(lb_state(&c).await, LbState::default());
 
-        // Setting the annotation makes the NLB.
-        let patch = json!({"metadata": {"annotations": {annotations::TYPE: "nlb"}}});
+        // A malformed annotation: InvalidAnnotation, naming it and the expected form.
+        let patch = json!({"metadata": {"annotations": {annotations::TYPE: "nlb", annotations::HC_INTERVAL: "3"}}});
+        env.services().patch("classic", &PatchParams::default(), &Patch::Merge(patch)).await.unwrap();
+        let cond = condition(&env, "classic", Some(refusal_reasons::INVALID_ANNOTATION)).await.unwrap();
+        assert!(cond.message.contains(annotations::HC_INTERVAL) && cond.message.contains("5 to 300"), "{}", cond.message);
+        assert_eq!(lb_state(&c).await, LbState::default());
+
+        // Fixed: the NLB is made and the condition goes.
+        let patch = json!({"metadata": {"annotations": {annotations::HC_INTERVAL: "10"}}});
         env.services().patch("classic", &PatchParams::default(), &Patch::Merge(patch)).await.unwrap();
         let st = eventually(|| async { Some(lb_state(&c).await).filter(|s| s.lbs.len() == 1 && s.listeners.len() == 1) }).await;
         assert_eq!(st.lbs[0].1, "default/classic");
+        assert!(condition(&env, "classic", None).await.is_none());
     }
 }
 
