@@ -281,12 +281,6 @@ pub fn desired(service: &Service, cluster_id: &str) -> Result<Desired, CloudErro
     let empty = BTreeMap::new();
     let annotations =
         ann::parse(service.metadata.annotations.as_ref().unwrap_or(&empty)).map_err(refused_annotation)?;
-    if annotations.subnets.iter().any(|s| !s.starts_with("subnet-")) {
-        return Err(CloudError::refused(
-            Refusal::InvalidAnnotation,
-            format!("annotation {}: expected subnet IDs (subnet-...); subnet names are not supported", ann::SUBNETS),
-        ));
-    }
     let mut ports = Vec::new();
     for p in spec.ports.iter().flatten() {
         let protocol = p.protocol.clone().unwrap_or_else(|| "TCP".into());
@@ -434,6 +428,36 @@ pub fn replacement_reason(
         ));
     }
     None
+}
+
+/// The `subnets` annotation as IDs: IDs as given, each name (`Name` tag) by the one subnet of
+/// the VPC that carries it (`found`: (ID, name)).
+pub fn resolve_subnets(requested: &[String], found: &[(String, String)]) -> Result<Vec<String>, ann::AnnotationError> {
+    let mut out = Vec::new();
+    for item in requested {
+        if item.starts_with("subnet-") {
+            out.push(item.clone());
+            continue;
+        }
+        let ids: Vec<&String> = found.iter().filter(|(_, n)| n == item).map(|(id, _)| id).collect();
+        match ids.as_slice() {
+            [id] => out.push((*id).clone()),
+            [] => {
+                return Err(ann::AnnotationError::Conflict {
+                    annotation: ann::SUBNETS,
+                    reason: format!("no subnet of the VPC is named {item:?}"),
+                });
+            }
+            _ => {
+                return Err(ann::AnnotationError::Conflict {
+                    annotation: ann::SUBNETS,
+                    reason: format!("{} subnets of the VPC are named {item:?}; give the ID", ids.len()),
+                });
+            }
+        }
+    }
+    out.dedup();
+    Ok(out)
 }
 
 /// A subnet of the load balancer and the fixed address it gets there.
@@ -653,10 +677,27 @@ impl AwsProvider {
     /// cluster-tagged subnets and the `kubernetes.io/role/elb` (or `internal-elb`) role tag, else
     /// the config's SubnetID.
     async fn subnets_for(&self, desired: &Desired, vpc: &str, cluster_id: &str) -> CloudResult<Vec<String>> {
-        if !desired.subnets.is_empty() {
-            return Ok(desired.subnets.clone());
-        }
         let ec2 = &self.clients().await?.ec2;
+        if !desired.subnets.is_empty() {
+            let names: Vec<String> = desired.subnets.iter().filter(|s| !s.starts_with("subnet-")).cloned().collect();
+            let mut found = Vec::new();
+            if !names.is_empty() {
+                let r = ec2
+                    .describe_subnets()
+                    .filters(Filter::builder().name("vpc-id").values(vpc).build())
+                    .filters(Filter::builder().name("tag:Name").set_values(Some(names)).build())
+                    .send()
+                    .await
+                    .map_err(self.elb_err("DescribeSubnets"))?;
+                for sn in r.subnets() {
+                    let name = sn.tags().iter().find(|t| t.key() == Some("Name")).and_then(|t| t.value());
+                    if let (Some(id), Some(name)) = (sn.subnet_id(), name) {
+                        found.push((id.to_string(), name.to_string()));
+                    }
+                }
+            }
+            return resolve_subnets(&desired.subnets, &found).map_err(refused_annotation);
+        }
         let r = ec2
             .describe_subnets()
             .filters(Filter::builder().name("vpc-id").values(vpc).build())
@@ -1556,6 +1597,19 @@ mod tests {
         let other = d(&[(ann::EXTRA_SECURITY_GROUPS, "sg-89abcdef")]);
         assert_eq!(replacement_reason(false, Some(""), &sg1, &other), None, "changed in place (SetSecurityGroups)");
         assert!(replacement_reason(false, Some(""), &sg1, &plain).is_some(), "nor all removed");
+    }
+
+    #[test]
+    fn subnet_names_resolve_to_exactly_one_subnet_of_the_vpc() {
+        let found = vec![
+            ("subnet-a".to_string(), "public-a".to_string()),
+            ("subnet-b".to_string(), "twin".to_string()),
+            ("subnet-c".to_string(), "twin".to_string()),
+        ];
+        let ask = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(resolve_subnets(&ask(&["public-a", "subnet-x"]), &found).unwrap(), ask(&["subnet-a", "subnet-x"]));
+        assert_eq!(resolve_subnets(&ask(&["nope"]), &found).unwrap_err().annotation(), ann::SUBNETS);
+        assert!(resolve_subnets(&ask(&["twin"]), &found).unwrap_err().to_string().contains("give the ID"));
     }
 
     #[test]

@@ -993,6 +993,17 @@ async fn fixed_addresses_and_security_groups_on_moto_replace_only_where_elbv2_re
     assert!(sgs.is_empty());
     p.ensure_load_balancer_deleted(CLUSTER, &base).await.unwrap();
     assert_eq!(lb_state(&c).await, LbState::default());
+
+    // Subnets by Name tag, as upstream; an unknown name is refused before anything is made.
+    c.ec2.create_tags().resources(&w.subnets[1]).tags(tag("Name", "public-b")).send().await.unwrap();
+    let named = annotated(base.clone(), &[(a::SUBNETS, "public-b")]);
+    p.ensure_load_balancer(CLUSTER, &named, &refs).await.unwrap();
+    assert_eq!(lb_shape(&c).await.1, [w.subnets[1].clone()].into());
+    p.ensure_load_balancer_deleted(CLUSTER, &named).await.unwrap();
+    let err =
+        p.ensure_load_balancer(CLUSTER, &annotated(base.clone(), &[(a::SUBNETS, "nowhere")]), &refs).await.unwrap_err();
+    assert!(err.to_string().contains(a::SUBNETS), "{err}");
+    assert_eq!(lb_state(&c).await, LbState::default());
 }
 
 // ---------------------------------------------------------------------------------------------
