@@ -5,10 +5,12 @@
 pub mod conditions;
 pub mod controllers;
 pub mod defaults;
+pub mod pool;
 pub mod reasons;
 pub mod v1alpha1;
 pub mod validation;
 
+pub use pool::{LoadBalancerIPPool, LoadBalancerIPPoolSpec, LoadBalancerIPPoolStatus};
 pub use v1alpha1::{CloudControllerManager, CloudControllerManagerSpec, CloudControllerManagerStatus, Mode};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -28,6 +30,13 @@ pub const CRD_PATH: &str = "charts/ccm-operator/crds/cloudcontrollermanagers.ccm
 pub const REGENERATE_COMMAND: &str =
     "cargo run -p crds --bin crdgen > charts/ccm-operator/crds/cloudcontrollermanagers.ccm.rs.yaml";
 
+/// Where the committed `LoadBalancerIPPool` CRD lives, relative to the workspace root.
+pub const POOL_CRD_PATH: &str = "charts/ccm-operator/crds/loadbalancerippools.ccm.rs.yaml";
+
+/// The command that regenerates the committed `LoadBalancerIPPool` CRD.
+pub const REGENERATE_POOL_COMMAND: &str =
+    "cargo run -p crds --bin crdgen -- pool > charts/ccm-operator/crds/loadbalancerippools.ccm.rs.yaml";
+
 /// Errors of this crate.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -45,4 +54,17 @@ pub fn crd() -> CustomResourceDefinition {
 pub fn crd_yaml() -> Result<String, Error> {
     let body = serde_yaml::to_string(&crd())?;
     Ok(format!("# Generated from the Rust types in crds/ by `cargo run -p crds --bin crdgen`. Do not edit.\n{body}"))
+}
+
+/// The `LoadBalancerIPPool` CRD (the `baremetal` provider's address pools).
+pub fn pool_crd() -> CustomResourceDefinition {
+    LoadBalancerIPPool::crd()
+}
+
+/// The `LoadBalancerIPPool` CRD as the YAML document that is committed to the chart.
+pub fn pool_crd_yaml() -> Result<String, Error> {
+    let body = serde_yaml::to_string(&pool_crd())?;
+    Ok(format!(
+        "# Generated from the Rust types in crds/ by `cargo run -p crds --bin crdgen -- pool`. Do not edit.\n{body}"
+    ))
 }

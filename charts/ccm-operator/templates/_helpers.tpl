@@ -71,10 +71,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 ccm-operator
 {{- end }}
 
-{{/* Names of the CRDs in crds/, read from the generated files, as a quoted, comma-separated list. */}}
+{{/* The name of the operator's own CRD in crds/, read from the generated file, quoted. */}}
 {{- define "ccm-operator.crdNames" -}}
 {{- $names := list }}
-{{- range $path, $_ := .Files.Glob "crds/*.yaml" }}
+{{- /* Only the CloudControllerManager CRD: the LoadBalancerIPPool CRD beside it is the baremetal manager's, not the operator's. */}}
+{{- range $path, $_ := .Files.Glob "crds/cloudcontrollermanagers.*.yaml" }}
 {{- $names = append $names (($.Files.Get $path | fromYaml).metadata.name | quote) }}
 {{- end }}
 {{- required "the chart's crds/ folder holds no CRD" (join ", " $names) }}

@@ -23,6 +23,37 @@ fn committed_crd_matches_the_rust_types() {
     );
 }
 
+#[test]
+fn committed_pool_crd_matches_the_rust_types() {
+    let path = workspace_root().join(crds::POOL_CRD_PATH);
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    let generated = crds::pool_crd_yaml().expect("CRD renders");
+    assert!(
+        committed == generated,
+        "{} is out of date with the Rust types in crds/. Regenerate it with:\n    {}",
+        crds::POOL_CRD_PATH,
+        crds::REGENERATE_POOL_COMMAND
+    );
+}
+
+#[test]
+fn pool_crd_is_cluster_scoped_with_status_usage_columns_and_a_structural_schema() {
+    let crd = serde_json::to_value(crds::pool_crd()).expect("CRD serializes");
+    let spec = &crd["spec"];
+    assert_eq!(crd["metadata"]["name"], "loadbalancerippools.ccm.rs");
+    assert_eq!(spec["scope"], "Cluster");
+    assert_eq!(spec["names"]["shortNames"], serde_json::json!(["lbpool"]));
+    let version = &spec["versions"][0];
+    assert!(version["subresources"]["status"].is_object());
+    let columns: Vec<&str> =
+        version["additionalPrinterColumns"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert_eq!(columns, ["Auto", "IPv4 Assigned", "IPv4 Available", "IPv6 Assigned", "IPv6 Available", "Valid", "Age"]);
+    let schema = &version["schema"]["openAPIV3Schema"];
+    assert_structural("pool", schema);
+    let conditions = &schema["properties"]["status"]["properties"]["conditions"];
+    assert_eq!(conditions["x-kubernetes-list-type"], "map");
+}
+
 fn crd_json() -> Value {
     serde_json::to_value(crds::crd()).expect("CRD serializes")
 }

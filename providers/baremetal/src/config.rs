@@ -152,6 +152,10 @@ pub struct LoadBalancerConfig {
     /// Write kube-vip's `kube-vip.io/loadbalancerIPs` annotation on every Service with addresses.
     #[serde(default)]
     pub kube_vip: bool,
+    /// Also hand out addresses from `LoadBalancerIPPool` resources (after the pools above; the
+    /// CRD must be installed). Read at start.
+    #[serde(default)]
+    pub pool_resources: bool,
 }
 
 impl Default for LoadBalancerConfig {
@@ -162,6 +166,7 @@ impl Default for LoadBalancerConfig {
             mode: Default::default(),
             proxy: Default::default(),
             kube_vip: false,
+            pool_resources: false,
         }
     }
 }
@@ -485,6 +490,8 @@ pub fn build_pools(config: &LoadBalancerConfig) -> Result<Vec<Pool>, ConfigError
             blocks,
             namespaces,
             selector: pool.service_selector.clone(),
+            namespace_selector: None,
+            auto_assign: true,
             avoid_buggy_ips: pool.avoid_buggy_ips,
             allow_sharing: pool.allow_sharing,
             ports,

@@ -268,6 +268,11 @@ pub struct Pool {
     pub namespaces: BTreeSet<String>,
     /// Services allowed to use it, by label.
     pub selector: Option<LabelSelectorConfig>,
+    /// Namespaces allowed to use it, by label (pool resources only).
+    pub namespace_selector: Option<LabelSelectorConfig>,
+    /// Hand its addresses to Services that do not ask for one of them; false keeps the pool
+    /// for requested addresses.
+    pub auto_assign: bool,
     /// Skip IPv4 .0 and .255 addresses.
     pub avoid_buggy_ips: bool,
     /// Allow address sharing between Services with the same sharing key.
@@ -280,6 +285,7 @@ impl Pool {
     fn admits(&self, request: &LbRequest) -> bool {
         (self.namespaces.is_empty() || self.namespaces.contains(&request.key.namespace))
             && self.selector.as_ref().is_none_or(|s| s.matches(&request.labels))
+            && self.namespace_selector.as_ref().is_none_or(|s| s.matches(&request.namespace_labels))
     }
 
     fn has_family(&self, family: Option<Family>) -> bool {
@@ -351,6 +357,9 @@ pub struct LbRequest {
     pub uid: Option<String>,
     /// The Service's labels, for pool selectors.
     pub labels: BTreeMap<String, String>,
+    /// The labels of the Service's namespace, for pools' namespace selectors (filled in by the
+    /// provider; empty when unknown).
+    pub namespace_labels: BTreeMap<String, String>,
     /// The addresses needed, in the order they are reported.
     pub slots: Vec<Slot>,
     /// The `ccm.rs/allow-shared-ip` key.
@@ -447,6 +456,7 @@ pub fn request_for(service: &Service) -> Result<LbRequest, AllocError> {
         key,
         uid: service.metadata.uid.clone(),
         labels: service.labels().clone(),
+        namespace_labels: BTreeMap::new(),
         slots,
         sharing_key: sharing_key_of(service),
         ports: ports_of(service),
@@ -873,7 +883,7 @@ fn find_shared(
     family: Option<Family>,
 ) -> Option<IpAddr> {
     holder.sharing_key.as_ref()?;
-    for &p in allowed.iter().filter(|&&p| pools[p].allow_sharing) {
+    for &p in allowed.iter().filter(|&&p| pools[p].allow_sharing && pools[p].auto_assign) {
         let pool = &pools[p];
         for block in pool.blocks.iter().filter(|b| family.is_none_or(|f| b.family == f)) {
             let found = state.ips.range(block.first()..=block.last()).find(|(ip, usage)| {
@@ -888,7 +898,7 @@ fn find_shared(
 }
 
 fn find_free(pools: &[Pool], state: &State, allowed: &[usize], family: Option<Family>) -> Option<IpAddr> {
-    allowed.iter().find_map(|&p| {
+    allowed.iter().filter(|&&p| pools[p].auto_assign).find_map(|&p| {
         let pool = &pools[p];
         pool.blocks
             .iter()
@@ -916,9 +926,17 @@ fn exhausted(
             "no load-balancer pool admits {key} (check the pools' namespaces and serviceSelector)"
         ));
     }
-    let with_family: Vec<usize> = allowed.iter().copied().filter(|&p| pools[p].has_family(family)).collect();
-    if with_family.is_empty() {
+    let auto: Vec<usize> = allowed.iter().copied().filter(|&p| pools[p].auto_assign).collect();
+    if auto.is_empty() {
         let names: Vec<&str> = allowed.iter().map(|&p| pools[p].name.as_str()).collect();
+        return AllocError::Unsatisfiable(format!(
+            "the pools that admit {key} ({}) hand out only requested addresses (autoAssign: false)",
+            names.join(", ")
+        ));
+    }
+    let with_family: Vec<usize> = auto.iter().copied().filter(|&p| pools[p].has_family(family)).collect();
+    if with_family.is_empty() {
+        let names: Vec<&str> = auto.iter().map(|&p| pools[p].name.as_str()).collect();
         return AllocError::Unsatisfiable(format!(
             "{key} needs an {what}address but the pools it may use ({}) have none",
             names.join(", ")
@@ -956,6 +974,8 @@ mod tests {
                 .collect(),
             namespaces: BTreeSet::new(),
             selector: None,
+            namespace_selector: None,
+            auto_assign: true,
             avoid_buggy_ips: false,
             allow_sharing: false,
             ports: Default::default(),

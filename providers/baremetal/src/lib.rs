@@ -15,6 +15,8 @@ pub mod inventory;
 pub mod ipam;
 pub mod name;
 pub mod pool_metrics;
+pub mod pool_resources;
+pub mod pool_watch;
 pub mod ports;
 pub mod probe;
 pub mod proxy;
@@ -76,7 +78,11 @@ pub fn config_health(cloud_config: Option<&[u8]>) -> Health {
 pub struct BaremetalProvider {
     inventory: Inventory,
     lifecycle: LifecycleConfig,
-    allocator: Allocator,
+    allocator: Arc<Allocator>,
+    /// The pools' sources (cloud-config, pool resources) and Namespace labels.
+    pools: Arc<pool_watch::PoolSources>,
+    /// `loadBalancer.poolResources`: pools also come from `LoadBalancerIPPool` resources.
+    pool_resources: bool,
     retry_after: Duration,
     probe_targets: Vec<ProbeTarget>,
     probes: Arc<ProbeStates>,
@@ -147,7 +153,9 @@ impl BaremetalProvider {
             inventory: Inventory::new(&config.instances),
             retry_after: config.load_balancer.retry_after,
             lifecycle: config.lifecycle.clone(),
-            allocator: Allocator::new(pools),
+            pool_resources: config.load_balancer.pool_resources,
+            pools: Arc::new(pool_watch::PoolSources::new(pools.clone())),
+            allocator: Arc::new(Allocator::new(pools)),
             probe_targets,
             probes: Arc::new(ProbeStates::new(names)),
             probe_task: Mutex::new(None),
@@ -167,12 +175,13 @@ impl BaremetalProvider {
         if !restart.is_empty() {
             return Reload::RestartNeeded(format!("changed: {}", restart.join(", ")));
         }
-        let before = self.allocator.pools();
-        if *before == pools {
+        let before = self.pools.config_pools();
+        if before == pools {
             return Reload::Unchanged;
         }
         let count = pools.len();
-        let report = self.allocator.replace_pools(pools);
+        self.pools.set_config(pools);
+        let report = self.pools.apply(&self.allocator).unwrap_or_default();
         current.load_balancer.pools = new.load_balancer.pools;
         drop(current);
         self.pool_gauges.update(&self.allocator);
@@ -371,6 +380,19 @@ impl CloudProvider for BaremetalProvider {
     }
 
     async fn initialize(&self, ctx: InitContext) -> CloudResult<()> {
+        // Pool resources first: the allocator is rebuilt against every pool.
+        if self.pool_resources {
+            let resources = pool_watch::list_pools(ctx.client.clone()).await.map_err(|e| {
+                CloudError::Unavailable(format!(
+                    "listing LoadBalancerIPPools (loadBalancer.poolResources is on; is their CRD installed?): {e}"
+                ))
+            })?;
+            pool_watch::list_namespaces(ctx.client.clone(), &self.pools).await.map_err(|e| {
+                CloudError::Unavailable(format!("listing Namespaces for the pools' namespaceSelector: {e}"))
+            })?;
+            self.pools.set_resources(resources);
+            self.pools.apply(&self.allocator);
+        }
         let services = list_services(ctx.client.clone()).await.map_err(|e| {
             CloudError::Unavailable(format!("listing Services to rebuild the load-balancer allocator: {e}"))
         })?;
@@ -383,6 +405,9 @@ impl CloudProvider for BaremetalProvider {
             proxy.start(&ctx.metrics, Some(ctx.events.clone()), ctx.shutdown.clone());
         }
         self.start_probes(ctx.shutdown.clone());
+        if self.pool_resources {
+            pool_watch::spawn(ctx.client.clone(), self.pools.clone(), self.allocator.clone(), ctx.shutdown.clone());
+        }
         Ok(())
     }
 
@@ -393,7 +418,7 @@ impl CloudProvider for BaremetalProvider {
     fn load_balancer(&self) -> Option<&dyn LoadBalancer> {
         // Without pools the service controller stays off, leaving Services to another
         // implementation (for example MetalLB) instead of failing every one of them.
-        if self.allocator.pools().is_empty() { None } else { Some(self) }
+        if self.pool_resources || !self.allocator.pools().is_empty() { Some(self) } else { None }
     }
 
     async fn health(&self) -> Health {
@@ -473,9 +498,13 @@ impl LoadBalancer for BaremetalProvider {
         service: &Service,
         nodes: &[&Node],
     ) -> CloudResult<LoadBalancerStatus> {
-        let request = ipam::request_for(service).map_err(|e| self.cloud_error(e))?;
+        let mut request = ipam::request_for(service).map_err(|e| self.cloud_error(e))?;
+        if self.pool_resources {
+            request.namespace_labels = self.pools.namespace_labels(&request.key.namespace);
+        }
         let ips = self.allocator.ensure(&request).map_err(|e| self.cloud_error(e))?;
         self.pool_gauges.update(&self.allocator);
+        self.pools.changed.notify_one();
         self.check_ports(service, &ips, nodes)?;
         #[cfg(feature = "datapath")]
         if let Some(proxy) = &self.proxy {
@@ -509,6 +538,7 @@ impl LoadBalancer for BaremetalProvider {
         }
         self.allocator.release(&ServiceKey::of(service), &service.metadata.uid);
         self.pool_gauges.update(&self.allocator);
+        self.pools.changed.notify_one();
         self.sync_kube_vip(service, None).await
     }
 }

@@ -169,6 +169,8 @@ mod tests {
             blocks: vec![IpBlock::parse_cidr(cidr).unwrap()],
             namespaces: Default::default(),
             selector: None,
+            namespace_selector: None,
+            auto_assign: true,
             avoid_buggy_ips: false,
             allow_sharing: false,
             ports,

@@ -42,6 +42,7 @@ pub fn needs_restart(old: &CloudConfig, new: &CloudConfig) -> Vec<&'static str> 
         (la.mode != lb.mode, "loadBalancer.mode"),
         (la.proxy != lb.proxy, "loadBalancer.proxy"),
         (la.kube_vip != lb.kube_vip, "loadBalancer.kubeVip"),
+        (la.pool_resources != lb.pool_resources, "loadBalancer.poolResources"),
         (a.has_pools != b.has_pools, "loadBalancer.pools (from none to some or back)"),
     ];
     let changed: Vec<&'static str> = checks.into_iter().filter(|(c, _)| *c).map(|(_, path)| path).collect();

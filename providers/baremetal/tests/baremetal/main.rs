@@ -7,3 +7,4 @@ mod baremetal;
 mod baremetal_flood;
 mod baremetal_proxy;
 mod kit;
+mod pools;
