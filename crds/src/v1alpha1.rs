@@ -178,7 +178,8 @@ pub struct LeaderElection {
     #[schemars(length(max = 32))]
     pub retry_period: Duration,
     /// Leader migration (upstream's `--enable-leader-migration`): hand controllers over between
-    /// two managers, upstream's or this one, through a second Lease in this namespace.
+    /// two managers, upstream's or this one, through a second Lease (in this namespace unless
+    /// `migration.leaseNamespace` says otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub migration: Option<LeaderMigration>,
 }
@@ -207,12 +208,19 @@ pub struct LeaderMigration {
     /// Turn leader migration on.
     #[serde(default)]
     pub enabled: bool,
-    /// Name of the migration Lease, in this namespace (default
+    /// Name of the migration Lease, in `leaseNamespace` (default
     /// `cloud-provider-extraction-migration`). Every manager taking part must use the same.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     #[x_kube(validation = kube::core::Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')").message("leaderName must be a valid Lease name (lowercase letters, digits, '-' and '.')"))]
     pub leader_name: Option<String>,
+    /// Namespace of the migration Lease (default: this resource's namespace). Set it to move a
+    /// manager to a new namespace: both resources name the same Lease here. Must be a namespace
+    /// the operator serves; the manager is granted that one Lease there and nothing else.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    #[x_kube(validation = kube::core::Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')").message("leaseNamespace must be a namespace name (lowercase letters, digits and '-', at most 63 characters)"))]
+    pub lease_namespace: Option<String>,
     /// Controllers under migration and the component that runs each (`cloud-controller-manager`
     /// or `*` for this manager). Controllers not named run under the main Lease.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -430,9 +438,25 @@ pub struct CloudControllerManagerStatus {
     /// Holder identity of the manager's leader-election Lease.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub leader: Option<String>,
+    /// With leader migration: the migration Lease and its holder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub migration_lease: Option<MigrationLeaseStatus>,
     /// Shadow mode only: what the manager would do differently (written by the manager).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shadow: Option<ShadowReport>,
+}
+
+/// The leader-migration Lease a manager takes part in.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MigrationLeaseStatus {
+    /// The Lease's namespace (`spec.leaderElection.migration.leaseNamespace`, or this one).
+    pub namespace: String,
+    /// The Lease's name (`spec.leaderElection.migration.leaderName`).
+    pub name: String,
+    /// Its holder identity while it is renewed (this manager's or another's); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<String>,
 }
 
 /// Deserializing Go duration strings with a message that names the expected form and never
@@ -553,6 +577,7 @@ mod cel_tests {
             json!({"provider": "fake", "leaderElection": {"migration": {"enabled": true}}}),
             json!({"provider": "fake", "leaderElection": {"migration": {"enabled": true, "leaderName": "moving.example",
                 "controllerLeaders": [{"name": "service", "component": "*"}, {"name": "route", "component": "cloud-controller-manager"}]}}}),
+            json!({"provider": "fake", "leaderElection": {"migration": {"enabled": true, "leaseNamespace": "ccm-moving-1"}}}),
         ] {
             let obj = ccm(spec.clone());
             obj.validate_cel().unwrap_or_else(|e| panic!("{spec} rejected: {e:?}"));
@@ -608,6 +633,17 @@ mod cel_tests {
             json!({"provider": "fake", "leaderElection": {"migration": {"enabled": true, "leaderName": "Not_A_Name"}}}),
             "leaderName must be a valid Lease name",
         );
+    }
+
+    #[test]
+    fn m7_a_migration_lease_namespace_that_is_no_namespace_name_is_rejected() {
+        for bad in ["Kube-System", "kube.system", "-a"] {
+            let spec =
+                json!({"provider": "fake", "leaderElection": {"migration": {"enabled": true, "leaseNamespace": bad}}});
+            let err = ccm(spec).validate_cel().expect_err("must be rejected");
+            let text = format!("{err:?}");
+            assert!(text.contains("leaseNamespace must be a namespace name"), "{bad}: {text}");
+        }
     }
 
     #[test]

@@ -143,6 +143,8 @@ pub mod limits {
     pub const CONTROLLERS: usize = 16;
     /// `spec.clusterName`, `spec.loadBalancerClass`, Secret names and keys, priority class.
     pub const NAME: usize = 253;
+    /// A namespace name (`spec.leaderElection.migration.leaseNamespace`).
+    pub const NAMESPACE: usize = 63;
     /// `spec.clusterCIDR`.
     pub const CLUSTER_CIDR: usize = 128;
     /// `spec.extraArgs` items.
@@ -285,6 +287,19 @@ pub fn validate_spec(spec: &CloudControllerManagerSpec) -> Result<(), InvalidSpe
                 );
             }
         }
+        if let Some(ns) = &m.lease_namespace {
+            let field = "spec.leaderElection.migration.leaseNamespace";
+            errors.string(field, ns, limits::NAMESPACE);
+            if !ns.is_empty() && len(ns) <= limits::NAMESPACE && !is_dns_label(ns) {
+                errors.push(
+                    field,
+                    messages::cel(
+                        "string",
+                        "leaseNamespace must be a namespace name (lowercase letters, digits and '-', at most 63 characters)",
+                    ),
+                );
+            }
+        }
         if let Some(leaders) = &m.controller_leaders {
             let field = "spec.leaderElection.migration.controllerLeaders";
             if leaders.len() > crate::v1alpha1::MAX_CONTROLLER_LEADERS {
@@ -363,6 +378,16 @@ pub fn is_dns_subdomain(s: &str) -> bool {
         })
 }
 
+/// Whether `s` is a DNS-1123 label, as a namespace name must be (the CRD's `leaseNamespace`
+/// rule).
+pub fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= limits::NAMESPACE
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
 #[derive(Default)]
 struct Errors(Vec<FieldError>);
 
@@ -401,6 +426,27 @@ mod tests {
             assert!(matches!(e, CidrError::Malformed(_)), "{bad}: {e:?}");
         }
         assert_eq!(parse_cluster_cidrs("").unwrap_err(), CidrError::Empty);
+    }
+
+    #[test]
+    fn m7_a_lease_namespace_must_be_a_namespace_name_naming_the_field() {
+        let spec = |ns: &str| {
+            let mut spec: CloudControllerManagerSpec =
+                serde_json::from_value(serde_json::json!({"provider": "fake"})).unwrap();
+            spec.leader_election.migration = Some(crate::v1alpha1::LeaderMigration {
+                enabled: true,
+                lease_namespace: Some(ns.to_string()),
+                ..Default::default()
+            });
+            spec
+        };
+        assert!(validate_spec(&spec("ccm-moving")).is_ok());
+        for bad in ["", "Kube-System", "a.b", "-a", "a-", &"a".repeat(64)] {
+            let e = validate_spec(&spec(bad)).unwrap_err();
+            assert!(e.0.iter().all(|f| f.field == "spec.leaderElection.migration.leaseNamespace"), "{bad:?}: {e}");
+            assert!(!e.0.is_empty());
+        }
+        assert!(is_dns_label("kube-system") && !is_dns_label("") && !is_dns_label(&"a".repeat(64)));
     }
 
     #[test]

@@ -88,6 +88,9 @@ pub struct ManagerConfig {
     pub leader_election: LeaderElectionSettings,
     /// `--enable-leader-migration` (and `--leader-migration-config`); `None`: off.
     pub leader_migration: Option<LeaderMigrationSource>,
+    /// `--leader-migration-lease-namespace` (addition): the migration Lease's namespace; `None`:
+    /// the main Lease's, as upstream.
+    pub leader_migration_namespace: Option<String>,
     /// `--load-balancer-class`; `None` when empty.
     pub load_balancer_class: Option<String>,
     /// `--secure-port` (0: no endpoint).
@@ -115,6 +118,7 @@ impl Default for ManagerConfig {
             concurrent_route_syncs: defaults::CONCURRENT_ROUTE_SYNCS as usize,
             leader_election: LeaderElectionSettings::default(),
             leader_migration: None,
+            leader_migration_namespace: None,
             load_balancer_class: None,
             secure_port: defaults::SECURE_PORT,
             ccm_resource: None,
@@ -213,7 +217,17 @@ impl ManagerConfig {
                 config.clone()
             }
         };
-        if config.leader_name == self.leader_election.name {
+        if let Some(ns) = &self.leader_migration_namespace
+            && !crds::validation::is_dns_label(ns)
+        {
+            return Err(Error::InvalidFlag {
+                flag: "--leader-migration-lease-namespace",
+                message: "must be a namespace name: lowercase letters, digits and '-', at most 63 characters".into(),
+            });
+        }
+        if config.leader_name == self.leader_election.name
+            && self.migration_lease_namespace() == self.leader_election.namespace
+        {
             return Err(Error::InvalidFlag {
                 flag: "--leader-migration-config",
                 message:
@@ -222,6 +236,12 @@ impl ManagerConfig {
             });
         }
         Ok(Some(config))
+    }
+
+    /// The migration Lease's namespace: `--leader-migration-lease-namespace`, else the main
+    /// Lease's (upstream keeps both in `--leader-elect-resource-namespace`).
+    pub fn migration_lease_namespace(&self) -> &str {
+        self.leader_migration_namespace.as_deref().unwrap_or(&self.leader_election.namespace)
     }
 
     /// The manager's command-line arguments: every field, then [`ManagerConfig::extra_args`].
@@ -257,6 +277,9 @@ impl ManagerConfig {
             Some(LeaderMigrationSource::Default | LeaderMigrationSource::Inline(_)) => {
                 args.push("--enable-leader-migration=true".into())
             }
+        }
+        if let Some(ns) = &self.leader_migration_namespace {
+            args.push(format!("--leader-migration-lease-namespace={ns}"));
         }
         if let Some(class) = &self.load_balancer_class {
             args.push(format!("--load-balancer-class={class}"));
@@ -418,6 +441,10 @@ mod tests {
                 renew_deadline: renew,
                 retry_period: retry,
             },
+            leader_migration_namespace: leader_migration
+                .is_some()
+                .then(|| g.pick(&["", "ccm-moving", "kube-system"]).to_string())
+                .filter(|ns| !ns.is_empty()),
             leader_migration,
             load_balancer_class: g.bool().then(|| g.pick(&["example.com/lb", "x"]).to_string()),
             secure_port: g.pick(&["0", "10258", "443"]).parse().expect("a port"),
@@ -490,6 +517,12 @@ mod tests {
         };
         config.leader_migration = Some(LeaderMigrationSource::Inline(same));
         assert!(matches!(config.check(), Err(Error::InvalidFlag { flag: "--leader-migration-config", .. })));
+        // The same name in another namespace is another Lease.
+        config.leader_migration_namespace = Some("ccm-moving".into());
+        assert!(config.check().is_ok());
+        assert_eq!(config.migration_lease_namespace(), "ccm-moving");
+        config.leader_migration_namespace = Some("Not_A_Namespace".into());
+        assert!(matches!(config.check(), Err(Error::InvalidFlag { flag: "--leader-migration-lease-namespace", .. })));
     }
 
     #[test]

@@ -172,7 +172,8 @@ pub struct Flags {
     #[arg(long, default_value = "2s", value_parser = parse_duration, value_name = "duration", help_heading = "Leader-election flags")]
     pub leader_elect_retry_period: Duration,
     /// Leader migration (upstream KEP-2436): after the main Lease, take a second Lease (the
-    /// configuration's leaderName, in the main Lease's namespace) and run the controllers the
+    /// configuration's leaderName, in the main Lease's namespace unless
+    /// --leader-migration-lease-namespace says otherwise) and run the controllers the
     /// configuration assigns to cloud-controller-manager or '*' only while holding it. Needs
     /// leader election.
     #[arg(long, default_value_t = false, num_args = 0..=1, require_equals = true, default_missing_value = "true",
@@ -395,6 +396,11 @@ pub struct Flags {
     /// (Addition) How often the leader probes the provider's health for --ccm-resource.
     #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "duration", help_heading = "Additions (not upstream flags)")]
     pub ccm_resource_interval: Duration,
+    /// (Addition) Namespace of the leader-migration Lease; empty: the main Lease's
+    /// (--leader-elect-resource-namespace, as upstream). Lets a manager in another namespace share
+    /// the migration Lease. Used with --enable-leader-migration only.
+    #[arg(long, default_value = "", value_name = "string", help_heading = "Additions (not upstream flags)")]
+    pub leader_migration_lease_namespace: String,
     /// (Addition) Release the leader Lease on graceful shutdown, so a standby takes over within
     /// about --leader-elect-retry-period. Upstream never releases it.
     #[arg(long, default_value_t = true, num_args = 0..=1, require_equals = true, default_missing_value = "true",
@@ -429,6 +435,9 @@ pub struct Settings {
     pub leader_election: Option<LeaderElectionConfig>,
     /// Leader migration (`--enable-leader-migration`), read and validated.
     pub leader_migration: Option<LeaderMigrationConfiguration>,
+    /// The migration Lease's namespace (`--leader-migration-lease-namespace`, else the main
+    /// Lease's).
+    pub leader_migration_namespace: String,
     /// `--exit-on-lost-lease`.
     pub exit_on_lost_lease: bool,
     /// `--kubeconfig` and `--master`.
@@ -511,6 +520,7 @@ impl Flags {
                 (true, "") => Some(LeaderMigrationSource::Default),
                 (true, path) => Some(LeaderMigrationSource::File(PathBuf::from(path))),
             },
+            leader_migration_namespace: Some(self.leader_migration_lease_namespace.clone()).filter(|ns| !ns.is_empty()),
             load_balancer_class: Some(self.load_balancer_class.clone()).filter(|c| !c.is_empty()),
             secure_port: self.secure_port,
             ccm_resource: match self.ccm_resource.as_str() {
@@ -572,6 +582,9 @@ impl Flags {
             warnings
                 .push("--leader-migration-config has no effect without --enable-leader-migration (as upstream)".into());
         }
+        if !self.enable_leader_migration && !self.leader_migration_lease_namespace.is_empty() {
+            warnings.push("--leader-migration-lease-namespace has no effect without --enable-leader-migration".into());
+        }
         let mut warn = |flag: &str, why: &str| warnings.push(format!("{flag} is accepted for compatibility but {why}"));
         if !self.profiling || self.contention_profiling {
             warn("--profiling", "has no effect: there are no profiling endpoints");
@@ -600,6 +613,7 @@ impl Flags {
 
         let config = self.manager_config()?;
         let leader_migration = config.leader_migration_config()?;
+        let leader_migration_namespace = config.migration_lease_namespace().to_string();
         let options = ControllerOptions {
             route_reconciliation_period: non_zero("--route-reconciliation-period", self.route_reconciliation_period)?,
             node_monitor_period: non_zero("--node-monitor-period", self.node_monitor_period)?,
@@ -706,6 +720,7 @@ impl Flags {
             options,
             leader_election,
             leader_migration,
+            leader_migration_namespace,
             exit_on_lost_lease: self.exit_on_lost_lease,
             client: ClientSource {
                 kubeconfig: Some(self.kubeconfig.clone()).filter(|s| !s.is_empty()),
@@ -1008,6 +1023,22 @@ mod tests {
         let msg = rejected(&["--enable-leader-migration", &arg], "--leader-migration-config");
         assert!(msg.contains("leaderName"), "{msg}");
         let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn m7_the_migration_lease_namespace_defaults_to_the_main_leases_and_is_checked() {
+        let s = settings(&["--enable-leader-migration", "--leader-elect-resource-namespace=ccm-a"]).unwrap();
+        assert_eq!(s.leader_migration_namespace, "ccm-a");
+        let s = settings(&["--enable-leader-migration", "--leader-migration-lease-namespace=ccm-moving"]).unwrap();
+        assert_eq!(s.leader_migration_namespace, "ccm-moving");
+        assert_eq!(s.leader_election.unwrap().namespace, "kube-system", "the main Lease stays where it was");
+        let msg = rejected(
+            &["--enable-leader-migration", "--leader-migration-lease-namespace=Not_A_Namespace"],
+            "--leader-migration-lease-namespace",
+        );
+        assert!(!msg.contains("Not_A_Namespace"), "{msg}");
+        let s = settings(&["--leader-migration-lease-namespace=ccm-moving"]).unwrap();
+        assert!(s.warnings.iter().any(|w| w.contains("--leader-migration-lease-namespace")), "{:?}", s.warnings);
     }
 
     #[test]

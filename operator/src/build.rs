@@ -1,8 +1,9 @@
 //! Build (pure): the objects a valid CloudControllerManager should have, for its mode.
 //!
 //! Deployment mode: ServiceAccount, ClusterRoleBinding, RoleBinding (the chart's namespace
-//! role: Lease create), Role and RoleBinding (its own Lease and resource, by name), Deployment,
-//! and a PodDisruptionBudget when replicas > 1. DaemonSet mode: the same without the PDB, with
+//! role: Lease create), Role and RoleBinding (its own Lease and resource, by name), with a
+//! leader-migration Lease in another namespace a Role, RoleBinding and create RoleBinding there
+//! (that one Lease), Deployment, and a PodDisruptionBudget when replicas > 1. DaemonSet mode: the same without the PDB, with
 //! a DaemonSet. Embedded mode: nothing (the operator runs the engine itself).
 //!
 //! The manager pod passes the `restricted` Pod Security profile except for `hostNetwork`
@@ -224,6 +225,7 @@ pub fn build(cr: &CloudControllerManager, validated: &Validated, settings: &Buil
     let sa_name = names::workload_name(&name);
     let subject =
         Subject { kind: "ServiceAccount".into(), name: sa_name.clone(), namespace: Some(ns.clone()), api_group: None };
+    let foreign_lease_namespace = crate::validate::foreign_lease_namespace(cr);
 
     let mut out = vec![
         Desired::ServiceAccount(ServiceAccount { metadata: namespaced_meta(sa_name.clone()), ..Default::default() }),
@@ -244,7 +246,13 @@ pub fn build(cr: &CloudControllerManager, validated: &Validated, settings: &Buil
         }),
         Desired::Role(Role {
             metadata: namespaced_meta(names::own_role_name(&name)),
-            rules: Some(own_rules(&name, crate::validate::migration_lease_name(&cr.spec).as_deref())),
+            // The migration Lease is named here only when it is in this namespace.
+            rules: Some(own_rules(
+                &name,
+                crate::validate::migration_lease_name(&cr.spec)
+                    .filter(|_| foreign_lease_namespace.is_none())
+                    .as_deref(),
+            )),
         }),
         Desired::RoleBinding(RoleBinding {
             metadata: namespaced_meta(names::own_role_name(&name)),
@@ -253,9 +261,38 @@ pub fn build(cr: &CloudControllerManager, validated: &Validated, settings: &Buil
                 kind: "Role".into(),
                 name: names::own_role_name(&name),
             },
-            subjects: Some(vec![subject]),
+            subjects: Some(vec![subject.clone()]),
         }),
     ];
+    if let (Some(lease_ns), Some(lease)) = (&foreign_lease_namespace, crate::validate::migration_lease_name(&cr.spec)) {
+        // No ownerReference can point across namespaces: the owner labels select these for
+        // pruning, the owner annotation maps their watch events, and the finalizer deletes them.
+        let foreign_meta = |object_name: String| ObjectMeta {
+            name: Some(object_name),
+            namespace: Some(lease_ns.clone()),
+            labels: Some(labels.clone()),
+            annotations: Some(BTreeMap::from([(names::ANNOTATION_OWNER.to_string(), format!("{ns}/{name}"))])),
+            ..Default::default()
+        };
+        let role_name = names::migration_role_name(&ns, &name);
+        out.extend([
+            Desired::Role(Role { metadata: foreign_meta(role_name.clone()), rules: Some(migration_rules(&lease)) }),
+            Desired::RoleBinding(RoleBinding {
+                metadata: foreign_meta(role_name.clone()),
+                role_ref: RoleRef {
+                    api_group: "rbac.authorization.k8s.io".into(),
+                    kind: "Role".into(),
+                    name: role_name,
+                },
+                subjects: Some(vec![subject.clone()]),
+            }),
+            Desired::RoleBinding(RoleBinding {
+                metadata: foreign_meta(names::migration_create_binding_name(&ns, &name)),
+                role_ref: cluster_role_ref(&settings.manager_namespace_role),
+                subjects: Some(vec![subject]),
+            }),
+        ]);
+    }
 
     let template = pod_template(cr, validated, settings, &labels, &sa_name);
     let mut workload_meta = namespaced_meta(names::workload_name(&name));
@@ -371,14 +408,35 @@ pub fn own_rules(cr_name: &str, migration_lease: Option<&str>) -> Vec<PolicyRule
     ]
 }
 
+/// The rules of the Role in another namespace for a manager's leader-migration Lease
+/// (`spec.leaderElection.migration.leaseNamespace`): that one Lease, the verbs the elector uses.
+/// Creating it, when no manager has yet, comes from the chart's namespace ClusterRole, bound
+/// beside it.
+pub fn migration_rules(lease: &str) -> Vec<PolicyRule> {
+    vec![
+        // Leader election on the migration Lease: read it, renew it and take it over (update);
+        // the elector never patches or deletes it.
+        PolicyRule {
+            api_groups: Some(vec!["coordination.k8s.io".into()]),
+            resources: Some(vec!["leases".into()]),
+            resource_names: Some(vec![lease.into()]),
+            verbs: vec!["get".into(), "update".into()],
+            non_resource_urls: None,
+        },
+    ]
+}
+
 /// Why a desired binding would grant more than its resource's own manager should have, or
 /// `None` (pure). RBAC lets the operator bind the manager roles to any subject and create any
 /// ClusterRoleBinding name; this is what confines each binding to the resource's own
-/// ServiceAccount and to the manager roles, checked before every apply.
+/// ServiceAccount and to the manager roles, checked before every apply. In `lease_namespace`
+/// (the migration Lease's, when not the resource's own) only the migration Role and the
+/// namespace manager ClusterRole may be bound.
 pub fn binding_overreach(
     desired: &Desired,
     cr_namespace: &str,
     cr_name: &str,
+    lease_namespace: Option<&str>,
     settings: &BuildSettings,
 ) -> Option<String> {
     let own_subject = |subjects: &Option<Vec<Subject>>| {
@@ -395,15 +453,23 @@ pub fn binding_overreach(
                 &b.subjects,
                 vec![("ClusterRole", settings.manager_cluster_role.clone())],
             ),
-            Desired::RoleBinding(b) => (
-                format!("RoleBinding {cr_namespace}/{}", desired.name()),
-                &b.role_ref,
-                &b.subjects,
-                vec![("ClusterRole", settings.manager_namespace_role.clone()), ("Role", names::own_role_name(cr_name))],
-            ),
+            Desired::RoleBinding(b) => {
+                let namespace = desired.meta().namespace.as_deref().unwrap_or(cr_namespace);
+                let own = if namespace == cr_namespace {
+                    names::own_role_name(cr_name)
+                } else {
+                    names::migration_role_name(cr_namespace, cr_name)
+                };
+                (
+                    format!("RoleBinding {namespace}/{}", desired.name()),
+                    &b.role_ref,
+                    &b.subjects,
+                    vec![("ClusterRole", settings.manager_namespace_role.clone()), ("Role", own)],
+                )
+            }
             _ => return None,
         };
-    if desired.meta().namespace.as_deref().is_some_and(|ns| ns != cr_namespace) {
+    if desired.meta().namespace.as_deref().is_some_and(|ns| ns != cr_namespace && Some(ns) != lease_namespace) {
         return Some(format!("{what} is outside namespace {cr_namespace}"));
     }
     if !allowed.iter().any(|(kind, name)| role_ref.kind == *kind && role_ref.name == *name) {
@@ -1038,6 +1104,73 @@ mod tests {
     }
 
     #[test]
+    fn m7_a_migration_lease_in_another_namespace_gets_a_role_for_that_lease_and_bindings_there_only() {
+        let c =
+            cr(json!({"provider": "fake", "leaderElection": {"migration": {"enabled": true, "leaderName": "moving",
+            "leaseNamespace": "ccm-moving"}}}));
+        let settings = BuildSettings::default();
+        let objs = build(&c, &validated(&c, None), &settings);
+        let args = pod_spec(&objs).containers[0].args.clone().unwrap();
+        assert!(args.contains(&"--leader-migration-lease-namespace=ccm-moving".to_string()), "{args:?}");
+        // The own Role no longer names the migration Lease: it is not in this namespace.
+        let own = objs
+            .iter()
+            .find_map(|o| match o {
+                Desired::Role(r) if r.metadata.namespace.as_deref() == Some("kube-system") => Some(r.clone()),
+                _ => None,
+            })
+            .unwrap();
+        assert_eq!(own.rules.unwrap()[0].resource_names.clone().unwrap(), ["aws"]);
+        let there: Vec<&Desired> =
+            objs.iter().filter(|o| o.meta().namespace.as_deref() == Some("ccm-moving")).collect();
+        assert_eq!(
+            there.iter().map(|o| (o.kind(), o.name().to_string())).collect::<Vec<_>>(),
+            [
+                (Kind::Role, "ccm:kube-system:aws:migration".to_string()),
+                (Kind::RoleBinding, "ccm:kube-system:aws:migration".to_string()),
+                (Kind::RoleBinding, "ccm:kube-system:aws:migration-create".to_string()),
+            ]
+        );
+        for o in &there {
+            let meta = o.meta();
+            assert!(meta.owner_references.is_none(), "no ownerReference across namespaces");
+            assert_eq!(meta.labels.as_ref().unwrap()[names::LABEL_OWNER_UID], "uid-1");
+            assert_eq!(meta.annotations.as_ref().unwrap()[names::ANNOTATION_OWNER], "kube-system/aws");
+            assert_eq!(binding_overreach(o, "kube-system", "aws", Some("ccm-moving"), &settings), None);
+            // Without the resource naming that namespace, a binding there is refused.
+            if o.kind() == Kind::RoleBinding {
+                assert!(binding_overreach(o, "kube-system", "aws", None, &settings).is_some());
+            }
+        }
+        let Desired::Role(role) = there[0] else { panic!() };
+        let rules = role.rules.clone().unwrap();
+        assert_eq!(rules.len(), 1);
+        assert_eq!(rules[0].resources.clone().unwrap(), ["leases"]);
+        assert_eq!(rules[0].resource_names.clone().unwrap(), ["moving"]);
+        assert_eq!(rules[0].verbs, ["get", "update"]);
+        let Desired::RoleBinding(create) = there[2] else { panic!() };
+        assert_eq!(
+            (create.role_ref.kind.as_str(), create.role_ref.name.as_str()),
+            ("ClusterRole", "ccm-manager-namespace")
+        );
+        // In the lease namespace, only the migration Role and the namespace ClusterRole may be
+        // bound: not the own Role of a resource there.
+        let Desired::RoleBinding(mut b) = there[1].clone() else { panic!() };
+        b.role_ref.name = names::own_role_name("aws");
+        assert!(
+            binding_overreach(&Desired::RoleBinding(b), "kube-system", "aws", Some("ccm-moving"), &settings).is_some()
+        );
+        // leaseNamespace naming the resource's own namespace is the default: nothing elsewhere.
+        let c = cr(
+            json!({"provider": "fake", "leaderElection": {"migration": {"enabled": true, "leaseNamespace": "kube-system"}}}),
+        );
+        let objs = build(&c, &validated(&c, None), &settings);
+        assert!(objs.iter().all(|o| o.meta().namespace.as_deref() != Some("ccm-moving")));
+        let args = pod_spec(&objs).containers[0].args.clone().unwrap();
+        assert!(!args.iter().any(|a| a.starts_with("--leader-migration-lease-namespace")), "{args:?}");
+    }
+
+    #[test]
     fn operator_image_is_the_default() {
         let c = cr(json!({"provider": "fake"}));
         let settings = BuildSettings { manager_image: "registry/ccm:v9".into(), ..Default::default() };
@@ -1197,25 +1330,29 @@ mod tests {
         let settings = BuildSettings::default();
         let objs = build(&c, &validated(&c, None), &settings);
         for o in &objs {
-            assert_eq!(binding_overreach(o, "kube-system", "aws", &settings), None, "{:?}", o.kind());
+            assert_eq!(binding_overreach(o, "kube-system", "aws", None, &settings), None, "{:?}", o.kind());
         }
         let crb = objs.iter().find(|o| o.kind() == Kind::ClusterRoleBinding).unwrap().clone();
         let Desired::ClusterRoleBinding(mut b) = crb.clone() else { panic!() };
         b.subjects.as_mut().unwrap()[0].name = "ccm-operator".into();
-        assert!(binding_overreach(&Desired::ClusterRoleBinding(b.clone()), "kube-system", "aws", &settings).is_some());
+        assert!(
+            binding_overreach(&Desired::ClusterRoleBinding(b.clone()), "kube-system", "aws", None, &settings).is_some()
+        );
         b.subjects.as_mut().unwrap()[0].name = "ccm-aws".into();
         b.subjects.as_mut().unwrap().push(Subject {
             kind: "Group".into(),
             name: "system:authenticated".into(),
             ..Default::default()
         });
-        assert!(binding_overreach(&Desired::ClusterRoleBinding(b.clone()), "kube-system", "aws", &settings).is_some());
+        assert!(
+            binding_overreach(&Desired::ClusterRoleBinding(b.clone()), "kube-system", "aws", None, &settings).is_some()
+        );
         b.subjects.as_mut().unwrap().pop();
         b.role_ref.name = "cluster-admin".into();
-        let m = binding_overreach(&Desired::ClusterRoleBinding(b), "kube-system", "aws", &settings).unwrap();
+        let m = binding_overreach(&Desired::ClusterRoleBinding(b), "kube-system", "aws", None, &settings).unwrap();
         assert!(m.contains("cluster-admin"), "{m}");
         // The same binding for another resource's name is not this resource's.
-        assert!(binding_overreach(&crb, "kube-system", "operator", &settings).is_some());
+        assert!(binding_overreach(&crb, "kube-system", "operator", None, &settings).is_some());
     }
 
     #[test]

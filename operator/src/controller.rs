@@ -331,6 +331,7 @@ pub async fn run(shared: Shared, trigger_rx: mpsc::UnboundedReceiver<ObjectRef<G
         }
     });
     let crs_for_pods = cr_reader.clone();
+    let crs_for_leases = cr_reader.clone();
 
     let (ready_tx, ready) = tokio::sync::watch::channel(false);
     let ctx = Arc::new(Ctx {
@@ -376,8 +377,9 @@ pub async fn run(shared: Shared, trigger_rx: mpsc::UnboundedReceiver<ObjectRef<G
         .owns_stream(deployment_stream)
         .owns_stream(daemon_set_stream)
         .owns_stream(sa_stream)
-        .owns_stream(rb_stream)
-        .owns_stream(role_stream)
+        // A migration Lease's Role and RoleBindings in another namespace carry no ownerReference.
+        .watches_stream(rb_stream, |rb: PartialObjectMeta<RoleBinding>| owner_of_child(rb.meta()))
+        .watches_stream(role_stream, |role: PartialObjectMeta<Role>| owner_of_child(role.meta()))
         .owns_stream(pdb_stream)
         .watches_stream(crb_stream, |crb: PartialObjectMeta<ClusterRoleBinding>| {
             owner_annotation(crb.annotations().get(names::ANNOTATION_OWNER).map(String::as_str))
@@ -385,8 +387,12 @@ pub async fn run(shared: Shared, trigger_rx: mpsc::UnboundedReceiver<ObjectRef<G
         .watches_stream(secret_stream, move |secret: PartialObjectMeta<Secret>| {
             referencing(&crs_for_secrets, &secret.namespace().unwrap_or_default(), &secret.name_any())
         })
-        .watches_stream(lease_stream, |lease: Lease| {
-            Some(ObjectRef::<Guarded>::new(&lease.name_any()).within(&lease.namespace().unwrap_or_default()))
+        .watches_stream(lease_stream, move |lease: Lease| {
+            let (namespace, name) = (lease.namespace().unwrap_or_default(), lease.name_any());
+            // Its own resource, and those whose migration Lease it is (status.migrationLease).
+            let mut crs = migrating_under(&crs_for_leases, &namespace, &name);
+            crs.push(ObjectRef::<Guarded>::new(&name).within(&namespace));
+            crs
         })
         .watches_stream(pod_stream, move |pod: Pod| {
             owner_of_pod(&crs_for_pods, pod.labels().get(names::LABEL_OWNER_UID).map(String::as_str))
@@ -400,6 +406,33 @@ pub async fn run(shared: Shared, trigger_rx: mpsc::UnboundedReceiver<ObjectRef<G
             }
         })
         .await;
+}
+
+/// The CR owning a namespaced child: its controller ownerReference, else (a child in another
+/// namespace, which none can carry) its owner annotation.
+fn owner_of_child(meta: &ObjectMeta) -> Option<ObjectRef<Guarded>> {
+    let namespace = meta.namespace.as_deref()?;
+    let kind = CloudControllerManager::kind(&());
+    meta.owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true) && o.kind == kind)
+        .map(|o| ObjectRef::new(&o.name).within(namespace))
+        .or_else(|| owner_annotation(meta.annotations.as_ref()?.get(names::ANNOTATION_OWNER).map(String::as_str)))
+}
+
+/// The CRs whose leader-migration Lease is `namespace/name`.
+fn migrating_under(crs: &Store<Guarded>, namespace: &str, name: &str) -> Vec<ObjectRef<Guarded>> {
+    crs.state()
+        .iter()
+        .filter(|o| {
+            o.0.as_ref().ok().is_some_and(|cr| {
+                validate::migration_lease_name(&cr.spec).as_deref() == Some(name)
+                    && validate::migration_lease_namespace(cr).as_deref() == Some(namespace)
+            })
+        })
+        .map(|o| ObjectRef::from_obj(&**o))
+        .collect()
 }
 
 /// The CR named by a ClusterRoleBinding's owner annotation.
@@ -718,7 +751,15 @@ async fn reconcile_inner(obj: &Guarded, ctx: &Ctx) -> Result<Action, Error> {
     }
     if meta.deletion_timestamp.is_some() {
         if has_finalizer(meta) {
-            if !cleanup(ctx, meta, &namespace, &name).await? {
+            // Only where the operator serves (and may delete): a field pointing elsewhere was
+            // refused, and granted nothing there.
+            let lease_namespace = obj
+                .0
+                .as_ref()
+                .ok()
+                .and_then(validate::foreign_lease_namespace)
+                .filter(|ns| ctx.shared.scope.contains(ns) && ctx.shared.allowed.contains(ns));
+            if !cleanup(ctx, meta, &namespace, &name, lease_namespace.as_deref()).await? {
                 // The manager's Pods are still stopping; they keep their RBAC to release the Lease.
                 return Ok(Action::requeue(TEARDOWN_RECHECK));
             }
@@ -738,10 +779,17 @@ async fn reconcile_inner(obj: &Guarded, ctx: &Ctx) -> Result<Action, Error> {
 }
 
 /// Stop an embedded engine, delete the workload, and once its Pods are gone remove what
-/// ownerReferences cannot (the ClusterRoleBinding). Returns false while the Pods still run: the
+/// ownerReferences cannot (the ClusterRoleBinding, and the Role and RoleBindings of a migration
+/// Lease in another namespace, `lease_namespace`). Returns false while the Pods still run: the
 /// garbage collector would otherwise delete the workload and the manager's RBAC at once when the
 /// finalizer goes, and a stopping manager could not release its Lease.
-async fn cleanup(ctx: &Ctx, meta: &ObjectMeta, namespace: &str, name: &str) -> Result<bool, Error> {
+async fn cleanup(
+    ctx: &Ctx,
+    meta: &ObjectMeta,
+    namespace: &str,
+    name: &str,
+    lease_namespace: Option<&str>,
+) -> Result<bool, Error> {
     let uid = meta.uid.clone().unwrap_or_default();
     let key = format!("{namespace}/{name}");
     if ctx.shared.engines.stop(&uid).await {
@@ -773,23 +821,37 @@ async fn cleanup(ctx: &Ctx, meta: &ObjectMeta, namespace: &str, name: &str) -> R
     if ctx.rbac_must_wait(&uid) {
         return Ok(false);
     }
-    let mut crbs: Vec<ChildKey> =
-        ctx.children.owned_by(&uid).into_iter().filter(|k| k.kind == Kind::ClusterRoleBinding).collect();
-    let by_name = ChildKey {
+    let mut crbs: Vec<ChildKey> = ctx
+        .children
+        .owned_by(&uid)
+        .into_iter()
+        .filter(|k| k.kind == Kind::ClusterRoleBinding || k.namespace.as_deref().is_some_and(|ns| ns != namespace))
+        .collect();
+    let mut by_name = vec![ChildKey {
         kind: Kind::ClusterRoleBinding,
         namespace: None,
         name: names::cluster_role_binding_name(namespace, name),
-    };
-    if !crbs.contains(&by_name) {
-        crbs.push(by_name);
+    }];
+    if let Some(lease_ns) = lease_namespace {
+        let at = |kind: Kind, object: String| ChildKey { kind, namespace: Some(lease_ns.to_string()), name: object };
+        by_name.extend([
+            at(Kind::Role, names::migration_role_name(namespace, name)),
+            at(Kind::RoleBinding, names::migration_role_name(namespace, name)),
+            at(Kind::RoleBinding, names::migration_create_binding_name(namespace, name)),
+        ]);
+    }
+    for key in by_name {
+        if !crbs.contains(&key) {
+            crbs.push(key);
+        }
     }
     let mut deleted = Vec::new();
-    // Only ClusterRoleBindings labelled as this operator's for this CR are deleted, whatever
-    // their name: RBAC lets the operator delete any, so the code is what keeps others safe.
+    // Only objects labelled as this operator's for this CR are deleted, whatever their name:
+    // RBAC lets the operator delete any, so the code is what keeps others safe.
     for crb in crbs {
         match ctx.applier.delete_owned(&crb, &uid).await {
             Ok(existed) => {
-                ctx.shared.metrics.write("delete", Kind::ClusterRoleBinding.as_str());
+                ctx.shared.metrics.write("delete", crb.kind.as_str());
                 if existed {
                     deleted.push(crb.to_string());
                 }
@@ -944,6 +1006,9 @@ async fn reconcile_cr(ctx: &Ctx, cr: &CloudControllerManager, namespace: &str, n
         validation = validate::name_conflicts(&outcome.name_conflicts);
     }
     let (workload, pods, lease) = observe(ctx, &input).await;
+    let migration_lease = validate::migration_lease_namespace(cr)
+        .zip(validate::migration_lease_name(&cr.spec))
+        .and_then(|(ns, lease_name)| ctx.leases.get(&ObjectRef::new(&lease_name).within(&ns)));
     let rollout_started = {
         let mut rollouts = lock(&ctx.rollouts);
         if outcome.rollout_started {
@@ -956,6 +1021,7 @@ async fn reconcile_cr(ctx: &Ctx, cr: &CloudControllerManager, namespace: &str, n
         outcome.rollout_started || in_flight
     };
     let lease_obs = lease.as_deref().map(|l| dereference::observe_lease(l, &input.now));
+    let migration_obs = migration_lease.as_deref().map(|l| dereference::observe_lease(l, &input.now));
 
     // Status.
     for (reason, _) in &outcome.transient {
@@ -968,6 +1034,7 @@ async fn reconcile_cr(ctx: &Ctx, cr: &CloudControllerManager, namespace: &str, n
             validation: &validation,
             workload: &workload,
             lease: lease_obs.as_ref(),
+            migration_lease: migration_obs.as_ref(),
             pods: &pods,
             rollout_started,
             switching: outcome.switching.as_deref(),
@@ -1043,6 +1110,12 @@ async fn validate_step(ctx: &Ctx, input: &Input<'_>, secret: &SecretState, allow
     if !allowed {
         ctx.update_losers(&input.key, None, &[]);
         return validate::namespace_not_allowed(input.namespace, &ctx.shared.allowed);
+    }
+    // The operator's Roles exist, and its watches run, only where it is both allowed and serving.
+    let workload_namespaces = validate::AllowedNamespaces::new(&ctx.shared.scope.within(ctx.shared.allowed.as_slice()));
+    if let Some(refused) = validate::lease_namespace_not_allowed(input.cr, &workload_namespaces) {
+        ctx.update_losers(&input.key, None, &[]);
+        return refused;
     }
     // CRs in namespaces the operator may not serve never run, so they block no one.
     let mut peers = dereference::peers(std::slice::from_ref(&ctx.crs), &ctx.shared.registry);
@@ -1134,9 +1207,10 @@ async fn apply_step(ctx: &Ctx, input: &Input<'_>, validation: &Validation, secre
             let desired = build::build(cr, v, &ctx.shared.build);
             // Nothing is applied or pruned while a child's name is taken by an object this
             // resource does not own, or a binding would reach beyond its own manager.
-            if let Some(why) =
-                desired.iter().find_map(|d| build::binding_overreach(d, input.namespace, input.name, &ctx.shared.build))
-            {
+            let lease_namespace = validate::foreign_lease_namespace(cr);
+            if let Some(why) = desired.iter().find_map(|d| {
+                build::binding_overreach(d, input.namespace, input.name, lease_namespace.as_deref(), &ctx.shared.build)
+            }) {
                 tracing::error!(cr = %input.key, %why, "refusing to apply a binding beyond the resource's manager");
                 out.transient.push((degraded::APPLY_FAILED, format!("refused: {why}")));
                 return out;
@@ -1414,5 +1488,29 @@ mod tests {
         assert_eq!((r.namespace.as_deref(), r.name.as_str()), (Some("kube-system"), "aws"));
         assert!(owner_annotation(Some("nonsense")).is_none());
         assert!(owner_annotation(None).is_none());
+    }
+
+    #[test]
+    fn a_child_maps_to_its_owner_by_reference_or_across_namespaces_by_annotation() {
+        let owned = ObjectMeta {
+            namespace: Some("kube-system".into()),
+            owner_references: Some(vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                kind: "CloudControllerManager".into(),
+                name: "aws".into(),
+                controller: Some(true),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        };
+        let r = owner_of_child(&owned).unwrap();
+        assert_eq!((r.namespace.as_deref(), r.name.as_str()), (Some("kube-system"), "aws"));
+        let foreign = ObjectMeta {
+            namespace: Some("ccm-moving".into()),
+            annotations: Some([(names::ANNOTATION_OWNER.to_string(), "ccm-a/aws".to_string())].into()),
+            ..Default::default()
+        };
+        let r = owner_of_child(&foreign).unwrap();
+        assert_eq!((r.namespace.as_deref(), r.name.as_str()), (Some("ccm-a"), "aws"));
+        assert!(owner_of_child(&ObjectMeta { namespace: Some("x".into()), ..Default::default() }).is_none());
     }
 }

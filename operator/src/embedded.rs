@@ -251,6 +251,7 @@ impl Engines {
             EngineBuilder::new(self.client.clone(), provider, options)
                 .leader_election(config.leader_election_config(&self.identity))
                 .leader_migration(leader_migration)
+                .leader_migration_namespace(config.leader_migration_namespace.clone())
                 // Engines of this process may share a migration Lease: one holder identity each.
                 .migration_identity(format!("{}_{namespace}_{name}", self.identity))
                 .identity(self.identity.clone())

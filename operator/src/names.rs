@@ -82,6 +82,21 @@ pub fn own_role_name(cr_name: &str) -> String {
     format!("ccm:{cr_name}:own")
 }
 
+/// Name of the Role (and its RoleBinding) in another namespace that lets the manager of
+/// `cr_namespace/cr_name` use its leader-migration Lease there
+/// (`spec.leaderElection.migration.leaseNamespace`). It carries the resource's namespace, so two
+/// resources of one name in different namespaces never clash, and ends in `:migration`, which
+/// the chart's admission policy allows to name Leases only.
+pub fn migration_role_name(cr_namespace: &str, cr_name: &str) -> String {
+    format!("ccm:{cr_namespace}:{cr_name}:migration")
+}
+
+/// Name of the RoleBinding, beside [`migration_role_name`], of the chart's namespace manager
+/// ClusterRole (creating a Lease) to the manager of `cr_namespace/cr_name`.
+pub fn migration_create_binding_name(cr_namespace: &str, cr_name: &str) -> String {
+    format!("ccm:{cr_namespace}:{cr_name}:migration-create")
+}
+
 /// Name of the cluster-scoped ClusterRoleBinding; it carries the namespace so names never clash.
 pub fn cluster_role_binding_name(namespace: &str, cr_name: &str) -> String {
     format!("ccm-operator:{namespace}:{cr_name}")

@@ -133,6 +133,8 @@ pub struct StatusInput<'a> {
     pub workload: &'a Workload,
     /// The Lease, if it exists.
     pub lease: Option<&'a LeaseObservation>,
+    /// The leader-migration Lease, with leader migration, if it exists.
+    pub migration_lease: Option<&'a LeaseObservation>,
     /// The manager Pods (empty in Embedded mode, and where no kubelet runs them).
     pub pods: &'a PodsObservation,
     /// Whether this reconcile started a new rollout (new or changed pod template, or an
@@ -182,6 +184,7 @@ impl ComputedStatus {
             ("replicas", s.replicas.map(|v| json!(v))),
             ("readyReplicas", s.ready_replicas.map(|v| json!(v))),
             ("leader", s.leader.as_ref().map(|v| json!(v))),
+            ("migrationLease", s.migration_lease.as_ref().map(|v| json!(v))),
         ];
         for (k, v) in fields {
             if let Some(v) = v {
@@ -270,6 +273,13 @@ pub fn compute(input: &StatusInput<'_>) -> ComputedStatus {
         replicas: Some(replicas),
         ready_replicas: Some(ready_replicas),
         leader,
+        migration_lease: crate::validate::migration_lease_namespace(cr)
+            .zip(crate::validate::migration_lease_name(&cr.spec))
+            .map(|(namespace, name)| crds::v1alpha1::MigrationLeaseStatus {
+                namespace,
+                name,
+                holder: input.migration_lease.filter(|l| l.fresh).and_then(|l| l.holder.clone()),
+            }),
         // The manager's (shadow mode); never applied by the operator.
         shadow: None,
     };
@@ -310,6 +320,8 @@ fn differs(desired: &CloudControllerManagerStatus, existing: &CloudControllerMan
         || some_differs(&desired.replicas, &existing.replicas)
         || some_differs(&desired.ready_replicas, &existing.ready_replicas)
         || some_differs(&desired.leader, &existing.leader)
+        // Cleared when migration is turned off: the operator is its one writer.
+        || desired.migration_lease != existing.migration_lease
 }
 
 fn config_valid(input: &StatusInput<'_>, existing: &CloudControllerManagerStatus) -> DesiredCondition {
@@ -558,6 +570,7 @@ mod tests {
         cr: CloudControllerManager,
         validation: Validation,
         lease: Option<LeaseObservation>,
+        migration_lease: Option<LeaseObservation>,
         pods: PodsObservation,
         transient: TransientFailures,
         now: i64,
@@ -569,6 +582,7 @@ mod tests {
                 cr: cr(mode),
                 validation: valid(),
                 lease: Some(leader()),
+                migration_lease: None,
                 pods: PodsObservation::default(),
                 transient: Default::default(),
                 now: 100,
@@ -582,6 +596,7 @@ mod tests {
                 validation: &self.validation,
                 workload: &workload,
                 lease: self.lease.as_ref(),
+                migration_lease: self.migration_lease.as_ref(),
                 pods: &self.pods,
                 rollout_started,
                 switching: None,
@@ -719,6 +734,38 @@ mod tests {
         r.step(daemonset(4, 4, 4, 3), false);
         assert_eq!(r.cond(types::PROGRESSING).status, "False");
         assert_eq!(r.cr.status.as_ref().unwrap().replicas, Some(4));
+    }
+
+    #[test]
+    fn m7_status_shows_the_migration_leases_namespace_and_its_renewing_holder_and_clears_them_with_migration_off() {
+        let mut r = Run::new("Deployment");
+        let deployment = || Workload::Deployment(DeploymentObservation::default());
+        r.step(deployment(), false);
+        assert_eq!(r.cr.status.as_ref().unwrap().migration_lease, None);
+        r.cr.spec.leader_election.migration = Some(crds::v1alpha1::LeaderMigration {
+            enabled: true,
+            lease_namespace: Some("ccm-moving".into()),
+            ..Default::default()
+        });
+        r.migration_lease = Some(LeaseObservation { holder: Some("ccm-aws-1_x".into()), fresh: true });
+        let out = r.step(deployment(), false);
+        assert!(out.changed);
+        let want = crds::v1alpha1::MigrationLeaseStatus {
+            namespace: "ccm-moving".into(),
+            name: "cloud-provider-extraction-migration".into(),
+            holder: Some("ccm-aws-1_x".into()),
+        };
+        assert_eq!(out.status.migration_lease.as_ref(), Some(&want));
+        assert_eq!(out.apply_body()["status"]["migrationLease"]["namespace"], "ccm-moving");
+        assert!(!r.step(deployment(), false).changed, "unchanged: no write");
+        // A holder that stopped renewing is not shown.
+        r.migration_lease = Some(LeaseObservation { holder: Some("ccm-aws-1_x".into()), fresh: false });
+        assert_eq!(r.step(deployment(), false).status.migration_lease.unwrap().holder, None);
+        // Migration off: the field goes (a write, though the desired value is absent).
+        r.cr.spec.leader_election.migration = None;
+        let out = r.step(deployment(), false);
+        assert!(out.changed);
+        assert!(out.apply_body()["status"].get("migrationLease").is_none());
     }
 
     #[test]

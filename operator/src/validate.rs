@@ -90,10 +90,10 @@ pub struct Peer {
     pub routes: bool,
     /// `Some(class)` when it runs the service controller; `class` is its `loadBalancerClass`.
     pub services: Option<Option<String>>,
-    /// With leader migration: the migration Lease's name and the controllers it runs under it.
-    /// Two resources in one namespace that migrate a controller under the same Lease never run
-    /// it at once, so it is no conflict.
-    pub migration: Option<(String, Vec<&'static str>)>,
+    /// With leader migration: the migration Lease (namespace, name) and the controllers it runs
+    /// under it. Two resources that migrate a controller under the same Lease never run it at
+    /// once, so it is no conflict.
+    pub migration: Option<((String, String), Vec<&'static str>)>,
 }
 
 impl Peer {
@@ -127,7 +127,8 @@ impl Peer {
                     .filter(|c| m.placement(c.name()) == Placement::Migrated)
                     .map(Controller::name)
                     .collect();
-                (m.leader_name, migrated)
+                let namespace = migration_lease_namespace(cr).unwrap_or_default();
+                ((namespace, m.leader_name), migrated)
             }),
         })
     }
@@ -135,9 +136,7 @@ impl Peer {
     /// Whether `self` and `other` both run `controller` under the same migration Lease.
     fn both_migrate(&self, other: &Peer, controller: &str) -> bool {
         match (&self.migration, &other.migration) {
-            (Some((a, ca)), Some((b, cb))) => {
-                self.namespace == other.namespace && a == b && ca.contains(&controller) && cb.contains(&controller)
-            }
+            (Some((a, ca)), Some((b, cb))) => a == b && ca.contains(&controller) && cb.contains(&controller),
             _ => false,
         }
     }
@@ -361,6 +360,8 @@ pub fn manager_config(cr: &CloudControllerManager, cloud_config_key: Option<&str
             retry_period: le.retry_period.into(),
         },
         leader_migration,
+        // Rendered only when it differs: a resource that names its own namespace keeps its args.
+        leader_migration_namespace: migration_lease_namespace(cr).filter(|l| *l != namespace),
         load_balancer_class: spec.load_balancer_class.clone(),
         secure_port: crds::defaults::SECURE_PORT,
         ccm_resource: Some(ccm_framework::status::StatusTarget { namespace, name }),
@@ -422,6 +423,39 @@ pub fn migration_lease_name(spec: &crds::CloudControllerManagerSpec) -> Option<S
     Some(m.leader_name.clone().unwrap_or_else(|| leader_migration::DEFAULT_LEADER_NAME.to_string()))
 }
 
+/// The migration Lease's namespace when leader migration is on: `leaseNamespace`, else the
+/// resource's own (pure).
+pub fn migration_lease_namespace(cr: &CloudControllerManager) -> Option<String> {
+    let m = cr.spec.leader_election.migration.as_ref().filter(|m| m.enabled)?;
+    Some(m.lease_namespace.clone().unwrap_or_else(|| cr.namespace().unwrap_or_default()))
+}
+
+/// The migration Lease's namespace when it is not the resource's own, i.e. where the operator
+/// grants the manager that one Lease (pure).
+pub fn foreign_lease_namespace(cr: &CloudControllerManager) -> Option<String> {
+    migration_lease_namespace(cr).filter(|l| Some(l.as_str()) != cr.meta().namespace.as_deref())
+}
+
+/// The `NamespaceNotAllowed` verdict when `spec.leaderElection.migration.leaseNamespace` names a
+/// namespace the operator does not serve (it has no rights there to grant the Lease), else
+/// `None` (pure).
+pub fn lease_namespace_not_allowed(cr: &CloudControllerManager, allowed: &AllowedNamespaces) -> Option<Validation> {
+    let lease_namespace = foreign_lease_namespace(cr)?;
+    if allowed.contains(&lease_namespace) {
+        return None;
+    }
+    let list = if allowed.0.is_empty() { "none".to_string() } else { allowed.0.join(", ") };
+    Some(Validation::Invalid {
+        failures: vec![Failure {
+            reason: reason::NAMESPACE_NOT_ALLOWED,
+            message: format!(
+                "spec.leaderElection.migration.leaseNamespace: the operator does not serve namespace {lease_namespace} (allowed: {list}), so it cannot grant the manager the migration Lease there; choose an allowed namespace, or add it to the Helm value cloudConfig.namespaces (the operator's --cloud-config-namespaces)"
+            ),
+        }],
+        conflicts_with: Vec::new(),
+    })
+}
+
 /// Lease names of core components (and of this operator) that no resource may take: the
 /// manager's Lease is named after its resource, and its own Role grants update on that name.
 pub const RESERVED_LEASE_NAMES: [&str; 4] =
@@ -465,15 +499,15 @@ pub fn validate(cr: &CloudControllerManager, secret: &SecretState, registry: &Re
     }
     if let Some(lease) = migration_lease_name(spec) {
         // The default name exists for this purpose; any other must not be a core component's
-        // Lease, nor another resource's main Lease in this namespace (its Role would then allow
-        // renewing that Lease).
-        let namespace = cr.namespace().unwrap_or_default();
+        // Lease, nor another resource's main Lease in the Lease's namespace (its Role would then
+        // allow renewing that Lease).
+        let namespace = migration_lease_namespace(cr).unwrap_or_default();
         let taken = peers.iter().any(|p| p.namespace == namespace && p.name == lease);
         if lease != leader_migration::DEFAULT_LEADER_NAME && (reserved_lease_name(&lease).is_some() || taken) {
             return invalid(vec![Failure {
                 reason: reason::RESERVED_NAME,
                 message: format!(
-                    "spec.leaderElection.migration.leaderName {lease:?} is reserved: it is a core component's Lease ({}, or a name starting with {}) or another CloudControllerManager's Lease in this namespace; choose another name",
+                    "spec.leaderElection.migration.leaderName {lease:?} is reserved: it is a core component's Lease ({}, or a name starting with {}) or another CloudControllerManager's Lease in namespace {namespace}; choose another name",
                     RESERVED_LEASE_NAMES.join(", "),
                     RESERVED_LEASE_PREFIXES.join(" or ")
                 ),
@@ -1298,6 +1332,75 @@ mod tests {
         );
         let v = validate(&other, &SecretState::NotReferenced, &registry(), &peers(&[&old, &other]));
         assert_eq!(reason_of(&v), reason::CONFLICT);
+    }
+
+    #[test]
+    fn m7_resources_in_two_namespaces_sharing_a_migration_lease_namespace_do_not_conflict() {
+        let moving = |lease_ns: &str| {
+            json!({"enabled": true, "leaderName": "moving", "leaseNamespace": lease_ns, "controllerLeaders": [
+            {"name": "cloud-node", "component": "*"}, {"name": "cloud-node-lifecycle", "component": "*"},
+            {"name": "service", "component": "*"}, {"name": "route", "component": "*"}]})
+        };
+        let in_ns = |ns: &str, name: &str, created: i64, migration: serde_json::Value| {
+            let mut c = cr(name, created, json!({"provider": "plain", "leaderElection": {"migration": migration}}));
+            c.metadata.namespace = Some(ns.into());
+            c.metadata.uid = Some(format!("uid-{ns}-{name}"));
+            c
+        };
+        let a = in_ns("ccm-a", "aws", 1, moving("ccm-moving"));
+        let b = in_ns("ccm-b", "aws", 2, moving("ccm-moving"));
+        assert!(validate(&b, &SecretState::NotReferenced, &registry(), &peers(&[&a, &b])).is_valid());
+        let elsewhere = in_ns("ccm-b", "aws", 2, moving("ccm-elsewhere"));
+        let v = validate(&elsewhere, &SecretState::NotReferenced, &registry(), &peers(&[&a, &elsewhere]));
+        assert_eq!(reason_of(&v), reason::CONFLICT, "another lease namespace is another Lease");
+        assert_eq!(foreign_lease_namespace(&b).as_deref(), Some("ccm-moving"));
+        let config = manager_config(&b, None).unwrap();
+        assert_eq!(config.leader_migration_namespace.as_deref(), Some("ccm-moving"));
+        assert_eq!(config.leader_election.namespace, "ccm-b", "the main Lease stays in the resource's namespace");
+        // Without leaseNamespace each uses a Lease in its own namespace: two Leases guard nothing.
+        let a = in_ns(
+            "ccm-a",
+            "aws",
+            1,
+            json!({"enabled": true, "leaderName": "moving", "controllerLeaders": [{"name": "service", "component": "*"}]}),
+        );
+        let b = in_ns(
+            "ccm-b",
+            "aws",
+            2,
+            json!({"enabled": true, "leaderName": "moving", "controllerLeaders": [{"name": "service", "component": "*"}]}),
+        );
+        let v = validate(&b, &SecretState::NotReferenced, &registry(), &peers(&[&a, &b]));
+        assert_eq!(reason_of(&v), reason::CONFLICT);
+        // A migration Lease named like another resource's main Lease in the lease namespace.
+        let there = in_ns("ccm-moving", "moving", 5, json!({"enabled": false}));
+        let v = validate(&a, &SecretState::NotReferenced, &registry(), &peers(&[&there]));
+        assert!(v.is_valid(), "{v:?}");
+        let a = in_ns("ccm-a", "aws", 1, moving("ccm-moving"));
+        let v = validate(&a, &SecretState::NotReferenced, &registry(), &peers(&[&there]));
+        assert_eq!(reason_of(&v), reason::RESERVED_NAME);
+        assert!(v.summary().unwrap().1.contains("namespace ccm-moving"), "{v:?}");
+    }
+
+    #[test]
+    fn m7_a_lease_namespace_the_operator_does_not_serve_is_refused_naming_the_field() {
+        let mut c = cr(
+            "aws",
+            1,
+            json!({"provider": "plain", "leaderElection": {"migration": {"enabled": true, "leaseNamespace": "elsewhere"}}}),
+        );
+        let allowed = AllowedNamespaces::new(&["kube-system", "ccm-moving"]);
+        let v = lease_namespace_not_allowed(&c, &allowed).expect("refused");
+        assert_eq!(reason_of(&v), reason::NAMESPACE_NOT_ALLOWED);
+        assert!(v.summary().unwrap().1.starts_with("spec.leaderElection.migration.leaseNamespace:"), "{v:?}");
+        c.spec.leader_election.migration.as_mut().unwrap().lease_namespace = Some("ccm-moving".into());
+        assert!(lease_namespace_not_allowed(&c, &allowed).is_none());
+        // Its own namespace, or migration off, needs nothing more.
+        c.spec.leader_election.migration.as_mut().unwrap().lease_namespace = Some("kube-system".into());
+        assert!(lease_namespace_not_allowed(&c, &AllowedNamespaces::new(&["kube-system"])).is_none());
+        c.spec.leader_election.migration.as_mut().unwrap().lease_namespace = Some("elsewhere".into());
+        c.spec.leader_election.migration.as_mut().unwrap().enabled = false;
+        assert!(lease_namespace_not_allowed(&c, &allowed).is_none());
     }
 
     #[test]

@@ -133,6 +133,7 @@ pub async fn run(registry: Registry, mut settings: Settings, shutdown: Cancellat
         .event_client(event_client)
         .leader_election(settings.leader_election)
         .leader_migration(settings.leader_migration)
+        .leader_migration_namespace(Some(settings.leader_migration_namespace))
         .http(http)
         .metrics(metrics)
         .on_leader_loss(on_loss)

@@ -15,7 +15,8 @@
 //!
 //! Leader migration (upstream M7, [`crate::leader_migration`]): while holding the main Lease,
 //! the engine starts the controllers the configuration does not name, then takes the migration
-//! Lease (same namespace, identity and timings) and starts the migrated ones. Controllers the
+//! Lease (same identity and timings; same namespace unless
+//! [`EngineBuilder::leader_migration_namespace`] says otherwise) and starts the migrated ones. Controllers the
 //! configuration gives to another component never start. Losing either Lease ends the term as
 //! losing the main one does; a graceful stop releases both.
 
@@ -158,6 +159,7 @@ pub struct EngineBuilder {
     options: ControllerOptions,
     leader_election: Option<LeaderElectionConfig>,
     leader_migration: Option<LeaderMigrationConfiguration>,
+    migration_namespace: Option<String>,
     migration_identity: Option<String>,
     identity: Option<String>,
     http: Option<HttpConfig>,
@@ -196,6 +198,7 @@ impl EngineBuilder {
             options,
             leader_election: None,
             leader_migration: None,
+            migration_namespace: None,
             migration_identity: None,
             identity: None,
             http: None,
@@ -220,6 +223,13 @@ impl EngineBuilder {
     /// Lease (needs [`Self::leader_election`]).
     pub fn leader_migration(mut self, config: Option<LeaderMigrationConfiguration>) -> Self {
         self.leader_migration = config;
+        self
+    }
+
+    /// The migration Lease's namespace (default: the main Lease's, as upstream), so managers in
+    /// different namespaces can share it.
+    pub fn leader_migration_namespace(mut self, namespace: Option<String>) -> Self {
+        self.migration_namespace = namespace;
         self
     }
 
@@ -316,7 +326,8 @@ impl EngineBuilder {
             };
             m.validate()
                 .map_err(|e| Error::InvalidFlag { flag: "--leader-migration-config", message: e.to_string() })?;
-            if m.leader_name == le.name {
+            let namespace = self.migration_namespace.as_deref().unwrap_or(&le.namespace);
+            if m.leader_name == le.name && namespace == le.namespace {
                 return Err(Error::InvalidFlag {
                     flag: "--leader-migration-config",
                     message: "leaderName must differ from the main Lease's name".into(),
@@ -355,6 +366,7 @@ impl EngineBuilder {
             options: Arc::new(self.options),
             leader_election,
             leader_migration: self.leader_migration,
+            migration_namespace: self.migration_namespace,
             migration_identity: self.migration_identity,
             identity,
             http: self.http,
@@ -379,6 +391,7 @@ pub struct Engine {
     options: Arc<ControllerOptions>,
     leader_election: Option<LeaderElectionConfig>,
     leader_migration: Option<LeaderMigrationConfiguration>,
+    migration_namespace: Option<String>,
     migration_identity: Option<String>,
     identity: String,
     http: Option<HttpConfig>,
@@ -546,6 +559,7 @@ impl Engine {
             (Some(le), Some(m)) => Some(LeaderElector::new(
                 self.client.clone(),
                 LeaderElectionConfig {
+                    namespace: self.migration_namespace.clone().unwrap_or_else(|| le.namespace.clone()),
                     name: m.leader_name.clone(),
                     identity: self.migration_identity.clone().unwrap_or_else(|| le.identity.clone()),
                     ..le.clone()
