@@ -65,6 +65,8 @@ pub struct AwsConfig {
     /// `ElbSecurityGroup`: a security group to use instead of the instances' own ones for
     /// load-balancer ingress rules.
     pub elb_security_group: String,
+    /// `NLBSecurityGroupMode = Managed`: a security group made and removed with each NLB.
+    pub nlb_security_group_managed: bool,
     /// Endpoint overrides, by section name.
     pub overrides: BTreeMap<String, ServiceOverride>,
 }
@@ -195,6 +197,19 @@ pub fn parse(bytes: &[u8]) -> Result<AwsConfig, ConfigError> {
                         })?;
                         continue;
                     }
+                    "nlbsecuritygroupmode" => {
+                        config.nlb_security_group_managed = match value.as_str() {
+                            "Managed" => true,
+                            "" => false,
+                            _ => {
+                                return Err(ConfigError::at(
+                                    line_no,
+                                    "[Global] NLBSecurityGroupMode: expected Managed (or no value)",
+                                ));
+                            }
+                        };
+                        continue;
+                    }
                     other if IGNORED_GLOBAL_KEYS.contains(&other) => {
                         if other == "kubernetesclustertag" {
                             legacy_tag = value;
@@ -204,7 +219,7 @@ pub fn parse(bytes: &[u8]) -> Result<AwsConfig, ConfigError> {
                     _ => {
                         return Err(ConfigError::at(
                             line_no,
-                            "[Global] unknown key; known: Zone, Region, VPC, SubnetID, RouteTableID, KubernetesClusterID, KubernetesClusterTag, RoleARN, ElbSecurityGroup, DisableSecurityGroupIngress",
+                            "[Global] unknown key; known: Zone, Region, VPC, SubnetID, RouteTableID, KubernetesClusterID, KubernetesClusterTag, RoleARN, ElbSecurityGroup, DisableSecurityGroupIngress, NLBSecurityGroupMode",
                         ));
                     }
                 };
@@ -358,6 +373,14 @@ url = "http://127.0.0.1:5000"
     fn legacy_cluster_tag_is_used_when_the_id_is_absent() {
         let c = parse(b"[Global]\nKubernetesClusterTag = old\n").unwrap();
         assert_eq!(c.cluster_id, "old");
+    }
+
+    #[test]
+    fn nlb_security_group_mode_managed_is_read_and_other_values_refused_by_key() {
+        assert!(parse(b"[Global]\nNLBSecurityGroupMode = Managed\n").unwrap().nlb_security_group_managed);
+        assert!(!parse(b"[Global]\n").unwrap().nlb_security_group_managed);
+        let e = parse(b"[Global]\nNLBSecurityGroupMode = managed-ish\n").unwrap_err().to_string();
+        assert!(e.contains("NLBSecurityGroupMode") && !e.contains("managed-ish"), "{e}");
     }
 
     #[test]

@@ -398,9 +398,24 @@ pub fn addresses_fingerprint(a: &NlbAnnotations) -> String {
     format!("{hash:016x}")
 }
 
-/// The security groups the annotations put on the load balancer.
-pub fn wanted_security_groups(a: &NlbAnnotations) -> BTreeSet<String> {
-    a.security_groups.iter().chain(a.extra_security_groups.iter()).cloned().collect()
+/// The security groups of the load balancer: the annotations' and the managed one, if any.
+pub fn wanted_security_groups(a: &NlbAnnotations, managed: Option<&str>) -> BTreeSet<String> {
+    a.security_groups.iter().chain(a.extra_security_groups.iter()).cloned().chain(managed.map(str::to_string)).collect()
+}
+
+/// Whether the load balancer gets a managed security group: `NLBSecurityGroupMode = Managed`
+/// and no `security-groups` annotation (which replaces every other group, as upstream).
+pub fn wants_managed_group(managed_mode: bool, a: &NlbAnnotations) -> bool {
+    managed_mode && a.security_groups.is_empty()
+}
+
+/// Tag marking a security group made for one NLB in `NLBSecurityGroupMode = Managed` (upstream's
+/// key), besides the cluster and Service ownership tags.
+pub const TAG_SG_MODE: &str = "kubernetes.io/cloud-provider-aws/NLBSecurityGroupMode";
+
+/// The name of an NLB's managed security group.
+pub fn managed_group_name(lb_name: &str) -> String {
+    format!("k8s-nlb-{lb_name}")
 }
 
 /// Why an existing load balancer must be replaced (ELBv2 fixes these at creation), if it must.
@@ -408,6 +423,7 @@ pub fn replacement_reason(
     have_internal: bool,
     have_addresses: Option<&str>,
     have_security_groups: &BTreeSet<String>,
+    want_security_groups: bool,
     desired: &Desired,
 ) -> Option<String> {
     let a = &desired.annotations;
@@ -419,8 +435,7 @@ pub fn replacement_reason(
     if have_addresses.is_some_and(|h| h != addresses_fingerprint(a)) {
         return Some(format!("{} or {} changed", ann::EIP_ALLOCATIONS, ann::PRIVATE_IPV4));
     }
-    let want = wanted_security_groups(a);
-    if have_security_groups.is_empty() != want.is_empty() {
+    if have_security_groups.is_empty() == want_security_groups {
         return Some(format!(
             "{} / {} added to or removed from a load balancer (an NLB keeps or lacks security groups for life)",
             ann::SECURITY_GROUPS,
@@ -773,7 +788,12 @@ impl AwsProvider {
         subnet_mappings(&with_cidrs, &desired.annotations).map_err(refused_annotation)
     }
 
-    async fn create_lb(&self, desired: &Desired, subnets: Vec<SubnetMapping>) -> CloudResult<LbInfo> {
+    async fn create_lb(
+        &self,
+        desired: &Desired,
+        subnets: Vec<SubnetMapping>,
+        groups: BTreeSet<String>,
+    ) -> CloudResult<LbInfo> {
         let elb = &self.clients().await?.elb;
         let scheme =
             if desired.internal { LoadBalancerSchemeEnum::Internal } else { LoadBalancerSchemeEnum::InternetFacing };
@@ -790,7 +810,6 @@ impl AwsProvider {
         let mut tags = desired.tags.clone();
         let addresses = addresses_fingerprint(&desired.annotations);
         tags.insert(TAG_ADDRESSES.to_string(), addresses.clone());
-        let groups = wanted_security_groups(&desired.annotations);
         let r = elb
             .create_load_balancer()
             .name(&desired.name)
@@ -1182,19 +1201,88 @@ impl AwsProvider {
         Ok(r.vpcs().iter().filter_map(|v| v.cidr_block()).map(str::to_string).collect())
     }
 
+    /// The Service's managed security groups, found by tags (oldest ID first).
+    async fn managed_groups(&self, cluster_id: &str, service: &Service) -> CloudResult<Vec<String>> {
+        let ec2 = &self.clients().await?.ec2;
+        let r = ec2
+            .describe_security_groups()
+            .filters(Filter::builder().name("tag-key").values(format!("{TAG_CLUSTER_PREFIX}{cluster_id}")).build())
+            .filters(Filter::builder().name(format!("tag:{TAG_SERVICE}")).values(service_key(service)).build())
+            .filters(Filter::builder().name(format!("tag:{TAG_SG_MODE}")).values("Managed").build())
+            .send()
+            .await
+            .map_err(self.elb_err("DescribeSecurityGroups"))?;
+        let mut ids: Vec<String> =
+            r.security_groups().iter().filter_map(|g| g.group_id()).map(str::to_string).collect();
+        ids.sort();
+        Ok(ids)
+    }
+
+    /// The managed security group: the one found, else a new one tagged at creation (a create
+    /// whose answer was lost leaves a group the next sync finds).
+    async fn ensure_managed_group(&self, desired: &Desired, vpc: &str, existing: &[String]) -> CloudResult<String> {
+        if let Some(id) = existing.first() {
+            return Ok(id.clone());
+        }
+        let ec2 = &self.clients().await?.ec2;
+        let mut tags = desired.tags.clone();
+        tags.insert(TAG_SG_MODE.to_string(), "Managed".to_string());
+        let mut spec = aws_sdk_ec2::types::TagSpecification::builder()
+            .resource_type(aws_sdk_ec2::types::ResourceType::SecurityGroup);
+        for (k, v) in &tags {
+            spec = spec.tags(aws_sdk_ec2::types::Tag::builder().key(k).value(v).build());
+        }
+        let r = ec2
+            .create_security_group()
+            .group_name(managed_group_name(&desired.name))
+            .description(format!("Security group for the Kubernetes load balancer {}", desired.name))
+            .vpc_id(vpc)
+            .tag_specifications(spec.build())
+            .send()
+            .await
+            .map_err(self.elb_err("CreateSecurityGroup"))?;
+        r.group_id().map(str::to_string).ok_or_else(|| CloudError::Other("CreateSecurityGroup returned nothing".into()))
+    }
+
+    /// Delete security groups; returns how many are still in use (retried later).
+    async fn delete_groups(&self, ids: &[String]) -> CloudResult<usize> {
+        let ec2 = &self.clients().await?.ec2;
+        let mut pending = 0;
+        for id in ids {
+            match ec2.delete_security_group().group_id(id).send().await {
+                Ok(_) => {}
+                Err(e) if code(&e) == Some("InvalidGroup.NotFound") => {}
+                Err(e) if code(&e) == Some("DependencyViolation") => pending += 1,
+                Err(e) => return Err(self.classify("DeleteSecurityGroup", e)),
+            }
+        }
+        Ok(pending)
+    }
+
     async fn sync_rules(
         &self,
         desired: &Desired,
         instances: &[Arc<InstanceInfo>],
         vpc: &str,
         cluster_id: &str,
+        managed: Option<&str>,
     ) -> CloudResult<()> {
-        if self.config.disable_security_group_ingress {
-            return Ok(());
-        }
-        let groups = self.target_groups_for_rules(instances, cluster_id).await?;
         let mut want: BTreeSet<Rule> = BTreeSet::new();
         let client = rule_description(&desired.name);
+        // The managed group lets the clients in on the listener ports.
+        if let Some(g) = managed {
+            for p in &desired.ports {
+                let proto = if p.protocol == "UDP" { "udp" } else { "tcp" };
+                for cidr in &desired.source_ranges {
+                    want.insert((g.to_string(), proto.to_string(), p.port, cidr.clone(), client.clone()));
+                }
+            }
+        }
+        let groups = if self.config.disable_security_group_ingress {
+            Vec::new()
+        } else {
+            self.target_groups_for_rules(instances, cluster_id).await?
+        };
         for g in &groups {
             for p in &desired.ports {
                 for cidr in &desired.source_ranges {
@@ -1214,7 +1302,11 @@ impl AwsProvider {
             }
         }
         let all = self.security_groups(Some(vpc), None).await?;
-        let have = Self::rules_in(&all, &desired.name);
+        let mut have = Self::rules_in(&all, &desired.name);
+        if self.config.disable_security_group_ingress {
+            // Only the managed group's rules are ours to change then.
+            have.retain(|r| managed.is_some_and(|m| r.0 == m));
+        }
         let (add, remove) = rule_diff(&want, &have);
         self.apply_rules(add, remove).await
     }
@@ -1246,9 +1338,6 @@ impl AwsProvider {
         }
         lbs.truncate(1);
         let mut lb = lbs.pop();
-        let replace = lb
-            .as_ref()
-            .and_then(|l| replacement_reason(l.internal, l.addresses.as_deref(), &l.security_groups, &desired));
         let vpc = match self.vpc_of(&instances) {
             Some(v) => v,
             None => {
@@ -1257,12 +1346,29 @@ impl AwsProvider {
                 ));
             }
         };
+        let managed_mode = wants_managed_group(self.config.nlb_security_group_managed, &desired.annotations);
+        let managed_found = if self.config.nlb_security_group_managed {
+            self.managed_groups(&cluster_id, service).await?
+        } else {
+            Vec::new()
+        };
+        let want_groups = managed_mode || !wanted_security_groups(&desired.annotations, None).is_empty();
+        let replace = lb.as_ref().and_then(|l| {
+            replacement_reason(l.internal, l.addresses.as_deref(), &l.security_groups, want_groups, &desired)
+        });
         // Subnets and addresses are planned (read-only) before a replaced load balancer goes.
         let plan = if lb.is_none() && create || replace.is_some() {
             Some(self.plan_subnets(&desired, &vpc, &cluster_id).await?)
         } else {
             None
         };
+        // Every check is done: from here on things change.
+        let managed = if managed_mode && (lb.is_some() || plan.is_some()) {
+            Some(self.ensure_managed_group(&desired, &vpc, &managed_found).await?)
+        } else {
+            None
+        };
+        let groups = wanted_security_groups(&desired.annotations, managed.as_deref());
         if let (Some(existing), Some(reason)) = (&lb, &replace) {
             tracing::warn!(service = %service_key(service), %reason, "replacing the load balancer");
             self.delete_lb(&existing.arn).await?;
@@ -1270,7 +1376,7 @@ impl AwsProvider {
         }
         let lb = match (lb, plan) {
             (Some(lb), _) => lb,
-            (None, Some(plan)) => self.create_lb(&desired, plan).await?,
+            (None, Some(plan)) => self.create_lb(&desired, plan, groups.clone()).await?,
             (None, None) => return Ok(None),
         };
         if lb.addresses.is_none() {
@@ -1283,7 +1389,6 @@ impl AwsProvider {
                 .await
                 .map_err(self.elb_err("AddTags"))?;
         }
-        let groups = wanted_security_groups(&desired.annotations);
         if !groups.is_empty() && groups != lb.security_groups {
             let elb = &self.clients().await?.elb;
             elb.set_security_groups()
@@ -1310,7 +1415,15 @@ impl AwsProvider {
                 tracing::debug!(lbs = tg.lb_arns.len(), "target group still in use; removed on a later sync");
             }
         }
-        self.sync_rules(&desired, &instances, &vpc, &cluster_id).await?;
+        self.sync_rules(&desired, &instances, &vpc, &cluster_id, managed.as_deref()).await?;
+        // Managed groups no longer wanted (switched to bring-your-own, or a duplicate).
+        let stale: Vec<String> = managed_found.into_iter().filter(|g| Some(g) != managed.as_ref()).collect();
+        if self.delete_groups(&stale).await? > 0 {
+            return Err(CloudError::retry_after(
+                IN_USE_RETRY,
+                "a managed security group is still in use; removed on retry",
+            ));
+        }
         Ok(Some(status(&lb.dns)))
     }
 }
@@ -1369,10 +1482,13 @@ impl LoadBalancer for AwsProvider {
                 pending += 1;
             }
         }
+        // Managed groups are looked for in any mode: the mode may have been switched off since.
+        let groups = self.managed_groups(&cluster_id, service).await?;
+        pending += self.delete_groups(&groups).await?;
         if pending > 0 {
             return Err(CloudError::retry_after(
                 IN_USE_RETRY,
-                format!("{pending} target groups are still in use by the deleted load balancer"),
+                format!("{pending} target or security groups are still in use by the deleted load balancer"),
             ));
         }
         Ok(())
@@ -1584,19 +1700,31 @@ mod tests {
         let d = |pairs: &[(&str, &str)]| desired(&svc(pairs, &[(80, "TCP", 30080)], "Cluster", 0), "c").unwrap();
         let none = BTreeSet::new();
         let sg1: BTreeSet<String> = ["sg-01234567".to_string()].into();
+        let w = |d: &Desired| !wanted_security_groups(&d.annotations, None).is_empty();
         let plain = d(&[]);
-        assert_eq!(replacement_reason(false, Some(""), &none, &plain), None);
-        assert!(replacement_reason(true, Some(""), &none, &plain).unwrap().contains(ann::INTERNAL));
+        assert_eq!(replacement_reason(false, Some(""), &none, w(&plain), &plain), None);
+        assert!(replacement_reason(true, Some(""), &none, w(&plain), &plain).unwrap().contains(ann::INTERNAL));
         let eip = d(&[(ann::EIP_ALLOCATIONS, "eipalloc-01234567")]);
-        assert!(replacement_reason(false, Some(""), &none, &eip).unwrap().contains(ann::EIP_ALLOCATIONS));
+        assert!(replacement_reason(false, Some(""), &none, w(&eip), &eip).unwrap().contains(ann::EIP_ALLOCATIONS));
         let fp = addresses_fingerprint(&eip.annotations);
-        assert_eq!(replacement_reason(false, Some(&fp), &none, &eip), None);
-        assert_eq!(replacement_reason(false, None, &none, &eip), None, "an untagged (adopted) load balancer is kept");
+        assert_eq!(replacement_reason(false, Some(&fp), &none, w(&eip), &eip), None);
+        assert_eq!(
+            replacement_reason(false, None, &none, w(&eip), &eip),
+            None,
+            "an untagged (adopted) load balancer is kept"
+        );
         let sg = d(&[(ann::SECURITY_GROUPS, "sg-01234567")]);
-        assert!(replacement_reason(false, Some(""), &none, &sg).is_some(), "groups cannot be added to an NLB without");
+        assert!(
+            replacement_reason(false, Some(""), &none, w(&sg), &sg).is_some(),
+            "groups cannot be added to an NLB without"
+        );
         let other = d(&[(ann::EXTRA_SECURITY_GROUPS, "sg-89abcdef")]);
-        assert_eq!(replacement_reason(false, Some(""), &sg1, &other), None, "changed in place (SetSecurityGroups)");
-        assert!(replacement_reason(false, Some(""), &sg1, &plain).is_some(), "nor all removed");
+        assert_eq!(
+            replacement_reason(false, Some(""), &sg1, w(&other), &other),
+            None,
+            "changed in place (SetSecurityGroups)"
+        );
+        assert!(replacement_reason(false, Some(""), &sg1, w(&plain), &plain).is_some(), "nor all removed");
     }
 
     #[test]
@@ -1610,6 +1738,20 @@ mod tests {
         assert_eq!(resolve_subnets(&ask(&["public-a", "subnet-x"]), &found).unwrap(), ask(&["subnet-a", "subnet-x"]));
         assert_eq!(resolve_subnets(&ask(&["nope"]), &found).unwrap_err().annotation(), ann::SUBNETS);
         assert!(resolve_subnets(&ask(&["twin"]), &found).unwrap_err().to_string().contains("give the ID"));
+    }
+
+    #[test]
+    fn managed_mode_adds_a_managed_group_unless_security_groups_replace_them() {
+        let extra = NlbAnnotations { extra_security_groups: vec!["sg-89abcdef".into()], ..Default::default() };
+        assert!(wants_managed_group(true, &extra));
+        assert!(!wants_managed_group(false, &extra));
+        assert_eq!(
+            wanted_security_groups(&extra, Some("sg-m")),
+            ["sg-89abcdef".to_string(), "sg-m".to_string()].into()
+        );
+        let byo = NlbAnnotations { security_groups: vec!["sg-01234567".into()], ..Default::default() };
+        assert!(!wants_managed_group(true, &byo), "security-groups replaces every other group");
+        assert!(managed_group_name("a0f1e2d3c4b5a69788796a5b4c3d2e1f").len() <= 255);
     }
 
     #[test]

@@ -1153,13 +1153,35 @@ async fn serve(
 /// throttling over a short window, so the delays it asks for fit the test. Standard retry mode:
 /// the adaptive mode's rate limiter would slow a burst-ridden test to half a request a second.
 fn proxied(url: &str, attempts: u32) -> Arc<AwsProvider> {
+    proxied_with(url, attempts, config())
+}
+
+/// [`proxied`] with another cloud-config.
+fn proxied_with(url: &str, attempts: u32, config: AwsConfig) -> Arc<AwsProvider> {
     let options = AwsOptions {
         max_attempts: attempts,
         throttle_window: Duration::from_secs(4),
         adaptive_retry: false,
         ..options_for(url)
     };
-    Arc::new(AwsProvider::new(config(), CLUSTER, options))
+    Arc::new(AwsProvider::new(config, CLUSTER, options))
+}
+
+/// `NLBSecurityGroupMode = Managed`.
+fn managed_config() -> AwsConfig {
+    AwsConfig { nlb_security_group_managed: true, ..config() }
+}
+
+/// IDs of the managed security groups in moto.
+async fn managed_sgs(c: &Clients) -> BTreeSet<String> {
+    let r = c
+        .ec2
+        .describe_security_groups()
+        .filters(ec2::types::Filter::builder().name("tag-key").values(ccm_provider_aws::lb::TAG_SG_MODE).build())
+        .send()
+        .await
+        .unwrap();
+    r.security_groups().iter().map(|g| g.group_id().unwrap().to_string()).collect()
 }
 
 fn with_uid(mut s: Service, uid: &str) -> Service {
@@ -1237,6 +1259,120 @@ async fn manager_killed_mid_ensure_or_mid_delete_leaves_nothing_orphaned() {
         provider(&moto.url).ensure_load_balancer_deleted(CLUSTER, &svc).await.unwrap();
         assert_eq!(lb_state(&c).await, LbState::default(), "killed at request {kill_at}");
     }
+}
+
+#[tokio::test]
+async fn managed_nlb_security_groups_switch_modes_and_survive_a_kill_at_every_request_with_nothing_orphaned() {
+    use annotations as a;
+    let Some(moto) = Moto::start("managed_security_groups").await else { return };
+    let direct = Arc::new(AwsProvider::new(managed_config(), CLUSTER, options_for(&moto.url)));
+    let c = direct.clients().await.unwrap().clone();
+    let w = seed(&c).await;
+    let inst = launch(&c, &w, 1).await;
+    let nodes: Vec<Node> = inst.iter().map(|(id, dns)| node(dns, Some(&pid(id)), Some("True"), vec![])).collect();
+    let refs: Vec<&Node> = nodes.iter().collect();
+    let mut svc = with_uid(lb_service("web", &[(80, 30080)]), "00000000-0000-0000-0000-0000000000cc");
+    svc.spec.as_mut().unwrap().load_balancer_source_ranges = Some(vec!["203.0.113.0/24".into()]);
+
+    // Managed: a group made for the NLB, attached to it, letting the source range in on the
+    // listener port.
+    direct.ensure_load_balancer(CLUSTER, &svc, &refs).await.unwrap();
+    let managed = managed_sgs(&c).await;
+    assert_eq!(managed.len(), 1);
+    let (arn, _, sgs, _) = lb_shape(&c).await;
+    assert_eq!(sgs, managed);
+    let m = managed.iter().next().unwrap().clone();
+    let g = c.ec2.describe_security_groups().group_ids(&m).send().await.unwrap();
+    let perms = g.security_groups()[0].ip_permissions();
+    assert!(
+        perms
+            .iter()
+            .any(|p| p.from_port() == Some(80) && p.ip_ranges().iter().any(|r| r.cidr_ip() == Some("203.0.113.0/24"))),
+        "{perms:?}"
+    );
+
+    // Bring your own: the NLB gets it in place and the managed group goes.
+    let byo = c
+        .ec2
+        .create_security_group()
+        .group_name("byo")
+        .description("byo")
+        .vpc_id(&w.vpc)
+        .send()
+        .await
+        .unwrap()
+        .group_id
+        .unwrap();
+    let with_byo = annotated(svc.clone(), &[(a::SECURITY_GROUPS, &byo)]);
+    direct.ensure_load_balancer(CLUSTER, &with_byo, &refs).await.unwrap();
+    let (arn2, _, sgs, _) = lb_shape(&c).await;
+    assert_eq!(arn2, arn, "switched in place");
+    assert_eq!(sgs, [byo.clone()].into());
+    assert!(managed_sgs(&c).await.is_empty(), "the managed group is removed");
+    // Back to managed: a new managed group, the user's group left as it is.
+    direct.ensure_load_balancer(CLUSTER, &svc, &refs).await.unwrap();
+    let managed = managed_sgs(&c).await;
+    assert_eq!(managed.len(), 1);
+    assert_eq!(lb_shape(&c).await.2, managed);
+    direct.ensure_load_balancer_deleted(CLUSTER, &svc).await.unwrap();
+    assert_eq!(lb_state(&c).await, LbState::default());
+    assert!(managed_sgs(&c).await.is_empty());
+    assert_eq!(c.ec2.describe_security_groups().group_ids(&byo).send().await.unwrap().security_groups().len(), 1);
+
+    // A kill after every request of an ensure and of a delete: a restarted manager ends with one
+    // of each, then nothing.
+    let proxy = Proxy::start(moto.port).await;
+    let before = proxy.faults.lock().unwrap().requests;
+    proxied_with(&proxy.url, 1, managed_config()).ensure_load_balancer(CLUSTER, &svc, &refs).await.unwrap();
+    let per_ensure = proxy.faults.lock().unwrap().requests - before;
+    let before = proxy.faults.lock().unwrap().requests;
+    proxied_with(&proxy.url, 1, managed_config()).ensure_load_balancer_deleted(CLUSTER, &svc).await.unwrap();
+    let per_delete = proxy.faults.lock().unwrap().requests - before;
+    let mut counts = Vec::new();
+    for kill_at in 1..=per_ensure {
+        let s = with_uid(svc.clone(), &format!("00000000-0000-0000-0001-{kill_at:012}"));
+        for deleting in [false, true] {
+            let start = proxy.faults.lock().unwrap().requests;
+            let at = if deleting { kill_at.min(per_delete) } else { kill_at };
+            proxy.set(|f| f.hold_at = Some(start + at));
+            let victim = proxied_with(&proxy.url, 1, managed_config());
+            let (s2, n2) = (s.clone(), nodes.clone());
+            let task = tokio::spawn(async move {
+                let refs: Vec<&Node> = n2.iter().collect();
+                if deleting {
+                    victim.ensure_load_balancer_deleted(CLUSTER, &s2).await
+                } else {
+                    victim.ensure_load_balancer(CLUSTER, &s2, &refs).await.map(|_| ())
+                }
+            });
+            let held = proxy.held_count.load(Ordering::SeqCst);
+            let _ = tokio::time::timeout(Duration::from_secs(10), async {
+                while proxy.held_count.load(Ordering::SeqCst) == held {
+                    proxy.held.notified().await;
+                }
+            })
+            .await;
+            task.abort();
+            proxy.set(|f| f.hold_at = None);
+            if !deleting {
+                direct.ensure_load_balancer(CLUSTER, &s, &refs).await.unwrap();
+                let st = lb_state(&c).await;
+                let sgs = managed_sgs(&c).await;
+                assert_eq!((st.lbs.len(), st.tgs.len(), sgs.len()), (1, 1, 1), "killed at ensure request {kill_at}");
+                assert_eq!(lb_shape(&c).await.2, sgs, "killed at ensure request {kill_at}");
+            } else {
+                direct.ensure_load_balancer_deleted(CLUSTER, &s).await.unwrap();
+                let st = lb_state(&c).await;
+                let sgs = managed_sgs(&c).await.len();
+                counts.push((kill_at, st.lbs.len(), st.tgs.len(), sgs));
+                assert_eq!((st.lbs.len(), st.tgs.len(), sgs), (0, 0, 0), "killed at request {kill_at}");
+                assert_eq!(st, LbState::default(), "killed at request {kill_at}");
+            }
+        }
+    }
+    println!(
+        "managed security groups, kill at each of {per_ensure} ensure requests (a delete: {per_delete}): (request, load balancers, target groups, security groups) left after restart and delete: {counts:?}"
+    );
 }
 
 e2e_apiserver::backend_tests! {
