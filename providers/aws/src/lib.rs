@@ -12,6 +12,7 @@ pub mod instances;
 pub mod lb;
 pub mod routes;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -112,6 +113,8 @@ pub struct AwsProvider {
     cluster_name: String,
     options: AwsOptions,
     clients: OnceCell<Clients>,
+    /// Availability-zone name to zone ID (`us-east-1a` → `use1-az6`), read once.
+    zone_ids: OnceCell<BTreeMap<String, String>>,
     cache: InstanceCache,
     absence: AbsenceTracker,
     throttles: ThrottleLog,
@@ -129,6 +132,7 @@ impl AwsProvider {
             cluster_name: cluster_name.to_string(),
             options,
             clients: OnceCell::new(),
+            zone_ids: OnceCell::new(),
         }
     }
 
@@ -377,14 +381,43 @@ impl AwsProvider {
         }
     }
 
-    fn metadata_of(&self, info: &InstanceInfo, region: &str) -> InstanceMetadata {
+    fn metadata_of(&self, info: &InstanceInfo, region: &str, zone_ids: &BTreeMap<String, String>) -> InstanceMetadata {
         InstanceMetadata {
             provider_id: info.provider_id(),
             instance_type: info.instance_type.clone(),
             node_addresses: info.addresses.clone(),
             zone: info.zone.clone(),
             region: region.to_string(),
-            additional_labels: Default::default(),
+            additional_labels: zone_id_labels(&info.zone, zone_ids),
+        }
+    }
+
+    /// The region's zone IDs (one `DescribeAvailabilityZones` per provider; a failure is retried
+    /// on the next lookup and leaves the label out meanwhile).
+    async fn zone_ids(&self) -> BTreeMap<String, String> {
+        let read = self
+            .zone_ids
+            .get_or_try_init(|| async {
+                let ec2 = &self.clients().await?.ec2;
+                let r = ec2
+                    .describe_availability_zones()
+                    .send()
+                    .await
+                    .map_err(|e| self.classify("DescribeAvailabilityZones", e))?;
+                Ok::<_, CloudError>(
+                    r.availability_zones()
+                        .iter()
+                        .filter_map(|z| Some((z.zone_name()?.to_string(), z.zone_id()?.to_string())))
+                        .collect(),
+                )
+            })
+            .await;
+        match read {
+            Ok(m) => m.clone(),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the zone IDs; the topology.k8s.aws/zone-id label waits");
+                BTreeMap::new()
+            }
         }
     }
 
@@ -400,6 +433,14 @@ impl AwsProvider {
             .map(|_| ())
             .map_err(|e| self.classify("DescribeInstances", e))
     }
+}
+
+/// Upstream's zone-ID label.
+pub const LABEL_ZONE_ID: &str = "topology.k8s.aws/zone-id";
+
+/// The labels for an instance's zone: its zone ID, when known.
+pub fn zone_id_labels(zone: &str, zone_ids: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    zone_ids.get(zone).map(|id| BTreeMap::from([(LABEL_ZONE_ID.to_string(), id.clone())])).unwrap_or_default()
 }
 
 #[async_trait]
@@ -477,6 +518,7 @@ impl Instances for AwsProvider {
             Ok(c) => c.region.clone(),
             Err(e) => return nodes.iter().map(|_| Err(e.clone())).collect(),
         };
+        let zone_ids = self.zone_ids().await;
         self.lookup_nodes(nodes)
             .await
             .into_iter()
@@ -484,7 +526,7 @@ impl Instances for AwsProvider {
             .map(|(r, node)| {
                 let (_, info) = r?;
                 match info {
-                    Some(i) if !i.is_terminated() => Ok(Some(self.metadata_of(&i, &region))),
+                    Some(i) if !i.is_terminated() => Ok(Some(self.metadata_of(&i, &region, &zone_ids))),
                     _ => {
                         tracing::debug!(node = %node_name(node), "no EC2 instance for this Node yet");
                         Ok(None)
@@ -521,6 +563,13 @@ impl Instances for AwsProvider {
 mod tests {
     use super::*;
     use ccm_framework::registry::ClusterSettings;
+
+    #[test]
+    fn zone_id_label_is_set_only_for_a_known_zone() {
+        let ids: BTreeMap<String, String> = [("us-east-1a".to_string(), "use1-az6".to_string())].into();
+        assert_eq!(zone_id_labels("us-east-1a", &ids).get(LABEL_ZONE_ID).map(String::as_str), Some("use1-az6"));
+        assert!(zone_id_labels("us-east-1b", &ids).is_empty());
+    }
 
     #[test]
     fn factory_accepts_a_valid_config_without_io_and_rejects_a_bad_one_by_key() {

@@ -320,6 +320,8 @@ e2e_apiserver::backend_tests! {
         let c = p.clients().await.unwrap().clone();
         let w = seed(&c).await;
         let instances = launch(&c, &w, 3).await;
+        let zones = c.ec2.describe_availability_zones().zone_names(ZONE).send().await.unwrap();
+        let zone_id = zones.availability_zones()[0].zone_id().unwrap().to_string();
         let env = Env::start(backend, p.clone(), options()).await;
         env.run(Box::new(NodeController::new()));
         for (_, dns) in &instances {
@@ -333,6 +335,7 @@ e2e_apiserver::backend_tests! {
             assert_eq!(labels.get("node.kubernetes.io/instance-type").map(String::as_str), Some("m5.large"));
             assert_eq!(labels.get("topology.kubernetes.io/zone").map(String::as_str), Some(ZONE));
             assert_eq!(labels.get("topology.kubernetes.io/region").map(String::as_str), Some("us-east-1"));
+            assert_eq!(labels.get(ccm_provider_aws::LABEL_ZONE_ID), Some(&zone_id), "upstream's zone-ID label");
             let addrs: Vec<(String, String)> =
                 n.status.unwrap().addresses.unwrap().into_iter().map(|a| (a.type_, a.address)).collect();
             assert_eq!(addrs.first().map(|a| a.0.as_str()), Some("InternalIP"));
