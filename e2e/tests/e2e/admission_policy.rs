@@ -4,42 +4,22 @@
 //! its ServiceAccount creates it, and crafted objects the operator's RBAC would allow but a
 //! manager never needs are refused, each naming the field.
 
-use crate::kit::{apply_dynamic, dynamic_target, operator_children, render_chart};
+use crate::kit::{apply_as_operator, apply_dynamic, edited, install_chart_rbac_and_policies, operator_children};
 use e2e_apiserver::{Backend, TestCluster};
 use kube::Client;
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::api::Api;
 use operator::build::{self, BuildSettings};
 use serde_json::{Value, json};
 use std::time::Duration;
 
-/// The kinds the chart renders that this test applies: its RBAC and its admission policies.
-const APPLIED_KINDS: &[&str] = &[
-    "ServiceAccount",
-    "ClusterRole",
-    "ClusterRoleBinding",
-    "Role",
-    "RoleBinding",
-    "ValidatingAdmissionPolicy",
-    "ValidatingAdmissionPolicyBinding",
-];
-
 /// A server-side apply of `object` as `client` with the operator's field manager.
 async fn apply_as(client: &Client, object: &Value) -> Result<(), kube::Error> {
-    patch_as(client, object, PatchParams::apply(operator::names::FIELD_MANAGER).force()).await
+    apply_as_operator(client, object, false).await
 }
 
 /// The same as a dry run: admission runs, nothing is stored.
 async fn dry_run(client: &Client, object: &Value) -> Result<(), kube::Error> {
-    patch_as(client, object, PatchParams::apply(operator::names::FIELD_MANAGER).force().dry_run()).await
-}
-
-async fn patch_as(client: &Client, object: &Value, params: PatchParams) -> Result<(), kube::Error> {
-    let (ar, namespace, name) = dynamic_target(client, object).await?;
-    let api: Api<DynamicObject> = match &namespace {
-        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
-        None => Api::all_with(client.clone(), &ar),
-    };
-    api.patch(&name, &params, &Patch::Apply(object)).await.map(drop)
+    apply_as_operator(client, object, true).await
 }
 
 /// The message of a refusal by a policy, or a panic naming what was admitted or how it failed.
@@ -95,13 +75,6 @@ fn chart_manager_image(objects: &[Value]) -> String {
         .expect("the chart passes --manager-image")
 }
 
-/// `object` changed by `edit`, for crafting requests.
-fn edited(object: &Value, edit: impl FnOnce(&mut Value)) -> Value {
-    let mut object = object.clone();
-    edit(&mut object);
-    object
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chart_admission_policy_admits_what_the_operator_builds_and_refuses_what_a_manager_never_needs() {
     if !Backend::genuine_available() {
@@ -115,31 +88,11 @@ async fn chart_admission_policy_admits_what_the_operator_builds_and_refuses_what
     let release_ns = cluster.fresh_namespace("e2e-vap-system").await.unwrap();
     let release = format!("vap{}", std::process::id());
     let values = json!({"cloudConfig": {"namespaces": [managers]}});
-    let Some(objects) = render_chart(&cluster.kubeconfig_path(), &values, &release, &release_ns) else { return };
-    assert_eq!(
-        objects.iter().filter(|o| o["kind"] == "ValidatingAdmissionPolicy").count(),
-        4,
-        "the chart renders its policies by default"
-    );
-    for o in objects.iter().filter(|o| APPLIED_KINDS.iter().any(|k| o["kind"] == *k)) {
-        let mut o = o.clone();
-        if o["metadata"]["namespace"].is_null()
-            && ["ServiceAccount", "Role", "RoleBinding"].iter().any(|k| o["kind"] == *k)
-        {
-            o["metadata"]["namespace"] = json!(release_ns);
-        }
-        apply_dynamic(&admin, &o)
-            .await
-            .unwrap_or_else(|e| panic!("applying {} {}: {e}", o["kind"], o["metadata"]["name"]));
-    }
-    let account = objects
-        .iter()
-        .find(|o| o["kind"] == "ServiceAccount")
-        .and_then(|o| o["metadata"]["name"].as_str())
-        .expect("the chart renders the operator's ServiceAccount")
-        .to_string();
-    let (config, _) = cluster.service_account(&release_ns, &account).await.expect("a ServiceAccount token");
-    let operator_client = Client::try_from(config).expect("a client");
+    let Some((objects, operator_client)) =
+        install_chart_rbac_and_policies(&cluster, &values, &release, &release_ns).await
+    else {
+        return;
+    };
     let settings = BuildSettings { manager_image: chart_manager_image(&objects), ..BuildSettings::default() };
 
     // The resource itself, stored, so that what the operator builds has a live owner.

@@ -486,6 +486,69 @@ pub async fn dynamic_target(
     Ok((ar, namespace, object["metadata"]["name"].as_str().unwrap_or_default().to_string()))
 }
 
+/// The kinds of the chart applied by the admission-policy tests: its RBAC and its policies.
+const CHART_RBAC_AND_POLICY_KINDS: &[&str] = &[
+    "ServiceAccount",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Role",
+    "RoleBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+];
+
+/// The chart rendered by real Helm for `values` as `release` in `release_ns`, its RBAC and
+/// admission policies applied to the genuine `cluster` as rendered, and a client acting as the
+/// operator's ServiceAccount; `None` when Helm is unavailable (reason printed).
+pub async fn install_chart_rbac_and_policies(
+    cluster: &TestCluster,
+    values: &Value,
+    release: &str,
+    release_ns: &str,
+) -> Option<(Vec<Value>, Client)> {
+    let objects = render_chart(&cluster.kubeconfig_path(), values, release, release_ns)?;
+    let admin = cluster.client();
+    for o in objects.iter().filter(|o| CHART_RBAC_AND_POLICY_KINDS.iter().any(|k| o["kind"] == *k)) {
+        let mut o = o.clone();
+        if o["metadata"]["namespace"].is_null()
+            && ["ServiceAccount", "Role", "RoleBinding"].iter().any(|k| o["kind"] == *k)
+        {
+            o["metadata"]["namespace"] = json!(release_ns);
+        }
+        apply_dynamic(&admin, &o)
+            .await
+            .unwrap_or_else(|e| panic!("applying {} {}: {e}", o["kind"], o["metadata"]["name"]));
+    }
+    let account = objects
+        .iter()
+        .find(|o| o["kind"] == "ServiceAccount")
+        .and_then(|o| o["metadata"]["name"].as_str())
+        .expect("the chart renders the operator's ServiceAccount")
+        .to_string();
+    let (config, _) = cluster.service_account(release_ns, &account).await.expect("a ServiceAccount token");
+    Some((objects, Client::try_from(config).expect("a client")))
+}
+
+/// A server-side apply of `object` as `client` with the operator's field manager (a dry run
+/// when asked: admission runs, nothing is stored).
+pub async fn apply_as_operator(client: &Client, object: &Value, dry_run: bool) -> Result<(), kube::Error> {
+    let (ar, namespace, name) = dynamic_target(client, object).await?;
+    let api: Api<kube::api::DynamicObject> = match &namespace {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+        None => Api::all_with(client.clone(), &ar),
+    };
+    let mut params = PatchParams::apply(operator::names::FIELD_MANAGER).force();
+    params.dry_run = dry_run;
+    api.patch(&name, &params, &Patch::Apply(object)).await.map(drop)
+}
+
+/// `object` changed by `edit`, for crafting requests.
+pub fn edited(object: &Value, edit: impl FnOnce(&mut Value)) -> Value {
+    let mut object = object.clone();
+    edit(&mut object);
+    object
+}
+
 /// The labels that make a Secret usable as a cloud-config.
 pub fn cloud_config_labels() -> std::collections::BTreeMap<String, String> {
     [(crds::CLOUD_CONFIG_LABEL.to_string(), crds::CLOUD_CONFIG_LABEL_VALUE.to_string())].into()

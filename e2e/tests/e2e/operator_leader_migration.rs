@@ -517,25 +517,6 @@ e2e_apiserver::backend_tests! {
     }
 }
 
-/// Server-side apply `object` as `client` (a dry run: admission runs, nothing is stored).
-async fn apply_as(client: &kube::Client, object: &Value, dry_run: bool) -> Result<(), kube::Error> {
-    let (ar, namespace, name) = crate::kit::dynamic_target(client, object).await?;
-    let api: Api<kube::api::DynamicObject> = match &namespace {
-        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
-        None => Api::all_with(client.clone(), &ar),
-    };
-    let mut params = PatchParams::apply(names::FIELD_MANAGER).force();
-    params.dry_run = dry_run;
-    api.patch(&name, &params, &Patch::Apply(object)).await.map(drop)
-}
-
-/// `object` changed by `edit`.
-fn edited(object: &Value, edit: impl FnOnce(&mut Value)) -> Value {
-    let mut object = object.clone();
-    edit(&mut object);
-    object
-}
-
 /// The chart's admission policies and RBAC (genuine kube-apiserver) admit the operator's grant of
 /// a migration Lease in another namespace, as its ServiceAccount makes it, and refuse the
 /// neighbouring grants a manager never needs, naming the field.
@@ -554,33 +535,11 @@ async fn m7_the_chart_admits_the_migration_lease_grant_in_another_namespace_and_
     let release_ns = cluster.fresh_namespace("e2e-vapm-system").await.unwrap();
     let release = format!("vapm{}", std::process::id());
     let values = json!({"cloudConfig": {"namespaces": [managers, lease_ns]}});
-    let Some(objects) = crate::kit::render_chart(&cluster.kubeconfig_path(), &values, &release, &release_ns) else {
+    let Some((_, operator_client)) =
+        crate::kit::install_chart_rbac_and_policies(&cluster, &values, &release, &release_ns).await
+    else {
         return;
     };
-    let kinds = ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"];
-    for o in objects.iter().filter(|o| {
-        kinds.iter().any(|k| o["kind"] == *k)
-            || o["kind"] == "ValidatingAdmissionPolicy"
-            || o["kind"] == "ValidatingAdmissionPolicyBinding"
-    }) {
-        let mut o = o.clone();
-        if o["metadata"]["namespace"].is_null()
-            && ["ServiceAccount", "Role", "RoleBinding"].iter().any(|k| o["kind"] == *k)
-        {
-            o["metadata"]["namespace"] = json!(release_ns);
-        }
-        crate::kit::apply_dynamic(&admin, &o)
-            .await
-            .unwrap_or_else(|e| panic!("applying {} {}: {e}", o["kind"], o["metadata"]["name"]));
-    }
-    let account = objects
-        .iter()
-        .find(|o| o["kind"] == "ServiceAccount")
-        .and_then(|o| o["metadata"]["name"].as_str())
-        .expect("the chart renders the operator's ServiceAccount")
-        .to_string();
-    let (config, _) = cluster.service_account(&release_ns, &account).await.expect("a ServiceAccount token");
-    let operator_client = kube::Client::try_from(config).expect("a client");
 
     let resource = json!({
         "apiVersion": "ccm.rs/v1alpha1", "kind": "CloudControllerManager",
@@ -616,7 +575,7 @@ async fn m7_the_chart_admits_the_migration_lease_grant_in_another_namespace_and_
     // Role first; RBAC's cache may lag behind a Role just made, so bindings are retried).
     for object in [&role, &binding, &create] {
         let started = Instant::now();
-        while let Err(e) = apply_as(&operator_client, object, false).await {
+        while let Err(e) = crate::kit::apply_as_operator(&operator_client, object, false).await {
             assert!(
                 started.elapsed() < Duration::from_secs(60),
                 "the operator's own {} {} was not admitted: {e}",
@@ -630,12 +589,12 @@ async fn m7_the_chart_admits_the_migration_lease_grant_in_another_namespace_and_
     let crafted: Vec<(&str, Value, &str)> = vec![
         (
             "a migration Role naming two Leases",
-            edited(&role, |r| r["rules"][0]["resourceNames"] = json!([MIGRATION_LEASE, "kube-scheduler"])),
+            crate::kit::edited(&role, |r| r["rules"][0]["resourceNames"] = json!([MIGRATION_LEASE, "kube-scheduler"])),
             "one Lease",
         ),
         (
             "a migration Role on the resource",
-            edited(&role, |r| {
+            crate::kit::edited(&role, |r| {
                 r["rules"].as_array_mut().unwrap().push(json!({"apiGroups": ["ccm.rs"],
                     "resources": ["cloudcontrollermanagers"], "verbs": ["get"], "resourceNames": ["cloud"]}))
             }),
@@ -643,12 +602,14 @@ async fn m7_the_chart_admits_the_migration_lease_grant_in_another_namespace_and_
         ),
         (
             "a binding across namespaces under another resource's name",
-            edited(&binding, |b| b["metadata"]["name"] = json!(names::migration_role_name("elsewhere", "cloud"))),
+            crate::kit::edited(&binding, |b| {
+                b["metadata"]["name"] = json!(names::migration_role_name("elsewhere", "cloud"))
+            }),
             "subjects",
         ),
         (
             "the namespace role bound across namespaces under a plain name",
-            edited(&create, |b| b["metadata"]["name"] = json!(names::role_binding_name("cloud"))),
+            crate::kit::edited(&create, |b| b["metadata"]["name"] = json!(names::role_binding_name("cloud"))),
             "subjects",
         ),
     ];
@@ -656,7 +617,7 @@ async fn m7_the_chart_admits_the_migration_lease_grant_in_another_namespace_and_
         // The API server loads the policies on its own: retry while admitted (bounded).
         let started = Instant::now();
         let message = loop {
-            match apply_as(&operator_client, object, true).await {
+            match crate::kit::apply_as_operator(&operator_client, object, true).await {
                 Ok(()) if started.elapsed() < Duration::from_secs(60) => {
                     tokio::time::sleep(Duration::from_millis(250)).await
                 }
