@@ -15,12 +15,27 @@ use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 
 use crate::selector::LabelSelectorConfig;
+use ccm_framework::provider::Refusal;
 
 /// Annotation listing the addresses a Service asks for (comma-separated, one per family).
 pub const LOAD_BALANCER_IPS_ANNOTATION: &str = "ccm.rs/load-balancer-ips";
 /// Annotation whose value is a sharing key: Services with the same key and distinct ports may
 /// share an address in a pool that allows sharing.
 pub const ALLOW_SHARED_IP_ANNOTATION: &str = "ccm.rs/allow-shared-ip";
+/// MetalLB's requested-address annotations, read when ours is absent (for a migration that keeps
+/// every address), newest name first.
+pub const METALLB_LOAD_BALANCER_IPS_ANNOTATIONS: [&str; 2] =
+    ["metallb.io/loadBalancerIPs", "metallb.universe.tf/loadBalancerIPs"];
+/// MetalLB's sharing-key annotations, read when ours is absent, newest name first.
+pub const METALLB_ALLOW_SHARED_IP_ANNOTATIONS: [&str; 2] =
+    ["metallb.io/allow-shared-ip", "metallb.universe.tf/allow-shared-ip"];
+
+/// The first of `names` the Service carries with a non-blank value, with that name.
+fn first_annotation<'a>(service: &'a Service, names: &[&'static str]) -> Option<(&'static str, &'a str)> {
+    names
+        .iter()
+        .find_map(|n| service.annotations().get(*n).map(|v| (*n, v.as_str())).filter(|(_, v)| !v.trim().is_empty()))
+}
 
 /// An IP family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -373,8 +388,9 @@ pub struct LbRequest {
 pub enum AllocError {
     /// The Service's request is malformed (a bad annotation); it needs an edit.
     Invalid(String),
-    /// Nothing suitable is free right now (exhaustion, address taken, family missing).
-    Unsatisfiable(String),
+    /// Nothing suitable is free right now (exhaustion, address taken, family missing), with
+    /// the reason the Service's `LoadBalancerProvisioned` condition gives.
+    Unsatisfiable(Refusal, String),
     /// The allocator has not been rebuilt from the cluster's Services yet.
     NotReady,
 }
@@ -382,7 +398,7 @@ pub enum AllocError {
 impl fmt::Display for AllocError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            AllocError::Invalid(m) | AllocError::Unsatisfiable(m) => f.write_str(m),
+            AllocError::Invalid(m) | AllocError::Unsatisfiable(_, m) => f.write_str(m),
             AllocError::NotReady => f.write_str(
                 "load-balancer addresses are not handed out until the provider has read the existing Services",
             ),
@@ -391,7 +407,9 @@ impl fmt::Display for AllocError {
 }
 
 fn sharing_key_of(service: &Service) -> Option<String> {
-    service.annotations().get(ALLOW_SHARED_IP_ANNOTATION).map(|v| v.trim().to_string()).filter(|v| !v.is_empty())
+    let names =
+        [ALLOW_SHARED_IP_ANNOTATION, METALLB_ALLOW_SHARED_IP_ANNOTATIONS[0], METALLB_ALLOW_SHARED_IP_ANNOTATIONS[1]];
+    first_annotation(service, &names).map(|(_, v)| v.trim().to_string())
 }
 
 fn ports_of(service: &Service) -> BTreeSet<PortKey> {
@@ -410,10 +428,15 @@ pub fn request_for(service: &Service) -> Result<LbRequest, AllocError> {
     };
     let families: Vec<Family> = spec.ip_families.iter().flatten().filter_map(|f| Family::parse(f)).collect();
 
-    // The annotation wins over the deprecated spec.loadBalancerIP.
-    let (source, text) = match service.annotations().get(LOAD_BALANCER_IPS_ANNOTATION) {
-        Some(value) if !value.trim().is_empty() => (LOAD_BALANCER_IPS_ANNOTATION, value.clone()),
-        _ => ("spec.loadBalancerIP", spec.load_balancer_ip.clone().unwrap_or_default()),
+    // Our annotation, then MetalLB's, win over the deprecated spec.loadBalancerIP.
+    let names = [
+        LOAD_BALANCER_IPS_ANNOTATION,
+        METALLB_LOAD_BALANCER_IPS_ANNOTATIONS[0],
+        METALLB_LOAD_BALANCER_IPS_ANNOTATIONS[1],
+    ];
+    let (source, text) = match first_annotation(service, &names) {
+        Some((name, value)) => (name, value.to_string()),
+        None => ("spec.loadBalancerIP", spec.load_balancer_ip.clone().unwrap_or_default()),
     };
     let mut requested = Vec::new();
     for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -431,10 +454,13 @@ pub fn request_for(service: &Service) -> Result<LbRequest, AllocError> {
 
     let slots = if !requested.is_empty() {
         if policy == FamilyPolicy::RequireDualStack && requested.len() < 2 {
-            return Err(AllocError::Unsatisfiable(format!(
-                "{key} has ipFamilyPolicy RequireDualStack but {source} names only an {} address; name one IPv4 and one IPv6",
-                Family::of(requested[0])
-            )));
+            return Err(AllocError::Unsatisfiable(
+                Refusal::RequestedAddressUnavailable,
+                format!(
+                    "{key} has ipFamilyPolicy RequireDualStack but {source} names only an {} address; name one IPv4 and one IPv6",
+                    Family::of(requested[0])
+                ),
+            ));
         }
         // Report in spec.ipFamilies order when it is given.
         requested.sort_by_key(|ip| families.iter().position(|f| *f == Family::of(*ip)).unwrap_or(usize::MAX));
@@ -834,23 +860,26 @@ fn check_exact(
         if already_mine {
             return Ok(());
         }
-        return Err(AllocError::Unsatisfiable(format!("{key} asks for {ip}, which is in no load-balancer pool")));
+        return Err(AllocError::Unsatisfiable(
+            Refusal::RequestedAddressUnavailable,
+            format!("{key} asks for {ip}, which is in no load-balancer pool"),
+        ));
     };
     if ip.is_unspecified() {
         return Err(AllocError::Invalid(format!("{key} asks for {ip}, which is never handed out")));
     }
     let pool = &pools[pool];
     if !allowed.iter().any(|p| pools[*p].name == pool.name) {
-        return Err(AllocError::Unsatisfiable(format!(
-            "{key} asks for {ip}, but pool {} does not admit it (namespaces or serviceSelector)",
-            pool.name
-        )));
+        return Err(AllocError::Unsatisfiable(
+            Refusal::RequestedAddressUnavailable,
+            format!("{key} asks for {ip}, but pool {} does not admit it (namespaces or serviceSelector)", pool.name),
+        ));
     }
     if pool.avoid_buggy_ips && is_buggy(ip) && !already_mine {
-        return Err(AllocError::Unsatisfiable(format!(
-            "{key} asks for {ip}, which pool {} skips (avoidBuggyIPs)",
-            pool.name
-        )));
+        return Err(AllocError::Unsatisfiable(
+            Refusal::RequestedAddressUnavailable,
+            format!("{key} asks for {ip}, which pool {} skips (avoidBuggyIPs)", pool.name),
+        ));
     }
     if !state.can_hold(pools, ip, key, holder) {
         let others: Vec<String> = state
@@ -858,6 +887,11 @@ fn check_exact(
             .get(&ip)
             .map(|u| u.holders.keys().filter(|k| *k != key).map(|k| k.to_string()).collect())
             .unwrap_or_default();
+        let conflict = if pool.allow_sharing && holder.sharing_key.is_some() {
+            Refusal::SharingConflict
+        } else {
+            Refusal::RequestedAddressTaken
+        };
         let why = if !pool.allow_sharing {
             format!("pool {} does not allow sharing", pool.name)
         } else if holder.sharing_key.is_none() {
@@ -865,10 +899,10 @@ fn check_exact(
         } else {
             "the sharing keys differ or the ports overlap".to_string()
         };
-        return Err(AllocError::Unsatisfiable(format!(
-            "{key} asks for {ip}, which is assigned to {} and {why}",
-            others.join(", ")
-        )));
+        return Err(AllocError::Unsatisfiable(
+            conflict,
+            format!("{key} asks for {ip}, which is assigned to {} and {why}", others.join(", ")),
+        ));
     }
     Ok(())
 }
@@ -917,30 +951,35 @@ fn exhausted(
     let key = &request.key;
     let what = family.map(|f| format!("{f} ")).unwrap_or_default();
     if pools.is_empty() {
-        return AllocError::Unsatisfiable(format!(
-            "no load-balancer pools are configured; {key} cannot get an address"
-        ));
+        return AllocError::Unsatisfiable(
+            Refusal::NoPoolMatches,
+            format!("no load-balancer pools are configured; {key} cannot get an address"),
+        );
     }
     if allowed.is_empty() {
-        return AllocError::Unsatisfiable(format!(
-            "no load-balancer pool admits {key} (check the pools' namespaces and serviceSelector)"
-        ));
+        return AllocError::Unsatisfiable(
+            Refusal::NoPoolMatches,
+            format!("no load-balancer pool admits {key} (check the pools' namespaces and serviceSelector)"),
+        );
     }
     let auto: Vec<usize> = allowed.iter().copied().filter(|&p| pools[p].auto_assign).collect();
     if auto.is_empty() {
         let names: Vec<&str> = allowed.iter().map(|&p| pools[p].name.as_str()).collect();
-        return AllocError::Unsatisfiable(format!(
-            "the pools that admit {key} ({}) hand out only requested addresses (autoAssign: false)",
-            names.join(", ")
-        ));
+        return AllocError::Unsatisfiable(
+            Refusal::NoPoolMatches,
+            format!(
+                "the pools that admit {key} ({}) hand out only requested addresses (autoAssign: false)",
+                names.join(", ")
+            ),
+        );
     }
     let with_family: Vec<usize> = auto.iter().copied().filter(|&p| pools[p].has_family(family)).collect();
     if with_family.is_empty() {
         let names: Vec<&str> = auto.iter().map(|&p| pools[p].name.as_str()).collect();
-        return AllocError::Unsatisfiable(format!(
-            "{key} needs an {what}address but the pools it may use ({}) have none",
-            names.join(", ")
-        ));
+        return AllocError::Unsatisfiable(
+            Refusal::NoPoolMatches,
+            format!("{key} needs an {what}address but the pools it may use ({}) have none", names.join(", ")),
+        );
     }
     let names: Vec<&str> = with_family.iter().map(|&p| pools[p].name.as_str()).collect();
     let (in_use, usable) = with_family.iter().fold((0usize, 0u128), |(used, total), &p| {
@@ -950,10 +989,10 @@ fn exhausted(
             .fold((0usize, 0u128), |(u, t), b| (u + state.in_use(b), t.saturating_add(b.usable(pool.avoid_buggy_ips))));
         (used + u, total.saturating_add(t))
     });
-    AllocError::Unsatisfiable(format!(
-        "no free {what}address for {key}: pool {} has {in_use} of {usable} addresses in use",
-        names.join(", ")
-    ))
+    AllocError::Unsatisfiable(
+        Refusal::PoolExhausted,
+        format!("no free {what}address for {key}: pool {} has {in_use} of {usable} addresses in use", names.join(", ")),
+    )
 }
 
 #[cfg(test)]
@@ -1099,7 +1138,7 @@ mod tests {
         ensure(&a, &svc("a")).unwrap();
         ensure(&a, &svc("b")).unwrap();
         match ensure(&a, &svc("c")) {
-            Err(AllocError::Unsatisfiable(m)) => {
+            Err(AllocError::Unsatisfiable(_, m)) => {
                 assert!(m.contains("default/c") && m.contains("tiny") && m.contains("2 of 2"), "{m}")
             }
             other => panic!("{other:?}"),
@@ -1108,6 +1147,51 @@ mod tests {
         assert!(a.release(&a_key, &Some("someone-else".into())).is_empty(), "another object's UID frees nothing");
         assert_eq!(a.release(&a_key, &Some("uid-a".into())), ["10.0.0.0".parse::<IpAddr>().unwrap()]);
         assert_eq!(ensure(&a, &svc("c")).unwrap(), ips(&["10.0.0.0"]));
+    }
+
+    fn refusal(r: Result<Vec<String>, AllocError>) -> Refusal {
+        match r {
+            Err(AllocError::Unsatisfiable(refusal, _)) => refusal,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn each_unmet_request_names_its_refusal() {
+        let mut shared = pool("shared", &["10.0.0.0/31"]);
+        shared.allow_sharing = true;
+        let a = ready(vec![shared]);
+        let key = |s: Service, k: &str| with_annotation(s, ALLOW_SHARED_IP_ANNOTATION, k);
+        ensure(&a, &key(svc("a"), "k")).unwrap();
+        ensure(&a, &svc("b")).unwrap();
+        assert_eq!(refusal(ensure(&a, &svc("c"))), Refusal::PoolExhausted);
+        let asks = |name: &str, ip: &str| with_annotation(svc(name), LOAD_BALANCER_IPS_ANNOTATION, ip);
+        assert_eq!(refusal(ensure(&a, &asks("d", "10.0.0.1"))), Refusal::RequestedAddressTaken);
+        assert_eq!(refusal(ensure(&a, &asks("e", "192.0.2.1"))), Refusal::RequestedAddressUnavailable);
+        // Same key, same port 80/TCP as a: a sharing conflict.
+        assert_eq!(refusal(ensure(&a, &key(asks("f", "10.0.0.0"), "k"))), Refusal::SharingConflict);
+        let mut v6 = svc("g");
+        v6.spec.as_mut().unwrap().ip_families = Some(vec!["IPv6".into()]);
+        assert_eq!(refusal(ensure(&a, &v6)), Refusal::NoPoolMatches);
+    }
+
+    #[test]
+    fn metallb_annotations_are_read_when_ours_is_absent() {
+        let a = ready(vec![pool("p", &["10.0.0.0/24"])]);
+        let old = with_annotation(svc("a"), "metallb.universe.tf/loadBalancerIPs", "10.0.0.7");
+        assert_eq!(ensure(&a, &old).unwrap(), ips(&["10.0.0.7"]));
+        let new = with_annotation(svc("b"), "metallb.io/loadBalancerIPs", "10.0.0.8");
+        assert_eq!(ensure(&a, &new).unwrap(), ips(&["10.0.0.8"]));
+        let both = with_annotation(
+            with_annotation(svc("c"), LOAD_BALANCER_IPS_ANNOTATION, "10.0.0.9"),
+            "metallb.io/loadBalancerIPs",
+            "10.0.0.10",
+        );
+        assert_eq!(ensure(&a, &both).unwrap(), ips(&["10.0.0.9"]), "ours wins");
+        let key = with_annotation(svc("d"), "metallb.universe.tf/allow-shared-ip", "web");
+        assert_eq!(request_for(&key).unwrap().sharing_key.as_deref(), Some("web"));
+        let bad = with_annotation(svc("e"), "metallb.io/loadBalancerIPs", "banana");
+        assert!(matches!(ensure(&a, &bad), Err(AllocError::Invalid(m)) if m.contains("metallb.io/loadBalancerIPs")));
     }
 
     #[test]
@@ -1129,12 +1213,12 @@ mod tests {
         assert_eq!(ensure(&a, &s).unwrap(), ips(&["10.0.0.42"]));
         let taken = with_annotation(svc("b"), LOAD_BALANCER_IPS_ANNOTATION, "10.0.0.42");
         match ensure(&a, &taken) {
-            Err(AllocError::Unsatisfiable(m)) => assert!(m.contains("default/a") && m.contains("sharing"), "{m}"),
+            Err(AllocError::Unsatisfiable(_, m)) => assert!(m.contains("default/a") && m.contains("sharing"), "{m}"),
             other => panic!("{other:?}"),
         }
         let outside = with_annotation(svc("c"), LOAD_BALANCER_IPS_ANNOTATION, "192.168.0.1");
         assert!(
-            matches!(ensure(&a, &outside), Err(AllocError::Unsatisfiable(m)) if m.contains("no load-balancer pool"))
+            matches!(ensure(&a, &outside), Err(AllocError::Unsatisfiable(_, m)) if m.contains("no load-balancer pool"))
         );
         let bad = with_annotation(svc("d"), LOAD_BALANCER_IPS_ANNOTATION, "10.0.0.1,banana");
         assert!(matches!(ensure(&a, &bad), Err(AllocError::Invalid(m)) if m.contains("banana")));
@@ -1221,20 +1305,22 @@ mod tests {
         let prefer = with_families(svc("p"), "PreferDualStack", &["IPv4"]);
         assert_eq!(ensure(&a, &prefer).unwrap(), ips(&["10.0.0.1", "fd00::1"]));
         let single6 = with_families(svc("s"), "SingleStack", &["IPv6"]);
-        assert!(matches!(ensure(&a, &single6), Err(AllocError::Unsatisfiable(m)) if m.contains("IPv6")));
+        assert!(matches!(ensure(&a, &single6), Err(AllocError::Unsatisfiable(_, m)) if m.contains("IPv6")));
 
         // Only IPv4 available: Prefer is best effort, Require fails and takes nothing.
         let v4_only = ready(vec![pool("v4", &["10.0.0.0/30"])]);
         let prefer = with_families(svc("p"), "PreferDualStack", &["IPv4", "IPv6"]);
         assert_eq!(ensure(&v4_only, &prefer).unwrap(), ips(&["10.0.0.0"]));
         let require = with_families(svc("r"), "RequireDualStack", &["IPv4", "IPv6"]);
-        assert!(matches!(ensure(&v4_only, &require), Err(AllocError::Unsatisfiable(m)) if m.contains("IPv6")));
+        assert!(matches!(ensure(&v4_only, &require), Err(AllocError::Unsatisfiable(_, m)) if m.contains("IPv6")));
         assert_eq!(v4_only.usage()[0].in_use, 1, "a failed RequireDualStack request holds nothing");
 
         // Require with one requested address is refused; with both it is honoured.
         let one =
             with_annotation(with_families(svc("o"), "RequireDualStack", &[]), LOAD_BALANCER_IPS_ANNOTATION, "10.0.0.1");
-        assert!(matches!(ensure(&dual(), &one), Err(AllocError::Unsatisfiable(m)) if m.contains("RequireDualStack")));
+        assert!(
+            matches!(ensure(&dual(), &one), Err(AllocError::Unsatisfiable(_, m)) if m.contains("RequireDualStack"))
+        );
         let both = with_annotation(
             with_families(svc("b"), "RequireDualStack", &["IPv4", "IPv6"]),
             LOAD_BALANCER_IPS_ANNOTATION,
@@ -1268,13 +1354,13 @@ mod tests {
         in_team.metadata.namespace = Some("team-a".into());
         assert_eq!(ensure(&a, &in_team).unwrap(), ips(&["10.0.0.0"]));
         assert!(
-            matches!(ensure(&a, &svc("b")), Err(AllocError::Unsatisfiable(m)) if m.contains("no load-balancer pool admits"))
+            matches!(ensure(&a, &svc("b")), Err(AllocError::Unsatisfiable(_, m)) if m.contains("no load-balancer pool admits"))
         );
         let mut labelled = svc("c");
         labelled.metadata.labels = Some([("exposure".to_string(), "public".to_string())].into());
         assert_eq!(ensure(&a, &labelled).unwrap(), ips(&["10.1.0.0"]));
         let asks = with_annotation(svc("d"), LOAD_BALANCER_IPS_ANNOTATION, "10.0.0.1");
-        assert!(matches!(ensure(&a, &asks), Err(AllocError::Unsatisfiable(m)) if m.contains("does not admit")));
+        assert!(matches!(ensure(&a, &asks), Err(AllocError::Unsatisfiable(_, m)) if m.contains("does not admit")));
     }
 
     #[test]
@@ -1353,7 +1439,7 @@ mod tests {
         let a = ready(vec![pool("lan", &["10.0.0.0/31"])]);
         assert_eq!(ensure(&a, &svc("a")).unwrap(), ips(&["10.0.0.0"]));
         assert_eq!(ensure(&a, &svc("b")).unwrap(), ips(&["10.0.0.1"]));
-        assert!(matches!(ensure(&a, &svc("c")), Err(AllocError::Unsatisfiable(_))), "the pool is full");
+        assert!(matches!(ensure(&a, &svc("c")), Err(AllocError::Unsatisfiable(..))), "the pool is full");
 
         let report = a.replace_pools(vec![pool("lan", &["10.0.0.0/31"]), pool("extra", &["10.9.0.0/31"])]);
         assert_eq!(report, RehomeReport { in_pools: 2, outside_pools: vec![] });
@@ -1386,7 +1472,9 @@ mod tests {
         // No one else gets them: new Services get addresses from the pools.
         assert_eq!(ensure(&a, &svc("b")).unwrap(), ips(&["10.1.0.0"]));
         let grab = with_annotation(svc("grab"), LOAD_BALANCER_IPS_ANNOTATION, "10.0.0.0");
-        assert!(matches!(ensure(&a, &grab), Err(AllocError::Unsatisfiable(m)) if m.contains("no load-balancer pool")));
+        assert!(
+            matches!(ensure(&a, &grab), Err(AllocError::Unsatisfiable(_, m)) if m.contains("no load-balancer pool"))
+        );
         // Addresses outside the pools count in no pool's usage.
         let usage: Vec<(String, usize)> = a.usage().into_iter().map(|u| (u.name, u.in_use)).collect();
         assert_eq!(usage, [("kept".to_string(), 2), ("new".to_string(), 0)]);

@@ -37,8 +37,8 @@ use self::inventory::Inventory;
 use self::ipam::{AllocError, Allocator, RestoreReport, ServiceKey};
 use self::probe::{ProbeStates, ProbeTarget};
 use ccm_framework::provider::{
-    CloudError, CloudProvider, CloudResult, Health, InitContext, InstanceMetadata, Instances, LoadBalancer, Reload,
-    health_reasons,
+    CloudError, CloudProvider, CloudResult, Health, InitContext, InstanceMetadata, Instances, LoadBalancer, Refusal,
+    Reload, health_reasons,
 };
 use ccm_framework::registry::{FactoryInput, Registry, RegistryError};
 
@@ -83,7 +83,6 @@ pub struct BaremetalProvider {
     pools: Arc<pool_watch::PoolSources>,
     /// `loadBalancer.poolResources`: pools also come from `LoadBalancerIPPool` resources.
     pool_resources: bool,
-    retry_after: Duration,
     probe_targets: Vec<ProbeTarget>,
     probes: Arc<ProbeStates>,
     probe_task: Mutex<Option<CancellationToken>>,
@@ -151,7 +150,6 @@ impl BaremetalProvider {
             client: proxy::ClientSlot::default(),
             pool_gauges: pool_metrics::PoolGauges::default(),
             inventory: Inventory::new(&config.instances),
-            retry_after: config.load_balancer.retry_after,
             lifecycle: config.lifecycle.clone(),
             pool_resources: config.load_balancer.pool_resources,
             pools: Arc::new(pool_watch::PoolSources::new(pools.clone())),
@@ -347,8 +345,8 @@ impl BaremetalProvider {
 
     fn cloud_error(&self, error: AllocError) -> CloudError {
         match error {
-            AllocError::Invalid(message) => CloudError::Other(message),
-            AllocError::Unsatisfiable(message) => CloudError::retry_after(self.retry_after, message),
+            AllocError::Invalid(message) => CloudError::refused(Refusal::InvalidAnnotation, message),
+            AllocError::Unsatisfiable(refusal, message) => CloudError::refused(refusal, message),
             AllocError::NotReady => CloudError::retry_after(NOT_READY_RETRY, AllocError::NotReady.to_string()),
         }
     }

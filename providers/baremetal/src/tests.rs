@@ -174,20 +174,20 @@ async fn load_balancers_get_vip_ingress_and_are_released_on_delete() {
 }
 
 #[tokio::test]
-async fn exhaustion_is_a_retry_after_error_with_the_configured_delay() {
+async fn exhaustion_is_a_pool_exhausted_refusal_naming_the_usage() {
     let p = provider(INVENTORY);
     p.restore_services(&[]);
     for i in 0..4 {
         p.ensure_load_balancer("k", &service(&format!("s{i}")), &[]).await.unwrap();
     }
     let err = p.ensure_load_balancer("k", &service("late"), &[]).await.unwrap_err();
-    assert_eq!(err.requested_delay(), Some(Duration::from_secs(5)));
+    assert!(matches!(err, CloudError::Refused { reason: Refusal::PoolExhausted, .. }), "{err:?}");
     let message = err.to_string();
     assert!(message.contains("default/late") && message.contains("4 of 4"), "{message}");
 }
 
 #[tokio::test]
-async fn malformed_requests_are_plain_errors_and_ensure_waits_for_the_restore() {
+async fn malformed_requests_are_invalid_annotation_refusals_and_ensure_waits_for_the_restore() {
     let p = provider(INVENTORY);
     let err = p.ensure_load_balancer("k", &service("early"), &[]).await.unwrap_err();
     assert!(matches!(err, CloudError::RetryAfter { .. }), "{err:?}");
@@ -195,7 +195,10 @@ async fn malformed_requests_are_plain_errors_and_ensure_waits_for_the_restore() 
     let mut bad = service("bad");
     bad.metadata.annotations = Some([(ipam::LOAD_BALANCER_IPS_ANNOTATION.to_string(), "not-an-ip".to_string())].into());
     let err = p.ensure_load_balancer("k", &bad, &[]).await.unwrap_err();
-    assert!(matches!(err, CloudError::Other(ref m) if m.contains("not-an-ip")), "{err:?}");
+    assert!(
+        matches!(err, CloudError::Refused { reason: Refusal::InvalidAnnotation, ref message } if message.contains("not-an-ip")),
+        "{err:?}"
+    );
 }
 
 #[tokio::test]
@@ -387,10 +390,7 @@ async fn stress_500_services_16_callers_256_addresses_never_duplicate() {
                 assert_eq!(ips.len(), 1);
                 assert!(holders.insert(ips[0].clone(), i).is_none(), "{} handed out twice", ips[0]);
             }
-            Err(CloudError::RetryAfter { after, .. }) => {
-                assert_eq!(after, Duration::from_secs(1));
-                waiting.push(i);
-            }
+            Err(CloudError::Refused { reason: Refusal::PoolExhausted, .. }) => waiting.push(i),
             Err(other) => panic!("unexpected {other:?}"),
         }
     }

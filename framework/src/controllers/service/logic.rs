@@ -18,6 +18,9 @@ pub const MAX_NODE_NAMES_IN_EVENT: usize = 20;
 pub const BACKOFF_BASE: Duration = Duration::from_secs(5);
 /// Largest delay of the per-key exponential backoff.
 pub const BACKOFF_MAX: Duration = Duration::from_secs(300);
+/// Largest backoff after a provider's refusal (`CloudError::Refused`): it may clear without
+/// any change to the Service (an address freed, a pool added), so it is retried more often.
+pub const REFUSED_BACKOFF_MAX: Duration = Duration::from_secs(30);
 
 /// The finalizer this manager owns. Unclassed managers use upstream's; a manager restricted to
 /// one `loadBalancerClass` uses its own, so that after a type change (which clears the class)

@@ -119,6 +119,11 @@ enum SyncError {
 }
 
 impl SyncError {
+    /// Whether the provider refused the Service (see [`logic::REFUSED_BACKOFF_MAX`]).
+    fn is_refusal(&self) -> bool {
+        matches!(self, SyncError::Ensure(CloudError::Refused { .. }))
+    }
+
     /// S12: a fixed delay requested by the cloud, instead of exponential backoff.
     fn requested_delay(&self) -> Option<Duration> {
         match self {
@@ -528,6 +533,10 @@ impl Inner {
                     Some(delay) => {
                         tracing::warn!(service = %key, %error, ?delay, "load balancer sync failed; retrying after the requested delay");
                         self.queue.add_after(key, delay);
+                    }
+                    None if error.is_refusal() => {
+                        let delay = self.queue.add_rate_limited_at_most(key, logic::REFUSED_BACKOFF_MAX);
+                        tracing::info!(service = %key, %error, ?delay, "the provider refused the load balancer; retrying with backoff");
                     }
                     None => {
                         let delay = self.queue.add_rate_limited(key);

@@ -109,12 +109,17 @@ impl WorkQueue {
 
     /// Queue `key` after its next backoff delay (5 s, 10 s, ... 300 s) and return the delay.
     pub fn add_rate_limited(&self, key: impl Into<String>) -> Duration {
+        self.add_rate_limited_at_most(key, super::logic::BACKOFF_MAX)
+    }
+
+    /// [`Self::add_rate_limited`] with the delay capped at `max`.
+    pub fn add_rate_limited_at_most(&self, key: impl Into<String>, max: Duration) -> Duration {
         let key = key.into();
         let delay = {
             let mut state = self.lock();
             let n = state.failures.entry(key.clone()).or_insert(0);
             *n = n.saturating_add(1);
-            backoff_delay(*n)
+            backoff_delay(*n).min(max)
         };
         self.add_after(key, delay);
         delay
@@ -258,6 +263,14 @@ mod tests {
         assert_eq!(q.failures("a"), 2);
         q.forget("a");
         assert_eq!(q.add_rate_limited("a"), Duration::from_secs(5));
+    }
+
+    #[tokio::test]
+    async fn s27_refusals_back_off_from_five_seconds_to_at_most_thirty() {
+        let q = WorkQueue::new();
+        let max = super::super::logic::REFUSED_BACKOFF_MAX;
+        let got: Vec<u64> = (0..6).map(|_| q.add_rate_limited_at_most("a", max).as_secs()).collect();
+        assert_eq!(got, [5, 10, 20, 30, 30, 30]);
     }
 
     #[tokio::test]

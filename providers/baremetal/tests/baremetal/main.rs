@@ -8,3 +8,4 @@ mod baremetal_flood;
 mod baremetal_proxy;
 mod kit;
 mod pools;
+mod service_features;

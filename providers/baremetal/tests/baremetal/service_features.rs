@@ -1,0 +1,116 @@
+//! What a Service asks of the baremetal provider, and why it gets no address: the
+//! `LoadBalancerProvisioned` condition's reasons, MetalLB's annotations read for a migration,
+//! on both API server backends.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::kit::{eventually, eventually_within, ingress};
+use ccm_framework::controllers::service::ServiceController;
+use ccm_framework::engine::testing::run_controller;
+use ccm_framework::options::ControllerOptions;
+use ccm_framework::provider::CloudProvider;
+use ccm_provider_baremetal::BaremetalProvider;
+use e2e_apiserver::TestCluster;
+use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
+use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+
+const CONFIG: &str = "\
+loadBalancer:
+  pools:
+    - name: lan
+      cidrs: [192.168.60.0/31]
+      allowSharing: true
+";
+
+fn service(name: &str, port: i32, annotations: &[(&str, &str)]) -> Service {
+    Service {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("default".into()),
+            annotations: Some(annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+            ..Default::default()
+        },
+        spec: Some(ServiceSpec {
+            type_: Some("LoadBalancer".into()),
+            ports: Some(vec![ServicePort { port, protocol: Some("TCP".into()), ..Default::default() }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+async fn wait_ip(api: &Api<Service>, name: &str) -> String {
+    eventually(&format!("{name} gets an address"), || async {
+        ingress(&api.get(name).await.ok()?).first().map(|(ip, _)| ip.clone())
+    })
+    .await
+}
+
+/// Waits for the Service's `LoadBalancerProvisioned` condition to be False with `reason`; returns
+/// its message.
+async fn wait_refused(api: &Api<Service>, name: &str, reason: &str) -> String {
+    eventually(&format!("{name} is refused with {reason}"), || async {
+        let svc = api.get(name).await.ok()?;
+        let c = svc.status?.conditions?.into_iter().find(|c| c.type_ == "LoadBalancerProvisioned")?;
+        (c.status == "False" && c.reason == reason).then_some(c.message)
+    })
+    .await
+}
+
+e2e_apiserver::backend_tests! {
+    async fn s25_a_service_without_an_address_has_a_condition_naming_the_reason(backend) {
+        let cluster = TestCluster::start(backend).await.unwrap();
+        let services: Api<Service> = Api::namespaced(cluster.client(), "default");
+        let pp = PostParams::default();
+        let provider = Arc::new(BaremetalProvider::from_cloud_config(Some(CONFIG.as_bytes())).unwrap());
+        let running = run_controller(
+            cluster.client(),
+            provider as Arc<dyn CloudProvider>,
+            ControllerOptions { concurrent_service_syncs: 2, ..Default::default() },
+            Box::new(ServiceController::new()),
+        )
+        .await;
+
+        // MetalLB's annotation is honoured, so a migration keeps the address.
+        services.create(&pp, &service("migrated", 80, &[("metallb.universe.tf/loadBalancerIPs", "192.168.60.1"), ("metallb.universe.tf/allow-shared-ip", "web")])).await.unwrap();
+        assert_eq!(wait_ip(&services, "migrated").await, "192.168.60.1");
+        // Our sharing key equals MetalLB's key: another port shares the address.
+        services.create(&pp, &service("shares", 443, &[("ccm.rs/load-balancer-ips", "192.168.60.1"), ("ccm.rs/allow-shared-ip", "web")])).await.unwrap();
+        assert_eq!(wait_ip(&services, "shares").await, "192.168.60.1");
+
+        // The same port under the same key: a sharing conflict.
+        services.create(&pp, &service("clash", 80, &[("ccm.rs/load-balancer-ips", "192.168.60.1"), ("ccm.rs/allow-shared-ip", "web")])).await.unwrap();
+        let message = wait_refused(&services, "clash", "SharingConflict").await;
+        assert!(message.contains("192.168.60.1"), "{message}");
+        // Without a key: taken.
+        services.create(&pp, &service("taken", 80, &[("ccm.rs/load-balancer-ips", "192.168.60.1")])).await.unwrap();
+        wait_refused(&services, "taken", "RequestedAddressTaken").await;
+        // Outside every pool.
+        services.create(&pp, &service("outside", 80, &[("ccm.rs/load-balancer-ips", "203.0.113.9")])).await.unwrap();
+        wait_refused(&services, "outside", "RequestedAddressUnavailable").await;
+        // A malformed annotation names itself.
+        services.create(&pp, &service("typo", 80, &[("metallb.io/loadBalancerIPs", "192.168.60.x")])).await.unwrap();
+        let message = wait_refused(&services, "typo", "InvalidAnnotation").await;
+        assert!(message.contains("metallb.io/loadBalancerIPs"), "{message}");
+
+        // The last free address goes, then the pool is exhausted.
+        services.create(&pp, &service("first", 80, &[])).await.unwrap();
+        assert_eq!(wait_ip(&services, "first").await, "192.168.60.0");
+        services.create(&pp, &service("late", 80, &[])).await.unwrap();
+        let message = wait_refused(&services, "late", "PoolExhausted").await;
+        assert!(message.contains("2 of 2"), "{message}");
+
+        // Freeing an address clears it without touching the Service: the refusal is retried
+        // (backoff at most 30 s; here the second or third retry).
+        services.delete("first", &DeleteParams::default()).await.unwrap();
+        let late = eventually_within(Duration::from_secs(60), "late gets the freed address and loses the condition", || async {
+            let svc = services.get("late").await.ok()?;
+            let no_condition = svc.status.as_ref()?.conditions.as_ref().is_none_or(|c| c.iter().all(|c| c.type_ != "LoadBalancerProvisioned"));
+            (no_condition && !ingress(&svc).is_empty()).then_some(svc)
+        })
+        .await;
+        assert_eq!(ingress(&late)[0].0, "192.168.60.0");
+        running.stop().await.unwrap();
+    }
+}
