@@ -158,8 +158,14 @@ e2e_apiserver::backend_tests! {
         assert_eq!(wait_ip(&theirs, "web").await, "198.51.100.0");
         let others: Api<Service> = Api::namespaced(cluster.client(), "default");
         others.create(&pp, &lb_service("default", "web", &[])).await.unwrap();
-        // The other namespace's Service is refused; give it the time of a few syncs.
-        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        // The other namespace's Service is refused, and says why.
+        let message = eventually("the other namespace's Service is refused with NoPoolMatches", || async {
+            let svc = others.get("web").await.ok()?;
+            let c = svc.status?.conditions?.into_iter().find(|c| c.type_ == "LoadBalancerProvisioned")?;
+            (c.status == "False" && c.reason == "NoPoolMatches").then_some(c.message)
+        })
+        .await;
+        assert!(message.contains("no load-balancer pool admits default/web"), "{message}");
         assert!(ingress(&others.get("web").await.unwrap()).is_empty());
         running.stop().await.unwrap();
     }
