@@ -1,6 +1,6 @@
 //! What a Service asks of the baremetal provider, and why it gets no address: the
 //! `LoadBalancerProvisioned` condition's reasons, MetalLB's annotations read for a migration,
-//! on both API server backends.
+//! dual stack per `ipFamilyPolicy` and `ipFamilies`, on both API server backends.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -111,6 +111,63 @@ e2e_apiserver::backend_tests! {
         })
         .await;
         assert_eq!(ingress(&late)[0].0, "192.168.60.0");
+        running.stop().await.unwrap();
+    }
+}
+
+const DUAL: &str = "\
+loadBalancer:
+  pools:
+    - name: v4
+      cidrs: [192.168.70.0/31]
+    - name: v6
+      cidrs: [fd00:70::/127]
+";
+
+fn dual(name: &str, policy: &str, families: &[&str]) -> Service {
+    let mut svc = service(name, 80, &[]);
+    let spec = svc.spec.as_mut().unwrap();
+    spec.ip_family_policy = Some(policy.into());
+    spec.ip_families = Some(families.iter().map(|f| f.to_string()).collect());
+    svc
+}
+
+e2e_apiserver::backend_tests! {
+    async fn dual_stack_follows_ip_family_policy_and_ip_families(backend) {
+        let cluster = TestCluster::start(backend).await.unwrap();
+        let services: Api<Service> = Api::namespaced(cluster.client(), "default");
+        let pp = PostParams::default();
+        let provider = Arc::new(BaremetalProvider::from_cloud_config(Some(DUAL.as_bytes())).unwrap());
+        let running = run_controller(
+            cluster.client(),
+            provider as Arc<dyn CloudProvider>,
+            ControllerOptions { concurrent_service_syncs: 1, ..Default::default() },
+            Box::new(ServiceController::new()),
+        )
+        .await;
+        let ips = |svc: &Service| ingress(svc).into_iter().map(|(ip, _)| ip).collect::<Vec<_>>();
+
+        // RequireDualStack: one address per family, in spec.ipFamilies order.
+        services.create(&pp, &dual("both", "RequireDualStack", &["IPv6", "IPv4"])).await.unwrap();
+        let both = eventually("both gets two addresses", || async {
+            let svc = services.get("both").await.ok()?;
+            (ips(&svc).len() == 2).then_some(svc)
+        })
+        .await;
+        assert_eq!(ips(&both), ["fd00:70::", "192.168.70.0"]);
+
+        // SingleStack IPv6 gets one IPv6 address.
+        services.create(&pp, &dual("six", "SingleStack", &["IPv6"])).await.unwrap();
+        assert_eq!(wait_ip(&services, "six").await, "fd00:70::1");
+
+        // IPv6 is now exhausted: PreferDualStack continues with IPv4 alone, RequireDualStack is refused.
+        services.create(&pp, &dual("prefer", "PreferDualStack", &["IPv4", "IPv6"])).await.unwrap();
+        assert_eq!(wait_ip(&services, "prefer").await, "192.168.70.1");
+        let prefer = services.get("prefer").await.unwrap();
+        assert_eq!(ips(&prefer).len(), 1, "no IPv6 address left: single-stack for now");
+        services.create(&pp, &dual("require", "RequireDualStack", &["IPv4", "IPv6"])).await.unwrap();
+        let message = wait_refused(&services, "require", "PoolExhausted").await;
+        assert!(message.contains("IPv4") || message.contains("IPv6"), "{message}");
         running.stop().await.unwrap();
     }
 }
