@@ -17,10 +17,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use aws_sdk_ec2::types::{Filter, IpPermission, IpRange};
+use aws_sdk_ec2::types::{Filter, IpPermission, IpRange, Ipv6Range};
 use aws_sdk_elasticloadbalancingv2::types::{
-    Action, ActionTypeEnum, Certificate, LoadBalancerAttribute, LoadBalancerSchemeEnum, LoadBalancerTypeEnum,
-    ProtocolEnum, Tag, TargetDescription, TargetGroupAttribute, TargetTypeEnum,
+    Action, ActionTypeEnum, Certificate, IpAddressType, LoadBalancerAttribute, LoadBalancerSchemeEnum,
+    LoadBalancerTypeEnum, ProtocolEnum, Tag, TargetDescription, TargetGroupAttribute, TargetTypeEnum,
 };
 use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, Node, Service};
 
@@ -215,6 +215,14 @@ pub struct Desired {
     pub tags: BTreeMap<String, String>,
     /// Every annotation, parsed and validated.
     pub annotations: NlbAnnotations,
+    /// `ipv4`, or `dualstack` when the Service's `ipFamilies` include IPv6.
+    pub ip_address_type: &'static str,
+}
+
+/// The NLB's IP address type for the Service's families: `dualstack` with IPv6 (an NLB with
+/// instance targets serves IPv6 clients that way; IPv6-only NLBs do not exist), else `ipv4`.
+pub fn ip_address_type(spec: &k8s_openapi::api::core::v1::ServiceSpec) -> &'static str {
+    if spec.ip_families.iter().flatten().any(|f| f == "IPv6") { "dualstack" } else { "ipv4" }
 }
 
 /// Whether the Service's load balancer belongs to another controller.
@@ -315,32 +323,29 @@ pub fn desired(service: &Service, cluster_id: &str) -> Result<Desired, CloudErro
     }
     let local = spec.external_traffic_policy.as_deref() == Some("Local");
     let health = health_spec(local, spec.health_check_node_port.unwrap_or(0), &annotations.health);
-    // The spec wins over the annotation, as upstream.
-    let mut source_ranges: Vec<String> = spec
-        .load_balancer_source_ranges
-        .iter()
-        .flatten()
-        .map(|r| r.trim().to_string())
-        .filter(|r| !r.is_empty() && !r.contains(':'))
-        .collect();
-    for r in &source_ranges {
-        if r.parse::<ipnet::Ipv4Net>().is_err() {
-            return Err(CloudError::refused(
+    // The spec wins over the annotation, as upstream. IPv6 ranges count on a dual-stack load
+    // balancer only (an IPv4 one has no IPv6 clients).
+    let dual = ip_address_type(spec) == "dualstack";
+    let mut nets: Vec<ipnet::IpNet> = Vec::new();
+    for r in spec.load_balancer_source_ranges.iter().flatten().map(|r| r.trim()).filter(|r| !r.is_empty()) {
+        let net = r.parse::<ipnet::IpNet>().map_err(|_| {
+            CloudError::refused(
                 Refusal::UnsupportedService,
-                format!("spec.loadBalancerSourceRanges: {r:?} is not an IPv4 CIDR"),
-            ));
-        }
+                format!("spec.loadBalancerSourceRanges: {r:?} is not a CIDR"),
+            )
+        })?;
+        nets.push(net.trunc());
     }
-    if spec.load_balancer_source_ranges.as_ref().is_none_or(|r| r.is_empty()) {
-        source_ranges = annotations
-            .source_ranges
-            .iter()
-            .filter(|n| matches!(n, ipnet::IpNet::V4(_)))
-            .map(|n| n.to_string())
-            .collect();
+    if nets.is_empty() {
+        nets = annotations.source_ranges.clone();
     }
+    let mut source_ranges: Vec<String> =
+        nets.iter().filter(|n| dual || matches!(n, ipnet::IpNet::V4(_))).map(|n| n.to_string()).collect();
     if source_ranges.is_empty() {
         source_ranges.push("0.0.0.0/0".into());
+        if dual {
+            source_ranges.push("::/0".into());
+        }
     }
     source_ranges.sort();
     source_ranges.dedup();
@@ -357,6 +362,7 @@ pub fn desired(service: &Service, cluster_id: &str) -> Result<Desired, CloudErro
         source_ranges,
         tags,
         annotations,
+        ip_address_type: ip_address_type(spec),
     })
 }
 
@@ -374,6 +380,7 @@ struct LbInfo {
     dns: String,
     internal: bool,
     created: Option<f64>,
+    ip_address_type: String,
     /// The [`TAG_ADDRESSES`] tag; `None` on a load balancer made before it (or by upstream).
     addresses: Option<String>,
     security_groups: BTreeSet<String>,
@@ -608,6 +615,7 @@ impl AwsProvider {
                     dns: lb.dns_name().unwrap_or_default().to_string(),
                     internal: lb.scheme().is_some_and(|s| *s == LoadBalancerSchemeEnum::Internal),
                     created: lb.created_time().map(|t| t.as_secs_f64()),
+                    ip_address_type: lb.ip_address_type().map(|t| t.as_str().to_string()).unwrap_or_default(),
                     addresses: None,
                     security_groups: lb.security_groups().iter().cloned().collect(),
                 });
@@ -816,6 +824,7 @@ impl AwsProvider {
             .r#type(LoadBalancerTypeEnum::Network)
             .scheme(scheme)
             .set_subnet_mappings(Some(mappings))
+            .ip_address_type(IpAddressType::from(desired.ip_address_type))
             .set_security_groups((!groups.is_empty()).then(|| groups.iter().cloned().collect()))
             .set_tags(Some(to_tags(&tags)))
             .send()
@@ -831,6 +840,7 @@ impl AwsProvider {
             dns: lb.dns_name().unwrap_or_default().to_string(),
             internal: desired.internal,
             created: None,
+            ip_address_type: desired.ip_address_type.to_string(),
             addresses: Some(addresses),
             security_groups: groups,
         })
@@ -1112,14 +1122,16 @@ impl AwsProvider {
         let mut out = BTreeSet::new();
         for g in groups {
             for p in g.ip_permissions() {
-                for r in p.ip_ranges() {
-                    let d = r.description().unwrap_or_default();
+                let v4 = p.ip_ranges().iter().map(|r| (r.cidr_ip(), r.description()));
+                let v6 = p.ipv6_ranges().iter().map(|r| (r.cidr_ipv6(), r.description()));
+                for (cidr, d) in v4.chain(v6) {
+                    let d = d.unwrap_or_default();
                     if ours.iter().any(|o| o == d) {
                         out.insert((
                             g.group_id().unwrap_or_default().to_string(),
                             p.ip_protocol().unwrap_or_default().to_string(),
                             p.from_port().unwrap_or_default(),
-                            r.cidr_ip().unwrap_or_default().to_string(),
+                            cidr.unwrap_or_default().to_string(),
                             d.to_string(),
                         ));
                     }
@@ -1132,12 +1144,12 @@ impl AwsProvider {
     async fn apply_rules(&self, add: Vec<Rule>, remove: Vec<Rule>) -> CloudResult<()> {
         let ec2 = &self.clients().await?.ec2;
         let perm = |(_, proto, port, cidr, desc): &Rule| {
-            IpPermission::builder()
-                .ip_protocol(proto)
-                .from_port(*port)
-                .to_port(*port)
-                .ip_ranges(IpRange::builder().cidr_ip(cidr).description(desc).build())
-                .build()
+            let b = IpPermission::builder().ip_protocol(proto).from_port(*port).to_port(*port);
+            if cidr.contains(':') {
+                b.ipv6_ranges(Ipv6Range::builder().cidr_ipv6(cidr).description(desc).build()).build()
+            } else {
+                b.ip_ranges(IpRange::builder().cidr_ip(cidr).description(desc).build()).build()
+            }
         };
         for rule in &remove {
             match ec2.revoke_security_group_ingress().group_id(&rule.0).ip_permissions(perm(rule)).send().await {
@@ -1388,6 +1400,15 @@ impl AwsProvider {
                 .send()
                 .await
                 .map_err(self.elb_err("AddTags"))?;
+        }
+        if lb.ip_address_type != desired.ip_address_type {
+            let elb = &self.clients().await?.elb;
+            elb.set_ip_address_type()
+                .load_balancer_arn(&lb.arn)
+                .ip_address_type(IpAddressType::from(desired.ip_address_type))
+                .send()
+                .await
+                .map_err(self.elb_err("SetIpAddressType"))?;
         }
         if !groups.is_empty() && groups != lb.security_groups {
             let elb = &self.clients().await?.elb;
@@ -1752,6 +1773,18 @@ mod tests {
         let byo = NlbAnnotations { security_groups: vec!["sg-01234567".into()], ..Default::default() };
         assert!(!wants_managed_group(true, &byo), "security-groups replaces every other group");
         assert!(managed_group_name("a0f1e2d3c4b5a69788796a5b4c3d2e1f").len() <= 255);
+    }
+
+    #[test]
+    fn ipv6_in_ip_families_makes_a_dualstack_load_balancer() {
+        let mut s = svc(&[], &[(80, "TCP", 30080)], "Cluster", 0);
+        assert_eq!(desired(&s, "c").unwrap().ip_address_type, "ipv4");
+        let spec = s.spec.as_mut().unwrap();
+        spec.ip_families = Some(vec!["IPv4".into(), "IPv6".into()]);
+        spec.ip_family_policy = Some("RequireDualStack".into());
+        assert_eq!(desired(&s, "c").unwrap().ip_address_type, "dualstack");
+        s.spec.as_mut().unwrap().ip_families = Some(vec!["IPv6".into()]);
+        assert_eq!(desired(&s, "c").unwrap().ip_address_type, "dualstack");
     }
 
     #[test]

@@ -912,7 +912,7 @@ async fn lb_shape(c: &Clients) -> (String, BTreeSet<String>, BTreeSet<String>, S
 }
 
 #[tokio::test]
-async fn fixed_addresses_and_security_groups_on_moto_replace_only_where_elbv2_requires() {
+async fn fixed_addresses_security_groups_and_dual_stack_on_moto_replace_only_where_elbv2_requires() {
     use annotations as a;
     let Some(moto) = Moto::start("addresses_and_groups").await else { return };
     let p = provider(&moto.url);
@@ -996,6 +996,35 @@ async fn fixed_addresses_and_security_groups_on_moto_replace_only_where_elbv2_re
     assert!(sgs.is_empty());
     p.ensure_load_balancer_deleted(CLUSTER, &base).await.unwrap();
     assert_eq!(lb_state(&c).await, LbState::default());
+
+    // Dual stack, following spec.ipFamilies, switched in place both ways.
+    let mut dual = base.clone();
+    dual.spec.as_mut().unwrap().ip_families = Some(vec!["IPv4".into(), "IPv6".into()]);
+    dual.spec.as_mut().unwrap().ip_family_policy = Some("RequireDualStack".into());
+    let ip_type = |c: Clients| async move {
+        let lbs = c.elb.describe_load_balancers().send().await.unwrap();
+        lbs.load_balancers()[0].ip_address_type().unwrap().as_str().to_string()
+    };
+    dual.spec.as_mut().unwrap().load_balancer_source_ranges =
+        Some(vec!["203.0.113.0/24".into(), "2001:db8::/32".into()]);
+    p.ensure_load_balancer(CLUSTER, &dual, &refs).await.unwrap();
+    let arn_dual = lb_shape(&c).await.0;
+    assert_eq!(ip_type(c.clone()).await, "dualstack");
+    let g = c.ec2.describe_security_groups().group_ids(&w.sg).send().await.unwrap();
+    let v6: Vec<(i32, String)> = g.security_groups()[0]
+        .ip_permissions()
+        .iter()
+        .flat_map(|p| p.ipv6_ranges().iter().map(move |r| (p.from_port().unwrap(), r.cidr_ipv6().unwrap().to_string())))
+        .collect();
+    assert_eq!(v6, vec![(30080, "2001:db8::/32".to_string())], "the IPv6 source range reaches the nodePort");
+    p.ensure_load_balancer(CLUSTER, &base, &refs).await.unwrap();
+    assert_eq!(ip_type(c.clone()).await, "ipv4");
+    let g = c.ec2.describe_security_groups().group_ids(&w.sg).send().await.unwrap();
+    assert!(g.security_groups()[0].ip_permissions().iter().all(|p| p.ipv6_ranges().is_empty()), "IPv6 rule removed");
+    p.ensure_load_balancer(CLUSTER, &dual, &refs).await.unwrap();
+    assert_eq!(ip_type(c.clone()).await, "dualstack");
+    assert_eq!(lb_shape(&c).await.0, arn_dual, "changed in place (SetIpAddressType)");
+    p.ensure_load_balancer_deleted(CLUSTER, &dual).await.unwrap();
 
     // Subnets by Name tag, as upstream; an unknown name is refused before anything is made.
     c.ec2.create_tags().resources(&w.subnets[1]).tags(tag("Name", "public-b")).send().await.unwrap();
