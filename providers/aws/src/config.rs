@@ -65,10 +65,30 @@ pub struct AwsConfig {
     /// `ElbSecurityGroup`: a security group to use instead of the instances' own ones for
     /// load-balancer ingress rules.
     pub elb_security_group: String,
+    /// The health check of `externalTrafficPolicy: Cluster` Services.
+    pub cluster_probe: ClusterProbe,
     /// `NLBSecurityGroupMode = Managed`: a security group made and removed with each NLB.
     pub nlb_security_group_managed: bool,
     /// Endpoint overrides, by section name.
     pub overrides: BTreeMap<String, ServiceOverride>,
+}
+
+/// `ClusterServiceLoadBalancerHealthProbeMode` and the `ClusterServiceShared…` keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterProbe {
+    /// `Shared` (our default): every Service's targets are checked on kube-proxy's health port;
+    /// `ServiceNodePort` (upstream's default): a TCP check of each target's own nodePort.
+    pub shared: bool,
+    /// `ClusterServiceSharedLoadBalancerHealthProbePort` (10256).
+    pub port: i32,
+    /// `ClusterServiceSharedLoadBalancerHealthProbePath` (`/healthz`).
+    pub path: String,
+}
+
+impl Default for ClusterProbe {
+    fn default() -> Self {
+        Self { shared: true, port: 10256, path: "/healthz".into() }
+    }
 }
 
 impl AwsConfig {
@@ -118,11 +138,8 @@ const IGNORED_GLOBAL_KEYS: &[&str] = &[
     "sourcearn",
     "nodeipfamilies",
     "tagaggregatorrolearn",
-    "clusterserviceloadbalancerhealthprobemode",
     "clusterserviceloadbalancerhealthprobeport",
     "clusterserviceloadbalancerhealthprobepath",
-    "clusterservicesharedloadbalancerhealthprobeport",
-    "clusterservicesharedloadbalancerhealthprobepath",
 ];
 
 /// Parse an INI cloud-config (at most [`MAX_CONFIG_BYTES`]).
@@ -195,6 +212,38 @@ pub fn parse(bytes: &[u8]) -> Result<AwsConfig, ConfigError> {
                                 "[Global] DisableSecurityGroupIngress: not a boolean (true or false)",
                             )
                         })?;
+                        continue;
+                    }
+                    "clusterserviceloadbalancerhealthprobemode" => {
+                        config.cluster_probe.shared = match value.as_str() {
+                            "Shared" | "" => true,
+                            "ServiceNodePort" => false,
+                            _ => {
+                                return Err(ConfigError::at(
+                                    line_no,
+                                    "[Global] ClusterServiceLoadBalancerHealthProbeMode: expected Shared or ServiceNodePort",
+                                ));
+                            }
+                        };
+                        continue;
+                    }
+                    "clusterservicesharedloadbalancerhealthprobeport" => {
+                        config.cluster_probe.port = value.parse().ok().filter(|p| (1..=65535).contains(p)).ok_or_else(|| {
+                            ConfigError::at(
+                                line_no,
+                                "[Global] ClusterServiceSharedLoadBalancerHealthProbePort: expected a port from 1 to 65535",
+                            )
+                        })?;
+                        continue;
+                    }
+                    "clusterservicesharedloadbalancerhealthprobepath" => {
+                        if !value.starts_with('/') || value.len() > 1024 || value.contains(char::is_whitespace) {
+                            return Err(ConfigError::at(
+                                line_no,
+                                "[Global] ClusterServiceSharedLoadBalancerHealthProbePath: expected a path starting with /",
+                            ));
+                        }
+                        config.cluster_probe.path = value;
                         continue;
                     }
                     "nlbsecuritygroupmode" => {
@@ -381,6 +430,24 @@ url = "http://127.0.0.1:5000"
         assert!(!parse(b"[Global]\n").unwrap().nlb_security_group_managed);
         let e = parse(b"[Global]\nNLBSecurityGroupMode = managed-ish\n").unwrap_err().to_string();
         assert!(e.contains("NLBSecurityGroupMode") && !e.contains("managed-ish"), "{e}");
+    }
+
+    #[test]
+    fn cluster_health_probe_keys_are_read_and_checked() {
+        let c = parse(b"[Global]\nClusterServiceLoadBalancerHealthProbeMode = ServiceNodePort\n").unwrap();
+        assert!(!c.cluster_probe.shared);
+        let c = parse(
+            b"[Global]\nClusterServiceSharedLoadBalancerHealthProbePort = 10999\nClusterServiceSharedLoadBalancerHealthProbePath = /livez\n",
+        )
+        .unwrap();
+        assert_eq!(c.cluster_probe, ClusterProbe { shared: true, port: 10999, path: "/livez".into() });
+        for bad in [
+            &b"[Global]\nClusterServiceLoadBalancerHealthProbeMode = Sometimes\n"[..],
+            b"[Global]\nClusterServiceSharedLoadBalancerHealthProbePort = 0\n",
+            b"[Global]\nClusterServiceSharedLoadBalancerHealthProbePath = livez\n",
+        ] {
+            assert!(parse(bad).unwrap_err().to_string().contains("ClusterService"));
+        }
     }
 
     #[test]

@@ -26,6 +26,7 @@ use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, Node, 
 
 use super::AwsProvider;
 use super::annotations::{self as ann, HealthPort, HealthProtocol, LbKind, NlbAnnotations};
+use super::config::ClusterProbe;
 use super::errors::code;
 use super::instances::{InstanceInfo, InstanceKey, key_of};
 use ccm_framework::provider::{CloudError, CloudResult, LoadBalancer, Refusal, default_load_balancer_name};
@@ -102,7 +103,7 @@ impl HealthSpec {
 /// The health check for a Service: kube-proxy's `/healthz` on 10256 for `Cluster`, the
 /// Service's `healthCheckNodePort` for `Local` (upstream's intervals and thresholds for each),
 /// then the `healthcheck-*` annotations on top.
-pub fn health_spec(local: bool, health_check_node_port: i32, a: &ann::HealthCheck) -> HealthSpec {
+pub fn health_spec(local: bool, health_check_node_port: i32, a: &ann::HealthCheck, probe: &ClusterProbe) -> HealthSpec {
     let mut h = if local && health_check_node_port > 0 {
         HealthSpec {
             protocol: HealthProtocol::Http,
@@ -113,11 +114,22 @@ pub fn health_spec(local: bool, health_check_node_port: i32, a: &ann::HealthChec
             healthy_threshold: 2,
             unhealthy_threshold: 2,
         }
+    } else if !probe.shared {
+        // Upstream's ServiceNodePort mode.
+        HealthSpec {
+            protocol: HealthProtocol::Tcp,
+            port: HealthPort::TrafficPort,
+            path: None,
+            interval: 30,
+            timeout: 10,
+            healthy_threshold: 3,
+            unhealthy_threshold: 3,
+        }
     } else {
         HealthSpec {
             protocol: HealthProtocol::Http,
-            port: HealthPort::Port(KUBE_PROXY_HEALTH_PORT),
-            path: Some("/healthz".into()),
+            port: HealthPort::Port(probe.port),
+            path: Some(probe.path.clone()),
             interval: 30,
             timeout: 10,
             healthy_threshold: 3,
@@ -146,7 +158,7 @@ pub fn health_spec(local: bool, health_check_node_port: i32, a: &ann::HealthChec
 /// nodePorts for `traffic-port`.
 pub fn health_rule_ports(d: &Desired) -> BTreeSet<(String, i32)> {
     match d.health.port {
-        HealthPort::Port(KUBE_PROXY_HEALTH_PORT) => BTreeSet::new(),
+        HealthPort::Port(p) if Some(p) == d.shared_probe_port || p == KUBE_PROXY_HEALTH_PORT => BTreeSet::new(),
         HealthPort::Port(p) => [("tcp".to_string(), p)].into(),
         HealthPort::TrafficPort => d.ports.iter().map(|p| ("tcp".to_string(), p.node_port)).collect(),
     }
@@ -209,6 +221,9 @@ pub struct Desired {
     pub ports: Vec<DesiredPort>,
     /// The health check of every target group.
     pub health: HealthSpec,
+    /// The shared cluster probe's port, when the health check uses it (opened once by the
+    /// cluster's owner, not per Service).
+    pub shared_probe_port: Option<i32>,
     /// Client CIDRs (IPv4) allowed to the nodePorts.
     pub source_ranges: Vec<String>,
     /// Tags on every object.
@@ -283,8 +298,13 @@ pub fn refused_annotation(e: ann::AnnotationError) -> CloudError {
     CloudError::refused(reason, e.to_string())
 }
 
-/// What the Service asks for, or why it cannot be served.
+/// What the Service asks for with the default cluster health probe.
 pub fn desired(service: &Service, cluster_id: &str) -> Result<Desired, CloudError> {
+    desired_with(service, cluster_id, &ClusterProbe::default())
+}
+
+/// What the Service asks for, or why it cannot be served.
+pub fn desired_with(service: &Service, cluster_id: &str, probe: &ClusterProbe) -> Result<Desired, CloudError> {
     let spec = service.spec.as_ref().ok_or_else(|| CloudError::Other("the Service has no spec".into()))?;
     let empty = BTreeMap::new();
     let annotations =
@@ -322,7 +342,7 @@ pub fn desired(service: &Service, cluster_id: &str) -> Result<Desired, CloudErro
         return Err(CloudError::refused(Refusal::UnsupportedService, "the Service has no ports"));
     }
     let local = spec.external_traffic_policy.as_deref() == Some("Local");
-    let health = health_spec(local, spec.health_check_node_port.unwrap_or(0), &annotations.health);
+    let health = health_spec(local, spec.health_check_node_port.unwrap_or(0), &annotations.health, probe);
     // The spec wins over the annotation, as upstream. IPv6 ranges count on a dual-stack load
     // balancer only (an IPv4 one has no IPv6 clients).
     let dual = ip_address_type(spec) == "dualstack";
@@ -363,6 +383,7 @@ pub fn desired(service: &Service, cluster_id: &str) -> Result<Desired, CloudErro
         tags,
         annotations,
         ip_address_type: ip_address_type(spec),
+        shared_probe_port: (!local && probe.shared).then_some(probe.port),
     })
 }
 
@@ -1337,7 +1358,7 @@ impl AwsProvider {
             Err(e) => return Err(refused_annotation(e)),
         }
         let cluster_id = self.cluster_id(cluster_name).to_string();
-        let desired = desired(service, &cluster_id)?;
+        let desired = desired_with(service, &cluster_id, &self.config.cluster_probe)?;
         let selected: Vec<&Node> =
             nodes.iter().copied().filter(|n| node_selected(n, &desired.annotations.target_node_labels)).collect();
         let instances = self.node_instances(&selected).await?;
@@ -1622,10 +1643,22 @@ mod tests {
             healthy_threshold: Some(5),
             ..Default::default()
         };
-        let h = health_spec(false, 0, &a);
+        let h = health_spec(false, 0, &a, &ClusterProbe::default());
         assert_eq!((h.protocol, h.port, h.path.as_deref()), (HealthProtocol::Tcp, HealthPort::TrafficPort, None));
         assert_eq!((h.interval, h.timeout, h.healthy_threshold, h.unhealthy_threshold), (10, 10, 5, 3));
-        let local = health_spec(true, 31999, &ann::HealthCheck { path: Some("/ready".into()), ..Default::default() });
+        let local = health_spec(
+            true,
+            31999,
+            &ann::HealthCheck { path: Some("/ready".into()), ..Default::default() },
+            &ClusterProbe::default(),
+        );
+        // Upstream's ServiceNodePort mode: TCP on the traffic port; a Shared probe elsewhere.
+        let np = ClusterProbe { shared: false, ..Default::default() };
+        let h = health_spec(false, 0, &ann::HealthCheck::default(), &np);
+        assert_eq!((h.protocol, h.port, h.path), (HealthProtocol::Tcp, HealthPort::TrafficPort, None));
+        let other = ClusterProbe { port: 10999, path: "/livez".into(), ..Default::default() };
+        let h = health_spec(false, 0, &ann::HealthCheck::default(), &other);
+        assert_eq!((h.port_string(), h.path.as_deref()), ("10999".to_string(), Some("/livez")));
         assert_eq!((local.port_string(), local.path.as_deref()), ("31999".to_string(), Some("/ready")));
         let d = desired(
             &svc(&[(ann::HC_PORT, "traffic-port")], &[(80, "TCP", 30080), (443, "TCP", 30443)], "Cluster", 0),

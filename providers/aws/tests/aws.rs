@@ -879,8 +879,19 @@ async fn annotations_apply_on_moto_and_changes_converge_on_the_same_load_balance
     assert!(err.contains(a::HC_INTERVAL) && err.contains("5 to 300"), "{err}");
     assert_eq!(lb_state(&c).await, before);
 
-    // A bad value on a new Service creates nothing.
+    // [Global] ClusterServiceLoadBalancerHealthProbeMode = ServiceNodePort (upstream's
+    // default): without annotations, a TCP check of each target's own nodePort.
     p.ensure_load_balancer_deleted(CLUSTER, &second).await.unwrap();
+    let mut cfg = config();
+    cfg.cluster_probe.shared = false;
+    let np = Arc::new(AwsProvider::new(cfg, CLUSTER, options_for(&moto.url)));
+    np.ensure_load_balancer(CLUSTER, &base, &refs).await.unwrap();
+    for (_, health, _, _) in nlb_detail(&c).await.tgs.values() {
+        assert_eq!((health.0.as_str(), health.1.as_str()), ("TCP", "traffic-port"));
+    }
+    np.ensure_load_balancer_deleted(CLUSTER, &base).await.unwrap();
+
+    // A bad value on a new Service creates nothing.
     let err = p
         .ensure_load_balancer(CLUSTER, &annotated(first.clone(), &[(a::SSL_CERT, "web-cert")]), &refs)
         .await
