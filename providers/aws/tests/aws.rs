@@ -1304,6 +1304,67 @@ async fn manager_killed_mid_ensure_or_mid_delete_leaves_nothing_orphaned() {
     }
 }
 
+/// (group, port, CIDR) of every rule the provider wrote.
+async fn rules_by_group(c: &Clients) -> BTreeSet<(String, i32, String)> {
+    let sgs = c.ec2.describe_security_groups().send().await.unwrap();
+    let mut out = BTreeSet::new();
+    for g in sgs.security_groups() {
+        for p in g.ip_permissions() {
+            for r in p.ip_ranges() {
+                if r.description().unwrap_or_default().starts_with("kubernetes.io/rule/nlb/") {
+                    out.insert((
+                        g.group_id().unwrap().to_string(),
+                        p.from_port().unwrap(),
+                        r.cidr_ip().unwrap().to_string(),
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn elb_security_group_takes_the_rules_and_disable_security_group_ingress_writes_none() {
+    let Some(moto) = Moto::start("global_security_group_keys").await else { return };
+    let p = provider(&moto.url);
+    let c = p.clients().await.unwrap().clone();
+    let w = seed(&c).await;
+    let inst = launch(&c, &w, 1).await;
+    let nodes = [node(&inst[0].1, Some(&pid(&inst[0].0)), Some("True"), vec![])];
+    let refs: Vec<&Node> = nodes.iter().collect();
+    let svc = with_uid(lb_service("web", &[(80, 30080)]), "00000000-0000-0000-0000-0000000000dd");
+    let shared = c
+        .ec2
+        .create_security_group()
+        .group_name("elb")
+        .description("elb")
+        .vpc_id(&w.vpc)
+        .send()
+        .await
+        .unwrap()
+        .group_id
+        .unwrap();
+
+    // [Global] ElbSecurityGroup: the rules go there, not on the Nodes' group.
+    let cfg = AwsConfig { elb_security_group: shared.clone(), ..config() };
+    let elb_sg = Arc::new(AwsProvider::new(cfg, CLUSTER, options_for(&moto.url)));
+    elb_sg.ensure_load_balancer(CLUSTER, &svc, &refs).await.unwrap();
+    assert_eq!(rules_by_group(&c).await, [(shared.clone(), 30080, "0.0.0.0/0".to_string())].into());
+    elb_sg.ensure_load_balancer_deleted(CLUSTER, &svc).await.unwrap();
+    assert!(rules_by_group(&c).await.is_empty());
+
+    // [Global] DisableSecurityGroupIngress: the load balancer, no rule anywhere.
+    let cfg = AwsConfig { disable_security_group_ingress: true, ..config() };
+    let off = Arc::new(AwsProvider::new(cfg, CLUSTER, options_for(&moto.url)));
+    off.ensure_load_balancer(CLUSTER, &svc, &refs).await.unwrap();
+    assert_eq!(lb_state(&c).await.lbs.len(), 1);
+    assert!(rules_by_group(&c).await.is_empty());
+    off.ensure_load_balancer_deleted(CLUSTER, &svc).await.unwrap();
+    assert_eq!(lb_state(&c).await, LbState::default());
+    let _ = w.sg;
+}
+
 #[tokio::test]
 async fn managed_nlb_security_groups_switch_modes_and_survive_a_kill_at_every_request_with_nothing_orphaned() {
     use annotations as a;
