@@ -65,6 +65,8 @@ pub struct AwsConfig {
     /// `ElbSecurityGroup`: a security group to use instead of the instances' own ones for
     /// load-balancer ingress rules.
     pub elb_security_group: String,
+    /// `NodeIPFamilies` (`ipv4`, `ipv6`; the key repeated, as upstream), in order.
+    pub node_ip_families: Vec<String>,
     /// The health check of `externalTrafficPolicy: Cluster` Services.
     pub cluster_probe: ClusterProbe,
     /// `NLBSecurityGroupMode = Managed`: a security group made and removed with each NLB.
@@ -136,7 +138,6 @@ const IGNORED_GLOBAL_KEYS: &[&str] = &[
     "kubernetesclustertag",
     "disablestrictzonecheck",
     "sourcearn",
-    "nodeipfamilies",
     "tagaggregatorrolearn",
     "clusterserviceloadbalancerhealthprobeport",
     "clusterserviceloadbalancerhealthprobepath",
@@ -244,6 +245,18 @@ pub fn parse(bytes: &[u8]) -> Result<AwsConfig, ConfigError> {
                             ));
                         }
                         config.cluster_probe.path = value;
+                        continue;
+                    }
+                    "nodeipfamilies" => {
+                        for f in value.split(',').map(|f| f.trim().to_ascii_lowercase()).filter(|f| !f.is_empty()) {
+                            if (f != "ipv4" && f != "ipv6") || config.node_ip_families.contains(&f) {
+                                return Err(ConfigError::at(
+                                    line_no,
+                                    "[Global] NodeIPFamilies: expected ipv4 or ipv6, each once",
+                                ));
+                            }
+                            config.node_ip_families.push(f);
+                        }
                         continue;
                     }
                     "nlbsecuritygroupmode" => {
@@ -448,6 +461,14 @@ url = "http://127.0.0.1:5000"
         ] {
             assert!(parse(bad).unwrap_err().to_string().contains("ClusterService"));
         }
+    }
+
+    #[test]
+    fn node_ip_families_are_read_in_order_and_checked() {
+        let c = parse(b"[Global]\nNodeIPFamilies = ipv6\nNodeIPFamilies = ipv4\n").unwrap();
+        assert_eq!(c.node_ip_families, vec!["ipv6".to_string(), "ipv4".to_string()]);
+        assert!(parse(b"[Global]\nNodeIPFamilies = ipx\n").unwrap_err().to_string().contains("NodeIPFamilies"));
+        assert!(parse(b"[Global]\nNodeIPFamilies = ipv4\nNodeIPFamilies = ipv4\n").is_err());
     }
 
     #[test]

@@ -26,8 +26,10 @@ pub struct InstanceInfo {
     pub state: String,
     /// The private DNS name (`ip-10-0-0-1.ec2.internal`), the usual Node name.
     pub private_dns: String,
-    /// The Node addresses, in upstream's order.
+    /// The Node addresses, in upstream's order (IPv4 and DNS names).
     pub addresses: Vec<NodeAddress>,
+    /// The IPv6 addresses of the attached interfaces, by device index.
+    pub ipv6: Vec<String>,
     /// The VPC.
     pub vpc_id: String,
     /// The subnet.
@@ -64,6 +66,7 @@ impl InstanceInfo {
             state: i.state().and_then(|s| s.name()).map(|n| n.as_str().to_string()).unwrap_or_default(),
             private_dns: i.private_dns_name().unwrap_or_default().to_string(),
             addresses: addresses(i),
+            ipv6: ipv6_addresses(i),
             vpc_id: i.vpc_id().unwrap_or_default().to_string(),
             subnet_id: i.subnet_id().unwrap_or_default().to_string(),
             security_groups: i.security_groups().iter().filter_map(|g| g.group_id()).map(str::to_string).collect(),
@@ -153,6 +156,38 @@ pub fn addresses(i: &Instance) -> Vec<NodeAddress> {
     if let Some(d) = i.public_dns_name() {
         push(address("ExternalDNS", d));
     }
+    out
+}
+
+/// The IPv6 addresses of the instance's attached interfaces, by device index.
+pub fn ipv6_addresses(i: &Instance) -> Vec<String> {
+    let mut enis: Vec<_> =
+        i.network_interfaces().iter().filter(|n| n.status().is_none_or(|s| s.as_str() == "in-use")).collect();
+    enis.sort_by_key(|n| n.attachment().and_then(|a| a.device_index()).unwrap_or(i32::MAX));
+    let mut out: Vec<String> = Vec::new();
+    for a in enis.iter().flat_map(|e| e.ipv6_addresses()).filter_map(|a| a.ipv6_address()) {
+        if !out.iter().any(|o| o == a) {
+            out.push(a.to_string());
+        }
+    }
+    out
+}
+
+/// The Node's addresses for `[Global] NodeIPFamilies` (`ipv4`, `ipv6`, in the order given;
+/// empty means `ipv4`): each family's IPs in turn, then the DNS names, as upstream.
+pub fn node_addresses(v4_and_dns: &[NodeAddress], ipv6: &[String], families: &[String]) -> Vec<NodeAddress> {
+    let ipv4_only = [String::from("ipv4")];
+    let families = if families.is_empty() { &ipv4_only[..] } else { families };
+    let is_dns = |a: &&NodeAddress| a.type_.ends_with("DNS") || a.type_ == "Hostname";
+    let mut out = Vec::new();
+    for f in families {
+        match f.as_str() {
+            "ipv4" => out.extend(v4_and_dns.iter().filter(|a| !is_dns(a)).cloned()),
+            "ipv6" => out.extend(ipv6.iter().map(|a| address("InternalIP", a))),
+            _ => {}
+        }
+    }
+    out.extend(v4_and_dns.iter().filter(is_dns).cloned());
     out
 }
 
@@ -319,6 +354,37 @@ mod tests {
             ("ExternalDNS", "ec2-54-1-2-3.compute-1.amazonaws.com"),
         ];
         assert_eq!(got, want.map(|(t, a)| (t.to_string(), a.to_string())));
+    }
+
+    #[test]
+    fn node_ip_families_order_ipv4_and_ipv6_addresses_before_the_dns_names() {
+        use aws_sdk_ec2::types::InstanceIpv6Address;
+        let mut second = eni(1, &[("10.0.1.5", true)]);
+        second.ipv6_addresses = Some(vec![InstanceIpv6Address::builder().ipv6_address("2600:1f18::b").build()]);
+        let mut first = eni(0, &[("10.0.0.5", true)]);
+        first.ipv6_addresses = Some(vec![InstanceIpv6Address::builder().ipv6_address("2600:1f18::a").build()]);
+        let i = Instance::builder()
+            .network_interfaces(second)
+            .network_interfaces(first)
+            .private_dns_name("ip-10-0-0-5.ec2.internal")
+            .build();
+        let v6 = ipv6_addresses(&i);
+        assert_eq!(v6, vec!["2600:1f18::a".to_string(), "2600:1f18::b".into()]);
+        let pairs = |fams: &[&str]| -> Vec<(String, String)> {
+            let fams: Vec<String> = fams.iter().map(|f| f.to_string()).collect();
+            node_addresses(&addresses(&i), &v6, &fams).into_iter().map(|a| (a.type_, a.address)).collect()
+        };
+        let ip = |a: &str| ("InternalIP".to_string(), a.to_string());
+        let dns = [
+            ("InternalDNS".to_string(), "ip-10-0-0-5.ec2.internal".to_string()),
+            ("Hostname".to_string(), "ip-10-0-0-5.ec2.internal".to_string()),
+        ];
+        assert_eq!(pairs(&[]), [vec![ip("10.0.0.5"), ip("10.0.1.5")], dns.to_vec()].concat());
+        assert_eq!(
+            pairs(&["ipv6", "ipv4"]),
+            [vec![ip("2600:1f18::a"), ip("2600:1f18::b"), ip("10.0.0.5"), ip("10.0.1.5")], dns.to_vec()].concat()
+        );
+        assert_eq!(pairs(&["ipv6"]), [vec![ip("2600:1f18::a"), ip("2600:1f18::b")], dns.to_vec()].concat());
     }
 
     #[test]

@@ -385,7 +385,7 @@ impl AwsProvider {
         InstanceMetadata {
             provider_id: info.provider_id(),
             instance_type: info.instance_type.clone(),
-            node_addresses: info.addresses.clone(),
+            node_addresses: instances::node_addresses(&info.addresses, &info.ipv6, &self.config.node_ip_families),
             zone: info.zone.clone(),
             region: region.to_string(),
             additional_labels: zone_id_labels(&info.zone, zone_ids),
