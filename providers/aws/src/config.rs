@@ -65,6 +65,8 @@ pub struct AwsConfig {
     /// `ElbSecurityGroup`: a security group to use instead of the instances' own ones for
     /// load-balancer ingress rules.
     pub elb_security_group: String,
+    /// `ZoneIDAsZone` (ours): the zone ID (`use1-az6`) as `topology.kubernetes.io/zone`.
+    pub zone_id_as_zone: bool,
     /// `NodeIPFamilies` (`ipv4`, `ipv6`; the key repeated, as upstream), in order.
     pub node_ip_families: Vec<String>,
     /// The health check of `externalTrafficPolicy: Cluster` Services.
@@ -247,6 +249,12 @@ pub fn parse(bytes: &[u8]) -> Result<AwsConfig, ConfigError> {
                         config.cluster_probe.path = value;
                         continue;
                     }
+                    "zoneidaszone" => {
+                        config.zone_id_as_zone = parse_bool(&value).ok_or_else(|| {
+                            ConfigError::at(line_no, "[Global] ZoneIDAsZone: not a boolean (true or false)")
+                        })?;
+                        continue;
+                    }
                     "nodeipfamilies" => {
                         for f in value.split(',').map(|f| f.trim().to_ascii_lowercase()).filter(|f| !f.is_empty()) {
                             if (f != "ipv4" && f != "ipv6") || config.node_ip_families.contains(&f) {
@@ -281,7 +289,7 @@ pub fn parse(bytes: &[u8]) -> Result<AwsConfig, ConfigError> {
                     _ => {
                         return Err(ConfigError::at(
                             line_no,
-                            "[Global] unknown key; known: Zone, Region, VPC, SubnetID, RouteTableID, KubernetesClusterID, KubernetesClusterTag, RoleARN, ElbSecurityGroup, DisableSecurityGroupIngress, NLBSecurityGroupMode",
+                            "[Global] unknown key; known: Zone, Region, VPC, SubnetID, RouteTableID, KubernetesClusterID, KubernetesClusterTag, RoleARN, ElbSecurityGroup, DisableSecurityGroupIngress, NLBSecurityGroupMode, NodeIPFamilies, ZoneIDAsZone, ClusterServiceLoadBalancerHealthProbeMode",
                         ));
                     }
                 };
@@ -469,6 +477,12 @@ url = "http://127.0.0.1:5000"
         assert_eq!(c.node_ip_families, vec!["ipv6".to_string(), "ipv4".to_string()]);
         assert!(parse(b"[Global]\nNodeIPFamilies = ipx\n").unwrap_err().to_string().contains("NodeIPFamilies"));
         assert!(parse(b"[Global]\nNodeIPFamilies = ipv4\nNodeIPFamilies = ipv4\n").is_err());
+    }
+
+    #[test]
+    fn zone_id_as_zone_is_a_boolean() {
+        assert!(parse(b"[Global]\nZoneIDAsZone = true\n").unwrap().zone_id_as_zone);
+        assert!(parse(b"[Global]\nZoneIDAsZone = maybe\n").unwrap_err().to_string().contains("ZoneIDAsZone"));
     }
 
     #[test]

@@ -386,7 +386,7 @@ impl AwsProvider {
             provider_id: info.provider_id(),
             instance_type: info.instance_type.clone(),
             node_addresses: instances::node_addresses(&info.addresses, &info.ipv6, &self.config.node_ip_families),
-            zone: info.zone.clone(),
+            zone: node_zone(&info.zone, zone_ids, self.config.zone_id_as_zone),
             region: region.to_string(),
             additional_labels: zone_id_labels(&info.zone, zone_ids),
         }
@@ -437,6 +437,15 @@ impl AwsProvider {
 
 /// Upstream's zone-ID label.
 pub const LABEL_ZONE_ID: &str = "topology.k8s.aws/zone-id";
+
+/// The Node's `topology.kubernetes.io/zone`: the zone name, or with `ZoneIDAsZone` its ID
+/// (the name while the ID is unknown, so a Node never lacks the label).
+pub fn node_zone(zone: &str, zone_ids: &BTreeMap<String, String>, zone_id_as_zone: bool) -> String {
+    match zone_ids.get(zone) {
+        Some(id) if zone_id_as_zone => id.clone(),
+        _ => zone.to_string(),
+    }
+}
 
 /// The labels for an instance's zone: its zone ID, when known.
 pub fn zone_id_labels(zone: &str, zone_ids: &BTreeMap<String, String>) -> BTreeMap<String, String> {
@@ -569,6 +578,9 @@ mod tests {
         let ids: BTreeMap<String, String> = [("us-east-1a".to_string(), "use1-az6".to_string())].into();
         assert_eq!(zone_id_labels("us-east-1a", &ids).get(LABEL_ZONE_ID).map(String::as_str), Some("use1-az6"));
         assert!(zone_id_labels("us-east-1b", &ids).is_empty());
+        assert_eq!(node_zone("us-east-1a", &ids, false), "us-east-1a");
+        assert_eq!(node_zone("us-east-1a", &ids, true), "use1-az6");
+        assert_eq!(node_zone("us-east-1b", &ids, true), "us-east-1b");
     }
 
     #[test]

@@ -415,6 +415,22 @@ async fn instance_not_visible_yet_is_not_reported_gone_until_a_second_lookup_con
     assert_eq!(p.instance_exists(&n).await, Ok(false));
 }
 
+#[tokio::test]
+async fn zone_id_as_zone_puts_the_zone_id_in_the_zone_label() {
+    let Some(moto) = Moto::start("zone_id_as_zone").await else { return };
+    let p =
+        Arc::new(AwsProvider::new(AwsConfig { zone_id_as_zone: true, ..config() }, CLUSTER, options_for(&moto.url)));
+    let c = p.clients().await.unwrap().clone();
+    let w = seed(&c).await;
+    let (id, dns) = launch(&c, &w, 1).await.remove(0);
+    let zones = c.ec2.describe_availability_zones().zone_names(ZONE).send().await.unwrap();
+    let zone_id = zones.availability_zones()[0].zone_id().unwrap().to_string();
+    let md = p.instance_metadata(&node(&dns, Some(&pid(&id)), None, vec![])).await.unwrap().unwrap();
+    assert_eq!(md.zone, zone_id);
+    assert_eq!(md.additional_labels.get(ccm_provider_aws::LABEL_ZONE_ID), Some(&zone_id));
+    assert_eq!(md.provider_id, pid(&id), "the providerID keeps the zone name");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Load balancers
 
