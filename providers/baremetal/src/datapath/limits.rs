@@ -74,25 +74,27 @@ pub struct Slot {
 }
 
 impl Slot {
-    /// Take a place if both caps allow ([`admit`] on the counts before this one). Safe against
-    /// concurrent takers: each count is raised first and lowered again on refusal.
+    /// Take a place if both caps allow. Safe against concurrent takers, and a count never reads
+    /// above its cap, not even for an instant: each is raised only while below its cap, so a
+    /// taker that will be refused never makes another listener (or a reader) see a full count.
     pub fn take(
         listener: &Arc<AtomicUsize>,
         listener_cap: usize,
         total: &Arc<AtomicUsize>,
         total_cap: usize,
     ) -> Result<Slot, Full> {
-        let in_listener = listener.fetch_add(1, Ordering::AcqRel);
-        let in_total = total.fetch_add(1, Ordering::AcqRel);
-        match admit(in_listener, listener_cap, in_total, total_cap) {
-            Ok(()) => Ok(Slot { listener: listener.clone(), total: total.clone() }),
-            Err(full) => {
-                listener.fetch_sub(1, Ordering::AcqRel);
-                total.fetch_sub(1, Ordering::AcqRel);
-                Err(full)
-            }
+        raise_below(listener, listener_cap).map_err(|_| Full::Listener)?;
+        if raise_below(total, total_cap).is_err() {
+            listener.fetch_sub(1, Ordering::AcqRel);
+            return Err(Full::DataPath);
         }
+        Ok(Slot { listener: listener.clone(), total: total.clone() })
     }
+}
+
+/// Add one to `count` if it is below `cap` (the same rule as [`admit`]), atomically.
+fn raise_below(count: &AtomicUsize, cap: usize) -> Result<usize, usize> {
+    count.fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| (held < cap).then_some(held + 1))
 }
 
 impl Drop for Slot {
@@ -268,6 +270,46 @@ mod tests {
         drop((a, b, c));
         assert_eq!((listener.load(Ordering::SeqCst), other.load(Ordering::SeqCst)), (0, 0));
         assert_eq!(total.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn concurrent_takers_never_push_a_count_above_its_cap() {
+        let (listener, total) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (cap, total_cap) = (8, 12);
+        let max_seen = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let watcher = {
+            let (listener, max_seen, stop) = (listener.clone(), max_seen.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Acquire) {
+                    max_seen.fetch_max(listener.load(Ordering::Acquire), Ordering::AcqRel);
+                }
+            })
+        };
+        let takers: Vec<_> = (0..4)
+            .map(|_| {
+                let (listener, total) = (listener.clone(), total.clone());
+                std::thread::spawn(move || {
+                    let (mut held, mut refused) = (Vec::new(), 0);
+                    for round in 0..20_000 {
+                        match Slot::take(&listener, cap, &total, total_cap) {
+                            Ok(slot) => held.push(slot),
+                            Err(_) => refused += 1,
+                        }
+                        if round % 3 == 0 {
+                            held.pop();
+                        }
+                    }
+                    refused
+                })
+            })
+            .collect();
+        let refused: usize = takers.into_iter().map(|t| t.join().expect("taker")).sum();
+        stop.store(true, Ordering::Release);
+        watcher.join().expect("watcher");
+        assert!(refused > 0, "the takers pressed against the cap");
+        assert!(max_seen.load(Ordering::Acquire) <= cap, "read {} above cap {cap}", max_seen.load(Ordering::Acquire));
+        assert_eq!((listener.load(Ordering::Acquire), total.load(Ordering::Acquire)), (0, 0), "every place given back");
     }
 
     #[test]
