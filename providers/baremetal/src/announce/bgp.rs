@@ -1,0 +1,582 @@
+//! BGP announcement: each address advertised as a host route (/32, /128) to configured peers,
+//! by a BIRD 2 daemon the announcer configures and reloads (see [`bird`] for the I/O and
+//! docs/datapath.md for why BIRD).
+//!
+//! This file holds the pure parts: the `loadBalancer.announcement.bgp` settings and their
+//! validation, and the renderer from (settings, node facts, addresses) to BIRD's config text.
+
+#[path = "bird.rs"]
+pub mod bird;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::{self, Write as _};
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ccm_framework::safe_yaml::{self, DocumentError, FieldPath, Problem};
+use serde::{Deserialize, Deserializer};
+
+use crate::duration::parse_duration;
+
+/// Peers one node may have: enough for a pair of top-of-rack routers per family, with room.
+pub const MAX_PEERS: usize = 16;
+/// Communities added to every announced route, at most.
+pub const MAX_COMMUNITIES: usize = 16;
+/// Longest `passwordFile` path, in bytes.
+pub const MAX_PATH_BYTES: usize = 1024;
+/// Longest password, in bytes (Linux's TCP-MD5 key limit, `TCP_MD5SIG_MAXKEYLEN`).
+pub const MAX_PASSWORD_BYTES: usize = 80;
+/// The hold time when none is given (MetalLB's default too).
+pub const DEFAULT_HOLD_TIME: Duration = Duration::from_secs(90);
+/// The BGP port.
+pub const BGP_PORT: u16 = 179;
+
+/// The message of a malformed IP address.
+pub const BAD_IP: &str = "is not an IP address such as 192.0.2.1 or 2001:db8::1";
+/// The message of a malformed router ID.
+pub const BAD_ROUTER_ID: &str = "is not a BGP router ID: an IPv4 address other than 0.0.0.0, such as 192.0.2.1";
+/// The message of a reserved or zero AS number.
+pub const BAD_ASN: &str = "must be an AS number from 1 to 4294967294, other than 23456 (AS_TRANS)";
+/// The message of a hold time BGP does not allow.
+pub const BAD_HOLD_TIME: &str = "must be 0s (no keepalives) or whole seconds from 3s to 65535s, such as 90s";
+/// The message of an empty peer list.
+pub const NO_PEERS: &str = "must list at least one peer";
+/// The message of a peer list beyond [`MAX_PEERS`].
+pub const TOO_MANY_PEERS: &str = "lists more than 16 peers";
+/// The message of a peer address nobody can peer with.
+pub const BAD_PEER_ADDRESS: &str = "must be a unicast address of the peer (not unspecified, loopback or multicast)";
+/// The message of port 0.
+pub const BAD_PORT: &str = "must be a TCP port from 1 to 65535";
+/// The message of a multihop value out of range.
+pub const BAD_MULTIHOP: &str = "must be a hop count from 1 to 255";
+/// The message of a bad `passwordFile`.
+pub const BAD_PASSWORD_FILE: &str =
+    "must be an absolute path of at most 1024 bytes (a mounted Secret key, for example)";
+/// The message of a malformed community.
+pub const BAD_COMMUNITY: &str = "must be a BGP community written as two numbers from 0 to 65535, such as 65000:100";
+/// The message of a community list beyond [`MAX_COMMUNITIES`].
+pub const TOO_MANY_COMMUNITIES: &str = "lists more than 16 communities";
+
+/// The fixed messages this module's checks raise, for the cloud-config schema.
+pub const MESSAGES: &[&str] = &[
+    BAD_IP,
+    BAD_ROUTER_ID,
+    BAD_ASN,
+    BAD_HOLD_TIME,
+    NO_PEERS,
+    TOO_MANY_PEERS,
+    BAD_PEER_ADDRESS,
+    BAD_PORT,
+    BAD_MULTIHOP,
+    BAD_PASSWORD_FILE,
+    BAD_COMMUNITY,
+    TOO_MANY_COMMUNITIES,
+];
+
+/// `loadBalancer.announcement.bgp`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct BgpConfig {
+    /// This cluster's AS number (every node speaks as this AS).
+    pub local_asn: u32,
+    /// The BGP router ID; by default the node's IPv4 address.
+    #[serde(default, deserialize_with = "router_id")]
+    pub router_id: Option<Ipv4Addr>,
+    /// The routers every node peers with.
+    #[serde(default)]
+    pub peers: Vec<PeerConfig>,
+    /// Standard communities (`65000:100`) added to every announced route.
+    #[serde(default)]
+    pub communities: Vec<String>,
+    /// `LOCAL_PREF` of the announced routes (sent to iBGP peers only, as BGP defines).
+    #[serde(default)]
+    pub local_pref: Option<u32>,
+}
+
+/// One BGP peer.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PeerConfig {
+    /// The peer's address; an IPv4 peer gets the IPv4 host routes, an IPv6 peer the IPv6 ones.
+    #[serde(deserialize_with = "ip")]
+    pub address: IpAddr,
+    /// The peer's AS number (equal to `localAsn` for iBGP).
+    pub asn: u32,
+    /// The peer's TCP port (default 179).
+    #[serde(default)]
+    pub port: Option<u16>,
+    /// A file holding the TCP-MD5 password (for example a mounted Secret key); read by the
+    /// announcer, never logged.
+    #[serde(default)]
+    pub password_file: Option<PathBuf>,
+    /// The hold time (default 90s); keepalives every third of it.
+    #[serde(default, deserialize_with = "hold_time")]
+    pub hold_time: Option<Duration>,
+    /// Allow a peer this many hops away (eBGP defaults to a directly connected peer).
+    #[serde(default)]
+    pub multihop: Option<u8>,
+}
+
+fn ip<'de, D: Deserializer<'de>>(deserializer: D) -> Result<IpAddr, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    text.trim().parse().map_err(|_| safe_yaml::custom(BAD_IP))
+}
+
+fn router_id<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Ipv4Addr>, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    match text.trim().parse::<Ipv4Addr>() {
+        Ok(id) if !id.is_unspecified() => Ok(Some(id)),
+        _ => Err(safe_yaml::custom(BAD_ROUTER_ID)),
+    }
+}
+
+fn hold_time<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Duration>, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    parse_duration(&text).map(Some).map_err(safe_yaml::custom)
+}
+
+impl BgpConfig {
+    /// Check everything the types cannot express; the error names the first culprit under
+    /// `path` (the place of this section in the document).
+    pub fn validate(&self, path: &FieldPath) -> Result<(), DocumentError> {
+        let invalid = |field: FieldPath, message| Err(DocumentError::invalid(field, message));
+        if !valid_asn(self.local_asn) {
+            return invalid(path.field("localAsn"), BAD_ASN);
+        }
+        let peers = path.field("peers");
+        if self.peers.is_empty() {
+            return invalid(peers, NO_PEERS);
+        }
+        if self.peers.len() > MAX_PEERS {
+            return invalid(peers, TOO_MANY_PEERS);
+        }
+        let mut seen: BTreeMap<IpAddr, usize> = BTreeMap::new();
+        for (i, peer) in self.peers.iter().enumerate() {
+            let at = peers.index(i);
+            peer.validate(&at)?;
+            if let Some(first) = seen.insert(peer.address, i) {
+                let how = "duplicates the peer address of";
+                return Err(DocumentError::at(
+                    at.field("address"),
+                    Problem::Clash { how, other: peers.index(first).field("address") },
+                ));
+            }
+        }
+        let communities = path.field("communities");
+        if self.communities.len() > MAX_COMMUNITIES {
+            return invalid(communities, TOO_MANY_COMMUNITIES);
+        }
+        for (i, community) in self.communities.iter().enumerate() {
+            if parse_community(community).is_none() {
+                return invalid(communities.index(i), BAD_COMMUNITY);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl PeerConfig {
+    fn validate(&self, at: &FieldPath) -> Result<(), DocumentError> {
+        let invalid = |field: &'static str, message| Err(DocumentError::invalid(at.field(field), message));
+        let address = self.address;
+        if address.is_unspecified() || address.is_loopback() || address.is_multicast() {
+            return invalid("address", BAD_PEER_ADDRESS);
+        }
+        if !valid_asn(self.asn) {
+            return invalid("asn", BAD_ASN);
+        }
+        if self.port == Some(0) {
+            return invalid("port", BAD_PORT);
+        }
+        if let Some(hold) = self.hold_time
+            && hold_seconds(hold).is_none()
+        {
+            return invalid("holdTime", BAD_HOLD_TIME);
+        }
+        if self.multihop == Some(0) {
+            return invalid("multihop", BAD_MULTIHOP);
+        }
+        if let Some(file) = &self.password_file
+            && (!file.is_absolute() || file.as_os_str().len() > MAX_PATH_BYTES || file.to_str().is_none())
+        {
+            return invalid("passwordFile", BAD_PASSWORD_FILE);
+        }
+        Ok(())
+    }
+
+    /// The hold time in seconds (validated: 0 or 3..=65535).
+    fn hold_seconds(&self) -> u64 {
+        self.hold_time.and_then(hold_seconds).unwrap_or(DEFAULT_HOLD_TIME.as_secs())
+    }
+}
+
+/// 0 and 4294967295 are reserved (RFC 7607, RFC 7300); 23456 stands in for 4-byte ASNs.
+fn valid_asn(asn: u32) -> bool {
+    asn != 0 && asn != u32::MAX && asn != 23456
+}
+
+/// A hold time BGP allows (RFC 4271: 0, or at least 3 seconds), in whole seconds.
+fn hold_seconds(hold: Duration) -> Option<u64> {
+    let secs = hold.as_secs();
+    let whole = hold.subsec_nanos() == 0;
+    (whole && (secs == 0 || (3..=65535).contains(&secs))).then_some(secs)
+}
+
+/// `65000:100` as its two halves.
+fn parse_community(text: &str) -> Option<(u16, u16)> {
+    let (high, low) = text.split_once(':')?;
+    let number = |part: &str| if part.bytes().all(|b| b.is_ascii_digit()) { part.parse::<u16>().ok() } else { None };
+    Some((number(high)?, number(low)?))
+}
+
+/// What the renderer needs to know about the node it runs on.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeFacts {
+    /// The node's IPv4 address (its `InternalIP`), the default router ID.
+    pub ipv4: Option<Ipv4Addr>,
+}
+
+/// A peer's TCP-MD5 password, read from its `passwordFile`. It prints as `<redacted>`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Password(String);
+
+impl fmt::Debug for Password {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Password(<redacted>)")
+    }
+}
+
+/// Why a password file's content cannot be used (the content itself is never kept).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PasswordProblem {
+    /// Nothing but whitespace.
+    #[error("is empty")]
+    Empty,
+    /// Longer than [`MAX_PASSWORD_BYTES`].
+    #[error("is longer than 80 bytes (the TCP-MD5 key limit)")]
+    TooLong,
+    /// Holds a character BIRD's config strings cannot carry.
+    #[error("holds a character other than printable ASCII without '\"' and '\\'")]
+    BadCharacter,
+}
+
+impl Password {
+    /// The password in a file's content: one line (a trailing newline is dropped), printable
+    /// ASCII without `"` or `\` (BIRD's strings have no escapes), at most 80 bytes.
+    pub fn from_file_content(content: &[u8]) -> Result<Self, PasswordProblem> {
+        let content = content.strip_suffix(b"\n").unwrap_or(content);
+        let content = content.strip_suffix(b"\r").unwrap_or(content);
+        if content.len() > MAX_PASSWORD_BYTES {
+            return Err(PasswordProblem::TooLong);
+        }
+        if content.iter().all(u8::is_ascii_whitespace) {
+            return Err(PasswordProblem::Empty);
+        }
+        if !content.iter().all(|&b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\') {
+            return Err(PasswordProblem::BadCharacter);
+        }
+        // Checked above: ASCII only.
+        Ok(Self(content.iter().map(|&b| char::from(b)).collect()))
+    }
+}
+
+/// Why no BIRD config could be rendered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RenderError {
+    /// `routerId` is unset and the node has no IPv4 address to default to.
+    #[error("loadBalancer.announcement.bgp.routerId: must be set, as this node has no IPv4 address to default to")]
+    NoRouterId,
+}
+
+/// The BIRD config text announcing `addresses` to the configured peers. Deterministic: the
+/// same inputs give the same text, so an unchanged set never causes a reload. `passwords` maps
+/// a peer's index in `config.peers` to its password (peers with a `passwordFile` only).
+///
+/// Addresses go into a `protocol static` as blackhole host routes: the route only has to exist
+/// in BIRD's table to be exported, and there is no `protocol kernel`, so nothing is written to
+/// the node's routing table; peers get the node itself as next hop (`next hop self`), where
+/// kube-proxy or the proxy data path takes the traffic. Each peer exports only its family's
+/// host routes from that static protocol and imports nothing.
+pub fn render(
+    config: &BgpConfig,
+    node: &NodeFacts,
+    passwords: &BTreeMap<usize, Password>,
+    addresses: &BTreeSet<IpAddr>,
+) -> Result<String, RenderError> {
+    let router_id = config.router_id.or(node.ipv4).ok_or(RenderError::NoRouterId)?;
+    let mut out = String::new();
+    // Writing to a String cannot fail; the results are ignored on purpose.
+    let _ = writeln!(out, "# Rendered by ccm-provider-baremetal's BGP announcer; rewritten on every change.");
+    let _ = writeln!(out, "router id {router_id};\n");
+    // Interfaces, so BIRD knows which peers are directly connected.
+    let _ = writeln!(out, "protocol device {{\n}}\n");
+    for (name, family, v4) in [(STATIC_V4, "ipv4", true), (STATIC_V6, "ipv6", false)] {
+        let _ = writeln!(out, "protocol static {name} {{\n  {family};");
+        for address in addresses.iter().filter(|a| a.is_ipv4() == v4 && announceable(**a)) {
+            let len = if v4 { 32 } else { 128 };
+            let _ = writeln!(out, "  route {address}/{len} blackhole;");
+        }
+        let _ = writeln!(out, "}}\n");
+    }
+    let communities: Vec<(u16, u16)> = config.communities.iter().filter_map(|c| parse_community(c)).collect();
+    for (filter, source) in [(FILTER_V4, STATIC_V4), (FILTER_V6, STATIC_V6)] {
+        let _ = writeln!(out, "filter {filter} {{\n  if proto = \"{source}\" then {{");
+        for (high, low) in &communities {
+            let _ = writeln!(out, "    bgp_community.add(({high}, {low}));");
+        }
+        if let Some(pref) = config.local_pref {
+            let _ = writeln!(out, "    bgp_local_pref = {pref};");
+        }
+        let _ = writeln!(out, "    accept;\n  }}\n  reject;\n}}\n");
+    }
+    let mut peers: Vec<(usize, &PeerConfig)> = config.peers.iter().enumerate().collect();
+    peers.sort_by_key(|(_, peer)| peer.address);
+    for (index, peer) in peers {
+        let _ = writeln!(out, "protocol bgp {} {{", protocol_name(peer.address));
+        let _ = writeln!(out, "  local as {};", config.local_asn);
+        let port = peer.port.unwrap_or(BGP_PORT);
+        let _ = writeln!(out, "  neighbor {} port {port} as {};", peer.address, peer.asn);
+        let _ = writeln!(out, "  hold time {};", peer.hold_seconds());
+        if let Some(hops) = peer.multihop {
+            let _ = writeln!(out, "  multihop {hops};");
+        }
+        if let Some(Password(password)) = passwords.get(&index) {
+            let _ = writeln!(out, "  password \"{password}\";");
+        }
+        let (family, filter) = if peer.address.is_ipv4() { ("ipv4", FILTER_V4) } else { ("ipv6", FILTER_V6) };
+        let _ =
+            writeln!(out, "  {family} {{\n    import none;\n    export filter {filter};\n    next hop self;\n  }};");
+        let _ = writeln!(out, "}}\n");
+    }
+    Ok(out)
+}
+
+/// The static protocol holding the IPv4 host routes.
+pub const STATIC_V4: &str = "ccm_v4";
+/// The static protocol holding the IPv6 host routes.
+pub const STATIC_V6: &str = "ccm_v6";
+const FILTER_V4: &str = "ccm_export_v4";
+const FILTER_V6: &str = "ccm_export_v6";
+
+/// The BIRD protocol name of a peer: from its address, so reordering peers in the config
+/// changes nothing (a renamed protocol would restart its session).
+pub fn protocol_name(address: IpAddr) -> String {
+    let text: String = address.to_string().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+    format!("peer_{text}")
+}
+
+/// Whether an address is worth a route: loopback, unspecified and multicast addresses (a pool
+/// with `allowLoopback` may hand out the first) mean nothing to a router.
+pub fn announceable(address: IpAddr) -> bool {
+    !(address.is_loopback() || address.is_unspecified() || address.is_multicast())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The section under a `bgp` key, so paths read as in the cloud-config.
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Doc {
+        bgp: BgpConfig,
+    }
+
+    fn parse(yaml: &str) -> Result<BgpConfig, DocumentError> {
+        let schema = safe_yaml::Schema::new().with::<Doc>().with::<BgpConfig>().with::<PeerConfig>();
+        let schema = schema.with_messages(MESSAGES);
+        let indented: String = yaml.lines().map(|line| format!("  {line}\n")).collect();
+        let doc: Doc =
+            safe_yaml::from_slice(format!("bgp:\n{indented}").as_bytes(), &safe_yaml::CLOUD_CONFIG_LIMITS, &schema)?;
+        doc.bgp.validate(&FieldPath::root().field("bgp"))?;
+        Ok(doc.bgp)
+    }
+
+    fn message(yaml: &str) -> String {
+        parse(yaml).expect_err("must be refused").to_string()
+    }
+
+    const GOOD: &str = "localAsn: 64512\npeers:\n- address: 192.0.2.1\n  asn: 64513\n";
+
+    #[test]
+    fn a_minimal_config_defaults_port_hold_time_and_router_id() {
+        let config = parse(GOOD).expect("valid");
+        assert_eq!(config.local_asn, 64512);
+        assert_eq!(config.router_id, None);
+        let peer = &config.peers[0];
+        assert_eq!(peer.port, None);
+        assert_eq!(peer.hold_seconds(), 90);
+        let node = NodeFacts { ipv4: Some("10.0.0.5".parse().expect("ip")) };
+        let text = render(&config, &node, &BTreeMap::new(), &BTreeSet::new()).expect("render");
+        assert!(text.contains("router id 10.0.0.5;"), "{text}");
+        assert!(text.contains("neighbor 192.0.2.1 port 179 as 64513;"), "{text}");
+        assert!(text.contains("hold time 90;"), "{text}");
+    }
+
+    #[test]
+    fn every_field_is_read() {
+        let yaml = "localAsn: 64512\nrouterId: 10.1.1.1\ncommunities: ['65000:100']\nlocalPref: 200\npeers:\n- address: 2001:db8::1\n  asn: 64512\n  port: 1179\n  passwordFile: /etc/bgp/peer\n  holdTime: 9s\n  multihop: 3\n";
+        let config = parse(yaml).expect("valid");
+        assert_eq!(config.router_id, Some(Ipv4Addr::new(10, 1, 1, 1)));
+        assert_eq!(config.local_pref, Some(200));
+        let peer = &config.peers[0];
+        assert_eq!(peer.address, "2001:db8::1".parse::<IpAddr>().expect("ip"));
+        assert_eq!((peer.port, peer.multihop, peer.hold_seconds()), (Some(1179), Some(3), 9));
+        assert_eq!(peer.password_file.as_deref(), Some(std::path::Path::new("/etc/bgp/peer")));
+    }
+
+    #[test]
+    fn each_invalid_field_is_named_with_the_expected_form() {
+        let peer = |extra: &str| format!("localAsn: 64512\npeers:\n- address: 192.0.2.1\n  asn: 64513\n{extra}");
+        let cases = [
+            ("localAsn: 0\npeers: [{address: 192.0.2.1, asn: 1}]".to_string(), "bgp.localAsn", BAD_ASN),
+            ("localAsn: 23456\npeers: [{address: 192.0.2.1, asn: 1}]".to_string(), "bgp.localAsn", BAD_ASN),
+            ("localAsn: 1\n".to_string(), "bgp.peers", NO_PEERS),
+            ("localAsn: 1\nrouterId: 0.0.0.0\npeers: [{address: 192.0.2.1, asn: 1}]".into(), "routerId", BAD_ROUTER_ID),
+            (
+                "localAsn: 1\nrouterId: 2001:db8::1\npeers: [{address: 192.0.2.1, asn: 1}]".into(),
+                "routerId",
+                BAD_ROUTER_ID,
+            ),
+            ("localAsn: 1\npeers: [{address: 192.0.2, asn: 1}]".into(), "bgp.peers[0].address", BAD_IP),
+            ("localAsn: 1\npeers: [{address: 127.0.0.1, asn: 1}]".into(), "bgp.peers[0].address", BAD_PEER_ADDRESS),
+            ("localAsn: 1\npeers: [{address: 192.0.2.1, asn: 4294967295}]".into(), "bgp.peers[0].asn", BAD_ASN),
+            (peer("  port: 0\n"), "bgp.peers[0].port", BAD_PORT),
+            (peer("  holdTime: 2s\n"), "bgp.peers[0].holdTime", BAD_HOLD_TIME),
+            (peer("  holdTime: 1500ms\n"), "bgp.peers[0].holdTime", BAD_HOLD_TIME),
+            (peer("  holdTime: 70000s\n"), "bgp.peers[0].holdTime", BAD_HOLD_TIME),
+            (peer("  multihop: 0\n"), "bgp.peers[0].multihop", BAD_MULTIHOP),
+            (peer("  passwordFile: secret.txt\n"), "bgp.peers[0].passwordFile", BAD_PASSWORD_FILE),
+            (format!("{GOOD}communities: ['65000:70000']"), "bgp.communities[0]", BAD_COMMUNITY),
+            (format!("{GOOD}communities: ['65000']"), "bgp.communities[0]", BAD_COMMUNITY),
+        ];
+        for (yaml, path, expected) in cases {
+            let text = message(&yaml);
+            assert!(text.contains(path) && text.contains(expected), "{yaml:?} gave {text:?}");
+        }
+        let text = message(&format!("{GOOD}- address: 192.0.2.1\n  asn: 64514\n"));
+        assert!(text.contains("bgp.peers[1].address: duplicates the peer address of bgp.peers[0].address"), "{text}");
+        let text = message(&peer("  password: hunter2\n"));
+        assert!(text.contains("unknown field") && !text.contains("hunter2"), "{text}");
+    }
+
+    #[test]
+    fn the_cloud_config_names_the_full_path_of_a_bgp_mistake() {
+        let doc = "loadBalancer:\n  announcement:\n    bgp:\n      localAsn: 64512\n      peers:\n      - {address: 192.0.2.1, asn: 0}\n";
+        let error = crate::config::parse(doc.as_bytes()).expect_err("asn 0");
+        assert_eq!(error.to_string(), format!("loadBalancer.announcement.bgp.peers[0].asn: {BAD_ASN}"));
+        let doc = "loadBalancer:\n  announcement:\n    bgp:\n      localAsn: 64512\n      peers:\n      - {address: 192.0.2.300, asn: 1}\n";
+        let error = crate::config::parse(doc.as_bytes()).expect_err("bad address").to_string();
+        assert!(
+            error.starts_with("loadBalancer.announcement.bgp.peers[0].address: ") && error.contains(BAD_IP),
+            "{error}"
+        );
+        let doc = "loadBalancer:\n  announcement:\n    bgp:\n      localAsn: 64512\n      peers:\n      - {address: 192.0.2.1, asn: 1}\n";
+        let config = crate::config::parse(doc.as_bytes()).expect("valid");
+        assert_eq!(config.load_balancer.announcement.bgp.map(|b| b.peers.len()), Some(1));
+    }
+
+    #[test]
+    fn lists_are_bounded() {
+        let peers: String = (1..=17).map(|i| format!("- address: 192.0.2.{i}\n  asn: 64513\n")).collect();
+        assert!(message(&format!("localAsn: 64512\npeers:\n{peers}")).contains(TOO_MANY_PEERS));
+        let communities: Vec<String> = (0..17).map(|i| format!("'65000:{i}'")).collect();
+        let yaml = format!("{GOOD}communities: [{}]", communities.join(", "));
+        assert!(message(&yaml).contains(TOO_MANY_COMMUNITIES));
+    }
+
+    #[test]
+    fn a_password_must_fit_birds_strings_and_its_problems_never_quote_it() {
+        assert_eq!(Password::from_file_content(b"s3cret pass\n"), Ok(Password("s3cret pass".into())));
+        assert_eq!(Password::from_file_content(b"\n"), Err(PasswordProblem::Empty));
+        assert_eq!(Password::from_file_content(&[b'a'; 81]), Err(PasswordProblem::TooLong));
+        for bad in [&b"a\"b"[..], b"a\\b", b"two\nlines", "é".as_bytes(), b"tab\there"] {
+            assert_eq!(Password::from_file_content(bad), Err(PasswordProblem::BadCharacter), "{bad:?}");
+        }
+        let password = Password::from_file_content(b"hunter2").expect("valid");
+        assert!(!format!("{password:?}").contains("hunter2"));
+    }
+
+    fn addresses(list: &[&str]) -> BTreeSet<IpAddr> {
+        list.iter().map(|a| a.parse().expect("ip")).collect()
+    }
+
+    fn two_peers() -> BgpConfig {
+        parse(
+            "localAsn: 64512\ncommunities: ['65000:100']\nlocalPref: 150\npeers:\n\
+             - address: fd00::2\n  asn: 64513\n  passwordFile: /p\n\
+             - address: 10.0.0.2\n  asn: 64513\n  multihop: 2\n  holdTime: 0s\n",
+        )
+        .expect("valid")
+    }
+
+    fn block<'a>(text: &'a str, header: &str) -> &'a str {
+        let start = text.find(header).unwrap_or_else(|| panic!("no {header} in {text}"));
+        let rest = &text[start..];
+        &rest[..rest.find("\n}\n").map_or(rest.len(), |end| end + 2)]
+    }
+
+    #[test]
+    fn rendering_puts_host_routes_per_family_and_exports_only_them_to_the_peer_of_that_family() {
+        let node = NodeFacts { ipv4: Some(Ipv4Addr::new(10, 0, 0, 1)) };
+        let passwords = BTreeMap::from([(0, Password("pw".into()))]);
+        let set = addresses(&["203.0.113.20", "2001:db8::7", "203.0.113.3", "127.0.0.1"]);
+        let text = render(&two_peers(), &node, &passwords, &set).expect("render");
+
+        let v4 = block(&text, "protocol static ccm_v4 {");
+        assert!(
+            v4.contains("  ipv4;\n  route 203.0.113.3/32 blackhole;\n  route 203.0.113.20/32 blackhole;\n}"),
+            "{v4}"
+        );
+        assert!(!text.contains("127.0.0.1"), "loopback is never announced: {text}");
+        let v6 = block(&text, "protocol static ccm_v6 {");
+        assert!(v6.contains("  ipv6;\n  route 2001:db8::7/128 blackhole;\n}"), "{v6}");
+
+        let filter = block(&text, "filter ccm_export_v4 {");
+        assert!(filter.contains("if proto = \"ccm_v4\" then {"), "{filter}");
+        assert!(filter.contains("bgp_community.add((65000, 100));") && filter.contains("bgp_local_pref = 150;"));
+        assert!(filter.trim_end().ends_with("reject;\n}"), "everything else is rejected: {filter}");
+
+        let peer4 = block(&text, "protocol bgp peer_10_0_0_2 {");
+        for line in ["local as 64512;", "neighbor 10.0.0.2 port 179 as 64513;", "hold time 0;", "multihop 2;"] {
+            assert!(peer4.contains(line), "{line} in {peer4}");
+        }
+        assert!(peer4.contains("ipv4 {\n    import none;\n    export filter ccm_export_v4;\n    next hop self;\n  };"));
+        assert!(!peer4.contains("password") && !peer4.contains("ipv6"), "{peer4}");
+        let peer6 = block(&text, "protocol bgp peer_fd00__2 {");
+        assert!(peer6.contains("password \"pw\";") && peer6.contains("export filter ccm_export_v6;"), "{peer6}");
+        assert!(!text.contains("protocol kernel"), "nothing is written to the node's routing table");
+    }
+
+    #[test]
+    fn rendering_is_deterministic_whatever_the_peer_order_and_changes_only_with_the_set() {
+        let node = NodeFacts { ipv4: Some(Ipv4Addr::new(10, 0, 0, 1)) };
+        let config = two_peers();
+        let mut reversed = config.clone();
+        reversed.peers.reverse();
+        // The passwords follow the peers' indices.
+        let set = addresses(&["203.0.113.3", "203.0.113.20"]);
+        let a = render(&config, &node, &BTreeMap::from([(0, Password("pw".into()))]), &set).expect("render");
+        let b = render(&reversed, &node, &BTreeMap::from([(1, Password("pw".into()))]), &set).expect("render");
+        assert_eq!(a, b);
+        let fewer = render(&config, &node, &BTreeMap::from([(0, Password("pw".into()))]), &addresses(&["203.0.113.3"]));
+        assert_ne!(a, fewer.expect("render"));
+        // An empty set still renders both static protocols, so the first address is a change
+        // of the static protocol only, never of a session.
+        let empty = render(&config, &node, &BTreeMap::new(), &BTreeSet::new()).expect("render");
+        assert!(empty.contains("protocol static ccm_v4 {\n  ipv4;\n}") && empty.contains("protocol bgp peer_10_0_0_2"));
+    }
+
+    #[test]
+    fn the_router_id_is_required_when_the_node_has_no_ipv4_address() {
+        let config = two_peers();
+        assert_eq!(
+            render(&config, &NodeFacts::default(), &BTreeMap::new(), &BTreeSet::new()),
+            Err(RenderError::NoRouterId)
+        );
+        let config = BgpConfig { router_id: Some(Ipv4Addr::new(1, 2, 3, 4)), ..config };
+        let text = render(&config, &NodeFacts::default(), &BTreeMap::new(), &BTreeSet::new()).expect("render");
+        assert!(text.contains("router id 1.2.3.4;"));
+    }
+}
