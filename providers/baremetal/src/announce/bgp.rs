@@ -17,6 +17,7 @@ use std::time::Duration;
 use ccm_framework::safe_yaml::{self, DocumentError, FieldPath, Problem};
 use serde::{Deserialize, Deserializer};
 
+use super::assign::{Announced, ServiceName};
 use crate::duration::parse_duration;
 
 /// Peers one node may have: enough for a pair of top-of-rack routers per family, with room.
@@ -366,6 +367,24 @@ pub fn protocol_name(address: IpAddr) -> String {
     format!("peer_{text}")
 }
 
+/// The addresses this node advertises: every announced address of an
+/// `externalTrafficPolicy: Cluster` Service (every node advertises it; the router spreads the
+/// traffic by ECMP and kube-proxy forwards it), and of a `Local` Service only while this node
+/// has a ready endpoint for it, so no traffic arrives where it would be dropped. An address two
+/// Services share is advertised when either wants it.
+pub fn advertised(
+    me: &str,
+    announced: &BTreeMap<ServiceName, Announced>,
+    ready: &BTreeMap<ServiceName, BTreeSet<String>>,
+) -> BTreeSet<IpAddr> {
+    announced
+        .iter()
+        .filter(|(name, service)| !service.local || ready.get(*name).is_some_and(|nodes| nodes.contains(me)))
+        .flat_map(|(_, service)| service.addresses.iter().copied())
+        .filter(|address| announceable(*address))
+        .collect()
+}
+
 /// Whether an address is worth a route: loopback, unspecified and multicast addresses (a pool
 /// with `allowLoopback` may hand out the first) mean nothing to a router.
 pub fn announceable(address: IpAddr) -> bool {
@@ -566,6 +585,26 @@ mod tests {
         // of the static protocol only, never of a session.
         let empty = render(&config, &node, &BTreeMap::new(), &BTreeSet::new()).expect("render");
         assert!(empty.contains("protocol static ccm_v4 {\n  ipv4;\n}") && empty.contains("protocol bgp peer_10_0_0_2"));
+    }
+
+    #[test]
+    fn cluster_services_are_advertised_by_every_node_local_ones_only_where_an_endpoint_is_ready() {
+        let service = |addresses: &[&str], local| Announced {
+            addresses: addresses.iter().map(|a| a.parse().expect("ip")).collect(),
+            local,
+        };
+        let announced = BTreeMap::from([
+            ("ns/cluster".to_string(), service(&["203.0.113.1", "2001:db8::1"], false)),
+            ("ns/local".to_string(), service(&["203.0.113.2"], true)),
+            ("ns/shared-local".to_string(), service(&["203.0.113.3"], true)),
+            ("ns/shared-cluster".to_string(), service(&["203.0.113.3"], false)),
+        ]);
+        let ready = BTreeMap::from([("ns/local".to_string(), BTreeSet::from(["worker-1".to_string()]))]);
+        let all = addresses(&["203.0.113.1", "203.0.113.2", "203.0.113.3", "2001:db8::1"]);
+        assert_eq!(advertised("worker-1", &announced, &ready), all);
+        let elsewhere = addresses(&["203.0.113.1", "203.0.113.3", "2001:db8::1"]);
+        assert_eq!(advertised("worker-2", &announced, &ready), elsewhere, "no ready endpoint: no route");
+        assert!(advertised("worker-2", &BTreeMap::new(), &ready).is_empty());
     }
 
     #[test]
