@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use aws_sdk_ec2::types::{Filter, IpPermission, IpRange, Ipv6Range};
+use aws_sdk_ec2::types::{Filter, IpPermission, IpRange, Ipv6Range, UserIdGroupPair};
 use aws_sdk_elasticloadbalancingv2::types::{
     Action, ActionTypeEnum, Certificate, IpAddressType, LoadBalancerAttribute, LoadBalancerSchemeEnum,
     LoadBalancerTypeEnum, ProtocolEnum, Tag, TargetDescription, TargetGroupAttribute, TargetTypeEnum,
@@ -41,6 +41,18 @@ pub const TAG_SERVICE_PORT: &str = "kubernetes.io/service-port";
 pub const KUBE_PROXY_HEALTH_PORT: i32 = 10256;
 /// Retry delay while ELBv2 still considers a target group in use.
 const IN_USE_RETRY: Duration = Duration::from_secs(10);
+/// Event reason (Warning, on the Service) when ELBv2 forces a new load balancer.
+pub const REASON_LOAD_BALANCER_REPLACED: &str = "LoadBalancerReplaced";
+/// The event's action.
+const ACTION_REPLACE: &str = "ReplaceLoadBalancer";
+
+/// The note of the [`REASON_LOAD_BALANCER_REPLACED`] event: why, and what the user sees.
+pub fn replacement_note(reason: &str) -> String {
+    format!(
+        "the load balancer was deleted and is being made again because {reason} (ELBv2 fixes this at creation): \
+         the Service gets a new hostname and open connections were dropped"
+    )
+}
 
 /// One listener and its target group.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -387,8 +399,53 @@ pub fn desired_with(service: &Service, cluster_id: &str, probe: &ClusterProbe) -
     })
 }
 
-/// A security-group rule: (group, protocol, port, CIDR, description).
+/// A security-group rule: (group, protocol, port, source, description); the source is a CIDR
+/// or, for a rule that admits a security group's members, that group's ID (`sg-…`).
 type Rule = (String, String, i32, String, String);
+
+/// Whether a rule's source is a security group rather than a CIDR.
+pub fn source_is_group(source: &str) -> bool {
+    source.starts_with("sg-")
+}
+
+/// The Nodes' ingress rules for a Service, on each of `node_groups`. Without a load-balancer
+/// group, the client CIDRs reach the nodePorts and the VPC's CIDRs the health-check ports (the
+/// NLB keeps the client's address). With one (`NLBSecurityGroupMode = Managed`), the NLB's
+/// group is the one source of both, as upstream and AWS recommend: only traffic that passed
+/// the load balancer's own rules reaches the Nodes.
+pub fn node_rules(
+    desired: &Desired,
+    node_groups: &[String],
+    lb_group: Option<&str>,
+    vpc_cidrs: &[String],
+) -> BTreeSet<Rule> {
+    let client = rule_description(&desired.name);
+    let health = health_rule_description(&desired.name);
+    let client_sources: Vec<String> = match lb_group {
+        Some(g) => vec![g.to_string()],
+        None => desired.source_ranges.clone(),
+    };
+    let health_sources: Vec<String> = match lb_group {
+        Some(g) => vec![g.to_string()],
+        None => vpc_cidrs.to_vec(),
+    };
+    let mut out = BTreeSet::new();
+    for g in node_groups {
+        for p in &desired.ports {
+            // EC2 knows tcp and udp; a TLS target group is TCP underneath.
+            let proto = if p.protocol == "UDP" { "udp" } else { "tcp" };
+            for src in &client_sources {
+                out.insert((g.clone(), proto.to_string(), p.node_port, src.clone(), client.clone()));
+            }
+        }
+        for (proto, port) in health_rule_ports(desired) {
+            for src in &health_sources {
+                out.insert((g.clone(), proto.clone(), port, src.clone(), health.clone()));
+            }
+        }
+    }
+    out
+}
 
 /// The rules to add and to remove, given the wanted and the existing ones.
 pub fn rule_diff(want: &BTreeSet<Rule>, have: &BTreeSet<Rule>) -> (Vec<Rule>, Vec<Rule>) {
@@ -1145,7 +1202,8 @@ impl AwsProvider {
             for p in g.ip_permissions() {
                 let v4 = p.ip_ranges().iter().map(|r| (r.cidr_ip(), r.description()));
                 let v6 = p.ipv6_ranges().iter().map(|r| (r.cidr_ipv6(), r.description()));
-                for (cidr, d) in v4.chain(v6) {
+                let pairs = p.user_id_group_pairs().iter().map(|r| (r.group_id(), r.description()));
+                for (cidr, d) in v4.chain(v6).chain(pairs) {
                     let d = d.unwrap_or_default();
                     if ours.iter().any(|o| o == d) {
                         out.insert((
@@ -1166,7 +1224,9 @@ impl AwsProvider {
         let ec2 = &self.clients().await?.ec2;
         let perm = |(_, proto, port, cidr, desc): &Rule| {
             let b = IpPermission::builder().ip_protocol(proto).from_port(*port).to_port(*port);
-            if cidr.contains(':') {
+            if source_is_group(cidr) {
+                b.user_id_group_pairs(UserIdGroupPair::builder().group_id(cidr).description(desc).build()).build()
+            } else if cidr.contains(':') {
                 b.ipv6_ranges(Ipv6Range::builder().cidr_ipv6(cidr).description(desc).build()).build()
             } else {
                 b.ip_ranges(IpRange::builder().cidr_ip(cidr).description(desc).build()).build()
@@ -1316,24 +1376,13 @@ impl AwsProvider {
         } else {
             self.target_groups_for_rules(instances, cluster_id).await?
         };
-        for g in &groups {
-            for p in &desired.ports {
-                for cidr in &desired.source_ranges {
-                    want.insert((g.clone(), p.protocol.to_lowercase(), p.node_port, cidr.clone(), client.clone()));
-                }
-            }
-        }
-        let health_ports = health_rule_ports(desired);
-        if !health_ports.is_empty() && !groups.is_empty() {
-            let health = health_rule_description(&desired.name);
-            for cidr in self.vpc_cidrs(vpc).await? {
-                for g in &groups {
-                    for (proto, port) in &health_ports {
-                        want.insert((g.clone(), proto.clone(), *port, cidr.clone(), health.clone()));
-                    }
-                }
-            }
-        }
+        // The VPC's CIDRs are the health checks' source only without a load-balancer group.
+        let vpc_cidrs = if managed.is_none() && !groups.is_empty() && !health_rule_ports(desired).is_empty() {
+            self.vpc_cidrs(vpc).await?
+        } else {
+            Vec::new()
+        };
+        want.extend(node_rules(desired, &groups, managed, &vpc_cidrs));
         let all = self.security_groups(Some(vpc), None).await?;
         let mut have = Self::rules_in(&all, &desired.name);
         if self.config.disable_security_group_ingress {
@@ -1405,6 +1454,19 @@ impl AwsProvider {
         if let (Some(existing), Some(reason)) = (&lb, &replace) {
             tracing::warn!(service = %service_key(service), %reason, "replacing the load balancer");
             self.delete_lb(&existing.arn).await?;
+            // Evented once the old one is gone: the next sync finds none, so no repeat.
+            if let Some(events) = self.event_sink() {
+                use kube::Resource;
+                let reference = service.object_ref(&());
+                events.publish(
+                    ccm_framework::controllers::service::COMPONENT,
+                    reference,
+                    kube::runtime::events::EventType::Warning,
+                    REASON_LOAD_BALANCER_REPLACED,
+                    replacement_note(reason),
+                    ACTION_REPLACE,
+                );
+            }
             lb = None;
         }
         let lb = match (lb, plan) {
@@ -1828,5 +1890,43 @@ mod tests {
         let (add, remove) = rule_diff(&want, &have);
         assert_eq!(add, vec![r(1)]);
         assert_eq!(remove, vec![r(3)]);
+    }
+
+    #[test]
+    fn node_rules_take_the_load_balancers_group_as_source_in_managed_mode_else_client_and_vpc_cidrs() {
+        let s = svc(&[], &[(80, "TCP", 30080), (53, "UDP", 30053)], "Local", 32000);
+        let d = desired(&s, "c").unwrap();
+        let nodes = ["sg-nodes".to_string()];
+        let vpc = ["10.0.0.0/16".to_string()];
+        let sources =
+            |rules: &BTreeSet<Rule>| rules.iter().map(|r| (r.1.clone(), r.2, r.3.clone())).collect::<Vec<_>>();
+        // Without a load-balancer group: clients on the nodePorts, the VPC on the health port.
+        let plain = node_rules(&d, &nodes, None, &vpc);
+        assert_eq!(
+            sources(&plain),
+            vec![
+                ("tcp".to_string(), 30080, "0.0.0.0/0".to_string()),
+                ("tcp".to_string(), 32000, "10.0.0.0/16".to_string()),
+                ("udp".to_string(), 30053, "0.0.0.0/0".to_string()),
+            ]
+        );
+        // Managed: the NLB's group is the only source, of traffic and health checks alike.
+        let managed = node_rules(&d, &nodes, Some("sg-lb"), &vpc);
+        assert_eq!(
+            sources(&managed),
+            vec![
+                ("tcp".to_string(), 30080, "sg-lb".to_string()),
+                ("tcp".to_string(), 32000, "sg-lb".to_string()),
+                ("udp".to_string(), 30053, "sg-lb".to_string()),
+            ]
+        );
+        assert!(managed.iter().all(|r| r.0 == "sg-nodes" && source_is_group(&r.3)));
+        assert!(node_rules(&d, &[], Some("sg-lb"), &vpc).is_empty(), "no Node group, no rule");
+    }
+
+    #[test]
+    fn replacement_note_says_why_and_that_the_hostname_changes() {
+        let n = replacement_note(&format!("{} changed the scheme", ann::INTERNAL));
+        assert!(n.contains(ann::INTERNAL) && n.contains("new hostname"), "{n}");
     }
 }

@@ -11,6 +11,7 @@ pub mod errors;
 pub mod instances;
 pub mod lb;
 pub mod routes;
+pub mod topology;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -26,11 +27,13 @@ use k8s_openapi::api::core::v1::Node;
 use tokio::sync::OnceCell;
 
 use self::config::AwsConfig;
-use self::errors::{ThrottleLog, classify};
+use self::errors::{ThrottleLog, classify, code};
 use self::instances::{Absence, AbsenceTracker, InstanceCache, InstanceInfo, InstanceKey, KeyError, key_of};
+use ccm_framework::events::EventSink;
 use ccm_framework::metrics::Metrics;
 use ccm_framework::provider::{
-    CloudError, CloudProvider, CloudResult, Health, InstanceMetadata, Instances, LoadBalancer, Routes, health_reasons,
+    CloudError, CloudProvider, CloudResult, Health, InitContext, InstanceMetadata, Instances, LoadBalancer, Routes,
+    health_reasons,
 };
 use ccm_framework::registry::{FactoryInput, Registry, RegistryError};
 
@@ -107,7 +110,6 @@ pub struct Clients {
 }
 
 /// The aws provider.
-#[derive(Debug)]
 pub struct AwsProvider {
     config: AwsConfig,
     cluster_name: String,
@@ -118,6 +120,17 @@ pub struct AwsProvider {
     cache: InstanceCache,
     absence: AbsenceTracker,
     throttles: ThrottleLog,
+    /// The manager's event sink, handed over by `initialize` each leadership term; events on
+    /// Services (a replaced load balancer) go there.
+    events: std::sync::Mutex<Option<EventSink>>,
+    /// What is known not to answer `DescribeInstanceTopology`.
+    topology: std::sync::Mutex<topology::TopologyMemory>,
+}
+
+impl std::fmt::Debug for AwsProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AwsProvider").field("cluster_name", &self.cluster_name).finish_non_exhaustive()
+    }
 }
 
 impl AwsProvider {
@@ -133,7 +146,14 @@ impl AwsProvider {
             options,
             clients: OnceCell::new(),
             zone_ids: OnceCell::new(),
+            events: std::sync::Mutex::new(None),
+            topology: std::sync::Mutex::new(topology::TopologyMemory::default()),
         }
+    }
+
+    /// The event sink of the current leadership term, if `initialize` handed one over.
+    pub(crate) fn event_sink(&self) -> Option<EventSink> {
+        self.events.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// The parsed cloud-config.
@@ -381,15 +401,90 @@ impl AwsProvider {
         }
     }
 
-    fn metadata_of(&self, info: &InstanceInfo, region: &str, zone_ids: &BTreeMap<String, String>) -> InstanceMetadata {
+    fn metadata_of(
+        &self,
+        info: &InstanceInfo,
+        region: &str,
+        zone_ids: &BTreeMap<String, String>,
+        network_nodes: Option<&Vec<String>>,
+    ) -> InstanceMetadata {
+        let mut labels = zone_id_labels(&info.zone, zone_ids);
+        if let Some(nodes) = network_nodes {
+            labels.extend(topology::layer_labels(nodes));
+        }
         InstanceMetadata {
             provider_id: info.provider_id(),
             instance_type: info.instance_type.clone(),
             node_addresses: instances::node_addresses(&info.addresses, &info.ipv6, &self.config.node_ip_families),
             zone: node_zone(&info.zone, zone_ids, self.config.zone_id_as_zone),
             region: region.to_string(),
-            additional_labels: zone_id_labels(&info.zone, zone_ids),
+            additional_labels: labels,
         }
+    }
+
+    fn topology_memory(&self) -> std::sync::MutexGuard<'_, topology::TopologyMemory> {
+        self.topology.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The network nodes of `instances` ((ID, type) pairs) that the API reports, by instance
+    /// ID. Instances known not to answer are not asked; a region without the API or a manager
+    /// without the permission gives an empty answer (remembered for a day). Any other failure
+    /// is the error, which only instance types that must have a topology pass on.
+    async fn network_nodes(&self, instances: &[(String, String)]) -> CloudResult<BTreeMap<String, Vec<String>>> {
+        use aws_sdk_ec2::config::retry::RetryConfig as Ec2Retry;
+        let ask = self.topology_memory().to_ask(instances, std::time::Instant::now());
+        let mut out = BTreeMap::new();
+        if ask.is_empty() {
+            return Ok(out);
+        }
+        let ec2 = &self.clients().await?.ec2;
+        for chunk in ask.chunks(topology::IDS_PER_CALL) {
+            let mut token: Option<String> = None;
+            loop {
+                // One attempt: the labels are best-effort for most types, and a missing API
+                // (an emulator answers 500) must not cost the SDK's retries on every lookup.
+                let answer = ec2
+                    .describe_instance_topology()
+                    .set_instance_ids(Some(chunk.to_vec()))
+                    .set_next_token(token.take())
+                    .customize()
+                    .config_override(
+                        aws_sdk_ec2::config::Builder::default().retry_config(Ec2Retry::standard().with_max_attempts(1)),
+                    )
+                    .send()
+                    .await;
+                let page = match answer {
+                    Ok(page) => page,
+                    Err(e) => {
+                        let failure = topology::failure_of(code(&e));
+                        self.topology_memory().failed(failure, std::time::Instant::now());
+                        let err = self.classify("DescribeInstanceTopology", e);
+                        return match failure {
+                            topology::Failure::Unsupported => {
+                                tracing::info!(error = %err, "DescribeInstanceTopology does not answer here (region or IAM permission); the network-node-layer labels are left out for a day");
+                                Ok(BTreeMap::new())
+                            }
+                            topology::Failure::Transient => {
+                                tracing::warn!(error = %err, "cannot read the instance topology; the network-node-layer labels wait");
+                                Err(err)
+                            }
+                        };
+                    }
+                };
+                for i in page.instances() {
+                    if let Some(id) = i.instance_id() {
+                        out.insert(id.to_string(), i.network_nodes().to_vec());
+                    }
+                }
+                match page.next_token().filter(|t| !t.is_empty()) {
+                    Some(t) => token = Some(t.to_string()),
+                    None => break,
+                }
+            }
+        }
+        let asked: Vec<(String, String)> = instances.iter().filter(|(id, _)| ask.contains(id)).cloned().collect();
+        self.topology_memory().answered(&asked, &out, std::time::Instant::now());
+        Ok(out)
     }
 
     /// The region's zone IDs (one `DescribeAvailabilityZones` per provider; a failure is retried
@@ -474,6 +569,13 @@ impl CloudProvider for AwsProvider {
         !self.config.cluster_id.is_empty() || !self.cluster_name.is_empty()
     }
 
+    async fn initialize(&self, ctx: InitContext) -> CloudResult<()> {
+        // No AWS call here: the clients are still built on first use.
+        self.register_metrics(&ctx.metrics);
+        *self.events.lock().unwrap_or_else(|e| e.into_inner()) = Some(ctx.events);
+        Ok(())
+    }
+
     async fn health(&self) -> Health {
         let recent = self.throttles.recent();
         let outcome = self.probe().await;
@@ -528,14 +630,32 @@ impl Instances for AwsProvider {
             Err(e) => return nodes.iter().map(|_| Err(e.clone())).collect(),
         };
         let zone_ids = self.zone_ids().await;
-        self.lookup_nodes(nodes)
-            .await
+        let looked = self.lookup_nodes(nodes).await;
+        let running: Vec<(String, String)> = looked
+            .iter()
+            .filter_map(|r| r.as_ref().ok().and_then(|(_, i)| i.as_ref()))
+            .filter(|i| !i.is_terminated())
+            .map(|i| (i.id.clone(), i.instance_type.clone()))
+            .collect();
+        let (network_nodes, topology_error) = match self.network_nodes(&running).await {
+            Ok(found) => (found, None),
+            Err(e) => (BTreeMap::new(), Some(e)),
+        };
+        looked
             .into_iter()
             .zip(nodes)
             .map(|(r, node)| {
                 let (_, info) = r?;
                 match info {
-                    Some(i) if !i.is_terminated() => Ok(Some(self.metadata_of(&i, &region, &zone_ids))),
+                    Some(i) if !i.is_terminated() => {
+                        // Upstream's pattern types must have their topology: they wait for it.
+                        if let Some(e) =
+                            topology_error.as_ref().filter(|_| topology::requires_topology(&i.instance_type))
+                        {
+                            return Err(e.clone());
+                        }
+                        Ok(Some(self.metadata_of(&i, &region, &zone_ids, network_nodes.get(&i.id))))
+                    }
                     _ => {
                         tracing::debug!(node = %node_name(node), "no EC2 instance for this Node yet");
                         Ok(None)

@@ -22,7 +22,7 @@ use ccm_framework::controllers::service::condition as service_condition;
 use ccm_framework::health::HealthRegistry;
 use ccm_framework::options::ControllerOptions;
 use ccm_framework::provider::refusal_reasons;
-use ccm_framework::provider::{CloudError, CloudProvider, Health, Instances, LoadBalancer};
+use ccm_framework::provider::{CloudError, CloudProvider, Health, InitContext, Instances, LoadBalancer};
 use ccm_provider_aws::annotations;
 use ccm_provider_aws::config::AwsConfig;
 use ccm_provider_aws::sdk::ec2;
@@ -336,6 +336,12 @@ e2e_apiserver::backend_tests! {
             assert_eq!(labels.get("topology.kubernetes.io/zone").map(String::as_str), Some(ZONE));
             assert_eq!(labels.get("topology.kubernetes.io/region").map(String::as_str), Some("us-east-1"));
             assert_eq!(labels.get(ccm_provider_aws::LABEL_ZONE_ID), Some(&zone_id), "upstream's zone-ID label");
+            // moto 5.2.5 has no DescribeInstanceTopology (it answers 500): the Node is initialized
+            // all the same, without the network-node-layer labels.
+            assert!(
+                !labels.keys().any(|k| k.starts_with(ccm_provider_aws::topology::LABEL_LAYER_PREFIX)),
+                "{labels:?}"
+            );
             let addrs: Vec<(String, String)> =
                 n.status.unwrap().addresses.unwrap().into_iter().map(|a| (a.type_, a.address)).collect();
             assert_eq!(addrs.first().map(|a| a.0.as_str()), Some("InternalIP"));
@@ -703,6 +709,46 @@ e2e_apiserver::backend_tests! {
     }
 }
 
+e2e_apiserver::backend_tests! {
+    async fn a_load_balancer_replaced_because_elbv2_requires_it_is_evented_on_the_service(backend) {
+        let Some(moto) = Moto::start("replacement_evented").await else { return };
+        let p = provider(&moto.url);
+        let c = p.clients().await.unwrap().clone();
+        let w = seed(&c).await;
+        let inst = launch(&c, &w, 1).await;
+        let env = Env::start(backend, p.clone(), options()).await;
+        // The engine hands the provider its event sink when it starts leading.
+        let init = InitContext {
+            client: env.cluster.client(),
+            shutdown: env.shutdown.clone(),
+            metrics: env.ctx.metrics.clone(),
+            events: env.ctx.events.clone(),
+        };
+        p.initialize(init).await.unwrap();
+        env.create_node(node(&inst[0].1, Some(&pid(&inst[0].0)), Some("True"), vec![])).await;
+        env.run(Box::new(ServiceController::new()));
+        env.services().create(&PostParams::default(), &lb_service("moved", &[(80, 30080)])).await.unwrap();
+        eventually(|| async { Some(lb_state(&c).await).filter(|s| s.lbs.len() == 1 && s.listeners.len() == 1) }).await;
+        let first = lb_shape(&c).await.0;
+
+        // The scheme is fixed at creation: a new load balancer, and a Warning saying why.
+        let patch = json!({"metadata": {"annotations": {annotations::INTERNAL: "true"}}});
+        env.services().patch("moved", &PatchParams::default(), &Patch::Merge(patch)).await.unwrap();
+        let e = event(&env, ccm_provider_aws::lb::REASON_LOAD_BALANCER_REPLACED).await;
+        assert_eq!(e.type_.as_deref(), Some("Warning"));
+        assert_eq!(e.regarding.as_ref().and_then(|r| r.name.as_deref()), Some("moved"));
+        let note = e.note.unwrap_or_default();
+        assert!(note.contains(annotations::INTERNAL) && note.contains("new hostname"), "{note}");
+        // Read with DescribeLoadBalancers only: the controller is still at work.
+        eventually(|| async {
+            let lbs = c.elb.describe_load_balancers().send().await.ok()?;
+            let arns: Vec<&str> = lbs.load_balancers().iter().filter_map(|l| l.load_balancer_arn()).collect();
+            (arns.len() == 1 && arns[0] != first).then_some(())
+        })
+        .await;
+    }
+}
+
 /// An ACM certificate in moto (ACM's JSON API, through moto's own endpoint).
 async fn acm_certificate(port: u16) -> String {
     let body = r#"{"DomainName":"web.example.com"}"#;
@@ -1044,6 +1090,13 @@ async fn fixed_addresses_security_groups_and_dual_stack_on_moto_replace_only_whe
         .flat_map(|p| p.ipv6_ranges().iter().map(move |r| (p.from_port().unwrap(), r.cidr_ipv6().unwrap().to_string())))
         .collect();
     assert_eq!(v6, vec![(30080, "2001:db8::/32".to_string())], "the IPv6 source range reaches the nodePort");
+    // Instance targets on the nodePort stay in an IPv4 target group: ELBv2's IPv6 target groups
+    // take only `ip` targets, and the dualstack NLB translates IPv6 clients to them.
+    let tgs = c.elb.describe_target_groups().send().await.unwrap();
+    for tg in tgs.target_groups() {
+        assert_eq!(tg.target_type().map(|t| t.as_str()), Some("instance"));
+        assert_eq!(tg.ip_address_type().map(|t| t.as_str()).unwrap_or("ipv4"), "ipv4");
+    }
     p.ensure_load_balancer(CLUSTER, &base, &refs).await.unwrap();
     assert_eq!(ip_type(c.clone()).await, "ipv4");
     let g = c.ec2.describe_security_groups().group_ids(&w.sg).send().await.unwrap();
@@ -1077,6 +1130,8 @@ struct Faults {
     requests: usize,
     throttled: usize,
     actions: Vec<String>,
+    /// (action, access key ID it was signed with), per request.
+    signed_by: Vec<(String, String)>,
 }
 
 /// A proxy in front of moto that throttles chosen actions and can "kill" the caller right after
@@ -1153,6 +1208,8 @@ async fn serve(
             let mut f = faults.lock().unwrap();
             f.requests += 1;
             f.actions.push(action.clone());
+            let key = head.split("Credential=").nth(1).and_then(|c| c.split('/').next()).unwrap_or("").to_string();
+            f.signed_by.push((action.clone(), key));
             let throttle = match f.throttle.get_mut(&action) {
                 Some(n) if *n > 0 => {
                     *n -= 1;
@@ -1340,6 +1397,20 @@ async fn rules_by_group(c: &Clients) -> BTreeSet<(String, i32, String)> {
     out
 }
 
+/// (port, source group) of every rule the provider wrote on `group` that admits a group.
+async fn group_sourced_rules(c: &Clients, group: &str) -> BTreeSet<(i32, String)> {
+    let sgs = c.ec2.describe_security_groups().group_ids(group).send().await.unwrap();
+    let mut out = BTreeSet::new();
+    for p in sgs.security_groups()[0].ip_permissions() {
+        for pair in p.user_id_group_pairs() {
+            if pair.description().unwrap_or_default().starts_with("kubernetes.io/rule/nlb/") {
+                out.insert((p.from_port().unwrap(), pair.group_id().unwrap().to_string()));
+            }
+        }
+    }
+    out
+}
+
 #[tokio::test]
 async fn elb_security_group_takes_the_rules_and_disable_security_group_ingress_writes_none() {
     let Some(moto) = Moto::start("global_security_group_keys").await else { return };
@@ -1410,6 +1481,10 @@ async fn managed_nlb_security_groups_switch_modes_and_survive_a_kill_at_every_re
             .any(|p| p.from_port() == Some(80) && p.ip_ranges().iter().any(|r| r.cidr_ip() == Some("203.0.113.0/24"))),
         "{perms:?}"
     );
+    // The Nodes admit the NLB's group on the nodePort, as upstream's managed mode does, and no
+    // client CIDR any more.
+    assert_eq!(group_sourced_rules(&c, &w.sg).await, [(30080, m.clone())].into());
+    assert!(!rules_by_group(&c).await.iter().any(|r| r.0 == w.sg), "{:?}", rules_by_group(&c).await);
 
     // Bring your own: the NLB gets it in place and the managed group goes.
     let byo = c
@@ -1429,14 +1504,19 @@ async fn managed_nlb_security_groups_switch_modes_and_survive_a_kill_at_every_re
     assert_eq!(arn2, arn, "switched in place");
     assert_eq!(sgs, [byo.clone()].into());
     assert!(managed_sgs(&c).await.is_empty(), "the managed group is removed");
+    assert!(group_sourced_rules(&c, &w.sg).await.is_empty(), "no rule refers to the removed group");
+    assert!(rules_by_group(&c).await.contains(&(w.sg.clone(), 30080, "203.0.113.0/24".to_string())));
     // Back to managed: a new managed group, the user's group left as it is.
     direct.ensure_load_balancer(CLUSTER, &svc, &refs).await.unwrap();
     let managed = managed_sgs(&c).await;
     assert_eq!(managed.len(), 1);
     assert_eq!(lb_shape(&c).await.2, managed);
+    let m2 = managed.iter().next().unwrap().clone();
+    assert_eq!(group_sourced_rules(&c, &w.sg).await, [(30080, m2)].into());
     direct.ensure_load_balancer_deleted(CLUSTER, &svc).await.unwrap();
     assert_eq!(lb_state(&c).await, LbState::default());
     assert!(managed_sgs(&c).await.is_empty());
+    assert!(group_sourced_rules(&c, &w.sg).await.is_empty());
     assert_eq!(c.ec2.describe_security_groups().group_ids(&byo).send().await.unwrap().security_groups().len(), 1);
 
     // A kill after every request of an ensure and of a delete: a restarted manager ends with one
@@ -1630,6 +1710,109 @@ e2e_apiserver::backend_tests! {
         assert!(routes().await.is_empty(), "a route to a terminated instance is never recreated");
         eventually(|| async { Some(routes().await).filter(|r| r.is_empty()) }).await;
     }
+}
+
+/// `[Global] RoleARN`, `VPC`, `SubnetID` and `RouteTableID` acting on moto: the role is
+/// assumed through STS and its credentials sign every EC2 and ELBv2 call; the load balancer's
+/// subnets come from the given VPC, or are the given subnet when that VPC has none; routes go
+/// into the given table only.
+#[tokio::test]
+async fn role_arn_vpc_subnet_id_and_route_table_id_act_on_moto() {
+    use ccm_framework::provider::{Route, Routes};
+    let Some(moto) = Moto::start("global_keys_on_moto").await else { return };
+    let direct = provider(&moto.url);
+    let c = direct.clients().await.unwrap().clone();
+    let w = seed(&c).await;
+    let inst = launch(&c, &w, 1).await;
+    let nodes = [node(&inst[0].1, Some(&pid(&inst[0].0)), Some("True"), vec![])];
+    let refs: Vec<&Node> = nodes.iter().collect();
+    let svc = with_uid(lb_service("web", &[(80, 30080)]), "00000000-0000-0000-0000-0000000000ee");
+
+    // RoleARN: STS AssumeRole (through a [ServiceOverride]) signed with the manager's own key,
+    // then every EC2 and ELBv2 call signed with the role's.
+    let proxy = Proxy::start(moto.port).await;
+    let ini = format!(
+        "[Global]\nZone = {ZONE}\nKubernetesClusterID = {CLUSTER}\nRoleARN = arn:aws:iam::123456789012:role/ccm\n\
+         [ServiceOverride \"1\"]\nService = sts\nRegion = us-east-1\nURL = {}\nSigningRegion = us-east-1\n",
+        proxy.url
+    );
+    let cfg = ccm_provider_aws::config::parse(ini.as_bytes()).unwrap();
+    let role = Arc::new(AwsProvider::new(cfg, CLUSTER, options_for(&proxy.url)));
+    let meta = role.instance_metadata(&nodes[0]).await.unwrap().expect("the instance is found with the role");
+    assert_eq!(meta.provider_id, pid(&inst[0].0));
+    role.ensure_load_balancer(CLUSTER, &svc, &refs).await.unwrap();
+    role.ensure_load_balancer_deleted(CLUSTER, &svc).await.unwrap();
+    let signed = proxy.faults.lock().unwrap().signed_by.clone();
+    let (sts, calls): (Vec<_>, Vec<_>) = signed.iter().partition(|(a, _)| a == "AssumeRole");
+    assert_eq!(sts.len(), 1, "the role is assumed once: {signed:?}");
+    assert_eq!(sts[0].1, "testing", "AssumeRole is signed with the manager's own credentials");
+    let keys: BTreeSet<&str> = calls.iter().map(|(_, k)| k.as_str()).collect();
+    assert_eq!(keys.len(), 1, "{signed:?}");
+    assert!(!keys.contains("testing") && !keys.contains(""), "EC2 and ELBv2 calls use the role's key: {keys:?}");
+    assert!(
+        calls.iter().any(|(a, _)| a == "DescribeInstances") && calls.iter().any(|(a, _)| a == "CreateLoadBalancer")
+    );
+    assert_eq!(lb_state(&c).await, LbState::default());
+
+    // VPC: a Service without Nodes gets its load balancer in the given VPC; without the key the
+    // VPC is the Nodes' and such a Service waits.
+    let err = direct.ensure_load_balancer(CLUSTER, &svc, &[]).await.unwrap_err();
+    assert!(err.to_string().contains("VPC"), "{err}");
+    let in_vpc = AwsProvider::new(AwsConfig { vpc: w.vpc.clone(), ..config() }, CLUSTER, options_for(&moto.url));
+    in_vpc.ensure_load_balancer(CLUSTER, &svc, &[]).await.unwrap();
+    assert_eq!(lb_shape(&c).await.1, w.subnets.iter().cloned().collect());
+    in_vpc.ensure_load_balancer_deleted(CLUSTER, &svc).await.unwrap();
+    // The subnets are discovered in the given VPC, not in the Nodes' one. (Ingress rules off: a
+    // VPC other than the Nodes' is a test setup, and rules are kept in the VPC's groups.)
+    let elsewhere =
+        |vpc: String, subnet_id: String| AwsConfig { vpc, subnet_id, disable_security_group_ingress: true, ..config() };
+    let v2 = c.ec2.create_vpc().cidr_block("10.1.0.0/16").send().await.unwrap().vpc.unwrap().vpc_id.unwrap();
+    let s2 = c.ec2.create_subnet().vpc_id(&v2).cidr_block("10.1.1.0/24").availability_zone("us-east-1b").send().await;
+    let s2 = s2.unwrap().subnet.unwrap().subnet_id.unwrap();
+    let in_v2 = AwsProvider::new(elsewhere(v2.clone(), String::new()), CLUSTER, options_for(&moto.url));
+    in_v2.ensure_load_balancer(CLUSTER, &svc, &refs).await.unwrap();
+    let lbs = c.elb.describe_load_balancers().send().await.unwrap();
+    assert_eq!(lbs.load_balancers()[0].vpc_id(), Some(v2.as_str()));
+    assert_eq!(lb_shape(&c).await.1, [s2.clone()].into());
+    in_v2.ensure_load_balancer_deleted(CLUSTER, &svc).await.unwrap();
+
+    // SubnetID: the subnet used when the VPC offers none.
+    let v3 = c.ec2.create_vpc().cidr_block("10.2.0.0/16").send().await.unwrap().vpc.unwrap().vpc_id.unwrap();
+    let by_subnet = AwsProvider::new(elsewhere(v3, s2.clone()), CLUSTER, options_for(&moto.url));
+    by_subnet.ensure_load_balancer(CLUSTER, &svc, &refs).await.unwrap();
+    assert_eq!(lb_shape(&c).await.1, [s2.clone()].into());
+    by_subnet.ensure_load_balancer_deleted(CLUSTER, &svc).await.unwrap();
+    assert_eq!(lb_state(&c).await, LbState::default());
+
+    // RouteTableID: routes go into that table only, not into the cluster-tagged one.
+    let rtb2 = c.ec2.create_route_table().vpc_id(&w.vpc).send().await.unwrap();
+    let rtb2 = rtb2.route_table.unwrap().route_table_id.unwrap();
+    let by_table =
+        AwsProvider::new(AwsConfig { route_table_id: rtb2.clone(), ..config() }, CLUSTER, options_for(&moto.url));
+    let route =
+        Route { target_node: inst[0].1.clone(), destination_cidr: "10.244.7.0/24".into(), ..Default::default() };
+    by_table.create_route(CLUSTER, "uid", &route).await.unwrap();
+    let routes_in = |table: String| {
+        let c = c.clone();
+        async move {
+            let t = c.ec2.describe_route_tables().route_table_ids(table).send().await.unwrap();
+            t.route_tables()[0]
+                .routes()
+                .iter()
+                .filter_map(|r| Some((r.destination_cidr_block()?.to_string(), r.instance_id()?.to_string())))
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(routes_in(rtb2.clone()).await, vec![("10.244.7.0/24".to_string(), inst[0].0.clone())]);
+    assert!(routes_in(w.rtb.clone()).await.is_empty(), "the tagged table is left alone");
+    let listed = by_table.list_routes(CLUSTER).await.unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(
+        (listed[0].target_node.as_str(), listed[0].destination_cidr.as_str()),
+        (inst[0].1.as_str(), "10.244.7.0/24")
+    );
+    by_table.delete_route(CLUSTER, &listed[0]).await.unwrap();
+    assert!(routes_in(rtb2).await.is_empty());
 }
 
 // ---------------------------------------------------------------------------------------------
