@@ -32,6 +32,9 @@ pub const MAX_PASSWORD_BYTES: usize = 80;
 pub const DEFAULT_HOLD_TIME: Duration = Duration::from_secs(90);
 /// The BGP port.
 pub const BGP_PORT: u16 = 179;
+/// The environment variable the announcer process reads the node's IPv4 address from (the
+/// default router ID; the DaemonSet sets it from the downward API's `status.hostIP`).
+pub const NODE_IP_ENV: &str = "NODE_IP";
 
 /// The message of a malformed IP address.
 pub const BAD_IP: &str = "is not an IP address such as 192.0.2.1 or 2001:db8::1";
