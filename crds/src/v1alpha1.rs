@@ -17,6 +17,10 @@ pub const VERSION: &str = "v1alpha1";
 /// The default key of the cloud-config inside its Secret.
 pub const DEFAULT_CLOUD_CONFIG_KEY: &str = "cloud.conf";
 
+/// The CEL message when `handleUnclassedServices` is set without a class.
+pub const HANDLE_UNCLASSED_MESSAGE: &str =
+    "handleUnclassedServices needs loadBalancerClass: without a class the manager already handles Services without one";
+
 /// Desired state of a cloud-controller-manager for one cloud provider.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
@@ -41,6 +45,7 @@ pub const DEFAULT_CLOUD_CONFIG_KEY: &str = "cloud.conf";
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[cfg_attr(test, kube(cel))]
+#[x_kube(validation = kube::core::Rule::new("!has(self.handleUnclassedServices) || !self.handleUnclassedServices || has(self.loadBalancerClass)").message(HANDLE_UNCLASSED_MESSAGE).field_path(".handleUnclassedServices"))]
 #[serde(rename_all = "camelCase")]
 pub struct CloudControllerManagerSpec {
     /// Name of a registered cloud provider (for example `baremetal`). Immutable.
@@ -92,6 +97,12 @@ pub struct CloudControllerManagerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub load_balancer_class: Option<String>,
+
+    /// With `loadBalancerClass`, also handle Services that have no `spec.loadBalancerClass`, as
+    /// an unclassed manager would (upstream's service controller takes exactly those). Needs
+    /// `loadBalancerClass`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub handle_unclassed_services: bool,
 
     /// Leader election timings of the manager replicas.
     #[serde(default)]
@@ -578,6 +589,8 @@ mod cel_tests {
             json!({"provider": "fake", "leaderElection": {"migration": {"enabled": true, "leaderName": "moving.example",
                 "controllerLeaders": [{"name": "service", "component": "*"}, {"name": "route", "component": "cloud-controller-manager"}]}}}),
             json!({"provider": "fake", "leaderElection": {"migration": {"enabled": true, "leaseNamespace": "ccm-moving-1"}}}),
+            json!({"provider": "fake", "loadBalancerClass": "example.com/lb", "handleUnclassedServices": true}),
+            json!({"provider": "fake", "handleUnclassedServices": false}),
         ] {
             let obj = ccm(spec.clone());
             obj.validate_cel().unwrap_or_else(|e| panic!("{spec} rejected: {e:?}"));
@@ -653,6 +666,11 @@ mod cel_tests {
                 "controllerLeaders": [{"name": "service", "component": "*"}, {"name": "service", "component": "x"}]}}}),
             "each name may appear once",
         );
+    }
+
+    #[test]
+    fn s28_handle_unclassed_services_without_a_class_is_rejected() {
+        assert_rejected(json!({"provider": "fake", "handleUnclassedServices": true}), HANDLE_UNCLASSED_MESSAGE);
     }
 
     #[test]

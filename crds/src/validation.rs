@@ -261,6 +261,9 @@ pub fn validate_spec(spec: &CloudControllerManagerSpec) -> Result<(), InvalidSpe
     if let Some(class) = &spec.load_balancer_class {
         errors.string("spec.loadBalancerClass", class, limits::NAME);
     }
+    if spec.handle_unclassed_services && spec.load_balancer_class.is_none() {
+        errors.push("spec.handleUnclassedServices", messages::cel("object", crate::v1alpha1::HANDLE_UNCLASSED_MESSAGE));
+    }
 
     let le = &spec.leader_election;
     let positive = !le.retry_period.is_negative() && !std::time::Duration::from(le.retry_period).is_zero();

@@ -93,6 +93,8 @@ pub struct ManagerConfig {
     pub leader_migration_namespace: Option<String>,
     /// `--load-balancer-class`; `None` when empty.
     pub load_balancer_class: Option<String>,
+    /// `--handle-unclassed-services` (addition): with a class, also Services without one (S28).
+    pub handle_unclassed_services: bool,
     /// `--secure-port` (0: no endpoint).
     pub secure_port: u16,
     /// `--ccm-resource`: the resource the leader reports provider health on.
@@ -120,6 +122,7 @@ impl Default for ManagerConfig {
             leader_migration: None,
             leader_migration_namespace: None,
             load_balancer_class: None,
+            handle_unclassed_services: false,
             secure_port: defaults::SECURE_PORT,
             ccm_resource: None,
             extra_args: Vec::new(),
@@ -169,6 +172,14 @@ impl ManagerConfig {
         }
         self.leader_migration_config()?;
         self.check_shadow()?;
+        if self.handle_unclassed_services && self.load_balancer_class.is_none() {
+            return Err(Error::InvalidFlag {
+                flag: "--handle-unclassed-services",
+                message:
+                    "needs --load-balancer-class (without a class the manager already handles Services without one)"
+                        .into(),
+            });
+        }
         Ok(())
     }
 
@@ -284,6 +295,9 @@ impl ManagerConfig {
         if let Some(class) = &self.load_balancer_class {
             args.push(format!("--load-balancer-class={class}"));
         }
+        if self.handle_unclassed_services {
+            args.push("--handle-unclassed-services=true".into());
+        }
         args.push(format!("--secure-port={}", self.secure_port));
         if let Some(target) = &self.ccm_resource {
             args.push(format!("--ccm-resource={target}"));
@@ -315,6 +329,7 @@ impl ManagerConfig {
             concurrent_service_syncs: self.concurrent_service_syncs,
             concurrent_route_syncs: self.concurrent_route_syncs,
             load_balancer_class: self.load_balancer_class.clone(),
+            handle_unclassed_services: self.handle_unclassed_services,
             shadow: self.shadow.then(crate::shadow::Shadow::new),
             ..ControllerOptions::default()
         }
@@ -421,6 +436,7 @@ mod tests {
             1 => Some(LeaderMigrationSource::Default),
             _ => Some(LeaderMigrationSource::File(migration_file())),
         };
+        let class = g.bool().then(|| g.pick(&["example.com/lb", "x"]).to_string());
         ManagerConfig {
             provider: g.pick(&["fake", "baremetal", "aws", "my-cloud"]).to_string(),
             cloud_config: g.bool().then(|| PathBuf::from(g.pick(&["/etc/ccm/cloud.conf", "/config/a b.yaml"]))),
@@ -446,7 +462,8 @@ mod tests {
                 .then(|| g.pick(&["", "ccm-moving", "kube-system"]).to_string())
                 .filter(|ns| !ns.is_empty()),
             leader_migration,
-            load_balancer_class: g.bool().then(|| g.pick(&["example.com/lb", "x"]).to_string()),
+            load_balancer_class: class.clone(),
+            handle_unclassed_services: class.is_some() && g.bool(),
             secure_port: g.pick(&["0", "10258", "443"]).parse().expect("a port"),
             ccm_resource: g.bool().then(|| StatusTarget { namespace: "kube-system".into(), name: "aws".into() }),
             extra_args: Vec::new(),

@@ -378,6 +378,11 @@ pub struct Flags {
     /// none. Empty: upstream's behaviour.
     #[arg(long, default_value = "", value_name = "string", help_heading = "Additions (not upstream flags)")]
     pub load_balancer_class: String,
+    /// (Addition) With --load-balancer-class, also handle Services without a
+    /// spec.loadBalancerClass (as the unclassed manager would). Needs --load-balancer-class.
+    #[arg(long, default_value_t = false, num_args = 0..=1, require_equals = true, default_missing_value = "true",
+        value_parser = parse_bool, action = ArgAction::Set, help_heading = "Additions (not upstream flags)")]
+    pub handle_unclassed_services: bool,
     /// (Addition) Re-ensure every load balancer this often to repair drift in the cloud. 0
     /// (upstream) never does.
     #[arg(long, default_value = "0s", value_parser = parse_duration, value_name = "duration", help_heading = "Additions (not upstream flags)")]
@@ -522,6 +527,7 @@ impl Flags {
             },
             leader_migration_namespace: Some(self.leader_migration_lease_namespace.clone()).filter(|ns| !ns.is_empty()),
             load_balancer_class: Some(self.load_balancer_class.clone()).filter(|c| !c.is_empty()),
+            handle_unclassed_services: self.handle_unclassed_services,
             secure_port: self.secure_port,
             ccm_resource: match self.ccm_resource.as_str() {
                 "" => None,

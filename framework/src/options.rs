@@ -51,6 +51,8 @@ pub struct ControllerOptions {
     /// `--load-balancer-class` (addition): handle Services of exactly this class instead of
     /// unclassed ones.
     pub load_balancer_class: Option<String>,
+    /// `--handle-unclassed-services` (addition): with a class, also take Services without one.
+    pub handle_unclassed_services: bool,
     /// `--load-balancer-resync-period` (addition): periodic re-ensure of every load balancer to
     /// repair cloud-side drift; `None` (upstream) never re-ensures.
     pub load_balancer_resync_period: Option<Duration>,
@@ -78,6 +80,7 @@ impl Default for ControllerOptions {
             node_batch_window: Duration::from_millis(100),
             node_deletion_grace_period: Duration::ZERO,
             load_balancer_class: None,
+            handle_unclassed_services: false,
             load_balancer_resync_period: None,
             shadow: None,
         }

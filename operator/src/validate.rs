@@ -88,8 +88,9 @@ pub struct Peer {
     pub node_controllers: Vec<&'static str>,
     /// Whether it would run the route controller (enabled and `configureCloudRoutes`).
     pub routes: bool,
-    /// `Some(class)` when it runs the service controller; `class` is its `loadBalancerClass`.
-    pub services: Option<Option<String>>,
+    /// When it runs the service controller, the `loadBalancerClass`es it takes (`None`: Services
+    /// without one): its class, and no class too with `handleUnclassedServices`.
+    pub services: Option<Vec<Option<String>>>,
     /// With leader migration: the migration Lease (namespace, name) and the controllers it runs
     /// under it. Two resources that migrate a controller under the same Lease never run it at
     /// once, so it is no conflict.
@@ -120,7 +121,11 @@ impl Peer {
             // Whether the provider programs routes is not asked: a peer that might run the
             // route controller blocks the same ones.
             routes: route_controller_runs(&selection, cr.spec.configure_cloud_routes, true),
-            services: selection.is_enabled(Controller::ServiceLb).then(|| cr.spec.load_balancer_class.clone()),
+            services: selection.is_enabled(Controller::ServiceLb).then(|| {
+                let class = cr.spec.load_balancer_class.clone();
+                let unclassed = cr.spec.handle_unclassed_services && class.is_some();
+                std::iter::once(class).chain(unclassed.then_some(None)).collect()
+            }),
             migration: effective_leader_migration(&cr.spec).map(|m| {
                 let migrated = Controller::ALL
                     .into_iter()
@@ -169,13 +174,12 @@ impl Peer {
             out.push(format!("both run {}", Controller::NodeRoute));
         }
         if let (Some(a), Some(b)) = (&self.services, &other.services)
-            && a == b
             && !self.both_migrate(other, Controller::ServiceLb.name())
         {
-            out.push(match a {
+            out.extend(a.iter().filter(|class| b.contains(class)).map(|class| match class {
                 None => "both handle LoadBalancer Services without a loadBalancerClass".to_string(),
                 Some(class) => format!("both handle LoadBalancer Services of class {class:?}"),
-            });
+            }));
         }
         out
     }
@@ -363,6 +367,7 @@ pub fn manager_config(cr: &CloudControllerManager, cloud_config_key: Option<&str
         // Rendered only when it differs: a resource that names its own namespace keeps its args.
         leader_migration_namespace: migration_lease_namespace(cr).filter(|l| *l != namespace),
         load_balancer_class: spec.load_balancer_class.clone(),
+        handle_unclassed_services: spec.handle_unclassed_services,
         secure_port: crds::defaults::SECURE_PORT,
         ccm_resource: Some(ccm_framework::status::StatusTarget { namespace, name }),
         extra_args: spec.extra_args.clone(),
@@ -1442,6 +1447,34 @@ mod tests {
         let v = validate(&unclassed, &SecretState::NotReferenced, &registry(), &all);
         assert_eq!(reason_of(&v), reason::CONFLICT);
         assert!(v.summary().unwrap().1.contains("without a loadBalancerClass"));
+    }
+
+    #[test]
+    fn s28_a_class_that_also_takes_unclassed_services_conflicts_with_an_unclassed_manager() {
+        let old = cr("old", 1, json!({"provider": "plain", "controllers": ["service"]}));
+        let both = cr(
+            "both",
+            2,
+            json!({"provider": "plain", "controllers": ["service"], "loadBalancerClass": "x", "handleUnclassedServices": true}),
+        );
+        let other_class =
+            cr("y", 3, json!({"provider": "plain", "controllers": ["service"], "loadBalancerClass": "y"}));
+        let all = peers(&[&old, &both, &other_class]);
+        let v = validate(&both, &SecretState::NotReferenced, &registry(), &all);
+        assert_eq!(reason_of(&v), reason::CONFLICT);
+        assert!(v.summary().unwrap().1.contains("without a loadBalancerClass"), "{v:?}");
+        assert!(validate(&other_class, &SecretState::NotReferenced, &registry(), &all).is_valid());
+        let alone = validate(&both, &SecretState::NotReferenced, &registry(), &peers(&[&both]));
+        assert!(alone.is_valid(), "{alone:?}");
+        let Validation::Valid(valid) = alone else { panic!("valid") };
+        assert!(valid.config.to_args().iter().any(|a| a == "--handle-unclassed-services=true"));
+    }
+
+    #[test]
+    fn handle_unclassed_services_without_a_class_is_refused_naming_the_field() {
+        let c = cr("a", 1, json!({"provider": "plain", "handleUnclassedServices": true}));
+        let v = validate(&c, &SecretState::NotReferenced, &registry(), &[]);
+        assert!(v.summary().unwrap().1.starts_with("invalid spec: spec.handleUnclassedServices: "), "{v:?}");
     }
 
     #[test]

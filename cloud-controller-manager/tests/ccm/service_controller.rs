@@ -502,6 +502,26 @@ e2e_apiserver::backend_tests! {
         eventually(WAIT, || async { env.get("mine").await.is_none().then_some(()) }).await;
         assert!(env.fake.load_balancers().is_empty());
     }
+
+    async fn s28_a_classed_manager_told_to_also_takes_unclassed_services_and_no_other_class(backend) {
+        let class = "example.com/internal";
+        let options = ControllerOptions { load_balancer_class: Some(class.into()), handle_unclassed_services: true, ..options() };
+        let env = Env::started(backend, options).await;
+        env.create_service(classed("theirs", "example.com/external")).await;
+        env.create_service(lb_service(NS, "unclassed")).await;
+        env.create_service(classed("mine", class)).await;
+        for name in ["unclassed", "mine"] {
+            let svc = env.wait_ingress(name).await;
+            assert_eq!(finalizers(&svc), [cleanup_finalizer(Some(class))], "{name} carries the class's finalizer");
+        }
+        // Changes are handled in order: the one created first has been looked at.
+        let theirs = env.get("theirs").await.unwrap();
+        assert!(ingress(&theirs).is_none() && finalizers(&theirs).is_empty(), "another class was handled");
+        assert!(env.fake.load_balancer_for(NS, "theirs").is_none());
+        env.services().delete("unclassed", &DeleteParams::default()).await.expect("delete");
+        eventually(WAIT, || async { env.get("unclassed").await.is_none().then_some(()) }).await;
+        assert!(env.fake.load_balancer_for(NS, "unclassed").is_none(), "its load balancer went with it");
+    }
 }
 
 // ---- S7/S15–S20: hosts ------------------------------------------------------------------------

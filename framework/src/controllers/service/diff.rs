@@ -9,7 +9,7 @@ use crate::shadow::{Difference, DifferenceKind, FieldDifference, ObjectKey};
 
 /// Whether comparing `svc` needs the cloud's view of its load balancer (it wants one, or
 /// its load balancer must go); the other Services agree without a cloud call.
-pub fn needs_lookup(svc: &Service, class: Option<&str>, finalizer: &str) -> bool {
+pub fn needs_lookup(svc: &Service, class: logic::ClassFilter<'_>, finalizer: &str) -> bool {
     matches!(logic::plan_sync(Some(svc), None, class, finalizer), SyncPlan::Ensure | SyncPlan::Cleanup)
 }
 
@@ -27,7 +27,7 @@ pub fn differences(
     svc: &Service,
     lb: Option<&LoadBalancerStatus>,
     lb_name: &str,
-    class: Option<&str>,
+    class: logic::ClassFilter<'_>,
     finalizer: &str,
 ) -> Vec<Difference> {
     let object = ObjectKey::service(
@@ -112,13 +112,13 @@ mod tests {
     #[test]
     fn a_service_served_as_we_would_serve_it_shows_no_difference() {
         let svc = service(true, Some("192.0.2.1"));
-        assert_eq!(differences(&svc, Some(&status("192.0.2.1")), "lb", None, FIN), Vec::new());
+        assert_eq!(differences(&svc, Some(&status("192.0.2.1")), "lb", logic::UNCLASSED, FIN), Vec::new());
     }
 
     #[test]
     fn a_load_balancer_the_cloud_does_not_know_would_be_created() {
         let svc = service(true, Some("192.0.2.1"));
-        let d = differences(&svc, None, "a1234", None, FIN);
+        let d = differences(&svc, None, "a1234", logic::UNCLASSED, FIN);
         assert_eq!(d.len(), 1, "{d:?}");
         assert_eq!(d[0].kind, DifferenceKind::WouldCreateLoadBalancer);
         assert_eq!(d[0].fields, vec![FieldDifference::new("loadBalancer", "a1234")]);
@@ -127,7 +127,7 @@ mod tests {
     #[test]
     fn a_missing_finalizer_and_another_ingress_would_be_patched() {
         let svc = service(false, Some("192.0.2.1"));
-        let d = differences(&svc, Some(&status("192.0.2.9")), "lb", None, FIN);
+        let d = differences(&svc, Some(&status("192.0.2.9")), "lb", logic::UNCLASSED, FIN);
         assert_eq!(d.len(), 1);
         assert_eq!(d[0].kind, DifferenceKind::WouldPatch);
         let paths: Vec<(&str, &str)> = d[0].fields.iter().map(|f| (f.path.as_str(), f.ours.as_str())).collect();
@@ -144,10 +144,10 @@ mod tests {
     fn a_service_no_longer_a_load_balancer_would_lose_its_load_balancer_status_and_finalizer() {
         let mut svc = service(true, Some("192.0.2.1"));
         svc.spec.as_mut().unwrap().type_ = Some("ClusterIP".into());
-        let d = differences(&svc, Some(&status("192.0.2.1")), "lb", None, FIN);
+        let d = differences(&svc, Some(&status("192.0.2.1")), "lb", logic::UNCLASSED, FIN);
         let kinds: Vec<DifferenceKind> = d.iter().map(|d| d.kind).collect();
         assert_eq!(kinds, vec![DifferenceKind::WouldPatch, DifferenceKind::WouldDeleteLoadBalancer]);
-        assert!(!needs_lookup(&service(false, None).clone_with_type("ClusterIP"), None, FIN));
+        assert!(!needs_lookup(&service(false, None).clone_with_type("ClusterIP"), logic::UNCLASSED, FIN));
     }
 
     trait WithType {

@@ -49,10 +49,34 @@ fn is_type_load_balancer(svc: &Service) -> bool {
     svc.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("LoadBalancer")
 }
 
+/// S1, S28: which `loadBalancerClass`es this manager takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClassFilter<'a> {
+    /// `--load-balancer-class`; `None`: Services without a class (upstream).
+    pub class: Option<&'a str>,
+    /// `--handle-unclassed-services`: a manager with a class also takes Services without one.
+    pub also_unclassed: bool,
+}
+
+/// Upstream's filter: Services without a `loadBalancerClass`.
+pub const UNCLASSED: ClassFilter<'static> = ClassFilter::of(None);
+
+impl<'a> ClassFilter<'a> {
+    /// Exactly the Services of `class` (`None`: those without one).
+    pub const fn of(class: Option<&'a str>) -> Self {
+        Self { class, also_unclassed: false }
+    }
+
+    /// Whether a Service whose `spec.loadBalancerClass` is `service_class` is for this manager.
+    pub fn takes(self, service_class: Option<&str>) -> bool {
+        service_class == self.class || (service_class.is_none() && self.also_unclassed)
+    }
+}
+
 /// S1: the Service wants a load balancer from this manager: `type: LoadBalancer` and a
-/// `loadBalancerClass` equal to the manager's (both unset upstream).
-pub fn wants_load_balancer(svc: &Service, class: Option<&str>) -> bool {
-    is_type_load_balancer(svc) && svc.spec.as_ref().and_then(|s| s.load_balancer_class.as_deref()) == class
+/// `loadBalancerClass` the manager takes (both unset upstream; S28 adds unset ones to a class).
+pub fn wants_load_balancer(svc: &Service, class: ClassFilter<'_>) -> bool {
+    is_type_load_balancer(svc) && class.takes(svc.spec.as_ref().and_then(|s| s.load_balancer_class.as_deref()))
 }
 
 /// Whether the Service carries `finalizer`.
@@ -72,12 +96,12 @@ pub fn needs_cleanup(svc: &Service, finalizer: &str) -> bool {
 }
 
 /// S2: whether a newly seen Service is worth a sync.
-pub fn should_sync_added(svc: &Service, class: Option<&str>, finalizer: &str) -> bool {
+pub fn should_sync_added(svc: &Service, class: ClassFilter<'_>, finalizer: &str) -> bool {
     wants_load_balancer(svc, class) || needs_cleanup(svc, finalizer)
 }
 
 /// S3: whether an update is worth a sync.
-pub fn should_sync_updated(old: &Service, new: &Service, class: Option<&str>, finalizer: &str) -> bool {
+pub fn should_sync_updated(old: &Service, new: &Service, class: ClassFilter<'_>, finalizer: &str) -> bool {
     update_trigger(old, new, class).is_some() || needs_cleanup(new, finalizer)
 }
 
@@ -101,7 +125,7 @@ fn ports_equal_for_lb(a: &[ServicePort], b: &[ServicePort]) -> bool {
 /// Only Services that want a load balancer before or after count. Labels, selector,
 /// finalizers, status, `allocateLoadBalancerNodePorts`, `internalTrafficPolicy` and
 /// `ipFamilyPolicy` never trigger. An unset list or map equals an empty one.
-pub fn update_trigger(old: &Service, new: &Service, class: Option<&str>) -> Option<&'static str> {
+pub fn update_trigger(old: &Service, new: &Service, class: ClassFilter<'_>) -> Option<&'static str> {
     let (old_wants, new_wants) = (wants_load_balancer(old, class), wants_load_balancer(new, class));
     if !old_wants && !new_wants {
         return None;
@@ -164,7 +188,12 @@ pub enum SyncPlan {
 /// Decide a sync from the cached Service (`None` when gone) and the Service as last synced.
 /// A Service being deleted never gets an ensure, so the finalizer is never added to it
 /// (a deliberate fix, reference §6 item 9).
-pub fn plan_sync(current: Option<&Service>, last: Option<&Service>, class: Option<&str>, finalizer: &str) -> SyncPlan {
+pub fn plan_sync(
+    current: Option<&Service>,
+    last: Option<&Service>,
+    class: ClassFilter<'_>,
+    finalizer: &str,
+) -> SyncPlan {
     match current {
         None if last.is_some_and(|l| wants_load_balancer(l, class)) => SyncPlan::DeleteGone,
         None => SyncPlan::Forget,
@@ -178,7 +207,7 @@ pub fn plan_sync(current: Option<&Service>, last: Option<&Service>, class: Optio
 
 /// S6: the cached Service was deleted and recreated under the same name since the last sync,
 /// so the old load balancer must be deleted first.
-pub fn recreated_since(current: &Service, last: &Service, class: Option<&str>) -> bool {
+pub fn recreated_since(current: &Service, last: &Service, class: ClassFilter<'_>) -> bool {
     current.metadata.uid != last.metadata.uid && wants_load_balancer(last, class)
 }
 
@@ -311,14 +340,26 @@ mod tests {
     #[test]
     fn s1_class_decides_which_manager_wants_the_service() {
         let mut svc = lb();
-        assert!(wants_load_balancer(&svc, None));
-        assert!(!wants_load_balancer(&svc, Some("internal")));
+        assert!(wants_load_balancer(&svc, UNCLASSED));
+        assert!(!wants_load_balancer(&svc, ClassFilter::of(Some("internal"))));
         svc.spec.as_mut().unwrap().load_balancer_class = Some("internal".into());
-        assert!(!wants_load_balancer(&svc, None), "S1: a classed Service is not for the unclassed manager");
-        assert!(wants_load_balancer(&svc, Some("internal")));
-        assert!(!wants_load_balancer(&svc, Some("external")));
+        assert!(!wants_load_balancer(&svc, UNCLASSED), "S1: a classed Service is not for the unclassed manager");
+        assert!(wants_load_balancer(&svc, ClassFilter::of(Some("internal"))));
+        assert!(!wants_load_balancer(&svc, ClassFilter::of(Some("external"))));
         svc.spec.as_mut().unwrap().type_ = Some("ClusterIP".into());
-        assert!(!wants_load_balancer(&svc, Some("internal")));
+        assert!(!wants_load_balancer(&svc, ClassFilter::of(Some("internal"))));
+    }
+
+    #[test]
+    fn s28_a_classed_manager_told_to_also_takes_services_without_a_class_but_no_other_class() {
+        let both = ClassFilter { class: Some("internal"), also_unclassed: true };
+        let mut svc = lb();
+        assert!(wants_load_balancer(&svc, both), "S28: an unclassed Service");
+        svc.spec.as_mut().unwrap().load_balancer_class = Some("internal".into());
+        assert!(wants_load_balancer(&svc, both), "S28: its own class");
+        svc.spec.as_mut().unwrap().load_balancer_class = Some("external".into());
+        assert!(!wants_load_balancer(&svc, both), "S28: never another class");
+        assert!(!wants_load_balancer(&lb(), ClassFilter::of(Some("internal"))), "S1 without the opt-in");
     }
 
     #[test]
@@ -339,12 +380,12 @@ mod tests {
 
     #[test]
     fn s2_added_service_is_synced_when_it_wants_a_load_balancer_or_needs_cleanup() {
-        assert!(should_sync_added(&lb(), None, F));
+        assert!(should_sync_added(&lb(), UNCLASSED, F));
         let mut cip = lb();
         cip.spec.as_mut().unwrap().type_ = Some("ClusterIP".into());
-        assert!(!should_sync_added(&cip, None, F));
+        assert!(!should_sync_added(&cip, UNCLASSED, F));
         cip.metadata.finalizers = Some(vec![F.into()]);
-        assert!(should_sync_added(&cip, None, F), "S13: type changed while the manager was down");
+        assert!(should_sync_added(&cip, UNCLASSED, F), "S13: type changed while the manager was down");
         let mut deleting = lb();
         deleting.metadata.finalizers = Some(vec![F.into()]);
         deleting.metadata.deletion_timestamp = Some(now());
@@ -390,9 +431,9 @@ mod tests {
             let old = lb();
             let mut new = lb();
             edit(&mut new);
-            assert_eq!(update_trigger(&old, &new, None), Some(*field), "S3: {field} must trigger");
+            assert_eq!(update_trigger(&old, &new, UNCLASSED), Some(*field), "S3: {field} must trigger");
             // Either side wanting a load balancer is enough.
-            assert!(update_trigger(&new, &old, None).is_some(), "S3: reverse {field} must trigger");
+            assert!(update_trigger(&new, &old, UNCLASSED).is_some(), "S3: reverse {field} must trigger");
         }
         let quiet: &[(&str, Edit)] = &[
             ("labels", |s| s.metadata.labels = Some([("app".to_string(), "x".to_string())].into())),
@@ -421,14 +462,14 @@ mod tests {
             }
             let mut new = lb();
             edit(&mut new);
-            assert_eq!(update_trigger(&old, &new, None), None, "S3: {field} must not trigger");
+            assert_eq!(update_trigger(&old, &new, UNCLASSED), None, "S3: {field} must not trigger");
         }
         // Services that never want a load balancer never trigger.
         let mut a = lb();
         spec(&mut a).type_ = Some("ClusterIP".into());
         let mut b = a.clone();
         spec(&mut b).load_balancer_ip = Some("192.0.2.1".into());
-        assert_eq!(update_trigger(&a, &b, None), None);
+        assert_eq!(update_trigger(&a, &b, UNCLASSED), None);
     }
 
     #[test]
@@ -437,30 +478,34 @@ mod tests {
         old.metadata.finalizers = Some(vec![F.into()]);
         let mut new = old.clone();
         new.metadata.deletion_timestamp = Some(now());
-        assert!(update_trigger(&old, &new, None).is_none());
-        assert!(should_sync_updated(&old, &new, None, F));
+        assert!(update_trigger(&old, &new, UNCLASSED).is_none());
+        assert!(should_sync_updated(&old, &new, UNCLASSED, F));
     }
 
     #[test]
     fn s5_s6_s14_sync_plans_cover_ensure_cleanup_and_legacy_deletion() {
         let svc = lb();
-        assert_eq!(plan_sync(Some(&svc), None, None, F), SyncPlan::Ensure);
+        assert_eq!(plan_sync(Some(&svc), None, UNCLASSED, F), SyncPlan::Ensure);
         let mut deleting = svc.clone();
         deleting.metadata.deletion_timestamp = Some(now());
-        assert_eq!(plan_sync(Some(&deleting), None, None, F), SyncPlan::Cleanup, "§6 item 9: no ensure when deleting");
+        assert_eq!(
+            plan_sync(Some(&deleting), None, UNCLASSED, F),
+            SyncPlan::Cleanup,
+            "§6 item 9: no ensure when deleting"
+        );
         let mut cip = svc.clone();
         spec(&mut cip).type_ = Some("ClusterIP".into());
-        assert_eq!(plan_sync(Some(&cip), None, None, F), SyncPlan::Forget);
-        assert_eq!(plan_sync(Some(&cip), Some(&svc), None, F), SyncPlan::Cleanup);
+        assert_eq!(plan_sync(Some(&cip), None, UNCLASSED, F), SyncPlan::Forget);
+        assert_eq!(plan_sync(Some(&cip), Some(&svc), UNCLASSED, F), SyncPlan::Cleanup);
         cip.metadata.finalizers = Some(vec![F.into()]);
-        assert_eq!(plan_sync(Some(&cip), None, None, F), SyncPlan::Cleanup);
-        assert_eq!(plan_sync(None, Some(&svc), None, F), SyncPlan::DeleteGone, "S14");
-        assert_eq!(plan_sync(None, Some(&cip), None, F), SyncPlan::Forget);
-        assert_eq!(plan_sync(None, None, None, F), SyncPlan::Forget);
+        assert_eq!(plan_sync(Some(&cip), None, UNCLASSED, F), SyncPlan::Cleanup);
+        assert_eq!(plan_sync(None, Some(&svc), UNCLASSED, F), SyncPlan::DeleteGone, "S14");
+        assert_eq!(plan_sync(None, Some(&cip), UNCLASSED, F), SyncPlan::Forget);
+        assert_eq!(plan_sync(None, None, UNCLASSED, F), SyncPlan::Forget);
         let mut recreated = svc.clone();
         recreated.metadata.uid = Some("uid-2".into());
-        assert!(recreated_since(&recreated, &svc, None), "S6");
-        assert!(!recreated_since(&svc, &svc, None));
+        assert!(recreated_since(&recreated, &svc, UNCLASSED), "S6");
+        assert!(!recreated_since(&svc, &svc, UNCLASSED));
     }
 
     fn node(name: &str) -> Node {

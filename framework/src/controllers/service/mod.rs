@@ -171,6 +171,8 @@ impl Scanned {
 struct Inner {
     ctx: Context,
     class: Option<String>,
+    /// S28: with a class, also Services without one.
+    also_unclassed: bool,
     finalizer: String,
     queue: WorkQueue,
     /// S16/S23: the host set each Service's load balancer was last given (or is being given).
@@ -224,6 +226,11 @@ fn ignore_not_found(r: Result<Service, kube::Error>) -> Result<(), kube::Error> 
 }
 
 impl Inner {
+    /// The Services this manager takes (S1, S28).
+    fn class_filter(&self) -> logic::ClassFilter<'_> {
+        logic::ClassFilter { class: self.class.as_deref(), also_unclassed: self.also_unclassed }
+    }
+
     fn lb(&self) -> Option<&dyn LoadBalancer> {
         self.ctx.provider.load_balancer()
     }
@@ -270,7 +277,7 @@ impl Inner {
     // ---- Service events -------------------------------------------------------------------
 
     fn on_service_change(&self, change: Change<Service>, initial: &mut Scanned) {
-        let class = self.class.as_deref();
+        let class = self.class_filter();
         match change {
             Change::Applied { old: None, new } => {
                 let key = logic::service_key(&new);
@@ -309,7 +316,7 @@ impl Inner {
 
     /// After missing changes: compare every cached Service with its last synced state.
     fn rescan_services(&self) {
-        let class = self.class.as_deref();
+        let class = self.class_filter();
         let synced = lock(&self.synced).clone();
         let mut seen = HashSet::new();
         for svc in self.ctx.services.state() {
@@ -347,7 +354,7 @@ impl Inner {
         let (ns, name) = split_key(key);
         let current = self.ctx.services.get(Some(ns), name);
         let last = lock(&self.synced).get(key).cloned();
-        let class = self.class.as_deref();
+        let class = self.class_filter();
 
         // S6: deleted and recreated under the same name while we were not looking.
         if let (Some(cur), Some(old)) = (&current, &last)
@@ -553,7 +560,7 @@ impl Inner {
     async fn node_pass(self: &Arc<Self>) {
         let started = Instant::now();
         let (hosts, nodes) = self.hosts();
-        let class = self.class.as_deref();
+        let class = self.class_filter();
         let candidates: Vec<Arc<Service>> = self
             .ctx
             .services
@@ -647,7 +654,7 @@ impl Inner {
     /// Queue every load-balanced Service once, paced so the cloud sees at most
     /// [`RESYNC_MAX_PER_SECOND`] re-ensures per second and the round spreads over half a period.
     fn schedule_resync(&self, period: Duration) {
-        let class = self.class.as_deref();
+        let class = self.class_filter();
         let keys: Vec<String> = self
             .ctx
             .services
@@ -688,6 +695,7 @@ impl Controller for ServiceController {
         let class = ctx.options.load_balancer_class.clone().filter(|c| !c.is_empty());
         let inner = Arc::new(Inner {
             finalizer: logic::cleanup_finalizer(class.as_deref()),
+            also_unclassed: class.is_some() && ctx.options.handle_unclassed_services,
             class,
             queue: WorkQueue::new(),
             last_hosts: Mutex::default(),
@@ -717,12 +725,12 @@ impl Controller for ServiceController {
             if let Some(rv) = svc.metadata.resource_version.as_deref() {
                 initial.insert(&key, rv);
             }
-            if logic::should_sync_added(&svc, inner.class.as_deref(), &inner.finalizer) {
+            if logic::should_sync_added(&svc, inner.class_filter(), &inner.finalizer) {
                 inner.queue.add(key);
             }
         }
         let workers = ctx.options.concurrent_service_syncs.max(1);
-        tracing::info!(workers, class = ?inner.class, finalizer = %inner.finalizer, "service controller started");
+        tracing::info!(workers, class = ?inner.class, also_unclassed = inner.also_unclassed, finalizer = %inner.finalizer, "service controller started");
         health.set_healthy();
 
         let mut tasks = JoinSet::new();

@@ -70,7 +70,8 @@ async fn compare(ctx: &Context, comparer: &Comparer, services: Vec<Arc<Service>>
     let class = ctx.options.load_balancer_class.clone().filter(|c| !c.is_empty());
     let finalizer = logic::cleanup_finalizer(class.as_deref());
     let cluster = ctx.options.cluster_name.as_str();
-    let (class, finalizer) = (class.as_deref(), finalizer.as_str());
+    let also_unclassed = class.is_some() && ctx.options.handle_unclassed_services;
+    let (class, finalizer) = (logic::ClassFilter { class: class.as_deref(), also_unclassed }, finalizer.as_str());
     stream::iter(services)
         .for_each_concurrent(ctx.options.concurrent_service_syncs.max(1), |svc| async move {
             let key = key_of(&svc);
