@@ -278,14 +278,23 @@ const CRD_APPLY_ATTEMPTS: u32 = 3;
 /// `ccm-operator`, forced), so that `helm upgrade`, which never touches a chart's `crds/`, still
 /// upgrades it. Never fails the start: the caller logs the outcome and waits for the CRD anyway.
 pub async fn apply_crd(client: &Client, shutdown: &CancellationToken) -> CrdApply {
-    let crd = crds::crd();
-    let name = crds::CloudControllerManager::crd_name();
+    apply_one_crd(client, &crds::crd(), shutdown).await
+}
+
+/// The same for the `LoadBalancerIPPool` CRD the chart ships beside it (the baremetal
+/// provider's pools), which `helm upgrade` would leave at the installed version too.
+pub async fn apply_pool_crd(client: &Client, shutdown: &CancellationToken) -> CrdApply {
+    apply_one_crd(client, &crds::pool_crd(), shutdown).await
+}
+
+async fn apply_one_crd(client: &Client, crd: &CustomResourceDefinition, shutdown: &CancellationToken) -> CrdApply {
+    let name = crd.metadata.name.as_deref().unwrap_or_default();
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let params = PatchParams::apply(names::FIELD_MANAGER).force();
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let error = match api.patch(name, &params, &Patch::Apply(&crd)).await {
+        let error = match api.patch(name, &params, &Patch::Apply(crd)).await {
             Ok(_) => return CrdApply::Applied,
             Err(kube::Error::Api(s)) if s.is_forbidden() => return CrdApply::Forbidden(s.message),
             // The server understood and refused (invalid for this Kubernetes version, ...).
@@ -365,18 +374,23 @@ async fn main_loop(
     crash: CancellationToken,
 ) -> Result<(), Error> {
     if config.manage_crd {
-        let crd = crds::CloudControllerManager::crd_name();
-        match apply_crd(&config.client, &shutdown).await {
-            CrdApply::Applied => {
-                tracing::info!(crd, "applied the CustomResourceDefinition this operator was built with")
-            }
-            CrdApply::Forbidden(message) => tracing::warn!(
-                crd,
-                %message,
-                "not allowed to apply the CustomResourceDefinition (crds.manage=false?); using it as it is"
-            ),
-            CrdApply::Failed(message) => {
-                tracing::warn!(crd, %message, "could not apply the CustomResourceDefinition; using it as it is")
+        let pool = crds::LoadBalancerIPPool::crd_name();
+        for (crd, outcome) in [
+            (crds::CloudControllerManager::crd_name(), apply_crd(&config.client, &shutdown).await),
+            (pool, apply_pool_crd(&config.client, &shutdown).await),
+        ] {
+            match outcome {
+                CrdApply::Applied => {
+                    tracing::info!(crd, "applied the CustomResourceDefinition this operator was built with")
+                }
+                CrdApply::Forbidden(message) => tracing::warn!(
+                    crd,
+                    %message,
+                    "not allowed to apply the CustomResourceDefinition (crds.manage=false?); using it as it is"
+                ),
+                CrdApply::Failed(message) => {
+                    tracing::warn!(crd, %message, "could not apply the CustomResourceDefinition; using it as it is")
+                }
             }
         }
     }

@@ -74,8 +74,8 @@ ccm-operator
 {{/* The name of the operator's own CRD in crds/, read from the generated file, quoted. */}}
 {{- define "ccm-operator.crdNames" -}}
 {{- $names := list }}
-{{- /* Only the CloudControllerManager CRD: the LoadBalancerIPPool CRD beside it is the baremetal manager's, not the operator's. */}}
-{{- range $path, $_ := .Files.Glob "crds/cloudcontrollermanagers.*.yaml" }}
+{{- /* Every CRD the chart ships: the operator keeps them at the version it was built with (helm upgrade never touches crds/). */}}
+{{- range $path, $_ := .Files.Glob "crds/*.yaml" }}
 {{- $names = append $names (($.Files.Get $path | fromYaml).metadata.name | quote) }}
 {{- end }}
 {{- required "the chart's crds/ folder holds no CRD" (join ", " $names) }}

@@ -573,14 +573,18 @@ class Render(unittest.TestCase):
         default = self.render()
         self.assertEqual(arg(default, "--cloud-config-namespaces"), "kube-system")
 
-    def test_operator_may_touch_only_its_own_crd(self):
+    def test_operator_may_touch_only_the_crds_the_chart_ships(self):
+        shipped = sorted(yaml.safe_load(p.read_text())["metadata"]["name"]
+                         for p in CRD_FILE.parent.glob("*.yaml"))
+        self.assertIn(crd_name(), shipped)
+        self.assertIn("loadbalancerippools.ccm.rs", shipped)
         for manage in (True, False):
             with self.subTest(manage=manage):
                 objects = self.render(values(**{"crds.manage": manage}))
                 rules = operator_rules(objects)
                 crd_rules = rules_for(rules, "apiextensions.k8s.io", "customresourcedefinitions")
                 self.assertEqual(len(crd_rules), 1)
-                self.assertEqual(crd_rules[0]["resourceNames"], [crd_name()])
+                self.assertEqual(sorted(crd_rules[0]["resourceNames"]), shipped)
                 expected = {"get", "list", "watch"} | ({"patch"} if manage else set())
                 self.assertEqual(set(crd_rules[0]["verbs"]), expected)
                 # The operator applies its CRD only when the chart grants the patch.

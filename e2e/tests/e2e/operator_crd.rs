@@ -138,6 +138,12 @@ e2e_apiserver::backend_tests! {
             after.metadata.managed_fields.iter().flatten().filter_map(|m| m.manager.clone()).collect();
         assert!(managers.iter().any(|m| m == "ccm-operator"), "applied with field manager ccm-operator: {managers:?}");
         assert_eq!(crd_patches(&server), 1, "one apply at start");
+        // The pool CRD the chart ships beside it is kept current the same way.
+        let pool = crds.get(crds::LoadBalancerIPPool::crd_name()).await.expect("the pool CRD is applied");
+        let pool_managers: Vec<String> =
+            pool.metadata.managed_fields.iter().flatten().filter_map(|m| m.manager.clone()).collect();
+        assert!(pool_managers.iter().any(|m| m == "ccm-operator"), "{pool_managers:?}");
+        assert_eq!(columns(&pool), columns(&crds::pool_crd()));
         op.stop().await.unwrap();
         drop(server);
     }
