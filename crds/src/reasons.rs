@@ -266,6 +266,19 @@ pub mod ip_pool {
     pub const ALL: [&str; 4] = [AS_EXPECTED, INVALID_ENTRY, OVERLAP, NAME_TAKEN];
 }
 
+/// Reasons of the events the `baremetal` provider publishes on a MetalLB or Cilium pool it
+/// imports (`loadBalancer.importPools`).
+pub mod pool_import {
+    /// Normal: the pool was imported as is.
+    pub const IMPORTED: &str = "PoolImported";
+    /// Warning: the pool was imported, but something of it could not be expressed (the note
+    /// names each field and what is lost).
+    pub const IMPORT_WARNING: &str = "PoolImportWarning";
+    /// Warning: the pool was not imported (malformed, too large, or every address already in an
+    /// earlier pool).
+    pub const NOT_IMPORTED: &str = "PoolNotImported";
+}
+
 /// Reasons of Kubernetes Events the operator publishes on a CloudControllerManager.
 pub mod events {
     /// Normal: child objects were created or changed (the note lists them).

@@ -29,6 +29,10 @@ pub const METALLB_LOAD_BALANCER_IPS_ANNOTATIONS: [&str; 2] =
 /// MetalLB's sharing-key annotations, read when ours is absent, newest name first.
 pub const METALLB_ALLOW_SHARED_IP_ANNOTATIONS: [&str; 2] =
     ["metallb.io/allow-shared-ip", "metallb.universe.tf/allow-shared-ip"];
+/// Cilium LB-IPAM's requested-address annotations, read after MetalLB's, newest name first.
+pub const CILIUM_LOAD_BALANCER_IPS_ANNOTATIONS: [&str; 2] = ["lbipam.cilium.io/ips", "io.cilium/lb-ipam-ips"];
+/// Cilium LB-IPAM's sharing-key annotations, read after MetalLB's, newest name first.
+pub const CILIUM_SHARING_KEY_ANNOTATIONS: [&str; 2] = ["lbipam.cilium.io/sharing-key", "io.cilium/lb-ipam-sharing-key"];
 
 /// The first of `names` the Service carries with a non-blank value, with that name.
 fn first_annotation<'a>(service: &'a Service, names: &[&'static str]) -> Option<(&'static str, &'a str)> {
@@ -407,8 +411,13 @@ impl fmt::Display for AllocError {
 }
 
 fn sharing_key_of(service: &Service) -> Option<String> {
-    let names =
-        [ALLOW_SHARED_IP_ANNOTATION, METALLB_ALLOW_SHARED_IP_ANNOTATIONS[0], METALLB_ALLOW_SHARED_IP_ANNOTATIONS[1]];
+    let names = [
+        ALLOW_SHARED_IP_ANNOTATION,
+        METALLB_ALLOW_SHARED_IP_ANNOTATIONS[0],
+        METALLB_ALLOW_SHARED_IP_ANNOTATIONS[1],
+        CILIUM_SHARING_KEY_ANNOTATIONS[0],
+        CILIUM_SHARING_KEY_ANNOTATIONS[1],
+    ];
     first_annotation(service, &names).map(|(_, v)| v.trim().to_string())
 }
 
@@ -433,6 +442,8 @@ pub fn request_for(service: &Service) -> Result<LbRequest, AllocError> {
         LOAD_BALANCER_IPS_ANNOTATION,
         METALLB_LOAD_BALANCER_IPS_ANNOTATIONS[0],
         METALLB_LOAD_BALANCER_IPS_ANNOTATIONS[1],
+        CILIUM_LOAD_BALANCER_IPS_ANNOTATIONS[0],
+        CILIUM_LOAD_BALANCER_IPS_ANNOTATIONS[1],
     ];
     let (source, text) = match first_annotation(service, &names) {
         Some((name, value)) => (name, value.to_string()),

@@ -1,0 +1,191 @@
+//! The I/O of `loadBalancer.importPools`: MetalLB's and Cilium's pools listed when the leader
+//! starts (before the allocator is rebuilt from the Services), and what became of each
+//! reported as a log line and an event on the source object. Conversions and precedence are in
+//! [`crate::pool_import`].
+
+use std::collections::BTreeMap;
+
+use ccm_framework::controllers::service::COMPONENT as SERVICE_COMPONENT;
+use ccm_framework::events::EventSink;
+use crds::reasons::pool_import as reasons;
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{Api, ApiResource, DynamicObject, ListParams};
+use kube::core::GroupVersionKind;
+use kube::runtime::events::EventType;
+
+use crate::pool_import::{self, ImportError, Imported, MAX_IMPORTED_POOLS, Outcome, Source, SourceObject};
+
+/// The longest event note; an event names at most this much of the notes.
+const MAX_NOTE: usize = 1024;
+
+/// Why a source could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// The API server refused or failed the listing (403 without the chart's RBAC).
+    #[error("listing {kind}s ({group}) for loadBalancer.importPools failed: {source}")]
+    List {
+        /// The kind listed.
+        kind: &'static str,
+        /// Its API group.
+        group: &'static str,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// One source object read and what its conversion gave.
+#[derive(Debug)]
+pub struct Read {
+    /// The object, for events.
+    pub reference: ObjectReference,
+    /// The pool name it becomes ([`Source::pool_name`]).
+    pub pool_name: String,
+    /// The converted pool, or why there is none.
+    pub result: Result<Imported, ImportError>,
+}
+
+/// Everything read from the sources.
+#[derive(Debug, Default)]
+pub struct ReadAll {
+    /// Every object read.
+    pub objects: Vec<Read>,
+    /// Per source, a fact worth a warning: its CRD is not installed, or too many pools.
+    pub source_notes: Vec<String>,
+}
+
+impl ReadAll {
+    /// The pools converted.
+    pub fn imported(&self) -> Vec<Imported> {
+        self.objects.iter().filter_map(|r| r.result.as_ref().ok().cloned()).collect()
+    }
+}
+
+/// Whether the resource is not served: kube-apiserver answers an unknown API path with a plain
+/// `404 page not found`, which carries the code but not the `NotFound` reason.
+fn not_found(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(s) if s.is_not_found() || s.code == 404)
+}
+
+/// List one source's pools: the newest version served; `None` when no version is (its CRD is
+/// not installed).
+async fn list(client: &kube::Client, source: Source) -> Result<Option<(String, Vec<DynamicObject>)>, ReadError> {
+    for version in source.versions() {
+        let gvk = GroupVersionKind::gvk(source.group(), version, source.kind());
+        let api: Api<DynamicObject> =
+            Api::all_with(client.clone(), &ApiResource::from_gvk_with_plural(&gvk, source.plural()));
+        // One page: more than the bound is refused below rather than paged through.
+        let params = ListParams::default().limit(MAX_IMPORTED_POOLS as u32 + 1);
+        match api.list(&params).await {
+            Ok(list) => return Ok(Some((format!("{}/{version}", source.group()), list.items))),
+            Err(e) if not_found(&e) => continue,
+            Err(source_error) => {
+                return Err(ReadError::List { kind: source.kind(), group: source.group(), source: source_error });
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Read and convert every source's pools. A source whose CRD is missing is a note, not an
+/// error; a refused listing is an error, since going on would hand its Services new addresses.
+pub async fn read_all(client: &kube::Client, sources: &[Source]) -> Result<ReadAll, ReadError> {
+    let mut all = ReadAll::default();
+    for &source in sources {
+        let Some((api_version, mut items)) = list(client, source).await? else {
+            all.source_notes.push(format!(
+                "loadBalancer.importPools names {source} but no {} resource is served ({} CRD not installed); nothing imported from it",
+                source.kind(),
+                source.group()
+            ));
+            continue;
+        };
+        if items.len() > MAX_IMPORTED_POOLS {
+            items.truncate(MAX_IMPORTED_POOLS);
+            all.source_notes.push(format!(
+                "more than {MAX_IMPORTED_POOLS} {}s: only the first {MAX_IMPORTED_POOLS} are imported",
+                source.kind()
+            ));
+        }
+        for item in items {
+            let spec = item.data.get("spec").cloned().unwrap_or_default();
+            let object = SourceObject { metadata: item.metadata.clone(), spec };
+            let result = match source {
+                Source::Metallb => pool_import::from_metallb(&object),
+                Source::Cilium => pool_import::from_cilium(&object),
+            };
+            let name = item.metadata.name.clone().unwrap_or_default();
+            all.objects.push(Read {
+                reference: ObjectReference {
+                    api_version: Some(api_version.clone()),
+                    kind: Some(source.kind().to_string()),
+                    namespace: item.metadata.namespace.clone(),
+                    name: Some(name.clone()),
+                    uid: item.metadata.uid.clone(),
+                    ..Default::default()
+                },
+                pool_name: source.pool_name(item.metadata.namespace.as_deref(), &name),
+                result,
+            });
+        }
+    }
+    Ok(all)
+}
+
+fn bounded(text: String) -> String {
+    if text.len() <= MAX_NOTE {
+        return text;
+    }
+    let mut end = MAX_NOTE;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &text[..end])
+}
+
+/// Log and publish (as events on the source objects) what became of each; returns a one-line
+/// summary for the provider's health message.
+pub fn report(all: &ReadAll, outcomes: &BTreeMap<String, Outcome>, events: Option<&EventSink>) -> String {
+    let (mut used, mut warned, mut refused) = (0usize, 0usize, 0usize);
+    for note in &all.source_notes {
+        tracing::warn!(note = %note, "importing load-balancer pools");
+    }
+    for read in &all.objects {
+        let (type_, reason, note) = match (&read.result, outcomes.get(&read.pool_name)) {
+            (Err(error), _) => {
+                refused += 1;
+                (EventType::Warning, reasons::NOT_IMPORTED, format!("not imported: {error}"))
+            }
+            (Ok(_), Some(outcome)) if !outcome.used => {
+                refused += 1;
+                (EventType::Warning, reasons::NOT_IMPORTED, outcome.notes.join("; "))
+            }
+            (Ok(_), Some(outcome)) if !outcome.notes.is_empty() => {
+                used += 1;
+                warned += 1;
+                let note = format!("imported as {} with warnings: {}", read.pool_name, outcome.notes.join("; "));
+                (EventType::Warning, reasons::IMPORT_WARNING, note)
+            }
+            (Ok(_), _) => {
+                used += 1;
+                (EventType::Normal, reasons::IMPORTED, format!("imported as {}", read.pool_name))
+            }
+        };
+        let note = bounded(note);
+        match type_ {
+            EventType::Warning => {
+                tracing::warn!(pool = %read.pool_name, note = %note, "importing a load-balancer pool")
+            }
+            EventType::Normal => tracing::info!(pool = %read.pool_name, "imported a load-balancer pool"),
+        }
+        if let Some(events) = events {
+            events.publish(SERVICE_COMPONENT, read.reference.clone(), type_, reason, note, "ImportPool");
+        }
+    }
+    let mut summary = format!("{used} pools imported ({warned} with warnings, {refused} not imported");
+    if !all.source_notes.is_empty() {
+        summary.push_str(&format!("; {}", all.source_notes.join("; ")));
+    }
+    summary.push(')');
+    summary
+}

@@ -1,0 +1,216 @@
+//! Migrating from MetalLB and Cilium LB-IPAM (`loadBalancer.importPools`): their pools are read
+//! in place and no Service changes address, on both API server backends. The CRDs are minimal
+//! stand-ins named as theirs (any spec is kept), so the test needs neither project.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+
+use crate::kit::{eventually, ingress};
+use ccm_framework::controllers::service::ServiceController;
+use ccm_framework::engine::testing::run_controller;
+use ccm_framework::options::ControllerOptions;
+use ccm_framework::provider::{CloudProvider, Health};
+use ccm_provider_baremetal::BaremetalProvider;
+use e2e_apiserver::TestCluster;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, ListParams, ObjectMeta, Patch, PatchParams, PostParams,
+};
+use kube::core::GroupVersionKind;
+use kube::runtime::watcher;
+use serde_json::{Value, json};
+
+const CONFIG: &str = "\
+loadBalancer:
+  poolResources: true
+  importPools: [metallb, cilium]
+";
+
+fn crd(group: &str, kind: &str, plural: &str, namespaced: bool, versions: &[&str]) -> CustomResourceDefinition {
+    let versions: Vec<Value> = versions
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            json!({"name": v, "served": true, "storage": i == 0, "schema": {"openAPIV3Schema": {
+                "type": "object",
+                "properties": {"spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+            }}})
+        })
+        .collect();
+    serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("{plural}.{group}")},
+        "spec": {
+            "group": group,
+            "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase(), "listKind": format!("{kind}List")},
+            "scope": if namespaced { "Namespaced" } else { "Cluster" },
+            "versions": versions,
+        },
+    }))
+    .expect("CRD deserializes")
+}
+
+fn dynamic(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
+}
+
+fn lb_service(namespace: &str, name: &str, port: i32, annotations: &[(&str, &str)]) -> Service {
+    Service {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(namespace.into()),
+            annotations: Some(annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+            ..Default::default()
+        },
+        spec: Some(ServiceSpec {
+            type_: Some("LoadBalancer".into()),
+            ports: Some(vec![ServicePort { port, protocol: Some("TCP".into()), ..Default::default() }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Every address each Service showed while the test ran, from a watch.
+type Seen = Arc<Mutex<BTreeMap<String, BTreeSet<String>>>>;
+
+fn watch_addresses(api: Api<Service>) -> Seen {
+    let seen: Seen = Arc::default();
+    let out = seen.clone();
+    tokio::spawn(async move {
+        let mut stream = watcher::watcher(api, watcher::Config::default()).boxed();
+        while let Some(event) = stream.next().await {
+            let services = match event {
+                Ok(watcher::Event::Apply(s) | watcher::Event::InitApply(s)) => vec![s],
+                _ => continue,
+            };
+            for s in services {
+                let name = s.metadata.name.clone().unwrap_or_default();
+                let mut seen = out.lock().unwrap();
+                seen.entry(name).or_default().extend(ingress(&s).into_iter().map(|(ip, _)| ip));
+            }
+        }
+    });
+    seen
+}
+
+fn health_message(health: Health) -> String {
+    match health {
+        Health::Healthy { message } | Health::Unhealthy { message, .. } => message,
+    }
+}
+
+e2e_apiserver::backend_tests! {
+    async fn services_keep_the_addresses_metallb_and_cilium_gave_them_and_new_ones_come_from_their_pools(backend) {
+        let cluster = TestCluster::start(backend).await.unwrap();
+        cluster.install_crd(&crds::pool_crd()).await.unwrap();
+        let pp = PostParams::default();
+        let options = || ControllerOptions { concurrent_service_syncs: 2, ..Default::default() };
+
+        // No MetalLB or Cilium CRD yet: the leader starts and says so.
+        let provider = Arc::new(BaremetalProvider::from_cloud_config(Some(CONFIG.as_bytes())).unwrap());
+        let running = run_controller(cluster.client(), provider.clone() as Arc<dyn CloudProvider>, options(), Box::new(ServiceController::new())).await;
+        let message = health_message(provider.health().await);
+        assert!(message.contains("no IPAddressPool resource is served (metallb.io CRD not installed)"), "{message}");
+        running.stop().await.unwrap();
+
+        let metallb_crd = crd("metallb.io", "IPAddressPool", "ipaddresspools", true, &["v1beta1"]);
+        let cilium_crd = crd("cilium.io", "CiliumLoadBalancerIPPool", "ciliumloadbalancerippools", false, &["v2", "v2alpha1"]);
+        cluster.install_crd(&metallb_crd).await.unwrap();
+        cluster.install_crd(&cilium_crd).await.unwrap();
+        let metallb_ns = cluster.fresh_namespace("metallb").await.unwrap();
+        let metallb: Api<DynamicObject> = Api::namespaced_with(cluster.client(), &metallb_ns, &dynamic("metallb.io", "v1beta1", "IPAddressPool", "ipaddresspools"));
+        let cilium: Api<DynamicObject> = Api::all_with(cluster.client(), &dynamic("cilium.io", "v2", "CiliumLoadBalancerIPPool", "ciliumloadbalancerippools"));
+        let object = |api_version: &str, kind: &str, name: &str, spec: Value| -> DynamicObject {
+            serde_json::from_value(json!({"apiVersion": api_version, "kind": kind, "metadata": {"name": name}, "spec": spec})).unwrap()
+        };
+        // Two service selectors: MetalLB admits either, which one pool cannot say (a warning).
+        metallb.create(&pp, &object("metallb.io/v1beta1", "IPAddressPool", "lan", json!({
+            "addresses": ["198.51.100.0/29", "198.51.100.64-198.51.100.65"],
+            "serviceAllocation": {"serviceSelectors": [{"matchLabels": {"a": "1"}}, {"matchLabels": {"b": "2"}}]},
+        }))).await.unwrap();
+        cilium.create(&pp, &object("cilium.io/v2", "CiliumLoadBalancerIPPool", "edge", json!({
+            "allowFirstLastIPs": "No", "blocks": [{"cidr": "203.0.113.0/29"}],
+        }))).await.unwrap();
+
+        // Services as MetalLB and Cilium left them: addresses in status, their annotations.
+        let ns = cluster.fresh_namespace("apps").await.unwrap();
+        let services: Api<Service> = Api::namespaced(cluster.client(), &ns);
+        let before: [(&str, i32, &[(&str, &str)], &str); 7] = [
+            ("m-plain", 80, &[("metallb.io/ip-allocated-from-pool", "lan")], "198.51.100.3"),
+            ("m-asked", 80, &[("metallb.io/loadBalancerIPs", "198.51.100.64")], "198.51.100.64"),
+            ("m-share-a", 80, &[("metallb.io/allow-shared-ip", "k")], "198.51.100.5"),
+            ("m-share-b", 443, &[("metallb.io/allow-shared-ip", "k")], "198.51.100.5"),
+            ("c-plain", 80, &[], "203.0.113.6"),
+            ("c-share-a", 80, &[("lbipam.cilium.io/sharing-key", "s")], "203.0.113.1"),
+            ("c-share-b", 53, &[("lbipam.cilium.io/sharing-key", "s")], "203.0.113.1"),
+        ];
+        for (name, port, annotations, ip) in before {
+            services.create(&pp, &lb_service(&ns, name, port, annotations)).await.unwrap();
+            let status = json!({"status": {"loadBalancer": {"ingress": [{"ip": ip}]}}});
+            services.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+        }
+        let seen = watch_addresses(services.clone());
+        let mark = cluster.request_log().mark();
+
+        let provider = Arc::new(BaremetalProvider::from_cloud_config(Some(CONFIG.as_bytes())).unwrap());
+        let started = std::time::Instant::now();
+        let running = run_controller(cluster.client(), provider.clone() as Arc<dyn CloudProvider>, options(), Box::new(ServiceController::new())).await;
+
+        // A new Service gets the lowest free address of the first imported pool.
+        services.create(&pp, &lb_service(&ns, "fresh", 80, &[])).await.unwrap();
+        let fresh = eventually("the new Service gets an address", || async {
+            ingress(&services.get("fresh").await.ok()?).first().map(|(ip, _)| ip.clone())
+        }).await;
+        assert_eq!(fresh, "198.51.100.0");
+        // Every Service has been through the controller (it reports EnsuredLoadBalancer).
+        let service_events: Api<Event> = Api::namespaced(cluster.client(), &ns);
+        eventually("every Service is ensured", || async {
+            let list = service_events.list(&ListParams::default()).await.ok()?;
+            let ensured: BTreeSet<String> = list.items.iter()
+                .filter(|e| e.reason.as_deref() == Some("EnsuredLoadBalancer"))
+                .filter_map(|e| e.regarding.as_ref()?.name.clone())
+                .collect();
+            (ensured.len() == before.len() + 1).then_some(())
+        }).await;
+        let synced = started.elapsed();
+        for (name, _, _, ip) in before {
+            let now: Vec<String> = ingress(&services.get(name).await.unwrap()).into_iter().map(|(ip, _)| ip).collect();
+            assert_eq!(now, [ip], "{name} kept its address");
+            let ever = seen.lock().unwrap().get(name).cloned().unwrap_or_default();
+            assert_eq!(ever, BTreeSet::from([ip.to_string()]), "{name} never showed another address");
+        }
+        // No status write at all: the addresses are already right (ipMode unset reads as VIP).
+        let names: BTreeSet<&str> = before.iter().map(|b| b.0).collect();
+        let writes = cluster.request_log().count(|r| {
+            r.seq >= mark && r.is_write() && r.subresource.as_deref() == Some("status")
+                && r.name.as_deref().is_some_and(|n| names.contains(n))
+        });
+        assert_eq!(writes, 0, "no status write to a Service that keeps its address");
+
+        // A warning names the field MetalLB's pool loses, as an event on that pool.
+        let events: Api<Event> = Api::namespaced(cluster.client(), &metallb_ns);
+        let note = eventually("a PoolImportWarning event on the MetalLB pool", || async {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            list.items.into_iter().find(|e| e.reason.as_deref() == Some("PoolImportWarning")).and_then(|e| e.note)
+        }).await;
+        assert!(note.contains("spec.serviceAllocation.serviceSelectors") && note.contains("admits every Service"), "{note}");
+        let message = health_message(provider.health().await);
+        assert!(message.contains("2 pools imported (1 with warnings, 0 not imported)"), "{message}");
+        println!(
+            "pool import ({}): {} Services kept their addresses, {writes} status writes to them, all synced in {:.2?}",
+            cluster.backend().name(), before.len(), synced
+        );
+        running.stop().await.unwrap();
+
+        // Leave no cluster-wide object behind (the genuine server is shared by turns).
+        let crds: Api<CustomResourceDefinition> = Api::all(cluster.client());
+        for name in ["ipaddresspools.metallb.io", "ciliumloadbalancerippools.cilium.io"] {
+            let _ = crds.delete(name, &DeleteParams::default()).await;
+        }
+    }
+}
