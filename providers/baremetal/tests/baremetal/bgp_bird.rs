@@ -299,3 +299,94 @@ async fn bgp_host_routes_reach_a_bird_router_and_are_withdrawn_with_sessions_kep
         to_withdrawal.as_millis()
     );
 }
+
+/// The announcer process's loop feeds BGP the addresses each node should advertise, on both API
+/// server backends (no BIRD needed: the test reads the channel `bird::run` would follow).
+mod announcer_feeds_bgp {
+    use std::collections::BTreeSet;
+    use std::net::IpAddr;
+    use std::time::Duration;
+
+    use ccm_provider_baremetal::announce::announcer::{self, AnnouncerSettings};
+    use e2e_apiserver::TestCluster;
+    use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    use kube::api::{Api, Patch, PatchParams, PostParams};
+    use serde_json::json;
+    use tokio::sync::watch;
+    use tokio_util::sync::CancellationToken;
+
+    /// A class of this test's own, so that on a shared genuine server only its Service counts.
+    const CLASS: &str = "ccm.rs/bgp-announcer-test";
+    const WAIT: Duration = Duration::from_secs(20);
+
+    fn start(
+        client: &kube::Client,
+        namespace: &str,
+        node: &str,
+        cancel: &CancellationToken,
+    ) -> watch::Receiver<BTreeSet<IpAddr>> {
+        let mut settings = AnnouncerSettings::new(node, namespace);
+        settings.class = Some(CLASS.into());
+        let (bgp, advertised) = watch::channel(BTreeSet::new());
+        settings.bgp = Some(bgp);
+        let (owned, _) = watch::channel(BTreeSet::new());
+        let (client, cancel) = (client.clone(), cancel.clone());
+        tokio::spawn(
+            async move { announcer::run(client, settings, owned, None, cancel).await.expect("announcer runs") },
+        );
+        advertised
+    }
+
+    async fn advertises(rx: &watch::Receiver<BTreeSet<IpAddr>>, want: &BTreeSet<IpAddr>) -> bool {
+        let mut rx = rx.clone();
+        tokio::time::timeout(WAIT, rx.wait_for(|set| set == want)).await.is_ok_and(|r| r.is_ok())
+    }
+
+    e2e_apiserver::backend_tests! {
+        async fn bgp_gets_every_address_of_a_cluster_service_and_a_local_one_only_where_an_endpoint_is_ready(backend) {
+            let cluster = TestCluster::start(backend).await.unwrap();
+            let client = cluster.client();
+            let namespace = cluster.fresh_namespace("bgp").await.unwrap();
+            let services: Api<Service> = Api::namespaced(client.clone(), &namespace);
+            let svc = Service {
+                metadata: kube::api::ObjectMeta { name: Some("web".into()), ..Default::default() },
+                spec: Some(ServiceSpec {
+                    type_: Some("LoadBalancer".into()),
+                    load_balancer_class: Some(CLASS.into()),
+                    ports: Some(vec![ServicePort { port: 80, protocol: Some("TCP".into()), ..Default::default() }]),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            services.create(&PostParams::default(), &svc).await.unwrap();
+            let status = json!({"status": {"loadBalancer": {"ingress": [
+                {"ip": "198.51.100.7", "ipMode": "VIP"}, {"ip": "2001:db8:bb::7", "ipMode": "VIP"}]}}});
+            services.patch_status("web", &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+            let both: BTreeSet<IpAddr> = ["198.51.100.7".parse().unwrap(), "2001:db8:bb::7".parse().unwrap()].into();
+            let none = BTreeSet::new();
+
+            let cancel = CancellationToken::new();
+            let (a, b) = (start(&client, &namespace, "node-a", &cancel), start(&client, &namespace, "node-b", &cancel));
+            assert!(advertises(&a, &both).await && advertises(&b, &both).await, "Cluster: every node advertises");
+
+            // Local, with a ready endpoint on node-a only.
+            let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), &namespace);
+            let slice = json!({
+                "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {"name": "web-1", "labels": {"kubernetes.io/service-name": "web"}},
+                "addressType": "IPv4",
+                "endpoints": [
+                    {"addresses": ["10.1.0.5"], "nodeName": "node-a", "conditions": {"ready": true}},
+                    {"addresses": ["10.1.0.6"], "nodeName": "node-b", "conditions": {"ready": false}}],
+                "ports": [{"port": 8080, "protocol": "TCP"}],
+            });
+            slices.create(&PostParams::default(), &serde_json::from_value(slice).unwrap()).await.unwrap();
+            let local = json!({"spec": {"externalTrafficPolicy": "Local"}});
+            services.patch("web", &PatchParams::default(), &Patch::Merge(&local)).await.unwrap();
+            assert!(advertises(&b, &none).await, "Local: node-b has no ready endpoint and withdraws");
+            assert!(advertises(&a, &both).await, "Local: node-a keeps advertising");
+            cancel.cancel();
+        }
+    }
+}
