@@ -1,0 +1,265 @@
+//! The per-node announcer loop (I/O): holds this node's announcer Lease, watches the other
+//! announcers' Leases and the Services, and publishes the addresses this node owns to the
+//! responders ([`super::responder`]), with an event on each Service whose address it starts
+//! announcing. The decisions are [`super::assign`]'s and [`super::elect`]'s.
+//!
+//! A Lease per node rather than one leader: every announcer runs the same election over the
+//! same live set, so a node that stops moves only its own addresses, and a graceful stop deletes
+//! the Lease so the others take over at once instead of after the Lease expires.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ObjectReference, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Resource, ResourceExt};
+use ring::digest::{SHA256, digest};
+use serde_json::json;
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::assign::{self, Announced, LeaseView, Liveness, ServiceName};
+use ccm_framework::events::EventSink;
+
+/// Label on every announcer Lease; the announcers watch Leases with it.
+pub const LEASE_LABEL: &str = "ccm.rs/announcer";
+/// Value of [`LEASE_LABEL`] for L2 announcers.
+pub const LEASE_LABEL_L2: &str = "l2";
+/// Field manager of the announcer's Lease writes.
+pub const FIELD_MANAGER: &str = "ccm-l2-announcer";
+/// The component named in the announcer's events.
+pub const COMPONENT: &str = "ccm-l2-announcer";
+
+/// Timings and identity of one announcer.
+#[derive(Debug, Clone)]
+pub struct AnnouncerSettings {
+    /// This node's name (the Pod's `spec.nodeName`, from the downward API).
+    pub node: String,
+    /// Where the announcer Leases live (the announcer's own namespace).
+    pub namespace: String,
+    /// The `loadBalancerClass` whose Services are announced (`None`: Services without one).
+    pub class: Option<String>,
+    /// How long a Lease counts without renewal: how long a crashed node's addresses stay
+    /// unanswered at most.
+    pub lease_duration: Duration,
+    /// How often this node renews its Lease.
+    pub renew_interval: Duration,
+    /// Where to publish the addresses this node advertises by BGP ([`super::bgp::advertised`]);
+    /// `None` without BGP.
+    pub bgp: Option<watch::Sender<BTreeSet<IpAddr>>>,
+}
+
+impl AnnouncerSettings {
+    /// Defaults: a 6 s Lease renewed every 2 s (a crashed node's addresses move within 6 s; a
+    /// graceful stop moves them at once).
+    pub fn new(node: impl Into<String>, namespace: impl Into<String>) -> Self {
+        Self {
+            node: node.into(),
+            namespace: namespace.into(),
+            class: None,
+            lease_duration: Duration::from_secs(6),
+            renew_interval: Duration::from_secs(2),
+            bgp: None,
+        }
+    }
+}
+
+/// Why the announcer stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum AnnounceError {
+    /// The settings cannot work.
+    #[error("announcer settings: {0}")]
+    Settings(&'static str),
+}
+
+/// The name of `node`'s announcer Lease: `l2-announcer-<node>`, or a digest of the node's name
+/// when that would pass the 253-character limit of object names.
+pub fn lease_name(node: &str) -> String {
+    let name = format!("l2-announcer-{node}");
+    if name.len() <= 253 {
+        return name;
+    }
+    let hash = digest(&SHA256, node.as_bytes());
+    let hex: String = hash.as_ref()[..16].iter().map(|b| format!("{b:02x}")).collect();
+    format!("l2-announcer-{hex}")
+}
+
+/// Run the announcer until `cancel`: on return this node's Lease is deleted (best effort) and
+/// `owned` was last set to the empty set.
+pub async fn run(
+    client: kube::Client,
+    settings: AnnouncerSettings,
+    owned: watch::Sender<BTreeSet<IpAddr>>,
+    events: Option<EventSink>,
+    cancel: CancellationToken,
+) -> Result<(), AnnounceError> {
+    if settings.renew_interval.is_zero() || settings.renew_interval >= settings.lease_duration {
+        return Err(AnnounceError::Settings("renew interval must be above zero and below the lease duration"));
+    }
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &settings.namespace);
+    let services: Api<Service> = Api::all(client.clone());
+    let slices: Api<EndpointSlice> = Api::all(client);
+    let changed = Arc::new(Notify::new());
+    let selector = format!("{LEASE_LABEL}={LEASE_LABEL_L2}");
+    let lease_store = reflect(leases.clone(), watcher::Config::default().labels(&selector), changed.clone(), &cancel);
+    let service_store = reflect(services, watcher::Config::default(), changed.clone(), &cancel);
+    // Only Services with `externalTrafficPolicy: Local` need their endpoints' nodes.
+    let slice_config = watcher::Config::default().labels(assign::SERVICE_NAME_LABEL);
+    let slice_store = reflect(slices, slice_config, changed.clone(), &cancel);
+
+    let name = lease_name(&settings.node);
+    let mut liveness = Liveness::default();
+    let mut current: BTreeMap<IpAddr, ServiceName> = BTreeMap::new();
+    let mut renew = tokio::time::interval(settings.renew_interval);
+    renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let expiry = liveness.next_expiry(Instant::now());
+        tokio::select! {
+            _ = cancel.cancelled() => break,
+            _ = renew.tick() => {
+                if let Err(error) = renew_lease(&leases, &name, &settings).await {
+                    tracing::warn!(node = %settings.node, %error, "renewing the announcer Lease failed; retrying");
+                }
+            }
+            _ = changed.notified() => {}
+            _ = sleep_until(expiry) => {}
+        }
+        let now = Instant::now();
+        let views: Vec<LeaseView> = lease_store.state().iter().filter_map(|l| LeaseView::of(l)).collect();
+        liveness.observe(&views, now);
+        let live = liveness.live(now);
+        let announced: BTreeMap<ServiceName, Announced> = service_store
+            .state()
+            .iter()
+            .filter_map(|s| {
+                let name = format!("{}/{}", s.namespace().unwrap_or_default(), s.name_any());
+                Some((name, Announced::of(s, settings.class.as_deref())?))
+            })
+            .collect();
+        let ready = assign::ready_nodes(slice_store.state().iter().map(|s| s.as_ref()));
+        let next = assign::owned(&settings.node, &announced, &ready, &live);
+        if let Some(bgp) = &settings.bgp {
+            let set = super::bgp::advertised(&settings.node, &announced, &ready);
+            bgp.send_if_modified(|current| {
+                let changed = *current != set;
+                if changed {
+                    *current = set;
+                }
+                changed
+            });
+        }
+        if next != current {
+            // One event per Service naming every address gained (the sink folds repeats of a
+            // Service's reason into one series, so one event per address would keep only the last).
+            let mut gained: BTreeMap<&ServiceName, Vec<String>> = BTreeMap::new();
+            for (address, service) in &next {
+                if !current.contains_key(address) {
+                    let how = if address.is_ipv4() { "ARP" } else { "NDP" };
+                    gained.entry(service).or_default().push(format!("{address} ({how})"));
+                }
+            }
+            for (service, addresses) in gained {
+                let addresses = addresses.join(", ");
+                tracing::info!(node = %settings.node, %service, %addresses, "announcing");
+                if let Some(events) = &events
+                    && let Some(reference) = service_reference(&service_store, service)
+                {
+                    events.publish(
+                        COMPONENT,
+                        reference,
+                        EventType::Normal,
+                        super::announce_reasons::L2_ANNOUNCING,
+                        format!("node {} announces {addresses}", settings.node),
+                        "Announce",
+                    );
+                }
+            }
+            owned.send_replace(next.keys().copied().collect());
+            current = next;
+        }
+    }
+    owned.send_replace(BTreeSet::new());
+    // Graceful stop: the others see the Lease go and take over at once.
+    if let Err(error) = leases.delete(&name, &DeleteParams::default()).await {
+        tracing::warn!(node = %settings.node, %error, "deleting the announcer Lease failed; it expires instead");
+    }
+    Ok(())
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at + Duration::from_millis(1)).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn renew_lease(leases: &Api<Lease>, name: &str, settings: &AnnouncerSettings) -> Result<Lease, kube::Error> {
+    let seconds = i32::try_from(settings.lease_duration.as_secs()).unwrap_or(i32::MAX);
+    let lease = json!({
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": name, "labels": {LEASE_LABEL: LEASE_LABEL_L2}},
+        "spec": {
+            "holderIdentity": settings.node,
+            "leaseDurationSeconds": seconds,
+            "renewTime": MicroTime(k8s_openapi::jiff::Timestamp::now()),
+        },
+    });
+    leases.patch(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&lease)).await
+}
+
+/// A reflector's store, kept current by a task until `cancel`; `changed` is notified on every
+/// event.
+fn reflect<K>(api: Api<K>, config: watcher::Config, changed: Arc<Notify>, cancel: &CancellationToken) -> Store<K>
+where
+    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    let (reader, writer) = reflector::store();
+    let stream = reflector::reflector(writer, watcher::watcher(api, config)).default_backoff();
+    let cancel = cancel.clone();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                event = stream.next() => match event {
+                    None => return,
+                    Some(Err(error)) => tracing::warn!(%error, "announcer watch failed; retrying"),
+                    Some(Ok(_)) => changed.notify_one(),
+                },
+            }
+        }
+    });
+    reader
+}
+
+fn service_reference(store: &Store<Service>, service: &str) -> Option<ObjectReference> {
+    let (namespace, name) = service.split_once('/')?;
+    let found = store.get(&reflector::ObjectRef::new(name).within(namespace))?;
+    Some(found.object_ref(&()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_names_stay_within_the_object_name_limit() {
+        assert_eq!(lease_name("worker-1"), "l2-announcer-worker-1");
+        let long = "n".repeat(253);
+        let name = lease_name(&long);
+        assert!(name.len() <= 253 && name.starts_with("l2-announcer-"), "{name}");
+        assert_ne!(lease_name(&"m".repeat(253)), name);
+    }
+}

@@ -1,0 +1,302 @@
+//! The announcer's pure decisions around the election: which addresses of which Services are
+//! announced at all, which announcers are alive (from their Leases, timed on this node's clock),
+//! and which addresses this node owns.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use tokio::time::Instant;
+
+use super::elect;
+
+/// Ingress addresses read from one Service at most (the API server allows more; an announcer
+/// must not be made to hold an unbounded list).
+pub const MAX_ADDRESSES_PER_SERVICE: usize = 16;
+
+/// The `ipMode` whose traffic goes to the manager's own proxy, not to kube-proxy on the
+/// announcing node; such addresses are not announced by L2 (the proxy's node owns them).
+const IP_MODE_PROXY: &str = "Proxy";
+
+/// A Service as `namespace/name`.
+pub type ServiceName = String;
+
+/// The label that ties an EndpointSlice to its Service.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// What the announcer needs of one Service.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Announced {
+    /// The addresses to announce ([`addresses_of`]).
+    pub addresses: Vec<IpAddr>,
+    /// `externalTrafficPolicy: Local`: only nodes with a ready endpoint may announce.
+    pub local: bool,
+}
+
+impl Announced {
+    /// Read `service`; `None` when it has nothing to announce.
+    pub fn of(service: &Service, class: Option<&str>) -> Option<Self> {
+        let addresses = addresses_of(service, class);
+        if addresses.is_empty() {
+            return None;
+        }
+        let local = service.spec.as_ref().and_then(|s| s.external_traffic_policy.as_deref()) == Some("Local");
+        Some(Self { addresses, local })
+    }
+}
+
+/// The nodes with a ready endpoint, per Service (`namespace/name`), from EndpointSlices. An
+/// endpoint whose `ready` is unset counts as ready, as the API asks consumers to read it.
+pub fn ready_nodes<'a>(slices: impl IntoIterator<Item = &'a EndpointSlice>) -> BTreeMap<ServiceName, BTreeSet<String>> {
+    let mut out: BTreeMap<ServiceName, BTreeSet<String>> = BTreeMap::new();
+    for slice in slices {
+        let Some(service) = slice.metadata.labels.as_ref().and_then(|l| l.get(SERVICE_NAME_LABEL)) else { continue };
+        let namespace = slice.metadata.namespace.as_deref().unwrap_or_default();
+        let nodes = out.entry(format!("{namespace}/{service}")).or_default();
+        for endpoint in &slice.endpoints {
+            let ready = endpoint.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
+            if let (true, Some(node)) = (ready, &endpoint.node_name) {
+                nodes.insert(node.clone());
+            }
+        }
+    }
+    out
+}
+
+/// The addresses to announce for `service`: its `status.loadBalancer.ingress` IPs, when it is
+/// a `LoadBalancer` Service of `class` (`None`: without a class) and the ingress is not
+/// `ipMode: Proxy`; at most [`MAX_ADDRESSES_PER_SERVICE`].
+pub fn addresses_of(service: &Service, class: Option<&str>) -> Vec<IpAddr> {
+    let Some(spec) = &service.spec else { return Vec::new() };
+    if spec.type_.as_deref() != Some("LoadBalancer") || spec.load_balancer_class.as_deref() != class {
+        return Vec::new();
+    }
+    service
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|i| i.ip_mode.as_deref() != Some(IP_MODE_PROXY))
+        .filter_map(|i| i.ip.as_deref()?.parse::<IpAddr>().ok())
+        .filter(|ip| !ip.is_unspecified() && !ip.is_loopback() && !ip.is_multicast())
+        .take(MAX_ADDRESSES_PER_SERVICE)
+        .collect()
+}
+
+/// How long since each announcer's Lease last changed, on this node's clock: an announcer is
+/// alive while its Lease changed less than its duration ago (as client-go's leader election
+/// judges a Lease, so clock skew between nodes does not matter), and gone once deleted.
+#[derive(Debug, Default)]
+pub struct Liveness {
+    /// node -> (last renewTime seen, when it was seen to change, lease duration)
+    seen: HashMap<String, (String, Instant, Duration)>,
+}
+
+/// What the announcer reads from one Lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseView {
+    /// The announcing node (`spec.holderIdentity`).
+    pub node: String,
+    /// `spec.renewTime` as written (compared for change, never parsed).
+    pub renew_time: String,
+    /// `spec.leaseDurationSeconds`.
+    pub duration: Duration,
+}
+
+impl LeaseView {
+    /// Read `lease`; `None` without a holder, renew time or positive duration.
+    pub fn of(lease: &Lease) -> Option<Self> {
+        let spec = lease.spec.as_ref()?;
+        let node = spec.holder_identity.clone().filter(|h| !h.is_empty())?;
+        let renew_time = spec.renew_time.as_ref()?.0.to_string();
+        let seconds = u64::try_from(spec.lease_duration_seconds?).ok().filter(|s| *s > 0)?;
+        Some(Self { node, renew_time, duration: Duration::from_secs(seconds) })
+    }
+}
+
+impl Liveness {
+    /// Take in the current Leases at `now`; a Lease no longer present is forgotten.
+    pub fn observe(&mut self, leases: &[LeaseView], now: Instant) {
+        let mut next = HashMap::with_capacity(leases.len());
+        for lease in leases {
+            let changed_at = match self.seen.get(&lease.node) {
+                Some((renew, at, _)) if *renew == lease.renew_time => *at,
+                _ => now,
+            };
+            next.insert(lease.node.clone(), (lease.renew_time.clone(), changed_at, lease.duration));
+        }
+        self.seen = next;
+    }
+
+    /// The announcers alive at `now`.
+    pub fn live(&self, now: Instant) -> BTreeSet<String> {
+        self.seen
+            .iter()
+            .filter(|(_, (_, at, duration))| now.saturating_duration_since(*at) < *duration)
+            .map(|(node, _)| node.clone())
+            .collect()
+    }
+
+    /// When the next live announcer expires, so the caller can look again then.
+    pub fn next_expiry(&self, now: Instant) -> Option<Instant> {
+        self.seen.values().map(|(_, at, duration)| *at + *duration).filter(|at| *at > now).min()
+    }
+}
+
+/// The addresses `me` announces, each with the Service it belongs to (the first by name when
+/// Services share an address), elected over the `live` announcers. For a Service with
+/// `externalTrafficPolicy: Local` only live nodes in `ready` (its nodes with a ready endpoint)
+/// may announce; an address shared by several Services may be announced by any node one of
+/// them allows.
+pub fn owned(
+    me: &str,
+    services: &BTreeMap<ServiceName, Announced>,
+    ready: &BTreeMap<ServiceName, BTreeSet<String>>,
+    live: &BTreeSet<String>,
+) -> BTreeMap<IpAddr, ServiceName> {
+    let none = BTreeSet::new();
+    // address -> (first Service by name, the nodes that may announce it)
+    let mut eligible: BTreeMap<IpAddr, (&ServiceName, BTreeSet<&str>)> = BTreeMap::new();
+    for (service, announced) in services {
+        let nodes = elect::eligible(live, announced.local, ready.get(service).unwrap_or(&none));
+        let nodes: Vec<&str> = nodes.collect();
+        for address in &announced.addresses {
+            eligible.entry(*address).or_insert_with(|| (service, BTreeSet::new())).1.extend(nodes.iter().copied());
+        }
+    }
+    eligible
+        .into_iter()
+        .filter(|(address, (_, nodes))| elect::elect(*address, nodes.iter().copied()) == Some(me))
+        .map(|(address, (service, _))| (address, service.clone()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, ServiceSpec, ServiceStatus};
+
+    fn service(type_: &str, class: Option<&str>, ingress: &[(&str, Option<&str>)]) -> Service {
+        Service {
+            spec: Some(ServiceSpec {
+                type_: Some(type_.into()),
+                load_balancer_class: class.map(Into::into),
+                ..Default::default()
+            }),
+            status: Some(ServiceStatus {
+                load_balancer: Some(LoadBalancerStatus {
+                    ingress: Some(
+                        ingress
+                            .iter()
+                            .map(|(ip, mode)| LoadBalancerIngress {
+                                ip: Some(ip.to_string()),
+                                ip_mode: mode.map(Into::into),
+                                ..Default::default()
+                            })
+                            .collect(),
+                    ),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_vip_addresses_of_our_load_balancers_are_announced() {
+        let svc = service(
+            "LoadBalancer",
+            None,
+            &[("192.0.2.1", Some("VIP")), ("2001:db8::1", None), ("192.0.2.2", Some("Proxy"))],
+        );
+        assert_eq!(addresses_of(&svc, None), ["192.0.2.1".parse::<IpAddr>().unwrap(), "2001:db8::1".parse().unwrap()]);
+        assert!(addresses_of(&svc, Some("ccm.rs/baremetal")).is_empty(), "another class");
+        assert!(addresses_of(&service("ClusterIP", None, &[("192.0.2.1", None)]), None).is_empty());
+        let junk = service("LoadBalancer", None, &[("not an ip", None), ("127.0.0.1", None), ("0.0.0.0", None)]);
+        assert!(addresses_of(&junk, None).is_empty());
+        let many: Vec<String> = (0..100).map(|i| format!("192.0.2.{i}")).collect();
+        let many: Vec<(&str, Option<&str>)> = many.iter().map(|s| (s.as_str(), None)).collect();
+        assert_eq!(addresses_of(&service("LoadBalancer", None, &many), None).len(), MAX_ADDRESSES_PER_SERVICE);
+    }
+
+    fn lease(node: &str, renew: &str, secs: u64) -> LeaseView {
+        LeaseView { node: node.into(), renew_time: renew.into(), duration: Duration::from_secs(secs) }
+    }
+
+    #[test]
+    fn an_announcer_is_alive_while_its_lease_changes_and_gone_when_deleted_or_stale() {
+        let t0 = Instant::now();
+        let mut liveness = Liveness::default();
+        liveness.observe(&[lease("a", "r1", 6), lease("b", "r1", 6)], t0);
+        assert_eq!(liveness.live(t0).len(), 2);
+        // a renews, b does not.
+        let t1 = t0 + Duration::from_secs(4);
+        liveness.observe(&[lease("a", "r2", 6), lease("b", "r1", 6)], t1);
+        let t2 = t0 + Duration::from_secs(7);
+        assert_eq!(liveness.live(t2), BTreeSet::from(["a".to_string()]), "b's lease went stale");
+        assert_eq!(liveness.next_expiry(t2), Some(t1 + Duration::from_secs(6)));
+        // a deletes its lease on a graceful stop: gone at once.
+        liveness.observe(&[lease("b", "r1", 6)], t2);
+        assert!(liveness.live(t2).is_empty());
+    }
+
+    #[test]
+    fn each_address_is_owned_by_exactly_one_live_announcer() {
+        let services: BTreeMap<ServiceName, Announced> = (0..50)
+            .map(|i| {
+                let addresses = vec![IpAddr::from([192, 0, 2, i]), IpAddr::from([198, 51, 100, i])];
+                (format!("ns/svc-{i}"), Announced { addresses, local: false })
+            })
+            .collect();
+        let live: BTreeSet<String> = ["a", "b", "c"].map(String::from).into();
+        let mut seen = BTreeMap::new();
+        for node in &live {
+            for (address, service) in owned(node, &services, &BTreeMap::new(), &live) {
+                assert!(seen.insert(address, node.clone()).is_none(), "{address} owned twice");
+                assert!(services[&service].addresses.contains(&address));
+            }
+        }
+        assert_eq!(seen.len(), 100);
+        assert!(owned("not-live", &services, &BTreeMap::new(), &live).is_empty());
+    }
+
+    fn slice(service: &str, endpoints: &[(&str, Option<bool>)]) -> EndpointSlice {
+        use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions};
+        EndpointSlice {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                namespace: Some("ns".into()),
+                labels: Some([(SERVICE_NAME_LABEL.to_string(), service.to_string())].into()),
+                ..Default::default()
+            },
+            endpoints: endpoints
+                .iter()
+                .map(|(node, ready)| Endpoint {
+                    node_name: Some(node.to_string()),
+                    conditions: Some(EndpointConditions { ready: *ready, ..Default::default() }),
+                    ..Default::default()
+                })
+                .collect(),
+            address_type: "IPv4".into(),
+            ports: None,
+        }
+    }
+
+    #[test]
+    fn local_services_are_announced_only_from_nodes_with_a_ready_endpoint() {
+        let ready = ready_nodes(&[slice("web", &[("b", Some(true)), ("c", Some(false)), ("a", None)])]);
+        assert_eq!(ready["ns/web"], ["a", "b"].map(String::from).into());
+        let live: BTreeSet<String> = ["a", "b", "c"].map(String::from).into();
+        let only_c: BTreeMap<ServiceName, BTreeSet<String>> = [("ns/web".to_string(), ["c".to_string()].into())].into();
+        let addresses: Vec<IpAddr> = (1..=20).map(|i| IpAddr::from([192, 0, 2, i])).collect();
+        let web = |local| BTreeMap::from([("ns/web".to_string(), Announced { addresses: addresses.clone(), local })]);
+        assert_eq!(owned("c", &web(true), &only_c, &live).len(), 20, "c has the only endpoint");
+        assert!(owned("a", &web(true), &only_c, &live).is_empty());
+        assert!(owned("c", &web(true), &BTreeMap::new(), &live).is_empty(), "no endpoint: nobody announces");
+        assert!(owned("c", &web(false), &only_c, &live).len() < 20, "Cluster: every live node may");
+    }
+}

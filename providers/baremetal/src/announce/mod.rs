@@ -1,0 +1,36 @@
+//! Announcement: making assigned addresses reachable from other machines, by answering ARP and
+//! NDP from one elected node per address (L2) or by advertising host routes through a routing
+//! daemon (BGP). Off unless `loadBalancer.announcement` configures it.
+
+pub mod announcer;
+pub mod assign;
+pub mod bgp;
+pub mod codec;
+pub mod elect;
+pub mod l2;
+#[cfg(feature = "datapath")]
+pub mod node;
+pub mod plan;
+#[cfg(feature = "datapath")]
+pub mod responder;
+
+/// Reasons of the events announcers publish on Services (explained in docs/troubleshooting.md).
+pub mod announce_reasons {
+    /// Normal: a node started announcing one of the Service's addresses (the note names the
+    /// node, the address and ARP or NDP).
+    pub const L2_ANNOUNCING: &str = "L2Announcing";
+}
+
+use serde::Deserialize;
+
+/// `loadBalancer.announcement` in the cloud-config: how assigned addresses reach the network.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct AnnouncementConfig {
+    /// L2 announcement (ARP for IPv4, NDP for IPv6); off when absent.
+    #[serde(default)]
+    pub l2: Option<l2::L2Config>,
+    /// BGP announcement (host routes to peers); off when absent.
+    #[serde(default)]
+    pub bgp: Option<bgp::BgpConfig>,
+}

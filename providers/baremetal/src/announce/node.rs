@@ -1,0 +1,196 @@
+//! `cloud-controller-manager announce`: the per-node L2 announcer process, run by a DaemonSet
+//! (host network, `CAP_NET_RAW` only). It reads `loadBalancer.announcement.l2` from the same
+//! mounted cloud-config as the manager, opens a packet socket per configured interface, and runs
+//! [`super::announcer::run`] with a responder per socket until SIGTERM, when it deletes its
+//! Lease so another node takes its addresses over at once.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::process::ExitCode;
+
+use tokio::sync::watch;
+
+use super::announcer::{self, AnnouncerSettings};
+use super::responder::{self, L2Socket};
+use ccm_framework::events::EventSink;
+use ccm_framework::flags::LogSettings;
+
+/// The subcommand's name: `cloud-controller-manager announce ...`.
+pub const SUBCOMMAND: &str = "announce";
+
+/// Usage text, printed for `--help` and a bad flag.
+pub const USAGE: &str = "\
+usage: cloud-controller-manager announce --cloud-config PATH [--node NAME] [--namespace NS] [--load-balancer-class CLASS] [-v LEVEL]
+  --cloud-config         the baremetal cloud-config; its loadBalancer.announcement.l2 lists the interfaces
+  --node                 this node's name (default: $NODE_NAME, from the downward API)
+  --namespace            where the announcer Leases live (default: $POD_NAMESPACE)
+  --load-balancer-class  announce Services of this class (default: Services without a class)
+  -v                     log level: error, warn, info (default), debug";
+
+/// The parsed flags.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Flags {
+    /// `--cloud-config`.
+    pub cloud_config: String,
+    /// `--node` or `$NODE_NAME`.
+    pub node: String,
+    /// `--namespace` or `$POD_NAMESPACE`.
+    pub namespace: String,
+    /// `--load-balancer-class`.
+    pub class: Option<String>,
+    /// `-v`.
+    pub level: tracing::Level,
+}
+
+/// Parse the flags after the subcommand; `env` reads defaults. The error names the flag.
+pub fn parse_flags(args: &[String], env: impl Fn(&str) -> Option<String>) -> Result<Flags, String> {
+    let mut cloud_config = None;
+    let mut node = env("NODE_NAME");
+    let mut namespace = env("POD_NAMESPACE");
+    let mut class = None;
+    let mut level = tracing::Level::INFO;
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) => (f, Some(v.to_string())),
+            None => (arg.as_str(), None),
+        };
+        let mut value = || inline.clone().or_else(|| it.next().cloned()).ok_or(format!("{flag} needs a value"));
+        match flag {
+            "--cloud-config" => cloud_config = Some(value()?),
+            "--node" => node = Some(value()?),
+            "--namespace" => namespace = Some(value()?),
+            "--load-balancer-class" => class = Some(value()?).filter(|c| !c.is_empty()),
+            "-v" | "--v" => {
+                let v = value()?;
+                level = v.parse().map_err(|_| format!("-v: {v:?} is not one of error, warn, info, debug, trace"))?;
+            }
+            other => return Err(format!("unknown flag {other:?}")),
+        }
+    }
+    let required = |v: Option<String>, what: &str| v.filter(|s| !s.is_empty()).ok_or(format!("{what} is required"));
+    Ok(Flags {
+        cloud_config: required(cloud_config, "--cloud-config")?,
+        node: required(node, "--node (or $NODE_NAME)")?,
+        namespace: required(namespace, "--namespace (or $POD_NAMESPACE)")?,
+        class,
+        level,
+    })
+}
+
+/// Run the subcommand with `args` (after `announce`); the process's exit code.
+pub fn main(args: &[String]) -> ExitCode {
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
+    let flags = match parse_flags(args, |k| std::env::var(k).ok()) {
+        Ok(flags) => flags,
+        Err(error) => {
+            eprintln!("{error}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    ccm_framework::process::init_logging(LogSettings { level: flags.level, json: false });
+    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("starting the runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(flags)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(%error, "announcer stopped");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(flags: Flags) -> Result<(), String> {
+    // The cloud-config is read with the manager's bounded parser; only field paths reach errors.
+    let bytes = std::fs::read(&flags.cloud_config).map_err(|e| format!("--cloud-config: cannot read the file: {e}"))?;
+    let config = crate::config::parse(&bytes).map_err(|e| format!("--cloud-config: {e}"))?;
+    let cancel = ccm_framework::process::shutdown_on_signal();
+    let announcement = config.load_balancer.announcement;
+    if announcement.l2.is_none() && announcement.bgp.is_none() {
+        tracing::info!("loadBalancer.announcement sets neither l2 nor bgp: nothing to announce; idle until stopped");
+        cancel.cancelled().await;
+        return Ok(());
+    }
+    let mut sockets = Vec::new();
+    for interface in announcement.l2.iter().flat_map(|l2| &l2.interfaces) {
+        sockets.push(L2Socket::open(interface).map_err(|e| e.to_string())?);
+    }
+    let client = kube::Client::try_default().await.map_err(|e| format!("connecting to the API server: {e}"))?;
+    let events = EventSink::spawn(client.clone(), Some(flags.node.clone()), cancel.clone());
+    let (owned, watching) = watch::channel(BTreeSet::<IpAddr>::new());
+    let responders_stop = tokio_util::sync::CancellationToken::new();
+    let mut responders = Vec::new();
+    for socket in sockets {
+        tracing::info!(interface = socket.interface(), "answering ARP and NDP");
+        responders.push(tokio::spawn(responder::run(socket, watching.clone(), responders_stop.clone())));
+    }
+    let mut settings = AnnouncerSettings::new(flags.node, flags.namespace);
+    settings.class = flags.class;
+    if let Some(bgp) = announcement.bgp {
+        // BGP: the BIRD sidecar advertises what this node serves (docs/datapath.md).
+        let (tx, rx) = watch::channel(BTreeSet::new());
+        settings.bgp = Some(tx);
+        let ipv4 = std::env::var(super::bgp::NODE_IP_ENV).ok().and_then(|ip| ip.parse().ok());
+        let bird = super::bgp::bird::BirdAnnouncer::new(bgp, super::bgp::NodeFacts { ipv4 }, Default::default());
+        tokio::spawn(super::bgp::bird::run(bird, rx, cancel.clone()));
+    }
+    let result = announcer::run(client, settings, owned, Some(events), cancel).await;
+    responders_stop.cancel();
+    for responder in responders {
+        if let Ok(Err(error)) = responder.await {
+            tracing::warn!(%error, "responder stopped");
+        }
+    }
+    result.map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn flags_take_values_inline_or_next_and_default_from_the_downward_api() {
+        let env = |k: &str| match k {
+            "NODE_NAME" => Some("worker-1".to_string()),
+            "POD_NAMESPACE" => Some("kube-system".to_string()),
+            _ => None,
+        };
+        let flags =
+            parse_flags(&args("--cloud-config=/etc/ccm/cloud.yaml --load-balancer-class x -v debug"), env).unwrap();
+        assert_eq!(flags.node, "worker-1");
+        assert_eq!(flags.namespace, "kube-system");
+        assert_eq!(flags.cloud_config, "/etc/ccm/cloud.yaml");
+        assert_eq!(flags.class.as_deref(), Some("x"));
+        assert_eq!(flags.level, tracing::Level::DEBUG);
+        let flags = parse_flags(&args("--cloud-config c --node n --namespace ns"), env).unwrap();
+        assert_eq!((flags.node.as_str(), flags.namespace.as_str(), flags.class), ("n", "ns", None));
+    }
+
+    #[test]
+    fn a_missing_or_unknown_flag_is_named() {
+        let none = |_: &str| None;
+        assert!(parse_flags(&args("--node n --namespace ns"), none).unwrap_err().contains("--cloud-config"));
+        assert!(parse_flags(&args("--cloud-config c --namespace ns"), none).unwrap_err().contains("--node"));
+        assert!(
+            parse_flags(&args("--cloud-config c --node n --namespace ns --bogus"), none)
+                .unwrap_err()
+                .contains("--bogus")
+        );
+        assert!(parse_flags(&args("--cloud-config"), none).unwrap_err().contains("needs a value"));
+        assert!(
+            parse_flags(&args("--cloud-config c --node n --namespace ns -v loud"), none).unwrap_err().contains("-v")
+        );
+    }
+}

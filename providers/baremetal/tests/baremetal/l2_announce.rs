@@ -1,0 +1,392 @@
+//! L2 announcement on a real (namespaced) Ethernet segment: two "node" namespaces each run a
+//! responder on a bridge shared with a client namespace. The client resolves the address by ARP
+//! and NDP and connects to the elected node; then the owner stops gracefully and the client
+//! follows the other node's gratuitous ARP / unsolicited NA. Needs root (network namespaces);
+//! prints one `SKIPPED:` line otherwise. Everything lives in namespaces the test creates and
+//! deletes (a guard deletes them on panic too); no host interface is touched.
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use ccm_provider_baremetal::announce::elect;
+use ccm_provider_baremetal::announce::responder::{self, L2Socket};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+const NODES: [&str; 2] = ["node-a", "node-b"];
+const PORT: u16 = 8080;
+
+/// Runs `ip` with `args`; the error carries its stderr.
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip").args(args).output().map_err(|e| format!("ip: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
+    }
+}
+
+fn must(args: &[&str]) {
+    if let Err(e) = ip(args) {
+        panic!("{e}");
+    }
+}
+
+/// The namespaces of one test run, deleted when dropped (also while panicking).
+struct Namespaces(Vec<String>);
+
+impl Drop for Namespaces {
+    fn drop(&mut self) {
+        for ns in &self.0 {
+            let _ = ip(&["netns", "del", ns]);
+        }
+    }
+}
+
+/// Runs `f` on a thread that entered namespace `ns`; sockets it opens stay in `ns`.
+fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let path = format!("/var/run/netns/{ns}");
+    std::thread::spawn(move || {
+        let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        // SAFETY: setns(2) on this thread only, with a namespace file we hold open.
+        let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "setns {path}: {}", std::io::Error::last_os_error());
+        f()
+    })
+    .join()
+    .expect("namespace thread")
+}
+
+fn sysctl(ns: &str, key: &str, value: &str) {
+    let path = format!("/proc/sys/{}", key.replace('.', "/"));
+    let value = value.to_string();
+    in_ns(ns, move || std::fs::write(&path, value).unwrap_or_else(|e| panic!("{path}: {e}")));
+}
+
+/// Why this test cannot run here, if it cannot.
+fn cannot_run() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("needs root for network namespaces (CI runs as root): sudo -E cargo test -p ccm-provider-baremetal --test baremetal l2_announce".into());
+    }
+    let probe = format!("ccml2-probe-{}", std::process::id());
+    match ip(&["netns", "add", &probe]) {
+        Ok(()) => {
+            let _ = ip(&["netns", "del", &probe]);
+            None
+        }
+        Err(e) => Some(format!("cannot create a network namespace (needs iproute2 and CAP_SYS_ADMIN): {e}")),
+    }
+}
+
+/// Serves the node's name to every connection on `listener`.
+fn serve(listener: TcpListener, name: &'static str) {
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut stream = stream;
+            let _ = stream.write_all(name.as_bytes());
+        }
+    });
+}
+
+/// Which node answers on `vip` from the client's namespace, if any.
+fn who_answers(vip: IpAddr) -> Option<String> {
+    let mut stream = TcpStream::connect_timeout(&SocketAddr::new(vip, PORT), Duration::from_millis(300)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_millis(500))).ok()?;
+    let mut name = String::new();
+    stream.read_to_string(&mut name).ok()?;
+    Some(name)
+}
+
+/// The client's neighbour entry for `vip` (its link-layer address), as `ip neigh` shows it.
+fn neighbour(client: &str, vip: IpAddr) -> String {
+    let out = Command::new("ip").args(["-n", client, "neigh", "show", &vip.to_string()]).output().expect("ip neigh");
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+fn mac_of(i: usize) -> String {
+    format!("02:00:00:00:00:{:02x}", 0x11 + i)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_reaches_the_elected_node_by_arp_and_ndp_and_follows_a_graceful_failover() {
+    if let Some(reason) = cannot_run() {
+        eprintln!("SKIPPED: {reason}");
+        return;
+    }
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos();
+    let prefix = format!("ccml2-{}-{}", std::process::id(), nanos % 100_000);
+    let [sw, a, b, c] = ["sw", "a", "b", "c"].map(|n| format!("{prefix}-{n}"));
+    let _cleanup = Namespaces(vec![sw.clone(), a.clone(), b.clone(), c.clone()]);
+    for ns in [&sw, &a, &b, &c] {
+        must(&["netns", "add", ns]);
+    }
+    // The switch: a bridge without multicast snooping (it would need MLD queriers), in its own
+    // namespace so the host's interfaces are never touched.
+    must(&["-n", &sw, "link", "add", "br0", "type", "bridge", "mcast_snooping", "0"]);
+    must(&["-n", &sw, "link", "set", "br0", "up"]);
+    let hosts = [(&a, 11u8), (&b, 12), (&c, 1)];
+    for (i, (ns, host)) in hosts.iter().enumerate() {
+        let port = format!("p{i}");
+        must(&["-n", &sw, "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", ns]);
+        must(&["-n", &sw, "link", "set", &port, "master", "br0", "up"]);
+        must(&["-n", ns, "link", "set", "eth0", "address", &mac_of(i), "up"]);
+        must(&["-n", ns, "link", "set", "lo", "up"]);
+        must(&["-n", ns, "addr", "add", &format!("10.254.0.{host}/24"), "dev", "eth0"]);
+        must(&["-n", ns, "addr", "add", &format!("fd00:254::{host}/64"), "dev", "eth0", "nodad"]);
+    }
+
+    // Two addresses, one per family, that the same node wins, so one stop moves both.
+    let (v4, v6) = (100u8..250)
+        .map(|n| (IpAddr::from([10, 254, 0, n]), format!("fd00:254::{n}").parse::<IpAddr>().unwrap()))
+        .find(|(v4, v6)| elect::elect(*v4, NODES) == elect::elect(*v6, NODES))
+        .expect("a pair with one owner");
+    let vips: BTreeSet<IpAddr> = [v4, v6].into();
+    let owner = elect::elect(v4, NODES).unwrap();
+    let other = NODES.into_iter().find(|n| *n != owner).unwrap();
+
+    // Each node takes traffic for both addresses (as kube-proxy would) and never answers ARP
+    // for them itself: the addresses are routed locally, not assigned, and arp_ignore=1 keeps
+    // the kernel's ARP to assigned addresses (NDP never answers for routes).
+    let mut responders = Vec::new();
+    for (i, (ns, name)) in [(&a, NODES[0]), (&b, NODES[1])].into_iter().enumerate() {
+        sysctl(ns, "net.ipv4.conf.all.arp_ignore", "1");
+        sysctl(ns, "net.ipv4.conf.all.arp_announce", "2");
+        // IPv6 binds only assigned addresses unless told otherwise; the address is routed.
+        sysctl(ns, "net.ipv6.ip_nonlocal_bind", "1");
+        must(&["-n", ns, "route", "add", "local", &format!("{v4}/32"), "dev", "lo"]);
+        must(&["-n", ns, "-6", "route", "add", "local", &format!("{v6}/128"), "dev", "lo"]);
+        let listeners = in_ns(ns, move || {
+            [v4, v6].map(|vip| TcpListener::bind(SocketAddr::new(vip, PORT)).expect("bind the address"))
+        });
+        for listener in listeners {
+            serve(listener, name);
+        }
+        let socket = in_ns(ns, || L2Socket::open("eth0")).expect("open the packet socket");
+        assert_eq!(socket.mac().map(|b| format!("{b:02x}")).join(":"), mac_of(i));
+        let owned = elect::owned_by(name, &vips, &NODES);
+        let (tx, rx) = watch::channel(owned);
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(responder::run(socket, rx, cancel.clone()));
+        responders.push((name, tx, cancel, task));
+    }
+
+    // The client resolves both addresses to the owner alone and reaches it.
+    let started = Instant::now();
+    for vip in [v4, v6] {
+        let answer = tokio::task::spawn_blocking({
+            let c = c.clone();
+            move || {
+                let deadline = Instant::now() + Duration::from_secs(10);
+                loop {
+                    let answer = in_ns(&c, move || who_answers(vip));
+                    if answer.is_some() || Instant::now() > deadline {
+                        return answer;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+        })
+        .await
+        .unwrap();
+        assert_eq!(answer.as_deref(), Some(owner), "{vip} reached the elected node");
+        let owner_mac = mac_of(NODES.iter().position(|n| *n == owner).unwrap());
+        let entry = neighbour(&c, vip);
+        assert!(entry.contains(&owner_mac), "{vip} resolved to {entry:?}, expected the owner's {owner_mac}");
+    }
+    let first_answer = started.elapsed();
+
+    // Graceful stop of the owner: its responder ends, the other recomputes without it.
+    let t0 = Instant::now();
+    for (name, tx, cancel, _) in &responders {
+        if *name == owner {
+            cancel.cancel();
+        } else {
+            tx.send_replace(elect::owned_by(name, &vips, &[*name]));
+        }
+    }
+    let probes: Vec<_> = [v4, v6]
+        .into_iter()
+        .map(|vip| {
+            let c = c.clone();
+            tokio::task::spawn_blocking(move || {
+                in_ns(&c, move || {
+                    let deadline = t0 + Duration::from_secs(15);
+                    loop {
+                        if who_answers(vip).as_deref() == Some(other) {
+                            return Some(t0.elapsed());
+                        }
+                        if Instant::now() > deadline {
+                            return None;
+                        }
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                })
+            })
+        })
+        .collect();
+    let mut failover = Vec::new();
+    for (vip, probe) in [v4, v6].into_iter().zip(probes) {
+        let took = probe.await.unwrap().unwrap_or_else(|| panic!("{vip} never moved to {other}"));
+        let entry = neighbour(&c, vip);
+        let other_mac = mac_of(NODES.iter().position(|n| *n == other).unwrap());
+        assert!(entry.contains(&other_mac), "{vip} now resolves to {entry:?}, expected {other_mac}");
+        failover.push(took);
+    }
+    eprintln!(
+        "L2 announcement: first answer after {:?}; graceful failover {owner} -> {other}: IPv4 {} ms, IPv6 {} ms (goal <= 2000 ms)",
+        first_answer,
+        failover[0].as_millis(),
+        failover[1].as_millis()
+    );
+    for (_, _, cancel, task) in responders {
+        cancel.cancel();
+        task.await.unwrap().expect("responder ran without error");
+    }
+}
+
+mod announcer_on_the_api_server {
+    use std::collections::BTreeSet;
+    use std::net::IpAddr;
+    use std::time::{Duration, Instant};
+
+    use crate::kit::eventually;
+    use ccm_framework::events::EventSink;
+    use ccm_provider_baremetal::announce::announce_reasons::L2_ANNOUNCING;
+    use ccm_provider_baremetal::announce::announcer::{self, AnnouncerSettings, lease_name};
+    use ccm_provider_baremetal::announce::elect;
+    use e2e_apiserver::TestCluster;
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
+    use k8s_openapi::api::events::v1::Event;
+    use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+    use serde_json::json;
+    use tokio::sync::watch;
+    use tokio::task::JoinHandle;
+    use tokio_util::sync::CancellationToken;
+
+    /// A class of this test's own, so that on a shared genuine server only its Service counts.
+    const CLASS: &str = "ccm.rs/l2-announcer-test";
+    const NODES: [&str; 2] = ["node-a", "node-b"];
+
+    struct Running {
+        owned: watch::Receiver<BTreeSet<IpAddr>>,
+        cancel: CancellationToken,
+        task: JoinHandle<()>,
+    }
+
+    fn start(client: &kube::Client, namespace: &str, node: &str) -> Running {
+        let mut settings = AnnouncerSettings::new(node, namespace);
+        settings.class = Some(CLASS.into());
+        settings.lease_duration = Duration::from_secs(2);
+        settings.renew_interval = Duration::from_millis(500);
+        let (tx, owned) = watch::channel(BTreeSet::new());
+        let cancel = CancellationToken::new();
+        let events = EventSink::spawn(client.clone(), Some(node.into()), cancel.clone());
+        let task = tokio::spawn({
+            let (client, cancel) = (client.clone(), cancel.clone());
+            async move { announcer::run(client, settings, tx, Some(events), cancel).await.expect("announcer runs") }
+        });
+        Running { owned, cancel, task }
+    }
+
+    async fn owns(running: &Running, want: &BTreeSet<IpAddr>, within: Duration) -> Option<Duration> {
+        let mut owned = running.owned.clone();
+        let t0 = Instant::now();
+        tokio::time::timeout(within, owned.wait_for(|o| o == want)).await.ok()?.ok()?;
+        Some(t0.elapsed())
+    }
+
+    e2e_apiserver::backend_tests! {
+        async fn announcers_elect_one_node_per_address_report_it_and_take_over_on_stop_and_on_crash(backend) {
+            let cluster = TestCluster::start(backend).await.unwrap();
+            let client = cluster.client();
+            let namespace = cluster.fresh_namespace("l2").await.unwrap();
+            let services: Api<Service> = Api::namespaced(client.clone(), &namespace);
+            let svc = Service {
+                metadata: ObjectMeta { name: Some("web".into()), ..Default::default() },
+                spec: Some(ServiceSpec {
+                    type_: Some("LoadBalancer".into()),
+                    load_balancer_class: Some(CLASS.into()),
+                    ports: Some(vec![ServicePort { port: 80, protocol: Some("TCP".into()), ..Default::default() }]),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            services.create(&PostParams::default(), &svc).await.unwrap();
+            // Two addresses the same node wins, so one stop moves both.
+            let (v4, v6) = (1u8..250)
+                .map(|n| (IpAddr::from([192, 0, 2, n]), format!("2001:db8::{n}").parse::<IpAddr>().unwrap()))
+                .find(|(a, b)| elect::elect(*a, NODES) == elect::elect(*b, NODES))
+                .unwrap();
+            let status = json!({"status": {"loadBalancer": {"ingress": [
+                {"ip": v4.to_string(), "ipMode": "VIP"}, {"ip": v6.to_string(), "ipMode": "VIP"}]}}});
+            services.patch_status("web", &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+            let both: BTreeSet<IpAddr> = [v4, v6].into();
+            let none = BTreeSet::new();
+            let owner = elect::elect(v4, NODES).unwrap();
+            let other = NODES.into_iter().find(|n| *n != owner).unwrap();
+
+            let mut running: Vec<(&str, Running)> = NODES.iter().map(|n| (*n, start(&client, &namespace, n))).collect();
+            let wait = Duration::from_secs(20);
+            for (node, r) in &running {
+                let want = if *node == owner { &both } else { &none };
+                assert!(owns(r, want, wait).await.is_some(), "{node} owns {want:?}");
+            }
+            // Each node holds a Lease; the owner says so on the Service.
+            let leases: Api<Lease> = Api::namespaced(client.clone(), &namespace);
+            for node in NODES {
+                let lease = leases.get(&lease_name(node)).await.unwrap();
+                assert_eq!(lease.spec.unwrap().holder_identity.as_deref(), Some(node));
+            }
+            let events: Api<Event> = Api::namespaced(client.clone(), &namespace);
+            let note = eventually("the owner's L2Announcing event on the Service", || async {
+                events.list(&ListParams::default()).await.ok()?.items.into_iter().find_map(|e| {
+                    (e.reason.as_deref() == Some(L2_ANNOUNCING)
+                        && e.regarding.as_ref()?.name.as_deref() == Some("web")
+                        && e.note.as_deref()?.contains(&v4.to_string()))
+                    .then(|| e.note.unwrap_or_default())
+                })
+            })
+            .await;
+            assert!(note.contains(owner) && note.contains(&format!("{v4} (ARP)")) && note.contains(&format!("{v6} (NDP)")), "{note}");
+
+            // Graceful stop: the Lease is deleted and the other node takes over at once.
+            let position = running.iter().position(|(n, _)| *n == owner).unwrap();
+            let (_, stopped) = running.remove(position);
+            let t0 = Instant::now();
+            stopped.cancel.cancel();
+            stopped.task.await.unwrap();
+            assert_eq!(*stopped.owned.borrow(), none, "a stopped announcer owns nothing");
+            let other_running = &running[0].1;
+            assert!(owns(other_running, &both, wait).await.is_some(), "{other} takes over");
+            let graceful = t0.elapsed();
+            assert!(leases.get_opt(&lease_name(owner)).await.unwrap().is_none(), "the stopped node's Lease is gone");
+
+            // The owner comes back and wins its addresses back; then it crashes (no Lease
+            // deletion) and the other node takes over when the Lease runs out.
+            let back = start(&client, &namespace, owner);
+            assert!(owns(&back, &both, wait).await.is_some(), "{owner} wins its addresses back");
+            assert!(owns(other_running, &none, wait).await.is_some(), "{other} lets them go");
+            let t1 = Instant::now();
+            back.task.abort();
+            assert!(owns(other_running, &both, wait).await.is_some(), "{other} takes over after a crash");
+            let crash = t1.elapsed();
+            back.cancel.cancel();
+            eprintln!(
+                "L2 announcer ({backend:?}): addresses move after a graceful stop in {} ms, after a crash in {} ms (Lease 2 s, renewed every 0.5 s)",
+                graceful.as_millis(),
+                crash.as_millis()
+            );
+            assert!(crash >= Duration::from_millis(1000), "a crash is noticed only when the Lease runs out");
+            for (_, r) in running {
+                r.cancel.cancel();
+                r.task.await.unwrap();
+            }
+        }
+    }
+}
