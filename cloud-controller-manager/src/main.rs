@@ -20,6 +20,16 @@ const BUILTIN: &[Register] = &[
 ];
 
 fn main() -> ExitCode {
+    // `cloud-controller-manager announce ...`: the baremetal provider's per-node L2 announcer,
+    // run by its DaemonSet from the same image.
+    #[cfg(feature = "baremetal")]
+    {
+        use ccm_provider_baremetal::announce::node;
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        if args.first().map(String::as_str) == Some(node::SUBCOMMAND) {
+            return node::main(&args[1..]);
+        }
+    }
     let mut registry = Registry::new();
     for register in BUILTIN {
         // Only a name registered twice fails, which no release can ship.

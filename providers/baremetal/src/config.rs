@@ -156,6 +156,13 @@ pub struct LoadBalancerConfig {
     /// CRD must be installed). Read at start.
     #[serde(default)]
     pub pool_resources: bool,
+    /// Also hand out addresses from MetalLB's or Cilium's pools, read in place at start (after
+    /// the pool resources; needs `poolResources: true`). See docs/migrating-load-balancers.md.
+    #[serde(default)]
+    pub import_pools: Vec<crate::pool_import::Source>,
+    /// How assigned addresses are announced to the network (L2, BGP); none by default.
+    #[serde(default)]
+    pub announcement: crate::announce::AnnouncementConfig,
 }
 
 impl Default for LoadBalancerConfig {
@@ -167,6 +174,8 @@ impl Default for LoadBalancerConfig {
             proxy: Default::default(),
             kube_vip: false,
             pool_resources: false,
+            import_pools: Vec::new(),
+            announcement: Default::default(),
         }
     }
 }
@@ -297,6 +306,7 @@ fn schema() -> &'static Schema {
             .with::<AddressConfig>()
             .with::<AddressType>()
             .with::<LoadBalancerConfig>()
+            .with::<crate::pool_import::Source>()
             .with::<crate::proxy::Mode>()
             .with::<crate::proxy::ProxyConfig>()
             .with::<crate::proxy::BindConfig>()
@@ -315,6 +325,12 @@ fn schema() -> &'static Schema {
             .with::<SelectorOperator>()
             .with::<LifecycleConfig>()
             .with::<ProbeConfig>()
+            .with::<crate::announce::AnnouncementConfig>()
+            .with::<crate::announce::l2::L2Config>()
+            .with_messages(crate::announce::l2::MESSAGES)
+            .with::<crate::announce::bgp::BgpConfig>()
+            .with::<crate::announce::bgp::PeerConfig>()
+            .with_messages(crate::announce::bgp::MESSAGES)
             .with_messages(&[BAD_DURATION, NEGATIVE_DURATION, HUGE_DURATION, DUPLICATE_KEY])
     })
 }
@@ -335,12 +351,19 @@ impl CloudConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.validate_instances()?;
         build_pools(&self.load_balancer)?;
+        self.validate_import_pools()?;
         if let Some((field, total)) = self.load_balancer.proxy.cap_above_total() {
             let message = if total == "maxTcpConnections" { CAP_ABOVE_TOTAL_TCP } else { CAP_ABOVE_TOTAL_UDP };
             return Err(DocumentError::invalid(root().field("loadBalancer").field("proxy").field(field), message));
         }
         if let Some(probe) = &self.lifecycle.probe {
             validate_probe(probe)?;
+        }
+        if let Some(l2) = &self.load_balancer.announcement.l2 {
+            l2.validate(&root().field("loadBalancer").field("announcement").field("l2"))?;
+        }
+        if let Some(bgp) = &self.load_balancer.announcement.bgp {
+            bgp.validate(&root().field("loadBalancer").field("announcement").field("bgp"))?;
         }
         Ok(())
     }
@@ -406,6 +429,28 @@ impl CloudConfig {
 pub const CAP_ABOVE_TOTAL_TCP: &str = "must not be greater than maxTcpConnections";
 /// The message of a per-listener UDP cap above the data path's.
 pub const CAP_ABOVE_TOTAL_UDP: &str = "must not be greater than maxUdpSessions";
+
+impl CloudConfig {
+    /// `loadBalancer.importPools`: each source once, and only beside `poolResources: true`,
+    /// whose Namespace watch the imported namespace selectors use.
+    fn validate_import_pools(&self) -> Result<(), ConfigError> {
+        let path = root().field("loadBalancer").field("importPools");
+        let sources = &self.load_balancer.import_pools;
+        for (i, source) in sources.iter().enumerate() {
+            if let Some(first) = sources[..i].iter().position(|s| s == source) {
+                return Err(clash(path.index(i), "duplicates", path.index(first)));
+            }
+        }
+        if !sources.is_empty() && !self.load_balancer.pool_resources {
+            return Err(DocumentError::invalid(path, IMPORT_NEEDS_POOL_RESOURCES));
+        }
+        Ok(())
+    }
+}
+
+/// Why `importPools` without `poolResources` is refused.
+pub const IMPORT_NEEDS_POOL_RESOURCES: &str =
+    "needs loadBalancer.poolResources: true (imported pools join the pool resources and their Namespace watch)";
 
 fn clash(path: FieldPath, how: &'static str, other: FieldPath) -> ConfigError {
     DocumentError::at(path, Problem::Clash { how, other })

@@ -7,6 +7,7 @@
 //! reachable; `loadBalancer.kubeVip: true` writes the annotation kube-vip reads. With
 //! `loadBalancer.mode: proxy` the leader also carries the traffic itself (see [`proxy`]).
 
+pub mod announce;
 pub mod config;
 #[cfg(feature = "datapath")]
 pub mod datapath;
@@ -14,6 +15,8 @@ pub mod duration;
 pub mod inventory;
 pub mod ipam;
 pub mod name;
+pub mod pool_import;
+pub mod pool_import_watch;
 pub mod pool_metrics;
 pub mod pool_resources;
 pub mod pool_watch;
@@ -83,6 +86,8 @@ pub struct BaremetalProvider {
     pools: Arc<pool_watch::PoolSources>,
     /// `loadBalancer.poolResources`: pools also come from `LoadBalancerIPPool` resources.
     pool_resources: bool,
+    /// `loadBalancer.importPools`: MetalLB's or Cilium's pools read at start.
+    import_pools: Vec<pool_import::Source>,
     probe_targets: Vec<ProbeTarget>,
     probes: Arc<ProbeStates>,
     probe_task: Mutex<Option<CancellationToken>>,
@@ -152,6 +157,7 @@ impl BaremetalProvider {
             inventory: Inventory::new(&config.instances),
             lifecycle: config.lifecycle.clone(),
             pool_resources: config.load_balancer.pool_resources,
+            import_pools: config.load_balancer.import_pools.clone(),
             pools: Arc::new(pool_watch::PoolSources::new(pools.clone())),
             allocator: Arc::new(Allocator::new(pools)),
             probe_targets,
@@ -261,6 +267,9 @@ impl BaremetalProvider {
         }
         let per_family = pool_metrics::describe(&pool_metrics::usage_by_family(&self.allocator));
         text.push_str(&format!("), {} pools ({in_use} of {usable} addresses in use{per_family})", usage.len()));
+        if let Some(imported) = self.pools.import_summary() {
+            text.push_str(&format!("; {imported}"));
+        }
         let outside = self.allocator.outside_pools().len();
         if outside > 0 {
             text.push_str(&format!(
@@ -389,6 +398,16 @@ impl CloudProvider for BaremetalProvider {
                 CloudError::Unavailable(format!("listing Namespaces for the pools' namespaceSelector: {e}"))
             })?;
             self.pools.set_resources(resources);
+            // Imported pools before the Services are read: the addresses MetalLB or Cilium
+            // gave must be in a pool to stay with their Services.
+            if !self.import_pools.is_empty() {
+                let read = pool_import_watch::read_all(&ctx.client, &self.import_pools).await.map_err(|e| {
+                    CloudError::Unavailable(format!("{e} (the chart grants it with manager.rbac.importPools=true)"))
+                })?;
+                let outcomes = self.pools.set_imported(read.imported(), &self.import_pools);
+                let summary = pool_import_watch::report(&read, &outcomes, Some(&ctx.events));
+                self.pools.set_import_summary(summary);
+            }
             self.pools.apply(&self.allocator);
         }
         let services = list_services(ctx.client.clone()).await.map_err(|e| {

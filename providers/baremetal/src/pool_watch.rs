@@ -20,6 +20,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::ipam::{Allocator, Pool, RehomeReport};
+use crate::pool_import::{self, Imported, Outcome, Source};
 use crate::pool_resources::{self, Merged};
 
 /// Field manager of the pools' status writes.
@@ -33,6 +34,11 @@ const STATUS_DELAY: Duration = Duration::from_millis(300);
 struct Sources {
     config: Vec<Pool>,
     resources: BTreeMap<String, LoadBalancerIPPool>,
+    /// Pools imported from MetalLB or Cilium, and the order of their sources.
+    imported: Vec<Imported>,
+    import_order: Vec<Source>,
+    /// The import's one-line summary, for the health message.
+    import_summary: Option<String>,
 }
 
 /// Where the allocator's pools come from, the Namespaces' labels, and the signal that usage
@@ -48,7 +54,7 @@ pub struct PoolSources {
 impl PoolSources {
     /// Sources holding the cloud-config's pools only.
     pub fn new(config: Vec<Pool>) -> Self {
-        Self { sources: Mutex::new(Sources { config, resources: BTreeMap::new() }), ..Self::default() }
+        Self { sources: Mutex::new(Sources { config, ..Sources::default() }), ..Self::default() }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Sources> {
@@ -64,7 +70,29 @@ impl PoolSources {
     pub fn merged(&self) -> Merged {
         let sources = self.lock();
         let resources: Vec<&LoadBalancerIPPool> = sources.resources.values().collect();
-        pool_resources::merge(&sources.config, &resources)
+        let mut merged = pool_resources::merge(&sources.config, &resources);
+        pool_import::append(&mut merged, &sources.imported, &sources.import_order);
+        merged
+    }
+
+    /// Replace the imported pools; returns what became of each (after our own pools).
+    pub fn set_imported(&self, imported: Vec<Imported>, order: &[Source]) -> BTreeMap<String, Outcome> {
+        let mut sources = self.lock();
+        sources.imported = imported;
+        sources.import_order = order.to_vec();
+        let resources: Vec<&LoadBalancerIPPool> = sources.resources.values().collect();
+        let mut merged = pool_resources::merge(&sources.config, &resources);
+        pool_import::append(&mut merged, &sources.imported, &sources.import_order)
+    }
+
+    /// Record the import's summary for the health message.
+    pub fn set_import_summary(&self, summary: String) {
+        self.lock().import_summary = Some(summary);
+    }
+
+    /// The import's summary, when pools are imported.
+    pub fn import_summary(&self) -> Option<String> {
+        self.lock().import_summary.clone()
     }
 
     /// Replace the cloud-config's pools.

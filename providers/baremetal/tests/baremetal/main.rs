@@ -6,6 +6,9 @@
 mod baremetal;
 mod baremetal_flood;
 mod baremetal_proxy;
+mod bgp_bird;
 mod kit;
+mod l2_announce;
+mod pool_import;
 mod pools;
 mod service_features;
