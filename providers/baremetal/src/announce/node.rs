@@ -3,6 +3,8 @@
 //! mounted cloud-config as the manager, opens a packet socket per configured interface, and runs
 //! [`super::announcer::run`] with a responder per socket until SIGTERM, when it deletes its
 //! Lease so another node takes its addresses over at once.
+//! With `loadBalancer.announcement.bgp` it also keeps a BIRD sidecar advertising this node's
+//! addresses ([`super::bgp::bird::run`]; the node's IPv4 from `$NODE_IP`).
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -21,7 +23,8 @@ pub const SUBCOMMAND: &str = "announce";
 /// Usage text, printed for `--help` and a bad flag.
 pub const USAGE: &str = "\
 usage: cloud-controller-manager announce --cloud-config PATH [--node NAME] [--namespace NS] [--load-balancer-class CLASS] [-v LEVEL]
-  --cloud-config         the baremetal cloud-config; its loadBalancer.announcement.l2 lists the interfaces
+  --cloud-config         the baremetal cloud-config; its loadBalancer.announcement.l2 lists the interfaces,
+                         .bgp the BGP peers (BIRD beside this process; the router ID defaults to $NODE_IP)
   --node                 this node's name (default: $NODE_NAME, from the downward API)
   --namespace            where the announcer Leases live (default: $POD_NAMESPACE)
   --load-balancer-class  announce Services of this class (default: Services without a class)
