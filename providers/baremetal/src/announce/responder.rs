@@ -270,7 +270,10 @@ pub async fn run(
     owned.mark_changed();
     loop {
         let next = announcements.next_due();
+        // Biased: an ownership change is taken in before frames are answered, so a request that
+        // arrives with the first owned set is not dropped as "not ours".
         tokio::select! {
+            biased;
             _ = cancel.cancelled() => break,
             changed = owned.changed() => {
                 if changed.is_err() {

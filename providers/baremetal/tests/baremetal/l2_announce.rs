@@ -344,11 +344,13 @@ mod announcer_on_the_api_server {
                 assert_eq!(lease.spec.unwrap().holder_identity.as_deref(), Some(node));
             }
             let events: Api<Event> = Api::namespaced(client.clone(), &namespace);
+            // Both announcers start at once, so the other may claim the addresses for the moment
+            // before it sees the owner's Lease (and say so); the owner's event must be there.
             let note = eventually("the owner's L2Announcing event on the Service", || async {
                 events.list(&ListParams::default()).await.ok()?.items.into_iter().find_map(|e| {
                     (e.reason.as_deref() == Some(L2_ANNOUNCING)
                         && e.regarding.as_ref()?.name.as_deref() == Some("web")
-                        && e.note.as_deref()?.contains(&v4.to_string()))
+                        && e.note.as_deref()?.contains(&format!("node {owner} announces")))
                     .then(|| e.note.unwrap_or_default())
                 })
             })
