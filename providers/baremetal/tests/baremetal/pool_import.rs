@@ -20,7 +20,7 @@ use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, ListParams, ObjectMeta, Patch, PatchParams, PostParams,
 };
 use kube::core::GroupVersionKind;
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 
 const CONFIG: &str = "\
@@ -82,7 +82,7 @@ fn watch_addresses(api: Api<Service>) -> Seen {
     let seen: Seen = Arc::default();
     let out = seen.clone();
     tokio::spawn(async move {
-        let mut stream = watcher::watcher(api, watcher::Config::default()).boxed();
+        let mut stream = watcher::watcher(api, watcher::Config::default()).default_backoff().boxed();
         while let Some(event) = stream.next().await {
             let services = match event {
                 Ok(watcher::Event::Apply(s) | watcher::Event::InitApply(s)) => vec![s],
