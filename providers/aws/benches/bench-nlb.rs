@@ -20,7 +20,6 @@
 //! upstream; the rules' calls are per Service and do not grow with N.
 
 use std::collections::BTreeMap;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -31,8 +30,13 @@ use ccm_provider_aws::sdk::ec2;
 use ccm_provider_aws::{AwsOptions, AwsProvider, Clients};
 use k8s_openapi::api::core::v1::{Node, NodeSpec, Service, ServicePort, ServiceSpec};
 use kube::api::ObjectMeta;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
+
+#[path = "../tests/support/moto.rs"]
+mod moto;
+#[path = "../tests/support/wire.rs"]
+mod wire;
 
 const CLUSTER: &str = "bench";
 const ZONE: &str = "us-east-1a";
@@ -82,43 +86,6 @@ fn args() -> Args {
     a
 }
 
-/// moto on a free port, killed on drop.
-struct Moto {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-async fn moto() -> Option<Moto> {
-    let port = TcpListener::bind("127.0.0.1:0").await.ok()?.local_addr().ok()?.port();
-    let child = match Command::new("moto_server")
-        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-    {
-        Ok(c) => c,
-        Err(_) => {
-            println!("SKIPPED: moto_server is not installed (pip install 'moto[server]==5.2.5')");
-            return None;
-        }
-    };
-    let m = Moto { child, port };
-    for _ in 0..100 {
-        if TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
-            return Some(m);
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("moto_server did not start");
-}
-
 /// Requests by action, and a throttling share.
 #[derive(Default)]
 struct Counts {
@@ -145,44 +112,14 @@ async fn proxy(moto_port: u16, percent: u32) -> Proxy {
     Proxy { url, counts }
 }
 
-async fn read_request(conn: &mut TcpStream) -> Option<(String, Vec<u8>)> {
-    let mut buf = Vec::new();
-    let mut byte = [0u8; 8192];
-    let head_end = loop {
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
-        }
-        let n = conn.read(&mut byte).await.ok()?;
-        if n == 0 {
-            return None;
-        }
-        buf.extend_from_slice(&byte[..n]);
-    };
-    let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
-    let len: usize = head
-        .lines()
-        .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap_or(0)))
-        .unwrap_or(0);
-    let mut body = buf[head_end..].to_vec();
-    while body.len() < len {
-        let n = conn.read(&mut byte).await.ok()?;
-        if n == 0 {
-            return None;
-        }
-        body.extend_from_slice(&byte[..n]);
-    }
-    Some((head, body))
-}
-
 /// Whether request `n` is throttled: an even spread of `percent` in every 100 requests.
 fn throttled(n: u64, percent: u32) -> bool {
     (n * u64::from(percent)) % 100 < u64::from(percent)
 }
 
 async fn serve(mut conn: TcpStream, moto_port: u16, percent: u32, counts: Arc<Mutex<Counts>>, seq: Arc<AtomicU64>) {
-    while let Some((head, body)) = read_request(&mut conn).await {
-        let text = String::from_utf8_lossy(&body).to_string();
-        let action = text.split('&').find_map(|kv| kv.strip_prefix("Action=")).unwrap_or("?").to_string();
+    while let Some((head, body)) = wire::read_request(&mut conn).await {
+        let action = Some(wire::action(&body)).filter(|a| !a.is_empty()).unwrap_or_else(|| "?".into());
         let throttle = throttled(seq.fetch_add(1, Ordering::SeqCst), percent);
         {
             let mut c = counts.lock().unwrap_or_else(|e| e.into_inner());
@@ -192,37 +129,13 @@ async fn serve(mut conn: TcpStream, moto_port: u16, percent: u32, counts: Arc<Mu
             }
         }
         if throttle {
-            let (status, xml) = if head.contains("/ec2/aws4_request") {
-                (
-                    "503 Service Unavailable",
-                    "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Response><Errors><Error><Code>RequestLimitExceeded</Code><Message>Request limit exceeded.</Message></Error></Errors><RequestID>throttle</RequestID></Response>",
-                )
-            } else {
-                (
-                    "400 Bad Request",
-                    "<ErrorResponse xmlns=\"http://elasticloadbalancing.amazonaws.com/doc/2015-12-01/\"><Error><Type>Sender</Type><Code>Throttling</Code><Message>Rate exceeded</Message></Error><RequestId>throttle</RequestId></ErrorResponse>",
-                )
-            };
-            let resp =
-                format!("HTTP/1.1 {status}\r\nContent-Type: text/xml\r\nContent-Length: {}\r\n\r\n{xml}", xml.len());
-            if conn.write_all(resp.as_bytes()).await.is_err() {
+            if conn.write_all(wire::throttled_response(wire::is_ec2(&head)).as_bytes()).await.is_err() {
                 return;
             }
             continue;
         }
-        let Ok(mut upstream) = TcpStream::connect(("127.0.0.1", moto_port)).await else { return };
-        let mut new_head: String = head
-            .split("\r\n")
-            .filter(|l| !l.to_ascii_lowercase().starts_with("connection:") && !l.is_empty())
-            .map(|l| format!("{l}\r\n"))
-            .collect();
-        new_head.push_str("Connection: close\r\n\r\n");
-        if upstream.write_all(new_head.as_bytes()).await.is_err() || upstream.write_all(&body).await.is_err() {
-            return;
-        }
-        let mut resp = Vec::new();
-        if upstream.read_to_end(&mut resp).await.is_err() || conn.write_all(&resp).await.is_err() {
-            return;
+        if let Some(resp) = wire::forward(moto_port, &head, &body).await {
+            let _ = conn.write_all(&resp).await;
         }
         return;
     }
@@ -321,8 +234,8 @@ struct Outcome {
 }
 
 async fn run(a: &Args, percent: u32) -> Option<Outcome> {
-    let m = moto().await?;
-    let direct = AwsProvider::new(config(), CLUSTER, options(&format!("http://127.0.0.1:{}", m.port), true));
+    let m = moto::Moto::start("bench-nlb").await?;
+    let direct = AwsProvider::new(config(), CLUSTER, options(&m.url, true));
     let c = direct.clients().await.expect("clients").clone();
     let instances = seed(&c, a.nodes).await;
     let nodes: Arc<Vec<Node>> = Arc::new(

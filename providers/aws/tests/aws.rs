@@ -34,8 +34,14 @@ use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
+
+#[path = "support/moto.rs"]
+mod moto;
+#[path = "support/wire.rs"]
+mod wire;
+
+use moto::Moto;
 
 const WAIT: Duration = Duration::from_secs(60);
 const CLUSTER: &str = "moto-test";
@@ -45,67 +51,6 @@ const TAINT_SHUTDOWN: &str = "node.cloudprovider.kubernetes.io/shutdown";
 
 // ---------------------------------------------------------------------------------------------
 // moto
-
-/// A moto server on a free loopback port, stopped on drop.
-struct Moto {
-    _child: Child,
-    url: String,
-    port: u16,
-}
-
-async fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    l.local_addr().expect("addr").port()
-}
-
-impl Moto {
-    /// Start moto, or `None` (after one printed line) when it is not installed.
-    async fn start(test: &str) -> Option<Moto> {
-        for _ in 0..3 {
-            let port = free_port().await;
-            let child = match Command::new("moto_server")
-                .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .kill_on_drop(true)
-                .spawn()
-            {
-                Ok(c) => c,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    println!("skipping {test}: moto_server is not installed (pip install 'moto[server]==5.2.5')");
-                    return None;
-                }
-                Err(e) => panic!("starting moto_server: {e}"),
-            };
-            let mut moto = Moto { _child: child, url: format!("http://127.0.0.1:{port}"), port };
-            for _ in 0..100 {
-                if http(port, "GET", "/moto-api/", "").await.is_some_and(|(status, _)| status == 200) {
-                    return Some(moto);
-                }
-                if let Ok(Some(_)) = moto._child.try_wait() {
-                    break; // the port was taken in between; try another
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-        panic!("moto_server did not start");
-    }
-}
-
-/// A minimal HTTP/1.1 request (for moto's own API); `None` if the server is not there.
-async fn http(port: u16, method: &str, path: &str, body: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).await.ok()?;
-    let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).await.ok()?;
-    let mut out = Vec::new();
-    s.read_to_end(&mut out).await.ok()?;
-    let text = String::from_utf8_lossy(&out).to_string();
-    let status = text.split_whitespace().nth(1)?.parse().ok()?;
-    Some((status, text))
-}
 
 fn options_for(url: &str) -> AwsOptions {
     AwsOptions {
@@ -1164,35 +1109,6 @@ impl Proxy {
     }
 }
 
-async fn read_request(conn: &mut TcpStream) -> Option<(String, Vec<u8>)> {
-    let mut buf = Vec::new();
-    let mut byte = [0u8; 4096];
-    let head_end = loop {
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
-        }
-        let n = conn.read(&mut byte).await.ok()?;
-        if n == 0 {
-            return None;
-        }
-        buf.extend_from_slice(&byte[..n]);
-    };
-    let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
-    let len: usize = head
-        .lines()
-        .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap_or(0)))
-        .unwrap_or(0);
-    let mut body = buf[head_end..].to_vec();
-    while body.len() < len {
-        let n = conn.read(&mut byte).await.ok()?;
-        if n == 0 {
-            return None;
-        }
-        body.extend_from_slice(&byte[..n]);
-    }
-    Some((head, body))
-}
-
 async fn serve(
     mut conn: TcpStream,
     moto_port: u16,
@@ -1200,10 +1116,8 @@ async fn serve(
     held: Arc<tokio::sync::Notify>,
     held_count: Arc<AtomicUsize>,
 ) {
-    while let Some((head, body)) = read_request(&mut conn).await {
-        let text = String::from_utf8_lossy(&body).to_string();
-        let action = text.split('&').find_map(|kv| kv.strip_prefix("Action=")).unwrap_or("").to_string();
-        let is_ec2 = head.contains("/ec2/aws4_request");
+    while let Some((head, body)) = wire::read_request(&mut conn).await {
+        let action = wire::action(&body);
         let (throttle, hold) = {
             let mut f = faults.lock().unwrap();
             f.requests += 1;
@@ -1221,36 +1135,13 @@ async fn serve(
             (throttle, !throttle && f.hold_at == Some(f.requests))
         };
         if throttle {
-            let (status, xml) = if is_ec2 {
-                ("503 Service Unavailable", "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Response><Errors><Error><Code>RequestLimitExceeded</Code><Message>Request limit exceeded.</Message></Error></Errors><RequestID>throttle</RequestID></Response>".to_string())
-            } else {
-                ("400 Bad Request", "<ErrorResponse xmlns=\"http://elasticloadbalancing.amazonaws.com/doc/2015-12-01/\"><Error><Type>Sender</Type><Code>Throttling</Code><Message>Rate exceeded</Message></Error><RequestId>throttle</RequestId></ErrorResponse>".to_string())
-            };
-            let resp =
-                format!("HTTP/1.1 {status}\r\nContent-Type: text/xml\r\nContent-Length: {}\r\n\r\n{xml}", xml.len());
-            if conn.write_all(resp.as_bytes()).await.is_err() {
+            if conn.write_all(wire::throttled_response(wire::is_ec2(&head)).as_bytes()).await.is_err() {
                 return;
             }
             continue;
         }
         // Forward on a fresh connection, one request each.
-        let mut upstream = match TcpStream::connect(("127.0.0.1", moto_port)).await {
-            Ok(u) => u,
-            Err(_) => return,
-        };
-        let mut new_head: String = head
-            .split("\r\n")
-            .filter(|l| !l.to_ascii_lowercase().starts_with("connection:") && !l.is_empty())
-            .map(|l| format!("{l}\r\n"))
-            .collect();
-        new_head.push_str("Connection: close\r\n\r\n");
-        if upstream.write_all(new_head.as_bytes()).await.is_err() || upstream.write_all(&body).await.is_err() {
-            return;
-        }
-        let mut resp = Vec::new();
-        if upstream.read_to_end(&mut resp).await.is_err() {
-            return;
-        }
+        let Some(resp) = wire::forward(moto_port, &head, &body).await else { return };
         if hold {
             // The cloud did it; the caller never learns. Wait until the test ends.
             held_count.fetch_add(1, Ordering::SeqCst);
