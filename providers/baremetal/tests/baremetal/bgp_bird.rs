@@ -309,7 +309,7 @@ mod announcer_feeds_bgp {
 
     use ccm_provider_baremetal::announce::announcer::{self, AnnouncerSettings};
     use e2e_apiserver::TestCluster;
-    use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
+    use k8s_openapi::api::core::v1::Service;
     use k8s_openapi::api::discovery::v1::EndpointSlice;
     use kube::api::{Api, Patch, PatchParams, PostParams};
     use serde_json::json;
@@ -349,16 +349,7 @@ mod announcer_feeds_bgp {
             let client = cluster.client();
             let namespace = cluster.fresh_namespace("bgp").await.unwrap();
             let services: Api<Service> = Api::namespaced(client.clone(), &namespace);
-            let svc = Service {
-                metadata: kube::api::ObjectMeta { name: Some("web".into()), ..Default::default() },
-                spec: Some(ServiceSpec {
-                    type_: Some("LoadBalancer".into()),
-                    load_balancer_class: Some(CLASS.into()),
-                    ports: Some(vec![ServicePort { port: 80, protocol: Some("TCP".into()), ..Default::default() }]),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            };
+            let svc = crate::kit::classed_lb_service(&namespace, "web", 80, CLASS);
             services.create(&PostParams::default(), &svc).await.unwrap();
             let status = json!({"status": {"loadBalancer": {"ingress": [
                 {"ip": "198.51.100.7", "ipMode": "VIP"}, {"ip": "2001:db8:bb::7", "ipMode": "VIP"}]}}});

@@ -4,7 +4,8 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
+use kube::api::ObjectMeta;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -39,6 +40,33 @@ impl Drop for Named<'_> {
             eprintln!("(waiting for {})", self.0);
         }
     }
+}
+
+/// A `type: LoadBalancer` Service in `namespace` with one TCP `port` and `annotations`.
+pub fn lb_service(namespace: &str, name: &str, port: i32, annotations: &[(&str, &str)]) -> Service {
+    Service {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(namespace.into()),
+            annotations: Some(annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+            ..Default::default()
+        },
+        spec: Some(ServiceSpec {
+            type_: Some("LoadBalancer".into()),
+            ports: Some(vec![ServicePort { port, protocol: Some("TCP".into()), ..Default::default() }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// [`lb_service`] without annotations, of `spec.loadBalancerClass` `class`.
+pub fn classed_lb_service(namespace: &str, name: &str, port: i32, class: &str) -> Service {
+    let mut svc = lb_service(namespace, name, port, &[]);
+    if let Some(spec) = svc.spec.as_mut() {
+        spec.load_balancer_class = Some(class.into());
+    }
+    svc
 }
 
 /// The Service's load-balancer ingress as (IP, ipMode) pairs.

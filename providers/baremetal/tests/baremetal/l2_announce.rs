@@ -261,9 +261,9 @@ mod announcer_on_the_api_server {
     use ccm_provider_baremetal::announce::elect;
     use e2e_apiserver::TestCluster;
     use k8s_openapi::api::coordination::v1::Lease;
-    use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
+    use k8s_openapi::api::core::v1::Service;
     use k8s_openapi::api::events::v1::Event;
-    use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+    use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
     use serde_json::json;
     use tokio::sync::watch;
     use tokio::task::JoinHandle;
@@ -307,16 +307,7 @@ mod announcer_on_the_api_server {
             let client = cluster.client();
             let namespace = cluster.fresh_namespace("l2").await.unwrap();
             let services: Api<Service> = Api::namespaced(client.clone(), &namespace);
-            let svc = Service {
-                metadata: ObjectMeta { name: Some("web".into()), ..Default::default() },
-                spec: Some(ServiceSpec {
-                    type_: Some("LoadBalancer".into()),
-                    load_balancer_class: Some(CLASS.into()),
-                    ports: Some(vec![ServicePort { port: 80, protocol: Some("TCP".into()), ..Default::default() }]),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            };
+            let svc = crate::kit::classed_lb_service(&namespace, "web", 80, CLASS);
             services.create(&PostParams::default(), &svc).await.unwrap();
             // Two addresses the same node wins, so one stop moves both.
             let (v4, v6) = (1u8..250)

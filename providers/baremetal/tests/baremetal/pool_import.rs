@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
-use crate::kit::{eventually, ingress};
+use crate::kit::{eventually, ingress, lb_service};
 use ccm_framework::controllers::service::ServiceController;
 use ccm_framework::engine::testing::run_controller;
 use ccm_framework::options::ControllerOptions;
@@ -13,12 +13,10 @@ use ccm_framework::provider::{CloudProvider, Health};
 use ccm_provider_baremetal::BaremetalProvider;
 use e2e_apiserver::TestCluster;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, ListParams, ObjectMeta, Patch, PatchParams, PostParams,
-};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
@@ -56,23 +54,6 @@ fn crd(group: &str, kind: &str, plural: &str, namespaced: bool, versions: &[&str
 
 fn dynamic(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
-}
-
-fn lb_service(namespace: &str, name: &str, port: i32, annotations: &[(&str, &str)]) -> Service {
-    Service {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some(namespace.into()),
-            annotations: Some(annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
-            ..Default::default()
-        },
-        spec: Some(ServiceSpec {
-            type_: Some("LoadBalancer".into()),
-            ports: Some(vec![ServicePort { port, protocol: Some("TCP".into()), ..Default::default() }]),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
 }
 
 /// Every address each Service showed while the test ran, from a watch.

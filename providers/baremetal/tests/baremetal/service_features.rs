@@ -5,15 +5,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::kit::{eventually, eventually_within, ingress};
+use crate::kit::{eventually, eventually_within, ingress, lb_service};
 use ccm_framework::controllers::service::ServiceController;
 use ccm_framework::engine::testing::run_controller;
 use ccm_framework::options::ControllerOptions;
 use ccm_framework::provider::CloudProvider;
 use ccm_provider_baremetal::BaremetalProvider;
 use e2e_apiserver::TestCluster;
-use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
-use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{Api, DeleteParams, PostParams};
 
 const CONFIG: &str = "\
 loadBalancer:
@@ -22,23 +22,6 @@ loadBalancer:
       cidrs: [192.168.60.0/31]
       allowSharing: true
 ";
-
-fn service(name: &str, port: i32, annotations: &[(&str, &str)]) -> Service {
-    Service {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some("default".into()),
-            annotations: Some(annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
-            ..Default::default()
-        },
-        spec: Some(ServiceSpec {
-            type_: Some("LoadBalancer".into()),
-            ports: Some(vec![ServicePort { port, protocol: Some("TCP".into()), ..Default::default() }]),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
 
 async fn wait_ip(api: &Api<Service>, name: &str) -> String {
     eventually(&format!("{name} gets an address"), || async {
@@ -73,31 +56,31 @@ e2e_apiserver::backend_tests! {
         .await;
 
         // MetalLB's annotation is honoured, so a migration keeps the address.
-        services.create(&pp, &service("migrated", 80, &[("metallb.universe.tf/loadBalancerIPs", "192.168.60.1"), ("metallb.universe.tf/allow-shared-ip", "web")])).await.unwrap();
+        services.create(&pp, &lb_service("default", "migrated", 80, &[("metallb.universe.tf/loadBalancerIPs", "192.168.60.1"), ("metallb.universe.tf/allow-shared-ip", "web")])).await.unwrap();
         assert_eq!(wait_ip(&services, "migrated").await, "192.168.60.1");
         // Our sharing key equals MetalLB's key: another port shares the address.
-        services.create(&pp, &service("shares", 443, &[("ccm.rs/load-balancer-ips", "192.168.60.1"), ("ccm.rs/allow-shared-ip", "web")])).await.unwrap();
+        services.create(&pp, &lb_service("default", "shares", 443, &[("ccm.rs/load-balancer-ips", "192.168.60.1"), ("ccm.rs/allow-shared-ip", "web")])).await.unwrap();
         assert_eq!(wait_ip(&services, "shares").await, "192.168.60.1");
 
         // The same port under the same key: a sharing conflict.
-        services.create(&pp, &service("clash", 80, &[("ccm.rs/load-balancer-ips", "192.168.60.1"), ("ccm.rs/allow-shared-ip", "web")])).await.unwrap();
+        services.create(&pp, &lb_service("default", "clash", 80, &[("ccm.rs/load-balancer-ips", "192.168.60.1"), ("ccm.rs/allow-shared-ip", "web")])).await.unwrap();
         let message = wait_refused(&services, "clash", "SharingConflict").await;
         assert!(message.contains("192.168.60.1"), "{message}");
         // Without a key: taken.
-        services.create(&pp, &service("taken", 80, &[("ccm.rs/load-balancer-ips", "192.168.60.1")])).await.unwrap();
+        services.create(&pp, &lb_service("default", "taken", 80, &[("ccm.rs/load-balancer-ips", "192.168.60.1")])).await.unwrap();
         wait_refused(&services, "taken", "RequestedAddressTaken").await;
         // Outside every pool.
-        services.create(&pp, &service("outside", 80, &[("ccm.rs/load-balancer-ips", "203.0.113.9")])).await.unwrap();
+        services.create(&pp, &lb_service("default", "outside", 80, &[("ccm.rs/load-balancer-ips", "203.0.113.9")])).await.unwrap();
         wait_refused(&services, "outside", "RequestedAddressUnavailable").await;
         // A malformed annotation names itself.
-        services.create(&pp, &service("typo", 80, &[("metallb.io/loadBalancerIPs", "192.168.60.x")])).await.unwrap();
+        services.create(&pp, &lb_service("default", "typo", 80, &[("metallb.io/loadBalancerIPs", "192.168.60.x")])).await.unwrap();
         let message = wait_refused(&services, "typo", "InvalidAnnotation").await;
         assert!(message.contains("metallb.io/loadBalancerIPs"), "{message}");
 
         // The last free address goes, then the pool is exhausted.
-        services.create(&pp, &service("first", 80, &[])).await.unwrap();
+        services.create(&pp, &lb_service("default", "first", 80, &[])).await.unwrap();
         assert_eq!(wait_ip(&services, "first").await, "192.168.60.0");
-        services.create(&pp, &service("late", 80, &[])).await.unwrap();
+        services.create(&pp, &lb_service("default", "late", 80, &[])).await.unwrap();
         let message = wait_refused(&services, "late", "PoolExhausted").await;
         assert!(message.contains("2 of 2"), "{message}");
 
@@ -125,7 +108,7 @@ loadBalancer:
 ";
 
 fn dual(name: &str, policy: &str, families: &[&str]) -> Service {
-    let mut svc = service(name, 80, &[]);
+    let mut svc = lb_service("default", name, 80, &[]);
     let spec = svc.spec.as_mut().unwrap();
     spec.ip_family_policy = Some(policy.into());
     spec.ip_families = Some(families.iter().map(|f| f.to_string()).collect());
