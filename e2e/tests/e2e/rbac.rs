@@ -739,6 +739,40 @@ async fn clean_up(client: &Client, namespace: &str) {
     }
 }
 
+/// The manager's arguments as the operator renders them (operator/src/build.rs), with fast
+/// timings and its endpoint on `port`.
+fn manager_args(
+    cloud_config: &std::path::Path,
+    kubeconfig: &std::path::Path,
+    namespace: &str,
+    port: u16,
+) -> Vec<String> {
+    vec![
+        "cloud-controller-manager".into(),
+        "--cloud-provider=fake".into(),
+        format!("--cloud-config={}", cloud_config.display()),
+        format!("--kubeconfig={}", kubeconfig.display()),
+        "--controllers=*".into(),
+        "--cluster-name=proof".into(),
+        "--cluster-cidr=10.244.0.0/16".into(),
+        "--configure-cloud-routes=true".into(),
+        "--leader-elect=true".into(),
+        format!("--leader-elect-resource-name={CR_NAME}"),
+        format!("--leader-elect-resource-namespace={namespace}"),
+        "--leader-elect-lease-duration=4s".into(),
+        "--leader-elect-renew-deadline=3s".into(),
+        "--leader-elect-retry-period=1s".into(),
+        "--concurrent-node-syncs=2".into(),
+        "--concurrent-service-syncs=2".into(),
+        "--node-monitor-period=1s".into(),
+        "--route-reconciliation-period=1s".into(),
+        "--bind-address=127.0.0.1".into(),
+        format!("--secure-port={port}"),
+        format!("--ccm-resource={namespace}/{CR_NAME}"),
+        "--ccm-resource-interval=1s".into(),
+    ]
+}
+
 /// The manager scenario in `namespace`: the operator (as the chart runs it) binds the manager's
 /// ServiceAccount for a Deployment-mode resource and stops; then the manager runs with that
 /// ServiceAccount's kubeconfig, lets the metrics reader scrape its `/metrics` (genuine backend),
@@ -808,43 +842,40 @@ async fn manager_scenario(
     .unwrap();
 
     // The manager with the arguments the operator gives it (operator/src/build.rs), fast timings,
-    // its endpoint on a free port.
-    let metrics_addr = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port");
+    // its endpoint on a free port. A port found free can be taken before the manager binds it
+    // (any process's outgoing connection may get it as its source port): a manager that ends
+    // before its endpoint answers is started again on another port, its error shown.
     let log = cluster.request_log();
-    let mark = log.mark();
-    let args: Vec<String> = vec![
-        "cloud-controller-manager".into(),
-        "--cloud-provider=fake".into(),
-        format!("--cloud-config={}", cloud_config.display()),
-        format!("--kubeconfig={}", kubeconfig.display()),
-        "--controllers=*".into(),
-        "--cluster-name=proof".into(),
-        "--cluster-cidr=10.244.0.0/16".into(),
-        "--configure-cloud-routes=true".into(),
-        "--leader-elect=true".into(),
-        format!("--leader-elect-resource-name={CR_NAME}"),
-        format!("--leader-elect-resource-namespace={namespace}"),
-        "--leader-elect-lease-duration=4s".into(),
-        "--leader-elect-renew-deadline=3s".into(),
-        "--leader-elect-retry-period=1s".into(),
-        "--concurrent-node-syncs=2".into(),
-        "--concurrent-service-syncs=2".into(),
-        "--node-monitor-period=1s".into(),
-        "--route-reconciliation-period=1s".into(),
-        "--bind-address=127.0.0.1".into(),
-        format!("--secure-port={}", metrics_addr.port()),
-        format!("--ccm-resource={namespace}/{CR_NAME}"),
-        "--ccm-resource-interval=1s".into(),
-    ];
-    let settings =
-        ccm_framework::flags::Flags::try_parse_from(&args).expect("flags parse").settings().expect("settings");
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let manager = tokio::spawn(ccm_framework::engine::app::run(
-        operator::providers::builtin_registry(),
-        settings,
-        shutdown.clone(),
-    ));
-    let mut outcome = metrics_step(cluster, "the manager", Some(metrics_addr), timeout).await;
+    let mut attempt = 0;
+    let (manager, shutdown, mut outcome, mark) = loop {
+        attempt += 1;
+        let metrics_addr =
+            std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port");
+        let mark = log.mark();
+        let args = manager_args(&cloud_config, &kubeconfig, namespace, metrics_addr.port());
+        let settings =
+            ccm_framework::flags::Flags::try_parse_from(&args).expect("flags parse").settings().expect("settings");
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let mut manager = tokio::spawn(ccm_framework::engine::app::run(
+            operator::providers::builtin_registry(),
+            settings,
+            shutdown.clone(),
+        ));
+        tokio::select! {
+            outcome = metrics_step(cluster, "the manager", Some(metrics_addr), timeout) => {
+                break (manager, shutdown, outcome, mark);
+            }
+            ended = &mut manager => {
+                let why = match ended {
+                    Ok(Ok(())) => "it stopped".to_string(),
+                    Ok(Err(e)) => e.to_string(),
+                    Err(e) => e.to_string(),
+                };
+                assert!(attempt < 3, "the manager ended before its endpoint answered, {attempt} times: {why}");
+                eprintln!("the manager ended before its endpoint answered ({why}); again on another port");
+            }
+        }
+    };
     if outcome.is_ok() {
         outcome = manager_steps(client, &nodes, [&node_a, &node_b, &node_gone], namespace, timeout).await;
     }
