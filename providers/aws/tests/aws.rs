@@ -506,6 +506,8 @@ e2e_apiserver::backend_tests! {
         for (id, dns) in &inst[..2] {
             env.create_node(node(dns, Some(&pid(id)), Some("True"), vec![])).await;
         }
+        // The first ensure is to see both Nodes; one arriving later is the node pass's case below.
+        eventually(|| async { (env.ctx.nodes.state().len() == 2).then_some(()) }).await;
         env.run(Box::new(ServiceController::new()));
         let mut svc = lb_service("web", &[(80, 30080)]);
         svc.spec.as_mut().unwrap().load_balancer_source_ranges = Some(vec!["203.0.113.0/24".into()]);

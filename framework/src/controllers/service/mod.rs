@@ -403,7 +403,15 @@ impl Inner {
                 .map_err(SyncError::AddFinalizer)?;
         }
 
-        let (hosts, nodes) = self.hosts();
+        // S23: record the hosts before the cloud call so a concurrent node pass compares
+        // against what this ensure is installing. Read and recorded under one lock: a node pass
+        // that finds no record first has bumped the version, so this read already sees its Node.
+        let (hosts, nodes) = {
+            let mut last = lock(&self.last_hosts);
+            let (hosts, nodes) = self.hosts();
+            last.insert(key.to_string(), hosts.clone());
+            (hosts, nodes)
+        };
         if hosts.is_empty() {
             self.event(
                 &svc,
@@ -413,9 +421,6 @@ impl Inner {
                 "EnsureLoadBalancer",
             );
         }
-        // S23: record the hosts before the cloud call so a concurrent node pass compares
-        // against what this ensure is installing.
-        lock(&self.last_hosts).insert(key.to_string(), hosts);
         let refs: Vec<&Node> = nodes.iter().map(|n| n.as_ref()).collect();
         let status = match lb.ensure_load_balancer(self.cluster(), &svc, &refs).await {
             Ok(status) => status,
