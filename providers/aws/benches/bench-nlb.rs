@@ -207,7 +207,8 @@ fn service(i: usize) -> Service {
         metadata: ObjectMeta {
             name: Some(format!("svc-{i}")),
             namespace: Some("default".into()),
-            uid: Some(format!("00000000-0000-0000-0000-{i:012}")),
+            // Distinct in the first 31 hex digits: the load balancer's name keeps only those.
+            uid: Some(format!("{i:08x}-0000-0000-0000-000000000000")),
             annotations: Some([(ccm_provider_aws::annotations::TYPE.to_string(), "nlb".to_string())].into()),
             ..Default::default()
         },

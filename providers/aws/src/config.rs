@@ -73,6 +73,9 @@ pub struct AwsConfig {
     pub cluster_probe: ClusterProbe,
     /// `NLBSecurityGroupMode = Managed`: a security group made and removed with each NLB.
     pub nlb_security_group_managed: bool,
+    /// `SupportedTopologyInstanceTypePattern`: the instance types that must have a network
+    /// topology (their Nodes wait for it); upstream's default pattern without the key.
+    pub topology_types: crate::topology::TopologyTypes,
     /// Endpoint overrides, by section name.
     pub overrides: BTreeMap<String, ServiceOverride>,
 }
@@ -267,6 +270,12 @@ pub fn parse(bytes: &[u8]) -> Result<AwsConfig, ConfigError> {
                         }
                         continue;
                     }
+                    "supportedtopologyinstancetypepattern" => {
+                        config.topology_types = crate::topology::TopologyTypes::parse(&value).map_err(|why| {
+                            ConfigError::at(line_no, format!("[Global] SupportedTopologyInstanceTypePattern: {why}"))
+                        })?;
+                        continue;
+                    }
                     "nlbsecuritygroupmode" => {
                         config.nlb_security_group_managed = match value.as_str() {
                             "Managed" => true,
@@ -289,7 +298,7 @@ pub fn parse(bytes: &[u8]) -> Result<AwsConfig, ConfigError> {
                     _ => {
                         return Err(ConfigError::at(
                             line_no,
-                            "[Global] unknown key; known: Zone, Region, VPC, SubnetID, RouteTableID, KubernetesClusterID, KubernetesClusterTag, RoleARN, ElbSecurityGroup, DisableSecurityGroupIngress, NLBSecurityGroupMode, NodeIPFamilies, ZoneIDAsZone, ClusterServiceLoadBalancerHealthProbeMode",
+                            "[Global] unknown key; known: Zone, Region, VPC, SubnetID, RouteTableID, KubernetesClusterID, KubernetesClusterTag, RoleARN, ElbSecurityGroup, DisableSecurityGroupIngress, NLBSecurityGroupMode, NodeIPFamilies, ZoneIDAsZone, ClusterServiceLoadBalancerHealthProbeMode, SupportedTopologyInstanceTypePattern",
                         ));
                     }
                 };
@@ -451,6 +460,19 @@ url = "http://127.0.0.1:5000"
         assert!(!parse(b"[Global]\n").unwrap().nlb_security_group_managed);
         let e = parse(b"[Global]\nNLBSecurityGroupMode = managed-ish\n").unwrap_err().to_string();
         assert!(e.contains("NLBSecurityGroupMode") && !e.contains("managed-ish"), "{e}");
+    }
+
+    #[test]
+    fn supported_topology_instance_type_pattern_is_read_and_a_bad_one_refused_by_key() {
+        use crate::topology::TopologyTypes;
+        let c = parse(b"[Global]\nSupportedTopologyInstanceTypePattern = ^(g6|p5)\\.\n").unwrap();
+        assert!(c.topology_types.requires("g6.xlarge") && !c.topology_types.requires("trn1.2xlarge"));
+        assert_eq!(parse(b"[Global]\n").unwrap().topology_types, TopologyTypes::Upstream);
+        let e = parse(b"[Global]\nSupportedTopologyInstanceTypePattern = (p5\n").unwrap_err().to_string();
+        assert!(
+            e.contains("SupportedTopologyInstanceTypePattern") && e.contains("line 2") && !e.contains("(p5"),
+            "{e}"
+        );
     }
 
     #[test]

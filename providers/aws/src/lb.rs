@@ -1,9 +1,10 @@
 //! Network Load Balancers for `type: LoadBalancer` Services through ELBv2.
 //!
-//! Every object is created with tags naming the cluster and the Service, and is found again by
-//! those tags, never by name: an ensure that died half-way (or an emulator that makes a second
-//! load balancer for a repeated name) leaves objects that the next ensure adopts or removes and
-//! that a delete finds. Each step compares what exists with what the Service asks for and
+//! Every object is created with tags naming the cluster and the Service, and only objects whose
+//! tags say so are ever changed or deleted. They are found by the load balancer's name, by
+//! attachment to it, and by the [`ledger`] of what a tag scan at start (and every hour) and this
+//! process's own calls have seen: an ensure that died half-way leaves objects that the next
+//! process's scan finds and its ensure adopts or removes, without each sync scanning them all. Each step compares what exists with what the Service asks for and
 //! changes only the difference, so a sync that failed part-way resumes where it stopped.
 //!
 //! Objects per Service: one NLB; one target group per Service port (instance targets on the
@@ -29,6 +30,7 @@ use super::annotations::{self as ann, HealthPort, HealthProtocol, LbKind, NlbAnn
 use super::config::ClusterProbe;
 use super::errors::code;
 use super::instances::{InstanceInfo, InstanceKey, key_of};
+use super::ledger::{self, Kind, Owner};
 use ccm_framework::provider::{CloudError, CloudResult, LoadBalancer, Refusal, default_load_balancer_name};
 
 /// Tag key prefix marking cluster ownership (`kubernetes.io/cluster/<id>`).
@@ -632,6 +634,46 @@ fn listener_certificates(p: &DesiredPort) -> Option<Vec<Certificate>> {
     p.tls.as_ref().map(|t| vec![Certificate::builder().certificate_arn(&t.certificate_arn).build()])
 }
 
+/// The ledger's owner for the Service's objects.
+fn owner(cluster_id: &str, service: &Service) -> Owner {
+    Owner { cluster: cluster_id.to_string(), service: service_key(service) }
+}
+
+/// A network load balancer as the sync compares it; `None` for other types.
+fn lb_info(lb: &aws_sdk_elasticloadbalancingv2::types::LoadBalancer) -> Option<LbInfo> {
+    if lb.r#type().is_some_and(|t| *t != LoadBalancerTypeEnum::Network) {
+        return None;
+    }
+    Some(LbInfo {
+        arn: lb.load_balancer_arn().unwrap_or_default().to_string(),
+        dns: lb.dns_name().unwrap_or_default().to_string(),
+        internal: lb.scheme().is_some_and(|s| *s == LoadBalancerSchemeEnum::Internal),
+        created: lb.created_time().map(|t| t.as_secs_f64()),
+        ip_address_type: lb.ip_address_type().map(|t| t.as_str().to_string()).unwrap_or_default(),
+        addresses: None,
+        security_groups: lb.security_groups().iter().cloned().collect(),
+    })
+}
+
+/// A target group as the sync compares it.
+fn tg_info(tg: &aws_sdk_elasticloadbalancingv2::types::TargetGroup) -> TgInfo {
+    TgInfo {
+        arn: tg.target_group_arn().unwrap_or_default().to_string(),
+        protocol: tg.protocol().map(|p| p.as_str().to_string()).unwrap_or_default(),
+        port: tg.port().unwrap_or_default(),
+        health_port: tg.health_check_port().unwrap_or_default().to_string(),
+        health_path: tg.health_check_path().unwrap_or_default().to_string(),
+        health_protocol: tg.health_check_protocol().map(|p| p.as_str().to_string()).unwrap_or_default(),
+        health_timing: (
+            tg.health_check_interval_seconds().unwrap_or_default(),
+            tg.health_check_timeout_seconds().unwrap_or_default(),
+            tg.healthy_threshold_count().unwrap_or_default(),
+            tg.unhealthy_threshold_count().unwrap_or_default(),
+        ),
+        lb_arns: tg.load_balancer_arns().to_vec(),
+    }
+}
+
 fn to_tags(tags: &BTreeMap<String, String>) -> Vec<Tag> {
     tags.iter().map(|(k, v)| Tag::builder().key(k).value(v).build()).collect()
 }
@@ -671,8 +713,8 @@ impl AwsProvider {
         Ok(out)
     }
 
-    /// Load balancers of the Service, found by tags, oldest first.
-    async fn owned_lbs(&self, cluster_id: &str, service: &Service) -> CloudResult<Vec<LbInfo>> {
+    /// Every network load balancer of the account, one page of 400 per call.
+    async fn all_lbs(&self) -> CloudResult<Vec<LbInfo>> {
         let elb = &self.clients().await?.elb;
         let mut all = Vec::new();
         let mut marker: Option<String> = None;
@@ -684,40 +726,17 @@ impl AwsProvider {
                 .send()
                 .await
                 .map_err(self.elb_err("DescribeLoadBalancers"))?;
-            for lb in page.load_balancers() {
-                if lb.r#type().is_some_and(|t| *t != LoadBalancerTypeEnum::Network) {
-                    continue;
-                }
-                all.push(LbInfo {
-                    arn: lb.load_balancer_arn().unwrap_or_default().to_string(),
-                    dns: lb.dns_name().unwrap_or_default().to_string(),
-                    internal: lb.scheme().is_some_and(|s| *s == LoadBalancerSchemeEnum::Internal),
-                    created: lb.created_time().map(|t| t.as_secs_f64()),
-                    ip_address_type: lb.ip_address_type().map(|t| t.as_str().to_string()).unwrap_or_default(),
-                    addresses: None,
-                    security_groups: lb.security_groups().iter().cloned().collect(),
-                });
-            }
+            all.extend(page.load_balancers().iter().filter_map(lb_info));
             match page.next_marker().filter(|m| !m.is_empty()) {
                 Some(m) => marker = Some(m.to_string()),
                 None => break,
             }
         }
-        let arns: Vec<String> = all.iter().map(|l| l.arn.clone()).collect();
-        let tags = self.elb_tags(&arns).await?;
-        let mut mine: Vec<LbInfo> =
-            all.into_iter().filter(|l| tags.get(&l.arn).is_some_and(|t| owned_by(t, cluster_id, service))).collect();
-        for l in &mut mine {
-            l.addresses = tags.get(&l.arn).and_then(|t| t.get(TAG_ADDRESSES)).cloned();
-        }
-        mine.sort_by(|a, b| {
-            a.created.partial_cmp(&b.created).unwrap_or(std::cmp::Ordering::Equal).then(a.arn.cmp(&b.arn))
-        });
-        Ok(mine)
+        Ok(all)
     }
 
-    /// Target groups of the Service, found by tags.
-    async fn owned_tgs(&self, cluster_id: &str, service: &Service) -> CloudResult<Vec<TgInfo>> {
+    /// Every target group of the account, one page of 400 per call.
+    async fn all_tgs(&self) -> CloudResult<Vec<TgInfo>> {
         let elb = &self.clients().await?.elb;
         let mut all = Vec::new();
         let mut marker: Option<String> = None;
@@ -729,31 +748,128 @@ impl AwsProvider {
                 .send()
                 .await
                 .map_err(self.elb_err("DescribeTargetGroups"))?;
-            for tg in page.target_groups() {
-                all.push(TgInfo {
-                    arn: tg.target_group_arn().unwrap_or_default().to_string(),
-                    protocol: tg.protocol().map(|p| p.as_str().to_string()).unwrap_or_default(),
-                    port: tg.port().unwrap_or_default(),
-                    health_port: tg.health_check_port().unwrap_or_default().to_string(),
-                    health_path: tg.health_check_path().unwrap_or_default().to_string(),
-                    health_protocol: tg.health_check_protocol().map(|p| p.as_str().to_string()).unwrap_or_default(),
-                    health_timing: (
-                        tg.health_check_interval_seconds().unwrap_or_default(),
-                        tg.health_check_timeout_seconds().unwrap_or_default(),
-                        tg.healthy_threshold_count().unwrap_or_default(),
-                        tg.unhealthy_threshold_count().unwrap_or_default(),
-                    ),
-                    lb_arns: tg.load_balancer_arns().to_vec(),
-                });
-            }
+            all.extend(page.target_groups().iter().map(tg_info));
             match page.next_marker().filter(|m| !m.is_empty()) {
                 Some(m) => marker = Some(m.to_string()),
                 None => break,
             }
         }
-        let arns: Vec<String> = all.iter().map(|t| t.arn.clone()).collect();
+        Ok(all)
+    }
+
+    /// Learn every owned load balancer and target group by their tags, when a scan is due
+    /// (first use, then every [`ledger::RESCAN`]); concurrent syncs share one scan.
+    async fn learn(&self) -> CloudResult<()> {
+        if !self.ledger.scan_due(std::time::Instant::now(), ledger::RESCAN) {
+            return Ok(());
+        }
+        let _one = self.ledger_scan.lock().await;
+        let started = std::time::Instant::now();
+        if !self.ledger.scan_due(started, ledger::RESCAN) {
+            return Ok(());
+        }
+        let lbs: Vec<String> = self.all_lbs().await?.into_iter().map(|l| l.arn).collect();
+        let tgs: Vec<String> = self.all_tgs().await?.into_iter().map(|t| t.arn).collect();
+        for (kind, arns) in [(Kind::LoadBalancer, lbs), (Kind::TargetGroup, tgs)] {
+            for (arn, tags) in self.elb_tags(&arns).await? {
+                for owner in Owner::from_tags(&tags, TAG_CLUSTER_PREFIX, TAG_SERVICE) {
+                    self.ledger.add(kind, &owner, &arn);
+                }
+            }
+        }
+        self.ledger.scanned(started);
+        tracing::debug!(objects = self.ledger.len(), "learnt the cluster's ELBv2 objects from their tags");
+        Ok(())
+    }
+
+    /// Load balancers of the Service, oldest first: the one with its name and any other the
+    /// ledger knows, kept only where their tags name this cluster and Service.
+    async fn owned_lbs(&self, cluster_id: &str, service: &Service) -> CloudResult<Vec<LbInfo>> {
+        self.learn().await?;
+        let owner = owner(cluster_id, service);
+        let elb = &self.clients().await?.elb;
+        let mut found: Vec<LbInfo> =
+            match elb.describe_load_balancers().names(default_load_balancer_name(service)).send().await {
+                Ok(r) => r.load_balancers().iter().filter_map(lb_info).collect(),
+                Err(e) if code(&e) == Some("LoadBalancerNotFound") => Vec::new(),
+                Err(e) => return Err(self.classify("DescribeLoadBalancers", e)),
+            };
+        // Known by the ledger under another name (an older UID's, or one made by hand): each
+        // on its own, as one missing ARN fails a call for several.
+        for arn in self.ledger.get(Kind::LoadBalancer, &owner) {
+            if found.iter().any(|l| l.arn == arn) {
+                continue;
+            }
+            match elb.describe_load_balancers().load_balancer_arns(&arn).send().await {
+                Ok(r) => found.extend(r.load_balancers().iter().filter_map(lb_info)),
+                Err(e) if code(&e) == Some("LoadBalancerNotFound") => {
+                    self.ledger.remove(Kind::LoadBalancer, &owner, &arn);
+                }
+                Err(e) => return Err(self.classify("DescribeLoadBalancers", e)),
+            }
+        }
+        let arns: Vec<String> = found.iter().map(|l| l.arn.clone()).collect();
         let tags = self.elb_tags(&arns).await?;
-        Ok(all.into_iter().filter(|t| tags.get(&t.arn).is_some_and(|t| owned_by(t, cluster_id, service))).collect())
+        let mut mine = Vec::new();
+        for mut l in found {
+            if tags.get(&l.arn).is_some_and(|t| owned_by(t, cluster_id, service)) {
+                self.ledger.add(Kind::LoadBalancer, &owner, &l.arn);
+                l.addresses = tags.get(&l.arn).and_then(|t| t.get(TAG_ADDRESSES)).cloned();
+                mine.push(l);
+            } else {
+                self.ledger.remove(Kind::LoadBalancer, &owner, &l.arn);
+            }
+        }
+        mine.sort_by(|a, b| {
+            a.created.partial_cmp(&b.created).unwrap_or(std::cmp::Ordering::Equal).then(a.arn.cmp(&b.arn))
+        });
+        Ok(mine)
+    }
+
+    /// Target groups of the Service: those attached to its load balancers `lbs` and any other
+    /// the ledger knows (made before a crash, or detached from a replaced load balancer).
+    async fn owned_tgs(&self, cluster_id: &str, service: &Service, lbs: &[&str]) -> CloudResult<Vec<TgInfo>> {
+        self.learn().await?;
+        let owner = owner(cluster_id, service);
+        let elb = &self.clients().await?.elb;
+        let mut found: Vec<TgInfo> = Vec::new();
+        for lb in lbs {
+            match elb.describe_target_groups().load_balancer_arn(*lb).send().await {
+                Ok(r) => found.extend(r.target_groups().iter().map(tg_info)),
+                Err(e) if matches!(code(&e), Some("TargetGroupNotFound" | "LoadBalancerNotFound")) => {}
+                Err(e) => return Err(self.classify("DescribeTargetGroups", e)),
+            }
+        }
+        let known: Vec<String> = self
+            .ledger
+            .get(Kind::TargetGroup, &owner)
+            .into_iter()
+            .filter(|a| !found.iter().any(|t| t.arn == *a))
+            .collect();
+        for chunk in known.chunks(20) {
+            match elb.describe_target_groups().set_target_group_arns(Some(chunk.to_vec())).send().await {
+                Ok(r) => found.extend(r.target_groups().iter().map(tg_info)),
+                // One is gone: ask for each to learn which.
+                Err(e) if code(&e) == Some("TargetGroupNotFound") => {
+                    for arn in chunk {
+                        match elb.describe_target_groups().target_group_arns(arn).send().await {
+                            Ok(r) => found.extend(r.target_groups().iter().map(tg_info)),
+                            Err(e) if code(&e) == Some("TargetGroupNotFound") => {
+                                self.ledger.remove(Kind::TargetGroup, &owner, arn);
+                            }
+                            Err(e) => return Err(self.classify("DescribeTargetGroups", e)),
+                        }
+                    }
+                }
+                Err(e) => return Err(self.classify("DescribeTargetGroups", e)),
+            }
+        }
+        found.sort_by(|a, b| a.arn.cmp(&b.arn));
+        found.dedup_by(|a, b| a.arn == b.arn);
+        for t in &found {
+            self.ledger.add(Kind::TargetGroup, &owner, &t.arn);
+        }
+        Ok(found)
     }
 
     /// The instances behind `nodes` that can be targets (not terminated).
@@ -913,8 +1029,10 @@ impl AwsProvider {
             .first()
             .ok_or_else(|| CloudError::Other("CreateLoadBalancer returned nothing".into()))?;
         tracing::info!(name = %desired.name, "created network load balancer");
+        let arn = lb.load_balancer_arn().unwrap_or_default().to_string();
+        self.remember(Kind::LoadBalancer, desired, &arn);
         Ok(LbInfo {
-            arn: lb.load_balancer_arn().unwrap_or_default().to_string(),
+            arn,
             dns: lb.dns_name().unwrap_or_default().to_string(),
             internal: desired.internal,
             created: None,
@@ -927,9 +1045,18 @@ impl AwsProvider {
     async fn delete_lb(&self, arn: &str) -> CloudResult<()> {
         let elb = &self.clients().await?.elb;
         match elb.delete_load_balancer().load_balancer_arn(arn).send().await {
-            Ok(_) => Ok(()),
-            Err(e) if code(&e) == Some("LoadBalancerNotFound") => Ok(()),
-            Err(e) => Err(self.classify("DeleteLoadBalancer", e)),
+            Ok(_) => {}
+            Err(e) if code(&e) == Some("LoadBalancerNotFound") => {}
+            Err(e) => return Err(self.classify("DeleteLoadBalancer", e)),
+        }
+        self.ledger.forget(Kind::LoadBalancer, arn);
+        Ok(())
+    }
+
+    /// Remember an object just made for `desired`'s Service.
+    fn remember(&self, kind: Kind, desired: &Desired, arn: &str) {
+        for owner in Owner::from_tags(&desired.tags, TAG_CLUSTER_PREFIX, TAG_SERVICE) {
+            self.ledger.add(kind, &owner, arn);
         }
     }
 
@@ -937,8 +1064,14 @@ impl AwsProvider {
     async fn delete_tg(&self, arn: &str) -> CloudResult<bool> {
         let elb = &self.clients().await?.elb;
         match elb.delete_target_group().target_group_arn(arn).send().await {
-            Ok(_) => Ok(true),
-            Err(e) if code(&e) == Some("TargetGroupNotFound") => Ok(true),
+            Ok(_) => {
+                self.ledger.forget(Kind::TargetGroup, arn);
+                Ok(true)
+            }
+            Err(e) if code(&e) == Some("TargetGroupNotFound") => {
+                self.ledger.forget(Kind::TargetGroup, arn);
+                Ok(true)
+            }
             Err(e) if code(&e) == Some("ResourceInUse") => Ok(false),
             Err(e) => Err(self.classify("DeleteTargetGroup", e)),
         }
@@ -980,9 +1113,10 @@ impl AwsProvider {
         }
         let mut tags = desired.tags.clone();
         tags.insert(TAG_SERVICE_PORT.to_string(), format!("{}/{}", port.port, port.protocol));
+        let name = target_group_name(&desired.name, port);
         let r = elb
             .create_target_group()
-            .name(target_group_name(&desired.name, port))
+            .name(&name)
             .protocol(ProtocolEnum::from(port.protocol.as_str()))
             .port(port.node_port)
             .vpc_id(vpc)
@@ -997,13 +1131,42 @@ impl AwsProvider {
             .unhealthy_threshold_count(h.unhealthy_threshold)
             .set_tags(Some(to_tags(&tags)))
             .send()
-            .await
-            .map_err(self.elb_err("CreateTargetGroup"))?;
-        r.target_groups()
-            .first()
-            .and_then(|t| t.target_group_arn())
-            .map(str::to_string)
-            .ok_or_else(|| CloudError::Other("CreateTargetGroup returned nothing".into()))
+            .await;
+        let arn = match r {
+            Ok(r) => r
+                .target_groups()
+                .first()
+                .and_then(|t| t.target_group_arn())
+                .map(str::to_string)
+                .ok_or_else(|| CloudError::Other("CreateTargetGroup returned nothing".into()))?,
+            // Made by an earlier try whose answer was lost: adopt it if its tags say it is ours.
+            Err(e) if code(&e) == Some("DuplicateTargetGroupName") => self.adopt_tg(desired, &name).await?,
+            Err(e) => return Err(self.classify("CreateTargetGroup", e)),
+        };
+        self.remember(Kind::TargetGroup, desired, &arn);
+        Ok(arn)
+    }
+
+    /// The ARN of the target group named `name` if its tags name `desired`'s Service.
+    async fn adopt_tg(&self, desired: &Desired, name: &str) -> CloudResult<String> {
+        let elb = &self.clients().await?.elb;
+        let r = elb.describe_target_groups().names(name).send().await.map_err(self.elb_err("DescribeTargetGroups"))?;
+        let arn = r.target_groups().first().and_then(|t| t.target_group_arn()).unwrap_or_default().to_string();
+        let tags = self.elb_tags(std::slice::from_ref(&arn)).await?;
+        let ours = tags.get(&arn).is_some_and(|t| {
+            desired
+                .tags
+                .iter()
+                .filter(|(k, _)| k.starts_with(TAG_CLUSTER_PREFIX) || *k == TAG_SERVICE)
+                .all(|(k, v)| t.get(k) == Some(v))
+        });
+        if !ours {
+            return Err(CloudError::Other(format!(
+                "target group name {name} is taken by a target group of another Service or cluster"
+            )));
+        }
+        tracing::info!(%name, "adopted a target group made by an earlier try");
+        Ok(arn)
     }
 
     /// Set the target group's managed attributes where they differ.
@@ -1412,6 +1575,9 @@ impl AwsProvider {
             nodes.iter().copied().filter(|n| node_selected(n, &desired.annotations.target_node_labels)).collect();
         let instances = self.node_instances(&selected).await?;
         let mut lbs = self.owned_lbs(&cluster_id, service).await?;
+        // Looked up while attached: a duplicate or replaced load balancer's delete detaches them.
+        let lb_arns: Vec<&str> = lbs.iter().map(|l| l.arn.as_str()).collect();
+        let tgs = self.owned_tgs(&cluster_id, service, &lb_arns).await?;
         // Duplicates (a create whose answer was lost, or an emulator's same-name copy): keep the
         // oldest, remove the rest.
         for extra in lbs.iter().skip(1) {
@@ -1503,7 +1669,6 @@ impl AwsProvider {
                 .map_err(self.elb_err("SetSecurityGroups"))?;
         }
         self.sync_lb_attributes(&lb.arn, &lb_attributes(&desired.annotations)).await?;
-        let tgs = self.owned_tgs(&cluster_id, service).await?;
         let tg_attrs = tg_attributes(&desired.annotations);
         let mut wanted = Vec::new();
         for port in &desired.ports {
@@ -1577,11 +1742,14 @@ impl LoadBalancer for AwsProvider {
             let have = Self::rules_in(&groups, &lb_name);
             self.apply_rules(Vec::new(), have.into_iter().collect()).await?;
         }
-        for lb in self.owned_lbs(&cluster_id, service).await? {
+        let lbs = self.owned_lbs(&cluster_id, service).await?;
+        // Looked up while attached: deleting the load balancer detaches them.
+        let tgs = self.owned_tgs(&cluster_id, service, &lbs.iter().map(|l| l.arn.as_str()).collect::<Vec<_>>()).await?;
+        for lb in &lbs {
             self.delete_lb(&lb.arn).await?;
         }
         let mut pending = 0;
-        for tg in self.owned_tgs(&cluster_id, service).await? {
+        for tg in tgs {
             if !self.delete_tg(&tg.arn).await? {
                 pending += 1;
             }

@@ -10,6 +10,7 @@ pub mod config;
 pub mod errors;
 pub mod instances;
 pub mod lb;
+pub mod ledger;
 pub mod routes;
 pub mod topology;
 
@@ -125,6 +126,10 @@ pub struct AwsProvider {
     events: std::sync::Mutex<Option<EventSink>>,
     /// What is known not to answer `DescribeInstanceTopology`.
     topology: std::sync::Mutex<topology::TopologyMemory>,
+    /// The cluster's ELBv2 objects by Service, so a sync need not scan them all.
+    ledger: ledger::Ledger,
+    /// Held by the one tag scan under way; concurrent syncs wait for it.
+    ledger_scan: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for AwsProvider {
@@ -137,6 +142,7 @@ impl AwsProvider {
     /// A provider for `config` in the cluster `cluster_name` (`--cluster-name`, used when the
     /// config has no KubernetesClusterID).
     pub fn new(config: AwsConfig, cluster_name: &str, options: AwsOptions) -> Self {
+        let topology = topology::TopologyMemory::new(config.topology_types.clone());
         Self {
             cache: InstanceCache::new(options.cache_ttl),
             absence: AbsenceTracker::new(options.absence_confirm_after),
@@ -147,7 +153,9 @@ impl AwsProvider {
             clients: OnceCell::new(),
             zone_ids: OnceCell::new(),
             events: std::sync::Mutex::new(None),
-            topology: std::sync::Mutex::new(topology::TopologyMemory::default()),
+            topology: std::sync::Mutex::new(topology),
+            ledger: ledger::Ledger::default(),
+            ledger_scan: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -648,9 +656,9 @@ impl Instances for AwsProvider {
                 let (_, info) = r?;
                 match info {
                     Some(i) if !i.is_terminated() => {
-                        // Upstream's pattern types must have their topology: they wait for it.
+                        // The pattern's types must have their topology: they wait for it.
                         if let Some(e) =
-                            topology_error.as_ref().filter(|_| topology::requires_topology(&i.instance_type))
+                            topology_error.as_ref().filter(|_| self.config.topology_types.requires(&i.instance_type))
                         {
                             return Err(e.clone());
                         }

@@ -24,6 +24,57 @@ pub const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(10 * 60);
 /// Entries remembered at most (bounds memory whatever the cluster does).
 pub const MAX_REMEMBERED: usize = 10_000;
 
+/// The longest `SupportedTopologyInstanceTypePattern` accepted.
+pub const MAX_PATTERN_BYTES: usize = 1024;
+
+/// Which instance types must have a topology: upstream's default pattern, or the cloud-config's
+/// `SupportedTopologyInstanceTypePattern` (a regular expression matched anywhere in the type, as
+/// Go's `MatchString` does upstream).
+#[derive(Debug, Clone, Default)]
+pub enum TopologyTypes {
+    /// Upstream's default, [`requires_topology`].
+    #[default]
+    Upstream,
+    /// The configured pattern.
+    Pattern(regex_lite::Regex),
+}
+
+impl TopologyTypes {
+    /// Compile a configured pattern, bounded in length and compiled size (`regex-lite` matches
+    /// in linear time, so no pattern can stall a lookup).
+    pub fn parse(pattern: &str) -> Result<Self, &'static str> {
+        if pattern.len() > MAX_PATTERN_BYTES {
+            return Err("longer than 1024 bytes");
+        }
+        regex_lite::RegexBuilder::new(pattern)
+            .size_limit(1 << 20)
+            .nest_limit(64)
+            .build()
+            .map(Self::Pattern)
+            .map_err(|_| "not a regular expression")
+    }
+
+    /// Whether instances of `instance_type` must have a topology.
+    pub fn requires(&self, instance_type: &str) -> bool {
+        match self {
+            Self::Upstream => requires_topology(instance_type),
+            Self::Pattern(re) => re.is_match(instance_type),
+        }
+    }
+}
+
+impl PartialEq for TopologyTypes {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::Upstream, Self::Upstream) => true,
+            (Self::Pattern(a), Self::Pattern(b)) => a.as_str() == b.as_str(),
+            _ => false,
+        }
+    }
+}
+
+impl Eq for TopologyTypes {}
+
 /// Upstream's default `SupportedTopologyInstanceTypePattern`, `^(hpc|trn|p)[0-9]+[a-z]*(-[a-z0-9]+)?(\.[0-9a-z]*)$`:
 /// instance types that must have a topology, so a failure to read it is an error for them (the
 /// Node waits) instead of labels quietly left out.
@@ -92,6 +143,8 @@ pub fn failure_of(code: Option<&str>) -> Failure {
 /// What is known not to answer, with when each fact expires.
 #[derive(Debug, Default)]
 pub struct TopologyMemory {
+    /// The instance types that must have a topology.
+    types: TopologyTypes,
     region_until: Option<Instant>,
     /// Only for instance types that need no answer: until then, skip them.
     failed_until: Option<Instant>,
@@ -100,6 +153,11 @@ pub struct TopologyMemory {
 }
 
 impl TopologyMemory {
+    /// Nothing known yet; `types` must have a topology.
+    pub fn new(types: TopologyTypes) -> Self {
+        Self { types, ..Self::default() }
+    }
+
     /// The instances to ask about now, from (instance ID, instance type) pairs.
     pub fn to_ask(&self, instances: &[(String, String)], now: Instant) -> Vec<String> {
         if self.region_until.is_some_and(|t| now < t) {
@@ -110,7 +168,7 @@ impl TopologyMemory {
         let mut out: Vec<String> = instances
             .iter()
             .filter(|(id, ty)| !ty.is_empty() && !known(ty) && !known(id))
-            .filter(|(_, ty)| !failed || requires_topology(ty))
+            .filter(|(_, ty)| !failed || self.types.requires(ty))
             .map(|(id, _)| id.clone())
             .collect();
         out.sort();
@@ -125,7 +183,7 @@ impl TopologyMemory {
             if answered.get(id).is_some_and(|n| !n.is_empty()) {
                 continue;
             }
-            let key = if requires_topology(ty) { id } else { ty };
+            let key = if self.types.requires(ty) { id } else { ty };
             self.remember(key.clone(), now + REMEMBER_UNSUPPORTED);
         }
     }
@@ -222,5 +280,21 @@ mod tests {
         assert_eq!(m.to_ask(&asked, now + RETRY_AFTER_FAILURE + Duration::from_secs(1)).len(), 2);
         m.failed(Failure::Unsupported, now);
         assert!(m.to_ask(&asked, now + Duration::from_secs(3600)).is_empty());
+    }
+
+    #[test]
+    fn a_configured_pattern_replaces_upstreams_and_is_bounded() {
+        let types = TopologyTypes::parse("^(g6|p5)\\.").unwrap();
+        assert!(types.requires("g6.xlarge") && types.requires("p5.48xlarge"));
+        assert!(!types.requires("trn1.32xlarge"), "upstream's default no longer applies");
+        assert!(TopologyTypes::default().requires("trn1.32xlarge"));
+        assert_eq!(TopologyTypes::parse("(unclosed"), Err("not a regular expression"));
+        assert_eq!(TopologyTypes::parse(&"a".repeat(MAX_PATTERN_BYTES + 1)), Err("longer than 1024 bytes"));
+        // A failure pauses the calls except for the configured types.
+        let now = Instant::now();
+        let mut m = TopologyMemory::new(types);
+        m.failed(Failure::Transient, now);
+        let asked = [("i-1".to_string(), "g6.xlarge".to_string()), ("i-2".to_string(), "trn1.32xlarge".to_string())];
+        assert_eq!(m.to_ask(&asked, now), vec!["i-1".to_string()]);
     }
 }

@@ -1769,3 +1769,71 @@ async fn bench_thousand_nodes_initialized_with_batched_describe_calls() {
     );
     assert!((calls as usize) < N / 10, "{calls} DescribeInstances calls for {N} Nodes: not batched");
 }
+
+/// Requests by action since `from` (the proxy logs every request).
+fn actions_since(proxy: &Proxy, from: usize) -> BTreeMap<String, usize> {
+    let f = proxy.faults.lock().unwrap();
+    let mut out = BTreeMap::new();
+    for a in &f.actions[from..] {
+        *out.entry(a.clone()).or_insert(0) += 1;
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_sync_makes_as_many_calls_beside_thirty_load_balancers_as_beside_none_after_one_scan() {
+    let Some(moto) = Moto::start("sync_calls_flat").await else { return };
+    let direct = provider(&moto.url);
+    let c = direct.clients().await.unwrap().clone();
+    let w = seed(&c).await;
+    let inst = launch(&c, &w, 2).await;
+    let nodes: Vec<Node> = inst.iter().map(|(id, dns)| node(dns, Some(&pid(id)), Some("True"), vec![])).collect();
+    let refs: Vec<&Node> = nodes.iter().collect();
+    let proxy = Proxy::start(moto.port).await;
+    let p = proxied(&proxy.url, 3);
+    let web = with_uid(lb_service("web", &[(80, 30080)]), "00000000-0000-0000-0002-000000000000");
+    p.ensure_load_balancer(CLUSTER, &web, &refs).await.unwrap();
+
+    let steady = |label: &'static str| {
+        let (p, web, refs) = (p.clone(), web.clone(), refs.clone());
+        let proxy = &proxy;
+        async move {
+            let from = proxy.faults.lock().unwrap().actions.len();
+            p.update_load_balancer(CLUSTER, &web, &refs).await.unwrap();
+            let mut calls = actions_since(proxy, from);
+            // The instance cache refreshes on its own clock, whatever the load balancers.
+            calls.remove("DescribeInstances");
+            println!("{label}: {calls:?}");
+            calls
+        }
+    };
+    let alone = steady("one load balancer").await;
+    for i in 0..30 {
+        let other = with_uid(
+            lb_service(&format!("other-{i}"), &[(80, 31000 + i)]),
+            &format!("{i:08x}-0000-0000-0003-000000000000"),
+        );
+        direct.ensure_load_balancer(CLUSTER, &other, &refs).await.unwrap();
+    }
+    assert_eq!(lb_state(&c).await.lbs.len(), 31);
+    let crowded = steady("beside thirty").await;
+    assert_eq!(crowded, alone, "a sync's calls do not depend on how many other load balancers exist");
+    assert!(!alone.contains_key("DescribeTags") || alone["DescribeTags"] <= 1, "{alone:?}");
+
+    // A new process scans once (pages of 400, tags 20 at a time), then syncs as cheaply.
+    let fresh = proxied(&proxy.url, 3);
+    let from = proxy.faults.lock().unwrap().actions.len();
+    fresh.update_load_balancer(CLUSTER, &web, &refs).await.unwrap();
+    let first = actions_since(&proxy, from);
+    println!("new process, first sync: {first:?}");
+    assert_eq!(
+        first.get("DescribeTags"),
+        Some(&(2 + 2 + 1)),
+        "31 load balancers and 31 target groups, 20 a call, then its own"
+    );
+    let from = proxy.faults.lock().unwrap().actions.len();
+    fresh.update_load_balancer(CLUSTER, &web, &refs).await.unwrap();
+    let mut second = actions_since(&proxy, from);
+    second.remove("DescribeInstances");
+    assert_eq!(second, alone);
+}
