@@ -34,6 +34,15 @@ pub const CILIUM_LOAD_BALANCER_IPS_ANNOTATIONS: [&str; 2] = ["lbipam.cilium.io/i
 /// Cilium LB-IPAM's sharing-key annotations, read after MetalLB's, newest name first.
 pub const CILIUM_SHARING_KEY_ANNOTATIONS: [&str; 2] = ["lbipam.cilium.io/sharing-key", "io.cilium/lb-ipam-sharing-key"];
 
+/// Annotation naming the pool a Service takes its addresses from (a pool resource's name, or an
+/// imported pool's `metallb:<namespace>/<name>` / `cilium:<name>`).
+pub const ADDRESS_POOL_ANNOTATION: &str = "ccm.rs/address-pool";
+/// MetalLB's pool annotations, read when ours is absent, newest name first: their value is the
+/// `IPAddressPool`'s name, which also matches that pool once imported.
+pub const METALLB_ADDRESS_POOL_ANNOTATIONS: [&str; 2] = ["metallb.io/address-pool", "metallb.universe.tf/address-pool"];
+/// The longest pool name an annotation may give (a Kubernetes object name, plus an import prefix).
+const MAX_POOL_NAME: usize = 253 + 64;
+
 /// The first of `names` the Service carries with a non-blank value, with that name.
 fn first_annotation<'a>(service: &'a Service, names: &[&'static str]) -> Option<(&'static str, &'a str)> {
     names
@@ -301,8 +310,17 @@ pub struct Pool {
 }
 
 impl Pool {
+    /// Whether the pool is the one `name` names: by its own name, or, for an imported MetalLB
+    /// pool (`metallb:<namespace>/<name>`), by the MetalLB pool's name as MetalLB's annotation
+    /// gives it.
+    pub fn is_named(&self, name: &str) -> bool {
+        self.name == name
+            || self.name.strip_prefix("metallb:").and_then(|r| r.split_once('/')).is_some_and(|(_, n)| n == name)
+    }
+
     fn admits(&self, request: &LbRequest) -> bool {
-        (self.namespaces.is_empty() || self.namespaces.contains(&request.key.namespace))
+        request.pool.as_ref().is_none_or(|p| self.is_named(&p.name))
+            && (self.namespaces.is_empty() || self.namespaces.contains(&request.key.namespace))
             && self.selector.as_ref().is_none_or(|s| s.matches(&request.labels))
             && self.namespace_selector.as_ref().is_none_or(|s| s.matches(&request.namespace_labels))
     }
@@ -385,6 +403,37 @@ pub struct LbRequest {
     pub sharing_key: Option<String>,
     /// The Service's (protocol, port) pairs.
     pub ports: BTreeSet<PortKey>,
+    /// The pool the Service names by annotation, if any.
+    pub pool: Option<PoolRequest>,
+}
+
+/// A pool named by a Service's annotation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolRequest {
+    /// The annotation that named it.
+    pub annotation: &'static str,
+    /// The pool's name as given.
+    pub name: String,
+}
+
+impl LbRequest {
+    /// Whether `pool` may hand this request an address it did not ask for: an `autoAssign`
+    /// pool, or any pool the Service names (as MetalLB does for `autoAssign: false` pools).
+    fn may_pick_from(&self, pool: &Pool) -> bool {
+        pool.auto_assign || self.pool.is_some()
+    }
+}
+
+fn pool_request_of(service: &Service, key: &ServiceKey) -> Result<Option<PoolRequest>, AllocError> {
+    let names = [ADDRESS_POOL_ANNOTATION, METALLB_ADDRESS_POOL_ANNOTATIONS[0], METALLB_ADDRESS_POOL_ANNOTATIONS[1]];
+    let Some((annotation, value)) = first_annotation(service, &names) else { return Ok(None) };
+    let name = value.trim();
+    if name.len() > MAX_POOL_NAME || name.contains(char::is_whitespace) || name.contains(',') {
+        return Err(AllocError::Invalid(format!(
+            "{annotation} of {key}: expected one pool name (at most {MAX_POOL_NAME} characters, no spaces or commas)"
+        )));
+    }
+    Ok(Some(PoolRequest { annotation, name: name.to_string() }))
 }
 
 /// Why a request could not be served.
@@ -489,6 +538,7 @@ pub fn request_for(service: &Service) -> Result<LbRequest, AllocError> {
         }
     };
 
+    let pool = pool_request_of(service, &key)?;
     Ok(LbRequest {
         key,
         uid: service.metadata.uid.clone(),
@@ -497,6 +547,7 @@ pub fn request_for(service: &Service) -> Result<LbRequest, AllocError> {
         slots,
         sharing_key: sharing_key_of(service),
         ports: ports_of(service),
+        pool,
     })
 }
 
@@ -792,7 +843,7 @@ impl Allocator {
                     });
                     let picked = keep
                         .or_else(|| find_shared(&pools, &state, request, &holder, &allowed, family))
-                        .or_else(|| find_free(&pools, &state, &allowed, family));
+                        .or_else(|| find_free(&pools, &state, request, &allowed, family));
                     match picked {
                         Some(ip) => chosen.push(ip),
                         None if required => return Err(exhausted(&pools, &state, request, &allowed, family)),
@@ -928,7 +979,7 @@ fn find_shared(
     family: Option<Family>,
 ) -> Option<IpAddr> {
     holder.sharing_key.as_ref()?;
-    for &p in allowed.iter().filter(|&&p| pools[p].allow_sharing && pools[p].auto_assign) {
+    for &p in allowed.iter().filter(|&&p| pools[p].allow_sharing && request.may_pick_from(&pools[p])) {
         let pool = &pools[p];
         for block in pool.blocks.iter().filter(|b| family.is_none_or(|f| b.family == f)) {
             let found = state.ips.range(block.first()..=block.last()).find(|(ip, usage)| {
@@ -942,8 +993,14 @@ fn find_shared(
     None
 }
 
-fn find_free(pools: &[Pool], state: &State, allowed: &[usize], family: Option<Family>) -> Option<IpAddr> {
-    allowed.iter().filter(|&&p| pools[p].auto_assign).find_map(|&p| {
+fn find_free(
+    pools: &[Pool],
+    state: &State,
+    request: &LbRequest,
+    allowed: &[usize],
+    family: Option<Family>,
+) -> Option<IpAddr> {
+    allowed.iter().filter(|&&p| request.may_pick_from(&pools[p])).find_map(|&p| {
         let pool = &pools[p];
         pool.blocks
             .iter()
@@ -967,13 +1024,23 @@ fn exhausted(
             format!("no load-balancer pools are configured; {key} cannot get an address"),
         );
     }
+    if let Some(named) = &request.pool
+        && allowed.is_empty()
+    {
+        let exists = pools.iter().any(|p| p.is_named(&named.name));
+        let why = if exists { "does not admit it (namespaces or serviceSelector)" } else { "does not exist" };
+        return AllocError::Unsatisfiable(
+            Refusal::NoPoolMatches,
+            format!("{} of {key} names pool {}, which {why}", named.annotation, named.name),
+        );
+    }
     if allowed.is_empty() {
         return AllocError::Unsatisfiable(
             Refusal::NoPoolMatches,
             format!("no load-balancer pool admits {key} (check the pools' namespaces and serviceSelector)"),
         );
     }
-    let auto: Vec<usize> = allowed.iter().copied().filter(|&p| pools[p].auto_assign).collect();
+    let auto: Vec<usize> = allowed.iter().copied().filter(|&p| request.may_pick_from(&pools[p])).collect();
     if auto.is_empty() {
         let names: Vec<&str> = allowed.iter().map(|&p| pools[p].name.as_str()).collect();
         return AllocError::Unsatisfiable(
@@ -1184,6 +1251,71 @@ mod tests {
         let mut v6 = svc("g");
         v6.spec.as_mut().unwrap().ip_families = Some(vec!["IPv6".into()]);
         assert_eq!(refusal(ensure(&a, &v6)), Refusal::NoPoolMatches);
+    }
+
+    #[test]
+    fn a_named_pool_is_used_even_without_auto_assign_and_other_pools_are_not() {
+        let mut manual = pool("manual", &["10.0.1.0/30"]);
+        manual.auto_assign = false;
+        let a = ready(vec![pool("general", &["10.0.0.0/30"]), manual]);
+        let plain = request_for(&svc("plain")).unwrap();
+        assert_eq!(a.ensure(&plain).unwrap()[0].to_string(), "10.0.0.0", "unnamed: the autoAssign pool");
+        let named = request_for(&with_annotation(svc("named"), ADDRESS_POOL_ANNOTATION, "manual")).unwrap();
+        assert_eq!(a.ensure(&named).unwrap()[0].to_string(), "10.0.1.0", "named: its pool, autoAssign or not");
+        // A requested address must lie in the named pool.
+        let outside = with_annotation(
+            with_annotation(svc("outside"), ADDRESS_POOL_ANNOTATION, "manual"),
+            LOAD_BALANCER_IPS_ANNOTATION,
+            "10.0.0.2",
+        );
+        assert!(matches!(
+            a.ensure(&request_for(&outside).unwrap()),
+            Err(AllocError::Unsatisfiable(Refusal::RequestedAddressUnavailable, _))
+        ));
+        let missing = request_for(&with_annotation(svc("missing"), ADDRESS_POOL_ANNOTATION, "nope")).unwrap();
+        match a.ensure(&missing) {
+            Err(AllocError::Unsatisfiable(Refusal::NoPoolMatches, m)) => {
+                assert!(m.contains(ADDRESS_POOL_ANNOTATION) && m.contains("does not exist"), "{m}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_named_pool_still_applies_its_namespaces_and_the_name_is_bounded() {
+        let mut team = pool("team", &["10.0.2.0/30"]);
+        team.namespaces = BTreeSet::from(["team-a".to_string()]);
+        let a = ready(vec![team]);
+        let r = request_for(&with_annotation(svc("x"), ADDRESS_POOL_ANNOTATION, "team")).unwrap();
+        match a.ensure(&r) {
+            Err(AllocError::Unsatisfiable(Refusal::NoPoolMatches, m)) => assert!(m.contains("does not admit"), "{m}"),
+            other => panic!("naming a pool grants nothing its namespaces deny: {other:?}"),
+        }
+        let long = "p".repeat(MAX_POOL_NAME + 1);
+        let err = request_for(&with_annotation(svc("y"), ADDRESS_POOL_ANNOTATION, &long)).unwrap_err();
+        assert!(
+            matches!(&err, AllocError::Invalid(m) if m.contains(ADDRESS_POOL_ANNOTATION) && !m.contains(&long)),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn metallbs_pool_annotation_names_the_imported_pool_by_its_metallb_name() {
+        let a =
+            ready(vec![pool("other", &["10.0.0.0/30"]), pool("metallb:metallb-system/production", &["10.0.9.0/30"])]);
+        for name in METALLB_ADDRESS_POOL_ANNOTATIONS {
+            let r = request_for(&with_annotation(svc(name), name, "production")).unwrap();
+            assert_eq!(r.pool.as_ref().map(|p| p.annotation), Some(name));
+            let ip = a.ensure(&r).unwrap()[0];
+            assert!(ip.to_string().starts_with("10.0.9."), "{name}: {ip}");
+        }
+        // Ours wins over MetalLB's.
+        let both = with_annotation(
+            with_annotation(svc("both"), METALLB_ADDRESS_POOL_ANNOTATIONS[0], "production"),
+            ADDRESS_POOL_ANNOTATION,
+            "other",
+        );
+        assert_eq!(a.ensure(&request_for(&both).unwrap()).unwrap()[0].to_string(), "10.0.0.0");
     }
 
     #[test]

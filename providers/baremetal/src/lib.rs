@@ -388,6 +388,7 @@ impl CloudProvider for BaremetalProvider {
 
     async fn initialize(&self, ctx: InitContext) -> CloudResult<()> {
         // Pool resources first: the allocator is rebuilt against every pool.
+        let mut imported_first = None;
         if self.pool_resources {
             let resources = pool_watch::list_pools(ctx.client.clone()).await.map_err(|e| {
                 CloudError::Unavailable(format!(
@@ -407,6 +408,7 @@ impl CloudProvider for BaremetalProvider {
                 let outcomes = self.pools.set_imported(read.imported(), &self.import_pools);
                 let summary = pool_import_watch::report(&read, &outcomes, Some(&ctx.events));
                 self.pools.set_import_summary(summary);
+                imported_first = Some(read);
             }
             self.pools.apply(&self.allocator);
         }
@@ -424,6 +426,17 @@ impl CloudProvider for BaremetalProvider {
         self.start_probes(ctx.shutdown.clone());
         if self.pool_resources {
             pool_watch::spawn(ctx.client.clone(), self.pools.clone(), self.allocator.clone(), ctx.shutdown.clone());
+        }
+        if let Some(first) = imported_first {
+            pool_import_watch::spawn(
+                ctx.client.clone(),
+                self.import_pools.clone(),
+                &first,
+                self.pools.clone(),
+                self.allocator.clone(),
+                Some(ctx.events.clone()),
+                ctx.shutdown.clone(),
+            );
         }
         Ok(())
     }

@@ -1,7 +1,7 @@
 //! The I/O of `loadBalancer.importPools`: MetalLB's and Cilium's pools listed when the leader
-//! starts (before the allocator is rebuilt from the Services), and what became of each
-//! reported as a log line and an event on the source object. Conversions and precedence are in
-//! [`crate::pool_import`].
+//! starts (before the allocator is rebuilt from the Services), then watched and read again
+//! after each change, and what became of each reported as a log line and an event on the
+//! source object. Conversions and precedence are in [`crate::pool_import`].
 
 use std::collections::BTreeMap;
 
@@ -52,12 +52,20 @@ pub struct ReadAll {
     pub objects: Vec<Read>,
     /// Per source, a fact worth a warning: its CRD is not installed, or too many pools.
     pub source_notes: Vec<String>,
+    /// The sources served, with the version read.
+    pub served: Vec<(Source, &'static str)>,
 }
 
 impl ReadAll {
     /// The pools converted.
     pub fn imported(&self) -> Vec<Imported> {
         self.objects.iter().filter_map(|r| r.result.as_ref().ok().cloned()).collect()
+    }
+
+    /// What was read, to tell whether a later read differs.
+    pub fn fingerprint(&self) -> String {
+        let objects: Vec<String> = self.objects.iter().map(|r| format!("{}={:?}", r.pool_name, r.result)).collect();
+        format!("{objects:?}{:?}", self.source_notes)
     }
 }
 
@@ -69,15 +77,15 @@ fn not_found(error: &kube::Error) -> bool {
 
 /// List one source's pools: the newest version served; `None` when no version is (its CRD is
 /// not installed).
-async fn list(client: &kube::Client, source: Source) -> Result<Option<(String, Vec<DynamicObject>)>, ReadError> {
-    for version in source.versions() {
+async fn list(client: &kube::Client, source: Source) -> Result<Option<(&'static str, Vec<DynamicObject>)>, ReadError> {
+    for &version in source.versions() {
         let gvk = GroupVersionKind::gvk(source.group(), version, source.kind());
         let api: Api<DynamicObject> =
             Api::all_with(client.clone(), &ApiResource::from_gvk_with_plural(&gvk, source.plural()));
         // One page: more than the bound is refused below rather than paged through.
         let params = ListParams::default().limit(MAX_IMPORTED_POOLS as u32 + 1);
         match api.list(&params).await {
-            Ok(list) => return Ok(Some((format!("{}/{version}", source.group()), list.items))),
+            Ok(list) => return Ok(Some((version, list.items))),
             Err(e) if not_found(&e) => continue,
             Err(source_error) => {
                 return Err(ReadError::List { kind: source.kind(), group: source.group(), source: source_error });
@@ -92,7 +100,7 @@ async fn list(client: &kube::Client, source: Source) -> Result<Option<(String, V
 pub async fn read_all(client: &kube::Client, sources: &[Source]) -> Result<ReadAll, ReadError> {
     let mut all = ReadAll::default();
     for &source in sources {
-        let Some((api_version, mut items)) = list(client, source).await? else {
+        let Some((version, mut items)) = list(client, source).await? else {
             all.source_notes.push(format!(
                 "loadBalancer.importPools names {source} but no {} resource is served ({} CRD not installed); nothing imported from it",
                 source.kind(),
@@ -100,6 +108,8 @@ pub async fn read_all(client: &kube::Client, sources: &[Source]) -> Result<ReadA
             ));
             continue;
         };
+        all.served.push((source, version));
+        let api_version = format!("{}/{version}", source.group());
         if items.len() > MAX_IMPORTED_POOLS {
             items.truncate(MAX_IMPORTED_POOLS);
             all.source_notes.push(format!(
@@ -188,4 +198,93 @@ pub fn report(all: &ReadAll, outcomes: &BTreeMap<String, Outcome>, events: Optio
     }
     summary.push(')');
     summary
+}
+
+/// How long a burst of changes to the sources is gathered before they are read again.
+const SETTLE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Keep the imported pools current until `shutdown`: watch every source served at start
+/// (`first.served`) and, after each change, read all sources again as at start and apply what
+/// differs to the allocator, as an edit of a pool resource is applied. Addresses already
+/// assigned stay with their Services whatever happens to their pool.
+pub fn spawn(
+    client: kube::Client,
+    sources: Vec<Source>,
+    first: &ReadAll,
+    pools: std::sync::Arc<crate::pool_watch::PoolSources>,
+    allocator: std::sync::Arc<crate::ipam::Allocator>,
+    events: Option<EventSink>,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    let changed = std::sync::Arc::new(tokio::sync::Notify::new());
+    for &(source, version) in &first.served {
+        tokio::spawn(watch_source(client.clone(), source, version, changed.clone(), shutdown.clone()));
+    }
+    let last = first.fingerprint();
+    tokio::spawn(async move {
+        let mut last = last;
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = changed.notified() => {}
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(SETTLE) => {}
+            }
+            let read = match read_all(&client, &sources).await {
+                Ok(read) => read,
+                Err(error) => {
+                    // The pools in use stay; the next change (or the watch's relist) tries again.
+                    tracing::warn!(%error, "reading the imported pools again failed; keeping the ones in use");
+                    continue;
+                }
+            };
+            let fingerprint = read.fingerprint();
+            if fingerprint == last {
+                continue;
+            }
+            let outcomes = pools.set_imported(read.imported(), &sources);
+            let summary = report(&read, &outcomes, events.as_ref());
+            pools.set_import_summary(summary);
+            if let Some(rehomed) = pools.apply(&allocator) {
+                tracing::info!(
+                    pools = allocator.pools().len(),
+                    outside_pools = rehomed.outside_pools.len(),
+                    "imported load-balancer pools changed"
+                );
+            }
+            pools.changed.notify_one();
+            last = fingerprint;
+        }
+    });
+}
+
+/// Notify `changed` on every change of `source`'s objects (and on each relist).
+async fn watch_source(
+    client: kube::Client,
+    source: Source,
+    version: &'static str,
+    changed: std::sync::Arc<tokio::sync::Notify>,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let gvk = GroupVersionKind::gvk(source.group(), version, source.kind());
+    let api: Api<DynamicObject> = Api::all_with(client, &ApiResource::from_gvk_with_plural(&gvk, source.plural()));
+    let mut stream = watcher::watcher(api, watcher::Config::default()).default_backoff().boxed();
+    loop {
+        let event = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            e = stream.next() => e,
+        };
+        match event {
+            None => return,
+            Some(Err(error)) => {
+                tracing::warn!(%error, kind = source.kind(), "watching imported pools failed; retrying")
+            }
+            Some(Ok(watcher::Event::Init | watcher::Event::InitApply(_))) => {}
+            Some(Ok(_)) => changed.notify_one(),
+        }
+    }
 }

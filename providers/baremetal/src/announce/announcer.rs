@@ -54,6 +54,9 @@ pub struct AnnouncerSettings {
     pub lease_duration: Duration,
     /// How often this node renews its Lease.
     pub renew_interval: Duration,
+    /// How long an announcer (this one too) must have been alive before it takes part in
+    /// elections, so that announcers see each other's Leases before claiming anything.
+    pub settle: Duration,
     /// Where to publish the addresses this node advertises by BGP ([`super::bgp::advertised`]);
     /// `None` without BGP.
     pub bgp: Option<watch::Sender<BTreeSet<IpAddr>>>,
@@ -61,7 +64,7 @@ pub struct AnnouncerSettings {
 
 impl AnnouncerSettings {
     /// Defaults: a 6 s Lease renewed every 2 s (a crashed node's addresses move within 6 s; a
-    /// graceful stop moves them at once).
+    /// graceful stop moves them at once), and 2 s to settle.
     pub fn new(node: impl Into<String>, namespace: impl Into<String>) -> Self {
         Self {
             node: node.into(),
@@ -69,6 +72,7 @@ impl AnnouncerSettings {
             class: None,
             lease_duration: Duration::from_secs(6),
             renew_interval: Duration::from_secs(2),
+            settle: Duration::from_secs(2),
             bgp: None,
         }
     }
@@ -80,6 +84,9 @@ pub enum AnnounceError {
     /// The settings cannot work.
     #[error("announcer settings: {0}")]
     Settings(&'static str),
+    /// A watch the announcer needs ended before its first list.
+    #[error("the {0} watch ended before its first list")]
+    WatchEnded(&'static str),
 }
 
 /// The name of `node`'s announcer Lease: `l2-announcer-<node>`, or a digest of the node's name
@@ -117,13 +124,29 @@ pub async fn run(
     let slice_config = watcher::Config::default().labels(assign::SERVICE_NAME_LABEL);
     let slice_store = reflect(slices, slice_config, changed.clone(), &cancel);
 
+    // Nothing is claimed from empty caches: that would answer for every address at start.
+    let synced = async {
+        lease_store.wait_until_ready().await.map_err(|_| AnnounceError::WatchEnded("Lease"))?;
+        service_store.wait_until_ready().await.map_err(|_| AnnounceError::WatchEnded("Service"))?;
+        slice_store.wait_until_ready().await.map_err(|_| AnnounceError::WatchEnded("EndpointSlice"))
+    };
+    tokio::select! {
+        _ = cancel.cancelled() => {
+            owned.send_replace(BTreeSet::new());
+            return Ok(());
+        }
+        result = synced => if let Err(e) = result {
+            owned.send_replace(BTreeSet::new());
+            return Err(e);
+        },
+    }
     let name = lease_name(&settings.node);
     let mut liveness = Liveness::default();
     let mut current: BTreeMap<IpAddr, ServiceName> = BTreeMap::new();
     let mut renew = tokio::time::interval(settings.renew_interval);
     renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let expiry = liveness.next_expiry(Instant::now());
+        let expiry = liveness.next_change(Instant::now(), settings.settle);
         tokio::select! {
             _ = cancel.cancelled() => break,
             _ = renew.tick() => {
@@ -137,7 +160,7 @@ pub async fn run(
         let now = Instant::now();
         let views: Vec<LeaseView> = lease_store.state().iter().filter_map(|l| LeaseView::of(l)).collect();
         liveness.observe(&views, now);
-        let live = liveness.live(now);
+        let live = liveness.settled(now, settings.settle);
         let announced: BTreeMap<ServiceName, Announced> = service_store
             .state()
             .iter()

@@ -91,10 +91,15 @@ pub fn addresses_of(service: &Service, class: Option<&str>) -> Vec<IpAddr> {
 /// How long since each announcer's Lease last changed, on this node's clock: an announcer is
 /// alive while its Lease changed less than its duration ago (as client-go's leader election
 /// judges a Lease, so clock skew between nodes does not matter), and gone once deleted.
+///
+/// An announcer takes part in elections only once it has been alive for a settling time
+/// ([`Liveness::settled`]): a starting announcer then sees the Leases of the others (and they
+/// its) before it claims anything, so it never answers for an address another node holds, and
+/// announcers starting together never claim each other's addresses for a moment.
 #[derive(Debug, Default)]
 pub struct Liveness {
-    /// node -> (last renewTime seen, when it was seen to change, lease duration)
-    seen: HashMap<String, (String, Instant, Duration)>,
+    /// node -> (last renewTime seen, when it was seen to change, lease duration, alive since)
+    seen: HashMap<String, (String, Instant, Duration, Instant)>,
 }
 
 /// What the announcer reads from one Lease.
@@ -124,27 +129,50 @@ impl Liveness {
     pub fn observe(&mut self, leases: &[LeaseView], now: Instant) {
         let mut next = HashMap::with_capacity(leases.len());
         for lease in leases {
-            let changed_at = match self.seen.get(&lease.node) {
-                Some((renew, at, _)) if *renew == lease.renew_time => *at,
+            let previous = self.seen.get(&lease.node);
+            let changed_at = match previous {
+                Some((renew, at, _, _)) if *renew == lease.renew_time => *at,
                 _ => now,
             };
-            next.insert(lease.node.clone(), (lease.renew_time.clone(), changed_at, lease.duration));
+            // Alive without a break since then; a Lease that had gone stale starts again.
+            let since = match previous {
+                Some((_, at, duration, since)) if now.saturating_duration_since(*at) < *duration => *since,
+                _ => now,
+            };
+            next.insert(lease.node.clone(), (lease.renew_time.clone(), changed_at, lease.duration, since));
         }
         self.seen = next;
     }
 
     /// The announcers alive at `now`.
     pub fn live(&self, now: Instant) -> BTreeSet<String> {
+        self.settled(now, Duration::ZERO)
+    }
+
+    /// The announcers alive at `now` that have been alive for at least `settle`: those that
+    /// take part in elections.
+    pub fn settled(&self, now: Instant, settle: Duration) -> BTreeSet<String> {
         self.seen
             .iter()
-            .filter(|(_, (_, at, duration))| now.saturating_duration_since(*at) < *duration)
+            .filter(|(_, (_, at, duration, since))| {
+                now.saturating_duration_since(*at) < *duration && now.saturating_duration_since(*since) >= settle
+            })
             .map(|(node, _)| node.clone())
             .collect()
     }
 
     /// When the next live announcer expires, so the caller can look again then.
     pub fn next_expiry(&self, now: Instant) -> Option<Instant> {
-        self.seen.values().map(|(_, at, duration)| *at + *duration).filter(|at| *at > now).min()
+        self.next_change(now, Duration::ZERO)
+    }
+
+    /// When [`Liveness::settled`] can next change: an announcer expiring or settling.
+    pub fn next_change(&self, now: Instant, settle: Duration) -> Option<Instant> {
+        self.seen
+            .values()
+            .flat_map(|(_, at, duration, since)| [*at + *duration, *since + settle])
+            .filter(|at| *at > now)
+            .min()
     }
 }
 
@@ -243,6 +271,30 @@ mod tests {
         // a deletes its lease on a graceful stop: gone at once.
         liveness.observe(&[lease("b", "r1", 6)], t2);
         assert!(liveness.live(t2).is_empty());
+    }
+
+    #[test]
+    fn an_announcer_takes_part_only_after_settling_and_settles_again_after_going_stale() {
+        let settle = Duration::from_secs(2);
+        let t0 = Instant::now();
+        let mut liveness = Liveness::default();
+        liveness.observe(&[lease("a", "r1", 6)], t0);
+        assert!(liveness.settled(t0, settle).is_empty(), "just seen: not yet");
+        assert_eq!(liveness.next_change(t0, settle), Some(t0 + settle));
+        let t1 = t0 + Duration::from_secs(1);
+        liveness.observe(&[lease("a", "r2", 6), lease("b", "r1", 6)], t1);
+        assert!(liveness.settled(t1, settle).is_empty());
+        let t2 = t0 + settle;
+        assert_eq!(liveness.settled(t2, settle), BTreeSet::from(["a".to_string()]), "renewals keep a's start");
+        assert_eq!(liveness.next_change(t2, settle), Some(t1 + settle), "b settles next");
+        // a keeps renewing; b goes stale, then renews: it settles again from then.
+        liveness.observe(&[lease("a", "r3", 6), lease("b", "r1", 6)], t0 + Duration::from_secs(5));
+        let t3 = t1 + Duration::from_secs(7);
+        liveness.observe(&[lease("a", "r4", 6), lease("b", "r1", 6)], t3);
+        assert_eq!(liveness.settled(t3, settle), BTreeSet::from(["a".to_string()]), "b went stale");
+        liveness.observe(&[lease("a", "r4", 6), lease("b", "r2", 6)], t3);
+        assert_eq!(liveness.settled(t3, settle), BTreeSet::from(["a".to_string()]));
+        assert_eq!(liveness.settled(t3 + settle, settle).len(), 2);
     }
 
     #[test]

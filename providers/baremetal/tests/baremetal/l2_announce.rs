@@ -284,6 +284,7 @@ mod announcer_on_the_api_server {
         settings.class = Some(CLASS.into());
         settings.lease_duration = Duration::from_secs(2);
         settings.renew_interval = Duration::from_millis(500);
+        settings.settle = Duration::from_secs(1);
         let (tx, owned) = watch::channel(BTreeSet::new());
         let cancel = CancellationToken::new();
         let events = EventSink::spawn(client.clone(), Some(node.into()), cancel.clone());
@@ -323,6 +324,17 @@ mod announcer_on_the_api_server {
             let other = NODES.into_iter().find(|n| *n != owner).unwrap();
 
             let mut running: Vec<(&str, Running)> = NODES.iter().map(|n| (*n, start(&client, &namespace, n))).collect();
+            // Whatever the node that does not win ever claims while both start together.
+            let claimed_by_other = {
+                let mut rx = running.iter().find(|(n, _)| *n == other).unwrap().1.owned.clone();
+                tokio::spawn(async move {
+                    let mut claimed = BTreeSet::new();
+                    while tokio::time::timeout(Duration::from_secs(5), rx.changed()).await.is_ok_and(|r| r.is_ok()) {
+                        claimed.extend(rx.borrow_and_update().iter().copied());
+                    }
+                    claimed
+                })
+            };
             let wait = Duration::from_secs(20);
             for (node, r) in &running {
                 let want = if *node == owner { &both } else { &none };
@@ -335,8 +347,10 @@ mod announcer_on_the_api_server {
                 assert_eq!(lease.spec.unwrap().holder_identity.as_deref(), Some(node));
             }
             let events: Api<Event> = Api::namespaced(client.clone(), &namespace);
-            // Both announcers start at once, so the other may claim the addresses for the moment
-            // before it sees the owner's Lease (and say so); the owner's event must be there.
+            // Both announcers started at once; each waits to settle (1 s here) before claiming,
+            // by when it sees the other's Lease, so the other never claimed the addresses.
+            let claimed = claimed_by_other.await.unwrap();
+            assert!(claimed.is_empty(), "{other} claimed {claimed:?} while both started");
             let note = eventually("the owner's L2Announcing event on the Service", || async {
                 events.list(&ListParams::default()).await.ok()?.items.into_iter().find_map(|e| {
                     (e.reason.as_deref() == Some(L2_ANNOUNCING)
@@ -347,6 +361,10 @@ mod announcer_on_the_api_server {
             })
             .await;
             assert!(note.contains(owner) && note.contains(&format!("{v4} (ARP)")) && note.contains(&format!("{v6} (NDP)")), "{note}");
+            let others_events: Vec<String> = events.list(&ListParams::default()).await.unwrap().items.into_iter()
+                .filter_map(|e| e.note.filter(|n| n.contains(&format!("node {other} announces"))))
+                .collect();
+            assert!(others_events.is_empty(), "{other} announced at start: {others_events:?}");
 
             // Graceful stop: the Lease is deleted and the other node takes over at once.
             let position = running.iter().position(|(n, _)| *n == owner).unwrap();

@@ -186,6 +186,21 @@ e2e_apiserver::backend_tests! {
             "pool import ({}): {} Services kept their addresses, {writes} status writes to them, all synced in {:.2?}",
             cluster.backend().name(), before.len(), synced
         );
+
+        // An edit of a MetalLB pool is taken in without a restart: an address in the block it
+        // adds can be asked for.
+        metallb.patch("lan", &PatchParams::default(), &Patch::Merge(json!({"spec": {
+            "addresses": ["198.51.100.0/29", "198.51.100.64-198.51.100.65", "198.51.100.128/30"],
+        }}))).await.unwrap();
+        services.create(&pp, &lb_service(&ns, "m-added", 80, &[("metallb.io/loadBalancerIPs", "198.51.100.130")])).await.unwrap();
+        let added = eventually("the Service asking for an address of the added block gets it", || async {
+            ingress(&services.get("m-added").await.ok()?).first().map(|(ip, _)| ip.clone())
+        }).await;
+        assert_eq!(added, "198.51.100.130");
+        for (name, _, _, ip) in before {
+            let now: Vec<String> = ingress(&services.get(name).await.unwrap()).into_iter().map(|(ip, _)| ip).collect();
+            assert_eq!(now, [ip], "{name} kept its address through the pool edit");
+        }
         running.stop().await.unwrap();
 
         // Leave no cluster-wide object behind (the genuine server is shared by turns).
