@@ -1198,16 +1198,30 @@ fn with_uid(mut s: Service, uid: &str) -> Service {
     s
 }
 
-#[tokio::test]
-async fn manager_killed_mid_ensure_or_mid_delete_leaves_nothing_orphaned() {
-    let Some(moto) = Moto::start("manager_killed_mid_ensure").await else { return };
+/// moto with the world seeded, `count` instances as Ready Nodes, and a fault proxy in front.
+struct Seeded {
+    moto: Moto,
+    direct: Arc<AwsProvider>,
+    c: Clients,
+    nodes: Vec<Node>,
+    proxy: Proxy,
+}
+
+async fn seeded(test: &str, count: i32) -> Option<Seeded> {
+    let moto = Moto::start(test).await?;
     let direct = provider(&moto.url);
     let c = direct.clients().await.unwrap().clone();
     let w = seed(&c).await;
-    let inst = launch(&c, &w, 2).await;
-    let nodes: Vec<Node> = inst.iter().map(|(id, dns)| node(dns, Some(&pid(id)), Some("True"), vec![])).collect();
-    let refs: Vec<&Node> = nodes.iter().collect();
+    let inst = launch(&c, &w, count).await;
+    let nodes = inst.iter().map(|(id, dns)| node(dns, Some(&pid(id)), Some("True"), vec![])).collect();
     let proxy = Proxy::start(moto.port).await;
+    Some(Seeded { moto, direct, c, nodes, proxy })
+}
+
+#[tokio::test]
+async fn manager_killed_mid_ensure_or_mid_delete_leaves_nothing_orphaned() {
+    let Some(Seeded { moto, direct, c, nodes, proxy }) = seeded("manager_killed_mid_ensure", 2).await else { return };
+    let refs: Vec<&Node> = nodes.iter().collect();
 
     // How many requests an uninterrupted ensure makes.
     let probe = with_uid(lb_service("probe", &[(80, 30080), (443, 30443)]), "00000000-0000-0000-0000-000000000000");
@@ -1782,14 +1796,8 @@ fn actions_since(proxy: &Proxy, from: usize) -> BTreeMap<String, usize> {
 
 #[tokio::test]
 async fn a_sync_makes_as_many_calls_beside_thirty_load_balancers_as_beside_none_after_one_scan() {
-    let Some(moto) = Moto::start("sync_calls_flat").await else { return };
-    let direct = provider(&moto.url);
-    let c = direct.clients().await.unwrap().clone();
-    let w = seed(&c).await;
-    let inst = launch(&c, &w, 2).await;
-    let nodes: Vec<Node> = inst.iter().map(|(id, dns)| node(dns, Some(&pid(id)), Some("True"), vec![])).collect();
+    let Some(Seeded { moto: _moto, direct, c, nodes, proxy }) = seeded("sync_calls_flat", 2).await else { return };
     let refs: Vec<&Node> = nodes.iter().collect();
-    let proxy = Proxy::start(moto.port).await;
     let p = proxied(&proxy.url, 3);
     let web = with_uid(lb_service("web", &[(80, 30080)]), "00000000-0000-0000-0002-000000000000");
     p.ensure_load_balancer(CLUSTER, &web, &refs).await.unwrap();

@@ -247,14 +247,7 @@ pub fn spawn(
             let outcomes = pools.set_imported(read.imported(), &sources);
             let summary = report(&read, &outcomes, events.as_ref());
             pools.set_import_summary(summary);
-            if let Some(rehomed) = pools.apply(&allocator) {
-                tracing::info!(
-                    pools = allocator.pools().len(),
-                    outside_pools = rehomed.outside_pools.len(),
-                    "imported load-balancer pools changed"
-                );
-            }
-            pools.changed.notify_one();
+            pools.apply_and_wake(&allocator, "imported load-balancer pools changed");
             last = fingerprint;
         }
     });

@@ -110,6 +110,14 @@ impl PoolSources {
         self.lock().resources.values().cloned().collect()
     }
 
+    /// [`PoolSources::apply`], log `what` when the pools changed, and wake the status writer.
+    pub fn apply_and_wake(&self, allocator: &Allocator, what: &str) {
+        if let Some(report) = self.apply(allocator) {
+            tracing::info!(pools = allocator.pools().len(), outside_pools = report.outside_pools.len(), "{what}");
+        }
+        self.changed.notify_one();
+    }
+
     /// Give the allocator the merged pools when they differ from its own; `None` when equal.
     pub fn apply(&self, allocator: &Allocator) -> Option<RehomeReport> {
         let merged = self.merged();
@@ -194,15 +202,8 @@ async fn watch_pools(
             Some(Ok(Event::Delete(pool))) => seen.retain(|p| p.name_any() != pool.name_any()),
         }
         sources.set_resources(seen);
-        if let Some(report) = sources.apply(&allocator) {
-            tracing::info!(
-                pools = allocator.pools().len(),
-                outside_pools = report.outside_pools.len(),
-                "load-balancer pools changed"
-            );
-        }
         // A status write of ours comes back here too: the writer compares before writing.
-        sources.changed.notify_one();
+        sources.apply_and_wake(&allocator, "load-balancer pools changed");
     }
 }
 
