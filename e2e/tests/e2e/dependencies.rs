@@ -390,15 +390,26 @@ fn check(policy: &Policy, packages: &[Package]) -> (Vec<Violation>, BTreeMap<Str
     (violations, versions)
 }
 
-/// The resolved graph, every feature on (deny.toml's `[graph] all-features`), from Cargo.lock
-/// without network.
+/// The resolved graph, every feature on (deny.toml's `[graph] all-features`), from Cargo.lock.
+/// Offline first; a fresh machine has only the host's crates downloaded (the graph names every
+/// target's), so on a miss the locked crates are fetched from their registry once and it is read
+/// again offline.
 fn workspace_packages() -> Vec<Package> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--locked", "--offline", "--all-features"])
-        .current_dir(root())
-        .output()
-        .expect("cargo metadata runs");
+    let metadata = || {
+        Command::new(&cargo)
+            .args(["metadata", "--format-version", "1", "--locked", "--offline", "--all-features"])
+            .current_dir(root())
+            .output()
+            .expect("cargo metadata runs")
+    };
+    let mut out = metadata();
+    if !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--offline was specified") {
+        let fetched =
+            Command::new(&cargo).args(["fetch", "--locked"]).current_dir(root()).output().expect("cargo fetch runs");
+        assert!(fetched.status.success(), "cargo fetch --locked failed: {}", String::from_utf8_lossy(&fetched.stderr));
+        out = metadata();
+    }
     assert!(out.status.success(), "cargo metadata failed: {}", String::from_utf8_lossy(&out.stderr));
     let metadata: Value = serde_json::from_slice(&out.stdout).expect("cargo metadata prints JSON");
     metadata["packages"]
