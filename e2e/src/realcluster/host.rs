@@ -59,18 +59,8 @@ impl Snapshot {
     /// Reads the host now.
     pub fn take() -> Snapshot {
         let sysctls = SYSCTLS.iter().filter_map(|k| sysctl(k).map(|v| format!("{k} {v}"))).collect();
-        let mut chains = BTreeSet::new();
-        for tool in ["iptables-save", "ip6tables-save"] {
-            let mut table = String::new();
-            for line in output(tool, &[]).lines() {
-                if let Some(t) = line.strip_prefix('*') {
-                    table = t.to_string();
-                } else if let Some(chain) = line.strip_prefix(':') {
-                    let name = chain.split_whitespace().next().unwrap_or_default();
-                    chains.insert(format!("{tool} {table} {name}"));
-                }
-            }
-        }
+        let chains =
+            ["iptables-save", "ip6tables-save"].into_iter().flat_map(|t| chains_of(t, &output(t, &[]))).collect();
         let forward_rules = output("iptables", &["-w", "-S", "FORWARD"]).lines().map(str::to_string).collect();
         let mounts = std::fs::read_to_string("/proc/self/mountinfo")
             .unwrap_or_default()
@@ -99,6 +89,30 @@ impl Snapshot {
     }
 }
 
+/// The chains in `tool`'s output (`iptables-save` format) as `tool table chain`. A built-in
+/// chain counts only with a policy other than ACCEPT: a table the kernel created on first use
+/// (a fresh host has none until something touches it) holds only built-in chains at ACCEPT,
+/// which is the same as no table, and a table cannot be unloaded. User chains always count, and
+/// a built-in chain's changed policy shows as `chain POLICY`.
+pub fn chains_of(tool: &str, save: &str) -> BTreeSet<String> {
+    let mut chains = BTreeSet::new();
+    let mut table = "";
+    for line in save.lines() {
+        if let Some(t) = line.strip_prefix('*') {
+            table = t;
+        } else if let Some(chain) = line.strip_prefix(':') {
+            let mut parts = chain.split_whitespace();
+            let name = parts.next().unwrap_or_default();
+            match parts.next().unwrap_or("-") {
+                "-" => chains.insert(format!("{tool} {table} {name}")),
+                "ACCEPT" => false,
+                policy => chains.insert(format!("{tool} {table} {name} {policy}")),
+            };
+        }
+    }
+    chains
+}
+
 /// Pids of live processes whose command line contains `needle`.
 pub fn processes_mentioning(needle: &str) -> Vec<(u32, String)> {
     let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
@@ -121,6 +135,18 @@ mod tests {
 
     fn set(items: &[&str]) -> BTreeSet<String> {
         items.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_table_created_with_only_its_built_in_chains_at_accept_is_no_change() {
+        let fresh = chains_of("iptables-save", "");
+        let loaded = "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\nCOMMIT\n";
+        assert_eq!(chains_of("iptables-save", loaded), fresh);
+        let touched = "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD DROP [0:0]\n:KUBE-FORWARD - [0:0]\nCOMMIT\n";
+        assert_eq!(
+            chains_of("iptables-save", touched),
+            set(&["iptables-save filter FORWARD DROP", "iptables-save filter KUBE-FORWARD"])
+        );
     }
 
     #[test]
