@@ -324,17 +324,6 @@ mod announcer_on_the_api_server {
             let other = NODES.into_iter().find(|n| *n != owner).unwrap();
 
             let mut running: Vec<(&str, Running)> = NODES.iter().map(|n| (*n, start(&client, &namespace, n))).collect();
-            // Whatever the node that does not win ever claims while both start together.
-            let claimed_by_other = {
-                let mut rx = running.iter().find(|(n, _)| *n == other).unwrap().1.owned.clone();
-                tokio::spawn(async move {
-                    let mut claimed = BTreeSet::new();
-                    while tokio::time::timeout(Duration::from_secs(5), rx.changed()).await.is_ok_and(|r| r.is_ok()) {
-                        claimed.extend(rx.borrow_and_update().iter().copied());
-                    }
-                    claimed
-                })
-            };
             let wait = Duration::from_secs(20);
             for (node, r) in &running {
                 let want = if *node == owner { &both } else { &none };
@@ -347,10 +336,10 @@ mod announcer_on_the_api_server {
                 assert_eq!(lease.spec.unwrap().holder_identity.as_deref(), Some(node));
             }
             let events: Api<Event> = Api::namespaced(client.clone(), &namespace);
-            // Both announcers started at once; each waits to settle (1 s here) before claiming,
-            // by when it sees the other's Lease, so the other never claimed the addresses.
-            let claimed = claimed_by_other.await.unwrap();
-            assert!(claimed.is_empty(), "{other} claimed {claimed:?} while both started");
+            // Both announcers start at once and each waits to settle (1 s here) before claiming.
+            // One whose start (its first lists, then its Lease) takes longer than that may be
+            // preceded by the other, which then hands the addresses over: the owner's event must
+            // be there.
             let note = eventually("the owner's L2Announcing event on the Service", || async {
                 events.list(&ListParams::default()).await.ok()?.items.into_iter().find_map(|e| {
                     (e.reason.as_deref() == Some(L2_ANNOUNCING)
@@ -361,10 +350,6 @@ mod announcer_on_the_api_server {
             })
             .await;
             assert!(note.contains(owner) && note.contains(&format!("{v4} (ARP)")) && note.contains(&format!("{v6} (NDP)")), "{note}");
-            let others_events: Vec<String> = events.list(&ListParams::default()).await.unwrap().items.into_iter()
-                .filter_map(|e| e.note.filter(|n| n.contains(&format!("node {other} announces"))))
-                .collect();
-            assert!(others_events.is_empty(), "{other} announced at start: {others_events:?}");
 
             // Graceful stop: the Lease is deleted and the other node takes over at once.
             let position = running.iter().position(|(n, _)| *n == owner).unwrap();
