@@ -307,12 +307,17 @@ impl BaremetalProvider {
         }
     }
 
-    fn ip_mode(&self) -> &'static str {
+    /// Whether this manager's data path carries traffic (`loadBalancer.mode: proxy`).
+    fn proxy_on(&self) -> bool {
         #[cfg(feature = "datapath")]
-        if self.proxy.is_some() {
-            return proxy::IP_MODE_PROXY;
-        }
-        IP_MODE
+        return self.proxy.is_some();
+        #[cfg(not(feature = "datapath"))]
+        false
+    }
+
+    /// The `ipMode` of `service`; an invalid annotation is an `InvalidAnnotation` refusal.
+    fn ip_mode_of(&self, service: &Service) -> CloudResult<proxy::IpMode> {
+        proxy::ip_mode_of(service, self.proxy_on()).map_err(|m| CloudError::refused(Refusal::InvalidAnnotation, m))
     }
 
     /// Bring the kube-vip annotation to `ips` (none removes it), when the switch is on.
@@ -325,8 +330,8 @@ impl BaremetalProvider {
         proxy::sync_kube_vip(&client, service, value.as_deref()).await
     }
 
-    fn status(&self, ips: &[IpAddr]) -> LoadBalancerStatus {
-        let ip_mode = self.ip_mode();
+    fn status(&self, ips: &[IpAddr], ip_mode: proxy::IpMode) -> LoadBalancerStatus {
+        let ip_mode = ip_mode.as_str();
         LoadBalancerStatus {
             ingress: Some(
                 ips.iter()
@@ -519,7 +524,9 @@ impl LoadBalancer for BaremetalProvider {
         service: &Service,
     ) -> CloudResult<Option<LoadBalancerStatus>> {
         let key = ServiceKey::of(service);
-        Ok(self.allocator.assigned(&key, &service.metadata.uid).map(|ips| self.status(&ips)))
+        // An invalid annotation is reported by the ensure that follows; the default stands in.
+        let mode = self.ip_mode_of(service).unwrap_or(if self.proxy_on() { proxy::IpMode::Proxy } else { proxy::IpMode::Vip });
+        Ok(self.allocator.assigned(&key, &service.metadata.uid).map(|ips| self.status(&ips, mode)))
     }
 
     async fn ensure_load_balancer(
@@ -528,6 +535,8 @@ impl LoadBalancer for BaremetalProvider {
         service: &Service,
         nodes: &[&Node],
     ) -> CloudResult<LoadBalancerStatus> {
+        // Before any address is taken: a Service refused for its annotation holds none.
+        let mode = self.ip_mode_of(service)?;
         let mut request = ipam::request_for(service).map_err(|e| self.cloud_error(e))?;
         if self.pool_resources {
             request.namespace_labels = self.pools.namespace_labels(&request.key.namespace);
@@ -538,18 +547,23 @@ impl LoadBalancer for BaremetalProvider {
         self.check_ports(service, &ips, nodes)?;
         #[cfg(feature = "datapath")]
         if let Some(proxy) = &self.proxy {
-            proxy.ensure(service, nodes, &ips)?;
+            match mode {
+                proxy::IpMode::Proxy => proxy.ensure(service, nodes, &ips)?,
+                // Switched to VIP (or always was): the data path lets go of its listeners.
+                proxy::IpMode::Vip => proxy.remove(service),
+            }
         }
         #[cfg(not(feature = "datapath"))]
         let _ = nodes;
         self.sync_kube_vip(service, Some(&ips)).await?;
-        Ok(self.status(&ips))
+        Ok(self.status(&ips, mode))
     }
 
     async fn update_load_balancer(&self, _cluster_name: &str, service: &Service, nodes: &[&Node]) -> CloudResult<()> {
         // Address mode: backends are whatever the announcer and kube-proxy route to.
         #[cfg(feature = "datapath")]
         if let Some(proxy) = &self.proxy
+            && self.ip_mode_of(service)? == proxy::IpMode::Proxy
             && let Some(ips) = self.allocator.assigned(&ServiceKey::of(service), &service.metadata.uid)
         {
             // A Node change can make the pool one holding node addresses.

@@ -44,6 +44,49 @@ pub const FIELD_MANAGER: &str = "ccm-baremetal-provider";
 /// `ipMode` reported in proxy mode: traffic reaches the backends through this proxy.
 pub const IP_MODE_PROXY: &str = "Proxy";
 
+/// The annotation choosing one Service's `ipMode`: `VIP` or `Proxy`.
+pub const IP_MODE_ANNOTATION: &str = "ccm.rs/ip-mode";
+
+/// The `ipMode` a Service's ingress gets, and so who carries its traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IpMode {
+    /// kube-proxy on the node an announcer draws the traffic to (or a router) delivers it.
+    Vip,
+    /// The leader's data path carries it.
+    Proxy,
+}
+
+impl IpMode {
+    /// The value of `status.loadBalancer.ingress[].ipMode`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IpMode::Vip => crate::IP_MODE,
+            IpMode::Proxy => IP_MODE_PROXY,
+        }
+    }
+}
+
+/// The `ipMode` of `service`: its [`IP_MODE_ANNOTATION`] when set, else `Proxy` with the data
+/// path on (`proxy_on`) and `VIP` without. Asking `Proxy` without the data path, or another
+/// value, is an error naming the annotation (never echoing the value).
+pub fn ip_mode_of(service: &Service, proxy_on: bool) -> Result<IpMode, String> {
+    let asked = service.metadata.annotations.as_ref().and_then(|a| a.get(IP_MODE_ANNOTATION));
+    match asked.map(|v| v.trim()) {
+        None => Ok(if proxy_on { IpMode::Proxy } else { IpMode::Vip }),
+        Some(v) if v.eq_ignore_ascii_case(crate::IP_MODE) => Ok(IpMode::Vip),
+        Some(v) if v.eq_ignore_ascii_case(IP_MODE_PROXY) => {
+            if proxy_on {
+                Ok(IpMode::Proxy)
+            } else {
+                Err(format!(
+                    "annotation {IP_MODE_ANNOTATION}: Proxy needs loadBalancer.mode: proxy in the cloud-config (this manager only assigns addresses)"
+                ))
+            }
+        }
+        Some(_) => Err(format!("annotation {IP_MODE_ANNOTATION}: must be VIP or Proxy")),
+    }
+}
+
 /// How long a Service waits when one of its listeners cannot be opened.
 #[cfg(feature = "datapath")]
 const BIND_RETRY: Duration = Duration::from_secs(5);
@@ -568,6 +611,27 @@ mod tests {
         assert_eq!(backends_transition(false, [Unknown]), (false, None), "not checked yet is not unhealthy");
         assert_eq!(backends_transition(false, []), (false, None), "no backends is another problem");
         assert_eq!(backends_transition(true, []), (false, Some(BackendsTransition::Recovered)));
+    }
+
+    #[test]
+    fn a_services_ip_mode_follows_its_annotation_and_proxy_needs_the_data_path() {
+        let with = |value: &str| {
+            let mut s = Service::default();
+            s.metadata.annotations = Some([(IP_MODE_ANNOTATION.to_string(), value.to_string())].into());
+            s
+        };
+        assert_eq!(ip_mode_of(&Service::default(), true), Ok(IpMode::Proxy), "the data path's default");
+        assert_eq!(ip_mode_of(&Service::default(), false), Ok(IpMode::Vip), "the address mode's default");
+        assert_eq!(ip_mode_of(&with("VIP"), true), Ok(IpMode::Vip), "one Service left to kube-proxy");
+        assert_eq!(ip_mode_of(&with(" vip "), false), Ok(IpMode::Vip));
+        assert_eq!(ip_mode_of(&with("Proxy"), true), Ok(IpMode::Proxy));
+        let refused = ip_mode_of(&with("Proxy"), false).unwrap_err();
+        assert!(refused.contains(IP_MODE_ANNOTATION) && refused.contains("loadBalancer.mode: proxy"), "{refused}");
+        let secret = "Tunnel-s3cret";
+        let invalid = ip_mode_of(&with(secret), true).unwrap_err();
+        assert!(invalid.contains("must be VIP or Proxy") && !invalid.contains(secret), "{invalid}");
+        assert_eq!(IpMode::Vip.as_str(), "VIP");
+        assert_eq!(IpMode::Proxy.as_str(), "Proxy");
     }
 
     #[test]

@@ -174,6 +174,23 @@ async fn load_balancers_get_vip_ingress_and_are_released_on_delete() {
 }
 
 #[tokio::test]
+async fn asking_proxy_without_the_data_path_is_an_invalid_annotation_and_takes_no_address() {
+    let p = provider(INVENTORY);
+    p.restore_services(&[]);
+    let mut svc = service("web");
+    svc.metadata.annotations = Some([(proxy::IP_MODE_ANNOTATION.to_string(), "Proxy".to_string())].into());
+    let err = p.ensure_load_balancer("kubernetes", &svc, &[]).await.unwrap_err();
+    assert!(
+        matches!(&err, CloudError::Refused { reason: Refusal::InvalidAnnotation, message } if message.contains("loadBalancer.mode: proxy")),
+        "{err:?}"
+    );
+    assert_eq!(p.get_load_balancer("kubernetes", &svc).await.unwrap(), None, "no address was taken");
+    svc.metadata.annotations = Some([(proxy::IP_MODE_ANNOTATION.to_string(), "VIP".to_string())].into());
+    let status = p.ensure_load_balancer("kubernetes", &svc, &[]).await.unwrap();
+    assert_eq!(status.ingress.unwrap()[0].ip_mode.as_deref(), Some("VIP"));
+}
+
+#[tokio::test]
 async fn exhaustion_is_a_pool_exhausted_refusal_naming_the_usage() {
     let p = provider(INVENTORY);
     p.restore_services(&[]);

@@ -364,4 +364,56 @@ e2e_apiserver::backend_tests! {
         assert!(ingress(&services.get("low").await.unwrap()).is_empty(), "no address reported");
         running.stop().await.unwrap();
     }
+
+    /// `ccm.rs/ip-mode` per Service (issue 27 item 4): in proxy mode a Service annotated `VIP`
+    /// gets `ipMode: VIP` and no listener (kube-proxy and an announcer carry it), while its
+    /// neighbour stays proxied; switching it to `Proxy` opens its listener, back to `VIP` closes
+    /// it, and the address stays throughout.
+    async fn one_service_may_leave_the_proxy_for_vip_and_come_back_keeping_its_address(backend) {
+        use ccm_provider_baremetal::proxy::IP_MODE_ANNOTATION;
+        let cluster = TestCluster::start(backend).await.unwrap();
+        let b = block(&cluster, 47);
+        let ns = cluster.fresh_namespace("bm-proxy").await.unwrap();
+        let services: Api<Service> = Api::namespaced(cluster.client(), &ns);
+        let (vip_np, proxied_np) = (node_port(b, 0), node_port(b, 1));
+        two_nodes(&cluster, b, &[vip_np, proxied_np]).await;
+        let provider = provider(&config(b, ""));
+        let running = start(&cluster, provider.clone()).await;
+        let mut vip = service("vip", &[(8080, vip_np)]);
+        vip.metadata.annotations = Some([(IP_MODE_ANNOTATION.to_string(), "VIP".to_string())].into());
+        services.create(&PostParams::default(), &vip).await.unwrap();
+        services.create(&PostParams::default(), &service("proxied", &[(8080, proxied_np)])).await.unwrap();
+        let (vip_ip, mode) = wait_for_ingress(&services, "vip").await;
+        assert_eq!(mode.as_deref(), Some("VIP"));
+        let (proxied_ip, mode) = wait_for_ingress(&services, "proxied").await;
+        assert_eq!(mode.as_deref(), Some("Proxy"));
+        eventually("the proxied Service answers", || greeting(SocketAddr::new(proxied_ip.parse().unwrap(), 8080))).await;
+        let data_path = provider.data_path().expect("the data path runs");
+        let vip_key = format!("{ns}/vip");
+        assert!(data_path.listeners(&vip_key).is_empty(), "no listener for a VIP Service");
+
+        let set_mode = |mode: &'static str| {
+            let services = services.clone();
+            async move {
+                let patch = json!({"metadata": {"annotations": {IP_MODE_ANNOTATION: mode}}});
+                services.patch("vip", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+            }
+        };
+        let mode_of = |want: &'static str| {
+            let services = services.clone();
+            async move {
+                let s = services.get("vip").await.ok()?;
+                let (ip, mode) = ingress(&s).into_iter().next()?;
+                (mode.as_deref() == Some(want)).then_some(ip)
+            }
+        };
+        set_mode("Proxy").await;
+        assert_eq!(eventually("vip reports Proxy", || mode_of("Proxy")).await, vip_ip, "the address stays");
+        eventually("vip answers through the proxy", || greeting(SocketAddr::new(vip_ip.parse().unwrap(), 8080))).await;
+        set_mode("VIP").await;
+        assert_eq!(eventually("vip reports VIP again", || mode_of("VIP")).await, vip_ip, "the address stays");
+        eventually("the proxy let go of vip", || async { data_path.listeners(&vip_key).is_empty().then_some(()) }).await;
+        assert!(greeting(SocketAddr::new(proxied_ip.parse().unwrap(), 8080)).await.is_some(), "the neighbour is untouched");
+        running.stop().await.unwrap();
+    }
 }
