@@ -38,6 +38,15 @@ COPY --from=builder /out/ccm-operator /out/cloud-controller-manager /usr/local/b
 # The distroless "nonroot" user, numeric so runAsNonRoot can verify it.
 USER 65532:65532
 
+# BIRD for spec.announcer.bgp (the chart's announcer.birdImage): Debian's bird2 and the shell
+# the sidecar waits for its config with. The pod sets the user (the announcer's).
+#   docker build --target bird -t ghcr.io/ccm-rs/bird:2 .
+FROM debian:bookworm-slim AS bird
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends bird2 \
+ && rm -rf /var/lib/apt/lists/*
+ENTRYPOINT ["bird"]
+
 FROM runtime AS cloud-controller-manager
 # Upstream's secure port: /healthz, /livez, /readyz and /metrics.
 EXPOSE 10258

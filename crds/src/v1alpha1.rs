@@ -116,6 +116,12 @@ pub struct CloudControllerManagerSpec {
     #[serde(default)]
     pub deployment: DeploymentSettings,
 
+    /// Per-node announcers of the `baremetal` provider's addresses (docs/l2-announcement.md): a
+    /// DaemonSet answering ARP/NDP (`l2`) and, with `bgp`, a BIRD sidecar advertising them. The
+    /// operator must allow it (the chart's `announcer.enabled`); Deployment and DaemonSet modes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub announcer: Option<Announcer>,
+
     /// Extra arguments appended to the manager's command line.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64), inner(length(max = 4096)))]
@@ -334,6 +340,35 @@ impl Default for DeploymentSettings {
             priority_class_name: default_priority_class(),
             host_network: true,
         }
+    }
+}
+
+/// The message when an announcer announces nothing.
+pub const ANNOUNCER_NOTHING_MESSAGE: &str = "announcer: set l2, bgp or both to true";
+
+/// The per-node announcer DaemonSet of the `baremetal` provider. Which interfaces and peers it
+/// uses comes from the cloud-config's `loadBalancer.announcement`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new("self.l2 || self.bgp").message(ANNOUNCER_NOTHING_MESSAGE))]
+pub struct Announcer {
+    /// Answer ARP and NDP for the addresses (`loadBalancer.announcement.l2`): the announcer
+    /// container gets `NET_RAW`, its only capability.
+    #[serde(default = "default_true")]
+    pub l2: bool,
+    /// Advertise the addresses over BGP (`loadBalancer.announcement.bgp`) through a BIRD
+    /// sidecar (`NET_BIND_SERVICE` only), from the image the operator is configured with.
+    #[serde(default)]
+    pub bgp: bool,
+    /// Nodes that announce (default: every node; the announcers tolerate every taint).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("maxProperties" = 32))]
+    pub node_selector: Option<BTreeMap<String, String>>,
+}
+
+impl Default for Announcer {
+    fn default() -> Self {
+        Self { l2: true, bgp: false, node_selector: None }
     }
 }
 

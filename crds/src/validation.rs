@@ -352,6 +352,20 @@ pub fn validate_spec(spec: &CloudControllerManagerSpec) -> Result<(), InvalidSpe
         errors.push("spec.deployment.tolerations", messages::too_many(tolerations.len(), limits::TOLERATIONS));
     }
 
+    if let Some(announcer) = &spec.announcer {
+        if !announcer.l2 && !announcer.bgp {
+            errors.push("spec.announcer", messages::cel("object", crate::v1alpha1::ANNOUNCER_NOTHING_MESSAGE));
+        }
+        if let Some(selector) = &announcer.node_selector
+            && selector.len() > limits::NODE_SELECTOR
+        {
+            errors.push(
+                "spec.announcer.nodeSelector",
+                messages::too_many_properties(selector.len(), limits::NODE_SELECTOR),
+            );
+        }
+    }
+
     if spec.extra_args.len() > limits::EXTRA_ARGS {
         errors.push("spec.extraArgs", messages::too_many(spec.extra_args.len(), limits::EXTRA_ARGS));
     } else {

@@ -1,11 +1,20 @@
 //! What the benchmark drivers (`src/bin/bench-*.rs`) share: the backend choice, process
-//! measurements and guards, and the API server's write limit measured the same way for every
-//! kind. Results and commands: `docs/benchmarks.md`.
+//! measurements and guards, the manager as a child process, creating objects at a bounded
+//! concurrency, and the API server's write limit measured the same way for every kind.
+//! Results and commands: `docs/benchmarks.md`.
 
 use std::future::Future;
-use std::process::Child;
-use std::time::Instant;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
+use ccm_framework::cache::{CacheWriter, run_watch};
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{Api, PostParams};
+use kube::runtime::watcher;
 use tokio::task::JoinSet;
 
 /// The drivers' error: anything, with its message.
@@ -24,6 +33,18 @@ pub enum BackendArg {
 pub fn proc_status_kib(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status.lines().find(|l| l.starts_with(field))?.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// CPU time (user + system, every thread) of process `pid` in seconds, from
+/// `/proc/<pid>/stat` in USER_HZ ticks (100 per second on Linux); Linux only.
+pub fn proc_cpu_secs(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command name (which may hold spaces), field 3 is the state; utime and stime
+    // are fields 14 and 15.
+    let mut fields = stat.rsplit_once(')')?.1.split_whitespace().skip(11);
+    let user: u64 = fields.next()?.parse().ok()?;
+    let system: u64 = fields.next()?.parse().ok()?;
+    Some((user + system) as f64 / 100.0)
 }
 
 /// Kills and reaps a child process when dropped, so a driver that fails leaves none behind.
@@ -105,4 +126,182 @@ pub fn terminate(child: &mut std::process::Child, grace: std::time::Duration) {
     }
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// Whether the Service has at least one load-balancer ingress in its status.
+pub fn has_ingress(s: &Service) -> bool {
+    s.status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|l| l.ingress.as_ref())
+        .is_some_and(|i| !i.is_empty())
+}
+
+/// Create `count` objects made by `make(i)` with `in_flight` requests at a time, as
+/// `field_manager`; seconds taken.
+pub async fn create_all<K, F>(
+    api: &Api<K>,
+    field_manager: &str,
+    count: usize,
+    in_flight: usize,
+    make: F,
+) -> Result<f64, BoxError>
+where
+    K: kube::Resource
+        + Clone
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+    F: Fn(usize) -> K,
+{
+    let started = Instant::now();
+    let post = PostParams { field_manager: Some(field_manager.into()), ..Default::default() };
+    let mut tasks = JoinSet::new();
+    for i in 0..count {
+        if tasks.len() >= in_flight.max(1)
+            && let Some(done) = tasks.join_next().await
+        {
+            done??;
+        }
+        let (api, object, post) = (api.clone(), make(i), post.clone());
+        tasks.spawn(async move { api.create(&post, &object).await.map(|_| ()) });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done??;
+    }
+    Ok(started.elapsed().as_secs_f64())
+}
+
+/// Feed `writer` from a watch on `api`; the returned guard stops it when dropped.
+pub fn watch(api: Api<Service>, writer: CacheWriter<Service>) -> AbortOnDrop {
+    AbortOnDrop(tokio::spawn(run_watch(api, watcher::Config::default(), writer, Default::default())))
+}
+
+/// Aborts a task when dropped, so a failed phase leaves no watch behind.
+pub struct AbortOnDrop(pub tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// A free TCP port on loopback (free when asked; the manager binds it next).
+pub fn free_port() -> Result<u16, BoxError> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// GET `path` from the manager's HTTPS endpoint (its self-signed certificate not verified).
+pub async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let r = ccm_framework::serving::probe::get(addr, path, None, Duration::from_secs(5)).await?;
+    Some((r.status, r.body))
+}
+
+/// The manager process, its RSS sampled every 100 ms; dropping it kills the process, so a
+/// failed phase leaves none behind.
+pub struct ManagerProcess {
+    child: Child,
+    port: u16,
+    peak_rss_kib: Arc<AtomicU64>,
+    stop_sampling: Arc<AtomicBool>,
+    stopped: bool,
+}
+
+impl ManagerProcess {
+    /// Start `command` plus `extra` (split on whitespace), with `{kubeconfig}`,
+    /// `{cloud_config}` and `{port}` (a free port) substituted; stderr goes to `log`.
+    pub fn spawn(
+        command: &str,
+        extra: &str,
+        kubeconfig: &Path,
+        cloud_config: &Path,
+        log: &Path,
+    ) -> Result<Self, BoxError> {
+        let port = free_port()?;
+        let line = command
+            .replace("{kubeconfig}", &kubeconfig.display().to_string())
+            .replace("{cloud_config}", &cloud_config.display().to_string())
+            .replace("{port}", &port.to_string());
+        let mut words = line.split_whitespace().chain(extra.split_whitespace());
+        let program = words.next().ok_or("empty manager command line")?;
+        let child = Command::new(program)
+            .args(words)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log)?)
+            .spawn()
+            .map_err(|e| format!("starting {program}: {e}"))?;
+        let peak = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (pid, p, s) = (child.id(), peak.clone(), stop.clone());
+        tokio::spawn(async move {
+            while !s.load(Ordering::Relaxed) {
+                if let Some(kib) = proc_status_kib(pid, "VmRSS:") {
+                    p.fetch_max(kib, Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        Ok(Self { child, port, peak_rss_kib: peak, stop_sampling: stop, stopped: false })
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The manager's `/metrics` text (empty when unreachable).
+    pub async fn metrics(&self) -> String {
+        http_get(self.port, "/metrics").await.map(|(_, b)| b).unwrap_or_default()
+    }
+
+    /// An error when the manager has exited.
+    pub fn check_running(&mut self) -> Result<(), BoxError> {
+        match self.child.try_wait()? {
+            Some(status) => Err(format!("manager exited with {status}").into()),
+            None => Ok(()),
+        }
+    }
+
+    /// Wait until `/healthz` answers 200, at most `timeout`.
+    pub async fn wait_healthy(&mut self, timeout: Duration) -> Result<(), BoxError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.check_running()?;
+            if http_get(self.port, "/healthz").await.is_some_and(|(code, _)| code == 200) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err("manager did not become healthy".into());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Stop the manager (SIGTERM, then SIGKILL after 10 s); its peak RSS in MiB.
+    pub fn stop(&mut self) -> f64 {
+        if !self.stopped {
+            self.stopped = true;
+            self.stop_sampling.store(true, Ordering::Relaxed);
+            // The kernel's high-water mark catches peaks between samples.
+            if let Some(hwm) = proc_status_kib(self.child.id(), "VmHWM:") {
+                self.peak_rss_kib.fetch_max(hwm, Ordering::Relaxed);
+            }
+            terminate(&mut self.child, Duration::from_secs(10));
+        }
+        self.peak_rss_kib.load(Ordering::Relaxed) as f64 / 1024.0
+    }
+}
+
+impl Drop for ManagerProcess {
+    fn drop(&mut self) {
+        if !self.stopped {
+            self.stop_sampling.store(true, Ordering::Relaxed);
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
 }

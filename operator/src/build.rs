@@ -4,7 +4,8 @@
 //! role: Lease create), Role and RoleBinding (its own Lease and resource, by name), with a
 //! leader-migration Lease in another namespace a Role, RoleBinding and create RoleBinding there
 //! (that one Lease), Deployment, and a PodDisruptionBudget when replicas > 1. DaemonSet mode: the same without the PDB, with
-//! a DaemonSet. Embedded mode: nothing (the operator runs the engine itself).
+//! a DaemonSet. Embedded mode: nothing (the operator runs the engine itself). With
+//! `spec.announcer`, the announcer's objects too ([`crate::announcer`]).
 //!
 //! The manager pod passes the `restricted` Pod Security profile except for `hostNetwork`
 //! (`spec.deployment.hostNetwork`, on by default); [`restricted_violations`] checks it.
@@ -43,6 +44,11 @@ pub struct BuildSettings {
     pub manager_cluster_role: String,
     /// The ClusterRole bound in the CR's namespace (Lease and CR status), per CR.
     pub manager_namespace_role: String,
+    /// The ClusterRole the chart installs for announcers (Services, EndpointSlices, events),
+    /// bound cluster-wide per CR with `spec.announcer`.
+    pub announcer_cluster_role: String,
+    /// The ClusterRole bound in the CR's namespace for announcers (their Leases).
+    pub announcer_namespace_role: String,
     /// What resource authors may ask for (images, `extraArgs`, replicas, priority classes):
     /// checked at validation, before anything is built.
     pub policy: crate::validate::Policy,
@@ -54,6 +60,8 @@ impl Default for BuildSettings {
             manager_image: "ghcr.io/ccm-rs/cloud-controller-manager:latest".to_string(),
             manager_cluster_role: "ccm-manager".to_string(),
             manager_namespace_role: "ccm-manager-namespace".to_string(),
+            announcer_cluster_role: "ccm-announcer".to_string(),
+            announcer_namespace_role: "ccm-announcer-namespace".to_string(),
             policy: crate::validate::Policy::default(),
         }
     }
@@ -347,6 +355,7 @@ pub fn build(cr: &CloudControllerManager, validated: &Validated, settings: &Buil
         })),
         Mode::Embedded => {}
     }
+    out.extend(crate::announcer::build(cr, validated, settings, &labels, &owner));
     out.into_iter().map(Desired::stamped).collect()
 }
 
@@ -426,12 +435,16 @@ pub fn migration_rules(lease: &str) -> Vec<PolicyRule> {
     ]
 }
 
+/// A role a binding may name: its kind, its name, and the one ServiceAccount it may bind.
+type AllowedRole<'a> = (&'static str, String, &'a str);
+
 /// Why a desired binding would grant more than its resource's own manager should have, or
 /// `None` (pure). RBAC lets the operator bind the manager roles to any subject and create any
 /// ClusterRoleBinding name; this is what confines each binding to the resource's own
 /// ServiceAccount and to the manager roles, checked before every apply. In `lease_namespace`
 /// (the migration Lease's, when not the resource's own) only the migration Role and the
-/// namespace manager ClusterRole may be bound.
+/// namespace manager ClusterRole may be bound. The announcer roles (`spec.announcer`) only
+/// where the installation allows announcers, and only to the announcer's ServiceAccount.
 pub fn binding_overreach(
     desired: &Desired,
     cr_namespace: &str,
@@ -439,20 +452,26 @@ pub fn binding_overreach(
     lease_namespace: Option<&str>,
     settings: &BuildSettings,
 ) -> Option<String> {
-    let own_subject = |subjects: &Option<Vec<Subject>>| {
+    let manager = names::workload_name(cr_name);
+    let announcer = names::announcer_name(cr_name);
+    let subject_is = |subjects: &Option<Vec<Subject>>, account: &str| {
         matches!(subjects.as_deref(), Some([s]) if s.kind == "ServiceAccount"
-            && s.name == names::workload_name(cr_name)
+            && s.name == account
             && s.namespace.as_deref() == Some(cr_namespace)
             && s.api_group.as_deref().unwrap_or_default().is_empty())
     };
-    let (what, role_ref, subjects, allowed): (String, &RoleRef, &Option<Vec<Subject>>, Vec<(&str, String)>) =
+    // (role kind, role name, the one ServiceAccount it may be bound to). The announcer roles
+    // only where the installation allows announcers, and only to the announcer's account.
+    let announcers = settings.policy.allow_announcers;
+    let (what, role_ref, subjects, allowed): (String, &RoleRef, &Option<Vec<Subject>>, Vec<AllowedRole<'_>>) =
         match desired {
-            Desired::ClusterRoleBinding(b) => (
-                format!("ClusterRoleBinding {}", desired.name()),
-                &b.role_ref,
-                &b.subjects,
-                vec![("ClusterRole", settings.manager_cluster_role.clone())],
-            ),
+            Desired::ClusterRoleBinding(b) => {
+                let mut allowed = vec![("ClusterRole", settings.manager_cluster_role.clone(), manager.as_str())];
+                if announcers {
+                    allowed.push(("ClusterRole", settings.announcer_cluster_role.clone(), announcer.as_str()));
+                }
+                (format!("ClusterRoleBinding {}", desired.name()), &b.role_ref, &b.subjects, allowed)
+            }
             Desired::RoleBinding(b) => {
                 let namespace = desired.meta().namespace.as_deref().unwrap_or(cr_namespace);
                 let own = if namespace == cr_namespace {
@@ -460,26 +479,26 @@ pub fn binding_overreach(
                 } else {
                     names::migration_role_name(cr_namespace, cr_name)
                 };
-                (
-                    format!("RoleBinding {namespace}/{}", desired.name()),
-                    &b.role_ref,
-                    &b.subjects,
-                    vec![("ClusterRole", settings.manager_namespace_role.clone()), ("Role", own)],
-                )
+                let mut allowed = vec![
+                    ("ClusterRole", settings.manager_namespace_role.clone(), manager.as_str()),
+                    ("Role", own, manager.as_str()),
+                ];
+                if announcers && namespace == cr_namespace {
+                    allowed.push(("ClusterRole", settings.announcer_namespace_role.clone(), announcer.as_str()));
+                }
+                (format!("RoleBinding {namespace}/{}", desired.name()), &b.role_ref, &b.subjects, allowed)
             }
             _ => return None,
         };
     if desired.meta().namespace.as_deref().is_some_and(|ns| ns != cr_namespace && Some(ns) != lease_namespace) {
         return Some(format!("{what} is outside namespace {cr_namespace}"));
     }
-    if !allowed.iter().any(|(kind, name)| role_ref.kind == *kind && role_ref.name == *name) {
+    let Some((_, _, account)) = allowed.iter().find(|(kind, name, _)| role_ref.kind == *kind && role_ref.name == *name)
+    else {
         return Some(format!("{what} refers to {} {}, not a manager role", role_ref.kind, role_ref.name));
-    }
-    if !own_subject(subjects) {
-        return Some(format!(
-            "{what} has subjects other than ServiceAccount {cr_namespace}/{}",
-            names::workload_name(cr_name)
-        ));
+    };
+    if !subject_is(subjects, account) {
+        return Some(format!("{what} has subjects other than ServiceAccount {cr_namespace}/{account}"));
     }
     None
 }

@@ -593,6 +593,11 @@ impl Ctx {
             .collect()
     }
 
+    /// The manager pods of `uid`: its announcers' pods left out.
+    fn manager_pods_of(&self, uid: &str) -> Vec<Arc<Pod>> {
+        self.pods_of(uid).into_iter().filter(|p| names::is_manager_pod(p.labels())).collect()
+    }
+
     /// Whether the manager's RBAC of `uid` must stay for now: its Pods still exist (a stopping
     /// manager needs its Lease rights to release the Lease) and [`TEARDOWN_GRACE`] has not run
     /// out since the wait began.
@@ -1290,7 +1295,7 @@ async fn observe(ctx: &Ctx, input: &Input<'_>) -> (Workload, PodsObservation, Op
         // Pods left by a previous mode are the teardown's business, not this status's.
         Mode::Embedded => PodsObservation::default(),
         Mode::Deployment | Mode::DaemonSet => {
-            let pods = ctx.pods_of(&input.uid);
+            let pods = ctx.manager_pods_of(&input.uid);
             dereference::observe_pods(pods.iter().map(|p| &**p))
         }
     };

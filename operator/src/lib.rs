@@ -8,6 +8,7 @@
 //! Embedding (the sandbox, tests): [`start`] runs the whole operator in the current process
 //! and returns an [`OperatorHandle`]; [`run`] runs it until a token fires.
 
+pub mod announcer;
 pub mod apply;
 pub mod build;
 pub mod controller;

@@ -121,6 +121,21 @@ struct RunFlags {
     /// no priority class is always allowed.
     #[arg(long, value_delimiter = ',', default_value = operator::validate::DEFAULT_PRIORITY_CLASS, value_name = "strings")]
     allowed_priority_classes: Vec<String>,
+    /// Allow spec.announcer: per-node announcer DaemonSets (host network, NET_RAW for L2) of the
+    /// baremetal provider (the chart's announcer.enabled, which installs their ClusterRoles).
+    #[arg(long, default_value_t = false, action = ArgAction::Set, value_name = "bool")]
+    allow_announcers: bool,
+    /// Image of the BIRD sidecar of spec.announcer.bgp; empty refuses bgp.
+    #[arg(long, default_value = "", value_name = "image")]
+    bird_image: String,
+    /// ClusterRole (installed by the Helm chart) bound cluster-wide to each announcer's
+    /// ServiceAccount; the operator needs only `bind` on it.
+    #[arg(long, default_value_t = BuildSettings::default().announcer_cluster_role, value_name = "name")]
+    announcer_cluster_role: String,
+    /// ClusterRole (installed by the Helm chart) bound in each CR's namespace to its announcers
+    /// (their Leases); the operator needs only `bind` on it.
+    #[arg(long, default_value_t = BuildSettings::default().announcer_namespace_role, value_name = "name")]
+    announcer_namespace_role: String,
     /// Reconcile every CloudControllerManager at least this often.
     #[arg(long, default_value = "5m", value_parser = ccm_framework::flags::parse_duration, value_name = "duration")]
     resync_period: Duration,
@@ -211,10 +226,14 @@ async fn run(flags: RunFlags) -> Result<(), operator::Error> {
         manager_image: flags.manager_image,
         manager_cluster_role: flags.manager_cluster_role,
         manager_namespace_role: flags.manager_namespace_role,
+        announcer_cluster_role: flags.announcer_cluster_role,
+        announcer_namespace_role: flags.announcer_namespace_role,
         policy: operator::validate::Policy {
             allowed_images: list(flags.allowed_images),
             max_replicas: flags.max_replicas,
             allowed_priority_classes: list(flags.allowed_priority_classes),
+            allow_announcers: flags.allow_announcers,
+            bird_image: Some(flags.bird_image.trim().to_string()).filter(|i| !i.is_empty()),
         },
     };
     config.http = http;

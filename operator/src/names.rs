@@ -102,6 +102,32 @@ pub fn cluster_role_binding_name(namespace: &str, cr_name: &str) -> String {
     format!("ccm-operator:{namespace}:{cr_name}")
 }
 
+/// `app.kubernetes.io/name` of announcer pods (never counted as manager pods).
+pub const ANNOUNCER_APP_NAME: &str = "ccm-announcer";
+
+/// Name of the announcer's ServiceAccount, RoleBinding and DaemonSet.
+pub fn announcer_name(cr_name: &str) -> String {
+    format!("ccm-{cr_name}-announcer")
+}
+
+/// Name of the announcer's ClusterRoleBinding; the colon keeps it apart from the manager's.
+pub fn announcer_cluster_role_binding_name(namespace: &str, cr_name: &str) -> String {
+    format!("ccm-operator:{namespace}:{cr_name}:announcer")
+}
+
+/// Labels of the announcer pods, also the announcer DaemonSet's selector.
+pub fn announcer_selector_labels(owner_uid: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (LABEL_NAME.to_string(), ANNOUNCER_APP_NAME.to_string()),
+        (LABEL_OWNER_UID.to_string(), owner_uid.to_string()),
+    ])
+}
+
+/// Whether a pod with these labels is a manager pod (not an announcer).
+pub fn is_manager_pod(labels: &BTreeMap<String, String>) -> bool {
+    labels.get(LABEL_NAME).is_none_or(|n| n == APP_NAME)
+}
+
 /// Path of the cloud-config file inside the manager container.
 pub fn cloud_config_path(key: &str) -> String {
     format!("{CLOUD_CONFIG_DIR}/{key}")

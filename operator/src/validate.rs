@@ -519,6 +519,9 @@ pub fn validate(cr: &CloudControllerManager, secret: &SecretState, registry: &Re
             }]);
         }
     }
+    if let Some(why) = announcer_refused(spec) {
+        return invalid(vec![Failure { reason: reason::INVALID_SPEC, message: why.into() }]);
+    }
     if spec.mode == Mode::Embedded && !spec.extra_args.is_empty() {
         return invalid(vec![Failure {
             reason: reason::EXTRA_ARGS_NOT_SUPPORTED,
@@ -739,6 +742,12 @@ pub struct Policy {
     /// Priority classes `spec.deployment.priorityClassName` may name
     /// (`--allowed-priority-classes`); an empty name (none) is always allowed.
     pub allowed_priority_classes: Vec<String>,
+    /// Whether `spec.announcer` may be set (`--allow-announcers`, the chart's
+    /// `announcer.enabled`): announcers run on the host network of every selected node, with
+    /// `NET_RAW` for L2.
+    pub allow_announcers: bool,
+    /// The BIRD image of `spec.announcer.bgp` (`--bird-image`); none refuses `bgp`.
+    pub bird_image: Option<String>,
 }
 
 impl Default for Policy {
@@ -747,6 +756,8 @@ impl Default for Policy {
             allowed_images: Vec::new(),
             max_replicas: DEFAULT_MAX_REPLICAS,
             allowed_priority_classes: vec![DEFAULT_PRIORITY_CLASS.to_string()],
+            allow_announcers: false,
+            bird_image: None,
         }
     }
 }
@@ -756,6 +767,23 @@ impl Default for Policy {
 pub const DEFAULT_MAX_REPLICAS: i32 = 5;
 /// The default of `--allowed-priority-classes`: the CRD's default `priorityClassName`.
 pub const DEFAULT_PRIORITY_CLASS: &str = "system-cluster-critical";
+
+/// Why `spec.announcer` cannot be built for this spec, if it cannot (pure).
+pub fn announcer_refused(spec: &crds::CloudControllerManagerSpec) -> Option<&'static str> {
+    spec.announcer.as_ref()?;
+    if spec.provider != ccm_provider_baremetal::NAME {
+        return Some("spec.announcer: only the baremetal provider announces its addresses; remove spec.announcer");
+    }
+    if spec.mode == Mode::Embedded {
+        return Some(
+            "spec.announcer needs mode Deployment or DaemonSet: the announcers are pods on every node, which Embedded mode does not create",
+        );
+    }
+    if spec.cloud_config.is_none() {
+        return Some("spec.announcer needs spec.cloudConfig: the announcers read loadBalancer.announcement from it");
+    }
+    None
+}
 
 /// Manager flags `spec.extraArgs` may set: tuning and logging only. Every other flag is refused,
 /// among them whatever changes the manager's identity, credentials, kubeconfig or authorization
@@ -860,6 +888,19 @@ pub fn check_policy(
                     policy.allowed_priority_classes.join(", ")
                 }
             ));
+        }
+    }
+    if let Some(announcer) = &cr.spec.announcer {
+        if !policy.allow_announcers {
+            refuse(
+                "spec.announcer: this installation does not run announcers (the operator's --allow-announcers, the chart's announcer.enabled)"
+                    .into(),
+            );
+        } else if announcer.bgp && policy.bird_image.is_none() {
+            refuse(
+                "spec.announcer.bgp: no BIRD image is configured (the operator's --bird-image, the chart's announcer.birdImage)"
+                    .into(),
+            );
         }
     }
     for (i, arg) in cr.spec.extra_args.iter().enumerate() {

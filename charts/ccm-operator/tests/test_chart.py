@@ -645,6 +645,30 @@ class Render(unittest.TestCase):
         objects = self.render(values(**{"embedded.enabled": True}))
         self.assertEqual(arg(objects, "--embedded-enabled"), "true")
 
+    def test_announcer_roles_and_the_operators_bind_on_them_only_when_announcers_are_enabled(self):
+        def bind_names(objects):
+            return sorted(n for r in find(objects, "ClusterRole") + find(objects, "Role") for rule in r["rules"]
+                          if rule["verbs"] == ["bind"] for n in rule.get("resourceNames", []))
+
+        objects = self.render_named()
+        self.assertEqual(arg(objects, "--allow-announcers"), "false")
+        self.assertNotIn("ccm-announcer", [r["metadata"]["name"] for r in find(objects, "ClusterRole")])
+        self.assertNotIn("ccm-announcer", bind_names(objects))
+        self.assertIsNone(arg(objects, "--bird-image"))
+        objects = self.render_named(values(**{"announcer.enabled": True, "announcer.birdImage": "example.test/bird:2"}))
+        self.assertEqual(arg(objects, "--allow-announcers"), "true")
+        self.assertEqual(arg(objects, "--bird-image"), "example.test/bird:2")
+        roles = {r["metadata"]["name"]: r for r in find(objects, "ClusterRole")}
+        self.assertIn("ccm-announcer", bind_names(objects))
+        self.assertIn("ccm-announcer-namespace", bind_names(objects))
+        # Read only on Services and EndpointSlices; Leases only through the namespace role.
+        cluster = {(g, r): rule["verbs"] for rule in roles["ccm-announcer"]["rules"]
+                   for g in rule["apiGroups"] for r in rule["resources"]}
+        self.assertEqual(cluster, {("", "services"): ["list", "watch"],
+                                   ("discovery.k8s.io", "endpointslices"): ["list", "watch"],
+                                   ("events.k8s.io", "events"): ["create", "patch"]})
+        self.assertEqual([r["resources"] for r in roles["ccm-announcer-namespace"]["rules"]], [["leases"]])
+
     def test_manager_role_names_are_configurable_and_consistent(self):
         objects = self.render(values(**{"manager.rbac.clusterRoleName": "blue", "embedded.enabled": True,
                                         "manager.rbac.namespaceRoleName": "blue-ns"}))

@@ -25,24 +25,18 @@
 //! ```
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use ccm_framework::cache::{Cache, CacheWriter, Change, run_watch};
+use ccm_framework::cache::{Cache, Change};
 use clap::Parser;
-use e2e::bench::{self, BackendArg, BoxError, metric_by, proc_status_kib};
+use e2e::bench::{self, BackendArg, BoxError, ManagerProcess, create_all, has_ingress, metric_by};
 use e2e_apiserver::genuine::ControlPlane;
 use e2e_apiserver::{RequestLog, TestApiServer};
 use k8s_openapi::api::core::v1::{
     Namespace, Node, NodeCondition, NodeSpec, NodeStatus, Service, ServicePort, ServiceSpec,
 };
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::runtime::watcher;
-use tokio::task::JoinSet;
 
 /// Field manager of everything the driver writes; other writes are the manager's.
 const DRIVER: &str = "bench-services";
@@ -323,69 +317,6 @@ fn service(ns: &str, name: &str, node_ports: bool) -> Service {
     }
 }
 
-fn has_ingress(s: &Service) -> bool {
-    s.status
-        .as_ref()
-        .and_then(|s| s.load_balancer.as_ref())
-        .and_then(|l| l.ingress.as_ref())
-        .is_some_and(|i| !i.is_empty())
-}
-
-/// Create `count` objects made by `make(i)` with `in_flight` requests at a time; seconds taken.
-async fn create_all<K, F>(api: &Api<K>, count: usize, in_flight: usize, make: F) -> Result<f64, BoxError>
-where
-    K: kube::Resource
-        + Clone
-        + serde::Serialize
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-    F: Fn(usize) -> K,
-{
-    let started = Instant::now();
-    let mut tasks = JoinSet::new();
-    for i in 0..count {
-        if tasks.len() >= in_flight.max(1)
-            && let Some(done) = tasks.join_next().await
-        {
-            done??;
-        }
-        let (api, object) = (api.clone(), make(i));
-        tasks.spawn(async move { api.create(&post(), &object).await.map(|_| ()) });
-    }
-    while let Some(done) = tasks.join_next().await {
-        done??;
-    }
-    Ok(started.elapsed().as_secs_f64())
-}
-
-/// Feed `writer` from a watch on `api`; the returned guard stops it when dropped.
-fn watch(api: Api<Service>, writer: CacheWriter<Service>) -> AbortOnDrop {
-    AbortOnDrop(tokio::spawn(run_watch(api, watcher::Config::default(), writer, Default::default())))
-}
-
-/// Aborts a task when dropped, so a failed phase leaves no watch behind.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-fn free_port() -> Result<u16, BoxError> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-/// GET `path` from the manager's HTTPS endpoint (its self-signed certificate not verified).
-async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let r = ccm_framework::serving::probe::get(addr, path, None, Duration::from_secs(5)).await?;
-    Some((r.status, r.body))
-}
-
 fn metric_total(text: &str, metric: &str) -> u64 {
     metric_by(text, metric, "").values().sum()
 }
@@ -408,98 +339,6 @@ fn event_metrics(text: &str) -> BTreeMap<String, u64> {
 
 fn diff(after: &BTreeMap<String, u64>, before: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
     after.iter().map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0))).filter(|(_, v)| *v > 0).collect()
-}
-
-/// The manager process; dropping it kills the process, so a failed phase leaves none behind.
-struct ManagerProcess {
-    child: Child,
-    port: u16,
-    peak_rss_kib: Arc<AtomicU64>,
-    stop_sampling: Arc<AtomicBool>,
-    stopped: bool,
-}
-
-impl ManagerProcess {
-    fn spawn(command: &str, extra: &str, kubeconfig: &Path, cloud_config: &Path, log: &Path) -> Result<Self, BoxError> {
-        let port = free_port()?;
-        let line = command
-            .replace("{kubeconfig}", &kubeconfig.display().to_string())
-            .replace("{cloud_config}", &cloud_config.display().to_string())
-            .replace("{port}", &port.to_string());
-        let mut words = line.split_whitespace().chain(extra.split_whitespace());
-        let program = words.next().ok_or("empty manager command line")?;
-        let child = Command::new(program)
-            .args(words)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(log)?)
-            .spawn()
-            .map_err(|e| format!("starting {program}: {e}"))?;
-        let peak = Arc::new(AtomicU64::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (pid, p, s) = (child.id(), peak.clone(), stop.clone());
-        tokio::spawn(async move {
-            while !s.load(Ordering::Relaxed) {
-                if let Some(kib) = rss_kib(pid) {
-                    p.fetch_max(kib, Ordering::Relaxed);
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        });
-        Ok(Self { child, port, peak_rss_kib: peak, stop_sampling: stop, stopped: false })
-    }
-
-    async fn metrics(&self) -> String {
-        http_get(self.port, "/metrics").await.map(|(_, b)| b).unwrap_or_default()
-    }
-
-    fn check_running(&mut self) -> Result<(), BoxError> {
-        match self.child.try_wait()? {
-            Some(status) => Err(format!("manager exited with {status}").into()),
-            None => Ok(()),
-        }
-    }
-
-    async fn wait_healthy(&mut self, timeout: Duration) -> Result<(), BoxError> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            self.check_running()?;
-            if http_get(self.port, "/healthz").await.is_some_and(|(code, _)| code == 200) {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                return Err("manager did not become healthy".into());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// Stop the manager (SIGTERM, then SIGKILL after 10 s); its peak RSS in MiB.
-    fn stop(&mut self) -> f64 {
-        if !self.stopped {
-            self.stopped = true;
-            self.stop_sampling.store(true, Ordering::Relaxed);
-            // The kernel's high-water mark catches peaks between samples.
-            if let Some(hwm) = proc_status_kib(self.child.id(), "VmHWM:") {
-                self.peak_rss_kib.fetch_max(hwm, Ordering::Relaxed);
-            }
-            bench::terminate(&mut self.child, Duration::from_secs(10));
-        }
-        self.peak_rss_kib.load(Ordering::Relaxed) as f64 / 1024.0
-    }
-}
-
-impl Drop for ManagerProcess {
-    fn drop(&mut self) {
-        if !self.stopped {
-            self.stop_sampling.store(true, Ordering::Relaxed);
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-fn rss_kib(pid: u32) -> Option<u64> {
-    proc_status_kib(pid, "VmRSS:")
 }
 
 /// Manager writes since `mark` by `verb resource[/subresource]`, from the request or audit
@@ -590,14 +429,14 @@ async fn run_variant(
     let nodes: Api<Node> = Api::all(c.client.clone());
     let prefix = c.node_prefix.clone();
     report.create_nodes_secs =
-        create_all(&nodes, args.nodes, args.create_concurrency, |i| node(&format!("{prefix}-{i}"))).await?;
+        create_all(&nodes, DRIVER, args.nodes, args.create_concurrency, |i| node(&format!("{prefix}-{i}"))).await?;
     let services: Api<Service> = Api::namespaced(c.client.clone(), &c.namespace);
     let ns_name = c.namespace.clone();
     let node_ports = !args.no_node_ports;
     let make_service = move |i: usize| service(&ns_name, &format!("svc-{i}"), node_ports);
     if args.create == CreateMode::Precreate {
         report.create_secs =
-            create_all(&services, args.services, args.create_concurrency, make_service.clone()).await?;
+            create_all(&services, DRIVER, args.services, args.create_concurrency, make_service.clone()).await?;
         eprintln!(
             "   driver: {} Nodes in {:.2} s, {} Services in {:.2} s ({} in flight)",
             args.nodes, report.create_nodes_secs, args.services, report.create_secs, args.create_concurrency
@@ -606,7 +445,7 @@ async fn run_variant(
 
     // Watch our Services through the framework's cache (one watch, change stream).
     let (cache, writer) = Cache::<Service>::new();
-    let watch_guard = watch(services.clone(), writer);
+    let watch_guard = bench::watch(services.clone(), writer);
     cache.wait_until_ready().await;
     let mut changes = cache.subscribe();
 
@@ -621,7 +460,8 @@ async fn run_variant(
             manager.wait_healthy(Duration::from_secs(30)).await?;
             let calls0 = metric_by(&manager.metrics().await, "cloudprovider_api_requests_total", "method");
             let started = Instant::now();
-            report.create_secs = create_all(&services, args.services, args.create_concurrency, make_service).await?;
+            report.create_secs =
+                create_all(&services, DRIVER, args.services, args.create_concurrency, make_service).await?;
             (started, calls0)
         }
     };

@@ -4,7 +4,10 @@
 //! its ServiceAccount creates it, and crafted objects the operator's RBAC would allow but a
 //! manager never needs are refused, each naming the field.
 
-use crate::kit::{apply_as_operator, apply_dynamic, edited, install_chart_rbac_and_policies, operator_children};
+use crate::kit::{
+    BAREMETAL_ANNOUNCING, announcing_settings, apply_as_operator, apply_dynamic, edited,
+    install_chart_rbac_and_policies, operator_children, operator_children_with,
+};
 use e2e_apiserver::{Backend, TestCluster};
 use kube::Client;
 use kube::api::Api;
@@ -63,6 +66,23 @@ fn operator_objects(owner: &Value, mode: &str, settings: &BuildSettings) -> Vec<
     let mut cr = resource(owner["metadata"]["namespace"].as_str().unwrap_or_default(), mode);
     cr["metadata"]["uid"] = owner["metadata"]["uid"].clone();
     operator_children(cr, settings).iter().map(build::Desired::to_json).collect()
+}
+
+/// What the operator builds for a `baremetal` resource with `spec.announcer` (L2 and BGP) under
+/// the stored resource `owner`'s name and UID: its announcer objects only.
+fn announcer_objects(owner: &Value, settings: &BuildSettings) -> Vec<Value> {
+    let cr = json!({
+        "apiVersion": "ccm.rs/v1alpha1", "kind": "CloudControllerManager",
+        "metadata": {"name": owner["metadata"]["name"], "namespace": owner["metadata"]["namespace"],
+                     "uid": owner["metadata"]["uid"]},
+        "spec": {"provider": "baremetal", "cloudConfig": {"secretRef": {"name": "cfg"}},
+                 "announcer": {"l2": true, "bgp": true}},
+    });
+    operator_children_with(cr, settings, BAREMETAL_ANNOUNCING.as_bytes())
+        .iter()
+        .filter(|d| d.name().contains("announcer"))
+        .map(build::Desired::to_json)
+        .collect()
 }
 
 /// The operator's `--manager-image` as the chart renders it.
@@ -213,6 +233,106 @@ async fn chart_admission_policy_admits_what_the_operator_builds_and_refuses_what
         let message = refused_once_loaded(&operator_client, object, what).await;
         assert!(message.contains(field), "{what}: the refusal should name {field}: {message}");
     }
+    // Without announcer.enabled an announcer DaemonSet (host network, NET_RAW) is refused.
+    let announcer = announcer_objects(&owner, &announcing_settings(&settings.manager_image));
+    let daemon_set = announcer.iter().find(|o| o["kind"] == "DaemonSet").expect("an announcer DaemonSet");
+    let message = refused_once_loaded(&operator_client, daemon_set, "an announcer without announcer.enabled").await;
+    assert!(message.contains("spec.template.metadata.labels"), "{message}");
     // The policies bind the operator's requests only: the cluster admin is not bound by them.
     dry_run(&admin, &privileged).await.expect("the admin's own request is not the operator's");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_announcer_enabled_the_policy_admits_the_announcer_and_net_raw_only_in_its_announcer_container() {
+    if !Backend::genuine_available() {
+        eprintln!("SKIPPED: needs the genuine API server (CCM_TEST_ASSETS): admission policies");
+        return;
+    }
+    let cluster = TestCluster::start(Backend::Genuine).await.expect("the API server starts");
+    cluster.install_crd(&crds::crd()).await.expect("the CRD installs");
+    let admin = cluster.client();
+    let managers = cluster.fresh_namespace("e2e-vap-announce").await.unwrap();
+    let release_ns = cluster.fresh_namespace("e2e-vap-asystem").await.unwrap();
+    let release = format!("vapa{}", std::process::id());
+    let bird = "example.test/bird:2";
+    let values = json!({"cloudConfig": {"namespaces": [managers]}, "announcer": {"enabled": true, "birdImage": bird}});
+    let Some((objects, operator_client)) =
+        install_chart_rbac_and_policies(&cluster, &values, &release, &release_ns).await
+    else {
+        return;
+    };
+    let settings = announcing_settings(&chart_manager_image(&objects));
+    apply_dynamic(&admin, &resource(&managers, "Deployment")).await.expect("the resource is stored");
+    let owner = serde_json::to_value(
+        Api::<crds::CloudControllerManager>::namespaced(admin.clone(), &managers)
+            .get("cloud")
+            .await
+            .expect("the stored resource"),
+    )
+    .expect("JSON");
+    let announcer = announcer_objects(&owner, &settings);
+    let daemon_set = announcer.iter().find(|o| o["kind"] == "DaemonSet").expect("a DaemonSet").clone();
+    let manager = operator_objects(&owner, "Deployment", &settings)
+        .into_iter()
+        .find(|o| o["kind"] == "Deployment")
+        .expect("the manager Deployment");
+
+    // Wait until the workloads policy is loaded (bounded), then everything built is admitted.
+    let raw_manager = edited(&manager, |d| {
+        d["spec"]["template"]["spec"]["containers"][0]["securityContext"]["capabilities"]["add"] = json!(["NET_RAW"]);
+    });
+    let message = refused_once_loaded(&operator_client, &raw_manager, "NET_RAW in a manager pod").await;
+    assert!(message.contains("capabilities.add"), "{message}");
+    for object in &announcer {
+        let started = tokio::time::Instant::now();
+        while let Err(e) = apply_as(&operator_client, object).await {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "the operator's own {} {} was not admitted: {e}",
+                object["kind"],
+                object["metadata"]["name"]
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    let binding = announcer.iter().find(|o| o["kind"] == "ClusterRoleBinding").expect("a ClusterRoleBinding").clone();
+    let crafted: Vec<(&str, Value, &str)> = vec![
+        (
+            "NET_RAW in the BIRD container",
+            edited(&daemon_set, |d| {
+                d["spec"]["template"]["spec"]["containers"][1]["securityContext"]["capabilities"]["add"] =
+                    json!(["NET_RAW"]);
+            }),
+            "capabilities.add",
+        ),
+        (
+            "NET_ADMIN in the announcer container",
+            edited(&daemon_set, |d| {
+                d["spec"]["template"]["spec"]["containers"][0]["securityContext"]["capabilities"]["add"] =
+                    json!(["NET_ADMIN"]);
+            }),
+            "capabilities.add",
+        ),
+        (
+            "the BIRD image in the announcer container",
+            edited(&daemon_set, |d| d["spec"]["template"]["spec"]["containers"][0]["image"] = json!(bird)),
+            "image",
+        ),
+        (
+            "another image as BIRD",
+            edited(&daemon_set, |d| {
+                d["spec"]["template"]["spec"]["containers"][1]["image"] = json!("docker.io/evil/bird:1")
+            }),
+            "image",
+        ),
+        (
+            "the announcer role bound to the manager's ServiceAccount",
+            edited(&binding, |b| b["subjects"][0]["name"] = json!("ccm-cloud")),
+            "subjects",
+        ),
+    ];
+    for (what, object, field) in &crafted {
+        let message = refused_once_loaded(&operator_client, object, what).await;
+        assert!(message.contains(field), "{what}: the refusal should name {field}: {message}");
+    }
 }

@@ -557,13 +557,34 @@ pub fn cloud_config_labels() -> std::collections::BTreeMap<String, String> {
 /// What the operator builds for the resource `cr` (its JSON) when its Secret holds a valid
 /// `fake` cloud-config: the validate and build steps, without an API server.
 pub fn operator_children(cr: Value, settings: &operator::build::BuildSettings) -> Vec<operator::build::Desired> {
+    operator_children_with(cr, settings, b"autoInstances: true\n")
+}
+
+/// The same with `cloud_config` as the Secret's `cloud.conf` (for providers other than `fake`).
+pub fn operator_children_with(
+    cr: Value,
+    settings: &operator::build::BuildSettings,
+    cloud_config: &[u8],
+) -> Vec<operator::build::Desired> {
     let cr: CloudControllerManager = serde_json::from_value(cr).expect("a resource");
     let secret = operator::validate::SecretState::Found {
         name: "cfg".into(),
         key: "cloud.conf".into(),
-        data: b"autoInstances: true\n".to_vec(),
+        data: cloud_config.to_vec(),
     };
     let validation = operator::validate::validate(&cr, &secret, &operator::providers::builtin_registry(), &[]);
+    let validation = operator::validate::check_policy(&cr, validation, &settings.policy, &settings.manager_image);
     let operator::validate::Validation::Valid(validated) = validation else { panic!("{validation:?}") };
     operator::build::build(&cr, &validated, settings)
+}
+
+/// A `baremetal` cloud-config with one pool and L2 announcement on `eth0`.
+pub const BAREMETAL_ANNOUNCING: &str = "loadBalancer:\n  pools:\n    - name: edge\n      cidrs: [192.0.2.64/27]\n  announcement:\n    l2:\n      interfaces: [eth0]\n";
+
+/// Build settings that allow announcers, with a BIRD image.
+pub fn announcing_settings(manager_image: &str) -> operator::build::BuildSettings {
+    let mut settings = operator::build::BuildSettings { manager_image: manager_image.into(), ..Default::default() };
+    settings.policy.allow_announcers = true;
+    settings.policy.bird_image = Some("example.test/bird:2".into());
+    settings
 }

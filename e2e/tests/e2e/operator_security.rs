@@ -741,3 +741,66 @@ e2e_apiserver::backend_tests! {
         env.finish().await;
     }
 }
+
+e2e_apiserver::backend_tests! {
+    /// `spec.announcer` (issue 27): refused with NotAllowedByPolicy naming the field where the
+    /// installation does not allow announcers; allowed, the operator renders the announcer's
+    /// ServiceAccount, bindings and DaemonSet beside the manager (its pods not counted as
+    /// manager pods), and removing the field prunes exactly those, the manager untouched.
+    async fn an_announcer_is_rendered_only_where_allowed_and_pruned_when_removed(backend) {
+        use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+        let env = Env::start(backend, "announce").await;
+        env.secret("cfg", "cloud.conf", crate::kit::BAREMETAL_ANNOUNCING).await;
+        let spec = json!({"provider": "baremetal", "controllers": ["service-lb-controller"],
+                          "cloudConfig": {"secretRef": {"name": "cfg"}}, "announcer": {"nodeSelector": {"edge": "true"}}});
+
+        // Not allowed by this installation: refused, nothing deployed.
+        let op = env.operator().await;
+        env.apply_cr("metal", spec.clone()).await;
+        let c = env.wait_status("metal", types::CONFIG_VALID, "False", config_valid::NOT_ALLOWED_BY_POLICY).await;
+        assert!(c.message.starts_with("spec.announcer:") && c.message.contains("announcer.enabled"), "{}", c.message);
+        assert!(!crate::kit::exists::<Deployment>(&env, "ccm-metal").await, "nothing is deployed");
+        let _ = tokio::time::timeout(Duration::from_secs(20), op.stop()).await;
+
+        // Allowed: the announcer's objects beside the manager's.
+        let mut config = env.operator_config();
+        config.build.policy.allow_announcers = true;
+        let op = operator::start(config).await.expect("the operator starts");
+        env.wait_status("metal", types::CONFIG_VALID, "True", config_valid::VALID).await;
+        let name = operator::names::announcer_name("metal");
+        let daemon_sets = env.api::<DaemonSet>();
+        let ds = crate::kit::eventually_value(Duration::from_secs(30), || async {
+            daemon_sets.get_opt(&name).await.ok().flatten()
+        })
+        .await
+        .expect("the announcer DaemonSet");
+        let pod = ds.spec.unwrap().template.spec.unwrap();
+        assert_eq!(pod.host_network, Some(true));
+        assert_eq!(pod.node_selector.unwrap()["edge"], "true");
+        let caps = pod.containers[0].security_context.clone().unwrap().capabilities.unwrap();
+        assert_eq!(caps.add, Some(vec!["NET_RAW".to_string()]));
+        assert!(crate::kit::exists::<Deployment>(&env, "ccm-metal").await, "the manager too");
+        assert!(crate::kit::exists::<ServiceAccount>(&env, &name).await);
+        assert!(crate::kit::exists::<RoleBinding>(&env, &name).await);
+        let crbs: Api<ClusterRoleBinding> = Api::all(env.harness.clone());
+        let crb_name = operator::names::announcer_cluster_role_binding_name(&env.ns, "metal");
+        assert!(crbs.get_opt(&crb_name).await.unwrap().is_some(), "the announcer's ClusterRoleBinding");
+        let manager_template = env.api::<Deployment>().get("ccm-metal").await.unwrap().spec.unwrap().template;
+
+        // Removed from the spec: the announcer's objects go, the manager stays as it was.
+        let remove = json!({"spec": {"announcer": null}});
+        env.crs().patch("metal", &PatchParams::default(), &Patch::Merge(&remove)).await.expect("announcer removed");
+        let gone = crate::kit::eventually_value(Duration::from_secs(30), || async {
+            let ds = daemon_sets.get_opt(&name).await.ok()?;
+            let crb = crbs.get_opt(&crb_name).await.ok()?;
+            (ds.is_none() && crb.is_none()).then_some(())
+        })
+        .await;
+        assert!(gone.is_some(), "the announcer DaemonSet and ClusterRoleBinding are pruned");
+        assert!(!crate::kit::exists::<ServiceAccount>(&env, &name).await, "and its ServiceAccount");
+        let now = env.api::<Deployment>().get("ccm-metal").await.unwrap().spec.unwrap().template;
+        assert_eq!(now, manager_template, "the manager was not changed");
+        let _ = tokio::time::timeout(Duration::from_secs(20), op.stop()).await;
+        env.finish().await;
+    }
+}

@@ -1334,3 +1334,115 @@ fn rbac_semantics() {
     assert_eq!(a.group, "apiextensions.k8s.io");
     assert_eq!(a.name.as_deref(), Some("cloudcontrollermanagers.ccm.rs"));
 }
+
+/// The announcer ServiceAccount, RoleBinding and ClusterRoleBinding the operator builds for a
+/// `baremetal` resource named [`CR_NAME`] with `spec.announcer` in `namespace`, as JSON.
+fn announcer_bindings(namespace: &str) -> Vec<Value> {
+    let cr = json!({
+        "apiVersion": "ccm.rs/v1alpha1", "kind": "CloudControllerManager",
+        "metadata": {"name": CR_NAME, "namespace": namespace, "uid": "rbac-proof-announcer"},
+        "spec": {"provider": "baremetal", "cloudConfig": {"secretRef": {"name": "cfg"}}, "announcer": {}},
+    });
+    let settings = crate::kit::announcing_settings("example.test/ccm:proof");
+    crate::kit::operator_children_with(cr, &settings, crate::kit::BAREMETAL_ANNOUNCING.as_bytes())
+        .iter()
+        .filter(|d| {
+            d.name().contains("announcer")
+                && matches!(
+                    d.kind(),
+                    operator::build::Kind::ServiceAccount
+                        | operator::build::Kind::RoleBinding
+                        | operator::build::Kind::ClusterRoleBinding
+                )
+        })
+        .map(|d| {
+            let mut o = d.to_json();
+            // Owned by a resource that is not stored: the garbage collector would remove them.
+            o["metadata"].as_object_mut().expect("metadata").remove("ownerReferences");
+            o
+        })
+        .collect()
+}
+
+/// A `LoadBalancer` Service of `class` whose ingress is `ip` (as the manager leaves it).
+async fn announced_service(client: &Client, namespace: &str, class: &str, ip: &str) {
+    let services: Api<Service> = Api::namespaced(client.clone(), namespace);
+    let service: Service = serde_json::from_value(json!({
+        "metadata": {"name": "web"},
+        "spec": {"type": "LoadBalancer", "loadBalancerClass": class, "ports": [{"port": 80, "protocol": "TCP"}]},
+    }))
+    .expect("a Service");
+    services.create(&PostParams::default(), &service).await.expect("the Service");
+    let status = json!({"status": {"loadBalancer": {"ingress": [{"ip": ip, "ipMode": "VIP"}]}}});
+    services.patch_status("web", &PatchParams::default(), &Patch::Merge(&status)).await.expect("its ingress");
+}
+
+e2e_apiserver::backend_tests! {
+    /// The L2 announcer (issue 27), bound as the operator binds it (`spec.announcer`) to the
+    /// chart's announcer ClusterRoles (`announcer.enabled`), does its work with its own token:
+    /// it takes part through its Lease, claims the Service's address, reports `L2Announcing`,
+    /// and deletes its Lease on a graceful stop; every request is checked against the rules, and
+    /// on the genuine backend kube-apiserver's authorizer decided each.
+    async fn announcer_requests_are_allowed_by_the_announcer_cluster_roles(backend) {
+        use ccm_provider_baremetal::announce::announce_reasons::L2_ANNOUNCING;
+        use ccm_provider_baremetal::announce::announcer::{self, AnnouncerSettings, lease_name};
+        let cluster = TestCluster::start(backend).await.expect("the API server starts");
+        let client = harness_client(&cluster);
+        let namespace = cluster.fresh_namespace("announce-proof").await.expect("a namespace");
+        operator_world(&client, &namespace).await;
+        let values = json!({"cloudConfig": {"namespaces": [CR_NAMESPACE]}, "announcer": {"enabled": true}});
+        let Some(objects) = render_chart(&cluster.kubeconfig_path(), &values) else { return };
+        if cluster.is_genuine() {
+            apply_chart_rbac(&cluster.client(), &objects, None).await;
+        }
+        let bindings = announcer_bindings(&namespace);
+        assert_eq!(bindings.len(), 3, "a ServiceAccount and two bindings: {bindings:?}");
+        for o in &bindings {
+            crate::kit::apply_dynamic(&client, o).await.unwrap_or_else(|e| panic!("{} {}: {e}", o["kind"], o["metadata"]["name"]));
+        }
+        let account = operator::names::announcer_name(CR_NAME);
+        let (config, _) = cluster.service_account(&namespace, &account).await.expect("the announcer's token");
+        let announcer_client = Client::try_from(config).expect("a client");
+        let class = format!("ccm.rs/proof-{namespace}");
+        announced_service(&client, &namespace, &class, "192.0.2.77").await;
+
+        let log = cluster.request_log();
+        let mark = log.mark();
+        let node = format!("{namespace}-node");
+        let mut settings = AnnouncerSettings::new(node.clone(), namespace.clone());
+        settings.class = Some(class);
+        settings.lease_duration = Duration::from_secs(2);
+        settings.renew_interval = Duration::from_millis(500);
+        settings.settle = Duration::from_millis(500);
+        let (tx, mut owned) = tokio::sync::watch::channel(BTreeSet::new());
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let events = ccm_framework::events::EventSink::spawn(announcer_client.clone(), Some(node.clone()), cancel.clone());
+        let task = tokio::spawn(announcer::run(announcer_client, settings, tx, Some(events), cancel.clone()));
+        let ip: std::net::IpAddr = "192.0.2.77".parse().expect("an address");
+        // A bool, not the `Ref`: holding it would block the announcer's next send.
+        let claimed = tokio::time::timeout(RBAC_WAIT, owned.wait_for(|o| o.contains(&ip))).await.is_ok_and(|r| r.is_ok());
+        let event_api: Api<Event> = Api::namespaced(client.clone(), &namespace);
+        let reported = step("the announcer reports L2Announcing on the Service", RBAC_WAIT, || async {
+            event_api.list(&Default::default()).await.is_ok_and(|l| l.items.iter().any(|e| e.reason.as_deref() == Some(L2_ANNOUNCING)))
+        })
+        .await;
+        cancel.cancel();
+        let ended = tokio::time::timeout(Duration::from_secs(20), task).await;
+        assert!(claimed, "the announcer did not claim 192.0.2.77 within {RBAC_WAIT:?}");
+        reported.unwrap_or_else(|step| panic!("timed out waiting until {step}"));
+        assert!(matches!(ended, Ok(Ok(Ok(())))), "the announcer stopped without error: {ended:?}");
+        let leases: Api<Lease> = Api::namespaced(client.clone(), &namespace);
+        assert!(leases.get_opt(&lease_name(&node)).await.expect("read").is_none(), "its Lease was deleted on stop");
+
+        let user = format!("system:serviceaccount:{namespace}:{account}");
+        let genuine = cluster.is_genuine();
+        let requests: Vec<RequestRecord> = log
+            .since(mark)
+            .into_iter()
+            .filter(|r| if genuine { r.user.as_deref() == Some(user.as_str()) } else { r.user_agent != HARNESS_AGENT })
+            .collect();
+        let all: Vec<Value> = objects.iter().chain(&bindings).cloned().collect();
+        let grants = grants_for_service_account(&all, &namespace, &account);
+        prove("announcer", &grants, &requests);
+    }
+}

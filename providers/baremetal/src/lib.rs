@@ -525,7 +525,8 @@ impl LoadBalancer for BaremetalProvider {
     ) -> CloudResult<Option<LoadBalancerStatus>> {
         let key = ServiceKey::of(service);
         // An invalid annotation is reported by the ensure that follows; the default stands in.
-        let mode = self.ip_mode_of(service).unwrap_or(if self.proxy_on() { proxy::IpMode::Proxy } else { proxy::IpMode::Vip });
+        let mode =
+            self.ip_mode_of(service).unwrap_or(if self.proxy_on() { proxy::IpMode::Proxy } else { proxy::IpMode::Vip });
         Ok(self.allocator.assigned(&key, &service.metadata.uid).map(|ips| self.status(&ips, mode)))
     }
 

@@ -1,0 +1,504 @@
+//! Build (pure): the per-node announcer of `spec.announcer` (docs/l2-announcement.md): its
+//! ServiceAccount, its bindings to the chart's two announcer ClusterRoles, and a DaemonSet
+//! running `cloud-controller-manager announce` on the host network, with `NET_RAW` only when it
+//! answers ARP/NDP and a BIRD sidecar (`NET_BIND_SERVICE` only) when it speaks BGP.
+//!
+//! Its pods carry `app.kubernetes.io/name=ccm-announcer`, so they never count as manager pods in
+//! the resource's status, and the chart's admission policy grants `NET_RAW` to them alone.
+
+use std::collections::BTreeMap;
+
+use ccm_provider_baremetal::announce::bgp::NODE_IP_ENV;
+use ccm_provider_baremetal::announce::bgp::bird::{DEFAULT_CONFIG_PATH, DEFAULT_SOCKET_PATH};
+use ccm_provider_baremetal::announce::node::SUBCOMMAND;
+use crds::CloudControllerManager;
+use crds::v1alpha1::Announcer;
+use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy, RollingUpdateDaemonSet};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, KeyToPath, ObjectFieldSelector,
+    PodSecurityContext, PodSpec, PodTemplateSpec, ResourceRequirements, SeccompProfile, SecretVolumeSource,
+    SecurityContext, ServiceAccount, Toleration, Volume, VolumeMount,
+};
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::ResourceExt;
+
+use crate::build::{BuildSettings, Desired};
+use crate::hash;
+use crate::names;
+use crate::validate::Validated;
+
+/// The announcer container's name.
+pub const ANNOUNCER_CONTAINER: &str = "announcer";
+/// The BIRD sidecar's name.
+pub const BIRD_CONTAINER: &str = "bird";
+/// The volume BIRD and the announcer share: the config file and the control socket.
+pub const BIRD_VOLUME: &str = "bird";
+/// Where that volume is mounted in both containers (the announcer's BIRD defaults live there).
+pub const BIRD_DIR: &str = "/run/bird";
+/// The uid of an announcer without `l2`: the image's non-root user.
+pub const NON_ROOT_UID: i64 = 65532;
+/// Seconds a stopping announcer has to delete its Lease (it does so at SIGTERM, in milliseconds).
+pub const TERMINATION_GRACE_SECONDS: i64 = 10;
+
+/// The announcer objects of `cr`: empty without `spec.announcer`. `labels` and `owner` are the
+/// resource's child labels and ownerReference (every object is pruned and adopted like the
+/// manager's).
+pub fn build(
+    cr: &CloudControllerManager,
+    validated: &Validated,
+    settings: &BuildSettings,
+    labels: &BTreeMap<String, String>,
+    owner: &OwnerReference,
+) -> Vec<Desired> {
+    let Some(announcer) = &cr.spec.announcer else { return Vec::new() };
+    let ns = cr.namespace().unwrap_or_default();
+    let name = cr.name_any();
+    let uid = cr.uid().unwrap_or_default();
+    let object = names::announcer_name(&name);
+    let meta = ObjectMeta {
+        name: Some(object.clone()),
+        namespace: Some(ns.clone()),
+        labels: Some(labels.clone()),
+        owner_references: Some(vec![owner.clone()]),
+        ..Default::default()
+    };
+    let subject =
+        Subject { kind: "ServiceAccount".into(), name: object.clone(), namespace: Some(ns.clone()), api_group: None };
+    let cluster_role = |role: &str| RoleRef {
+        api_group: "rbac.authorization.k8s.io".into(),
+        kind: "ClusterRole".into(),
+        name: role.to_string(),
+    };
+    let template = pod_template(cr, announcer, validated, settings, &uid, &object);
+    let mut ds_meta = meta.clone();
+    ds_meta.annotations =
+        Some(BTreeMap::from([(names::ANNOTATION_TEMPLATE_HASH.to_string(), hash::of_json(&template))]));
+    vec![
+        Desired::ServiceAccount(ServiceAccount { metadata: meta.clone(), ..Default::default() }),
+        // Its own Lease and the other announcers' in this namespace.
+        Desired::RoleBinding(RoleBinding {
+            metadata: meta.clone(),
+            role_ref: cluster_role(&settings.announcer_namespace_role),
+            subjects: Some(vec![subject.clone()]),
+        }),
+        // Services, EndpointSlices and the L2Announcing event, cluster-wide.
+        Desired::ClusterRoleBinding(ClusterRoleBinding {
+            metadata: ObjectMeta {
+                name: Some(names::announcer_cluster_role_binding_name(&ns, &name)),
+                labels: Some(labels.clone()),
+                annotations: Some(BTreeMap::from([(names::ANNOTATION_OWNER.to_string(), format!("{ns}/{name}"))])),
+                ..Default::default()
+            },
+            role_ref: cluster_role(&settings.announcer_cluster_role),
+            subjects: Some(vec![subject]),
+        }),
+        Desired::DaemonSet(DaemonSet {
+            metadata: ds_meta,
+            spec: Some(DaemonSetSpec {
+                selector: LabelSelector {
+                    match_labels: Some(names::announcer_selector_labels(&uid)),
+                    ..Default::default()
+                },
+                template,
+                update_strategy: Some(DaemonSetUpdateStrategy {
+                    type_: Some("RollingUpdate".into()),
+                    // One node at a time: its addresses move to the others (a graceful stop
+                    // hands them over at once) and come back once it has settled.
+                    rolling_update: Some(RollingUpdateDaemonSet {
+                        max_unavailable: Some(IntOrString::Int(1)),
+                        max_surge: Some(IntOrString::Int(0)),
+                    }),
+                }),
+                revision_history_limit: Some(3),
+                ..Default::default()
+            }),
+            status: None,
+        }),
+    ]
+}
+
+/// The container-level hardening both containers share; `add` is the one capability each needs.
+fn hardened(add: Option<&str>, uid: i64) -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        privileged: Some(false),
+        run_as_user: Some(uid),
+        run_as_non_root: Some(uid != 0),
+        capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), add: add.map(|a| vec![a.to_string()]) }),
+        seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), localhost_profile: None }),
+        ..Default::default()
+    }
+}
+
+fn field_env(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector { api_version: Some("v1".into()), field_path: path.into() }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn resources(cpu: &str, memory: &str, limit: &str) -> ResourceRequirements {
+    ResourceRequirements {
+        requests: Some(BTreeMap::from([
+            ("cpu".to_string(), Quantity(cpu.into())),
+            ("memory".to_string(), Quantity(memory.into())),
+        ])),
+        limits: Some(BTreeMap::from([("memory".to_string(), Quantity(limit.into()))])),
+        ..Default::default()
+    }
+}
+
+fn pod_template(
+    cr: &CloudControllerManager,
+    announcer: &Announcer,
+    validated: &Validated,
+    settings: &BuildSettings,
+    uid: &str,
+    service_account: &str,
+) -> PodTemplateSpec {
+    // A packet socket needs NET_RAW, which Kubernetes hands a non-root process only through file
+    // capabilities the image does not carry: uid 0 with that one capability. Without l2, the
+    // image's non-root user.
+    let run_as = if announcer.l2 { 0 } else { NON_ROOT_UID };
+    let mut annotations = BTreeMap::new();
+    let mut volumes = Vec::new();
+    let mut mounts = Vec::new();
+    let mut args = vec![SUBCOMMAND.to_string()];
+    if let Some(cc) = &validated.cloud_config {
+        // The announcer reads its section at start: any edit of the Secret restarts it, one
+        // node at a time.
+        annotations.insert(names::ANNOTATION_CLOUD_CONFIG_HASH.to_string(), cc.hash.clone());
+        volumes.push(Volume {
+            name: names::CLOUD_CONFIG_VOLUME.into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(cc.secret.clone()),
+                items: Some(vec![KeyToPath { key: cc.key.clone(), path: cc.key.clone(), mode: None }]),
+                default_mode: Some(0o440),
+                optional: None,
+            }),
+            ..Default::default()
+        });
+        mounts.push(VolumeMount {
+            name: names::CLOUD_CONFIG_VOLUME.into(),
+            mount_path: names::CLOUD_CONFIG_DIR.into(),
+            read_only: Some(true),
+            ..Default::default()
+        });
+        args.push(format!("--cloud-config={}", names::cloud_config_path(&cc.key)));
+    }
+    if let Some(class) = &cr.spec.load_balancer_class {
+        args.push(format!("--load-balancer-class={class}"));
+    }
+    let bird_mount = VolumeMount { name: BIRD_VOLUME.into(), mount_path: BIRD_DIR.into(), ..Default::default() };
+    let mut containers = vec![Container {
+        name: ANNOUNCER_CONTAINER.into(),
+        image: Some(cr.spec.deployment.image.clone().unwrap_or_else(|| settings.manager_image.clone())),
+        image_pull_policy: cr.spec.deployment.image_pull_policy.map(|p| p.as_str().to_string()),
+        command: Some(vec!["cloud-controller-manager".into()]),
+        args: Some(args),
+        env: Some(vec![
+            field_env("NODE_NAME", "spec.nodeName"),
+            field_env("POD_NAMESPACE", "metadata.namespace"),
+            field_env(NODE_IP_ENV, "status.hostIP"),
+        ]),
+        resources: Some(resources("10m", "32Mi", "128Mi")),
+        security_context: Some(hardened(announcer.l2.then_some("NET_RAW"), run_as)),
+        volume_mounts: Some(mounts.into_iter().chain(announcer.bgp.then(|| bird_mount.clone())).collect()),
+        ..Default::default()
+    }];
+    if announcer.bgp {
+        volumes.push(Volume {
+            name: BIRD_VOLUME.into(),
+            empty_dir: Some(EmptyDirVolumeSource {
+                medium: Some("Memory".into()),
+                size_limit: Some(Quantity("1Mi".into())),
+            }),
+            ..Default::default()
+        });
+        // BIRD exits when its config is missing: wait for the announcer's first write.
+        let script = format!(
+            "until [ -s {DEFAULT_CONFIG_PATH} ]; do sleep 1; done; exec bird -f -c {DEFAULT_CONFIG_PATH} -s {DEFAULT_SOCKET_PATH}"
+        );
+        containers.push(Container {
+            name: BIRD_CONTAINER.into(),
+            image: settings.policy.bird_image.clone(),
+            command: Some(vec!["sh".into(), "-c".into(), script]),
+            resources: Some(resources("10m", "16Mi", "64Mi")),
+            // Port 179 without root; no kernel protocol is rendered, so no NET_ADMIN.
+            security_context: Some(hardened(Some("NET_BIND_SERVICE"), run_as)),
+            volume_mounts: Some(vec![bird_mount]),
+            ..Default::default()
+        });
+    }
+    let mut labels = names::announcer_selector_labels(uid);
+    labels.insert(names::LABEL_MANAGED_BY.to_string(), names::MANAGED_BY.to_string());
+    PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(labels),
+            annotations: (!annotations.is_empty()).then_some(annotations),
+            ..Default::default()
+        }),
+        spec: Some(PodSpec {
+            service_account_name: Some(service_account.into()),
+            automount_service_account_token: Some(true),
+            enable_service_links: Some(false),
+            // Answers and BGP sessions must come from the node's own interfaces and address.
+            host_network: Some(true),
+            dns_policy: Some("ClusterFirstWithHostNet".into()),
+            termination_grace_period_seconds: Some(TERMINATION_GRACE_SECONDS),
+            node_selector: announcer.node_selector.clone(),
+            // Every selected node announces, tainted or not (a drained node's announcer stops
+            // with its eviction and hands its addresses over).
+            tolerations: Some(vec![Toleration { operator: Some("Exists".into()), ..Default::default() }]),
+            security_context: Some(PodSecurityContext {
+                fs_group: Some(NON_ROOT_UID),
+                seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), localhost_profile: None }),
+                ..Default::default()
+            }),
+            containers,
+            volumes: (!volumes.is_empty()).then_some(volumes),
+            ..Default::default()
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::build::{self, Kind};
+    use crate::validate::{self, CloudConfigRef, Policy, Validation};
+    use crds::CloudControllerManagerSpec;
+    use serde_json::json;
+
+    fn cr(spec: serde_json::Value) -> CloudControllerManager {
+        let spec: CloudControllerManagerSpec = serde_json::from_value(spec).unwrap();
+        let mut cr = CloudControllerManager::new("metal", spec);
+        cr.metadata.namespace = Some("lb".into());
+        cr.metadata.uid = Some("uid-7".into());
+        cr
+    }
+
+    fn validated(cr: &CloudControllerManager) -> Validated {
+        Validated {
+            config: validate::manager_config(cr, Some("cloud.conf")).unwrap(),
+            cloud_config: Some(CloudConfigRef {
+                secret: "cfg".into(),
+                key: "cloud.conf".into(),
+                hash: "h1".into(),
+                restart_hash: "r1".into(),
+            }),
+            provider_has_routes: false,
+        }
+    }
+
+    fn settings() -> BuildSettings {
+        BuildSettings {
+            policy: Policy {
+                allow_announcers: true,
+                bird_image: Some("example.test/bird:2".into()),
+                ..Policy::default()
+            },
+            ..BuildSettings::default()
+        }
+    }
+
+    fn daemon_set<'a>(objs: &'a [Desired], name: &str) -> &'a DaemonSet {
+        objs.iter()
+            .find_map(|o| match o {
+                Desired::DaemonSet(d) if d.metadata.name.as_deref() == Some(name) => Some(d),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("no DaemonSet {name}"))
+    }
+
+    fn baremetal(announcer: serde_json::Value) -> CloudControllerManager {
+        cr(json!({"provider": "baremetal", "cloudConfig": {"secretRef": {"name": "cfg"}},
+                  "loadBalancerClass": "ccm.rs/metal", "announcer": announcer}))
+    }
+
+    #[test]
+    fn without_spec_announcer_nothing_is_built() {
+        let c = cr(json!({"provider": "baremetal", "cloudConfig": {"secretRef": {"name": "cfg"}}}));
+        let objs = build::build(&c, &validated(&c), &settings());
+        assert!(objs.iter().all(|o| !o.name().ends_with("-announcer")), "no announcer object");
+    }
+
+    #[test]
+    fn an_l2_announcer_is_a_host_network_daemonset_with_net_raw_alone_and_its_own_bindings() {
+        let c = baremetal(json!({"nodeSelector": {"edge": "true"}}));
+        let s = settings();
+        let objs = build::build(&c, &validated(&c), &s);
+        let ours: Vec<(Kind, &str)> =
+            objs.iter().filter(|o| o.name().contains("announcer")).map(|o| (o.kind(), o.name())).collect();
+        assert_eq!(
+            ours,
+            [
+                (Kind::ServiceAccount, "ccm-metal-announcer"),
+                (Kind::RoleBinding, "ccm-metal-announcer"),
+                (Kind::ClusterRoleBinding, "ccm-operator:lb:metal:announcer"),
+                (Kind::DaemonSet, "ccm-metal-announcer"),
+            ]
+        );
+        for o in objs.iter().filter(|o| o.name().contains("announcer")) {
+            assert_eq!(o.meta().labels.as_ref().unwrap()[names::LABEL_OWNER_UID], "uid-7", "pruned like the manager's");
+            assert!(o.applied_hash().is_some(), "stamped");
+        }
+        let roles: Vec<(String, String)> = objs
+            .iter()
+            .filter_map(|o| match o {
+                Desired::RoleBinding(b) if o.name().ends_with("-announcer") => {
+                    Some((b.role_ref.name.clone(), b.subjects.as_ref().unwrap()[0].name.clone()))
+                }
+                Desired::ClusterRoleBinding(b) if o.name().ends_with(":announcer") => {
+                    Some((b.role_ref.name.clone(), b.subjects.as_ref().unwrap()[0].name.clone()))
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            roles,
+            [
+                (s.announcer_namespace_role.clone(), "ccm-metal-announcer".to_string()),
+                (s.announcer_cluster_role.clone(), "ccm-metal-announcer".to_string())
+            ]
+        );
+
+        let ds = daemon_set(&objs, "ccm-metal-announcer");
+        let spec = ds.spec.as_ref().unwrap();
+        let pod = spec.template.spec.as_ref().unwrap();
+        let pod_labels = spec.template.metadata.as_ref().unwrap().labels.as_ref().unwrap();
+        assert_eq!(pod_labels[names::LABEL_NAME], names::ANNOUNCER_APP_NAME);
+        assert!(!names::is_manager_pod(pod_labels), "never counted as a manager pod");
+        let selector = spec.selector.match_labels.as_ref().unwrap();
+        assert_ne!(selector, &names::selector_labels("uid-7"), "disjoint from the manager's selector");
+        assert!(selector.iter().all(|(k, v)| pod_labels.get(k) == Some(v)));
+        assert_eq!(pod.host_network, Some(true));
+        assert_eq!(pod.service_account_name.as_deref(), Some("ccm-metal-announcer"));
+        assert_eq!(pod.node_selector.as_ref().unwrap()["edge"], "true");
+        assert_eq!(pod.containers.len(), 1, "no BIRD without bgp");
+        let c = &pod.containers[0];
+        assert_eq!(c.image.as_deref(), Some(s.manager_image.as_str()), "the manager's image");
+        assert_eq!(
+            c.args.as_deref().unwrap(),
+            [
+                "announce",
+                "--cloud-config=/etc/kubernetes/cloud-config/cloud.conf",
+                "--load-balancer-class=ccm.rs/metal"
+            ]
+        );
+        let env: Vec<&str> = c.env.iter().flatten().map(|e| e.name.as_str()).collect();
+        assert_eq!(env, ["NODE_NAME", "POD_NAMESPACE", "NODE_IP"]);
+        let sc = c.security_context.as_ref().unwrap();
+        let caps = sc.capabilities.as_ref().unwrap();
+        assert_eq!(caps.add.as_deref(), Some(&["NET_RAW".to_string()][..]));
+        assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_string()][..]));
+        assert_eq!((sc.run_as_user, sc.allow_privilege_escalation, sc.privileged), (Some(0), Some(false), Some(false)));
+        assert_eq!(sc.read_only_root_filesystem, Some(true));
+        // Every edit of the cloud-config restarts the announcers (they read it at start).
+        let annotations = spec.template.metadata.as_ref().unwrap().annotations.as_ref().unwrap();
+        assert_eq!(annotations[names::ANNOTATION_CLOUD_CONFIG_HASH], "h1");
+    }
+
+    #[test]
+    fn announcer_roles_bind_only_the_announcers_account_and_only_where_announcers_are_allowed() {
+        let c = baremetal(json!({}));
+        let s = settings();
+        let objs = build::build(&c, &validated(&c), &s);
+        for o in &objs {
+            assert_eq!(build::binding_overreach(o, "lb", "metal", None, &s), None, "{} {}", o.kind(), o.name());
+        }
+        let bindings: Vec<&Desired> = objs
+            .iter()
+            .filter(|o| {
+                o.name().contains("announcer") && matches!(o.kind(), Kind::RoleBinding | Kind::ClusterRoleBinding)
+            })
+            .collect();
+        assert_eq!(bindings.len(), 2);
+        let off = BuildSettings { policy: Policy::default(), ..settings() };
+        for b in &bindings {
+            let why = build::binding_overreach(b, "lb", "metal", None, &off).expect("refused when not allowed");
+            assert!(why.contains("not a manager role"), "{why}");
+            // The announcer's roles to the manager's account (which has Nodes and Services) or the
+            // manager's roles to the announcer's are both overreach.
+            let mut swapped = (*b).clone();
+            match &mut swapped {
+                Desired::RoleBinding(r) => r.subjects.as_mut().unwrap()[0].name = names::workload_name("metal"),
+                Desired::ClusterRoleBinding(r) => r.subjects.as_mut().unwrap()[0].name = names::workload_name("metal"),
+                _ => unreachable!(),
+            }
+            let why = build::binding_overreach(&swapped, "lb", "metal", None, &s).expect("refused");
+            assert!(why.contains("subjects other than ServiceAccount lb/ccm-metal-announcer"), "{why}");
+        }
+        let manager_crb =
+            objs.iter().find(|o| o.kind() == Kind::ClusterRoleBinding && !o.name().contains("announcer")).unwrap();
+        let Desired::ClusterRoleBinding(mut m) = manager_crb.clone() else { unreachable!() };
+        m.subjects.as_mut().unwrap()[0].name = names::announcer_name("metal");
+        assert!(build::binding_overreach(&Desired::ClusterRoleBinding(m), "lb", "metal", None, &s).is_some());
+    }
+
+    #[test]
+    fn a_bgp_only_announcer_runs_non_root_with_a_bird_sidecar_binding_port_179_only() {
+        let c = baremetal(json!({"l2": false, "bgp": true}));
+        let objs = build::build(&c, &validated(&c), &settings());
+        let pod = daemon_set(&objs, "ccm-metal-announcer").spec.clone().unwrap().template.spec.unwrap();
+        let names: Vec<&str> = pod.containers.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, [ANNOUNCER_CONTAINER, BIRD_CONTAINER]);
+        let (announcer, bird) = (&pod.containers[0], &pod.containers[1]);
+        let sc = announcer.security_context.as_ref().unwrap();
+        assert_eq!((sc.run_as_user, sc.run_as_non_root), (Some(NON_ROOT_UID), Some(true)));
+        assert_eq!(sc.capabilities.as_ref().unwrap().add, None, "no NET_RAW without l2");
+        assert_eq!(bird.image.as_deref(), Some("example.test/bird:2"));
+        let bird_sc = bird.security_context.as_ref().unwrap();
+        assert_eq!(bird_sc.capabilities.as_ref().unwrap().add.as_deref(), Some(&["NET_BIND_SERVICE".to_string()][..]));
+        assert_eq!(bird_sc.run_as_user, Some(NON_ROOT_UID), "the same user, for the 0600 config and the socket");
+        let script = bird.command.as_ref().unwrap().join(" ");
+        assert!(script.contains(DEFAULT_CONFIG_PATH) && script.contains(DEFAULT_SOCKET_PATH), "{script}");
+        for c in [announcer, bird] {
+            assert!(c.volume_mounts.iter().flatten().any(|m| m.name == BIRD_VOLUME && m.mount_path == BIRD_DIR));
+        }
+        assert!(pod.volumes.iter().flatten().any(|v| v.name == BIRD_VOLUME && v.empty_dir.is_some()));
+    }
+
+    #[test]
+    fn spec_announcer_is_refused_for_another_provider_embedded_mode_or_without_a_cloud_config() {
+        let spec = |v: serde_json::Value| -> CloudControllerManagerSpec { serde_json::from_value(v).unwrap() };
+        let cc = json!({"secretRef": {"name": "cfg"}});
+        assert_eq!(validate::announcer_refused(&spec(json!({"provider": "baremetal", "cloudConfig": cc}))), None);
+        let ok = json!({"provider": "baremetal", "cloudConfig": cc, "announcer": {}});
+        assert_eq!(validate::announcer_refused(&spec(ok)), None);
+        let aws = validate::announcer_refused(&spec(json!({"provider": "aws", "cloudConfig": cc, "announcer": {}})));
+        assert!(aws.is_some_and(|m| m.contains("only the baremetal provider")), "{aws:?}");
+        let embedded = json!({"provider": "baremetal", "cloudConfig": cc, "mode": "Embedded", "announcer": {}});
+        assert!(validate::announcer_refused(&spec(embedded)).is_some_and(|m| m.contains("Deployment or DaemonSet")));
+        let bare = validate::announcer_refused(&spec(json!({"provider": "baremetal", "announcer": {}})));
+        assert!(bare.is_some_and(|m| m.contains("spec.cloudConfig")));
+    }
+
+    #[test]
+    fn the_policy_refuses_announcers_unless_allowed_and_bgp_without_a_bird_image() {
+        let c = baremetal(json!({"bgp": true}));
+        let check = |policy: &Policy| validate::check_policy(&c, Validation::Valid(validated(&c)), policy, "img");
+        let messages = |v: Validation| match v {
+            Validation::Invalid { failures, .. } => {
+                failures.into_iter().map(|f| format!("{}: {}", f.reason, f.message)).collect::<Vec<_>>()
+            }
+            other => panic!("expected a refusal: {other:?}"),
+        };
+        let off = messages(check(&Policy::default()));
+        assert!(
+            off[0].starts_with("NotAllowedByPolicy: spec.announcer:") && off[0].contains("announcer.enabled"),
+            "{off:?}"
+        );
+        let no_bird = messages(check(&Policy { allow_announcers: true, ..Policy::default() }));
+        assert!(no_bird[0].contains("spec.announcer.bgp") && no_bird[0].contains("announcer.birdImage"), "{no_bird:?}");
+        assert!(check(&settings().policy).is_valid());
+    }
+}
