@@ -51,6 +51,9 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     }),
     ("cloud_config_rotation_reaches_the_pods_pool_edits_reload_other_edits_roll", |c| Box::pin(rotation(c))),
     ("operator_and_manager_metrics_are_scraped_with_the_metrics_reader_token", |c| Box::pin(metrics(c))),
+    ("vip_mode_address_announced_by_l2_reaches_a_pod_through_kube_proxy_from_a_client_namespace", |c| {
+        Box::pin(vip_by_l2(c))
+    }),
     ("a_crash_looping_manager_shows_degraded_within_a_minute_and_provider_health_is_not_claimed", |c| {
         Box::pin(crash_loop(c))
     }),
@@ -410,6 +413,9 @@ fn helm_args(tag: &str, embedded: bool) -> Vec<String> {
         &format!("manager.image.tag={}", images::TAG),
         "--set",
         &format!("embedded.enabled={embedded}"),
+        // The VIP scenario's resource asks for an announcer.
+        "--set",
+        "announcer.enabled=true",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -1055,6 +1061,217 @@ async fn metrics(ctx: Arc<Ctx>) {
             assert_eq!(cs.restart_count, 0, "{} restarted", p.metadata.name.unwrap_or_default());
         }
     }
+}
+
+/// The VIP scenario's client network: a bridge on the host with an address of the benchmarking
+/// range, and a network namespace on it (a veth pair). The pool's addresses are on that segment
+/// and configured nowhere, so only the announcer's ARP answers draw them to the node.
+const VIP_BRIDGE: &str = "ccmvip0";
+const VIP_NETNS: &str = "ccm-vip-client";
+const VIP_HOST: &str = "198.18.0.1/24";
+const VIP_CLIENT: &str = "198.18.0.2/24";
+const VIP_POOL: &str = "198.18.0.100/30";
+
+/// Runs `ip` with `args`; the error carries its stderr.
+fn ip_cmd(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip").args(args).output().map_err(|e| format!("ip: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
+    }
+}
+
+/// The client network while it exists; deleted when dropped, also while panicking, so the host
+/// check finds no link left.
+struct ClientNet;
+
+impl ClientNet {
+    fn create() -> Result<ClientNet, String> {
+        let net = ClientNet;
+        ip_cmd(&["netns", "add", VIP_NETNS])?;
+        ip_cmd(&["link", "add", VIP_BRIDGE, "type", "bridge"])?;
+        ip_cmd(&["addr", "add", VIP_HOST, "dev", VIP_BRIDGE])?;
+        ip_cmd(&["link", "set", VIP_BRIDGE, "up"])?;
+        ip_cmd(&["link", "add", "ccmvip-h", "type", "veth", "peer", "name", "ccmvip-c"])?;
+        ip_cmd(&["link", "set", "ccmvip-h", "master", VIP_BRIDGE, "up"])?;
+        ip_cmd(&["link", "set", "ccmvip-c", "netns", VIP_NETNS])?;
+        ip_cmd(&["-n", VIP_NETNS, "addr", "add", VIP_CLIENT, "dev", "ccmvip-c"])?;
+        ip_cmd(&["-n", VIP_NETNS, "link", "set", "ccmvip-c", "up"])?;
+        ip_cmd(&["-n", VIP_NETNS, "link", "set", "lo", "up"])?;
+        Ok(net)
+    }
+
+    /// Runs `f` on a thread inside the client namespace: its sockets are the client's.
+    fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Result<T, String> {
+        use std::os::fd::AsRawFd;
+        let path = format!("/var/run/netns/{VIP_NETNS}");
+        std::thread::spawn(move || {
+            let file = std::fs::File::open(&path).map_err(|e| format!("{path}: {e}"))?;
+            // SAFETY: setns(2) on this new thread only, with a namespace file held open.
+            let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+            if rc != 0 {
+                return Err(format!("setns {path}: {}", std::io::Error::last_os_error()));
+            }
+            Ok(f())
+        })
+        .join()
+        .map_err(|_| "the client thread panicked".to_string())?
+    }
+
+    /// The client's neighbour entry for `ip` (`ip neigh` output).
+    fn neighbour(&self, ip: &str) -> String {
+        Command::new("ip")
+            .args(["-n", VIP_NETNS, "neigh", "show", ip])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for ClientNet {
+    fn drop(&mut self) {
+        let _ = ip_cmd(&["netns", "del", VIP_NETNS]);
+        let _ = ip_cmd(&["link", "del", VIP_BRIDGE]);
+    }
+}
+
+/// The MAC address of a host link.
+fn link_mac(link: &str) -> String {
+    std::fs::read_to_string(format!("/sys/class/net/{link}/address")).map(|m| m.trim().to_string()).unwrap_or_default()
+}
+
+/// The cloud-config Secret's `cloud.conf` now.
+async fn current_cloud_config(ctx: &Ctx) -> String {
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), CCM_NS);
+    let secret = secrets.get(SECRET).await.expect("the cloud-config Secret");
+    let data = secret.data.and_then(|d| d.get("cloud.conf").cloned()).expect("cloud.conf");
+    String::from_utf8(data.0).expect("UTF-8")
+}
+
+async fn put_cloud_config(ctx: &Ctx, config: &str) {
+    apply(
+        &ctx.client,
+        json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": SECRET, "namespace": CCM_NS, "labels": {(crds::CLOUD_CONFIG_LABEL): crds::CLOUD_CONFIG_LABEL_VALUE}},
+        "stringData": {"cloud.conf": config}}),
+    )
+    .await;
+}
+
+/// `ipMode: VIP` on the real cluster (issue 27 item 4): the resource asks for an announcer, the
+/// operator renders it (host network, NET_RAW), the kubelet starts it, and a Service of the
+/// `vip` pool annotated `ccm.rs/ip-mode: VIP` gets an address that a client in its own network
+/// namespace resolves by the announcer's ARP answer and reaches the web Pod through kube-proxy's
+/// rules, while the proxied Service keeps its listener. Everything is removed at the end.
+async fn vip_by_l2(ctx: Arc<Ctx>) {
+    use k8s_openapi::api::apps::v1::DaemonSet;
+    let net = ClientNet::create().unwrap_or_else(|e| panic!("the client network: {e}"));
+    let original = current_cloud_config(&ctx).await;
+    assert!(original.trim_end().ends_with("allowLoopback: true"), "the pools end the cloud-config: {original}");
+    let with_vip = format!(
+        "{original}    - name: vip\n      cidrs: [\"{VIP_POOL}\"]\n  announcement:\n    l2:\n      interfaces: [{VIP_BRIDGE}]\n"
+    );
+    let rolled_from: Vec<String> = manager_pods(&ctx).await.iter().map(|p| p.name_any()).collect();
+    let t = Instant::now();
+    put_cloud_config(&ctx, &with_vip).await;
+    let ccms: Api<crds::CloudControllerManager> = Api::namespaced(ctx.client.clone(), CCM_NS);
+    let announce = json!({"spec": {"announcer": {}}});
+    ccms.patch(CCM_NAME, &PatchParams::default(), &Patch::Merge(&announce)).await.expect("spec.announcer");
+    let daemon_sets: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), CCM_NS);
+    let announcer = format!("ccm-{CCM_NAME}-announcer");
+    wait("the announcer DaemonSet's Pod available on the node", Duration::from_secs(120), || async {
+        let ds = daemon_sets.get_opt(&announcer).await.ok()??;
+        let status = ds.status?;
+        (status.observed_generation == ds.metadata.generation
+            && status.desired_number_scheduled == 1
+            && status.number_available.unwrap_or(0) == 1
+            && status.updated_number_scheduled.unwrap_or(0) == 1)
+            .then_some(())
+    })
+    .await;
+    println!("    spec.announcer applied to the announcer Pod available: {:.1} s", t.elapsed().as_secs_f64());
+    // The cloud-config edit (not pools only) rolls the manager; the Service needs it leading.
+    manager_rolled(&ctx, &rolled_from).await;
+
+    let t = Instant::now();
+    apply(
+        &ctx.client,
+        json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "web-vip", "namespace": APP_NS,
+                "annotations": {"ccm.rs/address-pool": "vip", "ccm.rs/ip-mode": "VIP"}},
+            "spec": {"type": "LoadBalancer", "selector": {"app": "web"},
+                "ports": [{"name": "http", "port": SERVICE_PORT, "targetPort": 8080, "protocol": "TCP"}]}}),
+    )
+    .await;
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), APP_NS);
+    let (ip, mode) = wait("web-vip's address", Duration::from_secs(60), || async {
+        let s = services.get("web-vip").await.ok()?;
+        let ingress = s.status?.load_balancer?.ingress?.first()?.clone();
+        Some((ingress.ip?, ingress.ip_mode))
+    })
+    .await;
+    assert!(ip.starts_with("198.18.0.10"), "an address of the vip pool: {ip}");
+    assert_eq!(mode.as_deref(), Some("VIP"));
+    println!("    VIP Service to address {ip}: {:.1} s", t.elapsed().as_secs_f64());
+    let addr = format!("{ip}:{SERVICE_PORT}");
+    let body = wait(&format!("an answer from the web Pod through {addr} from the client namespace"), Duration::from_secs(90), || {
+        let addr = addr.clone();
+        let answer = net.run(move || http_get(&addr));
+        async move { answer.ok()?.ok().filter(|b| b.contains("pod=web-")) }
+    })
+    .await;
+    assert!(body.contains("200 OK"), "{body}");
+    println!("    VIP Service created to traffic from the client namespace: {:.1} s", t.elapsed().as_secs_f64());
+    let neighbour = net.neighbour(&ip);
+    let mac = link_mac(VIP_BRIDGE);
+    assert!(!mac.is_empty() && neighbour.contains(&mac), "{ip} resolves to the node's bridge ({mac}) by ARP: {neighbour}");
+    let started = Instant::now();
+    for _ in 0..20 {
+        let a = addr.clone();
+        let b = net.run(move || http_get(&a)).expect("the client thread").expect("a request through the VIP");
+        assert!(b.contains("pod=web-"), "{b}");
+    }
+    println!("    20 requests from the client namespace: {:.1} ms each", started.elapsed().as_secs_f64() * 1000.0 / 20.0);
+    // The announcer says which node announces.
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(ctx.client.clone(), APP_NS);
+    let note = wait("the L2Announcing event on web-vip", Duration::from_secs(30), || async {
+        events.list(&ListParams::default()).await.ok()?.items.into_iter().find_map(|e| {
+            (e.reason.as_deref() == Some("L2Announcing") && e.regarding.as_ref()?.name.as_deref() == Some("web-vip"))
+                .then(|| e.note.unwrap_or_default())
+        })
+    })
+    .await;
+    assert!(note.contains(&ctx.cluster.node_name) && note.contains(&ip), "{note}");
+    // The proxied Service still answers on the node through the manager's listener.
+    let proxied = lb_address(&ctx).await;
+    assert!(http_get(&proxied).is_ok_and(|b| b.contains("pod=web-")), "the proxied Service still answers");
+
+    // Undo: the Service, the announcer (its Lease goes with its graceful stop), the config.
+    let _ = services.delete("web-vip", &Default::default()).await;
+    let remove = json!({"spec": {"announcer": null}});
+    ccms.patch(CCM_NAME, &PatchParams::default(), &Patch::Merge(&remove)).await.expect("announcer removed");
+    wait("the announcer DaemonSet pruned", Duration::from_secs(60), || async {
+        daemon_sets.get_opt(&announcer).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let rolled_from: Vec<String> = manager_pods(&ctx).await.iter().map(|p| p.name_any()).collect();
+    put_cloud_config(&ctx, &original).await;
+    manager_rolled(&ctx, &rolled_from).await;
+    drop(net);
+}
+
+/// Waits until a manager Pod not in `before` is Ready, a manager leads, and the proxied Service
+/// answers again.
+async fn manager_rolled(ctx: &Ctx, before: &[String]) {
+    wait("a new manager Pod Ready and leading, the proxied Service answering", Duration::from_secs(180), || async {
+        let pods = manager_pods(ctx).await;
+        let rolled = pods.iter().any(|p| is_ready(p) && !before.contains(&p.name_any()));
+        let addr = lb_address(ctx).await;
+        (rolled && lease_holder(ctx).await.is_some() && http_get(&addr).is_ok_and(|b| b.contains("pod=web-")))
+            .then_some(())
+    })
+    .await;
 }
 
 async fn to_daemonset(ctx: Arc<Ctx>) {
