@@ -40,6 +40,11 @@ pub const FIELD_MANAGER: &str = "ccm-l2-announcer";
 /// The component named in the announcer's events.
 pub const COMPONENT: &str = "ccm-l2-announcer";
 
+/// The shortest time between two passes over the caches when they keep changing: a burst of
+/// Service writes (a thousand created at once) costs one election pass per interval instead of
+/// one per write, while a lone change (a failover) is acted on at once.
+pub const MIN_PASS_INTERVAL: Duration = Duration::from_millis(50);
+
 /// Timings and identity of one announcer.
 #[derive(Debug, Clone)]
 pub struct AnnouncerSettings {
@@ -118,11 +123,12 @@ pub async fn run(
     let slices: Api<EndpointSlice> = Api::all(client);
     let changed = Arc::new(Notify::new());
     let selector = format!("{LEASE_LABEL}={LEASE_LABEL_L2}");
-    let lease_store = reflect(leases.clone(), watcher::Config::default().labels(&selector), changed.clone(), &cancel);
-    let service_store = reflect(services, watcher::Config::default(), changed.clone(), &cancel);
+    let lease_config = watcher::Config::default().labels(&selector);
+    let lease_store = reflect(leases.clone(), lease_config, trim_lease, changed.clone(), &cancel);
+    let service_store = reflect(services, watcher::Config::default(), trim_service, changed.clone(), &cancel);
     // Only Services with `externalTrafficPolicy: Local` need their endpoints' nodes.
     let slice_config = watcher::Config::default().labels(assign::SERVICE_NAME_LABEL);
-    let slice_store = reflect(slices, slice_config, changed.clone(), &cancel);
+    let slice_store = reflect(slices, slice_config, trim_slice, changed.clone(), &cancel);
 
     // Nothing is claimed from empty caches: that would answer for every address at start.
     let synced = async {
@@ -145,6 +151,7 @@ pub async fn run(
     let mut current: BTreeMap<IpAddr, ServiceName> = BTreeMap::new();
     let mut renew = tokio::time::interval(settings.renew_interval);
     renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_pass: Option<Instant> = None;
     loop {
         let expiry = liveness.next_change(Instant::now(), settings.settle);
         tokio::select! {
@@ -154,10 +161,19 @@ pub async fn run(
                     tracing::warn!(node = %settings.node, %error, "renewing the announcer Lease failed; retrying");
                 }
             }
-            _ = changed.notified() => {}
+            _ = changed.notified() => {
+                // Changes arriving meanwhile leave one permit: the next pass sees them all.
+                if let Some(at) = last_pass.map(|t| t + MIN_PASS_INTERVAL).filter(|at| *at > Instant::now()) {
+                    tokio::select! {
+                        _ = cancel.cancelled() => break,
+                        _ = tokio::time::sleep_until(at) => {}
+                    }
+                }
+            }
             _ = sleep_until(expiry) => {}
         }
         let now = Instant::now();
+        last_pass = Some(now);
         let views: Vec<LeaseView> = lease_store.state().iter().filter_map(|l| LeaseView::of(l)).collect();
         liveness.observe(&views, now);
         let live = liveness.settled(now, settings.settle);
@@ -243,13 +259,19 @@ async fn renew_lease(leases: &Api<Lease>, name: &str, settings: &AnnouncerSettin
 
 /// A reflector's store, kept current by a task until `cancel`; `changed` is notified on every
 /// event.
-fn reflect<K>(api: Api<K>, config: watcher::Config, changed: Arc<Notify>, cancel: &CancellationToken) -> Store<K>
+fn reflect<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    trim: fn(&mut K),
+    changed: Arc<Notify>,
+    cancel: &CancellationToken,
+) -> Store<K>
 where
     K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
 {
     let (reader, writer) = reflector::store();
-    let stream = reflector::reflector(writer, watcher::watcher(api, config)).default_backoff();
+    let stream = reflector::reflector(writer, watcher::watcher(api, config).modify(trim)).default_backoff();
     let cancel = cancel.clone();
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
@@ -267,6 +289,48 @@ where
     reader
 }
 
+/// Only what the election and the event read is kept: the cache of every Service in the
+/// cluster would otherwise hold their ports, selectors, annotations and managed fields.
+pub fn trim_service(service: &mut Service) {
+    let meta = &mut service.metadata;
+    meta.managed_fields = None;
+    meta.annotations = None;
+    meta.labels = None;
+    meta.owner_references = None;
+    meta.finalizers = None;
+    if let Some(spec) = service.spec.as_mut() {
+        *spec = k8s_openapi::api::core::v1::ServiceSpec {
+            type_: spec.type_.take(),
+            load_balancer_class: spec.load_balancer_class.take(),
+            external_traffic_policy: spec.external_traffic_policy.take(),
+            ..Default::default()
+        };
+    }
+    if let Some(status) = service.status.as_mut() {
+        status.conditions = None;
+    }
+}
+
+/// EndpointSlices: the Service label, and each endpoint's node and readiness.
+pub fn trim_slice(slice: &mut EndpointSlice) {
+    slice.metadata.managed_fields = None;
+    slice.metadata.annotations = None;
+    slice.metadata.owner_references = None;
+    slice.ports = None;
+    for endpoint in &mut slice.endpoints {
+        endpoint.addresses = Vec::new();
+        endpoint.target_ref = None;
+        endpoint.hints = None;
+        endpoint.hostname = None;
+        endpoint.zone = None;
+        endpoint.deprecated_topology = None;
+    }
+}
+
+fn trim_lease(lease: &mut Lease) {
+    lease.metadata.managed_fields = None;
+}
+
 fn service_reference(store: &Store<Service>, service: &str) -> Option<ObjectReference> {
     let (namespace, name) = service.split_once('/')?;
     let found = store.get(&reflector::ObjectRef::new(name).within(namespace))?;
@@ -276,6 +340,39 @@ fn service_reference(store: &Store<Service>, service: &str) -> Option<ObjectRefe
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn trimmed_caches_keep_what_the_election_and_the_event_read() {
+        let service: Service = serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "app", "uid": "u1", "resourceVersion": "7",
+                         "annotations": {"big": "x".repeat(4096)}, "labels": {"app": "web"},
+                         "managedFields": [{"manager": "kubectl", "operation": "Apply"}]},
+            "spec": {"type": "LoadBalancer", "loadBalancerClass": "ccm.rs/metal", "externalTrafficPolicy": "Local",
+                     "selector": {"app": "web"}, "ports": [{"port": 80}], "clusterIP": "10.0.0.1"},
+            "status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.1", "ipMode": "VIP"}, {"ip": "192.0.2.2", "ipMode": "Proxy"}]}},
+        }))
+        .unwrap();
+        let mut trimmed = service.clone();
+        trim_service(&mut trimmed);
+        assert_eq!(Announced::of(&trimmed, Some("ccm.rs/metal")), Announced::of(&service, Some("ccm.rs/metal")));
+        assert!(Announced::of(&trimmed, Some("ccm.rs/metal")).is_some_and(|a| a.local));
+        assert_eq!(trimmed.object_ref(&()), service.object_ref(&()), "the event's reference");
+        let spec = trimmed.spec.as_ref().unwrap();
+        assert!(spec.ports.is_none() && spec.selector.is_none() && trimmed.metadata.annotations.is_none());
+        assert!(trimmed.metadata.managed_fields.is_none());
+
+        let slice: EndpointSlice = serde_json::from_value(json!({
+            "metadata": {"name": "web-1", "namespace": "app", "labels": {assign::SERVICE_NAME_LABEL: "web"}},
+            "addressType": "IPv4", "ports": [{"port": 8080}],
+            "endpoints": [{"addresses": ["10.1.0.5"], "nodeName": "n1", "conditions": {"ready": true}},
+                          {"addresses": ["10.1.0.6"], "nodeName": "n2", "conditions": {"ready": false}}],
+        }))
+        .unwrap();
+        let mut small = slice.clone();
+        trim_slice(&mut small);
+        assert_eq!(assign::ready_nodes([&small]), assign::ready_nodes([&slice]));
+        assert!(small.ports.is_none() && small.endpoints.iter().all(|e| e.addresses.is_empty()));
+    }
 
     #[test]
     fn lease_names_stay_within_the_object_name_limit() {
