@@ -1215,24 +1215,34 @@ async fn vip_by_l2(ctx: Arc<Ctx>) {
     assert_eq!(mode.as_deref(), Some("VIP"));
     println!("    VIP Service to address {ip}: {:.1} s", t.elapsed().as_secs_f64());
     let addr = format!("{ip}:{SERVICE_PORT}");
-    let body = wait(&format!("an answer from the web Pod through {addr} from the client namespace"), Duration::from_secs(90), || {
-        let addr = addr.clone();
-        let answer = net.run(move || http_get(&addr));
-        async move { answer.ok()?.ok().filter(|b| b.contains("pod=web-")) }
-    })
+    let body = wait(
+        &format!("an answer from the web Pod through {addr} from the client namespace"),
+        Duration::from_secs(90),
+        || {
+            let addr = addr.clone();
+            let answer = net.run(move || http_get(&addr));
+            async move { answer.ok()?.ok().filter(|b| b.contains("pod=web-")) }
+        },
+    )
     .await;
     assert!(body.contains("200 OK"), "{body}");
     println!("    VIP Service created to traffic from the client namespace: {:.1} s", t.elapsed().as_secs_f64());
     let neighbour = net.neighbour(&ip);
     let mac = link_mac(VIP_BRIDGE);
-    assert!(!mac.is_empty() && neighbour.contains(&mac), "{ip} resolves to the node's bridge ({mac}) by ARP: {neighbour}");
+    assert!(
+        !mac.is_empty() && neighbour.contains(&mac),
+        "{ip} resolves to the node's bridge ({mac}) by ARP: {neighbour}"
+    );
     let started = Instant::now();
     for _ in 0..20 {
         let a = addr.clone();
         let b = net.run(move || http_get(&a)).expect("the client thread").expect("a request through the VIP");
         assert!(b.contains("pod=web-"), "{b}");
     }
-    println!("    20 requests from the client namespace: {:.1} ms each", started.elapsed().as_secs_f64() * 1000.0 / 20.0);
+    println!(
+        "    20 requests from the client namespace: {:.1} ms each",
+        started.elapsed().as_secs_f64() * 1000.0 / 20.0
+    );
     // The announcer says which node announces.
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(ctx.client.clone(), APP_NS);
     let note = wait("the L2Announcing event on web-vip", Duration::from_secs(30), || async {

@@ -21,8 +21,10 @@
 //! provider) against the `ccm-manager` ClusterRole (cluster-wide) and `ccm-manager-namespace`
 //! (bound in its resource's namespace), as the operator binds them; and the operator, in
 //! Deployment and DaemonSet modes and in Embedded mode, against every binding the chart gives its
-//! ServiceAccount with the matching values. Skipped, with the reason printed, when Helm
-//! (helm-sdkpy) is missing outside CI.
+//! ServiceAccount with the matching values; the `baremetal` manager against the optional rules of
+//! `manager.rbac.poolResources` and `manager.rbac.importPools`; and the L2 announcer against the
+//! announcer ClusterRoles of `announcer.enabled`, bound as the operator binds them. Skipped, with
+//! the reason printed, when Helm (helm-sdkpy) is missing outside CI.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -1444,5 +1446,151 @@ e2e_apiserver::backend_tests! {
         let all: Vec<Value> = objects.iter().chain(&bindings).cloned().collect();
         let grants = grants_for_service_account(&all, &namespace, &account);
         prove("announcer", &grants, &requests);
+    }
+}
+
+/// A stand-in CustomResourceDefinition named as MetalLB's or Cilium's pool (any spec kept).
+fn stand_in_crd(group: &str, kind: &str, plural: &str, namespaced: bool, version: &str) -> Value {
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("{plural}.{group}")},
+        "spec": {"group": group, "scope": if namespaced { "Namespaced" } else { "Cluster" },
+            "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase(), "listKind": format!("{kind}List")},
+            "versions": [{"name": version, "served": true, "storage": true, "schema": {"openAPIV3Schema": {
+                "type": "object", "properties": {"spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}}}]},
+    })
+}
+
+e2e_apiserver::backend_tests! {
+    /// The chart's optional manager rules for the baremetal provider (`manager.rbac.poolResources`
+    /// and `manager.rbac.importPools`, issue 27) are enough: a manager bound to the rendered
+    /// `ccm-manager` ClusterRole, running with its ServiceAccount's token, reads a
+    /// LoadBalancerIPPool and writes its status, reads Namespaces for the selector, imports a
+    /// MetalLB pool and watches it, and gives a Service an address from each; every request is
+    /// checked against the rules, and on the genuine backend kube-apiserver's authorizer decided.
+    async fn pool_resource_and_import_rules_are_allowed_by_the_manager_cluster_role(backend) {
+        use crds::pool::LoadBalancerIPPool;
+        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+        let cluster = TestCluster::start(backend).await.expect("the API server starts");
+        let client = harness_client(&cluster);
+        let namespace = cluster.fresh_namespace("pool-proof").await.expect("a namespace");
+        operator_world(&client, &namespace).await;
+        let values = json!({"cloudConfig": {"namespaces": [CR_NAMESPACE]},
+            "manager": {"rbac": {"poolResources": true, "importPools": true}}});
+        let Some(objects) = render_chart(&cluster.kubeconfig_path(), &values) else { return };
+        if cluster.is_genuine() {
+            apply_chart_rbac(&cluster.client(), &objects, None).await;
+        }
+        cluster.install_crd(&crds::pool_crd()).await.expect("the pool CRD");
+        for crd in [
+            stand_in_crd("metallb.io", "IPAddressPool", "ipaddresspools", true, "v1beta1"),
+            stand_in_crd("cilium.io", "CiliumLoadBalancerIPPool", "ciliumloadbalancerippools", false, "v2"),
+        ] {
+            let crd: CustomResourceDefinition = serde_json::from_value(crd).expect("a CRD");
+            cluster.install_crd(&crd).await.expect("a stand-in CRD");
+        }
+        // The manager's account, bound as the operator binds a Deployment-mode manager (the
+        // cluster-wide role; its Lease is not used here: leader election is off).
+        let account = format!("ccm-{namespace}");
+        let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": format!("ccm-operator:{namespace}:pool-proof")},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "ccm-manager"},
+            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]});
+        let sa = json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account, "namespace": namespace}});
+        for o in [&sa, &binding] {
+            crate::kit::apply_dynamic(&client, o).await.unwrap_or_else(|e| panic!("{}: {e}", o["kind"]));
+        }
+        let (_, kubeconfig) = cluster.service_account(&namespace, &account).await.expect("the manager's token");
+
+        // A pool of ours (cluster-wide), a MetalLB pool in this namespace; the class keeps other
+        // tests' Services on a shared server out of this manager's way.
+        let class = format!("ccm.rs/{namespace}");
+        let pools: Api<LoadBalancerIPPool> = Api::all(client.clone());
+        let ours = format!("{namespace}-ours");
+        let pool: LoadBalancerIPPool = serde_json::from_value(json!({"apiVersion": "ccm.rs/v1alpha1",
+            "kind": "LoadBalancerIPPool", "metadata": {"name": ours}, "spec": {"cidrs": ["198.51.100.8/30"]}})).expect("a pool");
+        pools.create(&PostParams::default(), &pool).await.expect("our pool");
+        let metallb = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("metallb.io", "v1beta1", "IPAddressPool"), "ipaddresspools");
+        let metallb_pools: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &metallb);
+        let imported: DynamicObject = serde_json::from_value(json!({"apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool",
+            "metadata": {"name": "lan"}, "spec": {"addresses": ["198.51.100.16/30"]}})).expect("a MetalLB pool");
+        metallb_pools.create(&PostParams::default(), &imported).await.expect("the MetalLB pool");
+
+        let dir = std::env::temp_dir().join(format!("rbac-pool-proof-{}-{namespace}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a directory");
+        let cloud_config = dir.join("cloud.conf");
+        std::fs::write(&cloud_config, "loadBalancer:\n  poolResources: true\n  importPools: [metallb, cilium]\n").expect("the cloud-config");
+        let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
+        let args: Vec<String> = vec![
+            "cloud-controller-manager".into(),
+            "--cloud-provider=baremetal".into(),
+            format!("--cloud-config={}", cloud_config.display()),
+            format!("--kubeconfig={}", kubeconfig.display()),
+            "--controllers=service-lb-controller".into(),
+            "--leader-elect=false".into(),
+            format!("--load-balancer-class={class}"),
+            "--bind-address=127.0.0.1".into(),
+            format!("--secure-port={port}"),
+        ];
+        let log = cluster.request_log();
+        let mark = log.mark();
+        let settings = ccm_framework::flags::Flags::try_parse_from(&args).expect("flags parse").settings().expect("settings");
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let manager = tokio::spawn(ccm_framework::engine::app::run(operator::providers::builtin_registry(), settings, shutdown.clone()));
+
+        let services: Api<Service> = Api::namespaced(client.clone(), &namespace);
+        let service = |name: &str, annotations: Value| -> Service {
+            serde_json::from_value(json!({"metadata": {"name": name, "annotations": annotations},
+                "spec": {"type": "LoadBalancer", "loadBalancerClass": class, "ports": [{"port": 80, "protocol": "TCP"}]}}))
+            .expect("a Service")
+        };
+        services.create(&PostParams::default(), &service("from-ours", json!({"ccm.rs/address-pool": ours}))).await.expect("a Service");
+        services
+            .create(&PostParams::default(), &service("from-metallb", json!({"metallb.io/address-pool": "lan"})))
+            .await
+            .expect("a Service");
+        let address = |name: &'static str| {
+            let services = services.clone();
+            async move {
+                let s = services.get(name).await.ok()?;
+                s.status?.load_balancer?.ingress?.first()?.ip.clone()
+            }
+        };
+        let outcome = async {
+            step("from-ours gets an address of the LoadBalancerIPPool", RBAC_WAIT, || async {
+                address("from-ours").await.is_some_and(|ip| ip.starts_with("198.51.100.") && ip.rsplit('.').next().and_then(|o| o.parse::<u8>().ok()).is_some_and(|o| (8..12).contains(&o)))
+            })
+            .await?;
+            step("from-metallb gets an address of the imported MetalLB pool", RBAC_WAIT, || async {
+                address("from-metallb").await.is_some_and(|ip| ip.rsplit('.').next().and_then(|o| o.parse::<u8>().ok()).is_some_and(|o| (16..20).contains(&o)))
+            })
+            .await?;
+            step("the LoadBalancerIPPool's status counts the address", RBAC_WAIT, || async {
+                pools.get(&ours).await.ok().and_then(|p| p.status).and_then(|s| s.ipv4).is_some_and(|u| u.assigned == 1)
+            })
+            .await
+        }
+        .await;
+        shutdown.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(20), manager).await;
+        let _ = std::fs::remove_dir_all(&dir);
+        let _ = pools.delete(&ours, &DeleteParams::default()).await;
+        // The harness's own requests (its user agent) stay out of the proof.
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        for name in ["ipaddresspools.metallb.io", "ciliumloadbalancerippools.cilium.io"] {
+            let _ = crds.delete(name, &DeleteParams::default()).await;
+        }
+        outcome.unwrap_or_else(|step| panic!("timed out waiting until {step}"));
+
+        let user = format!("system:serviceaccount:{namespace}:{account}");
+        let genuine = cluster.is_genuine();
+        let requests: Vec<RequestRecord> = log
+            .since(mark)
+            .into_iter()
+            .filter(|r| if genuine { r.user.as_deref() == Some(user.as_str()) } else { r.user_agent != HARNESS_AGENT })
+            .collect();
+        let all: Vec<Value> = objects.iter().cloned().chain([binding]).collect();
+        let grants = grants_for_service_account(&all, &namespace, &account);
+        prove("cloud-controller-manager (baremetal pools)", &grants, &requests);
     }
 }
