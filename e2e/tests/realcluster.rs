@@ -535,13 +535,7 @@ async fn apply(client: &Client, obj: serde_json::Value) {
 async fn deployment_initializes_node(ctx: Arc<Ctx>) {
     let node_name = ctx.cluster.node_name.clone();
     let node_ip = ctx.cluster.network.node_ip.to_string();
-    apply(
-        &ctx.client,
-        json!({"apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": SECRET, "namespace": CCM_NS, "labels": {(crds::CLOUD_CONFIG_LABEL): crds::CLOUD_CONFIG_LABEL_VALUE}},
-            "stringData": {"cloud.conf": cloud_config(&node_name, &node_ip)}}),
-    )
-    .await;
+    put_cloud_config(&ctx, &cloud_config(&node_name, &node_ip)).await;
     let t = Instant::now();
     apply(
         &ctx.client,
@@ -929,13 +923,7 @@ async fn rotation(ctx: Arc<Ctx>) {
     // A pool-only edit: the manager reloads its mounted file; no Pod rolls.
     let t = Instant::now();
     let config = cloud_config(&node_name, &node_ip).replace(POOL, "127.0.0.240/28\", \"127.0.0.224/28");
-    apply(
-        &ctx.client,
-        json!({"apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": SECRET, "namespace": CCM_NS, "labels": {(crds::CLOUD_CONFIG_LABEL): crds::CLOUD_CONFIG_LABEL_VALUE}},
-        "stringData": {"cloud.conf": config}}),
-    )
-    .await;
+    put_cloud_config(&ctx, &config).await;
     apply(
         &ctx.client,
         json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web-b", "namespace": APP_NS},
@@ -959,13 +947,7 @@ async fn rotation(ctx: Arc<Ctx>) {
     // Any other edit rolls the Pods, which read it at start.
     let t = Instant::now();
     let config = cloud_config(&node_name, &node_ip).replace("e2e-small", "e2e-large");
-    apply(
-        &ctx.client,
-        json!({"apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": SECRET, "namespace": CCM_NS, "labels": {(crds::CLOUD_CONFIG_LABEL): crds::CLOUD_CONFIG_LABEL_VALUE}},
-        "stringData": {"cloud.conf": config}}),
-    )
-    .await;
+    put_cloud_config(&ctx, &config).await;
     wait("new manager Pods for the rotated Secret", Duration::from_secs(120), || async {
         let pods = manager_pods(&ctx).await;
         pods.iter().any(|p| is_ready(p) && !before.contains(&p.name_any())).then_some(())
@@ -1378,13 +1360,7 @@ async fn to_embedded(ctx: Arc<Ctx>) {
         .replace(POOL, "192.0.2.0/28")
         .replace("      allowLoopback: true\n", "");
     let t = Instant::now();
-    apply(
-        &ctx.client,
-        json!({"apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": SECRET, "namespace": CCM_NS, "labels": {(crds::CLOUD_CONFIG_LABEL): crds::CLOUD_CONFIG_LABEL_VALUE}},
-        "stringData": {"cloud.conf": config}}),
-    )
-    .await;
+    put_cloud_config(&ctx, &config).await;
     let daemonsets: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), CCM_NS);
     wait("Embedded mode Ready and the DaemonSet gone", Duration::from_secs(120), || async {
         let gone = daemonsets.get_opt(&format!("ccm-{CCM_NAME}")).await.ok()?.is_none();

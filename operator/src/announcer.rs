@@ -15,9 +15,9 @@ use crds::CloudControllerManager;
 use crds::v1alpha1::Announcer;
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy, RollingUpdateDaemonSet};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, KeyToPath, ObjectFieldSelector,
-    PodSecurityContext, PodSpec, PodTemplateSpec, ResourceRequirements, SeccompProfile, SecretVolumeSource,
-    SecurityContext, ServiceAccount, Toleration, Volume, VolumeMount,
+    Capabilities, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, ObjectFieldSelector, PodSecurityContext,
+    PodSpec, PodTemplateSpec, ResourceRequirements, SeccompProfile, SecurityContext, ServiceAccount, Toleration,
+    Volume, VolumeMount,
 };
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -176,22 +176,9 @@ fn pod_template(
         // The announcer reads its section at start: any edit of the Secret restarts it, one
         // node at a time.
         annotations.insert(names::ANNOTATION_CLOUD_CONFIG_HASH.to_string(), cc.hash.clone());
-        volumes.push(Volume {
-            name: names::CLOUD_CONFIG_VOLUME.into(),
-            secret: Some(SecretVolumeSource {
-                secret_name: Some(cc.secret.clone()),
-                items: Some(vec![KeyToPath { key: cc.key.clone(), path: cc.key.clone(), mode: None }]),
-                default_mode: Some(0o440),
-                optional: None,
-            }),
-            ..Default::default()
-        });
-        mounts.push(VolumeMount {
-            name: names::CLOUD_CONFIG_VOLUME.into(),
-            mount_path: names::CLOUD_CONFIG_DIR.into(),
-            read_only: Some(true),
-            ..Default::default()
-        });
+        let (volume, mount) = crate::build::cloud_config_volume(cc);
+        volumes.push(volume);
+        mounts.push(mount);
         args.push(format!("--cloud-config={}", names::cloud_config_path(&cc.key)));
     }
     if let Some(class) = &cr.spec.load_balancer_class {

@@ -630,6 +630,28 @@ pub fn default_resources() -> ResourceRequirements {
     }
 }
 
+/// The cloud-config Secret as a volume (its one key, `0440`: readable by the pod's `fsGroup`)
+/// and its read-only mount at [`names::CLOUD_CONFIG_DIR`].
+pub fn cloud_config_volume(cc: &crate::validate::CloudConfigRef) -> (Volume, VolumeMount) {
+    let volume = Volume {
+        name: names::CLOUD_CONFIG_VOLUME.into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(cc.secret.clone()),
+            items: Some(vec![KeyToPath { key: cc.key.clone(), path: cc.key.clone(), mode: None }]),
+            default_mode: Some(0o440),
+            optional: None,
+        }),
+        ..Default::default()
+    };
+    let mount = VolumeMount {
+        name: names::CLOUD_CONFIG_VOLUME.into(),
+        mount_path: names::CLOUD_CONFIG_DIR.into(),
+        read_only: Some(true),
+        ..Default::default()
+    };
+    (volume, mount)
+}
+
 fn pod_template(
     cr: &CloudControllerManager,
     validated: &Validated,
@@ -646,22 +668,9 @@ fn pod_template(
         // Only edits that need a restart roll the pods; the manager reloads the rest in place
         // from the mounted file, which kubelet updates.
         annotations.insert(names::ANNOTATION_CLOUD_CONFIG_HASH.to_string(), cc.restart_hash.clone());
-        volumes.push(Volume {
-            name: names::CLOUD_CONFIG_VOLUME.into(),
-            secret: Some(SecretVolumeSource {
-                secret_name: Some(cc.secret.clone()),
-                items: Some(vec![KeyToPath { key: cc.key.clone(), path: cc.key.clone(), mode: None }]),
-                default_mode: Some(0o440),
-                optional: None,
-            }),
-            ..Default::default()
-        });
-        mounts.push(VolumeMount {
-            name: names::CLOUD_CONFIG_VOLUME.into(),
-            mount_path: names::CLOUD_CONFIG_DIR.into(),
-            read_only: Some(true),
-            ..Default::default()
-        });
+        let (volume, mount) = cloud_config_volume(cc);
+        volumes.push(volume);
+        mounts.push(mount);
     }
     if let (Some(ccm_framework::config::LeaderMigrationSource::File(_)), Some(migration)) =
         (&validated.config.leader_migration, crate::validate::leader_migration_of(&cr.spec).ok().flatten())

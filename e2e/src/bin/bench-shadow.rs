@@ -16,15 +16,11 @@
 //! its peak RSS (`VmHWM`, sampled `VmRSS`). Results and command: docs/benchmarks.md.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use e2e::bench::{self, BoxError, metric_by, proc_status_kib};
+use e2e::bench::{BoxError, ManagerProcess, metric_by};
 use e2e_apiserver::RequestLog;
 use e2e_apiserver::genuine::ControlPlane;
 use k8s_openapi::api::core::v1::{
@@ -288,75 +284,6 @@ enum Ready {
     Compared,
 }
 
-/// The manager process, its RSS sampled; killed when dropped.
-struct Manager {
-    child: Child,
-    port: u16,
-    peak_kib: Arc<AtomicU64>,
-    sampling: Arc<AtomicBool>,
-}
-
-impl Manager {
-    fn spawn(line: &str, log: &Path) -> Result<Self, BoxError> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let line = format!("{line} --secure-port={port}");
-        let mut words = line.split_whitespace();
-        let program = words.next().ok_or("empty manager command line")?;
-        let child = Command::new(program)
-            .args(words)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(log)?)
-            .spawn()
-            .map_err(|e| format!("starting {program}: {e}"))?;
-        let peak = Arc::new(AtomicU64::new(0));
-        let sampling = Arc::new(AtomicBool::new(true));
-        let (pid, p, s) = (child.id(), peak.clone(), sampling.clone());
-        tokio::spawn(async move {
-            while s.load(Ordering::Relaxed) {
-                if let Some(kib) = proc_status_kib(pid, "VmRSS:") {
-                    p.fetch_max(kib, Ordering::Relaxed);
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        });
-        Ok(Self { child, port, peak_kib: peak, sampling })
-    }
-
-    async fn metrics(&self) -> String {
-        let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
-        ccm_framework::serving::probe::get(addr, "/metrics", None, Duration::from_secs(10))
-            .await
-            .filter(|r| r.status == 200)
-            .map(|r| r.body)
-            .unwrap_or_default()
-    }
-
-    fn check_running(&mut self) -> Result<(), BoxError> {
-        match self.child.try_wait()? {
-            Some(status) => Err(format!("manager exited with {status}").into()),
-            None => Ok(()),
-        }
-    }
-
-    /// SIGTERM, then SIGKILL after 15 s; the peak RSS in MiB.
-    fn stop(&mut self) -> f64 {
-        self.sampling.store(false, Ordering::Relaxed);
-        if let Some(hwm) = proc_status_kib(self.child.id(), "VmHWM:") {
-            self.peak_kib.fetch_max(hwm, Ordering::Relaxed);
-        }
-        bench::terminate(&mut self.child, Duration::from_secs(15));
-        self.peak_kib.load(Ordering::Relaxed) as f64 / 1024.0
-    }
-}
-
-impl Drop for Manager {
-    fn drop(&mut self) {
-        self.sampling.store(false, Ordering::Relaxed);
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn diff(after: &BTreeMap<String, u64>, before: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
     after
         .iter()
@@ -455,7 +382,10 @@ async fn run_manager(
     let mut report = Report { label: label.into(), ..Default::default() };
     let mark = quiet_mark(log).await;
     let started = Instant::now();
-    let mut manager = Manager::spawn(line, &work.join(format!("{label}.log")))?;
+    // The line is complete but for the port; nothing else is substituted.
+    let line = format!("{line} --secure-port={{port}}");
+    let none = Path::new("");
+    let mut manager = ManagerProcess::spawn(&line, "", none, none, &work.join(format!("{label}.log")))?;
     let deadline = started + Duration::from_secs(args.timeout_seconds);
     loop {
         manager.check_running()?;

@@ -57,6 +57,33 @@ fn resource(namespace: &str, mode: &str) -> Value {
     })
 }
 
+/// The stored resource `cloud` of `namespace`, as JSON (with its UID).
+async fn stored_resource(admin: &Client, namespace: &str) -> Value {
+    let stored = Api::<crds::CloudControllerManager>::namespaced(admin.clone(), namespace)
+        .get("cloud")
+        .await
+        .expect("the stored resource");
+    serde_json::to_value(stored).expect("JSON")
+}
+
+/// Applies `objects` in order as the operator, each retried as the operator's reconciles are:
+/// RBAC checks a binding against its Role through the API server's informer cache, which may
+/// not hold the Role created a moment ago. Panics naming an object not admitted within 30 s.
+async fn admitted(client: &Client, objects: &[Value]) {
+    for object in objects {
+        let started = tokio::time::Instant::now();
+        while let Err(e) = apply_as(client, object).await {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "the operator's own {} {} was not admitted: {e}",
+                object["kind"],
+                object["metadata"]["name"]
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+}
+
 /// What the operator builds for the stored resource `owner` in `mode`, as JSON objects.
 ///
 /// The owner must exist: kube-controller-manager's garbage collector, which runs beside the
@@ -117,13 +144,7 @@ async fn chart_admission_policy_admits_what_the_operator_builds_and_refuses_what
 
     // The resource itself, stored, so that what the operator builds has a live owner.
     apply_dynamic(&admin, &resource(&managers, "Deployment")).await.expect("the resource is stored");
-    let owner = serde_json::to_value(
-        Api::<crds::CloudControllerManager>::namespaced(admin.clone(), &managers)
-            .get("cloud")
-            .await
-            .expect("the stored resource"),
-    )
-    .expect("JSON");
+    let owner = stored_resource(&admin, &managers).await;
     let deployment_mode = operator_objects(&owner, "Deployment", &settings);
     let deployment = deployment_mode.iter().find(|o| o["kind"] == "Deployment").expect("a Deployment").clone();
     let role = deployment_mode.iter().find(|o| o["kind"] == "Role").expect("a Role").clone();
@@ -144,20 +165,7 @@ async fn chart_admission_policy_admits_what_the_operator_builds_and_refuses_what
     // mode as a dry run over it.
     let mut in_order = deployment_mode.clone();
     in_order.sort_by_key(|o| o["kind"] != "Role");
-    for object in &in_order {
-        // Retried as the operator's reconciles are: RBAC checks a binding against its Role through
-        // the API server's informer cache, which may not hold the Role created a moment ago.
-        let started = tokio::time::Instant::now();
-        while let Err(e) = apply_as(&operator_client, object).await {
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "the operator's own {} {} was not admitted: {e}",
-                object["kind"],
-                object["metadata"]["name"]
-            );
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-    }
+    admitted(&operator_client, &in_order).await;
     for object in &operator_objects(&owner, "DaemonSet", &settings) {
         if let Err(e) = dry_run(&operator_client, object).await {
             panic!("the policy refused the operator's own {} {}: {e}", object["kind"], object["metadata"]["name"]);
@@ -263,13 +271,7 @@ async fn with_announcer_enabled_the_policy_admits_the_announcer_and_net_raw_only
     };
     let settings = announcing_settings(&chart_manager_image(&objects));
     apply_dynamic(&admin, &resource(&managers, "Deployment")).await.expect("the resource is stored");
-    let owner = serde_json::to_value(
-        Api::<crds::CloudControllerManager>::namespaced(admin.clone(), &managers)
-            .get("cloud")
-            .await
-            .expect("the stored resource"),
-    )
-    .expect("JSON");
+    let owner = stored_resource(&admin, &managers).await;
     let announcer = announcer_objects(&owner, &settings);
     let daemon_set = announcer.iter().find(|o| o["kind"] == "DaemonSet").expect("a DaemonSet").clone();
     let manager = operator_objects(&owner, "Deployment", &settings)
@@ -283,18 +285,7 @@ async fn with_announcer_enabled_the_policy_admits_the_announcer_and_net_raw_only
     });
     let message = refused_once_loaded(&operator_client, &raw_manager, "NET_RAW in a manager pod").await;
     assert!(message.contains("capabilities.add"), "{message}");
-    for object in &announcer {
-        let started = tokio::time::Instant::now();
-        while let Err(e) = apply_as(&operator_client, object).await {
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "the operator's own {} {} was not admitted: {e}",
-                object["kind"],
-                object["metadata"]["name"]
-            );
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-    }
+    admitted(&operator_client, &announcer).await;
     let binding = announcer.iter().find(|o| o["kind"] == "ClusterRoleBinding").expect("a ClusterRoleBinding").clone();
     let crafted: Vec<(&str, Value, &str)> = vec![
         (

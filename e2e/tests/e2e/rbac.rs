@@ -888,14 +888,7 @@ async fn manager_scenario(
     let _ = std::fs::remove_dir_all(&dir);
     outcome?;
 
-    let user = format!("system:serviceaccount:{namespace}:{account}");
-    let genuine = cluster.is_genuine();
-    let requests = log
-        .since(mark)
-        .into_iter()
-        .filter(|r| if genuine { r.user.as_deref() == Some(user.as_str()) } else { r.user_agent != HARNESS_AGENT })
-        .collect();
-    Ok((requests, own_role))
+    Ok((requests_of(cluster, &log, mark, namespace, &account), own_role))
 }
 
 /// The manager's observable work (see [`manager_scenario`]).
@@ -1337,6 +1330,24 @@ fn rbac_semantics() {
     assert_eq!(a.name.as_deref(), Some("cloudcontrollermanagers.ccm.rs"));
 }
 
+/// The requests since `mark` of the component running as ServiceAccount `namespace/account`: on
+/// the genuine backend by user (the audit log), on the local one every request but the
+/// harness's (that server does not authenticate).
+fn requests_of(
+    cluster: &TestCluster,
+    log: &e2e_apiserver::RequestLog,
+    mark: u64,
+    namespace: &str,
+    account: &str,
+) -> Vec<RequestRecord> {
+    let user = format!("system:serviceaccount:{namespace}:{account}");
+    let genuine = cluster.is_genuine();
+    log.since(mark)
+        .into_iter()
+        .filter(|r| if genuine { r.user.as_deref() == Some(user.as_str()) } else { r.user_agent != HARNESS_AGENT })
+        .collect()
+}
+
 /// The announcer ServiceAccount, RoleBinding and ClusterRoleBinding the operator builds for a
 /// `baremetal` resource named [`CR_NAME`] with `spec.announcer` in `namespace`, as JSON.
 fn announcer_bindings(namespace: &str) -> Vec<Value> {
@@ -1436,13 +1447,7 @@ e2e_apiserver::backend_tests! {
         let leases: Api<Lease> = Api::namespaced(client.clone(), &namespace);
         assert!(leases.get_opt(&lease_name(&node)).await.expect("read").is_none(), "its Lease was deleted on stop");
 
-        let user = format!("system:serviceaccount:{namespace}:{account}");
-        let genuine = cluster.is_genuine();
-        let requests: Vec<RequestRecord> = log
-            .since(mark)
-            .into_iter()
-            .filter(|r| if genuine { r.user.as_deref() == Some(user.as_str()) } else { r.user_agent != HARNESS_AGENT })
-            .collect();
+        let requests = requests_of(&cluster, &log, mark, &namespace, &account);
         let all: Vec<Value> = objects.iter().chain(&bindings).cloned().collect();
         let grants = grants_for_service_account(&all, &namespace, &account);
         prove("announcer", &grants, &requests);
@@ -1582,13 +1587,7 @@ e2e_apiserver::backend_tests! {
         }
         outcome.unwrap_or_else(|step| panic!("timed out waiting until {step}"));
 
-        let user = format!("system:serviceaccount:{namespace}:{account}");
-        let genuine = cluster.is_genuine();
-        let requests: Vec<RequestRecord> = log
-            .since(mark)
-            .into_iter()
-            .filter(|r| if genuine { r.user.as_deref() == Some(user.as_str()) } else { r.user_agent != HARNESS_AGENT })
-            .collect();
+        let requests = requests_of(&cluster, &log, mark, &namespace, &account);
         let all: Vec<Value> = objects.iter().cloned().chain([binding]).collect();
         let grants = grants_for_service_account(&all, &namespace, &account);
         prove("cloud-controller-manager (baremetal pools)", &grants, &requests);
