@@ -490,6 +490,21 @@ pub struct CloudControllerManagerStatus {
     /// Shadow mode only: what the manager would do differently (written by the manager).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shadow: Option<ShadowReport>,
+    /// With `spec.announcer`: its DaemonSet's Pods, as the DaemonSet controller counts them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub announcers: Option<AnnouncersStatus>,
+}
+
+/// The announcer Pods of `spec.announcer`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AnnouncersStatus {
+    /// Nodes that should run an announcer.
+    pub desired: i32,
+    /// Announcer Pods that are ready.
+    pub ready: i32,
+    /// Announcer Pods running the current template.
+    pub updated: i32,
 }
 
 /// The leader-migration Lease a manager takes part in.

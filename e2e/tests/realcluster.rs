@@ -1173,6 +1173,11 @@ async fn vip_by_l2(ctx: Arc<Ctx>) {
     })
     .await;
     println!("    spec.announcer applied to the announcer Pod available: {:.1} s", t.elapsed().as_secs_f64());
+    wait("status.announcers counting the ready announcer", Duration::from_secs(60), || async {
+        let a = ccms.get(CCM_NAME).await.ok()?.status?.announcers?;
+        (a.desired == 1 && a.ready == 1 && a.updated == 1).then_some(())
+    })
+    .await;
     // The cloud-config edit (not pools only) rolls the manager; the Service needs it leading.
     manager_rolled(&ctx, &rolled_from).await;
 
@@ -1243,8 +1248,9 @@ async fn vip_by_l2(ctx: Arc<Ctx>) {
     let _ = services.delete("web-vip", &Default::default()).await;
     let remove = json!({"spec": {"announcer": null}});
     ccms.patch(CCM_NAME, &PatchParams::default(), &Patch::Merge(&remove)).await.expect("announcer removed");
-    wait("the announcer DaemonSet pruned", Duration::from_secs(60), || async {
-        daemon_sets.get_opt(&announcer).await.ok()?.is_none().then_some(())
+    wait("the announcer DaemonSet pruned and status.announcers cleared", Duration::from_secs(60), || async {
+        let cleared = ccms.get(CCM_NAME).await.ok()?.status?.announcers.is_none();
+        (daemon_sets.get_opt(&announcer).await.ok()?.is_none() && cleared).then_some(())
     })
     .await;
     let rolled_from: Vec<String> = manager_pods(&ctx).await.iter().map(|p| p.name_any()).collect();

@@ -1026,6 +1026,10 @@ async fn reconcile_cr(ctx: &Ctx, cr: &CloudControllerManager, namespace: &str, n
         outcome.rollout_started || in_flight
     };
     let lease_obs = lease.as_deref().map(|l| dereference::observe_lease(l, &input.now));
+    let announcers = cr.spec.announcer.as_ref().and_then(|_| {
+        let key = ObjectRef::new(&names::announcer_name(name)).within(namespace);
+        ctx.children.daemon_sets.get(&key).map(|d| dereference::observe_daemon_set(&d))
+    });
     let migration_obs = migration_lease.as_deref().map(|l| dereference::observe_lease(l, &input.now));
 
     // Status.
@@ -1041,6 +1045,7 @@ async fn reconcile_cr(ctx: &Ctx, cr: &CloudControllerManager, namespace: &str, n
             lease: lease_obs.as_ref(),
             migration_lease: migration_obs.as_ref(),
             pods: &pods,
+            announcers: announcers.as_ref(),
             rollout_started,
             switching: outcome.switching.as_deref(),
             transient: &failures,

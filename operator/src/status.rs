@@ -137,6 +137,8 @@ pub struct StatusInput<'a> {
     pub migration_lease: Option<&'a LeaseObservation>,
     /// The manager Pods (empty in Embedded mode, and where no kubelet runs them).
     pub pods: &'a PodsObservation,
+    /// The announcer DaemonSet of `spec.announcer`, when it exists.
+    pub announcers: Option<&'a DaemonSetObservation>,
     /// Whether this reconcile started a new rollout (new or changed pod template, or an
     /// embedded engine (re)start for a spec or Secret change).
     pub rollout_started: bool,
@@ -185,6 +187,7 @@ impl ComputedStatus {
             ("readyReplicas", s.ready_replicas.map(|v| json!(v))),
             ("leader", s.leader.as_ref().map(|v| json!(v))),
             ("migrationLease", s.migration_lease.as_ref().map(|v| json!(v))),
+            ("announcers", s.announcers.as_ref().map(|v| json!(v))),
         ];
         for (k, v) in fields {
             if let Some(v) = v {
@@ -282,6 +285,15 @@ pub fn compute(input: &StatusInput<'_>) -> ComputedStatus {
             }),
         // The manager's (shadow mode); never applied by the operator.
         shadow: None,
+        // Zeros until the DaemonSet exists; gone with `spec.announcer`.
+        announcers: cr.spec.announcer.as_ref().map(|_| {
+            let d = input.announcers;
+            crds::v1alpha1::AnnouncersStatus {
+                desired: d.map_or(0, |d| d.desired),
+                ready: d.map_or(0, |d| d.ready),
+                updated: d.map_or(0, |d| d.updated),
+            }
+        }),
     };
     let changed = differs(&status, &existing);
     ComputedStatus { status, owns_provider_healthy, changed }
@@ -322,6 +334,8 @@ fn differs(desired: &CloudControllerManagerStatus, existing: &CloudControllerMan
         || some_differs(&desired.leader, &existing.leader)
         // Cleared when migration is turned off: the operator is its one writer.
         || desired.migration_lease != existing.migration_lease
+        // Likewise when spec.announcer is removed.
+        || desired.announcers != existing.announcers
 }
 
 fn config_valid(input: &StatusInput<'_>, existing: &CloudControllerManagerStatus) -> DesiredCondition {
@@ -598,6 +612,7 @@ mod tests {
                 lease: self.lease.as_ref(),
                 migration_lease: self.migration_lease.as_ref(),
                 pods: &self.pods,
+                announcers: None,
                 rollout_started,
                 switching: None,
                 transient: &self.transient,
@@ -612,6 +627,44 @@ mod tests {
         fn cond(&self, type_: &str) -> Condition {
             conditions::find(&self.cr.status.as_ref().unwrap().conditions, type_).unwrap().clone()
         }
+    }
+
+    #[test]
+    fn announcer_counts_follow_the_daemonset_and_go_with_spec_announcer() {
+        let mut cr = cr("Deployment");
+        cr.spec.announcer = Some(crds::v1alpha1::Announcer::default());
+        let (validation, pods, transient) = (valid(), PodsObservation::default(), TransientFailures::default());
+        let daemon_set = DaemonSetObservation { desired: 3, current: 3, updated: 2, ready: 1, ..Default::default() };
+        let compute_with = |cr: &CloudControllerManager, announcers: Option<&DaemonSetObservation>| {
+            compute(&StatusInput {
+                cr,
+                validation: &validation,
+                workload: &deploy(2, 2, 2, 2),
+                lease: None,
+                migration_lease: None,
+                pods: &pods,
+                announcers,
+                rollout_started: false,
+                switching: None,
+                transient: &transient,
+                degraded_window: Duration::from_secs(120),
+                now: at(1),
+            })
+        };
+        let before = compute_with(&cr, None);
+        let zero = crds::v1alpha1::AnnouncersStatus::default();
+        assert_eq!(before.status.announcers, Some(zero), "zeros until the DaemonSet exists");
+        cr.status = Some(before.status);
+        let out = compute_with(&cr, Some(&daemon_set));
+        assert!(out.changed);
+        let want = crds::v1alpha1::AnnouncersStatus { desired: 3, ready: 1, updated: 2 };
+        assert_eq!(out.status.announcers.as_ref(), Some(&want));
+        assert_eq!(out.apply_body()["status"]["announcers"], json!({"desired": 3, "ready": 1, "updated": 2}));
+        cr.status = Some(out.status);
+        assert!(!compute_with(&cr, Some(&daemon_set)).changed, "written only when it changed");
+        cr.spec.announcer = None;
+        let gone = compute_with(&cr, Some(&daemon_set));
+        assert!(gone.changed && gone.status.announcers.is_none(), "cleared with spec.announcer");
     }
 
     #[test]

@@ -411,7 +411,14 @@ fn remove_in(rt: &ResourceType, v: &mut Value, set: &FieldSet, path: &mut Vec<Se
         let Some(fv) = m.get_mut(field) else { continue };
         path.push(Seg::Field(field.to_string()));
         match fv {
-            Value::Object(_) => remove_in(rt, fv, child, path),
+            Value::Object(_) => {
+                remove_in(rt, fv, child, path);
+                // A map emptied by the removal goes too, as kube-apiserver's structured-merge-diff
+                // does: `{}` left behind would fail a schema that requires its fields.
+                if fv.as_object().is_some_and(Map::is_empty) {
+                    m.remove(field);
+                }
+            }
             Value::Array(items) => match list_kind(rt, path) {
                 ListKind::Map(keys) => {
                     path.push(Seg::Item);
@@ -654,6 +661,21 @@ mod tests {
             json!({"f:metadata": {"f:labels": {"f:a": {}}}, "f:status": {"f:conditions": {"k:{\"type\":\"Ready\"}": {".": {}, "f:status": {}, "f:type": {}}}}})
         );
         assert_eq!(FieldSet::from_fields_v1(&f), fs);
+    }
+
+    #[test]
+    fn a_map_whose_applied_fields_are_all_dropped_goes_with_them() {
+        let rt = node_type();
+        let w = Writer { manager: "op", subresource: "", api_version: "v1".into() };
+        let first = json!({"metadata": {"labels": {"a": "1", "b": "2"}}, "spec": {"podCIDR": "10.0.0.0/24"}});
+        let mut stored = apply(&rt, &json!({}), &[], &first, &w);
+        record_apply(&rt, None, vec![], &mut stored, &w, applied_set(&rt, &first), false).unwrap();
+        let entries = entries_from(&stored["metadata"]["managedFields"]);
+        // The next apply leaves out every label: the emptied map is not kept as `{}`.
+        let next = json!({"spec": {"podCIDR": "10.0.0.0/24"}});
+        let merged = apply(&rt, &stored, &entries, &next, &w);
+        assert!(merged["metadata"].get("labels").is_none(), "{merged}");
+        assert_eq!(merged["spec"]["podCIDR"], "10.0.0.0/24");
     }
 
     #[test]

@@ -786,6 +786,12 @@ e2e_apiserver::backend_tests! {
         let crb_name = operator::names::announcer_cluster_role_binding_name(&env.ns, "metal");
         assert!(crbs.get_opt(&crb_name).await.unwrap().is_some(), "the announcer's ClusterRoleBinding");
         let manager_template = env.api::<Deployment>().get("ccm-metal").await.unwrap().spec.unwrap().template;
+        // Its Pods are counted in status (no kubelet here: none scheduled).
+        let counted = crate::kit::eventually_value(Duration::from_secs(30), || async {
+            env.cr("metal").await.status?.announcers
+        })
+        .await;
+        assert_eq!(counted.map(|a| (a.desired, a.ready)), Some((0, 0)));
 
         // Removed from the spec: the announcer's objects go, the manager stays as it was.
         let remove = json!({"spec": {"announcer": null}});
@@ -800,6 +806,16 @@ e2e_apiserver::backend_tests! {
         assert!(!crate::kit::exists::<ServiceAccount>(&env, &name).await, "and its ServiceAccount");
         let now = env.api::<Deployment>().get("ccm-metal").await.unwrap().spec.unwrap().template;
         assert_eq!(now, manager_template, "the manager was not changed");
+        let cleared = crate::kit::eventually_value(Duration::from_secs(30), || async {
+            env.cr("metal").await.status.is_some_and(|s| s.announcers.is_none()).then_some(())
+        })
+        .await;
+        assert!(cleared.is_some(), "status.announcers goes with spec.announcer");
+        // Settled: no more writes of its own (a status it cannot clear would be rewritten forever).
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let version = env.cr("metal").await.metadata.resource_version;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(env.cr("metal").await.metadata.resource_version, version, "the resource is left alone");
         let _ = tokio::time::timeout(Duration::from_secs(20), op.stop()).await;
         env.finish().await;
     }
