@@ -238,6 +238,7 @@ class Lint(unittest.TestCase):
             "malformed duration": {"serviceMonitor": {"interval": "fast"}},
             "malformed digest": {"image": {"digest": "latest"}},
             "empty manager role name": {"manager": {"rbac": {"clusterRoleName": ""}}},
+            "a quote in the BIRD image (CEL)": {"announcer": {"birdImage": "x' || true || '"}},
         }
         for case, overlay in bad.items():
             with self.subTest(case=case):
