@@ -163,6 +163,18 @@ const BLOCKS: &[(&str, &str, &str, Check)] = &[
         Check::Paths("tests/realcluster.rs checks each of these facts on its real cluster"),
     ),
     (
+        "docs/real-cluster.md",
+        "real-cluster-vip-cloud-config",
+        "2a19d651da2bbe94",
+        Check::Paths("tests/realcluster.rs adds the same pool and announcement to its cloud-config (vip_by_l2)"),
+    ),
+    (
+        "docs/real-cluster.md",
+        "real-cluster-vip",
+        "0e889f7c51f6df92",
+        Check::Paths("tests/realcluster.rs sets spec.announcer and annotates its Service the same way (vip_by_l2)"),
+    ),
+    (
         "docs/troubleshooting.md",
         "troubleshooting-first-look",
         "9cf34479dc0bf3d8",
