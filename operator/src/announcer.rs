@@ -25,7 +25,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 
-use crate::build::{BuildSettings, Desired};
+use crate::desired::{BuildSettings, Desired};
 use crate::hash;
 use crate::names;
 use crate::validate::Validated;
@@ -176,7 +176,7 @@ fn pod_template(
         // The announcer reads its section at start: any edit of the Secret restarts it, one
         // node at a time.
         annotations.insert(names::ANNOTATION_CLOUD_CONFIG_HASH.to_string(), cc.hash.clone());
-        let (volume, mount) = crate::build::cloud_config_volume(cc);
+        let (volume, mount) = crate::desired::cloud_config_volume(cc);
         volumes.push(volume);
         mounts.push(mount);
         args.push(format!("--cloud-config={}", names::cloud_config_path(&cc.key)));

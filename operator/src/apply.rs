@@ -20,7 +20,7 @@ use kube::api::{
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource};
 
-use crate::build::{Desired, Kind};
+use crate::desired::{Desired, Kind};
 use crate::names;
 
 /// Identifies one child object.

@@ -20,9 +20,9 @@ use k8s_openapi::api::apps::v1::{
 };
 use k8s_openapi::api::core::v1::{
     Affinity, Capabilities, Container, ContainerPort, DownwardAPIProjection, DownwardAPIVolumeFile, HTTPGetAction,
-    KeyToPath, ObjectFieldSelector, PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec,
-    Probe, ProjectedVolumeSource, ResourceRequirements, SeccompProfile, SecretVolumeSource, SecurityContext,
-    ServiceAccount, Toleration, Volume, VolumeMount, VolumeProjection, WeightedPodAffinityTerm,
+    ObjectFieldSelector, PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
+    ProjectedVolumeSource, ResourceRequirements, SeccompProfile, SecurityContext, ServiceAccount, Toleration, Volume,
+    VolumeMount, VolumeProjection, WeightedPodAffinityTerm,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject};
@@ -31,186 +31,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
 
+pub use crate::desired::{BuildSettings, Desired, Kind, cloud_config_volume};
 use crate::hash;
 use crate::names;
 use crate::validate::Validated;
-
-/// Operator-wide inputs of the build step.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BuildSettings {
-    /// Default manager image (`--manager-image`); `spec.deployment.image` overrides it.
-    pub manager_image: String,
-    /// The ClusterRole the Helm chart installs for managers, bound cluster-wide per CR.
-    pub manager_cluster_role: String,
-    /// The ClusterRole bound in the CR's namespace (Lease and CR status), per CR.
-    pub manager_namespace_role: String,
-    /// The ClusterRole the chart installs for announcers (Services, EndpointSlices, events),
-    /// bound cluster-wide per CR with `spec.announcer`.
-    pub announcer_cluster_role: String,
-    /// The ClusterRole bound in the CR's namespace for announcers (their Leases).
-    pub announcer_namespace_role: String,
-    /// What resource authors may ask for (images, `extraArgs`, replicas, priority classes):
-    /// checked at validation, before anything is built.
-    pub policy: crate::validate::Policy,
-}
-
-impl Default for BuildSettings {
-    fn default() -> Self {
-        Self {
-            manager_image: "ghcr.io/ccm-rs/cloud-controller-manager:latest".to_string(),
-            manager_cluster_role: "ccm-manager".to_string(),
-            manager_namespace_role: "ccm-manager-namespace".to_string(),
-            announcer_cluster_role: "ccm-announcer".to_string(),
-            announcer_namespace_role: "ccm-announcer-namespace".to_string(),
-            policy: crate::validate::Policy::default(),
-        }
-    }
-}
-
-/// A child object the operator wants to exist.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Desired {
-    /// The manager's ServiceAccount.
-    ServiceAccount(ServiceAccount),
-    /// Binds the manager ClusterRole to the ServiceAccount (cluster-scoped, removed by finalizer).
-    ClusterRoleBinding(ClusterRoleBinding),
-    /// Binds a role to the ServiceAccount in the CR's namespace: the chart's namespace role
-    /// (Lease create), or the CR's own [`Desired::Role`].
-    RoleBinding(RoleBinding),
-    /// The manager's rights on its own Lease and CloudControllerManager, by name.
-    Role(Role),
-    /// Deployment mode's workload.
-    Deployment(Deployment),
-    /// DaemonSet mode's workload.
-    DaemonSet(DaemonSet),
-    /// Deployment mode with more than one replica.
-    PodDisruptionBudget(PodDisruptionBudget),
-}
-
-/// The kinds of child objects, in apply order (RBAC before the workload that needs it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Kind {
-    /// `v1/ServiceAccount`.
-    ServiceAccount,
-    /// `rbac.authorization.k8s.io/v1/ClusterRoleBinding`.
-    ClusterRoleBinding,
-    /// `rbac.authorization.k8s.io/v1/RoleBinding`.
-    RoleBinding,
-    /// `rbac.authorization.k8s.io/v1/Role`.
-    Role,
-    /// `apps/v1/Deployment`.
-    Deployment,
-    /// `apps/v1/DaemonSet`.
-    DaemonSet,
-    /// `policy/v1/PodDisruptionBudget`.
-    PodDisruptionBudget,
-}
-
-impl Kind {
-    /// Every kind, in apply order.
-    pub const ALL: [Kind; 7] = [
-        Kind::ServiceAccount,
-        Kind::ClusterRoleBinding,
-        Kind::RoleBinding,
-        Kind::Role,
-        Kind::Deployment,
-        Kind::DaemonSet,
-        Kind::PodDisruptionBudget,
-    ];
-
-    /// The Kubernetes kind.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::ServiceAccount => "ServiceAccount",
-            Kind::ClusterRoleBinding => "ClusterRoleBinding",
-            Kind::RoleBinding => "RoleBinding",
-            Kind::Role => "Role",
-            Kind::Deployment => "Deployment",
-            Kind::DaemonSet => "DaemonSet",
-            Kind::PodDisruptionBudget => "PodDisruptionBudget",
-        }
-    }
-}
-
-impl std::fmt::Display for Kind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl Desired {
-    /// The object's kind.
-    pub fn kind(&self) -> Kind {
-        match self {
-            Desired::ServiceAccount(_) => Kind::ServiceAccount,
-            Desired::ClusterRoleBinding(_) => Kind::ClusterRoleBinding,
-            Desired::RoleBinding(_) => Kind::RoleBinding,
-            Desired::Role(_) => Kind::Role,
-            Desired::Deployment(_) => Kind::Deployment,
-            Desired::DaemonSet(_) => Kind::DaemonSet,
-            Desired::PodDisruptionBudget(_) => Kind::PodDisruptionBudget,
-        }
-    }
-
-    /// The object's metadata.
-    pub fn meta(&self) -> &ObjectMeta {
-        match self {
-            Desired::ServiceAccount(o) => o.meta(),
-            Desired::ClusterRoleBinding(o) => o.meta(),
-            Desired::RoleBinding(o) => o.meta(),
-            Desired::Role(o) => o.meta(),
-            Desired::Deployment(o) => o.meta(),
-            Desired::DaemonSet(o) => o.meta(),
-            Desired::PodDisruptionBudget(o) => o.meta(),
-        }
-    }
-
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        match self {
-            Desired::ServiceAccount(o) => o.meta_mut(),
-            Desired::ClusterRoleBinding(o) => o.meta_mut(),
-            Desired::RoleBinding(o) => o.meta_mut(),
-            Desired::Role(o) => o.meta_mut(),
-            Desired::Deployment(o) => o.meta_mut(),
-            Desired::DaemonSet(o) => o.meta_mut(),
-            Desired::PodDisruptionBudget(o) => o.meta_mut(),
-        }
-    }
-
-    /// The object's name.
-    pub fn name(&self) -> &str {
-        self.meta().name.as_deref().unwrap_or_default()
-    }
-
-    /// The `ccm.rs/applied-hash` annotation: what the operator last applied.
-    pub fn applied_hash(&self) -> Option<&str> {
-        self.meta().annotations.as_ref()?.get(names::ANNOTATION_APPLIED_HASH).map(String::as_str)
-    }
-
-    /// The object as JSON for server-side apply.
-    pub fn to_json(&self) -> serde_json::Value {
-        let value = match self {
-            Desired::ServiceAccount(o) => serde_json::to_value(o),
-            Desired::ClusterRoleBinding(o) => serde_json::to_value(o),
-            Desired::RoleBinding(o) => serde_json::to_value(o),
-            Desired::Role(o) => serde_json::to_value(o),
-            Desired::Deployment(o) => serde_json::to_value(o),
-            Desired::DaemonSet(o) => serde_json::to_value(o),
-            Desired::PodDisruptionBudget(o) => serde_json::to_value(o),
-        };
-        value.unwrap_or(serde_json::Value::Null)
-    }
-
-    /// Stamp the applied-hash annotation: the hash of everything else in the object.
-    fn stamped(mut self) -> Self {
-        let digest = hash::of_json(&self.to_json());
-        self.meta_mut()
-            .annotations
-            .get_or_insert_with(BTreeMap::new)
-            .insert(names::ANNOTATION_APPLIED_HASH.to_string(), digest);
-        self
-    }
-}
 
 /// The objects `cr` should have in its current mode. Empty for Embedded mode.
 pub fn build(cr: &CloudControllerManager, validated: &Validated, settings: &BuildSettings) -> Vec<Desired> {
@@ -628,28 +452,6 @@ pub fn default_resources() -> ResourceRequirements {
         limits: Some(BTreeMap::from([("memory".to_string(), Quantity(DEFAULT_MEMORY_LIMIT.into()))])),
         ..Default::default()
     }
-}
-
-/// The cloud-config Secret as a volume (its one key, `0440`: readable by the pod's `fsGroup`)
-/// and its read-only mount at [`names::CLOUD_CONFIG_DIR`].
-pub fn cloud_config_volume(cc: &crate::validate::CloudConfigRef) -> (Volume, VolumeMount) {
-    let volume = Volume {
-        name: names::CLOUD_CONFIG_VOLUME.into(),
-        secret: Some(SecretVolumeSource {
-            secret_name: Some(cc.secret.clone()),
-            items: Some(vec![KeyToPath { key: cc.key.clone(), path: cc.key.clone(), mode: None }]),
-            default_mode: Some(0o440),
-            optional: None,
-        }),
-        ..Default::default()
-    };
-    let mount = VolumeMount {
-        name: names::CLOUD_CONFIG_VOLUME.into(),
-        mount_path: names::CLOUD_CONFIG_DIR.into(),
-        read_only: Some(true),
-        ..Default::default()
-    };
-    (volume, mount)
 }
 
 fn pod_template(

@@ -52,6 +52,13 @@ use crds::reasons::{self, degraded};
 /// The CR as the controller sees it: valid or not.
 pub type Guarded = DeserializeGuard<CloudControllerManager>;
 
+/// How long a resource's reconcile waits for more triggers. It merges the burst of watch
+/// events one apply causes (the children, then the resource's status) into one reconcile; it
+/// is paid once per step of a rollout. 100 ms made 100 resources Ready in 5.0 s instead of 8.0 s
+/// (1 s) with the same 11 writes each; none made 12.9 writes each (bench-operator, genuine
+/// kube-apiserver, docs/benchmarks.md).
+pub const DEBOUNCE: Duration = Duration::from_millis(100);
+
 /// Timings of the controller.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Timings {
@@ -59,7 +66,7 @@ pub struct Timings {
     pub requeue: Duration,
     /// Transient failures turn `Degraded` True only after lasting this long.
     pub degraded_window: Duration,
-    /// Trailing-edge debounce of reconcile triggers.
+    /// Trailing-edge debounce of reconcile triggers ([`DEBOUNCE`] by default).
     pub debounce: Duration,
     /// Re-check a fresh Lease at most this often (to notice a holder that stopped renewing).
     pub lease_recheck: Duration,
@@ -72,7 +79,7 @@ impl Default for Timings {
         Self {
             requeue: Duration::from_secs(300),
             degraded_window: Duration::from_secs(120),
-            debounce: Duration::from_secs(1),
+            debounce: DEBOUNCE,
             lease_recheck: Duration::from_secs(30),
             concurrency: 8,
         }
@@ -1008,7 +1015,7 @@ async fn reconcile_cr(ctx: &Ctx, cr: &CloudControllerManager, namespace: &str, n
     let mut validation = validate_step(ctx, &input, &secret, allowed).await;
     let outcome = apply_step(ctx, &input, &validation, &secret).await;
     if !outcome.name_conflicts.is_empty() {
-        validation = validate::name_conflicts(&outcome.name_conflicts);
+        validation = validate::name_conflicts(outcome.name_conflicts.iter().map(NameConflict::message));
     }
     let (workload, pods, lease) = observe(ctx, &input).await;
     let migration_lease = validate::migration_lease_namespace(cr)

@@ -13,6 +13,7 @@ pub mod apply;
 pub mod build;
 pub mod controller;
 pub mod dereference;
+pub mod desired;
 pub mod embedded;
 pub mod error;
 pub mod hash;

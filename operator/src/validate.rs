@@ -483,10 +483,11 @@ pub fn reserved_lease_name(name: &str) -> Option<Failure> {
     })
 }
 
-/// The verdict for a resource whose children's names are taken by objects it does not own.
-pub fn name_conflicts(conflicts: &[crate::apply::NameConflict]) -> Validation {
+/// The verdict for a resource whose children's names are taken by objects it does not own, one
+/// failure per conflict's message.
+pub fn name_conflicts(messages: impl IntoIterator<Item = String>) -> Validation {
     Validation::Invalid {
-        failures: conflicts.iter().map(|c| Failure { reason: reason::NAME_CONFLICT, message: c.message() }).collect(),
+        failures: messages.into_iter().map(|message| Failure { reason: reason::NAME_CONFLICT, message }).collect(),
         conflicts_with: Vec::new(),
     }
 }

@@ -1,15 +1,20 @@
-//! Operator benchmark: N Deployment-mode CloudControllerManagers reconciled from cold.
+//! Operator benchmark: N CloudControllerManagers (Deployment or Embedded mode) reconciled from
+//! cold.
 //!
-//! Starts the local test API server in-process, installs the CRD, and runs the operator as a
-//! child process (this binary re-executed with `--operator`, which runs `operator::run`), so its
-//! memory is measured alone. Then it creates N resources at once and plays the rest of the
-//! cluster: the deployment controller (writes each Deployment's status as rolled out) and each
-//! manager (holds the resource's Lease and reports `ProviderHealthy`). It reports the time until
-//! every resource is `Ready`, the operator's API writes per resource (from the request log), and
-//! the operator's RSS, then checks that an idle period adds no writes.
+//! Starts the test API server, installs the CRD, and runs the operator as a child process (this
+//! binary re-executed with `--operator`, which runs `operator::run`), so its memory is measured
+//! alone. Then it creates N resources and, in Deployment mode, plays the rest of the cluster: the
+//! deployment controller (writes each Deployment's status as rolled out) and each manager (holds
+//! the resource's Lease and reports `ProviderHealthy`); in Embedded mode the operator's own
+//! engines do that. It reports the time until every resource is `Ready`, the operator's API
+//! writes per resource (from the request log), the operator's RSS, and the API server's limit:
+//! the time the same server takes to accept as many writes as the whole run made (driver's and
+//! operator's, Lease writes left out), made as label patches of the resources themselves (the
+//! costliest kind here: a custom resource with CEL rules), at the best of three concurrencies.
+//! An idle period must add no writes but Lease renewals.
 //!
 //! ```text
-//! cargo run --release -p e2e --bin bench-operator -- --crs 100
+//! cargo run --release -p e2e --bin bench-operator -- --crs 100 [--mode embedded] [--backend genuine]
 //! ```
 
 use std::collections::{BTreeMap, HashSet};
@@ -20,7 +25,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use crds::CloudControllerManager;
 use crds::conditions::{self, types};
-use e2e::bench::{BackendArg, ChildGuard, proc_status_kib};
+use e2e::bench::{self, BackendArg, ChildGuard, proc_status_kib};
 use e2e_apiserver::{Backend, TestCluster};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -49,18 +54,48 @@ struct Args {
     /// counted from its audit log) or `local` (in-process).
     #[arg(long, value_enum, default_value_t = BackendArg::Local)]
     backend: BackendArg,
+    /// How the resources run their managers.
+    #[arg(long, value_enum, default_value_t = ModeArg::Deployment)]
+    mode: ModeArg,
+    /// The operator's reconcile-trigger debounce in milliseconds (default: the operator's own).
+    #[arg(long)]
+    debounce_ms: Option<u64>,
+    /// Skip measuring the API server's limit for the same number of writes.
+    #[arg(long)]
+    no_limit: bool,
     /// Internal: run the operator against this kubeconfig (the child process).
     #[arg(long, hide = true)]
     operator: Option<PathBuf>,
 }
 
-async fn run_operator(kubeconfig: PathBuf) {
+/// The resources' `spec.mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ModeArg {
+    /// A manager Deployment per resource (the driver plays its rollout and manager).
+    Deployment,
+    /// The controllers run inside the operator.
+    Embedded,
+}
+
+impl ModeArg {
+    fn spec_value(self) -> &'static str {
+        match self {
+            ModeArg::Deployment => "Deployment",
+            ModeArg::Embedded => "Embedded",
+        }
+    }
+}
+
+async fn run_operator(kubeconfig: PathBuf, debounce_ms: Option<u64>) {
     let kubeconfig = kube::config::Kubeconfig::read_from(&kubeconfig).expect("a kubeconfig");
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await.expect("a config");
     let client = Client::try_from(config).expect("a client");
     let mut config = operator::OperatorConfig::new(client);
     config.scope = operator::Scope::Namespaces(vec![NAMESPACE.to_string()]);
     config.build.manager_image = "example.test/cloud-controller-manager:bench".into();
+    if let Some(ms) = debounce_ms {
+        config.timings.debounce = Duration::from_millis(ms);
+    }
     if let Err(e) = operator::run(config, ccm_framework::process::shutdown_on_signal()).await {
         eprintln!("operator failed: {e}");
         std::process::exit(1);
@@ -121,6 +156,11 @@ async fn play_cluster(client: Client, mut stop: tokio::sync::watch::Receiver<boo
     }
 }
 
+/// A Lease write (the audit log names the resource with its group, the local log without).
+fn is_lease(r: &e2e_apiserver::RequestRecord) -> bool {
+    r.resource.as_deref().is_some_and(|x| x == "leases" || x.starts_with("leases."))
+}
+
 fn lease(cr: &str) -> serde_json::Value {
     json!({
         "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
@@ -133,7 +173,7 @@ fn lease(cr: &str) -> serde_json::Value {
 async fn main() {
     let args = Args::parse();
     if let Some(kubeconfig) = args.operator {
-        return run_operator(kubeconfig).await;
+        return run_operator(kubeconfig, args.debounce_ms).await;
     }
     let backend = match args.backend {
         BackendArg::Local => Backend::Local,
@@ -155,9 +195,12 @@ async fn main() {
         .expect("the namespace is created");
 
     let exe = std::env::current_exe().expect("this binary's path");
-    let child = Command::new(exe)
-        .arg("--operator")
-        .arg(server.kubeconfig_path())
+    let mut command = Command::new(exe);
+    command.arg("--operator").arg(server.kubeconfig_path());
+    if let Some(ms) = args.debounce_ms {
+        command.arg(format!("--debounce-ms={ms}"));
+    }
+    let child = command
         .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
         .stdout(Stdio::null())
         .spawn()
@@ -169,7 +212,8 @@ async fn main() {
     let idle_rss = proc_status_kib(pid, "VmRSS:").unwrap_or(0);
 
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let player = tokio::spawn(play_cluster(client.clone(), stopped));
+    // Embedded engines take their Leases and report health themselves.
+    let player = (args.mode == ModeArg::Deployment).then(|| tokio::spawn(play_cluster(client.clone(), stopped)));
     let log = server.request_log();
     let mark = log.mark();
     let crs: Api<CloudControllerManager> = Api::namespaced(client.clone(), NAMESPACE);
@@ -179,8 +223,8 @@ async fn main() {
         let body = json!({
             "apiVersion": "ccm.rs/v1alpha1", "kind": "CloudControllerManager",
             "metadata": {"name": format!("c{i:03}"), "namespace": NAMESPACE},
-            "spec": {"provider": "fake", "controllers": ["service"], "loadBalancerClass": format!("bench.example/{i}"),
-                     "configureCloudRoutes": false},
+            "spec": {"provider": "fake", "mode": args.mode.spec_value(), "controllers": ["service"],
+                     "loadBalancerClass": format!("bench.example/{i}"), "configureCloudRoutes": false},
         });
         crs.patch(&format!("c{i:03}"), &PatchParams::apply(DRIVER), &Patch::Apply(&body)).await.expect("a resource");
     }
@@ -241,23 +285,65 @@ async fn main() {
 
     let idle_mark = log.mark();
     tokio::time::sleep(Duration::from_secs(args.idle_seconds)).await;
-    let idle_writes = log
+    let idle: Vec<_> = log
         .since(idle_mark)
-        .iter()
+        .into_iter()
         .filter(|r| r.is_write() && r.user_agent != DRIVER && r.user.as_deref() != Some("system:apiserver"))
-        .count();
+        .collect();
+    let idle_renewals = idle.iter().filter(|r| is_lease(r)).count();
+    let idle_writes = idle.len() - idle_renewals;
     let hwm = proc_status_kib(pid, "VmHWM:").unwrap_or(0);
+    // Every write of the run until it settled, the driver's creates and plays and the
+    // operator's, but no Lease write: renewals are periodic, not work the run asks for.
+    let run_writes = records
+        .iter()
+        .filter(|r| r.is_write() && r.user.as_deref() != Some("system:apiserver"))
+        .filter(|r| !is_lease(r))
+        .count();
     let _ = stop.send(true);
-    let _ = player.await;
+    if let Some(player) = player {
+        let _ = player.await;
+    }
     drop(child);
+    // The operator is gone, so nothing reacts to these label patches.
+    let limit = if args.no_limit {
+        None
+    } else {
+        let n = args.crs;
+        let limit_client = client.clone();
+        let limit = bench::measure_limit("resources' writes", run_writes.div_ceil(2), move |round, i| {
+            let crs: Api<CloudControllerManager> = Api::namespaced(limit_client.clone(), NAMESPACE);
+            async move {
+                let name = format!("c{:03}", i % n);
+                let pp = PatchParams { field_manager: Some(format!("{DRIVER}-limit")), ..Default::default() };
+                for step in 0..2 {
+                    let label = json!({"metadata": {"labels": {format!("bench.ccm.rs/limit-{}", i / n): format!("{round}-{step}")}}});
+                    crs.patch(&name, &pp, &Patch::Merge(&label)).await?;
+                }
+                Ok(())
+            }
+        })
+        .await
+        .expect("the limit is measured");
+        Some(limit)
+    };
 
     let n = args.crs as f64;
     println!("| Measure | Value |");
     println!("|---|---|");
     println!("| backend | {:?} |", backend);
-    println!("| resources | {} (Deployment mode, `fake` provider) |", args.crs);
+    println!("| resources | {} ({} mode, `fake` provider) |", args.crs, args.mode.spec_value());
+    if let Some(ms) = args.debounce_ms {
+        println!("| operator debounce | {ms} ms |");
+    }
     println!("| creating them (driver) | {:.2} s |", created.as_secs_f64());
     println!("| time to all Ready (from the first create) | {:.2} s |", all_ready.as_secs_f64());
+    if let Some((limit, concurrency)) = limit {
+        println!(
+            "| API server limit: {run_writes} writes (the run's, driver's included, Leases left out) | {limit:.2} s at concurrency {concurrency} ({:.2}x of it) |",
+            all_ready.as_secs_f64() / limit
+        );
+    }
     println!(
         "| operator API writes, until they settle | {} ({:.2} per resource) |",
         operator_writes.len(),
@@ -266,7 +352,10 @@ async fn main() {
     for (what, count) in &by_kind {
         println!("| &nbsp;&nbsp;{what} | {count} ({:.2} per resource) |", *count as f64 / n);
     }
-    println!("| operator writes during {} s idle | {idle_writes} |", args.idle_seconds);
+    println!(
+        "| operator writes during {} s idle | {idle_writes}, and {idle_renewals} Lease renewals |",
+        args.idle_seconds
+    );
     println!("| operator RSS before any resource | {:.1} MiB |", idle_rss as f64 / 1024.0);
     println!("| operator RSS when all Ready | {:.1} MiB |", ready_rss as f64 / 1024.0);
     println!("| operator peak RSS (VmHWM) | {:.1} MiB |", hwm.max(peak_rss) as f64 / 1024.0);

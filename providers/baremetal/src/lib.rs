@@ -20,6 +20,7 @@ pub mod pool_import_watch;
 pub mod pool_metrics;
 pub mod pool_resources;
 pub mod pool_watch;
+pub mod port_check;
 pub mod ports;
 pub mod probe;
 pub mod proxy;
@@ -348,13 +349,13 @@ impl BaremetalProvider {
     /// Refuse a Service whose ports a pool holding its addresses does not allow (see
     /// [`ports`]); the error names each `spec.ports[i].port` and the pool.
     fn check_ports(&self, service: &Service, ips: &[IpAddr], nodes: &[&Node]) -> CloudResult<()> {
-        let node_ips = ports::node_addresses(self.inventory.instances(), nodes);
-        let refused = ports::refused_ports(service, ips, &self.allocator.pools(), &node_ips);
+        let node_ips = port_check::node_addresses(self.inventory.instances(), nodes);
+        let refused = port_check::refused_ports(service, ips, &self.allocator.pools(), &node_ips);
         if refused.is_empty() {
             return Ok(());
         }
         tracing::info!(service = %ServiceKey::of(service), refused = refused.len(), "Service ports refused by their pool");
-        Err(CloudError::Other(ports::describe(&refused)))
+        Err(CloudError::Other(port_check::describe(&refused)))
     }
 
     fn cloud_error(&self, error: AllocError) -> CloudError {

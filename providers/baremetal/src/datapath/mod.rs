@@ -20,6 +20,7 @@
 pub mod config;
 pub mod health;
 pub mod limits;
+mod meter;
 pub mod metrics;
 pub mod select;
 #[cfg(target_os = "linux")]

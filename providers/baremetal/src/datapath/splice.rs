@@ -11,7 +11,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 
-use super::tcp::Meter;
+use super::meter::Meter;
 
 /// A pipe's default capacity (16 pages).
 const PIPE_CHUNK: usize = 64 * 1024;

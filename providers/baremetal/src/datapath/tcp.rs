@@ -11,13 +11,13 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use prometheus_client::metrics::counter::Counter;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 use super::config::Protocol;
 use super::limits::{IdleClock, Slot, idle_check_period};
+use super::meter::Meter;
 use super::{ActiveGuard, PortShared};
 
 /// At most one "listener full" warning per listener this often (a flood would repeat it for
@@ -132,26 +132,6 @@ async fn idle(moved: &AtomicU64, timeout: Duration) {
         if clock.expired(moved.load(Ordering::Relaxed), Instant::now(), timeout) {
             return;
         }
-    }
-}
-
-/// Bytes delivered one way: the backend's byte counter, and the connection's own count of
-/// bytes moved either way (what the idle timeout watches).
-pub(super) struct Meter<'a> {
-    counter: &'a Counter,
-    moved: &'a AtomicU64,
-}
-
-impl<'a> Meter<'a> {
-    /// Count into `counter` and `moved`.
-    pub(super) fn new(counter: &'a Counter, moved: &'a AtomicU64) -> Self {
-        Self { counter, moved }
-    }
-
-    /// Count `n` bytes.
-    pub(super) fn inc_by(&self, n: u64) {
-        self.counter.inc_by(n);
-        self.moved.fetch_add(n, Ordering::Relaxed);
     }
 }
 
