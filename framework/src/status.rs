@@ -183,6 +183,10 @@ pub async fn probe(provider: &dyn CloudProvider, timeout: Duration) -> Health {
     }
 }
 
+/// How soon the first report is checked again (then twice as long each time, up to the
+/// reporting interval).
+pub const FIRST_RECHECK: Duration = Duration::from_secs(1);
+
 /// Probes the provider and writes the outcome.
 pub struct StatusReporter {
     api: Api<CloudControllerManager>,
@@ -218,8 +222,12 @@ impl StatusReporter {
         self
     }
 
-    /// Probe and write until `stop` fires.
+    /// Probe and write until `stop` fires: every [`FIRST_RECHECK`], doubling up to the interval,
+    /// so a first report that another writer's stale apply replaced, or that failed, is
+    /// repaired within seconds instead of one interval later (a check that finds the report in
+    /// place writes nothing).
     pub async fn run(self, stop: CancellationToken) {
+        let mut wait = FIRST_RECHECK.min(self.interval);
         loop {
             match self.report_once().await {
                 Ok(true) => tracing::debug!(resource = %self.target, "provider health reported"),
@@ -228,8 +236,9 @@ impl StatusReporter {
             }
             tokio::select! {
                 _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(self.interval) => {}
+                _ = tokio::time::sleep(wait) => {}
             }
+            wait = wait.saturating_mul(2).min(self.interval);
         }
     }
 

@@ -33,7 +33,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, CustomResourceExt};
+use kube::{Client, CustomResourceExt, ResourceExt};
 use serde_json::{Value, json};
 
 /// The user agent of the driver's own requests.
@@ -87,6 +87,11 @@ impl ModeArg {
 }
 
 async fn run_operator(kubeconfig: PathBuf, debounce_ms: Option<u64>) {
+    // The operator's own log on standard error, at RUST_LOG (warn unless set).
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+        .init();
     let kubeconfig = kube::config::Kubeconfig::read_from(&kubeconfig).expect("a kubeconfig");
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await.expect("a config");
     let client = Client::try_from(config).expect("a client");
@@ -230,6 +235,7 @@ async fn main() {
     }
     let created = started.elapsed();
     let mut peak_rss = 0;
+    let mut reported_slow = false;
     let all_ready = loop {
         peak_rss = peak_rss.max(proc_status_kib(pid, "VmRSS:").unwrap_or(0));
         let list = crs.list(&ListParams::default()).await.expect("a list");
@@ -245,6 +251,24 @@ async fn main() {
             .count();
         if ready == args.crs {
             break started.elapsed();
+        }
+        // A slow run says why: the conditions of one resource not yet Ready, once.
+        if !reported_slow && started.elapsed() > Duration::from_secs(10) {
+            reported_slow = true;
+            if let Some(c) = list.items.iter().find(|c| {
+                !c.status
+                    .as_ref()
+                    .and_then(|s| conditions::find(&s.conditions, types::READY))
+                    .is_some_and(|r| r.status == "True")
+            }) {
+                let conditions: Vec<String> = c
+                    .status
+                    .iter()
+                    .flat_map(|s| &s.conditions)
+                    .map(|c| format!("{}={} {}: {}", c.type_, c.status, c.reason, c.message))
+                    .collect();
+                eprintln!("   {ready} Ready after 10 s; {} is not: {}", c.name_any(), conditions.join("; "));
+            }
         }
         if started.elapsed() > Duration::from_secs(300) {
             panic!("only {ready} of {} resources became Ready in 5 minutes", args.crs);
