@@ -8,7 +8,8 @@ pub const CONCURRENT_NODE_SYNCS: i32 = 5;
 
 /// `--concurrent-service-syncs` / `spec.concurrency.serviceSyncs` (upstream 1). At 1 s per
 /// load-balancer call and the default 20 QPS, 100 Services took 101 s with 1 worker, 13.2 s
-/// with 8 and 8.7 s with 32 (the QPS ceiling; 96 gave nothing more).
+/// with 8 and 8.7 s with 32 (the QPS ceiling; 96 gave nothing more). It bounds provider
+/// calls, not syncs: four syncs per slot overlap their API writes with the calls (S29).
 pub const CONCURRENT_SERVICE_SYNCS: i32 = 32;
 
 /// `--concurrent-route-syncs` / `spec.concurrency.routeSyncs`, as upstream.

@@ -268,7 +268,7 @@ pub struct Concurrency {
     #[schemars(range(min = 1))]
     #[x_kube(validation = kube::core::Rule::new("self >= 1").message("must be at least 1"))]
     pub node_syncs: i32,
-    /// `--concurrent-service-syncs`: service workers.
+    /// `--concurrent-service-syncs`: load-balancer calls of service syncs in flight (S29).
     #[serde(default = "default_service_syncs")]
     #[schemars(range(min = 1))]
     #[x_kube(validation = kube::core::Rule::new("self >= 1").message("must be at least 1"))]

@@ -57,16 +57,30 @@ impl Drop for ChildGuard {
     }
 }
 
+/// Concurrencies of the limit's sweep: one round each, doubling from 8 (below, the client's
+/// round trips dominate) to 128, and on while the last round was the best, up to 512.
+pub const LIMIT_SWEEP: (usize, usize, usize) = (8, 128, 512);
+
+/// The next concurrency of the sweep after `last`, given the best so far (pure).
+pub fn next_concurrency(last: usize, best: usize) -> Option<usize> {
+    let (_, always, most) = LIMIT_SWEEP;
+    let next = last * 2;
+    (next <= always || (best == last && next <= most)).then_some(next)
+}
+
 /// The API server's own write limit for `count` objects: `write(round, i)` makes object `i`'s
-/// two patches, run at concurrency 8, 32 and 96 (one round each); returns the best time in
-/// seconds and its concurrency. `what` names the objects in the progress lines.
+/// two patches, run at each concurrency of the [`LIMIT_SWEEP`] (one round each); returns the best
+/// time in seconds and its concurrency. `what` names the objects in the progress lines. Built
+/// with `--release`, the driver makes this a tight limit; a debug driver's is an upper bound.
 pub async fn measure_limit<F, Fut>(what: &str, count: usize, write: F) -> Result<(f64, usize), BoxError>
 where
     F: Fn(usize, usize) -> Fut,
     Fut: Future<Output = Result<(), kube::Error>> + Send + 'static,
 {
     let mut best: Option<(f64, usize)> = None;
-    for (round, concurrency) in [8usize, 32, 96].into_iter().enumerate() {
+    let mut next = Some(LIMIT_SWEEP.0);
+    let mut round = 0;
+    while let Some(concurrency) = next {
         let started = Instant::now();
         let mut tasks = JoinSet::new();
         for i in 0..count {
@@ -85,6 +99,8 @@ where
         if best.is_none_or(|(b, _)| seconds < b) {
             best = Some((seconds, concurrency));
         }
+        next = next_concurrency(concurrency, best.map_or(concurrency, |(_, c)| c));
+        round += 1;
     }
     best.ok_or_else(|| "no limit measured".into())
 }
@@ -201,11 +217,30 @@ pub async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     Some((r.status, r.body))
 }
 
-/// The manager process, its RSS sampled every 100 ms; dropping it kills the process, so a
-/// failed phase leaves none behind.
+/// The word that, as a driver's program or variant, stands for the upstream Go manager
+/// ([`crate::upstream`]) with its `bench` provider.
+pub const UPSTREAM: &str = "upstream";
+
+/// The flags after a leading [`UPSTREAM`] word, when `command` names upstream (pure).
+pub fn upstream_flags(command: &str) -> Option<&str> {
+    let rest = command.trim_start().strip_prefix(UPSTREAM)?;
+    (rest.is_empty() || rest.starts_with(char::is_whitespace)).then(|| rest.trim())
+}
+
+/// Where a manager serves `/healthz` and `/metrics`.
+#[derive(Clone, Copy, Debug)]
+enum Serving {
+    /// Ours: HTTPS on a loopback port, self-signed.
+    Https(u16),
+    /// Upstream's `BENCH_HTTP_ADDR`: plain HTTP.
+    Plain(SocketAddr),
+}
+
+/// The manager process (ours or upstream's), its RSS sampled every 100 ms; dropping it kills
+/// the process, so a failed phase leaves none behind.
 pub struct ManagerProcess {
     child: Child,
-    port: u16,
+    serving: Serving,
     peak_rss_kib: Arc<AtomicU64>,
     stop_sampling: Arc<AtomicBool>,
     stopped: bool,
@@ -234,6 +269,31 @@ impl ManagerProcess {
             .stderr(std::fs::File::create(log)?)
             .spawn()
             .map_err(|e| format!("starting {program}: {e}"))?;
+        Ok(Self::sampled(child, Serving::Https(port)))
+    }
+
+    /// Start the upstream Go manager with `flags` (split on whitespace) after its launch's own
+    /// ([`crate::upstream::Launch`]) and `env` added; its output goes to `log`.
+    pub fn spawn_upstream(
+        flags: &str,
+        kubeconfig: &Path,
+        env: &[(String, String)],
+        log: &Path,
+    ) -> Result<Self, BoxError> {
+        let args: Vec<String> = flags.split_whitespace().map(str::to_string).collect();
+        let launch = crate::upstream::Launch::new(kubeconfig, &args, env)?;
+        let out = std::fs::File::create(log)?;
+        let child = Command::new(&launch.program)
+            .args(&launch.args)
+            .envs(launch.env.iter().map(|(k, v)| (k, v)))
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()
+            .map_err(|e| format!("starting {}: {e}", launch.program.display()))?;
+        Ok(Self::sampled(child, Serving::Plain(launch.http)))
+    }
+
+    fn sampled(child: Child, serving: Serving) -> Self {
         let peak = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         let (pid, p, s) = (child.id(), peak.clone(), stop.clone());
@@ -245,7 +305,14 @@ impl ManagerProcess {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         });
-        Ok(Self { child, port, peak_rss_kib: peak, stop_sampling: stop, stopped: false })
+        Self { child, serving, peak_rss_kib: peak, stop_sampling: stop, stopped: false }
+    }
+
+    async fn get(&self, path: &str) -> Option<(u16, String)> {
+        match self.serving {
+            Serving::Https(port) => http_get(port, path).await,
+            Serving::Plain(addr) => crate::upstream::http_get(addr, path).await.map(|r| (r.status, r.body)),
+        }
     }
 
     /// The process id.
@@ -255,7 +322,7 @@ impl ManagerProcess {
 
     /// The manager's `/metrics` text (empty when unreachable).
     pub async fn metrics(&self) -> String {
-        http_get(self.port, "/metrics").await.map(|(_, b)| b).unwrap_or_default()
+        self.get("/metrics").await.map(|(_, b)| b).unwrap_or_default()
     }
 
     /// An error when the manager has exited.
@@ -271,7 +338,7 @@ impl ManagerProcess {
         let deadline = Instant::now() + timeout;
         loop {
             self.check_running()?;
-            if http_get(self.port, "/healthz").await.is_some_and(|(code, _)| code == 200) {
+            if self.get("/healthz").await.is_some_and(|(code, _)| code == 200) {
                 return Ok(());
             }
             if Instant::now() > deadline {
@@ -303,5 +370,32 @@ impl Drop for ManagerProcess {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_limit_sweep_doubles_to_128_and_goes_on_only_while_its_last_round_is_the_best() {
+        let mut seen = vec![8];
+        while let Some(c) = next_concurrency(*seen.last().unwrap(), 32) {
+            seen.push(c);
+        }
+        assert_eq!(seen, [8, 16, 32, 64, 128]);
+        assert_eq!(next_concurrency(128, 128), Some(256));
+        assert_eq!(next_concurrency(256, 256), Some(512));
+        assert_eq!(next_concurrency(512, 512), None);
+        assert_eq!(next_concurrency(256, 128), None);
+    }
+
+    #[test]
+    fn a_command_naming_upstream_yields_its_flags_and_any_other_command_none() {
+        assert_eq!(upstream_flags("upstream --kube-api-qps=1000"), Some("--kube-api-qps=1000"));
+        assert_eq!(upstream_flags("  upstream"), Some(""));
+        assert_eq!(upstream_flags("upstream-ccm --x"), None);
+        assert_eq!(upstream_flags("--concurrent-service-syncs=32"), None);
+        assert_eq!(upstream_flags("target/release/cloud-controller-manager upstream"), None);
     }
 }

@@ -262,6 +262,38 @@ impl Drop for Process {
     }
 }
 
+/// How upstream is started: the checked binary, `--cloud-provider=bench --kubeconfig=...
+/// --secure-port=0` before the caller's arguments, and `BENCH_HTTP_ADDR` on a free loopback port
+/// before the caller's environment.
+#[derive(Debug, Clone)]
+pub struct Launch {
+    /// The unpacked, checked binary.
+    pub program: PathBuf,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// Its extra environment.
+    pub env: Vec<(String, String)>,
+    /// Where it serves `/healthz` and `/metrics` over plain HTTP.
+    pub http: SocketAddr,
+}
+
+impl Launch {
+    /// The launch against `kubeconfig` with `args` and `env` added.
+    pub fn new(kubeconfig: &Path, args: &[String], env: &[(String, String)]) -> Result<Self, Error> {
+        let program = binary().map_err(Error::Other)?;
+        let http = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+        let mut all = vec![
+            format!("--cloud-provider={PROVIDER}"),
+            format!("--kubeconfig={}", kubeconfig.display()),
+            "--secure-port=0".to_string(),
+        ];
+        all.extend_from_slice(args);
+        let mut vars = vec![("BENCH_HTTP_ADDR".to_string(), http.to_string())];
+        vars.extend_from_slice(env);
+        Ok(Self { program, args: all, env: vars, http })
+    }
+}
+
 /// The upstream binary running against a cluster, its plain-HTTP `/healthz` and `/metrics` on
 /// a loopback port (`BENCH_HTTP_ADDR`).
 #[derive(Debug)]
@@ -276,18 +308,9 @@ impl Upstream {
     /// Start upstream with `--cloud-provider=bench --kubeconfig=<kubeconfig> --secure-port=0`,
     /// then `args`; `env` adds to its environment (e.g. `BENCH_INTERNAL_IP=1`).
     pub fn start(kubeconfig: &Path, args: &[String], env: &[(String, String)], log: &Path) -> Result<Self, Error> {
-        let binary = binary().map_err(Error::Other)?;
-        let http = SocketAddr::from(([127, 0, 0, 1], free_port()?));
-        let mut all = vec![
-            format!("--cloud-provider={PROVIDER}"),
-            format!("--kubeconfig={}", kubeconfig.display()),
-            "--secure-port=0".to_string(),
-        ];
-        all.extend_from_slice(args);
-        let mut vars = vec![("BENCH_HTTP_ADDR".to_string(), http.to_string())];
-        vars.extend_from_slice(env);
-        let process = Process::spawn("upstream", &binary, &all, &vars, log)?;
-        Ok(Self { process, http })
+        let l = Launch::new(kubeconfig, args, env)?;
+        let process = Process::spawn("upstream", &l.program, &l.args, &l.env, log)?;
+        Ok(Self { process, http: l.http })
     }
 
     /// Wait until `/healthz` answers 200 (the provider is initialized).

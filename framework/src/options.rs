@@ -33,9 +33,10 @@ pub struct ControllerOptions {
     pub concurrent_node_syncs: usize,
     /// `--concurrent-node-status-updates`: address refresh workers; 0 means `concurrent_node_syncs`.
     pub concurrent_node_status_updates: usize,
-    /// `--concurrent-service-syncs`: service syncs in flight and node-pass parallelism (at
-    /// least 1). Defaults to [`crds::defaults::CONCURRENT_SERVICE_SYNCS`], not
-    /// upstream's 1; 1 is the upstream-equivalent setting.
+    /// `--concurrent-service-syncs`: provider calls of queued service syncs in flight (S29:
+    /// up to four syncs per slot, writing to the API while others call the cloud) and node-pass
+    /// parallelism (at least 1). Defaults to [`crds::defaults::CONCURRENT_SERVICE_SYNCS`], not
+    /// upstream's 1; 1 gives upstream's one load-balancer call at a time.
     pub concurrent_service_syncs: usize,
     /// `--concurrent-route-syncs` (addition): route operations in flight are still capped at 200.
     pub concurrent_route_syncs: usize,

@@ -317,6 +317,37 @@ e2e_apiserver::backend_tests! {
         env.wait_event("EnsuredLoadBalancer").await;
     }
 
+    async fn s29_syncs_write_to_the_api_while_another_holds_the_only_cloud_slot_and_never_two_calls_at_once(backend) {
+        // One slot (`options()`) and a slow cloud: while the first ensure holds the slot, the
+        // other syncs already wrote their finalizers. Before S29 one worker held the slot
+        // through its writes, so no second finalizer came before the first load balancer.
+        let env = Env::started(backend, options()).await;
+        env.fake.set_load_balancer_latency(Duration::from_secs(2));
+        let names: Vec<String> = (0..4).map(|i| format!("web-{i}")).collect();
+        for name in &names {
+            env.create_service(lb_service(NS, name)).await;
+        }
+        eventually(WAIT, || async {
+            let mut finalized = 0;
+            for name in &names {
+                if env.get(name).await.is_some_and(|svc| finalizers(&svc) == [LOAD_BALANCER_CLEANUP_FINALIZER]) {
+                    finalized += 1;
+                }
+            }
+            (finalized == names.len()).then_some(())
+        })
+        .await;
+        assert!(
+            names.iter().all(|n| env.fake.load_balancer_for(NS, n).is_none()),
+            "every finalizer was written before the first load balancer existed"
+        );
+        env.fake.set_load_balancer_latency(Duration::ZERO);
+        for name in &names {
+            env.wait_ingress(name).await;
+        }
+        assert_eq!(env.fake.calls().peak_in_flight(), 1, "never more provider calls than slots");
+    }
+
     async fn s11_finalizer_removed_only_after_load_balancer_deleted(backend) {
         let env = Env::started(backend, options()).await;
         env.create_service(lb_service(NS, "web")).await;

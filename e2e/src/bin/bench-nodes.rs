@@ -7,6 +7,11 @@
 //! `{kubeconfig}` where the kubeconfig path goes) and optionally a kubeconfig; without one it
 //! starts the local test API server in-process.
 //!
+//! A run whose command line is `upstream FLAGS` runs the upstream Go manager
+//! (`../shared/upstream` or `CCM_UPSTREAM`) with its `bench` provider at `--instance-latency`,
+//! returning an InternalIP as ours does, so both make the same Node changes; its metrics come
+//! from its own plain-HTTP port. Ours and upstream's runs interleave in the order given.
+//!
 //! Reported per run: time to all initialized, cloud calls (scraped from the manager's
 //! `/metrics` when `--metrics-url` is given), API writes per Node (from the test API server's
 //! request log, when the server is one), and the manager's peak RSS (`VmHWM`).
@@ -41,6 +46,8 @@ const UNINITIALIZED: &str = "node.cloudprovider.kubernetes.io/uninitialized";
 const BENCH_LABEL: &str = "bench.ccm.rs/node";
 /// Field manager of the driver's own writes.
 const DRIVER: &str = "bench-nodes";
+/// Upstream's flags before a run's own: only the cloud-node controller, no leader election.
+const UPSTREAM_FLAGS: &str = "--controllers=cloud-node-controller --leader-elect=false";
 
 #[derive(Parser, Debug)]
 #[command(name = "bench-nodes", about = "Time Node initialization by a cloud-controller-manager")]
@@ -75,6 +82,9 @@ struct Args {
     /// defaults on this setup).
     #[arg(long, default_value_t = 6.7)]
     reference_rate: f64,
+    /// Latency of upstream's instance calls (`BENCH_INSTANCE_LATENCY`); match ours' cloud-config.
+    #[arg(long, default_value = "20ms")]
+    instance_latency: String,
     /// Directory for the managers' logs (default: a temporary directory).
     #[arg(long)]
     log_dir: Option<PathBuf>,
@@ -96,6 +106,8 @@ struct Outcome {
     /// The same writes (a metadata and a status patch per Node) by a tight client at its best
     /// concurrency: seconds and that concurrency.
     limit: Option<(f64, usize)>,
+    /// Why the run stopped early, if it did.
+    failed: Option<String>,
 }
 
 #[tokio::main]
@@ -110,7 +122,18 @@ async fn main() -> Result<(), BoxError> {
     for run in &args.runs {
         let (label, command) = run.split_once('=').ok_or("--run takes LABEL=COMMAND")?;
         eprintln!("== run {label}: {} Nodes", args.nodes);
-        let outcome = run_once(&args, label, command, &log_dir).await?;
+        // A failed run (a timeout, say) is reported in its row; the other runs go on.
+        let outcome = run_once(&args, label, command, &log_dir).await.unwrap_or_else(|e| Outcome {
+            label: label.to_string(),
+            nodes: args.nodes,
+            failed: Some(e.to_string()),
+            backend: match (&args.kubeconfig, args.backend) {
+                (Some(_), _) => "external",
+                (None, BackendArg::Genuine) => "genuine",
+                (None, BackendArg::Local) => "local",
+            },
+            ..Default::default()
+        });
         eprintln!("{}", describe(&outcome, args.reference_rate));
         outcomes.push(outcome);
     }
@@ -180,14 +203,32 @@ async fn run_once(args: &Args, label: &str, command: &str, log_dir: &Path) -> Re
     };
     let mark = request_log.as_ref().map(RequestLog::mark);
 
-    let kubeconfig = kubeconfig.to_string_lossy().to_string();
-    let argv: Vec<String> = command.split_whitespace().map(|a| a.replace("{kubeconfig}", &kubeconfig)).collect();
-    let (program, rest) = argv.split_first().ok_or("empty manager command line")?;
     let log_path = log_dir.join(format!("{label}.log"));
     let log = std::fs::File::create(&log_path)?;
+    let (mut command_line, metrics_url) = match bench::upstream_flags(command) {
+        Some(flags) => {
+            let args_up: Vec<String> = format!("{UPSTREAM_FLAGS} {flags}").split_whitespace().map(Into::into).collect();
+            let env = [
+                ("BENCH_INSTANCE_LATENCY".to_string(), args.instance_latency.clone()),
+                ("BENCH_INTERNAL_IP".to_string(), "1".to_string()),
+            ];
+            let l = e2e::upstream::Launch::new(&kubeconfig, &args_up, &env)?;
+            let mut c = Command::new(&l.program);
+            c.args(&l.args).envs(l.env.iter().map(|(k, v)| (k, v)));
+            (c, Some(format!("http://{}/metrics", l.http)))
+        }
+        None => {
+            let kubeconfig = kubeconfig.to_string_lossy().to_string();
+            let argv: Vec<String> =
+                command.split_whitespace().map(|a| a.replace("{kubeconfig}", &kubeconfig)).collect();
+            let (program, rest) = argv.split_first().ok_or("empty manager command line")?;
+            let mut c = Command::new(program);
+            c.args(rest);
+            (c, args.metrics_url.clone())
+        }
+    };
     let started = Instant::now();
-    let mut child =
-        Command::new(program).args(rest).stdout(Stdio::from(log.try_clone()?)).stderr(Stdio::from(log)).spawn()?;
+    let mut child = command_line.stdout(Stdio::from(log.try_clone()?)).stderr(Stdio::from(log)).spawn()?;
     let guard = KillOnDrop(Some(child.id()));
 
     let deadline = started + Duration::from_secs(args.timeout_seconds);
@@ -224,7 +265,7 @@ async fn run_once(args: &Args, label: &str, command: &str, log_dir: &Path) -> Re
     let mut outcome = Outcome { label: label.to_string(), nodes: args.nodes, seconds, backend, ..Default::default() };
     // Give in-flight writes that trail the taint removal (none expected) a moment to land.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    if let Some(url) = &args.metrics_url {
+    if let Some(url) = &metrics_url {
         match scrape(url).await {
             Ok(text) => {
                 let by_method = sum_counter(&text, &args.cloud_calls_metric);
@@ -451,6 +492,9 @@ fn describe(o: &Outcome, reference: f64) -> String {
     if let Some(w) = o.node_writes {
         let _ = write!(s, "; {:.2} node writes per Node", w as f64 / o.nodes as f64);
     }
+    if let Some(why) = &o.failed {
+        let _ = write!(s, "; FAILED: {why}");
+    }
     if let Some((limit, c)) = o.limit {
         let _ = write!(s, "; API server limit {limit:.2}s at concurrency {c} ({:.2}x of it)", o.seconds / limit);
     }
@@ -460,14 +504,19 @@ fn describe(o: &Outcome, reference: f64) -> String {
 
 fn table(outcomes: &[Outcome], reference: f64) -> String {
     let mut s = String::from(
-        "| run | backend | Nodes | time to all initialized (s) | API server limit (s) | x limit | Nodes/s | x reference | cloud calls | node writes per Node | event writes | peak RSS (MiB) |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| run | backend | Nodes | time to all initialized (s) | API server limit (s) | x limit | Nodes/s | x reference | cloud calls | node writes per Node | node writes by verb | event writes | peak RSS (MiB) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for o in outcomes {
+        if let Some(why) = &o.failed {
+            let _ = writeln!(s, "| {} | {} | {} | failed: {why} |", o.label, o.backend, o.nodes);
+            continue;
+        }
+        let by_verb = o.node_writes_by_kind.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ");
         let rate = o.nodes as f64 / o.seconds;
         let per_node = o.node_writes.map(|w| format!("{:.2}", w as f64 / o.nodes as f64));
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {:.2} | {} | {} | {:.1} | {:.2} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {:.2} | {} | {} | {:.1} | {:.2} | {} | {} | {} | {} | {} |",
             o.label,
             o.backend,
             o.nodes,
@@ -478,6 +527,7 @@ fn table(outcomes: &[Outcome], reference: f64) -> String {
             rate / reference,
             opt(o.cloud_calls),
             opt(per_node),
+            by_verb,
             opt(o.event_writes),
             mib(o.peak_rss_bytes),
         );

@@ -262,6 +262,12 @@ impl ControlPlane {
         })
     }
 
+    /// Process ids of kube-apiserver, etcd and (when it runs) kube-controller-manager, in that
+    /// order: for drivers that account their CPU time.
+    pub fn pids(&self) -> &[u32] {
+        &self.pids
+    }
+
     /// `https://127.0.0.1:PORT`.
     pub fn url(&self) -> &str {
         &self.url
