@@ -971,8 +971,9 @@ mod tests {
     async fn a_backlog_is_written_several_at_a_time_each_object_in_order() {
         let (addr, seen) = slow_server(Duration::from_millis(5)).await;
         let client = kube::Client::try_from(kube::Config::new(format!("http://{addr}").parse().unwrap())).unwrap();
-        let sink = EventSink::spawn_with(client, None, 4096, 100_000, None, CancellationToken::new());
         let objects = BACKLOG_PER_WRITE * MAX_IN_FLIGHT;
+        // Room for every event, so none is superseded and each object's two are both written.
+        let sink = EventSink::spawn_with(client, None, 2 * objects, 100_000, None, CancellationToken::new());
         for i in 0..objects {
             let name = format!("svc-{i}");
             for reason in ["EnsuringLoadBalancer", "EnsuredLoadBalancer"] {
