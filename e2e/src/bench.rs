@@ -29,6 +29,17 @@ pub enum BackendArg {
     Genuine,
 }
 
+impl BackendArg {
+    /// The backend a driver's rows name: `external` with a kubeconfig, else this one.
+    pub fn label(self, kubeconfig: Option<&std::path::Path>) -> &'static str {
+        match (kubeconfig, self) {
+            (Some(_), _) => "external",
+            (None, BackendArg::Genuine) => "genuine",
+            (None, BackendArg::Local) => "local",
+        }
+    }
+}
+
 /// A field of `/proc/<pid>/status` in KiB (`VmRSS:`, `VmHWM:`); Linux only.
 pub fn proc_status_kib(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;

@@ -127,11 +127,7 @@ async fn main() -> Result<(), BoxError> {
             label: label.to_string(),
             nodes: args.nodes,
             failed: Some(e.to_string()),
-            backend: match (&args.kubeconfig, args.backend) {
-                (Some(_), _) => "external",
-                (None, BackendArg::Genuine) => "genuine",
-                (None, BackendArg::Local) => "local",
-            },
+            backend: args.backend.label(args.kubeconfig.as_deref()),
             ..Default::default()
         });
         eprintln!("{}", describe(&outcome, args.reference_rate));
@@ -159,11 +155,7 @@ async fn run_once(args: &Args, label: &str, command: &str, log_dir: &Path) -> Re
         Some((p, k)) => (Some(p), Some(k)),
         None => (None, None),
     };
-    let backend = match (&local, &plane) {
-        (Some(_), _) => "local",
-        (None, Some(_)) => "genuine",
-        _ => "external",
-    };
+    let backend = args.backend.label(args.kubeconfig.as_deref());
     let (client, kubeconfig) = match (&local, &plane, &args.kubeconfig) {
         (Some(server), _, _) => (server.client(), server.kubeconfig_path().to_path_buf()),
         (None, Some(plane), _) => (plane.admin_client().await?, plane.admin_kubeconfig_path()),

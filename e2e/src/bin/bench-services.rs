@@ -195,7 +195,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
         let mut report = Report {
             name: name.to_string(),
             workers: workers(extra),
-            backend: backend_name(&args),
+            backend: args.backend.label(args.kubeconfig.as_deref()),
             ..Default::default()
         };
         // A failed phase ends the variant, not the run; its processes stop as it returns.
@@ -229,14 +229,6 @@ fn seconds_of(text: &str) -> Option<f64> {
         return ms.parse::<f64>().ok().map(|v| v / 1000.0);
     }
     text.strip_suffix('s').and_then(|s| s.parse().ok())
-}
-
-fn backend_name(args: &Args) -> &'static str {
-    match (&args.kubeconfig, args.backend) {
-        (Some(_), _) => "external",
-        (None, BackendArg::Genuine) => "genuine",
-        (None, BackendArg::Local) => "local",
-    }
 }
 
 /// The cluster of one variant: a fresh local or genuine server, or a namespace on the given

@@ -243,10 +243,11 @@ impl Inner {
         logic::ClassFilter { class: self.class.as_deref(), also_unclassed: self.also_unclassed }
     }
 
-    /// A cloud slot for one provider call of a queued sync; `None` only if the semaphore were
-    /// closed, which nothing does.
-    async fn cloud_slot(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
-        self.cloud_slots.acquire().await.ok()
+    /// Run a queued sync's provider call(s) holding one cloud slot (S29). The semaphore is
+    /// never closed; if it were, the call would run without a slot rather than not at all.
+    async fn in_cloud_slot<T>(&self, call: impl std::future::Future<Output = T>) -> T {
+        let _slot = self.cloud_slots.acquire().await.ok();
+        call.await
     }
 
     fn lb(&self) -> Option<&dyn LoadBalancer> {
@@ -440,10 +441,7 @@ impl Inner {
             );
         }
         let refs: Vec<&Node> = nodes.iter().map(|n| n.as_ref()).collect();
-        let slot = self.cloud_slot().await;
-        let ensured = lb.ensure_load_balancer(self.cluster(), &svc, &refs).await;
-        drop(slot);
-        let status = match ensured {
+        let status = match self.in_cloud_slot(lb.ensure_load_balancer(self.cluster(), &svc, &refs)).await {
             Ok(status) => status,
             Err(CloudError::ImplementedElsewhere) => {
                 // S8: another controller owns it; keep the finalizer, write no status.
@@ -498,8 +496,7 @@ impl Inner {
     /// S11: delete the load balancer if there is one, then release the Service.
     async fn cleanup(&self, key: &str, svc: &Service) -> Result<(), SyncError> {
         let Some(lb) = self.lb() else { return Ok(()) };
-        {
-            let _slot = self.cloud_slot().await;
+        self.in_cloud_slot(async {
             let exists = lb.get_load_balancer(self.cluster(), svc).await.map_err(SyncError::Get)?.is_some();
             if exists {
                 self.event(
@@ -514,7 +511,9 @@ impl Inner {
                     Err(e) => return Err(SyncError::Delete(e)),
                 }
             }
-        }
+            Ok(())
+        })
+        .await?;
         // The stale ingress goes first, so a released finalizer means the cleanup is complete.
         // A Service on its way out keeps its status: one write fewer, nobody reads it.
         let current = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref());
@@ -540,10 +539,7 @@ impl Inner {
     async fn delete_gone(&self, key: &str, last: &Service) -> Result<(), SyncError> {
         let Some(lb) = self.lb() else { return Ok(()) };
         self.event(last, EventType::Normal, "DeletingLoadBalancer", "Deleting load balancer", "DeleteLoadBalancer");
-        let slot = self.cloud_slot().await;
-        let deleted = lb.ensure_load_balancer_deleted(self.cluster(), last).await;
-        drop(slot);
-        if let Err(e) = deleted {
+        if let Err(e) = self.in_cloud_slot(lb.ensure_load_balancer_deleted(self.cluster(), last)).await {
             self.event(
                 last,
                 EventType::Warning,
