@@ -1,5 +1,5 @@
 //! Process helpers shared by the `cloud-controller-manager` and `ccm-operator` binaries: the
-//! log filter and its set-up, the open-file limit, and the shutdown signal. Part of the runtime
+//! log filter and its set-up, the open-file limit, glibc's malloc arenas, and the shutdown signal. Part of the runtime
 //! kit, so the operator borrows nothing from the manager program's own module (`engine::app`).
 
 use tokio_util::sync::CancellationToken;
@@ -114,6 +114,35 @@ fn set_soft_open_file_limit(_soft: u64, _hard: u64) -> std::io::Result<()> {
     Err(std::io::ErrorKind::Unsupported.into())
 }
 
+/// How many malloc arenas the manager asks glibc for.
+pub const MALLOC_ARENAS: i32 = 2;
+
+/// The arena limit to set, given `MALLOC_ARENA_MAX` and `GLIBC_TUNABLES` from the environment:
+/// none when either already says how many (the operator of the process wins), else
+/// [`MALLOC_ARENAS`] (pure).
+pub fn wanted_arena_limit(arena_max_env: Option<&str>, tunables_env: Option<&str>) -> Option<i32> {
+    let tuned = tunables_env.is_some_and(|t| t.contains("glibc.malloc.arena_max"));
+    (arena_max_env.is_none() && !tuned).then_some(MALLOC_ARENAS)
+}
+
+/// Cap glibc's malloc arenas, once at start, before the runtime's threads exist. glibc gives a
+/// thread that finds the heap busy its own arena, up to eight per core, and each keeps its own
+/// free memory; the manager's threads mostly wait on I/O, and two arenas held peak RSS at
+/// 10,000 Services 2.4 MiB lower at the same speed (docs/benchmarks.md). A no-op on other libcs.
+pub fn limit_malloc_arenas() {
+    let arena_max = std::env::var("MALLOC_ARENA_MAX").ok();
+    let tunables = std::env::var("GLIBC_TUNABLES").ok();
+    let Some(limit) = wanted_arena_limit(arena_max.as_deref(), tunables.as_deref()) else { return };
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: mallopt changes a malloc parameter; called before other threads allocate.
+        let ok = unsafe { libc::mallopt(libc::M_ARENA_MAX, limit) } == 1;
+        tracing::debug!(arenas = limit, ok, "capped glibc malloc arenas");
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    let _ = limit;
+}
+
 /// A token cancelled on SIGTERM or SIGINT. Call it inside the runtime.
 pub fn shutdown_on_signal() -> CancellationToken {
     let token = CancellationToken::new();
@@ -145,9 +174,20 @@ pub fn shutdown_on_signal() -> CancellationToken {
 
 #[cfg(test)]
 mod tests {
-    use super::{default_directives, open_file_limits, raise_open_file_limit, wanted_soft_limit};
+    use super::{
+        MALLOC_ARENAS, default_directives, open_file_limits, raise_open_file_limit, wanted_arena_limit,
+        wanted_soft_limit,
+    };
     use crate::test_log::Captured;
     use tracing_subscriber::EnvFilter;
+
+    #[test]
+    fn malloc_arenas_are_capped_unless_the_environment_already_sets_them() {
+        assert_eq!(wanted_arena_limit(None, None), Some(MALLOC_ARENAS));
+        assert_eq!(wanted_arena_limit(None, Some("glibc.malloc.tcache_count=0")), Some(MALLOC_ARENAS));
+        assert_eq!(wanted_arena_limit(Some("8"), None), None);
+        assert_eq!(wanted_arena_limit(None, Some("glibc.malloc.arena_max=4")), None);
+    }
 
     /// Emits the kube-client lines in question under `level` and returns what was printed.
     fn printed_at(level: &str) -> String {

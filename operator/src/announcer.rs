@@ -191,11 +191,16 @@ fn pod_template(
         image_pull_policy: cr.spec.deployment.image_pull_policy.map(|p| p.as_str().to_string()),
         command: Some(vec!["cloud-controller-manager".into()]),
         args: Some(args),
-        env: Some(vec![
-            field_env("NODE_NAME", "spec.nodeName"),
-            field_env("POD_NAMESPACE", "metadata.namespace"),
-            field_env(NODE_IP_ENV, "status.hostIP"),
-        ]),
+        env: Some(
+            [
+                field_env("NODE_NAME", "spec.nodeName"),
+                field_env("POD_NAMESPACE", "metadata.namespace"),
+                field_env(NODE_IP_ENV, "status.hostIP"),
+            ]
+            .into_iter()
+            .chain(crate::desired::http2_env(settings))
+            .collect(),
+        ),
         resources: Some(resources("10m", "32Mi", "128Mi")),
         security_context: Some(hardened(announcer.l2.then_some("NET_RAW"), run_as)),
         volume_mounts: Some(mounts.into_iter().chain(announcer.bgp.then(|| bird_mount.clone())).collect()),

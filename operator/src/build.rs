@@ -557,6 +557,7 @@ fn pod_template(
             ..Default::default()
         }),
         volume_mounts: (!mounts.is_empty()).then_some(mounts),
+        env: crate::desired::http2_env(settings).map(|e| vec![e]),
         ..Default::default()
     };
     PodTemplateSpec {
@@ -1006,6 +1007,17 @@ mod tests {
         let settings = BuildSettings { manager_image: "registry/ccm:v9".into(), ..Default::default() };
         let pod = pod_spec(&build(&c, &validated(&c, None), &settings));
         assert_eq!(pod.containers[0].image.as_deref(), Some("registry/ccm:v9"));
+    }
+
+    #[test]
+    fn managers_get_disable_http2_only_when_the_operator_runs_with_it() {
+        let c = cr(json!({"provider": "fake"}));
+        let plain = pod_spec(&build(&c, &validated(&c, None), &BuildSettings::default()));
+        assert_eq!(plain.containers[0].env, None);
+        let settings = BuildSettings { manager_disable_http2: true, ..Default::default() };
+        let env = pod_spec(&build(&c, &validated(&c, None), &settings)).containers[0].env.clone().unwrap();
+        assert_eq!(env.len(), 1);
+        assert_eq!((env[0].name.as_str(), env[0].value.as_deref()), ("DISABLE_HTTP2", Some("true")));
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use k8s_openapi::api::core::v1::{KeyToPath, SecretVolumeSource, ServiceAccount, Volume, VolumeMount};
+use k8s_openapi::api::core::v1::{EnvVar, KeyToPath, SecretVolumeSource, ServiceAccount, Volume, VolumeMount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -32,6 +32,9 @@ pub struct BuildSettings {
     /// What resource authors may ask for (images, `extraArgs`, replicas, priority classes):
     /// checked at validation, before anything is built.
     pub policy: crate::validate::Policy,
+    /// Set when the operator itself runs with `DISABLE_HTTP2`: the managers it deploys get it
+    /// too, since what breaks HTTP/2 to the API server (a proxy, a middlebox) is the cluster's.
+    pub manager_disable_http2: bool,
 }
 
 impl Default for BuildSettings {
@@ -43,6 +46,7 @@ impl Default for BuildSettings {
             announcer_cluster_role: "ccm-announcer".to_string(),
             announcer_namespace_role: "ccm-announcer-namespace".to_string(),
             policy: crate::validate::Policy::default(),
+            manager_disable_http2: false,
         }
     }
 }
@@ -212,4 +216,14 @@ pub fn cloud_config_volume(cc: &crate::validate::CloudConfigRef) -> (Volume, Vol
         ..Default::default()
     };
     (volume, mount)
+}
+
+/// `DISABLE_HTTP2=true` for a manager or announcer container when
+/// [`BuildSettings::manager_disable_http2`] is set.
+pub fn http2_env(settings: &BuildSettings) -> Option<EnvVar> {
+    settings.manager_disable_http2.then(|| EnvVar {
+        name: ccm_framework::client::DISABLE_HTTP2_ENV.into(),
+        value: Some("true".into()),
+        value_from: None,
+    })
 }

@@ -235,6 +235,7 @@ async fn run(flags: RunFlags) -> Result<(), operator::Error> {
             allow_announcers: flags.allow_announcers,
             bird_image: Some(flags.bird_image.trim().to_string()).filter(|i| !i.is_empty()),
         },
+        manager_disable_http2: std::env::var(client::DISABLE_HTTP2_ENV).is_ok_and(|v| !v.is_empty()),
     };
     config.http = http;
     config.manage_crd = flags.manage_crd;
@@ -273,6 +274,7 @@ fn main() -> ExitCode {
     init_logging(&cli.run.log_level, cli.run.log_json);
     // The rendered managers' data paths are not in this process, but its watches and serving are.
     ccm_framework::process::raise_open_file_limit();
+    ccm_framework::process::limit_malloc_arenas();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {

@@ -98,7 +98,10 @@ async fn run_operator(kubeconfig: PathBuf, debounce_ms: Option<u64>) {
         .init();
     let kubeconfig = kube::config::Kubeconfig::read_from(&kubeconfig).expect("a kubeconfig");
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await.expect("a config");
-    let client = Client::try_from(config).expect("a client");
+    // As the operator binary does: its client (HTTP/2 where TLS offers it) and malloc arenas.
+    ccm_framework::process::limit_malloc_arenas();
+    let client = ccm_framework::client::build_client(config, &ccm_framework::client::RateLimitLayer::disabled())
+        .expect("a client");
     let mut config = operator::OperatorConfig::new(client);
     config.scope = operator::Scope::Namespaces(vec![NAMESPACE.to_string()]);
     config.build.manager_image = "example.test/cloud-controller-manager:bench".into();

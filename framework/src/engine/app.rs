@@ -55,6 +55,7 @@ where
     tracing::info!(version = env!("CARGO_PKG_VERSION"), "starting cloud-controller-manager");
     // Before the runtime's threads open anything: the proxy data path and the API client share it.
     crate::process::raise_open_file_limit();
+    crate::process::limit_malloc_arenas();
     for warning in &settings.warnings {
         tracing::warn!("{warning}");
     }
@@ -125,8 +126,7 @@ pub async fn run(registry: Registry, mut settings: Settings, shutdown: Cancellat
         Some(http) => Some(http.resolve_auth(&config).await?),
         None => None,
     };
-    let client = client::build_client(config.clone(), &layer)?;
-    let event_client = client::build_client(config, &RateLimitLayer::disabled())?;
+    let [client, event_client] = client::build_clients(config, [&layer, &RateLimitLayer::disabled()])?;
 
     let on_loss = if settings.exit_on_lost_lease { LeaderLoss::Exit } else { LeaderLoss::StandBy };
     let engine = EngineBuilder::new(client, provider, settings.options)

@@ -440,8 +440,13 @@ impl Inner {
                 "EnsureLoadBalancer",
             );
         }
-        let refs: Vec<&Node> = nodes.iter().map(|n| n.as_ref()).collect();
-        let status = match self.in_cloud_slot(lb.ensure_load_balancer(self.cluster(), &svc, &refs)).await {
+        // The Node list is built once the slot is held: at 5,000 Nodes it is 40 KiB, and every
+        // sync queued for a slot would hold one (5 MiB with 128 waiting).
+        let call = async {
+            let refs: Vec<&Node> = nodes.iter().map(|n| n.as_ref()).collect();
+            lb.ensure_load_balancer(self.cluster(), &svc, &refs).await
+        };
+        let status = match self.in_cloud_slot(call).await {
             Ok(status) => status,
             Err(CloudError::ImplementedElsewhere) => {
                 // S8: another controller owns it; keep the finalizer, write no status.
