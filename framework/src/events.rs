@@ -46,9 +46,11 @@ use queue::{Admission, Pace, PendingQueue};
 
 /// Events waiting to be written before older ones are superseded or new ones dropped: one
 /// per object for 10,000 Services and 5,000 Nodes with room to spare. A pending event costs
-/// about 0.4 KiB with the queue's bookkeeping (heaptrack, 10,000-Service benchmark: 5.9 MiB at
-/// 15,700 pending; 0.9 KiB before its strings were packed into one allocation), and the queue
-/// only fills while the API server takes events slower than they come.
+/// about 0.3 KiB with the queue's bookkeeping: a 120-byte slot, its strings in one allocation
+/// (about 0.14 KiB for a Service), an index entry per object and two id queues. It was 0.4 KiB
+/// with each entry boxed in a map (heaptrack, 10,000-Service benchmark: 5.9 MiB at 15,700
+/// pending) and 0.9 KiB before the strings were packed. The queue only fills while the API
+/// server takes events slower than they come.
 pub const DEFAULT_QUEUE: usize = 16_384;
 /// Largest queue [`EventSink::spawn_with`] accepts (bounds memory whatever is configured).
 pub const MAX_QUEUE: usize = 65_536;
@@ -101,8 +103,8 @@ const FIELDS: usize = 10;
 /// was most of the sink's memory.
 struct Text {
     buf: Box<str>,
-    /// Where each field ends in `buf`.
-    ends: [u32; FIELDS],
+    /// Where each field ends in `buf` (fields are cut to [`FIELD_LIMIT`], so this fits).
+    ends: [u16; FIELDS],
     /// Bit i set: field i was `None`.
     absent: u16,
 }
@@ -114,11 +116,11 @@ impl Text {
         let mut absent = 0;
         for (i, field) in fields.iter().enumerate() {
             match field {
-                Some(f) => buf.push_str(f),
+                Some(f) => buf.push_str(cut(f, FIELD_LIMIT)),
                 None => absent |= 1 << i,
             }
-            // Fields are bounded (names, a uid, a note of at most NOTE_LIMIT), so this fits.
-            ends[i] = u32::try_from(buf.len()).unwrap_or(u32::MAX);
+            // At most FIELDS × FIELD_LIMIT bytes in all, below u16::MAX.
+            ends[i] = u16::try_from(buf.len()).unwrap_or(u16::MAX);
         }
         Self { buf: buf.into_boxed_str(), ends, absent }
     }
@@ -136,16 +138,36 @@ impl Text {
     }
 }
 
-/// `note` cut to at most [`NOTE_LIMIT`] bytes, on a character boundary.
-fn fit_note(note: &str) -> &str {
-    if note.len() <= NOTE_LIMIT {
-        return note;
+/// `text` cut to at most `limit` bytes, on a character boundary.
+fn cut(text: &str, limit: usize) -> &str {
+    if text.len() <= limit {
+        return text;
     }
-    let mut end = NOTE_LIMIT;
-    while !note.is_char_boundary(end) {
+    let mut end = limit;
+    while !text.is_char_boundary(end) {
         end -= 1;
     }
-    &note[..end]
+    &text[..end]
+}
+
+/// `note` cut to at most [`NOTE_LIMIT`] bytes, on a character boundary.
+fn fit_note(note: &str) -> &str {
+    cut(note, NOTE_LIMIT)
+}
+
+/// Longest field a pending event keeps (bytes). The API's own limits are far lower (a name
+/// 253, a reason 128); this only bounds what a caller can make the queue hold.
+const FIELD_LIMIT: usize = 4096;
+
+/// A time to the microsecond (all a `MicroTime` keeps) in 8 bytes, where jiff's takes 16.
+type Micros = i64;
+
+fn micros_now() -> Micros {
+    Timestamp::now().as_microsecond()
+}
+
+fn micro_time(us: Micros) -> MicroTime {
+    MicroTime(Timestamp::from_microsecond(us).unwrap_or(Timestamp::UNIX_EPOCH))
 }
 
 /// A pending event: kube's `Event` and its `regarding` reference (without `secondary`, never
@@ -155,8 +177,8 @@ struct Queued {
     type_: EventType,
     text: Text,
     /// When the first and the newest occurrence folded into this one were published.
-    first: Timestamp,
-    last: Timestamp,
+    first: Micros,
+    last: Micros,
     attempts: u8,
 }
 
@@ -181,7 +203,7 @@ impl Queued {
             r.resource_version.as_deref(),
             r.field_path.as_deref(),
         ]);
-        let now = Timestamp::now();
+        let now = micros_now();
         Self { component, type_, text, first: now, last: now, attempts: 0 }
     }
 
@@ -476,7 +498,7 @@ impl Recent {
         let item = &planned.popped.item;
         if let Some((namespace, name, total)) = &planned.series {
             let api: kube::Api<K8sEvent> = kube::Api::namespaced(self.client.clone(), namespace);
-            let series = EventSeries { count: *total, last_observed_time: MicroTime(item.last) };
+            let series = EventSeries { count: *total, last_observed_time: micro_time(item.last) };
             let patch = serde_json::json!({"series": series, "note": item.note()});
             match api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
                 Ok(_) => return Ok(Landed::Series),
@@ -500,9 +522,9 @@ impl Recent {
                 EventType::Normal => "Normal".to_string(),
                 EventType::Warning => "Warning".to_string(),
             }),
-            event_time: Some(MicroTime(item.first)),
+            event_time: Some(micro_time(item.first)),
             // Repeats folded while waiting are one series, as the API defines it (count >= 2).
-            series: (count >= 2).then_some(EventSeries { count, last_observed_time: MicroTime(item.last) }),
+            series: (count >= 2).then_some(EventSeries { count, last_observed_time: micro_time(item.last) }),
             regarding: Some(item.reference()),
             reporting_controller: Some(item.component.to_string()),
             reporting_instance: Some(self.instance.clone().unwrap_or_else(|| item.component.to_string())),
@@ -770,6 +792,43 @@ mod tests {
         let bare = Queued::new("c", EventType::Normal, "R", "n", "A", &ObjectReference::default());
         assert_eq!(bare.reference(), ObjectReference::default());
         assert_eq!((bare.namespace(), bare.name()), (None, None));
+    }
+
+    #[test]
+    fn a_pending_events_fields_read_back_as_given_and_an_oversized_one_is_cut() {
+        let long = "é".repeat(FIELD_LIMIT); // two bytes each
+        let t = Text::new([
+            Some("Reason"),
+            None,
+            Some(""),
+            Some("v1"),
+            Some(long.as_str()),
+            Some("ns"),
+            Some(long.as_str()),
+            Some("uid"),
+            None,
+            Some("spec"),
+        ]);
+        let fields: Vec<_> = (0..FIELDS).map(|i| t.get(i)).collect();
+        let cut_long = &long[..FIELD_LIMIT];
+        let want = [
+            Some("Reason"),
+            None,
+            Some(""),
+            Some("v1"),
+            Some(cut_long),
+            Some("ns"),
+            Some(cut_long),
+            Some("uid"),
+            None,
+            Some("spec"),
+        ];
+        assert_eq!(fields, want);
+        assert!(
+            std::mem::size_of::<Queued>() <= 80,
+            "a pending event stays compact: {}",
+            std::mem::size_of::<Queued>()
+        );
     }
 
     #[test]

@@ -13,8 +13,9 @@
 //! `capacity` at least the number of objects that have events pending, every object's final
 //! event is written.
 //!
-//! Memory: at most `capacity` entries, one index entry per object with events pending, and two
-//! id queues compacted to at most `2 * capacity + COMPACT_SLACK` ids each.
+//! Memory: at most `capacity` entries in place (slots freed again once the queue empties), one
+//! map entry per object with events pending (its newest; its older ones are chained from
+//! there), and two id queues compacted to at most `2 * capacity + COMPACT_SLACK` ids each.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
@@ -56,10 +57,26 @@ pub struct Popped<T> {
     pub count: u32,
 }
 
+/// Slot bits of an id: the low bits say where its entry is, the rest is a sequence number
+/// that makes ids unique across a slot's reuse.
+const SLOT_BITS: u32 = 24;
+const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;
+/// Largest capacity: every slot index fits in [`SLOT_BITS`] (and none makes [`NONE`]).
+const MAX_CAPACITY: usize = (1 << SLOT_BITS) - 1;
+/// No id: the end of an object's chain.
+const NONE: u64 = u64::MAX;
+/// Slots kept allocated once the queue is empty again (more are freed).
+const IDLE_SLOTS: usize = 1024;
+
 struct Entry<O, T> {
+    id: u64,
     object: O,
     /// The reason's hash: a copy of the text per pending event is not needed to compare.
     reason: u64,
+    /// The object's pending event before this one, or [`NONE`]: an object's pending events
+    /// are a chain from its newest (in `objects`), so an object costs one map entry and no
+    /// list of its own.
+    older: u64,
     item: T,
     count: u32,
 }
@@ -76,25 +93,40 @@ fn reason_key(reason: &str) -> u64 {
 /// Bounded pending events; see the module documentation for the rules.
 pub struct PendingQueue<O, T> {
     capacity: usize,
+    /// The next id's sequence number.
     next: u64,
-    /// Boxed: a map sized for `capacity` keeps up to twice as many buckets, and a bucket then
-    /// holds a pointer rather than a whole entry.
-    entries: HashMap<u64, Box<Entry<O, T>>>,
-    /// Arrival order; ids no longer in `entries` are skipped.
+    /// Entries in place, addressed by their id's slot bits: no allocation or map entry per
+    /// event (a boxed entry in a map cost about 0.2 KiB more per pending event).
+    slots: Vec<Option<Entry<O, T>>>,
+    /// Slots free for reuse.
+    free: Vec<u32>,
+    len: usize,
+    /// Arrival order; ids no longer pending are skipped.
     order: VecDeque<u64>,
-    /// Pending ids per object, oldest first (a handful: one per reason at most).
-    objects: HashMap<O, Vec<u64>>,
+    /// Each object's newest pending id (the head of its chain).
+    objects: HashMap<O, u64>,
     /// Ids that were not their object's newest when a newer one arrived: eviction candidates.
     evictable: VecDeque<u64>,
+}
+
+/// The entry `id` names, if it is still pending.
+fn slot_of<O, T>(slots: &[Option<Entry<O, T>>], id: u64) -> Option<&Entry<O, T>> {
+    slots.get((id & SLOT_MASK) as usize)?.as_ref().filter(|e| e.id == id)
+}
+
+fn slot_of_mut<O, T>(slots: &mut [Option<Entry<O, T>>], id: u64) -> Option<&mut Entry<O, T>> {
+    slots.get_mut((id & SLOT_MASK) as usize)?.as_mut().filter(|e| e.id == id)
 }
 
 impl<O: Clone + Eq + Hash, T: Occurrence> PendingQueue<O, T> {
     /// An empty queue holding at most `capacity` (at least 1) events.
     pub fn new(capacity: usize) -> Self {
         Self {
-            capacity: capacity.max(1),
+            capacity: capacity.clamp(1, MAX_CAPACITY),
             next: 0,
-            entries: HashMap::new(),
+            slots: Vec::new(),
+            free: Vec::new(),
+            len: 0,
             order: VecDeque::new(),
             objects: HashMap::new(),
             evictable: VecDeque::new(),
@@ -103,24 +135,42 @@ impl<O: Clone + Eq + Hash, T: Occurrence> PendingQueue<O, T> {
 
     /// Events pending.
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.len
     }
 
     /// Whether nothing is pending.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.len == 0
+    }
+
+    fn get(&self, id: u64) -> Option<&Entry<O, T>> {
+        slot_of(&self.slots, id)
+    }
+
+    fn get_mut(&mut self, id: u64) -> Option<&mut Entry<O, T>> {
+        slot_of_mut(&mut self.slots, id)
+    }
+
+    /// The pending event of `object` with reason hash `key`, searching from the newest.
+    fn find(&self, object: &O, key: u64) -> Option<u64> {
+        let mut id = self.objects.get(object).copied().unwrap_or(NONE);
+        while let Some(e) = self.get(id) {
+            if e.reason == key {
+                return Some(id);
+            }
+            id = e.older;
+        }
+        None
     }
 
     /// Offer one event (standing for `count` occurrences) of `object` with `reason`.
     pub fn push(&mut self, object: O, reason: &str, item: T, count: u32) -> Admission {
         let count = count.max(1);
-        if let Some(ids) = self.objects.get(&object) {
-            let newest = ids.last().copied();
-            let key = reason_key(reason);
-            let same = ids.iter().copied().find(|id| self.entries.get(id).is_some_and(|e| e.reason == key));
-            if let Some(id) = same {
-                if Some(id) == newest {
-                    if let Some(e) = self.entries.get_mut(&id) {
+        let key = reason_key(reason);
+        if let Some(&newest) = self.objects.get(&object) {
+            if let Some(id) = self.find(&object, key) {
+                if id == newest {
+                    if let Some(e) = self.get_mut(id) {
                         e.count = e.count.saturating_add(count);
                         let older = std::mem::replace(&mut e.item, item);
                         e.item.absorb_older(older);
@@ -134,27 +184,29 @@ impl<O: Clone + Eq + Hash, T: Occurrence> PendingQueue<O, T> {
                         item.absorb_older(older.item);
                         count = count.saturating_add(older.count);
                     }
-                    self.append(object, reason, item, count);
+                    self.append(object, key, item, count);
                 }
                 return Admission::Aggregated;
             }
-            if self.entries.len() >= self.capacity
-                && let Some(id) = newest
-                && let Some(e) = self.entries.get_mut(&id)
+            if self.len >= self.capacity
+                && let Some(e) = self.get_mut(newest)
             {
+                // Takes the newest's place: same id, place in the arrival order and chain.
                 let lost = e.count;
-                **e = Entry { object, reason: reason_key(reason), item, count };
+                e.reason = key;
+                e.item = item;
+                e.count = count;
                 return Admission::Superseded(lost);
             }
         }
-        if self.entries.len() < self.capacity {
-            self.append(object, reason, item, count);
+        if self.len < self.capacity {
+            self.append(object, key, item, count);
             return Admission::Queued;
         }
         match self.next_evictable() {
             Some(victim) => {
                 let lost = self.remove(victim).map_or(0, |e| e.count);
-                self.append(object, reason, item, count);
+                self.append(object, key, item, count);
                 Admission::Superseded(lost)
             }
             None => Admission::Dropped(count),
@@ -165,10 +217,9 @@ impl<O: Clone + Eq + Hash, T: Occurrence> PendingQueue<O, T> {
     /// count; a different pending event of its object is that object's latest, so this one is
     /// dropped as superseded.
     pub fn retry(&mut self, object: O, reason: &str, item: T, count: u32) -> Admission {
-        if let Some(ids) = self.objects.get(&object) {
-            let key = reason_key(reason);
-            let same = ids.iter().find_map(|id| self.entries.get(id).filter(|e| e.reason == key).map(|_| *id));
-            return match same.and_then(|id| self.entries.get_mut(&id)) {
+        if self.objects.contains_key(&object) {
+            let same = self.find(&object, reason_key(reason));
+            return match same.and_then(|id| self.get_mut(id)) {
                 Some(e) => {
                     e.count = e.count.saturating_add(count.max(1));
                     e.item.absorb_older(item);
@@ -201,7 +252,7 @@ impl<O: Clone + Eq + Hash, T: Occurrence> PendingQueue<O, T> {
             if ids.len() >= max || looked >= LOOKAHEAD * max {
                 break;
             }
-            let Some(e) = self.entries.get(id) else { continue };
+            let Some(e) = slot_of(&self.slots, *id) else { continue };
             looked += 1;
             if !objects.contains(&&e.object) {
                 objects.push(&e.object);
@@ -210,40 +261,68 @@ impl<O: Clone + Eq + Hash, T: Occurrence> PendingQueue<O, T> {
         }
         let popped = ids.into_iter().filter_map(|id| self.remove(id)).map(|e| Popped { item: e.item, count: e.count });
         let popped = popped.collect();
-        while self.order.front().is_some_and(|id| !self.entries.contains_key(id)) {
+        while self.order.front().is_some_and(|&id| self.get(id).is_none()) {
             self.order.pop_front();
         }
         popped
     }
 
-    fn append(&mut self, object: O, reason: &str, item: T, count: u32) {
-        let id = self.next;
-        self.next += 1;
-        let ids = self.objects.entry(object.clone()).or_default();
-        if let Some(&previous) = ids.last() {
-            self.evictable.push_back(previous);
+    fn append(&mut self, object: O, reason: u64, item: T, count: u32) {
+        let slot = match self.free.pop() {
+            Some(slot) => slot as usize,
+            None => {
+                self.slots.push(None);
+                self.slots.len() - 1
+            }
+        };
+        let id = (self.next << SLOT_BITS) | slot as u64;
+        self.next = self.next.wrapping_add(1);
+        let older = self.objects.insert(object.clone(), id).unwrap_or(NONE);
+        if older != NONE {
+            self.evictable.push_back(older);
         }
-        ids.push(id);
         self.order.push_back(id);
-        self.entries.insert(id, Box::new(Entry { object, reason: reason_key(reason), item, count }));
+        self.slots[slot] = Some(Entry { id, object, reason, older, item, count });
+        self.len += 1;
         self.compact();
     }
 
     fn remove(&mut self, id: u64) -> Option<Entry<O, T>> {
-        let e = *self.entries.remove(&id)?;
-        if let Some(ids) = self.objects.get_mut(&e.object) {
-            ids.retain(|&i| i != id);
-            if ids.is_empty() {
-                self.objects.remove(&e.object);
+        let slot = (id & SLOT_MASK) as usize;
+        let e = self.slots.get_mut(slot)?.take_if(|e| e.id == id)?;
+        self.free.push(slot as u32);
+        self.len -= 1;
+        // Unlink it from its object's chain.
+        if let Some(newest) = self.objects.get_mut(&e.object) {
+            if *newest == id {
+                if e.older == NONE {
+                    self.objects.remove(&e.object);
+                } else {
+                    *newest = e.older;
+                }
+            } else {
+                let mut at = *newest;
+                while let Some(next) = slot_of_mut(&mut self.slots, at) {
+                    if next.older == id {
+                        next.older = e.older;
+                        break;
+                    }
+                    at = next.older;
+                }
             }
+        }
+        if self.len == 0 && self.slots.len() > IDLE_SLOTS {
+            // Back to idle after a burst: give the slots back (ids stay unique by sequence).
+            self.slots = Vec::new();
+            self.free = Vec::new();
         }
         Some(e)
     }
 
     fn next_evictable(&mut self) -> Option<u64> {
         while let Some(id) = self.evictable.pop_front() {
-            let Some(e) = self.entries.get(&id) else { continue };
-            if self.objects.get(&e.object).and_then(|ids| ids.last()) != Some(&id) {
+            let Some(e) = self.get(id) else { continue };
+            if self.objects.get(&e.object) != Some(&id) {
                 return Some(id);
             }
         }
@@ -253,14 +332,12 @@ impl<O: Clone + Eq + Hash, T: Occurrence> PendingQueue<O, T> {
     fn compact(&mut self) {
         let limit = 2 * self.capacity + COMPACT_SLACK;
         if self.order.len() > limit {
-            let entries = &self.entries;
-            self.order.retain(|id| entries.contains_key(id));
+            let slots = &self.slots;
+            self.order.retain(|&id| slot_of(slots, id).is_some());
         }
         if self.evictable.len() > limit {
-            let (entries, objects) = (&self.entries, &self.objects);
-            self.evictable.retain(|id| {
-                entries.get(id).is_some_and(|e| objects.get(&e.object).and_then(|ids| ids.last()) != Some(id))
-            });
+            let (slots, objects) = (&self.slots, &self.objects);
+            self.evictable.retain(|&id| slot_of(slots, id).is_some_and(|e| objects.get(&e.object) != Some(&id)));
         }
     }
 }
@@ -437,6 +514,44 @@ mod tests {
             [("ensured".to_string(), 3), ("b".to_string(), 1)],
             "the pending (newer) note is kept, the failed occurrences counted"
         );
+    }
+
+    #[test]
+    fn repeats_from_the_middle_of_an_objects_events_keep_them_in_the_order_they_last_happened() {
+        let mut q = Q::new(10);
+        for reason in ["A", "B", "C", "D"] {
+            q.push("o".into(), reason, reason.into(), 1);
+        }
+        // B leaves the middle, then A must still be found behind it, then C and D.
+        for reason in ["B", "A", "C", "D"] {
+            assert_eq!(q.push("o".into(), reason, reason.into(), 1), Admission::Aggregated, "{reason}");
+        }
+        assert_eq!(q.len(), 4);
+        let order: Vec<_> = drain(&mut q).into_iter().collect();
+        let want = [("B", 2), ("A", 2), ("C", 2), ("D", 2)].map(|(r, c)| (r.to_string(), c));
+        assert_eq!(order, want);
+        assert!(q.objects.is_empty(), "a drained object leaves no index entry");
+    }
+
+    #[test]
+    fn a_drained_burst_gives_its_slots_back_and_reused_slots_never_answer_for_old_events() {
+        let mut q = Q::new(4 * IDLE_SLOTS);
+        for round in 0..3 {
+            for i in 0..2 * IDLE_SLOTS {
+                q.push(format!("o{i}"), "A", format!("{round}/o{i}/A"), 1);
+                q.push(format!("o{i}"), "B", format!("{round}/o{i}/B"), 1);
+            }
+            let mut written = Vec::new();
+            while !q.is_empty() {
+                written.extend(q.pop_distinct(16).into_iter().map(|p| p.item));
+            }
+            assert_eq!(written.len(), 4 * IDLE_SLOTS, "every event once, none twice (round {round})");
+            assert!(written.iter().all(|w| w.starts_with(&format!("{round}/"))), "no event of an earlier round");
+            let a = written.iter().position(|w| w == &format!("{round}/o7/A"));
+            let b = written.iter().position(|w| w == &format!("{round}/o7/B"));
+            assert!(a < b, "an object's events in order");
+            assert!(q.slots.is_empty() && q.objects.is_empty(), "idle again: slots released");
+        }
     }
 
     #[test]
