@@ -12,11 +12,11 @@ ARG RUST_VERSION=1.95
 
 # Builder: the whole workspace, release profile, with the committed Cargo.lock.
 FROM rust:${RUST_VERSION}-bookworm AS builder
-# Providers compiled into cloud-controller-manager (its cargo features), and `fake` into the
-# operator only when listed here, so the two know the same providers. The default leaves out
-# `fake`, the in-memory test cloud; an image for tests may add it:
-#   docker build --build-arg MANAGER_PROVIDERS=fake,baremetal,aws ...
-ARG MANAGER_PROVIDERS=baremetal,aws
+# The built-in providers (ccm-builtin's features), given to both binaries in one cargo build, so
+# they share one compiled provider list. The default leaves out `fake`, the in-memory test cloud;
+# an image for tests may add it:
+#   docker build --build-arg PROVIDERS=fake,baremetal,aws ...
+ARG PROVIDERS=baremetal,aws
 WORKDIR /src
 COPY . .
 # Cache mounts keep the registry and target dir between builds; the binaries are copied out
@@ -24,11 +24,9 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/usr/local/cargo/git \
     --mount=type=cache,target=/src/target \
-    case ",${MANAGER_PROVIDERS}," in *,fake,*) operator_features=fake ;; *) operator_features= ;; esac \
- && cargo build --release --locked -p operator --bin ccm-operator \
-      --no-default-features --features "${operator_features}" \
- && cargo build --release --locked -p cloud-controller-manager --bin cloud-controller-manager \
-      --no-default-features --features "${MANAGER_PROVIDERS}" \
+    cargo build --release --locked -p operator -p cloud-controller-manager \
+      --bin ccm-operator --bin cloud-controller-manager \
+      --no-default-features --features "${PROVIDERS}" \
  && mkdir -p /out \
  && cp target/release/ccm-operator target/release/cloud-controller-manager /out/
 

@@ -266,7 +266,7 @@ fn bin_dir() -> PathBuf {
 fn newest_rust_source(repo: &Path) -> Option<(PathBuf, std::time::SystemTime)> {
     let mut newest: Option<(PathBuf, std::time::SystemTime)> = None;
     let mut dirs: Vec<PathBuf> =
-        ["crds/src", "framework/src", "providers", "operator/src", "cloud-controller-manager/src"]
+        ["crds/src", "manager", "operator/src"]
             .iter()
             .map(|d| repo.join(d))
             .collect();

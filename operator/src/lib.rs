@@ -19,7 +19,6 @@ pub mod error;
 pub mod hash;
 pub mod metrics;
 pub mod names;
-pub mod providers;
 pub mod reasons;
 pub mod status;
 pub mod switch;
@@ -117,7 +116,7 @@ impl OperatorConfig {
             scope: Scope::All,
             cloud_config_namespaces: None,
             build: BuildSettings::default(),
-            registry: providers::builtin_registry(),
+            registry: ccm_builtin::registry(),
             identity: ccm_framework::leader::default_identity(),
             leader_election: None,
             http: None,

@@ -1117,7 +1117,7 @@ mod tests {
     #[test]
     fn a_pool_edit_keeps_the_restart_hash_and_other_edits_change_it() {
         let c = cr("a", 1, json!({"provider": "baremetal", "cloudConfig": {"secretRef": {"name": "cfg"}}}));
-        let registry = crate::providers::builtin_registry();
+        let registry = ccm_builtin::registry();
         let refs = |doc: &str| match validate(&c, &found(doc.as_bytes()), &registry, &[]) {
             Validation::Valid(v) => v.cloud_config.unwrap(),
             other => panic!("{other:?}"),
@@ -1136,7 +1136,7 @@ mod tests {
 
     #[test]
     fn embedded_mode_is_refused_naming_spec_mode_when_the_installation_did_not_enable_it() {
-        let registry = crate::providers::builtin_registry();
+        let registry = ccm_builtin::registry();
         let disabled = Environment { embedded_enabled: false, host_network: false };
         let doc = b"instances: [{name: n1}]\n";
         let embedded = cr(
@@ -1163,7 +1163,7 @@ mod tests {
 
     #[test]
     fn a_proxy_data_path_is_refused_where_its_listeners_would_be_unreachable() {
-        let registry = crate::providers::builtin_registry();
+        let registry = ccm_builtin::registry();
         let proxy =
             b"instances: [{name: n1}]\nloadBalancer:\n  mode: proxy\n  pools: [{name: lan, cidrs: [10.0.0.0/30]}]\n";
         let addresses = b"instances: [{name: n1}]\nloadBalancer:\n  pools: [{name: lan, cidrs: [10.0.0.0/30]}]\n";

@@ -13,11 +13,11 @@ use std::path::{Path, PathBuf};
 /// Crates whose source may emit reasons.
 const SOURCE_DIRS: [&str; 7] = [
     "crds/src",
-    "framework/src",
-    "providers/fake/src",
-    "providers/baremetal/src",
-    "providers/aws/src",
-    "cloud-controller-manager/src",
+    "manager/framework/src",
+    "manager/providers/fake/src",
+    "manager/providers/baremetal/src",
+    "manager/providers/aws/src",
+    "manager/cloud-controller-manager/src",
     "operator/src",
 ];
 

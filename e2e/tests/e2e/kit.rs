@@ -572,7 +572,7 @@ pub fn operator_children_with(
         key: "cloud.conf".into(),
         data: cloud_config.to_vec(),
     };
-    let validation = operator::validate::validate(&cr, &secret, &operator::providers::builtin_registry(), &[]);
+    let validation = operator::validate::validate(&cr, &secret, &ccm_builtin::registry(), &[]);
     let validation = operator::validate::check_policy(&cr, validation, &settings.policy, &settings.manager_image);
     let operator::validate::Validation::Valid(validated) = validation else { panic!("{validation:?}") };
     operator::build::build(&cr, &validated, settings)

@@ -859,7 +859,7 @@ async fn manager_scenario(
             ccm_framework::flags::Flags::try_parse_from(&args).expect("flags parse").settings().expect("settings");
         let shutdown = tokio_util::sync::CancellationToken::new();
         let mut manager = tokio::spawn(ccm_framework::engine::app::run(
-            operator::providers::builtin_registry(),
+            ccm_builtin::registry(),
             settings,
             shutdown.clone(),
         ));
@@ -1541,7 +1541,7 @@ e2e_apiserver::backend_tests! {
         let mark = log.mark();
         let settings = ccm_framework::flags::Flags::try_parse_from(&args).expect("flags parse").settings().expect("settings");
         let shutdown = tokio_util::sync::CancellationToken::new();
-        let manager = tokio::spawn(ccm_framework::engine::app::run(operator::providers::builtin_registry(), settings, shutdown.clone()));
+        let manager = tokio::spawn(ccm_framework::engine::app::run(ccm_builtin::registry(), settings, shutdown.clone()));
 
         let services: Api<Service> = Api::namespaced(client.clone(), &namespace);
         let service = |name: &str, annotations: Value| -> Service {

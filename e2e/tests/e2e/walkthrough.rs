@@ -103,7 +103,7 @@ const BLOCKS: &[(&str, &str, &str, Check)] = &[
         "provider-dependency",
         "cb6fdccf4064adc5",
         Check::Paths(
-            "a vendor's Cargo.toml; examples/out-of-tree-provider depends on the framework by path the same way",
+            "a vendor's Cargo.toml; manager/out-of-tree-provider depends on the framework by path the same way",
         ),
     ),
     (
@@ -111,14 +111,14 @@ const BLOCKS: &[(&str, &str, &str, Check)] = &[
         "provider-implementation",
         "9f7921999008ce1b",
         Check::Paths(
-            "a sketch with the vendor's own client; examples/out-of-tree-provider is the compiled, tested version",
+            "a sketch with the vendor's own client; manager/out-of-tree-provider is the compiled, tested version",
         ),
     ),
     (
         "docs/provider-guide.md",
         "provider-main",
         "9bfadda4dbbd153a",
-        Check::Paths("examples/out-of-tree-provider/src/main.rs is the compiled version"),
+        Check::Paths("manager/out-of-tree-provider/src/main.rs is the compiled version"),
     ),
     (
         "docs/provider-guide.md",
@@ -268,10 +268,7 @@ fn named_paths(text: &str) -> Vec<String> {
                 && !w.starts_with('$')
                 && !w.starts_with("--")
                 && (w.starts_with("charts/")
-                    || w.starts_with("framework/")
-                    || w.starts_with("providers/")
-                    || w.starts_with("cloud-controller-manager/")
-                    || w.starts_with("examples/")
+                    || w.starts_with("manager/")
                     || w.starts_with("docs/")
                     || w.starts_with("operator/")
                     || w.starts_with("e2e/"))

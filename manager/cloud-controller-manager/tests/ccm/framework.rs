@@ -575,7 +575,7 @@ fn the_binary_prints_its_version_and_upstream_flags() {
 #[test]
 fn the_binary_ships_every_built_in_provider() {
     // An unknown name is refused before any connection, listing what the binary registered
-    // (operator::providers pins the operator to the same list).
+    // (ccm_builtin is the one list; the operator registers it too).
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_cloud-controller-manager"))
         .args(["--cloud-provider=nope"])
         .output()
