@@ -265,11 +265,7 @@ fn bin_dir() -> PathBuf {
 /// The most recently changed `.rs` file of the crates the two images are built from.
 fn newest_rust_source(repo: &Path) -> Option<(PathBuf, std::time::SystemTime)> {
     let mut newest: Option<(PathBuf, std::time::SystemTime)> = None;
-    let mut dirs: Vec<PathBuf> =
-        ["crds/src", "manager", "operator/src"]
-            .iter()
-            .map(|d| repo.join(d))
-            .collect();
+    let mut dirs: Vec<PathBuf> = ["crds/src", "manager", "operator/src"].iter().map(|d| repo.join(d)).collect();
     while let Some(dir) = dirs.pop() {
         for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
             let path = entry.path();

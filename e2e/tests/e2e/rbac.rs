@@ -858,11 +858,8 @@ async fn manager_scenario(
         let settings =
             ccm_framework::flags::Flags::try_parse_from(&args).expect("flags parse").settings().expect("settings");
         let shutdown = tokio_util::sync::CancellationToken::new();
-        let mut manager = tokio::spawn(ccm_framework::engine::app::run(
-            ccm_builtin::registry(),
-            settings,
-            shutdown.clone(),
-        ));
+        let mut manager =
+            tokio::spawn(ccm_framework::engine::app::run(ccm_builtin::registry(), settings, shutdown.clone()));
         tokio::select! {
             outcome = metrics_step(cluster, "the manager", Some(metrics_addr), timeout) => {
                 break (manager, shutdown, outcome, mark);

@@ -64,7 +64,7 @@ const BLOCKS: &[(&str, &str, &str, Check)] = &[
     (
         "README.md",
         "readme-install-resource",
-        "4458ba64c0b9c442",
+        "f6b26d9ceeee490a",
         Check::Paths("needs a cluster; the quick start applies a resource the same way"),
     ),
     (
@@ -95,7 +95,7 @@ const BLOCKS: &[(&str, &str, &str, Check)] = &[
     (
         "docs/quickstart.md",
         "quickstart",
-        "a29a52ee9fefc81d",
+        "01b58bc7ac8271d9",
         Check::Run("quick_start_reaches_ready_and_stops_quietly_as_documented"),
     ),
     (
@@ -351,8 +351,8 @@ fn block_scanner_finds_marked_indented_and_unmarked_blocks() {
     assert!(set_by_cargo_for_tests("CARGO_PKG_NAME") && set_by_cargo_for_tests("CARGO_MANIFEST_DIR"));
     assert!(!set_by_cargo_for_tests("CARGO_HOME") && !set_by_cargo_for_tests("CARGO_TARGET_DIR"));
     assert_eq!(
-        named_paths("kubectl apply -f charts/x.yaml --from-file=k=providers/y.yaml"),
-        ["charts/x.yaml", "providers/y.yaml"]
+        named_paths("kubectl apply -f charts/x.yaml --from-file=k=manager/y.yaml"),
+        ["charts/x.yaml", "manager/y.yaml"]
     );
 }
 
