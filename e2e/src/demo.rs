@@ -120,7 +120,7 @@ pub fn cloud_config(net: u8, pool: &str) -> String {
     if pool.starts_with("127.") {
         // Short health-check and drain times: a deleted Node leaves the rotation at once.
         yaml.push_str(&format!(
-            "loadBalancer:\n  mode: proxy\n  proxy:\n    healthCheckInterval: 1s\n    drainTimeout: 5s\n  pools:\n    - name: sandbox\n      {key}: [\"{pool}\"]\n      allowLoopback: true\n"
+            "loadBalancer:\n  mode: proxy\n  proxy:\n    healthCheckInterval: 1s\n    drainTimeout: 5s\n  pools:\n    - name: sandbox\n      {key}: [\"{pool}\"]\n      allowedPorts: [\"1024-65535\"]\n      allowLoopback: true\n"
         ));
     } else {
         yaml.push_str(&format!("loadBalancer:\n  pools:\n    - name: sandbox\n      {key}: [\"{pool}\"]\n"));

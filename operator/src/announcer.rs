@@ -8,9 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use ccm_provider_baremetal::announce::bgp::NODE_IP_ENV;
-use ccm_provider_baremetal::announce::bgp::bird::{DEFAULT_CONFIG_PATH, DEFAULT_SOCKET_PATH};
-use ccm_provider_baremetal::announce::node::SUBCOMMAND;
+use ccm_provider_baremetal::deploy::{ANNOUNCER_SUBCOMMAND, BIRD_CONFIG_PATH, BIRD_SOCKET_PATH, NODE_IP_ENV};
 use crds::CloudControllerManager;
 use crds::v1alpha1::Announcer;
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy, RollingUpdateDaemonSet};
@@ -171,7 +169,7 @@ fn pod_template(
     let mut annotations = BTreeMap::new();
     let mut volumes = Vec::new();
     let mut mounts = Vec::new();
-    let mut args = vec![SUBCOMMAND.to_string()];
+    let mut args = vec![ANNOUNCER_SUBCOMMAND.to_string()];
     if let Some(cc) = &validated.cloud_config {
         // The announcer reads its section at start: any edit of the Secret restarts it, one
         // node at a time.
@@ -217,7 +215,7 @@ fn pod_template(
         });
         // BIRD exits when its config is missing: wait for the announcer's first write.
         let script = format!(
-            "until [ -s {DEFAULT_CONFIG_PATH} ]; do sleep 1; done; exec bird -f -c {DEFAULT_CONFIG_PATH} -s {DEFAULT_SOCKET_PATH}"
+            "until [ -s {BIRD_CONFIG_PATH} ]; do sleep 1; done; exec bird -f -c {BIRD_CONFIG_PATH} -s {BIRD_SOCKET_PATH}"
         );
         containers.push(Container {
             name: BIRD_CONTAINER.into(),
@@ -452,7 +450,7 @@ mod tests {
         assert_eq!(bird_sc.capabilities.as_ref().unwrap().add.as_deref(), Some(&["NET_BIND_SERVICE".to_string()][..]));
         assert_eq!(bird_sc.run_as_user, Some(NON_ROOT_UID), "the same user, for the 0600 config and the socket");
         let script = bird.command.as_ref().unwrap().join(" ");
-        assert!(script.contains(DEFAULT_CONFIG_PATH) && script.contains(DEFAULT_SOCKET_PATH), "{script}");
+        assert!(script.contains(BIRD_CONFIG_PATH) && script.contains(BIRD_SOCKET_PATH), "{script}");
         for c in [announcer, bird] {
             assert!(c.volume_mounts.iter().flatten().any(|m| m.name == BIRD_VOLUME && m.mount_path == BIRD_DIR));
         }

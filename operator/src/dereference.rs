@@ -111,13 +111,43 @@ fn state(name: &str, key: &str, value: Option<Vec<u8>>) -> SecretState {
     }
 }
 
-/// The conflict view of every CR in the caches.
-pub fn peers(stores: &[Store<DeserializeGuard<CloudControllerManager>>], registry: &Registry) -> Vec<Peer> {
-    stores
-        .iter()
-        .flat_map(|s| s.state())
-        .filter_map(|o| o.0.as_ref().ok().and_then(|cr| Peer::from_cr(cr, registry)))
-        .collect()
+/// The conflict view of every CR in the watch cache, each worked out once per version of the
+/// CR (by UID and `resourceVersion`) rather than at every reconcile of every CR.
+#[derive(Default)]
+pub struct PeerCache {
+    views: Mutex<HashMap<String, (String, Option<Peer>)>>,
+}
+
+impl std::fmt::Debug for PeerCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerCache").finish_non_exhaustive()
+    }
+}
+
+impl PeerCache {
+    /// The conflict view of every CR in `store`; views of CRs gone from it are forgotten.
+    pub fn peers(&self, store: &Store<DeserializeGuard<CloudControllerManager>>, registry: &Registry) -> Vec<Peer> {
+        let crs = store.state();
+        let mut views = self.views.lock().unwrap_or_else(|e| e.into_inner());
+        let mut kept = HashMap::with_capacity(crs.len());
+        let mut out = Vec::with_capacity(crs.len());
+        for cr in crs.iter().filter_map(|o| o.0.as_ref().ok()) {
+            let view = match (cr.uid(), cr.resource_version()) {
+                (Some(uid), Some(version)) => {
+                    let view = match views.remove(&uid) {
+                        Some((seen, view)) if seen == version => view,
+                        _ => Peer::from_cr(cr, registry),
+                    };
+                    kept.insert(uid, (version, view.clone()));
+                    view
+                }
+                _ => Peer::from_cr(cr, registry),
+            };
+            out.extend(view);
+        }
+        *views = kept;
+        out
+    }
 }
 
 /// What the Lease `namespace/name` says, judged against `now`.
@@ -382,5 +412,37 @@ mod tests {
         let c = &p.status.as_ref().unwrap().container_statuses.as_ref().unwrap()[0];
         assert_eq!((c.image.as_str(), c.restart_count, c.ready), ("", 2, true));
         assert_eq!(observe_pods([&p]), before);
+    }
+
+    #[test]
+    fn conflict_views_are_worked_out_once_per_version_of_each_cr() {
+        use kube::runtime::watcher;
+        let registry = ccm_builtin::registry();
+        let cr = |name: &str, version: &str, controllers: serde_json::Value| {
+            let spec = serde_json::from_value(serde_json::json!({"provider": "fake", "controllers": controllers}));
+            let mut cr = CloudControllerManager::new(name, spec.unwrap());
+            cr.metadata.namespace = Some("kube-system".into());
+            cr.metadata.uid = Some(format!("uid-{name}"));
+            cr.metadata.resource_version = Some(version.into());
+            DeserializeGuard(Ok(cr))
+        };
+        let (store, mut writer) = kube::runtime::reflector::store();
+        let cache = PeerCache::default();
+        let routes = |peers: &[Peer], name: &str| peers.iter().find(|p| p.name == name).map(|p| p.routes);
+        writer.apply_watcher_event(&watcher::Event::Apply(cr("a", "1", serde_json::json!(["route"]))));
+        writer.apply_watcher_event(&watcher::Event::Apply(cr("b", "1", serde_json::json!(["route"]))));
+        let peers = cache.peers(&store, &registry);
+        assert_eq!((routes(&peers, "a"), routes(&peers, "b")), (Some(true), Some(true)));
+        // The same version is not looked at again (a real object never changes without one).
+        writer.apply_watcher_event(&watcher::Event::Apply(cr("a", "1", serde_json::json!(["service"]))));
+        assert_eq!(routes(&cache.peers(&store, &registry), "a"), Some(true));
+        // A new version is.
+        writer.apply_watcher_event(&watcher::Event::Apply(cr("a", "2", serde_json::json!(["service"]))));
+        assert_eq!(routes(&cache.peers(&store, &registry), "a"), Some(false));
+        // A CR gone from the cache is forgotten.
+        writer.apply_watcher_event(&watcher::Event::Delete(cr("b", "1", serde_json::json!(["route"]))));
+        let peers = cache.peers(&store, &registry);
+        assert_eq!((peers.len(), routes(&peers, "b")), (1, None));
+        assert_eq!(cache.views.lock().unwrap().len(), 1);
     }
 }

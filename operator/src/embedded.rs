@@ -2,20 +2,23 @@
 //!
 //! Each engine elects a leader on the Lease named after the CR in its namespace (the same
 //! Lease a Deployment-mode manager would use), so two operator replicas, or an old and a new
-//! mode during a switch, never run the controllers at once. An engine is restarted when the
-//! spec or the part of the cloud-config its provider reads only at start changes (a
-//! fingerprint of both); any other cloud-config edit (the baremetal pools) is handed, once
-//! validated, to the running provider's `reload`. An engine is stopped, releasing its Lease,
-//! when the CR is deleted, switches mode, or this operator stops leading.
+//! mode during a switch, never run the controllers at once. An engine runs the provider that
+//! validation built (the factory runs once per reconcile). It is restarted only when what
+//! reaches it changes: its `ManagerConfig`, or the part of the cloud-config its provider reads
+//! only at start ([`RestartKey`]); an edit of any other spec field leaves it running, and any
+//! other cloud-config edit (the baremetal pools) is handed, once validated, to the running
+//! provider's `reload`. An engine is stopped, releasing its Lease, when the CR is deleted,
+//! switches mode, or this operator stops leading.
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ccm_framework::engine::{EngineBuilder, INFORMER_SYNC_CHECK, LeaderLoss};
+use ccm_framework::config::ManagerConfig;
+use ccm_framework::engine::{Engine, EngineBuilder, INFORMER_SYNC_CHECK, LeaderLoss};
+use ccm_framework::options::ControllerOptions;
 use ccm_framework::provider::{CloudProvider, Reload};
-use ccm_framework::registry::{ClusterSettings, Registry};
 use crds::CloudControllerManager;
 use futures::FutureExt;
 use kube::core::DeserializeGuard;
@@ -26,7 +29,6 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::hash;
 use crate::metrics::OperatorMetrics;
 use crate::status::EngineState;
 use crate::validate::Validated;
@@ -37,6 +39,9 @@ const READY_POLL: Duration = Duration::from_millis(200);
 const STOP_TIMEOUT: Duration = Duration::from_secs(45);
 /// How often the embedded engine reports provider health on the CR.
 pub const STATUS_INTERVAL: Duration = Duration::from_secs(30);
+/// Why an engine could not start without a provider from validation (which always hands one
+/// with a valid verdict).
+const NOT_BUILT: &str = "no provider was built for this configuration";
 /// How long a failed engine waits before it is started again with the same configuration.
 pub const RESTART_BACKOFF: Duration = Duration::from_secs(30);
 /// How often the CR of a starting engine is reconciled, whatever the triggers: the engine's
@@ -54,14 +59,28 @@ pub fn recheck_after(state: &EngineState) -> Option<Duration> {
     }
 }
 
-/// What decides a restart: the spec and the hash of the cloud-config's restart-only part.
-pub fn fingerprint(cr: &CloudControllerManager, validated: &Validated) -> String {
-    let restart_hash = validated.cloud_config.as_ref().map(|c| c.restart_hash.as_str()).unwrap_or_default();
-    hash::of_json(&(&cr.spec, restart_hash))
+/// What decides a restart: everything that reaches the engine. That is the `ManagerConfig` it
+/// runs and the hash of the cloud-config's restart-only part (its provider's), nothing else of
+/// the spec.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestartKey {
+    /// The configuration the engine runs.
+    config: ManagerConfig,
+    /// The hash of the part of the cloud-config the provider reads only at start (empty without
+    /// one).
+    restart_hash: String,
+}
+
+impl RestartKey {
+    /// The key of a valid configuration.
+    pub fn of(validated: &Validated) -> Self {
+        let restart_hash = validated.cloud_config.as_ref().map(|c| c.restart_hash.clone()).unwrap_or_default();
+        Self { config: validated.config.clone(), restart_hash }
+    }
 }
 
 /// The hash of the whole cloud-config (empty without one): a change with the same
-/// [`fingerprint`] is reloaded in place.
+/// [`RestartKey`] is reloaded in place.
 fn config_hash(validated: &Validated) -> String {
     validated.cloud_config.as_ref().map(|c| c.hash.clone()).unwrap_or_default()
 }
@@ -77,11 +96,11 @@ pub enum Plan {
     Restart,
 }
 
-/// Decide a running engine's fate: restart when the fingerprint changed or a failed engine's
+/// Decide a running engine's fate: restart when the [`RestartKey`] changed or a failed engine's
 /// back-off has passed (or it failed and the config changed); reload when only the part of the
 /// cloud-config the provider reloads changed; keep otherwise.
-pub fn plan(same_fingerprint: bool, same_config: bool, failed: bool, backoff_passed: bool, has_provider: bool) -> Plan {
-    match (same_fingerprint, same_config, failed) {
+pub fn plan(same_key: bool, same_config: bool, failed: bool, backoff_passed: bool, has_provider: bool) -> Plan {
+    match (same_key, same_config, failed) {
         (false, _, _) => Plan::Restart,
         (true, false, false) if has_provider => Plan::Reload,
         (true, false, _) => Plan::Restart,
@@ -91,7 +110,7 @@ pub fn plan(same_fingerprint: bool, same_config: bool, failed: bool, backoff_pas
 }
 
 struct Entry {
-    fingerprint: String,
+    key: RestartKey,
     config_hash: String,
     /// The running engine's provider, for reloads; `None` when it could not be built.
     provider: Option<Arc<dyn CloudProvider>>,
@@ -106,7 +125,6 @@ struct Entry {
 /// Every embedded engine of this operator process.
 pub struct Engines {
     client: Client,
-    registry: Registry,
     identity: String,
     engines: tokio::sync::Mutex<HashMap<String, Entry>>,
     notify: mpsc::UnboundedSender<ObjectRef<DeserializeGuard<CloudControllerManager>>>,
@@ -125,18 +143,17 @@ fn set(state: &Mutex<EngineState>, s: EngineState) {
 }
 
 impl Engines {
-    /// Engines that use `client`, build providers from `registry`, and elect with `identity`.
-    /// `notify` receives the CR of an engine whose state changed (to reconcile it); `crash`
-    /// kills every engine without releasing its Lease, as a process crash would (tests).
+    /// Engines that use `client` and elect with `identity`. `notify` receives the CR of an
+    /// engine whose state changed (to reconcile it); `crash` kills every engine without
+    /// releasing its Lease, as a process crash would (tests).
     pub fn new(
         client: Client,
-        registry: Registry,
         identity: String,
         notify: mpsc::UnboundedSender<ObjectRef<DeserializeGuard<CloudControllerManager>>>,
         metrics: OperatorMetrics,
         crash: CancellationToken,
     ) -> Self {
-        Self { client, registry, identity, engines: tokio::sync::Mutex::new(HashMap::new()), notify, metrics, crash }
+        Self { client, identity, engines: tokio::sync::Mutex::new(HashMap::new()), notify, metrics, crash }
     }
 
     /// The identity the engines elect with.
@@ -161,16 +178,18 @@ impl Engines {
     }
 
     /// Make sure the engine for `cr` runs with this configuration. Returns whether an engine
-    /// was (re)started. `cloud_config` is the Secret's (validated) value, handed to the provider
-    /// factory, or to the running provider's `reload` when only what it reloads changed.
+    /// was (re)started. `provider` is the one validation built from this configuration, which
+    /// a (re)started engine runs; `cloud_config` is the Secret's (validated) value, handed to
+    /// the running provider's `reload` when only what it reloads changed.
     pub async fn ensure(
         &self,
         cr: &CloudControllerManager,
         validated: &Validated,
+        provider: Option<Arc<dyn CloudProvider>>,
         cloud_config: Option<&[u8]>,
     ) -> bool {
         let uid = cr.uid().unwrap_or_default();
-        let fp = fingerprint(cr, validated);
+        let key = RestartKey::of(validated);
         let config = config_hash(validated);
         let mut engines = self.engines.lock().await;
         if let Some(existing) = engines.get_mut(&uid) {
@@ -178,7 +197,7 @@ impl Engines {
                 || matches!(*existing.state.lock().unwrap_or_else(|p| p.into_inner()), EngineState::Failed(_));
             // A failed engine is retried, but not in a tight loop.
             let step = plan(
-                existing.fingerprint == fp,
+                existing.key == key,
                 existing.config_hash == config,
                 failed,
                 existing.started.elapsed() >= RESTART_BACKOFF,
@@ -187,21 +206,21 @@ impl Engines {
             match step {
                 Plan::Keep => return false,
                 Plan::Reload => {
-                    let key = format!("{}/{}", existing.namespace, existing.name);
-                    let provider = existing.provider.clone();
-                    if let Some(outcome) = reload_bounded(provider, cloud_config).await {
+                    let cr_key = format!("{}/{}", existing.namespace, existing.name);
+                    let running = existing.provider.clone();
+                    if let Some(outcome) = reload_bounded(running, cloud_config).await {
                         match &outcome {
                             Reload::Applied(what) => {
-                                tracing::info!(cr = %key, %what, "applied the cloud-config edit to the running embedded engine without a restart")
+                                tracing::info!(cr = %cr_key, %what, "applied the cloud-config edit to the running embedded engine without a restart")
                             }
                             Reload::Unchanged => {
-                                tracing::debug!(cr = %key, "the cloud-config changed but nothing the provider uses did")
+                                tracing::debug!(cr = %cr_key, "the cloud-config changed but nothing the provider uses did")
                             }
                             Reload::RestartNeeded(what) => {
-                                tracing::info!(cr = %key, %what, "the cloud-config edit needs a restart of the embedded engine")
+                                tracing::info!(cr = %cr_key, %what, "the cloud-config edit needs a restart of the embedded engine")
                             }
                             Reload::Invalid(error) => {
-                                tracing::warn!(cr = %key, %error, "the provider refused the cloud-config edit; restarting the embedded engine")
+                                tracing::warn!(cr = %cr_key, %error, "the provider refused the cloud-config edit; restarting the embedded engine")
                             }
                         }
                         if matches!(outcome, Reload::Applied(_) | Reload::Unchanged) {
@@ -217,7 +236,7 @@ impl Engines {
             tracing::info!(cr = %format!("{}/{}", old.namespace, old.name), "restarting the embedded engine");
             stop_entry(old).await;
         }
-        let entry = self.start(cr, validated, cloud_config, fp);
+        let entry = self.start(cr, validated, provider, key);
         engines.insert(uid, entry);
         self.metrics.set_engines(engines.len());
         true
@@ -227,8 +246,8 @@ impl Engines {
         &self,
         cr: &CloudControllerManager,
         validated: &Validated,
-        cloud_config: Option<&[u8]>,
-        fp: String,
+        provider: Option<Arc<dyn CloudProvider>>,
+        restart_key: RestartKey,
     ) -> Entry {
         let namespace = cr.namespace().unwrap_or_default();
         let name = cr.name_any();
@@ -237,28 +256,13 @@ impl Engines {
         // The same configuration a Deployment-mode manager gets as arguments, through the
         // binary's start-up checks.
         let config = &validated.config;
-        let mut options = config.controller_options();
-        let settings = ClusterSettings {
-            cluster_name: options.cluster_name.clone(),
-            cluster_cidrs: options.cluster_cidrs.clone(),
+        let options = config.controller_options();
+        let built = match provider.clone() {
+            Some(provider) => {
+                self.build_engine(config, options, provider, &namespace, &name).map_err(|e| e.to_string())
+            }
+            None => Err(NOT_BUILT.to_string()),
         };
-        let created = self.registry.create(&config.provider, cloud_config, &settings);
-        let provider = created.as_ref().ok().cloned();
-        let built = created.map_err(ccm_framework::Error::from).and_then(|provider| {
-            config.check()?;
-            let leader_migration = config.leader_migration_config()?;
-            ccm_framework::flags::start_up_checks(&mut options, provider.as_ref(), false)?;
-            EngineBuilder::new(self.client.clone(), provider, options)
-                .leader_election(config.leader_election_config(&self.identity))
-                .leader_migration(leader_migration)
-                .leader_migration_namespace(config.leader_migration_namespace.clone())
-                // Engines of this process may share a migration Lease: one holder identity each.
-                .migration_identity(format!("{}_{namespace}_{name}", self.identity))
-                .identity(self.identity.clone())
-                .on_leader_loss(LeaderLoss::StandBy)
-                .report_status(config.ccm_resource.clone(), STATUS_INTERVAL)
-                .build()
-        });
         let notify = self.notify.clone();
         let cr_ref = ObjectRef::new(&name).within(&namespace);
         let task_state = state.clone();
@@ -324,7 +328,7 @@ impl Engines {
         );
         let config_hash = config_hash(validated);
         Entry {
-            fingerprint: fp,
+            key: restart_key,
             config_hash,
             provider,
             started: std::time::Instant::now(),
@@ -334,6 +338,30 @@ impl Engines {
             namespace,
             name,
         }
+    }
+
+    /// The engine for `config`, running `provider`, through the binary's start-up checks.
+    fn build_engine(
+        &self,
+        config: &ManagerConfig,
+        mut options: ControllerOptions,
+        provider: Arc<dyn CloudProvider>,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Engine, ccm_framework::Error> {
+        config.check()?;
+        let leader_migration = config.leader_migration_config()?;
+        ccm_framework::engine::startup::start_up_checks(&mut options, provider.as_ref(), false)?;
+        EngineBuilder::new(self.client.clone(), provider, options)
+            .leader_election(config.leader_election_config(&self.identity))
+            .leader_migration(leader_migration)
+            .leader_migration_namespace(config.leader_migration_namespace.clone())
+            // Engines of this process may share a migration Lease: one holder identity each.
+            .migration_identity(format!("{}_{namespace}_{name}", self.identity))
+            .identity(self.identity.clone())
+            .on_leader_loss(LeaderLoss::StandBy)
+            .report_status(config.ccm_resource.clone(), STATUS_INTERVAL)
+            .build()
     }
 
     /// Stop the engine of CR `uid` (releasing its Lease). Returns whether one ran.
@@ -443,7 +471,7 @@ mod tests {
             "leaderElection": {"leaseDuration": "20s", "renewDeadline": "15s", "retryPeriod": "3s"}}));
         let config = validated(&c, None).config;
         let args = std::iter::once("cloud-controller-manager".to_string()).chain(config.to_args());
-        let settings = ccm_framework::flags::Flags::try_parse_args(args).unwrap().settings().unwrap();
+        let settings = ccm_framework::program::flags::Flags::try_parse_args(args).unwrap().settings().unwrap();
         let (embedded, binary) = (config.controller_options(), settings.options);
         assert_eq!(format!("{embedded:?}"), format!("{binary:?}"));
         let le = settings.leader_election.unwrap();
@@ -457,7 +485,7 @@ mod tests {
         let c = cr(json!({"provider": "baremetal", "mode": "Embedded", "shadow": true}));
         let config = validated(&c, None).config;
         assert!(config.shadow);
-        assert!(config.controller_options().shadow.is_some(), "the embedded engine compares");
+        assert!(config.controller_options().shadow, "the embedded engine compares");
         assert!(config.to_args().contains(&"--shadow=true".to_string()), "a Deployment's manager compares");
         assert_eq!(config.leader_election_config("op-1").unwrap().name, "bm", "the resource's own Lease");
         let c =
@@ -478,7 +506,7 @@ mod tests {
 
     #[test]
     fn a_running_engine_is_reloaded_only_for_edits_that_need_no_restart() {
-        // (same fingerprint, same config, failed, back-off passed, has provider)
+        // (same restart key, same config, failed, back-off passed, has provider)
         assert_eq!(plan(true, true, false, false, true), Plan::Keep);
         assert_eq!(plan(true, false, false, false, true), Plan::Reload, "a pool edit reaches the running engine");
         assert_eq!(plan(false, false, false, false, true), Plan::Restart, "a restart-only edit restarts it");
@@ -489,27 +517,59 @@ mod tests {
     }
 
     #[test]
-    fn fingerprint_ignores_what_the_provider_reloads() {
+    fn the_restart_key_ignores_what_the_provider_reloads() {
         let c = cr(json!({"provider": "baremetal", "mode": "Embedded"}));
         let a = validated(&c, Some("1"));
         let mut pools_edited = a.clone();
         pools_edited.cloud_config.as_mut().unwrap().hash = "2".into();
-        assert_eq!(fingerprint(&c, &a), fingerprint(&c, &pools_edited));
+        assert_eq!(RestartKey::of(&a), RestartKey::of(&pools_edited));
         assert_ne!(config_hash(&a), config_hash(&pools_edited));
     }
 
     #[test]
-    fn fingerprint_changes_with_spec_or_cloud_config_only() {
+    fn the_restart_key_changes_with_the_manager_config_or_cloud_config_only() {
         let c = cr(json!({"provider": "baremetal", "mode": "Embedded"}));
-        let a = fingerprint(&c, &validated(&c, Some("1")));
-        assert_eq!(a, fingerprint(&c, &validated(&c, Some("1"))));
-        assert_ne!(a, fingerprint(&c, &validated(&c, Some("2"))));
+        let a = RestartKey::of(&validated(&c, Some("1")));
+        assert_eq!(a, RestartKey::of(&validated(&c, Some("1"))));
+        assert_ne!(a, RestartKey::of(&validated(&c, Some("2"))));
         let mut c2 = c.clone();
         c2.spec.cluster_name = "other".into();
-        assert_ne!(a, fingerprint(&c2, &validated(&c2, Some("1"))));
+        assert_ne!(a, RestartKey::of(&validated(&c2, Some("1"))));
         // Status changes do not restart it.
         let mut c3 = c.clone();
         c3.status = Some(Default::default());
-        assert_eq!(a, fingerprint(&c3, &validated(&c3, Some("1"))));
+        assert_eq!(a, RestartKey::of(&validated(&c3, Some("1"))));
+    }
+
+    #[test]
+    fn an_edit_that_leaves_the_manager_config_alone_keeps_the_engine_and_one_that_changes_it_restarts() {
+        let c = cr(json!({"provider": "baremetal", "mode": "Embedded"}));
+        let running = RestartKey::of(&validated(&c, Some("1")));
+        let decide = |edited: &CloudControllerManager| {
+            let v = validated(edited, Some("1"));
+            plan(RestartKey::of(&v) == running, config_hash(&v) == "1", false, false, true)
+        };
+        // What never reaches the engine: a label, the pod's settings.
+        let mut labelled = c.clone();
+        labelled.metadata.labels = Some([("team".to_string(), "net".to_string())].into());
+        let mut pod_settings = c.clone();
+        pod_settings.spec.deployment.replicas = 3;
+        pod_settings.spec.deployment.host_network = false;
+        pod_settings.spec.deployment.image = Some("example.test/ccm:v2".into());
+        for edited in [&labelled, &pod_settings] {
+            assert_eq!(validated(edited, Some("1")).config, validated(&c, Some("1")).config);
+            assert_eq!(decide(edited), Plan::Keep);
+        }
+        // What the engine runs: a restart.
+        let mut renamed = c.clone();
+        renamed.spec.cluster_name = "lab".into();
+        let mut fewer = c.clone();
+        fewer.spec.controllers = vec!["*".into(), "-route".into()];
+        let mut slower = c.clone();
+        slower.spec.concurrency.service_syncs = 7;
+        for edited in [&renamed, &fewer, &slower] {
+            assert_ne!(validated(edited, Some("1")).config, validated(&c, Some("1")).config);
+            assert_eq!(decide(edited), Plan::Restart);
+        }
     }
 }

@@ -411,7 +411,6 @@ async fn main_loop(
     let sink = events.clone();
     let engines = Arc::new(Engines::new(
         config.client.clone(),
-        config.registry.clone(),
         config.identity.clone(),
         process_tx.clone(),
         metrics.clone(),

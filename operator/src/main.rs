@@ -93,7 +93,7 @@ struct RunFlags {
     #[arg(long, env = "POD_NAMESPACE", value_name = "namespace")]
     leader_elect_namespace: Option<String>,
     /// How long transient failures must last before Degraded turns True.
-    #[arg(long, default_value = "2m", value_parser = ccm_framework::flags::parse_duration, value_name = "duration")]
+    #[arg(long, default_value = "2m", value_parser = ccm_framework::go_values::parse_duration, value_name = "duration")]
     degraded_window: Duration,
     /// At start, server-side apply the CloudControllerManager CRD this binary was built with (the
     /// chart's crds.manage); when RBAC forbids it, log that and use the CRD as it is.
@@ -137,7 +137,7 @@ struct RunFlags {
     #[arg(long, default_value_t = BuildSettings::default().announcer_namespace_role, value_name = "name")]
     announcer_namespace_role: String,
     /// Reconcile every CloudControllerManager at least this often.
-    #[arg(long, default_value = "5m", value_parser = ccm_framework::flags::parse_duration, value_name = "duration")]
+    #[arg(long, default_value = "5m", value_parser = ccm_framework::go_values::parse_duration, value_name = "duration")]
     resync_period: Duration,
     /// Reconciles running at once.
     #[arg(long, default_value_t = 8, value_name = "int")]

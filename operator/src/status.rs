@@ -127,6 +127,8 @@ pub struct TransientFailures {
 pub struct StatusInput<'a> {
     /// The CR as last read.
     pub cr: &'a CloudControllerManager,
+    /// Its `spec.controllers` as the reconcile resolved it; `None` when it does not parse.
+    pub controllers: Option<&'a ControllerSelection>,
     /// The validation verdict.
     pub validation: &'a Validation,
     /// The workload.
@@ -263,7 +265,7 @@ pub fn compute(input: &StatusInput<'_>) -> ComputedStatus {
     };
     // The operator is this field's one writer (docs/architecture.md), also while the spec is
     // invalid for other reasons.
-    let controllers = ControllerSelection::parse(&cr.spec.controllers).ok().map(|s| s.enabled_names());
+    let controllers = input.controllers.map(ControllerSelection::enabled_names);
     let leader = input.lease.filter(|l| l.fresh).and_then(|l| l.holder.clone());
     let status = CloudControllerManagerStatus {
         observed_generation: generation,
@@ -605,8 +607,10 @@ mod tests {
 
         /// Compute, store the result on the CR as the API server would, and return it.
         fn step(&mut self, workload: Workload, rollout_started: bool) -> ComputedStatus {
+            let controllers = ControllerSelection::parse(&self.cr.spec.controllers).ok();
             let out = compute(&StatusInput {
                 cr: &self.cr,
+                controllers: controllers.as_ref(),
                 validation: &self.validation,
                 workload: &workload,
                 lease: self.lease.as_ref(),
@@ -636,8 +640,10 @@ mod tests {
         let (validation, pods, transient) = (valid(), PodsObservation::default(), TransientFailures::default());
         let daemon_set = DaemonSetObservation { desired: 3, current: 3, updated: 2, ready: 1, ..Default::default() };
         let compute_with = |cr: &CloudControllerManager, announcers: Option<&DaemonSetObservation>| {
+            let controllers = ControllerSelection::parse(&cr.spec.controllers).ok();
             compute(&StatusInput {
                 cr,
+                controllers: controllers.as_ref(),
                 validation: &validation,
                 workload: &deploy(2, 2, 2, 2),
                 lease: None,

@@ -41,6 +41,8 @@ use ccm_framework::cache::{Cache, Change};
 use ccm_framework::events::EventSink;
 use ccm_provider_baremetal::announce::announcer::{self, AnnouncerSettings, LEASE_LABEL, LEASE_LABEL_L2};
 use ccm_provider_baremetal::announce::elect;
+use ccm_provider_baremetal::announce::guard::Facts;
+use ccm_provider_baremetal::ipam::IpBlock;
 use ccm_provider_baremetal::ipam::ADDRESS_POOL_ANNOTATION;
 use clap::Parser;
 use e2e::bench::{self, BackendArg, BoxError, ManagerProcess, create_all, proc_cpu_secs, proc_status_kib};
@@ -128,7 +130,7 @@ fn run_manager(flags: &[String]) -> ExitCode {
         return ExitCode::FAILURE;
     }
     let args = std::iter::once("cloud-controller-manager".to_string()).chain(flags.iter().cloned());
-    ccm_framework::engine::app::run_main_from(registry, args)
+    ccm_framework::program::app::run_main_from(registry, args)
 }
 
 /// The announcer child: `cloud-controller-manager announce` without its packet sockets (they
@@ -174,7 +176,11 @@ async fn announce(kubeconfig: &Path, namespace: &str, node: &str) -> Result<(), 
             }
         }
     });
-    announcer::run(client, AnnouncerSettings::new(node, namespace), owned, Some(events), cancel).await?;
+    // Every pool of the run lies in 10.200.0.0/16 (pool `k` is 10.200.(4k).0/22): the announcer
+    // answers for nothing outside what the pools hand out.
+    let pools = vec![IpBlock::parse_cidr("10.200.0.0/16")?];
+    let settings = AnnouncerSettings::new(node, namespace).with_facts(Facts::of_pools(pools));
+    announcer::run(client, settings, owned, Some(events), cancel).await?;
     let _ = printer.await;
     Ok(())
 }

@@ -120,7 +120,6 @@ e2e_apiserver::backend_tests! {
         let metrics = OperatorMetrics::default();
         let engines = Arc::new(Engines::new(
             config.client.clone(),
-            config.registry.clone(),
             config.identity.clone(),
             lost,
             metrics.clone(),

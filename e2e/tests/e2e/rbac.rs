@@ -855,11 +855,13 @@ async fn manager_scenario(
             std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port");
         let mark = log.mark();
         let args = manager_args(&cloud_config, &kubeconfig, namespace, metrics_addr.port());
-        let settings =
-            ccm_framework::flags::Flags::try_parse_from(&args).expect("flags parse").settings().expect("settings");
+        let settings = ccm_framework::program::flags::Flags::try_parse_from(&args)
+            .expect("flags parse")
+            .settings()
+            .expect("settings");
         let shutdown = tokio_util::sync::CancellationToken::new();
         let mut manager =
-            tokio::spawn(ccm_framework::engine::app::run(ccm_builtin::registry(), settings, shutdown.clone()));
+            tokio::spawn(ccm_framework::program::app::run(ccm_builtin::registry(), settings, shutdown.clone()));
         tokio::select! {
             outcome = metrics_step(cluster, "the manager", Some(metrics_addr), timeout) => {
                 break (manager, shutdown, outcome, mark);
@@ -1536,9 +1538,9 @@ e2e_apiserver::backend_tests! {
         ];
         let log = cluster.request_log();
         let mark = log.mark();
-        let settings = ccm_framework::flags::Flags::try_parse_from(&args).expect("flags parse").settings().expect("settings");
+        let settings = ccm_framework::program::flags::Flags::try_parse_from(&args).expect("flags parse").settings().expect("settings");
         let shutdown = tokio_util::sync::CancellationToken::new();
-        let manager = tokio::spawn(ccm_framework::engine::app::run(ccm_builtin::registry(), settings, shutdown.clone()));
+        let manager = tokio::spawn(ccm_framework::program::app::run(ccm_builtin::registry(), settings, shutdown.clone()));
 
         let services: Api<Service> = Api::namespaced(client.clone(), &namespace);
         let service = |name: &str, annotations: Value| -> Service {

@@ -3,7 +3,7 @@
 //! The operator makes one from a CloudControllerManager and either renders it as the manager
 //! pod's arguments ([`ManagerConfig::to_args`]) or runs it in Embedded mode
 //! ([`ManagerConfig::controller_options`], [`ManagerConfig::leader_election_config`]); the
-//! binary reads it back from those arguments ([`crate::flags::Flags::manager_config`]). Both
+//! binary reads it back from those arguments (the program's `Flags::manager_config`). Both
 //! roads run [`ManagerConfig::check`], the binary's start-up checks, so a configuration one
 //! road refuses the other refuses too.
 
@@ -143,7 +143,7 @@ pub fn workers(flag: &'static str, value: i64) -> Result<usize, Error> {
 }
 
 /// A Go duration string (`15s`, `1500ms`) for a flag, read back exactly by
-/// [`crate::flags::parse_duration`].
+/// [`crate::go_values::parse_duration`].
 pub fn go_duration(d: Duration) -> String {
     if d.subsec_nanos() == 0 {
         format!("{}s", d.as_secs())
@@ -330,7 +330,7 @@ impl ManagerConfig {
             concurrent_route_syncs: self.concurrent_route_syncs,
             load_balancer_class: self.load_balancer_class.clone(),
             handle_unclassed_services: self.handle_unclassed_services,
-            shadow: self.shadow.then(crate::shadow::Shadow::new),
+            shadow: self.shadow,
             ..ControllerOptions::default()
         }
     }
@@ -353,159 +353,7 @@ impl ManagerConfig {
 
 #[cfg(test)]
 mod tests {
-    //! The round trip `ManagerConfig` → arguments → the binary's flag parser → `ManagerConfig`,
-    //! over generated configurations that vary every field.
-
     use super::*;
-    use crate::flags::Flags;
-    use crds::controllers::Controller;
-
-    /// A small deterministic generator (xorshift), so failures reproduce from the seed.
-    struct Gen(u64);
-
-    impl Gen {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-        fn bool(&mut self) -> bool {
-            self.below(2) == 1
-        }
-        fn pick<'a>(&mut self, of: &[&'a str]) -> &'a str {
-            of[self.below(of.len() as u64) as usize]
-        }
-        fn duration(&mut self) -> Duration {
-            match self.below(3) {
-                0 => Duration::from_secs(1 + self.below(600)),
-                1 => Duration::from_millis(1 + self.below(90_000)),
-                _ => Duration::from_nanos(1 + self.below(5_000_000_000)),
-            }
-        }
-    }
-
-    fn controllers(g: &mut Gen) -> ControllerSelection {
-        let mut entries = Vec::new();
-        for _ in 0..g.below(5) {
-            let c = Controller::ALL[g.below(4) as usize];
-            let name = if g.bool() { c.name() } else { c.alias() };
-            entries.push(match g.below(3) {
-                0 => "*".to_string(),
-                1 => format!("-{name}"),
-                _ => name.to_string(),
-            });
-        }
-        ControllerSelection::parse(&entries).expect("generated entries are known")
-    }
-
-    /// A valid `LeaderMigrationConfiguration` file, written once for the whole test binary.
-    fn migration_file() -> PathBuf {
-        static FILE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-        FILE.get_or_init(|| {
-            let path = std::env::temp_dir().join(format!("ccm-leader-migration-{}.yaml", std::process::id()));
-            let config = LeaderMigrationConfiguration {
-                leader_name: "moving".into(),
-                controller_leaders: vec![crate::leader_migration::ControllerLeader::new("service", "*")],
-            };
-            std::fs::write(&path, config.to_yaml()).expect("the temporary directory is writable");
-            path
-        })
-        .clone()
-    }
-
-    fn config(g: &mut Gen) -> ManagerConfig {
-        let mut config = config_acting(g);
-        // Shadow mode with everything it allows (its own Lease, no migration).
-        config.shadow =
-            g.bool() && config.leader_migration.is_none() && config.leader_election.name != crds::defaults::LEASE_NAME;
-        config
-    }
-
-    fn config_acting(g: &mut Gen) -> ManagerConfig {
-        let retry = g.duration();
-        let renew = retry.mul_f64(1.2) + g.duration();
-        let lease = renew + g.duration();
-        let leader_elect = g.bool();
-        let leader_migration = match g.below(3) {
-            _ if !leader_elect => None,
-            0 => None,
-            1 => Some(LeaderMigrationSource::Default),
-            _ => Some(LeaderMigrationSource::File(migration_file())),
-        };
-        let class = g.bool().then(|| g.pick(&["example.com/lb", "x"]).to_string());
-        ManagerConfig {
-            provider: g.pick(&["fake", "baremetal", "aws", "my-cloud"]).to_string(),
-            cloud_config: g.bool().then(|| PathBuf::from(g.pick(&["/etc/ccm/cloud.conf", "/config/a b.yaml"]))),
-            controllers: controllers(g),
-            cluster_name: g.pick(&["kubernetes", "prod", "lab-1"]).to_string(),
-            cluster_cidr: g
-                .bool()
-                .then(|| g.pick(&["10.244.0.0/16", "10.244.0.0/16,fd00::/48", "not-a-cidr"]).to_string()),
-            configure_cloud_routes: g.bool(),
-            concurrent_node_syncs: 1 + g.below(100) as usize,
-            concurrent_service_syncs: 1 + g.below(100) as usize,
-            concurrent_route_syncs: 1 + g.below(100) as usize,
-            leader_election: LeaderElectionSettings {
-                enabled: leader_elect,
-                namespace: g.pick(&["kube-system", "ccm"]).to_string(),
-                name: g.pick(&["cloud-controller-manager", "aws", "bm"]).to_string(),
-                lease_duration: lease,
-                renew_deadline: renew,
-                retry_period: retry,
-            },
-            leader_migration_namespace: leader_migration
-                .is_some()
-                .then(|| g.pick(&["", "ccm-moving", "kube-system"]).to_string())
-                .filter(|ns| !ns.is_empty()),
-            leader_migration,
-            load_balancer_class: class.clone(),
-            handle_unclassed_services: class.is_some() && g.bool(),
-            secure_port: g.pick(&["0", "10258", "443"]).parse().expect("a port"),
-            ccm_resource: g.bool().then(|| StatusTarget { namespace: "kube-system".into(), name: "aws".into() }),
-            extra_args: Vec::new(),
-            shadow: false,
-        }
-    }
-
-    fn read_back(args: &[String]) -> ManagerConfig {
-        let flags = Flags::try_parse_args(std::iter::once("cloud-controller-manager".to_string()).chain(args.to_vec()))
-            .unwrap_or_else(|e| panic!("{args:?} do not parse: {e}"));
-        flags.manager_config().unwrap_or_else(|e| panic!("{args:?} are refused: {e}"))
-    }
-
-    #[test]
-    fn a_manager_config_survives_the_flag_parser_for_every_field() {
-        for seed in 1..=2_000u64 {
-            let mut g = Gen(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-            let config = config(&mut g);
-            config.check().unwrap_or_else(|e| panic!("seed {seed}: generated config refused: {e}"));
-            assert_eq!(read_back(&config.to_args()), config, "seed {seed}");
-        }
-    }
-
-    #[test]
-    fn the_default_config_renders_the_binarys_defaults() {
-        assert_eq!(read_back(&[]), ManagerConfig::default());
-        assert_eq!(read_back(&ManagerConfig::default().to_args()), ManagerConfig::default());
-    }
-
-    #[test]
-    fn extra_args_come_last_and_reach_the_parser() {
-        let config = ManagerConfig {
-            provider: "fake".into(),
-            extra_args: vec!["--kube-api-qps=5".into(), "--node-monitor-period=7s".into()],
-            ..ManagerConfig::default()
-        };
-        let args = config.to_args();
-        assert_eq!(args.last().map(String::as_str), Some("--node-monitor-period=7s"));
-        let flags = Flags::try_parse_args(std::iter::once("ccm".to_string()).chain(args)).unwrap();
-        assert_eq!((flags.node_monitor_period, flags.kube_api_qps), (Duration::from_secs(7), 5.0));
-        assert_eq!(flags.manager_config().unwrap(), ManagerConfig { extra_args: Vec::new(), ..config });
-    }
 
     #[test]
     fn check_refuses_zero_workers_and_bad_timings_only_with_leader_election() {
@@ -545,7 +393,7 @@ mod tests {
     #[test]
     fn go_durations_read_back_exactly() {
         for d in [Duration::from_secs(15), Duration::from_millis(1500), Duration::from_nanos(7)] {
-            assert_eq!(crate::flags::parse_duration(&go_duration(d)), Ok(d));
+            assert_eq!(crate::go_values::parse_duration(&go_duration(d)), Ok(d));
         }
     }
 }

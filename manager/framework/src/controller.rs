@@ -12,6 +12,7 @@ use crate::health::HealthHandle;
 use crate::metrics::Metrics;
 use crate::options::ControllerOptions;
 use crate::provider::CloudProvider;
+use crate::shadow::Shadow;
 
 /// Everything a running controller may use; cheap to clone.
 #[derive(Clone)]
@@ -22,6 +23,9 @@ pub struct Context {
     pub provider: Arc<dyn CloudProvider>,
     /// Shared settings.
     pub options: Arc<ControllerOptions>,
+    /// In shadow mode (`options.shadow`), the record every controller compares into; `None`
+    /// when the controllers act.
+    pub shadow: Option<Shadow>,
     /// The shared Node cache (one watch for all controllers).
     pub nodes: Cache<Node>,
     /// The shared Service cache (one watch for all controllers).

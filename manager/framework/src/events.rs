@@ -17,6 +17,7 @@
 //! to [`MAX_IN_FLIGHT`] writes (one per [`BACKLOG_PER_WRITE`] pending), each for a different
 //! object, so that no object's events are reordered; the controllers keep the other seats.
 
+pub mod components;
 pub mod queue;
 
 use std::collections::hash_map::RandomState;

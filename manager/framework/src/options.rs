@@ -57,9 +57,9 @@ pub struct ControllerOptions {
     /// `--load-balancer-resync-period` (addition): periodic re-ensure of every load balancer to
     /// repair cloud-side drift; `None` (upstream) never re-ensures.
     pub load_balancer_resync_period: Option<Duration>,
-    /// `--shadow` (addition): the record every controller compares into instead of acting;
-    /// `None` (the default) acts. See [`crate::shadow`].
-    pub shadow: Option<crate::shadow::Shadow>,
+    /// `--shadow` (addition): every controller compares instead of acting, into the record the
+    /// engine keeps for the run; false (the default) acts. See docs/shadow.md.
+    pub shadow: bool,
 }
 
 impl Default for ControllerOptions {
@@ -83,7 +83,7 @@ impl Default for ControllerOptions {
             load_balancer_class: None,
             handle_unclassed_services: false,
             load_balancer_resync_period: None,
-            shadow: None,
+            shadow: false,
         }
     }
 }

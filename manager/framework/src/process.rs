@@ -1,11 +1,19 @@
-//! Process helpers shared by the `cloud-controller-manager` and `ccm-operator` binaries: the
-//! log filter and its set-up, the open-file limit, glibc's malloc arenas, and the shutdown signal. Part of the runtime
-//! kit, so the operator borrows nothing from the manager program's own module (`engine::app`).
+//! Process helpers shared by the `cloud-controller-manager` and `ccm-operator` binaries and the
+//! baremetal announcer: the log settings, filter and set-up, the open-file limit, glibc's malloc
+//! arenas, and the shutdown signal. Below the manager's program module, so those processes
+//! borrow nothing from the manager's command line.
 
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
-use crate::flags::LogSettings;
+/// How a process logs (the manager: `-v` and `--logging-format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogSettings {
+    /// The `tracing` level.
+    pub level: tracing::Level,
+    /// JSON lines instead of text.
+    pub json: bool,
+}
 
 /// The log filter for `level` shared by the manager and the operator binaries.
 ///

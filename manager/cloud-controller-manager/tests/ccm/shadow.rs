@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use ccm_framework::engine::{EngineBuilder, RunningEngine};
 use ccm_framework::options::ControllerOptions;
-use ccm_framework::shadow::Shadow;
 use ccm_framework::status::StatusTarget;
 use ccm_provider_fake::{FakeInstance, FakeProvider, methods};
 use crds::CloudControllerManager;
@@ -89,7 +88,7 @@ fn cloud(zone: Option<&str>) -> FakeProvider {
     fake
 }
 
-fn options(shadow: Option<Shadow>) -> ControllerOptions {
+fn options(shadow: bool) -> ControllerOptions {
     ControllerOptions {
         configure_cloud_routes: false,
         node_batch_window: Duration::from_millis(20),
@@ -149,7 +148,7 @@ async fn set_up_by_a_normal_manager(cluster: &TestCluster, fake: Arc<FakeProvide
         nodes.create(&PostParams::default(), &kubelet_node(&node_name(i))).await.unwrap();
     }
     services.create(&PostParams::default(), &lb_service("web")).await.unwrap();
-    let normal = start(cluster.client(), fake, options(None)).await;
+    let normal = start(cluster.client(), fake, options(false)).await;
     for i in 0..NODES {
         eventually(WAIT, || async {
             let n = nodes.get(&node_name(i)).await.ok()?;
@@ -175,8 +174,7 @@ e2e_apiserver::backend_tests! {
         let mark = quiet_mark(&cluster).await;
         let mutating_before = mutating_calls(&fake);
 
-        let shadow = Shadow::new();
-        let engine = start(cluster.client(), fake.clone(), options(Some(shadow.clone()))).await;
+        let engine = start(cluster.client(), fake.clone(), options(true)).await;
         let ccm = wait_shadow(&api, "True").await;
         let condition = shadow_condition(&ccm).unwrap();
         assert_eq!(condition.reason, "Agrees", "{condition:?}");
@@ -209,8 +207,7 @@ e2e_apiserver::backend_tests! {
 
         // Another cloud: every instance in another zone, and no load balancer for `web`.
         let other = Arc::new(cloud(Some("shadow-zone-x")));
-        let shadow = Shadow::new();
-        let engine = start(cluster.client(), other.clone(), options(Some(shadow.clone()))).await;
+        let engine = start(cluster.client(), other.clone(), options(true)).await;
         let ccm = wait_shadow(&api, "False").await;
         let condition = shadow_condition(&ccm).unwrap();
         assert_eq!(condition.reason, "Differs");

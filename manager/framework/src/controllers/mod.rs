@@ -7,6 +7,7 @@ use crate::controller::Controller;
 
 pub mod route;
 pub mod service;
+pub mod shadow;
 
 /// The built-in controller for `controller`: every name the `--controllers` flag accepts has one.
 pub fn builtin(controller: crds::controllers::Controller) -> Box<dyn Controller> {

@@ -3,8 +3,8 @@
 //! Given a client, a provider and [`ControllerOptions`], an [`Engine`] watches Nodes and
 //! Services once for all controllers, serves health and metrics, and, while this replica holds
 //! the leader Lease (or always, without leader election), initializes the provider and runs
-//! every enabled controller as a task. The binary (see [`app`]) and the operator's Embedded
-//! mode both build one with [`EngineBuilder`].
+//! every enabled controller as a task. The binary (the `program` module, above this one) and
+//! the operator's Embedded mode both build one with [`EngineBuilder`].
 //!
 //! Leadership: caches warm while standing by, so a new leader starts on synced caches. When a
 //! term ends, every controller must stop within a grace period before anything else happens.
@@ -20,8 +20,8 @@
 //! configuration gives to another component never start. Losing either Lease ends the term as
 //! losing the main one does; a graceful stop releases both.
 
-pub mod app;
 pub mod instrument;
+pub mod startup;
 pub mod testing;
 
 use std::collections::BTreeSet;
@@ -53,6 +53,7 @@ use crate::leader_migration::{LeaderMigrationConfiguration, Placement};
 use crate::metrics::Metrics;
 use crate::options::ControllerOptions;
 use crate::provider::{CloudProvider, InitContext};
+use crate::shadow::{Shadow, ShadowProvider};
 use crate::status::{StatusReporter, StatusTarget};
 
 /// The manager name used in metrics and events, as upstream.
@@ -95,7 +96,7 @@ pub fn skip_reason(name: &str, provider: &dyn CloudProvider, options: &Controlle
         }
         // An empty or invalid --cluster-cidr is the route controller's to report, on its own
         // health check, so the manager stays up; upstream exits the whole manager here (R2).
-        Controller::NodeRoute if !crate::flags::routes_would_run(options, provider) => {
+        Controller::NodeRoute if !startup::routes_would_run(options, provider) => {
             Some(if options.configure_cloud_routes {
                 format!("cloud provider {:?} does not support routes", provider.name())
             } else {
@@ -336,9 +337,10 @@ impl EngineBuilder {
         }
         let metrics = self.metrics.unwrap_or_else(|| Arc::new(Metrics::new()));
         // Shadow mode: only reads reach the provider (inside the instrumentation, so refused
-        // calls are counted there too).
-        let provider: Arc<dyn CloudProvider> = match self.options.shadow {
-            Some(_) => Arc::new(crate::shadow::ShadowProvider::new(self.provider, &metrics)),
+        // calls are counted there too), and the controllers compare into one record per engine.
+        let shadow = self.options.shadow.then(Shadow::new);
+        let provider: Arc<dyn CloudProvider> = match shadow {
+            Some(_) => Arc::new(ShadowProvider::new(self.provider, &metrics)),
             None => self.provider,
         };
         let provider: Arc<dyn CloudProvider> = if self.instrument {
@@ -364,6 +366,7 @@ impl EngineBuilder {
             client: self.client,
             provider,
             options: Arc::new(self.options),
+            shadow,
             leader_election,
             leader_migration: self.leader_migration,
             migration_namespace: self.migration_namespace,
@@ -389,6 +392,8 @@ pub struct Engine {
     event_client: Client,
     provider: Arc<dyn CloudProvider>,
     options: Arc<ControllerOptions>,
+    /// The shadow record, in shadow mode.
+    shadow: Option<Shadow>,
     leader_election: Option<LeaderElectionConfig>,
     leader_migration: Option<LeaderMigrationConfiguration>,
     migration_namespace: Option<String>,
@@ -680,6 +685,7 @@ impl Engine {
                 client: self.client.clone(),
                 provider: self.provider.clone(),
                 options: self.options.clone(),
+                shadow: self.shadow.clone(),
                 nodes: nodes.clone(),
                 services: services.clone(),
                 events: events.clone(),
@@ -804,7 +810,7 @@ impl Engine {
         let gauges = self.engine_metrics.clone();
         let reporter = self.status.as_ref().map(|(target, interval)| {
             StatusReporter::new(ctx.client.clone(), target.clone(), ctx.provider.clone(), *interval)
-                .with_shadow(ctx.options.shadow.clone())
+                .with_shadow(ctx.shadow.clone())
         });
         async move {
             let token = ctx.shutdown.clone();
@@ -864,7 +870,7 @@ fn start_controllers(
             tracing::info!(controller = %name, %reason, "skipping controller");
             continue;
         }
-        if let Some(shadow) = &ctx.options.shadow {
+        if let Some(shadow) = &ctx.shadow {
             // Only the built-in controllers know how to compare without acting.
             let Some(builtin) = crds::controllers::Controller::from_name(&name) else {
                 tracing::warn!(controller = %name, "not started: shadow mode runs only the built-in controllers");

@@ -27,6 +27,7 @@ use crate::health::{CheckState, HealthRegistry};
 use crate::metrics::Metrics;
 use crate::options::ControllerOptions;
 use crate::provider::{CloudProvider, InitContext};
+use crate::shadow::Shadow;
 
 /// How long [`context`] waits for the caches to sync before panicking.
 pub const SYNC_TIMEOUT: Duration = Duration::from_secs(30);
@@ -60,7 +61,8 @@ pub async fn context(
     assert!(matches!(synced, Ok(true)), "the Node and Service caches did not sync within {SYNC_TIMEOUT:?}");
     let metrics = Arc::new(Metrics::new());
     let events = EventSink::spawn_observed(client.clone(), Some("test".into()), &metrics, shutdown.clone());
-    Context { client, provider, options: Arc::new(options), nodes, services, events, metrics, shutdown }
+    let shadow = options.shadow.then(Shadow::new);
+    Context { client, provider, options: Arc::new(options), shadow, nodes, services, events, metrics, shutdown }
 }
 
 /// A controller running in the background; see [`run_controller`].

@@ -9,7 +9,6 @@
 //! `ccm_shadow_differences{controller,kind}` (metrics) and one event per differing object.
 //! See docs/shadow.md.
 
-pub mod driver;
 pub mod provider;
 
 use std::collections::BTreeMap;

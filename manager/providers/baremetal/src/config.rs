@@ -156,10 +156,15 @@ pub struct LoadBalancerConfig {
     /// CRD must be installed). Read at start.
     #[serde(default)]
     pub pool_resources: bool,
-    /// Also hand out addresses from MetalLB's or Cilium's pools, read in place at start (after
-    /// the pool resources; needs `poolResources: true`). See docs/migrating-load-balancers.md.
+    /// The port rule of every pool that is not in this file: `LoadBalancerIPPool` resources and
+    /// imported pools (their authors choose addresses, not ports). Unset: the default rule.
     #[serde(default)]
-    pub import_pools: Vec<crate::pool_import::Source>,
+    pub resource_pool_ports: Option<PortRuleConfig>,
+    /// Also hand out addresses from MetalLB's or Cilium's pools, read in place at start (after
+    /// the pool resources; needs `poolResources: true`); MetalLB's from its own namespace only.
+    /// See docs/migrating-load-balancers.md.
+    #[serde(default)]
+    pub import_pools: Vec<crate::pool_import::ImportSource>,
     /// How assigned addresses are announced to the network (L2, BGP); none by default.
     #[serde(default)]
     pub announcement: crate::announce::AnnouncementConfig,
@@ -174,6 +179,7 @@ impl Default for LoadBalancerConfig {
             proxy: Default::default(),
             kube_vip: false,
             pool_resources: false,
+            resource_pool_ports: None,
             import_pools: Vec::new(),
             announcement: Default::default(),
         }
@@ -214,6 +220,19 @@ pub struct PoolConfig {
     /// Service ports allowed on the pool's addresses (`"443"`, `"8000-8999"`); unset allows
     /// every port, except on a pool holding node addresses, which then allows none (see
     /// [`crate::ports`]).
+    #[serde(default)]
+    pub allowed_ports: Option<Vec<String>>,
+}
+
+/// A port rule on its own: `minPort` and `allowedPorts`, as a pool has them.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PortRuleConfig {
+    /// Service ports below this are refused (default 1).
+    #[serde(default)]
+    pub min_port: Option<u16>,
+    /// Service ports allowed; unset allows every port, except on a pool holding node
+    /// addresses, which then allows none.
     #[serde(default)]
     pub allowed_ports: Option<Vec<String>>,
 }
@@ -307,6 +326,8 @@ fn schema() -> &'static Schema {
             .with::<AddressType>()
             .with::<LoadBalancerConfig>()
             .with::<crate::pool_import::Source>()
+            .with::<crate::pool_import::ImportEntry>()
+            .with_messages(&[crate::pool_import::BAD_IMPORT_ENTRY])
             .with::<crate::proxy::Mode>()
             .with::<crate::proxy::ProxyConfig>()
             .with::<crate::proxy::BindConfig>()
@@ -318,8 +339,11 @@ fn schema() -> &'static Schema {
                 crate::ports::TOO_MANY_RANGES,
                 CAP_ABOVE_TOTAL_TCP,
                 CAP_ABOVE_TOTAL_UDP,
+                CAP_ABOVE_SERVICE_TCP,
+                CAP_ABOVE_SERVICE_UDP,
             ])
             .with::<PoolConfig>()
+            .with::<PortRuleConfig>()
             .with::<LabelSelectorConfig>()
             .with::<SelectorRequirement>()
             .with::<SelectorOperator>()
@@ -351,9 +375,15 @@ impl CloudConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.validate_instances()?;
         build_pools(&self.load_balancer)?;
+        resource_pool_ports(&self.load_balancer)?;
         self.validate_import_pools()?;
         if let Some((field, total)) = self.load_balancer.proxy.cap_above_total() {
-            let message = if total == "maxTcpConnections" { CAP_ABOVE_TOTAL_TCP } else { CAP_ABOVE_TOTAL_UDP };
+            let message = match total {
+                "maxTcpConnections" => CAP_ABOVE_TOTAL_TCP,
+                "maxUdpSessions" => CAP_ABOVE_TOTAL_UDP,
+                "maxTcpConnectionsPerService" => CAP_ABOVE_SERVICE_TCP,
+                _ => CAP_ABOVE_SERVICE_UDP,
+            };
             return Err(DocumentError::invalid(root().field("loadBalancer").field("proxy").field(field), message));
         }
         if let Some(probe) = &self.lifecycle.probe {
@@ -429,6 +459,10 @@ impl CloudConfig {
 pub const CAP_ABOVE_TOTAL_TCP: &str = "must not be greater than maxTcpConnections";
 /// The message of a per-listener UDP cap above the data path's.
 pub const CAP_ABOVE_TOTAL_UDP: &str = "must not be greater than maxUdpSessions";
+/// The message of a per-listener TCP cap above the Service's share.
+pub const CAP_ABOVE_SERVICE_TCP: &str = "must not be greater than maxTcpConnectionsPerService";
+/// The message of a per-listener UDP cap above the Service's share.
+pub const CAP_ABOVE_SERVICE_UDP: &str = "must not be greater than maxUdpSessionsPerService";
 
 impl CloudConfig {
     /// `loadBalancer.importPools`: each source once, and only beside `poolResources: true`,
@@ -436,9 +470,16 @@ impl CloudConfig {
     fn validate_import_pools(&self) -> Result<(), ConfigError> {
         let path = root().field("loadBalancer").field("importPools");
         let sources = &self.load_balancer.import_pools;
-        for (i, source) in sources.iter().enumerate() {
-            if let Some(first) = sources[..i].iter().position(|s| s == source) {
+        for (i, import) in sources.iter().enumerate() {
+            if let Some(first) = sources[..i].iter().position(|s| s.source == import.source) {
                 return Err(clash(path.index(i), "duplicates", path.index(first)));
+            }
+            if let Some(namespace) = &import.given_namespace {
+                let field = path.index(i).field("namespace");
+                if import.source != crate::pool_import::Source::Metallb {
+                    return Err(DocumentError::invalid(field, IMPORT_NAMESPACE_METALLB_ONLY));
+                }
+                validate_dns_label(namespace).map_err(|m| DocumentError::invalid(field, m))?;
             }
         }
         if !sources.is_empty() && !self.load_balancer.pool_resources {
@@ -447,6 +488,9 @@ impl CloudConfig {
         Ok(())
     }
 }
+
+/// Why a namespace on another source than MetalLB is refused.
+pub const IMPORT_NAMESPACE_METALLB_ONLY: &str = "applies to metallb only (Cilium's pools are cluster-scoped)";
 
 /// Why `importPools` without `poolResources` is refused.
 pub const IMPORT_NEEDS_POOL_RESOURCES: &str =
@@ -529,7 +573,7 @@ pub fn build_pools(config: &LoadBalancerConfig) -> Result<Vec<Pool>, ConfigError
         if let Some(selector) = &pool.service_selector {
             validate_selector(selector, &path.field("serviceSelector"))?;
         }
-        let ports = port_rule(pool, &path)?;
+        let ports = port_rule(pool.min_port, pool.allowed_ports.as_deref(), &path)?;
         pools.push(Pool {
             name: pool.name.clone(),
             blocks,
@@ -540,19 +584,34 @@ pub fn build_pools(config: &LoadBalancerConfig) -> Result<Vec<Pool>, ConfigError
             avoid_buggy_ips: pool.avoid_buggy_ips,
             allow_sharing: pool.allow_sharing,
             ports,
+            disabled: false,
         });
     }
     Ok(pools)
 }
 
-/// A pool's `minPort` and `allowedPorts`, checked.
-fn port_rule(pool: &PoolConfig, path: &FieldPath) -> Result<crate::ports::PortRule, ConfigError> {
-    let min_port = match pool.min_port {
+/// `loadBalancer.resourcePoolPorts`, checked: the rule of every pool that is not in the
+/// cloud-config (the default rule when unset).
+pub fn resource_pool_ports(config: &LoadBalancerConfig) -> Result<crate::ports::PortRule, ConfigError> {
+    let path = root().field("loadBalancer").field("resourcePoolPorts");
+    match &config.resource_pool_ports {
+        None => Ok(crate::ports::PortRule::default()),
+        Some(rule) => port_rule(rule.min_port, rule.allowed_ports.as_deref(), &path),
+    }
+}
+
+/// A `minPort` and `allowedPorts` under `path`, checked.
+fn port_rule(
+    min_port: Option<u16>,
+    allowed_ports: Option<&[String]>,
+    path: &FieldPath,
+) -> Result<crate::ports::PortRule, ConfigError> {
+    let min_port = match min_port {
         Some(0) => return Err(DocumentError::invalid(path.field("minPort"), crate::ports::BAD_MIN_PORT)),
         Some(port) => port,
         None => 1,
     };
-    let allowed = match &pool.allowed_ports {
+    let allowed = match allowed_ports {
         None => None,
         Some(entries) if entries.len() > crate::ports::MAX_PORT_RANGES => {
             return Err(DocumentError::invalid(path.field("allowedPorts"), crate::ports::TOO_MANY_RANGES));
@@ -1025,24 +1084,39 @@ pub(crate) mod tests {
         )
         .unwrap();
         let p = &config.load_balancer.proxy;
-        assert_eq!((p.max_tcp_connections, p.max_tcp_connections_per_listener), (100, 50));
+        assert_eq!((p.max_tcp_connections, p.max_tcp_connections_per_listener), (Some(100), Some(50)));
         assert_eq!(p.tcp_idle_timeout, Duration::from_secs(90));
-        for field in
-            ["maxTcpConnections", "maxTcpConnectionsPerListener", "maxUdpSessions", "maxUdpSessionsPerListener"]
-        {
+        for field in [
+            "maxTcpConnections",
+            "maxTcpConnectionsPerService",
+            "maxTcpConnectionsPerListener",
+            "maxUdpSessions",
+            "maxUdpSessionsPerService",
+            "maxUdpSessionsPerListener",
+        ] {
             for bad in ["0", "1000001", "-1"] {
                 assert_names(&proxy(&format!("{field}: {bad}")), &format!("loadBalancer.proxy.{field}"));
             }
         }
         assert_names(&proxy("tcpIdleTimeout: 0s"), "loadBalancer.proxy.tcpIdleTimeout: must be greater than zero");
         assert_names(
-            &proxy("maxTcpConnections: 10"),
+            &proxy("maxTcpConnections: 10\n    maxTcpConnectionsPerListener: 11"),
             "loadBalancer.proxy.maxTcpConnectionsPerListener: must not be greater than maxTcpConnections",
         );
         assert_names(
-            &proxy("maxUdpSessions: 100"),
+            &proxy("maxUdpSessions: 100\n    maxUdpSessionsPerListener: 101"),
             "loadBalancer.proxy.maxUdpSessionsPerListener: must not be greater than maxUdpSessions",
         );
+        assert_names(
+            &proxy("maxTcpConnectionsPerService: 10\n    maxTcpConnectionsPerListener: 11"),
+            "loadBalancer.proxy.maxTcpConnectionsPerListener: must not be greater than maxTcpConnectionsPerService",
+        );
+        assert_names(
+            &proxy("maxUdpSessions: 10\n    maxUdpSessionsPerService: 11"),
+            "loadBalancer.proxy.maxUdpSessionsPerService: must not be greater than maxUdpSessions",
+        );
+        // A total alone is fine: the unset caps below it follow it.
+        assert!(parse(proxy("maxTcpConnections: 10").as_bytes()).is_ok());
     }
 
     #[test]

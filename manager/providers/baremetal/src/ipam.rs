@@ -34,6 +34,17 @@ pub const CILIUM_LOAD_BALANCER_IPS_ANNOTATIONS: [&str; 2] = ["lbipam.cilium.io/i
 /// Cilium LB-IPAM's sharing-key annotations, read after MetalLB's, newest name first.
 pub const CILIUM_SHARING_KEY_ANNOTATIONS: [&str; 2] = ["lbipam.cilium.io/sharing-key", "io.cilium/lb-ipam-sharing-key"];
 
+/// Annotation naming the other namespaces whose Services may share this Service's address
+/// (comma-separated namespace names, `*` for any). A sharing key is scoped to its namespace:
+/// Services of two namespaces share only when each names the other's namespace, as Cilium's
+/// `lbipam.cilium.io/sharing-cross-namespace` does (read when ours is absent).
+pub const SHARING_CROSS_NAMESPACE_ANNOTATION: &str = "ccm.rs/sharing-cross-namespace";
+/// Cilium LB-IPAM's cross-namespace sharing annotations, read when ours is absent, newest first.
+pub const CILIUM_SHARING_CROSS_NAMESPACE_ANNOTATIONS: [&str; 2] =
+    ["lbipam.cilium.io/sharing-cross-namespace", "io.cilium/lb-ipam-sharing-cross-namespace"];
+/// The most namespaces one cross-namespace sharing annotation may name.
+const MAX_SHARING_NAMESPACES: usize = 64;
+
 /// Annotation naming the pool a Service takes its addresses from (a pool resource's name, or an
 /// imported pool's `metallb:<namespace>/<name>` / `cilium:<name>`).
 pub const ADDRESS_POOL_ANNOTATION: &str = "ccm.rs/address-pool";
@@ -307,6 +318,9 @@ pub struct Pool {
     pub allow_sharing: bool,
     /// The Service ports allowed on its addresses.
     pub ports: crate::ports::PortRule,
+    /// Hands out no address, not even a requested one (a disabled Cilium pool): Services keep
+    /// those they hold.
+    pub disabled: bool,
 }
 
 impl Pool {
@@ -401,6 +415,9 @@ pub struct LbRequest {
     pub slots: Vec<Slot>,
     /// The `ccm.rs/allow-shared-ip` key.
     pub sharing_key: Option<String>,
+    /// The other namespaces whose Services may share with it (`*`: any), from
+    /// [`SHARING_CROSS_NAMESPACE_ANNOTATION`].
+    pub sharing_namespaces: BTreeSet<String>,
     /// The Service's (protocol, port) pairs.
     pub ports: BTreeSet<PortKey>,
     /// The pool the Service names by annotation, if any.
@@ -418,9 +435,10 @@ pub struct PoolRequest {
 
 impl LbRequest {
     /// Whether `pool` may hand this request an address it did not ask for: an `autoAssign`
-    /// pool, or any pool the Service names (as MetalLB does for `autoAssign: false` pools).
+    /// pool, or any pool the Service names (as MetalLB does for `autoAssign: false` pools),
+    /// never a disabled one.
     fn may_pick_from(&self, pool: &Pool) -> bool {
-        pool.auto_assign || self.pool.is_some()
+        !pool.disabled && (pool.auto_assign || self.pool.is_some())
     }
 }
 
@@ -468,6 +486,30 @@ fn sharing_key_of(service: &Service) -> Option<String> {
         CILIUM_SHARING_KEY_ANNOTATIONS[1],
     ];
     first_annotation(service, &names).map(|(_, v)| v.trim().to_string())
+}
+
+/// The namespaces a Service lets share its address, from [`SHARING_CROSS_NAMESPACE_ANNOTATION`]
+/// (else Cilium's): namespace names or `*`, at most [`MAX_SHARING_NAMESPACES`].
+fn sharing_namespaces_of(service: &Service, key: &ServiceKey) -> Result<BTreeSet<String>, AllocError> {
+    let names = [
+        SHARING_CROSS_NAMESPACE_ANNOTATION,
+        CILIUM_SHARING_CROSS_NAMESPACE_ANNOTATIONS[0],
+        CILIUM_SHARING_CROSS_NAMESPACE_ANNOTATIONS[1],
+    ];
+    let Some((annotation, value)) = first_annotation(service, &names) else { return Ok(BTreeSet::new()) };
+    let entries: Vec<&str> = value.split(',').map(str::trim).filter(|e| !e.is_empty()).collect();
+    let namespace = |e: &str| {
+        e.len() <= 63
+            && e.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            && !e.starts_with('-')
+            && !e.ends_with('-')
+    };
+    if entries.len() > MAX_SHARING_NAMESPACES || !entries.iter().all(|e| *e == "*" || namespace(e)) {
+        return Err(AllocError::Invalid(format!(
+            "{annotation} of {key}: expected at most {MAX_SHARING_NAMESPACES} namespace names or *, comma-separated"
+        )));
+    }
+    Ok(entries.into_iter().map(String::from).collect())
 }
 
 fn ports_of(service: &Service) -> BTreeSet<PortKey> {
@@ -546,6 +588,7 @@ pub fn request_for(service: &Service) -> Result<LbRequest, AllocError> {
         namespace_labels: BTreeMap::new(),
         slots,
         sharing_key: sharing_key_of(service),
+        sharing_namespaces: sharing_namespaces_of(service, &ServiceKey::of(service))?,
         ports: ports_of(service),
         pool,
     })
@@ -555,6 +598,24 @@ pub fn request_for(service: &Service) -> Result<LbRequest, AllocError> {
 struct Holder {
     sharing_key: Option<String>,
     ports: BTreeSet<PortKey>,
+    /// The other namespaces it shares with (`*`: any).
+    namespaces: BTreeSet<String>,
+}
+
+impl Holder {
+    fn allows(&self, namespace: &str) -> bool {
+        self.namespaces.contains("*") || self.namespaces.contains(namespace)
+    }
+
+    /// Whether this holder (of `key`) and `other` (of `other_key`) may hold one address: the
+    /// same sharing key, no common port, and the same namespace unless each allows the other's.
+    fn shares_with(&self, key: &ServiceKey, other: &Holder, other_key: &ServiceKey) -> bool {
+        self.sharing_key.is_some()
+            && other.sharing_key == self.sharing_key
+            && other.ports.is_disjoint(&self.ports)
+            && (key.namespace == other_key.namespace
+                || (self.allows(&other_key.namespace) && other.allows(&key.namespace)))
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -596,9 +657,7 @@ impl State {
         if others.peek().is_none() {
             return true;
         }
-        usage.pool.is_some_and(|p| pools[p].allow_sharing)
-            && holder.sharing_key.is_some()
-            && others.all(|(_, h)| h.sharing_key == holder.sharing_key && h.ports.is_disjoint(&holder.ports))
+        usage.pool.is_some_and(|p| pools[p].allow_sharing) && others.all(|(k, h)| holder.shares_with(key, h, k))
     }
 
     fn release(&mut self, key: &ServiceKey) -> Vec<IpAddr> {
@@ -762,7 +821,11 @@ impl Allocator {
             .map(|r| r.slots.iter().filter_map(|s| if let Slot::Exact(ip) = s { Some(*ip) } else { None }).collect())
             .unwrap_or_default();
         let key = ServiceKey::of(service);
-        let holder = Holder { sharing_key: sharing_key_of(service), ports: ports_of(service) };
+        let holder = Holder {
+            sharing_key: sharing_key_of(service),
+            ports: ports_of(service),
+            namespaces: sharing_namespaces_of(service, &key).unwrap_or_default(),
+        };
         let mut kept = state.services.get(&key).map(|a| a.ips.clone()).unwrap_or_default();
         for ip in ips {
             if kept.contains(&ip) || requested.contains(&ip) != explicit_pass {
@@ -821,7 +884,11 @@ impl Allocator {
             tracing::info!(service = %key, ips = ?stale, "released the addresses of a previous Service with the same name");
         }
         let current: Vec<IpAddr> = state.services.get(key).map(|a| a.ips.clone()).unwrap_or_default();
-        let holder = Holder { sharing_key: request.sharing_key.clone(), ports: request.ports.clone() };
+        let holder = Holder {
+            sharing_key: request.sharing_key.clone(),
+            ports: request.ports.clone(),
+            namespaces: request.sharing_namespaces.clone(),
+        };
         let allowed: Vec<usize> = (0..pools.len()).filter(|&p| pools[p].admits(request)).collect();
 
         let mut chosen: Vec<IpAddr> = Vec::new();
@@ -937,6 +1004,12 @@ fn check_exact(
             format!("{key} asks for {ip}, but pool {} does not admit it (namespaces or serviceSelector)", pool.name),
         ));
     }
+    if pool.disabled && !already_mine {
+        return Err(AllocError::Unsatisfiable(
+            Refusal::RequestedAddressUnavailable,
+            format!("{key} asks for {ip}, but pool {} is disabled: it hands out no address", pool.name),
+        ));
+    }
     if pool.avoid_buggy_ips && is_buggy(ip) && !already_mine {
         return Err(AllocError::Unsatisfiable(
             Refusal::RequestedAddressUnavailable,
@@ -959,7 +1032,9 @@ fn check_exact(
         } else if holder.sharing_key.is_none() {
             format!("{key} has no {ALLOW_SHARED_IP_ANNOTATION} annotation")
         } else {
-            "the sharing keys differ or the ports overlap".to_string()
+            format!(
+                "the sharing keys differ, the ports overlap, or a holder is in another namespace and the two do not name each other's in {SHARING_CROSS_NAMESPACE_ANNOTATION}"
+            )
         };
         return Err(AllocError::Unsatisfiable(
             conflict,
@@ -1043,12 +1118,14 @@ fn exhausted(
     let auto: Vec<usize> = allowed.iter().copied().filter(|&p| request.may_pick_from(&pools[p])).collect();
     if auto.is_empty() {
         let names: Vec<&str> = allowed.iter().map(|&p| pools[p].name.as_str()).collect();
+        let why = if allowed.iter().all(|&p| pools[p].disabled) {
+            "are disabled: they hand out no address"
+        } else {
+            "hand out only requested addresses (autoAssign: false) or are disabled"
+        };
         return AllocError::Unsatisfiable(
             Refusal::NoPoolMatches,
-            format!(
-                "the pools that admit {key} ({}) hand out only requested addresses (autoAssign: false)",
-                names.join(", ")
-            ),
+            format!("the pools that admit {key} ({}) {why}", names.join(", ")),
         );
     }
     let with_family: Vec<usize> = auto.iter().copied().filter(|&p| pools[p].has_family(family)).collect();
@@ -1096,6 +1173,7 @@ mod tests {
             avoid_buggy_ips: false,
             allow_sharing: false,
             ports: Default::default(),
+            disabled: false,
         }
     }
 
@@ -1415,6 +1493,93 @@ mod tests {
         a.release(&ServiceKey::of(&dns), &Some("uid-dns".into()));
         a.release(&ServiceKey::of(&join), &Some("uid-join".into()));
         assert_eq!(a.usage()[0].in_use, 3);
+    }
+
+    fn in_namespace(mut s: Service, namespace: &str) -> Service {
+        s.metadata.namespace = Some(namespace.into());
+        s
+    }
+
+    #[test]
+    fn a_sharing_key_is_scoped_to_its_namespace_unless_both_services_allow_the_other() {
+        let mut shared = pool("shared", &["10.0.0.0/29"]);
+        shared.allow_sharing = true;
+        let a = ready(vec![shared]);
+        let web = in_namespace(with_annotation(with_port(svc("web"), 80), ALLOW_SHARED_IP_ANNOTATION, "k"), "a");
+        assert_eq!(ensure(&a, &web).unwrap(), ips(&["10.0.0.0"]));
+        // The same namespace needs no opt-in, as before.
+        let twin = in_namespace(with_annotation(with_port(svc("t"), 29), ALLOW_SHARED_IP_ANNOTATION, "k"), "a");
+        assert_eq!(ensure(&a, &twin).unwrap(), ips(&["10.0.0.0"]));
+        // Another namespace's Service with the same key neither joins nor asks its way in.
+        let intruder = in_namespace(with_annotation(with_port(svc("x"), 443), ALLOW_SHARED_IP_ANNOTATION, "k"), "b");
+        assert_eq!(ensure(&a, &intruder).unwrap(), ips(&["10.0.0.1"]), "its own address");
+        let asking = with_annotation(intruder.clone(), LOAD_BALANCER_IPS_ANNOTATION, "10.0.0.0");
+        let err = ensure(&a, &asking).unwrap_err();
+        assert_eq!(refusal(Err(err.clone())), Refusal::SharingConflict, "{err}");
+        assert!(err.to_string().contains(SHARING_CROSS_NAMESPACE_ANNOTATION), "{err}");
+        // One side's opt-in is not enough; both sides' is, by name or `*`, ours or Cilium's.
+        let open = |s: Service, v: &str| with_annotation(s, SHARING_CROSS_NAMESPACE_ANNOTATION, v);
+        let one_sided = open(intruder.clone(), "a");
+        assert_eq!(ensure(&a, &one_sided).unwrap(), ips(&["10.0.0.1"]));
+        ensure(&a, &open(web.clone(), "b")).unwrap();
+        ensure(&a, &open(twin.clone(), "b")).unwrap();
+        assert_eq!(ensure(&a, &one_sided).unwrap(), ips(&["10.0.0.1"]), "keeps its own address");
+        let joiner =
+            open(in_namespace(with_annotation(with_port(svc("j"), 25), ALLOW_SHARED_IP_ANNOTATION, "k"), "b"), "*");
+        assert_eq!(ensure(&a, &joiner).unwrap(), ips(&["10.0.0.0"]), "both sides allow it");
+        let cilium = with_annotation(
+            in_namespace(with_annotation(with_port(svc("c"), 26), ALLOW_SHARED_IP_ANNOTATION, "k"), "b"),
+            CILIUM_SHARING_CROSS_NAMESPACE_ANNOTATIONS[0],
+            "a, c",
+        );
+        assert_eq!(ensure(&a, &cilium).unwrap(), ips(&["10.0.0.0"]), "Cilium's opt-in reads the same");
+        // Every holder must allow every other: a sibling of web that names no namespace may
+        // not join an address Services of b hold.
+        let sibling = in_namespace(with_annotation(with_port(svc("s"), 27), ALLOW_SHARED_IP_ANNOTATION, "k"), "a");
+        assert_eq!(ensure(&a, &sibling).unwrap(), ips(&["10.0.0.2"]));
+        let bad = open(in_namespace(with_port(svc("bad"), 28), "b"), "Not A Namespace");
+        assert!(
+            matches!(ensure(&a, &bad), Err(AllocError::Invalid(m)) if m.contains(SHARING_CROSS_NAMESPACE_ANNOTATION))
+        );
+    }
+
+    #[test]
+    fn restore_keeps_a_shared_address_only_for_services_allowed_to_share_across_namespaces() {
+        let mut shared = pool("shared", &["10.0.0.0/30"]);
+        shared.allow_sharing = true;
+        let a = Allocator::new(vec![shared]);
+        let keyed = |ns: &str, name: &str, port: i32| {
+            let s = in_namespace(with_annotation(with_port(svc(name), port), ALLOW_SHARED_IP_ANNOTATION, "k"), ns);
+            with_ingress(s, &["10.0.0.0"])
+        };
+        let report = a.restore(&[keyed("a", "web", 80), keyed("b", "other", 443)]);
+        assert_eq!((report.restored, report.conflicts), (1, 1), "{report:?}");
+        let open = |s: Service, v: &str| with_annotation(s, SHARING_CROSS_NAMESPACE_ANNOTATION, v);
+        let report = a.restore(&[open(keyed("a", "web", 80), "b"), open(keyed("b", "other", 443), "a")]);
+        assert_eq!((report.restored, report.conflicts), (2, 0), "{report:?}");
+    }
+
+    #[test]
+    fn a_disabled_pool_keeps_its_holders_and_hands_out_nothing_not_even_a_requested_address() {
+        let mut off = pool("off", &["10.0.0.0/30"]);
+        off.disabled = true;
+        off.allow_sharing = true;
+        let a = Allocator::new(vec![off, pool("on", &["10.0.1.0/30"])]);
+        let held =
+            with_ingress(with_annotation(with_port(svc("held"), 80), ALLOW_SHARED_IP_ANNOTATION, "k"), &["10.0.0.1"]);
+        assert_eq!(a.restore(std::slice::from_ref(&held)).restored, 1);
+        assert_eq!(ensure(&a, &held).unwrap(), ips(&["10.0.0.1"]), "a holder keeps its address");
+        assert_eq!(ensure(&a, &svc("new")).unwrap(), ips(&["10.0.1.0"]), "never handed out automatically");
+        let asking = with_annotation(svc("asking"), LOAD_BALANCER_IPS_ANNOTATION, "10.0.0.2");
+        let err = ensure(&a, &asking).unwrap_err();
+        assert_eq!(refusal(Err(err.clone())), Refusal::RequestedAddressUnavailable);
+        assert!(err.to_string().contains("disabled"), "{err}");
+        let joiner = with_annotation(with_port(svc("joiner"), 443), ALLOW_SHARED_IP_ANNOTATION, "k");
+        assert_eq!(ensure(&a, &joiner).unwrap(), ips(&["10.0.1.1"]), "no new holder joins it either");
+        let named = with_annotation(svc("named"), ADDRESS_POOL_ANNOTATION, "off");
+        let err = ensure(&a, &named).unwrap_err();
+        assert_eq!(refusal(Err(err.clone())), Refusal::NoPoolMatches);
+        assert!(err.to_string().contains("disabled"), "{err}");
     }
 
     #[test]

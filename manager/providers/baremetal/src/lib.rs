@@ -11,6 +11,7 @@ pub mod announce;
 pub mod config;
 #[cfg(feature = "datapath")]
 pub mod datapath;
+pub mod deploy;
 pub mod duration;
 pub mod inventory;
 pub mod ipam;
@@ -88,7 +89,7 @@ pub struct BaremetalProvider {
     /// `loadBalancer.poolResources`: pools also come from `LoadBalancerIPPool` resources.
     pool_resources: bool,
     /// `loadBalancer.importPools`: MetalLB's or Cilium's pools read at start.
-    import_pools: Vec<pool_import::Source>,
+    import_pools: Vec<pool_import::ImportSource>,
     probe_targets: Vec<ProbeTarget>,
     probes: Arc<ProbeStates>,
     probe_task: Mutex<Option<CancellationToken>>,
@@ -159,7 +160,10 @@ impl BaremetalProvider {
             lifecycle: config.lifecycle.clone(),
             pool_resources: config.load_balancer.pool_resources,
             import_pools: config.load_balancer.import_pools.clone(),
-            pools: Arc::new(pool_watch::PoolSources::new(pools.clone())),
+            pools: Arc::new(pool_watch::PoolSources::new(
+                pools.clone(),
+                config::resource_pool_ports(&config.load_balancer)?,
+            )),
             allocator: Arc::new(Allocator::new(pools)),
             probe_targets,
             probes: Arc::new(ProbeStates::new(names)),
@@ -347,15 +351,39 @@ impl BaremetalProvider {
     }
 
     /// Refuse a Service whose ports a pool holding its addresses does not allow (see
-    /// [`ports`]); the error names each `spec.ports[i].port` and the pool.
-    fn check_ports(&self, service: &Service, ips: &[IpAddr], nodes: &[&Node]) -> CloudResult<()> {
+    /// [`ports`]), naming each `spec.ports[i].port` and the pool. A refused Service lets go of
+    /// its addresses, in both `ipMode`s: kube-proxy forwards whatever ingress a Service
+    /// reports, so keeping the last good one would serve the refused port on it; the service
+    /// controller clears the status once [`LoadBalancer::get_load_balancer`] finds nothing.
+    async fn enforce_ports(&self, service: &Service, ips: &[IpAddr], nodes: &[&Node]) -> CloudResult<()> {
         let node_ips = port_check::node_addresses(self.inventory.instances(), nodes);
         let refused = port_check::refused_ports(service, ips, &self.allocator.pools(), &node_ips);
         if refused.is_empty() {
             return Ok(());
         }
-        tracing::info!(service = %ServiceKey::of(service), refused = refused.len(), "Service ports refused by their pool");
-        Err(CloudError::Other(port_check::describe(&refused)))
+        tracing::info!(service = %ServiceKey::of(service), refused = refused.len(), "Service ports refused by their pool; its addresses are released");
+        self.withdraw(service).await;
+        Err(CloudError::refused(Refusal::UnsupportedService, port_check::describe(&refused)))
+    }
+
+    /// Let go of a Service's listeners and addresses.
+    fn release(&self, service: &Service) {
+        #[cfg(feature = "datapath")]
+        if let Some(proxy) = &self.proxy {
+            proxy.remove(service);
+        }
+        self.allocator.release(&ServiceKey::of(service), &service.metadata.uid);
+        self.pool_gauges.update(&self.allocator);
+        self.pools.changed.notify_one();
+    }
+
+    /// [`Self::release`] and remove the kube-vip annotation (a failure is logged: the refusal
+    /// that called this is the error to report).
+    async fn withdraw(&self, service: &Service) {
+        self.release(service);
+        if let Err(error) = self.sync_kube_vip(service, None).await {
+            tracing::warn!(service = %ServiceKey::of(service), %error, "could not remove the kube-vip annotation");
+        }
     }
 
     fn cloud_error(&self, error: AllocError) -> CloudError {
@@ -411,7 +439,8 @@ impl CloudProvider for BaremetalProvider {
                 let read = pool_import_watch::read_all(&ctx.client, &self.import_pools).await.map_err(|e| {
                     CloudError::Unavailable(format!("{e} (the chart grants it with manager.rbac.importPools=true)"))
                 })?;
-                let outcomes = self.pools.set_imported(read.imported(), &self.import_pools);
+                let order: Vec<pool_import::Source> = self.import_pools.iter().map(|i| i.source).collect();
+                let outcomes = self.pools.set_imported(read.imported(), &order);
                 let summary = pool_import_watch::report(&read, &outcomes, Some(&ctx.events));
                 self.pools.set_import_summary(summary);
                 imported_first = Some(read);
@@ -434,12 +463,13 @@ impl CloudProvider for BaremetalProvider {
             pool_watch::spawn(ctx.client.clone(), self.pools.clone(), self.allocator.clone(), ctx.shutdown.clone());
         }
         if let Some(first) = imported_first {
+            let (pools, allocator) = (self.pools.clone(), self.allocator.clone());
             pool_import_watch::spawn(
                 ctx.client.clone(),
                 self.import_pools.clone(),
                 &first,
                 self.pools.clone(),
-                self.allocator.clone(),
+                move || pools.apply_and_wake(&allocator, "imported load-balancer pools changed"),
                 Some(ctx.events.clone()),
                 ctx.shutdown.clone(),
             );
@@ -546,7 +576,7 @@ impl LoadBalancer for BaremetalProvider {
         let ips = self.allocator.ensure(&request).map_err(|e| self.cloud_error(e))?;
         self.pool_gauges.update(&self.allocator);
         self.pools.changed.notify_one();
-        self.check_ports(service, &ips, nodes)?;
+        self.enforce_ports(service, &ips, nodes).await?;
         #[cfg(feature = "datapath")]
         if let Some(proxy) = &self.proxy {
             match mode {
@@ -562,29 +592,23 @@ impl LoadBalancer for BaremetalProvider {
     }
 
     async fn update_load_balancer(&self, _cluster_name: &str, service: &Service, nodes: &[&Node]) -> CloudResult<()> {
+        let Some(ips) = self.allocator.assigned(&ServiceKey::of(service), &service.metadata.uid) else {
+            return Ok(());
+        };
+        // A Node change can make a pool one holding node addresses, in both ipModes.
+        self.enforce_ports(service, &ips, nodes).await?;
         // Address mode: backends are whatever the announcer and kube-proxy route to.
         #[cfg(feature = "datapath")]
         if let Some(proxy) = &self.proxy
             && self.ip_mode_of(service)? == proxy::IpMode::Proxy
-            && let Some(ips) = self.allocator.assigned(&ServiceKey::of(service), &service.metadata.uid)
         {
-            // A Node change can make the pool one holding node addresses.
-            self.check_ports(service, &ips, nodes)?;
             proxy.ensure(service, nodes, &ips)?;
         }
-        #[cfg(not(feature = "datapath"))]
-        let _ = (service, nodes);
         Ok(())
     }
 
     async fn ensure_load_balancer_deleted(&self, _cluster_name: &str, service: &Service) -> CloudResult<()> {
-        #[cfg(feature = "datapath")]
-        if let Some(proxy) = &self.proxy {
-            proxy.remove(service);
-        }
-        self.allocator.release(&ServiceKey::of(service), &service.metadata.uid);
-        self.pool_gauges.update(&self.allocator);
-        self.pools.changed.notify_one();
+        self.release(service);
         self.sync_kube_vip(service, None).await
     }
 }

@@ -106,6 +106,75 @@ impl fmt::Display for Source {
     }
 }
 
+/// The namespace MetalLB's pools are read from unless `importPools` names another (MetalLB's
+/// controller reads its own namespace only).
+pub const METALLB_DEFAULT_NAMESPACE: &str = "metallb-system";
+
+/// The message of an `importPools` entry that is neither a source nor a `{source, namespace}`.
+pub const BAD_IMPORT_ENTRY: &str = "must be metallb, cilium, or {source: metallb, namespace: NAME}";
+
+/// One `loadBalancer.importPools` entry: `metallb`, `cilium`, or `{source: metallb, namespace:
+/// NAME}` to read MetalLB's pools from another namespace than [`METALLB_DEFAULT_NAMESPACE`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImportSource {
+    /// Where from.
+    pub source: Source,
+    /// The namespace given (MetalLB only; validated in the cloud-config).
+    pub given_namespace: Option<String>,
+}
+
+impl ImportSource {
+    /// The namespace the source's pools are read from: MetalLB's namespace, none for Cilium's
+    /// cluster-scoped pools.
+    pub fn namespace(&self) -> Option<&str> {
+        match self.source {
+            Source::Metallb => Some(self.given_namespace.as_deref().unwrap_or(METALLB_DEFAULT_NAMESPACE)),
+            Source::Cilium => None,
+        }
+    }
+}
+
+impl From<Source> for ImportSource {
+    fn from(source: Source) -> Self {
+        Self { source, given_namespace: None }
+    }
+}
+
+/// The long form of an `importPools` entry.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImportEntry {
+    /// `metallb` or `cilium`.
+    pub source: Source,
+    /// MetalLB's namespace.
+    #[serde(default)]
+    pub namespace: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for ImportSource {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = ImportSource;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(BAD_IMPORT_ENTRY)
+            }
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<ImportSource, E> {
+                match text {
+                    "metallb" => Ok(Source::Metallb.into()),
+                    "cilium" => Ok(Source::Cilium.into()),
+                    _ => Err(ccm_framework::safe_yaml::custom(BAD_IMPORT_ENTRY)),
+                }
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<ImportSource, A::Error> {
+                let entry = ImportEntry::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+                Ok(ImportSource { source: entry.source, given_namespace: entry.namespace })
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
+}
+
 /// Something of the source pool the converted pool cannot express.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Warning {
@@ -136,6 +205,16 @@ pub enum ImportError {
         /// The expected form.
         expected: &'static str,
     },
+    /// The pool admits Services by a rule one pool cannot express ("any of several selectors",
+    /// a selector on the Service's name, a restriction this importer does not know): importing
+    /// it would admit more Services than the source does, so it is left out.
+    #[error("{field}: {why}; not imported, since the pool would admit more Services than it does there")]
+    Inexpressible {
+        /// The field path.
+        field: String,
+        /// What cannot be expressed.
+        why: String,
+    },
     /// A list or string is longer than we accept.
     #[error("{field} holds more than {max} {what}")]
     TooLarge {
@@ -152,6 +231,10 @@ fn malformed(field: impl Into<String>, expected: &'static str) -> ImportError {
     ImportError::Malformed { field: field.into(), expected }
 }
 
+fn inexpressible(field: impl Into<String>, why: impl Into<String>) -> ImportError {
+    ImportError::Inexpressible { field: field.into(), why: why.into() }
+}
+
 /// A source pool converted.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Imported {
@@ -165,6 +248,8 @@ pub struct Imported {
     pub resource: LoadBalancerIPPool,
     /// MetalLB's `serviceAllocation.priority` when set (non-zero).
     pub priority: Option<i64>,
+    /// A disabled Cilium pool: its Services keep their addresses, nobody gets a new one.
+    pub disabled: bool,
     /// What the conversion could not express.
     pub warnings: Vec<Warning>,
 }
@@ -285,6 +370,7 @@ fn imported(
         namespace,
         name,
         priority,
+        disabled: false,
         warnings,
     }
 }
@@ -315,9 +401,12 @@ pub fn from_metallb(object: &SourceObject) -> Result<Imported, ImportError> {
     if let Some(allocation) = spec.get("serviceAllocation").filter(|v| !v.is_null()) {
         let allocation = self::object(allocation, "spec.serviceAllocation")?;
         let known = ["priority", "namespaces", "namespaceSelectors", "serviceSelectors"];
-        for key in allocation.keys().filter(|k| !known.contains(&k.as_str())) {
+        if let Some(key) = allocation.keys().find(|k| !known.contains(&k.as_str())) {
             let key: String = key.chars().take(64).collect();
-            warnings.push(warn(format!("spec.serviceAllocation.{key}"), "not understood by this importer; ignored"));
+            return Err(inexpressible(
+                format!("spec.serviceAllocation.{key}"),
+                "a restriction this importer does not understand",
+            ));
         }
         priority = match allocation.get("priority") {
             None | Some(Value::Null) => None,
@@ -347,18 +436,22 @@ pub fn from_metallb(object: &SourceObject) -> Result<Imported, ImportError> {
         match (namespaces.is_empty(), namespace_selectors.len()) {
             (_, 0) => out.namespaces = namespaces,
             (true, 1) => out.namespace_selector = namespace_selectors.into_iter().next(),
-            _ => warnings.push(warn(
-                "spec.serviceAllocation.namespaceSelectors",
-                "MetalLB admits a Service whose namespace is listed or matches any selector; one pool cannot say \"any\", so the imported pool admits every namespace",
-            )),
+            _ => {
+                return Err(inexpressible(
+                    "spec.serviceAllocation.namespaceSelectors",
+                    "MetalLB admits a Service whose namespace is listed or matches any of the selectors, and one pool cannot say \"any of\"",
+                ));
+            }
         }
         match service_selectors.len() {
             0 => {}
             1 => out.service_selector = service_selectors.into_iter().next(),
-            _ => warnings.push(warn(
-                "spec.serviceAllocation.serviceSelectors",
-                "MetalLB admits a Service matching any of the selectors; one pool cannot say \"any\", so the imported pool admits every Service",
-            )),
+            _ => {
+                return Err(inexpressible(
+                    "spec.serviceAllocation.serviceSelectors",
+                    "MetalLB admits a Service matching any of the selectors, and one pool cannot say \"any of\"",
+                ));
+            }
         }
     }
     Ok(imported(Source::Metallb, &object.metadata, out, priority, warnings))
@@ -439,25 +532,28 @@ pub fn from_cilium(object: &SourceObject) -> Result<Imported, ImportError> {
         ));
     }
     let mut out = spec_with(cidrs, ranges);
-    if opt_bool(spec, "disabled", false)? {
+    let disabled = opt_bool(spec, "disabled", false)?;
+    if disabled {
         out.auto_assign = false;
         warnings.push(warn(
             "spec.disabled",
-            "imported with autoAssign false: Services keep their addresses and get none automatically, but a Service may still request one of its addresses, which Cilium refuses",
+            "imported disabled: Services keep the addresses they hold, and no Service gets one of its addresses, requested or not, as in Cilium",
         ));
     }
     if let Some(value) = spec.get("serviceSelector").filter(|v| !v.is_null()) {
-        let (namespaces, rest) = cilium_selector(selector(value, "spec.serviceSelector")?, &mut warnings);
+        let (namespaces, rest) = cilium_selector(selector(value, "spec.serviceSelector")?)?;
         out.namespaces = namespaces;
         out.service_selector = rest;
     }
-    Ok(imported(Source::Cilium, &object.metadata, out, None, warnings))
+    let mut import = imported(Source::Cilium, &object.metadata, out, None, warnings);
+    import.disabled = disabled;
+    Ok(import)
 }
 
 /// Split Cilium's pseudo-labels out of a selector: the namespace one becomes the pool's
-/// namespaces where it can (`matchLabels` or `In`), every other use of them is dropped with a
-/// warning (the pool then admits more).
-fn cilium_selector(mut selector: LabelSelector, warnings: &mut Vec<Warning>) -> (Vec<String>, Option<LabelSelector>) {
+/// namespaces where it can (`matchLabels` or `In`); any other use of them cannot be expressed
+/// and keeps the pool out (dropping it would admit more Services).
+fn cilium_selector(mut selector: LabelSelector) -> Result<(Vec<String>, Option<LabelSelector>), ImportError> {
     let mut namespaces: Option<Vec<String>> = None;
     let mut narrow = |values: Vec<String>| {
         namespaces = Some(match namespaces.take() {
@@ -469,10 +565,10 @@ fn cilium_selector(mut selector: LabelSelector, warnings: &mut Vec<Warning>) -> 
         if let Some(ns) = labels.remove(CILIUM_NAMESPACE_LABEL) {
             narrow(vec![ns]);
         }
-        if labels.remove(CILIUM_NAME_LABEL).is_some() {
-            warnings.push(warn(
+        if labels.contains_key(CILIUM_NAME_LABEL) {
+            return Err(inexpressible(
                 format!("spec.serviceSelector.matchLabels.{CILIUM_NAME_LABEL}"),
-                "a pool cannot select Services by name; the imported pool admits Services of any name",
+                "a pool cannot select Services by name",
             ));
         }
     }
@@ -483,12 +579,10 @@ fn cilium_selector(mut selector: LabelSelector, warnings: &mut Vec<Warning>) -> 
         if requirement.key == CILIUM_NAMESPACE_LABEL && requirement.operator == "In" {
             narrow(requirement.values.unwrap_or_default());
         } else if requirement.key == CILIUM_NAMESPACE_LABEL || requirement.key == CILIUM_NAME_LABEL {
-            warnings.push(warn(
+            let operator: String = requirement.operator.chars().take(16).collect();
+            return Err(inexpressible(
                 field,
-                format!(
-                    "{} {} cannot be expressed by a pool (only a namespace In list can); dropped, so the imported pool admits more Services",
-                    requirement.key, requirement.operator
-                ),
+                format!("{} {operator} cannot be expressed by a pool (only a namespace In list can)", requirement.key),
             ));
         } else {
             kept.push(requirement);
@@ -499,9 +593,15 @@ fn cilium_selector(mut selector: LabelSelector, warnings: &mut Vec<Warning>) -> 
         selector.match_labels = None;
     }
     let rest = (selector.match_labels.is_some() || selector.match_expressions.is_some()).then_some(selector);
-    let mut namespaces = namespaces.unwrap_or_default();
-    namespaces.truncate(MAX_POOL_NAMESPACES);
-    (namespaces, rest)
+    let namespaces = namespaces.unwrap_or_default();
+    if namespaces.len() > MAX_POOL_NAMESPACES {
+        return Err(ImportError::TooLarge {
+            field: "spec.serviceSelector".to_string(),
+            max: MAX_POOL_NAMESPACES,
+            what: "namespaces",
+        });
+    }
+    Ok((namespaces, rest))
 }
 
 fn to_u128(ip: IpAddr) -> u128 {
@@ -589,7 +689,10 @@ pub fn append(merged: &mut Merged, imports: &[Imported], sources: &[Source]) -> 
                 notes.push(format!("not imported: {}", verdict.message));
                 false
             }
-            Ok(pool) => add_trimmed(merged, pool, &mut notes),
+            Ok(mut pool) => {
+                pool.disabled = import.disabled;
+                add_trimmed(merged, pool, &mut notes)
+            }
         };
         outcomes.insert(name, Outcome { used, notes });
     }
@@ -718,20 +821,27 @@ mod tests {
     }
 
     #[test]
-    fn metallb_any_of_several_selectors_widens_the_pool_with_a_warning() {
-        let i = metallb(json!({"addresses": ["192.0.2.0/24"], "serviceAllocation": {
-            "namespaces": ["web"],
-            "namespaceSelectors": [{"matchLabels": {"team": "a"}}],
-            "serviceSelectors": [{"matchLabels": {"a": "1"}}, {"matchLabels": {"b": "2"}}],
-        }}))
-        .unwrap();
-        assert!(i.resource.spec.namespaces.is_empty() && i.resource.spec.namespace_selector.is_none());
-        assert!(i.resource.spec.service_selector.is_none());
-        assert_eq!(
-            fields(&i),
-            ["spec.serviceAllocation.namespaceSelectors", "spec.serviceAllocation.serviceSelectors"]
+    fn metallb_selectors_one_pool_cannot_express_keep_the_pool_out_instead_of_widening_it() {
+        let inexpressible = |allocation: Value, field: &str| {
+            let err = metallb(json!({"addresses": ["192.0.2.0/24"], "serviceAllocation": allocation})).unwrap_err();
+            assert!(matches!(&err, ImportError::Inexpressible { field: f, .. } if f == field), "{err}");
+            err.to_string()
+        };
+        let both = inexpressible(
+            json!({"namespaces": ["web"], "namespaceSelectors": [{"matchLabels": {"team": "a"}}]}),
+            "spec.serviceAllocation.namespaceSelectors",
         );
-        assert!(i.warnings[1].lost.contains("admits every Service"));
+        assert!(both.contains("any of") && both.contains("not imported"), "{both}");
+        inexpressible(
+            json!({"namespaceSelectors": [{"matchLabels": {"team": "a"}}, {"matchLabels": {"team": "b"}}]}),
+            "spec.serviceAllocation.namespaceSelectors",
+        );
+        inexpressible(
+            json!({"serviceSelectors": [{"matchLabels": {"a": "1"}}, {"matchLabels": {"b": "2"}}]}),
+            "spec.serviceAllocation.serviceSelectors",
+        );
+        // A restriction this importer does not know could narrow who may use the pool.
+        inexpressible(json!({"zone": "a"}), "spec.serviceAllocation.zone");
         let many: Vec<Value> = (0..17).map(|_| json!({})).collect();
         let err = metallb(json!({"addresses": ["192.0.2.0/24"], "serviceAllocation": {"serviceSelectors": many}}));
         assert!(matches!(err, Err(ImportError::TooLarge { max: 16, .. })), "{err:?}");
@@ -739,9 +849,8 @@ mod tests {
 
     #[test]
     fn unknown_fields_are_warnings_not_silent_drops() {
-        let i = metallb(json!({"addresses": ["192.0.2.0/24"], "announce": true, "serviceAllocation": {"zone": "a"}}))
-            .unwrap();
-        assert_eq!(fields(&i), ["spec.announce", "spec.serviceAllocation.zone"]);
+        let i = metallb(json!({"addresses": ["192.0.2.0/24"], "announce": true})).unwrap();
+        assert_eq!(fields(&i), ["spec.announce"]);
         let c = cilium(json!({"blocks": [{"cidr": "192.0.2.0/31"}], "futureField": 1})).unwrap();
         assert_eq!(fields(&c), ["spec.futureField"]);
     }
@@ -786,19 +895,22 @@ mod tests {
     }
 
     #[test]
-    fn cilium_disabled_keeps_addresses_without_auto_assignment() {
+    fn cilium_disabled_keeps_addresses_and_hands_out_none_not_even_a_requested_one() {
         let c = cilium(json!({"disabled": true, "blocks": [{"cidr": "192.0.2.0/31"}]})).unwrap();
-        assert!(!c.resource.spec.auto_assign);
+        assert!(!c.resource.spec.auto_assign && c.disabled);
         assert_eq!(fields(&c), ["spec.disabled"]);
+        let mut merged = Merged::default();
+        append(&mut merged, &[c], &[Source::Cilium]);
+        assert!(merged.pools[0].disabled, "the allocator pool takes no new holder");
+        assert!(!cilium(json!({"blocks": [{"cidr": "192.0.2.0/31"}]})).unwrap().disabled);
     }
 
     #[test]
-    fn cilium_namespace_pseudo_label_becomes_namespaces_and_name_is_dropped_with_a_warning() {
+    fn cilium_namespace_pseudo_label_becomes_namespaces_and_what_a_pool_cannot_say_keeps_it_out() {
         let c = cilium(json!({"blocks": [{"cidr": "192.0.2.0/31"}], "serviceSelector": {
-            "matchLabels": {"io.kubernetes.service.name": "web", "app": "x"},
+            "matchLabels": {"app": "x"},
             "matchExpressions": [
                 {"key": "io.kubernetes.service.namespace", "operator": "In", "values": ["a", "b"]},
-                {"key": "io.kubernetes.service.namespace", "operator": "NotIn", "values": ["c"]},
                 {"key": "tier", "operator": "Exists"},
             ],
         }}))
@@ -807,10 +919,20 @@ mod tests {
         let rest = c.resource.spec.service_selector.clone().unwrap();
         assert_eq!(rest.match_labels.unwrap().keys().collect::<Vec<_>>(), ["app"]);
         assert_eq!(rest.match_expressions.unwrap()[0].key, "tier");
-        assert_eq!(
-            fields(&c),
-            ["spec.serviceSelector.matchLabels.io.kubernetes.service.name", "spec.serviceSelector.matchExpressions[1]"]
-        );
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        for (selector, field) in [
+            (
+                json!({"matchLabels": {"io.kubernetes.service.name": "web"}}),
+                "spec.serviceSelector.matchLabels.io.kubernetes.service.name",
+            ),
+            (
+                json!({"matchExpressions": [{"key": "io.kubernetes.service.namespace", "operator": "NotIn", "values": ["c"]}]}),
+                "spec.serviceSelector.matchExpressions[0]",
+            ),
+        ] {
+            let err = cilium(json!({"blocks": [{"cidr": "192.0.2.0/31"}], "serviceSelector": selector})).unwrap_err();
+            assert!(matches!(&err, ImportError::Inexpressible { field: f, .. } if f == field), "{err}");
+        }
         let only_ns = cilium(json!({"blocks": [{"cidr": "192.0.2.0/31"}], "serviceSelector": {
             "matchLabels": {"io.kubernetes.service.namespace": "a"}}}))
         .unwrap();
@@ -866,7 +988,7 @@ mod tests {
     fn import_pools_is_validated_naming_the_field() {
         let ok =
             crate::config::parse(b"loadBalancer:\n  poolResources: true\n  importPools: [metallb, cilium]\n").unwrap();
-        assert_eq!(ok.load_balancer.import_pools, [Source::Metallb, Source::Cilium]);
+        assert_eq!(ok.load_balancer.import_pools, [Source::Metallb.into(), Source::Cilium.into()]);
         let alone = crate::config::parse(b"loadBalancer:\n  importPools: [metallb]\n").unwrap_err().to_string();
         assert!(alone.contains("loadBalancer.importPools") && alone.contains("poolResources: true"), "{alone}");
         let twice = crate::config::parse(b"loadBalancer:\n  poolResources: true\n  importPools: [cilium, cilium]\n")
@@ -877,6 +999,24 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(other.contains("importPools") && other.contains("metallb"), "{other}");
+    }
+
+    #[test]
+    fn metallb_pools_are_read_from_metallbs_namespace_only_which_import_pools_may_name() {
+        let parse = |pools: &str| {
+            crate::config::parse(format!("loadBalancer:\n  poolResources: true\n  importPools: {pools}\n").as_bytes())
+        };
+        let default = parse("[metallb, cilium]").unwrap().load_balancer.import_pools;
+        assert_eq!(default[0].namespace(), Some(METALLB_DEFAULT_NAMESPACE));
+        assert_eq!((default[1].source, default[1].namespace()), (Source::Cilium, None));
+        let named = parse("[{source: metallb, namespace: lb-system}, cilium]").unwrap().load_balancer.import_pools;
+        assert_eq!((named[0].source, named[0].namespace()), (Source::Metallb, Some("lb-system")));
+        let cilium = parse("[{source: cilium, namespace: x}]").unwrap_err().to_string();
+        assert!(cilium.contains("loadBalancer.importPools[0].namespace"), "{cilium}");
+        let bad = parse("[{source: metallb, namespace: Not_A_Namespace}]").unwrap_err().to_string();
+        assert!(bad.contains("loadBalancer.importPools[0].namespace"), "{bad}");
+        let twice = parse("[metallb, {source: metallb, namespace: lb}]").unwrap_err().to_string();
+        assert!(twice.contains("loadBalancer.importPools[1]") && twice.contains("duplicates"), "{twice}");
     }
 
     #[test]

@@ -5,15 +5,17 @@
 
 use std::collections::BTreeMap;
 
-use ccm_framework::controllers::service::COMPONENT as SERVICE_COMPONENT;
 use ccm_framework::events::EventSink;
+use ccm_framework::events::components::SERVICE_CONTROLLER;
 use crds::reasons::pool_import as reasons;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use kube::core::GroupVersionKind;
 use kube::runtime::events::EventType;
 
-use crate::pool_import::{self, ImportError, Imported, MAX_IMPORTED_POOLS, Outcome, Source, SourceObject};
+use crate::pool_import::{
+    self, ImportError, ImportSource, Imported, MAX_IMPORTED_POOLS, Outcome, Source, SourceObject,
+};
 
 /// The longest event note; an event names at most this much of the notes.
 const MAX_NOTE: usize = 1024;
@@ -53,7 +55,7 @@ pub struct ReadAll {
     /// Per source, a fact worth a warning: its CRD is not installed, or too many pools.
     pub source_notes: Vec<String>,
     /// The sources served, with the version read.
-    pub served: Vec<(Source, &'static str)>,
+    pub served: Vec<(ImportSource, &'static str)>,
 }
 
 impl ReadAll {
@@ -75,13 +77,27 @@ fn not_found(error: &kube::Error) -> bool {
     matches!(error, kube::Error::Api(s) if s.is_not_found() || s.code == 404)
 }
 
+/// The API of `import`'s pools in `version`: MetalLB's in its namespace only, Cilium's
+/// cluster-wide.
+fn api(client: &kube::Client, import: &ImportSource, version: &str) -> Api<DynamicObject> {
+    let source = import.source;
+    let gvk = GroupVersionKind::gvk(source.group(), version, source.kind());
+    let resource = ApiResource::from_gvk_with_plural(&gvk, source.plural());
+    match import.namespace() {
+        Some(namespace) => Api::namespaced_with(client.clone(), namespace, &resource),
+        None => Api::all_with(client.clone(), &resource),
+    }
+}
+
 /// List one source's pools: the newest version served; `None` when no version is (its CRD is
 /// not installed).
-async fn list(client: &kube::Client, source: Source) -> Result<Option<(&'static str, Vec<DynamicObject>)>, ReadError> {
+async fn list(
+    client: &kube::Client,
+    import: &ImportSource,
+) -> Result<Option<(&'static str, Vec<DynamicObject>)>, ReadError> {
+    let source = import.source;
     for &version in source.versions() {
-        let gvk = GroupVersionKind::gvk(source.group(), version, source.kind());
-        let api: Api<DynamicObject> =
-            Api::all_with(client.clone(), &ApiResource::from_gvk_with_plural(&gvk, source.plural()));
+        let api = api(client, import, version);
         // One page: more than the bound is refused below rather than paged through.
         let params = ListParams::default().limit(MAX_IMPORTED_POOLS as u32 + 1);
         match api.list(&params).await {
@@ -95,12 +111,14 @@ async fn list(client: &kube::Client, source: Source) -> Result<Option<(&'static 
     Ok(None)
 }
 
-/// Read and convert every source's pools. A source whose CRD is missing is a note, not an
-/// error; a refused listing is an error, since going on would hand its Services new addresses.
-pub async fn read_all(client: &kube::Client, sources: &[Source]) -> Result<ReadAll, ReadError> {
+/// Read and convert every source's pools (MetalLB's from its namespace only). A source whose
+/// CRD is missing is a note, not an error; a refused listing is an error, since going on would
+/// hand its Services new addresses.
+pub async fn read_all(client: &kube::Client, sources: &[ImportSource]) -> Result<ReadAll, ReadError> {
     let mut all = ReadAll::default();
-    for &source in sources {
-        let Some((version, mut items)) = list(client, source).await? else {
+    for import in sources {
+        let source = import.source;
+        let Some((version, mut items)) = list(client, import).await? else {
             all.source_notes.push(format!(
                 "loadBalancer.importPools names {source} but no {} resource is served ({} CRD not installed); nothing imported from it",
                 source.kind(),
@@ -108,7 +126,7 @@ pub async fn read_all(client: &kube::Client, sources: &[Source]) -> Result<ReadA
             ));
             continue;
         };
-        all.served.push((source, version));
+        all.served.push((import.clone(), version));
         let api_version = format!("{}/{version}", source.group());
         if items.len() > MAX_IMPORTED_POOLS {
             items.truncate(MAX_IMPORTED_POOLS);
@@ -189,7 +207,7 @@ pub fn report(all: &ReadAll, outcomes: &BTreeMap<String, Outcome>, events: Optio
             EventType::Normal => tracing::info!(pool = %read.pool_name, "imported a load-balancer pool"),
         }
         if let Some(events) = events {
-            events.publish(SERVICE_COMPONENT, read.reference.clone(), type_, reason, note, "ImportPool");
+            events.publish(SERVICE_CONTROLLER, read.reference.clone(), type_, reason, note, "ImportPool");
         }
     }
     let mut summary = format!("{used} pools imported ({warned} with warnings, {refused} not imported");
@@ -204,22 +222,25 @@ pub fn report(all: &ReadAll, outcomes: &BTreeMap<String, Outcome>, events: Optio
 const SETTLE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Keep the imported pools current until `shutdown`: watch every source served at start
-/// (`first.served`) and, after each change, read all sources again as at start and apply what
-/// differs to the allocator, as an edit of a pool resource is applied. Addresses already
-/// assigned stay with their Services whatever happens to their pool.
+/// (`first.served`) and, after each change, read all sources again as at start, hand what
+/// differs to `pools` and call `on_change` (the manager applies it to its allocator, as an
+/// edit of a pool resource is applied; addresses already assigned stay with their Services
+/// whatever happens to their pool).
 pub fn spawn(
     client: kube::Client,
-    sources: Vec<Source>,
+    sources: Vec<ImportSource>,
     first: &ReadAll,
     pools: std::sync::Arc<crate::pool_watch::PoolSources>,
-    allocator: std::sync::Arc<crate::ipam::Allocator>,
+    on_change: impl Fn() + Send + 'static,
     events: Option<EventSink>,
     shutdown: tokio_util::sync::CancellationToken,
 ) {
     let changed = std::sync::Arc::new(tokio::sync::Notify::new());
-    for &(source, version) in &first.served {
-        tokio::spawn(watch_source(client.clone(), source, version, changed.clone(), shutdown.clone()));
+    for (import, version) in &first.served {
+        let api = api(&client, import, version);
+        tokio::spawn(watch_source(api, import.source, changed.clone(), shutdown.clone()));
     }
+    let order: Vec<Source> = sources.iter().map(|s| s.source).collect();
     let last = first.fingerprint();
     tokio::spawn(async move {
         let mut last = last;
@@ -244,27 +265,24 @@ pub fn spawn(
             if fingerprint == last {
                 continue;
             }
-            let outcomes = pools.set_imported(read.imported(), &sources);
+            let outcomes = pools.set_imported(read.imported(), &order);
             let summary = report(&read, &outcomes, events.as_ref());
             pools.set_import_summary(summary);
-            pools.apply_and_wake(&allocator, "imported load-balancer pools changed");
+            on_change();
             last = fingerprint;
         }
     });
 }
 
-/// Notify `changed` on every change of `source`'s objects (and on each relist).
+/// Notify `changed` on every change of the objects `api` reads (and on each relist).
 async fn watch_source(
-    client: kube::Client,
+    api: Api<DynamicObject>,
     source: Source,
-    version: &'static str,
     changed: std::sync::Arc<tokio::sync::Notify>,
     shutdown: tokio_util::sync::CancellationToken,
 ) {
     use futures::StreamExt;
     use kube::runtime::{WatchStreamExt, watcher};
-    let gvk = GroupVersionKind::gvk(source.group(), version, source.kind());
-    let api: Api<DynamicObject> = Api::all_with(client, &ApiResource::from_gvk_with_plural(&gvk, source.plural()));
     let mut stream = watcher::watcher(api, watcher::Config::default()).default_backoff().boxed();
     loop {
         let event = tokio::select! {

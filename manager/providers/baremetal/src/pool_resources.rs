@@ -105,6 +105,7 @@ pub fn to_pool(resource: &LoadBalancerIPPool) -> Result<Pool, Verdict> {
         avoid_buggy_ips: spec.avoid_buggy_ips,
         allow_sharing: spec.allow_sharing,
         ports: Default::default(),
+        disabled: false,
     })
 }
 

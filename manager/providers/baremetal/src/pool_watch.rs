@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use crate::ipam::{Allocator, Pool, RehomeReport};
 use crate::pool_import::{self, Imported, Outcome, Source};
 use crate::pool_resources::{self, Merged};
+use crate::ports::PortRule;
 
 /// Field manager of the pools' status writes.
 pub const FIELD_MANAGER: &str = "ccm-baremetal-pools";
@@ -33,12 +34,28 @@ const STATUS_DELAY: Duration = Duration::from_millis(300);
 #[derive(Debug, Default)]
 struct Sources {
     config: Vec<Pool>,
+    /// The port rule of every pool not in the cloud-config (`resourcePoolPorts`).
+    resource_ports: PortRule,
     resources: BTreeMap<String, LoadBalancerIPPool>,
     /// Pools imported from MetalLB or Cilium, and the order of their sources.
     imported: Vec<Imported>,
     import_order: Vec<Source>,
     /// The import's one-line summary, for the health message.
     import_summary: Option<String>,
+}
+
+impl Sources {
+    /// Every pool in precedence order, those not from the cloud-config under its
+    /// `resourcePoolPorts` rule, and what became of each imported pool.
+    fn merge(&self) -> (Merged, BTreeMap<String, Outcome>) {
+        let resources: Vec<&LoadBalancerIPPool> = self.resources.values().collect();
+        let mut merged = pool_resources::merge(&self.config, &resources);
+        let outcomes = pool_import::append(&mut merged, &self.imported, &self.import_order);
+        for pool in merged.pools.iter_mut().skip(self.config.len()) {
+            pool.ports = self.resource_ports.clone();
+        }
+        (merged, outcomes)
+    }
 }
 
 /// Where the allocator's pools come from, the Namespaces' labels, and the signal that usage
@@ -52,9 +69,10 @@ pub struct PoolSources {
 }
 
 impl PoolSources {
-    /// Sources holding the cloud-config's pools only.
-    pub fn new(config: Vec<Pool>) -> Self {
-        Self { sources: Mutex::new(Sources { config, ..Sources::default() }), ..Self::default() }
+    /// Sources holding the cloud-config's pools only; pools from elsewhere (resources, imports)
+    /// get `resource_ports` as their port rule.
+    pub fn new(config: Vec<Pool>, resource_ports: PortRule) -> Self {
+        Self { sources: Mutex::new(Sources { config, resource_ports, ..Sources::default() }), ..Self::default() }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Sources> {
@@ -68,11 +86,7 @@ impl PoolSources {
 
     /// The merged pools and every resource's verdict.
     pub fn merged(&self) -> Merged {
-        let sources = self.lock();
-        let resources: Vec<&LoadBalancerIPPool> = sources.resources.values().collect();
-        let mut merged = pool_resources::merge(&sources.config, &resources);
-        pool_import::append(&mut merged, &sources.imported, &sources.import_order);
-        merged
+        self.lock().merge().0
     }
 
     /// Replace the imported pools; returns what became of each (after our own pools).
@@ -80,9 +94,7 @@ impl PoolSources {
         let mut sources = self.lock();
         sources.imported = imported;
         sources.import_order = order.to_vec();
-        let resources: Vec<&LoadBalancerIPPool> = sources.resources.values().collect();
-        let mut merged = pool_resources::merge(&sources.config, &resources);
-        pool_import::append(&mut merged, &sources.imported, &sources.import_order)
+        sources.merge().1
     }
 
     /// Record the import's summary for the health message.
@@ -160,15 +172,20 @@ pub async fn list_namespaces(client: kube::Client, sources: &PoolSources) -> Res
 
 /// Watch pools and Namespaces and keep the pools' statuses, until `shutdown`.
 pub fn spawn(client: kube::Client, sources: Arc<PoolSources>, allocator: Arc<Allocator>, shutdown: CancellationToken) {
-    tokio::spawn(watch_pools(client.clone(), sources.clone(), allocator.clone(), shutdown.clone()));
+    let (pools, writer) = (sources.clone(), allocator.clone());
+    // A status write of ours comes back through the watch too: the writer compares before writing.
+    let on_change = move || pools.apply_and_wake(&writer, "load-balancer pools changed");
+    tokio::spawn(watch_pools(client.clone(), sources.clone(), on_change, shutdown.clone()));
     tokio::spawn(watch_namespaces(client.clone(), sources.clone(), shutdown.clone()));
     tokio::spawn(write_statuses(client, sources, allocator, shutdown));
 }
 
-async fn watch_pools(
+/// Keep `sources`' pool resources current until `shutdown`, calling `on_change` after each
+/// change is taken in (the first time once they are listed).
+pub async fn watch_pools(
     client: kube::Client,
     sources: Arc<PoolSources>,
-    allocator: Arc<Allocator>,
+    on_change: impl Fn() + Send + 'static,
     shutdown: CancellationToken,
 ) {
     let api: Api<LoadBalancerIPPool> = Api::all(client);
@@ -202,8 +219,7 @@ async fn watch_pools(
             Some(Ok(Event::Delete(pool))) => seen.retain(|p| p.name_any() != pool.name_any()),
         }
         sources.set_resources(seen);
-        // A status write of ours comes back here too: the writer compares before writing.
-        sources.apply_and_wake(&allocator, "load-balancer pools changed");
+        on_change();
     }
 }
 
@@ -301,5 +317,31 @@ async fn write_pass(
             Err(kube::Error::Api(s)) if s.is_not_found() => {}
             Err(error) => tracing::warn!(pool = %name, %error, "could not write the LoadBalancerIPPool's status"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ports::PortRule;
+
+    #[test]
+    fn pool_resources_and_imported_pools_follow_the_cloud_configs_resource_pool_ports() {
+        let doc = "loadBalancer:\n  poolResources: true\n  resourcePoolPorts: {minPort: 1024, allowedPorts: [\"8443\"]}\n  pools:\n    - {name: own, cidrs: [192.0.2.0/28]}\n";
+        let config = crate::config::parse(doc.as_bytes()).unwrap();
+        let rule = crate::config::resource_pool_ports(&config.load_balancer).unwrap();
+        assert_eq!(rule, PortRule { min_port: 1024, allowed: Some(vec![8443..=8443]) });
+        let sources = PoolSources::new(crate::config::build_pools(&config.load_balancer).unwrap(), rule.clone());
+        let resource: LoadBalancerIPPool = serde_json::from_value(json!({
+            "metadata": {"name": "lab"}, "spec": {"cidrs": ["198.51.100.0/28"]},
+        }))
+        .unwrap();
+        sources.set_resources([resource]);
+        let merged = sources.merged();
+        assert_eq!(merged.pools[0].ports, PortRule::default(), "a cloud-config pool keeps its own rule");
+        assert_eq!(merged.pools[1].ports, rule, "a pool author cannot open more ports than the cloud-config allows");
+        let bad = "loadBalancer:\n  resourcePoolPorts: {allowedPorts: [\"9-1\"]}\n";
+        let err = crate::config::parse(bad.as_bytes()).unwrap_err().to_string();
+        assert!(err.contains("loadBalancer.resourcePoolPorts.allowedPorts[0]"), "{err}");
     }
 }

@@ -9,7 +9,7 @@ use std::net::IpAddr;
 use k8s_openapi::api::core::v1::{Node, Service};
 
 use crate::config::InstanceConfig;
-use crate::ipam::Pool;
+use crate::ipam::{Pool, Reserved};
 use crate::ports::Refusal;
 
 /// The addresses of nodes: the inventory's InternalIP and ExternalIP addresses and every IP
@@ -52,10 +52,18 @@ impl std::fmt::Display for RefusedPort {
             Refusal::BelowMinimum(min) => write!(f, "its minPort is {min}"),
             Refusal::NotAllowed => f.write_str("it is outside the pool's allowedPorts"),
             Refusal::NodeAddresses => f.write_str(
-                "the pool holds node addresses, where a Service could take a host's port, and lists no allowedPorts",
+                "the pool holds node addresses (every loopback address is one), where a Service could take a host's port, and lists no allowedPorts",
             ),
         }
     }
+}
+
+/// Whether `pool` holds a node's address: one of `nodes`, or any loopback address, which every
+/// node answers on itself (local daemons listen there: etcd, the kubelet's health port, a
+/// resolver).
+pub fn holds_node_addresses(pool: &Pool, nodes: &BTreeSet<IpAddr>) -> bool {
+    let loopback = Reserved::Loopback.blocks();
+    pool.blocks.iter().any(|b| nodes.iter().any(|ip| b.contains(*ip)) || loopback.iter().any(|l| l.overlaps(b)))
 }
 
 /// Every port of `service` that a pool holding one of `ips` refuses, in `spec.ports` order.
@@ -64,7 +72,7 @@ pub fn refused_ports(service: &Service, ips: &[IpAddr], pools: &[Pool], nodes: &
     let ports = service.spec.as_ref().and_then(|s| s.ports.as_ref());
     let mut refused = Vec::new();
     for pool in pools.iter().filter(|p| ips.iter().any(|ip| p.blocks.iter().any(|b| b.contains(*ip)))) {
-        let holds_nodes = nodes.iter().any(|ip| pool.blocks.iter().any(|b| b.contains(*ip)));
+        let holds_nodes = holds_node_addresses(pool, nodes);
         for (index, p) in ports.into_iter().flatten().enumerate() {
             let Ok(port) = u16::try_from(p.port) else { continue };
             if let Err(refusal) = pool.ports.check(port, holds_nodes) {
@@ -78,7 +86,7 @@ pub fn refused_ports(service: &Service, ips: &[IpAddr], pools: &[Pool], nodes: &
 /// One message naming every refused port.
 pub fn describe(refused: &[RefusedPort]) -> String {
     let parts: Vec<String> = refused.iter().map(ToString::to_string).collect();
-    format!("{}; no listener is opened for the Service until its ports are allowed", parts.join("; "))
+    format!("{}; the Service gets no address and no listener until its ports are allowed", parts.join("; "))
 }
 
 #[cfg(test)]
@@ -99,6 +107,7 @@ mod tests {
             avoid_buggy_ips: false,
             allow_sharing: false,
             ports,
+            disabled: false,
         }
     }
 
@@ -130,6 +139,26 @@ mod tests {
         assert!(text.contains("allowedPorts"), "{text}");
         assert!(refused_ports(&service(&[22]), &[ip("198.51.100.3")], &pools, &nodes).is_empty());
         assert!(refused_ports(&service(&[22]), &[ip("203.0.113.1")], &pools, &nodes).is_empty(), "outside every pool");
+    }
+
+    #[test]
+    fn a_loopback_pool_holds_the_nodes_own_addresses_and_allows_no_port_until_allowed_ports_lists_some() {
+        // Every node answers on loopback itself (etcd, the kubelet's healthz, a local resolver).
+        let none = BTreeSet::new();
+        for (cidr, address) in [("127.0.0.240/28", "127.0.0.241"), ("::1/128", "::1")] {
+            let lo = pool("lo", cidr, PortRule::default());
+            let refused = refused_ports(&service(&[2379]), &[ip(address)], &[lo], &none);
+            assert_eq!(refused.len(), 1, "{cidr}");
+            assert_eq!(refused[0].refusal, Refusal::NodeAddresses, "{cidr}");
+        }
+        let listed = pool("lo", "127.0.0.240/28", PortRule { min_port: 1, allowed: Some(vec![8080..=8080]) });
+        assert!(
+            refused_ports(&service(&[8080]), &[ip("127.0.0.241")], std::slice::from_ref(&listed), &none).is_empty()
+        );
+        assert_eq!(
+            refused_ports(&service(&[2379]), &[ip("127.0.0.241")], &[listed], &none)[0].refusal,
+            Refusal::NotAllowed
+        );
     }
 
     #[test]

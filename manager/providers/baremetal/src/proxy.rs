@@ -23,9 +23,9 @@ use tokio_util::sync::CancellationToken;
 #[cfg(feature = "datapath")]
 use crate::datapath::{Balance, BindMode, DataPath, DataPathError, HealthSettings, Settings};
 #[cfg(feature = "datapath")]
-use ccm_framework::controllers::service::COMPONENT as SERVICE_COMPONENT;
-#[cfg(feature = "datapath")]
 use ccm_framework::events::EventSink;
+#[cfg(feature = "datapath")]
+use ccm_framework::events::components::SERVICE_CONTROLLER;
 #[cfg(feature = "datapath")]
 use ccm_framework::metrics::Metrics;
 use ccm_framework::provider::CloudError;
@@ -173,19 +173,26 @@ pub struct ProxyConfig {
     /// How long a TCP connection lives with no byte moving either way.
     #[serde(default = "default_tcp_idle", deserialize_with = "positive_duration")]
     pub tcp_idle_timeout: Duration,
-    /// Most TCP connections one listener holds; more are reset at once.
-    #[serde(default = "default_tcp_per_listener", deserialize_with = "cap")]
-    pub max_tcp_connections_per_listener: usize,
+    /// Most TCP connections one listener holds; more are reset at once. Unset: the default,
+    /// fitted to the machine's open-file limit (see [`crate::datapath::config::resolve_caps`]).
+    #[serde(default, deserialize_with = "cap")]
+    pub max_tcp_connections_per_listener: Option<usize>,
+    /// Most TCP connections one Service holds over all its listeners.
+    #[serde(default, deserialize_with = "cap")]
+    pub max_tcp_connections_per_service: Option<usize>,
     /// Most TCP connections the whole data path holds.
-    #[serde(default = "default_tcp_total", deserialize_with = "cap")]
-    pub max_tcp_connections: usize,
+    #[serde(default, deserialize_with = "cap")]
+    pub max_tcp_connections: Option<usize>,
     /// Most UDP sessions one listener keeps; a new client beyond it evicts the least recently
     /// active one.
-    #[serde(default = "default_udp_per_listener", deserialize_with = "cap")]
-    pub max_udp_sessions_per_listener: usize,
+    #[serde(default, deserialize_with = "cap")]
+    pub max_udp_sessions_per_listener: Option<usize>,
+    /// Most UDP sessions one Service keeps over all its listeners.
+    #[serde(default, deserialize_with = "cap")]
+    pub max_udp_sessions_per_service: Option<usize>,
     /// Most UDP sessions the whole data path keeps.
-    #[serde(default = "default_udp_total", deserialize_with = "cap")]
-    pub max_udp_sessions: usize,
+    #[serde(default, deserialize_with = "cap")]
+    pub max_udp_sessions: Option<usize>,
 }
 
 impl Default for ProxyConfig {
@@ -202,31 +209,76 @@ impl Default for ProxyConfig {
             drain_timeout: default_drain(),
             udp_idle_timeout: default_udp_idle(),
             tcp_idle_timeout: default_tcp_idle(),
-            max_tcp_connections_per_listener: default_tcp_per_listener(),
-            max_tcp_connections: default_tcp_total(),
-            max_udp_sessions_per_listener: default_udp_per_listener(),
-            max_udp_sessions: default_udp_total(),
+            max_tcp_connections_per_listener: None,
+            max_tcp_connections_per_service: None,
+            max_tcp_connections: None,
+            max_udp_sessions_per_listener: None,
+            max_udp_sessions_per_service: None,
+            max_udp_sessions: None,
         }
     }
 }
 
 impl ProxyConfig {
-    /// The first per-listener cap above its total, as (per-listener field, total field), for
-    /// the validation error (pure).
+    /// The first cap set above a wider one also set (a listener's above its Service's or the
+    /// total, a Service's above the total), as (field, the wider field), for the validation
+    /// error (pure).
     pub fn cap_above_total(&self) -> Option<(&'static str, &'static str)> {
-        if self.max_tcp_connections_per_listener > self.max_tcp_connections {
-            Some(("maxTcpConnectionsPerListener", "maxTcpConnections"))
-        } else if self.max_udp_sessions_per_listener > self.max_udp_sessions {
-            Some(("maxUdpSessionsPerListener", "maxUdpSessions"))
-        } else {
-            None
-        }
+        let above = |narrow: Option<usize>, wide: Option<usize>| narrow.zip(wide).is_some_and(|(n, w)| n > w);
+        let pairs = [
+            (
+                self.max_tcp_connections_per_listener,
+                self.max_tcp_connections_per_service,
+                ("maxTcpConnectionsPerListener", "maxTcpConnectionsPerService"),
+            ),
+            (
+                self.max_tcp_connections_per_listener,
+                self.max_tcp_connections,
+                ("maxTcpConnectionsPerListener", "maxTcpConnections"),
+            ),
+            (
+                self.max_tcp_connections_per_service,
+                self.max_tcp_connections,
+                ("maxTcpConnectionsPerService", "maxTcpConnections"),
+            ),
+            (
+                self.max_udp_sessions_per_listener,
+                self.max_udp_sessions_per_service,
+                ("maxUdpSessionsPerListener", "maxUdpSessionsPerService"),
+            ),
+            (
+                self.max_udp_sessions_per_listener,
+                self.max_udp_sessions,
+                ("maxUdpSessionsPerListener", "maxUdpSessions"),
+            ),
+            (self.max_udp_sessions_per_service, self.max_udp_sessions, ("maxUdpSessionsPerService", "maxUdpSessions")),
+        ];
+        pairs.into_iter().find(|(n, w, _)| above(*n, *w)).map(|(_, _, fields)| fields)
     }
 }
 
 #[cfg(feature = "datapath")]
 impl ProxyConfig {
-    /// The data-path settings.
+    /// The caps as configured (unset ones are fitted to the machine at start).
+    pub fn caps(&self) -> crate::datapath::config::CapsConfig {
+        crate::datapath::config::CapsConfig {
+            tcp_per_listener: self.max_tcp_connections_per_listener,
+            tcp_per_service: self.max_tcp_connections_per_service,
+            tcp_total: self.max_tcp_connections,
+            udp_per_listener: self.max_udp_sessions_per_listener,
+            udp_per_service: self.max_udp_sessions_per_service,
+            udp_total: self.max_udp_sessions,
+        }
+    }
+
+    /// The data-path settings for a process whose open-file soft limit is `soft_limit`
+    /// (`None`: unknown, the default caps as they are), and the configured caps it lowered.
+    pub fn settings_for(&self, soft_limit: Option<u64>) -> (Settings, Vec<&'static str>) {
+        let (caps, lowered) = crate::datapath::config::resolve_caps(&self.caps(), soft_limit);
+        (self.settings().with_caps(caps), lowered)
+    }
+
+    /// The data-path settings, caps unfitted ([`Self::settings_for`] fits them).
     pub fn settings(&self) -> Settings {
         Settings {
             health: HealthSettings {
@@ -240,10 +292,6 @@ impl ProxyConfig {
             drain_timeout: self.drain_timeout,
             udp_idle_timeout: self.udp_idle_timeout,
             tcp_idle_timeout: self.tcp_idle_timeout,
-            max_tcp_connections_per_listener: self.max_tcp_connections_per_listener,
-            max_tcp_connections: self.max_tcp_connections,
-            max_udp_sessions_per_listener: self.max_udp_sessions_per_listener,
-            max_udp_sessions: self.max_udp_sessions,
             balance: match self.balance {
                 BalanceConfig::RoundRobin => Balance::RoundRobin,
                 BalanceConfig::LeastConnections => Balance::LeastConnections,
@@ -286,23 +334,10 @@ fn default_udp_idle() -> Duration {
 fn default_tcp_idle() -> Duration {
     Duration::from_secs(10 * 60)
 }
-fn default_tcp_per_listener() -> usize {
-    crate::datapath::config::DEFAULT_MAX_TCP_CONNECTIONS_PER_LISTENER
-}
-fn default_tcp_total() -> usize {
-    crate::datapath::config::DEFAULT_MAX_TCP_CONNECTIONS
-}
-fn default_udp_per_listener() -> usize {
-    crate::datapath::config::DEFAULT_MAX_UDP_SESSIONS_PER_LISTENER
-}
-fn default_udp_total() -> usize {
-    crate::datapath::config::DEFAULT_MAX_UDP_SESSIONS
-}
-
-fn cap<'de, D: Deserializer<'de>>(deserializer: D) -> Result<usize, D::Error> {
+fn cap<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<usize>, D::Error> {
     let value = u64::deserialize(deserializer)?;
     match usize::try_from(value) {
-        Ok(value) if (1..=MAX_CAP).contains(&value) => Ok(value),
+        Ok(value) if (1..=MAX_CAP).contains(&value) => Ok(Some(value)),
         _ => Err(safe_yaml::custom(CAP_OUT_OF_RANGE)),
     }
 }
@@ -369,6 +404,8 @@ pub fn backends_transition(
 /// The proxy of one provider: a data path per leadership term.
 #[cfg(feature = "datapath")]
 pub struct ProxyRuntime {
+    /// The settings, caps unfitted; each term fits them to the open-file limit of its time.
+    config: ProxyConfig,
     settings: Settings,
     current: Mutex<Option<DataPath>>,
     /// The served Services' references, by `namespace/name`, for events on them.
@@ -386,7 +423,12 @@ impl fmt::Debug for ProxyRuntime {
 impl ProxyRuntime {
     /// A runtime with these settings; nothing runs until [`Self::start`].
     pub fn new(config: &ProxyConfig) -> Self {
-        Self { settings: config.settings(), current: Mutex::new(None), refs: Default::default() }
+        Self {
+            config: config.clone(),
+            settings: config.settings(),
+            current: Mutex::new(None),
+            refs: Default::default(),
+        }
     }
 
     /// Start a fresh data path for a leadership term; it stops when `shutdown` fires. With
@@ -405,16 +447,27 @@ impl ProxyRuntime {
     }
 
     /// The settings with caps the process's open-file limit can hold, read now (the binary
-    /// raised it to the hard limit at start).
+    /// raised it to the hard limit at start): unset caps are fitted silently, a configured cap
+    /// that has to be lowered is a warning naming it.
     fn fitted_settings(&self) -> Settings {
-        let Some((soft, _)) = ccm_framework::process::open_file_limits() else { return self.settings.clone() };
-        let (fitted, shrank) = self.settings.fit_to_descriptors(soft);
-        if shrank {
+        let soft = ccm_framework::process::open_file_limits().map(|(soft, _)| soft);
+        let (fitted, lowered) = self.config.settings_for(soft);
+        let caps = (fitted.max_tcp_connections, fitted.max_tcp_connections_per_service, fitted.max_udp_sessions);
+        if lowered.is_empty() {
+            tracing::info!(
+                open_file_limit = ?soft,
+                max_tcp_connections = caps.0,
+                max_tcp_connections_per_service = caps.1,
+                max_udp_sessions = caps.2,
+                "data-path connection caps"
+            );
+        } else {
             tracing::warn!(
-                open_file_limit = soft,
-                max_tcp_connections = fitted.max_tcp_connections,
-                max_udp_sessions = fitted.max_udp_sessions,
-                "the open-file limit cannot hold the configured connection caps; lowered them (raise the limit or the caps' headroom, see docs/datapath.md)"
+                open_file_limit = ?soft,
+                lowered = %lowered.join(", "),
+                max_tcp_connections = caps.0,
+                max_udp_sessions = caps.2,
+                "the open-file limit cannot hold these configured connection caps; lowered them (raise the limit or lower the caps, see docs/datapath.md)"
             );
         }
         fitted
@@ -511,7 +564,7 @@ async fn watch_backends(
             };
             let reference = refs.lock().unwrap_or_else(|e| e.into_inner()).get(&key).cloned();
             if let Some(reference) = reference {
-                events.publish(SERVICE_COMPONENT, reference, type_, reason, note, "HealthCheck");
+                events.publish(SERVICE_CONTROLLER, reference, type_, reason, note, "HealthCheck");
             }
         }
     }
@@ -701,13 +754,28 @@ mod tests {
     #[cfg(feature = "datapath")]
     #[test]
     fn the_cloud_config_defaults_are_the_data_path_defaults() {
-        let settings = ProxyConfig::default().settings();
+        let (settings, lowered) = ProxyConfig::default().settings_for(Some(1 << 20));
         assert_eq!(settings, Settings::default());
+        assert!(lowered.is_empty());
         assert_eq!(MAX_CAP, crate::datapath::config::MAX_CAP);
-        let yaml = "loadBalancer:\n  mode: proxy\n  proxy:\n    maxTcpConnections: 300\n    maxTcpConnectionsPerListener: 100\n    maxUdpSessions: 200\n    maxUdpSessionsPerListener: 20\n    tcpIdleTimeout: 5s\n";
-        let settings = crate::config::parse(yaml.as_bytes()).unwrap().load_balancer.proxy.settings();
-        assert_eq!((settings.max_tcp_connections, settings.max_tcp_connections_per_listener), (300, 100));
-        assert_eq!((settings.max_udp_sessions, settings.max_udp_sessions_per_listener), (200, 20));
+        let yaml = "loadBalancer:\n  mode: proxy\n  proxy:\n    maxTcpConnections: 300\n    maxTcpConnectionsPerService: 200\n    maxTcpConnectionsPerListener: 100\n    maxUdpSessions: 200\n    maxUdpSessionsPerService: 50\n    maxUdpSessionsPerListener: 20\n    tcpIdleTimeout: 5s\n";
+        let proxy = crate::config::parse(yaml.as_bytes()).unwrap().load_balancer.proxy;
+        let (settings, _) = proxy.settings_for(Some(1 << 20));
+        let tcp = (
+            settings.max_tcp_connections,
+            settings.max_tcp_connections_per_service,
+            settings.max_tcp_connections_per_listener,
+        );
+        assert_eq!(tcp, (300, 200, 100));
+        let udp =
+            (settings.max_udp_sessions, settings.max_udp_sessions_per_service, settings.max_udp_sessions_per_listener);
+        assert_eq!(udp, (200, 50, 20));
         assert_eq!(settings.tcp_idle_timeout, Duration::from_secs(5));
+        let above = "loadBalancer:\n  proxy:\n    maxTcpConnections: 300\n    maxTcpConnectionsPerService: 400\n";
+        let error = crate::config::parse(above.as_bytes()).unwrap_err().to_string();
+        assert!(
+            error.contains("loadBalancer.proxy.maxTcpConnectionsPerService") && error.contains("maxTcpConnections"),
+            "{error}"
+        );
     }
 }

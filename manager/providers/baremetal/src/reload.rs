@@ -43,6 +43,8 @@ pub fn needs_restart(old: &CloudConfig, new: &CloudConfig) -> Vec<&'static str> 
         (la.proxy != lb.proxy, "loadBalancer.proxy"),
         (la.kube_vip != lb.kube_vip, "loadBalancer.kubeVip"),
         (la.pool_resources != lb.pool_resources, "loadBalancer.poolResources"),
+        (la.resource_pool_ports != lb.resource_pool_ports, "loadBalancer.resourcePoolPorts"),
+        (la.import_pools != lb.import_pools, "loadBalancer.importPools"),
         (a.has_pools != b.has_pools, "loadBalancer.pools (from none to some or back)"),
     ];
     let changed: Vec<&'static str> = checks.into_iter().filter(|(c, _)| *c).map(|(_, path)| path).collect();

@@ -6,9 +6,11 @@ use std::sync::Arc;
 
 use ccm_framework::engine::instrument::InstrumentedProvider;
 use ccm_framework::engine::skip_reason;
-use ccm_framework::flags::{Flags, Settings, check_with_provider};
+use ccm_framework::engine::startup::check_with_provider;
 use ccm_framework::metrics::Metrics;
 use ccm_framework::options::ControllerOptions;
+use ccm_framework::program::flags::Flags;
+use ccm_framework::program::settings::Settings;
 use ccm_framework::provider::{CloudError, CloudProvider};
 use ccm_provider_fake::{FakeCapabilities, FakeProvider, methods};
 use crds::controllers::{CLOUD_NODE, CLOUD_NODE_LIFECYCLE, NODE_ROUTE, SERVICE_LB};
@@ -94,7 +96,7 @@ async fn missing_capabilities_stay_missing_through_the_wrapper() {
     assert_eq!(p.name(), "fake");
 }
 
-// flags::check_with_provider
+// engine::startup::check_with_provider
 #[test]
 fn r2_an_unparsable_cluster_cidr_does_not_stop_the_manager() {
     let s = settings(&["--cluster-cidr=10.244.0.0/33"]).unwrap();

@@ -28,7 +28,7 @@ use crate::provider::{CloudError, CloudResult, Instances};
 
 use self::logic::{AbsenceTracker, Action, NodeKey};
 use self::shadow::ShadowPass;
-use crate::shadow::driver::Comparer;
+use crate::controllers::shadow::Comparer;
 
 /// Canonical controller name (also the event component and the field manager).
 pub const NAME: &str = crds::controllers::Controller::CloudNodeLifecycle.name();
@@ -75,7 +75,7 @@ impl Controller for LifecycleController {
             return Ok(());
         }
         let mut tracker = AbsenceTracker::new();
-        let comparer = crate::shadow::driver::Comparer::from_context(&ctx, NAME);
+        let comparer = crate::controllers::shadow::Comparer::from_context(&ctx, NAME);
         loop {
             tokio::select! {
                 _ = ctx.shutdown.cancelled() => return Ok(()),

@@ -11,7 +11,7 @@ use super::NAME;
 use super::logic::SHUTDOWN_EFFECT;
 use crate::controller::Context;
 use crate::controllers::node::logic::TAINT_SHUTDOWN;
-use crate::shadow::driver::{Comparer, reference};
+use crate::controllers::shadow::{Comparer, reference};
 use crate::shadow::{DifferenceKind, FieldDifference, ObjectKey};
 
 /// One write the pass would make.

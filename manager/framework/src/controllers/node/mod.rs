@@ -138,7 +138,7 @@ impl Controller for NodeController {
             ctx.shutdown.cancelled().await;
             return Ok(());
         }
-        if let Some(comparer) = crate::shadow::driver::Comparer::from_context(&ctx, NAME) {
+        if let Some(comparer) = crate::controllers::shadow::Comparer::from_context(&ctx, NAME) {
             shadow::run(ctx, comparer).await;
             return Ok(());
         }

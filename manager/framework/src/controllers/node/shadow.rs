@@ -10,8 +10,8 @@ use kube::ResourceExt;
 use super::{batch_size, diff, logic};
 use crate::cache::Change;
 use crate::controller::Context;
+use crate::controllers::shadow::{Comparer, Pass, Trigger, reference};
 use crate::shadow::ObjectKey;
-use crate::shadow::driver::{Comparer, Pass, Trigger, reference};
 
 /// Which Node a change asks to compare again: added, deleted, or changed beyond status (a
 /// heartbeat does not).

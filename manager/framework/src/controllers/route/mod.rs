@@ -25,17 +25,16 @@ use serde_json::json;
 
 use crate::cache::Change;
 use crate::controller::{Context, Controller};
+use crate::controllers::shadow::Comparer;
+use crate::events::components::ROUTE_CONTROLLER;
 use crate::health::HealthHandle;
 use crate::provider::{Route, Routes};
 use crate::shadow::ObjectKey;
-use crate::shadow::driver::Comparer;
 
 use logic::{Action, Plan};
 
 /// Canonical controller name.
 pub const NAME: &str = crds::controllers::Controller::NodeRoute.name();
-/// Event source component (upstream's, with its underscore).
-pub const COMPONENT: &str = "route_controller";
 /// Field manager of this controller's Node status patches.
 pub const FIELD_MANAGER: &str = "route-controller";
 /// How long Node changes are collected before the pass they trigger.
@@ -198,7 +197,7 @@ impl Reconciler {
                     tracing::warn!(cidr = %c.route.destination_cidr, node = %c.route.target_node, %error, "creating route failed");
                     if let Some(node) = by_name.get(&c.route.target_node) {
                         self.ctx.events.publish(
-                            COMPONENT,
+                            ROUTE_CONTROLLER,
                             node_ref(node),
                             EventType::Warning,
                             "FailedToCreateRoute",

@@ -284,6 +284,31 @@ pub fn ingress_changed(current: Option<&LoadBalancerStatus>, new: &LoadBalancerS
     normalized(current) != normalized(Some(new))
 }
 
+/// Whether the Service's status reports a load-balancer ingress.
+pub fn reports_ingress(svc: &Service) -> bool {
+    svc.status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|l| l.ingress.as_ref())
+        .is_some_and(|i| !i.is_empty())
+}
+
+/// S30 (ours): after a refusal, whether the Service's ingress is stale and goes: it reports one
+/// and the provider says no load balancer exists (`exists`, `None` when asking failed, keeps
+/// it). A provider refusing a change while the old load balancer serves keeps its ingress; one
+/// that let go of the load balancer (a port it must not serve) takes it out, since kube-proxy
+/// forwards whatever a Service reports.
+pub fn ingress_is_stale(svc: &Service, exists: Option<bool>) -> bool {
+    exists == Some(false) && reports_ingress(svc)
+}
+
+/// S17 and S30: whether a failed host update needs no retry: the load balancer no longer exists
+/// and the Service reports none; one that still reports an ingress goes through the full
+/// ensure, which takes the stale ingress out.
+pub fn failed_update_needs_no_retry(svc: &Service, exists: Option<bool>) -> bool {
+    exists == Some(false) && !reports_ingress(svc)
+}
+
 /// Per-key exponential backoff: 5 s after the first failure, doubling, at most 300 s.
 pub fn backoff_delay(failures: u32) -> Duration {
     let factor = 1u64.checked_shl(failures.saturating_sub(1)).unwrap_or(u64::MAX);
@@ -629,5 +654,27 @@ mod tests {
         assert!(msg.contains("n19, and 5 more]"), "{msg}");
         assert!(!msg.contains("n20"), "{msg}");
         assert!(msg.contains("(25 in total): boom"), "{msg}");
+    }
+
+    #[test]
+    fn s30_after_a_refusal_an_ingress_goes_only_when_the_provider_has_no_load_balancer() {
+        let mut reporting = lb();
+        reporting.status = Some(k8s_openapi::api::core::v1::ServiceStatus {
+            load_balancer: Some(LoadBalancerStatus {
+                ingress: Some(vec![LoadBalancerIngress { ip: Some("192.0.2.1".into()), ..Default::default() }]),
+            }),
+            ..Default::default()
+        });
+        assert!(reports_ingress(&reporting) && !reports_ingress(&lb()));
+        assert!(ingress_is_stale(&reporting, Some(false)), "the provider let go of it");
+        assert!(!ingress_is_stale(&reporting, Some(true)), "the old load balancer still serves");
+        assert!(!ingress_is_stale(&reporting, None), "asking failed: keep it");
+        assert!(!ingress_is_stale(&lb(), Some(false)), "nothing to clear");
+        // A failed host update: S17 skips a load balancer that is gone, unless the Service
+        // still reports it, which the full ensure then takes out.
+        assert!(failed_update_needs_no_retry(&lb(), Some(false)));
+        assert!(!failed_update_needs_no_retry(&reporting, Some(false)));
+        assert!(!failed_update_needs_no_retry(&lb(), Some(true)));
+        assert!(!failed_update_needs_no_retry(&lb(), None));
     }
 }

@@ -11,7 +11,9 @@
 //!
 //! A provider that refuses a Service a load balancer ([`CloudError::Refused`]) gets, besides the
 //! `SyncLoadBalancerFailed` event, the Service condition `LoadBalancerProvisioned=False` with
-//! its reason ([`condition`]); the condition goes once the load balancer exists.
+//! its reason ([`condition`]); the condition goes once the load balancer exists. Its reported
+//! ingress stays while the provider still has a load balancer for it, and goes when
+//! `get_load_balancer` finds none (S30): kube-proxy forwards whatever a Service reports.
 
 pub mod condition;
 pub mod diff;
@@ -39,6 +41,7 @@ use tokio::task::JoinSet;
 
 use crate::cache::Change;
 use crate::controller::{Context, Controller};
+use crate::events::components::SERVICE_CONTROLLER;
 use crate::health::HealthHandle;
 use crate::provider::{CloudError, LoadBalancer};
 
@@ -47,8 +50,6 @@ use queue::{Claim, WorkQueue};
 
 /// Canonical controller name.
 pub const NAME: &str = crds::controllers::Controller::ServiceLb.name();
-/// Event source component (upstream's).
-pub const COMPONENT: &str = "service-controller";
 /// Field manager of this controller's patches.
 pub const FIELD_MANAGER: &str = "service-controller";
 /// Fastest pace of the periodic re-ensure, in Services per second.
@@ -259,7 +260,7 @@ impl Inner {
     }
 
     fn event(&self, svc: &Service, type_: EventType, reason: &str, note: impl Into<String>, action: &str) {
-        self.ctx.events.publish(COMPONENT, svc.object_ref(&()), type_, reason, note, action);
+        self.ctx.events.publish(SERVICE_CONTROLLER, svc.object_ref(&()), type_, reason, note, action);
     }
 
     fn api(&self, ns: &str) -> Api<Service> {
@@ -461,6 +462,14 @@ impl Inner {
                     {
                         // The event and the retry still follow; the next attempt writes it again.
                         tracing::warn!(service = %key, %error, "could not record the refusal in the Service's conditions");
+                    }
+                    // S30: the status keeps only a load balancer the provider says exists.
+                    if logic::reports_ingress(&svc) {
+                        let exists = self.in_cloud_slot(lb.get_load_balancer(self.cluster(), &svc)).await;
+                        if logic::ingress_is_stale(&svc, exists.ok().map(|s| s.is_some())) {
+                            tracing::info!(service = %key, "the provider refused the Service and holds no load balancer for it; clearing its ingress");
+                            self.write_status(key, &svc, &LoadBalancerStatus::default()).await?;
+                        }
                     }
                 }
                 return Err(SyncError::Ensure(e));
@@ -670,8 +679,10 @@ impl Inner {
             }
             Err(CloudError::ImplementedElsewhere) => true,
             Err(error) => {
-                // S17: a load balancer that no longer exists needs no hosts.
-                if let Ok(None) = lb.get_load_balancer(self.cluster(), svc).await {
+                // S17: a load balancer that no longer exists needs no hosts; S30: unless the
+                // Service still reports it, which the full ensure takes out.
+                let exists = lb.get_load_balancer(self.cluster(), svc).await.ok().map(|s| s.is_some());
+                if logic::failed_update_needs_no_retry(svc, exists) {
                     return true;
                 }
                 tracing::warn!(service = %logic::service_key(svc), %error, "load balancer host update failed");
@@ -726,7 +737,7 @@ impl Controller for ServiceController {
             tracing::info!(provider = %ctx.provider.name(), "provider has no load balancers; service controller not started");
             return Ok(());
         }
-        if let Some(comparer) = crate::shadow::driver::Comparer::from_context(&ctx, NAME) {
+        if let Some(comparer) = crate::controllers::shadow::Comparer::from_context(&ctx, NAME) {
             health.set_healthy();
             shadow::run(ctx, comparer).await;
             return Ok(());

@@ -10,8 +10,8 @@ use k8s_openapi::api::core::v1::Service;
 use super::{diff, logic};
 use crate::cache::Change;
 use crate::controller::Context;
+use crate::controllers::shadow::{Comparer, Pass, Trigger, reference};
 use crate::shadow::ObjectKey;
-use crate::shadow::driver::{Comparer, Pass, Trigger, reference};
 
 /// Full comparison interval when `--load-balancer-resync-period` is not set.
 pub const DEFAULT_PERIOD: Duration = Duration::from_secs(300);

@@ -1,7 +1,10 @@
 //! The per-node announcer loop (I/O): holds this node's announcer Lease, watches the other
-//! announcers' Leases and the Services, and publishes the addresses this node owns to the
-//! responders ([`super::responder`]), with an event on each Service whose address it starts
-//! announcing. The decisions are [`super::assign`]'s and [`super::elect`]'s.
+//! announcers' Leases, the Services and the Nodes, and publishes the addresses this node owns to
+//! the responders ([`super::responder`]), with an event on each Service whose address it starts
+//! announcing. Only addresses [`super::guard`] allows are ever owned or advertised: a pool's,
+//! never a node's, a gateway or a special address; a refused one is reported (log, and an event
+//! on the Service from the node that would have announced it), rate-limited. The decisions are
+//! [`super::assign`]'s, [`super::elect`]'s and [`super::guard`]'s.
 //!
 //! A Lease per node rather than one leader: every announcer runs the same election over the
 //! same live set, so a node that stops moves only its own addresses, and a graceful stop deletes
@@ -14,7 +17,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ObjectReference, Service};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
@@ -29,6 +32,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::assign::{self, Announced, LeaseView, Liveness, ServiceName};
+use super::bgp::Advertisement;
+use super::guard::{self, Facts, Guard, Reports};
 use ccm_framework::events::EventSink;
 
 /// Label on every announcer Lease; the announcers watch Leases with it.
@@ -62,14 +67,18 @@ pub struct AnnouncerSettings {
     /// How long an announcer (this one too) must have been alive before it takes part in
     /// elections, so that announcers see each other's Leases before claiming anything.
     pub settle: Duration,
-    /// Where to publish the addresses this node advertises by BGP ([`super::bgp::advertised`]);
-    /// `None` without BGP.
-    pub bgp: Option<watch::Sender<BTreeSet<IpAddr>>>,
+    /// Where to publish what this node advertises by BGP ([`super::bgp::advertised`], and the
+    /// pools' prefixes); `None` without BGP.
+    pub bgp: Option<watch::Sender<Advertisement>>,
+    /// What this announcer may announce: the pools, the inventory, this host's network
+    /// ([`super::sources`] keeps it current). Nothing is announced while it is `None`.
+    pub facts: watch::Receiver<Option<Arc<Facts>>>,
 }
 
 impl AnnouncerSettings {
     /// Defaults: a 6 s Lease renewed every 2 s (a crashed node's addresses move within 6 s; a
-    /// graceful stop moves them at once), and 2 s to settle.
+    /// graceful stop moves them at once), and 2 s to settle; no facts, so nothing is announced
+    /// until [`Self::facts`] is given a source ([`Self::with_facts`]).
     pub fn new(node: impl Into<String>, namespace: impl Into<String>) -> Self {
         Self {
             node: node.into(),
@@ -79,7 +88,17 @@ impl AnnouncerSettings {
             renew_interval: Duration::from_secs(2),
             settle: Duration::from_secs(2),
             bgp: None,
+            facts: watch::channel(None).1,
         }
+    }
+
+    /// These settings announcing within fixed `facts` (tests, and callers that know the pools).
+    pub fn with_facts(mut self, facts: Facts) -> Self {
+        let (tx, rx) = watch::channel(Some(Arc::new(facts)));
+        // The receiver keeps the value; a sender dropped only means it never changes.
+        drop(tx);
+        self.facts = rx;
+        self
     }
 }
 
@@ -120,8 +139,10 @@ pub async fn run(
     }
     let leases: Api<Lease> = Api::namespaced(client.clone(), &settings.namespace);
     let services: Api<Service> = Api::all(client.clone());
+    let nodes: Api<Node> = Api::all(client.clone());
     let slices: Api<EndpointSlice> = Api::all(client);
     let changed = Arc::new(Notify::new());
+    forward_changes(settings.facts.clone(), changed.clone(), cancel.clone());
     let selector = format!("{LEASE_LABEL}={LEASE_LABEL_L2}");
     let lease_config = watcher::Config::default().labels(&selector);
     let lease_store = reflect(leases.clone(), lease_config, trim_lease, changed.clone(), &cancel);
@@ -129,11 +150,14 @@ pub async fn run(
     // Only Services with `externalTrafficPolicy: Local` need their endpoints' nodes.
     let slice_config = watcher::Config::default().labels(assign::SERVICE_NAME_LABEL);
     let slice_store = reflect(slices, slice_config, trim_slice, changed.clone(), &cancel);
+    // Nodes' addresses are never announced, whatever a Service's status says.
+    let node_store = reflect(nodes, watcher::Config::default(), trim_node, changed.clone(), &cancel);
 
     // Nothing is claimed from empty caches: that would answer for every address at start.
     let synced = async {
         lease_store.wait_until_ready().await.map_err(|_| AnnounceError::WatchEnded("Lease"))?;
         service_store.wait_until_ready().await.map_err(|_| AnnounceError::WatchEnded("Service"))?;
+        node_store.wait_until_ready().await.map_err(|_| AnnounceError::WatchEnded("Node"))?;
         slice_store.wait_until_ready().await.map_err(|_| AnnounceError::WatchEnded("EndpointSlice"))
     };
     tokio::select! {
@@ -149,6 +173,7 @@ pub async fn run(
     let name = lease_name(&settings.node);
     let mut liveness = Liveness::default();
     let mut current: BTreeMap<IpAddr, ServiceName> = BTreeMap::new();
+    let mut reports = Reports::default();
     let mut renew = tokio::time::interval(settings.renew_interval);
     renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_pass: Option<Instant> = None;
@@ -177,7 +202,7 @@ pub async fn run(
         let views: Vec<LeaseView> = lease_store.state().iter().filter_map(|l| LeaseView::of(l)).collect();
         liveness.observe(&views, now);
         let live = liveness.settled(now, settings.settle);
-        let announced: BTreeMap<ServiceName, Announced> = service_store
+        let read: BTreeMap<ServiceName, Announced> = service_store
             .state()
             .iter()
             .filter_map(|s| {
@@ -185,10 +210,18 @@ pub async fn run(
                 Some((name, Announced::of(s, settings.class.as_deref())?))
             })
             .collect();
+        let facts = settings.facts.borrow().clone();
+        let guard = facts.as_deref().map(|f| Guard::new(f, node_addresses(&node_store))).unwrap_or_default();
+        let (announced, refused) = guard::screen(read, &guard);
+        if facts.as_deref().is_some_and(|f| f.complete) {
+            let due = reports.due(&refused, now, guard::REPORT_EVERY);
+            report_refusals(&due, &refused, &settings, &live, &service_store, events.as_ref());
+        }
         let ready = assign::ready_nodes(slice_store.state().iter().map(|s| s.as_ref()));
         let next = assign::owned(&settings.node, &announced, &ready, &live);
         if let Some(bgp) = &settings.bgp {
-            let set = super::bgp::advertised(&settings.node, &announced, &ready);
+            let addresses = super::bgp::advertised(&settings.node, &announced, &ready);
+            let set = Advertisement { addresses, prefixes: guard.prefixes() };
             bgp.send_if_modified(|current| {
                 let changed = *current != set;
                 if changed {
@@ -233,6 +266,71 @@ pub async fn run(
         tracing::warn!(node = %settings.node, %error, "deleting the announcer Lease failed; it expires instead");
     }
     Ok(())
+}
+
+/// Log each `due` refusal and, for each Service with one, publish a Warning event naming every
+/// address of it that is refused (`all`: the sink folds repeats of a Service's reason into one
+/// series, so one event per address would keep only the last), from the node its first
+/// refused address would be elected to (one node per cluster reports it).
+fn report_refusals(
+    due: &[guard::Refused],
+    all: &[guard::Refused],
+    settings: &AnnouncerSettings,
+    live: &BTreeSet<String>,
+    services: &Store<Service>,
+    events: Option<&EventSink>,
+) {
+    let mut to_report: BTreeSet<&ServiceName> = BTreeSet::new();
+    for refused in due {
+        let (service, address, why) = (&refused.service, refused.address, refused.refusal);
+        tracing::warn!(node = %settings.node, %service, %address, reason = why.as_str(), "not announcing an address of the Service's status: {why}");
+        to_report.insert(service);
+    }
+    let Some(events) = events else { return };
+    for service in to_report {
+        let mine: Vec<&guard::Refused> = all.iter().filter(|r| &r.service == service).collect();
+        let Some(first) = mine.first() else { continue };
+        let reporter = super::elect::elect(first.address, live.iter().map(String::as_str));
+        if reporter.unwrap_or(settings.node.as_str()) != settings.node {
+            continue;
+        }
+        let Some(reference) = service_reference(services, service) else { continue };
+        let each: Vec<String> = mine.iter().map(|r| format!("{} is not announced: {}", r.address, r.refusal)).collect();
+        events.publish(
+            COMPONENT,
+            reference,
+            EventType::Warning,
+            super::announce_reasons::ANNOUNCEMENT_REFUSED,
+            format!("{} (never answered by ARP or NDP, never advertised over BGP)", each.join("; ")),
+            "Announce",
+        );
+    }
+}
+
+/// Every address the Nodes report.
+fn node_addresses(nodes: &Store<Node>) -> Vec<IpAddr> {
+    nodes
+        .state()
+        .iter()
+        .filter_map(|n| n.status.as_ref()?.addresses.clone())
+        .flatten()
+        .filter_map(|a| a.address.parse().ok())
+        .collect()
+}
+
+/// Notify `changed` whenever the facts change, until `cancel` or their sender goes.
+fn forward_changes(mut facts: watch::Receiver<Option<Arc<Facts>>>, changed: Arc<Notify>, cancel: CancellationToken) {
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                result = facts.changed() => match result {
+                    Ok(()) => changed.notify_one(),
+                    Err(_) => return,
+                },
+            }
+        }
+    });
 }
 
 async fn sleep_until(at: Option<Instant>) {
@@ -308,6 +406,18 @@ pub fn trim_service(service: &mut Service) {
     }
     if let Some(status) = service.status.as_mut() {
         status.conditions = None;
+    }
+}
+
+/// Nodes: their name and addresses.
+pub fn trim_node(node: &mut Node) {
+    node.metadata.managed_fields = None;
+    node.metadata.annotations = None;
+    node.metadata.labels = None;
+    node.metadata.owner_references = None;
+    node.spec = None;
+    if let Some(status) = node.status.as_mut() {
+        *status = k8s_openapi::api::core::v1::NodeStatus { addresses: status.addresses.take(), ..Default::default() };
     }
 }
 

@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use ccm_framework::safe_yaml::{self, DocumentError, FieldPath, Problem};
+use ipnet::IpNet;
 use serde::{Deserialize, Deserializer};
 
 use super::assign::{Announced, ServiceName};
@@ -293,7 +294,18 @@ pub enum RenderError {
     NoRouterId,
 }
 
-/// The BIRD config text announcing `addresses` to the configured peers. Deterministic: the
+/// What a node advertises: a host route for each of `addresses` that lies in one of `prefixes`
+/// (the load-balancer pools), and an export filter that lets only host routes of those
+/// prefixes leave the node.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Advertisement {
+    /// The addresses (checked by the announcer's [`super::guard`] already).
+    pub addresses: BTreeSet<IpAddr>,
+    /// The pools as CIDRs.
+    pub prefixes: Vec<IpNet>,
+}
+
+/// The BIRD config text announcing `advertisement` to the configured peers. Deterministic: the
 /// same inputs give the same text, so an unchanged set never causes a reload. `passwords` maps
 /// a peer's index in `config.peers` to its password (peers with a `passwordFile` only).
 ///
@@ -301,13 +313,17 @@ pub enum RenderError {
 /// in BIRD's table to be exported, and there is no `protocol kernel`, so nothing is written to
 /// the node's routing table; peers get the node itself as next hop (`next hop self`), where
 /// kube-proxy or the proxy data path takes the traffic. Each peer exports only its family's
-/// host routes from that static protocol and imports nothing.
+/// host routes from that static protocol, and only those inside a pool prefix (a second check
+/// after the announcer's, in BIRD itself); it imports nothing. An address outside every prefix
+/// is not rendered at all.
 pub fn render(
     config: &BgpConfig,
     node: &NodeFacts,
     passwords: &BTreeMap<usize, Password>,
-    addresses: &BTreeSet<IpAddr>,
+    advertisement: &Advertisement,
 ) -> Result<String, RenderError> {
+    let prefixes = &advertisement.prefixes;
+    let in_pools = |a: &IpAddr| prefixes.iter().any(|p| p.contains(a));
     let router_id = config.router_id.or(node.ipv4).ok_or(RenderError::NoRouterId)?;
     let mut out = String::new();
     // Writing to a String cannot fail; the results are ignored on purpose.
@@ -317,22 +333,33 @@ pub fn render(
     let _ = writeln!(out, "protocol device {{\n}}\n");
     for (name, family, v4) in [(STATIC_V4, "ipv4", true), (STATIC_V6, "ipv6", false)] {
         let _ = writeln!(out, "protocol static {name} {{\n  {family};");
-        for address in addresses.iter().filter(|a| a.is_ipv4() == v4 && announceable(**a)) {
+        let addresses = advertisement.addresses.iter().filter(|a| a.is_ipv4() == v4 && announceable(**a));
+        for address in addresses.filter(|a| in_pools(a)) {
             let len = if v4 { 32 } else { 128 };
             let _ = writeln!(out, "  route {address}/{len} blackhole;");
         }
         let _ = writeln!(out, "}}\n");
     }
     let communities: Vec<(u16, u16)> = config.communities.iter().filter_map(|c| parse_community(c)).collect();
-    for (filter, source) in [(FILTER_V4, STATIC_V4), (FILTER_V6, STATIC_V6)] {
-        let _ = writeln!(out, "filter {filter} {{\n  if proto = \"{source}\" then {{");
-        for (high, low) in &communities {
-            let _ = writeln!(out, "    bgp_community.add(({high}, {low}));");
+    for (filter, source, v4) in [(FILTER_V4, STATIC_V4, true), (FILTER_V6, STATIC_V6, false)] {
+        let (len, family): (u8, Vec<&IpNet>) = if v4 {
+            (32, prefixes.iter().filter(|p| matches!(p, IpNet::V4(_))).collect())
+        } else {
+            (128, prefixes.iter().filter(|p| matches!(p, IpNet::V6(_))).collect())
+        };
+        let _ = writeln!(out, "filter {filter} {{");
+        if !family.is_empty() {
+            let set: Vec<String> = family.iter().map(|p| format!("{p}{{{len},{len}}}")).collect();
+            let _ = writeln!(out, "  if proto = \"{source}\" && net ~ [ {} ] then {{", set.join(", "));
+            for (high, low) in &communities {
+                let _ = writeln!(out, "    bgp_community.add(({high}, {low}));");
+            }
+            if let Some(pref) = config.local_pref {
+                let _ = writeln!(out, "    bgp_local_pref = {pref};");
+            }
+            let _ = writeln!(out, "    accept;\n  }}");
         }
-        if let Some(pref) = config.local_pref {
-            let _ = writeln!(out, "    bgp_local_pref = {pref};");
-        }
-        let _ = writeln!(out, "    accept;\n  }}\n  reject;\n}}\n");
+        let _ = writeln!(out, "  reject;\n}}\n");
     }
     let mut peers: Vec<(usize, &PeerConfig)> = config.peers.iter().enumerate().collect();
     peers.sort_by_key(|(_, peer)| peer.address);
@@ -430,7 +457,7 @@ mod tests {
         assert_eq!(peer.port, None);
         assert_eq!(peer.hold_seconds(), 90);
         let node = NodeFacts { ipv4: Some("10.0.0.5".parse().expect("ip")) };
-        let text = render(&config, &node, &BTreeMap::new(), &BTreeSet::new()).expect("render");
+        let text = render(&config, &node, &BTreeMap::new(), &Advertisement::default()).expect("render");
         assert!(text.contains("router id 10.0.0.5;"), "{text}");
         assert!(text.contains("neighbor 192.0.2.1 port 179 as 64513;"), "{text}");
         assert!(text.contains("hold time 90;"), "{text}");
@@ -539,12 +566,18 @@ mod tests {
         &rest[..rest.find("\n}\n").map_or(rest.len(), |end| end + 2)]
     }
 
+    /// `set` with pool prefixes holding the test addresses.
+    fn adv(set: BTreeSet<IpAddr>) -> Advertisement {
+        let prefixes = ["203.0.113.0/24", "2001:db8::/64", "127.0.0.0/8"].map(|p| p.parse().expect("prefix")).to_vec();
+        Advertisement { addresses: set, prefixes }
+    }
+
     #[test]
     fn rendering_puts_host_routes_per_family_and_exports_only_them_to_the_peer_of_that_family() {
         let node = NodeFacts { ipv4: Some(Ipv4Addr::new(10, 0, 0, 1)) };
         let passwords = BTreeMap::from([(0, Password("pw".into()))]);
         let set = addresses(&["203.0.113.20", "2001:db8::7", "203.0.113.3", "127.0.0.1"]);
-        let text = render(&two_peers(), &node, &passwords, &set).expect("render");
+        let text = render(&two_peers(), &node, &passwords, &adv(set)).expect("render");
 
         let v4 = block(&text, "protocol static ccm_v4 {");
         assert!(
@@ -556,7 +589,10 @@ mod tests {
         assert!(v6.contains("  ipv6;\n  route 2001:db8::7/128 blackhole;\n}"), "{v6}");
 
         let filter = block(&text, "filter ccm_export_v4 {");
-        assert!(filter.contains("if proto = \"ccm_v4\" then {"), "{filter}");
+        assert!(
+            filter.contains("if proto = \"ccm_v4\" && net ~ [ 203.0.113.0/24{32,32}, 127.0.0.0/8{32,32} ] then {"),
+            "{filter}"
+        );
         assert!(filter.contains("bgp_community.add((65000, 100));") && filter.contains("bgp_local_pref = 150;"));
         assert!(filter.trim_end().ends_with("reject;\n}"), "everything else is rejected: {filter}");
 
@@ -578,16 +614,32 @@ mod tests {
         let mut reversed = config.clone();
         reversed.peers.reverse();
         // The passwords follow the peers' indices.
-        let set = addresses(&["203.0.113.3", "203.0.113.20"]);
+        let set = adv(addresses(&["203.0.113.3", "203.0.113.20"]));
         let a = render(&config, &node, &BTreeMap::from([(0, Password("pw".into()))]), &set).expect("render");
         let b = render(&reversed, &node, &BTreeMap::from([(1, Password("pw".into()))]), &set).expect("render");
         assert_eq!(a, b);
-        let fewer = render(&config, &node, &BTreeMap::from([(0, Password("pw".into()))]), &addresses(&["203.0.113.3"]));
+        let fewer =
+            render(&config, &node, &BTreeMap::from([(0, Password("pw".into()))]), &adv(addresses(&["203.0.113.3"])));
         assert_ne!(a, fewer.expect("render"));
         // An empty set still renders both static protocols, so the first address is a change
         // of the static protocol only, never of a session.
-        let empty = render(&config, &node, &BTreeMap::new(), &BTreeSet::new()).expect("render");
+        let empty = render(&config, &node, &BTreeMap::new(), &Advertisement::default()).expect("render");
         assert!(empty.contains("protocol static ccm_v4 {\n  ipv4;\n}") && empty.contains("protocol bgp peer_10_0_0_2"));
+    }
+
+    #[test]
+    fn only_host_routes_inside_the_pools_are_rendered_and_the_export_filter_admits_only_those() {
+        let node = NodeFacts { ipv4: Some(Ipv4Addr::new(10, 0, 0, 1)) };
+        let prefixes = vec!["203.0.113.0/28".parse().expect("prefix")];
+        let advertisement =
+            Advertisement { addresses: addresses(&["203.0.113.5", "198.51.100.7", "2001:db8::1"]), prefixes };
+        let text = render(&two_peers(), &node, &BTreeMap::new(), &advertisement).expect("render");
+        assert!(text.contains("route 203.0.113.5/32 blackhole;"), "{text}");
+        assert!(!text.contains("198.51.100.7") && !text.contains("2001:db8::1/128"), "outside every pool: {text}");
+        let v6 = block(&text, "filter ccm_export_v6 {");
+        assert_eq!(v6, "filter ccm_export_v6 {\n  reject;\n}", "no IPv6 pool: nothing IPv6 leaves the node");
+        let v4 = block(&text, "filter ccm_export_v4 {");
+        assert!(v4.contains("net ~ [ 203.0.113.0/28{32,32} ]"), "{v4}");
     }
 
     #[test]
@@ -614,11 +666,11 @@ mod tests {
     fn the_router_id_is_required_when_the_node_has_no_ipv4_address() {
         let config = two_peers();
         assert_eq!(
-            render(&config, &NodeFacts::default(), &BTreeMap::new(), &BTreeSet::new()),
+            render(&config, &NodeFacts::default(), &BTreeMap::new(), &Advertisement::default()),
             Err(RenderError::NoRouterId)
         );
         let config = BgpConfig { router_id: Some(Ipv4Addr::new(1, 2, 3, 4)), ..config };
-        let text = render(&config, &NodeFacts::default(), &BTreeMap::new(), &BTreeSet::new()).expect("render");
+        let text = render(&config, &NodeFacts::default(), &BTreeMap::new(), &Advertisement::default()).expect("render");
         assert!(text.contains("router id 1.2.3.4;"));
     }
 }

@@ -1,9 +1,9 @@
 //! The BIRD driver: writes the rendered config atomically and asks BIRD to reload it, speaking
 //! BIRD's control protocol on its unix socket directly (no `birdc` needed in our image).
 //!
-//! The announcer process starts it in one place, beside the L2 responder, with the set of
-//! addresses this node advertises (every assigned address for `externalTrafficPolicy: Cluster`;
-//! for `Local`, those with a ready endpoint on this node) in a `watch` channel:
+//! The announcer process starts it in one place, beside the L2 responder, with what this node
+//! advertises (every allowed address for `externalTrafficPolicy: Cluster`; for `Local`, those
+//! with a ready endpoint on this node; and the pools' prefixes) in a `watch` channel:
 //!
 //! ```text
 //! let bird = BirdAnnouncer::new(bgp_config, NodeFacts { ipv4: node_ipv4 }, BirdSettings::default());
@@ -12,10 +12,9 @@
 //!
 //! or calls [`BirdAnnouncer::announce`] itself on every change.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::io::{self, Write as _};
-use std::net::IpAddr;
 use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -25,7 +24,7 @@ use tokio::net::UnixStream;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::{BgpConfig, NodeFacts, Password, PasswordProblem, RenderError, render};
+use super::{Advertisement, BgpConfig, NodeFacts, Password, PasswordProblem, RenderError, render};
 
 /// Where the announcer writes BIRD's config by default (BIRD runs with `-c` on it).
 pub const DEFAULT_CONFIG_PATH: &str = "/run/bird/bird.conf";
@@ -167,18 +166,20 @@ impl BirdAnnouncer {
         Self { config, node, settings, applied: None }
     }
 
-    /// Make BIRD advertise exactly `addresses` (host routes; loopback, unspecified and multicast
-    /// ones are left out) to every configured peer of the address's family. Reads the peers'
-    /// password files, renders the config, and when it differs from the one BIRD runs, writes it
-    /// (temp + rename) and sends `configure`; BIRD keeps established sessions across that
-    /// reload. Call it whenever the set changes and again after an error (BIRD may not be up
-    /// yet); an unchanged set costs the password reads and a render, and no I/O towards BIRD.
-    pub async fn announce(&mut self, addresses: &BTreeSet<IpAddr>) -> Result<Changed, BgpError> {
+    /// Make BIRD advertise exactly the addresses of `advertisement` inside its pool prefixes
+    /// (host routes; loopback, unspecified and multicast ones are left out) to every configured
+    /// peer of the address's family, with an export filter admitting only host routes of those
+    /// prefixes. Reads the peers' password files, renders the config, and when it differs from
+    /// the one BIRD runs, writes it (temp + rename) and sends `configure`; BIRD keeps
+    /// established sessions across that reload. Call it whenever the set changes and again
+    /// after an error (BIRD may not be up yet); an unchanged set costs the password reads and a
+    /// render, and no I/O towards BIRD.
+    pub async fn announce(&mut self, advertisement: &Advertisement) -> Result<Changed, BgpError> {
         let files: Vec<(usize, PathBuf)> = (self.config.peers.iter().enumerate())
             .filter_map(|(i, peer)| Some((i, peer.password_file.clone()?)))
             .collect();
         let passwords = blocking(move || read_passwords(&files)).await?;
-        let text = render(&self.config, &self.node, &passwords, addresses)?;
+        let text = render(&self.config, &self.node, &passwords, advertisement)?;
         if !needs_reload(self.applied.as_deref(), &text) {
             return Ok(Changed::Unchanged);
         }
@@ -198,16 +199,16 @@ impl BirdAnnouncer {
     }
 }
 
-/// Keep BIRD announcing the latest set in `addresses` until `cancel` fires or the sender goes:
-/// announces on every change and retries a failure every [`RETRY_AFTER`]. Logs outcomes and
-/// errors (never the config text). Routes are withdrawn by the peers when BIRD stops with the
-/// pod, so stopping leaves BIRD as it is.
-pub async fn run(mut bird: BirdAnnouncer, mut addresses: watch::Receiver<BTreeSet<IpAddr>>, cancel: CancellationToken) {
+/// Keep BIRD announcing the latest advertisement in `addresses` until `cancel` fires or the
+/// sender goes: announces on every change and retries a failure every [`RETRY_AFTER`]. Logs
+/// outcomes and errors (never the config text). Routes are withdrawn by the peers when BIRD
+/// stops with the pod, so stopping leaves BIRD as it is.
+pub async fn run(mut bird: BirdAnnouncer, mut addresses: watch::Receiver<Advertisement>, cancel: CancellationToken) {
     loop {
         let set = addresses.borrow_and_update().clone();
         let failed = match bird.announce(&set).await {
             Ok(Changed::Reloaded) => {
-                tracing::info!(addresses = set.len(), "BGP announcement: BIRD reloaded");
+                tracing::info!(addresses = set.addresses.len(), "BGP announcement: BIRD reloaded");
                 false
             }
             Ok(Changed::Unchanged) => false,
@@ -535,12 +536,19 @@ mod tests {
         NodeFacts { ipv4: Some("10.0.0.1".parse().expect("ip")) }
     }
 
+    fn advertisement(address: &str) -> Advertisement {
+        Advertisement {
+            addresses: [address.parse().expect("ip")].into(),
+            prefixes: vec!["203.0.113.0/24".parse().expect("prefix")],
+        }
+    }
+
     #[tokio::test]
     async fn without_bird_the_announcer_reports_the_socket_and_retries_the_reload_next_time() {
         let dir = scratch("nobird");
         let settings = settings_in(&dir);
         let mut bird = BirdAnnouncer::new(one_peer(), node(), settings.clone());
-        let set = BTreeSet::from(["203.0.113.1".parse().expect("ip")]);
+        let set = advertisement("203.0.113.1");
         for _ in 0..2 {
             match bird.announce(&set).await {
                 Err(BgpError::Control { path, source }) => {
@@ -560,10 +568,10 @@ mod tests {
     async fn run_follows_the_latest_set_and_stops_on_cancel_or_when_the_sender_goes() {
         let dir = scratch("run");
         let settings = settings_in(&dir);
-        let (tx, rx) = watch::channel(BTreeSet::new());
+        let (tx, rx) = watch::channel(Advertisement::default());
         let cancel = CancellationToken::new();
         let task = tokio::spawn(run(BirdAnnouncer::new(one_peer(), node(), settings.clone()), rx, cancel.clone()));
-        let _ = tx.send(BTreeSet::from(["203.0.113.9".parse().expect("ip")]));
+        let _ = tx.send(advertisement("203.0.113.9"));
         let path = settings.config_path.clone();
         let written = async {
             loop {
@@ -578,7 +586,7 @@ mod tests {
         cancel.cancel();
         tokio::time::timeout(Duration::from_secs(10), task).await.expect("stops on cancel").expect("no panic");
 
-        let (tx, rx) = watch::channel(BTreeSet::new());
+        let (tx, rx) = watch::channel(Advertisement::default());
         let task = tokio::spawn(run(BirdAnnouncer::new(one_peer(), node(), settings), rx, CancellationToken::new()));
         drop(tx);
         tokio::time::timeout(Duration::from_secs(10), task).await.expect("stops without a sender").expect("no panic");

@@ -7,18 +7,25 @@ pub mod assign;
 pub mod bgp;
 pub mod codec;
 pub mod elect;
+pub mod guard;
+#[cfg(feature = "datapath")]
+pub mod host;
 pub mod l2;
 #[cfg(feature = "datapath")]
 pub mod node;
 pub mod plan;
 #[cfg(feature = "datapath")]
 pub mod responder;
+pub mod sources;
 
 /// Reasons of the events announcers publish on Services (explained in docs/troubleshooting.md).
 pub mod announce_reasons {
     /// Normal: a node started announcing one of the Service's addresses (the note names the
     /// node, the address and ARP or NDP).
     pub const L2_ANNOUNCING: &str = "L2Announcing";
+    /// Warning: an address in the Service's status is not announced, and never answered (the
+    /// note names the address and why: outside every pool, a node's address, a gateway, ...).
+    pub const ANNOUNCEMENT_REFUSED: &str = "AnnouncementRefused";
 }
 
 use serde::Deserialize;

@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use super::announcer::{self, AnnouncerSettings};
 use super::responder::{self, L2Socket};
 use ccm_framework::events::EventSink;
-use ccm_framework::flags::LogSettings;
+use ccm_framework::process::LogSettings;
 
 /// The subcommand's name: `cloud-controller-manager announce ...`.
 pub const SUBCOMMAND: &str = "announce";
@@ -116,7 +116,7 @@ async fn run(flags: Flags) -> Result<(), String> {
     let bytes = std::fs::read(&flags.cloud_config).map_err(|e| format!("--cloud-config: cannot read the file: {e}"))?;
     let config = crate::config::parse(&bytes).map_err(|e| format!("--cloud-config: {e}"))?;
     let cancel = ccm_framework::process::shutdown_on_signal();
-    let announcement = config.load_balancer.announcement;
+    let announcement = config.load_balancer.announcement.clone();
     if announcement.l2.is_none() && announcement.bgp.is_none() {
         tracing::info!("loadBalancer.announcement sets neither l2 nor bgp: nothing to announce; idle until stopped");
         cancel.cancelled().await;
@@ -137,9 +137,13 @@ async fn run(flags: Flags) -> Result<(), String> {
     }
     let mut settings = AnnouncerSettings::new(flags.node, flags.namespace);
     settings.class = flags.class;
+    // Only what the pools hand out is ever announced: the pools (file, resources, imports),
+    // the inventory and this host's own network, kept current (docs/security.md).
+    let sources = super::sources::SourceSettings::new(&flags.cloud_config);
+    settings.facts = super::sources::spawn(client.clone(), config, sources, super::host::read, cancel.clone());
     if let Some(bgp) = announcement.bgp {
         // BGP: the BIRD sidecar advertises what this node serves (docs/datapath.md).
-        let (tx, rx) = watch::channel(BTreeSet::new());
+        let (tx, rx) = watch::channel(super::bgp::Advertisement::default());
         settings.bgp = Some(tx);
         let ipv4 = std::env::var(super::bgp::NODE_IP_ENV).ok().and_then(|ip| ip.parse().ok());
         let bird = super::bgp::bird::BirdAnnouncer::new(bgp, super::bgp::NodeFacts { ipv4 }, Default::default());

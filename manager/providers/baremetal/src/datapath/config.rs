@@ -248,11 +248,15 @@ pub struct Settings {
     pub tcp_idle_timeout: Duration,
     /// Most TCP connections one listener holds; more are reset at accept and counted.
     pub max_tcp_connections_per_listener: usize,
+    /// Most TCP connections one Service holds over all its listeners (its share of the total).
+    pub max_tcp_connections_per_service: usize,
     /// Most TCP connections the whole data path holds.
     pub max_tcp_connections: usize,
     /// Most UDP sessions one listener keeps; a new client beyond it evicts the least recently
     /// active session.
     pub max_udp_sessions_per_listener: usize,
+    /// Most UDP sessions one Service keeps over all its listeners.
+    pub max_udp_sessions_per_service: usize,
     /// Most UDP sessions the whole data path keeps.
     pub max_udp_sessions: usize,
     /// How long connecting to a backend may take before the next one is tried.
@@ -273,8 +277,10 @@ impl Default for Settings {
             udp_idle_timeout: Duration::from_secs(60),
             tcp_idle_timeout: DEFAULT_TCP_IDLE_TIMEOUT,
             max_tcp_connections_per_listener: DEFAULT_MAX_TCP_CONNECTIONS_PER_LISTENER,
+            max_tcp_connections_per_service: DEFAULT_MAX_TCP_CONNECTIONS / 2,
             max_tcp_connections: DEFAULT_MAX_TCP_CONNECTIONS,
             max_udp_sessions_per_listener: DEFAULT_MAX_UDP_SESSIONS_PER_LISTENER,
+            max_udp_sessions_per_service: DEFAULT_MAX_UDP_SESSIONS / 2,
             max_udp_sessions: DEFAULT_MAX_UDP_SESSIONS,
             connect_timeout: Duration::from_secs(3),
             balance: Balance::RoundRobin,
@@ -291,8 +297,8 @@ pub const DEFAULT_TCP_IDLE_TIMEOUT: Duration = Duration::from_secs(10 * 60);
 /// up to two 64 KiB pipes (splice) or two 32 KiB buffers (copy), so 2,048 of them stay within
 /// 256 MiB, half the manager pod's default 512 MiB memory limit. Descriptors come second: at
 /// most [`DESCRIPTORS_PER_TCP_CONNECTION`] each, far inside the hard limit container runtimes
-/// set once the soft limit is raised to it; lower limits shrink it (see
-/// [`Settings::fit_to_descriptors`]).
+/// set once the soft limit is raised to it; a lower limit gives lower defaults (see
+/// [`resolve_caps`]).
 pub const DEFAULT_MAX_TCP_CONNECTIONS: usize = 2048;
 
 /// Default [`Settings::max_tcp_connections_per_listener`]: half the total, so one flooded
@@ -320,31 +326,107 @@ pub const DESCRIPTORS_PER_UDP_SESSION: u64 = 1;
 /// watches, health endpoint, listeners, health checks), or a quarter of a smaller limit.
 pub const RESERVED_DESCRIPTORS: u64 = 1024;
 
-impl Settings {
-    /// The caps shrunk, in proportion, so that the data path at its fullest stays within
-    /// `soft_limit` open files minus [`RESERVED_DESCRIPTORS`] (pure). Returns the settings and
-    /// whether they shrank. Per-listener caps never exceed the totals.
-    pub fn fit_to_descriptors(&self, soft_limit: u64) -> (Settings, bool) {
-        let reserve = RESERVED_DESCRIPTORS.min(soft_limit / 4);
-        let budget = soft_limit.saturating_sub(reserve);
-        let tcp = self.max_tcp_connections as u64;
-        let udp = self.max_udp_sessions as u64;
-        let need = tcp
+/// The connection and session caps as configured; `None` is the default, fitted to the
+/// machine by [`resolve_caps`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CapsConfig {
+    /// `maxTcpConnectionsPerListener`.
+    pub tcp_per_listener: Option<usize>,
+    /// `maxTcpConnectionsPerService`.
+    pub tcp_per_service: Option<usize>,
+    /// `maxTcpConnections`.
+    pub tcp_total: Option<usize>,
+    /// `maxUdpSessionsPerListener`.
+    pub udp_per_listener: Option<usize>,
+    /// `maxUdpSessionsPerService`.
+    pub udp_per_service: Option<usize>,
+    /// `maxUdpSessions`.
+    pub udp_total: Option<usize>,
+}
+
+/// The caps the data path runs with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caps {
+    /// Per listener, per Service, total: TCP connections.
+    pub tcp: (usize, usize, usize),
+    /// Per listener, per Service, total: UDP sessions.
+    pub udp: (usize, usize, usize),
+}
+
+impl Caps {
+    /// Descriptors the data path holds at its fullest.
+    pub fn descriptors(&self) -> u64 {
+        (self.tcp.2 as u64)
             .saturating_mul(DESCRIPTORS_PER_TCP_CONNECTION)
-            .saturating_add(udp.saturating_mul(DESCRIPTORS_PER_UDP_SESSION));
-        let mut fitted = self.clone();
-        let shrank = need > budget;
-        if shrank {
+            .saturating_add((self.udp.2 as u64).saturating_mul(DESCRIPTORS_PER_UDP_SESSION))
+    }
+}
+
+/// The caps for a process whose open-file soft limit is `soft_limit` (`None`: unknown), and
+/// the names of the configured caps that had to be lowered (pure).
+///
+/// Totals are the configured ones, else [`DEFAULT_MAX_TCP_CONNECTIONS`] and
+/// [`DEFAULT_MAX_UDP_SESSIONS`]; when at their fullest they need more than the limit minus
+/// [`RESERVED_DESCRIPTORS`] (a quarter of a smaller limit), both shrink in proportion. A
+/// Service's share defaults to half the total, so a flooded Service leaves the other half to
+/// every other one however many listeners it has; a listener's cap defaults to
+/// [`DEFAULT_MAX_TCP_CONNECTIONS_PER_LISTENER`] (UDP: [`DEFAULT_MAX_UDP_SESSIONS_PER_LISTENER`]).
+/// A listener's cap never exceeds its Service's, nor that the total. Only a configured cap that
+/// had to be lowered is named: defaults fitted to the machine are what a default means.
+pub fn resolve_caps(config: &CapsConfig, soft_limit: Option<u64>) -> (Caps, Vec<&'static str>) {
+    let mut lowered = Vec::new();
+    let (mut tcp_total, mut udp_total) =
+        (config.tcp_total.unwrap_or(DEFAULT_MAX_TCP_CONNECTIONS), config.udp_total.unwrap_or(DEFAULT_MAX_UDP_SESSIONS));
+    if let Some(limit) = soft_limit {
+        let budget = limit.saturating_sub(RESERVED_DESCRIPTORS.min(limit / 4));
+        let need = Caps { tcp: (0, 0, tcp_total), udp: (0, 0, udp_total) }.descriptors();
+        if need > budget {
             // u128: the products of two u64 cannot overflow it.
-            let scale =
-                |n: u64| usize::try_from((u128::from(n) * u128::from(budget) / u128::from(need)).max(1)).unwrap_or(1);
-            fitted.max_tcp_connections = scale(tcp);
-            fitted.max_udp_sessions = scale(udp);
+            let scale = |n: usize| {
+                usize::try_from((u128::from(n as u64) * u128::from(budget) / u128::from(need)).max(1)).unwrap_or(1)
+            };
+            (tcp_total, udp_total) = (scale(tcp_total), scale(udp_total));
+            if config.tcp_total.is_some() {
+                lowered.push("maxTcpConnections");
+            }
+            if config.udp_total.is_some() {
+                lowered.push("maxUdpSessions");
+            }
         }
-        fitted.max_tcp_connections_per_listener =
-            fitted.max_tcp_connections_per_listener.min(fitted.max_tcp_connections).max(1);
-        fitted.max_udp_sessions_per_listener = fitted.max_udp_sessions_per_listener.min(fitted.max_udp_sessions).max(1);
-        (fitted, shrank)
+    }
+    let mut fit = |value: Option<usize>, default: usize, cap: usize, name: &'static str| match value {
+        Some(v) if v > cap => {
+            lowered.push(name);
+            cap.max(1)
+        }
+        Some(v) => v,
+        None => default.min(cap).max(1),
+    };
+    let tcp_service = fit(config.tcp_per_service, tcp_total / 2, tcp_total, "maxTcpConnectionsPerService");
+    let tcp_listener = fit(
+        config.tcp_per_listener,
+        DEFAULT_MAX_TCP_CONNECTIONS_PER_LISTENER,
+        tcp_service,
+        "maxTcpConnectionsPerListener",
+    );
+    let udp_service = fit(config.udp_per_service, udp_total / 2, udp_total, "maxUdpSessionsPerService");
+    let udp_listener =
+        fit(config.udp_per_listener, DEFAULT_MAX_UDP_SESSIONS_PER_LISTENER, udp_service, "maxUdpSessionsPerListener");
+    (Caps { tcp: (tcp_listener, tcp_service, tcp_total), udp: (udp_listener, udp_service, udp_total) }, lowered)
+}
+
+impl Settings {
+    /// These settings with `caps`.
+    pub fn with_caps(self, caps: Caps) -> Settings {
+        Settings {
+            max_tcp_connections_per_listener: caps.tcp.0,
+            max_tcp_connections_per_service: caps.tcp.1,
+            max_tcp_connections: caps.tcp.2,
+            max_udp_sessions_per_listener: caps.udp.0,
+            max_udp_sessions_per_service: caps.udp.1,
+            max_udp_sessions: caps.udp.2,
+            ..self
+        }
     }
 }
 
@@ -616,26 +698,56 @@ mod tests {
 
     #[test]
     fn caps_shrink_in_proportion_to_fit_a_low_open_file_limit() {
-        let defaults = Settings::default();
-        let (same, shrank) = defaults.fit_to_descriptors(1 << 20);
-        assert!(!shrank);
-        assert_eq!(same, defaults, "a raised limit keeps the defaults");
-        let (fitted, shrank) = defaults.fit_to_descriptors(20_000);
-        assert!(shrank);
-        let used = fitted.max_tcp_connections as u64 * DESCRIPTORS_PER_TCP_CONNECTION
-            + fitted.max_udp_sessions as u64 * DESCRIPTORS_PER_UDP_SESSION;
-        assert!(used <= 20_000 - RESERVED_DESCRIPTORS, "{used}");
+        let defaults = CapsConfig::default();
+        let (same, lowered) = resolve_caps(&defaults, Some(1 << 20));
+        assert!(lowered.is_empty());
+        let settings = Settings::default();
+        assert_eq!(Settings::default().with_caps(same), settings, "a raised limit keeps the defaults");
+        let (fitted, _) = resolve_caps(&defaults, Some(20_000));
+        assert!(fitted.descriptors() <= 20_000 - RESERVED_DESCRIPTORS, "{fitted:?}");
         let wanted = DEFAULT_MAX_TCP_CONNECTIONS as u64 * DESCRIPTORS_PER_TCP_CONNECTION
             + DEFAULT_MAX_UDP_SESSIONS as u64 * DESCRIPTORS_PER_UDP_SESSION;
         let expected = DEFAULT_MAX_TCP_CONNECTIONS as u64 * (20_000 - RESERVED_DESCRIPTORS) / wanted;
-        assert_eq!(fitted.max_tcp_connections as u64, expected);
-        assert!(fitted.max_tcp_connections_per_listener <= fitted.max_tcp_connections);
-        assert!(fitted.max_udp_sessions_per_listener <= fitted.max_udp_sessions);
+        assert_eq!(fitted.tcp.2 as u64, expected);
+        assert!(fitted.tcp.0 <= fitted.tcp.1 && fitted.tcp.1 <= fitted.tcp.2);
+        assert!(fitted.udp.0 <= fitted.udp.1 && fitted.udp.1 <= fitted.udp.2);
         // An unraised 1024: a quarter stays for the rest of the process, every cap at least 1.
-        let (tiny, _) = defaults.fit_to_descriptors(1024);
-        assert!(tiny.max_tcp_connections as u64 * 6 + tiny.max_udp_sessions as u64 <= 768);
-        let (none, _) = defaults.fit_to_descriptors(0);
-        assert_eq!((none.max_tcp_connections, none.max_udp_sessions), (1, 1));
+        let (tiny, _) = resolve_caps(&defaults, Some(1024));
+        assert!(tiny.descriptors() <= 768, "{tiny:?}");
+        let (none, _) = resolve_caps(&defaults, Some(0));
+        assert_eq!((none.tcp, none.udp), ((1, 1, 1), (1, 1, 1)));
+    }
+
+    #[test]
+    fn default_caps_fit_the_machine_and_only_configured_caps_that_do_not_fit_are_named() {
+        // Where the limit holds them, the defaults: a Service's share is half the total.
+        let (caps, lowered) = resolve_caps(&CapsConfig::default(), Some(1 << 20));
+        assert_eq!((caps.tcp, caps.udp), ((1024, 1024, 2048), (1024, 4096, 8192)));
+        assert!(lowered.is_empty());
+        assert_eq!(resolve_caps(&CapsConfig::default(), None).0, caps, "an unknown limit keeps them");
+        // The sandbox's 20,000 open files: defaults that fit, and nothing to warn about.
+        let (caps, lowered) = resolve_caps(&CapsConfig::default(), Some(20_000));
+        assert!(lowered.is_empty(), "{lowered:?}");
+        assert!(caps.descriptors() <= 20_000 - RESERVED_DESCRIPTORS);
+        assert_eq!(caps.tcp.1, caps.tcp.2 / 2);
+        // A configured cap the limit cannot hold is lowered and named; the defaults beside it are not.
+        let explicit = CapsConfig { tcp_total: Some(5000), ..Default::default() };
+        let (caps, lowered) = resolve_caps(&explicit, Some(20_000));
+        assert_eq!(lowered, ["maxTcpConnections"]);
+        assert!(caps.descriptors() <= 20_000 - RESERVED_DESCRIPTORS);
+        let share = CapsConfig { tcp_per_service: Some(2000), tcp_per_listener: Some(2000), ..Default::default() };
+        let (caps, lowered) = resolve_caps(&share, Some(20_000));
+        assert_eq!(lowered, ["maxTcpConnectionsPerService", "maxTcpConnectionsPerListener"]);
+        assert_eq!((caps.tcp.0, caps.tcp.1), (caps.tcp.2, caps.tcp.2));
+        // Configured caps that fit are kept as they are.
+        let fits = CapsConfig {
+            tcp_total: Some(300),
+            tcp_per_service: Some(200),
+            tcp_per_listener: Some(100),
+            ..Default::default()
+        };
+        let (caps, lowered) = resolve_caps(&fits, Some(20_000));
+        assert_eq!((caps.tcp, lowered.len()), ((100, 200, 300), 0));
     }
 
     #[test]

@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 pub enum Full {
     /// The listener holds its cap.
     Listener,
+    /// The Service (all its listeners together) holds its share of the data path.
+    Service,
     /// The whole data path holds its cap.
     DataPath,
 }
@@ -22,16 +24,31 @@ impl Full {
     pub fn reason(self) -> &'static str {
         match self {
             Full::Listener => "listener_limit",
+            Full::Service => "service_limit",
             Full::DataPath => "total_limit",
         }
     }
 }
 
-/// Pure: whether one more fits, given what the listener and the data path hold.
-pub fn admit(listener_held: usize, listener_cap: usize, total_held: usize, total_cap: usize) -> Result<(), Full> {
-    if listener_held >= listener_cap {
+/// What one listener, its Service and the whole data path hold, and their caps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    /// Held by the listener, and its cap.
+    pub listener: (usize, usize),
+    /// Held by the listener's Service (every listener of it), and its share.
+    pub service: (usize, usize),
+    /// Held by the data path, and its cap.
+    pub total: (usize, usize),
+}
+
+/// Pure: whether one more fits, given what the listener, its Service and the data path hold.
+pub fn admit(counts: Counts) -> Result<(), Full> {
+    let full = |(held, cap): (usize, usize)| held >= cap;
+    if full(counts.listener) {
         Err(Full::Listener)
-    } else if total_held >= total_cap {
+    } else if full(counts.service) {
+        Err(Full::Service)
+    } else if full(counts.total) {
         Err(Full::DataPath)
     } else {
         Ok(())
@@ -51,44 +68,51 @@ pub enum SessionAdmission {
 
 /// Pure: a full listener recycles its own oldest session rather than refusing new clients
 /// (a flood of spoofed sources then costs its own listener's idle sessions, never another
-/// Service's); when the whole data path is full, a listener with sessions recycles one of its
-/// own and one without is refused.
-pub fn session_admission(
-    listener_sessions: usize,
-    listener_cap: usize,
-    total_sessions: usize,
-    total_cap: usize,
-) -> SessionAdmission {
-    match admit(listener_sessions, listener_cap, total_sessions, total_cap) {
+/// Service's); when its Service's share or the whole data path is full, a listener with
+/// sessions recycles one of its own and one without is refused.
+pub fn session_admission(counts: Counts) -> SessionAdmission {
+    match admit(counts) {
         Ok(()) => SessionAdmission::Open,
-        Err(_) if listener_sessions > 0 => SessionAdmission::EvictOldest,
+        Err(_) if counts.listener.0 > 0 => SessionAdmission::EvictOldest,
         Err(_) => SessionAdmission::Refuse,
     }
 }
 
-/// A place taken in a listener's and the data path's counts, given back when dropped.
+/// One level of the caps a [`Slot`] is taken in: a shared count and its cap.
+#[derive(Debug, Clone, Copy)]
+pub struct Level<'a> {
+    /// The count.
+    pub held: &'a Arc<AtomicUsize>,
+    /// Its cap.
+    pub cap: usize,
+}
+
+/// A place taken in a listener's, its Service's and the data path's counts, given back when
+/// dropped.
 #[derive(Debug)]
 pub struct Slot {
     listener: Arc<AtomicUsize>,
+    service: Arc<AtomicUsize>,
     total: Arc<AtomicUsize>,
 }
 
 impl Slot {
-    /// Take a place if both caps allow. Safe against concurrent takers, and a count never reads
-    /// above its cap, not even for an instant: each is raised only while below its cap, so a
-    /// taker that will be refused never makes another listener (or a reader) see a full count.
-    pub fn take(
-        listener: &Arc<AtomicUsize>,
-        listener_cap: usize,
-        total: &Arc<AtomicUsize>,
-        total_cap: usize,
-    ) -> Result<Slot, Full> {
-        raise_below(listener, listener_cap).map_err(|_| Full::Listener)?;
-        if raise_below(total, total_cap).is_err() {
-            listener.fetch_sub(1, Ordering::AcqRel);
+    /// Take a place if every cap allows. Safe against concurrent takers, and a count never
+    /// reads above its cap, not even for an instant: each is raised only while below its cap,
+    /// so a taker that will be refused never makes another listener (or a reader) see a full
+    /// count.
+    pub fn take(listener: Level<'_>, service: Level<'_>, total: Level<'_>) -> Result<Slot, Full> {
+        raise_below(listener.held, listener.cap).map_err(|_| Full::Listener)?;
+        if raise_below(service.held, service.cap).is_err() {
+            listener.held.fetch_sub(1, Ordering::AcqRel);
+            return Err(Full::Service);
+        }
+        if raise_below(total.held, total.cap).is_err() {
+            service.held.fetch_sub(1, Ordering::AcqRel);
+            listener.held.fetch_sub(1, Ordering::AcqRel);
             return Err(Full::DataPath);
         }
-        Ok(Slot { listener: listener.clone(), total: total.clone() })
+        Ok(Slot { listener: listener.held.clone(), service: service.held.clone(), total: total.held.clone() })
     }
 }
 
@@ -100,6 +124,7 @@ fn raise_below(count: &AtomicUsize, cap: usize) -> Result<usize, usize> {
 impl Drop for Slot {
     fn drop(&mut self) {
         self.listener.fetch_sub(1, Ordering::AcqRel);
+        self.service.fetch_sub(1, Ordering::AcqRel);
         self.total.fetch_sub(1, Ordering::AcqRel);
     }
 }
@@ -238,44 +263,73 @@ mod tests {
         SocketAddr::from(([127, 0, 0, 1], port))
     }
 
+    fn counts(listener: (usize, usize), service: (usize, usize), total: (usize, usize)) -> Counts {
+        Counts { listener, service, total }
+    }
+
     #[test]
-    fn the_listener_cap_is_checked_before_the_total() {
-        assert_eq!(admit(0, 1, 0, 1), Ok(()));
-        assert_eq!(admit(1, 1, 0, 10), Err(Full::Listener));
-        assert_eq!(admit(1, 2, 10, 10), Err(Full::DataPath));
-        assert_eq!(admit(5, 5, 10, 10), Err(Full::Listener));
+    fn the_listener_cap_is_checked_before_the_services_share_and_the_total() {
+        assert_eq!(admit(counts((0, 1), (0, 1), (0, 1))), Ok(()));
+        assert_eq!(admit(counts((1, 1), (1, 10), (1, 10))), Err(Full::Listener));
+        assert_eq!(admit(counts((1, 2), (3, 3), (3, 10))), Err(Full::Service), "the Service's listeners together");
+        assert_eq!(admit(counts((1, 2), (1, 5), (10, 10))), Err(Full::DataPath));
+        assert_eq!(admit(counts((5, 5), (5, 5), (10, 10))), Err(Full::Listener));
         assert_eq!(Full::Listener.reason(), "listener_limit");
+        assert_eq!(Full::Service.reason(), "service_limit");
         assert_eq!(Full::DataPath.reason(), "total_limit");
     }
 
     #[test]
     fn a_full_listener_evicts_its_oldest_session_and_an_empty_one_is_refused_when_the_total_is_full() {
-        assert_eq!(session_admission(3, 4, 3, 100), SessionAdmission::Open);
-        assert_eq!(session_admission(4, 4, 4, 100), SessionAdmission::EvictOldest);
-        assert_eq!(session_admission(2, 4, 100, 100), SessionAdmission::EvictOldest, "total full: recycle its own");
-        assert_eq!(session_admission(0, 4, 100, 100), SessionAdmission::Refuse, "nothing of its own to give back");
+        assert_eq!(session_admission(counts((3, 4), (3, 50), (3, 100))), SessionAdmission::Open);
+        assert_eq!(session_admission(counts((4, 4), (4, 50), (4, 100))), SessionAdmission::EvictOldest);
+        let total_full = counts((2, 4), (2, 50), (100, 100));
+        assert_eq!(session_admission(total_full), SessionAdmission::EvictOldest, "total full: recycle its own");
+        let nothing = counts((0, 4), (0, 50), (100, 100));
+        assert_eq!(session_admission(nothing), SessionAdmission::Refuse, "nothing of its own to give back");
+        let share_full = counts((0, 4), (50, 50), (60, 100));
+        assert_eq!(session_admission(share_full), SessionAdmission::Refuse, "its Service's share is taken");
+        assert_eq!(session_admission(counts((1, 4), (50, 50), (60, 100))), SessionAdmission::EvictOldest);
+    }
+
+    fn level(held: &Arc<AtomicUsize>, cap: usize) -> Level<'_> {
+        Level { held, cap }
     }
 
     #[test]
-    fn slots_hold_both_counts_and_give_them_back_when_dropped() {
+    fn slots_hold_every_count_and_give_them_back_when_dropped() {
         let listener = Arc::new(AtomicUsize::new(0));
         let other = Arc::new(AtomicUsize::new(0));
+        let third = Arc::new(AtomicUsize::new(0));
+        let service = Arc::new(AtomicUsize::new(0));
+        let neighbour = Arc::new(AtomicUsize::new(0));
         let total = Arc::new(AtomicUsize::new(0));
-        let a = Slot::take(&listener, 2, &total, 3).expect("room");
-        let b = Slot::take(&listener, 2, &total, 3).expect("room");
-        assert_eq!(Slot::take(&listener, 2, &total, 3).unwrap_err(), Full::Listener);
-        let c = Slot::take(&other, 2, &total, 3).expect("another listener still fits");
-        assert_eq!(Slot::take(&other, 2, &total, 3).unwrap_err(), Full::DataPath);
-        assert_eq!((listener.load(Ordering::SeqCst), total.load(Ordering::SeqCst)), (2, 3), "refusals take nothing");
-        drop((a, b, c));
-        assert_eq!((listener.load(Ordering::SeqCst), other.load(Ordering::SeqCst)), (0, 0));
-        assert_eq!(total.load(Ordering::SeqCst), 0);
+        let take = |l: &Arc<AtomicUsize>, s: &Arc<AtomicUsize>| Slot::take(level(l, 2), level(s, 3), level(&total, 4));
+        let a = take(&listener, &service).expect("room");
+        let b = take(&listener, &service).expect("room");
+        assert_eq!(take(&listener, &service).unwrap_err(), Full::Listener);
+        let c = take(&other, &service).expect("another listener of the Service still fits");
+        assert_eq!(take(&other, &service).unwrap_err(), Full::Service, "the Service holds its share");
+        let d = take(&third, &neighbour).expect("another Service still fits");
+        assert_eq!(take(&third, &neighbour).unwrap_err(), Full::DataPath);
+        let held = |c: &Arc<AtomicUsize>| c.load(Ordering::SeqCst);
+        assert_eq!(
+            (held(&listener), held(&other), held(&service), held(&total)),
+            (2, 1, 3, 4),
+            "refusals take nothing"
+        );
+        assert_eq!((held(&third), held(&neighbour)), (1, 1));
+        drop((a, b, c, d));
+        for count in [&listener, &other, &third, &service, &neighbour, &total] {
+            assert_eq!(held(count), 0);
+        }
     }
 
     #[test]
     fn concurrent_takers_never_push_a_count_above_its_cap() {
         let (listener, total) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-        let (cap, total_cap) = (8, 12);
+        let service = Arc::new(AtomicUsize::new(0));
+        let (cap, service_cap, total_cap) = (8, 10, 12);
         let max_seen = Arc::new(AtomicUsize::new(0));
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let watcher = {
@@ -288,11 +342,12 @@ mod tests {
         };
         let takers: Vec<_> = (0..4)
             .map(|_| {
-                let (listener, total) = (listener.clone(), total.clone());
+                let (listener, service, total) = (listener.clone(), service.clone(), total.clone());
                 std::thread::spawn(move || {
                     let (mut held, mut refused) = (Vec::new(), 0);
                     for round in 0..20_000 {
-                        match Slot::take(&listener, cap, &total, total_cap) {
+                        match Slot::take(level(&listener, cap), level(&service, service_cap), level(&total, total_cap))
+                        {
                             Ok(slot) => held.push(slot),
                             Err(_) => refused += 1,
                         }

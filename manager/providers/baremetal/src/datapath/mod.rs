@@ -12,9 +12,9 @@
 //!   `sessionAffinity: ClientIP`, and refuses clients outside `loadBalancerSourceRanges`;
 //! - reconfigures live: unchanged listeners keep their connections, connections to a removed
 //!   backend or on a removed port drain for [`Settings::drain_timeout`];
-//! - bounds what a flood can take: TCP connections per listener and in total, an idle timeout
-//!   for TCP, and UDP sessions per listener and in total, a full listener evicting its least
-//!   recently active session (see [`limits`]);
+//! - bounds what a flood can take: TCP connections per listener, per Service and in total, an
+//!   idle timeout for TCP, and UDP sessions per listener, per Service and in total, a full
+//!   listener evicting its least recently active session (see [`limits`]);
 //! - counts connections, bytes and backend health per Service and backend.
 
 pub mod config;
@@ -152,9 +152,14 @@ pub(crate) struct ServiceShared {
     held_tcp: Arc<AtomicUsize>,
     /// UDP sessions held in the whole data path.
     held_udp: Arc<AtomicUsize>,
+    /// TCP connections this Service holds over all its listeners (what its share counts).
+    service_tcp: Arc<AtomicUsize>,
+    /// UDP sessions this Service holds over all its listeners.
+    service_udp: Arc<AtomicUsize>,
     source_refused: Counter,
     no_backend: Counter,
     listener_full: Counter,
+    service_full: Counter,
     total_full: Counter,
     evicted: Counter,
     idle_closed: Counter,
@@ -169,6 +174,7 @@ impl ServiceShared {
     fn full(&self, full: limits::Full) -> &Counter {
         match full {
             limits::Full::Listener => &self.listener_full,
+            limits::Full::Service => &self.service_full,
             limits::Full::DataPath => &self.total_full,
         }
     }
@@ -390,9 +396,12 @@ impl DataPath {
             open_tcp: self.inner.open_tcp.clone(),
             held_tcp: self.inner.held_tcp.clone(),
             held_udp: self.inner.held_udp.clone(),
+            service_tcp: Arc::new(AtomicUsize::new(0)),
+            service_udp: Arc::new(AtomicUsize::new(0)),
             source_refused: refused("source_range"),
             no_backend: refused("no_backend"),
             listener_full: refused(limits::Full::Listener.reason()),
+            service_full: refused(limits::Full::Service.reason()),
             total_full: refused(limits::Full::DataPath.reason()),
             evicted: per_service(&self.inner.metrics.evicted),
             idle_closed: per_service(&self.inner.metrics.idle_closed),

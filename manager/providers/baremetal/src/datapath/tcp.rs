@@ -1,4 +1,5 @@
-//! The TCP proxy: accept (resetting connections beyond the listener's or the data path's cap),
+//! The TCP proxy: accept (resetting connections beyond the listener's, the Service's or the data
+//! path's cap),
 //! filter, pick a backend (trying the next one when a connect fails), then forward both ways
 //! (splice on Linux under load, see `splice.rs`; a buffer copy otherwise) until both sides have
 //! closed, either fails, no byte moves for the idle timeout, or the connection's drain ends.
@@ -16,7 +17,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 use super::config::Protocol;
-use super::limits::{IdleClock, Slot, idle_check_period};
+use super::limits::{IdleClock, Level, Slot, idle_check_period};
 use super::meter::Meter;
 use super::{ActiveGuard, PortShared};
 
@@ -30,8 +31,12 @@ const COPY_BUFFER: usize = 32 * 1024;
 
 pub(super) async fn serve(listener: TcpListener, port: Arc<PortShared>, stop: CancellationToken) {
     let service = &port.service;
-    let (listener_cap, total_cap) =
-        (service.settings.max_tcp_connections_per_listener, service.settings.max_tcp_connections);
+    let settings = &service.settings;
+    let (listener_cap, service_cap, total_cap) = (
+        settings.max_tcp_connections_per_listener,
+        settings.max_tcp_connections_per_service,
+        settings.max_tcp_connections,
+    );
     let mut warned: Option<Instant> = None;
     loop {
         let accepted = tokio::select! {
@@ -39,7 +44,11 @@ pub(super) async fn serve(listener: TcpListener, port: Arc<PortShared>, stop: Ca
             r = listener.accept() => r,
         };
         match accepted {
-            Ok((stream, peer)) => match Slot::take(&port.held, listener_cap, &service.held_tcp, total_cap) {
+            Ok((stream, peer)) => match Slot::take(
+                Level { held: &port.held, cap: listener_cap },
+                Level { held: &service.service_tcp, cap: service_cap },
+                Level { held: &service.held_tcp, cap: total_cap },
+            ) {
                 Ok(slot) => {
                     tokio::spawn(handle(stream, peer, port.clone(), slot));
                 }
@@ -50,7 +59,7 @@ pub(super) async fn serve(listener: TcpListener, port: Arc<PortShared>, stop: Ca
                     reset(stream);
                     if warned.is_none_or(|at| at.elapsed() >= FULL_WARNING_EVERY) {
                         warned = Some(Instant::now());
-                        tracing::warn!(service = %service.key, limit = full.reason(), listener_cap, total_cap, "TCP connection cap reached; new connections are reset");
+                        tracing::warn!(service = %service.key, limit = full.reason(), listener_cap, service_cap, total_cap, "TCP connection cap reached; new connections are reset");
                     }
                 }
             },

@@ -642,6 +642,38 @@ async fn the_data_path_total_caps_every_listener_together() {
 }
 
 #[tokio::test]
+async fn one_service_holds_at_most_its_share_over_all_its_listeners_and_leaves_the_rest_to_others() {
+    let b = 32;
+    tcp_backend("node-a", SocketAddr::new(ip(b, 1), NODE_PORT)).await;
+    let limited = Settings {
+        max_tcp_connections_per_listener: 2,
+        max_tcp_connections_per_service: 3,
+        max_tcp_connections: 10,
+        ..settings()
+    };
+    let (dp, metrics) = data_path(limited);
+    // A Service with two ports: each listener below its own cap, together at the share.
+    dp.apply(spec(b, &[(Protocol::Tcp, 80), (Protocol::Tcp, 81)], &[("node-a", 1)], HealthCheck::None)).unwrap();
+    let (on80, on81) = (SocketAddr::new(ip(b, 100), 80), SocketAddr::new(ip(b, 100), 81));
+    let _held = [
+        connect_from(None, on80).await.expect("80 #1"),
+        connect_from(None, on80).await.expect("80 #2"),
+        connect_from(None, on81).await.expect("81 #1"),
+    ];
+    assert!(is_refused(on81).await, "port 81 is below its own cap but the Service holds its share");
+    assert_eq!(refused_count(&metrics, b, "service_limit"), 1);
+    assert_eq!(refused_count(&metrics, b, "total_limit"), 0);
+    assert_eq!(dp.held().tcp_connections, 3);
+    // Another Service still gets connections: the rest of the total is not this one's.
+    let mut other = spec(b, &[(Protocol::Tcp, 90)], &[("node-a", 1)], HealthCheck::None);
+    other.key = "default/other-32".into();
+    other.addresses = vec![ip(b, 101)];
+    dp.apply(other).unwrap();
+    let (_, mut stream) = connect_from(None, SocketAddr::new(ip(b, 101), 90)).await.expect("the other Service");
+    assert!(echoes(&mut stream, "another Service forwards").await);
+}
+
+#[tokio::test]
 async fn a_tcp_connection_moving_no_byte_either_way_is_closed_after_the_idle_timeout() {
     let b = 29;
     tcp_backend("node-a", SocketAddr::new(ip(b, 1), NODE_PORT)).await;

@@ -2,7 +2,8 @@
 //! so replies find their client; sessions expire when idle. A listener keeps at most
 //! `max_udp_sessions_per_listener` sessions and, when full, evicts its least recently active
 //! one for a new client (a spoofed flood recycles the flooded listener's sessions, nothing
-//! else); the data path as a whole keeps at most `max_udp_sessions`.
+//! else); a Service keeps at most `max_udp_sessions_per_service` over all its listeners, and
+//! the data path as a whole at most `max_udp_sessions`.
 //!
 //! Memory per session is a task and a socket, not a buffer: replies are read into a buffer
 //! per worker thread and sent on at once without waiting (see [`relay_replies`]).
@@ -19,7 +20,7 @@ use tokio::net::UdpSocket;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::config::Protocol;
-use super::limits::{SessionAdmission, SessionTable, Slot, session_admission};
+use super::limits::{Counts, Full, Level, SessionAdmission, SessionTable, Slot, admit, session_admission};
 use super::{ActiveGuard, BackendRt, PortShared};
 
 /// The largest datagram forwarded (the UDP maximum).
@@ -49,7 +50,8 @@ struct Session {
 pub(super) async fn serve(socket: Arc<UdpSocket>, port: Arc<PortShared>, stop: CancellationToken) {
     let settings = &port.service.settings;
     let idle = settings.udp_idle_timeout.max(Duration::from_millis(10));
-    let (listener_cap, total_cap) = (settings.max_udp_sessions_per_listener, settings.max_udp_sessions);
+    let (listener_cap, service_cap, total_cap) =
+        (settings.max_udp_sessions_per_listener, settings.max_udp_sessions_per_service, settings.max_udp_sessions);
     let started = Instant::now();
     let now_us = move || started.elapsed().as_micros() as u64;
     let mut sessions: SessionTable<Session> = SessionTable::default();
@@ -79,8 +81,12 @@ pub(super) async fn serve(socket: Arc<UdpSocket>, port: Arc<PortShared>, stop: C
             sessions.get(&client).is_some_and(|s| !s.ended.load(Ordering::Relaxed) && s.target_port == target_port);
         if !reusable {
             sessions.remove(&client);
-            let total = port.service.held_udp.load(Ordering::Acquire);
-            match session_admission(sessions.len(), listener_cap, total, total_cap) {
+            let counts = Counts {
+                listener: (sessions.len(), listener_cap),
+                service: (port.service.service_udp.load(Ordering::Acquire), service_cap),
+                total: (port.service.held_udp.load(Ordering::Acquire), total_cap),
+            };
+            match session_admission(counts) {
                 SessionAdmission::Open => {}
                 SessionAdmission::EvictOldest => {
                     if sessions.evict_oldest(|s| s.last.load(Ordering::Relaxed)).is_some() {
@@ -88,11 +94,15 @@ pub(super) async fn serve(socket: Arc<UdpSocket>, port: Arc<PortShared>, stop: C
                     }
                 }
                 SessionAdmission::Refuse => {
-                    port.service.total_full.inc();
+                    port.service.full(admit(counts).err().unwrap_or(Full::DataPath)).inc();
                     continue;
                 }
             }
-            let slot = match Slot::take(&port.held, listener_cap, &port.service.held_udp, total_cap) {
+            let slot = match Slot::take(
+                Level { held: &port.held, cap: listener_cap },
+                Level { held: &port.service.service_udp, cap: service_cap },
+                Level { held: &port.service.held_udp, cap: total_cap },
+            ) {
                 Ok(slot) => slot,
                 // Another listener took the place freed above.
                 Err(full) => {

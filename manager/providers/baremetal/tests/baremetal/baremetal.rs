@@ -522,3 +522,75 @@ e2e_apiserver::backend_tests! {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// The `LoadBalancerProvisioned` condition of a Service, as (status, reason, message).
+fn provisioned(service: &Service) -> Option<(String, String, String)> {
+    let conditions = service.status.as_ref()?.conditions.as_ref()?;
+    let c = conditions.iter().find(|c| c.type_ == "LoadBalancerProvisioned")?;
+    Some((c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+const PORT_RULE_POOLS: &str = "\
+loadBalancer:
+  retryAfter: 1s
+  pools:
+    - {name: tenants, cidrs: [198.51.100.200/29], allowedPorts: [\"8080\"]}
+    - {name: lan, cidrs: [203.0.113.200/29]}
+";
+
+e2e_apiserver::backend_tests! {
+    /// Issue 45 item 4: in `ipMode: VIP` kube-proxy forwards whatever a Service's status
+    /// reports, so a port the pool refuses must take the address out of the status, not leave
+    /// the last good one there: an edit to a refused port clears the ingress (with the
+    /// condition naming the port), an edit back brings an address again, and a Node whose
+    /// address makes a pool one holding node addresses is re-checked by the host update.
+    async fn a_refused_port_in_vip_mode_takes_the_address_out_of_the_status_and_a_node_change_rechecks_it(backend) {
+        let cluster = TestCluster::start(backend).await.unwrap();
+        let ns = cluster.fresh_namespace("bm-vip-ports").await.unwrap();
+        let services: Api<Service> = Api::namespaced(cluster.client(), &ns);
+        let running =
+            start(&cluster, provider(PORT_RULE_POOLS), service_options(2), Box::new(ServiceController::new())).await;
+        let mut web = lb_service("web");
+        web.metadata.namespace = Some(ns.clone());
+        web.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].port = 8080;
+        services.create(&PostParams::default(), &web).await.unwrap();
+        let ip = wait_for_ip(&services, "web").await;
+        assert_eq!(ip, "198.51.100.200");
+
+        // An edit to a port the pool refuses (6443, the API server's) clears the ingress.
+        let to_port = |port: i32| json!({"spec": {"ports": [{"port": port, "protocol": "TCP"}]}});
+        services.patch("web", &PatchParams::default(), &Patch::Merge(to_port(6443))).await.unwrap();
+        let (status, reason, message) = eventually("web loses its address and says why", || async {
+            let svc = services.get("web").await.ok()?;
+            ips(&svc).is_empty().then(|| provisioned(&svc)).flatten()
+        })
+        .await;
+        assert_eq!((status.as_str(), reason.as_str()), ("False", "UnsupportedService"), "{message}");
+        assert!(message.contains("spec.ports[0].port: port 6443 is refused by pool tenants"), "{message}");
+        services.patch("web", &PatchParams::default(), &Patch::Merge(to_port(8080))).await.unwrap();
+        assert_eq!(wait_for_ip(&services, "web").await, ip, "back on an allowed port, the same address");
+
+        // A Node appearing with an address of pool lan makes it a pool of node addresses, where
+        // no port is allowed until allowedPorts lists some: the host update takes it out.
+        let mut api = lb_service("api");
+        api.metadata.namespace = Some(ns.clone());
+        api.metadata.annotations = Some(BTreeMap::from([("ccm.rs/address-pool".to_string(), "lan".to_string())]));
+        services.create(&PostParams::default(), &api).await.unwrap();
+        assert_eq!(wait_for_ip(&services, "api").await, "203.0.113.200");
+        let nodes: Api<Node> = Api::all(cluster.client());
+        let name = format!("{ns}-node");
+        let mut node = initialized_node(&name, None);
+        node.status = Some(serde_json::from_value(json!({"addresses": [{"type": "InternalIP", "address": "203.0.113.205"}]})).unwrap());
+        create_node(&nodes, &node).await;
+        let (_, reason, message) = eventually("api loses its address once the pool holds a node's", || async {
+            let svc = services.get("api").await.ok()?;
+            ips(&svc).is_empty().then(|| provisioned(&svc)).flatten()
+        })
+        .await;
+        assert_eq!(reason, "UnsupportedService", "{message}");
+        assert!(message.contains("refused by pool lan: the pool holds node addresses"), "{message}");
+        assert_eq!(ips(&services.get("web").await.unwrap()), std::slice::from_ref(&ip), "the other pool's Service keeps its address");
+        running.stop().await.unwrap();
+        nodes.delete(&name, &DeleteParams::default()).await.unwrap();
+    }
+}

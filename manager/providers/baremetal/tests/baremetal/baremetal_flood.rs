@@ -86,6 +86,7 @@ fn config(block: u8) -> String {
     - name: loopback
       cidrs: [127.{block}.0.240/29]
       allowLoopback: true
+      allowedPorts: [\"1024-65535\"]
 ",
         TCP_IDLE.as_secs()
     )

@@ -30,10 +30,11 @@ fn ip(block: u8, host: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(127, block, 0, host))
 }
 
-/// A proxy-mode cloud-config with a loopback pool and fast health checks on `HEALTH_PORT`.
+/// A proxy-mode cloud-config with a loopback pool and fast health checks on `HEALTH_PORT`. A
+/// loopback pool holds node addresses, so it lists the ports its Services may take.
 fn config(block: u8, extra: &str) -> String {
     format!(
-        "loadBalancer:\n  retryAfter: 1s\n  mode: proxy\n{extra}  proxy:\n    clusterHealthPort: {HEALTH_PORT}\n    healthCheckInterval: 100ms\n    healthCheckTimeout: 100ms\n    drainTimeout: 1s\n  pools:\n    - name: loopback\n      cidrs: [127.{block}.0.240/29]\n      allowLoopback: true\n"
+        "loadBalancer:\n  retryAfter: 1s\n  mode: proxy\n{extra}  proxy:\n    clusterHealthPort: {HEALTH_PORT}\n    healthCheckInterval: 100ms\n    healthCheckTimeout: 100ms\n    drainTimeout: 1s\n  pools:\n    - name: loopback\n      cidrs: [127.{block}.0.240/29]\n      allowLoopback: true\n      allowedPorts: [\"1-65535\"]\n"
     )
 }
 

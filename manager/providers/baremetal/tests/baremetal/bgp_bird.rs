@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ccm_provider_baremetal::announce::bgp::bird::{self, BgpError, BirdAnnouncer, BirdSettings, Changed};
-use ccm_provider_baremetal::announce::bgp::{BgpConfig, NodeFacts, PeerConfig, protocol_name};
+use ccm_provider_baremetal::announce::bgp::{Advertisement, BgpConfig, NodeFacts, PeerConfig, protocol_name};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -24,7 +24,7 @@ const PASSWORD: &str = "md5-test-pw";
 const WAIT: Duration = Duration::from_secs(10);
 
 /// Why this machine cannot run the test, if it cannot.
-fn missing_prerequisite() -> Option<&'static str> {
+pub(crate) fn missing_prerequisite() -> Option<&'static str> {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let root = status.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"));
     if !root {
@@ -130,7 +130,7 @@ fn ip(args: &[&str]) {
 }
 
 /// A BIRD command's answer as text, or the error as text.
-async fn show(socket: &Path, command: &str) -> String {
+pub(crate) async fn show(socket: &Path, command: &str) -> String {
     match bird::control(socket, command, Duration::from_secs(2)).await {
         Ok(reply) => reply.lines.into_iter().map(|(_, line)| line + "\n").collect(),
         Err(e) => format!("error: {e}"),
@@ -147,7 +147,7 @@ async fn established_since(socket: &Path, protocol: &str) -> Option<String> {
 }
 
 /// The routes the router learned, both tables, as `prefix via next-hop` text.
-async fn router_routes(socket: &Path) -> String {
+pub(crate) async fn router_routes(socket: &Path) -> String {
     let v4 = show(socket, "show route table master4").await;
     let v6 = show(socket, "show route table master6").await;
     format!("{v4}{v6}")
@@ -166,8 +166,11 @@ async fn until_routes(socket: &Path, what: &str, check: impl Fn(&str) -> bool) -
     }
 }
 
-fn set(addresses: &[&str]) -> BTreeSet<IpAddr> {
-    addresses.iter().map(|a| a.parse().expect("ip")).collect()
+/// `addresses` to advertise, in pools holding every test address.
+fn set(addresses: &[&str]) -> Advertisement {
+    let addresses: BTreeSet<IpAddr> = addresses.iter().map(|a| a.parse().expect("ip")).collect();
+    let prefixes = ["203.0.113.0/24", "2001:db8:cc::/64"].map(|p| p.parse().expect("prefix")).to_vec();
+    Advertisement { addresses, prefixes }
 }
 
 fn peer(address: &str, password_file: Option<PathBuf>) -> PeerConfig {
@@ -308,6 +311,9 @@ mod announcer_feeds_bgp {
     use std::time::Duration;
 
     use ccm_provider_baremetal::announce::announcer::{self, AnnouncerSettings};
+    use ccm_provider_baremetal::announce::bgp::Advertisement;
+    use ccm_provider_baremetal::announce::guard::Facts;
+    use ccm_provider_baremetal::ipam::IpBlock;
     use e2e_apiserver::TestCluster;
     use k8s_openapi::api::core::v1::Service;
     use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -325,10 +331,11 @@ mod announcer_feeds_bgp {
         namespace: &str,
         node: &str,
         cancel: &CancellationToken,
-    ) -> watch::Receiver<BTreeSet<IpAddr>> {
-        let mut settings = AnnouncerSettings::new(node, namespace);
+    ) -> watch::Receiver<Advertisement> {
+        let pools = ["198.51.100.0/24", "2001:db8:bb::/64"].map(|p| IpBlock::parse_cidr(p).expect("pool")).to_vec();
+        let mut settings = AnnouncerSettings::new(node, namespace).with_facts(Facts::of_pools(pools));
         settings.class = Some(CLASS.into());
-        let (bgp, advertised) = watch::channel(BTreeSet::new());
+        let (bgp, advertised) = watch::channel(Advertisement::default());
         settings.bgp = Some(bgp);
         let (owned, _) = watch::channel(BTreeSet::new());
         let (client, cancel) = (client.clone(), cancel.clone());
@@ -338,9 +345,9 @@ mod announcer_feeds_bgp {
         advertised
     }
 
-    async fn advertises(rx: &watch::Receiver<BTreeSet<IpAddr>>, want: &BTreeSet<IpAddr>) -> bool {
+    async fn advertises(rx: &watch::Receiver<Advertisement>, want: &BTreeSet<IpAddr>) -> bool {
         let mut rx = rx.clone();
-        tokio::time::timeout(WAIT, rx.wait_for(|set| set == want)).await.is_ok_and(|r| r.is_ok())
+        tokio::time::timeout(WAIT, rx.wait_for(|a| a.addresses == *want)).await.is_ok_and(|r| r.is_ok())
     }
 
     e2e_apiserver::backend_tests! {

@@ -30,14 +30,14 @@ fn ip(args: &[&str]) -> Result<(), String> {
     }
 }
 
-fn must(args: &[&str]) {
+pub(crate) fn must(args: &[&str]) {
     if let Err(e) = ip(args) {
         panic!("{e}");
     }
 }
 
 /// The namespaces of one test run, deleted when dropped (also while panicking).
-struct Namespaces(Vec<String>);
+pub(crate) struct Namespaces(pub(crate) Vec<String>);
 
 impl Drop for Namespaces {
     fn drop(&mut self) {
@@ -48,7 +48,7 @@ impl Drop for Namespaces {
 }
 
 /// Runs `f` on a thread that entered namespace `ns`; sockets it opens stay in `ns`.
-fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+pub(crate) fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
     let path = format!("/var/run/netns/{ns}");
     std::thread::spawn(move || {
         let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
@@ -61,14 +61,14 @@ fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) ->
     .expect("namespace thread")
 }
 
-fn sysctl(ns: &str, key: &str, value: &str) {
+pub(crate) fn sysctl(ns: &str, key: &str, value: &str) {
     let path = format!("/proc/sys/{}", key.replace('.', "/"));
     let value = value.to_string();
     in_ns(ns, move || std::fs::write(&path, value).unwrap_or_else(|e| panic!("{path}: {e}")));
 }
 
 /// Why this test cannot run here, if it cannot.
-fn cannot_run() -> Option<String> {
+pub(crate) fn cannot_run() -> Option<String> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         return Some("needs root for network namespaces (CI runs as root): sudo -E cargo test -p ccm-provider-baremetal --test baremetal l2_announce".into());
@@ -84,7 +84,7 @@ fn cannot_run() -> Option<String> {
 }
 
 /// Serves the node's name to every connection on `listener`.
-fn serve(listener: TcpListener, name: &'static str) {
+pub(crate) fn serve(listener: TcpListener, name: &'static str) {
     std::thread::spawn(move || {
         for stream in listener.incoming().flatten() {
             let mut stream = stream;
@@ -94,7 +94,7 @@ fn serve(listener: TcpListener, name: &'static str) {
 }
 
 /// Which node answers on `vip` from the client's namespace, if any.
-fn who_answers(vip: IpAddr) -> Option<String> {
+pub(crate) fn who_answers(vip: IpAddr) -> Option<String> {
     let mut stream = TcpStream::connect_timeout(&SocketAddr::new(vip, PORT), Duration::from_millis(300)).ok()?;
     stream.set_read_timeout(Some(Duration::from_millis(500))).ok()?;
     let mut name = String::new();
@@ -103,7 +103,7 @@ fn who_answers(vip: IpAddr) -> Option<String> {
 }
 
 /// The client's neighbour entry for `vip` (its link-layer address), as `ip neigh` shows it.
-fn neighbour(client: &str, vip: IpAddr) -> String {
+pub(crate) fn neighbour(client: &str, vip: IpAddr) -> String {
     let out = Command::new("ip").args(["-n", client, "neigh", "show", &vip.to_string()]).output().expect("ip neigh");
     String::from_utf8_lossy(&out.stdout).to_string()
 }
@@ -259,6 +259,8 @@ mod announcer_on_the_api_server {
     use ccm_provider_baremetal::announce::announce_reasons::L2_ANNOUNCING;
     use ccm_provider_baremetal::announce::announcer::{self, AnnouncerSettings, lease_name};
     use ccm_provider_baremetal::announce::elect;
+    use ccm_provider_baremetal::announce::guard::Facts;
+    use ccm_provider_baremetal::ipam::IpBlock;
     use e2e_apiserver::TestCluster;
     use k8s_openapi::api::coordination::v1::Lease;
     use k8s_openapi::api::core::v1::Service;
@@ -280,7 +282,8 @@ mod announcer_on_the_api_server {
     }
 
     fn start(client: &kube::Client, namespace: &str, node: &str) -> Running {
-        let mut settings = AnnouncerSettings::new(node, namespace);
+        let pools = ["192.0.2.0/24", "2001:db8::/64"].map(|p| IpBlock::parse_cidr(p).expect("pool")).to_vec();
+        let mut settings = AnnouncerSettings::new(node, namespace).with_facts(Facts::of_pools(pools));
         settings.class = Some(CLASS.into());
         settings.lease_duration = Duration::from_secs(2);
         settings.renew_interval = Duration::from_millis(500);
@@ -384,5 +387,91 @@ mod announcer_on_the_api_server {
                 r.task.await.unwrap();
             }
         }
+    }
+
+    e2e_apiserver::backend_tests! {
+    /// Issue 45 item 3: an announcer announces only what the pools hand out. An address written
+    /// by hand into a Service's status outside every pool, or a Node's address inside one, is
+    /// never owned (so never answered) and never handed to BGP, and the node that would have
+    /// announced it says why on the Service; BGP's export filter gets the pools' prefixes; a
+    /// pool edit in the mounted cloud-config reaches the announcer without a restart.
+    async fn an_address_outside_the_pools_or_of_a_node_is_never_announced_and_is_reported_on_its_service(backend) {
+        use ccm_provider_baremetal::announce::announce_reasons::ANNOUNCEMENT_REFUSED;
+        use ccm_provider_baremetal::announce::bgp::Advertisement;
+        use ccm_provider_baremetal::announce::sources::{self, SourceSettings};
+        use k8s_openapi::api::core::v1::Node;
+        let cluster = TestCluster::start(backend).await.unwrap();
+        let client = cluster.client();
+        let namespace = cluster.fresh_namespace("l2-guard").await.unwrap();
+        let services: Api<Service> = Api::namespaced(client.clone(), &namespace);
+        let ingress = |ips: &[&str]| {
+            let list: Vec<serde_json::Value> = ips.iter().map(|ip| json!({"ip": ip, "ipMode": "VIP"})).collect();
+            json!({"status": {"loadBalancer": {"ingress": list}}})
+        };
+        // A Node whose address lies inside the pool: a Service claiming it must not take it over.
+        let nodes: Api<Node> = Api::all(client.clone());
+        let node_name = format!("{namespace}-node");
+        let node: Node = serde_json::from_value(json!({"metadata": {"name": node_name},
+            "status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.250"}]}})).unwrap();
+        nodes.create(&PostParams::default(), &node).await.unwrap();
+        nodes.patch_status(&node_name, &PatchParams::default(), &Patch::Merge(json!({"status": node.status}))).await.unwrap();
+        for (name, ips) in [("web", &["192.0.2.10"][..]), ("intruder", &["198.51.100.66", "192.0.2.250"][..])] {
+            services.create(&PostParams::default(), &crate::kit::classed_lb_service(&namespace, name, 80, CLASS)).await.unwrap();
+            services.patch_status(name, &PatchParams::default(), &Patch::Merge(&ingress(ips))).await.unwrap();
+        }
+
+        // The announcer's facts come from its mounted cloud-config, read again as it changes.
+        let dir = std::env::temp_dir().join(format!("ccm-guard-{namespace}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("cloud.yaml");
+        let pools = |cidrs: &str| format!("loadBalancer:\n  pools:\n    - {{name: lan, cidrs: [{cidrs}]}}\n");
+        std::fs::write(&path, pools("192.0.2.0/24")).unwrap();
+        let config = ccm_provider_baremetal::config::parse(&std::fs::read(&path).unwrap()).unwrap();
+        let cancel = CancellationToken::new();
+        let mut source_settings = SourceSettings::new(&path);
+        source_settings.reread = Duration::from_millis(100);
+        let facts = sources::spawn(client.clone(), config, source_settings, Default::default, cancel.clone());
+        let mut settings = AnnouncerSettings::new("node-g", &namespace);
+        settings.class = Some(CLASS.into());
+        (settings.lease_duration, settings.renew_interval, settings.settle) =
+            (Duration::from_secs(2), Duration::from_millis(500), Duration::from_millis(500));
+        settings.facts = facts;
+        let (bgp, mut advertised) = watch::channel(Advertisement::default());
+        settings.bgp = Some(bgp);
+        let (tx, mut owned) = watch::channel(BTreeSet::new());
+        let events = EventSink::spawn(client.clone(), Some("node-g".into()), cancel.clone());
+        let task = tokio::spawn({
+            let (client, cancel) = (client.clone(), cancel.clone());
+            async move { announcer::run(client, settings, tx, Some(events), cancel).await.expect("announcer runs") }
+        });
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let web: BTreeSet<IpAddr> = [ip("192.0.2.10")].into();
+        let wait = Duration::from_secs(20);
+        tokio::time::timeout(wait, owned.wait_for(|o| *o == web)).await.expect("web's address is owned").unwrap();
+        let advertisement = tokio::time::timeout(wait, advertised.wait_for(|a| a.addresses == web)).await.unwrap().unwrap().clone();
+        assert_eq!(advertisement.prefixes, ["192.0.2.0/24".parse::<ipnet::IpNet>().unwrap()], "BIRD's filter: the pools only");
+
+        let event_api: Api<Event> = Api::namespaced(client.clone(), &namespace);
+        let joined = eventually("an AnnouncementRefused event naming both of the intruder's addresses", || async {
+            event_api.list(&ListParams::default()).await.ok()?.items.into_iter()
+                .filter(|e| e.reason.as_deref() == Some(ANNOUNCEMENT_REFUSED) && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("intruder"))
+                .filter_map(|e| e.note)
+                .find(|n| n.contains("198.51.100.66") && n.contains("192.0.2.250"))
+        }).await;
+        assert!(joined.contains("198.51.100.66 is not announced") && joined.contains("no load-balancer pool"), "{joined}");
+        assert!(joined.contains("192.0.2.250 is not announced") && joined.contains("a node's address"), "{joined}");
+        assert_eq!(*owned.borrow(), web, "the intruder's addresses are never owned");
+        assert_eq!(advertised.borrow().addresses, web, "nor advertised");
+
+        // A pool edit in the mounted file reaches the announcer: the intruder's first address is
+        // now a pool's and is announced; the Node's never is.
+        std::fs::write(&path, pools("192.0.2.0/24, 198.51.100.64/28")).unwrap();
+        let both: BTreeSet<IpAddr> = [ip("192.0.2.10"), ip("198.51.100.66")].into();
+        tokio::time::timeout(wait, owned.wait_for(|o| *o == both)).await.expect("the edit reaches the announcer").unwrap();
+        cancel.cancel();
+        task.await.unwrap();
+        nodes.delete(&node_name, &Default::default()).await.unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     }
 }

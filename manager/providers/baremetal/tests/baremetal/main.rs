@@ -3,6 +3,7 @@
 //! proxy mode under a flood (`baremetal_flood`), on both API server backends. One test binary
 //! links the dependency tree once; shared helpers live in `kit`. Run one module with `cargo test -p ccm-provider-baremetal --test baremetal baremetal_proxy::`.
 
+mod announce_guard;
 mod baremetal;
 mod baremetal_flood;
 mod baremetal_proxy;

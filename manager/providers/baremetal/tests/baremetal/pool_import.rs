@@ -21,11 +21,19 @@ use kube::core::GroupVersionKind;
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 
-const CONFIG: &str = "\
-loadBalancer:
-  poolResources: true
-  importPools: [metallb, cilium]
-";
+/// The cloud-config importing MetalLB's pools from `metallb_namespace` and Cilium's.
+fn config(metallb_namespace: &str) -> String {
+    format!(
+        "loadBalancer:\n  poolResources: true\n  importPools: [{{source: metallb, namespace: {metallb_namespace}}}, cilium]\n"
+    )
+}
+
+/// The `LoadBalancerProvisioned` condition's (reason, message) of a Service, once it has one.
+fn refusal(service: &Service) -> Option<(String, String)> {
+    let conditions = service.status.as_ref()?.conditions.as_ref()?;
+    let c = conditions.iter().find(|c| c.type_ == "LoadBalancerProvisioned" && c.status == "False")?;
+    Some((c.reason.clone(), c.message.clone()))
+}
 
 fn crd(group: &str, kind: &str, plural: &str, namespaced: bool, versions: &[&str]) -> CustomResourceDefinition {
     let versions: Vec<Value> = versions
@@ -93,7 +101,7 @@ e2e_apiserver::backend_tests! {
         let options = || ControllerOptions { concurrent_service_syncs: 2, ..Default::default() };
 
         // No MetalLB or Cilium CRD yet: the leader starts and says so.
-        let provider = Arc::new(BaremetalProvider::from_cloud_config(Some(CONFIG.as_bytes())).unwrap());
+        let provider = Arc::new(BaremetalProvider::from_cloud_config(Some(config("metallb-system").as_bytes())).unwrap());
         let running = run_controller(cluster.client(), provider.clone() as Arc<dyn CloudProvider>, options(), Box::new(ServiceController::new())).await;
         let message = health_message(provider.health().await);
         assert!(message.contains("no IPAddressPool resource is served (metallb.io CRD not installed)"), "{message}");
@@ -104,24 +112,40 @@ e2e_apiserver::backend_tests! {
         cluster.install_crd(&metallb_crd).await.unwrap();
         cluster.install_crd(&cilium_crd).await.unwrap();
         let metallb_ns = cluster.fresh_namespace("metallb").await.unwrap();
-        let metallb: Api<DynamicObject> = Api::namespaced_with(cluster.client(), &metallb_ns, &dynamic("metallb.io", "v1beta1", "IPAddressPool", "ipaddresspools"));
+        let pools_resource = dynamic("metallb.io", "v1beta1", "IPAddressPool", "ipaddresspools");
+        let metallb: Api<DynamicObject> = Api::namespaced_with(cluster.client(), &metallb_ns, &pools_resource);
+        let elsewhere_ns = cluster.fresh_namespace("not-metallb").await.unwrap();
+        let elsewhere: Api<DynamicObject> = Api::namespaced_with(cluster.client(), &elsewhere_ns, &pools_resource);
         let cilium: Api<DynamicObject> = Api::all_with(cluster.client(), &dynamic("cilium.io", "v2", "CiliumLoadBalancerIPPool", "ciliumloadbalancerippools"));
         let object = |api_version: &str, kind: &str, name: &str, spec: Value| -> DynamicObject {
             serde_json::from_value(json!({"apiVersion": api_version, "kind": kind, "metadata": {"name": name}, "spec": spec})).unwrap()
         };
-        // Two service selectors: MetalLB admits either, which one pool cannot say (a warning).
+        let ns = cluster.fresh_namespace("apps").await.unwrap();
         metallb.create(&pp, &object("metallb.io/v1beta1", "IPAddressPool", "lan", json!({
             "addresses": ["198.51.100.0/29", "198.51.100.64-198.51.100.65"],
+            "serviceAllocation": {"namespaces": [ns]},
+        }))).await.unwrap();
+        // Two service selectors: MetalLB admits either, which one pool cannot say: not imported
+        // (it used to be imported admitting every Service).
+        metallb.create(&pp, &object("metallb.io/v1beta1", "IPAddressPool", "wide", json!({
+            "addresses": ["198.51.100.32/29"],
             "serviceAllocation": {"serviceSelectors": [{"matchLabels": {"a": "1"}}, {"matchLabels": {"b": "2"}}]},
+        }))).await.unwrap();
+        // A pool outside MetalLB's namespace is not MetalLB's: never read.
+        elsewhere.create(&pp, &object("metallb.io/v1beta1", "IPAddressPool", "planted", json!({
+            "addresses": ["198.51.100.96/29"],
         }))).await.unwrap();
         cilium.create(&pp, &object("cilium.io/v2", "CiliumLoadBalancerIPPool", "edge", json!({
             "allowFirstLastIPs": "No", "blocks": [{"cidr": "203.0.113.0/29"}],
         }))).await.unwrap();
+        // A disabled Cilium pool: its Services keep their addresses, nobody gets a new one.
+        cilium.create(&pp, &object("cilium.io/v2", "CiliumLoadBalancerIPPool", "off", json!({
+            "disabled": true, "allowFirstLastIPs": "No", "blocks": [{"cidr": "203.0.113.64/29"}],
+        }))).await.unwrap();
 
         // Services as MetalLB and Cilium left them: addresses in status, their annotations.
-        let ns = cluster.fresh_namespace("apps").await.unwrap();
         let services: Api<Service> = Api::namespaced(cluster.client(), &ns);
-        let before: [(&str, i32, &[(&str, &str)], &str); 7] = [
+        let before: [(&str, i32, &[(&str, &str)], &str); 8] = [
             ("m-plain", 80, &[("metallb.io/ip-allocated-from-pool", "lan")], "198.51.100.3"),
             ("m-asked", 80, &[("metallb.io/loadBalancerIPs", "198.51.100.64")], "198.51.100.64"),
             ("m-share-a", 80, &[("metallb.io/allow-shared-ip", "k")], "198.51.100.5"),
@@ -129,6 +153,7 @@ e2e_apiserver::backend_tests! {
             ("c-plain", 80, &[], "203.0.113.6"),
             ("c-share-a", 80, &[("lbipam.cilium.io/sharing-key", "s")], "203.0.113.1"),
             ("c-share-b", 53, &[("lbipam.cilium.io/sharing-key", "s")], "203.0.113.1"),
+            ("c-held", 80, &[], "203.0.113.66"),
         ];
         for (name, port, annotations, ip) in before {
             services.create(&pp, &lb_service(&ns, name, port, annotations)).await.unwrap();
@@ -138,7 +163,7 @@ e2e_apiserver::backend_tests! {
         let seen = watch_addresses(services.clone());
         let mark = cluster.request_log().mark();
 
-        let provider = Arc::new(BaremetalProvider::from_cloud_config(Some(CONFIG.as_bytes())).unwrap());
+        let provider = Arc::new(BaremetalProvider::from_cloud_config(Some(config(&metallb_ns).as_bytes())).unwrap());
         let started = std::time::Instant::now();
         let running = run_controller(cluster.client(), provider.clone() as Arc<dyn CloudProvider>, options(), Box::new(ServiceController::new())).await;
 
@@ -173,15 +198,34 @@ e2e_apiserver::backend_tests! {
         });
         assert_eq!(writes, 0, "no status write to a Service that keeps its address");
 
-        // A warning names the field MetalLB's pool loses, as an event on that pool.
+        // The pool one pool cannot express says why it is not imported, as an event on it.
         let events: Api<Event> = Api::namespaced(cluster.client(), &metallb_ns);
-        let note = eventually("a PoolImportWarning event on the MetalLB pool", || async {
+        let note = eventually("a PoolNotImported event on the MetalLB pool wide", || async {
             let list = events.list(&ListParams::default()).await.ok()?;
-            list.items.into_iter().find(|e| e.reason.as_deref() == Some("PoolImportWarning")).and_then(|e| e.note)
+            list.items.into_iter().find(|e| {
+                e.reason.as_deref() == Some("PoolNotImported") && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("wide")
+            }).and_then(|e| e.note)
         }).await;
-        assert!(note.contains("spec.serviceAllocation.serviceSelectors") && note.contains("admits every Service"), "{note}");
+        assert!(note.contains("spec.serviceAllocation.serviceSelectors") && note.contains("not imported"), "{note}");
         let message = health_message(provider.health().await);
-        assert!(message.contains("2 pools imported (1 with warnings, 0 not imported)"), "{message}");
+        assert!(message.contains("3 pools imported (1 with warnings, 1 not imported)"), "{message}");
+        let planted_events: Api<Event> = Api::namespaced(cluster.client(), &elsewhere_ns);
+        assert!(planted_events.list(&ListParams::default()).await.unwrap().items.is_empty(), "the planted pool is never read");
+
+        // Addresses of the pools left out cannot be had: none of them is in a pool.
+        for (name, ip, why) in [
+            ("w-asked", "198.51.100.33", "in no load-balancer pool"),
+            ("p-asked", "198.51.100.97", "in no load-balancer pool"),
+            ("c-asked", "203.0.113.67", "pool cilium:off is disabled"),
+        ] {
+            services.create(&pp, &lb_service(&ns, name, 80, &[("metallb.io/loadBalancerIPs", ip)])).await.unwrap();
+            let (reason, message) = eventually(&format!("{name} is refused {ip}"), || async {
+                refusal(&services.get(name).await.ok()?)
+            }).await;
+            assert_eq!(reason, "RequestedAddressUnavailable", "{name}: {message}");
+            assert!(message.contains(why), "{name}: {message}");
+            assert!(ingress(&services.get(name).await.unwrap()).is_empty(), "{name} got no address");
+        }
         println!(
             "pool import ({}): {} Services kept their addresses, {writes} status writes to them, all synced in {:.2?}",
             cluster.backend().name(), before.len(), synced

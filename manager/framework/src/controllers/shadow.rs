@@ -39,7 +39,7 @@ impl std::fmt::Debug for Comparer {
 impl Comparer {
     /// The comparer of `controller` when the manager runs in shadow mode, else `None`.
     pub fn from_context(ctx: &Context, controller: &'static str) -> Option<Self> {
-        let shadow = ctx.options.shadow.clone()?;
+        let shadow = ctx.shadow.clone()?;
         shadow.register(controller);
         let metrics = ShadowMetrics::register(&ctx.metrics);
         metrics.observe(controller, &shadow.summary(0));

@@ -1,4 +1,5 @@
-//! The `cloud-controller-manager` program, for any registry of providers.
+//! `run_main`: the `cloud-controller-manager` program from its arguments to its exit code, for
+//! any registry of providers.
 //!
 //! A vendor's whole `main.rs`:
 //!
@@ -16,10 +17,12 @@ use std::sync::Arc;
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
+use super::flags::Flags;
+use super::settings::Settings;
 use crate::client::{self, RateLimitLayer};
+use crate::engine::startup::start_up_checks;
 use crate::engine::{EngineBuilder, LeaderLoss};
 use crate::error::Error;
-use crate::flags::{self, Flags, Settings};
 use crate::metrics::Metrics;
 use crate::process::{init_logging, shutdown_on_signal};
 use crate::registry::{ClusterSettings, Registry};
@@ -95,7 +98,7 @@ pub async fn run(registry: Registry, mut settings: Settings, shutdown: Cancellat
     let provider = registry
         .create_bounded(&settings.provider, cloud_config, &cluster, crate::registry::FACTORY_TIME_LIMIT)
         .await?;
-    flags::start_up_checks(&mut settings.options, provider.as_ref(), settings.allow_untagged_cloud)?;
+    start_up_checks(&mut settings.options, provider.as_ref(), settings.allow_untagged_cloud)?;
     if let Some(path) = settings.cloud_config.clone() {
         // Edits reach the provider without a restart where it can take them (see config_watch).
         tokio::spawn(crate::config_watch::watch(

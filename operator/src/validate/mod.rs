@@ -1,0 +1,39 @@
+//! Validation (pure): is a CloudControllerManager usable as specified? Produces the
+//! `ConfigValid` verdict and, when valid, what the build step and an embedded engine need.
+//!
+//! One job per file: [`pipeline`] runs the checks in order and gives the verdict ([`verdict`]);
+//! [`conflicts`] between resources, [`manager_config`] (spec to `ManagerConfig`), installation
+//! [`policy`] and [`environment`] are its parts; [`bounded`] runs it off the async runtime
+//! within a time limit. [`secret`] is its input from the dereference step.
+
+pub mod bounded;
+pub mod conflicts;
+pub mod environment;
+pub mod manager_config;
+pub mod pipeline;
+pub mod policy;
+pub mod secret;
+pub mod verdict;
+
+#[cfg(test)]
+mod testing;
+
+pub use bounded::{PARSE_TIME_LIMIT, Subject, parse_timed_out, validate_bounded};
+pub use conflicts::{
+    Peer, RESERVED_LEASE_NAMES, RESERVED_LEASE_PREFIXES, conflicts_of, name_conflicts, reserved_lease_name,
+};
+pub use environment::{
+    AllowedNamespaces, Environment, check_environment, lease_namespace_not_allowed, namespace_not_allowed,
+    runs_proxy_data_path,
+};
+pub use manager_config::{
+    Controllers, effective_leader_migration, foreign_lease_namespace, leader_migration_of, manager_config,
+    manager_config_with, migration_lease_name, migration_lease_namespace,
+};
+pub use pipeline::{check, validate};
+pub use policy::{
+    ALLOWED_EXTRA_ARGS, DEFAULT_MAX_REPLICAS, DEFAULT_PRIORITY_CLASS, Policy, announcer_refused, check_policy,
+    extra_arg_refused, image_allowed,
+};
+pub use secret::SecretState;
+pub use verdict::{Checked, CloudConfigRef, Failure, Validated, Validation};
