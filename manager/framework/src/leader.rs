@@ -246,6 +246,35 @@ pub enum TermEnd {
     Stopped,
 }
 
+/// Writes `lease` back without a holder. A conflict means the Lease moved since we last read
+/// it: a renewal whose answer we never saw (its task was cancelled on the way out) moves it too,
+/// so the Lease is read again and, if we still hold it, released from that read, once.
+async fn release_lease(api: &Api<Lease>, name: &str, identity: &str, mut lease: Lease) -> Result<Lease, kube::Error> {
+    let params = PostParams::default();
+    clear_holder(&mut lease);
+    match api.replace(name, &params, &lease).await {
+        Err(kube::Error::Api(status)) if status.is_conflict() => {
+            let mut fresh = api.get(name).await?;
+            if fresh.spec.as_ref().and_then(|s| s.holder_identity.as_deref()) != Some(identity) {
+                return Err(kube::Error::Api(status));
+            }
+            clear_holder(&mut fresh);
+            api.replace(name, &params, &fresh).await
+        }
+        result => result,
+    }
+}
+
+/// A Lease record with no holder, free to take at once.
+fn clear_holder(lease: &mut Lease) {
+    let now = MicroTime(Timestamp::now());
+    let spec = lease.spec.get_or_insert_with(Default::default);
+    spec.holder_identity = None;
+    spec.lease_duration_seconds = Some(1);
+    spec.renew_time = Some(now.clone());
+    spec.acquire_time = Some(now);
+}
+
 /// What became of a held Lease on the way out ([`LeaderElector::release`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Release {
@@ -408,19 +437,10 @@ impl LeaderElector {
         if !self.status().leading {
             return Release::NotHeld;
         }
-        let Some(mut lease) = self.last.take() else { return Release::NotHeld };
-        let now = MicroTime(Timestamp::now());
-        let spec = lease.spec.get_or_insert_with(Default::default);
-        spec.holder_identity = None;
-        spec.lease_duration_seconds = Some(1);
-        spec.renew_time = Some(now.clone());
-        spec.acquire_time = Some(now);
-        // kube's request tracing logs a refused connection at ERROR; for this one request that
-        // is no news, so it runs without a subscriber and the outcome is logged below instead.
-        let params = PostParams::default();
-        let request = self
-            .api
-            .replace(&self.config.name, &params, &lease)
+        let Some(lease) = self.last.take() else { return Release::NotHeld };
+        // kube's request tracing logs a refused connection at ERROR; for these requests that
+        // is no news, so they run without a subscriber and the outcome is logged below instead.
+        let request = release_lease(&self.api, &self.config.name, &self.config.identity, lease)
             .with_subscriber(tracing::subscriber::NoSubscriber::default());
         let result = tokio::time::timeout(RELEASE_TIMEOUT, request).await;
         self.lose(None);
@@ -646,6 +666,37 @@ mod tests {
         assert!(bad.validate().unwrap_err().contains("lease-duration"));
         let bad = LeaderElectionConfig { retry_period: Duration::from_secs(9), ..ok.clone() };
         assert!(bad.validate().unwrap_err().contains("retry-period"));
+    }
+
+    #[tokio::test]
+    async fn a_renewal_whose_answer_was_lost_does_not_keep_the_lease_from_being_released() {
+        let server = e2e_apiserver::TestApiServer::start().await.unwrap();
+        let config = LeaderElectionConfig::new("kube-system", "lost-renewal");
+        let identity = config.identity.clone();
+        let mut elector = LeaderElector::new(server.client(), config);
+        assert!(elector.acquire(&CancellationToken::new()).await, "the Lease is free");
+        // A renewal that reached the API server but whose answer the cancelled task never read:
+        // the Lease moved on under the same holder.
+        let api: Api<Lease> = Api::namespaced(server.client(), "kube-system");
+        let mut moved = api.get("lost-renewal").await.unwrap();
+        moved.spec.as_mut().unwrap().renew_time = Some(MicroTime(Timestamp::now()));
+        api.replace("lost-renewal", &PostParams::default(), &moved).await.unwrap();
+
+        assert!(matches!(elector.release().await, Release::Released));
+        let after = api.get("lost-renewal").await.unwrap();
+        assert_eq!(after.spec.unwrap().holder_identity, None, "released, not left to expire");
+
+        // Another candidate that took the Lease meanwhile keeps it.
+        let mut elector = LeaderElector::new(server.client(), LeaderElectionConfig::new("kube-system", "taken"));
+        assert!(elector.acquire(&CancellationToken::new()).await);
+        let mut taken = api.get("taken").await.unwrap();
+        taken.spec.as_mut().unwrap().holder_identity = Some("someone-else".into());
+        api.replace("taken", &PostParams::default(), &taken).await.unwrap();
+        assert!(matches!(elector.release().await, Release::AlreadyTaken));
+        let kept = api.get("taken").await.unwrap();
+        assert_eq!(kept.spec.unwrap().holder_identity.as_deref(), Some("someone-else"));
+        assert_ne!(identity, "someone-else");
+        server.shutdown().await;
     }
 
     #[tokio::test]
