@@ -18,7 +18,7 @@ pub enum Error {
     Kube(#[from] kube::Error),
     /// The local API server failed.
     #[error("local API server: {0}")]
-    ApiServer(#[from] e2e_apiserver::Error),
+    ApiServer(#[from] memory_apiserver::Error),
     /// The operator failed to start.
     #[error("operator: {0}")]
     Operator(#[from] operator::Error),

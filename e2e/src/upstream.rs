@@ -56,8 +56,8 @@ pub fn binary() -> Result<PathBuf, String> {
 /// Why an upstream scenario cannot run here (`None` when it can): the binary or the genuine
 /// control plane's assets are missing.
 pub fn skip_reason() -> Option<String> {
-    if e2e_apiserver::genuine::assets_dir().is_none() {
-        return Some(format!("{} is unset or lacks kube-apiserver and etcd", e2e_apiserver::genuine::ASSETS_ENV));
+    if testkit::genuine::assets_dir().is_none() {
+        return Some(format!("{} is unset or lacks kube-apiserver and etcd", testkit::genuine::ASSETS_ENV));
     }
     binary().err()
 }

@@ -5,10 +5,7 @@ use std::path::PathBuf;
 use crds::CloudControllerManager;
 use crds::validation::validate_spec;
 use serde_json::Value;
-
-fn workspace_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+use testkit::workspace_root;
 
 #[test]
 fn committed_crd_matches_the_rust_types() {

@@ -17,11 +17,11 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use e2e::bench::{BoxError, ChildGuard};
-use e2e_apiserver::{RemoteControl, TestApiServer};
 use futures::{StreamExt, TryStreamExt};
 use http_body_util::BodyExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
+use memory_apiserver::{RemoteControl, TestApiServer};
 use serde_json::json;
 
 /// Benchmarks the local test API server.

@@ -32,16 +32,16 @@ use std::time::{Duration, Instant};
 use ccm_framework::cache::{Cache, Change, run_watch};
 use clap::Parser;
 use e2e::bench::{self, BackendArg, BoxError, proc_status_kib};
-use e2e_apiserver::genuine::ControlPlane;
-use e2e_apiserver::{RequestLog, TestApiServer};
-use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus, Taint};
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::watcher;
+use testkit::fixtures::UNINITIALIZED;
+use testkit::genuine::ControlPlane;
+use testkit::{Meta, NodeFixture, RequestLog, TestApiServer};
 use tokio::task::JoinSet;
 
 /// The taint kubelet registers Nodes with under `--cloud-provider=external`.
-const UNINITIALIZED: &str = "node.cloudprovider.kubernetes.io/uninitialized";
 /// Label marking the Nodes this driver created (so a real cluster's own Nodes are left alone).
 const BENCH_LABEL: &str = "bench.ccm.rs/node";
 /// Field manager of the driver's own writes.
@@ -146,7 +146,7 @@ async fn run_once(args: &Args, label: &str, command: &str, log_dir: &Path) -> Re
     };
     let plane = match (&args.kubeconfig, args.backend) {
         (None, BackendArg::Genuine) => {
-            let assets = e2e_apiserver::genuine::assets_dir().ok_or("--backend genuine needs CCM_TEST_ASSETS")?;
+            let assets = testkit::genuine::assets_dir().ok_or("--backend genuine needs CCM_TEST_ASSETS")?;
             Some(tokio::task::block_in_place(|| ControlPlane::start_on_own_thread(assets))?)
         }
         _ => None,
@@ -341,38 +341,13 @@ fn is_tainted(node: &Node) -> bool {
     node.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|ts| ts.iter().any(|t| t.key == UNINITIALIZED))
 }
 
-/// A Node as kubelet registers it with `--cloud-provider=external`.
-fn kubelet_node(name: &str) -> Node {
-    Node {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            labels: Some(BTreeMap::from([
-                ("kubernetes.io/hostname".to_string(), name.to_string()),
-                ("kubernetes.io/os".to_string(), "linux".to_string()),
-                (BENCH_LABEL.to_string(), "true".to_string()),
-            ])),
-            ..Default::default()
-        },
-        spec: Some(NodeSpec {
-            taints: Some(vec![Taint {
-                key: UNINITIALIZED.into(),
-                value: Some("true".into()),
-                effect: "NoSchedule".into(),
-                time_added: None,
-            }]),
-            ..Default::default()
-        }),
-        status: Some(NodeStatus {
-            addresses: Some(vec![NodeAddress { type_: "Hostname".into(), address: name.into() }]),
-            conditions: Some(vec![NodeCondition {
-                type_: "Ready".into(),
-                status: "True".into(),
-                reason: Some("KubeletReady".into()),
-                ..Default::default()
-            }]),
-            ..Default::default()
-        }),
-    }
+/// A Node as kubelet registers it with `--cloud-provider=external`: host name, Linux, Ready,
+/// labelled as the benchmark's.
+fn bench_node(name: &str) -> Node {
+    testkit::kubelet_node(name)
+        .with_hostname()
+        .with_labels(&[("kubernetes.io/os", "linux"), (BENCH_LABEL, "true")])
+        .ready()
 }
 
 async fn create_nodes(api: &Api<Node>, count: usize) -> Result<(), BoxError> {
@@ -387,7 +362,7 @@ async fn create_nodes(api: &Api<Node>, count: usize) -> Result<(), BoxError> {
             done??;
         }
         let (api, pp) = (api.clone(), pp.clone());
-        tasks.spawn(async move { api.create(&pp, &kubelet_node(&format!("bench-node-{i:05}"))).await.map(|_| ()) });
+        tasks.spawn(async move { api.create(&pp, &bench_node(&format!("bench-node-{i:05}"))).await.map(|_| ()) });
     }
     while let Some(done) = tasks.join_next().await {
         done??;

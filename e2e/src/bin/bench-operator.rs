@@ -26,7 +26,6 @@ use clap::Parser;
 use crds::CloudControllerManager;
 use crds::conditions::{self, types};
 use e2e::bench::{self, BackendArg, ChildGuard, proc_status_kib};
-use e2e_apiserver::{Backend, TestCluster};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Namespace;
@@ -35,6 +34,7 @@ use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, CustomResourceExt, ResourceExt};
 use serde_json::{Value, json};
+use testkit::{Backend, TestCluster};
 
 /// The user agent of the driver's own requests.
 const DRIVER: &str = "bench-operator-driver";
@@ -169,17 +169,17 @@ async fn play_cluster(client: Client, mut stop: tokio::sync::watch::Receiver<boo
 }
 
 /// A write of the run: anyone's but the API server's own.
-fn is_run_write(r: &e2e_apiserver::RequestRecord) -> bool {
+fn is_run_write(r: &testkit::RequestRecord) -> bool {
     r.is_write() && r.user.as_deref() != Some("system:apiserver")
 }
 
 /// A write of the operator (or its engines): the run's, not the driver's.
-fn is_operator_write(r: &e2e_apiserver::RequestRecord) -> bool {
+fn is_operator_write(r: &testkit::RequestRecord) -> bool {
     is_run_write(r) && r.user_agent != DRIVER
 }
 
 /// A Lease write (the audit log names the resource with its group, the local log without).
-fn is_lease(r: &e2e_apiserver::RequestRecord) -> bool {
+fn is_lease(r: &testkit::RequestRecord) -> bool {
     r.resource.as_deref().is_some_and(|x| x == "leases" || x.starts_with("leases."))
 }
 

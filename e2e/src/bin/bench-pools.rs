@@ -42,14 +42,14 @@ use ccm_framework::events::EventSink;
 use ccm_provider_baremetal::announce::announcer::{self, AnnouncerSettings, LEASE_LABEL, LEASE_LABEL_L2};
 use ccm_provider_baremetal::announce::elect;
 use ccm_provider_baremetal::announce::guard::Facts;
-use ccm_provider_baremetal::ipam::IpBlock;
 use ccm_provider_baremetal::ipam::ADDRESS_POOL_ANNOTATION;
+use ccm_provider_baremetal::ipam::IpBlock;
 use clap::Parser;
 use e2e::bench::{self, BackendArg, BoxError, ManagerProcess, create_all, proc_cpu_secs, proc_status_kib};
-use e2e_apiserver::{Backend, TestCluster};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeStatus, Service, ServicePort, ServiceSpec};
-use kube::api::{Api, ListParams, ObjectMeta};
+use k8s_openapi::api::core::v1::{Node, Service};
+use kube::api::{Api, ListParams};
+use testkit::{Backend, Meta, NodeFixture, TestCluster};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::{mpsc, watch};
 
@@ -450,49 +450,17 @@ fn pool_of(ip: IpAddr) -> Option<usize> {
 
 /// A Ready Node as a kubelet registers it.
 fn node(name: &str) -> Node {
-    Node {
-        metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
-        status: Some(NodeStatus {
-            conditions: Some(vec![NodeCondition {
-                type_: "Ready".into(),
-                status: "True".into(),
-                ..Default::default()
-            }]),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
+    testkit::node(name).ready()
 }
 
 /// Service `svc-<i>`, asking for pool `i % pools`.
 fn service(namespace: &str, i: usize, pools: usize) -> Service {
-    Service {
-        metadata: ObjectMeta {
-            name: Some(format!("svc-{i}")),
-            namespace: Some(namespace.into()),
-            annotations: Some(BTreeMap::from([(ADDRESS_POOL_ANNOTATION.to_string(), format!("pool-{}", i % pools))])),
-            ..Default::default()
-        },
-        spec: Some(ServiceSpec {
-            type_: Some("LoadBalancer".into()),
-            selector: Some(BTreeMap::from([("app".to_string(), format!("svc-{i}"))])),
-            ports: Some(vec![ServicePort { name: Some("http".into()), port: 80, ..Default::default() }]),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
+    let pool = format!("pool-{}", i % pools);
+    testkit::lb_service(namespace, &format!("svc-{i}")).with_annotations(&[(ADDRESS_POOL_ANNOTATION, &pool)])
 }
 
 fn note_addresses(addresses: &mut BTreeMap<String, Vec<IpAddr>>, service: &Service) {
-    let ips: Vec<IpAddr> = service
-        .status
-        .as_ref()
-        .and_then(|s| s.load_balancer.as_ref())
-        .and_then(|l| l.ingress.as_ref())
-        .into_iter()
-        .flatten()
-        .filter_map(|i| i.ip.as_deref()?.parse().ok())
-        .collect();
+    let ips: Vec<IpAddr> = testkit::ingress_ips(service).iter().filter_map(|ip| ip.parse().ok()).collect();
     if !ips.is_empty() {
         addresses.insert(service.metadata.name.clone().unwrap_or_default(), ips);
     }

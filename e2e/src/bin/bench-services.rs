@@ -34,12 +34,10 @@ use std::time::{Duration, Instant};
 use ccm_framework::cache::{Cache, Change};
 use clap::Parser;
 use e2e::bench::{self, BackendArg, BoxError, ManagerProcess, create_all, has_ingress, metric_by};
-use e2e_apiserver::genuine::ControlPlane;
-use e2e_apiserver::{RequestLog, TestApiServer};
-use k8s_openapi::api::core::v1::{
-    Namespace, Node, NodeCondition, NodeSpec, NodeStatus, Service, ServicePort, ServiceSpec,
-};
+use k8s_openapi::api::core::v1::{Namespace, Node, Service};
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use testkit::genuine::ControlPlane;
+use testkit::{NodeFixture, RequestLog, TestApiServer};
 
 /// Field manager of everything the driver writes; other writes are the manager's.
 const DRIVER: &str = "bench-services";
@@ -256,7 +254,7 @@ fn cpu_of(pids: &[u32]) -> f64 {
 async fn cluster(args: &Args, index: usize) -> Result<Cluster, BoxError> {
     match &args.kubeconfig {
         None if args.backend == BackendArg::Genuine => {
-            let assets = e2e_apiserver::genuine::assets_dir().ok_or("--backend genuine needs CCM_TEST_ASSETS")?;
+            let assets = testkit::genuine::assets_dir().ok_or("--backend genuine needs CCM_TEST_ASSETS")?;
             let (plane, keep) = tokio::task::block_in_place(|| ControlPlane::start_on_own_thread(assets))?;
             Ok(Cluster {
                 client: plane.admin_client().await?,
@@ -309,32 +307,16 @@ fn post() -> PostParams {
 /// A Node as a kubelet registers it once running: with its providerID and Ready (so the
 /// lifecycle controller, when enabled, has no reason to ask the cloud about it).
 fn node(name: &str) -> Node {
-    Node {
-        metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
-        spec: Some(NodeSpec { provider_id: Some(format!("fake://{name}")), ..Default::default() }),
-        status: Some(NodeStatus {
-            conditions: Some(vec![NodeCondition {
-                type_: "Ready".into(),
-                status: "True".into(),
-                ..Default::default()
-            }]),
-            ..Default::default()
-        }),
-    }
+    testkit::node(name).with_provider_id(&format!("fake://{name}")).ready()
 }
 
+/// A LoadBalancer Service; without node ports when `node_ports` is false.
 fn service(ns: &str, name: &str, node_ports: bool) -> Service {
-    Service {
-        metadata: ObjectMeta { name: Some(name.into()), namespace: Some(ns.into()), ..Default::default() },
-        spec: Some(ServiceSpec {
-            type_: Some("LoadBalancer".into()),
-            selector: Some(BTreeMap::from([("app".to_string(), name.to_string())])),
-            ports: Some(vec![ServicePort { name: Some("http".into()), port: 80, ..Default::default() }]),
-            allocate_load_balancer_node_ports: (!node_ports).then_some(false),
-            ..Default::default()
-        }),
-        ..Default::default()
+    let mut service = testkit::lb_service(ns, name);
+    if let Some(spec) = service.spec.as_mut() {
+        spec.allocate_load_balancer_node_ports = (!node_ports).then_some(false);
     }
+    service
 }
 
 fn metric_total(text: &str, metric: &str) -> u64 {

@@ -21,18 +21,16 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use e2e::bench::{BoxError, ManagerProcess, metric_by};
-use e2e_apiserver::RequestLog;
-use e2e_apiserver::genuine::ControlPlane;
-use k8s_openapi::api::core::v1::{
-    Namespace, Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus, Service, ServicePort, ServiceSpec, Taint,
-};
+use k8s_openapi::api::core::v1::{Namespace, Node, Service};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ListParams, ObjectMeta, PostParams};
+use testkit::fixtures::UNINITIALIZED;
+use testkit::genuine::ControlPlane;
+use testkit::{NodeFixture, RequestLog};
 use tokio::task::JoinSet;
 
 /// Field manager of the driver's writes; every other write is the manager's.
 const DRIVER: &str = "bench-shadow";
-const UNINITIALIZED: &str = "node.cloudprovider.kubernetes.io/uninitialized";
 const NAMESPACE: &str = "bench";
 /// The CloudControllerManager both managers report on (kube-system/bench).
 const RESOURCE: &str = "bench";
@@ -107,7 +105,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
     let cloud_config = work.join("fake.yaml");
     // batchSize 1: one lookup call per Node, so calls count objects read (as upstream calls).
     std::fs::write(&cloud_config, "profile: bench\nbatchSize: 1\n")?;
-    let assets = e2e_apiserver::genuine::assets_dir().ok_or("bench-shadow needs CCM_TEST_ASSETS")?;
+    let assets = testkit::genuine::assets_dir().ok_or("bench-shadow needs CCM_TEST_ASSETS")?;
     let (plane, _keep) = tokio::task::block_in_place(|| ControlPlane::start_on_own_thread(assets))?;
     let client = plane.admin_client().await?;
     let kubeconfig = plane.admin_kubeconfig_path();
@@ -188,47 +186,15 @@ fn post() -> PostParams {
 
 /// A Node as kubelet with `--cloud-provider=external` registers it: tainted, Ready, with its
 /// own addresses (which the bench profile reports back).
-fn kubelet_node(i: usize) -> Node {
+fn bench_node(i: usize) -> Node {
     let name = format!("bench-node-{i:05}");
-    Node {
-        metadata: ObjectMeta { name: Some(name.clone()), ..Default::default() },
-        spec: Some(NodeSpec {
-            taints: Some(vec![Taint {
-                key: UNINITIALIZED.into(),
-                value: Some("true".into()),
-                effect: "NoSchedule".into(),
-                time_added: None,
-            }]),
-            ..Default::default()
-        }),
-        status: Some(NodeStatus {
-            addresses: Some(vec![
-                NodeAddress { type_: "InternalIP".into(), address: format!("10.1.{}.{}", i / 250, i % 250 + 1) },
-                NodeAddress { type_: "Hostname".into(), address: name },
-            ]),
-            conditions: Some(vec![NodeCondition {
-                type_: "Ready".into(),
-                status: "True".into(),
-                reason: Some("KubeletReady".into()),
-                ..Default::default()
-            }]),
-            ..Default::default()
-        }),
-    }
+    let ip = format!("10.1.{}.{}", i / 250, i % 250 + 1);
+    testkit::kubelet_node(&name).with_address("InternalIP", &ip).with_address("Hostname", &name).ready()
 }
 
-fn lb_service(i: usize) -> Service {
-    let name = format!("svc-{i:04}");
-    Service {
-        metadata: ObjectMeta { name: Some(name.clone()), namespace: Some(NAMESPACE.into()), ..Default::default() },
-        spec: Some(ServiceSpec {
-            type_: Some("LoadBalancer".into()),
-            selector: Some(BTreeMap::from([("app".to_string(), name)])),
-            ports: Some(vec![ServicePort { name: Some("http".into()), port: 80, ..Default::default() }]),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
+/// The benchmark's Service `i`.
+fn bench_service(i: usize) -> Service {
+    testkit::lb_service(NAMESPACE, &format!("svc-{i:04}"))
 }
 
 async fn create_objects(client: &kube::Client, args: &Args) -> Result<(), BoxError> {
@@ -255,10 +221,10 @@ async fn create_objects(client: &kube::Client, args: &Args) -> Result<(), BoxErr
         }
         if i < args.nodes {
             let api = nodes.clone();
-            tasks.spawn(async move { api.create(&post(), &kubelet_node(i)).await.map(|_| ()) });
+            tasks.spawn(async move { api.create(&post(), &bench_node(i)).await.map(|_| ()) });
         } else {
             let api = services.clone();
-            tasks.spawn(async move { api.create(&post(), &lb_service(i - node_count)).await.map(|_| ()) });
+            tasks.spawn(async move { api.create(&post(), &bench_service(i - node_count)).await.map(|_| ()) });
         }
     }
     while let Some(done) = tasks.join_next().await {

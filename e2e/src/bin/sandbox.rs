@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
 use e2e::demo::{self, Demo, DemoMode, DemoOptions};
-use e2e_apiserver::Sandbox;
+use memory_apiserver::Sandbox;
 use tracing_subscriber::EnvFilter;
 
 /// How long the demo may take to reach its final picture before the sandbox says so (and keeps

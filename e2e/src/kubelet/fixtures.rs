@@ -2,22 +2,13 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeStatus, Service, ServicePort, ServiceSpec};
+use k8s_openapi::api::core::v1::{Node, Service, ServicePort, ServiceSpec};
 use kube::api::ObjectMeta;
+use testkit::NodeFixture;
 
 /// A Node with a Hostname and an InternalIP address.
 pub(super) fn node(name: &str, ip: &str) -> Arc<Node> {
-    Arc::new(Node {
-        metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
-        status: Some(NodeStatus {
-            addresses: Some(vec![
-                NodeAddress { type_: "Hostname".into(), address: name.into() },
-                NodeAddress { type_: "InternalIP".into(), address: ip.into() },
-            ]),
-            ..Default::default()
-        }),
-        ..Default::default()
-    })
+    Arc::new(testkit::node(name).with_address("Hostname", name).with_address("InternalIP", ip))
 }
 
 /// A `LoadBalancer` Service `demo/<name>` on port 80 with these (protocol, nodePort) ports;

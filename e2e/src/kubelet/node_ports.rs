@@ -159,11 +159,11 @@ async fn sync_node_ports(
 #[cfg(test)]
 mod tests {
     use std::net::IpAddr;
-    use std::time::Instant;
 
     use super::*;
     use crate::kubelet::fixtures::{node, service};
     use kube::api::{Patch, PatchParams};
+    use testkit::eventually;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     /// GET `/` on `addr`; the response body.
@@ -176,22 +176,7 @@ mod tests {
         response.split_once("\r\n\r\n").map(|(_, body)| body.to_string())
     }
 
-    async fn eventually<T, F, Fut>(what: &str, f: F) -> T
-    where
-        F: Fn() -> Fut,
-        Fut: std::future::Future<Output = Option<T>>,
-    {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(v) = f().await {
-                return v;
-            }
-            assert!(Instant::now() < deadline, "{what}: not reached in 30 s");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    e2e_apiserver::backend_tests! {
+    testkit::backend_tests! {
         /// The sandbox's picture end to end: emulated Nodes on loopback answer on the nodePorts,
         /// the baremetal provider in proxy mode serves the Service's address, and a GET on
         /// `<EXTERNAL-IP>:<port>` (TCP) and a datagram (UDP) come back naming Node and Service;
@@ -201,7 +186,7 @@ mod tests {
             use ccm_framework::provider::CloudProvider;
             use ccm_provider_baremetal::BaremetalProvider;
 
-            let cluster = e2e_apiserver::TestCluster::start(backend).await.unwrap();
+            let cluster = testkit::TestCluster::start(backend).await.unwrap();
             let b: u8 = if cluster.is_genuine() { 160 } else { 60 };
             let ns = cluster.fresh_namespace("node-ports").await.unwrap();
             let nodes: Api<Node> = Api::all(cluster.client());

@@ -8,12 +8,12 @@ use crate::kit::{
     BAREMETAL_ANNOUNCING, announcing_settings, apply_as_operator, apply_dynamic, edited,
     install_chart_rbac_and_policies, operator_children, operator_children_with,
 };
-use e2e_apiserver::{Backend, TestCluster};
 use kube::Client;
 use kube::api::Api;
 use operator::build::{self, BuildSettings};
 use serde_json::{Value, json};
 use std::time::Duration;
+use testkit::{Backend, TestCluster};
 
 /// A server-side apply of `object` as `client` with the operator's field manager.
 async fn apply_as(client: &Client, object: &Value) -> Result<(), kube::Error> {

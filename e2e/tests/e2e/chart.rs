@@ -11,7 +11,7 @@ use crate::kit::in_ci;
 use std::path::PathBuf;
 use std::process::Command;
 
-use e2e_apiserver::TestCluster;
+use testkit::TestCluster;
 
 /// `run.py`'s exit code for "a tool is missing, skipped".
 const SKIPPED: i32 = 77;
@@ -20,7 +20,7 @@ fn chart_tests() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../charts/ccm-operator/tests/run.py")
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn chart_lints_renders_and_installs_with_real_helm(backend) {
         if Command::new("python3").arg("--version").output().is_err() {
             assert!(!in_ci(), "python3 is missing, and CI=true makes that a failure");

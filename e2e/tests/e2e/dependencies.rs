@@ -7,11 +7,11 @@
 //! The checks are pure ([`check`]); a crafted graph shows each rule refuses what it should, naming
 //! the crate and the rule.
 
-use crate::kit::root;
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 
 use serde_json::Value;
+use testkit::workspace_root;
 
 // ---------------------------------------------------------------------------------------------
 // deny.toml: the TOML subset it is written in (tables, strings, booleans, numbers, arrays and
@@ -399,14 +399,17 @@ fn workspace_packages() -> Vec<Package> {
     let metadata = || {
         Command::new(&cargo)
             .args(["metadata", "--format-version", "1", "--locked", "--offline", "--all-features"])
-            .current_dir(root())
+            .current_dir(workspace_root())
             .output()
             .expect("cargo metadata runs")
     };
     let mut out = metadata();
     if !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--offline was specified") {
-        let fetched =
-            Command::new(&cargo).args(["fetch", "--locked"]).current_dir(root()).output().expect("cargo fetch runs");
+        let fetched = Command::new(&cargo)
+            .args(["fetch", "--locked"])
+            .current_dir(workspace_root())
+            .output()
+            .expect("cargo fetch runs");
         assert!(fetched.status.success(), "cargo fetch --locked failed: {}", String::from_utf8_lossy(&fetched.stderr));
         out = metadata();
     }
@@ -427,7 +430,7 @@ fn workspace_packages() -> Vec<Package> {
 }
 
 fn repo_policy() -> Policy {
-    policy(&std::fs::read_to_string(root().join("deny.toml")).expect("deny.toml is readable"))
+    policy(&std::fs::read_to_string(workspace_root().join("deny.toml")).expect("deny.toml is readable"))
 }
 
 #[test]

@@ -6,9 +6,9 @@
 //! *reasons { .. }` block, `REASON_*` constants, and literal reasons passed to
 //! `Health::unhealthy(..)` or next to an `EventType::..` argument.
 
-use crate::kit::root;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use testkit::workspace_root;
 
 /// Crates whose source may emit reasons.
 const SOURCE_DIRS: [&str; 7] = [
@@ -119,13 +119,13 @@ fn literals_after(code: &str, marker: &str, skip_ident: bool) -> Vec<String> {
 fn reasons_in_code() -> BTreeSet<(String, String)> {
     let mut files = Vec::new();
     for dir in SOURCE_DIRS {
-        rust_files(&root().join(dir), &mut files);
+        rust_files(&workspace_root().join(dir), &mut files);
     }
     let mut found = BTreeSet::new();
     for file in files {
         let text = std::fs::read_to_string(&file).expect("source file is readable");
         let code = non_test_code(&text);
-        let at = file.strip_prefix(root()).unwrap_or(&file).display().to_string();
+        let at = file.strip_prefix(workspace_root()).unwrap_or(&file).display().to_string();
         let mut add = |value: String| {
             if is_reason(&value) {
                 found.insert((value, at.clone()));
@@ -145,7 +145,7 @@ fn reasons_in_code() -> BTreeSet<(String, String)> {
 }
 
 fn troubleshooting() -> String {
-    std::fs::read_to_string(root().join("docs/troubleshooting.md")).expect("docs/troubleshooting.md exists")
+    std::fs::read_to_string(workspace_root().join("docs/troubleshooting.md")).expect("docs/troubleshooting.md exists")
 }
 
 #[test]
@@ -235,7 +235,7 @@ fn relative_links(markdown: &str) -> Vec<String> {
 
 #[test]
 fn links_between_docs_resolve() {
-    let docs = root().join("docs");
+    let docs = workspace_root().join("docs");
     let mut broken = Vec::new();
     for entry in std::fs::read_dir(&docs).expect("docs/ exists").flatten() {
         let path = entry.path();
@@ -266,7 +266,7 @@ fn resolved_features(args: &[&str]) -> std::collections::BTreeMap<String, String
         .arg("tree")
         .args(args)
         .args(["--format", "{p} [{f}]", "--prefix", "none"])
-        .current_dir(root())
+        .current_dir(workspace_root())
         .output()
         .expect("cargo tree runs");
     assert!(out.status.success(), "cargo tree failed: {}", String::from_utf8_lossy(&out.stderr));
@@ -304,7 +304,7 @@ fn the_readme_commands_resolve_the_same_features_so_neither_rebuilds_the_other()
             None => differ.push(format!("{package}: only in the run build")),
         }
     }
-    let workspace = root().canonicalize().unwrap().display().to_string();
+    let workspace = workspace_root().canonicalize().unwrap().display().to_string();
     for package in test.keys().filter(|p| !run.contains_key(*p)) {
         // Members the sandbox does not depend on (the example provider) are built by the tests only.
         if !package.contains(&workspace) {
@@ -400,7 +400,7 @@ fn cited_files() -> Vec<PathBuf> {
         }
     }
     let mut out = Vec::new();
-    walk(&root(), &mut out);
+    walk(&workspace_root(), &mut out);
     out
 }
 
@@ -423,7 +423,7 @@ fn function_names(files: &[PathBuf]) -> BTreeSet<String> {
 
 /// The rows of the reference: ID (or `§6 item N`) and the test column, `None` for `n/a`.
 fn reference_rows() -> Vec<(String, Option<String>)> {
-    let doc = std::fs::read_to_string(root().join("docs/behaviours.md")).expect("docs/behaviours.md");
+    let doc = std::fs::read_to_string(workspace_root().join("docs/behaviours.md")).expect("docs/behaviours.md");
     doc.lines()
         .filter_map(|line| {
             let cells: Vec<&str> =
@@ -458,7 +458,8 @@ fn behaviour_reference_covers_every_cited_id() {
         let text = std::fs::read_to_string(file).unwrap_or_default();
         for id in cited_ids(&text) {
             if !listed.contains(id.as_str()) {
-                missing.push(format!("{id} (cited in {})", file.strip_prefix(root()).unwrap_or(file).display()));
+                missing
+                    .push(format!("{id} (cited in {})", file.strip_prefix(workspace_root()).unwrap_or(file).display()));
             }
         }
     }

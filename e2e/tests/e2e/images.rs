@@ -7,7 +7,6 @@
 //! that need it are skipped with one printed line. Running the binaries inside the image (chroot,
 //! as root) and `ctr images import` (when a containerd answers) are checked where possible.
 
-use crate::kit::root;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -15,9 +14,10 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::Value;
+use testkit::workspace_root;
 
 fn script() -> PathBuf {
-    root().join("e2e/realcluster/mkimage.py")
+    workspace_root().join("e2e/realcluster/mkimage.py")
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -40,7 +40,7 @@ struct Dockerfile {
 }
 
 fn dockerfile() -> Dockerfile {
-    let text = std::fs::read_to_string(root().join("Dockerfile")).expect("the Dockerfile is readable");
+    let text = std::fs::read_to_string(workspace_root().join("Dockerfile")).expect("the Dockerfile is readable");
     parse_dockerfile(&text)
 }
 
@@ -180,7 +180,7 @@ fn crates_of(package: &str, feature_args: &[&str]) -> BTreeSet<String> {
         .args(["tree", "-p", package, "-e", "normal", "--prefix", "none", "--format", "{p}"])
         .args(["--locked", "--offline"])
         .args(feature_args)
-        .current_dir(root())
+        .current_dir(workspace_root())
         .output()
         .expect("cargo tree runs");
     assert!(out.status.success(), "cargo tree failed: {}", String::from_utf8_lossy(&out.stderr));
@@ -192,7 +192,7 @@ fn crates_of(package: &str, feature_args: &[&str]) -> BTreeSet<String> {
 
 #[test]
 fn the_production_image_builds_the_manager_without_the_fake_provider_and_cargo_run_keeps_it() {
-    let text = std::fs::read_to_string(root().join("Dockerfile")).expect("the Dockerfile is readable");
+    let text = std::fs::read_to_string(workspace_root().join("Dockerfile")).expect("the Dockerfile is readable");
     let features = dockerfile_features(&text);
     assert!(!features.iter().any(|f| f == "fake"), "the production default must leave out fake: {features:?}");
     let production = manager_crates(&["--no-default-features", "--features", &features.join(",")]);
@@ -209,7 +209,7 @@ fn the_production_image_builds_the_manager_without_the_fake_provider_and_cargo_r
 
 #[test]
 fn the_production_operator_knows_only_the_providers_its_manager_image_has() {
-    let text = std::fs::read_to_string(root().join("Dockerfile")).expect("the Dockerfile is readable");
+    let text = std::fs::read_to_string(workspace_root().join("Dockerfile")).expect("the Dockerfile is readable");
     let features = dockerfile_features(&text);
     // One cargo build of both binaries: ccm-builtin, the one provider list, is compiled once with
     // one feature set and linked into both.
@@ -587,7 +587,7 @@ fn an_unsupported_dockerfile_form_is_refused_with_its_line() {
     }
     let dir = TempDir::new("refused");
     let bin = stand_in_binaries(&dir.0);
-    let original = std::fs::read_to_string(root().join("Dockerfile")).expect("the Dockerfile");
+    let original = std::fs::read_to_string(workspace_root().join("Dockerfile")).expect("the Dockerfile");
     let cases = [
         // An instruction the script does not reproduce, in the runtime stage.
         ("USER 65532:65532", "USER 65532:65532\nRUN true", "RUN in the runtime stage is not supported"),

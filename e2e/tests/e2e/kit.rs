@@ -1,27 +1,27 @@
-//! The shared harness of this test binary: the operator scenarios' cluster and namespace
-//! ([`Env`]), waiting, the one tracing subscriber and its log capture, and request-log filters.
+//! What the modules of this test binary share beyond the test kit (`testkit`, which waits and
+//! builds fixtures): the operator scenarios' cluster and namespace ([`Env`]), the one tracing
+//! subscriber and its log capture, request-log filters, the chart rendered by Helm, and what the
+//! operator builds for a resource.
 //!
-//! Each scenario runs on both backends (`e2e_apiserver::backend_tests!`): the local API server,
+//! Each scenario runs on both backends (`testkit::backend_tests!`): the local API server,
 //! and a genuine etcd + kube-apiserver when `CCM_TEST_ASSETS` is set. It installs the CRD and
 //! works in a namespace of its own. The genuine backend runs no kube-controller-manager, so the
 //! harness may play the Deployment and DaemonSet controllers (write workload status) on both.
 #![allow(dead_code)]
 
-use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, Once};
 use std::time::Duration;
 
 use crds::CloudControllerManager;
 use crds::conditions::{self, types};
-use e2e_apiserver::{Backend, RequestLog, RequestRecord, TestCluster};
-use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, Resource};
 use operator::{OperatorConfig, OperatorHandle, Scope, Timings};
 use serde_json::{Value, json};
+use testkit::{Backend, RequestLog, RequestRecord, TestCluster, WAIT, poll_within};
 use tracing_subscriber::filter::{EnvFilter, FilterExt, filter_fn};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -29,8 +29,6 @@ use tracing_subscriber::{Layer, fmt};
 
 /// The user agent of the harness's own requests, so request-log checks can leave them out.
 pub const HARNESS_AGENT: &str = "ccm-operator-e2e-harness";
-/// How long a scenario waits for one expectation.
-pub const WAIT: Duration = Duration::from_secs(30);
 
 static NEXT: AtomicUsize = AtomicUsize::new(0);
 
@@ -129,16 +127,7 @@ impl Env {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let ns = format!("e2e-{name}-{}-{n}", std::process::id());
         let namespaces: Api<Namespace> = Api::all(harness.clone());
-        namespaces
-            .create(
-                &PostParams::default(),
-                &Namespace {
-                    metadata: ObjectMeta { name: Some(ns.clone()), ..Default::default() },
-                    ..Default::default()
-                },
-            )
-            .await
-            .expect("the namespace is created");
+        namespaces.create(&PostParams::default(), &testkit::namespace(&ns)).await.expect("the namespace is created");
         Env { cluster, client, harness, ns }
     }
 
@@ -205,16 +194,7 @@ impl Env {
 
     /// Create or replace a cloud-config Secret (labelled for the operator) with one key.
     pub async fn secret(&self, name: &str, key: &str, value: &str) {
-        let secret = Secret {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                namespace: Some(self.ns.clone()),
-                labels: Some(cloud_config_labels()),
-                ..Default::default()
-            },
-            data: Some([(key.to_string(), ByteString(value.as_bytes().to_vec()))].into()),
-            ..Default::default()
-        };
+        let secret = testkit::cloud_config_secret(&self.ns, name, key, value.as_bytes());
         self.api::<Secret>()
             .patch(name, &PatchParams::apply(HARNESS_AGENT).force(), &Patch::Apply(&secret))
             .await
@@ -229,7 +209,7 @@ impl Env {
     /// Wait until the CR's condition `type_` satisfies `check`; returns it.
     pub async fn wait_condition(&self, name: &str, type_: &str, check: impl Fn(&Condition) -> bool) -> Condition {
         let last = std::sync::Mutex::new(None);
-        let found = eventually_value(WAIT, || async {
+        let found = poll_within(WAIT, || async {
             let cr = self.crs().get_opt(name).await.ok().flatten()?;
             let c = condition(&cr, type_)?;
             *last.lock().unwrap() = Some(c.clone());
@@ -276,50 +256,6 @@ pub fn status_reason(cr: &CloudControllerManager, type_: &str) -> (String, Strin
     condition(cr, type_).map(|c| (c.status, c.reason)).unwrap_or_default()
 }
 
-/// Poll `check` until it returns `Some`, or give up after `timeout`.
-pub async fn eventually_value<T, F, Fut>(timeout: Duration, mut check: F) -> Option<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Some(v) = check().await {
-            return Some(v);
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return None;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// Poll `check` until it is true; panics naming `what` after `WAIT`.
-pub async fn eventually<F, Fut>(what: &str, check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    eventually_within(what, WAIT, check).await
-}
-
-/// [`eventually`] with its own deadline.
-pub async fn eventually_within<F, Fut>(what: &str, within: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    if eventually_value(within, || {
-        let f = check();
-        async move { f.await.then_some(()) }
-    })
-    .await
-    .is_none()
-    {
-        panic!("timed out waiting for {what}");
-    }
-}
-
 /// Whether a request came from the code under test: neither the harness nor the genuine
 /// kube-apiserver's own controllers (`system:apiserver`, absent on the local server).
 pub fn by_code_under_test(r: &RequestRecord) -> bool {
@@ -345,11 +281,6 @@ pub fn micro_now() -> Value {
 /// The Ready condition is published and kstatus-readable.
 pub fn ready(cr: &CloudControllerManager) -> Option<Condition> {
     condition(cr, types::READY)
-}
-
-/// The repository's root directory.
-pub fn root() -> std::path::PathBuf {
-    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
 /// Whether this runs in CI (`CI=true`), where a missing tool is a failure rather than a skip.
@@ -431,7 +362,7 @@ pub fn render_chart(
     release: &str,
     namespace: &str,
 ) -> Option<Vec<Value>> {
-    let script = root().join("charts/ccm-operator/tests/render.py");
+    let script = testkit::workspace_root().join("charts/ccm-operator/tests/render.py");
     let output = std::process::Command::new("python3")
         .arg(script)
         .arg("--kubeconfig")
@@ -547,11 +478,6 @@ pub fn edited(object: &Value, edit: impl FnOnce(&mut Value)) -> Value {
     let mut object = object.clone();
     edit(&mut object);
     object
-}
-
-/// The labels that make a Secret usable as a cloud-config.
-pub fn cloud_config_labels() -> std::collections::BTreeMap<String, String> {
-    [(crds::CLOUD_CONFIG_LABEL.to_string(), crds::CLOUD_CONFIG_LABEL_VALUE.to_string())].into()
 }
 
 /// What the operator builds for the resource `cr` (its JSON) when its Secret holds a valid

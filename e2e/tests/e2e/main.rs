@@ -2,7 +2,8 @@
 //! both API server backends (`operator_*`, `rbac`, `chart`), the sandbox (`sandbox_*`), the
 //! images (`images`), the dependency policy (`dependencies`) and the documentation (`docs`,
 //! `walkthrough`). One test binary links the dependency tree once and shares one genuine control
-//! plane (its tests take turns on it); shared helpers live in `kit`. Run one module with `cargo test -p e2e --test e2e rbac::`.
+//! plane (its tests take turns on it); what the modules share is the test kit (`testkit`) and
+//! `kit`. Run one module with `cargo test -p e2e --test e2e rbac::`.
 //!
 //! The real-cluster scenarios are the one other test binary (`tests/realcluster.rs`): they need
 //! their own runner (one cluster per run, scenarios in order, the host checked at the end).

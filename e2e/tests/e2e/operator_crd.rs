@@ -9,12 +9,12 @@
 use std::time::Duration;
 
 use crds::CloudControllerManager;
-use e2e_apiserver::{Backend, FaultRule, TestCluster};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, PostParams};
 use kube::{Client, CustomResourceExt};
 use operator::{CrdApply, OperatorConfig, OperatorHandle};
 use serde_json::json;
+use testkit::{Backend, FaultRule, TestCluster};
 
 const CRD_PATH: &str = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
 
@@ -122,7 +122,7 @@ async fn restore_current_crd(server: &TestCluster) {
     server.install_crd(&crds::crd()).await.expect("the current CRD is restored");
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn an_older_crd_is_upgraded_to_the_operators_own_at_start(backend) {
         let (server, crds) = server_with_older_crd(backend).await;
         let before = crds.get(CloudControllerManager::crd_name()).await.unwrap();
@@ -149,7 +149,7 @@ e2e_apiserver::backend_tests! {
     }
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn a_forbidden_crd_apply_is_logged_and_the_operator_still_starts(backend) {
         let (server, crds) = server_with_older_crd(backend).await;
         server.faults().add_rule(FaultRule {
@@ -175,7 +175,7 @@ e2e_apiserver::backend_tests! {
     }
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn with_manage_crd_off_the_operator_only_reads_its_crd(backend) {
         let (server, crds) = server_with_older_crd(backend).await;
         let op = start_operator(server.client(), false).await;

@@ -1,6 +1,6 @@
 //! Operator scenarios: Deployment and DaemonSet modes, rollout conditions, Secret rotation.
 
-use crate::kit::{Env, HARNESS_AGENT, condition, eventually, eventually_value, micro_now};
+use crate::kit::{Env, HARNESS_AGENT, condition, micro_now};
 use crds::conditions::{reasons as ready_reasons, types};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -11,6 +11,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use operator::reasons::{available, config_valid, progressing, provider_healthy};
 use serde_json::json;
+use testkit::{eventually, poll_within};
 
 /// Play the manager: hold the CR's Lease and report provider health.
 async fn play_manager(env: &Env, cr: &str, holder: &str) {
@@ -36,7 +37,7 @@ async fn play_manager(env: &Env, cr: &str, holder: &str) {
 }
 
 async fn deployment(env: &Env, name: &str) -> Deployment {
-    eventually_value(crate::kit::WAIT, || async { env.api::<Deployment>().get_opt(name).await.ok().flatten() })
+    poll_within(testkit::WAIT, || async { env.api::<Deployment>().get_opt(name).await.ok().flatten() })
         .await
         .unwrap_or_else(|| panic!("Deployment {name} never appeared"))
 }
@@ -58,7 +59,7 @@ async fn roll_out(env: &Env, name: &str, replicas: i32) {
     .await;
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn deployment_mode_renders_children_and_args_and_tracks_a_rollout(backend) {
         let env = Env::start(backend, "deploy").await;
         env.secret("cfg", "cloud.conf", "autoInstances: true\n").await;
@@ -147,7 +148,7 @@ e2e_apiserver::backend_tests! {
     }
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn secret_rotation_changes_the_hash_and_rolls_out(backend) {
         let env = Env::start(backend, "rotate").await;
         env.secret("cfg", "cloud.conf", "autoInstances: true\n").await;
@@ -161,7 +162,7 @@ e2e_apiserver::backend_tests! {
         roll_out(&env, "ccm-rot", 2).await;
         env.wait_status("rot", types::PROGRESSING, "False", progressing::AS_EXPECTED).await;
         env.secret("cfg", "cloud.conf", "autoInstances: true\nbatchSize: 7\n").await;
-        let after = eventually_value(crate::kit::WAIT, || async {
+        let after = poll_within(testkit::WAIT, || async {
             let h = template_hash(&env.api::<Deployment>().get("ccm-rot").await.ok()?);
             (h != before).then_some(h)
         })
@@ -176,7 +177,7 @@ e2e_apiserver::backend_tests! {
     }
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     /// The manager reloads baremetal pools from its mounted file, so a pool-only Secret edit
     /// (once validated) leaves the pod template alone; an inventory edit rolls the pods.
     async fn a_pool_only_secret_edit_does_not_roll_the_pods(backend) {
@@ -204,7 +205,7 @@ e2e_apiserver::backend_tests! {
         assert_eq!(after.metadata.generation, before.metadata.generation, "the pods are not rolled");
 
         env.secret("cfg", "cloud.conf", &more.replace("name: n1", "name: n2")).await;
-        eventually_value(crate::kit::WAIT, || async {
+        poll_within(testkit::WAIT, || async {
             let d = env.api::<Deployment>().get("ccm-bm").await.ok()?;
             (template_hash(&d) != template_hash(&before)).then_some(())
         })
@@ -215,12 +216,12 @@ e2e_apiserver::backend_tests! {
     }
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn daemonset_mode_renders_on_control_plane_nodes_and_reports_its_rollout(backend) {
         let env = Env::start(backend, "ds").await;
         let op = env.operator().await;
         env.apply_cr("ds", json!({"provider": "fake", "mode": "DaemonSet", "configureCloudRoutes": false})).await;
-        let ds = eventually_value(crate::kit::WAIT, || async {
+        let ds = poll_within(testkit::WAIT, || async {
             env.api::<DaemonSet>().get_opt("ccm-ds").await.ok().flatten()
         })
         .await

@@ -4,10 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::kit::{Env, HARNESS_AGENT, condition, eventually, eventually_value};
+use crate::kit::{Env, HARNESS_AGENT, condition};
 use ccm_framework::events::EventSink;
 use crds::conditions::{reasons as ready_reasons, types};
-use e2e_apiserver::FaultRule;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -16,6 +15,7 @@ use operator::embedded::Engines;
 use operator::metrics::OperatorMetrics;
 use operator::reasons::{available, config_valid, progressing};
 use serde_json::json;
+use testkit::{FaultRule, eventually, poll_within};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -37,7 +37,7 @@ loadBalancer:
 
 const UNINITIALIZED: &str = "node.cloudprovider.kubernetes.io/uninitialized";
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn embedded_baremetal_initializes_nodes_and_assigns_a_load_balancer_ip(backend) {
         let env = Env::start(backend, "embedded").await;
         let nodes: Api<Node> = Api::all(env.harness.clone());
@@ -97,7 +97,7 @@ e2e_apiserver::backend_tests! {
     }
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     /// Regression: an Embedded CR stayed `Available=False EngineNotRunning` / `Progressing=True
     /// EngineStarting` until the 5-minute resync when the reconcile that should follow its engine's
     /// "running" notification did not happen. Here that notification is lost on purpose and the
@@ -147,7 +147,7 @@ e2e_apiserver::backend_tests! {
         .await;
 
         // Far below the Lease re-check (30 s) and the resync (5 min) the old code fell back on.
-        let available = eventually_value(Duration::from_secs(12), || async {
+        let available = poll_within(Duration::from_secs(12), || async {
             let cr = env.crs().get_opt("baremetal").await.ok().flatten()?;
             let a = condition(&cr, types::AVAILABLE)?;
             let p = condition(&cr, types::PROGRESSING)?;
@@ -187,12 +187,12 @@ async fn service_ips(services: &Api<Service>, name: &str) -> Vec<String> {
 }
 
 async fn wait_ip(services: &Api<Service>, name: &str) -> String {
-    eventually_value(Duration::from_secs(30), || async { service_ips(services, name).await.first().cloned() })
+    poll_within(Duration::from_secs(30), || async { service_ips(services, name).await.first().cloned() })
         .await
         .unwrap_or_else(|| panic!("{name} gets no address"))
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     /// A pool-only edit of the Secret reaches the running engine without a restart: the
     /// Lease's term is unchanged, live Services keep their addresses, and a waiting Service
     /// gets one from the added pool. An invalid pool edit is refused (ConfigValid False) and
@@ -224,7 +224,7 @@ e2e_apiserver::backend_tests! {
         apply_service("two").await;
         let one = wait_ip(&services, "one").await;
         let two = wait_ip(&services, "two").await;
-        let term = eventually_value(Duration::from_secs(30), || lease_term(&env)).await.expect("the engine's Lease");
+        let term = poll_within(Duration::from_secs(30), || lease_term(&env)).await.expect("the engine's Lease");
         apply_service("three").await;
         tokio::time::sleep(Duration::from_millis(1500)).await;
         assert!(service_ips(&services, "three").await.is_empty(), "the pool is full");

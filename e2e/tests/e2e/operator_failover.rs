@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::kit::{Env, HARNESS_AGENT, by_code_under_test, eventually, eventually_value, micro_now};
+use crate::kit::{Env, HARNESS_AGENT, by_code_under_test, micro_now};
 use ccm_framework::leader::LeaderElectionConfig;
 use crds::conditions::types;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
@@ -11,6 +11,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Patch, PatchParams};
 use operator::OperatorHandle;
 use serde_json::json;
+use testkit::{eventually, poll_within};
 
 async fn start_replica(env: &Env, identity: &str) -> OperatorHandle {
     let mut config = env.operator_config();
@@ -34,13 +35,13 @@ async fn holder(env: &Env, lease: &str) -> Option<String> {
 /// Fast Lease timings for the CR's own election (embedded engine).
 const FAST_LEASE: &str = r#"{"leaseDuration": "4s", "renewDeadline": "3s", "retryPeriod": "1s"}"#;
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn only_one_operator_reconciles_and_a_crash_hands_over(backend) {
         let env = Env::start(backend, "failover").await;
         env.secret("cfg", "cloud.conf", "autoInstances: true\n").await;
         let a = start_replica(&env, "operator-a").await;
         let b = start_replica(&env, "operator-b").await;
-        let leader_id = eventually_value(crate::kit::WAIT, || async { holder(&env, "ccm-operator").await })
+        let leader_id = poll_within(testkit::WAIT, || async { holder(&env, "ccm-operator").await })
             .await
             .expect("one operator leads");
         let (leader, standby) = if leader_id == "operator-a" { (a, b) } else { (b, a) };
@@ -89,7 +90,7 @@ e2e_apiserver::backend_tests! {
     }
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn an_idle_operator_neither_applies_nor_writes_status(backend) {
         let env = Env::start(backend, "idle").await;
         let log = env.request_log();
@@ -112,7 +113,7 @@ e2e_apiserver::backend_tests! {
         env.apply_cr("bad", json!({"provider": "nimbus"})).await;
 
         // Play the deployment controller and the manager for `dep`, renewing its Lease throughout.
-        let d = eventually_value(crate::kit::WAIT, || async {
+        let d = poll_within(testkit::WAIT, || async {
             env.api::<Deployment>().get_opt("ccm-dep").await.ok().flatten()
         })
         .await
@@ -122,7 +123,7 @@ e2e_apiserver::backend_tests! {
             json!({"observedGeneration": d.metadata.generation, "replicas": 2, "updatedReplicas": 2, "readyReplicas": 2, "availableReplicas": 2}),
         )
         .await;
-        let ds = eventually_value(crate::kit::WAIT, || async {
+        let ds = poll_within(testkit::WAIT, || async {
             env.api::<DaemonSet>().get_opt("ccm-ds").await.ok().flatten()
         })
         .await

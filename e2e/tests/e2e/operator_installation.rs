@@ -3,18 +3,19 @@
 
 use std::time::Duration;
 
-use crate::kit::{Env, eventually, exists};
+use crate::kit::{Env, exists};
 use crds::conditions::types;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use operator::reasons::config_valid;
 use operator::validate::Environment;
 use serde_json::json;
+use testkit::eventually;
 
 const PROXY: &str =
     "instances: [{name: n1}]\nloadBalancer:\n  mode: proxy\n  pools: [{name: lan, cidrs: [10.0.0.0/30]}]\n";
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     /// As the chart runs it without embedded.enabled: a switch to Embedded mode is refused with
     /// EmbeddedNotEnabled naming spec.mode, and the running manager's Deployment and RBAC stay
     /// (it used to be deleted for an engine that then stalled on 403s holding the Lease).
@@ -42,7 +43,7 @@ e2e_apiserver::backend_tests! {
     }
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     /// baremetal's proxy data path listens where the manager runs: off the host network (or in
     /// the chart's operator Pod) it would be unreachable, so it is refused naming the fields,
     /// instead of giving Services an address nothing answers on.

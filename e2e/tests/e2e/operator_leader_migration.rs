@@ -10,17 +10,17 @@
 
 use std::time::{Duration, Instant};
 
-use crate::kit::{Env, HARNESS_AGENT, eventually_value};
+use crate::kit::{Env, HARNESS_AGENT};
 use crds::CloudControllerManager;
 use e2e::kubelet::{self, Kubelet, KubeletConfig, PodInfo};
-use k8s_openapi::ByteString;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::Api;
-use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams};
+use kube::api::{DeleteParams, Patch, PatchParams};
 use operator::names;
 use serde_json::{Value, json};
+use testkit::poll_within;
 
 /// The resources' lease duration.
 const LEASE: Duration = Duration::from_secs(4);
@@ -84,7 +84,7 @@ async fn sample(env: &Env, kubelet: &Kubelet) -> Sample {
     Sample { at: Instant::now(), old, new, holder: holder(env, MIGRATION_LEASE).await }
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn m7_a_resource_moved_to_a_new_name_hands_its_migrated_controllers_over_without_a_gap_or_an_overlap(backend) {
         let env = Env::start(backend, "migration").await;
         let binary = kubelet::manager_binary().expect("the cloud-controller-manager binary");
@@ -201,16 +201,7 @@ async fn apply_cr_in(env: &Env, namespace: &str, name: &str, spec: Value) {
 
 /// The cloud-config Secret `cfg` in `namespace`.
 async fn secret_in(env: &Env, namespace: &str) {
-    let secret = Secret {
-        metadata: ObjectMeta {
-            name: Some("cfg".into()),
-            namespace: Some(namespace.into()),
-            labels: Some(crate::kit::cloud_config_labels()),
-            ..Default::default()
-        },
-        data: Some([("cloud.conf".to_string(), ByteString(b"autoInstances: true\nlatency: 1ms\n".to_vec()))].into()),
-        ..Default::default()
-    };
+    let secret = testkit::cloud_config_secret(namespace, "cfg", "cloud.conf", b"autoInstances: true\nlatency: 1ms\n");
     Api::<Secret>::namespaced(env.harness.clone(), namespace)
         .patch("cfg", &PatchParams::apply(HARNESS_AGENT).force(), &Patch::Apply(&secret))
         .await
@@ -233,7 +224,7 @@ async fn wait_condition_in(
     check: impl Fn(&k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition) -> bool,
 ) {
     let crs: Api<CloudControllerManager> = Api::namespaced(env.harness.clone(), namespace);
-    let found = eventually_value(WAIT, || async {
+    let found = poll_within(WAIT, || async {
         let cr = crs.get_opt(name).await.ok().flatten()?;
         crate::kit::condition(&cr, type_).filter(|c| check(c))
     })
@@ -277,7 +268,7 @@ struct NsSample {
     holder: Option<String>,
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn m7_a_resource_moved_to_a_new_namespace_hands_its_migrated_controllers_over_through_the_lease_namespace_without_a_gap_or_an_overlap(backend) {
         let env = Env::start(backend, "migration-ns").await;
         let binary = kubelet::manager_binary().expect("the cloud-controller-manager binary");
@@ -396,7 +387,7 @@ e2e_apiserver::backend_tests! {
             name: MIGRATION_LEASE.into(),
             holder: new_holder.clone(),
         };
-        let shown = eventually_value(WAIT, || async {
+        let shown = poll_within(WAIT, || async {
             let status = new_crs.get(MOVING).await.ok()?.status?;
             (status.migration_lease.as_ref() == Some(&want)).then_some(())
         })
@@ -405,7 +396,7 @@ e2e_apiserver::backend_tests! {
 
         // The finalizer removed the old resource's grant in the lease namespace (no
         // ownerReference can, across namespaces), and left the new one's.
-        let gone = eventually_value(WAIT, || async {
+        let gone = poll_within(WAIT, || async {
             (grants_in(&env, &lease_ns, &old_ns, MOVING).await == [false; 3]).then_some(())
         })
         .await;
@@ -425,7 +416,7 @@ e2e_apiserver::backend_tests! {
         let wait_grants = |lease_ns: String, want: [bool; 3]| {
             let env = &env;
             async move {
-                let seen = eventually_value(WAIT, || async {
+                let seen = poll_within(WAIT, || async {
                     (grants_in(env, &lease_ns, &env.ns, MOVING).await == want).then_some(())
                 })
                 .await;
@@ -483,14 +474,14 @@ e2e_apiserver::backend_tests! {
         // the namespace it was refused for, where nothing was granted) and then the resource.
         env.crs().delete(MOVING, &DeleteParams::default()).await.unwrap();
         wait_grants(second.clone(), [false; 3]).await;
-        let gone = eventually_value(WAIT, || async { env.crs().get_opt(MOVING).await.ok()?.is_none().then_some(()) }).await;
+        let gone = poll_within(WAIT, || async { env.crs().get_opt(MOVING).await.ok()?.is_none().then_some(()) }).await;
         assert!(gone.is_some(), "the resource's finalizer was never removed");
         op.stop().await.unwrap();
         env.finish().await;
     }
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn m7_an_embedded_engine_takes_its_migration_lease_in_the_lease_namespace_and_status_names_the_holder(backend) {
         let env = Env::start(backend, "migration-embedded").await;
         let lease_ns = env.cluster.fresh_namespace("e2e-migration-elease").await.expect("a namespace");
@@ -500,12 +491,12 @@ e2e_apiserver::backend_tests! {
         spec["mode"] = json!("Embedded");
         spec.as_object_mut().unwrap().remove("deployment");
         env.apply_cr(MOVING, spec).await;
-        let holder = eventually_value(WAIT, || holder_in(&env, &lease_ns, MIGRATION_LEASE)).await;
+        let holder = poll_within(WAIT, || holder_in(&env, &lease_ns, MIGRATION_LEASE)).await;
         let holder = holder.expect("the embedded engine holds the migration Lease in the lease namespace");
         assert!(holder_in(&env, &env.ns, MIGRATION_LEASE).await.is_none(), "none in the resource's namespace");
         let want =
             crds::v1alpha1::MigrationLeaseStatus { namespace: lease_ns.clone(), name: MIGRATION_LEASE.into(), holder: Some(holder) };
-        let shown = eventually_value(WAIT, || async {
+        let shown = poll_within(WAIT, || async {
             (env.cr(MOVING).await.status?.migration_lease.as_ref() == Some(&want)).then_some(())
         })
         .await;
@@ -522,7 +513,7 @@ e2e_apiserver::backend_tests! {
 /// neighbouring grants a manager never needs, naming the field.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn m7_the_chart_admits_the_migration_lease_grant_in_another_namespace_and_nothing_broader() {
-    use e2e_apiserver::{Backend, TestCluster};
+    use testkit::{Backend, TestCluster};
     if !Backend::genuine_available() {
         eprintln!("SKIPPED: needs the genuine API server (CCM_TEST_ASSETS): admission policies");
         return;
@@ -665,7 +656,7 @@ async fn m7_the_chart_admits_the_migration_lease_grant_in_another_namespace_and_
     for (verb, name) in [("get", Some(MIGRATION_LEASE)), ("update", Some(MIGRATION_LEASE)), ("create", None)] {
         // RBAC's cache may lag behind the bindings just made.
         let allowed =
-            eventually_value(Duration::from_secs(60), || async { may(verb, "leases", name).await.then_some(()) }).await;
+            poll_within(Duration::from_secs(60), || async { may(verb, "leases", name).await.then_some(()) }).await;
         assert!(allowed.is_some(), "the manager may not {verb} the migration Lease in {lease_ns}");
     }
     for (verb, resource, name) in [

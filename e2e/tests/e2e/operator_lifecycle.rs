@@ -1,6 +1,6 @@
 //! Operator scenarios: mode switches prune, deletion cleans up, nothing is orphaned.
 
-use crate::kit::{Env, crb_exists, eventually, exists};
+use crate::kit::{Env, crb_exists, exists};
 use crds::conditions::types;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -13,6 +13,7 @@ use operator::reasons::{available, progressing};
 /// How long the garbage collector may take (see the deletion test).
 const GC_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 use serde_json::{Value, json};
+use testkit::eventually;
 
 fn spec(mode: &str) -> Value {
     json!({"provider": "fake", "mode": mode, "configureCloudRoutes": false, "cloudConfig": {"secretRef": {"name": "cfg"}}})
@@ -22,7 +23,7 @@ async fn lease_holder(env: &Env, name: &str) -> Option<String> {
     env.api::<Lease>().get_opt(name).await.unwrap()?.spec?.holder_identity.filter(|h| !h.is_empty())
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn mode_switches_prune_what_the_previous_mode_created(backend) {
         let env = Env::start(backend, "switch").await;
         env.secret("cfg", "cloud.conf", "autoInstances: true\n").await;
@@ -92,7 +93,7 @@ e2e_apiserver::backend_tests! {
     }
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn deletion_removes_the_cluster_role_binding_and_stops_the_engine(backend) {
         let env = Env::start(backend, "delete").await;
         env.secret("cfg", "cloud.conf", "autoInstances: true\n").await;
@@ -123,7 +124,7 @@ e2e_apiserver::backend_tests! {
             // (e2e/envtest/setup.sh adds it when the real-cluster kit is there). Its garbage
             // collector learns a freshly installed CRD's kind at its 30 s discovery resync, so
             // the wait is longer than the others (41 s measured on genuine).
-            let gone = crate::kit::eventually_value(GC_WAIT, || async {
+            let gone = testkit::poll_within(GC_WAIT, || async {
                 (!exists::<Deployment>(&env, "ccm-gone").await && !exists::<ServiceAccount>(&env, "ccm-gone").await)
                     .then_some(())
             })
@@ -160,7 +161,7 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     .unwrap()
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn health_readiness_and_metrics_are_served(backend) {
         let env = Env::start(backend, "http").await;
         let mut config = env.operator_config();

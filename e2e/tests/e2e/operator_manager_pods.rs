@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::kit::{Env, crb_exists, eventually, exists, status_reason};
+use crate::kit::{Env, crb_exists, exists, status_reason};
 use crds::conditions::types;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
@@ -15,6 +15,7 @@ use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use operator::reasons::{available, degraded, provider_healthy};
 use serde_json::{Value, json};
+use testkit::eventually;
 
 fn spec(mode: &str) -> Value {
     json!({"provider": "fake", "mode": mode, "configureCloudRoutes": false, "cloudConfig": {"secretRef": {"name": "cfg"}}})
@@ -74,7 +75,7 @@ async fn manager_reports_healthy(env: &Env, cr: &str) {
         .unwrap();
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     /// A manager that crash-loops sets Degraded (ManagerCrashLooping, naming the pod) as soon as
     /// the kubelet reports it, with no transient window, and ProviderHealthy stops claiming the
     /// manager's last report; both recover with the Pod.
@@ -120,7 +121,7 @@ e2e_apiserver::backend_tests! {
     }
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     /// A DaemonSet whose nodeSelector and tolerations match no Node says so, naming the selector,
     /// instead of "0 of 0 pods available".
     async fn a_daemonset_that_matches_no_node_says_so(backend) {
@@ -139,7 +140,7 @@ e2e_apiserver::backend_tests! {
     }
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     /// On a switch to Embedded mode and on deletion, the workload goes first and the manager's
     /// RBAC (ServiceAccount, RoleBindings, ClusterRoleBinding) only once its Pods are gone: a
     /// stopping manager needs it to release its Lease. The finalizer stays until then.

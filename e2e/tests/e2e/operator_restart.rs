@@ -5,11 +5,12 @@
 
 use std::time::Duration;
 
-use crate::kit::{Env, eventually_value};
+use crate::kit::Env;
 use crds::CloudControllerManager;
 use crds::conditions::types;
 use operator::names::FINALIZER;
 use serde_json::json;
+use testkit::poll_within;
 
 /// Resources present across the restarts.
 const RESOURCES: usize = 20;
@@ -50,7 +51,7 @@ fn unreconciled(cr: &CloudControllerManager) -> Option<String> {
     None
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     /// Ten restarts with twenty existing resources (each changed while the operator was down):
     /// after every restart each has the finalizer and conditions at its current generation.
     async fn every_existing_resource_is_reconciled_after_each_of_ten_restarts(backend) {
@@ -67,7 +68,7 @@ e2e_apiserver::backend_tests! {
             let op = operator::start(config).await.expect("the operator starts");
             let last = std::sync::Mutex::new(Vec::new());
             let started = tokio::time::Instant::now();
-            let done = eventually_value(Duration::from_secs(60), || async {
+            let done = poll_within(Duration::from_secs(60), || async {
                 let list = env.crs().list(&Default::default()).await.ok()?;
                 let pending: Vec<String> = list.items.iter().filter_map(unreconciled).collect();
                 let all = list.items.len() == RESOURCES && pending.is_empty();

@@ -1,6 +1,6 @@
 //! Operator scenarios: every `ConfigValid` failure, conflicts between CRs, malformed CRs.
 
-use crate::kit::{Env, HARNESS_AGENT, WAIT, eventually};
+use crate::kit::{Env, HARNESS_AGENT};
 use crds::conditions::{reasons as ready_reasons, types};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::events::v1::Event;
@@ -8,6 +8,7 @@ use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch
 use kube::runtime::wait::await_condition;
 use operator::reasons::{config_valid, degraded};
 use serde_json::json;
+use testkit::{WAIT, eventually};
 
 /// The CRD with a spec schema that takes anything (as an old release's might have).
 fn loose_crd() -> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
@@ -33,7 +34,7 @@ async fn assert_not_deployed(env: &Env, cr: &str) {
     );
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn every_config_failure_has_its_reason_and_degrades_at_once(backend) {
         let env = Env::start(backend, "invalid").await;
         let op = env.operator().await;
@@ -126,7 +127,7 @@ e2e_apiserver::backend_tests! {
     }
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn later_cr_running_the_same_controllers_is_not_deployed_until_the_older_goes(backend) {
         let env = Env::start(backend, "conflict").await;
         let op = env.operator().await;
@@ -153,7 +154,7 @@ e2e_apiserver::backend_tests! {
     }
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn malformed_cr_is_reported_and_does_not_stop_the_others(backend) {
         let env = Env::start(backend, "malformed").await;
         // How a malformed object gets stored on a real cluster: written under an older, looser

@@ -4,38 +4,23 @@
 //! restarts it; rotating the cloud-config Secret changes the pod-template hash, the kubelet rolls
 //! both processes onto the new config, and the resource goes Progressing, then Available again.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crds::CloudControllerManager;
 use crds::conditions::types;
 use e2e::demo::{self, Demo, DemoMode, DemoOptions, Snapshot};
 use e2e::kubelet::{self, PodInfo};
 use e2e::probe;
-use e2e_apiserver::TestApiServer;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::api::{Api, Patch, PatchParams};
 use operator::reasons::progressing;
 use serde_json::json;
+use testkit::{TestApiServer, eventually_within};
 
 const DEPLOYMENT: &str = "ccm-baremetal";
 const WAIT: Duration = Duration::from_secs(90);
 const ROTATED_POOL: &str = "203.0.113.100-203.0.113.109";
-
-async fn until<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 /// Which pods say they lead, from their own `/metrics`.
 async fn leaders_by_metrics(pods: &[PodInfo]) -> Option<Vec<String>> {
@@ -86,7 +71,7 @@ async fn two_manager_processes_elect_one_leader_hand_over_on_a_crash_and_roll_on
     let kubelet = demo.kubelet().expect("Deployment mode has a kubelet");
 
     // Two processes, exactly one leads.
-    let leader = until("exactly one leader among two ready processes", WAIT, || single_leader(&demo)).await;
+    let leader = eventually_within("exactly one leader among two ready processes", WAIT, || single_leader(&demo)).await;
     let pods = kubelet.pods_of(demo::NAMESPACE, DEPLOYMENT);
     assert_eq!(pods.len(), 2);
     let deployments: Api<Deployment> = Api::namespaced(server.client(), demo::NAMESPACE);
@@ -99,11 +84,11 @@ async fn two_manager_processes_elect_one_leader_hand_over_on_a_crash_and_roll_on
     // A crash of the leader: the other process takes the Lease, the kubelet restarts the crashed one.
     let old_pid = leader.pid;
     assert!(kubelet.kill(&leader.name), "the leader's process runs");
-    let new_leader = until("the other process to take over", WAIT, || async {
+    let new_leader = eventually_within("the other process to take over", WAIT, || async {
         single_leader(&demo).await.filter(|l| l.name != leader.name)
     })
     .await;
-    let restarted = until("the crashed process to be restarted and ready", WAIT, || async {
+    let restarted = eventually_within("the crashed process to be restarted and ready", WAIT, || async {
         kubelet
             .pods_of(demo::NAMESPACE, DEPLOYMENT)
             .into_iter()
@@ -113,7 +98,7 @@ async fn two_manager_processes_elect_one_leader_hand_over_on_a_crash_and_roll_on
     assert_ne!(restarted.pid, old_pid);
     assert_ne!(new_leader.name, leader.name);
     let crs: Api<CloudControllerManager> = Api::namespaced(server.client(), demo::NAMESPACE);
-    until("Available after the hand-over", WAIT, || async {
+    eventually_within("Available after the hand-over", WAIT, || async {
         let s = demo.snapshot().await.ok()?;
         (s.is_true(types::AVAILABLE) && s.leader()?.starts_with(&format!("{}_", new_leader.name))).then_some(())
     })
@@ -131,12 +116,12 @@ async fn two_manager_processes_elect_one_leader_hand_over_on_a_crash_and_roll_on
         .patch(demo::SECRET_NAME, &PatchParams::apply("sandbox-demo").force(), &Patch::Apply(&secret))
         .await
         .unwrap();
-    until("Progressing=True RollingOut", WAIT, || async {
+    eventually_within("Progressing=True RollingOut", WAIT, || async {
         let s = demo.snapshot().await.ok()?;
         (progressing_reason(&s) == Some(("True".into(), progressing::ROLLING_OUT.into()))).then_some(())
     })
     .await;
-    let after = until("both processes on the new template, ready", WAIT, || async {
+    let after = eventually_within("both processes on the new template, ready", WAIT, || async {
         let pods = kubelet.pods_of(demo::NAMESPACE, DEPLOYMENT);
         (pods.len() == 2 && pods.iter().all(|p| p.template_hash != old_hash && p.ready)).then_some(pods)
     })
@@ -148,7 +133,7 @@ async fn two_manager_processes_elect_one_leader_hand_over_on_a_crash_and_roll_on
         assert!(content.contains(ROTATED_POOL), "{} runs with the rotated cloud-config", p.name);
         assert!(p.args.iter().any(|a| a == &format!("--cloud-config={}", file.display())));
     }
-    until("Progressing=False and Available=True after the rollout", WAIT, || async {
+    eventually_within("Progressing=False and Available=True after the rollout", WAIT, || async {
         let s = demo.snapshot().await.ok()?;
         let done = progressing_reason(&s).is_some_and(|(st, _)| st == "False")
             && s.is_true(types::AVAILABLE)
@@ -156,7 +141,7 @@ async fn two_manager_processes_elect_one_leader_hand_over_on_a_crash_and_roll_on
         done.then_some(())
     })
     .await;
-    until("exactly one leader after the rollout", WAIT, || single_leader(&demo)).await;
+    eventually_within("exactly one leader after the rollout", WAIT, || single_leader(&demo)).await;
     let d = deployments.get(DEPLOYMENT).await.unwrap();
     let progressing = d.status.unwrap().conditions.unwrap().into_iter().find(|c| c.type_ == "Progressing").unwrap();
     assert_eq!(progressing.reason.as_deref(), Some("NewReplicaSetAvailable"));
@@ -166,7 +151,7 @@ async fn two_manager_processes_elect_one_leader_hand_over_on_a_crash_and_roll_on
     let svc = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "after-rotation"},
         "spec": {"type": "LoadBalancer", "ports": [{"port": 443, "protocol": "TCP"}]}});
     services.patch("after-rotation", &PatchParams::apply("sandbox-demo"), &Patch::Apply(&svc)).await.unwrap();
-    let ip = until("an address from the rotated pool", WAIT, || async {
+    let ip = eventually_within("an address from the rotated pool", WAIT, || async {
         let s = services.get("after-rotation").await.ok()?;
         s.status?.load_balancer?.ingress?.first()?.ip.clone()
     })

@@ -25,20 +25,21 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use e2e::upstream::{self, Process, Upstream};
-use e2e_apiserver::{Backend, RequestRecord, TestCluster};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{Node, Service, ServiceAccount, Taint};
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
-use serde_json::{Value, json};
+use serde_json::json;
+use testkit::{
+    Backend, HOSTNAME_LABEL, Meta, NodeFixture, RequestRecord, TestCluster, UNINITIALIZED, eventually_within,
+    kubelet_node, lb_service, poll_within,
+};
 
-use crate::kit::{HARNESS_AGENT, eventually_value, eventually_within};
+use crate::kit::HARNESS_AGENT;
 
 /// How long a scenario waits for managers to converge.
 const CONVERGE: Duration = Duration::from_secs(60);
-/// The uninitialized taint both managers remove.
-const UNINITIALIZED: &str = "node.cloudprovider.kubernetes.io/uninitialized";
 /// The fake's cloud-config for the `bench` profile (bench's default latencies).
 const BENCH_PROFILE: &str = "profile: bench\n";
 
@@ -134,7 +135,7 @@ impl Ours {
 
     async fn wait_healthy(&mut self) {
         let addr = self.addr;
-        let ok = eventually_value(CONVERGE, || async move {
+        let ok = poll_within(CONVERGE, || async move {
             e2e::probe::get(addr, "/healthz", Duration::from_secs(2)).await.filter(|r| r.status == 200)
         })
         .await;
@@ -147,30 +148,23 @@ impl Ours {
     }
 }
 
-/// A Node as a kubelet registers it: tainted uninitialized, with `addresses` and extra taints.
+/// A Node as a kubelet registers it: tainted uninitialized, with its host name label,
+/// `addresses`, and when asked a second taint.
 fn node(name: &str, addresses: &[(&str, &str)], extra_taint: bool) -> Node {
-    let mut taints = vec![json!({"key": UNINITIALIZED, "value": "true", "effect": "NoSchedule"})];
-    if extra_taint {
-        taints.push(json!({"key": "example.com/dedicated", "value": "db", "effect": "NoExecute"}));
+    let mut node = kubelet_node(name).with_labels(&[(HOSTNAME_LABEL, name)]);
+    for (type_, address) in addresses {
+        node = node.with_address(type_, address);
     }
-    let addresses: Vec<Value> = addresses.iter().map(|(t, a)| json!({"type": t, "address": a})).collect();
-    serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
-        "spec": {"taints": taints},
-        "status": {"addresses": addresses},
-    }))
-    .expect("a Node")
-}
-
-fn lb_service(namespace: &str, name: &str) -> Service {
-    serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"type": "LoadBalancer", "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}],
-                 "selector": {"app": name}},
-    }))
-    .expect("a Service")
+    if extra_taint {
+        let dedicated = Taint {
+            key: "example.com/dedicated".into(),
+            value: Some("db".into()),
+            effect: "NoExecute".into(),
+            time_added: None,
+        };
+        node = node.with_taint(dedicated);
+    }
+    node
 }
 
 /// The Node variants of the equivalence run, by suffix.
@@ -222,7 +216,7 @@ async fn wait_nodes(client: &Client, names: &[String], who: &str) -> Vec<Node> {
 /// writes the Node, then its status: initialized is not yet done).
 async fn wait_nodes_with(client: &Client, names: &[String], who: &str, internal_ip: bool) -> Vec<Node> {
     let api: Api<Node> = Api::all(client.clone());
-    let got = eventually_value(CONVERGE, || {
+    let got = poll_within(CONVERGE, || {
         let api = api.clone();
         async move {
             let mut out = Vec::new();
@@ -246,7 +240,7 @@ async fn wait_nodes_with(client: &Client, names: &[String], who: &str, internal_
 /// Wait until every named Service of `namespace` has an ingress address; returns them.
 async fn wait_services(client: &Client, namespace: &str, names: &[String], who: &str) -> Vec<Service> {
     let api: Api<Service> = Api::namespaced(client.clone(), namespace);
-    let got = eventually_value(CONVERGE, || {
+    let got = poll_within(CONVERGE, || {
         let api = api.clone();
         async move {
             let mut out = Vec::new();
@@ -735,7 +729,7 @@ async fn hand_over_and_back(how: Stop) {
     stop(&mut up.process, how).await;
     // From here on, the first upstream process writes nothing more.
     let handed_over = log.mark();
-    let ours_id = eventually_value(CONVERGE, || async { lease.holder().filter(|h| *h != up_id) })
+    let ours_id = poll_within(CONVERGE, || async { lease.holder().filter(|h| *h != up_id) })
         .await
         .unwrap_or_else(|| panic!("ours never took the migration Lease:\n{}", ours.process.log_tail(30)));
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -772,7 +766,7 @@ async fn hand_over_and_back(how: Stop) {
     let churn = NodeChurn::start(&client, "back");
     tokio::time::sleep(Duration::from_secs(3)).await;
     stop(&mut ours.process, how).await;
-    let up2_id = eventually_value(CONVERGE, || async { lease.holder().filter(|h| *h != ours_id) })
+    let up2_id = poll_within(CONVERGE, || async { lease.holder().filter(|h| *h != ours_id) })
         .await
         .unwrap_or_else(|| panic!("upstream never took the migration Lease back:\n{}", up.process.log_tail(30)));
     // Upstream re-ensures every Service on its first sync; give it time to write what it decides.
@@ -824,7 +818,7 @@ async fn shadow_differences(ours: &Ours) -> BTreeMap<String, f64> {
     let passed = |text: &str, controller: &str| {
         upstream::counter_sum(text, "ccm_shadow_passes_total", "controller", controller) >= 1.0
     };
-    let text = eventually_value(CONVERGE, || async {
+    let text = poll_within(CONVERGE, || async {
         let text = ours.metrics().await;
         (passed(&text, "cloud-node-controller") && passed(&text, "service-lb-controller")).then_some(text)
     })

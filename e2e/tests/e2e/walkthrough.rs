@@ -14,12 +14,13 @@
 //! helm-sdkpy, the runs are skipped with the reason printed (a failure in CI). They use the
 //! documented port 8080, so they run one at a time.
 
-use crate::kit::{in_ci, root};
+use crate::kit::in_ci;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, mpsc};
 use std::time::{Duration, Instant};
+use testkit::workspace_root;
 
 /// How a block is tested.
 #[derive(Debug, Clone, Copy)]
@@ -245,7 +246,7 @@ fn fnv(text: &str) -> String {
 }
 
 fn document(file: &str) -> String {
-    std::fs::read_to_string(root().join(file)).unwrap_or_else(|e| panic!("{file}: {e}"))
+    std::fs::read_to_string(workspace_root().join(file)).unwrap_or_else(|e| panic!("{file}: {e}"))
 }
 
 /// The text of the registered block `name` of `file`.
@@ -316,7 +317,7 @@ fn every_documented_block_is_registered_and_unchanged() {
             match check {
                 Check::Paths(_) | Check::Run(_) => {
                     for p in named_paths(&b.text) {
-                        if !root().join(&p).exists() {
+                        if !workspace_root().join(&p).exists() {
                             problems.push(format!("{file}:{}: block {name} names {p}, which does not exist", b.line));
                         }
                     }
@@ -411,7 +412,7 @@ fn bash(script: &str) -> Command {
     let mut cmd = Command::new("bash");
     cmd.arg("-c")
         .arg(format!("{prelude}{script}\n"))
-        .current_dir(root())
+        .current_dir(workspace_root())
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .env("CARGO_TERM_COLOR", "never")
         .process_group(0);
@@ -529,7 +530,7 @@ fn quick_start_reaches_ready_and_stops_quietly_as_documented() {
     assert_eq!(infos.len(), 2, "after the signal:\n  {}\n{log}", infos.join("\n  "));
     assert!(infos.iter().any(|l| l.contains("engine stopped") && l.contains("baremetal-embedded")), "{log}");
     assert!(infos.iter().any(|l| l.contains("ccm-operator stopped")), "{log}");
-    assert!(!root().join(".sandbox/kubeconfig").exists(), "the sandbox removed its kubeconfig");
+    assert!(!workspace_root().join(".sandbox/kubeconfig").exists(), "the sandbox removed its kubeconfig");
     eprintln!("quick start finished in {:?}", started.elapsed());
 }
 

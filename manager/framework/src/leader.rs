@@ -670,7 +670,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_renewal_whose_answer_was_lost_does_not_keep_the_lease_from_being_released() {
-        let server = e2e_apiserver::TestApiServer::start().await.unwrap();
+        let server = testkit::TestApiServer::start().await.unwrap();
         let config = LeaderElectionConfig::new("kube-system", "lost-renewal");
         let identity = config.identity.clone();
         let mut elector = LeaderElector::new(server.client(), config);
@@ -701,7 +701,7 @@ mod tests {
 
     #[tokio::test]
     async fn releasing_after_the_api_server_is_gone_is_quick_quiet_and_reports_left_to_expire() {
-        let server = e2e_apiserver::TestApiServer::start().await.unwrap();
+        let server = testkit::TestApiServer::start().await.unwrap();
         let mut elector = LeaderElector::new(server.client(), LeaderElectionConfig::new("kube-system", "release-test"));
         assert!(elector.acquire(&CancellationToken::new()).await, "the Lease is free");
         assert!(elector.status().leading);

@@ -5,19 +5,18 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use crate::kit::lb_service;
 use ccm_framework::controllers::service::ServiceController;
 use ccm_framework::engine::testing::run_controller;
 use ccm_framework::events::EventSink;
 use ccm_framework::metrics::Metrics;
 use ccm_framework::options::ControllerOptions;
 use ccm_provider_fake::FakeProvider;
-use e2e_apiserver::TestCluster;
 use k8s_openapi::api::core::v1::{Node, NodeSpec, ObjectReference, Service};
 use k8s_openapi::api::events::v1::Event;
 use kube::Api;
 use kube::api::{ListParams, ObjectMeta, PostParams};
 use kube::runtime::events::EventType;
+use testkit::{TestCluster, lb_service};
 use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 
@@ -46,7 +45,7 @@ fn sample(text: &str, series: &str) -> u64 {
     text.lines().find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse().ok())).unwrap_or(0)
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     /// 300 objects each publish Ensuring, Ensuring again and Ensured at once into a queue of
     /// 400 paced at 100 writes/s: every object's Ensured event is on the server, the repeat
     /// is a series, and written occurrences plus the dropped metric add up to all 900.

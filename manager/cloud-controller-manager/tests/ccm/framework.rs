@@ -1,7 +1,6 @@
 //! Framework integration tests against both API server backends: leader election, the HTTP
 //! endpoints, the ProviderHealthy reporter, and the binary.
 
-use crate::kit::until;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -17,10 +16,10 @@ use ccm_framework::provider::{Health, health_reasons};
 use ccm_framework::status::StatusTarget;
 use ccm_provider_fake::FakeProvider;
 use crds::CloudControllerManager;
-use e2e_apiserver::TestCluster;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
+use testkit::{TestCluster, eventually_within};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::{Instant, sleep, timeout};
 use tokio_util::sync::CancellationToken;
@@ -77,7 +76,7 @@ async fn start(builder: EngineBuilder) -> RunningEngine {
     builder.build().unwrap().start(CancellationToken::new()).await.unwrap()
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn m5_two_engines_on_one_lease_exactly_one_leads_and_a_crash_hands_over_within_the_lease_duration(backend) {
         let cluster = TestCluster::start(backend).await.unwrap();
         let tally = Tally::default();
@@ -86,8 +85,8 @@ e2e_apiserver::backend_tests! {
             .await;
         let b = start(probe_engine(cluster.client(), fake.clone(), &tally).leader_election(Some(fast_election("ccm", "b"))))
             .await;
-        until("a leader", Duration::from_secs(10), || a.is_leading() || b.is_leading()).await;
-        until("its controller", Duration::from_secs(5), || tally.running.load(Ordering::SeqCst) == 1).await;
+        eventually_within("a leader", Duration::from_secs(10), || async { a.is_leading() || b.is_leading() }).await;
+        eventually_within("its controller", Duration::from_secs(5), || async { tally.running.load(Ordering::SeqCst) == 1 }).await;
         // For a few renewals, never both.
         for _ in 0..40 {
             assert!(!(a.is_leading() && b.is_leading()), "two leaders");
@@ -105,7 +104,7 @@ e2e_apiserver::backend_tests! {
         let took = crashed.elapsed();
         assert!(took <= Duration::from_millis(5000), "handover took {took:?}, lease is 3s");
         assert!(took >= Duration::from_millis(1500), "handover took {took:?}: the lease cannot have expired yet");
-        until("the standby's controller", Duration::from_secs(5), || tally.started.load(Ordering::SeqCst) == 2).await;
+        eventually_within("the standby's controller", Duration::from_secs(5), || async { tally.started.load(Ordering::SeqCst) == 2 }).await;
         assert_eq!(tally.peak.load(Ordering::SeqCst), 1, "controllers never overlapped");
         standby.stop().await.unwrap();
         drop(cluster);
@@ -146,7 +145,7 @@ e2e_apiserver::backend_tests! {
         )
         .await;
         a.wait_leading(true).await;
-        until("the controller", Duration::from_secs(5), || tally.running.load(Ordering::SeqCst) == 1).await;
+        eventually_within("the controller", Duration::from_secs(5), || async { tally.running.load(Ordering::SeqCst) == 1 }).await;
         // Someone else writes themselves in as holder with a long lease.
         let leases: Api<Lease> = Api::namespaced(cluster.client(), "kube-system");
         let mut lease = leases.get("ccm").await.unwrap();
@@ -155,12 +154,12 @@ e2e_apiserver::backend_tests! {
         spec.lease_duration_seconds = Some(3);
         leases.replace("ccm", &PostParams::default(), &lease).await.unwrap();
         a.wait_leading(false).await;
-        until("the controller to stop", Duration::from_secs(5), || tally.running.load(Ordering::SeqCst) == 0).await;
+        eventually_within("the controller to stop", Duration::from_secs(5), || async { tally.running.load(Ordering::SeqCst) == 0 }).await;
         assert!(!a.is_finished(), "the engine stands by");
         assert_eq!(a.leader_status().unwrap().holder.as_deref(), Some("intruder"));
         // The intruder never renews: the engine takes the Lease back and restarts its controllers.
         timeout(Duration::from_secs(10), a.wait_leading(true)).await.unwrap();
-        until("a second term", Duration::from_secs(5), || tally.started.load(Ordering::SeqCst) == 2).await;
+        eventually_within("a second term", Duration::from_secs(5), || async { tally.started.load(Ordering::SeqCst) == 2 }).await;
         a.stop().await.unwrap();
         drop(cluster);
     }
@@ -186,7 +185,7 @@ fn fixture(name: &str) -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn readyz_healthz_checks_and_metrics_are_served(backend) {
         let cluster = TestCluster::start(backend).await.unwrap();
         let tally = Tally::default();
@@ -209,7 +208,7 @@ e2e_apiserver::backend_tests! {
         }
         assert_eq!(ready.0, 200, "{}", ready.1);
         engine.wait_leading(true).await;
-        until("the probe controller", Duration::from_secs(5), || tally.handle.lock().unwrap().is_some()).await;
+        eventually_within("the probe controller", Duration::from_secs(5), || async { tally.handle.lock().unwrap().is_some() }).await;
 
         assert_eq!(get(addr, "/healthz").await, (200, "ok".to_string()));
         assert_eq!(get(addr, "/healthz/leaderElection").await.0, 200);
@@ -318,7 +317,7 @@ fn status_writes(cluster: &TestCluster, since: u64) -> usize {
         .count()
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn provider_healthy_flips_with_the_probe_and_back_and_nothing_is_written_when_nothing_changed(backend) {
         let cluster = TestCluster::start(backend).await.unwrap();
         let api = install_ccm(&cluster).await;
@@ -469,7 +468,7 @@ impl Relay {
     }
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     /// Stopping the API server first, then the manager (an order the quick start allows): the
     /// outage is WARN lines with context (watches retrying, renewals failing), never an ERROR,
     /// and the stop itself is quiet: it says the Lease will expire by itself and exits 0.
@@ -585,7 +584,7 @@ fn the_binary_ships_every_built_in_provider() {
     assert!(stderr.contains("known providers: aws, baremetal, fake"), "{stderr}");
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn the_engine_runs_the_enabled_built_in_controllers_and_skips_those_the_provider_cannot_serve(backend) {
         use k8s_openapi::api::core::v1::{Node, NodeSpec, Taint};
         use kube::api::ObjectMeta;
@@ -663,7 +662,7 @@ async fn binary_output(args: &[String]) -> String {
     String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr)
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     /// A planted token in the cloud-config (fake and baremetal, as keys and values) or in the
     /// kubeconfig never reaches the manager's log, even at `trace`.
     async fn the_manager_log_never_quotes_a_cloud_config_or_kubeconfig(backend) {
@@ -715,7 +714,7 @@ fn replace_file(path: &std::path::Path, text: &str) {
     std::fs::rename(&tmp, path).unwrap();
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     /// The binary picks up edits of its `--cloud-config` file while it runs: a pool edit is
     /// applied, an invalid edit is refused, an edit that needs a restart says so; none of it
     /// quotes the file (a planted token never reaches the log, even at `trace`).

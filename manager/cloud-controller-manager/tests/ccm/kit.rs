@@ -1,22 +1,75 @@
-//! Helpers every module of this test binary shares.
+//! What the modules of this test binary share beyond the test kit (`testkit`): a controller's
+//! test world ([`Engine`], [`EngineFor`]), running a test alone in a process, and the fake provider's resource.
 
-use std::collections::BTreeMap;
-use std::time::Duration;
+use std::marker::PhantomData;
+use std::ops::Deref;
+use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::api::ObjectMeta;
+use ccm_framework::controller::{Context, Controller};
+use ccm_framework::health::HealthRegistry;
+use ccm_framework::options::ControllerOptions;
+use ccm_provider_fake::FakeProvider;
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use testkit::TestCluster;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
-/// Re-runs a check until it returns `Some` (the one polling loop, from the test API server's crate).
-pub use e2e_apiserver::wait::eventually;
+/// A controller test's world: an API server (either backend), a fake cloud, and an engine
+/// context on them whose caches have synced; controllers started with [`Engine::run`] share it.
+/// Dropping it stops them.
+pub struct Engine {
+    /// The API server.
+    pub cluster: TestCluster,
+    /// The cloud the controllers talk to.
+    pub fake: Arc<FakeProvider>,
+    /// The Nodes, as an admin.
+    pub nodes: Api<Node>,
+    /// What the controllers get: caches, metrics, events, the shutdown token.
+    pub ctx: Context,
+}
 
-/// Logs to the test's captured output, filtered by `RUST_LOG`; the first call in the process
-/// installs the subscriber, later ones keep it.
-pub fn init_tracing() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
+impl Engine {
+    /// The context for `fake` with `options` on `cluster`, caches synced; no controller runs yet.
+    pub async fn start(cluster: TestCluster, options: ControllerOptions, fake: FakeProvider) -> Engine {
+        testkit::init_tracing();
+        let client = cluster.client();
+        let fake = Arc::new(fake);
+        let ctx =
+            ccm_framework::engine::testing::context(client.clone(), fake.clone(), options, CancellationToken::new())
+                .await;
+        Engine { nodes: Api::all(client), cluster, fake, ctx }
+    }
+
+    /// Runs `controller` on the shared context until the engine is dropped.
+    pub fn run(&self, controller: Box<dyn Controller>) -> JoinHandle<Result<(), ccm_framework::Error>> {
+        let health = HealthRegistry::new().handle(controller.name());
+        tokio::spawn(controller.run(self.ctx.clone(), health))
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.ctx.shutdown.cancel();
+    }
+}
+
+/// An [`Engine`] as the tests of controller `C` use it: each module adds its own methods
+/// (`impl EngineFor<NodeController> { .. }`) and reaches the engine's fields as its own.
+pub struct EngineFor<C>(Engine, PhantomData<C>);
+
+impl<C> EngineFor<C> {
+    /// The engine, for `C`'s tests.
+    pub fn new(engine: Engine) -> Self {
+        EngineFor(engine, PhantomData)
+    }
+}
+
+impl<C> Deref for EngineFor<C> {
+    type Target = Engine;
+    fn deref(&self) -> &Engine {
+        &self.0
+    }
 }
 
 /// For a test that measures its whole process (CPU time), which the other tests of this binary
@@ -40,55 +93,12 @@ pub fn alone_in_a_process(test: &str) -> bool {
     false
 }
 
-/// Waits until `check` holds; after `within` it fails naming `what`.
-pub async fn until(what: &str, within: Duration, check: impl Fn() -> bool) {
-    let _named = Named(what);
-    eventually(within, || std::future::ready(check().then_some(()))).await
-}
-
-/// Names what a failed wait was waiting for (the poll loop's own message has only the time).
-struct Named<'a>(&'a str);
-
-impl Drop for Named<'_> {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!("(waiting for {})", self.0);
-        }
-    }
-}
-
-/// A LoadBalancer Service with one TCP port 80 -> 8080, selecting `app: <name>`.
-pub fn lb_service(namespace: &str, name: &str) -> Service {
-    Service {
-        metadata: ObjectMeta { name: Some(name.into()), namespace: Some(namespace.into()), ..Default::default() },
-        spec: Some(ServiceSpec {
-            type_: Some("LoadBalancer".into()),
-            selector: Some(BTreeMap::from([("app".to_string(), name.to_string())])),
-            ports: Some(vec![ServicePort {
-                name: Some("http".into()),
-                port: 80,
-                target_port: Some(IntOrString::Int(8080)),
-                protocol: Some("TCP".into()),
-                ..Default::default()
-            }]),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
 /// Installs the CRD and creates `kube-system/fake`, a resource of the fake provider for the
 /// manager to report on (`--ccm-resource`).
-pub async fn install_fake_ccm(cluster: &e2e_apiserver::TestCluster) -> kube::Api<crds::CloudControllerManager> {
+pub async fn install_fake_ccm(cluster: &TestCluster) -> Api<crds::CloudControllerManager> {
     cluster.install_crd(&crds::crd()).await.unwrap();
-    let api: kube::Api<crds::CloudControllerManager> = kube::Api::namespaced(cluster.client(), "kube-system");
-    let ccm: crds::CloudControllerManager = serde_json::from_value(serde_json::json!({
-        "apiVersion": "ccm.rs/v1alpha1",
-        "kind": "CloudControllerManager",
-        "metadata": {"name": "fake", "namespace": "kube-system"},
-        "spec": {"provider": "fake"},
-    }))
-    .unwrap();
+    let api: Api<crds::CloudControllerManager> = Api::namespaced(cluster.client(), "kube-system");
+    let ccm = testkit::cr("kube-system", "fake", serde_json::json!({"provider": "fake"}));
     api.create(&kube::api::PostParams::default(), &ccm).await.unwrap();
     api
 }

@@ -6,9 +6,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use e2e_apiserver::TestCluster;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
+use testkit::TestCluster;
 use tokio::time::{Instant, sleep, timeout};
 
 /// The migration Lease the managers share.
@@ -149,7 +149,7 @@ async fn two_managers(cluster: &TestCluster, dir: &Path) -> (Manager, Manager) {
     (a, b)
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn m7_two_managers_share_the_migration_lease_and_a_graceful_stop_hands_the_migrated_controllers_over(backend) {
         let cluster = TestCluster::start(backend).await.unwrap();
         let dir = setup(&cluster, "migration-graceful");

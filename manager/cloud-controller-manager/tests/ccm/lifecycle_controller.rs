@@ -2,40 +2,24 @@
 //! per upstream behaviour (L1–L5, named after its ID) plus our additions (batched checks with
 //! bounded concurrency, the deletion grace period).
 
-use crate::kit::eventually;
-use std::sync::Arc;
+use crate::kit::{Engine, EngineFor};
 use std::time::{Duration, Instant};
 
-use ccm_framework::controller::Context;
 use ccm_framework::controllers::lifecycle::{self, LifecycleController};
 use ccm_framework::controllers::node::logic::TAINT_SHUTDOWN;
-use ccm_framework::health::HealthRegistry;
 use ccm_framework::options::ControllerOptions;
 use ccm_framework::provider::{CloudError, InstanceMetadata};
 use ccm_provider_fake::{FakeInstance, FakeProvider, methods};
-use e2e_apiserver::{Backend, FaultRule, RequestRecord, TestCluster};
 use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus, Taint};
-use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
+use testkit::{Backend, FaultRule, RequestRecord, TestCluster, eventually_within};
 
 const WAIT: Duration = Duration::from_secs(15);
 const PERIOD: Duration = Duration::from_millis(100);
 
-struct Env {
-    cluster: TestCluster,
-    fake: Arc<FakeProvider>,
-    nodes: Api<Node>,
-    ctx: Context,
-    shutdown: CancellationToken,
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
-}
+/// The engine the lifecycle controller runs on, and what these tests ask of it.
+type Env = EngineFor<LifecycleController>;
 
 fn options() -> ControllerOptions {
     ControllerOptions { node_monitor_period: PERIOD, ..Default::default() }
@@ -53,19 +37,11 @@ impl Env {
     }
 
     async fn with_cluster(cluster: TestCluster, options: ControllerOptions) -> Env {
-        crate::kit::init_tracing();
-        let client = cluster.client();
-        let shutdown = CancellationToken::new();
-        let fake = Arc::new(FakeProvider::new());
-        let ctx =
-            ccm_framework::engine::testing::context(client.clone(), fake.clone(), options, shutdown.clone()).await;
-        Env { nodes: Api::all(client), cluster, fake, ctx, shutdown }
+        Env::new(Engine::start(cluster, options, FakeProvider::new()).await)
     }
 
     fn run(&self) {
-        let controller = Box::new(LifecycleController::new());
-        let health = HealthRegistry::new().handle(lifecycle::NAME);
-        tokio::spawn(ccm_framework::controller::Controller::run(controller, self.ctx.clone(), health));
+        Engine::run(self, Box::new(LifecycleController::new()));
     }
 
     /// Create the Node and give its instance to the fake.
@@ -89,7 +65,10 @@ impl Env {
         let pp = PostParams { field_manager: Some("kubelet".into()), ..Default::default() };
         self.nodes.create(&pp, &node).await.expect("create node");
         // The controller works from the cache: wait until it has the Node.
-        eventually(WAIT, || async { self.ctx.nodes.get(None, name).map(|_| ()) }).await;
+        eventually_within("the Node in the controller's cache", WAIT, || async {
+            self.ctx.nodes.get(None, name).map(|_| ())
+        })
+        .await;
     }
 
     async fn get(&self, name: &str) -> Option<Node> {
@@ -101,15 +80,8 @@ impl Env {
     }
 
     async fn events(&self, reason: &str, node: &str) -> usize {
-        let events: Api<Event> = Api::all(self.cluster.client());
-        let list = events.list(&ListParams::default()).await.expect("list events");
-        list.items
-            .iter()
-            .filter(|e| {
-                e.reason.as_deref() == Some(reason)
-                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node)
-            })
-            .count()
+        let events = self.cluster.events(reason).await.expect("list events");
+        events.iter().filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node)).count()
     }
 
     /// Let `n` passes run.
@@ -146,14 +118,14 @@ fn cloud_calls(env: &Env) -> usize {
     env.fake.calls().total()
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn l1_ready_node_shutdown_taint_is_removed_without_a_cloud_call(backend) {
         let env = Env::start(backend, options()).await;
         let other =
             Taint { key: "dedicated".into(), effect: "NoSchedule".into(), value: Some("x".into()), time_added: None };
         env.node("back", Some("True"), vec![other.clone(), shutdown_taint()], Some(running("back"))).await;
         env.run();
-        let node = eventually(WAIT, || async { env.get("back").await.filter(|n| !has_shutdown_taint(n)) }).await;
+        let node = eventually_within("back without the shutdown taint", WAIT, || async { env.get("back").await.filter(|n| !has_shutdown_taint(n)) }).await;
         let mut expected = vec![other];
         if env.cluster.is_genuine() {
             // kube-apiserver's TaintNodesByCondition admission taints every new Node not-ready.
@@ -184,7 +156,7 @@ e2e_apiserver::backend_tests! {
         }
         env.node("ready", Some("True"), vec![], Some(running("ready"))).await;
         env.run();
-        eventually(WAIT, || async { (env.fake.calls().count(methods::INSTANCES_SHUTDOWN) == 3).then_some(()) }).await;
+        eventually_within("three shutdown checks", WAIT, || async { env.fake.calls().count(methods::INSTANCES_SHUTDOWN) == 3 }).await;
         assert_eq!(env.fake.calls().count(methods::INSTANCES_EXIST), 3, "30 Nodes in batches of 10, Ready one skipped");
         assert_eq!(env.fake.calls().count(methods::INSTANCE_EXISTS), 0, "no single lookups");
         assert!(env.controller_writes().is_empty(), "existing, running instances change nothing");
@@ -199,7 +171,7 @@ e2e_apiserver::backend_tests! {
             env.node(&name, Some("False"), vec![], Some(running(&name))).await;
         }
         env.run();
-        eventually(WAIT, || async { (env.fake.calls().count(methods::INSTANCES_SHUTDOWN) == 10).then_some(()) }).await;
+        eventually_within("ten shutdown checks", WAIT, || async { env.fake.calls().count(methods::INSTANCES_SHUTDOWN) == 10 }).await;
         assert_eq!(env.fake.calls().count(methods::INSTANCES_EXIST), 10);
         let peak = env.fake.calls().peak_in_flight();
         assert!(peak > 1 && peak <= lifecycle::BATCHES_IN_FLIGHT, "parallel but bounded: peak {peak}");
@@ -210,7 +182,7 @@ e2e_apiserver::backend_tests! {
         env.node("flaky", Some("False"), vec![], None).await; // absent from the cloud...
         env.fake.fail_rate(methods::INSTANCES_EXIST, 1.0, CloudError::Unavailable("503".into())); // ...but the cloud errors
         env.run();
-        eventually(WAIT, || async { (env.fake.calls().count(methods::INSTANCES_EXIST) >= 3).then_some(()) }).await;
+        eventually_within("three existence checks", WAIT, || async { env.fake.calls().count(methods::INSTANCES_EXIST) >= 3 }).await;
         assert!(env.get("flaky").await.is_some(), "an error never deletes");
         assert_eq!(env.fake.calls().count(methods::INSTANCES_SHUTDOWN), 0, "no shutdown check after an error");
         assert!(env.controller_writes().is_empty());
@@ -221,8 +193,8 @@ e2e_apiserver::backend_tests! {
         env.node("gone", Some("Unknown"), vec![], None).await;
         env.node("alive", Some("Unknown"), vec![], Some(running("alive"))).await;
         env.run();
-        eventually(WAIT, || async { env.get("gone").await.is_none().then_some(()) }).await;
-        eventually(WAIT, || async { (env.events("DeletingNode", "gone").await == 1).then_some(()) }).await;
+        eventually_within("gone deleted", WAIT, || async { env.get("gone").await.is_none() }).await;
+        eventually_within("one DeletingNode event for gone", WAIT, || async { env.events("DeletingNode", "gone").await == 1 }).await;
         env.passes(3).await;
         assert!(env.get("alive").await.is_some());
         let deletes = env.cluster.request_log().count(|r| r.verb == "delete" && r.resource.as_deref() == Some("nodes"));
@@ -240,17 +212,17 @@ e2e_apiserver::backend_tests! {
             ..Default::default()
         });
         env.run();
-        eventually(WAIT, || async { (env.events("DeletingNodeFailed", "stuck").await >= 1).then_some(()) }).await;
+        eventually_within("a DeletingNodeFailed event for stuck", WAIT, || async { env.events("DeletingNodeFailed", "stuck").await >= 1 }).await;
         assert!(env.get("stuck").await.is_some());
         env.cluster.faults().clear();
-        eventually(WAIT, || async { env.get("stuck").await.is_none().then_some(()) }).await;
+        eventually_within("stuck deleted", WAIT, || async { env.get("stuck").await.is_none() }).await;
     }
 
     async fn l5_shut_down_instance_gets_the_shutdown_taint_once(backend) {
         let env = Env::start(backend, options()).await;
         env.node("off", Some("False"), vec![], Some(shut_down("off"))).await;
         env.run();
-        let node = eventually(WAIT, || async { env.get("off").await.filter(has_shutdown_taint) }).await;
+        let node = eventually_within("off with the shutdown taint", WAIT, || async { env.get("off").await.filter(has_shutdown_taint) }).await;
         let taint = node.spec.unwrap().taints.unwrap().into_iter().find(|t| t.key == TAINT_SHUTDOWN).unwrap();
         assert_eq!((taint.effect.as_str(), taint.value), ("NoSchedule", None));
         env.passes(4).await;
@@ -258,7 +230,7 @@ e2e_apiserver::backend_tests! {
         // Back up and Ready: L1 removes it.
         let ready = json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}});
         env.nodes.patch_status("off", &PatchParams::default(), &Patch::Strategic(ready)).await.expect("ready");
-        eventually(WAIT, || async { env.get("off").await.filter(|n| !has_shutdown_taint(n)) }).await;
+        eventually_within("off without the shutdown taint", WAIT, || async { env.get("off").await.filter(|n| !has_shutdown_taint(n)) }).await;
     }
 
     async fn l5_shutdown_check_error_adds_no_taint(backend) {
@@ -266,7 +238,7 @@ e2e_apiserver::backend_tests! {
         env.node("off", Some("False"), vec![], Some(shut_down("off"))).await;
         env.fake.fail_rate(methods::INSTANCES_SHUTDOWN, 1.0, CloudError::Other("boom".into()));
         env.run();
-        eventually(WAIT, || async { (env.fake.calls().count(methods::INSTANCES_SHUTDOWN) >= 3).then_some(()) }).await;
+        eventually_within("three shutdown checks", WAIT, || async { env.fake.calls().count(methods::INSTANCES_SHUTDOWN) >= 3 }).await;
         assert!(!has_shutdown_taint(&env.get("off").await.unwrap()));
         assert!(env.controller_writes().is_empty());
     }
@@ -279,7 +251,7 @@ e2e_apiserver::backend_tests! {
         // The cloud says "not found" for about a second, then finds the instance again.
         env.fake.remove_instance("blip");
         let absent_from = env.fake.calls().count(methods::INSTANCES_EXIST);
-        eventually(WAIT, || async { (env.fake.calls().count(methods::INSTANCES_EXIST) >= absent_from + 5).then_some(()) }).await;
+        eventually_within("five more existence checks", WAIT, || async { env.fake.calls().count(methods::INSTANCES_EXIST) >= absent_from + 5 }).await;
         env.fake.set_instance("blip", running("blip"));
         tokio::time::sleep(grace + Duration::from_millis(500)).await;
         assert!(env.get("blip").await.is_some(), "a brief absence inside the grace period deletes nothing");
@@ -292,7 +264,7 @@ e2e_apiserver::backend_tests! {
         env.node("dead", Some("False"), vec![], None).await;
         let started = Instant::now();
         env.run();
-        eventually(WAIT, || async { env.get("dead").await.is_none().then_some(()) }).await;
+        eventually_within("dead deleted", WAIT, || async { env.get("dead").await.is_none() }).await;
         assert!(started.elapsed() >= grace, "deleted only after the grace period: {:?}", started.elapsed());
         assert!(env.fake.calls().count(methods::INSTANCES_EXIST) >= 5, "absence was confirmed on every pass meanwhile");
     }

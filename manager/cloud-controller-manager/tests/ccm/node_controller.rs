@@ -3,47 +3,28 @@
 //! docs/behaviours.md) plus our additions (batching, §6 fixes,
 //! write budget, idle cost).
 
-use crate::kit::eventually;
+use crate::kit::{Engine, EngineFor};
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ccm_framework::controller::{Context, Controller};
 use ccm_framework::controllers::lifecycle::LifecycleController;
 use ccm_framework::controllers::node::logic::{
     ANNOTATION_PROVIDED_NODE_IP, LABEL_INSTANCE_TYPE, LABEL_INSTANCE_TYPE_BETA, LABEL_REGION, LABEL_REGION_BETA,
     LABEL_ZONE, LABEL_ZONE_BETA, TAINT_UNINITIALIZED,
 };
 use ccm_framework::controllers::node::{self, NodeController};
-use ccm_framework::health::HealthRegistry;
-use ccm_framework::metrics::Metrics;
 use ccm_framework::options::ControllerOptions;
 use ccm_framework::provider::{CloudError, InstanceMetadata};
 use ccm_provider_fake::{FakeInstance, FakeProvider, methods};
-use e2e_apiserver::{Backend, RequestRecord, TestCluster};
-use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus, Taint};
-use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition, Taint};
+use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
+use testkit::{Backend, NodeFixture, RequestRecord, TestCluster, eventually_within, kubelet_node, uninitialized_taint};
 
 const WAIT: Duration = Duration::from_secs(15);
 
-struct Env {
-    cluster: TestCluster,
-    fake: Arc<FakeProvider>,
-    nodes: Api<Node>,
-    metrics: Arc<Metrics>,
-    ctx: Context,
-    shutdown: CancellationToken,
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
-}
+/// The engine the node controller runs on, and what these tests ask of it.
+type Env = EngineFor<NodeController>;
 
 /// Options for fast tests: a short batch window and a refresh that stays out of the way.
 fn options() -> ControllerOptions {
@@ -56,20 +37,8 @@ fn options() -> ControllerOptions {
 
 impl Env {
     async fn start(backend: Backend, options: ControllerOptions, fake: FakeProvider) -> Env {
-        crate::kit::init_tracing();
         let cluster = TestCluster::start(backend).await.expect("API server starts");
-        let client = cluster.client();
-        let shutdown = CancellationToken::new();
-        let fake = Arc::new(fake);
-        let ctx =
-            ccm_framework::engine::testing::context(client.clone(), fake.clone(), options, shutdown.clone()).await;
-        let metrics = ctx.metrics.clone();
-        Env { nodes: Api::all(client), cluster, fake, metrics, ctx, shutdown }
-    }
-
-    fn run(&self, controller: Box<dyn Controller>) -> JoinHandle<Result<(), ccm_framework::Error>> {
-        let health = HealthRegistry::new().handle(controller.name());
-        tokio::spawn(controller.run(self.ctx.clone(), health))
+        Env::new(Engine::start(cluster, options, fake).await)
     }
 
     async fn started(backend: Backend, options: ControllerOptions, fake: FakeProvider) -> Env {
@@ -104,29 +73,15 @@ impl Env {
     }
 
     async fn wait_initialized(&self, name: &str) -> Node {
-        eventually(WAIT, || async { Some(self.get(name).await).filter(|n| !tainted(n)) }).await
+        eventually_within("the Node to be initialized", WAIT, || async {
+            Some(self.get(name).await).filter(|n| !tainted(n))
+        })
+        .await
     }
 }
 
 fn addr(t: &str, a: &str) -> NodeAddress {
     NodeAddress { type_: t.into(), address: a.into() }
-}
-
-fn uninitialized_taint() -> Taint {
-    Taint { key: TAINT_UNINITIALIZED.into(), value: Some("true".into()), effect: "NoSchedule".into(), time_added: None }
-}
-
-/// A Node as kubelet with `--cloud-provider=external` registers it.
-fn kubelet_node(name: &str) -> Node {
-    Node {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            labels: Some(BTreeMap::from([("kubernetes.io/hostname".to_string(), name.to_string())])),
-            ..Default::default()
-        },
-        spec: Some(NodeSpec { taints: Some(vec![uninitialized_taint()]), ..Default::default() }),
-        status: Some(NodeStatus { addresses: Some(vec![addr("Hostname", name)]), ..Default::default() }),
-    }
 }
 
 /// The taint kube-apiserver's TaintNodesByCondition admission adds to every new Node.
@@ -174,12 +129,12 @@ fn fake_with(instances: &[(&str, InstanceMetadata)]) -> FakeProvider {
     fake
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn n1_node_deleted_while_waiting_is_dropped_without_further_lookups(backend) {
         let env = Env::started(backend, options(), FakeProvider::new()).await;
         // No instance: every lookup returns None, so the Node waits in backoff.
-        env.create(kubelet_node("gone")).await;
-        eventually(WAIT, || async { (env.metadata_calls() >= 1).then_some(()) }).await;
+        env.create(kubelet_node("gone").with_hostname()).await;
+        eventually_within("a metadata lookup", WAIT, || async { env.metadata_calls() >= 1 }).await;
         env.nodes.delete("gone", &Default::default()).await.expect("delete");
         tokio::time::sleep(Duration::from_millis(300)).await;
         let after_delete = env.metadata_calls();
@@ -190,8 +145,8 @@ e2e_apiserver::backend_tests! {
     async fn n2_node_without_provider_id_stays_tainted_and_is_retried(backend) {
         let no_id = InstanceMetadata { provider_id: String::new(), ..metadata("n", vec![addr("InternalIP", "10.0.0.1")]) };
         let env = Env::started(backend, options(), fake_with(&[("n", no_id)])).await;
-        env.create(kubelet_node("n")).await;
-        eventually(WAIT, || async { (env.metadata_calls() >= 3).then_some(()) }).await;
+        env.create(kubelet_node("n").with_hostname()).await;
+        eventually_within("three metadata lookups", WAIT, || async { env.metadata_calls() >= 3 }).await;
         let node = env.get("n").await;
         assert!(tainted(&node), "never untainted without a providerID");
         assert!(provider_id(&node).is_none());
@@ -208,7 +163,7 @@ e2e_apiserver::backend_tests! {
     async fn n2_cloud_error_keeps_the_taint_and_retries_with_backoff(backend) {
         let env = Env::start(backend, options(), fake_with(&[("n", metadata("n", vec![addr("InternalIP", "10.0.0.1")]))])).await;
         env.fake.fail_next(methods::INSTANCES_METADATA, 3, CloudError::Unavailable("503".into()));
-        env.create(kubelet_node("n")).await;
+        env.create(kubelet_node("n").with_hostname()).await;
         let started = Instant::now();
         env.run(Box::new(NodeController::new()));
         env.wait_initialized("n").await;
@@ -220,8 +175,8 @@ e2e_apiserver::backend_tests! {
     async fn n2_missing_metadata_requeues_with_backoff_instead_of_waiting_for_an_event(backend) {
         // §6 item 1: upstream leaves the Node tainted until its next update event.
         let env = Env::started(backend, options(), FakeProvider::new()).await;
-        env.create(kubelet_node("late")).await;
-        eventually(WAIT, || async { (env.metadata_calls() >= 2).then_some(()) }).await;
+        env.create(kubelet_node("late").with_hostname()).await;
+        eventually_within("two metadata lookups", WAIT, || async { env.metadata_calls() >= 2 }).await;
         assert!(tainted(&env.get("late").await));
         env.fake.set_instance("late", FakeInstance::running(metadata("late", vec![addr("InternalIP", "10.0.0.7")])));
         env.wait_initialized("late").await;
@@ -229,7 +184,7 @@ e2e_apiserver::backend_tests! {
 
     async fn n4_existing_provider_id_is_never_overwritten(backend) {
         let env = Env::started(backend, options(), fake_with(&[("n", metadata("n", vec![addr("InternalIP", "10.0.0.1")]))])).await;
-        let mut n = kubelet_node("n");
+        let mut n = kubelet_node("n").with_hostname();
         n.spec.as_mut().unwrap().provider_id = Some("fake://set-by-kubelet".into());
         env.create(n).await;
         let node = env.wait_initialized("n").await;
@@ -239,8 +194,8 @@ e2e_apiserver::backend_tests! {
 
     async fn n5_node_ip_not_among_cloud_addresses_keeps_the_node_tainted_until_fixed(backend) {
         let env = Env::started(backend, options(), fake_with(&[("n", metadata("n", vec![addr("InternalIP", "10.0.0.1")]))])).await;
-        env.create(with_node_ip(kubelet_node("n"), "10.0.0.99")).await;
-        eventually(WAIT, || async { (env.metadata_calls() >= 2).then_some(()) }).await;
+        env.create(with_node_ip(kubelet_node("n").with_hostname(), "10.0.0.99")).await;
+        eventually_within("two metadata lookups", WAIT, || async { env.metadata_calls() >= 2 }).await;
         assert!(tainted(&env.get("n").await), "an invalid node IP blocks untainting");
         assert!(env.writes_by(node::NAME, Some("n")).is_empty());
         // Fixing the annotation is a real change: retried at once, not after the backoff.
@@ -252,7 +207,7 @@ e2e_apiserver::backend_tests! {
 
     async fn n6_n7_n8_instance_type_zone_and_region_labels_with_beta_copies(backend) {
         let env = Env::started(backend, options(), fake_with(&[("n", metadata("n", vec![addr("InternalIP", "10.0.0.1")]))])).await;
-        let mut n = kubelet_node("n");
+        let mut n = kubelet_node("n").with_hostname();
         n.metadata.labels.as_mut().unwrap().insert(LABEL_INSTANCE_TYPE.into(), "stale".into());
         env.create(n).await;
         let node = env.wait_initialized("n").await;
@@ -272,7 +227,7 @@ e2e_apiserver::backend_tests! {
 
     async fn n9_only_the_uninitialized_taint_is_removed(backend) {
         let env = Env::started(backend, options(), fake_with(&[("n", metadata("n", vec![addr("InternalIP", "10.0.0.1")]))])).await;
-        let mut n = kubelet_node("n");
+        let mut n = kubelet_node("n").with_hostname();
         let other =
             Taint { key: "dedicated".into(), value: Some("gpu".into()), effect: "NoSchedule".into(), time_added: None };
         let also_uninit = Taint { effect: "NoExecute".into(), value: None, ..uninitialized_taint() };
@@ -291,8 +246,8 @@ e2e_apiserver::backend_tests! {
         let fake = fake_with(&[("n", metadata("n", vec![addr("InternalIP", "10.0.0.1")]))]);
         fake.set_latency(Duration::from_millis(400));
         let env = Env::started(backend, options(), fake).await;
-        env.create(kubelet_node("n")).await;
-        eventually(WAIT, || async { (env.fake.calls().in_flight() > 0).then_some(()) }).await;
+        env.create(kubelet_node("n").with_hostname()).await;
+        eventually_within("a cloud call in flight", WAIT, || async { env.fake.calls().in_flight() > 0 }).await;
         // Another controller puts a taint in front of ours while the cloud call is running.
         let maintenance = json!({"key": "example.com/maintenance", "effect": "NoSchedule"});
         let ops = json!([{"op": "add", "path": "/spec/taints/0", "value": maintenance}]);
@@ -323,7 +278,7 @@ e2e_apiserver::backend_tests! {
             ("team".to_string(), "cloud".to_string()),
         ]);
         let env = Env::started(backend, options(), fake_with(&[("n", meta)])).await;
-        let mut n = kubelet_node("n");
+        let mut n = kubelet_node("n").with_hostname();
         n.metadata.labels.as_mut().unwrap().insert("team".into(), "kubelet".into());
         n.metadata.labels.as_mut().unwrap().insert("kubernetes.io/arch".into(), "amd64".into());
         env.create(n).await;
@@ -336,10 +291,10 @@ e2e_apiserver::backend_tests! {
 
     async fn n11_initialization_costs_two_targeted_writes_and_emits_synced(backend) {
         let env = Env::started(backend, options(), fake_with(&[("n", metadata("n", vec![addr("InternalIP", "10.0.0.1")]))])).await;
-        env.create(kubelet_node("n")).await;
+        env.create(kubelet_node("n").with_hostname()).await;
         env.wait_initialized("n").await;
-        eventually(WAIT, || async {
-            (env.get("n").await.status.and_then(|s| s.addresses).map(|a| a.len()) == Some(2)).then_some(())
+        eventually_within("n's two addresses", WAIT, || async {
+            env.get("n").await.status.and_then(|s| s.addresses).map(|a| a.len()) == Some(2)
         })
         .await;
         let writes = env.writes_by(node::NAME, Some("n"));
@@ -353,19 +308,12 @@ e2e_apiserver::backend_tests! {
             assert!(writes.iter().any(|w| w.content_type.as_deref() == Some("application/json-patch+json")));
         }
         // Metrics and the Synced event.
-        let text = env.metrics.encode();
+        let text = env.ctx.metrics.encode();
         assert!(text.contains("node_controller_cloud_provider_taint_removal_delay_seconds_count 1"), "{text}");
         assert!(text.contains("node_controller_initial_node_sync_delay_seconds_count 1"), "{text}");
-        let events: Api<Event> = Api::all(env.cluster.client());
-        eventually(WAIT, || async {
-            let list = events.list(&ListParams::default()).await.ok()?;
-            list.items
-                .iter()
-                .any(|e| {
-                    e.reason.as_deref() == Some("Synced")
-                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("n")
-                })
-                .then_some(())
+        eventually_within("the Synced event of n", WAIT, || async {
+            let synced = env.cluster.events("Synced").await.ok()?;
+            synced.iter().any(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("n")).then_some(())
         })
         .await;
         // Nothing more happens once initialized.
@@ -378,9 +326,9 @@ e2e_apiserver::backend_tests! {
         let fake = fake_with(&[("n", metadata("n", vec![addr("InternalIP", "10.0.0.1")]))]);
         fake.set_latency(Duration::from_millis(400));
         let env = Env::started(backend, options(), fake).await;
-        env.create(kubelet_node("n")).await;
+        env.create(kubelet_node("n").with_hostname()).await;
         // The controller has read the Node and is waiting on the cloud: kubelet writes now.
-        eventually(WAIT, || async { (env.fake.calls().in_flight() > 0).then_some(()) }).await;
+        eventually_within("a cloud call in flight", WAIT, || async { env.fake.calls().in_flight() > 0 }).await;
         let ready = NodeCondition {
             type_: "Ready".into(),
             status: "True".into(),
@@ -393,7 +341,7 @@ e2e_apiserver::backend_tests! {
         let label = json!({"metadata": {"labels": {"kubelet-added": "yes"}}});
         env.nodes.patch("n", &kubelet, &Patch::Strategic(label)).await.expect("kubelet label patch");
         env.wait_initialized("n").await;
-        let node = eventually(WAIT, || async { Some(env.get("n").await).filter(|n| addresses(n).len() == 2) }).await;
+        let node = eventually_within("n's two addresses", WAIT, || async { Some(env.get("n").await).filter(|n| addresses(n).len() == 2) }).await;
         let conditions = node.status.as_ref().and_then(|s| s.conditions.clone()).unwrap_or_default();
         assert!(
             conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True"),
@@ -408,7 +356,7 @@ e2e_apiserver::backend_tests! {
         let env = Env::started(backend, options(), FakeProvider::new()).await;
         // Wait for the start-up refresh pass (over an empty cluster) to be done.
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let mut n = kubelet_node("old");
+        let mut n = kubelet_node("old").with_hostname();
         n.spec.as_mut().unwrap().taints = None;
         n.metadata.labels.as_mut().unwrap().extend([
             (LABEL_ZONE_BETA.to_string(), "z1".to_string()),
@@ -416,7 +364,7 @@ e2e_apiserver::backend_tests! {
             (LABEL_REGION.to_string(), "ga-only".to_string()),
         ]);
         env.create(n).await;
-        let node = eventually(WAIT, || async { Some(env.get("old").await).filter(|n| labels(n).contains_key(LABEL_ZONE)) }).await;
+        let node = eventually_within("old's zone label", WAIT, || async { Some(env.get("old").await).filter(|n| labels(n).contains_key(LABEL_ZONE)) }).await;
         let l = labels(&node);
         assert_eq!(l.get(LABEL_ZONE).map(String::as_str), Some("z1"));
         assert_eq!(l.get(LABEL_INSTANCE_TYPE).map(String::as_str), Some("t1"));
@@ -430,7 +378,7 @@ e2e_apiserver::backend_tests! {
         let no_id = InstanceMetadata { provider_id: String::new(), ..metadata("t", vec![addr("InternalIP", "10.0.0.5")]) };
         let opts = ControllerOptions { node_status_update_frequency: Duration::from_millis(100), ..options() };
         let env = Env::started(backend, opts, fake_with(&[("t", no_id)])).await;
-        env.create(kubelet_node("t")).await;
+        env.create(kubelet_node("t").with_hostname()).await;
         tokio::time::sleep(Duration::from_secs(2)).await;
         let node = env.get("t").await;
         assert!(tainted(&node));
@@ -440,7 +388,7 @@ e2e_apiserver::backend_tests! {
 
     async fn n14_no_cloud_addresses_leaves_addresses_alone(backend) {
         let env = Env::started(backend, options(), fake_with(&[("n", metadata("n", vec![]))])).await;
-        env.create(kubelet_node("n")).await;
+        env.create(kubelet_node("n").with_hostname()).await;
         let node = env.wait_initialized("n").await;
         assert_eq!(addresses(&node), vec![addr("Hostname", "n")]);
         let writes = env.writes_by(node::NAME, Some("n"));
@@ -455,12 +403,12 @@ e2e_apiserver::backend_tests! {
             fake_with(&[("a", metadata("a", cloud.clone())), ("b", metadata("b", with_host.clone()))]),
         )
         .await;
-        env.create(kubelet_node("a")).await;
-        env.create(kubelet_node("b")).await;
-        let a = eventually(WAIT, || async { Some(env.get("a").await).filter(|n| addresses(n).len() == 3) }).await;
+        env.create(kubelet_node("a").with_hostname()).await;
+        env.create(kubelet_node("b").with_hostname()).await;
+        let a = eventually_within("a's three addresses", WAIT, || async { Some(env.get("a").await).filter(|n| addresses(n).len() == 3) }).await;
         assert_eq!(addresses(&a), vec![cloud[0].clone(), cloud[1].clone(), addr("Hostname", "a")]);
         // Addresses (status) and the taint (metadata) are two writes: wait for both.
-        let b = eventually(WAIT, || async { Some(env.get("b").await).filter(|n| addresses(n) == with_host && !tainted(n)) }).await;
+        let b = eventually_within("b's addresses with the cloud's host name, untainted", WAIT, || async { Some(env.get("b").await).filter(|n| addresses(n) == with_host && !tainted(n)) }).await;
         assert_eq!(addresses(&b), with_host, "the cloud's hostname replaces the kubelet's");
     }
 
@@ -521,7 +469,7 @@ e2e_apiserver::backend_tests! {
             table.iter().map(|(n, _, _)| (*n, metadata(n, cloud.clone()))).collect();
         let env = Env::started(backend, options(), fake_with(&instances)).await;
         for (name, annotation, _) in &table {
-            let node = kubelet_node(name);
+            let node = kubelet_node(name).with_hostname();
             env.create(if annotation.is_empty() { node } else { with_node_ip(node, annotation) }).await;
         }
         for (name, annotation, want) in &table {
@@ -529,7 +477,7 @@ e2e_apiserver::backend_tests! {
                 continue;
             }
             let node =
-                eventually(WAIT, || async { Some(env.get(name).await).filter(|n| !tainted(n) && addresses(n) == *want) }).await;
+                eventually_within("the Node initialized with the addresses wanted", WAIT, || async { Some(env.get(name).await).filter(|n| !tainted(n) && addresses(n) == *want) }).await;
             assert_eq!(addresses(&node), *want, "{name} {annotation}");
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -544,11 +492,11 @@ e2e_apiserver::backend_tests! {
         let dual = vec![addr("InternalIP", "10.0.0.1"), addr("InternalIP", "fd00::1")];
         let opts = ControllerOptions { node_status_update_frequency: Duration::from_millis(150), ..options() };
         let env = Env::started(backend, opts, fake_with(&[("d", metadata("d", dual.clone()))])).await;
-        env.create(kubelet_node("d")).await;
+        env.create(kubelet_node("d").with_hostname()).await;
         env.wait_initialized("d").await;
         let status_writes =
             || env.writes_by(node::NAME, Some("d")).iter().filter(|w| w.subresource.as_deref() == Some("status")).count();
-        eventually(WAIT, || async { (status_writes() == 1).then_some(()) }).await;
+        eventually_within("one status write", WAIT, || async { status_writes() == 1 }).await;
         let passes_before = env.metadata_calls();
         tokio::time::sleep(Duration::from_millis(1200)).await;
         assert!(env.metadata_calls() >= passes_before + 3, "the refresh ran several times");
@@ -557,7 +505,7 @@ e2e_apiserver::backend_tests! {
         let swapped = vec![dual[1].clone(), dual[0].clone()];
         env.fake.set_instance("d", FakeInstance::running(metadata("d", swapped.clone())));
         let node =
-            eventually(WAIT, || async { Some(env.get("d").await).filter(|n| addresses(n).first() == swapped.first()) }).await;
+            eventually_within("the swapped addresses", WAIT, || async { Some(env.get("d").await).filter(|n| addresses(n).first() == swapped.first()) }).await;
         assert_eq!(addresses(&node), vec![swapped[0].clone(), swapped[1].clone(), addr("Hostname", "d")]);
         tokio::time::sleep(Duration::from_millis(600)).await;
         assert_eq!(status_writes(), 2, "exactly one more write for the reordering");
@@ -576,7 +524,7 @@ e2e_apiserver::backend_tests! {
         };
         let env = Env::started(backend, opts, fake).await;
         for n in &names {
-            env.create(kubelet_node(n)).await;
+            env.create(kubelet_node(n).with_hostname()).await;
         }
         for n in &names {
             env.wait_initialized(n).await;
@@ -589,11 +537,11 @@ e2e_apiserver::backend_tests! {
             env.fake.set_instance(n, FakeInstance::running(meta));
         }
         for n in &names {
-            eventually(WAIT, || async { Some(env.get(n).await).filter(|node| addresses(node)[0].address == "10.0.2.2") }).await;
+            eventually_within("the new address", WAIT, || async { Some(env.get(n).await).filter(|node| addresses(node)[0].address == "10.0.2.2") }).await;
         }
         // Watch one whole pass from the start: four batches of ten, all four workers busy at once.
         env.fake.calls().reset();
-        eventually(WAIT, || async { (env.fake.calls().peak_in_flight() == 4 && env.metadata_calls() >= 4).then_some(()) }).await;
+        eventually_within("four batches in flight at once", WAIT, || async { env.fake.calls().peak_in_flight() == 4 && env.metadata_calls() >= 4 }).await;
         let subjects = env.fake.calls().subjects(methods::INSTANCES_METADATA);
         assert!(subjects.iter().all(|s| s == "10 nodes"), "40 Nodes in batches of 10: {subjects:?}");
         for n in &names {
@@ -608,7 +556,7 @@ e2e_apiserver::backend_tests! {
         let env = Env::started(backend, opts, fake).await;
         let names: Vec<String> = (0..50).map(|i| format!("b{i:02}")).collect();
         for n in &names {
-            env.create(kubelet_node(n)).await;
+            env.create(kubelet_node(n).with_hostname()).await;
         }
         for n in &names {
             env.wait_initialized(n).await;
@@ -623,7 +571,7 @@ e2e_apiserver::backend_tests! {
         let opts = ControllerOptions { node_batch_size: 1, concurrent_node_syncs: 1, ..options() };
         let env = Env::started(backend, opts, fake).await;
         for i in 0..5 {
-            env.create(kubelet_node(&format!("u{i}"))).await;
+            env.create(kubelet_node(&format!("u{i}")).with_hostname()).await;
         }
         for i in 0..5 {
             env.wait_initialized(&format!("u{i}")).await;
@@ -652,7 +600,7 @@ e2e_apiserver::backend_tests! {
         env.run(Box::new(LifecycleController::new()));
         let names: Vec<String> = (0..20).map(|i| format!("idle{i:02}")).collect();
         for n in &names {
-            env.create(kubelet_node(n)).await;
+            env.create(kubelet_node(n).with_hostname()).await;
         }
         let ready = json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}});
         for n in &names {

@@ -2,7 +2,6 @@
 //! (R1, R2 and our §6 item 6 fix), the decision table (R8–R10), NetworkUnavailable (R12, R13),
 //! retries (§6 item 5), node-change triggers and the 200-operation cap.
 
-use crate::kit::eventually;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,11 +11,11 @@ use ccm_framework::engine::testing::{RunningController, run_controller};
 use ccm_framework::options::ControllerOptions;
 use ccm_framework::provider::{CloudError, Route};
 use ccm_provider_fake::{FakeCapabilities, FakeProvider, methods};
-use e2e_apiserver::{Backend, TestCluster};
 use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus};
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
+use testkit::{Backend, TestCluster, eventually_within};
 
 const WAIT: Duration = Duration::from_secs(20);
 const CLUSTER: &str = "kubernetes";
@@ -79,9 +78,7 @@ impl Env {
     }
 
     async fn events(&self, reason: &str) -> Vec<Event> {
-        let api: Api<Event> = Api::all(self.cluster.client());
-        let list = api.list(&ListParams::default()).await.expect("list events");
-        list.items.into_iter().filter(|e| e.reason.as_deref() == Some(reason)).collect()
+        self.cluster.events(reason).await.expect("list events")
     }
 }
 
@@ -130,10 +127,10 @@ fn not_created() -> Option<(String, String)> {
 
 // ---- Start conditions ----------------------------------------------------------------------
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn r1_not_started_when_configure_cloud_routes_is_false(backend) {
         let env = Env::start(backend, ControllerOptions { configure_cloud_routes: false, ..options() }, FakeProvider::new()).await;
-        eventually(WAIT, || async { env.running.is_finished().then_some(()) }).await;
+        eventually_within("the controller to return", WAIT, || async { env.running.is_finished() }).await;
         assert_eq!(env.fake.calls().count(methods::LIST_ROUTES), 0);
     }
 
@@ -141,7 +138,7 @@ e2e_apiserver::backend_tests! {
         let fake = FakeProvider::new();
         fake.set_capabilities(FakeCapabilities { routes: false, ..Default::default() });
         let env = Env::start(backend, options(), fake).await;
-        eventually(WAIT, || async { env.running.is_finished().then_some(()) }).await;
+        eventually_within("the controller to return", WAIT, || async { env.running.is_finished() }).await;
         assert_eq!(env.running.check(), Some(Ok(())));
     }
 
@@ -152,7 +149,7 @@ e2e_apiserver::backend_tests! {
             ..options()
         };
         let env = Env::start(backend, opts, FakeProvider::new()).await;
-        let err = eventually(WAIT, || async { env.running.check()?.err() }).await;
+        let err = eventually_within("the controller's failed health check", WAIT, || async { env.running.check()?.err() }).await;
         assert!(err.contains("--cluster-cidr") && err.contains("10.244.0.0/33"), "{err}");
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(!env.running.is_finished(), "§6 item 6: the controller stays (failing) instead of ending the manager");
@@ -161,7 +158,7 @@ e2e_apiserver::backend_tests! {
 
     async fn empty_cluster_cidr_disables_the_controller_with_a_failing_health_check(backend) {
         let env = Env::start(backend, ControllerOptions { cluster_cidrs: vec![], ..options() }, FakeProvider::new()).await;
-        let err = eventually(WAIT, || async { env.running.check()?.err() }).await;
+        let err = eventually_within("the controller's failed health check", WAIT, || async { env.running.check()?.err() }).await;
         assert!(err.contains("--cluster-cidr is empty"), "{err}");
         assert_eq!(env.fake.calls().count(methods::LIST_ROUTES), 0);
     }
@@ -169,13 +166,13 @@ e2e_apiserver::backend_tests! {
 
 // ---- R8–R11 ----------------------------------------------------------------------------------
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn r8_routes_created_for_nodes_with_pod_cidrs_and_condition_set(backend) {
         let cluster = TestCluster::start(backend).await.unwrap();
         create_nodes(&cluster, &[node("a", Some("10.244.0.0/24"), "10.0.0.1"), node("b", None, "10.0.0.2")]).await;
         let env = Env::start_on(cluster, options(), FakeProvider::new()).await;
-        eventually(WAIT, || async { (env.routes() == [("a".to_string(), "10.244.0.0/24".to_string())]).then_some(()) }).await;
-        eventually(WAIT, || async { (status_reason(&env.node("a").await) == created()).then_some(()) }).await;
+        eventually_within("a's route", WAIT, || async { env.routes() == [("a".to_string(), "10.244.0.0/24".to_string())] }).await;
+        eventually_within("a's RouteCreated condition", WAIT, || async { status_reason(&env.node("a").await) == created() }).await;
         let c = condition(&env.node("a").await).unwrap();
         assert_eq!(c.message.as_deref(), Some("RouteController created a route"));
         assert_eq!(condition(&env.node("b").await), None, "R12: no pod CIDRs and no routes: untouched");
@@ -193,9 +190,9 @@ e2e_apiserver::backend_tests! {
         fake.insert_route(CLUSTER, route("r4-wrong-cidr", "a", "10.244.7.0/24"));
         fake.insert_route(CLUSTER, route("r5-outside", "gone", "192.168.5.0/24"));
         let env = Env::start_on(cluster, options(), fake).await;
-        eventually(WAIT, || async {
+        eventually_within("the routes wanted", WAIT, || async {
             let want = [("a".to_string(), "10.244.0.0/24".to_string()), ("gone".to_string(), "192.168.5.0/24".to_string())];
-            (env.routes() == want).then_some(())
+            env.routes() == want
         })
         .await;
         let blackholes = env.fake.cloud_routes(CLUSTER).into_iter().filter(|r| r.blackhole).count();
@@ -220,7 +217,7 @@ e2e_apiserver::backend_tests! {
             );
         }
         let env = Env::start_on(cluster, options(), fake).await;
-        eventually(WAIT, || async { (env.fake.calls().count(methods::CREATE_ROUTE) == 1).then_some(()) }).await;
+        eventually_within("one route creation", WAIT, || async { env.fake.calls().count(methods::CREATE_ROUTE) == 1 }).await;
         let order: Vec<&str> = env
             .fake
             .calls()
@@ -238,7 +235,7 @@ e2e_apiserver::backend_tests! {
 
 // ---- R12/R13 ---------------------------------------------------------------------------------
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn r12_network_unavailable_outcomes(backend) {
         let cluster = TestCluster::start(backend).await.unwrap();
         create_nodes(
@@ -255,12 +252,12 @@ e2e_apiserver::backend_tests! {
         fake.insert_route(CLUSTER, route("r-stripped", "stripped", "10.244.2.0/24"));
         fake.fail_next(methods::CREATE_ROUTE, 1, CloudError::Unavailable("quota".into()));
         let env = Env::start_on(cluster, options(), fake).await;
-        eventually(WAIT, || async { (status_reason(&env.node("stripped").await) == not_created()).then_some(()) }).await;
+        eventually_within("stripped's NoRouteCreated condition", WAIT, || async { status_reason(&env.node("stripped").await) == not_created() }).await;
         // One of the two creations failed on the first pass: that Node is NoRouteCreated until the
         // retry succeeds; both end RouteCreated.
-        eventually(WAIT, || async {
+        eventually_within("both Nodes RouteCreated", WAIT, || async {
             let (ok, failing) = (status_reason(&env.node("ok").await), status_reason(&env.node("failing").await));
-            (ok == created() && failing == created()).then_some(())
+            ok == created() && failing == created()
         })
         .await;
         let failed = env.events("FailedToCreateRoute").await;
@@ -273,18 +270,18 @@ e2e_apiserver::backend_tests! {
         create_nodes(&cluster, &[node("a", Some("10.244.0.0/24"), "10.0.0.1")]).await;
         let opts = ControllerOptions { route_reconciliation_period: Duration::from_millis(200), ..options() };
         let env = Env::start_on(cluster, opts, FakeProvider::new()).await;
-        eventually(WAIT, || async { (status_reason(&env.node("a").await) == created()).then_some(()) }).await;
+        eventually_within("a's RouteCreated condition", WAIT, || async { status_reason(&env.node("a").await) == created() }).await;
         let first = condition(&env.node("a").await).unwrap();
         // Several periodic passes later: still one write.
         let passes = env.fake.calls().count(methods::LIST_ROUTES);
-        eventually(WAIT, || async { (env.fake.calls().count(methods::LIST_ROUTES) >= passes + 3).then_some(()) }).await;
+        eventually_within("three more passes", WAIT, || async { env.fake.calls().count(methods::LIST_ROUTES) >= passes + 3 }).await;
         assert_eq!(env.condition_writes(), 1);
         // A CNI's False with another reason is taken over, without moving lastTransitionTime.
         let patch = json!({"status": {"conditions": [{"type": NETWORK_UNAVAILABLE, "status": "False", "reason": "CalicoIsUp", "message": "Calico is running on this node", "lastTransitionTime": first.last_transition_time}]}});
         env.nodes().patch_status("a", &PatchParams::default(), &Patch::Strategic(patch)).await.unwrap();
         // The log may record a write a moment after its response: wait for both.
-        eventually(WAIT, || async {
-            (status_reason(&env.node("a").await) == created() && env.condition_writes() >= 2).then_some(())
+        eventually_within("a RouteCreated, written twice", WAIT, || async {
+            status_reason(&env.node("a").await) == created() && env.condition_writes() >= 2
         })
         .await;
         assert_eq!(env.condition_writes(), 2);
@@ -294,7 +291,7 @@ e2e_apiserver::backend_tests! {
 
 // ---- Triggers, retries, concurrency ----------------------------------------------------------
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn r5_node_changes_trigger_a_pass_without_waiting_for_the_period(backend) {
         let env = Env::start(backend, options(), FakeProvider::new()).await;
         create_nodes(&env.cluster, &[node("a", None, "10.0.0.1")]).await;
@@ -306,16 +303,16 @@ e2e_apiserver::backend_tests! {
             )
             .await
             .unwrap();
-        eventually(WAIT, || async { (env.routes() == [("a".to_string(), "10.244.3.0/24".to_string())]).then_some(()) }).await;
+        eventually_within("a's route", WAIT, || async { env.routes() == [("a".to_string(), "10.244.3.0/24".to_string())] }).await;
         env.nodes().delete("a", &DeleteParams::default()).await.unwrap();
-        eventually(WAIT, || async { env.routes().is_empty().then_some(()) }).await;
+        eventually_within("no route", WAIT, || async { env.routes().is_empty() }).await;
     }
 
     async fn r5_unrelated_node_changes_do_not_trigger_a_pass(backend) {
         let cluster = TestCluster::start(backend).await.unwrap();
         create_nodes(&cluster, &[node("a", Some("10.244.0.0/24"), "10.0.0.1")]).await;
         let env = Env::start_on(cluster, options(), FakeProvider::new()).await;
-        eventually(WAIT, || async { (status_reason(&env.node("a").await) == created()).then_some(()) }).await;
+        eventually_within("a's RouteCreated condition", WAIT, || async { status_reason(&env.node("a").await) == created() }).await;
         tokio::time::sleep(Duration::from_millis(400)).await;
         let passes = env.fake.calls().count(methods::LIST_ROUTES);
         env.nodes()
@@ -333,12 +330,12 @@ e2e_apiserver::backend_tests! {
         fake.fail_next(methods::CREATE_ROUTE, 2, CloudError::Unavailable("cloud down".into()));
         let started = Instant::now();
         let env = Env::start_on(cluster, options(), fake).await;
-        eventually(WAIT, || async { (env.routes().len() == 1).then_some(()) }).await;
+        eventually_within("one route", WAIT, || async { env.routes().len() == 1 }).await;
         // Retries after 1 s and 2 s; the period is an hour.
         assert!(started.elapsed() < Duration::from_secs(10));
         assert_eq!(env.fake.calls().count(methods::CREATE_ROUTE), 3);
         // Both failures share one event key, so the recorder may fold them into one series.
-        let failed = eventually(WAIT, || async { env.events("FailedToCreateRoute").await.into_iter().next() }).await;
+        let failed = eventually_within("a FailedToCreateRoute event", WAIT, || async { env.events("FailedToCreateRoute").await.into_iter().next() }).await;
         assert!(failed.note.as_deref().unwrap_or_default().contains("cloud down"));
     }
 
@@ -347,10 +344,10 @@ e2e_apiserver::backend_tests! {
         create_nodes(&cluster, &[node("a", Some("10.244.0.0/24"), "10.0.0.1")]).await;
         let opts = ControllerOptions { route_reconciliation_period: Duration::from_millis(300), ..options() };
         let env = Env::start_on(cluster, opts, FakeProvider::new()).await;
-        eventually(WAIT, || async { (env.routes().len() == 1).then_some(()) }).await;
+        eventually_within("one route", WAIT, || async { env.routes().len() == 1 }).await;
         let r = env.fake.cloud_routes(CLUSTER).remove(0);
         ccm_framework::provider::Routes::delete_route(env.fake.as_ref(), CLUSTER, &r).await.unwrap();
-        eventually(WAIT, || async { (env.routes().len() == 1).then_some(()) }).await;
+        eventually_within("one route again", WAIT, || async { env.routes().len() == 1 }).await;
         let text = env.running.context.metrics.encode();
         assert!(text.contains("route_controller_route_sync_total"), "{text}");
     }
@@ -364,7 +361,7 @@ e2e_apiserver::backend_tests! {
         let fake = FakeProvider::new();
         fake.set_latency(Duration::from_millis(200));
         let env = Env::start_on(cluster, options(), fake).await;
-        eventually(WAIT, || async { (env.routes().len() == 450).then_some(()) }).await;
+        eventually_within("450 routes", WAIT, || async { env.routes().len() == 450 }).await;
         assert_eq!(env.fake.calls().peak_in_flight(), 200);
     }
 }

@@ -3,7 +3,6 @@
 //! docs/behaviours.md), our deliberate fixes and additions, the
 //! write budget, the idle cost and the crash test.
 
-use crate::kit::{eventually, lb_service};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,11 +15,11 @@ use ccm_framework::engine::testing::{RunningController, run_controller};
 use ccm_framework::options::ControllerOptions;
 use ccm_framework::provider::CloudError;
 use ccm_provider_fake::{FakeProvider, methods};
-use e2e_apiserver::{Backend, RequestRecord, TestCluster};
 use k8s_openapi::api::core::v1::{Node, NodeSpec, Service, ServiceSpec, Taint};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
+use testkit::{Backend, RequestRecord, ServiceFixture, TestCluster, eventually_within, ingress_ips, lb_service};
 
 const WAIT: Duration = Duration::from_secs(20);
 const NS: &str = "default";
@@ -94,7 +93,10 @@ impl Env {
         let name = node.metadata.name.clone().unwrap_or_default();
         self.nodes().create(&PostParams::default(), &node).await.expect("create node");
         if let Some(r) = &self.running {
-            eventually(WAIT, || async { r.context.nodes.get(None, &name).map(|_| ()) }).await;
+            eventually_within("the Node in the controller's cache", WAIT, || async {
+                r.context.nodes.get(None, &name).map(|_| ())
+            })
+            .await;
         }
     }
 
@@ -103,7 +105,10 @@ impl Env {
     }
 
     async fn wait_ingress(&self, name: &str) -> Service {
-        eventually(WAIT, || async { self.get(name).await.filter(|s| ingress(s).is_some()) }).await
+        eventually_within("the Service's ingress", WAIT, || async {
+            self.get(name).await.filter(|s| ingress(s).is_some())
+        })
+        .await
     }
 
     fn lb_calls(&self) -> usize {
@@ -136,13 +141,12 @@ impl Env {
     }
 
     async fn events(&self, reason: &str) -> Vec<Event> {
-        let api: Api<Event> = Api::all(self.cluster.client());
-        let list = api.list(&ListParams::default()).await.expect("list events");
-        list.items.into_iter().filter(|e| e.reason.as_deref() == Some(reason)).collect()
+        self.cluster.events(reason).await.expect("list events")
     }
 
     async fn wait_event(&self, reason: &str) -> Event {
-        eventually(WAIT, || async { self.events(reason).await.into_iter().next() }).await
+        eventually_within("an event with the reason", WAIT, || async { self.events(reason).await.into_iter().next() })
+            .await
     }
 
     /// Make sure the controller has handled everything queued before now: with one worker
@@ -160,12 +164,6 @@ impl Drop for Env {
             r.context.shutdown.cancel();
         }
     }
-}
-
-fn classed(name: &str, class: &str) -> Service {
-    let mut s = lb_service(NS, name);
-    s.spec.as_mut().unwrap().load_balancer_class = Some(class.into());
-    s
 }
 
 fn node(name: &str) -> Node {
@@ -189,7 +187,7 @@ fn to_cluster_ip() -> Value {
 }
 
 fn ingress(s: &Service) -> Option<String> {
-    s.status.as_ref()?.load_balancer.as_ref()?.ingress.as_ref()?.first()?.ip.clone()
+    ingress_ips(s).into_iter().next()
 }
 
 fn finalizers(s: &Service) -> Vec<String> {
@@ -236,7 +234,7 @@ macro_rules! s3_setup {
 
 macro_rules! s3 {
     ($($name:ident: $patch:expr => $triggers:expr $(, from $setup:expr)?;)*) => {$(
-        e2e_apiserver::backend_tests! {
+        testkit::backend_tests! {
             async fn $name(backend) {
                 let setup = s3_setup!($($setup)?);
                 assert_eq!(s3_case(backend, setup, $patch).await, $triggers, "{}", stringify!($name));
@@ -283,7 +281,7 @@ async fn s22_health_check_node_port_change_triggers_ensure() {
     assert!(s3_case(Backend::Local, setup, patch).await);
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn s3_foreign_status_write_does_not_trigger(backend) {
         let env = Env::started(backend, options()).await;
         env.create_service(lb_service(NS, "web")).await;
@@ -299,13 +297,13 @@ e2e_apiserver::backend_tests! {
 
 // ---- S7/S11/S13: finalizer ordering and restarts -------------------------------------------
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn s7_finalizer_is_added_before_ensure(backend) {
         let env = Env::started(backend, options()).await;
         env.fake.set_load_balancer_latency(Duration::from_millis(500));
         env.create_service(lb_service(NS, "web")).await;
         // While the first ensure is in flight, the finalizer is already stored.
-        eventually(WAIT, || async { (env.fake.calls().in_flight() > 0).then_some(()) }).await;
+        eventually_within("a cloud call in flight", WAIT, || async { env.fake.calls().in_flight() > 0 }).await;
         let svc = env.get("web").await.unwrap();
         assert_eq!(finalizers(&svc), [LOAD_BALANCER_CLEANUP_FINALIZER]);
         assert!(ingress(&svc).is_none());
@@ -327,14 +325,14 @@ e2e_apiserver::backend_tests! {
         for name in &names {
             env.create_service(lb_service(NS, name)).await;
         }
-        eventually(WAIT, || async {
+        eventually_within("every Service finalized", WAIT, || async {
             let mut finalized = 0;
             for name in &names {
                 if env.get(name).await.is_some_and(|svc| finalizers(&svc) == [LOAD_BALANCER_CLEANUP_FINALIZER]) {
                     finalized += 1;
                 }
             }
-            (finalized == names.len()).then_some(())
+            finalized == names.len()
         })
         .await;
         assert!(
@@ -360,12 +358,12 @@ e2e_apiserver::backend_tests! {
         assert!(held.metadata.deletion_timestamp.is_some());
         assert!(env.fake.load_balancer_for(NS, "web").is_some());
         // The retry (5 s backoff) deletes the LB, then the Service goes.
-        eventually(WAIT, || async {
+        eventually_within("web deleted", WAIT, || async {
             let gone = env.get("web").await.is_none();
             if gone {
                 assert!(env.fake.load_balancer_for(NS, "web").is_none(), "Service released before its LB was deleted");
             }
-            gone.then_some(())
+            gone
         })
         .await;
         env.wait_event("DeletingLoadBalancer").await;
@@ -379,7 +377,7 @@ e2e_apiserver::backend_tests! {
         env.stop().await;
         env.edit("web", to_cluster_ip()).await;
         env.start().await;
-        let svc = eventually(WAIT, || async { env.get("web").await.filter(|s| finalizers(s).is_empty()) }).await;
+        let svc = eventually_within("web without finalizers", WAIT, || async { env.get("web").await.filter(|s| finalizers(s).is_empty()) }).await;
         assert!(env.fake.load_balancer_for(NS, "web").is_none());
         assert!(ingress(&svc).is_none(), "the stale ingress is cleared");
     }
@@ -392,7 +390,7 @@ e2e_apiserver::backend_tests! {
         env.services().delete("web", &DeleteParams::default()).await.expect("delete");
         assert!(env.get("web").await.is_some(), "KEP-992: the finalizer holds the Service");
         env.start().await;
-        eventually(WAIT, || async { env.get("web").await.is_none().then_some(()) }).await;
+        eventually_within("web deleted", WAIT, || async { env.get("web").await.is_none() }).await;
         assert!(env.fake.load_balancers().is_empty());
     }
 
@@ -403,7 +401,7 @@ e2e_apiserver::backend_tests! {
         // Someone strips the finalizer, then deletes: the Service vanishes at once.
         env.edit("web", json!({"metadata": {"finalizers": null}})).await;
         env.services().delete("web", &DeleteParams::default()).await.expect("delete");
-        eventually(WAIT, || async { env.fake.load_balancer_for(NS, "web").is_none().then_some(()) }).await;
+        eventually_within("web's load balancer deleted", WAIT, || async { env.fake.load_balancer_for(NS, "web").is_none() }).await;
     }
 
     async fn finalizer_never_added_to_a_service_being_deleted(backend) {
@@ -424,7 +422,7 @@ e2e_apiserver::backend_tests! {
 
 // ---- S8/S9/S10/S12: results of ensure ------------------------------------------------------
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn s8_implemented_elsewhere_keeps_finalizer_and_writes_no_status(backend) {
         let env = Env::started(backend, options()).await;
         env.fake.fail_rate(methods::ENSURE_LOAD_BALANCER, 1.0, CloudError::ImplementedElsewhere);
@@ -446,15 +444,15 @@ impl Env {
     async fn settle_after_failure(&self, sentinel: &str) {
         self.create_service(lb_service(NS, sentinel)).await;
         let subject = format!("{NS}/{sentinel}");
-        eventually(WAIT, || async {
-            self.fake.calls().subjects(methods::ENSURE_LOAD_BALANCER).contains(&subject).then_some(())
+        eventually_within("the sentinel ensured", WAIT, || async {
+            self.fake.calls().subjects(methods::ENSURE_LOAD_BALANCER).contains(&subject)
         })
         .await;
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn s10_status_written_once_and_only_when_ingress_changes(backend) {
         let env = Env::started(backend, options()).await;
         env.create_service(lb_service(NS, "web")).await;
@@ -506,10 +504,10 @@ e2e_apiserver::backend_tests! {
 
 // ---- S1: loadBalancerClass ------------------------------------------------------------------
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn s1_classed_service_is_ignored_by_the_unclassed_manager(backend) {
         let env = Env::started(backend, options()).await;
-        env.create_service(classed("other", "example.com/internal")).await;
+        env.create_service(lb_service(NS, "other").with_class("example.com/internal")).await;
         env.settle("sentinel").await;
         let svc = env.get("other").await.unwrap();
         assert!(ingress(&svc).is_none() && finalizers(&svc).is_empty());
@@ -520,8 +518,8 @@ e2e_apiserver::backend_tests! {
         let class = "example.com/internal";
         let env = Env::started(backend, ControllerOptions { load_balancer_class: Some(class.into()), ..options() }).await;
         env.create_service(lb_service(NS, "unclassed")).await;
-        env.create_service(classed("theirs", "example.com/external")).await;
-        env.create_service(classed("mine", class)).await;
+        env.create_service(lb_service(NS, "theirs").with_class("example.com/external")).await;
+        env.create_service(lb_service(NS, "mine").with_class(class)).await;
         let mine = env.wait_ingress("mine").await;
         assert_eq!(finalizers(&mine), [cleanup_finalizer(Some(class))]);
         // Changes are handled in order, so the two created first have been looked at.
@@ -530,7 +528,7 @@ e2e_apiserver::backend_tests! {
             assert!(ingress(&svc).is_none() && finalizers(&svc).is_empty(), "{name} was handled");
         }
         env.services().delete("mine", &DeleteParams::default()).await.expect("delete");
-        eventually(WAIT, || async { env.get("mine").await.is_none().then_some(()) }).await;
+        eventually_within("mine deleted", WAIT, || async { env.get("mine").await.is_none() }).await;
         assert!(env.fake.load_balancers().is_empty());
     }
 
@@ -538,9 +536,9 @@ e2e_apiserver::backend_tests! {
         let class = "example.com/internal";
         let options = ControllerOptions { load_balancer_class: Some(class.into()), handle_unclassed_services: true, ..options() };
         let env = Env::started(backend, options).await;
-        env.create_service(classed("theirs", "example.com/external")).await;
+        env.create_service(lb_service(NS, "theirs").with_class("example.com/external")).await;
         env.create_service(lb_service(NS, "unclassed")).await;
-        env.create_service(classed("mine", class)).await;
+        env.create_service(lb_service(NS, "mine").with_class(class)).await;
         for name in ["unclassed", "mine"] {
             let svc = env.wait_ingress(name).await;
             assert_eq!(finalizers(&svc), [cleanup_finalizer(Some(class))], "{name} carries the class's finalizer");
@@ -550,14 +548,14 @@ e2e_apiserver::backend_tests! {
         assert!(ingress(&theirs).is_none() && finalizers(&theirs).is_empty(), "another class was handled");
         assert!(env.fake.load_balancer_for(NS, "theirs").is_none());
         env.services().delete("unclassed", &DeleteParams::default()).await.expect("delete");
-        eventually(WAIT, || async { env.get("unclassed").await.is_none().then_some(()) }).await;
+        eventually_within("unclassed deleted", WAIT, || async { env.get("unclassed").await.is_none() }).await;
         assert!(env.fake.load_balancer_for(NS, "unclassed").is_none(), "its load balancer went with it");
     }
 }
 
 // ---- S7/S15–S20: hosts ------------------------------------------------------------------------
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn s7_zero_eligible_nodes_emits_unavailable_event_and_still_ensures(backend) {
         let env = Env::started(backend, options()).await;
         env.create_node(labelled_node("excluded", "true")).await;
@@ -576,7 +574,7 @@ e2e_apiserver::backend_tests! {
         {
             env.create_node(labelled_node(name, value)).await;
         }
-        eventually(WAIT, || async { (env.running.as_ref()?.context.nodes.state().len() == 7).then_some(()) }).await;
+        eventually_within("seven Nodes in the controller's cache", WAIT, || async { (env.running.as_ref()?.context.nodes.state().len() == 7).then_some(()) }).await;
         env.create_service(lb_service(NS, "web")).await;
         env.wait_ingress("web").await;
         assert_eq!(env.hosts("web").unwrap(), ["no-f", "no-false", "plain"]);
@@ -593,7 +591,7 @@ e2e_apiserver::backend_tests! {
         }
         let ensures = env.ensures();
         env.create_node(node("n2")).await;
-        eventually(WAIT, || async { (0..10).all(|i| env.hosts(&format!("web-{i}")).unwrap().len() == 2).then_some(()) }).await;
+        eventually_within("every load balancer on two hosts", WAIT, || async { (0..10).all(|i| env.hosts(&format!("web-{i}")).unwrap().len() == 2) }).await;
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(env.updates(), 10, "one host update per load balancer");
         assert_eq!(env.ensures(), ensures, "a host change is an update, not an ensure");
@@ -609,7 +607,7 @@ e2e_apiserver::backend_tests! {
         env.edit_node("n1", json!({"metadata": {"labels": {(EXCLUDE_FROM_LB_LABEL): "false"}}})).await;
         // A sentinel Node change that does count, to know the earlier ones were seen.
         env.create_node(node("n2")).await;
-        eventually(WAIT, || async { (env.hosts("web")?.len() == 2).then_some(()) }).await;
+        eventually_within("web on two hosts", WAIT, || async { (env.hosts("web")?.len() == 2).then_some(()) }).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert_eq!(env.updates(), 1, "only the added Node caused an update");
     }
@@ -623,14 +621,14 @@ e2e_apiserver::backend_tests! {
         env.create_node(node("n2")).await;
         env.create_service(lb_service(NS, "web")).await;
         env.wait_ingress("web").await;
-        eventually(WAIT, || async { (env.hosts("web")?.len() == 2).then_some(()) }).await;
+        eventually_within("web on two hosts", WAIT, || async { (env.hosts("web")?.len() == 2).then_some(()) }).await;
         env.edit_node("n2", json!({"metadata": {"labels": {(EXCLUDE_FROM_LB_LABEL): "true"}}})).await;
-        eventually(WAIT, || async { (env.hosts("web")? == ["n1"]).then_some(()) }).await;
+        eventually_within("web on n1 only", WAIT, || async { (env.hosts("web")? == ["n1"]).then_some(()) }).await;
         // Counted from here, updates and ensures together: a node pass that finds the previous
         // sync not yet marked done hands the new host set to a queued sync (an ensure).
         let before = env.updates() + env.ensures();
         env.edit_node("n1", json!({"spec": {"providerID": "fake://n1"}})).await;
-        eventually(WAIT, || async { (env.updates() + env.ensures() == before + 1).then_some(()) }).await;
+        eventually_within("one more update or ensure", WAIT, || async { env.updates() + env.ensures() == before + 1 }).await;
     }
 
     async fn s21_autoscaler_taint_appearing_updates_hosts(backend) {
@@ -639,10 +637,10 @@ e2e_apiserver::backend_tests! {
         env.create_node(node("n2")).await;
         env.create_service(lb_service(NS, "web")).await;
         env.wait_ingress("web").await;
-        eventually(WAIT, || async { (env.hosts("web")?.len() == 2).then_some(()) }).await;
+        eventually_within("web on two hosts", WAIT, || async { (env.hosts("web")?.len() == 2).then_some(()) }).await;
         let taint = Taint { key: TO_BE_DELETED_TAINT.into(), effect: "NoSchedule".into(), ..Default::default() };
         env.edit_node("n2", json!({"spec": {"taints": [taint]}})).await;
-        eventually(WAIT, || async { (env.hosts("web")? == ["n1"]).then_some(()) }).await;
+        eventually_within("web on n1 only", WAIT, || async { (env.hosts("web")? == ["n1"]).then_some(()) }).await;
     }
 
     async fn s18_failed_host_update_retries_through_ensure(backend) {
@@ -655,7 +653,7 @@ e2e_apiserver::backend_tests! {
         env.create_node(node("n2")).await;
         let e = env.wait_event("UpdateLoadBalancerFailed").await;
         assert!(e.note.unwrap_or_default().contains("[n1, n2]"));
-        eventually(WAIT, || async { (env.hosts("web")?.len() == 2).then_some(()) }).await;
+        eventually_within("web on two hosts", WAIT, || async { (env.hosts("web")?.len() == 2).then_some(()) }).await;
         assert_eq!(env.ensures(), ensures + 1, "the retry ran the ensure path");
         let text = env.running.as_ref().unwrap().context.metrics.encode();
         assert!(text.contains("service_controller_nodesync_error_total 1"), "{text}");
@@ -664,7 +662,7 @@ e2e_apiserver::backend_tests! {
 
 // ---- Additions ----------------------------------------------------------------------------------
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn s4_resync_period_repairs_cloud_side_drift(backend) {
         let env =
             Env::started(backend, ControllerOptions { load_balancer_resync_period: Some(Duration::from_millis(500)), ..options() })
@@ -675,7 +673,7 @@ e2e_apiserver::backend_tests! {
         let svc = env.get("web").await.unwrap();
         use ccm_framework::provider::LoadBalancer;
         env.fake.ensure_load_balancer_deleted("kubernetes", &svc).await.unwrap();
-        eventually(WAIT, || async { env.fake.load_balancer_for(NS, "web").map(|_| ()) }).await;
+        eventually_within("web's load balancer", WAIT, || async { env.fake.load_balancer_for(NS, "web").map(|_| ()) }).await;
     }
 
     async fn two_writes_per_service_and_none_when_idle(backend) {
@@ -711,14 +709,14 @@ e2e_apiserver::backend_tests! {
 
 // ---- Crash test ---------------------------------------------------------------------------------
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn crash_during_deletion_of_100_services_leaks_nothing(backend) {
         let mut env = Env::started(backend, ControllerOptions { concurrent_service_syncs: 10, ..options() }).await;
         env.create_node(node("n1")).await;
         for i in 0..100 {
             env.create_service(lb_service(NS, &format!("web-{i}"))).await;
         }
-        eventually(WAIT, || async { (env.fake.load_balancers().len() == 100).then_some(()) }).await;
+        eventually_within("100 load balancers", WAIT, || async { env.fake.load_balancers().len() == 100 }).await;
         for i in 0..100 {
             env.wait_ingress(&format!("web-{i}")).await;
         }
@@ -727,13 +725,13 @@ e2e_apiserver::backend_tests! {
             env.services().delete(&format!("web-{i}"), &DeleteParams::default()).await.expect("delete");
         }
         // Stop mid-way: some deleted, some not.
-        eventually(WAIT, || async { (env.fake.load_balancers().len() < 80).then_some(()) }).await;
+        eventually_within("fewer than 80 load balancers", WAIT, || async { env.fake.load_balancers().len() < 80 }).await;
         env.stop().await;
         let left = env.fake.load_balancers().len();
         assert!(left > 0, "stopped too late to test anything");
         env.fake.set_load_balancer_latency(Duration::ZERO);
         env.start().await;
-        eventually(WAIT, || async {
+        eventually_within("no Service and no load balancer left", WAIT, || async {
             let svcs = env.services().list(&ListParams::default()).await.ok()?;
             // kube-apiserver keeps its own `kubernetes` Service in this namespace.
             let ours = svcs.items.iter().filter(|s| s.metadata.name.as_deref() != Some("kubernetes")).count();
@@ -752,7 +750,7 @@ fn provisioned(s: &Service) -> Option<k8s_openapi::apimachinery::pkg::apis::meta
 
 impl Env {
     async fn wait_condition(&self, name: &str, reason: &str) -> Service {
-        eventually(WAIT, || async {
+        eventually_within("the ServiceProvisioned condition with the reason", WAIT, || async {
             self.get(name).await.filter(|s| provisioned(s).is_some_and(|c| c.reason == reason))
         })
         .await
@@ -771,7 +769,7 @@ fn pool_exhausted() -> CloudError {
     CloudError::refused(Refusal::PoolExhausted, "pool default: 0 of 254 IPv4 addresses free")
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn s25_a_refusal_becomes_a_service_condition_written_once_with_its_reason(backend) {
         let env = Env::started(backend, options()).await;
         env.fake.fail_rate(methods::ENSURE_LOAD_BALANCER, 1.0, pool_exhausted());
@@ -784,9 +782,9 @@ e2e_apiserver::backend_tests! {
         let failed = env.wait_event("SyncLoadBalancerFailed").await;
         assert!(failed.note.unwrap_or_default().contains("PoolExhausted: pool default"), "the event as well");
         // The retry after the 5 s backoff is refused alike: nothing new to write.
-        eventually(WAIT, || async {
+        eventually_within("a second ensure of web", WAIT, || async {
             let subjects = env.fake.calls().subjects(methods::ENSURE_LOAD_BALANCER);
-            (subjects.iter().filter(|s| *s == "default/web").count() >= 2).then_some(())
+            subjects.iter().filter(|s| *s == "default/web").count() >= 2
         })
         .await;
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -795,7 +793,7 @@ e2e_apiserver::backend_tests! {
         assert_eq!(again.last_transition_time, c.last_transition_time);
         // S26: a Service that no longer wants a load balancer loses the condition.
         env.edit("web", to_cluster_ip()).await;
-        eventually(WAIT, || async { env.get("web").await.filter(|s| provisioned(s).is_none()) }).await;
+        eventually_within("web without the ServiceProvisioned condition", WAIT, || async { env.get("web").await.filter(|s| provisioned(s).is_none()) }).await;
     }
 
     async fn s26_the_condition_goes_once_the_load_balancer_exists(backend) {
@@ -804,7 +802,7 @@ e2e_apiserver::backend_tests! {
         env.create_service(lb_service(NS, "web")).await;
         env.wait_condition("web", "PoolExhausted").await;
         // The retry succeeds: the address is written and the condition removed.
-        let svc = eventually(WAIT, || async {
+        let svc = eventually_within("web's ingress and no condition", WAIT, || async {
             env.get("web").await.filter(|s| ingress(s).is_some() && provisioned(s).is_none())
         })
         .await;

@@ -13,10 +13,10 @@ use ccm_framework::serving::probe::{self, ProbeResponse};
 use ccm_framework::serving::{
     Answer, AuthConfig, AuthSettings, HttpConfig, Limits, Listener, Reviews, ServerStats, TokenOutcome, UserInfo,
 };
-use e2e_apiserver::TestApiServer;
 use http::{Method, StatusCode};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
+use testkit::TestApiServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::sleep;
@@ -303,10 +303,10 @@ async fn the_binary_out_of_descriptors_keeps_answering_livez_renewing_its_lease_
 /// SubjectAccessReviews made as a ServiceAccount holding only the chart's two rules for them.
 mod genuine {
     use super::*;
-    use e2e_apiserver::{Backend, TestCluster};
     use k8s_openapi::api::core::v1::ServiceAccount;
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
     use kube::api::{ObjectMeta, PostParams};
+    use testkit::{Backend, TestCluster};
 
     async fn service_account(cluster: &TestCluster, ns: &str, name: &str) -> String {
         let sa = ServiceAccount {

@@ -4,8 +4,6 @@
 //! zero differences when it agrees and exactly the expected ones when its configuration
 //! differs: in the condition, `status.shadow`, the metrics and the events.
 
-use crate::kit::{eventually, init_tracing};
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,12 +12,11 @@ use ccm_framework::options::ControllerOptions;
 use ccm_framework::status::StatusTarget;
 use ccm_provider_fake::{FakeInstance, FakeProvider, methods};
 use crds::CloudControllerManager;
-use e2e_apiserver::{RequestRecord, TestCluster};
-use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, Service, ServicePort, ServiceSpec, Taint};
-use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::api::{ListParams, ObjectMeta, PostParams};
+use kube::api::PostParams;
 use kube::{Api, Client};
+use testkit::{RequestRecord, TestCluster, eventually_within, init_tracing, kubelet_node, lb_service};
 use tokio::time::sleep;
 use tokio_util::sync::CancellationToken;
 
@@ -43,36 +40,6 @@ fn mutating_calls(fake: &FakeProvider) -> usize {
 
 fn node_name(i: usize) -> String {
     format!("shadow-n{i}")
-}
-
-/// A Node as kubelet with `--cloud-provider=external` registers it.
-fn kubelet_node(name: &str) -> Node {
-    Node {
-        metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
-        spec: Some(NodeSpec {
-            taints: Some(vec![Taint {
-                key: "node.cloudprovider.kubernetes.io/uninitialized".into(),
-                value: Some("true".into()),
-                effect: "NoSchedule".into(),
-                time_added: None,
-            }]),
-            ..Default::default()
-        }),
-        status: Some(NodeStatus::default()),
-    }
-}
-
-fn lb_service(name: &str) -> Service {
-    Service {
-        metadata: ObjectMeta { name: Some(name.into()), namespace: Some("default".into()), ..Default::default() },
-        spec: Some(ServiceSpec {
-            type_: Some("LoadBalancer".into()),
-            ports: Some(vec![ServicePort { port: 80, protocol: Some("TCP".into()), ..Default::default() }]),
-            selector: Some(BTreeMap::from([("app".to_string(), name.to_string())])),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
 }
 
 /// A fake cloud with one derived instance per Node, in `zone` when given.
@@ -133,7 +100,7 @@ fn shadow_condition(ccm: &CloudControllerManager) -> Option<Condition> {
 }
 
 async fn wait_shadow(api: &Api<CloudControllerManager>, status: &str) -> CloudControllerManager {
-    eventually(WAIT, || async {
+    eventually_within("ShadowAgrees with the status", WAIT, || async {
         let ccm = api.get("fake").await.ok()?;
         shadow_condition(&ccm).filter(|c| c.status == status).map(|_| ccm)
     })
@@ -147,16 +114,16 @@ async fn set_up_by_a_normal_manager(cluster: &TestCluster, fake: Arc<FakeProvide
     for i in 0..NODES {
         nodes.create(&PostParams::default(), &kubelet_node(&node_name(i))).await.unwrap();
     }
-    services.create(&PostParams::default(), &lb_service("web")).await.unwrap();
+    services.create(&PostParams::default(), &lb_service("default", "web")).await.unwrap();
     let normal = start(cluster.client(), fake, options(false)).await;
     for i in 0..NODES {
-        eventually(WAIT, || async {
+        eventually_within("the Node's provider ID", WAIT, || async {
             let n = nodes.get(&node_name(i)).await.ok()?;
             n.spec.and_then(|s| s.provider_id).map(|_| ())
         })
         .await;
     }
-    eventually(WAIT, || async {
+    eventually_within("web's ingress", WAIT, || async {
         let svc = services.get("web").await.ok()?;
         svc.status?.load_balancer?.ingress.filter(|i| !i.is_empty()).map(|_| ())
     })
@@ -164,7 +131,7 @@ async fn set_up_by_a_normal_manager(cluster: &TestCluster, fake: Arc<FakeProvide
     normal.stop().await.unwrap();
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn shadow_mode_agrees_with_the_manager_that_set_up_the_cluster_and_writes_nothing(backend) {
         init_tracing();
         let cluster = TestCluster::start(backend).await.unwrap();
@@ -245,15 +212,10 @@ e2e_apiserver::backend_tests! {
             "{text}"
         );
         // One event per differing object.
-        let events: Api<Event> = Api::all(cluster.client());
-        eventually(WAIT, || async {
-            let list = events.list(&ListParams::default()).await.ok()?;
-            let on: std::collections::BTreeSet<String> = list
-                .items
-                .iter()
-                .filter(|e| e.reason.as_deref() == Some("ShadowDifference"))
-                .filter_map(|e| e.regarding.as_ref()?.name.clone())
-                .collect();
+        eventually_within("a ShadowDifference event on every Node and on web", WAIT, || async {
+            let differences = cluster.events("ShadowDifference").await.ok()?;
+            let on: std::collections::BTreeSet<String> =
+                differences.iter().filter_map(|e| e.regarding.as_ref()?.name.clone()).collect();
             (on.len() == NODES + 1).then_some(())
         })
         .await;

@@ -1,7 +1,7 @@
 //! Support for controller integration tests: run one controller as the engine would.
 //!
 //! ```ignore
-//! let server = e2e_apiserver::TestApiServer::start().await?;
+//! let server = testkit::TestApiServer::start().await?;
 //! let fake = Arc::new(FakeProvider::new());
 //! let running = ccm_framework::engine::testing::run_controller(
 //!     server.client(), fake.clone(), ControllerOptions::default(), Box::new(MyController::new()),

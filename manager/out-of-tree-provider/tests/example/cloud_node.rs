@@ -5,12 +5,11 @@ use std::time::Duration;
 
 use ccm_framework::options::ControllerOptions;
 use ccm_framework::registry::{ClusterSettings, Registry};
-use e2e_apiserver::TestCluster;
-use k8s_openapi::api::core::v1::{Node, NodeSpec, Taint};
+use k8s_openapi::api::core::v1::Node;
 use kube::Api;
-use kube::api::{ObjectMeta, PostParams};
-
-const UNINITIALIZED: &str = "node.cloudprovider.kubernetes.io/uninitialized";
+use kube::api::PostParams;
+use testkit::fixtures::UNINITIALIZED;
+use testkit::{TestCluster, eventually_within, kubelet_node};
 
 const CONFIG: &[u8] = b"
 region: eu-1
@@ -18,7 +17,7 @@ instances:
   worker-1: { id: i-0a1, type: small, zone: eu-1a, address: 10.0.0.11 }
 ";
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn the_cloud_node_controller_initializes_a_node_from_the_example_cloud(backend) {
         let mut registry = Registry::new();
         registry.register(example_cloud::NAME, example_cloud::factory).unwrap();
@@ -27,20 +26,7 @@ e2e_apiserver::backend_tests! {
 
         let cluster = TestCluster::start(backend).await.unwrap();
         let nodes: Api<Node> = Api::all(cluster.client());
-        let node = Node {
-            metadata: ObjectMeta { name: Some("worker-1".into()), ..Default::default() },
-            spec: Some(NodeSpec {
-                taints: Some(vec![Taint {
-                    key: UNINITIALIZED.into(),
-                    value: Some("true".into()),
-                    effect: "NoSchedule".into(),
-                    ..Default::default()
-                }]),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        nodes.create(&PostParams::default(), &node).await.unwrap();
+        nodes.create(&PostParams::default(), &kubelet_node("worker-1")).await.unwrap();
 
         let running = ccm_framework::engine::testing::run_builtin(
             cluster.client(),
@@ -51,18 +37,14 @@ e2e_apiserver::backend_tests! {
         .await
         .expect("cloud-node-controller is built in");
 
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        let node = loop {
+        let node = eventually_within("worker-1 initialized", Duration::from_secs(20), || async {
             let node = nodes.get("worker-1").await.unwrap();
             let spec = node.spec.clone().unwrap_or_default();
             // Only the uninitialized taint: kube-apiserver's admission adds a not-ready one too.
             let uninitialized = spec.taints.unwrap_or_default().iter().any(|t| t.key == UNINITIALIZED);
-            if spec.provider_id.is_some() && !uninitialized {
-                break node;
-            }
-            assert!(tokio::time::Instant::now() < deadline, "node never initialized: {node:?}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
+            (spec.provider_id.is_some() && !uninitialized).then_some(node)
+        })
+        .await;
         assert_eq!(node.spec.unwrap().provider_id.as_deref(), Some("example://i-0a1"));
         let labels = node.metadata.labels.unwrap_or_default();
         assert_eq!(labels.get("topology.kubernetes.io/zone").map(String::as_str), Some("eu-1a"));

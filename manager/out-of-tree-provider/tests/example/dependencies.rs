@@ -3,14 +3,12 @@
 //! neither.
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
 
 /// Package names in the normal (non-dev, non-build) dependency tree of `package`.
 fn normal_dependencies(package: &str) -> BTreeSet<String> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let out = std::process::Command::new(env!("CARGO"))
         .args(["tree", "-p", package, "-e", "normal", "--prefix", "none", "--format", "{p}"])
-        .current_dir(root)
+        .current_dir(testkit::workspace_root())
         .output()
         .expect("cargo tree runs");
     assert!(out.status.success(), "cargo tree failed: {}", String::from_utf8_lossy(&out.stderr));

@@ -185,6 +185,26 @@ async fn seed(c: &Clients, n: i32) -> Vec<(String, String)> {
             first = s.subnet.and_then(|s| s.subnet_id).expect("subnet id");
         }
     }
+    // Public subnets: the main route table goes to an internet gateway.
+    let igw = c.ec2.create_internet_gateway().send().await.expect("igw");
+    let igw = igw.internet_gateway.and_then(|g| g.internet_gateway_id).expect("igw id");
+    c.ec2.attach_internet_gateway().internet_gateway_id(&igw).vpc_id(&vpc).send().await.expect("attach igw");
+    let main = c
+        .ec2
+        .describe_route_tables()
+        .filters(ec2::types::Filter::builder().name("vpc-id").values(&vpc).build())
+        .send()
+        .await
+        .expect("route tables");
+    let main = main.route_tables().first().and_then(|t| t.route_table_id()).expect("main table").to_string();
+    c.ec2
+        .create_route()
+        .route_table_id(&main)
+        .destination_cidr_block("0.0.0.0/0")
+        .gateway_id(&igw)
+        .send()
+        .await
+        .expect("route to the internet");
     let r = c
         .ec2
         .run_instances()

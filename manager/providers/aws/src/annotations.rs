@@ -3,7 +3,9 @@
 //! Every annotation is read before the first call that changes anything in AWS, so a bad value
 //! refuses the whole sync (an error naming the annotation and the expected form) instead of
 //! leaving a half-built load balancer. Values follow upstream's syntax; every list and string a
-//! user supplies is bounded.
+//! user supplies is bounded. Which annotations count depends on the kind of load balancer
+//! ([`kind`]): a Classic ELB for every Service whose type is not `nlb`, `nlb-ip` or `external`,
+//! as upstream.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
@@ -11,8 +13,8 @@ use std::net::Ipv4Addr;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Service;
 
-/// `nlb`; `external` and `nlb-ip` belong to the AWS Load Balancer Controller; absent means a
-/// Classic Load Balancer upstream, which this provider refuses.
+/// `nlb` (exactly): a Network Load Balancer; `external` and `nlb-ip` belong to the AWS Load
+/// Balancer Controller; anything else, absent included, a Classic ELB (as upstream).
 pub const TYPE: &str = "service.beta.kubernetes.io/aws-load-balancer-type";
 /// Any value but `false` makes the load balancer internal.
 pub const INTERNAL: &str = "service.beta.kubernetes.io/aws-load-balancer-internal";
@@ -20,7 +22,7 @@ pub const INTERNAL: &str = "service.beta.kubernetes.io/aws-load-balancer-interna
 pub const SUBNETS: &str = "service.beta.kubernetes.io/aws-load-balancer-subnets";
 /// Comma-separated `key=value` tags added to every object made for the Service.
 pub const EXTRA_TAGS: &str = "service.beta.kubernetes.io/aws-load-balancer-additional-resource-tags";
-/// `TCP`, `HTTP` or `HTTPS`.
+/// `TCP`, `HTTP` or `HTTPS` (and `SSL` on a Classic ELB).
 pub const HC_PROTOCOL: &str = "service.beta.kubernetes.io/aws-load-balancer-healthcheck-protocol";
 /// A port number or `traffic-port`.
 pub const HC_PORT: &str = "service.beta.kubernetes.io/aws-load-balancer-healthcheck-port";
@@ -34,9 +36,9 @@ pub const HC_TIMEOUT: &str = "service.beta.kubernetes.io/aws-load-balancer-healt
 pub const HC_HEALTHY: &str = "service.beta.kubernetes.io/aws-load-balancer-healthcheck-healthy-threshold";
 /// Failures before a target is unhealthy.
 pub const HC_UNHEALTHY: &str = "service.beta.kubernetes.io/aws-load-balancer-healthcheck-unhealthy-threshold";
-/// `true` or `false`: the NLB's `load_balancing.cross_zone.enabled` attribute.
+/// `true` or `false`: cross-zone load balancing.
 pub const CROSS_ZONE: &str = "service.beta.kubernetes.io/aws-load-balancer-cross-zone-load-balancing-enabled";
-/// `true` or `false`: the NLB's `access_logs.s3.enabled` attribute.
+/// `true` or `false`: access logs to S3.
 pub const ACCESS_LOG_ENABLED: &str = "service.beta.kubernetes.io/aws-load-balancer-access-log-enabled";
 /// The access-log bucket.
 pub const ACCESS_LOG_BUCKET: &str = "service.beta.kubernetes.io/aws-load-balancer-access-log-s3-bucket-name";
@@ -52,7 +54,8 @@ pub const SSL_CERT: &str = "service.beta.kubernetes.io/aws-load-balancer-ssl-cer
 pub const SSL_PORTS: &str = "service.beta.kubernetes.io/aws-load-balancer-ssl-ports";
 /// The TLS listeners' security policy.
 pub const SSL_POLICY: &str = "service.beta.kubernetes.io/aws-load-balancer-ssl-negotiation-policy";
-/// `ssl`: TLS to the targets of TLS ports too.
+/// The targets' protocol: `ssl` on an NLB's TLS ports; `http`, `https`, `ssl` or `tcp` on a
+/// Classic ELB.
 pub const BACKEND_PROTOCOL: &str = "service.beta.kubernetes.io/aws-load-balancer-backend-protocol";
 /// Comma-separated Elastic IP allocation IDs, one per subnet.
 pub const EIP_ALLOCATIONS: &str = "service.beta.kubernetes.io/aws-load-balancer-eip-allocations";
@@ -64,7 +67,7 @@ pub const TARGET_NODE_LABELS: &str = "service.beta.kubernetes.io/aws-load-balanc
 pub const SECURITY_GROUPS: &str = "service.beta.kubernetes.io/aws-load-balancer-security-groups";
 /// Security groups added to the load balancer's.
 pub const EXTRA_SECURITY_GROUPS: &str = "service.beta.kubernetes.io/aws-load-balancer-extra-security-groups";
-/// Classic only.
+/// Classic only: `*` enables proxy protocol on every backend.
 pub const PROXY_PROTOCOL: &str = "service.beta.kubernetes.io/aws-load-balancer-proxy-protocol";
 /// Classic only.
 pub const CONNECTION_DRAINING_ENABLED: &str =
@@ -146,11 +149,6 @@ pub enum AnnotationError {
         /// Why it cannot apply.
         reason: String,
     },
-    /// No type annotation: upstream would make a Classic Load Balancer, which is not supported.
-    #[error(
-        "annotation {TYPE} is not set: cloud-provider-aws makes a Classic Load Balancer then, which this provider does not; set it to \"nlb\" for a Network Load Balancer (a new load balancer and hostname), or to \"external\" to leave the Service to the AWS Load Balancer Controller"
-    )]
-    ClassicRefused,
 }
 
 impl AnnotationError {
@@ -158,7 +156,6 @@ impl AnnotationError {
     pub fn annotation(&self) -> &'static str {
         match self {
             Self::Invalid { annotation, .. } | Self::Conflict { annotation, .. } => annotation,
-            Self::ClassicRefused => TYPE,
         }
     }
 }
@@ -167,11 +164,17 @@ fn invalid(annotation: &'static str, expected: impl Into<String>) -> AnnotationE
     AnnotationError::Invalid { annotation, expected: expected.into() }
 }
 
+fn conflict(annotation: &'static str, reason: impl Into<String>) -> AnnotationError {
+    AnnotationError::Conflict { annotation, reason: reason.into() }
+}
+
 /// Who serves the Service's load balancer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LbKind {
-    /// A Network Load Balancer made here.
+    /// A Network Load Balancer made here (`aws-load-balancer-type: nlb`).
     Nlb,
+    /// A Classic ELB made here (any other type, or none: upstream's default).
+    Classic,
     /// The AWS Load Balancer Controller (`external`, `nlb-ip`).
     Elsewhere,
 }
@@ -181,6 +184,8 @@ pub enum LbKind {
 pub enum HealthProtocol {
     /// A TCP connect.
     Tcp,
+    /// A TLS handshake (Classic ELBs only).
+    Ssl,
     /// `GET <path>` over HTTP.
     Http,
     /// `GET <path>` over HTTPS.
@@ -188,13 +193,19 @@ pub enum HealthProtocol {
 }
 
 impl HealthProtocol {
-    /// ELBv2's name.
+    /// The API's name.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Tcp => "TCP",
+            Self::Ssl => "SSL",
             Self::Http => "HTTP",
             Self::Https => "HTTPS",
         }
+    }
+
+    /// Whether the check sends a path.
+    pub fn has_path(self) -> bool {
+        matches!(self, Self::Http | Self::Https)
     }
 }
 
@@ -214,7 +225,7 @@ pub struct HealthCheck {
     pub protocol: Option<HealthProtocol>,
     /// `healthcheck-port`.
     pub port: Option<HealthPort>,
-    /// `healthcheck-path`.
+    /// `healthcheck-path` (used only with HTTP and HTTPS, as upstream).
     pub path: Option<String>,
     /// `healthcheck-interval` (seconds, 5–300).
     pub interval: Option<i32>,
@@ -226,25 +237,21 @@ pub struct HealthCheck {
     pub unhealthy_threshold: Option<i32>,
 }
 
-/// The `access-log-*` annotations as NLB attributes.
+/// The `access-log-*` annotations.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AccessLog {
-    /// `access_logs.s3.enabled`.
+    /// Whether logs are written.
     pub enabled: bool,
-    /// `access_logs.s3.bucket`.
+    /// The bucket.
     pub bucket: String,
-    /// `access_logs.s3.prefix`.
+    /// The key prefix.
     pub prefix: String,
+    /// `access-log-emit-interval` (Classic ELBs: 5 or 60 minutes).
+    pub emit_interval: Option<i32>,
 }
 
-/// `target-group-attributes`: the attributes upstream supports.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TargetGroupAttributes {
-    /// `preserve_client_ip.enabled`.
-    pub preserve_client_ip: Option<bool>,
-    /// `proxy_protocol_v2.enabled`.
-    pub proxy_protocol_v2: Option<bool>,
-}
+/// The target-group attributes upstream supports.
+pub const TG_ATTRIBUTES: [&str; 2] = ["preserve_client_ip.enabled", "proxy_protocol_v2.enabled"];
 
 /// Which ports get TLS listeners.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -277,15 +284,13 @@ pub struct Tls {
     pub certificate_arn: String,
     /// `ssl-ports`.
     pub ports: SslPorts,
-    /// `ssl-negotiation-policy` (ELBv2's default when absent).
+    /// `ssl-negotiation-policy` (the API's default when absent).
     pub policy: Option<String>,
-    /// `backend-protocol: ssl`: TLS target groups for the TLS ports.
-    pub backend_tls: bool,
 }
 
-/// Everything the annotations ask of an NLB.
+/// Everything the annotations ask of a load balancer.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct NlbAnnotations {
+pub struct LbAnnotations {
     /// `internal`.
     pub internal: bool,
     /// `subnets`: IDs (`subnet-…`) or `Name` tags.
@@ -298,10 +303,15 @@ pub struct NlbAnnotations {
     pub cross_zone: Option<bool>,
     /// `access-log-*`.
     pub access_log: Option<AccessLog>,
-    /// `target-group-attributes`.
-    pub target_group_attributes: TargetGroupAttributes,
-    /// `ssl-*` and `backend-protocol`.
+    /// `target-group-attributes` (NLB): the attributes it names, validated as upstream; `None`
+    /// when absent (then the target groups' attributes are left as they are).
+    pub target_group_attributes: Option<BTreeMap<String, String>>,
+    /// `ssl-*`.
     pub tls: Option<Tls>,
+    /// `backend-protocol`, as written.
+    pub backend_protocol: Option<String>,
+    /// `ssl-negotiation-policy` is present (Classic ELBs set it even without `ssl-cert`).
+    pub ssl_policy: Option<String>,
     /// `eip-allocations`.
     pub eip_allocations: Vec<String>,
     /// `private-ipv4-addresses`.
@@ -314,7 +324,15 @@ pub struct NlbAnnotations {
     pub security_groups: Vec<String>,
     /// `extra-security-groups`.
     pub extra_security_groups: Vec<String>,
-    /// Classic-only keys that are set (no effect on an NLB).
+    /// `proxy-protocol: "*"` (Classic ELBs).
+    pub proxy_protocol: bool,
+    /// `connection-draining-enabled` (Classic ELBs).
+    pub connection_draining: Option<bool>,
+    /// `connection-draining-timeout` (Classic ELBs, seconds).
+    pub connection_draining_timeout: Option<i32>,
+    /// `connection-idle-timeout` (Classic ELBs, seconds).
+    pub idle_timeout: Option<i32>,
+    /// Classic-only keys that are set on an NLB (no effect there).
     pub ignored: Vec<&'static str>,
 }
 
@@ -356,16 +374,17 @@ fn list(key: &'static str, v: &str) -> Result<Vec<String>, AnnotationError> {
     Ok(items)
 }
 
-/// `k=v,k2=v2` (a bare `k` means an empty value), at most `max` pairs.
+/// `k=v,k2=v2` as upstream reads it: a bare `k` or `k=` has the value `""`, `k=v=w` has `v`;
+/// items with an empty key are skipped. At most `max` pairs.
 fn pairs(key: &'static str, v: &str, max: usize) -> Result<Vec<(String, String)>, AnnotationError> {
     let mut out = Vec::new();
     for pair in v.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (k, val) = pair.split_once('=').unwrap_or((pair, ""));
-        let k = k.trim();
+        let mut parts = pair.split('=');
+        let k = parts.next().unwrap_or_default();
         if k.is_empty() {
-            return Err(invalid(key, "comma-separated key=value pairs with non-empty keys"));
+            continue;
         }
-        out.push((k.to_string(), val.trim().to_string()));
+        out.push((k.to_string(), parts.next().unwrap_or_default().to_string()));
     }
     if out.len() > max {
         return Err(invalid(key, format!("at most {max} key=value pairs")));
@@ -378,22 +397,34 @@ fn is_aws_id(s: &str, prefix: &str) -> bool {
     s.strip_prefix(prefix).is_some_and(|h| (h.len() == 8 || h.len() == 17) && h.chars().all(|c| c.is_ascii_hexdigit()))
 }
 
-/// Who serves the Service, from `aws-load-balancer-type`.
-pub fn kind(service: &Service) -> Result<LbKind, AnnotationError> {
-    let empty = BTreeMap::new();
-    let a = service.metadata.annotations.as_ref().unwrap_or(&empty);
-    match get(a, TYPE)? {
-        None | Some("") => Err(AnnotationError::ClassicRefused),
-        Some(v) if v.eq_ignore_ascii_case("nlb") => Ok(LbKind::Nlb),
-        Some("external" | "nlb-ip") => Ok(LbKind::Elsewhere),
-        Some(_) => Err(invalid(TYPE, "nlb (or external / nlb-ip for the AWS Load Balancer Controller)")),
+/// Who serves the Service, from `aws-load-balancer-type`, as upstream: exactly `nlb` is an
+/// NLB, `nlb-ip` and `external` the AWS Load Balancer Controller's, anything else a Classic ELB.
+pub fn kind(service: &Service) -> LbKind {
+    match service.metadata.annotations.as_ref().and_then(|a| a.get(TYPE)).map(String::as_str) {
+        Some("nlb") => LbKind::Nlb,
+        Some("nlb-ip" | "external") => LbKind::Elsewhere,
+        _ => LbKind::Classic,
     }
 }
 
-/// Parse every annotation an NLB uses.
-pub fn parse(annotations: &BTreeMap<String, String>) -> Result<NlbAnnotations, AnnotationError> {
+/// Parse every annotation a load balancer of `kind` uses.
+pub fn parse(annotations: &BTreeMap<String, String>, kind: LbKind) -> Result<LbAnnotations, AnnotationError> {
     let a = annotations;
-    let mut out = NlbAnnotations {
+    let nlb = kind == LbKind::Nlb;
+    // Upstream's refusals of bring-your-own security groups on an NLB (the key merely present).
+    if nlb && a.contains_key(SECURITY_GROUPS) {
+        return Err(conflict(
+            SECURITY_GROUPS,
+            format!("BYO security group annotation {SECURITY_GROUPS:?} is not supported by NLB"),
+        ));
+    }
+    if nlb && a.contains_key(EXTRA_SECURITY_GROUPS) {
+        return Err(conflict(
+            EXTRA_SECURITY_GROUPS,
+            format!("BYO extra security group annotation {EXTRA_SECURITY_GROUPS:?} is not supported by NLB"),
+        ));
+    }
+    let mut out = LbAnnotations {
         internal: get(a, INTERNAL)?.is_some_and(|v| !v.is_empty() && v != "false"),
         ..Default::default()
     };
@@ -415,31 +446,25 @@ pub fn parse(annotations: &BTreeMap<String, String>) -> Result<NlbAnnotations, A
         }
     }
     out.health = health(a)?;
-    if let Some(v) = get(a, CROSS_ZONE)? {
+    if let Some(v) = get(a, CROSS_ZONE)?.filter(|v| !v.is_empty()) {
         out.cross_zone = Some(boolean(CROSS_ZONE, v)?);
     }
-    out.access_log = access_log(a)?;
+    out.access_log = access_log(a, nlb)?;
     if let Some(v) = get(a, TARGET_GROUP_ATTRIBUTES)? {
-        for (k, val) in pairs(TARGET_GROUP_ATTRIBUTES, v, 8)? {
-            let b = boolean(TARGET_GROUP_ATTRIBUTES, &val).map_err(|_| {
-                invalid(
-                    TARGET_GROUP_ATTRIBUTES,
-                    "preserve_client_ip.enabled=true|false,proxy_protocol_v2.enabled=true|false",
-                )
-            })?;
-            match k.as_str() {
-                "preserve_client_ip.enabled" => out.target_group_attributes.preserve_client_ip = Some(b),
-                "proxy_protocol_v2.enabled" => out.target_group_attributes.proxy_protocol_v2 = Some(b),
-                _ => {
-                    return Err(invalid(
-                        TARGET_GROUP_ATTRIBUTES,
-                        "preserve_client_ip.enabled=true|false,proxy_protocol_v2.enabled=true|false (the attributes upstream supports)",
-                    ));
-                }
-            }
+        if !nlb {
+            return Err(conflict(
+                TARGET_GROUP_ATTRIBUTES,
+                "target group attributes annotation is only supported for NLB",
+            ));
         }
+        out.target_group_attributes = Some(target_group_attributes(v)?);
     }
     out.tls = tls(a)?;
+    out.backend_protocol = get(a, BACKEND_PROTOCOL)?.filter(|v| !v.is_empty()).map(str::to_string);
+    out.ssl_policy = match get(a, SSL_POLICY)? {
+        Some(v) if !v.is_empty() => Some(ssl_policy(v)?),
+        _ => None,
+    };
     if let Some(v) = get(a, EIP_ALLOCATIONS)? {
         out.eip_allocations = list(EIP_ALLOCATIONS, v)?;
         if out.eip_allocations.iter().any(|e| !is_aws_id(e, "eipalloc-")) {
@@ -458,8 +483,8 @@ pub fn parse(annotations: &BTreeMap<String, String>) -> Result<NlbAnnotations, A
             if k.len() > 317 || val.len() > 63 {
                 return Err(invalid(TARGET_NODE_LABELS, "comma-separated Node labels key=value or key"));
             }
-            let has_value = v.split(',').any(|p| p.trim().starts_with(&format!("{k}=")));
-            out.target_node_labels.insert(k, has_value.then_some(val));
+            // An empty value only asks for the key, as upstream.
+            out.target_node_labels.insert(k, (!val.is_empty()).then_some(val));
         }
     }
     if let Some(v) = get(a, SOURCE_RANGES)? {
@@ -467,7 +492,12 @@ pub fn parse(annotations: &BTreeMap<String, String>) -> Result<NlbAnnotations, A
             .iter()
             .map(|s| s.parse::<IpNet>().map(|n| n.trunc()))
             .collect::<Result<_, _>>()
-            .map_err(|_| invalid(SOURCE_RANGES, "comma-separated CIDRs (203.0.113.0/24)"))?;
+            .map_err(|_| {
+                invalid(
+                    SOURCE_RANGES,
+                    "a comma-separated list of source IP ranges. For example, 10.0.0.0/24,192.168.2.0/24",
+                )
+            })?;
     }
     for (key, field) in [(SECURITY_GROUPS, 0), (EXTRA_SECURITY_GROUPS, 1)] {
         if let Some(v) = get(a, key)? {
@@ -482,27 +512,75 @@ pub fn parse(annotations: &BTreeMap<String, String>) -> Result<NlbAnnotations, A
             }
         }
     }
-    out.ignored = CLASSIC_ONLY.iter().copied().filter(|k| a.contains_key(*k)).collect();
-    // Combinations.
-    if !out.eip_allocations.is_empty() && out.internal {
-        return Err(AnnotationError::Conflict {
-            annotation: EIP_ALLOCATIONS,
-            reason: format!("Elastic IPs need an internet-facing load balancer; remove it or {INTERNAL}"),
-        });
+    if nlb {
+        out.ignored = CLASSIC_ONLY.iter().copied().filter(|k| a.contains_key(*k)).collect();
+    } else {
+        classic_only(a, &mut out)?;
     }
-    if !out.private_ipv4.is_empty() && !out.internal {
-        return Err(AnnotationError::Conflict {
-            annotation: PRIVATE_IPV4,
-            reason: format!("private addresses need an internal load balancer ({INTERNAL}: \"true\")"),
-        });
+    // Combinations (NLB addresses).
+    if !out.eip_allocations.is_empty() && out.internal && nlb {
+        return Err(conflict(
+            EIP_ALLOCATIONS,
+            format!("Elastic IPs need an internet-facing load balancer; remove it or {INTERNAL}"),
+        ));
+    }
+    if !out.private_ipv4.is_empty() && !out.internal && nlb {
+        return Err(conflict(
+            PRIVATE_IPV4,
+            format!("private addresses need an internal load balancer ({INTERNAL}: \"true\")"),
+        ));
     }
     for (key, n) in [(EIP_ALLOCATIONS, out.eip_allocations.len()), (PRIVATE_IPV4, out.private_ipv4.len())] {
-        if n > 0 && !out.subnets.is_empty() && n != out.subnets.len() {
-            return Err(AnnotationError::Conflict {
-                annotation: key,
-                reason: format!("one per subnet: {n} given for {} subnets in {SUBNETS}", out.subnets.len()),
-            });
+        if nlb && n > 0 && !out.subnets.is_empty() && n != out.subnets.len() {
+            return Err(conflict(
+                key,
+                format!("one per subnet: {n} given for {} subnets in {SUBNETS}", out.subnets.len()),
+            ));
         }
+    }
+    Ok(out)
+}
+
+/// The Classic-only keys.
+fn classic_only(a: &BTreeMap<String, String>, out: &mut LbAnnotations) -> Result<(), AnnotationError> {
+    match get(a, PROXY_PROTOCOL)? {
+        None | Some("") => {}
+        Some("*") => out.proxy_protocol = true,
+        Some(_) => return Err(invalid(PROXY_PROTOCOL, "* (the only value supported currently)")),
+    }
+    if let Some(v) = get(a, CONNECTION_DRAINING_ENABLED)?.filter(|v| !v.is_empty()) {
+        out.connection_draining = Some(boolean(CONNECTION_DRAINING_ENABLED, v)?);
+    }
+    if let Some(v) = get(a, CONNECTION_DRAINING_TIMEOUT)?.filter(|v| !v.is_empty()) {
+        out.connection_draining_timeout = Some(int_in(CONNECTION_DRAINING_TIMEOUT, v, 1, 3600, "seconds")?);
+    }
+    if let Some(v) = get(a, CONNECTION_IDLE_TIMEOUT)?.filter(|v| !v.is_empty()) {
+        out.idle_timeout = Some(int_in(CONNECTION_IDLE_TIMEOUT, v, 1, 4000, "seconds")?);
+    }
+    Ok(())
+}
+
+/// `target-group-attributes`, validated as upstream: the two supported keys, exactly `true` or
+/// `false` each.
+fn target_group_attributes(v: &str) -> Result<BTreeMap<String, String>, AnnotationError> {
+    let mut out = BTreeMap::new();
+    for (k, val) in pairs(TARGET_GROUP_ATTRIBUTES, v, 8)? {
+        if val.is_empty() {
+            return Err(conflict(
+                TARGET_GROUP_ATTRIBUTES,
+                format!("error validating target group attributes: attribute value is empty for {k:?}"),
+            ));
+        }
+        if !TG_ATTRIBUTES.contains(&k.as_str()) {
+            return Err(invalid(
+                TARGET_GROUP_ATTRIBUTES,
+                "preserve_client_ip.enabled=true|false,proxy_protocol_v2.enabled=true|false (the attributes supported by the controller)",
+            ));
+        }
+        if val != "true" && val != "false" {
+            return Err(invalid(TARGET_GROUP_ATTRIBUTES, format!("true or false for {k}")));
+        }
+        out.insert(k, val);
     }
     Ok(out)
 }
@@ -512,9 +590,10 @@ fn health(a: &BTreeMap<String, String>) -> Result<HealthCheck, AnnotationError> 
     if let Some(v) = get(a, HC_PROTOCOL)? {
         h.protocol = Some(match v.to_ascii_uppercase().as_str() {
             "TCP" => HealthProtocol::Tcp,
+            "SSL" => HealthProtocol::Ssl,
             "HTTP" => HealthProtocol::Http,
             "HTTPS" => HealthProtocol::Https,
-            _ => return Err(invalid(HC_PROTOCOL, "TCP, HTTP or HTTPS")),
+            _ => return Err(invalid(HC_PROTOCOL, "TCP, HTTP or HTTPS (or SSL on a Classic ELB)")),
         });
     }
     if let Some(v) = get(a, HC_PORT)? {
@@ -527,7 +606,7 @@ fn health(a: &BTreeMap<String, String>) -> Result<HealthCheck, AnnotationError> 
             )
         });
     }
-    if let Some(v) = get(a, HC_PATH)? {
+    if let Some(v) = get(a, HC_PATH)?.filter(|v| !v.is_empty()) {
         if !v.starts_with('/') || v.len() > 1024 || v.chars().any(|c| c.is_whitespace() || c.is_control()) {
             return Err(invalid(HC_PATH, "a path starting with / of at most 1024 characters, no spaces"));
         }
@@ -548,22 +627,13 @@ fn health(a: &BTreeMap<String, String>) -> Result<HealthCheck, AnnotationError> 
     if let (Some(t), Some(i)) = (h.timeout, h.interval)
         && t > i
     {
-        return Err(AnnotationError::Conflict {
-            annotation: HC_TIMEOUT,
-            reason: format!("the timeout must not be longer than {HC_INTERVAL}"),
-        });
-    }
-    if h.path.is_some() && h.protocol == Some(HealthProtocol::Tcp) {
-        return Err(AnnotationError::Conflict {
-            annotation: HC_PATH,
-            reason: format!("a path needs {HC_PROTOCOL} HTTP or HTTPS"),
-        });
+        return Err(conflict(HC_TIMEOUT, format!("the timeout must not be longer than {HC_INTERVAL}")));
     }
     Ok(h)
 }
 
-fn access_log(a: &BTreeMap<String, String>) -> Result<Option<AccessLog>, AnnotationError> {
-    let enabled = match get(a, ACCESS_LOG_ENABLED)? {
+fn access_log(a: &BTreeMap<String, String>, nlb: bool) -> Result<Option<AccessLog>, AnnotationError> {
+    let enabled = match get(a, ACCESS_LOG_ENABLED)?.filter(|v| !v.is_empty()) {
         None => None,
         Some(v) => Some(boolean(ACCESS_LOG_ENABLED, v)?),
     };
@@ -579,14 +649,34 @@ fn access_log(a: &BTreeMap<String, String>) -> Result<Option<AccessLog>, Annotat
     if prefix.len() > 1024 || prefix.contains("AWSLogs") {
         return Err(invalid(ACCESS_LOG_PREFIX, "a key prefix of at most 1024 characters, without AWSLogs"));
     }
-    match enabled {
-        // A bucket without `access-log-enabled` leaves the logs as they are, as upstream.
-        None => Ok(None),
-        Some(true) if bucket.is_empty() => Err(AnnotationError::Conflict {
-            annotation: ACCESS_LOG_ENABLED,
-            reason: format!("access logs need {ACCESS_LOG_BUCKET}"),
-        }),
-        Some(enabled) => Ok(Some(AccessLog { enabled, bucket: bucket.to_string(), prefix: prefix.to_string() })),
+    let emit_interval = match get(a, ACCESS_LOG_EMIT_INTERVAL)?.filter(|v| !v.is_empty() && !nlb) {
+        None => None,
+        Some(v) => Some(
+            v.parse::<i32>()
+                .ok()
+                .filter(|n| *n == 5 || *n == 60)
+                .ok_or_else(|| invalid(ACCESS_LOG_EMIT_INTERVAL, "5 or 60 (minutes)"))?,
+        ),
+    };
+    if enabled == Some(true) && bucket.is_empty() {
+        return Err(conflict(ACCESS_LOG_ENABLED, format!("access logs need {ACCESS_LOG_BUCKET}")));
+    }
+    if enabled.is_none() && bucket.is_empty() && prefix.is_empty() && emit_interval.is_none() {
+        return Ok(None);
+    }
+    Ok(Some(AccessLog {
+        enabled: enabled.unwrap_or(false),
+        bucket: bucket.to_string(),
+        prefix: prefix.to_string(),
+        emit_interval,
+    }))
+}
+
+fn ssl_policy(v: &str) -> Result<String, AnnotationError> {
+    if v.len() <= 128 && v.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.') {
+        Ok(v.to_string())
+    } else {
+        Err(invalid(SSL_POLICY, "a security policy name (ELBSecurityPolicy-TLS13-1-2-2021-06)"))
     }
 }
 
@@ -624,22 +714,9 @@ fn tls(a: &BTreeMap<String, String>) -> Result<Option<Tls>, AnnotationError> {
     };
     let policy = match get(a, SSL_POLICY)? {
         None | Some("") => None,
-        Some(v)
-            if v.len() <= 128 && v.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.') =>
-        {
-            Some(v.to_string())
-        }
-        Some(_) => return Err(invalid(SSL_POLICY, "a security policy name (ELBSecurityPolicy-TLS13-1-2-2021-06)")),
+        Some(v) => Some(ssl_policy(v)?),
     };
-    let backend_tls = match get(a, BACKEND_PROTOCOL)? {
-        None | Some("") => false,
-        Some(v) => match v.to_ascii_lowercase().as_str() {
-            "ssl" => true,
-            "tcp" | "http" | "https" => false,
-            _ => return Err(invalid(BACKEND_PROTOCOL, "ssl, tcp, http or https")),
-        },
-    };
-    Ok(Some(Tls { certificate_arn: cert.to_string(), ports, policy, backend_tls }))
+    Ok(Some(Tls { certificate_arn: cert.to_string(), ports, policy }))
 }
 
 #[cfg(test)]
@@ -650,8 +727,12 @@ mod tests {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
     }
 
+    fn nlb(pairs: &[(&str, &str)]) -> Result<LbAnnotations, AnnotationError> {
+        parse(&ann(pairs), LbKind::Nlb)
+    }
+
     fn err(pairs: &[(&str, &str)]) -> AnnotationError {
-        parse(&ann(pairs)).unwrap_err()
+        nlb(pairs).unwrap_err()
     }
 
     fn with_type(v: Option<&str>) -> Service {
@@ -668,27 +749,26 @@ mod tests {
     }
 
     #[test]
-    fn type_absent_is_a_refused_classic_load_balancer_naming_the_annotation() {
-        let e = kind(&with_type(None)).unwrap_err();
-        assert_eq!(e, AnnotationError::ClassicRefused);
-        assert!(e.to_string().contains(TYPE) && e.to_string().contains("\"nlb\""), "{e}");
-        assert_eq!(kind(&with_type(Some("nlb"))), Ok(LbKind::Nlb));
-        assert_eq!(kind(&with_type(Some("external"))), Ok(LbKind::Elsewhere));
-        assert_eq!(kind(&with_type(Some("nlb-ip"))), Ok(LbKind::Elsewhere));
-        assert_eq!(kind(&with_type(Some("elb"))).unwrap_err().annotation(), TYPE);
+    fn type_nlb_exactly_is_an_nlb_external_and_nlb_ip_are_elsewhere_and_anything_else_classic() {
+        assert_eq!(kind(&with_type(Some("nlb"))), LbKind::Nlb);
+        assert_eq!(kind(&with_type(Some("external"))), LbKind::Elsewhere);
+        assert_eq!(kind(&with_type(Some("nlb-ip"))), LbKind::Elsewhere);
+        for classic in [None, Some(""), Some("NLB"), Some("elb"), Some("clb"), Some(" nlb")] {
+            assert_eq!(kind(&with_type(classic)), LbKind::Classic, "{classic:?}");
+        }
     }
 
     #[test]
     fn internal_is_any_value_but_false() {
-        assert!(parse(&ann(&[(INTERNAL, "true")])).unwrap().internal);
-        assert!(parse(&ann(&[(INTERNAL, "0.0.0.0/0")])).unwrap().internal);
-        assert!(!parse(&ann(&[(INTERNAL, "false")])).unwrap().internal);
-        assert!(!parse(&ann(&[])).unwrap().internal);
+        assert!(nlb(&[(INTERNAL, "true")]).unwrap().internal);
+        assert!(nlb(&[(INTERNAL, "0.0.0.0/0")]).unwrap().internal);
+        assert!(!nlb(&[(INTERNAL, "false")]).unwrap().internal);
+        assert!(!nlb(&[]).unwrap().internal);
     }
 
     #[test]
     fn subnets_take_ids_and_names_bounded() {
-        let a = parse(&ann(&[(SUBNETS, "subnet-0123abcd, private-a")])).unwrap();
+        let a = nlb(&[(SUBNETS, "subnet-0123abcd, private-a")]).unwrap();
         assert_eq!(a.subnets, vec!["subnet-0123abcd".to_string(), "private-a".into()]);
         let many = (0..40).map(|i| format!("s{i}")).collect::<Vec<_>>().join(",");
         assert_eq!(err(&[(SUBNETS, &many)]).annotation(), SUBNETS);
@@ -696,9 +776,11 @@ mod tests {
     }
 
     #[test]
-    fn extra_tags_refuse_reserved_keys_and_too_many() {
-        let a = parse(&ann(&[(EXTRA_TAGS, "team=web,bare")])).unwrap();
+    fn extra_tags_read_as_upstream_and_refuse_reserved_keys_and_too_many() {
+        let a = nlb(&[(EXTRA_TAGS, "team=web,bare,eq=a=b,=skipped")]).unwrap();
         assert_eq!(a.extra_tags.get("bare").map(String::as_str), Some(""));
+        assert_eq!(a.extra_tags.get("eq").map(String::as_str), Some("a"), "k=v=w reads v, as upstream");
+        assert_eq!(a.extra_tags.len(), 3);
         assert_eq!(err(&[(EXTRA_TAGS, "kubernetes.io/x=1")]).annotation(), EXTRA_TAGS);
         assert_eq!(err(&[(EXTRA_TAGS, "aws:x=1")]).annotation(), EXTRA_TAGS);
         let many = (0..41).map(|i| format!("k{i}=v")).collect::<Vec<_>>().join(",");
@@ -707,7 +789,7 @@ mod tests {
 
     #[test]
     fn healthcheck_keys_parse_with_upstream_syntax_and_aws_bounds() {
-        let a = parse(&ann(&[
+        let a = nlb(&[
             (HC_PROTOCOL, "http"),
             (HC_PORT, "8080"),
             (HC_PATH, "/ready"),
@@ -715,7 +797,7 @@ mod tests {
             (HC_TIMEOUT, "6"),
             (HC_HEALTHY, "3"),
             (HC_UNHEALTHY, "4"),
-        ]))
+        ])
         .unwrap();
         assert_eq!(
             a.health,
@@ -729,7 +811,8 @@ mod tests {
                 unhealthy_threshold: Some(4),
             }
         );
-        assert_eq!(parse(&ann(&[(HC_PORT, "traffic-port")])).unwrap().health.port, Some(HealthPort::TrafficPort));
+        assert_eq!(nlb(&[(HC_PORT, "traffic-port")]).unwrap().health.port, Some(HealthPort::TrafficPort));
+        assert_eq!(nlb(&[(HC_PROTOCOL, "ssl")]).unwrap().health.protocol, Some(HealthProtocol::Ssl));
         for (key, bad) in [
             (HC_PROTOCOL, "UDP"),
             (HC_PORT, "0"),
@@ -746,57 +829,66 @@ mod tests {
             assert!(e.to_string().contains("expected"), "{e}");
         }
         assert_eq!(err(&[(HC_INTERVAL, "10"), (HC_TIMEOUT, "11")]).annotation(), HC_TIMEOUT);
-        assert_eq!(err(&[(HC_PROTOCOL, "TCP"), (HC_PATH, "/x")]).annotation(), HC_PATH);
+        // A path with TCP is ignored, as upstream (not refused).
+        assert!(nlb(&[(HC_PROTOCOL, "TCP"), (HC_PATH, "/x")]).is_ok());
     }
 
     #[test]
-    fn cross_zone_and_access_logs_become_nlb_attributes() {
-        let a = parse(&ann(&[
+    fn cross_zone_and_access_logs_are_read_for_both_kinds() {
+        let a = nlb(&[
             (CROSS_ZONE, "true"),
             (ACCESS_LOG_ENABLED, "true"),
             (ACCESS_LOG_BUCKET, "logs-bucket"),
             (ACCESS_LOG_PREFIX, "web"),
-        ]))
+        ])
         .unwrap();
         assert_eq!(a.cross_zone, Some(true));
-        assert_eq!(a.access_log, Some(AccessLog { enabled: true, bucket: "logs-bucket".into(), prefix: "web".into() }));
+        assert_eq!(
+            a.access_log,
+            Some(AccessLog { enabled: true, bucket: "logs-bucket".into(), prefix: "web".into(), emit_interval: None })
+        );
         assert_eq!(err(&[(CROSS_ZONE, "yes")]).annotation(), CROSS_ZONE);
         assert_eq!(err(&[(ACCESS_LOG_ENABLED, "true")]).annotation(), ACCESS_LOG_ENABLED);
         assert_eq!(
             err(&[(ACCESS_LOG_ENABLED, "true"), (ACCESS_LOG_BUCKET, "Bad_Bucket")]).annotation(),
             ACCESS_LOG_BUCKET
         );
-        let off = parse(&ann(&[(ACCESS_LOG_ENABLED, "false")])).unwrap();
-        assert_eq!(off.access_log, Some(AccessLog { enabled: false, bucket: String::new(), prefix: String::new() }));
+        let c = parse(&ann(&[(ACCESS_LOG_EMIT_INTERVAL, "5")]), LbKind::Classic).unwrap();
+        assert_eq!(c.access_log.unwrap().emit_interval, Some(5));
+        assert_eq!(
+            parse(&ann(&[(ACCESS_LOG_EMIT_INTERVAL, "7")]), LbKind::Classic).unwrap_err().annotation(),
+            ACCESS_LOG_EMIT_INTERVAL
+        );
     }
 
     #[test]
-    fn target_group_attributes_take_upstreams_two_keys_only() {
-        let a = parse(&ann(&[(
-            TARGET_GROUP_ATTRIBUTES,
-            "preserve_client_ip.enabled=false,proxy_protocol_v2.enabled=true",
-        )]))
-        .unwrap();
-        assert_eq!(
-            a.target_group_attributes,
-            TargetGroupAttributes { preserve_client_ip: Some(false), proxy_protocol_v2: Some(true) }
-        );
+    fn target_group_attributes_are_validated_as_upstream_and_refused_on_classic() {
+        let a = nlb(&[(TARGET_GROUP_ATTRIBUTES, "preserve_client_ip.enabled=false,proxy_protocol_v2.enabled=true")])
+            .unwrap();
+        let attrs = a.target_group_attributes.unwrap();
+        assert_eq!(attrs["preserve_client_ip.enabled"], "false");
+        assert_eq!(attrs["proxy_protocol_v2.enabled"], "true");
+        assert!(nlb(&[]).unwrap().target_group_attributes.is_none(), "absent: left as they are");
         assert_eq!(err(&[(TARGET_GROUP_ATTRIBUTES, "stickiness.enabled=true")]).annotation(), TARGET_GROUP_ATTRIBUTES);
         assert_eq!(
-            err(&[(TARGET_GROUP_ATTRIBUTES, "proxy_protocol_v2.enabled=maybe")]).annotation(),
+            err(&[(TARGET_GROUP_ATTRIBUTES, "proxy_protocol_v2.enabled=True")]).annotation(),
             TARGET_GROUP_ATTRIBUTES
         );
+        assert!(err(&[(TARGET_GROUP_ATTRIBUTES, "proxy_protocol_v2.enabled=")]).to_string().contains("value is empty"));
+        let e =
+            parse(&ann(&[(TARGET_GROUP_ATTRIBUTES, "proxy_protocol_v2.enabled=true")]), LbKind::Classic).unwrap_err();
+        assert!(e.to_string().contains("only supported for NLB"), "{e}");
     }
 
     #[test]
-    fn ssl_cert_ports_policy_and_backend_protocol_make_tls_listeners() {
+    fn ssl_cert_ports_and_policy_make_tls_listeners_and_backend_protocol_is_kept_as_written() {
         let cert = "arn:aws:acm:us-east-1:123456789012:certificate/abc";
-        let a = parse(&ann(&[
+        let a = nlb(&[
             (SSL_CERT, cert),
             (SSL_PORTS, "443, https"),
             (SSL_POLICY, "ELBSecurityPolicy-TLS13-1-2-2021-06"),
             (BACKEND_PROTOCOL, "ssl"),
-        ]))
+        ])
         .unwrap();
         let tls = a.tls.unwrap();
         assert_eq!(tls.certificate_arn, cert);
@@ -804,19 +896,19 @@ mod tests {
             tls.ports.covers(443, None) && tls.ports.covers(8443, Some("https")) && !tls.ports.covers(80, Some("http"))
         );
         assert_eq!(tls.policy.as_deref(), Some("ELBSecurityPolicy-TLS13-1-2-2021-06"));
-        assert!(tls.backend_tls);
-        let all = parse(&ann(&[(SSL_CERT, cert)])).unwrap().tls.unwrap();
+        assert_eq!(a.backend_protocol.as_deref(), Some("ssl"));
+        let all = nlb(&[(SSL_CERT, cert)]).unwrap().tls.unwrap();
         assert_eq!(all.ports, SslPorts::All);
-        assert!(parse(&ann(&[(SSL_PORTS, "443")])).unwrap().tls.is_none(), "no certificate, no TLS");
+        assert!(nlb(&[(SSL_PORTS, "443")]).unwrap().tls.is_none(), "no certificate, no TLS");
+        assert_eq!(nlb(&[(SSL_POLICY, "p1")]).unwrap().ssl_policy.as_deref(), Some("p1"));
         assert_eq!(err(&[(SSL_CERT, "my-cert")]).annotation(), SSL_CERT);
         assert_eq!(err(&[(SSL_CERT, cert), (SSL_PORTS, "70000")]).annotation(), SSL_PORTS);
         assert_eq!(err(&[(SSL_CERT, cert), (SSL_POLICY, "a b")]).annotation(), SSL_POLICY);
-        assert_eq!(err(&[(SSL_CERT, cert), (BACKEND_PROTOCOL, "grpc")]).annotation(), BACKEND_PROTOCOL);
     }
 
     #[test]
     fn eip_allocations_and_private_addresses_match_scheme_and_subnets() {
-        let a = parse(&ann(&[(EIP_ALLOCATIONS, "eipalloc-0123456789abcdef0,eipalloc-01234567")])).unwrap();
+        let a = nlb(&[(EIP_ALLOCATIONS, "eipalloc-0123456789abcdef0,eipalloc-01234567")]).unwrap();
         assert_eq!(a.eip_allocations.len(), 2);
         assert_eq!(err(&[(EIP_ALLOCATIONS, "1.2.3.4")]).annotation(), EIP_ALLOCATIONS);
         assert_eq!(err(&[(EIP_ALLOCATIONS, "eipalloc-01234567"), (INTERNAL, "true")]).annotation(), EIP_ALLOCATIONS);
@@ -824,42 +916,69 @@ mod tests {
             err(&[(EIP_ALLOCATIONS, "eipalloc-01234567"), (SUBNETS, "subnet-01234567,subnet-89abcdef")]).annotation(),
             EIP_ALLOCATIONS
         );
-        let p = parse(&ann(&[(PRIVATE_IPV4, "10.0.1.10, 10.0.2.10"), (INTERNAL, "true")])).unwrap();
+        let p = nlb(&[(PRIVATE_IPV4, "10.0.1.10, 10.0.2.10"), (INTERNAL, "true")]).unwrap();
         assert_eq!(p.private_ipv4, vec![Ipv4Addr::new(10, 0, 1, 10), Ipv4Addr::new(10, 0, 2, 10)]);
         assert_eq!(err(&[(PRIVATE_IPV4, "10.0.1.10")]).annotation(), PRIVATE_IPV4, "internet-facing");
         assert_eq!(err(&[(PRIVATE_IPV4, "fd00::1"), (INTERNAL, "true")]).annotation(), PRIVATE_IPV4);
     }
 
     #[test]
-    fn target_node_labels_take_key_value_or_key() {
-        let a = parse(&ann(&[(TARGET_NODE_LABELS, "pool=lb, edge")])).unwrap();
+    fn target_node_labels_with_an_empty_value_ask_for_the_key_only() {
+        let a = nlb(&[(TARGET_NODE_LABELS, "pool=lb, edge, zone=")]).unwrap();
         assert_eq!(a.target_node_labels.get("pool"), Some(&Some("lb".to_string())));
         assert_eq!(a.target_node_labels.get("edge"), Some(&None));
-        assert_eq!(err(&[(TARGET_NODE_LABELS, "=x")]).annotation(), TARGET_NODE_LABELS);
+        assert_eq!(a.target_node_labels.get("zone"), Some(&None), "k= is presence only, as upstream");
     }
 
     #[test]
     fn source_ranges_annotation_takes_cidrs() {
-        let a = parse(&ann(&[(SOURCE_RANGES, "203.0.113.7/24, 198.51.100.0/24")])).unwrap();
+        let a = nlb(&[(SOURCE_RANGES, "203.0.113.7/24, 198.51.100.0/24")]).unwrap();
         assert_eq!(a.source_ranges[0].to_string(), "203.0.113.0/24");
         assert_eq!(err(&[(SOURCE_RANGES, "not-a-cidr")]).annotation(), SOURCE_RANGES);
     }
 
     #[test]
-    fn security_groups_take_at_most_five_ids() {
-        let a =
-            parse(&ann(&[(SECURITY_GROUPS, "sg-01234567"), (EXTRA_SECURITY_GROUPS, "sg-0123456789abcdef0")])).unwrap();
+    fn security_groups_take_at_most_five_ids_on_a_classic_elb_and_are_refused_on_an_nlb() {
+        let classic = |pairs: &[(&str, &str)]| parse(&ann(pairs), LbKind::Classic);
+        let a = classic(&[(SECURITY_GROUPS, "sg-01234567"), (EXTRA_SECURITY_GROUPS, "sg-0123456789abcdef0")]).unwrap();
         assert_eq!(a.security_groups, vec!["sg-01234567".to_string()]);
         assert_eq!(a.extra_security_groups, vec!["sg-0123456789abcdef0".to_string()]);
-        assert_eq!(err(&[(SECURITY_GROUPS, "web")]).annotation(), SECURITY_GROUPS);
+        assert_eq!(classic(&[(SECURITY_GROUPS, "web")]).unwrap_err().annotation(), SECURITY_GROUPS);
         let six = (0..6).map(|i| format!("sg-0000000{i}")).collect::<Vec<_>>().join(",");
-        assert_eq!(err(&[(EXTRA_SECURITY_GROUPS, &six)]).annotation(), EXTRA_SECURITY_GROUPS);
+        assert_eq!(classic(&[(EXTRA_SECURITY_GROUPS, &six)]).unwrap_err().annotation(), EXTRA_SECURITY_GROUPS);
+        let e = err(&[(SECURITY_GROUPS, "")]);
+        assert!(
+            e.to_string().contains("BYO security group annotation") && e.to_string().contains("not supported by NLB"),
+            "{e}"
+        );
+        assert!(
+            err(&[(EXTRA_SECURITY_GROUPS, "sg-01234567")]).to_string().contains("BYO extra security group annotation")
+        );
     }
 
     #[test]
-    fn classic_only_keys_are_listed_as_ignored_and_overlong_values_refused() {
-        let a = parse(&ann(&[(PROXY_PROTOCOL, "*"), (CONNECTION_IDLE_TIMEOUT, "60")])).unwrap();
+    fn classic_only_keys_apply_to_classic_elbs_and_are_listed_as_ignored_on_nlbs() {
+        let a = nlb(&[(PROXY_PROTOCOL, "*"), (CONNECTION_IDLE_TIMEOUT, "60")]).unwrap();
         assert_eq!(a.ignored, vec![PROXY_PROTOCOL, CONNECTION_IDLE_TIMEOUT]);
+        assert!(!a.proxy_protocol);
+        let c = parse(
+            &ann(&[
+                (PROXY_PROTOCOL, "*"),
+                (CONNECTION_DRAINING_ENABLED, "true"),
+                (CONNECTION_DRAINING_TIMEOUT, "30"),
+                (CONNECTION_IDLE_TIMEOUT, "120"),
+            ]),
+            LbKind::Classic,
+        )
+        .unwrap();
+        assert!(c.proxy_protocol && c.ignored.is_empty());
+        assert_eq!(
+            (c.connection_draining, c.connection_draining_timeout, c.idle_timeout),
+            (Some(true), Some(30), Some(120))
+        );
+        let e = parse(&ann(&[(PROXY_PROTOCOL, "yes")]), LbKind::Classic).unwrap_err();
+        assert_eq!(e.annotation(), PROXY_PROTOCOL);
+        assert!(e.to_string().contains("only value supported"), "{e}");
         let long = "x".repeat(MAX_VALUE_LEN + 1);
         let e = err(&[(HC_PATH, &long)]);
         assert_eq!(e.annotation(), HC_PATH);

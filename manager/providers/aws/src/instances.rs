@@ -34,8 +34,8 @@ pub struct InstanceInfo {
     pub vpc_id: String,
     /// The subnet.
     pub subnet_id: String,
-    /// Security groups of the primary network interface (the instance's groups).
-    pub security_groups: Vec<String>,
+    /// The instance's security groups: (ID, name).
+    pub security_groups: Vec<(String, String)>,
     /// Whether source/destination checking is on.
     pub source_dest_check: Option<bool>,
 }
@@ -69,7 +69,11 @@ impl InstanceInfo {
             ipv6: ipv6_addresses(i),
             vpc_id: i.vpc_id().unwrap_or_default().to_string(),
             subnet_id: i.subnet_id().unwrap_or_default().to_string(),
-            security_groups: i.security_groups().iter().filter_map(|g| g.group_id()).map(str::to_string).collect(),
+            security_groups: i
+                .security_groups()
+                .iter()
+                .filter_map(|g| Some((g.group_id()?.to_string(), g.group_name().unwrap_or_default().to_string())))
+                .collect(),
             source_dest_check: i.source_dest_check(),
         })
     }

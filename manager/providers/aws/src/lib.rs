@@ -1,12 +1,18 @@
 //! The `aws` provider on the official AWS SDK: instances from EC2 (InstancesV2 semantics, batched
-//! and cached), Network Load Balancers through ELBv2, and pod routes in VPC route tables.
+//! and cached), Network Load Balancers through ELBv2 and Classic ELBs through Elastic Load
+//! Balancing, as cloud-provider-aws makes them, and pod routes in VPC route tables.
 //!
 //! The factory only parses the cloud-config; the SDK clients are built on first use, because
-//! resolving credentials and the region may touch the network (metadata service, STS).
-//! See docs/aws.md for the IAM policy, the annotations and the differences from upstream.
+//! resolving credentials and the region may touch the network (metadata service, STS). The
+//! cluster ID is the cloud-config's, else read from the tags of the manager's own instance
+//! (upstream's way) when the provider is initialized, which fails, naming the setting to add,
+//! when there is none. See docs/aws.md for the IAM policy, the annotations and the differences
+//! from upstream.
 
 pub mod annotations;
+pub mod cluster;
 pub mod config;
+pub mod credentials;
 pub mod errors;
 pub mod instances;
 pub mod lb;
@@ -27,7 +33,8 @@ use aws_sdk_ec2::types::Filter;
 use k8s_openapi::api::core::v1::Node;
 use tokio::sync::OnceCell;
 
-use self::config::AwsConfig;
+use self::cluster::{ClusterIdentity, cluster_from_tags};
+use self::config::{AwsConfig, Endpoint};
 use self::errors::{ThrottleLog, classify, code};
 use self::instances::{Absence, AbsenceTracker, InstanceCache, InstanceInfo, InstanceKey, KeyError, key_of};
 use ccm_framework::events::EventSink;
@@ -41,6 +48,7 @@ use ccm_framework::registry::{FactoryInput, Registry, RegistryError};
 /// The SDK crates, for callers (and tests) that talk to AWS directly.
 pub mod sdk {
     pub use aws_sdk_ec2 as ec2;
+    pub use aws_sdk_elasticloadbalancing as elb;
     pub use aws_sdk_elasticloadbalancingv2 as elbv2;
 }
 
@@ -83,6 +91,8 @@ pub struct AwsOptions {
     pub credentials: Option<Credentials>,
     /// An endpoint for every service (tests, emulators); `[ServiceOverride]` sections win.
     pub endpoint_url: Option<String>,
+    /// The instance metadata service (tests); the `ec2imds` `[ServiceOverride]` wins.
+    pub imds_endpoint: Option<String>,
 }
 
 impl Default for AwsOptions {
@@ -95,6 +105,7 @@ impl Default for AwsOptions {
             adaptive_retry: true,
             credentials: None,
             endpoint_url: None,
+            imds_endpoint: None,
         }
     }
 }
@@ -106,6 +117,8 @@ pub struct Clients {
     pub ec2: aws_sdk_ec2::Client,
     /// ELBv2.
     pub elb: aws_sdk_elasticloadbalancingv2::Client,
+    /// Classic Elastic Load Balancing.
+    pub classic: aws_sdk_elasticloadbalancing::Client,
     /// The region in use.
     pub region: String,
 }
@@ -116,8 +129,10 @@ pub struct AwsProvider {
     cluster_name: String,
     options: AwsOptions,
     clients: OnceCell<Clients>,
-    /// Availability-zone name to zone ID (`us-east-1a` → `use1-az6`), read once.
-    zone_ids: OnceCell<BTreeMap<String, String>>,
+    /// The cluster's ID in tags, resolved once.
+    cluster: OnceCell<ClusterIdentity>,
+    /// Availability zones by name: (zone ID, zone type), read once.
+    zones: OnceCell<BTreeMap<String, (String, String)>>,
     cache: InstanceCache,
     absence: AbsenceTracker,
     throttles: ThrottleLog,
@@ -130,6 +145,8 @@ pub struct AwsProvider {
     ledger: ledger::Ledger,
     /// Held by the one tag scan under way; concurrent syncs wait for it.
     ledger_scan: tokio::sync::Mutex<()>,
+    /// Services already told (once per process) that a setting applies to new load balancers only.
+    noted: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl std::fmt::Debug for AwsProvider {
@@ -139,8 +156,8 @@ impl std::fmt::Debug for AwsProvider {
 }
 
 impl AwsProvider {
-    /// A provider for `config` in the cluster `cluster_name` (`--cluster-name`, used when the
-    /// config has no KubernetesClusterID).
+    /// A provider for `config` in the cluster `cluster_name` (`--cluster-name`: used, as
+    /// upstream, only in the names of NLBs' managed security groups, never as the cluster ID).
     pub fn new(config: AwsConfig, cluster_name: &str, options: AwsOptions) -> Self {
         let topology = topology::TopologyMemory::new(config.topology_types.clone());
         Self {
@@ -151,12 +168,19 @@ impl AwsProvider {
             cluster_name: cluster_name.to_string(),
             options,
             clients: OnceCell::new(),
-            zone_ids: OnceCell::new(),
+            cluster: OnceCell::new(),
+            zones: OnceCell::new(),
             events: std::sync::Mutex::new(None),
             topology: std::sync::Mutex::new(topology),
             ledger: ledger::Ledger::default(),
             ledger_scan: tokio::sync::Mutex::new(()),
+            noted: std::sync::Mutex::new(std::collections::BTreeSet::new()),
         }
+    }
+
+    /// Whether `key` is noted for the first time in this process.
+    pub(crate) fn note_once(&self, key: &str) -> bool {
+        self.noted.lock().unwrap_or_else(|e| e.into_inner()).insert(key.to_string())
     }
 
     /// The event sink of the current leadership term, if `initialize` handed one over.
@@ -169,15 +193,54 @@ impl AwsProvider {
         &self.config
     }
 
-    /// The cluster ID that tags mark ownership with.
-    pub fn cluster_id<'a>(&'a self, cluster_name: &'a str) -> &'a str {
-        if !self.config.cluster_id.is_empty() {
-            &self.config.cluster_id
-        } else if !cluster_name.is_empty() {
-            cluster_name
-        } else {
-            &self.cluster_name
+    /// The cluster ID that tags mark ownership with: the cloud-config's, else read once from
+    /// the tags of the manager's own instance (metadata service, then EC2), as upstream. Without
+    /// either the error names the setting to add; no ID is ever made up.
+    pub async fn cluster(&self) -> CloudResult<&ClusterIdentity> {
+        self.cluster.get_or_try_init(|| self.resolve_cluster()).await
+    }
+
+    async fn resolve_cluster(&self) -> CloudResult<ClusterIdentity> {
+        if let Some(c) = self.config.configured_cluster() {
+            return Ok(c);
         }
+        let none = |why: String| {
+            CloudError::InvalidConfig(format!(
+                "no cluster ID: the cloud-config sets neither [Global] KubernetesClusterID nor KubernetesClusterTag, and {why}; add [Global] KubernetesClusterID"
+            ))
+        };
+        let region = self.config.effective_region();
+        let mut imds = aws_config::imds::Client::builder()
+            .configure(&aws_config::provider_config::ProviderConfig::without_region().with_http_client(http_client()))
+            .max_attempts(2);
+        let url =
+            self.config.endpoint(Endpoint::Imds, &region).map(|o| o.url.clone()).or(self.options.imds_endpoint.clone());
+        if let Some(url) = url {
+            imds = imds.endpoint(url).map_err(|e| none(format!("the metadata endpoint is not a URL ({e})")))?;
+        }
+        let id = imds
+            .build()
+            .get("/latest/meta-data/instance-id")
+            .await
+            .map_err(|e| none(format!("the instance metadata service did not say which instance this is ({e})")))?;
+        let id = id.as_ref().to_string();
+        let ec2 = &self.clients().await?.ec2;
+        let r = ec2
+            .describe_instances()
+            .instance_ids(&id)
+            .send()
+            .await
+            .map_err(|e| self.classify("DescribeInstances", e))?;
+        let instance = r
+            .reservations()
+            .iter()
+            .flat_map(|r| r.instances())
+            .next()
+            .ok_or_else(|| none(format!("the manager's instance {id} was not found")))?;
+        let tags = instance.tags().iter().map(|t| (t.key().unwrap_or_default(), t.value().unwrap_or_default()));
+        let found = cluster_from_tags(tags).map_err(|e| CloudError::InvalidConfig(e.to_string()))?;
+        tracing::info!(cluster = %found.id, legacy = found.legacy, "cluster ID read from the tags of the manager's instance");
+        Ok(found)
     }
 
     /// The instance cache (its counters are the hit/miss metrics).
@@ -212,9 +275,6 @@ impl AwsProvider {
     }
 
     async fn build_clients(&self) -> CloudResult<Clients> {
-        use aws_smithy_http_client::tls::{Provider, rustls_provider::CryptoMode};
-        let http =
-            aws_smithy_http_client::Builder::new().tls_provider(Provider::Rustls(CryptoMode::Ring)).build_https();
         let timeouts = TimeoutConfig::builder()
             .connect_timeout(Duration::from_secs(5))
             .operation_attempt_timeout(Duration::from_secs(20))
@@ -222,7 +282,7 @@ impl AwsProvider {
             .build();
         let retry = if self.options.adaptive_retry { RetryConfig::adaptive() } else { RetryConfig::standard() };
         let mut loader = aws_config::defaults(BehaviorVersion::latest())
-            .http_client(http)
+            .http_client(http_client())
             .retry_config(retry.with_max_attempts(self.options.max_attempts.max(1)))
             .timeout_config(timeouts);
         let region = self.config.effective_region();
@@ -235,55 +295,79 @@ impl AwsProvider {
         let mut sdk = loader.load().await;
         let region = sdk.region().map(|r| r.to_string()).ok_or_else(|| {
             CloudError::InvalidConfig(
-                "no AWS region: set [Global] Zone in the cloud-config or AWS_REGION in the environment".into(),
+                "no AWS region: set [Global] Zone or Region in the cloud-config, or AWS_REGION in the environment"
+                    .into(),
             )
         })?;
         if !self.config.role_arn.is_empty() {
-            let mut role = aws_config::sts::AssumeRoleProvider::builder(self.config.role_arn.clone())
-                .session_name("ccm-operator")
-                .configure(&sdk);
-            if let Some(o) = self.config.endpoint("sts", &region) {
-                // The STS endpoint override applies through a config of its own.
-                let sts = sdk.to_builder().endpoint_url(o.url.clone()).build();
-                role = role.configure(&sts);
+            let account = config::role_account(&self.config.role_arn).unwrap_or_default();
+            let mut sts = aws_sdk_sts::config::Builder::from(&sdk);
+            if let Some(o) = self.config.endpoint(Endpoint::Sts, &region) {
+                sts = sts.endpoint_url(o.url.clone());
+            } else if let Some(url) = &self.options.endpoint_url {
+                sts = sts.endpoint_url(url.clone());
             }
-            let provider = role.build().await;
-            sdk = sdk.into_builder().credentials_provider(SharedCredentialsProvider::new(provider)).build();
+            let role = credentials::AssumedRole::new(
+                aws_sdk_sts::Client::from_conf(sts.build()),
+                &self.config.role_arn,
+                "ccm-operator",
+                credentials::assume_role_headers(account, &self.config.source_arn),
+            );
+            sdk = sdk.into_builder().credentials_provider(SharedCredentialsProvider::new(role)).build();
         }
+        // Each client with its override: the URL, the region and the name to sign for.
+        let ovr = |e: Endpoint| self.config.endpoint(e, &region).cloned();
+        let default_url = self.options.endpoint_url.clone();
         let mut ec2 = aws_sdk_ec2::config::Builder::from(&sdk);
-        match self.config.endpoint("ec2", &region) {
+        match ovr(Endpoint::Ec2) {
             Some(o) => {
                 ec2 = ec2.endpoint_url(o.url.clone());
                 if !o.signing_region.is_empty() {
                     ec2 = ec2.region(Region::new(o.signing_region.clone()));
                 }
+                if !o.signing_name.is_empty() {
+                    ec2 = ec2.interceptor(credentials::SigningNameOverride(o.signing_name.clone()));
+                }
             }
             None => {
-                if let Some(url) = &self.options.endpoint_url {
-                    ec2 = ec2.endpoint_url(url.clone());
-                }
+                ec2.set_endpoint_url(default_url.clone());
             }
         }
         let mut elb = aws_sdk_elasticloadbalancingv2::config::Builder::from(&sdk);
-        let elb_override =
-            self.config.endpoint("elasticloadbalancing", &region).or_else(|| self.config.endpoint("elbv2", &region));
-        match elb_override {
+        match ovr(Endpoint::Elbv2) {
             Some(o) => {
                 elb = elb.endpoint_url(o.url.clone());
                 if !o.signing_region.is_empty() {
                     elb = elb.region(Region::new(o.signing_region.clone()));
                 }
+                if !o.signing_name.is_empty() {
+                    elb = elb.interceptor(credentials::SigningNameOverride(o.signing_name.clone()));
+                }
             }
             None => {
-                if let Some(url) = &self.options.endpoint_url {
-                    elb = elb.endpoint_url(url.clone());
+                elb.set_endpoint_url(default_url.clone());
+            }
+        }
+        let mut classic = aws_sdk_elasticloadbalancing::config::Builder::from(&sdk);
+        match ovr(Endpoint::Elb) {
+            Some(o) => {
+                classic = classic.endpoint_url(o.url.clone());
+                if !o.signing_region.is_empty() {
+                    classic = classic.region(Region::new(o.signing_region.clone()));
                 }
+                if !o.signing_name.is_empty() {
+                    classic = classic.interceptor(credentials::SigningNameOverride(o.signing_name.clone()));
+                }
+            }
+            None => {
+                classic.set_endpoint_url(default_url.clone());
             }
         }
         tracing::info!(region = %region, "AWS clients ready");
         Ok(Clients {
             ec2: aws_sdk_ec2::Client::from_conf(ec2.build()),
             elb: aws_sdk_elasticloadbalancingv2::Client::from_conf(elb.build()),
+            classic: aws_sdk_elasticloadbalancing::Client::from_conf(classic.build()),
             region,
         })
     }
@@ -495,11 +579,11 @@ impl AwsProvider {
         Ok(out)
     }
 
-    /// The region's zone IDs (one `DescribeAvailabilityZones` per provider; a failure is retried
-    /// on the next lookup and leaves the label out meanwhile).
-    async fn zone_ids(&self) -> BTreeMap<String, String> {
+    /// The region's zones by name: (zone ID, zone type), from one `DescribeAvailabilityZones`
+    /// per provider; a failure is retried on the next lookup (the answer is then empty).
+    pub(crate) async fn zones(&self) -> BTreeMap<String, (String, String)> {
         let read = self
-            .zone_ids
+            .zones
             .get_or_try_init(|| async {
                 let ec2 = &self.clients().await?.ec2;
                 let r = ec2
@@ -510,7 +594,10 @@ impl AwsProvider {
                 Ok::<_, CloudError>(
                     r.availability_zones()
                         .iter()
-                        .filter_map(|z| Some((z.zone_name()?.to_string(), z.zone_id()?.to_string())))
+                        .filter_map(|z| {
+                            let kind = z.zone_type().unwrap_or_default().to_string();
+                            Some((z.zone_name()?.to_string(), (z.zone_id()?.to_string(), kind)))
+                        })
                         .collect(),
                 )
             })
@@ -518,10 +605,15 @@ impl AwsProvider {
         match read {
             Ok(m) => m.clone(),
             Err(e) => {
-                tracing::warn!(error = %e, "cannot read the zone IDs; the topology.k8s.aws/zone-id label waits");
+                tracing::warn!(error = %e, "cannot read the availability zones; the topology.k8s.aws/zone-id label waits");
                 BTreeMap::new()
             }
         }
+    }
+
+    /// The region's zone IDs by zone name.
+    async fn zone_ids(&self) -> BTreeMap<String, String> {
+        self.zones().await.into_iter().map(|(name, (id, _))| (name, id)).collect()
     }
 
     /// A cheap call that proves credentials, endpoint and region work.
@@ -536,6 +628,12 @@ impl AwsProvider {
             .map(|_| ())
             .map_err(|e| self.classify("DescribeInstances", e))
     }
+}
+
+/// The SDK's HTTP client: rustls with ring.
+fn http_client() -> aws_sdk_ec2::config::SharedHttpClient {
+    use aws_smithy_http_client::tls::{Provider, rustls_provider::CryptoMode};
+    aws_smithy_http_client::Builder::new().tls_provider(Provider::Rustls(CryptoMode::Ring)).build_https()
 }
 
 /// Upstream's zone-ID label.
@@ -574,17 +672,32 @@ impl CloudProvider for AwsProvider {
     }
 
     fn has_cluster_id(&self) -> bool {
-        !self.config.cluster_id.is_empty() || !self.cluster_name.is_empty()
+        // An ID is configured or read in `initialize`, which fails without one: never shared.
+        true
     }
 
     async fn initialize(&self, ctx: InitContext) -> CloudResult<()> {
-        // No AWS call here: the clients are still built on first use.
+        // What upstream ignores silently is ignored here too, but said, once, by the manager that
+        // uses the file (not by a factory called only to validate it, as the operator does).
+        if self.note_once("cloud-config warnings") {
+            for w in &self.config.warnings {
+                tracing::warn!(warning = %w, "cloud-config");
+            }
+        }
         self.register_metrics(&ctx.metrics);
         *self.events.lock().unwrap_or_else(|e| e.into_inner()) = Some(ctx.events);
-        Ok(())
+        // Without a configured ID this reads the manager's instance: no controller runs until
+        // the cluster is known, as upstream refuses to start.
+        self.cluster().await.map(|_| ())
     }
 
     async fn health(&self) -> Health {
+        if let Err(e) = self.cluster().await {
+            return match e {
+                CloudError::InvalidConfig(m) => Health::unhealthy(health_reasons::INVALID_CLOUD_CONFIG, m),
+                other => Health::unhealthy(health_reasons::PROBE_ERROR, other.to_string()),
+            };
+        }
         let recent = self.throttles.recent();
         let outcome = self.probe().await;
         match outcome {

@@ -1,5 +1,6 @@
 //! Pod-network routes in VPC route tables: `RouteTableID` from the cloud-config, or every
-//! table tagged `kubernetes.io/cluster/<id>`. A route points at the Node's instance, whose
+//! table tagged for the cluster (`kubernetes.io/cluster/<id>` with any value, or the legacy
+//! `KubernetesCluster=<id>`), never another cluster's. A route points at the Node's instance, whose
 //! source/destination check is turned off so it may forward pod traffic. Routes whose instance
 //! is gone show as blackholes, which the route controller deletes.
 
@@ -11,7 +12,6 @@ use aws_sdk_ec2::types::{AttributeBooleanValue, Filter, RouteState};
 use super::AwsProvider;
 use super::errors::code;
 use super::instances::InstanceKey;
-use super::lb::TAG_CLUSTER_PREFIX;
 use ccm_framework::provider::{CloudError, CloudResult, Route, Routes};
 
 #[derive(Debug, Clone)]
@@ -23,22 +23,25 @@ struct TableRoute {
 
 impl AwsProvider {
     /// The route tables this cluster manages, with their routes made by CreateRoute.
-    async fn route_tables(&self, cluster_name: &str) -> CloudResult<Vec<(String, Vec<TableRoute>)>> {
+    async fn route_tables(&self) -> CloudResult<Vec<(String, Vec<TableRoute>)>> {
+        let cluster = self.cluster().await?.clone();
         let ec2 = &self.clients().await?.ec2;
         let mut req = ec2.describe_route_tables();
-        if !self.config.route_table_id.is_empty() {
+        let configured = !self.config.route_table_id.is_empty();
+        if configured {
             req = req.route_table_ids(&self.config.route_table_id);
-        } else {
-            let key = format!("{TAG_CLUSTER_PREFIX}{}", self.cluster_id(cluster_name));
-            req = req.filters(Filter::builder().name("tag-key").values(key).build());
-            if !self.config.vpc.is_empty() {
-                req = req.filters(Filter::builder().name("vpc-id").values(&self.config.vpc).build());
-            }
+        } else if !self.config.vpc.is_empty() {
+            req = req.filters(Filter::builder().name("vpc-id").values(&self.config.vpc).build());
         }
         let r = req.send().await.map_err(|e| self.classify("DescribeRouteTables", e))?;
         let tables: Vec<(String, Vec<TableRoute>)> = r
             .route_tables()
             .iter()
+            .filter(|t| {
+                configured
+                    || cluster
+                        .tagged(t.tags().iter().map(|t| (t.key().unwrap_or_default(), t.value().unwrap_or_default())))
+            })
             .map(|t| {
                 let routes = t
                     .routes()
@@ -57,8 +60,8 @@ impl AwsProvider {
             .collect();
         if tables.is_empty() {
             return Err(CloudError::Other(format!(
-                "no route table: set [Global] RouteTableID or tag the cluster's route tables with {TAG_CLUSTER_PREFIX}{}",
-                self.cluster_id(cluster_name)
+                "no route table: set [Global] RouteTableID or tag the cluster's route tables with {}",
+                cluster.tag_key()
             )));
         }
         Ok(tables)
@@ -73,8 +76,8 @@ impl AwsProvider {
 
 #[async_trait]
 impl Routes for AwsProvider {
-    async fn list_routes(&self, cluster_name: &str) -> CloudResult<Vec<Route>> {
-        let tables = self.route_tables(cluster_name).await?;
+    async fn list_routes(&self, _cluster_name: &str) -> CloudResult<Vec<Route>> {
+        let tables = self.route_tables().await?;
         let ids: Vec<InstanceKey> = tables
             .iter()
             .flat_map(|(_, routes)| routes.iter().filter_map(|r| r.instance_id.clone()))
@@ -103,7 +106,7 @@ impl Routes for AwsProvider {
         Ok(out)
     }
 
-    async fn create_route(&self, cluster_name: &str, _name_hint: &str, route: &Route) -> CloudResult<()> {
+    async fn create_route(&self, _cluster_name: &str, _name_hint: &str, route: &Route) -> CloudResult<()> {
         let instance = self.instance_of_node(&route.target_node).await?.ok_or_else(|| {
             CloudError::Other(format!("no running EC2 instance has the private DNS name {}", route.target_node))
         })?;
@@ -118,7 +121,7 @@ impl Routes for AwsProvider {
                 .map_err(|e| self.classify("ModifyInstanceAttribute", e))?;
             self.cache.invalidate(&instance);
         }
-        for (table, routes) in self.route_tables(cluster_name).await? {
+        for (table, routes) in self.route_tables().await? {
             let existing = routes.iter().find(|r| r.cidr == route.destination_cidr);
             match existing {
                 Some(r) if r.instance_id.as_deref() == Some(instance.as_str()) && !r.blackhole => continue,
@@ -148,9 +151,9 @@ impl Routes for AwsProvider {
         Ok(())
     }
 
-    async fn delete_route(&self, cluster_name: &str, route: &Route) -> CloudResult<()> {
+    async fn delete_route(&self, _cluster_name: &str, route: &Route) -> CloudResult<()> {
         let ec2 = &self.clients().await?.ec2;
-        for (table, routes) in self.route_tables(cluster_name).await? {
+        for (table, routes) in self.route_tables().await? {
             if !routes.iter().any(|r| r.cidr == route.destination_cidr) {
                 continue;
             }

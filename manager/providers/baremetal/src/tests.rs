@@ -4,8 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{NodeSpec, ServicePort, ServiceSpec};
-use kube::api::ObjectMeta;
+use testkit::{Meta, NodeFixture};
 
 use super::*;
 use ccm_framework::registry::ClusterSettings;
@@ -34,29 +33,9 @@ fn provider(doc: &str) -> BaremetalProvider {
     BaremetalProvider::from_cloud_config(Some(doc.as_bytes())).unwrap()
 }
 
-fn node(name: &str, provider_id: Option<&str>) -> Node {
-    Node {
-        metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
-        spec: Some(NodeSpec { provider_id: provider_id.map(Into::into), ..Default::default() }),
-        ..Default::default()
-    }
-}
-
+/// A LoadBalancer Service `default/<name>` with a uid, as the API server would give it.
 fn service(name: &str) -> Service {
-    Service {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some("default".into()),
-            uid: Some(format!("uid-{name}")),
-            ..Default::default()
-        },
-        spec: Some(ServiceSpec {
-            type_: Some("LoadBalancer".into()),
-            ports: Some(vec![ServicePort { port: 80, ..Default::default() }]),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
+    testkit::lb_service("default", name).with_uid(&format!("uid-{name}"))
 }
 
 fn ingress_ips(status: &LoadBalancerStatus) -> Vec<String> {
@@ -109,41 +88,42 @@ fn config_health_reports_invalid_cloud_config_with_the_culprit() {
 #[tokio::test]
 async fn lookup_by_provider_id_and_by_name_return_the_inventory_metadata() {
     let p = provider(INVENTORY);
-    let by_name = p.instance_metadata(&node("node-1", None)).await.unwrap().unwrap();
+    let by_name = p.instance_metadata(&testkit::node("node-1")).await.unwrap().unwrap();
     assert_eq!(by_name.provider_id, "baremetal://node-1");
     assert_eq!(by_name.instance_type, "small");
     assert_eq!((by_name.zone.as_str(), by_name.region.as_str()), ("rack-a", "home"));
     assert_eq!(by_name.additional_labels, BTreeMap::from([("example.com/disk".to_string(), "ssd".to_string())]));
-    let by_hostname = p.instance_metadata(&node("NODE-1.LAN", None)).await.unwrap().unwrap();
+    let by_hostname = p.instance_metadata(&testkit::node("NODE-1.LAN")).await.unwrap().unwrap();
     assert_eq!(by_hostname, by_name);
-    let by_id = p.instance_metadata(&node("renamed", Some("metal://serial-2"))).await.unwrap().unwrap();
+    let by_id =
+        p.instance_metadata(&testkit::node("renamed").with_provider_id("metal://serial-2")).await.unwrap().unwrap();
     assert_eq!(by_id.provider_id, "metal://serial-2");
-    assert_eq!(p.instance_metadata(&node("stranger", None)).await.unwrap(), None);
+    assert_eq!(p.instance_metadata(&testkit::node("stranger")).await.unwrap(), None);
 }
 
 #[tokio::test]
 async fn declared_shutdown_is_reported_and_running_instances_are_not() {
     let p = provider(INVENTORY);
-    assert!(p.instance_shutdown(&node("node-2", None)).await.unwrap());
-    assert!(!p.instance_shutdown(&node("node-1", None)).await.unwrap());
-    assert!(!p.instance_shutdown(&node("stranger", None)).await.unwrap());
+    assert!(p.instance_shutdown(&testkit::node("node-2")).await.unwrap());
+    assert!(!p.instance_shutdown(&testkit::node("node-1")).await.unwrap());
+    assert!(!p.instance_shutdown(&testkit::node("stranger")).await.unwrap());
     // A shut-down instance still exists (L5 before L4).
-    assert!(p.instance_exists(&node("node-2", None)).await.unwrap());
+    assert!(p.instance_exists(&testkit::node("node-2")).await.unwrap());
 }
 
 #[tokio::test]
 async fn absent_nodes_exist_unless_delete_absent_nodes_is_on() {
     let keep = provider(INVENTORY);
-    assert!(keep.instance_exists(&node("stranger", None)).await.unwrap(), "default: never delete on a typo");
+    assert!(keep.instance_exists(&testkit::node("stranger")).await.unwrap(), "default: never delete on a typo");
     let delete = provider(&format!("{INVENTORY}lifecycle:\n  deleteAbsentNodes: true\n"));
-    assert!(!delete.instance_exists(&node("stranger", None)).await.unwrap());
-    assert!(delete.instance_exists(&node("node-1", None)).await.unwrap());
+    assert!(!delete.instance_exists(&testkit::node("stranger")).await.unwrap());
+    assert!(delete.instance_exists(&testkit::node("node-1")).await.unwrap());
 }
 
 #[tokio::test]
 async fn batch_lookups_answer_in_input_order_from_the_index() {
     let p = provider(&format!("{INVENTORY}lifecycle:\n  deleteAbsentNodes: true\n"));
-    let nodes = [node("stranger", None), node("node-2", None), node("node-1", None)];
+    let nodes = [testkit::node("stranger"), testkit::node("node-2"), testkit::node("node-1")];
     let refs: Vec<&Node> = nodes.iter().collect();
     let exist: Vec<bool> = p.instances_exist(&refs).await.into_iter().map(Result::unwrap).collect();
     assert_eq!(exist, [false, true, true]);
@@ -231,9 +211,9 @@ async fn health_is_probe_failing_only_when_every_probed_instance_fails() {
     let h = p.health().await;
     assert_eq!(h.reason(), health_reasons::PROBE_FAILING);
     assert!(h.message().contains("all 2 probed instances") && h.message().contains("a, b"), "{}", h.message());
-    assert!(p.instance_shutdown(&node("a", None)).await.unwrap(), "a failing probe reports shutdown");
+    assert!(p.instance_shutdown(&testkit::node("a")).await.unwrap(), "a failing probe reports shutdown");
     p.probes.record(0, true, &probe);
-    assert!(!p.instance_shutdown(&node("a", None)).await.unwrap(), "and recovers");
+    assert!(!p.instance_shutdown(&testkit::node("a")).await.unwrap(), "and recovers");
     assert!(p.health().await.is_healthy());
 }
 
@@ -247,7 +227,7 @@ async fn start_probes_marks_a_closed_listener_shut_down_and_stops_on_shutdown() 
     let p = provider(&doc);
     let shutdown = CancellationToken::new();
     p.start_probes(shutdown.clone());
-    let a = node("a", None);
+    let a = testkit::node("a");
     let wait_until = |want: bool| {
         let p = &p;
         let a = &a;
@@ -312,7 +292,7 @@ async fn an_edit_beyond_the_pools_needs_a_restart_and_changes_nothing() {
     assert_ne!(provider(&edited).restart_fingerprint(), fingerprint);
     let api = p.load_balancer().unwrap().ensure_load_balancer("c", &service("api"), &[]).await.unwrap();
     assert_eq!(ingress_ips(&api), ["192.168.50.0"], "the old pools stay until the restart");
-    assert_eq!(p.instance_metadata(&node("node-1", None)).await.unwrap().unwrap().zone, "rack-a");
+    assert_eq!(p.instance_metadata(&testkit::node("node-1")).await.unwrap().unwrap().zone, "rack-a");
 }
 
 #[tokio::test]

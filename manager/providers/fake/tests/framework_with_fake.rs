@@ -14,12 +14,7 @@ use ccm_framework::program::settings::Settings;
 use ccm_framework::provider::{CloudError, CloudProvider};
 use ccm_provider_fake::{FakeCapabilities, FakeProvider, methods};
 use crds::controllers::{CLOUD_NODE, CLOUD_NODE_LIFECYCLE, NODE_ROUTE, SERVICE_LB};
-use k8s_openapi::api::core::v1::Node;
-use kube::api::ObjectMeta;
-
-fn node(name: &str) -> Node {
-    Node { metadata: ObjectMeta { name: Some(name.into()), ..Default::default() }, ..Default::default() }
-}
+use testkit::node;
 
 fn settings(args: &[&str]) -> Result<Settings, ccm_framework::Error> {
     let mut all = vec!["cloud-controller-manager"];

@@ -1,11 +1,130 @@
 //! moto, the AWS emulator, on a free loopback port for the moto tests and the `bench-nlb`
 //! benchmark; and a minimal HTTP client for moto's own API.
+//!
+//! moto is started through Python with [`CORRECTIONS`] applied, where moto 5.2.5 answers
+//! differently from AWS in ways the provider relies on; without a Python that has moto, the
+//! plain `moto_server` is started (and the tests that need the corrections say so).
 
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, Command};
+
+/// moto 5.2.5 made to answer as AWS does, where the provider or upstream's manager (run by the
+/// differential suite against the same moto) relies on it. Each correction wraps one moto
+/// backend call or model; the server then starts as `moto_server` does.
+///
+/// 1. A new Classic ELB has no health check in moto, where AWS gives every new Classic ELB its
+///    default one (`TCP:<first instance port>`, interval 30, timeout 5, healthy 10, unhealthy 2).
+///    Both managers compare the health check they want with the one there (upstream
+///    dereferences it and exits when there is none).
+/// 2. A new TCP, UDP or TLS target group does not list `preserve_client_ip.enabled` and
+///    `proxy_protocol_v2.enabled`, where AWS lists both (true and false for instance targets).
+///    Both managers change only attributes the target group lists, so without them the
+///    `target-group-attributes` annotation would do nothing on moto.
+/// 3. A Network Load Balancer's DNS name is `<name>-1.<region>.elb.amazonaws.com` in moto, the
+///    form of a Classic ELB's; AWS names it `<name>-<16 hex>.elb.<region>.amazonaws.com`.
+///    Upstream tells the kinds apart by that suffix and refuses every later sync of an NLB
+///    whose status hostname ends in `.elb.amazonaws.com` ("cannot update Load Balancer Type").
+/// 4. An ELBv2 load balancer created without `Scheme` has none in moto; AWS reports
+///    `internet-facing` (upstream never sends it for an internet-facing NLB).
+/// 5. A Classic listener's `InstanceProtocol` is not kept (moto reports its `Protocol`), where
+///    AWS keeps what was asked (upper-cased). Without it an SSL-to-TCP or HTTPS-to-HTTP
+///    listener differs on every sync, and both managers delete and re-create it each time.
+/// 6. A Classic listener added after creation gets no backend in moto, so
+///    `SetLoadBalancerPoliciesForBackendServer` for its instance port fails (HTTP 500); AWS
+///    takes a policy for any instance port.
+/// 7. A Classic ELB's `AdditionalAttributes` grow by one `elb.http.desyncmitigationmode` entry
+///    per `ModifyLoadBalancerAttributes` in moto; AWS reports that attribute once, from
+///    creation, and keeps it unless asked to change it. A new ELB's connection draining also
+///    reports AWS's default timeout (300 s).
+/// 8. moto's zones are all availability zones. AWS regions also have local zones, which both
+///    managers leave out of load-balancer subnets: us-east-1 gets the local zone
+///    `us-east-1-bos-1a` (`use1-bos1-az1`, type `local-zone`).
+const CORRECTIONS: &str = r#"
+import sys
+from moto.elb import models as elb_models
+from moto.elb.models import ELBBackend, FakeBackend, FakeListener, LoadBalancer as ClassicLB
+from moto.elbv2.models import ELBv2Backend
+from moto.ec2.models.availability_zones_and_regions import RegionsAndZonesBackend, Zone
+
+# 1, 5: Classic ELBs.
+make_classic = ELBBackend.create_load_balancer
+def create_load_balancer(backend, name, zones, ports, *args, **kwargs):
+    lb = make_classic(backend, name, zones, ports, *args, **kwargs)
+    for listener, port in zip(lb.listeners, ports):
+        keep_instance_protocol(listener, port)
+    if lb.health_check is None and lb.listeners:
+        first = lb.listeners[0].instance_port
+        backend.configure_health_check(lb.name, "5", "10", "2", "30", "TCP:%s" % first)
+    return lb
+ELBBackend.create_load_balancer = create_load_balancer
+
+def keep_instance_protocol(listener, port):
+    asked = port.get("InstanceProtocol") or port.get("instance_protocol")
+    listener._instance_protocol = (asked or listener.protocol).upper()
+FakeListener.instance_protocol = property(lambda l: getattr(l, "_instance_protocol", l.protocol))
+
+# 5, 6: listeners added later keep their instance protocol and get a backend.
+add_listeners = ELBBackend.create_load_balancer_listeners
+def create_load_balancer_listeners(backend, name, ports):
+    lb = add_listeners(backend, name, ports)
+    if lb is not None:
+        for port in ports:
+            for listener in lb.listeners:
+                if int(listener.load_balancer_port) == int(port["LoadBalancerPort"]) and not hasattr(listener, "_instance_protocol"):
+                    keep_instance_protocol(listener, port)
+            if not any(int(b.instance_port) == int(port["InstancePort"]) for b in lb.backends):
+                lb.backends.append(FakeBackend(instance_port=port["InstancePort"]))
+    return lb
+ELBBackend.create_load_balancer_listeners = create_load_balancer_listeners
+
+# 7: attributes.
+default_attributes = ClassicLB.get_default_attributes
+def get_default_attributes(cls):
+    attributes = default_attributes()
+    attributes["additional_attributes"] = [("elb.http.desyncmitigationmode", "defensive")]
+    attributes["connection_draining"] = {"enabled": False, "timeout": 300}
+    return attributes
+ClassicLB.get_default_attributes = classmethod(get_default_attributes)
+
+modify_attributes = ELBBackend.modify_load_balancer_attributes
+def modify_load_balancer_attributes(backend, name, *args, **kwargs):
+    before = list(backend.get_load_balancer(name).attributes["additional_attributes"])
+    modify_attributes(backend, name, *args, **kwargs)
+    if not kwargs.get("additional_attributes"):
+        backend.get_load_balancer(name).attributes["additional_attributes"] = before
+ELBBackend.modify_load_balancer_attributes = modify_load_balancer_attributes
+
+# 2, 3, 4: ELBv2.
+make_group = ELBv2Backend.create_target_group
+def create_target_group(backend, name, **kwargs):
+    group = make_group(backend, name, **kwargs)
+    if group.protocol in ("TCP", "UDP", "TCP_UDP", "TLS"):
+        instance = group.target_type == "instance"
+        group.attributes.setdefault("preserve_client_ip.enabled", "true" if instance else "false")
+        group.attributes.setdefault("proxy_protocol_v2.enabled", "false")
+    return group
+ELBv2Backend.create_target_group = create_target_group
+
+make_v2 = ELBv2Backend.create_load_balancer
+def create_v2_load_balancer(backend, *args, **kwargs):
+    lb = make_v2(backend, *args, **kwargs)
+    if not lb.scheme:
+        lb.scheme = "internet-facing"
+    if lb.type == "network":
+        lb.dns_name = "%s-%s.elb.%s.amazonaws.com" % (lb.name, lb.arn.rsplit("/", 1)[-1], backend.region_name)
+    return lb
+ELBv2Backend.create_load_balancer = create_v2_load_balancer
+
+# 8: a local zone.
+RegionsAndZonesBackend.zones["us-east-1"].append(
+    Zone(region_name="us-east-1", name="us-east-1-bos-1a", zone_id="use1-bos1-az1", zone_type="local-zone"))
+
+from moto.server import main
+sys.exit(main())
+"#;
 
 /// A moto server on a free loopback port, stopped on drop.
 pub struct Moto {
@@ -14,6 +133,9 @@ pub struct Moto {
     pub url: String,
     /// The loopback port.
     pub port: u16,
+    /// Whether [`CORRECTIONS`] are applied (read by the moto tests, not the benchmark).
+    #[allow(dead_code)]
+    pub corrected: bool,
 }
 
 /// A loopback port nothing listens on right now.
@@ -22,13 +144,34 @@ pub async fn free_port() -> u16 {
     l.local_addr().expect("addr").port()
 }
 
+/// Whether `python3` can import moto's server.
+async fn python_has_moto() -> bool {
+    Command::new("python3")
+        .args(["-c", "import moto.server, moto.elb.models, moto.elbv2.models"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .await
+        .is_ok_and(|s| s.success())
+}
+
 impl Moto {
     /// Start moto, or `None` (after one printed line) when it is not installed.
     pub async fn start(test: &str) -> Option<Moto> {
+        let corrected = python_has_moto().await;
         for _ in 0..3 {
             let port = free_port().await;
-            let child = match Command::new("moto_server")
-                .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            let port_s = port.to_string();
+            let mut command = if corrected {
+                let mut c = Command::new("python3");
+                c.args(["-c", CORRECTIONS, "-H", "127.0.0.1", "-p", &port_s]);
+                c
+            } else {
+                let mut c = Command::new("moto_server");
+                c.args(["-H", "127.0.0.1", "-p", &port_s]);
+                c
+            };
+            let child = match command
                 .stdout(std::process::Stdio::null())
                 .stderr(std::process::Stdio::null())
                 .kill_on_drop(true)
@@ -39,10 +182,10 @@ impl Moto {
                     println!("skipping {test}: moto_server is not installed (pip install 'moto[server]==5.2.5')");
                     return None;
                 }
-                Err(e) => panic!("starting moto_server: {e}"),
+                Err(e) => panic!("starting moto: {e}"),
             };
-            let mut moto = Moto { _child: child, url: format!("http://127.0.0.1:{port}"), port };
-            for _ in 0..100 {
+            let mut moto = Moto { _child: child, url: format!("http://127.0.0.1:{port}"), port, corrected };
+            for _ in 0..150 {
                 if http(port, "GET", "/moto-api/", "").await.is_some_and(|(status, _)| status == 200) {
                     return Some(moto);
                 }
@@ -52,7 +195,15 @@ impl Moto {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
-        panic!("moto_server did not start");
+        panic!("moto did not start");
+    }
+
+    /// Seeds moto's random numbers (IDs, DNS names): two servers seeded alike and then asked the
+    /// same calls in the same order make the same IDs (the differential suite's two clouds).
+    #[allow(dead_code)]
+    pub async fn seed(&self, seed: u64) {
+        let answer = http(self.port, "POST", &format!("/moto-api/seed?a={seed}"), "").await;
+        assert!(answer.as_ref().is_some_and(|(status, _)| *status == 200), "seeding moto: {answer:?}");
     }
 }
 

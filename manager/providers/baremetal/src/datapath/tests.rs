@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use testkit::eventually_within;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpSocket, TcpStream, UdpSocket};
 use tokio_util::sync::CancellationToken;
@@ -133,18 +134,6 @@ async fn echoes(reader: &mut BufReader<TcpStream>, text: &str) -> bool {
         && line.trim() == text
 }
 
-async fn eventually<F, Fut>(what: &str, within: Duration, f: F)
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + within;
-    while !f().await {
-        assert!(Instant::now() < deadline, "{what}: not reached within {within:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 fn spec(block: u8, ports: &[(Protocol, u16)], backends: &[(&str, u8)], health_check: HealthCheck) -> ServiceSpec {
     ServiceSpec {
         key: format!("default/svc-{block}"),
@@ -224,7 +213,8 @@ async fn udp_sessions_expire_when_idle() {
     let active = r#"ccm_datapath_active_connections{service="default/svc-12",backend="node-a",protocol="UDP"}"#;
     assert!(metrics.encode().contains(&format!("{active} 1")));
     // Idle timeout 500 ms, swept every 250 ms.
-    eventually("the idle session is gone", WAIT, || async { metrics.encode().contains(&format!("{active} 0")) }).await;
+    eventually_within("the idle session is gone", WAIT, || async { metrics.encode().contains(&format!("{active} 0")) })
+        .await;
 }
 
 #[tokio::test]
@@ -242,7 +232,7 @@ async fn a_failing_health_check_removes_a_backend_within_the_detection_bound_and
     let bound = settings.health.detection_bound();
     let (dp, metrics) = data_path(settings);
     dp.apply(spec(b, &[(Protocol::Tcp, 80)], &[("node-a", 1), ("node-b", 2)], http_check(HEALTH_PORT))).unwrap();
-    eventually("both backends healthy", WAIT, || async {
+    eventually_within("both backends healthy", WAIT, || async {
         dp.backend_health("default/svc-13").values().all(|h| *h == select::Health::Healthy)
     })
     .await;
@@ -254,7 +244,7 @@ async fn a_failing_health_check_removes_a_backend_within_the_detection_bound_and
 
     up[0].store(false, Ordering::SeqCst);
     let failed_at = Instant::now();
-    eventually("node-a marked unhealthy", bound + Duration::from_millis(200), || async {
+    eventually_within("node-a marked unhealthy", bound + Duration::from_millis(200), || async {
         dp.backend_health("default/svc-13").get("node-a") == Some(&select::Health::Unhealthy)
     })
     .await;
@@ -267,7 +257,7 @@ async fn a_failing_health_check_removes_a_backend_within_the_detection_bound_and
 
     // One success brings it back.
     up[0].store(true, Ordering::SeqCst);
-    eventually("node-a healthy again", bound, || async {
+    eventually_within("node-a healthy again", bound, || async {
         dp.backend_health("default/svc-13").get("node-a") == Some(&select::Health::Healthy)
     })
     .await;
@@ -313,7 +303,7 @@ async fn local_traffic_policy_checks_the_health_check_node_port() {
     assert_eq!(spec.health_check, http_check(hcnp));
     let (dp, _) = data_path(settings);
     dp.apply(spec).unwrap();
-    eventually("node-b fails its healthCheckNodePort", WAIT, || async {
+    eventually_within("node-b fails its healthCheckNodePort", WAIT, || async {
         dp.backend_health("default/local").get("node-b") == Some(&select::Health::Unhealthy)
     })
     .await;
@@ -341,7 +331,7 @@ async fn adding_and_removing_ports_keeps_connections_on_the_other_ports() {
     let only_443 = spec(b, &[(Protocol::Tcp, 443)], &[("node-a", 1)], HealthCheck::None);
     dp.apply(only_443).unwrap();
     assert!(echoes(&mut on_443, "443 lives").await, "port 443 connection survived removing 80");
-    eventually("port 80 accepts nothing new", WAIT, || async {
+    eventually_within("port 80 accepts nothing new", WAIT, || async {
         TcpStream::connect(SocketAddr::new(ip(b, 100), 80)).await.is_err()
     })
     .await;
@@ -466,7 +456,7 @@ async fn shutdown_closes_listeners() {
     let (dp, _) = data_path(settings());
     dp.apply(spec(b, &[(Protocol::Tcp, 80)], &[("node-a", 1)], HealthCheck::None)).unwrap();
     dp.shutdown();
-    eventually("the listener is closed", WAIT, || async {
+    eventually_within("the listener is closed", WAIT, || async {
         TcpStream::connect(SocketAddr::new(ip(b, 100), 80)).await.is_err()
     })
     .await;
@@ -618,8 +608,10 @@ async fn a_listener_at_its_tcp_cap_resets_new_connections_counts_them_and_admits
     assert_eq!(dp.held().tcp_connections, 2);
     assert!(echoes(&mut first, "held connections still forward").await);
     drop(first);
-    eventually("a slot opens once a connection closes", WAIT, || async { connect_from(None, lb).await.is_some() })
-        .await;
+    eventually_within("a slot opens once a connection closes", WAIT, || async {
+        connect_from(None, lb).await.is_some()
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -693,7 +685,7 @@ async fn a_tcp_connection_moving_no_byte_either_way_is_closed_after_the_idle_tim
     let after = quiet.elapsed();
     assert!(after >= idle && after < idle * 2, "closed after {after:?} of silence (timeout {idle:?})");
     assert!(metrics.encode().contains(r#"ccm_datapath_idle_closed_connections_total{service="default/svc-29"} 1"#));
-    eventually("its slot is given back", WAIT, || async { dp.held().tcp_connections == 0 }).await;
+    eventually_within("its slot is given back", WAIT, || async { dp.held().tcp_connections == 0 }).await;
 }
 
 /// A UDP backend answering every datagram with the source port it came from (which session).

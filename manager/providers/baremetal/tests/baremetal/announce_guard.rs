@@ -21,11 +21,11 @@ use ccm_provider_baremetal::announce::bgp::{Advertisement, BgpConfig, NodeFacts,
 use ccm_provider_baremetal::announce::guard::Facts;
 use ccm_provider_baremetal::announce::responder::{self, L2Socket};
 use ccm_provider_baremetal::ipam::IpBlock;
-use e2e_apiserver::{Backend, TestCluster};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
+use testkit::{Backend, ServiceFixture, TestCluster, eventually, lb_service};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -128,10 +128,7 @@ async fn a_hand_written_address_outside_the_pools_is_never_answered_by_arp_or_nd
     let namespace = cluster.fresh_namespace("guard").await.expect("a namespace");
     let services: Api<Service> = Api::namespaced(kube.clone(), &namespace);
     for (name, ips) in [("inside", vec![inside4, inside6]), ("outside", vec![outside4, outside6, far])] {
-        services
-            .create(&PostParams::default(), &crate::kit::classed_lb_service(&namespace, name, 80, CLASS))
-            .await
-            .unwrap();
+        services.create(&PostParams::default(), &lb_service(&namespace, name).with_class(CLASS)).await.unwrap();
         let ingress: Vec<serde_json::Value> =
             ips.iter().map(|ip| json!({"ip": ip.to_string(), "ipMode": "VIP"})).collect();
         let status = json!({"status": {"loadBalancer": {"ingress": ingress}}});
@@ -247,7 +244,7 @@ async fn a_hand_written_address_outside_the_pools_is_never_answered_by_arp_or_nd
     assert!(text.contains("net ~ [ 10.253.0.96/28{32,32} ]"), "the export filter holds the pool: {text}");
     assert_eq!(*owned.borrow(), BTreeSet::from([inside4, inside6]), "only the pool addresses are owned");
     let events: Api<Event> = Api::namespaced(kube.clone(), &namespace);
-    let note = crate::kit::eventually("an AnnouncementRefused event on the hand-written Service", || async {
+    let note = eventually("an AnnouncementRefused event on the hand-written Service", || async {
         events.list(&ListParams::default()).await.ok()?.items.into_iter().find_map(|e| {
             (e.reason.as_deref() == Some(ANNOUNCEMENT_REFUSED)
                 && e.regarding.as_ref()?.name.as_deref() == Some("outside"))

@@ -5,7 +5,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::kit::{eventually, eventually_within, ingress};
 use ccm_framework::controllers::lifecycle::LifecycleController;
 use ccm_framework::controllers::node::NodeController;
 use ccm_framework::controllers::service::ServiceController;
@@ -13,13 +12,11 @@ use ccm_framework::engine::testing::{RunningController, run_controller};
 use ccm_framework::options::ControllerOptions;
 use ccm_framework::provider::CloudProvider;
 use ccm_provider_baremetal::BaremetalProvider;
-use e2e_apiserver::{Backend, TestCluster};
-use k8s_openapi::api::core::v1::{
-    Node, NodeCondition, NodeSpec, NodeStatus, Service, ServicePort, ServiceSpec, ServiceStatus, Taint,
-};
+use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus, Service, ServiceStatus};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
+use testkit::{Backend, TestCluster, eventually, eventually_within, ingress, ingress_ips, kubelet_node, lb_service};
 use tokio::net::TcpListener;
 
 const UNINITIALIZED: &str = "node.cloudprovider.kubernetes.io/uninitialized";
@@ -31,23 +28,6 @@ fn provider(config: &str) -> Arc<BaremetalProvider> {
 
 fn taints(node: &Node) -> Vec<String> {
     node.spec.as_ref().and_then(|s| s.taints.as_ref()).into_iter().flatten().map(|t| t.key.clone()).collect()
-}
-
-/// A Node as kubelet with `--cloud-provider=external` registers it.
-fn kubelet_node(name: &str) -> Node {
-    Node {
-        metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
-        spec: Some(NodeSpec {
-            taints: Some(vec![Taint {
-                key: UNINITIALIZED.into(),
-                value: Some("true".into()),
-                effect: "NoSchedule".into(),
-                ..Default::default()
-            }]),
-            ..Default::default()
-        }),
-        status: Some(NodeStatus::default()),
-    }
 }
 
 /// An initialized Node whose kubelet has not reported Ready (so the lifecycle controller
@@ -70,27 +50,10 @@ async fn set_ready(nodes: &Api<Node>, name: &str, status: &str) {
     nodes.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("patch Ready");
 }
 
-fn lb_service(name: &str) -> Service {
-    Service {
-        metadata: ObjectMeta { name: Some(name.into()), namespace: Some("default".into()), ..Default::default() },
-        spec: Some(ServiceSpec {
-            type_: Some("LoadBalancer".into()),
-            selector: Some(BTreeMap::from([("app".to_string(), name.to_string())])),
-            ports: Some(vec![ServicePort { port: 80, protocol: Some("TCP".into()), ..Default::default() }]),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-fn ips(service: &Service) -> Vec<String> {
-    ingress(service).into_iter().map(|(ip, _)| ip).collect()
-}
-
 async fn wait_for_ip(services: &Api<Service>, name: &str) -> String {
     eventually(&format!("{name} gets an address"), || async {
         let svc = services.get(name).await.ok()?;
-        ips(&svc).first().cloned()
+        ingress_ips(&svc).first().cloned()
     })
     .await
 }
@@ -129,7 +92,7 @@ instances:
       - {type: Hostname, address: WORKER-2.lan}
 ";
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn nodes_are_initialized_from_the_inventory(backend) {
         let cluster = TestCluster::start(backend).await.unwrap();
         let nodes: Api<Node> = Api::all(cluster.client());
@@ -250,7 +213,7 @@ async fn unknown_node_survives(backend: Backend, delete_absent_nodes: bool) -> b
     survived
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn delete_absent_nodes_off_keeps_nodes_missing_from_the_inventory(backend) {
         assert!(unknown_node_survives(backend, false).await);
     }
@@ -262,14 +225,14 @@ e2e_apiserver::backend_tests! {
 
 const POOL: &str = "loadBalancer:\n  retryAfter: 1s\n  pools:\n    - {name: lan, cidrs: [192.168.50.0/29]}\n";
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn load_balancer_addresses_are_assigned_and_released(backend) {
         let cluster = TestCluster::start(backend).await.unwrap();
         let services: Api<Service> = Api::namespaced(cluster.client(), "default");
         let running = start(&cluster, provider(POOL), service_options(2), Box::new(ServiceController::new())).await;
 
-        services.create(&PostParams::default(), &lb_service("web")).await.unwrap();
-        services.create(&PostParams::default(), &lb_service("api")).await.unwrap();
+        services.create(&PostParams::default(), &lb_service("default", "web")).await.unwrap();
+        services.create(&PostParams::default(), &lb_service("default", "api")).await.unwrap();
         let web = wait_for_ip(&services, "web").await;
         let api = wait_for_ip(&services, "api").await;
         assert_ne!(web, api);
@@ -281,11 +244,11 @@ e2e_apiserver::backend_tests! {
         // Deleting the Service releases its address: the next Service gets it.
         services.delete("web", &DeleteParams::default()).await.unwrap();
         eventually("web gone", || async { services.get_opt("web").await.ok().filter(Option::is_none) }).await;
-        services.create(&PostParams::default(), &lb_service("next")).await.unwrap();
+        services.create(&PostParams::default(), &lb_service("default", "next")).await.unwrap();
         assert_eq!(wait_for_ip(&services, "next").await, web);
 
         // A requested address is honoured.
-        let mut pinned = lb_service("pinned");
+        let mut pinned = lb_service("default", "pinned");
         pinned.metadata.annotations =
             Some(BTreeMap::from([("ccm.rs/load-balancer-ips".to_string(), "192.168.50.7".to_string())]));
         services.create(&PostParams::default(), &pinned).await.unwrap();
@@ -299,7 +262,7 @@ e2e_apiserver::backend_tests! {
 
         let first = start(&cluster, provider(POOL), service_options(4), Box::new(ServiceController::new())).await;
         for i in 0..5 {
-            services.create(&PostParams::default(), &lb_service(&format!("s{i}"))).await.unwrap();
+            services.create(&PostParams::default(), &lb_service("default", &format!("s{i}"))).await.unwrap();
         }
         let mut before = BTreeMap::new();
         for i in 0..5 {
@@ -319,7 +282,7 @@ e2e_apiserver::backend_tests! {
             .unwrap();
         // Creation timestamps have one-second resolution: make dup clearly younger than s1.
         tokio::time::sleep(Duration::from_millis(1100)).await;
-        let dup = services.create(&PostParams::default(), &lb_service("dup")).await.unwrap();
+        let dup = services.create(&PostParams::default(), &lb_service("default", "dup")).await.unwrap();
         let mut status: ServiceStatus = dup.status.clone().unwrap_or_default();
         status.load_balancer =
             Some(serde_json::from_value(json!({"ingress": [{"ip": before["s1"], "ipMode": "VIP"}]})).unwrap());
@@ -329,14 +292,14 @@ e2e_apiserver::backend_tests! {
         let second = start(&cluster, provider(POOL), service_options(4), Box::new(ServiceController::new())).await;
         let dup_ip = eventually("dup moved off the duplicate", || async {
             let svc = services.get("dup").await.ok()?;
-            ips(&svc).first().filter(|ip| **ip != before["s1"]).cloned()
+            ingress_ips(&svc).first().filter(|ip| **ip != before["s1"]).cloned()
         })
         .await;
-        services.create(&PostParams::default(), &lb_service("late")).await.unwrap();
+        services.create(&PostParams::default(), &lb_service("default", "late")).await.unwrap();
         let late = wait_for_ip(&services, "late").await;
         for (name, ip) in &before {
             let svc = services.get(name).await.unwrap();
-            assert_eq!(ips(&svc), std::slice::from_ref(ip), "{name} kept its address");
+            assert_eq!(ingress_ips(&svc), std::slice::from_ref(ip), "{name} kept its address");
         }
         let mut all: Vec<String> = before.values().cloned().chain([dup_ip.clone(), late.clone()]).collect();
         all.sort();
@@ -362,14 +325,14 @@ e2e_apiserver::backend_tests! {
         let names: Vec<String> = (0..500).map(|i| format!("svc-{i:03}")).collect();
         futures::future::join_all(names.iter().map(|name| {
             let services = services.clone();
-            async move { services.create(&PostParams::default(), &lb_service(name)).await.unwrap() }
+            async move { services.create(&PostParams::default(), &lb_service("default", name)).await.unwrap() }
         }))
         .await;
 
         let assigned = |list: Vec<Service>| -> BTreeMap<String, String> {
-            list.into_iter().filter_map(|s| Some((s.metadata.name.clone()?, ips(&s).first()?.clone()))).collect()
+            list.into_iter().filter_map(|s| Some((s.metadata.name.clone()?, ingress_ips(&s).first()?.clone()))).collect()
         };
-        let holders = eventually_within(Duration::from_secs(120), "256 Services get addresses", || async {
+        let holders = eventually_within("256 Services get addresses", Duration::from_secs(120), || async {
             let got = assigned(services.list(&ListParams::default()).await.ok()?.items);
             (got.len() == 256).then_some(got)
         })
@@ -411,7 +374,7 @@ e2e_apiserver::backend_tests! {
         for name in &deleted {
             services.delete(name, &DeleteParams::default()).await.unwrap();
         }
-        let after = eventually_within(Duration::from_secs(120), "10 waiting Services get the freed addresses", || async {
+        let after = eventually_within("10 waiting Services get the freed addresses", Duration::from_secs(120), || async {
             let got = assigned(services.list(&ListParams::default()).await.ok()?.items);
             let newcomers: BTreeMap<String, String> = got.into_iter().filter(|(n, _)| waiting.contains(n)).collect();
             (newcomers.len() == 10).then_some(newcomers)
@@ -448,7 +411,7 @@ fn pools_config(pools: &[&str]) -> String {
     format!("loadBalancer:\n  retryAfter: 1s\n  pools:\n{}", pools.concat())
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     /// Pool edits reach the running provider through its cloud-config file, in the same
     /// process: Services keep their addresses through an edit that still contains them, a
     /// waiting Service gets one from an added pool, and removing a pool takes no address from a
@@ -472,21 +435,21 @@ e2e_apiserver::backend_tests! {
             stop_watch.clone(),
         ));
 
-        services.create(&PostParams::default(), &lb_service("a")).await.unwrap();
-        services.create(&PostParams::default(), &lb_service("b")).await.unwrap();
+        services.create(&PostParams::default(), &lb_service("default", "a")).await.unwrap();
+        services.create(&PostParams::default(), &lb_service("default", "b")).await.unwrap();
         let a = wait_for_ip(&services, "a").await;
         let b = wait_for_ip(&services, "b").await;
         assert_eq!(BTreeSet::from([a.clone(), b.clone()]), BTreeSet::from(["192.168.50.0".into(), "192.168.50.1".into()]));
         // The pool is full: c waits.
-        services.create(&PostParams::default(), &lb_service("c")).await.unwrap();
+        services.create(&PostParams::default(), &lb_service("default", "c")).await.unwrap();
         tokio::time::sleep(Duration::from_millis(1500)).await;
-        assert!(ips(&services.get("c").await.unwrap()).is_empty(), "no address while the pool is full");
+        assert!(ingress_ips(&services.get("c").await.unwrap()).is_empty(), "no address while the pool is full");
 
         // A pool is added: c gets an address from it; a and b keep theirs.
         publish_secret_file(&dir, 2, &pools_config(&[LAN, EXTRA]));
         assert_eq!(wait_for_ip(&services, "c").await, "192.168.60.0");
-        assert_eq!(ips(&services.get("a").await.unwrap()), [a.clone()]);
-        assert_eq!(ips(&services.get("b").await.unwrap()), [b.clone()]);
+        assert_eq!(ingress_ips(&services.get("a").await.unwrap()), [a.clone()]);
+        assert_eq!(ingress_ips(&services.get("b").await.unwrap()), [b.clone()]);
 
         // The first pool is removed: new Services get addresses from what is left, live ones
         // keep theirs, also when the provider is asked again.
@@ -495,14 +458,14 @@ e2e_apiserver::backend_tests! {
             (provider.allocator().pools().iter().map(|p| p.name.as_str()).collect::<Vec<_>>() == ["extra"]).then_some(())
         })
         .await;
-        services.create(&PostParams::default(), &lb_service("d")).await.unwrap();
+        services.create(&PostParams::default(), &lb_service("default", "d")).await.unwrap();
         assert_eq!(wait_for_ip(&services, "d").await, "192.168.60.1");
         let lb = provider.load_balancer().unwrap();
         for (name, ip) in [("a", &a), ("b", &b)] {
             let live = services.get(name).await.unwrap();
             let status = lb.ensure_load_balancer("kubernetes", &live, &[]).await.unwrap();
             assert_eq!(status.ingress.unwrap()[0].ip.as_deref(), Some(ip.as_str()), "{name} keeps its address");
-            assert_eq!(ips(&live), [ip.clone()]);
+            assert_eq!(ingress_ips(&live), [ip.clone()]);
         }
         let health = provider.health().await;
         assert!(health.message().contains("2 assigned addresses outside the pools"), "{health:?}");
@@ -513,7 +476,7 @@ e2e_apiserver::backend_tests! {
             (provider.allocator().outside_pools().len() == 1).then_some(())
         })
         .await;
-        services.create(&PostParams::default(), &lb_service("e")).await.unwrap();
+        services.create(&PostParams::default(), &lb_service("default", "e")).await.unwrap();
         assert_eq!(wait_for_ip(&services, "e").await, "192.168.60.2");
 
         stop_watch.cancel();
@@ -538,7 +501,7 @@ loadBalancer:
     - {name: lan, cidrs: [203.0.113.200/29]}
 ";
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     /// Issue 45 item 4: in `ipMode: VIP` kube-proxy forwards whatever a Service's status
     /// reports, so a port the pool refuses must take the address out of the status, not leave
     /// the last good one there: an edit to a refused port clears the ingress (with the
@@ -550,7 +513,7 @@ e2e_apiserver::backend_tests! {
         let services: Api<Service> = Api::namespaced(cluster.client(), &ns);
         let running =
             start(&cluster, provider(PORT_RULE_POOLS), service_options(2), Box::new(ServiceController::new())).await;
-        let mut web = lb_service("web");
+        let mut web = lb_service("default", "web");
         web.metadata.namespace = Some(ns.clone());
         web.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].port = 8080;
         services.create(&PostParams::default(), &web).await.unwrap();
@@ -562,7 +525,7 @@ e2e_apiserver::backend_tests! {
         services.patch("web", &PatchParams::default(), &Patch::Merge(to_port(6443))).await.unwrap();
         let (status, reason, message) = eventually("web loses its address and says why", || async {
             let svc = services.get("web").await.ok()?;
-            ips(&svc).is_empty().then(|| provisioned(&svc)).flatten()
+            ingress_ips(&svc).is_empty().then(|| provisioned(&svc)).flatten()
         })
         .await;
         assert_eq!((status.as_str(), reason.as_str()), ("False", "UnsupportedService"), "{message}");
@@ -572,7 +535,7 @@ e2e_apiserver::backend_tests! {
 
         // A Node appearing with an address of pool lan makes it a pool of node addresses, where
         // no port is allowed until allowedPorts lists some: the host update takes it out.
-        let mut api = lb_service("api");
+        let mut api = lb_service("default", "api");
         api.metadata.namespace = Some(ns.clone());
         api.metadata.annotations = Some(BTreeMap::from([("ccm.rs/address-pool".to_string(), "lan".to_string())]));
         services.create(&PostParams::default(), &api).await.unwrap();
@@ -584,12 +547,12 @@ e2e_apiserver::backend_tests! {
         create_node(&nodes, &node).await;
         let (_, reason, message) = eventually("api loses its address once the pool holds a node's", || async {
             let svc = services.get("api").await.ok()?;
-            ips(&svc).is_empty().then(|| provisioned(&svc)).flatten()
+            ingress_ips(&svc).is_empty().then(|| provisioned(&svc)).flatten()
         })
         .await;
         assert_eq!(reason, "UnsupportedService", "{message}");
         assert!(message.contains("refused by pool lan: the pool holds node addresses"), "{message}");
-        assert_eq!(ips(&services.get("web").await.unwrap()), std::slice::from_ref(&ip), "the other pool's Service keeps its address");
+        assert_eq!(ingress_ips(&services.get("web").await.unwrap()), std::slice::from_ref(&ip), "the other pool's Service keeps its address");
         running.stop().await.unwrap();
         nodes.delete(&name, &DeleteParams::default()).await.unwrap();
     }

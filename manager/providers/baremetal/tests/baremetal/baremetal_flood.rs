@@ -29,7 +29,7 @@ macro_rules! report {
     }};
 }
 
-use crate::kit::{eventually, eventually_within, healthz, ingress};
+use crate::kit::healthz;
 use ccm_framework::controller::Controller;
 use ccm_framework::controllers::service::ServiceController;
 use ccm_framework::engine::{EngineBuilder, RunningEngine};
@@ -38,10 +38,10 @@ use ccm_framework::leader::LeaderElectionConfig;
 use ccm_framework::options::ControllerOptions;
 use ccm_provider_baremetal::BaremetalProvider;
 use ccm_provider_baremetal::datapath::{ListenerKey, Protocol};
-use e2e_apiserver::TestCluster;
 use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeSpec, NodeStatus, Service, ServicePort, ServiceSpec};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
+use testkit::{TestCluster, eventually, eventually_within, ingress};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio_util::sync::CancellationToken;
@@ -242,7 +242,7 @@ fn udp_flood(block: u8, to: SocketAddr) -> usize {
     sent
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     /// Issue 25 item 4: 10,000 TCP connections and 100,000 UDP sources at one Service hold at most
     /// the caps, while another Service keeps forwarding, `/livez` answers and the Lease is renewed.
     async fn a_flood_at_one_service_holds_the_caps_while_another_service_livez_and_the_lease_carry_on(backend) {
@@ -467,7 +467,7 @@ e2e_apiserver::backend_tests! {
 
         // The flood's connections send nothing: the idle timeout gives their slots back.
         let idle_series = format!(r#"ccm_datapath_idle_closed_connections_total{{service="{tcp_key}"}}"#);
-        eventually_within(TCP_IDLE * 3, "idle flood connections closed", || async {
+        eventually_within("idle flood connections closed", TCP_IDLE * 3, || async {
             (data_path.listener_held(&tcp_key, &tcp_listener) == Some(0)).then_some(())
         })
         .await;

@@ -11,16 +11,16 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::kit::{eventually, healthz, ingress};
+use crate::kit::healthz;
 use ccm_framework::controllers::service::ServiceController;
 use ccm_framework::engine::testing::{RunningController, run_controller};
 use ccm_framework::options::ControllerOptions;
 use ccm_framework::provider::CloudProvider;
 use ccm_provider_baremetal::BaremetalProvider;
-use e2e_apiserver::TestCluster;
 use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeSpec, NodeStatus, Service, ServicePort, ServiceSpec};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
+use testkit::{TestCluster, eventually, ingress};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
@@ -141,7 +141,7 @@ async fn two_nodes(cluster: &TestCluster, block: u8, node_ports: &[u16]) {
     }
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     /// Proxy mode carries traffic and reports `ipMode: Proxy`; a manager restart keeps every
     /// address and traffic resumes on them.
     async fn proxy_mode_carries_traffic_reports_ip_mode_proxy_and_a_restart_keeps_address_and_traffic(backend) {

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use ccm_provider_baremetal::announce::bgp::bird::{self, BgpError, BirdAnnouncer, BirdSettings, Changed};
 use ccm_provider_baremetal::announce::bgp::{Advertisement, BgpConfig, NodeFacts, PeerConfig, protocol_name};
+use testkit::eventually_within;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -233,7 +234,7 @@ async fn bgp_host_routes_reach_a_bird_router_and_are_withdrawn_with_sessions_kep
 
     let started = Instant::now();
     lab.start_bird(&node_ns, &settings.config_path, &settings.socket_path, true);
-    let status = crate::kit::eventually_within(WAIT, "the node's BIRD control socket", || async {
+    let status = eventually_within("the node's BIRD control socket", WAIT, || async {
         bird::control(&settings.socket_path, "show status", Duration::from_secs(1)).await.ok()
     })
     .await;
@@ -314,11 +315,11 @@ mod announcer_feeds_bgp {
     use ccm_provider_baremetal::announce::bgp::Advertisement;
     use ccm_provider_baremetal::announce::guard::Facts;
     use ccm_provider_baremetal::ipam::IpBlock;
-    use e2e_apiserver::TestCluster;
     use k8s_openapi::api::core::v1::Service;
     use k8s_openapi::api::discovery::v1::EndpointSlice;
     use kube::api::{Api, Patch, PatchParams, PostParams};
     use serde_json::json;
+    use testkit::{ServiceFixture, TestCluster, lb_service};
     use tokio::sync::watch;
     use tokio_util::sync::CancellationToken;
 
@@ -350,13 +351,13 @@ mod announcer_feeds_bgp {
         tokio::time::timeout(WAIT, rx.wait_for(|a| a.addresses == *want)).await.is_ok_and(|r| r.is_ok())
     }
 
-    e2e_apiserver::backend_tests! {
+    testkit::backend_tests! {
         async fn bgp_gets_every_address_of_a_cluster_service_and_a_local_one_only_where_an_endpoint_is_ready(backend) {
             let cluster = TestCluster::start(backend).await.unwrap();
             let client = cluster.client();
             let namespace = cluster.fresh_namespace("bgp").await.unwrap();
             let services: Api<Service> = Api::namespaced(client.clone(), &namespace);
-            let svc = crate::kit::classed_lb_service(&namespace, "web", 80, CLASS);
+            let svc = lb_service(&namespace, "web").with_class(CLASS);
             services.create(&PostParams::default(), &svc).await.unwrap();
             let status = json!({"status": {"loadBalancer": {"ingress": [
                 {"ip": "198.51.100.7", "ipMode": "VIP"}, {"ip": "2001:db8:bb::7", "ipMode": "VIP"}]}}});

@@ -254,19 +254,18 @@ mod announcer_on_the_api_server {
     use std::net::IpAddr;
     use std::time::{Duration, Instant};
 
-    use crate::kit::eventually;
     use ccm_framework::events::EventSink;
     use ccm_provider_baremetal::announce::announce_reasons::L2_ANNOUNCING;
     use ccm_provider_baremetal::announce::announcer::{self, AnnouncerSettings, lease_name};
     use ccm_provider_baremetal::announce::elect;
     use ccm_provider_baremetal::announce::guard::Facts;
     use ccm_provider_baremetal::ipam::IpBlock;
-    use e2e_apiserver::TestCluster;
     use k8s_openapi::api::coordination::v1::Lease;
     use k8s_openapi::api::core::v1::Service;
     use k8s_openapi::api::events::v1::Event;
     use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
     use serde_json::json;
+    use testkit::{ServiceFixture, TestCluster, eventually, lb_service};
     use tokio::sync::watch;
     use tokio::task::JoinHandle;
     use tokio_util::sync::CancellationToken;
@@ -305,13 +304,13 @@ mod announcer_on_the_api_server {
         Some(t0.elapsed())
     }
 
-    e2e_apiserver::backend_tests! {
+    testkit::backend_tests! {
         async fn announcers_elect_one_node_per_address_report_it_and_take_over_on_stop_and_on_crash(backend) {
             let cluster = TestCluster::start(backend).await.unwrap();
             let client = cluster.client();
             let namespace = cluster.fresh_namespace("l2").await.unwrap();
             let services: Api<Service> = Api::namespaced(client.clone(), &namespace);
-            let svc = crate::kit::classed_lb_service(&namespace, "web", 80, CLASS);
+            let svc = lb_service(&namespace, "web").with_class(CLASS);
             services.create(&PostParams::default(), &svc).await.unwrap();
             // Two addresses the same node wins, so one stop moves both.
             let (v4, v6) = (1u8..250)
@@ -389,7 +388,7 @@ mod announcer_on_the_api_server {
         }
     }
 
-    e2e_apiserver::backend_tests! {
+    testkit::backend_tests! {
     /// Issue 45 item 3: an announcer announces only what the pools hand out. An address written
     /// by hand into a Service's status outside every pool, or a Node's address inside one, is
     /// never owned (so never answered) and never handed to BGP, and the node that would have
@@ -416,7 +415,7 @@ mod announcer_on_the_api_server {
         nodes.create(&PostParams::default(), &node).await.unwrap();
         nodes.patch_status(&node_name, &PatchParams::default(), &Patch::Merge(json!({"status": node.status}))).await.unwrap();
         for (name, ips) in [("web", &["192.0.2.10"][..]), ("intruder", &["198.51.100.66", "192.0.2.250"][..])] {
-            services.create(&PostParams::default(), &crate::kit::classed_lb_service(&namespace, name, 80, CLASS)).await.unwrap();
+            services.create(&PostParams::default(), &lb_service(&namespace, name).with_class(CLASS)).await.unwrap();
             services.patch_status(name, &PatchParams::default(), &Patch::Merge(&ingress(ips))).await.unwrap();
         }
 

@@ -5,13 +5,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
-use crate::kit::{eventually, ingress, lb_service};
 use ccm_framework::controllers::service::ServiceController;
 use ccm_framework::engine::testing::run_controller;
 use ccm_framework::options::ControllerOptions;
 use ccm_framework::provider::{CloudProvider, Health};
 use ccm_provider_baremetal::BaremetalProvider;
-use e2e_apiserver::TestCluster;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::events::v1::Event;
@@ -20,6 +18,7 @@ use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch
 use kube::core::GroupVersionKind;
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
+use testkit::{Meta, ServiceFixture, TestCluster, eventually, ingress, lb_service};
 
 /// The cloud-config importing MetalLB's pools from `metallb_namespace` and Cilium's.
 fn config(metallb_namespace: &str) -> String {
@@ -93,7 +92,7 @@ fn health_message(health: Health) -> String {
     }
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn services_keep_the_addresses_metallb_and_cilium_gave_them_and_new_ones_come_from_their_pools(backend) {
         let cluster = TestCluster::start(backend).await.unwrap();
         cluster.install_crd(&crds::pool_crd()).await.unwrap();
@@ -156,7 +155,7 @@ e2e_apiserver::backend_tests! {
             ("c-held", 80, &[], "203.0.113.66"),
         ];
         for (name, port, annotations, ip) in before {
-            services.create(&pp, &lb_service(&ns, name, port, annotations)).await.unwrap();
+            services.create(&pp, &lb_service(&ns, name).with_port(port).with_annotations(annotations)).await.unwrap();
             let status = json!({"status": {"loadBalancer": {"ingress": [{"ip": ip}]}}});
             services.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
         }
@@ -168,7 +167,7 @@ e2e_apiserver::backend_tests! {
         let running = run_controller(cluster.client(), provider.clone() as Arc<dyn CloudProvider>, options(), Box::new(ServiceController::new())).await;
 
         // A new Service gets the lowest free address of the first imported pool.
-        services.create(&pp, &lb_service(&ns, "fresh", 80, &[])).await.unwrap();
+        services.create(&pp, &lb_service(&ns, "fresh")).await.unwrap();
         let fresh = eventually("the new Service gets an address", || async {
             ingress(&services.get("fresh").await.ok()?).first().map(|(ip, _)| ip.clone())
         }).await;
@@ -218,7 +217,7 @@ e2e_apiserver::backend_tests! {
             ("p-asked", "198.51.100.97", "in no load-balancer pool"),
             ("c-asked", "203.0.113.67", "pool cilium:off is disabled"),
         ] {
-            services.create(&pp, &lb_service(&ns, name, 80, &[("metallb.io/loadBalancerIPs", ip)])).await.unwrap();
+            services.create(&pp, &lb_service(&ns, name).with_annotations(&[("metallb.io/loadBalancerIPs", ip)])).await.unwrap();
             let (reason, message) = eventually(&format!("{name} is refused {ip}"), || async {
                 refusal(&services.get(name).await.ok()?)
             }).await;
@@ -236,7 +235,7 @@ e2e_apiserver::backend_tests! {
         metallb.patch("lan", &PatchParams::default(), &Patch::Merge(json!({"spec": {
             "addresses": ["198.51.100.0/29", "198.51.100.64-198.51.100.65", "198.51.100.128/30"],
         }}))).await.unwrap();
-        services.create(&pp, &lb_service(&ns, "m-added", 80, &[("metallb.io/loadBalancerIPs", "198.51.100.130")])).await.unwrap();
+        services.create(&pp, &lb_service(&ns, "m-added").with_annotations(&[("metallb.io/loadBalancerIPs", "198.51.100.130")])).await.unwrap();
         let added = eventually("the Service asking for an address of the added block gets it", || async {
             ingress(&services.get("m-added").await.ok()?).first().map(|(ip, _)| ip.clone())
         }).await;

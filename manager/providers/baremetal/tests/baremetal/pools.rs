@@ -4,17 +4,16 @@
 
 use std::sync::Arc;
 
-use crate::kit::{eventually, ingress, lb_service};
 use ccm_framework::controllers::service::ServiceController;
 use ccm_framework::engine::testing::run_controller;
 use ccm_framework::options::ControllerOptions;
 use ccm_framework::provider::CloudProvider;
 use ccm_provider_baremetal::BaremetalProvider;
 use crds::pool::{FamilyUsage, LoadBalancerIPPool};
-use e2e_apiserver::TestCluster;
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
+use testkit::{Meta, TestCluster, eventually, ingress, lb_service};
 
 const CONFIG: &str = "\
 loadBalancer:
@@ -60,7 +59,7 @@ async fn wait_pool(
     .await
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn pool_resources_follow_the_cloud_config_pools_and_report_usage_and_validity(backend) {
         let cluster = TestCluster::start(backend).await.unwrap();
         cluster.install_crd(&crds::pool_crd()).await.unwrap();
@@ -87,7 +86,7 @@ e2e_apiserver::backend_tests! {
 
         // The cloud-config's two addresses go first, then the resource's.
         for name in ["a", "b", "c"] {
-            services.create(&pp, &lb_service("default", name, 80, &[])).await.unwrap();
+            services.create(&pp, &lb_service("default", name)).await.unwrap();
             wait_ip(&services, name).await;
         }
         let got: Vec<String> = [wait_ip(&services, "a").await, wait_ip(&services, "b").await, wait_ip(&services, "c").await].into();
@@ -102,7 +101,7 @@ e2e_apiserver::backend_tests! {
         assert!(hosts.status.unwrap().conditions[0].message.contains("spec.cidrs[0] has host bits set"));
 
         // autoAssign: false hands out only requested addresses.
-        services.create(&pp, &lb_service("default", "want", 80, &[("ccm.rs/load-balancer-ips", "203.0.113.2")])).await.unwrap();
+        services.create(&pp, &lb_service("default", "want").with_annotations(&[("ccm.rs/load-balancer-ips", "203.0.113.2")])).await.unwrap();
         assert_eq!(wait_ip(&services, "want").await, "203.0.113.2");
         wait_pool(&pools, "pinned", "True", "AsExpected", Some((1, 3))).await;
 
@@ -111,7 +110,7 @@ e2e_apiserver::backend_tests! {
         wait_pool(&pools, "lab", "True", "AsExpected", Some((0, 4))).await;
         pools.delete("lab", &DeleteParams::default()).await.unwrap();
         pools.create(&pp, &pool("late", json!({"ranges": ["198.51.100.200-198.51.100.201"]}))).await.unwrap();
-        services.create(&pp, &lb_service("default", "d", 80, &[])).await.unwrap();
+        services.create(&pp, &lb_service("default", "d")).await.unwrap();
         assert_eq!(wait_ip(&services, "d").await, "198.51.100.200");
         wait_pool(&pools, "late", "True", "AsExpected", Some((1, 1))).await;
         running.stop().await.unwrap();
@@ -137,10 +136,10 @@ e2e_apiserver::backend_tests! {
         )
         .await;
         let theirs: Api<Service> = Api::namespaced(cluster.client(), &team);
-        theirs.create(&pp, &lb_service(&team, "web", 80, &[])).await.unwrap();
+        theirs.create(&pp, &lb_service(&team, "web")).await.unwrap();
         assert_eq!(wait_ip(&theirs, "web").await, "198.51.100.0");
         let others: Api<Service> = Api::namespaced(cluster.client(), "default");
-        others.create(&pp, &lb_service("default", "web", 80, &[])).await.unwrap();
+        others.create(&pp, &lb_service("default", "web")).await.unwrap();
         // The other namespace's Service is refused, and says why.
         let message = eventually("the other namespace's Service is refused with NoPoolMatches", || async {
             let svc = others.get("web").await.ok()?;

@@ -5,15 +5,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::kit::{eventually, eventually_within, ingress, lb_service};
 use ccm_framework::controllers::service::ServiceController;
 use ccm_framework::engine::testing::run_controller;
 use ccm_framework::options::ControllerOptions;
 use ccm_framework::provider::CloudProvider;
 use ccm_provider_baremetal::BaremetalProvider;
-use e2e_apiserver::TestCluster;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, DeleteParams, PostParams};
+use testkit::{Meta, ServiceFixture, TestCluster, eventually, eventually_within, ingress, lb_service};
 
 const CONFIG: &str = "\
 loadBalancer:
@@ -41,7 +40,7 @@ async fn wait_refused(api: &Api<Service>, name: &str, reason: &str) -> String {
     .await
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn s25_a_service_without_an_address_has_a_condition_naming_the_reason(backend) {
         let cluster = TestCluster::start(backend).await.unwrap();
         let services: Api<Service> = Api::namespaced(cluster.client(), "default");
@@ -56,38 +55,38 @@ e2e_apiserver::backend_tests! {
         .await;
 
         // MetalLB's annotation is honoured, so a migration keeps the address.
-        services.create(&pp, &lb_service("default", "migrated", 80, &[("metallb.universe.tf/loadBalancerIPs", "192.168.60.1"), ("metallb.universe.tf/allow-shared-ip", "web")])).await.unwrap();
+        services.create(&pp, &lb_service("default", "migrated").with_annotations(&[("metallb.universe.tf/loadBalancerIPs", "192.168.60.1"), ("metallb.universe.tf/allow-shared-ip", "web")])).await.unwrap();
         assert_eq!(wait_ip(&services, "migrated").await, "192.168.60.1");
         // Our sharing key equals MetalLB's key: another port shares the address.
-        services.create(&pp, &lb_service("default", "shares", 443, &[("ccm.rs/load-balancer-ips", "192.168.60.1"), ("ccm.rs/allow-shared-ip", "web")])).await.unwrap();
+        services.create(&pp, &lb_service("default", "shares").with_port(443).with_annotations(&[("ccm.rs/load-balancer-ips", "192.168.60.1"), ("ccm.rs/allow-shared-ip", "web")])).await.unwrap();
         assert_eq!(wait_ip(&services, "shares").await, "192.168.60.1");
 
         // The same port under the same key: a sharing conflict.
-        services.create(&pp, &lb_service("default", "clash", 80, &[("ccm.rs/load-balancer-ips", "192.168.60.1"), ("ccm.rs/allow-shared-ip", "web")])).await.unwrap();
+        services.create(&pp, &lb_service("default", "clash").with_annotations(&[("ccm.rs/load-balancer-ips", "192.168.60.1"), ("ccm.rs/allow-shared-ip", "web")])).await.unwrap();
         let message = wait_refused(&services, "clash", "SharingConflict").await;
         assert!(message.contains("192.168.60.1"), "{message}");
         // Without a key: taken.
-        services.create(&pp, &lb_service("default", "taken", 80, &[("ccm.rs/load-balancer-ips", "192.168.60.1")])).await.unwrap();
+        services.create(&pp, &lb_service("default", "taken").with_annotations(&[("ccm.rs/load-balancer-ips", "192.168.60.1")])).await.unwrap();
         wait_refused(&services, "taken", "RequestedAddressTaken").await;
         // Outside every pool.
-        services.create(&pp, &lb_service("default", "outside", 80, &[("ccm.rs/load-balancer-ips", "203.0.113.9")])).await.unwrap();
+        services.create(&pp, &lb_service("default", "outside").with_annotations(&[("ccm.rs/load-balancer-ips", "203.0.113.9")])).await.unwrap();
         wait_refused(&services, "outside", "RequestedAddressUnavailable").await;
         // A malformed annotation names itself.
-        services.create(&pp, &lb_service("default", "typo", 80, &[("metallb.io/loadBalancerIPs", "192.168.60.x")])).await.unwrap();
+        services.create(&pp, &lb_service("default", "typo").with_annotations(&[("metallb.io/loadBalancerIPs", "192.168.60.x")])).await.unwrap();
         let message = wait_refused(&services, "typo", "InvalidAnnotation").await;
         assert!(message.contains("metallb.io/loadBalancerIPs"), "{message}");
 
         // The last free address goes, then the pool is exhausted.
-        services.create(&pp, &lb_service("default", "first", 80, &[])).await.unwrap();
+        services.create(&pp, &lb_service("default", "first")).await.unwrap();
         assert_eq!(wait_ip(&services, "first").await, "192.168.60.0");
-        services.create(&pp, &lb_service("default", "late", 80, &[])).await.unwrap();
+        services.create(&pp, &lb_service("default", "late")).await.unwrap();
         let message = wait_refused(&services, "late", "PoolExhausted").await;
         assert!(message.contains("2 of 2"), "{message}");
 
         // Freeing an address clears it without touching the Service: the refusal is retried
         // (backoff at most 30 s; here the second or third retry).
         services.delete("first", &DeleteParams::default()).await.unwrap();
-        let late = eventually_within(Duration::from_secs(60), "late gets the freed address and loses the condition", || async {
+        let late = eventually_within("late gets the freed address and loses the condition", Duration::from_secs(60), || async {
             let svc = services.get("late").await.ok()?;
             let no_condition = svc.status.as_ref()?.conditions.as_ref().is_none_or(|c| c.iter().all(|c| c.type_ != "LoadBalancerProvisioned"));
             (no_condition && !ingress(&svc).is_empty()).then_some(svc)
@@ -108,14 +107,14 @@ loadBalancer:
 ";
 
 fn dual(name: &str, policy: &str, families: &[&str]) -> Service {
-    let mut svc = lb_service("default", name, 80, &[]);
+    let mut svc = lb_service("default", name);
     let spec = svc.spec.as_mut().unwrap();
     spec.ip_family_policy = Some(policy.into());
     spec.ip_families = Some(families.iter().map(|f| f.to_string()).collect());
     svc
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     async fn dual_stack_follows_ip_family_policy_and_ip_families(backend) {
         let cluster = TestCluster::start(backend).await.unwrap();
         let services: Api<Service> = Api::namespaced(cluster.client(), "default");

@@ -1,0 +1,35 @@
+//! The `aws` provider against moto (an AWS emulator started by each test on a free loopback
+//! port) and the controllers against an API server (the local one, and a genuine kube-apiserver
+//! when `CCM_TEST_ASSETS` is set). Every AWS outcome is checked through the emulator's own API.
+//!
+//! Skips (one printed line per test) when `moto_server` is not installed. moto runs with the
+//! corrections of `support/moto.rs`, each making it answer as AWS does. The modules:
+//!
+//! - `kit`: the world seeded in moto, the API-server side (`Env`), fixtures, readers of AWS state.
+//! - `proxy`: a proxy in front of moto that counts requests, throttles, and "kills" the caller.
+//! - `nodes`, `nlb`, `classic`, `routes`, `config`: the provider area by area.
+//! - `faults`: kills at every request, throttling, security-group modes.
+//! - `adoption`: load balancers made by hand as upstream makes them, adopted quietly.
+//! - `bench`: benchmarks, ignored unless asked for.
+
+#[path = "../support/moto.rs"]
+mod moto;
+#[path = "../support/wire.rs"]
+mod wire;
+
+mod kit;
+mod proxy;
+mod snapshot;
+mod upstream;
+mod world;
+
+mod adoption;
+mod bench;
+mod cases;
+mod classic;
+mod config;
+mod differential;
+mod faults;
+mod nlb;
+mod nodes;
+mod routes;
