@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepares the real-cluster assets: the Debian packages the node needs (containerd, runc, the
 # CNI plugins, iptables, iproute2, a static busybox for the test web server, curl for
-# in-cluster requests), the Kubernetes
+# in-cluster requests, BIRD 2 for the three-Node runs' router), the Kubernetes
 # node and controller binaries unpacked from ../shared/realcluster (each checked against its
 # SHA256SUMS), and etcd and kube-apiserver from the genuine backend's assets. Prints the
 # directory to use as CCM_REALCLUSTER_ASSETS. Needs root (apt-get).
@@ -25,6 +25,7 @@ command -v conntrack >/dev/null || missing+=(conntrack)
 command -v ip >/dev/null || missing+=(iproute2)
 [ -x /bin/busybox ] || missing+=(busybox-static)
 command -v curl >/dev/null || missing+=(curl)
+command -v bird >/dev/null || missing+=(bird2)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing ${missing[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive

@@ -7,6 +7,10 @@
 //! ones installed, as a user's session would), stops the cluster, and checks last that the
 //! host is as it was found. It prints libtest's lines, so `cargo test` and CI count it.
 //! Without `CCM_REALCLUSTER_ASSETS` it prints one line saying how to enable it.
+//!
+//! With `CCM_REALCLUSTER_NODES=3` the three-Node scenarios follow the others: the runner grows
+//! the running cluster by two Nodes (`RealCluster::add_nodes`) first. Without it they are
+//! reported as ignored.
 
 use std::future::Future;
 use std::io::{Read, Write};
@@ -17,7 +21,7 @@ use std::process::{Command, ExitCode};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use e2e::realcluster::{self, RealCluster, images};
+use e2e::realcluster::{self, Place, RealCluster, images};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod, Secret, Service};
 use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -73,6 +77,15 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     }),
 ];
 
+/// The scenarios on three Nodes, after the others, when `CCM_REALCLUSTER_NODES=3`.
+const THREE_NODE_SCENARIOS: &[(&str, Scenario)] = &[(
+    "three_nodes_ready_pods_reach_each_other_across_nodes_nodeports_answer_the_client_and_a_stopped_node_goes_not_ready_and_comes_back",
+    |c| Box::pin(three_nodes(c)),
+)];
+
+/// How many Nodes the run may grow to (default 1: the three-Node scenarios are ignored).
+const NODES_ENV: &str = "CCM_REALCLUSTER_NODES";
+
 /// `CCM_REALCLUSTER_HOLD=SECONDS` keeps the cluster that long after the scenarios (only after
 /// a failure with `CCM_REALCLUSTER_HOLD=failure:SECONDS`), to look at it with kubectl.
 const HOLD_ENV: &str = "CCM_REALCLUSTER_HOLD";
@@ -92,7 +105,7 @@ const SERVICE_PORT: u16 = 8000;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let names: Vec<&str> = SCENARIOS.iter().map(|(n, _)| *n).chain([HOST_CHECK]).collect();
+    let names: Vec<&str> = SCENARIOS.iter().chain(THREE_NODE_SCENARIOS).map(|(n, _)| *n).chain([HOST_CHECK]).collect();
     if args.iter().any(|a| a == "--list") {
         for name in &names {
             println!("{name}: test");
@@ -100,10 +113,13 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let filter = args.iter().find(|a| !a.starts_with('-')).cloned();
-    let selected: Vec<&(&str, Scenario)> =
-        SCENARIOS.iter().filter(|(n, _)| filter.as_deref().is_none_or(|f| n.contains(f))).collect();
-    let filtered_out = SCENARIOS.len() - selected.len();
-    println!("\nrunning {} tests", selected.len() + 1);
+    let pick = |list: &'static [(&'static str, Scenario)]| -> Vec<&'static (&'static str, Scenario)> {
+        list.iter().filter(|(n, _)| filter.as_deref().is_none_or(|f| n.contains(f))).collect()
+    };
+    let (selected, three) = (pick(SCENARIOS), pick(THREE_NODE_SCENARIOS));
+    let filtered_out = SCENARIOS.len() + THREE_NODE_SCENARIOS.len() - selected.len() - three.len();
+    let nodes: usize = std::env::var(NODES_ENV).ok().and_then(|v| v.parse().ok()).unwrap_or(1);
+    println!("\nrunning {} tests", selected.len() + three.len() + 1);
     let Some(assets) = realcluster::assets_dir() else {
         println!("{}", realcluster::HOW_TO_ENABLE);
         println!(
@@ -134,41 +150,35 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let (mut passed, mut failed) = (0, Vec::new());
+    let mut outcome = Outcome { passed: 0, failed: Vec::new(), ignored: 0 };
     let prepared = runtime.block_on(prepare(&cluster));
     match prepared {
         Err(e) => {
             println!("preparing the cluster failed: {e}");
-            failed.push("prepare".to_string());
+            outcome.failed.push("prepare".to_string());
         }
         Ok(client) => {
             let ctx = Arc::new(Ctx { client, repo: repo(), cluster });
             for (name, scenario) in &selected {
-                // The scenario's own lines (its timings) come first; the result line follows in
-                // libtest's form, `test NAME ... ok`, which CI's summary counts.
-                println!("{name}:");
-                let t = Instant::now();
-                let outcome = runtime.block_on(async {
-                    let task = tokio::spawn(scenario(ctx.clone()));
-                    let abort = task.abort_handle();
-                    let outcome = tokio::time::timeout(Duration::from_secs(300), task).await;
-                    abort.abort();
-                    outcome
-                });
-                match outcome {
-                    Ok(Ok(())) => {
-                        println!("test {name} ... ok ({:.1} s)", t.elapsed().as_secs_f64());
-                        passed += 1;
+                run_scenario(&runtime, &ctx, name, *scenario, &mut outcome);
+            }
+            if !three.is_empty() && nodes < 3 {
+                for (name, _) in &three {
+                    println!("test {name} ... ignored (three Nodes: {NODES_ENV}=3)");
+                    outcome.ignored += 1;
+                }
+            } else if !three.is_empty() {
+                match grow(&ctx.cluster, 3) {
+                    Ok(()) => {
+                        for (name, scenario) in &three {
+                            run_scenario(&runtime, &ctx, name, *scenario, &mut outcome);
+                        }
                     }
-                    Ok(Err(e)) => {
-                        println!("test {name} ... FAILED ({:.1} s)\n  {}", t.elapsed().as_secs_f64(), panic_text(e));
-                        diagnose(&ctx.cluster);
-                        failed.push(name.to_string());
-                    }
-                    Err(_) => {
-                        println!("test {name} ... FAILED (timed out after 300 s)");
-                        diagnose(&ctx.cluster);
-                        failed.push(name.to_string());
+                    Err(e) => {
+                        for (name, _) in &three {
+                            println!("test {name} ... FAILED (growing the cluster to 3 Nodes: {e})");
+                            outcome.failed.push(name.to_string());
+                        }
                     }
                 }
             }
@@ -177,20 +187,82 @@ fn main() -> ExitCode {
                 println!("a scenario still holds the cluster; stopping it anyway is not possible");
                 return ExitCode::FAILURE;
             };
-            return finish(ctx.cluster, passed, failed, filtered_out, started);
+            return finish(ctx.cluster, outcome, filtered_out, started);
         }
     }
     runtime.shutdown_timeout(Duration::from_secs(5));
-    finish(cluster, passed, failed, filtered_out, started)
+    finish(cluster, outcome, filtered_out, started)
 }
 
-fn finish(
-    cluster: RealCluster,
-    mut passed: usize,
-    mut failed: Vec<String>,
-    filtered_out: usize,
-    started: Instant,
-) -> ExitCode {
+/// The run's results so far.
+struct Outcome {
+    passed: usize,
+    failed: Vec<String>,
+    ignored: usize,
+}
+
+/// Runs one scenario within 300 s and prints its libtest line.
+fn run_scenario(
+    runtime: &tokio::runtime::Runtime,
+    ctx: &Arc<Ctx>,
+    name: &str,
+    scenario: Scenario,
+    outcome: &mut Outcome,
+) {
+    // The scenario's own lines (its timings) come first; the result line follows in
+    // libtest's form, `test NAME ... ok`, which CI's summary counts.
+    println!("{name}:");
+    let t = Instant::now();
+    let result = runtime.block_on(async {
+        let task = tokio::spawn(scenario(ctx.clone()));
+        let abort = task.abort_handle();
+        let result = tokio::time::timeout(Duration::from_secs(300), task).await;
+        abort.abort();
+        result
+    });
+    match result {
+        Ok(Ok(())) => {
+            println!("test {name} ... ok ({:.1} s)", t.elapsed().as_secs_f64());
+            outcome.passed += 1;
+        }
+        Ok(Err(e)) => {
+            println!("test {name} ... FAILED ({:.1} s)\n  {}", t.elapsed().as_secs_f64(), panic_text(e));
+            diagnose(&ctx.cluster);
+            outcome.failed.push(name.to_string());
+        }
+        Err(_) => {
+            println!("test {name} ... FAILED (timed out after 300 s)");
+            diagnose(&ctx.cluster);
+            outcome.failed.push(name.to_string());
+        }
+    }
+}
+
+/// Grows the running cluster to `total` Nodes and prints how long that took and the
+/// cluster's memory then.
+fn grow(cluster: &RealCluster, total: usize) -> Result<(), String> {
+    let t = Instant::now();
+    let mut added = Vec::new();
+    while cluster.node_names().len() < total {
+        let one = Instant::now();
+        let name = cluster.add_node().map_err(|e| e.to_string())?;
+        added.push(format!("{name} {:.1} s", one.elapsed().as_secs_f64()));
+    }
+    println!(
+        "real cluster: grew to {total} Nodes in {:.1} s ({}); Nodes {}",
+        t.elapsed().as_secs_f64(),
+        added.join(", "),
+        cluster.node_names().join(", ")
+    );
+    let memory = cluster.memory();
+    let total_kib: u64 = memory.iter().map(|(_, kib)| kib).sum();
+    let parts: Vec<String> = memory.iter().map(|(what, kib)| format!("{what} {:.0}", *kib as f64 / 1024.0)).collect();
+    println!("real cluster: {total} Nodes use {:.0} MiB ({} MiB)", total_kib as f64 / 1024.0, parts.join(", "));
+    Ok(())
+}
+
+fn finish(cluster: RealCluster, outcome: Outcome, filtered_out: usize, started: Instant) -> ExitCode {
+    let Outcome { mut passed, mut failed, ignored } = outcome;
     hold(&cluster, !failed.is_empty());
     let t = Instant::now();
     let stopped = cluster.stop();
@@ -211,7 +283,7 @@ fn finish(
         println!("(component logs: {})", cluster.state_dir().join("logs").display());
     }
     println!(
-        "\ntest result: {}. {passed} passed; {} failed; 0 ignored; 0 measured; {filtered_out} filtered out; finished in {:.2}s\n",
+        "\ntest result: {}. {passed} passed; {} failed; {ignored} ignored; 0 measured; {filtered_out} filtered out; finished in {:.2}s\n",
         if failed.is_empty() { "ok" } else { "FAILED" },
         failed.len(),
         started.elapsed().as_secs_f64()
@@ -316,8 +388,9 @@ async fn prepare(cluster: &RealCluster) -> Result<Client, String> {
     let curl = out.join("curl.tar");
     images::build_curl(Path::new("/usr/bin/curl"), &curl).map_err(|e| e.to_string())?;
     archives.push(curl);
+    // Kept by the cluster for the Nodes added later.
     for a in &archives {
-        images::import(a).map_err(|e| e.to_string())?;
+        cluster.import_image(a).map_err(|e| e.to_string())?;
     }
     println!("images built from {} and imported in {:.1} s", bins.display(), t.elapsed().as_secs_f64());
     cluster.client().await.map_err(|e| e.to_string())
@@ -1484,4 +1557,192 @@ async fn embedded_not_enabled(ctx: Arc<Ctx>) {
     assert_eq!(ds.status.map(|s| s.number_ready), Some(1), "the running manager is left alone");
     http_get(&lb_address(&ctx).await).expect("traffic continues while the resource is refused");
     set_embedded(&ctx, true).await;
+}
+
+/// The three-Node scenario's namespace.
+const MULTI_NS: &str = "multinode";
+
+/// Whether Node `name` reports Ready=True.
+async fn node_ready(ctx: &Ctx, name: &str) -> Option<bool> {
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    let n = nodes.get(name).await.ok()?;
+    let conditions = n.status?.conditions?;
+    Some(conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// `GET /` on a Pod's web server from inside another Pod (busybox `nc`: its `wget` crashes in
+/// this image).
+fn get_from_pod(ctx: &Ctx, pod: &str, ip: &str) -> Result<String, String> {
+    let script = format!("printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 3 {ip} 8080");
+    ctx.cluster.kubectl_raw(&["exec", "-n", MULTI_NS, pod, "--", "sh", "-c", &script]).map_err(|e| e.to_string())
+}
+
+/// Issue 46 item 1: three Nodes (two added in network namespaces of their own) are Ready;
+/// Pods on different Nodes reach each other by Pod IP (routes between the Nodes' ranges); a
+/// host-network Pod on an added Node has that Node's address and name; the client namespace
+/// (behind the router) reaches a NodePort on every Node; an added Node stopped abruptly goes
+/// NotReady and, started again, Ready with its Pod running again.
+async fn three_nodes(ctx: Arc<Ctx>) {
+    let names = ctx.cluster.node_names();
+    assert_eq!(names.len(), 3, "{names:?}");
+    wait("three Nodes Ready", Duration::from_secs(60), || async {
+        for n in &names {
+            node_ready(&ctx, n).await.filter(|r| *r)?;
+        }
+        Some(())
+    })
+    .await;
+    apply(&ctx.client, json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": MULTI_NS}})).await;
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), MULTI_NS);
+    let toleration = json!([{"key": "node.cloudprovider.kubernetes.io/uninitialized", "operator": "Exists"}]);
+    let t = Instant::now();
+    for (i, node) in names.iter().enumerate() {
+        let pod = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("web-{}", i + 1), "namespace": MULTI_NS, "labels": {"app": "mn-web"}},
+            "spec": {"nodeSelector": {"kubernetes.io/hostname": node}, "tolerations": toleration,
+                "containers": [{"name": "web", "image": images::WEB, "imagePullPolicy": "Never",
+                    "command": ["/bin/sh", "-c", "mkdir -p /www && echo \"pod=$POD_NAME\" > /www/index.html && exec httpd -f -p 8080 -h /www"],
+                    "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+                    "ports": [{"containerPort": 8080}],
+                    "readinessProbe": {"httpGet": {"path": "/", "port": 8080}, "periodSeconds": 1}}]}});
+        pods.create(&Default::default(), &serde_json::from_value(pod).expect("a Pod")).await.expect("a web Pod");
+    }
+    let host_net = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "hostnet-2", "namespace": MULTI_NS},
+        "spec": {"hostNetwork": true, "nodeSelector": {"kubernetes.io/hostname": names[1]}, "tolerations": toleration,
+            "containers": [{"name": "sleep", "image": images::WEB, "imagePullPolicy": "Never",
+                "command": ["/bin/sh", "-c", "exec sleep 3600"]}]}});
+    pods.create(&Default::default(), &serde_json::from_value(host_net).expect("a Pod"))
+        .await
+        .expect("the host-network Pod");
+    let ips: Vec<String> = wait("the web Pods Ready, one on each Node", Duration::from_secs(120), || async {
+        let mut ips = Vec::new();
+        for (i, node) in names.iter().enumerate() {
+            let p = pods.get(&format!("web-{}", i + 1)).await.ok()?;
+            (is_ready(&p) && p.spec.as_ref()?.node_name.as_deref() == Some(node.as_str())).then_some(())?;
+            ips.push(p.status?.pod_ip?);
+        }
+        Some(ips)
+    })
+    .await;
+    println!("    three web Pods Ready, one per Node ({}): {:.1} s", ips.join(", "), t.elapsed().as_secs_f64());
+    // Each Node's Pod range, routed between the Nodes.
+    for (i, ip) in ips.iter().enumerate() {
+        let range = ctx.cluster.node(&names[i]).expect("the Node's plan").pod_cidr;
+        let prefix = range.rsplit_once('.').map(|(p, _)| format!("{p}.")).unwrap_or_default();
+        assert!(ip.starts_with(&prefix), "web-{} on {} has {ip}, outside {range}", i + 1, names[i]);
+    }
+    let t = Instant::now();
+    for (from, to) in [(2, 3), (3, 1), (1, 2)] {
+        let body = get_from_pod(&ctx, &format!("web-{from}"), &ips[to - 1]).expect("a request between Pods");
+        assert!(body.contains(&format!("pod=web-{to}")), "web-{from} to web-{to} at {}: {body}", ips[to - 1]);
+    }
+    println!("    Pod to Pod across Nodes (2 to 3, 3 to 1, 1 to 2): {:.1} s", t.elapsed().as_secs_f64());
+
+    // A host-network Pod on an added Node is on that Node's network and has its host name.
+    let node2 = ctx.cluster.node(&names[1]).expect("node 2's plan");
+    let hostnet = wait("the host-network Pod running", Duration::from_secs(60), || async {
+        let p = pods.get("hostnet-2").await.ok()?;
+        (p.status.as_ref()?.phase.as_deref() == Some("Running")).then_some(p)
+    })
+    .await;
+    assert_eq!(hostnet.status.and_then(|s| s.pod_ip), Some(node2.ip.to_string()));
+    let hostname = ctx.cluster.kubectl_raw(&["exec", "-n", MULTI_NS, "hostnet-2", "--", "hostname"]).expect("exec");
+    assert_eq!(hostname.trim(), names[1], "a host-network Pod sees its Node's host name");
+
+    // A NodePort on every Node, from the client (behind the router).
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), MULTI_NS);
+    let svc = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "mn-web", "namespace": MULTI_NS},
+        "spec": {"type": "NodePort", "selector": {"app": "mn-web"}, "ports": [{"port": 8080, "targetPort": 8080}]}});
+    let svc = services
+        .create(&Default::default(), &serde_json::from_value(svc).expect("a Service"))
+        .await
+        .expect("the Service");
+    let port = svc.spec.and_then(|s| s.ports?.first()?.node_port).expect("a nodePort");
+    let t = Instant::now();
+    let addresses: Vec<String> =
+        names.iter().map(|n| format!("{}:{port}", ctx.cluster.node(n).expect("a Node's plan").ip)).collect();
+    for addr in &addresses {
+        wait(&format!("the client reaching NodePort {addr}"), Duration::from_secs(60), || {
+            let addr = addr.clone();
+            let answer = ctx.cluster.run_in(Place::Client, move || http_get(&addr));
+            async move { answer.ok()?.ok().filter(|b| b.contains("pod=web-")) }
+        })
+        .await;
+    }
+    println!("    the client reaches the NodePort on {}: {:.1} s", addresses.join(", "), t.elapsed().as_secs_f64());
+
+    // Node 3 stopped abruptly: its Node goes NotReady; nothing answers at its address.
+    let third = names[2].clone();
+    let t = Instant::now();
+    let cluster = ctx.clone();
+    let stopping = third.clone();
+    tokio::task::spawn_blocking(move || cluster.cluster.stop_node(&stopping))
+        .await
+        .expect("the stop thread")
+        .expect("stopping node 3");
+    println!("    {third} stopped (every process killed, its namespace gone): {:.1} s", t.elapsed().as_secs_f64());
+    let gone = addresses[2].clone();
+    let answer = ctx.cluster.run_in(Place::Client, move || http_get(&gone)).expect("the client thread");
+    assert!(answer.is_err(), "a stopped Node answers nothing: {answer:?}");
+    wait(&format!("{third} NotReady"), Duration::from_secs(150), || async {
+        node_ready(&ctx, &third).await.filter(|r| !r).map(drop)
+    })
+    .await;
+    println!("    {third} stopped to NotReady: {:.1} s", t.elapsed().as_secs_f64());
+    // The others still serve.
+    let addr = addresses[1].clone();
+    let answer = ctx.cluster.run_in(Place::Client, move || http_get(&addr)).expect("the client thread");
+    assert!(answer.is_ok_and(|b| b.contains("pod=web-")), "node 2's NodePort still answers");
+
+    // Started again: Ready, its Pod running again in a new sandbox, its NodePort answering.
+    let t = Instant::now();
+    let cluster = ctx.clone();
+    let starting = third.clone();
+    tokio::task::spawn_blocking(move || cluster.cluster.start_node(&starting))
+        .await
+        .expect("the start thread")
+        .expect("starting node 3");
+    println!("    {third} started to Ready: {:.1} s", t.elapsed().as_secs_f64());
+    wait("web-3 Ready again", Duration::from_secs(120), || async { pods.get("web-3").await.ok().filter(is_ready) })
+        .await;
+    let addr = addresses[2].clone();
+    wait(&format!("the client reaching NodePort {addr} again"), Duration::from_secs(60), || {
+        let addr = addr.clone();
+        let answer = ctx.cluster.run_in(Place::Client, move || http_get(&addr));
+        async move { answer.ok()?.ok().filter(|b| b.contains("pod=web-")) }
+    })
+    .await;
+    println!("    {third} started to its Pod Ready and its NodePort answering: {:.1} s", t.elapsed().as_secs_f64());
+    router_runs_bird(&ctx);
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(ctx.client.clone());
+    let _ = namespaces.delete(MULTI_NS, &Default::default()).await;
+}
+
+/// The router namespace forwards and runs BIRD (when installed: CI's bird2) from the harness,
+/// answering on its control socket; the cluster's stop kills it with the namespace.
+fn router_runs_bird(ctx: &Ctx) {
+    let routes = ctx.cluster.command_in(Place::Router, "ip", &["route", "show", "default"]).expect("ip in the router");
+    assert!(routes.contains("via 198.19.0.1"), "the router's default route is the host: {routes}");
+    if Command::new("bird").arg("--version").output().is_err() {
+        println!("    no bird on this host: BIRD in the router not checked");
+        return;
+    }
+    let dir = ctx.cluster.state_dir().join("router");
+    std::fs::create_dir_all(&dir).expect("the router's directory");
+    let (conf, sock) = (dir.join("bird.conf"), dir.join("bird.ctl"));
+    std::fs::write(&conf, "router id 198.19.0.254;\nprotocol device {}\n").expect("bird.conf");
+    let args = ["-f", "-c", &conf.to_string_lossy(), "-s", &sock.to_string_lossy()].map(String::from);
+    ctx.cluster.spawn_in(Place::Router, "bird", Path::new("bird"), &args).expect("bird in the router");
+    let t = Instant::now();
+    let status = loop {
+        let out = Command::new("birdc").arg("-s").arg(&sock).args(["show", "status"]).output();
+        match out {
+            Ok(o) if o.status.success() => break String::from_utf8_lossy(&o.stdout).into_owned(),
+            _ if t.elapsed() > Duration::from_secs(10) => panic!("birdc never answered on {}", sock.display()),
+            _ => std::thread::sleep(Duration::from_millis(100)),
+        }
+    };
+    assert!(status.contains("198.19.0.254"), "{status}");
+    println!("    BIRD in the router answering: {:.1} s", t.elapsed().as_secs_f64());
 }

@@ -1,5 +1,6 @@
 //! What the real cluster changes on the host, read before it starts and checked after it
-//! stops: kernel settings, iptables chains, mounts, network links and processes.
+//! stops: kernel settings, iptables chains, mounts, network links, the kubelets' cgroups and
+//! processes.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -35,6 +36,9 @@ pub struct Snapshot {
     pub mounts: BTreeSet<String>,
     /// Network link names.
     pub links: BTreeSet<String>,
+    /// Top-level cgroups of the kubelets (`kubepods`, the added Nodes' roots), as
+    /// `hierarchy/name`.
+    pub cgroups: BTreeSet<String>,
 }
 
 /// Reads one kernel setting (`/proc/sys/<key>`).
@@ -70,7 +74,7 @@ impl Snapshot {
         let links = std::fs::read_dir("/sys/class/net")
             .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
             .unwrap_or_default();
-        Snapshot { sysctls, chains, forward_rules, mounts, links }
+        Snapshot { sysctls, chains, forward_rules, mounts, links, cgroups: kubelet_cgroups() }
     }
 
     /// What differs from `before`, one line per difference (empty when the host is as it was).
@@ -85,6 +89,7 @@ impl Snapshot {
         diff("FORWARD rule", &self.forward_rules, &before.forward_rules);
         diff("mount", &self.mounts, &before.mounts);
         diff("link", &self.links, &before.links);
+        diff("cgroup", &self.cgroups, &before.cgroups);
         out
     }
 }
@@ -111,6 +116,46 @@ pub fn chains_of(tool: &str, save: &str) -> BTreeSet<String> {
         }
     }
     chains
+}
+
+/// The top-level cgroups a kubelet of the cluster makes, in every hierarchy.
+fn kubelet_cgroups() -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let base = Path::new("/sys/fs/cgroup");
+    let mut hierarchies = vec![base.to_path_buf()];
+    hierarchies.extend(std::fs::read_dir(base).into_iter().flatten().flatten().map(|e| e.path()));
+    for h in hierarchies.into_iter().filter(|h| h.join("cgroup.procs").is_file()) {
+        for entry in std::fs::read_dir(&h).into_iter().flatten().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if (name == "kubepods" || name.starts_with(super::netns::PREFIX)) && entry.path().is_dir() {
+                out.insert(format!("{}/{name}", h.display()));
+            }
+        }
+    }
+    out
+}
+
+/// Unmounts every mount point below one of `roots` (each ending in `/`), deepest first,
+/// lazily where busy; three rounds, as an unmount can uncover another.
+pub(crate) fn unmount_under(roots: &[String]) {
+    for _ in 0..3 {
+        let mut mounts: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(4).map(str::to_string))
+            .filter(|m| roots.iter().any(|r| m.starts_with(r.as_str())))
+            .collect();
+        if mounts.is_empty() {
+            break;
+        }
+        mounts.sort_by(|a, b| b.cmp(a));
+        for m in mounts {
+            let ok = Command::new("umount").arg(&m).output().is_ok_and(|o| o.status.success());
+            if !ok {
+                let _ = Command::new("umount").args(["-l", &m]).output();
+            }
+        }
+    }
 }
 
 /// Pids of live processes whose command line contains `needle`.
@@ -157,17 +202,20 @@ mod tests {
             forward_rules: set(&[]),
             mounts: set(&["/"]),
             links: set(&["lo", "eth0"]),
+            cgroups: set(&[]),
         };
         let mut after = before.clone();
         assert!(after.differences(&before).is_empty());
         after.sysctls = set(&["kernel/panic 10"]);
         after.links.insert("ccmrc0".into());
         after.mounts.remove("/");
+        after.cgroups.insert("/sys/fs/cgroup/memory/ccmrc-node-2".into());
         let diff = after.differences(&before);
         assert!(diff.contains(&"sysctl added: kernel/panic 10".to_string()), "{diff:?}");
         assert!(diff.contains(&"sysctl gone: kernel/panic 1".to_string()), "{diff:?}");
         assert!(diff.contains(&"link added: ccmrc0".to_string()), "{diff:?}");
         assert!(diff.contains(&"mount gone: /".to_string()), "{diff:?}");
-        assert_eq!(diff.len(), 4);
+        assert!(diff.contains(&"cgroup added: /sys/fs/cgroup/memory/ccmrc-node-2".to_string()), "{diff:?}");
+        assert_eq!(diff.len(), 5);
     }
 }

@@ -81,11 +81,16 @@ pub fn build_project(bin_dir: &Path, out_dir: &Path) -> Result<Vec<PathBuf>, Err
     Ok(["ccm-operator", "cloud-controller-manager"].iter().map(|n| out_dir.join(format!("{n}.tar"))).collect())
 }
 
-/// Imports an image archive into the node's containerd (namespace `k8s.io`, the kubelet's).
+/// Imports an image archive into the host's Node's containerd (namespace `k8s.io`, the
+/// kubelet's); [`super::RealCluster::import_image`] imports into every Node.
 pub fn import(archive: &Path) -> Result<(), Error> {
-    let sock = super::RealCluster::containerd_socket();
+    import_into(&super::RealCluster::containerd_socket(), archive)
+}
+
+/// Imports an image archive into the containerd at `socket`.
+pub fn import_into(socket: &Path, archive: &Path) -> Result<(), Error> {
     let out = Command::new("ctr")
-        .args(["-a", &sock.to_string_lossy(), "-n", "k8s.io", "images", "import"])
+        .args(["-a", &socket.to_string_lossy(), "-n", "k8s.io", "images", "import"])
         .arg(archive)
         .output()
         .map_err(|e| Error::io("running ctr images import", e))?;

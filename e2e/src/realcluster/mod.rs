@@ -1,6 +1,9 @@
-//! A real single-node Kubernetes cluster for tests: etcd, kube-apiserver,
-//! kube-controller-manager and kube-scheduler, and a node made of containerd (runc, the CNI
-//! bridge plugin), a kubelet with `--cloud-provider=external` and kube-proxy in iptables mode.
+//! A real Kubernetes cluster for tests: etcd, kube-apiserver, kube-controller-manager and
+//! kube-scheduler, and a node made of containerd (runc, the CNI bridge plugin), a kubelet with
+//! `--cloud-provider=external` and kube-proxy in iptables mode. [`RealCluster::add_node`] adds
+//! Nodes, each with its own containerd, kubelet and kube-proxy in a network namespace of its
+//! own on a host bridge (the segment), which a client and a router namespace join too; Nodes
+//! added so can be stopped abruptly and started again.
 //!
 //! `CCM_REALCLUSTER_ASSETS` names a directory holding the Kubernetes binaries
 //! (`e2e/realcluster/setup.sh` prepares it); containerd, runc, the CNI plugins and iptables come
@@ -9,15 +12,22 @@
 //! what still differs from the [`host::Snapshot`] taken before the start; a run that was
 //! killed is cleaned up by the next start.
 
+mod cgroup;
 pub mod host;
 pub mod images;
+pub mod netns;
+pub mod node;
 mod pki;
+mod process;
 
 use std::net::{Ipv4Addr, TcpListener};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+use node::NodePlan;
+use process::{Launcher, stop_components, wait_for};
 
 use crate::Error;
 
@@ -60,17 +70,34 @@ pub fn assets_dir() -> Option<PathBuf> {
 /// Addresses of the cluster's network.
 #[derive(Debug, Clone)]
 pub struct Network {
-    /// The Linux bridge the pods attach to; its address is the node's.
+    /// The Linux bridge the host's Node's pods attach to; its address is that node's.
     pub bridge: String,
-    /// The node's address (first of the pod range, the bridge's).
+    /// The host's Node's address (first of the pod range, the bridge's).
     pub node_ip: Ipv4Addr,
-    /// The pod range's prefix length.
+    /// The prefix length of each Node's pod range.
     pub pod_prefix: u8,
     /// The Service range.
     pub service_cidr: String,
     /// The `kubernetes` Service's address (first of the Service range).
     pub kubernetes_ip: Ipv4Addr,
+    /// The segment: a host bridge that the added Nodes, the client and the router join. It is
+    /// also the name of their link on it, so the interface to the segment has one name on
+    /// every Node (on the host's Node it is the bridge itself).
+    pub segment_bridge: String,
+    /// The segment's network (a /24 of the benchmarking range, so it meets no real network):
+    /// Node n at `.n` (the host's Node at `.1`), the client at `.100`, the router at `.254`.
+    pub segment: Ipv4Addr,
 }
+
+/// The segment's prefix length.
+pub const SEGMENT_PREFIX: u8 = 24;
+/// The most Nodes a cluster has (each takes a /24 of the pod range and an address below the
+/// client's on the segment).
+pub const MAX_NODES: usize = 16;
+/// The client's namespace: a machine on the segment behind the router.
+pub const CLIENT_NETNS: &str = "ccmrc-client";
+/// The router's namespace: the upstream router of the segment (BIRD runs here).
+pub const ROUTER_NETNS: &str = "ccmrc-router";
 
 impl Default for Network {
     fn default() -> Self {
@@ -80,16 +107,78 @@ impl Default for Network {
             pod_prefix: 24,
             service_cidr: "10.96.0.0/16".into(),
             kubernetes_ip: Ipv4Addr::new(10, 96, 0, 1),
+            segment_bridge: "ccmnodes0".into(),
+            segment: Ipv4Addr::new(198, 19, 0, 0),
         }
     }
 }
 
 impl Network {
-    /// The pod range, e.g. `10.244.0.0/24`.
+    /// The host's Node's pod range, e.g. `10.244.0.0/24`.
     pub fn pod_cidr(&self) -> String {
-        let [a, b, c, _] = self.node_ip.octets();
-        format!("{a}.{b}.{c}.0/{}", self.pod_prefix)
+        self.node_pod_cidr(1)
     }
+
+    /// Every Node's pod ranges together, e.g. `10.244.0.0/16` (kube-proxy's `clusterCIDR`).
+    pub fn cluster_cidr(&self) -> String {
+        let [a, b, _, _] = self.node_ip.octets();
+        format!("{a}.{b}.0.0/16")
+    }
+
+    /// Node `n`'s pod range (n from 1): the n-th of the cluster's, e.g. `10.244.1.0/24` for 2.
+    pub fn node_pod_cidr(&self, n: usize) -> String {
+        let [a, b, c, _] = self.node_ip.octets();
+        format!("{a}.{b}.{}.0/{}", usize::from(c) + n - 1, self.pod_prefix)
+    }
+
+    /// Node `n`'s pod gateway (its CNI bridge's address), the first of its range.
+    pub fn node_pod_gateway(&self, n: usize) -> Ipv4Addr {
+        let [a, b, c, _] = self.node_ip.octets();
+        Ipv4Addr::new(a, b, (usize::from(c) + n - 1) as u8, 1)
+    }
+
+    /// An address of the segment: its network with the last octet `host`.
+    pub fn segment_address(&self, host: u8) -> Ipv4Addr {
+        let [a, b, c, _] = self.segment.octets();
+        Ipv4Addr::new(a, b, c, host)
+    }
+
+    /// The segment, e.g. `198.19.0.0/24`.
+    pub fn segment_cidr(&self) -> String {
+        format!("{}/{SEGMENT_PREFIX}", self.segment)
+    }
+
+    /// Node `n`'s address: the host's Node keeps the bridge's; an added Node has `.n` on the
+    /// segment (the host is `.1` there).
+    pub fn node_address(&self, n: usize) -> Ipv4Addr {
+        if n == 1 { self.node_ip } else { self.segment_address(n as u8) }
+    }
+
+    /// The client's address on the segment.
+    pub fn client_address(&self) -> Ipv4Addr {
+        self.segment_address(100)
+    }
+
+    /// The router's address on the segment.
+    pub fn router_address(&self) -> Ipv4Addr {
+        self.segment_address(254)
+    }
+}
+
+/// The name of added Node `n` (2 and up).
+pub fn added_node_name(n: usize) -> String {
+    format!("node-{n}")
+}
+
+/// A network namespace of the segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place<'a> {
+    /// The client: a machine on the segment whose default route is the router.
+    Client,
+    /// The router: forwards between the client and the rest; BIRD runs here.
+    Router,
+    /// An added Node (by name).
+    Node(&'a str),
 }
 
 /// A running real cluster.
@@ -105,6 +194,32 @@ pub struct RealCluster {
     before: host::Snapshot,
     /// Seconds from the start call to the Node being Ready.
     pub start_seconds: f64,
+    /// What every Node's configuration needs from the host.
+    host: node::Host,
+    /// Starts the added Nodes' daemons (and those in the segment's namespaces).
+    launcher: Launcher,
+    /// The added Nodes and the images every Node gets.
+    added: Mutex<Added>,
+}
+
+/// The Nodes added after the start, and what a new one needs.
+#[derive(Debug, Default)]
+struct Added {
+    /// In the order they were added (Node 2 first).
+    nodes: Vec<AddedNode>,
+    /// Image archives imported since the start, for Nodes added or started later.
+    images: Vec<PathBuf>,
+    /// Whether the segment, the client and the router exist.
+    segment: bool,
+}
+
+#[derive(Debug)]
+struct AddedNode {
+    plan: NodePlan,
+    /// Its daemons run (not stopped by [`RealCluster::stop_node`]).
+    running: bool,
+    /// How many of [`Added::images`] its containerd holds.
+    images: usize,
 }
 
 /// The cluster's TCP ports, below the kernel's ephemeral range (32768 and up) so that no
@@ -172,68 +287,6 @@ fn which(program: &str) -> Option<PathBuf> {
 
 fn write(path: &Path, content: &str) -> Result<(), Error> {
     std::fs::write(path, content).map_err(|e| Error::io(format!("writing {}", path.display()), e))
-}
-
-fn tail(path: &Path, lines: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
-}
-
-/// Starts a daemon with its output in `logs/<name>.log` and records its pid in the run
-/// directory. It gets SIGKILL when the thread that started it ends, so a killed test binary
-/// takes its cluster along (the next start cleans up what that leaves).
-fn daemon(name: &str, program: &Path, args: &[String], logs: &Path) -> Result<u32, Error> {
-    let log = std::fs::File::create(logs.join(format!("{name}.log"))).map_err(|e| Error::io("creating a log", e))?;
-    let err = log.try_clone().map_err(|e| Error::io("creating a log", e))?;
-    let mut cmd = Command::new(program);
-    cmd.args(args).stdin(Stdio::null()).stdout(log).stderr(err);
-    // SAFETY: setsid and prctl are async-signal-safe; nothing else runs between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::setsid();
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let child = cmd.spawn().map_err(|e| Error::io(format!("starting {}", program.display()), e))?;
-    write(&Path::new(RUN_DIR).join(format!("{name}.pid")), &format!("{}\n{}\n", child.id(), program.display()))?;
-    Ok(child.id())
-}
-
-/// Whether `pid` still runs. Our own exited children are reaped here (a zombie would answer
-/// signal 0 for ever); others' are read from `/proc`.
-fn alive(pid: u32) -> bool {
-    let mut status = 0;
-    // SAFETY: a non-blocking wait; it fails harmlessly (ECHILD) for a process not our child.
-    if unsafe { libc::waitpid(pid as libc::pid_t, &mut status, libc::WNOHANG) } == pid as libc::pid_t {
-        return false;
-    }
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // The state follows the command name in parentheses; Z is a zombie, X dead.
-    stat.rsplit_once(')').is_some_and(|(_, rest)| !matches!(rest.trim_start().chars().next(), Some('Z' | 'X') | None))
-}
-
-/// Waits until `check` answers true, failing early when the process `pid` exits.
-fn wait_for(what: &str, pid: Option<u32>, within: Duration, log: &Path, check: impl Fn() -> bool) -> Result<(), Error> {
-    let deadline = Instant::now() + within;
-    loop {
-        if check() {
-            return Ok(());
-        }
-        let dead = pid.is_some_and(|p| !alive(p));
-        if dead || Instant::now() > deadline {
-            return Err(Error::Other(format!(
-                "{what}: {}; {} ends:\n{}",
-                if dead { "the process exited" } else { "timed out" },
-                log.display(),
-                tail(log, 20)
-            )));
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 /// The component daemons, in the order teardown stops them (node first, storage last).
@@ -315,7 +368,8 @@ impl RealCluster {
     }
 
     /// Starts the cluster and waits until its Node is Ready. Blocking; call it from the thread
-    /// that lives as long as the cluster (see [`daemon`]). `state` is emptied first.
+    /// that lives as long as the cluster (its daemons die with the thread that started them).
+    /// `state` is emptied first.
     pub fn start(assets: &Path, state: &Path) -> Result<RealCluster, Error> {
         let started = Instant::now();
         let cni_dir = Self::preflight(assets)?;
@@ -332,6 +386,24 @@ impl RealCluster {
         // Saved before anything changes them; teardown writes them back.
         write(&Path::new(RUN_DIR).join("sysctl.orig"), &before.sysctls.iter().cloned().collect::<Vec<_>>().join("\n"))?;
 
+        // Root without CAP_SYS_RESOURCE cannot lower oom_score_adj; CRI asks -998 for sandboxes,
+        // which runc then fails to set unless containerd clamps it.
+        let restrict_oom = std::fs::write("/proc/self/oom_score_adj", "-1").is_err();
+        let _ = std::fs::write("/proc/self/oom_score_adj", "0");
+        let resolv = if std::fs::read_to_string("/etc/resolv.conf").is_ok_and(|r| r.contains("nameserver 127.0.0.53"))
+            && Path::new("/run/systemd/resolve/resolv.conf").is_file()
+        {
+            "/run/systemd/resolve/resolv.conf"
+        } else {
+            "/etc/resolv.conf"
+        };
+        let host = node::Host {
+            runc: which("runc").unwrap_or_else(|| PathBuf::from("runc")),
+            cni_bin: cni_dir,
+            restrict_oom,
+            resolv: resolv.into(),
+            ca: pki.join("ca.crt"),
+        };
         let mut cluster = RealCluster {
             assets: assets.to_path_buf(),
             state: state.to_path_buf(),
@@ -340,8 +412,11 @@ impl RealCluster {
             node_name,
             before,
             start_seconds: 0.0,
+            host,
+            launcher: Launcher::new()?,
+            added: Mutex::new(Added::default()),
         };
-        match cluster.boot(&cni_dir, started) {
+        match cluster.boot(started) {
             Ok(()) => Ok(cluster),
             Err(e) => {
                 let logs = cluster.state.join("logs");
@@ -355,7 +430,40 @@ impl RealCluster {
         }
     }
 
-    fn boot(&mut self, cni_dir: &Path, started: Instant) -> Result<(), Error> {
+    /// The host's Node.
+    fn host_node(&self) -> NodePlan {
+        NodePlan {
+            name: self.node_name.clone(),
+            number: 1,
+            ip: self.network.node_ip,
+            pod_cidr: self.network.pod_cidr(),
+            pod_gateway: self.network.node_ip,
+            cluster_cidr: self.network.cluster_cidr(),
+            cni_bridge: self.network.bridge.clone(),
+            netns: None,
+            dir: self.state.clone(),
+            run: PathBuf::from(RUN_DIR),
+        }
+    }
+
+    /// Added Node `n` (2 and up).
+    fn added_node(&self, n: usize) -> NodePlan {
+        let name = added_node_name(n);
+        NodePlan {
+            number: n,
+            ip: self.network.node_address(n),
+            pod_cidr: self.network.node_pod_cidr(n),
+            pod_gateway: self.network.node_pod_gateway(n),
+            cluster_cidr: self.network.cluster_cidr(),
+            cni_bridge: "cni0".into(),
+            netns: Some(format!("{}{name}", netns::PREFIX)),
+            dir: self.state.join("nodes").join(&name),
+            run: Path::new(RUN_DIR).join("nodes").join(&name),
+            name,
+        }
+    }
+
+    fn boot(&mut self, started: Instant) -> Result<(), Error> {
         let net = self.network.clone();
         let (logs, pki, etc, var) =
             (self.state.join("logs"), self.state.join("pki"), self.state.join("etc"), self.state.join("var"));
@@ -406,7 +514,7 @@ impl RealCluster {
         }
 
         let (etcd_port, peer_port) = (ports.etcd, ports.etcd_peer);
-        let etcd = daemon(
+        let etcd = process::daemon(
             "etcd",
             &self.assets.join("etcd"),
             &[
@@ -420,9 +528,10 @@ impl RealCluster {
                 "--log-level=warn".into(),
             ],
             &logs,
+            Path::new(RUN_DIR),
         )?;
         let p = |name: &str| s(&pki.join(name));
-        let api = daemon(
+        let api = process::daemon(
             "kube-apiserver",
             &self.assets.join("kube-apiserver"),
             &[
@@ -450,6 +559,7 @@ impl RealCluster {
                 format!("--cert-dir={}", s(&var.join("apiserver-certs"))),
             ],
             &logs,
+            Path::new(RUN_DIR),
         )?;
         let _ = etcd;
         wait_for(
@@ -460,143 +570,28 @@ impl RealCluster {
             || self.kubectl_raw(&["get", "--raw", "/readyz"]).is_ok_and(|o| o.trim() == "ok"),
         )?;
 
-        let sock = Self::containerd_socket();
-        let runc = which("runc").unwrap_or_else(|| PathBuf::from("runc"));
-        // Root without CAP_SYS_RESOURCE cannot lower oom_score_adj; CRI asks -998 for sandboxes,
-        // which runc then fails to set unless containerd clamps it.
-        let restrict_oom = std::fs::write("/proc/self/oom_score_adj", "-1").is_err();
-        let _ = std::fs::write("/proc/self/oom_score_adj", "0");
-        std::fs::create_dir_all(etc.join("cni")).map_err(|e| Error::io("creating the CNI directory", e))?;
-        write(
-            &etc.join("containerd.toml"),
-            &format!(
-                r#"version = 2
-root = "{root}"
-state = "{run}/containerd"
-[grpc]
-  address = "{sock}"
-[ttrpc]
-  address = "{sock}.ttrpc"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{pause}"
-  restrict_oom_score_adj = {restrict_oom}
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = false
-        BinaryName = "{runc}"
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{cni}"
-    conf_dir = "{cni_conf}"
-"#,
-                root = s(&var.join("containerd")),
-                run = RUN_DIR,
-                sock = s(&sock),
-                pause = images::PAUSE,
-                runc = s(&runc),
-                cni = s(cni_dir),
-                cni_conf = s(&etc.join("cni")),
-            ),
-        )?;
-        write(
-            &etc.join("cni/10-ccm-realcluster.conflist"),
-            &serde_json::json!({
-                "cniVersion": "1.0.0",
-                "name": "ccm-realcluster",
-                "plugins": [
-                    {
-                        "type": "bridge", "bridge": net.bridge, "isGateway": true, "ipMasq": false, "hairpinMode": true,
-                        "ipam": {
-                            "type": "host-local",
-                            "ranges": [[{"subnet": net.pod_cidr(), "gateway": net.node_ip.to_string()}]],
-                            "routes": [{"dst": "0.0.0.0/0"}],
-                            "dataDir": format!("{RUN_DIR}/cni-ipam"),
-                        }
-                    },
-                    {"type": "portmap", "capabilities": {"portMappings": true}}
-                ]
-            })
-            .to_string(),
-        )?;
-        let containerd = daemon(
+        let plan = self.host_node();
+        plan.write_config(&self.host)?;
+        let containerd = process::daemon(
             "containerd",
             &which("containerd").unwrap_or_else(|| PathBuf::from("containerd")),
-            &["--config".into(), s(&etc.join("containerd.toml"))],
+            &plan.containerd_args(),
             &logs,
+            Path::new(RUN_DIR),
         )?;
+        let sock = s(&plan.socket());
         wait_for("containerd up", Some(containerd), Duration::from_secs(30), &logs.join("containerd.log"), || {
-            run("ctr", &["-a", &s(&sock), "version"]).is_ok()
+            run("ctr", &["-a", &sock, "version"]).is_ok()
         })?;
         let archive = self.state.join("pause.tar");
         images::build_pause(&self.assets.join("pause"), &archive)?;
         images::import(&archive)?;
 
         let kubelet_start = chrono_now();
-        let resolv = if std::fs::read_to_string("/etc/resolv.conf").is_ok_and(|r| r.contains("nameserver 127.0.0.53"))
-            && Path::new("/run/systemd/resolve/resolv.conf").is_file()
-        {
-            "/run/systemd/resolve/resolv.conf"
-        } else {
-            "/etc/resolv.conf"
-        };
-        let kubelet_port = ports.kubelet;
-        write(
-            &etc.join("kubelet.yaml"),
-            &format!(
-                "apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-# 1.35+ refuses cgroup v1 (and hybrid) hosts unless told otherwise.
-failCgroupV1: false
-cgroupDriver: cgroupfs
-failSwapOn: false
-containerRuntimeEndpoint: unix://{sock}
-address: {ip}
-port: {kubelet_port}
-readOnlyPort: 0
-healthzPort: 0
-podLogsDir: {pod_logs}
-authentication:
-  anonymous: {{enabled: false}}
-  webhook: {{enabled: true}}
-  x509: {{clientCAFile: {ca}}}
-authorization: {{mode: Webhook}}
-clusterDomain: cluster.local
-resolvConf: {resolv}
-# Images come from archives, not a registry: never collect them.
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
-evictionHard: {{memory.available: 100Mi, nodefs.available: 2%, imagefs.available: 2%, nodefs.inodesFree: 2%}}
-maxPods: 50
-serializeImagePulls: false
-",
-                sock = s(&sock),
-                ip = net.node_ip,
-                pod_logs = s(&var.join("pod-logs")),
-                ca = p("ca.crt"),
-            ),
-        )?;
-        let kubelet = daemon(
-            "kubelet",
-            &self.assets.join("kubelet"),
-            &[
-                format!("--config={}", s(&etc.join("kubelet.yaml"))),
-                format!("--kubeconfig={}", s(&etc.join("kubelet.kubeconfig"))),
-                format!("--root-dir={}", s(&var.join("kubelet"))),
-                format!("--cert-dir={}", s(&var.join("kubelet/pki"))),
-                format!("--hostname-override={}", self.node_name),
-                format!("--node-ip={}", net.node_ip),
-                "--cloud-provider=external".into(),
-                "--v=1".into(),
-            ],
-            &logs,
-        )?;
+        let kubelet =
+            process::daemon("kubelet", &self.assets.join("kubelet"), &plan.kubelet_args(), &logs, Path::new(RUN_DIR))?;
         let kcm_kubeconfig = s(&etc.join("kube-controller-manager.kubeconfig"));
-        daemon(
+        process::daemon(
             "kube-controller-manager",
             &self.assets.join("kube-controller-manager"),
             &[
@@ -617,9 +612,10 @@ serializeImagePulls: false
                 "--v=1".into(),
             ],
             &logs,
+            Path::new(RUN_DIR),
         )?;
         let sched_kubeconfig = s(&etc.join("kube-scheduler.kubeconfig"));
-        daemon(
+        process::daemon(
             "kube-scheduler",
             &self.assets.join("kube-scheduler"),
             &[
@@ -632,56 +628,309 @@ serializeImagePulls: false
                 "--v=1".into(),
             ],
             &logs,
+            Path::new(RUN_DIR),
         )?;
-        write(
-            &etc.join("kube-proxy.yaml"),
-            &format!(
-                "apiVersion: kubeproxy.config.k8s.io/v1alpha1
-kind: KubeProxyConfiguration
-clientConnection: {{kubeconfig: {kubeconfig}}}
-mode: iptables
-clusterCIDR: {pods}
-hostnameOverride: {node}
-bindAddress: {ip}
-# Load balancers health-check Nodes here (kube-proxy's default port), so it is on the node
-# address as in any cluster; never on the host's other interfaces.
-healthzBindAddress: {ip}:10256
-metricsBindAddress: 127.0.0.1:{metrics}
-nodePortAddresses: [\"{ip}/32\"]
-# 0: leave the host's conntrack settings alone (kube-proxy would set them host-wide).
-conntrack: {{maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}}
-",
-                kubeconfig = s(&etc.join("kube-proxy.kubeconfig")),
-                pods = net.pod_cidr(),
-                node = self.node_name,
-                ip = net.node_ip,
-                metrics = ports.proxy_metrics,
-            ),
-        )?;
-        daemon(
+        process::daemon(
             "kube-proxy",
             &self.assets.join("kube-proxy"),
-            &[format!("--config={}", s(&etc.join("kube-proxy.yaml"))), "--v=1".into()],
+            &plan.kube_proxy_args(),
             &logs,
+            Path::new(RUN_DIR),
         )?;
 
-        // Ready with a heartbeat from this kubelet.
+        self.wait_ready(&self.node_name, &kubelet_start, kubelet, &logs.join("kubelet.log"))?;
+        self.start_seconds = started.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    /// Waits until Node `name` is Ready with a heartbeat from the kubelet started at `since`,
+    /// then puts back the kernel settings the kubelet rewrote (kernel.panic=10,
+    /// vm.overcommit_memory=1, ...) on its way to Ready and never checks again; every kubelet
+    /// does so at each start.
+    fn wait_ready(&self, name: &str, since: &str, kubelet: u32, log: &Path) -> Result<(), Error> {
         let jsonpath = "{.status.conditions[?(@.type==\"Ready\")].status} {.status.conditions[?(@.type==\"Ready\")].lastHeartbeatTime}";
-        wait_for("the Node Ready", Some(kubelet), Duration::from_secs(180), &logs.join("kubelet.log"), || {
-            let out = self.kubectl_raw(&["get", "node", &self.node_name, "-o", &format!("jsonpath={jsonpath}")]);
+        wait_for(&format!("Node {name} Ready"), Some(kubelet), Duration::from_secs(180), log, || {
+            let out = self.kubectl_raw(&["get", "node", name, "-o", &format!("jsonpath={jsonpath}")]);
             let out = out.unwrap_or_default();
             let mut words = out.split_whitespace();
-            words.next() == Some("True") && words.next().is_some_and(|heartbeat| heartbeat >= kubelet_start.as_str())
+            words.next() == Some("True") && words.next().is_some_and(|heartbeat| heartbeat >= since)
         })?;
-        // The kubelet rewrote kernel settings (kernel.panic=10, vm.overcommit_memory=1, ...) on
-        // its way to Ready and never checks them again: put the host's back now.
         let deadline = Instant::now() + Duration::from_secs(5);
         while host::sysctl("kernel/panic_on_oops").as_deref() != Some("1") && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(100));
         }
         restore_sysctls(&self.before.sysctls, &["vm/", "kernel/"]);
-        self.start_seconds = started.elapsed().as_secs_f64();
         Ok(())
+    }
+
+    fn lock(&self) -> Result<MutexGuard<'_, Added>, Error> {
+        self.added.lock().map_err(|_| Error::Other("a thread panicked while changing the Nodes".into()))
+    }
+
+    /// Every Node's name, the host's first, then the added ones in order (stopped ones too).
+    pub fn node_names(&self) -> Vec<String> {
+        let mut names = vec![self.node_name.clone()];
+        if let Ok(added) = self.lock() {
+            names.extend(added.nodes.iter().map(|n| n.plan.name.clone()));
+        }
+        names
+    }
+
+    /// A Node's plan (its addresses, pod range, namespace and files), by name.
+    pub fn node(&self, name: &str) -> Option<NodePlan> {
+        if name == self.node_name {
+            return Some(self.host_node());
+        }
+        self.lock().ok()?.nodes.iter().find(|n| n.plan.name == name).map(|n| n.plan.clone())
+    }
+
+    /// Grows the cluster to `total` Nodes (see [`RealCluster::add_node`]); returns the added
+    /// Nodes' names.
+    pub fn add_nodes(&self, total: usize) -> Result<Vec<String>, Error> {
+        let mut names = Vec::new();
+        while self.node_names().len() < total {
+            names.push(self.add_node()?);
+        }
+        Ok(names)
+    }
+
+    /// Adds a Node: a network namespace on the segment, its own containerd (every image
+    /// imported so far), kubelet (`system:node:<name>`, cgroup root and host name of its own)
+    /// and kube-proxy, routes between its pod range and every other Node's; waits until it is
+    /// Ready and returns its name. The first one also makes the segment, the router and the
+    /// client. Blocking.
+    pub fn add_node(&self) -> Result<String, Error> {
+        let mut added = self.lock()?;
+        let n = added.nodes.len() + 2;
+        if n > MAX_NODES {
+            return Err(Error::Other(format!("at most {MAX_NODES} Nodes")));
+        }
+        if !added.segment {
+            self.make_segment()?;
+            added.segment = true;
+        }
+        let plan = self.added_node(n);
+        let pki = self.state.join("pki");
+        plan.write_config(&self.host)?;
+        pki::node_client(&pki, &plan.name)?;
+        self.write_kubeconfig(&plan.etc().join("kubelet.kubeconfig"), &pki::kubelet_stem(&plan.name))?;
+        self.write_kubeconfig(&plan.etc().join("kube-proxy.kubeconfig"), "kube-proxy")?;
+        // Its pod range: from the host, and from every other added Node that runs (a stopped
+        // one gets its routes when it starts).
+        netns::route(None, &plan.pod_cidr, plan.ip)?;
+        for other in added.nodes.iter().filter(|o| o.running) {
+            netns::route(other.plan.netns.as_deref(), &plan.pod_cidr, plan.ip)?;
+        }
+        let mut images = vec![self.state.join("pause.tar")];
+        images.extend(added.images.iter().cloned());
+        let count = added.images.len();
+        added.nodes.push(AddedNode { plan: plan.clone(), running: false, images: count });
+        self.power_on(&plan, &added.nodes, &images)?;
+        if let Some(node) = added.nodes.last_mut() {
+            node.running = true;
+        }
+        Ok(plan.name)
+    }
+
+    /// Makes the segment: the host bridge (the host at `.1`), the router (forwarding, default
+    /// route to the host) and the client (default route to the router).
+    fn make_segment(&self) -> Result<(), Error> {
+        let net = &self.network;
+        netns::create_bridge(&net.segment_bridge, net.segment_address(1), SEGMENT_PREFIX, RULE_COMMENT)?;
+        let attach = |netns: &str, address: Ipv4Addr, gateway: Ipv4Addr| netns::Attachment {
+            netns: netns.into(),
+            bridge: net.segment_bridge.clone(),
+            inside: net.segment_bridge.clone(),
+            address,
+            prefix: SEGMENT_PREFIX,
+            gateway: Some(gateway),
+        };
+        // A redirect would send the client straight to the host, past the router.
+        let link_redirects = format!("net/ipv4/conf/{}/send_redirects", net.segment_bridge);
+        attach(ROUTER_NETNS, net.router_address(), net.segment_address(1)).create(&[
+            ("net/ipv4/ip_forward", "1"),
+            ("net/ipv4/conf/all/send_redirects", "0"),
+            (&link_redirects, "0"),
+        ])?;
+        attach(CLIENT_NETNS, net.client_address(), net.router_address())
+            .create(&[("net/ipv4/conf/all/accept_redirects", "0")])?;
+        Ok(())
+    }
+
+    /// Makes an added Node's namespace and routes, starts its daemons and waits until it is
+    /// Ready. `nodes` are all added Nodes (itself among them).
+    fn power_on(&self, plan: &NodePlan, nodes: &[AddedNode], images: &[PathBuf]) -> Result<(), Error> {
+        let netns = plan.netns.clone().ok_or_else(|| Error::Other("the host's Node has no namespace".into()))?;
+        let net = &self.network;
+        netns::Attachment {
+            netns: netns.clone(),
+            bridge: net.segment_bridge.clone(),
+            inside: net.segment_bridge.clone(),
+            address: plan.ip,
+            prefix: SEGMENT_PREFIX,
+            // The host: the API server's address, the host's Node's pods.
+            gateway: Some(net.segment_address(1)),
+        }
+        .create(&[("net/ipv4/ip_forward", "1")])?;
+        for other in nodes.iter().filter(|o| o.plan.name != plan.name) {
+            netns::route(Some(&netns), &other.plan.pod_cidr, other.plan.ip)?;
+        }
+        let since = chrono_now();
+        let kubelet = node::start(plan, &self.assets, &self.launcher, images)?;
+        self.wait_ready(&plan.name, &since, kubelet, &plan.log("kubelet"))
+    }
+
+    /// Stops an added Node abruptly, as a machine losing power: SIGKILL to its kubelet,
+    /// kube-proxy, containerd, shims and every container, no graceful deletion of anything;
+    /// then its namespace goes (nothing answers at its address) and what a reboot clears
+    /// (mounts, its run directory, its cgroups). Its Node object stays, NotReady once the
+    /// node-lifecycle controller notices (about 50 s). The host's Node runs the control plane
+    /// and cannot be stopped.
+    pub fn stop_node(&self, name: &str) -> Result<(), Error> {
+        let mut added = self.lock()?;
+        let node = added.nodes.iter_mut().find(|n| n.plan.name == name).ok_or_else(|| self.not_added(name))?;
+        if let Some(netns) = node.plan.netns.clone() {
+            node::power_off(&netns, &node.plan.run, std::slice::from_ref(&node.plan.dir));
+        }
+        node.running = false;
+        Ok(())
+    }
+
+    /// Starts a stopped added Node again, as a machine booting: its namespace and routes, then
+    /// containerd, the kubelet and kube-proxy on the data they had; waits until it is Ready.
+    /// The kubelet starts its Pods again in new sandboxes.
+    pub fn start_node(&self, name: &str) -> Result<(), Error> {
+        let mut added = self.lock()?;
+        let all_images = added.images.clone();
+        let index = added.nodes.iter().position(|n| n.plan.name == name).ok_or_else(|| self.not_added(name))?;
+        if added.nodes[index].running {
+            return Err(Error::Other(format!("Node {name} runs already")));
+        }
+        let plan = added.nodes[index].plan.clone();
+        plan.write_config(&self.host)?;
+        let missing = all_images[added.nodes[index].images..].to_vec();
+        self.power_on(&plan, &added.nodes, &missing)?;
+        added.nodes[index].running = true;
+        added.nodes[index].images = all_images.len();
+        Ok(())
+    }
+
+    fn not_added(&self, name: &str) -> Error {
+        if name == self.node_name {
+            Error::Other(format!("{name} is the host's Node: it runs the control plane and cannot be stopped"))
+        } else {
+            Error::Other(format!("no added Node {name}"))
+        }
+    }
+
+    /// Imports an image archive into every running Node's containerd and keeps it for the
+    /// Nodes added or started later.
+    pub fn import_image(&self, archive: &Path) -> Result<(), Error> {
+        let mut added = self.lock()?;
+        images::import(archive)?;
+        added.images.push(archive.to_path_buf());
+        let Added { nodes, images: all, .. } = &mut *added;
+        for node in nodes.iter_mut().filter(|n| n.running) {
+            for archive in &all[node.images..] {
+                images::import_into(&node.plan.socket(), archive)?;
+            }
+            node.images = all.len();
+        }
+        Ok(())
+    }
+
+    /// The network namespace of a place on the segment.
+    pub fn netns(&self, place: Place<'_>) -> Result<String, Error> {
+        let segment = self.lock()?.segment;
+        let name = match place {
+            Place::Client => CLIENT_NETNS.to_string(),
+            Place::Router => ROUTER_NETNS.to_string(),
+            Place::Node(name) => self.node(name).and_then(|p| p.netns).ok_or_else(|| self.not_added(name))?,
+        };
+        if !segment || !netns::path(&name).exists() {
+            return Err(Error::Other(format!("{name} does not exist (no Node added yet, or the Node is stopped)")));
+        }
+        Ok(name)
+    }
+
+    /// Runs `f` on a thread inside a place's namespace (its sockets are that machine's).
+    pub fn run_in<T: Send + 'static>(
+        &self,
+        place: Place<'_>,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, Error> {
+        netns::run_in(&self.netns(place)?, f)
+    }
+
+    /// Runs a command inside a place's namespace and returns its standard output; an error
+    /// carries its standard error.
+    pub fn command_in(&self, place: Place<'_>, program: &str, args: &[&str]) -> Result<String, Error> {
+        let netns = self.netns(place)?;
+        let out = netns::command(&netns, program)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| Error::io(format!("running {program} in {netns}"), e))?;
+        if !out.status.success() {
+            return Err(Error::Other(format!(
+                "{program} {} in {netns} failed ({}): {}",
+                args.join(" "),
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Starts a daemon inside a place's namespace (BIRD in the router, say), its output in
+    /// `logs/<namespace>-<name>.log`; it runs until [`RealCluster::stop`] (which kills every
+    /// process in the segment's namespaces) or until killed by its pid.
+    pub fn spawn_in(&self, place: Place<'_>, name: &str, program: &Path, args: &[String]) -> Result<u32, Error> {
+        let netns = self.netns(place)?;
+        let run_dir = Path::new(RUN_DIR).join("netns");
+        std::fs::create_dir_all(&run_dir).map_err(|e| Error::io("creating the namespaces' run directory", e))?;
+        self.launcher.launch(process::Spec {
+            program: program.to_path_buf(),
+            args: args.to_vec(),
+            log: self.state.join("logs").join(format!("{netns}-{name}.log")),
+            pid_file: run_dir.join(format!("{netns}-{name}.pid")),
+            netns: Some(netns::path(&netns)),
+            hostname: None,
+        })
+    }
+
+    /// Resident memory of the cluster now, in KiB: each component of each running Node and of
+    /// the control plane (`NODE/COMPONENT`), then the Pods' processes and the shims together.
+    pub fn memory(&self) -> Vec<(String, u64)> {
+        let mut out = Vec::new();
+        let host = Path::new(RUN_DIR);
+        for c in COMPONENTS {
+            if let Some(pid) = process::recorded_pid(&host.join(format!("{c}.pid"))) {
+                out.push((format!("{}/{c}", self.node_name), process::rss_kib(pid)));
+            }
+        }
+        let mut pods: Vec<u32> = cgroup::pids("kubepods");
+        if let Ok(added) = self.lock() {
+            for node in added.nodes.iter().filter(|n| n.running) {
+                for d in node::DAEMONS {
+                    if let Some(pid) = process::recorded_pid(&node.plan.pid_file(d)) {
+                        out.push((format!("{}/{d}", node.plan.name), process::rss_kib(pid)));
+                    }
+                }
+                if let Some(root) = node.plan.cgroup_root() {
+                    pods.extend(cgroup::pids(root.trim_start_matches('/')));
+                }
+            }
+        }
+        let shims = host::processes_mentioning(RUN_DIR)
+            .into_iter()
+            .filter(|(_, cmd)| cmd.contains("containerd-shim"))
+            .map(|(pid, _)| pid);
+        pods.extend(shims);
+        pods.sort_unstable();
+        pods.dedup();
+        out.push(("pods and shims".into(), pods.iter().map(|p| process::rss_kib(*p)).sum()));
+        out
     }
 
     fn write_kubeconfig(&self, path: &Path, stem: &str) -> Result<(), Error> {
@@ -711,20 +960,36 @@ conntrack: {{maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}}
         run(&self.kubectl().to_string_lossy(), &all)
     }
 
-    /// Removes the cluster's data (etcd, containerd's content and snapshots, the images), keeping
-    /// the certificates and logs; for after a [`RealCluster::stop`] that left the host clean.
+    /// Removes the cluster's data (etcd, containerd's content and snapshots, the images, the
+    /// added Nodes' too), keeping the certificates and logs; for after a [`RealCluster::stop`]
+    /// that left the host clean.
     pub fn remove_data(&self) {
         for dir in ["var", "images"] {
             let _ = std::fs::remove_dir_all(self.state.join(dir));
         }
+        for node in std::fs::read_dir(self.state.join("nodes")).into_iter().flatten().flatten() {
+            let _ = std::fs::remove_dir_all(node.path().join("var"));
+        }
         let _ = std::fs::remove_file(self.state.join("pause.tar"));
     }
 
-    /// Stops every component, removes what the cluster added to the host and puts back the
-    /// kernel settings. Returns what still differs from the host before the start (empty when
-    /// the host is as it was).
+    /// Stops every component (the added Nodes abruptly, the host's gracefully), removes what
+    /// the cluster added to the host and puts back the kernel settings. Returns what still
+    /// differs from the host before the start (empty when the host is as it was).
     pub fn stop(&self) -> Stopped {
-        let steps = teardown(&self.assets, &self.network.bridge, &self.before.sysctls);
+        let steps = teardown(&self.assets, &self.network, &self.before.sysctls);
+        if let Ok(mut added) = self.added.lock() {
+            added.nodes.iter_mut().for_each(|n| n.running = false);
+            added.segment = false;
+        }
+        // The first `ip netns add` on a host makes /run/netns a (shared) mount point; it
+        // stays after the last namespace goes. Ours, if it was none before and is empty now.
+        let netns_dir = Path::new("/run/netns");
+        if !self.before.mounts.contains("/run/netns")
+            && std::fs::read_dir(netns_dir).is_ok_and(|mut d| d.next().is_none())
+        {
+            let _ = run("umount", &["/run/netns"]);
+        }
         let mut leftovers = host::Snapshot::take().differences(&self.before);
         let sock = Self::containerd_socket();
         for needle in [self.state.to_string_lossy().into_owned(), sock.to_string_lossy().into_owned()] {
@@ -732,6 +997,7 @@ conntrack: {{maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}}
                 host::processes_mentioning(&needle).into_iter().map(|(pid, cmd)| format!("process {pid}: {cmd}")),
             );
         }
+        leftovers.extend(netns::ours().into_iter().map(|n| format!("network namespace {n}")));
         Stopped { leftovers, steps }
     }
 }
@@ -761,42 +1027,6 @@ fn restore_sysctls(saved: &std::collections::BTreeSet<String>, prefixes: &[&str]
     }
 }
 
-fn signal(pid: u32, sig: libc::c_int) {
-    // SAFETY: signalling a process we started (its pid file names the program, checked below).
-    unsafe {
-        libc::kill(pid as libc::pid_t, sig);
-    }
-}
-
-/// Pid of a component from its pid file, if that process still runs the recorded program.
-fn recorded_pid(name: &str) -> Option<u32> {
-    let text = std::fs::read_to_string(Path::new(RUN_DIR).join(format!("{name}.pid"))).ok()?;
-    let mut lines = text.lines();
-    let pid: u32 = lines.next()?.parse().ok()?;
-    let program = lines.next()?;
-    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
-    let target = std::fs::canonicalize(program).unwrap_or_else(|_| PathBuf::from(program));
-    (exe == target).then_some(pid)
-}
-
-fn stop_components(names: &[&str], grace: Duration) {
-    let pids: Vec<u32> = names.iter().filter_map(|n| recorded_pid(n)).collect();
-    for pid in &pids {
-        signal(*pid, libc::SIGTERM);
-    }
-    let deadline = Instant::now() + grace;
-    while pids.iter().any(|p| alive(*p)) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    for pid in pids.iter().filter(|p| alive(**p)) {
-        signal(*pid, libc::SIGKILL);
-    }
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while pids.iter().any(|p| alive(*p)) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// Tears down a cluster whose run directory a killed test binary left behind.
 fn teardown_stale() {
     let run = Path::new(RUN_DIR);
@@ -805,15 +1035,45 @@ fn teardown_stale() {
         std::fs::read_to_string(run.join("sysctl.orig")).unwrap_or_default().lines().map(str::to_string).collect();
     let assets = assets_dir().unwrap_or_else(|| PathBuf::from(state.trim()));
     eprintln!("real cluster: tearing down what an earlier run left ({})", state.trim());
-    let _ = teardown(&assets, &Network::default().bridge, &saved);
+    let _ = teardown(&assets, &Network::default(), &saved);
 }
 
-/// Stops the components, the pods (through CRI, so each gets its CNI DEL) and the shims,
-/// unmounts what is left, removes the kubelet's cgroups and iptables chains, the harness's
-/// FORWARD rules and bridge, and writes the saved kernel settings back.
+/// Removes the added Nodes (powered off: see [`node::power_off`]), everything else in the
+/// harness's namespaces (the client, the router and what runs there), cgroup roots and links
+/// left by a killed run, and the segment. Found by name ([`netns::PREFIX`]), so it also
+/// cleans up after a killed run.
+fn teardown_added(state: &Path, net: &Network) {
+    for ns in netns::ours() {
+        match ns.strip_prefix(netns::PREFIX).filter(|n| n.starts_with("node-")) {
+            Some(name) => {
+                let run_dir = Path::new(RUN_DIR).join("nodes").join(name);
+                node::stop_gracefully(&run_dir);
+                node::power_off(&ns, &run_dir, &[state.join("nodes").join(name)]);
+            }
+            None => netns::delete(&ns),
+        }
+    }
+    // A Node stopped abruptly sent no FIN: the API server would wait on those connections
+    // for its whole shutdown grace. Nothing on the segment remains to answer; end them here.
+    let _ = run("ss", &["-K", "dst", &net.segment_cidr()]);
+    for root in cgroup::roots_with_prefix(netns::PREFIX) {
+        process::kill_all(|| cgroup::pids(&root), Duration::from_secs(10));
+        cgroup::remove(&root);
+    }
+    let links = std::fs::read_dir("/sys/class/net").into_iter().flatten().flatten();
+    for link in links.map(|l| l.file_name().to_string_lossy().into_owned()).filter(|l| l.starts_with(netns::PREFIX)) {
+        let _ = run("ip", &["link", "del", &link]);
+    }
+    netns::delete_bridge(&net.segment_bridge, RULE_COMMENT);
+}
+
+/// Stops the added Nodes, then the host's Node's components, the pods (through CRI, so each
+/// gets its CNI DEL) and the shims, unmounts what is left, removes the kubelet's cgroups and
+/// iptables chains, the harness's FORWARD rules and bridges, and writes the saved kernel
+/// settings back.
 fn teardown(
     assets: &Path,
-    bridge: &str,
+    net: &Network,
     saved_sysctls: &std::collections::BTreeSet<String>,
 ) -> Vec<(&'static str, f64)> {
     let mut steps = Vec::new();
@@ -823,52 +1083,41 @@ fn teardown(
         *t = Instant::now();
     };
     let run_dir = Path::new(RUN_DIR);
+    let state = std::fs::read_to_string(run_dir.join("state")).unwrap_or_default();
+    let bridge = net.bridge.as_str();
     let sock = RealCluster::containerd_socket();
-    stop_components(&COMPONENTS[..4], Duration::from_secs(20));
+    if run_dir.join("nodes").is_dir() || !netns::ours().is_empty() {
+        teardown_added(Path::new(state.trim()), net);
+        step("added nodes", &mut t);
+    }
+    stop_components(run_dir, &COMPONENTS[..4], Duration::from_secs(20));
     step("node components", &mut t);
     let _ = run(&assets.join("kube-proxy").to_string_lossy(), &["--cleanup"]);
-    if recorded_pid("containerd").is_some() {
+    if process::recorded_pid(&run_dir.join("containerd.pid")).is_some() {
         let endpoint = format!("unix://{}", sock.display());
         let _ = run(&assets.join("rc-cri").to_string_lossy(), &["-endpoint", &endpoint, "stopall"]);
     }
     step("pods", &mut t);
-    stop_components(&["containerd"], Duration::from_secs(20));
+    stop_components(run_dir, &["containerd"], Duration::from_secs(20));
     for (pid, cmd) in host::processes_mentioning(&sock.to_string_lossy()) {
         if cmd.contains("containerd-shim") {
-            signal(pid, libc::SIGKILL);
+            process::signal(pid, libc::SIGKILL);
         }
     }
     step("containerd", &mut t);
     // One after the other: an API server whose etcd is already gone waits out its grace.
-    stop_components(&["kube-apiserver"], Duration::from_secs(20));
+    stop_components(run_dir, &["kube-apiserver"], Duration::from_secs(20));
     step("kube-apiserver", &mut t);
-    stop_components(&["etcd"], Duration::from_secs(20));
+    stop_components(run_dir, &["etcd"], Duration::from_secs(20));
     step("etcd", &mut t);
 
-    let state = std::fs::read_to_string(run_dir.join("state")).unwrap_or_default();
     let roots: Vec<String> = [state.trim().to_string(), RUN_DIR.to_string()]
         .into_iter()
         .filter(|r| !r.is_empty())
         .map(|r| format!("{r}/"))
         .collect();
-    for _ in 0..3 {
-        let mut mounts: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.split_whitespace().nth(4).map(str::to_string))
-            .filter(|m| roots.iter().any(|r| m.starts_with(r.as_str())))
-            .collect();
-        if mounts.is_empty() {
-            break;
-        }
-        mounts.sort_by(|a, b| b.cmp(a));
-        for m in mounts {
-            if run("umount", &[&m]).is_err() {
-                let _ = run("umount", &["-l", &m]);
-            }
-        }
-    }
-    remove_kubepods_cgroups();
+    host::unmount_under(&roots);
+    cgroup::remove("kubepods");
     for tool in ["iptables", "ip6tables"] {
         for chain in ["INPUT", "OUTPUT"] {
             while run(tool, &["-w", "-t", "filter", "-D", chain, "-j", "KUBE-FIREWALL"]).is_ok() {}
@@ -880,45 +1129,11 @@ fn teardown(
         }
         let _ = run(tool, &["-w", "-t", "mangle", "-X", "KUBE-IPTABLES-HINT"]);
     }
-    for dir in ["-i", "-o"] {
-        while run(
-            "iptables",
-            &["-w", "-D", "FORWARD", dir, bridge, "-m", "comment", "--comment", RULE_COMMENT, "-j", "ACCEPT"],
-        )
-        .is_ok()
-        {}
-    }
-    let _ = run("ip", &["link", "del", bridge]);
+    netns::delete_bridge(bridge, RULE_COMMENT);
     restore_sysctls(saved_sysctls, &[""]);
     let _ = std::fs::remove_dir_all(run_dir);
     step("host", &mut t);
     steps
-}
-
-/// Removes the kubelet's (empty, once the pods are gone) `kubepods` cgroups, deepest first.
-fn remove_kubepods_cgroups() {
-    let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") else { return };
-    let mut roots: Vec<PathBuf> = controllers.flatten().map(|c| c.path().join("kubepods")).collect();
-    roots.push(PathBuf::from("/sys/fs/cgroup/kubepods"));
-    for root in roots.into_iter().filter(|r| r.is_dir()) {
-        let mut dirs = Vec::new();
-        collect_dirs(&root, &mut dirs);
-        dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
-        for dir in dirs {
-            let _ = std::fs::remove_dir(dir);
-        }
-    }
-}
-
-fn collect_dirs(dir: &Path, out: &mut Vec<PathBuf>) {
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        for entry in entries.flatten() {
-            if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                collect_dirs(&entry.path(), out);
-            }
-        }
-    }
-    out.push(dir.to_path_buf());
 }
 
 #[cfg(test)]
@@ -928,5 +1143,41 @@ mod tests {
     #[test]
     fn the_pod_range_is_the_node_addresses_network() {
         assert_eq!(Network::default().pod_cidr(), "10.244.0.0/24");
+    }
+
+    #[test]
+    fn node_n_has_the_nth_pod_range_of_the_clusters_and_its_first_address_as_gateway() {
+        let net = Network::default();
+        assert_eq!(net.cluster_cidr(), "10.244.0.0/16");
+        assert_eq!(net.node_pod_cidr(1), net.pod_cidr());
+        assert_eq!(net.node_pod_gateway(1), net.node_ip);
+        assert_eq!(net.node_pod_cidr(2), "10.244.1.0/24");
+        assert_eq!(net.node_pod_gateway(3), Ipv4Addr::new(10, 244, 2, 1));
+        assert_eq!(net.node_pod_cidr(MAX_NODES), "10.244.15.0/24");
+    }
+
+    #[test]
+    fn added_nodes_the_client_and_the_router_have_distinct_addresses_on_the_segment() {
+        let net = Network::default();
+        assert_eq!(net.segment_cidr(), "198.19.0.0/24");
+        assert_eq!(net.node_address(1), net.node_ip, "the host's Node keeps its bridge's address");
+        assert_eq!(net.node_address(2), Ipv4Addr::new(198, 19, 0, 2));
+        assert_eq!(net.client_address(), Ipv4Addr::new(198, 19, 0, 100));
+        assert_eq!(net.router_address(), Ipv4Addr::new(198, 19, 0, 254));
+        let mut all: Vec<Ipv4Addr> = (2..=MAX_NODES).map(|n| net.node_address(n)).collect();
+        all.extend([net.segment_address(1), net.client_address(), net.router_address()]);
+        let count = all.len();
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), count, "no two share an address");
+    }
+
+    #[test]
+    fn an_added_node_is_named_by_number_with_a_namespace_cgroup_root_and_run_directory_of_its_own() {
+        let net = Network::default();
+        assert_eq!(added_node_name(3), "node-3");
+        let ns = format!("{}{}", netns::PREFIX, added_node_name(MAX_NODES));
+        assert!(ns.len() <= 15, "{ns} is a link name too");
+        assert_eq!(net.node_pod_cidr(3), "10.244.2.0/24");
     }
 }
