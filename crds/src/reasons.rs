@@ -214,7 +214,9 @@ pub mod shadow_agrees {
 
 /// The condition the service controller writes into a Service's `status.conditions` when the
 /// provider refuses it a load balancer, and the reasons a provider may give (the framework's
-/// `provider::Refusal`). The condition is removed once the load balancer exists.
+/// `provider::Refusal`); the reasons are also `Accepted=False`'s ([`load_balancer_state`]).
+/// The condition is deprecated (kept for readers of earlier releases) and goes once the load
+/// balancer exists.
 pub mod service_load_balancer {
     /// Condition type: False while the provider refuses the Service a load balancer.
     pub const CONDITION_TYPE: &str = "LoadBalancerProvisioned";
@@ -246,6 +248,65 @@ pub mod service_load_balancer {
         INVALID_ANNOTATION,
         UNSUPPORTED_SERVICE,
         QUOTA_EXCEEDED,
+    ];
+}
+
+/// The load-balancer state the service controller writes on every LoadBalancer Service it
+/// handles, in KEP-6128's shape (docs/troubleshooting.md, "Load-balancer state on Services"):
+/// three condition types and their reasons. `Accepted=False` takes its reason from
+/// [`service_load_balancer`] (the provider's refusal).
+pub mod load_balancer_state {
+    /// Condition type: True once the provider took the Service, False while it refuses it.
+    pub const ACCEPTED: &str = "Accepted";
+    /// Condition type: True once the load balancer is made as the Service asks.
+    pub const PROGRAMMED: &str = "Programmed";
+    /// Condition type (abnormal-true): True while a load balancer serves the Service, but not
+    /// as it asks or not fully.
+    pub const DEGRADED: &str = "Degraded";
+
+    /// `Programmed=True`: the last ensure succeeded.
+    pub const PROGRAMMED_REASON: &str = "Programmed";
+    /// `Degraded=False`: nothing is wrong.
+    pub const AS_EXPECTED: &str = "AsExpected";
+    /// `Accepted=Unknown`: the provider has not answered yet (its calls failed).
+    pub const PENDING: &str = "Pending";
+    /// `Programmed=False`: the provider refused the Service (see `Accepted`).
+    pub const NOT_ACCEPTED: &str = "NotAccepted";
+    /// `Degraded=True`: the provider refused a change; the load balancer of before still serves.
+    pub const CHANGE_REFUSED: &str = "ChangeRefused";
+    /// `Programmed=False` or `Degraded=True`: the cloud API rate-limited the manager.
+    pub const THROTTLED: &str = "Throttled";
+    /// `Programmed=False` or `Degraded=True`: the cloud API could not be reached or failed.
+    pub const CLOUD_UNAVAILABLE: &str = "CloudUnavailable";
+    /// `Programmed=False` or `Degraded=True`: the cloud API rejected the credentials.
+    pub const CLOUD_UNAUTHORIZED: &str = "CloudUnauthorized";
+    /// `Programmed=False`: the cloud is still working on the load balancer.
+    pub const IN_PROGRESS: &str = "InProgress";
+    /// `Programmed=False` or `Degraded=True`: the provider's cloud-config is invalid.
+    pub const INVALID_CLOUD_CONFIG: &str = "InvalidCloudConfig";
+    /// `Programmed=False` or `Degraded=True`: another cloud error.
+    pub const CLOUD_ERROR: &str = "CloudError";
+    /// `Degraded=True`: no Node may serve the load balancer.
+    pub const NO_HOSTS: &str = "NoHosts";
+    /// `Degraded=True`: a Node change could not be given to the load balancer (retried).
+    pub const HOST_UPDATE_FAILED: &str = "HostUpdateFailed";
+
+    /// Every reason of the three conditions but the refusals' (and `Accepted`, the type's own).
+    pub const ALL: [&str; 14] = [
+        ACCEPTED,
+        PROGRAMMED_REASON,
+        AS_EXPECTED,
+        PENDING,
+        NOT_ACCEPTED,
+        CHANGE_REFUSED,
+        THROTTLED,
+        CLOUD_UNAVAILABLE,
+        CLOUD_UNAUTHORIZED,
+        IN_PROGRESS,
+        INVALID_CLOUD_CONFIG,
+        CLOUD_ERROR,
+        NO_HOSTS,
+        HOST_UPDATE_FAILED,
     ];
 }
 
@@ -329,6 +390,7 @@ pub fn all_condition_reasons() -> Vec<&'static str> {
         .chain(&provider_healthy::MANAGER)
         .chain(&shadow_agrees::ALL)
         .chain(&service_load_balancer::ALL)
+        .chain(&load_balancer_state::ALL)
         .chain(&ip_pool::ALL)
         .copied()
         .collect();

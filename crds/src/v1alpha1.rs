@@ -21,6 +21,16 @@ pub const DEFAULT_CLOUD_CONFIG_KEY: &str = "cloud.conf";
 pub const HANDLE_UNCLASSED_MESSAGE: &str =
     "handleUnclassedServices needs loadBalancerClass: without a class the manager already handles Services without one";
 
+/// The CEL message when a `nodePlatforms` entry is not a platform name.
+pub const NODE_PLATFORMS_MESSAGE: &str = "every entry must be a platform name, the scheme of a providerID such as aws or gce: a letter, then letters, digits, '+', '-' or '.'";
+
+/// The CEL rule of `nodePlatforms` (the same test as [`crate::validation::is_platform_name`]).
+pub const NODE_PLATFORMS_RULE: &str = "self.all(p, p.matches('^[a-zA-Z][a-zA-Z0-9+.-]*$'))";
+
+/// The CEL message when `orphans.sweep` is set on a shadow manager.
+pub const SWEEP_IN_SHADOW_MESSAGE: &str =
+    "orphans.sweep deletes cloud objects, which a shadow manager never does: turn off shadow or sweep";
+
 /// Desired state of a cloud-controller-manager for one cloud provider.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
@@ -46,6 +56,7 @@ pub const HANDLE_UNCLASSED_MESSAGE: &str =
 )]
 #[cfg_attr(test, kube(cel))]
 #[x_kube(validation = kube::core::Rule::new("!has(self.handleUnclassedServices) || !self.handleUnclassedServices || has(self.loadBalancerClass)").message(HANDLE_UNCLASSED_MESSAGE).field_path(".handleUnclassedServices"))]
+#[x_kube(validation = kube::core::Rule::new("!has(self.orphans) || !has(self.orphans.sweep) || !self.orphans.sweep || !has(self.shadow) || !self.shadow").message(SWEEP_IN_SHADOW_MESSAGE).field_path(".orphans.sweep"))]
 #[serde(rename_all = "camelCase")]
 pub struct CloudControllerManagerSpec {
     /// Name of a registered cloud provider (for example `baremetal`). Immutable.
@@ -103,6 +114,22 @@ pub struct CloudControllerManagerSpec {
     /// `loadBalancerClass`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub handle_unclassed_services: bool,
+
+    /// The platforms whose Nodes this manager owns (`--cloud-provider-platforms`, KEP-5778's
+    /// proposed node ownership): each the scheme of a providerID (`aws` owns `aws:///...`).
+    /// Other platforms' Nodes are never initialized, deleted, tainted or routed by it, and two
+    /// resources whose platforms are disjoint may both run the Node and route controllers.
+    /// Empty: every Node, as upstream.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8), inner(length(max = 63)))]
+    #[x_kube(validation = kube::core::Rule::new(NODE_PLATFORMS_RULE).message(NODE_PLATFORMS_MESSAGE))]
+    pub node_platforms: Vec<String>,
+
+    /// Cloud objects that carry this cluster's ownership and belong to no Service (load
+    /// balancers left by a Service deleted while no manager ran): always reported in
+    /// `status.orphans`; deleted only with `sweep: true` (`--orphan-sweep`, docs/orphans.md).
+    #[serde(default, skip_serializing_if = "Orphans::is_default")]
+    pub orphans: Orphans,
 
     /// Leader election timings of the manager replicas.
     #[serde(default)]
@@ -257,6 +284,23 @@ pub struct ControllerLeader {
     /// another (e.g. `kube-controller-manager`: it then does not run here).
     #[schemars(length(min = 1, max = 253))]
     pub component: String,
+}
+
+/// What the manager does with orphaned cloud objects (`spec.orphans`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Orphans {
+    /// Delete orphans (`--orphan-sweep`): an object found orphaned by two scans in a row, that
+    /// carries this cluster's ownership. Off: they are only reported. Not with `shadow`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sweep: bool,
+}
+
+impl Orphans {
+    /// Whether nothing is set (the field is then left out).
+    pub fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 /// Worker counts; each must be at least 1.
@@ -455,6 +499,57 @@ pub struct ShadowField {
     pub ours: String,
 }
 
+/// The orphan report (written by the manager's leader, `status.orphans`): cloud objects that
+/// carry this cluster's ownership and belong to no existing Service.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OrphanReport {
+    /// Whether the provider lists what it owns; false: nothing can be reported.
+    pub supported: bool,
+    /// Whether orphans are deleted (`spec.orphans.sweep`).
+    #[serde(default)]
+    pub sweep: bool,
+    /// Orphans found by the last scan.
+    pub total: i64,
+    /// Orphans by kind.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub counts: Vec<OrphanCount>,
+    /// The first orphans, by kind and identity (at most 20).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 20))]
+    pub objects: Vec<OrphanObject>,
+    /// Orphans deleted since the manager started leading.
+    #[serde(default)]
+    pub deleted: i64,
+    /// Deletions that failed since the manager started leading (retried on the next scan).
+    #[serde(default)]
+    pub failed: i64,
+}
+
+/// How many orphans of one kind.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OrphanCount {
+    /// `load-balancer`, `target-group`, `security-group`, `address`, ...
+    pub kind: String,
+    /// How many.
+    pub count: i64,
+}
+
+/// One orphaned cloud object.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OrphanObject {
+    /// Its kind.
+    pub kind: String,
+    /// Its cloud-side identity (a name, an ARN, an address).
+    pub id: String,
+    /// The Service (`namespace/name`) its ownership names, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
+}
+
 /// Observed state, written by the operator (and `ProviderHealthy` by the manager).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
@@ -490,6 +585,9 @@ pub struct CloudControllerManagerStatus {
     /// Shadow mode only: what the manager would do differently (written by the manager).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shadow: Option<ShadowReport>,
+    /// Orphaned cloud objects, when the service controller runs (written by the manager).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub orphans: Option<OrphanReport>,
     /// With `spec.announcer`: its DaemonSet's Pods, as the DaemonSet controller counts them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub announcers: Option<AnnouncersStatus>,
@@ -721,6 +819,16 @@ mod cel_tests {
     #[test]
     fn s28_handle_unclassed_services_without_a_class_is_rejected() {
         assert_rejected(json!({"provider": "fake", "handleUnclassedServices": true}), HANDLE_UNCLASSED_MESSAGE);
+    }
+
+    #[test]
+    fn s35_an_orphan_sweep_on_a_shadow_manager_is_rejected() {
+        assert_rejected(
+            json!({"provider": "fake", "shadow": true, "orphans": {"sweep": true}}),
+            SWEEP_IN_SHADOW_MESSAGE,
+        );
+        ccm(json!({"provider": "fake", "orphans": {"sweep": true}})).validate_cel().expect("a sweep alone is valid");
+        ccm(json!({"provider": "fake", "shadow": true, "orphans": {}})).validate_cel().expect("no sweep");
     }
 
     #[test]

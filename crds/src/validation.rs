@@ -147,6 +147,10 @@ pub mod limits {
     pub const NAMESPACE: usize = 63;
     /// `spec.clusterCIDR`.
     pub const CLUSTER_CIDR: usize = 128;
+    /// `spec.nodePlatforms` items.
+    pub const NODE_PLATFORMS: usize = 8;
+    /// Each of `spec.nodePlatforms`.
+    pub const PLATFORM: usize = 63;
     /// `spec.extraArgs` items.
     pub const EXTRA_ARGS: usize = 64;
     /// Each of `spec.extraArgs`.
@@ -157,6 +161,15 @@ pub mod limits {
     pub const NODE_SELECTOR: usize = 32;
     /// `spec.deployment.tolerations` items.
     pub const TOLERATIONS: usize = 64;
+}
+
+/// Whether `name` can be a platform (`spec.nodePlatforms`, `--cloud-provider-platforms`): a URI
+/// scheme (a letter, then letters, digits, `+`, `-`, `.`), at most 63 characters.
+pub fn is_platform_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    name.len() <= limits::PLATFORM
+        && chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
 }
 
 /// Deserialize a spec from JSON (as a `DynamicObject` carries it). An error names the JSON path
@@ -263,6 +276,21 @@ pub fn validate_spec(spec: &CloudControllerManagerSpec) -> Result<(), InvalidSpe
     }
     if spec.handle_unclassed_services && spec.load_balancer_class.is_none() {
         errors.push("spec.handleUnclassedServices", messages::cel("object", crate::v1alpha1::HANDLE_UNCLASSED_MESSAGE));
+    }
+    if spec.node_platforms.len() > limits::NODE_PLATFORMS {
+        errors.push("spec.nodePlatforms", messages::too_many(spec.node_platforms.len(), limits::NODE_PLATFORMS));
+    } else {
+        let long: Vec<usize> =
+            (0..spec.node_platforms.len()).filter(|i| len(&spec.node_platforms[*i]) > limits::PLATFORM).collect();
+        for i in &long {
+            errors.push(&format!("spec.nodePlatforms[{i}]"), messages::too_long(limits::PLATFORM));
+        }
+        if long.is_empty() && !spec.node_platforms.iter().all(|p| is_platform_name(p)) {
+            errors.push("spec.nodePlatforms", messages::cel("array", crate::v1alpha1::NODE_PLATFORMS_MESSAGE));
+        }
+    }
+    if spec.orphans.sweep && spec.shadow {
+        errors.push("spec.orphans.sweep", messages::cel("object", crate::v1alpha1::SWEEP_IN_SHADOW_MESSAGE));
     }
 
     let le = &spec.leader_election;

@@ -118,6 +118,16 @@ pub fn build(
     ]
 }
 
+/// The BIRD sidecar's command, fixed: wait for the announcer's first config (BIRD exits without
+/// one), then run BIRD in the foreground on it and on its control socket. The chart's admission
+/// policy admits this command alone in a `bird` container, with no `args` and no environment.
+pub fn bird_command() -> Vec<String> {
+    let script = format!(
+        "until [ -s {BIRD_CONFIG_PATH} ]; do sleep 1; done; exec bird -f -c {BIRD_CONFIG_PATH} -s {BIRD_SOCKET_PATH}"
+    );
+    vec!["sh".into(), "-c".into(), script]
+}
+
 /// The container-level hardening both containers share; `add` is the one capability each needs.
 fn hardened(add: Option<&str>, uid: i64) -> SecurityContext {
     SecurityContext {
@@ -125,6 +135,7 @@ fn hardened(add: Option<&str>, uid: i64) -> SecurityContext {
         read_only_root_filesystem: Some(true),
         privileged: Some(false),
         run_as_user: Some(uid),
+        run_as_group: (uid != 0).then_some(NON_ROOT_UID),
         run_as_non_root: Some(uid != 0),
         capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), add: add.map(|a| vec![a.to_string()]) }),
         seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), localhost_profile: None }),
@@ -163,8 +174,8 @@ fn pod_template(
     service_account: &str,
 ) -> PodTemplateSpec {
     // A packet socket needs NET_RAW, which Kubernetes hands a non-root process only through file
-    // capabilities the image does not carry: uid 0 with that one capability. Without l2, the
-    // image's non-root user.
+    // capabilities the image does not carry: uid 0 with that one capability, in the announcer
+    // container alone. Without l2, the image's non-root user. BIRD always runs as that user.
     let run_as = if announcer.l2 { 0 } else { NON_ROOT_UID };
     let mut annotations = BTreeMap::new();
     let mut volumes = Vec::new();
@@ -187,7 +198,7 @@ fn pod_template(
         name: ANNOUNCER_CONTAINER.into(),
         image: Some(cr.spec.deployment.image.clone().unwrap_or_else(|| settings.manager_image.clone())),
         image_pull_policy: cr.spec.deployment.image_pull_policy.map(|p| p.as_str().to_string()),
-        command: Some(vec!["cloud-controller-manager".into()]),
+        command: Some(vec![names::MANAGER_COMMAND.into()]),
         args: Some(args),
         env: Some(
             [
@@ -213,17 +224,15 @@ fn pod_template(
             }),
             ..Default::default()
         });
-        // BIRD exits when its config is missing: wait for the announcer's first write.
-        let script = format!(
-            "until [ -s {BIRD_CONFIG_PATH} ]; do sleep 1; done; exec bird -f -c {BIRD_CONFIG_PATH} -s {BIRD_SOCKET_PATH}"
-        );
         containers.push(Container {
             name: BIRD_CONTAINER.into(),
             image: settings.policy.bird_image.clone(),
-            command: Some(vec!["sh".into(), "-c".into(), script]),
+            command: Some(bird_command()),
             resources: Some(resources("10m", "16Mi", "64Mi")),
-            // Port 179 without root; no kernel protocol is rendered, so no NET_ADMIN.
-            security_context: Some(hardened(Some("NET_BIND_SERVICE"), run_as)),
+            // Port 179 without root; no kernel protocol is rendered, so no NET_ADMIN. Never root:
+            // under an L2 announcer (uid 0) the config it reads and the socket it makes are shared
+            // through the volume's group (the pod's fsGroup), not the user.
+            security_context: Some(hardened(Some("NET_BIND_SERVICE"), NON_ROOT_UID)),
             volume_mounts: Some(vec![bird_mount]),
             ..Default::default()
         });
@@ -267,13 +276,11 @@ mod tests {
     use crate::validate::{self, CloudConfigRef, Policy, Validation};
     use crds::CloudControllerManagerSpec;
     use serde_json::json;
+    use testkit::Meta;
 
+    /// The resource these tests announce for: `lb/metal`, uid `uid-7`.
     fn cr(spec: serde_json::Value) -> CloudControllerManager {
-        let spec: CloudControllerManagerSpec = serde_json::from_value(spec).unwrap();
-        let mut cr = CloudControllerManager::new("metal", spec);
-        cr.metadata.namespace = Some("lb".into());
-        cr.metadata.uid = Some("uid-7".into());
-        cr
+        testkit::cr("lb", "metal", spec).with_uid("uid-7")
     }
 
     fn validated(cr: &CloudControllerManager) -> Validated {
@@ -448,7 +455,11 @@ mod tests {
         assert_eq!(bird.image.as_deref(), Some("example.test/bird:2"));
         let bird_sc = bird.security_context.as_ref().unwrap();
         assert_eq!(bird_sc.capabilities.as_ref().unwrap().add.as_deref(), Some(&["NET_BIND_SERVICE".to_string()][..]));
-        assert_eq!(bird_sc.run_as_user, Some(NON_ROOT_UID), "the same user, for the 0600 config and the socket");
+        assert_eq!(
+            bird_sc.run_as_user,
+            Some(NON_ROOT_UID),
+            "BIRD never runs as root; it shares the 0640 config and the socket through fsGroup"
+        );
         let script = bird.command.as_ref().unwrap().join(" ");
         assert!(script.contains(BIRD_CONFIG_PATH) && script.contains(BIRD_SOCKET_PATH), "{script}");
         for c in [announcer, bird] {
@@ -490,5 +501,62 @@ mod tests {
         let no_bird = messages(check(&Policy { allow_announcers: true, ..Policy::default() }));
         assert!(no_bird[0].contains("spec.announcer.bgp") && no_bird[0].contains("announcer.birdImage"), "{no_bird:?}");
         assert!(check(&settings().policy).is_valid());
+    }
+    #[test]
+    fn bird_runs_its_fixed_command_as_non_root_even_beside_a_root_l2_announcer() {
+        let c = baremetal(json!({"l2": true, "bgp": true}));
+        let objs = build::build(&c, &validated(&c), &settings());
+        let pod = daemon_set(&objs, "ccm-metal-announcer").spec.clone().unwrap().template.spec.unwrap();
+        let (announcer, bird) = (&pod.containers[0], &pod.containers[1]);
+        assert_eq!(announcer.security_context.as_ref().unwrap().run_as_user, Some(0), "NET_RAW needs uid 0");
+        let sc = bird.security_context.as_ref().unwrap();
+        assert_eq!(
+            (sc.run_as_user, sc.run_as_group, sc.run_as_non_root),
+            (Some(NON_ROOT_UID), Some(NON_ROOT_UID), Some(true))
+        );
+        assert_eq!(bird.command.as_ref(), Some(&bird_command()));
+        assert_eq!((bird.args.as_ref(), bird.env.as_ref(), bird.env_from.as_ref()), (None, None, None));
+        // The volume they share belongs to the pod's fsGroup, which both hold.
+        assert_eq!(pod.security_context.as_ref().unwrap().fs_group, Some(NON_ROOT_UID));
+    }
+
+    #[test]
+    fn the_chart_admits_exactly_the_bird_command_the_operator_renders() {
+        let helpers = include_str!("../../charts/ccm-operator/templates/_helpers.tpl");
+        let command: Vec<String> = bird_command().iter().map(|part| format!("'{part}'")).collect();
+        let rendered = format!("[{}]", command.join(", "));
+        assert!(helpers.contains(&rendered), "the chart's bird command differs from {rendered}");
+        let policy = include_str!("../../charts/ccm-operator/templates/validatingadmissionpolicy.yaml");
+        assert!(policy.contains(&format!("['{}']", names::MANAGER_COMMAND)), "the manager command");
+    }
+
+    #[test]
+    fn every_container_the_operator_builds_is_hardened_and_only_the_l2_announcer_runs_as_root() {
+        for mode in ["Deployment", "DaemonSet"] {
+            let mut spec = json!({"provider": "baremetal", "cloudConfig": {"secretRef": {"name": "cfg"}},
+                "mode": mode, "announcer": {"l2": true, "bgp": true}});
+            spec["loadBalancerClass"] = json!("ccm.rs/metal");
+            let c = cr(spec);
+            for o in build::build(&c, &validated(&c), &settings()) {
+                let pod = match &o {
+                    Desired::Deployment(d) => d.spec.clone().unwrap().template.spec.unwrap(),
+                    Desired::DaemonSet(d) => d.spec.clone().unwrap().template.spec.unwrap(),
+                    _ => continue,
+                };
+                assert_eq!(pod.node_name, None);
+                let pod_sc = pod.security_context.clone().unwrap_or_default();
+                for c in &pod.containers {
+                    let sc = c.security_context.clone().unwrap();
+                    let what = format!("{mode} {} {}", o.name(), c.name);
+                    assert!(sc.capabilities.clone().unwrap().drop.unwrap().contains(&"ALL".to_string()), "{what}");
+                    let seccomp = sc.seccomp_profile.clone().or(pod_sc.seccomp_profile.clone()).unwrap();
+                    assert_eq!(seccomp.type_, "RuntimeDefault", "{what}");
+                    assert_eq!(sc.allow_privilege_escalation, Some(false), "{what}");
+                    let root = c.name == ANNOUNCER_CONTAINER && o.name().ends_with("-announcer");
+                    let non_root = sc.run_as_non_root.or(pod_sc.run_as_non_root) == Some(true);
+                    assert_eq!(non_root, !root, "{what}");
+                }
+            }
+        }
     }
 }

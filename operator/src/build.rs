@@ -19,10 +19,10 @@ use k8s_openapi::api::apps::v1::{
     RollingUpdateDaemonSet, RollingUpdateDeployment,
 };
 use k8s_openapi::api::core::v1::{
-    Affinity, Capabilities, Container, ContainerPort, DownwardAPIProjection, DownwardAPIVolumeFile, HTTPGetAction,
-    ObjectFieldSelector, PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
-    ProjectedVolumeSource, ResourceRequirements, SeccompProfile, SecurityContext, ServiceAccount, Toleration, Volume,
-    VolumeMount, VolumeProjection, WeightedPodAffinityTerm,
+    Affinity, Capabilities, Container, ContainerPort, DownwardAPIProjection, DownwardAPIVolumeFile, EnvVar,
+    EnvVarSource, HTTPGetAction, ObjectFieldSelector, PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, ProjectedVolumeSource, ResourceRequirements, SeccompProfile, SecurityContext,
+    ServiceAccount, Toleration, Volume, VolumeMount, VolumeProjection, WeightedPodAffinityTerm,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject};
@@ -61,14 +61,24 @@ pub fn build(cr: &CloudControllerManager, validated: &Validated, settings: &Buil
 
     let mut out = vec![
         Desired::ServiceAccount(ServiceAccount { metadata: namespaced_meta(sa_name.clone()), ..Default::default() }),
+        // A manager in shadow mode writes nothing to Nodes and Services: it gets the read-only
+        // ClusterRole, under a binding name of its own (a binding's role cannot change).
         Desired::ClusterRoleBinding(ClusterRoleBinding {
             metadata: ObjectMeta {
-                name: Some(names::cluster_role_binding_name(&ns, &name)),
+                name: Some(if cr.spec.shadow {
+                    names::shadow_cluster_role_binding_name(&ns, &name)
+                } else {
+                    names::cluster_role_binding_name(&ns, &name)
+                }),
                 labels: Some(labels.clone()),
                 annotations: Some(BTreeMap::from([(names::ANNOTATION_OWNER.to_string(), format!("{ns}/{name}"))])),
                 ..Default::default()
             },
-            role_ref: cluster_role_ref(&settings.manager_cluster_role),
+            role_ref: cluster_role_ref(if cr.spec.shadow {
+                &settings.manager_shadow_cluster_role
+            } else {
+                &settings.manager_cluster_role
+            }),
             subjects: Some(vec![subject.clone()]),
         }),
         Desired::RoleBinding(RoleBinding {
@@ -290,7 +300,10 @@ pub fn binding_overreach(
     let (what, role_ref, subjects, allowed): (String, &RoleRef, &Option<Vec<Subject>>, Vec<AllowedRole<'_>>) =
         match desired {
             Desired::ClusterRoleBinding(b) => {
-                let mut allowed = vec![("ClusterRole", settings.manager_cluster_role.clone(), manager.as_str())];
+                let mut allowed = vec![
+                    ("ClusterRole", settings.manager_cluster_role.clone(), manager.as_str()),
+                    ("ClusterRole", settings.manager_shadow_cluster_role.clone(), manager.as_str()),
+                ];
                 if announcers {
                     allowed.push(("ClusterRole", settings.announcer_cluster_role.clone(), announcer.as_str()));
                 }
@@ -529,12 +542,27 @@ fn pod_template(
         failure_threshold: Some(3),
         ..Default::default()
     };
+    // The endpoint listens on the Pod's own address only: on the host network 0.0.0.0 would be
+    // every address of the Node (Kubernetes expands `$(POD_IP)` from the environment below).
+    // Before `extraArgs`, which come last.
+    let mut args = manager_args(validated);
+    let extra = validated.config.extra_args.len().min(args.len());
+    args.insert(args.len() - extra, format!("--bind-address=$({})", names::POD_IP_ENV));
+    let mut env = vec![EnvVar {
+        name: names::POD_IP_ENV.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector { api_version: Some("v1".into()), field_path: "status.podIP".into() }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }];
+    env.extend(crate::desired::http2_env(settings));
     let container = Container {
         name: names::CONTAINER_NAME.into(),
         image: Some(d.image.clone().unwrap_or_else(|| settings.manager_image.clone())),
         image_pull_policy: d.image_pull_policy.map(|p| p.as_str().to_string()),
-        command: Some(vec!["cloud-controller-manager".into()]),
-        args: Some(manager_args(validated)),
+        command: Some(vec![names::MANAGER_COMMAND.into()]),
+        args: Some(args),
         ports: Some(vec![ContainerPort {
             name: Some("metrics".into()),
             container_port: names::MANAGER_PORT,
@@ -557,7 +585,7 @@ fn pod_template(
             ..Default::default()
         }),
         volume_mounts: (!mounts.is_empty()).then_some(mounts),
-        env: crate::desired::http2_env(settings).map(|e| vec![e]),
+        env: Some(env),
         ..Default::default()
     };
     PodTemplateSpec {
@@ -621,15 +649,12 @@ mod tests {
     use super::*;
     use crate::validate::CloudConfigRef;
     use ccm_framework::leader_migration::LeaderMigrationConfiguration;
-    use crds::CloudControllerManagerSpec;
     use serde_json::json;
+    use testkit::Meta;
 
+    /// The resource these tests build from: `kube-system/aws`, uid `uid-1`.
     fn cr(spec: serde_json::Value) -> CloudControllerManager {
-        let spec: CloudControllerManagerSpec = serde_json::from_value(spec).unwrap();
-        let mut cr = CloudControllerManager::new("aws", spec);
-        cr.metadata.namespace = Some("kube-system".into());
-        cr.metadata.uid = Some("uid-1".into());
-        cr
+        testkit::cr("kube-system", "aws", spec).with_uid("uid-1")
     }
 
     fn validated(cr: &CloudControllerManager, hash: Option<&str>) -> Validated {
@@ -1013,11 +1038,12 @@ mod tests {
     fn managers_get_disable_http2_only_when_the_operator_runs_with_it() {
         let c = cr(json!({"provider": "fake"}));
         let plain = pod_spec(&build(&c, &validated(&c, None), &BuildSettings::default()));
-        assert_eq!(plain.containers[0].env, None);
+        let names = |env: &[EnvVar]| env.iter().map(|e| e.name.clone()).collect::<Vec<_>>();
+        assert_eq!(names(plain.containers[0].env.as_deref().unwrap()), [names::POD_IP_ENV]);
         let settings = BuildSettings { manager_disable_http2: true, ..Default::default() };
         let env = pod_spec(&build(&c, &validated(&c, None), &settings)).containers[0].env.clone().unwrap();
-        assert_eq!(env.len(), 1);
-        assert_eq!((env[0].name.as_str(), env[0].value.as_deref()), ("DISABLE_HTTP2", Some("true")));
+        assert_eq!(names(&env), [names::POD_IP_ENV, "DISABLE_HTTP2"]);
+        assert_eq!(env[1].value.as_deref(), Some("true"));
     }
 
     #[test]
@@ -1208,5 +1234,50 @@ mod tests {
         let objs = build(&c, &validated(&c, None), &BuildSettings::default());
         let r = pod_spec(&objs).containers[0].resources.clone().unwrap();
         assert_eq!(r.limits.unwrap()["memory"], Quantity("1Gi".into()));
+    }
+    #[test]
+    fn the_manager_endpoint_listens_on_the_pods_own_address_in_every_mode() {
+        for mode in ["Deployment", "DaemonSet"] {
+            for host_network in [true, false] {
+                let c = cr(json!({"provider": "fake", "mode": mode, "deployment": {"hostNetwork": host_network},
+                    "extraArgs": ["--v=2"]}));
+                let container =
+                    pod_of(&build(&c, &validated(&c, None), &BuildSettings::default())).containers[0].clone();
+                let args = container.args.unwrap();
+                assert_eq!(args.last().map(String::as_str), Some("--v=2"), "extraArgs come last");
+                let bind: Vec<&String> = args.iter().filter(|a| a.starts_with("--bind-address")).collect();
+                assert_eq!(bind, [&format!("--bind-address=$({})", names::POD_IP_ENV)], "{mode} {host_network}");
+                let env = container.env.unwrap();
+                let pod_ip = env.iter().find(|e| e.name == names::POD_IP_ENV).expect("POD_IP");
+                let field = pod_ip.value_from.as_ref().and_then(|v| v.field_ref.as_ref()).unwrap();
+                assert_eq!(field.field_path, "status.podIP");
+                assert_eq!(container.command.as_deref(), Some(&[names::MANAGER_COMMAND.to_string()][..]));
+            }
+        }
+    }
+
+    #[test]
+    fn a_shadow_manager_is_bound_to_the_read_only_cluster_role_under_a_binding_of_its_own() {
+        let settings = BuildSettings::default();
+        let binding = |spec: serde_json::Value| {
+            let c = cr(spec);
+            let objs = build(&c, &validated(&c, None), &settings);
+            for o in &objs {
+                assert_eq!(binding_overreach(o, "kube-system", "aws", None, &settings), None, "{:?}", o.kind());
+            }
+            objs.into_iter()
+                .find_map(|o| match o {
+                    Desired::ClusterRoleBinding(b) => Some(b),
+                    _ => None,
+                })
+                .unwrap()
+        };
+        let acting = binding(json!({"provider": "fake"}));
+        let shadow = binding(json!({"provider": "fake", "shadow": true}));
+        assert_eq!(acting.role_ref.name, settings.manager_cluster_role);
+        assert_eq!(shadow.role_ref.name, settings.manager_shadow_cluster_role);
+        assert_eq!(shadow.metadata.name.as_deref(), Some("ccm-operator:kube-system:aws:shadow"));
+        assert_ne!(acting.metadata.name, shadow.metadata.name, "switching prunes one and creates the other");
+        assert_eq!(shadow.subjects, acting.subjects);
     }
 }

@@ -24,6 +24,9 @@ pub struct BuildSettings {
     pub manager_cluster_role: String,
     /// The ClusterRole bound in the CR's namespace (Lease and CR status), per CR.
     pub manager_namespace_role: String,
+    /// The read-only ClusterRole the chart installs for managers in shadow mode (`spec.shadow`),
+    /// bound cluster-wide instead of [`Self::manager_cluster_role`].
+    pub manager_shadow_cluster_role: String,
     /// The ClusterRole the chart installs for announcers (Services, EndpointSlices, events),
     /// bound cluster-wide per CR with `spec.announcer`.
     pub announcer_cluster_role: String,
@@ -43,6 +46,7 @@ impl Default for BuildSettings {
             manager_image: "ghcr.io/ccm-rs/cloud-controller-manager:latest".to_string(),
             manager_cluster_role: "ccm-manager".to_string(),
             manager_namespace_role: "ccm-manager-namespace".to_string(),
+            manager_shadow_cluster_role: "ccm-manager-shadow".to_string(),
             announcer_cluster_role: "ccm-announcer".to_string(),
             announcer_namespace_role: "ccm-announcer-namespace".to_string(),
             policy: crate::validate::Policy::default(),

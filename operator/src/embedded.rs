@@ -416,11 +416,9 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// The resource these tests run: `kube-system/bm`.
     fn cr(spec: serde_json::Value) -> CloudControllerManager {
-        let spec: crds::CloudControllerManagerSpec = serde_json::from_value(spec).unwrap();
-        let mut c = CloudControllerManager::new("bm", spec);
-        c.metadata.namespace = Some("kube-system".into());
-        c
+        testkit::cr("kube-system", "bm", spec)
     }
 
     fn validated(c: &CloudControllerManager, hash: Option<&str>) -> Validated {

@@ -238,7 +238,12 @@ async fn start_with(config: OperatorConfig, shutdown: CancellationToken) -> Resu
         Some(http) => {
             let listener = Listener::bind(http).await?;
             let addr = listener.local_addr();
-            let state = HttpState { health: health.clone(), ready: ready.clone(), metrics: metrics.registry.clone() };
+            let state = HttpState {
+                health: health.clone(),
+                ready: ready.clone(),
+                metrics: metrics.registry.clone(),
+                capabilities: None,
+            };
             tokio::spawn(listener.serve(state, shutdown.clone()));
             Some(addr)
         }

@@ -59,6 +59,11 @@ struct RunFlags {
     /// for the manager's Lease and the CR's status; the operator needs only `bind` on it.
     #[arg(long, default_value = "ccm-manager-namespace", value_name = "name")]
     manager_namespace_role: String,
+    /// Read-only ClusterRole (installed by the Helm chart) bound cluster-wide, instead of
+    /// --manager-cluster-role, to the manager of a CR with spec.shadow: a shadow manager reads
+    /// Nodes and Services and writes none.
+    #[arg(long, default_value_t = BuildSettings::default().manager_shadow_cluster_role, value_name = "name")]
+    manager_shadow_cluster_role: String,
     /// HTTPS address of /healthz, /livez, /readyz and /metrics; empty disables them. Paths
     /// outside --authorization-always-allow-paths need a bearer token that the API server
     /// accepts (TokenReview) and allows (SubjectAccessReview), as the manager's --secure-port.
@@ -109,11 +114,31 @@ struct RunFlags {
     /// Pod is not, and passes false.
     #[arg(long, default_value_t = true, action = ArgAction::Set, value_name = "bool")]
     embedded_host_network: bool,
-    /// Images a CloudControllerManager's spec.deployment.image may name: each entry allows the
-    /// image equal to it or starting with it (`registry/repo:` any tag, `registry/repo@` any
-    /// digest). Empty: only --manager-image.
+    /// Images a CloudControllerManager's spec.deployment.image may name, on repository
+    /// boundaries: `registry/repo:` any tag, `registry/repo@` any digest, `registry/` any
+    /// repository there, `registry/repo` any tag or digest of it (not `registry/repo-evil`), an
+    /// entry with a tag or digest that image only. Empty: only --manager-image.
     #[arg(long, value_delimiter = ',', value_name = "strings")]
     allowed_images: Vec<String>,
+    /// spec.deployment.image must be pinned by digest (name@sha256:...).
+    #[arg(long, default_value_t = false, action = ArgAction::Set, value_name = "bool")]
+    require_image_digest: bool,
+    /// spec.deployment.image may be tagged latest, or have no tag (which pulls latest).
+    #[arg(long, default_value_t = false, action = ArgAction::Set, value_name = "bool")]
+    allow_latest_image: bool,
+    /// The most a manager container may request or be limited to, as name=quantity pairs,
+    /// comma-separated; a resource not listed may not be asked for, and with a memory maximum a
+    /// CR's spec.deployment.resources must set a memory limit. Empty: no maximum.
+    #[arg(long, value_delimiter = ',', default_value = operator::validate::DEFAULT_MAX_CONTAINER_RESOURCES, value_name = "name=quantity")]
+    max_container_resources: Vec<String>,
+    /// Allow DaemonSet mode on every Node: an empty spec.deployment.nodeSelector, and a
+    /// toleration of every taint (operator Exists without a key).
+    #[arg(long, default_value_t = false, action = ArgAction::Set, value_name = "bool")]
+    allow_any_node: bool,
+    /// Lease names no CloudControllerManager (nor its migration Lease) may take, besides the
+    /// built-in ones, comma-separated; an entry ending in '*' is a prefix.
+    #[arg(long, value_delimiter = ',', value_name = "names")]
+    reserved_lease_names: Vec<String>,
     /// The most replicas a CloudControllerManager may ask for (spec.deployment.replicas).
     #[arg(long, default_value_t = operator::validate::DEFAULT_MAX_REPLICAS, value_name = "int")]
     max_replicas: i32,
@@ -125,6 +150,10 @@ struct RunFlags {
     /// baremetal provider (the chart's announcer.enabled, which installs their ClusterRoles).
     #[arg(long, default_value_t = false, action = ArgAction::Set, value_name = "bool")]
     allow_announcers: bool,
+    /// Namespaces, comma-separated, where spec.announcer may be set; empty: every namespace of
+    /// --cloud-config-namespaces.
+    #[arg(long, value_delimiter = ',', value_name = "namespaces")]
+    announcer_namespaces: Vec<String>,
     /// Image of the BIRD sidecar of spec.announcer.bgp; empty refuses bgp.
     #[arg(long, default_value = "", value_name = "image")]
     bird_image: String,
@@ -157,6 +186,22 @@ fn init_logging(level: &str, json: bool) {
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     let _ = if json { builder.json().try_init() } else { builder.try_init() };
+}
+
+/// Refuses a `--max-container-resources` below the resources the operator gives a CR that sets
+/// none: its managers could never start.
+fn defaults_within(maximums: &[operator::validate::ResourceMaximum]) -> Result<(), operator::Error> {
+    let defaults = operator::build::default_resources();
+    for (name, quantity) in defaults.requests.iter().chain(defaults.limits.iter()).flatten() {
+        let Some(max) = maximums.iter().find(|m| &m.name == name) else { continue };
+        if operator::validate::quantity::Amount::parse(&quantity.0).is_ok_and(|a| a > max.amount) {
+            return Err(operator::Error::Config(format!(
+                "--max-container-resources: {name} {} is below the {} the operator gives managers whose resource sets no spec.deployment.resources",
+                max.shown, quantity.0
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn lease_namespace(flag: Option<String>) -> String {
@@ -222,18 +267,28 @@ async fn run(flags: RunFlags) -> Result<(), operator::Error> {
         config.cloud_config_namespaces = Some(cloud_config_namespaces);
     }
     let list = |v: Vec<String>| v.into_iter().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
+    let max_container_resources = operator::validate::parse_max_container_resources(&flags.max_container_resources)
+        .map_err(|e| operator::Error::Config(e.to_string()))?;
+    defaults_within(&max_container_resources)?;
     config.build = BuildSettings {
         manager_image: flags.manager_image,
         manager_cluster_role: flags.manager_cluster_role,
         manager_namespace_role: flags.manager_namespace_role,
+        manager_shadow_cluster_role: flags.manager_shadow_cluster_role,
         announcer_cluster_role: flags.announcer_cluster_role,
         announcer_namespace_role: flags.announcer_namespace_role,
         policy: operator::validate::Policy {
             allowed_images: list(flags.allowed_images),
+            require_image_digest: flags.require_image_digest,
+            allow_latest_image: flags.allow_latest_image,
             max_replicas: flags.max_replicas,
             allowed_priority_classes: list(flags.allowed_priority_classes),
+            max_container_resources,
+            allow_any_node: flags.allow_any_node,
             allow_announcers: flags.allow_announcers,
+            announcer_namespaces: list(flags.announcer_namespaces),
             bird_image: Some(flags.bird_image.trim().to_string()).filter(|i| !i.is_empty()),
+            reserved_lease_names: list(flags.reserved_lease_names),
         },
         manager_disable_http2: std::env::var(client::DISABLE_HTTP2_ENV).is_ok_and(|v| !v.is_empty()),
     };

@@ -52,6 +52,12 @@ pub const LEADER_MIGRATION_DIR: &str = "/etc/kubernetes/leader-migration";
 pub const LEADER_MIGRATION_FILE: &str = "config.yaml";
 /// The projected volume of the leader-migration file.
 pub const LEADER_MIGRATION_VOLUME: &str = "leader-migration";
+/// The manager binary in the manager image, the only command of manager and announcer
+/// containers (the chart's admission policy admits no other).
+pub const MANAGER_COMMAND: &str = "cloud-controller-manager";
+/// The environment variable holding the Pod's own address (downward API `status.podIP`), which
+/// the manager's `--bind-address` names.
+pub const POD_IP_ENV: &str = "POD_IP";
 /// The manager's secure port (upstream default), also its probe port.
 pub const MANAGER_PORT: i32 = crds::defaults::SECURE_PORT as i32;
 
@@ -100,6 +106,12 @@ pub fn migration_create_binding_name(cr_namespace: &str, cr_name: &str) -> Strin
 /// Name of the cluster-scoped ClusterRoleBinding; it carries the namespace so names never clash.
 pub fn cluster_role_binding_name(namespace: &str, cr_name: &str) -> String {
     format!("ccm-operator:{namespace}:{cr_name}")
+}
+
+/// Name of the ClusterRoleBinding of a manager in shadow mode (to the read-only ClusterRole):
+/// another name than [`cluster_role_binding_name`], because a binding's role cannot change.
+pub fn shadow_cluster_role_binding_name(namespace: &str, cr_name: &str) -> String {
+    format!("ccm-operator:{namespace}:{cr_name}:shadow")
 }
 
 /// `app.kubernetes.io/name` of announcer pods (never counted as manager pods).
@@ -187,6 +199,7 @@ mod tests {
     #[test]
     fn cluster_role_binding_names_carry_the_namespace() {
         assert_ne!(cluster_role_binding_name("a", "x"), cluster_role_binding_name("b", "x"));
+        assert_ne!(shadow_cluster_role_binding_name("a", "x"), cluster_role_binding_name("a", "x"));
     }
 }
 

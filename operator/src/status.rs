@@ -287,6 +287,8 @@ pub fn compute(input: &StatusInput<'_>) -> ComputedStatus {
             }),
         // The manager's (shadow mode); never applied by the operator.
         shadow: None,
+        // The manager's leader writes the orphan report; never applied by the operator.
+        orphans: None,
         // Zeros until the DaemonSet exists; gone with `spec.announcer`.
         announcers: cr.spec.announcer.as_ref().map(|_| {
             let d = input.announcers;
@@ -540,7 +542,6 @@ fn degraded_condition(input: &StatusInput<'_>) -> DesiredCondition {
 mod tests {
     use super::*;
     use crate::validate::{Failure, Validated};
-    use crds::CloudControllerManagerSpec;
     use crds::conditions::reasons as ready_reasons;
     use k8s_openapi::jiff::Timestamp;
 
@@ -548,11 +549,9 @@ mod tests {
         Time(Timestamp::from_second(secs).unwrap())
     }
 
+    /// A `fake` resource in `mode`, at its first generation.
     fn cr(mode: &str) -> CloudControllerManager {
-        let spec: CloudControllerManagerSpec =
-            serde_json::from_value(json!({"provider": "fake", "mode": mode})).unwrap();
-        let mut cr = CloudControllerManager::new("aws", spec);
-        cr.metadata.namespace = Some("kube-system".into());
+        let mut cr = testkit::cr("kube-system", "aws", json!({"provider": "fake", "mode": mode}));
         cr.metadata.generation = Some(1);
         cr
     }

@@ -80,3 +80,64 @@ ccm-operator
 {{- end }}
 {{- required "the chart's crds/ folder holds no CRD" (join ", " $names) }}
 {{- end }}
+
+{{/* The namespaces where managers run (cloudConfig.namespaces), as a JSON list. */}}
+{{- define "ccm-operator.managedNamespaces" -}}
+{{- .Values.cloudConfig.namespaces | toJson }}
+{{- end }}
+
+{{/* The namespaces where announcers may run: announcer.namespaces, else every managed one; a JSON list. */}}
+{{- define "ccm-operator.announcerNamespaces" -}}
+{{- default .Values.cloudConfig.namespaces .Values.announcer.namespaces | toJson }}
+{{- end }}
+
+{{/* The image allow-list (admissionPolicy.allowedImages; empty: the manager repository, any tag or digest), a JSON list. */}}
+{{- define "ccm-operator.allowedImages" -}}
+{{- $images := .Values.admissionPolicy.allowedImages }}
+{{- if not $images }}
+{{- $images = list (printf "%s:" .Values.manager.image.repository) (printf "%s@" .Values.manager.image.repository) }}
+{{- end }}
+{{- $images | toJson }}
+{{- end }}
+
+{{/*
+The allow-list on repository boundaries, as the operator reads it (operator/src/validate/policy.rs
+image_entry_allows), a JSON object {"exact": [...], "prefixes": [...]}: an entry ending in ":", "@"
+or "/" is a prefix; one with a tag or digest is exact; a repository is exact and the prefixes
+"<repo>:" and "<repo>@", so that "registry/repo" never admits "registry/repo-evil".
+*/}}
+{{- define "ccm-operator.imageMatch" -}}
+{{- $exact := list }}
+{{- $prefixes := list }}
+{{- range $e := (include "ccm-operator.allowedImages" . | fromJsonArray) }}
+{{- if or (hasSuffix ":" $e) (hasSuffix "@" $e) (hasSuffix "/" $e) }}
+{{- $prefixes = append $prefixes $e }}
+{{- else if or (contains "@" $e) (contains ":" (splitList "/" $e | last)) }}
+{{- $exact = append $exact $e }}
+{{- else }}
+{{- $exact = append $exact $e }}
+{{- $prefixes = append $prefixes (printf "%s:" $e) }}
+{{- $prefixes = append $prefixes (printf "%s@" $e) }}
+{{- end }}
+{{- end }}
+{{- dict "exact" $exact "prefixes" $prefixes | toJson }}
+{{- end }}
+
+{{/* Lease names no manager may take and the operator may not write (operator/src/validate/conflicts.rs, plus manager.reservedLeaseNames), a JSON object {"names": [...], "prefixes": [...]}. */}}
+{{- define "ccm-operator.reservedLeases" -}}
+{{- $names := list "kube-controller-manager" "kube-scheduler" "cloud-controller-manager" "ccm-operator" }}
+{{- $prefixes := list "kube-" "apiserver-" "l2-announcer-" }}
+{{- range $e := .Values.manager.reservedLeaseNames }}
+{{- if hasSuffix "*" $e }}
+{{- $prefixes = append $prefixes (trimSuffix "*" $e) }}
+{{- else }}
+{{- $names = append $names $e }}
+{{- end }}
+{{- end }}
+{{- dict "names" $names "prefixes" $prefixes | toJson }}
+{{- end }}
+
+{{/* The BIRD sidecar's fixed command (operator/src/announcer.rs bird_command), as a CEL list. */}}
+{{- define "ccm-operator.birdCommand" -}}
+['sh', '-c', 'until [ -s /run/bird/bird.conf ]; do sleep 1; done; exec bird -f -c /run/bird/bird.conf -s /run/bird/bird.ctl']
+{{- end }}

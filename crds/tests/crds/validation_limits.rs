@@ -271,6 +271,10 @@ fn cel_rules_give_the_crd_messages_without_the_value() {
             json!({"provider": "fake", "leaderElection": {"retryPeriod": "0s", "renewDeadline": "1s", "leaseDuration": "2s"}}),
             "which must be positive",
         ),
+        (
+            json!({"provider": "fake", "nodePlatforms": ["aws", "SECRET:"]}),
+            "spec.nodePlatforms: Invalid value: \"array\": every entry must be a platform name",
+        ),
     ];
     for (spec, want) in cases {
         let p = problems(&spec);

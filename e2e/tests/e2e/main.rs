@@ -8,6 +8,7 @@
 //! The real-cluster scenarios are the one other test binary (`tests/realcluster.rs`): they need
 //! their own runner (one cluster per run, scenarios in order, the host checked at the end).
 
+mod admission_bounds;
 mod admission_policy;
 mod chart;
 mod dependencies;

@@ -6,10 +6,8 @@
 
 use std::time::{Duration, Instant};
 
-use crate::kit::{Env, HARNESS_AGENT, LogCapture, condition, eventually, eventually_value, render_chart};
+use crate::kit::{Env, HARNESS_AGENT, LogCapture, condition, render_chart};
 use crds::conditions::types;
-use e2e_apiserver::{Backend, TestCluster};
-use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
@@ -18,22 +16,14 @@ use operator::build::{BuildSettings, Desired};
 use operator::reasons::config_valid;
 use operator::{OperatorConfig, Scope};
 use serde_json::{Value, json};
+use testkit::{Backend, TestCluster, eventually, poll_within};
 
 /// The recognizable value planted in cloud-configs.
 const TOKEN: &str = "SECRET-TOKEN-12345";
 
 /// A Secret with one key, in `namespace`.
 async fn put_secret(client: &Client, namespace: &str, name: &str, value: &[u8]) {
-    let secret = Secret {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some(namespace.into()),
-            labels: Some(crate::kit::cloud_config_labels()),
-            ..Default::default()
-        },
-        data: Some([("cloud.conf".to_string(), ByteString(value.to_vec()))].into()),
-        ..Default::default()
-    };
+    let secret = testkit::cloud_config_secret(namespace, name, "cloud.conf", value);
     Api::<Secret>::namespaced(client.clone(), namespace)
         .patch(name, &PatchParams::apply(HARNESS_AGENT).force(), &Patch::Apply(&secret))
         .await
@@ -61,7 +51,7 @@ async fn config_valid_is(client: &Client, namespace: &str, name: &str, status: &
         .is_some_and(|c| c.status == status && c.reason == reason)
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     /// A resource in a namespace outside --cloud-config-namespaces gets ConfigValid=False
     /// NamespaceNotAllowed with a message naming the setting; its Secret there is never read,
     /// while a resource in an allowed namespace is served.
@@ -142,7 +132,7 @@ e2e_apiserver::backend_tests! {
         assert!(refused * 10 >= docs.len() * 9, "only {refused} of {} documents were refused: {verdicts:?}", docs.len());
         // Events are written in the background: wait until every refusal has one.
         let events: Api<k8s_openapi::api::events::v1::Event> = env.api();
-        let all_events = eventually_value(Duration::from_secs(30), || async {
+        let all_events = poll_within(Duration::from_secs(30), || async {
             let list = events.list(&ListParams::default()).await.ok()?;
             (list.items.len() >= refused).then_some(list)
         })
@@ -241,7 +231,7 @@ where
     env.api::<K>().get_opt(name).await.expect("reading the object").and_then(|o| o.meta().resource_version.clone())
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     /// A ServiceAccount, Deployment, RoleBinding or ClusterRoleBinding that exists under a
     /// child's name and was not created by the operator for this resource (unlabelled, or
     /// labelled for another resource) stops the resource with ConfigValid=False NameConflict
@@ -396,11 +386,12 @@ e2e_apiserver::backend_tests! {
     }
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     /// A resource asking for more than the installation allows (an image outside the allow-list,
-    /// `--kubeconfig` and `--authorization-*` in extraArgs, more replicas than the maximum, a
-    /// priority class not on the list) gets ConfigValid=False NotAllowedByPolicy with a message
-    /// naming each field, and nothing is deployed; within the policy it is deployed with the
+    /// `--kubeconfig` and `--authorization-*` in extraArgs, `--v=5` where the AWS SDK logs
+    /// credentials, `--bind-address`, more replicas than the maximum, a priority class not on the
+    /// list, resources above the maximum or of a kind not allowed) gets ConfigValid=False
+    /// NotAllowedByPolicy with a message naming each field, and nothing is deployed; within the policy it is deployed with the
     /// default memory limit, and a later edit outside the policy leaves the running manager as it
     /// was.
     async fn a_resource_asking_for_more_than_the_policy_allows_is_refused_naming_each_field(backend) {
@@ -409,11 +400,14 @@ e2e_apiserver::backend_tests! {
         let env = Env::start(backend, "policy").await;
         let op = env.operator().await;
         let mut greedy = lb_only("greedy");
-        greedy["extraArgs"] = json!(["--v=2", "--kubeconfig=/etc/kubernetes/admin.conf", "--authorization-always-allow-paths=/metrics"]);
-        greedy["deployment"] = json!({"image": "evil.example/miner:1", "replicas": 6, "priorityClassName": "system-node-critical"});
+        greedy["extraArgs"] = json!(["--v=2", "--kubeconfig=/etc/kubernetes/admin.conf", "--authorization-always-allow-paths=/metrics", "--v=5", "--bind-address=0.0.0.0"]);
+        greedy["deployment"] = json!({"image": "evil.example/miner:1", "replicas": 6, "priorityClassName": "system-node-critical",
+            "resources": {"requests": {"cpu": "64", "nvidia.com/gpu": "1"}, "limits": {"memory": "64Gi"}}});
         env.apply_cr("greedy", greedy).await;
         let c = env.wait_status("greedy", types::CONFIG_VALID, "False", config_valid::NOT_ALLOWED_BY_POLICY).await;
-        for field in ["spec.deployment.image", "spec.deployment.replicas", "spec.deployment.priorityClassName", "spec.extraArgs[1]", "spec.extraArgs[2]"] {
+        for field in ["spec.deployment.image", "spec.deployment.replicas", "spec.deployment.priorityClassName", "spec.extraArgs[1]", "spec.extraArgs[2]",
+                      "spec.extraArgs[3]", "spec.extraArgs[4]", "spec.deployment.resources.requests.cpu",
+                      "spec.deployment.resources.requests.nvidia.com/gpu", "spec.deployment.resources.limits.memory"] {
             assert!(c.message.contains(field), "{field} not named: {}", c.message);
         }
         assert!(!c.message.contains("spec.extraArgs[0]"), "--v is allowed: {}", c.message);
@@ -428,7 +422,7 @@ e2e_apiserver::backend_tests! {
         env.apply_cr("greedy", modest).await;
         env.wait_status("greedy", types::CONFIG_VALID, "True", config_valid::VALID).await;
         let deployments = env.api::<Deployment>();
-        let deployed = crate::kit::eventually_value(Duration::from_secs(30), || async {
+        let deployed = testkit::poll_within(Duration::from_secs(30), || async {
             deployments.get_opt("ccm-greedy").await.ok().flatten()
         })
         .await
@@ -514,9 +508,12 @@ fn token_documents() -> Vec<(&'static str, String)> {
         format!("[Global]\nRoleARN = {t}\n"),
         format!("[Global]\nElbSecurityGroup = {t}\n"),
         format!("[Global]\nDisableSecurityGroupIngress = {t}\n"),
-        format!("[Global]\n{t} = 1\n"),
-        format!("[Global]\n{t}\n"),
-        format!("[{t}]\nZone = us-east-1a\n"),
+        // An unknown key or section is only warned about (the manager logs it), so each of
+        // these also carries a value that is refused: the token must not leak through that
+        // refusal either.
+        format!("[Global]\n{t} = 1\nZone = {t}\n"),
+        format!("[Global]\n{t}\nVPC = {t}\n"),
+        format!("[{t}]\nZone = us-east-1a\n[Global]\nZone = {t}\n"),
         format!("[ServiceOverride \"{t}\"]\nService = {t}\nRegion = {t}\nURL = {t}\nSigningRegion = {t}\n"),
         format!("[ServiceOverride \"1\"]\nService = ec2\nRegion = us-east-1\nURL = {t}\nSigningRegion = us-east-1\n"),
     ];
@@ -695,17 +692,13 @@ async fn manager_pods_pass_restricted_pod_security_admission_except_host_network
     }
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     /// A resource cannot point the operator at a Secret not meant for a manager: an unlabelled
     /// Secret is never read (no request names it), looks exactly like a missing one, and its
     /// content reaches nothing; labelled, the same Secret is used; unlabelled again, dropped.
     async fn a_secret_not_labelled_as_a_cloud_config_is_never_read_and_looks_missing(backend) {
         let env = Env::start(backend, "secret-label").await;
-        let plain = Secret {
-            metadata: ObjectMeta { name: Some("plain".into()), namespace: Some(env.ns.clone()), ..Default::default() },
-            data: Some([("cloud.conf".to_string(), ByteString(format!("# {TOKEN}\nautoInstances: true\n").into_bytes()))].into()),
-            ..Default::default()
-        };
+        let plain = testkit::secret(&env.ns, "plain", "cloud.conf", format!("# {TOKEN}\nautoInstances: true\n").as_bytes());
         env.api::<Secret>().create(&PostParams::default(), &plain).await.expect("the unlabelled Secret");
         let op = env.operator().await;
         // Disjoint controllers, so that the two resources do not conflict.
@@ -742,9 +735,9 @@ e2e_apiserver::backend_tests! {
     }
 }
 
-e2e_apiserver::backend_tests! {
-    /// `spec.announcer` (issue 27): refused with NotAllowedByPolicy naming the field where the
-    /// installation does not allow announcers; allowed, the operator renders the announcer's
+testkit::backend_tests! {
+    /// `spec.announcer` (issues 27 and 45): refused with NotAllowedByPolicy naming the field where
+    /// the installation does not allow announcers, or not in this namespace; allowed, the operator renders the announcer's
     /// ServiceAccount, bindings and DaemonSet beside the manager (its pods not counted as
     /// manager pods), and removing the field prunes exactly those, the manager untouched.
     async fn an_announcer_is_rendered_only_where_allowed_and_pruned_when_removed(backend) {
@@ -762,6 +755,17 @@ e2e_apiserver::backend_tests! {
         assert!(!crate::kit::exists::<Deployment>(&env, "ccm-metal").await, "nothing is deployed");
         let _ = tokio::time::timeout(Duration::from_secs(20), op.stop()).await;
 
+        // Allowed, but in other namespaces only: refused, naming the field and the setting.
+        let mut config = env.operator_config();
+        config.build.policy.allow_announcers = true;
+        config.build.policy.announcer_namespaces = vec!["elsewhere".into()];
+        let op = operator::start(config).await.expect("the operator starts");
+        let c = env.wait_condition("metal", types::CONFIG_VALID, |c| c.message.contains("announcer.namespaces")).await;
+        assert_eq!(c.reason, config_valid::NOT_ALLOWED_BY_POLICY);
+        assert!(c.message.starts_with("spec.announcer:") && c.message.contains(&env.ns), "{}", c.message);
+        assert!(!crate::kit::exists::<Deployment>(&env, "ccm-metal").await, "nothing is deployed");
+        let _ = tokio::time::timeout(Duration::from_secs(20), op.stop()).await;
+
         // Allowed: the announcer's objects beside the manager's.
         let mut config = env.operator_config();
         config.build.policy.allow_announcers = true;
@@ -769,7 +773,7 @@ e2e_apiserver::backend_tests! {
         env.wait_status("metal", types::CONFIG_VALID, "True", config_valid::VALID).await;
         let name = operator::names::announcer_name("metal");
         let daemon_sets = env.api::<DaemonSet>();
-        let ds = crate::kit::eventually_value(Duration::from_secs(30), || async {
+        let ds = testkit::poll_within(Duration::from_secs(30), || async {
             daemon_sets.get_opt(&name).await.ok().flatten()
         })
         .await
@@ -787,7 +791,7 @@ e2e_apiserver::backend_tests! {
         assert!(crbs.get_opt(&crb_name).await.unwrap().is_some(), "the announcer's ClusterRoleBinding");
         let manager_template = env.api::<Deployment>().get("ccm-metal").await.unwrap().spec.unwrap().template;
         // Its Pods are counted in status (no kubelet here: none scheduled).
-        let counted = crate::kit::eventually_value(Duration::from_secs(30), || async {
+        let counted = testkit::poll_within(Duration::from_secs(30), || async {
             env.cr("metal").await.status?.announcers
         })
         .await;
@@ -796,7 +800,7 @@ e2e_apiserver::backend_tests! {
         // Removed from the spec: the announcer's objects go, the manager stays as it was.
         let remove = json!({"spec": {"announcer": null}});
         env.crs().patch("metal", &PatchParams::default(), &Patch::Merge(&remove)).await.expect("announcer removed");
-        let gone = crate::kit::eventually_value(Duration::from_secs(30), || async {
+        let gone = testkit::poll_within(Duration::from_secs(30), || async {
             let ds = daemon_sets.get_opt(&name).await.ok()?;
             let crb = crbs.get_opt(&crb_name).await.ok()?;
             (ds.is_none() && crb.is_none()).then_some(())
@@ -806,7 +810,7 @@ e2e_apiserver::backend_tests! {
         assert!(!crate::kit::exists::<ServiceAccount>(&env, &name).await, "and its ServiceAccount");
         let now = env.api::<Deployment>().get("ccm-metal").await.unwrap().spec.unwrap().template;
         assert_eq!(now, manager_template, "the manager was not changed");
-        let cleared = crate::kit::eventually_value(Duration::from_secs(30), || async {
+        let cleared = testkit::poll_within(Duration::from_secs(30), || async {
             env.cr("metal").await.status.is_some_and(|s| s.announcers.is_none()).then_some(())
         })
         .await;

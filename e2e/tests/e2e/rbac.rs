@@ -17,6 +17,10 @@
 //! ServiceAccount would be bound to (verbs, API groups, resources, subresources,
 //! resourceNames, and the namespace of a RoleBinding). Rules never exercised are printed.
 //!
+//! On the genuine backend the operator scenarios (Deployment, DaemonSet and Embedded modes) and
+//! the announcer also run with the chart's admission policies in force, so they show that the
+//! policies admit everything the operator and the announcer do.
+//!
 //! Covered: the manager (the `cloud-controller-manager` program, in-process, with the `fake`
 //! provider) against the `ccm-manager` ClusterRole (cluster-wide) and `ccm-manager-namespace`
 //! (bound in its resource's namespace), as the operator binds them; and the operator, in
@@ -30,10 +34,8 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::kit::eventually_within;
 use ccm_framework::serving::{AuthConfig, AuthSettings, HttpConfig};
 use clap::Parser;
-use e2e_apiserver::{RequestRecord, TestCluster};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Node, Secret, Service, ServiceAccount};
@@ -45,6 +47,7 @@ use kube::Client;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
 use serde_json::{Value, json};
+use testkit::{RequestRecord, TestCluster, eventually_within};
 
 /// The user agent of this test's own requests, so they are left out of the proof.
 const HARNESS_AGENT: &str = "rbac-proof-harness";
@@ -330,21 +333,12 @@ fn harness_client(cluster: &TestCluster) -> Client {
 }
 
 /// Poll `check` until it holds or `timeout` passes; the error names the step.
-async fn step<F, Fut>(what: &str, timeout: Duration, mut check: F) -> Result<(), String>
+async fn step<F, Fut>(what: &str, timeout: Duration, check: F) -> Result<(), String>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if check().await {
-            return Ok(());
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return Err(what.to_string());
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    testkit::poll_within(timeout, check).await.ok_or_else(|| what.to_string())
 }
 
 /// How long a scenario that must pass waits for one step.
@@ -384,6 +378,18 @@ async fn apply_chart_rbac(client: &Client, objects: &[Value], without: Option<(u
         api.patch(&name, &PatchParams::apply(HARNESS_AGENT).force(), &Patch::Apply(&object))
             .await
             .unwrap_or_else(|e| panic!("applying the chart's {kind} {name}: {e}"));
+    }
+}
+
+/// Server-side applies the chart's admission policies and their bindings as rendered: the
+/// scenarios then also show that the policies admit everything the operator does (issue 45).
+async fn apply_chart_policies(client: &Client, objects: &[Value]) {
+    for policy in
+        objects.iter().filter(|o| o["kind"].as_str().is_some_and(|k| k.starts_with("ValidatingAdmissionPolicy")))
+    {
+        crate::kit::apply_dynamic(client, policy)
+            .await
+            .unwrap_or_else(|e| panic!("applying the chart's {} {}: {e}", policy["kind"], policy["metadata"]["name"]));
     }
 }
 
@@ -459,6 +465,16 @@ fn operator_rule_sites(objects: &[Value]) -> Vec<(usize, usize, String)> {
         }
     }
     sites
+}
+
+/// The value of `flag` among the arguments the chart passes to the operator.
+fn chart_arg(objects: &[Value], flag: &str) -> Option<String> {
+    let prefix = format!("{flag}=");
+    objects
+        .iter()
+        .filter(|o| o["kind"] == "Deployment")
+        .flat_map(|o| o["spec"]["template"]["spec"]["containers"][0]["args"].as_array().cloned().unwrap_or_default())
+        .find_map(|a| a.as_str()?.strip_prefix(&prefix).map(str::to_string))
 }
 
 /// The chart's operator's client configuration: its ServiceAccount's token on the genuine
@@ -541,6 +557,10 @@ async fn start_operator(
     config.cloud_config_namespaces = Some(vec![namespace.to_string()]);
     config.leader_election = Some(operator::OperatorConfig::operator_lease(RELEASE_NAMESPACE, &config.identity));
     config.timings.debounce = Duration::from_millis(200);
+    // The manager image the chart passes (`--manager-image`), which its admission policies admit.
+    if let Some(image) = chart_arg(objects, "--manager-image") {
+        config.build.manager_image = image;
+    }
     let handle = tokio::time::timeout(timeout, operator::start(config))
         .await
         .map_err(|_| "the operator starts".to_string())?
@@ -580,23 +600,15 @@ async fn operator_world(client: &Client, namespace: &str) {
         .patch(
             "fake-cloud-config",
             &PatchParams::apply(HARNESS_AGENT).force(),
-            &Patch::Apply(&cloud_config_secret("autoInstances: true\n")),
+            &Patch::Apply(&cloud_config_secret(namespace, "autoInstances: true\n")),
         )
         .await
         .expect("secret");
 }
 
-/// The fake provider's cloud-config Secret.
-fn cloud_config_secret(config: &str) -> Secret {
-    Secret {
-        metadata: kube::api::ObjectMeta {
-            name: Some("fake-cloud-config".into()),
-            labels: Some(crate::kit::cloud_config_labels()),
-            ..Default::default()
-        },
-        string_data: Some([("cloud.conf".to_string(), config.to_string())].into()),
-        ..Default::default()
-    }
+/// The fake provider's cloud-config Secret in `namespace`.
+fn cloud_config_secret(namespace: &str, config: &str) -> Secret {
+    testkit::cloud_config_secret(namespace, "fake-cloud-config", "cloud.conf", config.as_bytes())
 }
 
 /// Values the chart is rendered with: the resources live in [`CR_NAMESPACE`].
@@ -686,7 +698,7 @@ async fn deployment_scenario(client: &Client, namespace: &str, timeout: Duration
 
     // Rotate the cloud-config: a new pod template.
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let rotated = serde_json::to_value(cloud_config_secret("autoInstances: true\nbatchSize: 50\n")).unwrap();
+    let rotated = serde_json::to_value(cloud_config_secret(namespace, "autoInstances: true\nbatchSize: 50\n")).unwrap();
     secrets.patch("fake-cloud-config", &PatchParams::default(), &Patch::Merge(&rotated)).await.expect("rotate");
     step("the resource rolls out the new cloud-config", timeout, || async {
         ccms.get_status("dep").await.ok().is_some_and(|c| condition_is(&c, "Progressing", "True"))
@@ -975,7 +987,7 @@ async fn manager_steps(
 /// The first request of `user` refused (403) since `mark` (genuine backend: the audit log): the
 /// removed rule at work, so that a step that broke for another reason (a slow run) is not
 /// taken as proof.
-fn first_refusal(log: &e2e_apiserver::RequestLog, mark: u64, user: &str) -> Option<String> {
+fn first_refusal(log: &testkit::RequestLog, mark: u64, user: &str) -> Option<String> {
     log.since(mark)
         .into_iter()
         .find(|r| r.status == 403 && r.user.as_deref() == Some(user))
@@ -998,7 +1010,7 @@ fn cluster_role_rule_sites(objects: &[Value], names: &[&str]) -> Vec<(usize, usi
     sites
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     /// The manager, bound as the operator binds it (the operator itself, run as the chart runs
     /// it, creates the ServiceAccount and bindings), does its work: on the genuine backend with
     /// that ServiceAccount's token, and on both every request is checked against the rules.
@@ -1035,7 +1047,7 @@ e2e_apiserver::backend_tests! {
     }
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     /// Every rule of the chart's manager ClusterRoles is needed: with any one removed (on the
     /// genuine backend, applied and enforced), a named step of the manager scenario breaks; on
     /// the local backend one full run's requests are checked against the reduced rules.
@@ -1111,7 +1123,7 @@ e2e_apiserver::backend_tests! {
     }
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     /// The operator, run as the chart runs it, through Deployment and DaemonSet modes, a refused
     /// resource, a cloud-config rotation and deletion: with its ServiceAccount's token on the
     /// genuine backend, and every request checked against the chart's rules on both.
@@ -1123,6 +1135,7 @@ e2e_apiserver::backend_tests! {
         let grants = grants_for_service_account(&objects, RELEASE_NAMESPACE, &operator_identity(&objects).0);
         if cluster.is_genuine() {
             apply_chart_rbac(&cluster.client(), &objects, None).await;
+            apply_chart_policies(&cluster.client(), &objects).await;
         }
         let log = cluster.request_log();
         let mark = log.mark();
@@ -1141,7 +1154,7 @@ e2e_apiserver::backend_tests! {
     }
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     /// Every rule the chart grants the operator is needed: with any one removed, a named step of
     /// the Deployment/DaemonSet scenario breaks. On the genuine backend the scenario runs with
     /// the reduced RBAC applied (the genuine authorizer decides); on the local one the requests
@@ -1220,7 +1233,7 @@ e2e_apiserver::backend_tests! {
     }
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     /// The operator in Embedded mode, run as the chart runs it with `embedded.enabled`: its
     /// engine initializes Nodes and the resource becomes Ready, then goes on deletion.
     async fn operator_requests_in_embedded_mode_are_allowed_by_the_chart(backend) {
@@ -1231,6 +1244,7 @@ e2e_apiserver::backend_tests! {
         let grants = grants_for_service_account(&objects, RELEASE_NAMESPACE, &operator_identity(&objects).0);
         if cluster.is_genuine() {
             apply_chart_rbac(&cluster.client(), &objects, None).await;
+            apply_chart_policies(&cluster.client(), &objects).await;
         }
         let nodes: Api<Node> = Api::all(client.clone());
         create_ready_nodes(&nodes).await;
@@ -1334,7 +1348,7 @@ fn rbac_semantics() {
 /// harness's (that server does not authenticate).
 fn requests_of(
     cluster: &TestCluster,
-    log: &e2e_apiserver::RequestLog,
+    log: &testkit::RequestLog,
     mark: u64,
     namespace: &str,
     account: &str,
@@ -1389,23 +1403,41 @@ async fn announced_service(client: &Client, namespace: &str, class: &str, ip: &s
     services.patch_status("web", &PatchParams::default(), &Patch::Merge(&status)).await.expect("its ingress");
 }
 
-e2e_apiserver::backend_tests! {
-    /// The L2 announcer (issue 27), bound as the operator binds it (`spec.announcer`) to the
-    /// chart's announcer ClusterRoles (`announcer.enabled`), does its work with its own token:
-    /// it takes part through its Lease, claims the Service's address, reports `L2Announcing`,
-    /// and deletes its Lease on a graceful stop; every request is checked against the rules, and
-    /// on the genuine backend kube-apiserver's authorizer decided each.
+testkit::backend_tests! {
+    /// The L2 announcer (issues 27 and 45), bound as the operator binds it (`spec.announcer`) to
+    /// the chart's announcer ClusterRoles (`announcer.enabled`, with the pool rules of
+    /// `manager.rbac.poolResources` and `importPools`), does its work with its own token: it
+    /// reads its pools as it does in a pod (the mounted cloud-config, LoadBalancerIPPools,
+    /// MetalLB's and Cilium's pools) and the Nodes, takes part through its Lease, claims the
+    /// Service's address (inside its pools), reports `L2Announcing`, and deletes its Lease on a
+    /// graceful stop; every request is checked against the rules, and on the genuine backend
+    /// kube-apiserver's authorizer decided each, with the chart's admission policies in force
+    /// (its Lease writes pass the announcer-leases policy).
     async fn announcer_requests_are_allowed_by_the_announcer_cluster_roles(backend) {
         use ccm_provider_baremetal::announce::announce_reasons::L2_ANNOUNCING;
         use ccm_provider_baremetal::announce::announcer::{self, AnnouncerSettings, lease_name};
+        use ccm_provider_baremetal::announce::{guard::HostFacts, sources};
+        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
         let cluster = TestCluster::start(backend).await.expect("the API server starts");
         let client = harness_client(&cluster);
         let namespace = cluster.fresh_namespace("announce-proof").await.expect("a namespace");
         operator_world(&client, &namespace).await;
-        let values = json!({"cloudConfig": {"namespaces": [CR_NAMESPACE]}, "announcer": {"enabled": true}});
+        cluster.install_crd(&crds::pool_crd()).await.expect("the pool CRD");
+        for crd in [
+            stand_in_crd("metallb.io", "IPAddressPool", "ipaddresspools", true, "v1beta1"),
+            stand_in_crd("cilium.io", "CiliumLoadBalancerIPPool", "ciliumloadbalancerippools", false, "v2"),
+        ] {
+            let crd: CustomResourceDefinition = serde_json::from_value(crd).expect("a CRD");
+            cluster.install_crd(&crd).await.expect("a stand-in CRD");
+        }
+        let values = json!({"cloudConfig": {"namespaces": [CR_NAMESPACE]}, "announcer": {"enabled": true},
+            "manager": {"rbac": {"poolResources": true, "importPools": true}}});
         let Some(objects) = render_chart(&cluster.kubeconfig_path(), &values) else { return };
         if cluster.is_genuine() {
             apply_chart_rbac(&cluster.client(), &objects, None).await;
+            for policy in objects.iter().filter(|o| o["kind"].as_str().is_some_and(|k| k.starts_with("ValidatingAdmissionPolicy"))) {
+                crate::kit::apply_dynamic(&cluster.client(), policy).await.unwrap_or_else(|e| panic!("{}: {e}", policy["metadata"]["name"]));
+            }
         }
         let bindings = announcer_bindings(&namespace);
         assert_eq!(bindings.len(), 3, "a ServiceAccount and two bindings: {bindings:?}");
@@ -1417,17 +1449,26 @@ e2e_apiserver::backend_tests! {
         let announcer_client = Client::try_from(config).expect("a client");
         let class = format!("ccm.rs/proof-{namespace}");
         announced_service(&client, &namespace, &class, "192.0.2.77").await;
+        // Its pools as a pod mounts them: the cloud-config's (which holds 192.0.2.77), and the
+        // pool resources and imports it reads with its own token.
+        let dir = std::env::temp_dir().join(format!("rbac-announce-proof-{}-{namespace}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a directory");
+        let path = dir.join("cloud.conf");
+        let document = format!("{}  poolResources: true\n  importPools: [metallb, cilium]\n", crate::kit::BAREMETAL_ANNOUNCING);
+        std::fs::write(&path, &document).expect("the cloud-config");
+        let cloud_config = ccm_provider_baremetal::config::parse(document.as_bytes()).expect("a valid cloud-config");
 
         let log = cluster.request_log();
         let mark = log.mark();
         let node = format!("{namespace}-node");
+        let cancel = tokio_util::sync::CancellationToken::new();
         let mut settings = AnnouncerSettings::new(node.clone(), namespace.clone());
+        settings.facts = sources::spawn(announcer_client.clone(), cloud_config, sources::SourceSettings::new(&path), HostFacts::default, cancel.clone());
         settings.class = Some(class);
         settings.lease_duration = Duration::from_secs(2);
         settings.renew_interval = Duration::from_millis(500);
         settings.settle = Duration::from_millis(500);
         let (tx, mut owned) = tokio::sync::watch::channel(BTreeSet::new());
-        let cancel = tokio_util::sync::CancellationToken::new();
         let events = ccm_framework::events::EventSink::spawn(announcer_client.clone(), Some(node.clone()), cancel.clone());
         let task = tokio::spawn(announcer::run(announcer_client, settings, tx, Some(events), cancel.clone()));
         let ip: std::net::IpAddr = "192.0.2.77".parse().expect("an address");
@@ -1440,6 +1481,11 @@ e2e_apiserver::backend_tests! {
         .await;
         cancel.cancel();
         let ended = tokio::time::timeout(Duration::from_secs(20), task).await;
+        let _ = std::fs::remove_dir_all(&dir);
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        for name in ["ipaddresspools.metallb.io", "ciliumloadbalancerippools.cilium.io"] {
+            let _ = crds.delete(name, &DeleteParams::default()).await;
+        }
         assert!(claimed, "the announcer did not claim 192.0.2.77 within {RBAC_WAIT:?}");
         reported.unwrap_or_else(|step| panic!("timed out waiting until {step}"));
         assert!(matches!(ended, Ok(Ok(Ok(())))), "the announcer stopped without error: {ended:?}");
@@ -1447,6 +1493,18 @@ e2e_apiserver::backend_tests! {
         assert!(leases.get_opt(&lease_name(&node)).await.expect("read").is_none(), "its Lease was deleted on stop");
 
         let requests = requests_of(&cluster, &log, mark, &namespace, &account);
+        // The new rules were exercised: the Nodes, the pool resources and both imports.
+        for resource in ["nodes", "loadbalancerippools", "ipaddresspools", "ciliumloadbalancerippools"] {
+            assert!(
+                requests.iter().any(|r| {
+                    // The request log names a grouped resource `plural.group`.
+                    let named = r.resource.as_deref().is_some_and(|x| x == resource || x.starts_with(&format!("{resource}.")));
+                    named && matches!(r.verb.as_str(), "list" | "watch")
+                }),
+                "the announcer never read {resource}: {:?}",
+                requests.iter().map(|r| format!("{} {:?}", r.verb, r.resource)).collect::<Vec<_>>()
+            );
+        }
         let all: Vec<Value> = objects.iter().chain(&bindings).cloned().collect();
         let grants = grants_for_service_account(&all, &namespace, &account);
         prove("announcer", &grants, &requests);
@@ -1465,7 +1523,7 @@ fn stand_in_crd(group: &str, kind: &str, plural: &str, namespaced: bool, version
     })
 }
 
-e2e_apiserver::backend_tests! {
+testkit::backend_tests! {
     /// The chart's optional manager rules for the baremetal provider (`manager.rbac.poolResources`
     /// and `manager.rbac.importPools`, issue 27) are enough: a manager bound to the rendered
     /// `ccm-manager` ClusterRole, running with its ServiceAccount's token, reads a
@@ -1523,7 +1581,9 @@ e2e_apiserver::backend_tests! {
         let dir = std::env::temp_dir().join(format!("rbac-pool-proof-{}-{namespace}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("a directory");
         let cloud_config = dir.join("cloud.conf");
-        std::fs::write(&cloud_config, "loadBalancer:\n  poolResources: true\n  importPools: [metallb, cilium]\n").expect("the cloud-config");
+        // MetalLB's pools are read from one namespace only (issue 45): this test's, here.
+        let imports = format!("loadBalancer:\n  poolResources: true\n  importPools: [{{source: metallb, namespace: {namespace}}}, cilium]\n");
+        std::fs::write(&cloud_config, imports).expect("the cloud-config");
         let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
         let args: Vec<String> = vec![
             "cloud-controller-manager".into(),

@@ -455,16 +455,31 @@ async fn equivalence(internal_ip: bool) {
     assert_eq!(up_ips.len() + ours_ips.len(), 2 * services.len(), "one address per Service");
     assert!(up_ips.is_disjoint(&ours_ips), "ours never hands out an address upstream's load balancers hold");
 
-    // Ours left upstream's objects as they were.
+    // Ours left upstream's objects as they were. The one write it may make to each of
+    // upstream's Services is its load-balancer conditions (S31), and the addresses stay.
     let records = log.since(mark);
-    let touched: Vec<String> = manager_writes(&records, &ours_user)
-        .iter()
+    let upstreams: Vec<&RequestRecord> = manager_writes(&records, &ours_user)
+        .into_iter()
         .filter(|r| {
             r.name.as_deref().is_some_and(|n| n.starts_with("up-")) || r.namespace.as_deref() == Some(ns_up.as_str())
         })
+        .collect();
+    let conditions = |r: &RequestRecord| r.verb == "patch" && kind(r) == "services/status";
+    let touched: Vec<String> = upstreams
+        .iter()
+        .filter(|r| !conditions(r))
         .map(|r| format!("{} {} {:?}/{:?}", r.verb, kind(r), r.namespace, r.name))
         .collect();
     assert!(touched.is_empty(), "ours rewrote what upstream made: {touched:?}");
+    for svc in &up_svcs {
+        let name = svc.name_any();
+        let writes = upstreams.iter().filter(|r| conditions(r) && r.name.as_deref() == Some(name.as_str())).count();
+        assert!(writes <= 1, "{name}: {writes} status writes by ours; its conditions are written once");
+    }
+    let up_after = wait_services(&client, &ns_up, &services, "upstream's, after ours ran").await;
+    for (before, after) in up_svcs.iter().zip(&up_after) {
+        assert_eq!(ingress_ips(before), ingress_ips(after), "{}: ours changed upstream's address", before.name_any());
+    }
     assert_eq!(ours.changes("create").await, services.len() as f64, "ours created only its own load balancers");
     assert_eq!(ours.changes("delete").await, 0.0);
     ours.process.terminate(Duration::from_secs(10)).await.expect("ours stops on SIGTERM");

@@ -65,13 +65,13 @@ const BLOCKS: &[(&str, &str, &str, Check)] = &[
     (
         "README.md",
         "readme-install-resource",
-        "f6b26d9ceeee490a",
+        "de769297835ff468",
         Check::Paths("needs a cluster; the quick start applies a resource the same way"),
     ),
     (
         "README.md",
         "readme-minimal-yaml",
-        "19127ec181d47a37",
+        "52aec938735b6e8b",
         Check::SameAs("charts/ccm-operator/examples/minimal.yaml"),
     ),
     (
@@ -124,7 +124,7 @@ const BLOCKS: &[(&str, &str, &str, Check)] = &[
     (
         "docs/provider-guide.md",
         "provider-node-deletion",
-        "26f4964ab82791a0",
+        "eca4bfa2a908453c",
         Check::Paths("needs a cluster; the flag and field exist (manager flags test, CRD reference)"),
     ),
     (

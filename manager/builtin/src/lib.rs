@@ -56,6 +56,48 @@ mod tests {
         assert_eq!(super::registry().names(), ["aws", "baremetal", "fake"]);
     }
 
+    /// The capability page (docs/provider-capabilities.md); in a module of that name so that
+    /// `cargo test -p ccm-builtin capabilities`, the command the page names, selects it.
+    #[cfg(all(feature = "fake", feature = "baremetal", feature = "aws"))]
+    mod capabilities {
+        use ccm_framework::capabilities::{markdown, splice};
+        use ccm_framework::registry::ClusterSettings;
+
+        /// A baremetal cloud-config with one pool, in `mode` (`addresses` or `proxy`).
+        fn baremetal_config(mode: &str) -> String {
+            format!("loadBalancer:\n  mode: {mode}\n  pools:\n    - {{name: v4, cidrs: [192.0.2.0/24]}}\n")
+        }
+
+        #[test]
+        fn the_capability_page_is_generated_from_the_providers_reports() {
+            let registry = crate::registry();
+            let cluster = ClusterSettings { cluster_name: "kubernetes".into(), ..Default::default() };
+            let report = |name: &str, config: Option<String>| {
+                registry.create(name, config.as_deref().map(str::as_bytes), &cluster).unwrap().capabilities()
+            };
+            // baremetal in both modes; the served report is that of the running mode.
+            let mut proxy = report("baremetal", Some(baremetal_config("proxy")));
+            proxy.provider = "baremetal, mode: proxy".into();
+            let reports = [
+                report("baremetal", Some(baremetal_config("addresses"))),
+                proxy,
+                report("aws", None),
+                report("fake", None),
+            ];
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/provider-capabilities.md");
+            let doc = std::fs::read_to_string(&path).unwrap();
+            let generated = splice(&doc, &markdown(&reports)).expect("the page has the generated part's markers");
+            if std::env::var("CCM_UPDATE_DOCS").is_ok_and(|v| v == "1") {
+                std::fs::write(&path, generated).unwrap();
+            } else {
+                assert!(
+                    doc == generated,
+                    "docs/provider-capabilities.md is not the providers' reports: run `CCM_UPDATE_DOCS=1 cargo test -p ccm-builtin capabilities`"
+                );
+            }
+        }
+    }
+
     #[test]
     fn an_argument_list_without_a_provider_subcommand_runs_none() {
         assert!(super::run_subcommand(&["--cloud-provider=fake".to_string()]).is_none());

@@ -18,6 +18,7 @@ use crate::error::Error;
 use crate::leader::LeaderElectionConfig;
 use crate::leader_migration::LeaderMigrationConfiguration;
 use crate::options::ControllerOptions;
+use crate::ownership::NodeOwnership;
 use crate::status::StatusTarget;
 
 /// Leader election as configured (`--leader-elect*`).
@@ -103,6 +104,10 @@ pub struct ManagerConfig {
     pub extra_args: Vec<String>,
     /// `--shadow` (addition): every controller decides without acting (docs/shadow.md).
     pub shadow: bool,
+    /// `--orphan-sweep` (addition, `spec.orphans.sweep`): delete orphaned cloud objects (S35).
+    pub orphan_sweep: bool,
+    /// `--cloud-provider-platforms` (addition, `spec.nodePlatforms`): the Nodes this manager owns.
+    pub node_ownership: NodeOwnership,
 }
 
 impl Default for ManagerConfig {
@@ -127,6 +132,8 @@ impl Default for ManagerConfig {
             ccm_resource: None,
             extra_args: Vec::new(),
             shadow: false,
+            orphan_sweep: false,
+            node_ownership: NodeOwnership::all(),
         }
     }
 }
@@ -187,6 +194,12 @@ impl ManagerConfig {
     fn check_shadow(&self) -> Result<(), Error> {
         if !self.shadow {
             return Ok(());
+        }
+        if self.orphan_sweep {
+            return Err(Error::InvalidFlag {
+                flag: "--orphan-sweep",
+                message: "a shadow manager deletes nothing; turn off --shadow or --orphan-sweep".into(),
+            });
         }
         if self.leader_migration.is_some() {
             return Err(Error::InvalidFlag {
@@ -305,6 +318,12 @@ impl ManagerConfig {
         if self.shadow {
             args.push("--shadow=true".into());
         }
+        if self.orphan_sweep {
+            args.push("--orphan-sweep=true".into());
+        }
+        if self.node_ownership.is_restricted() {
+            args.push(format!("--cloud-provider-platforms={}", self.node_ownership.platforms().join(",")));
+        }
         args.extend(self.extra_args.iter().cloned());
         args
     }
@@ -331,6 +350,8 @@ impl ManagerConfig {
             load_balancer_class: self.load_balancer_class.clone(),
             handle_unclassed_services: self.handle_unclassed_services,
             shadow: self.shadow,
+            orphan_sweep: self.orphan_sweep,
+            node_ownership: self.node_ownership.clone(),
             ..ControllerOptions::default()
         }
     }

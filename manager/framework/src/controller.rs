@@ -32,6 +32,8 @@ pub struct Context {
     pub services: Cache<Service>,
     /// Non-blocking event publisher.
     pub events: EventSink,
+    /// The orphan report the service controller fills and the status reporter writes.
+    pub orphans: crate::orphans::OrphanRecord,
     /// Metrics registry.
     pub metrics: Arc<Metrics>,
     /// Fires when the controller must stop (leadership lost or shutdown).

@@ -1,7 +1,8 @@
 //! The framework's error type.
 
+use std::time::Duration;
+
 use crate::provider::CloudError;
-use crate::registry::RegistryError;
 
 /// Errors of the manager framework. Variants are matchable; messages never quote a Secret or
 /// cloud-config.
@@ -55,5 +56,57 @@ pub enum Error {
         address: String,
         /// Why.
         message: String,
+    },
+}
+
+/// Registry errors.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    /// A provider of that name is already registered.
+    #[error("cloud provider {0:?} was registered twice")]
+    Duplicate(String),
+    /// No provider of that name is registered.
+    #[error("unknown cloud provider {name:?}; known providers: {}", known.join(", "))]
+    Unknown {
+        /// The requested name.
+        name: String,
+        /// Every registered name, sorted.
+        known: Vec<String>,
+    },
+    /// The name `external`: that is what kubelet and kube-controller-manager are given, not a
+    /// cloud-controller-manager.
+    #[error(
+        "--cloud-provider=external tells kubelet and kube-controller-manager that a cloud-controller-manager runs; give this manager the name of a real provider ({})",
+        known.join(", ")
+    )]
+    External {
+        /// Every registered name, sorted.
+        known: Vec<String>,
+    },
+    /// No name was given.
+    #[error("--cloud-provider cannot be empty; known providers: {}", known.join(", "))]
+    Empty {
+        /// Every registered name, sorted.
+        known: Vec<String>,
+    },
+    /// The factory did not finish within the time limit; its cloud-config is treated as invalid.
+    #[error(
+        "cloud provider {name:?} did not finish reading its cloud-config within the limit of {}s; the cloud-config is refused",
+        limit.as_secs()
+    )]
+    TimedOut {
+        /// The provider.
+        name: String,
+        /// The limit.
+        limit: Duration,
+    },
+    /// The factory failed (for example, the cloud-config is invalid).
+    #[error("could not init cloud provider {name:?}: {source}")]
+    Init {
+        /// The provider.
+        name: String,
+        /// Why.
+        #[source]
+        source: CloudError,
     },
 }

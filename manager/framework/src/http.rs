@@ -7,6 +7,7 @@
 //! | `/livez` | 200 while the process serves requests; never depends on the API server | nothing |
 //! | `/readyz` | 200 once the shared caches have synced (standby replicas are ready too) | nothing |
 //! | `/metrics` | Prometheus text exposition | `get` on `/metrics` |
+//! | `/capabilities` | the provider's capability report as JSON (KEP-6128; docs/provider-capabilities.md) | `get` on `/capabilities` |
 //!
 //! Served by [`crate::serving`]: HTTPS (a self-signed certificate unless one is given), bearer
 //! tokens checked with TokenReview and SubjectAccessReview except on
@@ -28,6 +29,9 @@ pub const DEFAULT_SECURE_PORT: u16 = 10258;
 /// Content type of the metrics exposition (prometheus-client writes OpenMetrics text).
 pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
+/// Content type of `/capabilities`.
+pub const CAPABILITIES_CONTENT_TYPE: &str = "application/json";
+
 /// What the endpoints report on.
 #[derive(Clone, Debug)]
 pub struct HttpState {
@@ -37,6 +41,9 @@ pub struct HttpState {
     pub ready: HealthRegistry,
     /// `/metrics`.
     pub metrics: Arc<Metrics>,
+    /// `/capabilities`: the provider's report, as JSON; `None` where no provider runs (the
+    /// operator's endpoint), which answers 404.
+    pub capabilities: Option<Arc<str>>,
 }
 
 /// Answer a request for `path` (query string allowed). Pure, so it is tested without sockets.
@@ -53,6 +60,11 @@ pub fn answer(state: &HttpState, method: &Method, path: &str) -> Answer {
         "/metrics" => {
             Answer { status: StatusCode::OK, content_type: METRICS_CONTENT_TYPE, body: state.metrics.encode() }
         }
+        "/capabilities" if state.capabilities.is_some() => Answer {
+            status: StatusCode::OK,
+            content_type: CAPABILITIES_CONTENT_TYPE,
+            body: state.capabilities.as_deref().unwrap_or_default().to_string(),
+        },
         p => {
             let single = p
                 .strip_prefix("/healthz/")
@@ -116,7 +128,12 @@ mod tests {
     use prometheus_client::metrics::gauge::Gauge;
 
     fn state() -> HttpState {
-        HttpState { health: HealthRegistry::new(), ready: HealthRegistry::new(), metrics: Arc::new(Metrics::new()) }
+        HttpState {
+            health: HealthRegistry::new(),
+            ready: HealthRegistry::new(),
+            metrics: Arc::new(Metrics::new()),
+            capabilities: None,
+        }
     }
 
     #[test]
@@ -170,5 +187,15 @@ mod tests {
         assert_eq!(a.content_type, METRICS_CONTENT_TYPE);
         assert!(a.body.contains("leader_election_master_status 1"), "{}", a.body);
         assert_eq!(answer(&s, &Method::POST, "/metrics").status, StatusCode::METHOD_NOT_ALLOWED);
+    }
+
+    #[test]
+    fn capabilities_are_served_as_json_where_a_provider_runs_and_are_404_elsewhere() {
+        let mut s = state();
+        assert_eq!(answer(&s, &Method::GET, "/capabilities").status, StatusCode::NOT_FOUND);
+        s.capabilities = Some(r#"{"provider":"fake"}"#.into());
+        let a = answer(&s, &Method::GET, "/capabilities");
+        assert_eq!((a.status, a.content_type), (StatusCode::OK, CAPABILITIES_CONTENT_TYPE));
+        assert_eq!(a.body, r#"{"provider":"fake"}"#);
     }
 }

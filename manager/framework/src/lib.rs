@@ -5,6 +5,7 @@
 //! shared watch caches while this replica holds the leader-election Lease.
 
 pub mod cache;
+pub mod capabilities;
 pub mod client;
 pub mod config;
 pub mod config_watch;
@@ -20,6 +21,8 @@ pub mod leader;
 pub mod leader_migration;
 pub mod metrics;
 pub mod options;
+pub mod orphans;
+pub mod ownership;
 pub mod process;
 pub mod program;
 pub mod provider;
@@ -30,6 +33,7 @@ pub mod shadow;
 pub mod status;
 #[cfg(test)]
 mod test_log;
+pub mod webhook;
 
 pub use async_trait::async_trait;
 pub use error::Error;

@@ -8,6 +8,15 @@ use std::time::Duration;
 use crds::controllers::ControllerSelection;
 use ipnet::IpNet;
 
+use crate::ownership::NodeOwnership;
+
+/// Upstream's `--min-resync-period` default: the lower bound of the watch-based route
+/// controller's safety period.
+pub const DEFAULT_ROUTE_RESYNC_PERIOD: Duration = Duration::from_secs(12 * 3600);
+
+/// KEP-5237's shortest time between two route passes triggered by Node changes.
+pub const ROUTE_MIN_SYNC_INTERVAL: Duration = Duration::from_secs(10);
+
 /// Settings shared by the engine and every controller.
 #[derive(Debug, Clone)]
 pub struct ControllerOptions {
@@ -22,8 +31,21 @@ pub struct ControllerOptions {
     pub configure_cloud_routes: bool,
     /// `--controllers`, validated.
     pub controllers: ControllerSelection,
-    /// `--route-reconciliation-period`: full route pass interval.
+    /// `--route-reconciliation-period`: full route pass interval, when `watch_based_routes` is
+    /// off.
     pub route_reconciliation_period: Duration,
+    /// `--feature-gates=CloudControllerManagerWatchBasedRoutesReconciliation` (KEP-5237, alpha,
+    /// off by default): routes are reconciled on Node changes, at most once per
+    /// `route_min_sync_interval`, and by a safety pass every `route_resync_period` to twice that.
+    pub watch_based_routes: bool,
+    /// `--min-resync-period`: lower bound of the watch-based safety period (12 h).
+    pub route_resync_period: Duration,
+    /// Shortest time between two watch-based passes ([`ROUTE_MIN_SYNC_INTERVAL`], upstream's
+    /// constant; shorter only in tests).
+    pub route_min_sync_interval: Duration,
+    /// `--cloud-provider-platforms` (KEP-5778): the Nodes this manager initializes, deletes,
+    /// taints and routes; by default every Node.
+    pub node_ownership: NodeOwnership,
     /// `--node-monitor-period`: lifecycle controller pass interval.
     pub node_monitor_period: Duration,
     /// `--node-status-update-frequency`: node address refresh interval.
@@ -60,6 +82,13 @@ pub struct ControllerOptions {
     /// `--shadow` (addition): every controller compares instead of acting, into the record the
     /// engine keeps for the run; false (the default) acts. See docs/shadow.md.
     pub shadow: bool,
+    /// `--orphan-sweep` (addition, `spec.orphans.sweep`): delete cloud objects that carry this
+    /// cluster's ownership and belong to no Service (S35); off, they are only reported (S34).
+    /// Never in shadow mode.
+    pub orphan_sweep: bool,
+    /// `--orphan-scan-period` (addition): time between two orphan scans (10 minutes); zero
+    /// turns the scan off.
+    pub orphan_scan_period: Duration,
 }
 
 impl Default for ControllerOptions {
@@ -71,6 +100,10 @@ impl Default for ControllerOptions {
             configure_cloud_routes: true,
             controllers: ControllerSelection::all(),
             route_reconciliation_period: Duration::from_secs(10),
+            watch_based_routes: false,
+            route_resync_period: DEFAULT_ROUTE_RESYNC_PERIOD,
+            route_min_sync_interval: ROUTE_MIN_SYNC_INTERVAL,
+            node_ownership: NodeOwnership::all(),
             node_monitor_period: Duration::from_secs(5),
             node_status_update_frequency: Duration::from_secs(5 * 60),
             concurrent_node_syncs: crds::defaults::CONCURRENT_NODE_SYNCS as usize,
@@ -84,6 +117,8 @@ impl Default for ControllerOptions {
             handle_unclassed_services: false,
             load_balancer_resync_period: None,
             shadow: false,
+            orphan_sweep: false,
+            orphan_scan_period: Duration::from_secs(600),
         }
     }
 }

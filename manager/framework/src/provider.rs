@@ -208,6 +208,10 @@ pub enum Call {
     UpdateLoadBalancer,
     /// [`LoadBalancer::ensure_load_balancer_deleted`].
     EnsureLoadBalancerDeleted,
+    /// [`LoadBalancer::list_owned`].
+    ListOwned,
+    /// [`LoadBalancer::delete_owned`].
+    DeleteOwned,
     /// [`Routes::list_routes`].
     ListRoutes,
     /// [`Routes::create_route`].
@@ -226,7 +230,7 @@ pub enum Call {
 
 impl Call {
     /// Every call, in declaration order.
-    pub const ALL: [Call; 16] = [
+    pub const ALL: [Call; 18] = [
         Call::Initialize,
         Call::Health,
         Call::InstanceExists,
@@ -236,6 +240,8 @@ impl Call {
         Call::EnsureLoadBalancer,
         Call::UpdateLoadBalancer,
         Call::EnsureLoadBalancerDeleted,
+        Call::ListOwned,
+        Call::DeleteOwned,
         Call::ListRoutes,
         Call::CreateRoute,
         Call::DeleteRoute,
@@ -257,6 +263,8 @@ impl Call {
             Call::EnsureLoadBalancer => "ensure_load_balancer",
             Call::UpdateLoadBalancer => "update_load_balancer",
             Call::EnsureLoadBalancerDeleted => "ensure_load_balancer_deleted",
+            Call::ListOwned => "list_owned",
+            Call::DeleteOwned => "delete_owned",
             Call::ListRoutes => "list_routes",
             Call::CreateRoute => "create_route",
             Call::DeleteRoute => "delete_route",
@@ -278,6 +286,7 @@ impl Call {
             | Call::InstanceShutdown
             | Call::InstanceMetadata
             | Call::GetLoadBalancer
+            | Call::ListOwned
             | Call::ListRoutes
             | Call::ZoneByProviderId
             | Call::ZoneByNodeName
@@ -287,6 +296,7 @@ impl Call {
             | Call::EnsureLoadBalancer
             | Call::UpdateLoadBalancer
             | Call::EnsureLoadBalancerDeleted
+            | Call::DeleteOwned
             | Call::CreateRoute
             | Call::DeleteRoute => CallKind::Mutating,
         }
@@ -447,6 +457,20 @@ pub trait CloudProvider: Send + Sync + 'static {
         true
     }
 
+    /// What the provider serves and which Service fields and annotations its load balancers
+    /// honour (KEP-6128's report; served on `/capabilities`). The default reports the
+    /// controllers it serves and nothing about the fields ([`Support::Unknown`]).
+    ///
+    /// [`Support::Unknown`]: crate::capabilities::Support::Unknown
+    fn capabilities(&self) -> crate::capabilities::Capabilities {
+        crate::capabilities::Capabilities {
+            provider: self.name().to_string(),
+            instances: self.instances().is_some(),
+            routes: self.routes().is_some(),
+            load_balancer: self.load_balancer().map(|_| crate::capabilities::LoadBalancerCapabilities::unreported()),
+        }
+    }
+
     /// A cheap probe of whether the provider can do its job (credentials, endpoint, config).
     async fn health(&self) -> Health {
         Health::healthy("")
@@ -574,6 +598,48 @@ pub trait LoadBalancer: Send + Sync {
     /// Delete the load balancer; succeed when it is already gone. Must not return
     /// [`CloudError::ImplementedElsewhere`].
     async fn ensure_load_balancer_deleted(&self, cluster_name: &str, service: &Service) -> CloudResult<()>;
+
+    /// Every cloud object that carries this cluster's ownership (made for a Service of this
+    /// cluster), with the Service it names, for the orphan report (S34). Only objects this
+    /// provider would delete with the Service's load balancer; never one without the cluster's
+    /// ownership mark. The default, [`CloudError::NotImplemented`], reports "unsupported".
+    async fn list_owned(&self, _cluster_name: &str) -> CloudResult<Vec<OwnedObject>> {
+        Err(CloudError::NotImplemented)
+    }
+
+    /// Delete objects [`Self::list_owned`] returned that belong to no Service (S35); the
+    /// provider orders the deletions (a load balancer before its target groups and security
+    /// groups) and re-checks ownership before each. One result per object, in input order; an
+    /// object already gone is a success. Never called in shadow mode.
+    async fn delete_owned(&self, _cluster_name: &str, objects: &[OwnedObject]) -> Vec<CloudResult<()>> {
+        objects.iter().map(|_| Err(CloudError::NotImplemented)).collect()
+    }
+}
+
+/// A cloud object made for a Service of this cluster, as [`LoadBalancer::list_owned`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct OwnedObject {
+    /// What it is, in lower case: `load-balancer`, `target-group`, `security-group`,
+    /// `address`, ...
+    pub kind: String,
+    /// Its cloud-side identity: a name, an ARN, an address.
+    pub id: String,
+    /// The Service (`namespace/name`) its ownership names; `None` when it names none (it is
+    /// then an orphan as soon as nothing uses it).
+    pub service: Option<String>,
+    /// The UID of that Service, when the object records it.
+    pub service_uid: Option<String>,
+    /// The name of the load balancer it is or belongs to, when that name is derived from the
+    /// Service ([`LoadBalancer::load_balancer_name`]): a Service of the same name whose load
+    /// balancer is named otherwise is a later object, so this one is an orphan.
+    pub load_balancer: Option<String>,
+}
+
+impl OwnedObject {
+    /// An object of `kind` with `id`, made for `service`.
+    pub fn new(kind: &str, id: &str, service: Option<String>) -> Self {
+        Self { kind: kind.to_string(), id: id.to_string(), service, service_uid: None, load_balancer: None }
+    }
 }
 
 /// Upstream's default load-balancer name: `a` + the Service UID without dashes, at most 32

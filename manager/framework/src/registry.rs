@@ -4,6 +4,8 @@
 //! the operator builds one, and tests build their own. Registering a name twice is an error
 //! the caller handles, not a process exit.
 
+pub use crate::error::RegistryError;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,6 +13,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 
 use crate::provider::{CloudError, CloudProvider};
+use crate::webhook::AdmissionWebhook;
 
 /// The largest cloud-config handed to any factory (a Kubernetes Secret's own limit); a larger
 /// one is refused before the provider sees it.
@@ -51,62 +54,28 @@ pub struct FactoryInput<'a> {
 /// the operator calls it to validate a cloud-config. Start work in `initialize` instead.
 pub type ProviderFactory = Arc<dyn Fn(FactoryInput<'_>) -> Result<Arc<dyn CloudProvider>, CloudError> + Send + Sync>;
 
-/// Registry errors.
-#[derive(Debug, thiserror::Error)]
-pub enum RegistryError {
-    /// A provider of that name is already registered.
-    #[error("cloud provider {0:?} was registered twice")]
-    Duplicate(String),
-    /// No provider of that name is registered.
-    #[error("unknown cloud provider {name:?}; known providers: {}", known.join(", "))]
-    Unknown {
-        /// The requested name.
-        name: String,
-        /// Every registered name, sorted.
-        known: Vec<String>,
-    },
-    /// The name `external`: that is what kubelet and kube-controller-manager are given, not a
-    /// cloud-controller-manager.
-    #[error(
-        "--cloud-provider=external tells kubelet and kube-controller-manager that a cloud-controller-manager runs; give this manager the name of a real provider ({})",
-        known.join(", ")
-    )]
-    External {
-        /// Every registered name, sorted.
-        known: Vec<String>,
-    },
-    /// No name was given.
-    #[error("--cloud-provider cannot be empty; known providers: {}", known.join(", "))]
-    Empty {
-        /// Every registered name, sorted.
-        known: Vec<String>,
-    },
-    /// The factory did not finish within the time limit; its cloud-config is treated as invalid.
-    #[error(
-        "cloud provider {name:?} did not finish reading its cloud-config within the limit of {}s; the cloud-config is refused",
-        limit.as_secs()
-    )]
-    TimedOut {
-        /// The provider.
-        name: String,
-        /// The limit.
-        limit: Duration,
-    },
-    /// The factory failed (for example, the cloud-config is invalid).
-    #[error("could not init cloud provider {name:?}: {source}")]
-    Init {
-        /// The provider.
-        name: String,
-        /// Why.
-        #[source]
-        source: CloudError,
-    },
+/// A provider and the admission webhooks it serves (they may share its state).
+#[derive(Clone)]
+pub struct Built {
+    /// The provider.
+    pub provider: Arc<dyn CloudProvider>,
+    /// Its webhooks, served when `--webhooks` selects them (see [`crate::webhook`]).
+    pub webhooks: Vec<Arc<dyn AdmissionWebhook>>,
 }
+
+impl std::fmt::Debug for Built {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Built").field("provider", &self.provider.name()).field("webhooks", &self.webhooks).finish()
+    }
+}
+
+/// Builds a provider with its webhooks; the same rules as [`ProviderFactory`].
+pub type BuildFactory = Arc<dyn Fn(FactoryInput<'_>) -> Result<Built, CloudError> + Send + Sync>;
 
 /// Providers by name.
 #[derive(Clone, Default)]
 pub struct Registry {
-    factories: BTreeMap<String, ProviderFactory>,
+    factories: BTreeMap<String, BuildFactory>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -125,6 +94,17 @@ impl Registry {
     pub fn register<F>(&mut self, name: impl Into<String>, factory: F) -> Result<(), RegistryError>
     where
         F: Fn(FactoryInput<'_>) -> Result<Arc<dyn CloudProvider>, CloudError> + Send + Sync + 'static,
+    {
+        self.register_with_webhooks(name, move |input: FactoryInput<'_>| {
+            factory(input).map(|provider| Built { provider, webhooks: Vec::new() })
+        })
+    }
+
+    /// Register a provider whose factory also returns admission webhooks (KEP-2699): the
+    /// manager serves those `--webhooks` selects; validation ([`Self::create`]) ignores them.
+    pub fn register_with_webhooks<F>(&mut self, name: impl Into<String>, factory: F) -> Result<(), RegistryError>
+    where
+        F: Fn(FactoryInput<'_>) -> Result<Built, CloudError> + Send + Sync + 'static,
     {
         let name = name.into();
         if self.factories.contains_key(&name) {
@@ -156,6 +136,16 @@ impl Registry {
         cloud_config: Option<&[u8]>,
         cluster: &ClusterSettings,
     ) -> Result<Arc<dyn CloudProvider>, RegistryError> {
+        self.build(name, cloud_config, cluster).map(|built| built.provider)
+    }
+
+    /// [`Self::create`] with the provider's webhooks.
+    pub fn build(
+        &self,
+        name: &str,
+        cloud_config: Option<&[u8]>,
+        cluster: &ClusterSettings,
+    ) -> Result<Built, RegistryError> {
         let factory = match name {
             "" => return Err(RegistryError::Empty { known: self.names() }),
             "external" => return Err(RegistryError::External { known: self.names() }),
@@ -186,8 +176,19 @@ impl Registry {
         cluster: &ClusterSettings,
         limit: Duration,
     ) -> Result<Arc<dyn CloudProvider>, RegistryError> {
+        self.build_bounded(name, cloud_config, cluster, limit).await.map(|built| built.provider)
+    }
+
+    /// [`Self::create_bounded`] with the provider's webhooks.
+    pub async fn build_bounded(
+        &self,
+        name: &str,
+        cloud_config: Option<Vec<u8>>,
+        cluster: &ClusterSettings,
+        limit: Duration,
+    ) -> Result<Built, RegistryError> {
         let (registry, owned_name, cluster) = (self.clone(), name.to_string(), cluster.clone());
-        let task = tokio::task::spawn_blocking(move || registry.create(&owned_name, cloud_config.as_deref(), &cluster));
+        let task = tokio::task::spawn_blocking(move || registry.build(&owned_name, cloud_config.as_deref(), &cluster));
         match tokio::time::timeout(limit, task).await {
             Ok(Ok(result)) => result,
             Ok(Err(_)) => Err(RegistryError::Init {
@@ -283,6 +284,38 @@ mod tests {
         assert!(err.to_string().contains("within the limit"), "{err}");
         let ok = r.create_bounded("mycloud", Some(b"x".to_vec()), &cluster, Duration::from_secs(5)).await;
         assert!(ok.is_ok());
+    }
+
+    #[test]
+    fn p1_a_provider_registered_with_webhooks_hands_them_over_and_validation_ignores_them() {
+        struct Hook;
+        #[async_trait::async_trait]
+        impl AdmissionWebhook for Hook {
+            fn name(&self) -> &str {
+                "hook"
+            }
+            fn path(&self) -> &str {
+                "/hook"
+            }
+            async fn admit(
+                &self,
+                _: &crate::webhook::AdmissionContext,
+                _: &crate::webhook::AdmissionRequest,
+            ) -> Result<crate::webhook::Admission, String> {
+                Ok(crate::webhook::Admission::allowed())
+            }
+        }
+        let mut r = Registry::new();
+        r.register_with_webhooks("hooked", |input: FactoryInput<'_>| {
+            Ok(Built { provider: named(input)?, webhooks: vec![Arc::new(Hook)] })
+        })
+        .unwrap();
+        r.register("plain", named).unwrap();
+        let built = r.build("hooked", None, &ClusterSettings::default()).unwrap();
+        assert_eq!(built.webhooks.iter().map(|w| w.name()).collect::<Vec<_>>(), ["hook"]);
+        assert!(r.build("plain", None, &ClusterSettings::default()).unwrap().webhooks.is_empty());
+        assert!(r.create("hooked", None, &ClusterSettings::default()).is_ok());
+        assert!(matches!(r.register("hooked", named), Err(RegistryError::Duplicate(_))));
     }
 
     #[test]

@@ -2,8 +2,8 @@
 //!
 //! While leading, the manager runs the provider's health probe every interval and
 //! server-side-applies, with field manager `cloud-controller-manager`, the `ProviderHealthy`
-//! condition, and in shadow mode the `ShadowAgrees` condition and `status.shadow`: the status
-//! fields it writes (docs/architecture.md, "Status fields and their writers"). Every other field, `status.controllers` and `status.leader` included, belongs to
+//! condition, in shadow mode the `ShadowAgrees` condition and `status.shadow`, and once the
+//! service controller scanned, `status.orphans` (S34): the status fields it writes (docs/architecture.md, "Status fields and their writers"). Every other field, `status.controllers` and `status.leader` included, belongs to
 //! the operator and is never touched: the CRD declares `conditions` a map list keyed by `type`. Nothing is written when nothing
 //! changed, and `lastTransitionTime` moves only when the condition's status flips.
 
@@ -20,6 +20,7 @@ use kube::{Api, Client, Resource};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use crate::orphans::{OrphanRecord, OrphanSummary};
 use crate::provider::{CloudProvider, Health, health_reasons};
 use crate::shadow::{REPORT_LIMIT, Shadow, Summary};
 
@@ -149,6 +150,19 @@ pub fn desired_apply_with_shadow(
     shadow: Option<&Summary>,
     now: &Time,
 ) -> Option<serde_json::Value> {
+    desired_apply_with_reports(current, generation, health, shadow, None, now)
+}
+
+/// [`desired_apply_with_shadow`] with the orphan report (`status.orphans`, S34) when the service
+/// controller has scanned.
+pub fn desired_apply_with_reports(
+    current: Option<&CloudControllerManagerStatus>,
+    generation: Option<i64>,
+    health: &Health,
+    shadow: Option<&Summary>,
+    orphans: Option<&OrphanSummary>,
+    now: &Time,
+) -> Option<serde_json::Value> {
     let existing: &[Condition] = current.map_or(&[], |s| s.conditions.as_slice());
     let mut merged = existing.to_vec();
     let mut changed = conditions::set_condition(&mut merged, provider_condition(health), generation, now);
@@ -160,6 +174,11 @@ pub fn desired_apply_with_shadow(
         let report = shadow_report(summary);
         changed |= current.and_then(|s| s.shadow.as_ref()) != Some(&report);
         status.insert("shadow".into(), serde_json::to_value(&report).ok()?);
+    }
+    if let Some(summary) = orphans {
+        let report = crate::orphans::report(summary);
+        changed |= current.and_then(|s| s.orphans.as_ref()) != Some(&report);
+        status.insert("orphans".into(), serde_json::to_value(&report).ok()?);
     }
     if !changed {
         return None;
@@ -195,6 +214,7 @@ pub struct StatusReporter {
     interval: Duration,
     probe_timeout: Duration,
     shadow: Option<Shadow>,
+    orphans: Option<OrphanRecord>,
 }
 
 impl std::fmt::Debug for StatusReporter {
@@ -213,12 +233,19 @@ impl StatusReporter {
             interval,
             probe_timeout: PROBE_TIMEOUT.min(interval.max(Duration::from_secs(1))),
             shadow: None,
+            orphans: None,
         }
     }
 
     /// Also report this shadow record (`ShadowAgrees`, `status.shadow`): a manager in shadow mode.
     pub fn with_shadow(mut self, shadow: Option<Shadow>) -> Self {
         self.shadow = shadow;
+        self
+    }
+
+    /// Also report the service controller's orphan scan (`status.orphans`, S34) once it ran.
+    pub fn with_orphans(mut self, orphans: OrphanRecord) -> Self {
+        self.orphans = Some(orphans);
         self
     }
 
@@ -251,11 +278,13 @@ impl StatusReporter {
         };
         let now = Time(Timestamp::now());
         let summary = self.shadow.as_ref().map(|s| s.summary(REPORT_LIMIT));
-        let Some(body) = desired_apply_with_shadow(
+        let orphans = self.orphans.as_ref().and_then(OrphanRecord::get);
+        let Some(body) = desired_apply_with_reports(
             current.status.as_ref(),
             current.metadata.generation,
             &health,
             summary.as_ref(),
+            orphans.as_ref(),
             &now,
         ) else {
             return Ok(false);
@@ -409,6 +438,29 @@ mod tests {
         );
         assert!(
             desired_apply_with_shadow(Some(&held), Some(1), &Health::healthy(""), Some(&summary_with(2)), &time(200))
+                .is_some()
+        );
+    }
+
+    #[test]
+    fn s34_the_orphan_report_is_applied_with_the_health_condition_and_nothing_when_unchanged() {
+        use crate::provider::OwnedObject;
+        let found = [OwnedObject::new("load-balancer", "a1", Some("ns/web".into()))];
+        let summary = OrphanSummary::of(&found, true, false);
+        let body =
+            desired_apply_with_reports(None, Some(1), &Health::healthy(""), None, Some(&summary), &time(100)).unwrap();
+        assert_eq!(body["status"]["orphans"]["total"], 1);
+        assert_eq!(body["status"]["orphans"]["objects"][0]["id"], "a1");
+        assert_eq!(body["status"]["orphans"]["objects"][0]["service"], "ns/web");
+        assert_eq!(body["status"]["conditions"][0]["type"], "ProviderHealthy", "every owned field in every body");
+        let mut held = status_after(&body, None);
+        held.orphans = serde_json::from_value(body["status"]["orphans"].clone()).unwrap();
+        let again =
+            desired_apply_with_reports(Some(&held), Some(1), &Health::healthy(""), None, Some(&summary), &time(200));
+        assert_eq!(again, None);
+        let gone = OrphanSummary::of(&[], true, false);
+        assert!(
+            desired_apply_with_reports(Some(&held), Some(1), &Health::healthy(""), None, Some(&gone), &time(200))
                 .is_some()
         );
     }

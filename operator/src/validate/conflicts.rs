@@ -37,6 +37,8 @@ pub struct Peer {
     /// under it. Two resources that migrate a controller under the same Lease never run it at
     /// once, so it is no conflict.
     pub migration: Option<((String, String), Vec<&'static str>)>,
+    /// `spec.nodePlatforms`: the platforms whose Nodes it owns; empty: every Node.
+    pub platforms: Vec<String>,
 }
 
 impl Peer {
@@ -87,6 +89,7 @@ impl Peer {
                 let namespace = migration_lease_namespace(cr).unwrap_or_default();
                 ((namespace, m.leader_name), migrated)
             }),
+            platforms: cr.spec.node_platforms.clone(),
         })
     }
 
@@ -110,19 +113,26 @@ impl Peer {
         a < b
     }
 
+    /// Whether `self` and `other` own disjoint sets of Nodes (both name platforms, none in
+    /// common): their Node and route controllers never act on the same Node (KEP-5778).
+    fn owns_other_nodes_than(&self, other: &Peer) -> bool {
+        ccm_framework::ownership::disjoint(&self.platforms, &other.platforms)
+    }
+
     /// What `self` and `other` would both do, described for a message; empty when nothing.
     fn overlap(&self, other: &Peer) -> Vec<String> {
         let mut out = Vec::new();
+        let disjoint_nodes = self.owns_other_nodes_than(other);
         let nodes: Vec<&str> = self
             .node_controllers
             .iter()
-            .filter(|c| other.node_controllers.contains(c) && !self.both_migrate(other, c))
+            .filter(|c| other.node_controllers.contains(c) && !self.both_migrate(other, c) && !disjoint_nodes)
             .copied()
             .collect();
         if !nodes.is_empty() {
             out.push(format!("both run {}", nodes.join(" and ")));
         }
-        if self.routes && other.routes && !self.both_migrate(other, Controller::NodeRoute.name()) {
+        if self.routes && other.routes && !disjoint_nodes && !self.both_migrate(other, Controller::NodeRoute.name()) {
             out.push(format!("both run {}", Controller::NodeRoute));
         }
         if let (Some(a), Some(b)) = (&self.services, &other.services)
@@ -173,19 +183,28 @@ pub fn conflict_failures(me: &Peer, peers: &[Peer]) -> (Vec<Failure>, Vec<String
 pub const RESERVED_LEASE_NAMES: [&str; 4] =
     ["kube-controller-manager", "kube-scheduler", "cloud-controller-manager", crate::names::OPERATOR_LEASE];
 /// Prefixes of reserved Lease names: kube-apiserver's identity Leases (`apiserver-<hash>`,
-/// formerly `kube-apiserver-<hash>`) and every other `kube-` component.
-pub const RESERVED_LEASE_PREFIXES: [&str; 2] = ["kube-", "apiserver-"];
+/// formerly `kube-apiserver-<hash>`), every other `kube-` component, and the baremetal
+/// announcers' Leases (`l2-announcer-<node>`), which every announcer of the namespace may write.
+pub const RESERVED_LEASE_PREFIXES: [&str; 3] = ["kube-", "apiserver-", "l2-announcer-"];
+/// Suffixes of reserved resource names: a resource named `x-announcer` would have the
+/// ServiceAccount `ccm-x-announcer`, which is resource `x`'s announcer's (whose token the
+/// admission policies let write announcer Leases only).
+pub const RESERVED_NAME_SUFFIXES: [&str; 1] = ["-announcer"];
 
 /// The `ReservedName` failure when `name` (the resource's, and so its Lease's) is one a core
-/// component's leader-election Lease uses (pure).
+/// component's leader-election Lease uses, an announcer's, or one that would name another
+/// resource's announcer (pure).
 pub fn reserved_lease_name(name: &str) -> Option<Failure> {
-    let reserved = RESERVED_LEASE_NAMES.contains(&name) || RESERVED_LEASE_PREFIXES.iter().any(|p| name.starts_with(p));
+    let reserved = RESERVED_LEASE_NAMES.contains(&name)
+        || RESERVED_LEASE_PREFIXES.iter().any(|p| name.starts_with(p))
+        || RESERVED_NAME_SUFFIXES.iter().any(|s| name.ends_with(s));
     reserved.then(|| Failure {
         reason: reason::RESERVED_NAME,
         message: format!(
-            "metadata.name {name:?} is reserved: the manager's leader-election Lease is named after the resource, and this name belongs (or may belong) to a core component's Lease ({}, or a name starting with {}); recreate the resource under another name",
+            "metadata.name {name:?} is reserved: the manager's leader-election Lease is named after the resource, and this name belongs (or may belong) to a core component's or an announcer's Lease ({}, or a name starting with {}), or ends with {} (another resource's announcer); recreate the resource under another name",
             RESERVED_LEASE_NAMES.join(", "),
-            RESERVED_LEASE_PREFIXES.join(" or ")
+            RESERVED_LEASE_PREFIXES.join(" or "),
+            RESERVED_NAME_SUFFIXES.join(" or ")
         ),
     })
 }
@@ -235,6 +254,8 @@ mod tests {
             "ccm-operator",
             "kube-x",
             "apiserver-abc",
+            "l2-announcer-node-1",
+            "metal-announcer",
         ] {
             let v = validate(&cr(name, 1, json!({"provider": "plain"})), &SecretState::NotReferenced, &registry(), &[]);
             assert_eq!(reason_of(&v), reason::RESERVED_NAME, "{name}");
@@ -409,6 +430,45 @@ mod tests {
         let all = peers(&[&old, &off, &on]);
         assert!(validate(&off, &SecretState::NotReferenced, &registry(), &all).is_valid());
         assert_eq!(reason_of(&validate(&on, &SecretState::NotReferenced, &registry(), &all)), reason::CONFLICT);
+    }
+
+    #[test]
+    fn node_controllers_on_disjoint_platforms_do_not_conflict_and_shared_or_unrestricted_ones_do() {
+        let nodes = json!(["cloud-node", "cloud-node-lifecycle", "route"]);
+        let aws = cr("aws", 1, json!({"provider": "plain", "controllers": nodes, "nodePlatforms": ["aws"]}));
+        let gce = cr("gce", 2, json!({"provider": "plain", "controllers": nodes, "nodePlatforms": ["gce"]}));
+        let both = cr("both", 3, json!({"provider": "plain", "controllers": nodes, "nodePlatforms": ["gce", "aws"]}));
+        let every = cr("every", 4, json!({"provider": "plain", "controllers": nodes}));
+        let all = peers(&[&aws, &gce, &both, &every]);
+        assert!(validate(&gce, &SecretState::NotReferenced, &registry(), &all).is_valid());
+        for late in [&both, &every] {
+            assert_eq!(reason_of(&validate(late, &SecretState::NotReferenced, &registry(), &all)), reason::CONFLICT);
+        }
+        // The service controller is not bound to Nodes: disjoint platforms still conflict there.
+        let lb_a = cr("lb-a", 1, json!({"provider": "plain", "controllers": ["service"], "nodePlatforms": ["aws"]}));
+        let lb_b = cr("lb-b", 2, json!({"provider": "plain", "controllers": ["service"], "nodePlatforms": ["gce"]}));
+        let all = peers(&[&lb_a, &lb_b]);
+        assert_eq!(reason_of(&validate(&lb_b, &SecretState::NotReferenced, &registry(), &all)), reason::CONFLICT);
+    }
+
+    #[test]
+    fn the_platforms_are_rendered_and_a_bad_one_is_refused_naming_the_field() {
+        let v = validate(
+            &cr("mine", 1, json!({"provider": "plain", "nodePlatforms": ["aws", "gce"]})),
+            &SecretState::NotReferenced,
+            &registry(),
+            &[],
+        );
+        let Validation::Valid(valid) = v else { panic!("valid: {v:?}") };
+        assert!(valid.config.to_args().iter().any(|a| a == "--cloud-provider-platforms=aws,gce"));
+        let v = validate(
+            &cr("bad", 1, json!({"provider": "plain", "nodePlatforms": ["9lives"]})),
+            &SecretState::NotReferenced,
+            &registry(),
+            &[],
+        );
+        let Validation::Invalid { failures, .. } = &v else { panic!("invalid: {v:?}") };
+        assert!(failures[0].message.contains("spec.nodePlatforms"), "{failures:?}");
     }
 
     #[test]

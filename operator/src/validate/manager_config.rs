@@ -82,6 +82,9 @@ pub fn manager_config_with(
         ccm_resource: Some(ccm_framework::status::StatusTarget { namespace, name }),
         extra_args: spec.extra_args.clone(),
         shadow: spec.shadow,
+        orphan_sweep: spec.orphans.sweep,
+        node_ownership: ccm_framework::ownership::NodeOwnership::of(&spec.node_platforms)
+            .map_err(|m| failure("spec.nodePlatforms", m))?,
     };
     config.check().map_err(|e| match e {
         ccm_framework::Error::InvalidFlag {
@@ -89,6 +92,7 @@ pub fn manager_config_with(
             message,
         } => migration_failure(message),
         ccm_framework::Error::InvalidFlag { flag: "--shadow", message } => failure("spec.shadow", message),
+        ccm_framework::Error::InvalidFlag { flag: "--orphan-sweep", message } => failure("spec.orphans.sweep", message),
         ccm_framework::Error::InvalidFlag { message, .. } => failure("spec.leaderElection", message),
         other => failure("spec", other.to_string()),
     })?;

@@ -3,7 +3,7 @@
 //!
 //! One job per file: [`pipeline`] runs the checks in order and gives the verdict ([`verdict`]);
 //! [`conflicts`] between resources, [`manager_config`] (spec to `ManagerConfig`), installation
-//! [`policy`] and [`environment`] are its parts; [`bounded`] runs it off the async runtime
+//! [`policy`] (with [`quantity`] for resources) and [`environment`] are its parts; [`bounded`] runs it off the async runtime
 //! within a time limit. [`secret`] is its input from the dereference step.
 
 pub mod bounded;
@@ -12,6 +12,7 @@ pub mod environment;
 pub mod manager_config;
 pub mod pipeline;
 pub mod policy;
+pub mod quantity;
 pub mod secret;
 pub mod verdict;
 
@@ -20,7 +21,8 @@ mod testing;
 
 pub use bounded::{PARSE_TIME_LIMIT, Subject, parse_timed_out, validate_bounded};
 pub use conflicts::{
-    Peer, RESERVED_LEASE_NAMES, RESERVED_LEASE_PREFIXES, conflicts_of, name_conflicts, reserved_lease_name,
+    Peer, RESERVED_LEASE_NAMES, RESERVED_LEASE_PREFIXES, RESERVED_NAME_SUFFIXES, conflicts_of, name_conflicts,
+    reserved_lease_name,
 };
 pub use environment::{
     AllowedNamespaces, Environment, check_environment, lease_namespace_not_allowed, namespace_not_allowed,
@@ -32,8 +34,10 @@ pub use manager_config::{
 };
 pub use pipeline::{check, validate};
 pub use policy::{
-    ALLOWED_EXTRA_ARGS, DEFAULT_MAX_REPLICAS, DEFAULT_PRIORITY_CLASS, Policy, announcer_refused, check_policy,
-    extra_arg_refused, image_allowed,
+    ALLOWED_EXTRA_ARGS, DEFAULT_MAX_CONTAINER_RESOURCES, DEFAULT_MAX_REPLICAS, DEFAULT_PRIORITY_CLASS, MAX_VERBOSITY,
+    Policy, PolicyError, ResourceMaximum, announcer_refused, check_policy, default_max_container_resources,
+    every_node_refused, extra_arg_refused, image_allowed, image_entry_allows, image_reference_refused,
+    parse_max_container_resources, reserved_by_installation, resources_refused,
 };
 pub use secret::SecretState;
 pub use verdict::{Checked, CloudConfigRef, Failure, Validated, Validation};

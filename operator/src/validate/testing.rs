@@ -5,9 +5,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use ccm_framework::provider::{CloudError, CloudProvider, Route, Routes};
 use ccm_framework::registry::{FactoryInput, Registry};
-use crds::{CloudControllerManager, CloudControllerManagerSpec};
+use crds::CloudControllerManager;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
+use testkit::Meta;
 
 use super::conflicts::Peer;
 use super::secret::SecretState;
@@ -84,10 +85,7 @@ pub fn counting_registry(runs: Arc<AtomicUsize>) -> Registry {
 
 /// A resource in `kube-system` created at second `created`.
 pub fn cr(name: &str, created: i64, spec: serde_json::Value) -> CloudControllerManager {
-    let spec: CloudControllerManagerSpec = serde_json::from_value(spec).unwrap();
-    let mut cr = CloudControllerManager::new(name, spec);
-    cr.metadata.namespace = Some("kube-system".into());
-    cr.metadata.uid = Some(format!("uid-{name}"));
+    let mut cr = testkit::cr("kube-system", name, spec).with_uid(&format!("uid-{name}"));
     cr.metadata.creation_timestamp = Some(Time(Timestamp::from_second(created).unwrap()));
     cr
 }

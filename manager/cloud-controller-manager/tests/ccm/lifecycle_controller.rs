@@ -46,16 +46,24 @@ impl Env {
 
     /// Create the Node and give its instance to the fake.
     async fn node(&self, name: &str, ready: Option<&str>, taints: Vec<Taint>, instance: Option<FakeInstance>) {
+        self.node_with_provider_id(name, Some(format!("fake://{name}")), ready, taints, instance).await;
+    }
+
+    /// [`Self::node`] with the given providerID (`None`: a Node the kubelet registered without one).
+    async fn node_with_provider_id(
+        &self,
+        name: &str,
+        provider_id: Option<String>,
+        ready: Option<&str>,
+        taints: Vec<Taint>,
+        instance: Option<FakeInstance>,
+    ) {
         if let Some(i) = instance {
             self.fake.set_instance(name, i);
         }
         let node = Node {
             metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
-            spec: Some(NodeSpec {
-                provider_id: Some(format!("fake://{name}")),
-                taints: (!taints.is_empty()).then_some(taints),
-                ..Default::default()
-            }),
+            spec: Some(NodeSpec { provider_id, taints: (!taints.is_empty()).then_some(taints), ..Default::default() }),
             status: Some(NodeStatus {
                 conditions: ready
                     .map(|s| vec![NodeCondition { type_: "Ready".into(), status: s.into(), ..Default::default() }]),
@@ -267,5 +275,36 @@ testkit::backend_tests! {
         eventually_within("dead deleted", WAIT, || async { env.get("dead").await.is_none() }).await;
         assert!(started.elapsed() >= grace, "deleted only after the grace period: {:?}", started.elapsed());
         assert!(env.fake.calls().count(methods::INSTANCES_EXIST) >= 5, "absence was confirmed on every pass meanwhile");
+    }
+}
+
+// ---- §6 item 13 and node ownership (KEP-5778) ------------------------------------------------
+
+testkit::backend_tests! {
+    async fn a_node_without_a_provider_id_whose_machine_is_gone_is_deleted(backend) {
+        // Upstream bug k/k#141364: such a Node is never deleted there.
+        let env = Env::start(backend, options()).await;
+        env.node_with_provider_id("bare", None, Some("False"), vec![], None).await;
+        env.node_with_provider_id("kept", None, Some("False"), vec![], Some(running("kept"))).await;
+        env.run();
+        eventually_within("bare deleted", WAIT, || async { env.get("bare").await.is_none() }).await;
+        env.passes(2).await;
+        assert!(env.get("kept").await.is_some(), "a Node whose machine exists stays");
+    }
+
+    async fn with_node_ownership_another_platforms_node_is_never_deleted_or_tainted(backend) {
+        let ownership = ccm_framework::ownership::NodeOwnership::of(&["fake"]).expect("a platform name");
+        let env = Env::start(backend, ControllerOptions { node_ownership: ownership, ..options() }).await;
+        env.node("mine", Some("False"), vec![], None).await;
+        env.node_with_provider_id("theirs", Some("aws:///us-east-1a/i-0abc".into()), Some("False"), vec![], None).await;
+        env.node_with_provider_id("unmarked", None, Some("False"), vec![], None).await;
+        env.run();
+        eventually_within("mine deleted", WAIT, || async { env.get("mine").await.is_none() }).await;
+        env.passes(3).await;
+        for name in ["theirs", "unmarked"] {
+            let node = env.get(name).await.unwrap_or_else(|| panic!("{name} was deleted"));
+            assert!(!has_shutdown_taint(&node), "{name} was tainted");
+        }
+        assert_eq!(env.events("DeletingNode", "theirs").await, 0);
     }
 }

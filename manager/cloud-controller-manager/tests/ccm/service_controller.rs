@@ -19,7 +19,9 @@ use k8s_openapi::api::core::v1::{Node, NodeSpec, Service, ServiceSpec, Taint};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use testkit::{Backend, RequestRecord, ServiceFixture, TestCluster, eventually_within, ingress_ips, lb_service};
+use testkit::{
+    Backend, FaultRule, RequestRecord, ServiceFixture, TestCluster, eventually_within, ingress_ips, lb_service,
+};
 
 const WAIT: Duration = Duration::from_secs(20);
 const NS: &str = "default";
@@ -39,6 +41,14 @@ impl Env {
     async fn new(backend: Backend, options: ControllerOptions) -> Env {
         let cluster = TestCluster::start(backend).await.expect("API server starts");
         Env { cluster, fake: Arc::new(FakeProvider::new()), options, running: None }
+    }
+
+    /// An environment whose API server answers through the fault proxy.
+    async fn with_faults(backend: Backend, options: ControllerOptions) -> Env {
+        let cluster = TestCluster::start_with_faults(backend).await.expect("API server starts");
+        let mut env = Env { cluster, fake: Arc::new(FakeProvider::new()), options, running: None };
+        env.start().await;
+        env
     }
 
     async fn started(backend: Backend, options: ControllerOptions) -> Env {
@@ -744,7 +754,7 @@ testkit::backend_tests! {
 // ---- S25, S26: the LoadBalancerProvisioned condition ---------------------------------------------
 
 fn provisioned(s: &Service) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
-    use ccm_framework::controllers::service::condition::CONDITION_TYPE;
+    use ccm_framework::controllers::service::condition::LEGACY as CONDITION_TYPE;
     s.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == CONDITION_TYPE).cloned()
 }
 
@@ -807,12 +817,103 @@ testkit::backend_tests! {
         })
         .await;
         assert!(ingress(&svc).is_some());
-        assert_eq!(env.status_writes("web"), 3, "condition set, address, condition removed");
+        assert_eq!(
+            env.status_writes("web"),
+            2,
+            "the refusal's conditions, then the address with the conditions of success in one write (S31)"
+        );
         // Other errors leave no condition behind.
         env.fake.fail_next(methods::ENSURE_LOAD_BALANCER, 1, CloudError::Unavailable("cloud down".into()));
         env.create_service(lb_service(NS, "api")).await;
         env.wait_event("SyncLoadBalancerFailed").await;
         let api = env.wait_ingress("api").await;
         assert!(provisioned(&api).is_none());
+    }
+}
+
+// ---- S31, S33: the load-balancer state on the Service -----------------------------------------
+
+fn condition(s: &Service, type_: &str) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    s.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == type_).cloned()
+}
+
+/// `(status, reason, observedGeneration)` of each of the three conditions, in order.
+fn states(s: &Service) -> Vec<(String, String, Option<i64>)> {
+    ["Accepted", "Programmed", "Degraded"]
+        .iter()
+        .map(|t| condition(s, t).map(|c| (c.status, c.reason, c.observed_generation)).unwrap_or_default())
+        .collect()
+}
+
+testkit::backend_tests! {
+    async fn s31_s33_a_served_service_is_accepted_programmed_and_degraded_only_while_no_node_may_serve_it(backend) {
+        let env = Env::started(backend, options()).await;
+        env.create_service(lb_service(NS, "web")).await;
+        // No Node yet: the load balancer exists but nothing may serve it.
+        let svc = eventually_within("web's conditions", WAIT, || async {
+            env.get("web").await.filter(|s| condition(s, "Degraded").is_some())
+        })
+        .await;
+        let generation = svc.metadata.generation;
+        assert_eq!(
+            states(&svc),
+            [
+                ("True".into(), "Accepted".into(), generation),
+                ("True".into(), "Programmed".into(), generation),
+                ("True".into(), "NoHosts".into(), generation),
+            ]
+        );
+        env.create_node(testkit::node("n1")).await;
+        let svc = eventually_within("web not degraded once a Node may serve it", WAIT, || async {
+            env.get("web").await.filter(|s| condition(s, "Degraded").is_some_and(|c| c.status == "False"))
+        })
+        .await;
+        assert_eq!(condition(&svc, "Degraded").map(|c| c.reason), Some("AsExpected".into()));
+        // A spec change is ensured again; the conditions keep describing the Service's current
+        // generation (as the API server keeps it, if at all).
+        env.edit("web", json!({"spec": {"sessionAffinity": "ClientIP"}})).await;
+        eventually_within("web ensured again", WAIT, || async { (env.ensures() >= 2).then_some(()) }).await;
+        let svc = eventually_within("the conditions of the current generation", WAIT, || async {
+            env.get("web").await.filter(|s| {
+                condition(s, "Programmed").is_some_and(|c| c.status == "True" && c.observed_generation == s.metadata.generation)
+            })
+        })
+        .await;
+        assert_eq!(condition(&svc, "Accepted").map(|c| c.status), Some("True".into()));
+        assert!(condition(&svc, "LoadBalancerProvisioned").is_none(), "the deprecated condition only on refusals");
+    }
+}
+
+// ---- S32: API errors are not cloud errors ---------------------------------------------------
+
+/// How long the status writes fail: long enough for a cloud back-off (5 s, then 10 s) to put the
+/// next attempt well past the end of the outage.
+const OUTAGE: Duration = Duration::from_secs(16);
+/// The longest wait for the address once the API server answers again: the API back-off's cap
+/// (5 s) with room for a loaded machine, far below the 19 s a cloud back-off would take.
+const AFTER_OUTAGE: Duration = Duration::from_secs(10);
+
+testkit::backend_tests! {
+    async fn s32_a_refused_status_write_is_retried_on_its_own_backoff_and_never_calls_the_cloud_again(backend) {
+        let env = Env::with_faults(backend, options()).await;
+        // Every status write of the Service fails, as during an API-server outage.
+        env.cluster.faults().add_rule(FaultRule {
+            path_prefix: Some(format!("/api/v1/namespaces/{NS}/services/web/status")),
+            error_rate: 1.0,
+            status: 500,
+            ..Default::default()
+        });
+        env.create_service(lb_service(NS, "web")).await;
+        eventually_within("the load balancer ensured", WAIT, || async { (env.ensures() >= 1).then_some(()) }).await;
+        tokio::time::sleep(OUTAGE).await;
+        assert!(env.get("web").await.and_then(|s| ingress(&s)).is_none(), "no status write got through");
+        env.cluster.faults().clear();
+        let cleared = Instant::now();
+        eventually_within("the Service's ingress after the outage", AFTER_OUTAGE, || async {
+            env.get("web").await.filter(|s| ingress(s).is_some())
+        })
+        .await;
+        eprintln!("s32: address written {:?} after the API server answered again", cleared.elapsed());
+        assert_eq!(env.ensures(), 1, "the retries wrote what the cloud had already answered");
     }
 }

@@ -178,6 +178,10 @@ impl CloudProvider for InstrumentedProvider {
         self.inner.has_cluster_id()
     }
 
+    fn capabilities(&self) -> crate::capabilities::Capabilities {
+        self.inner.capabilities()
+    }
+
     fn call_kind(&self, call: crate::provider::Call) -> crate::provider::CallKind {
         self.inner.call_kind(call)
     }
@@ -276,6 +280,17 @@ impl LoadBalancer for InstrumentedProvider {
             self.lb_inner()?.ensure_load_balancer_deleted(cluster_name, service).await
         })
         .await
+    }
+
+    async fn list_owned(&self, cluster_name: &str) -> CloudResult<Vec<crate::provider::OwnedObject>> {
+        self.timed("list_owned", async { self.lb_inner()?.list_owned(cluster_name).await }).await
+    }
+
+    async fn delete_owned(&self, cluster_name: &str, objects: &[crate::provider::OwnedObject]) -> Vec<CloudResult<()>> {
+        match self.lb_inner() {
+            Ok(lb) => self.timed_batch("delete_owned", lb.delete_owned(cluster_name, objects)).await,
+            Err(e) => objects.iter().map(|_| Err(e.clone())).collect(),
+        }
     }
 }
 

@@ -555,8 +555,13 @@ impl Engine {
         };
         let local_addr = listener.as_ref().map(Listener::local_addr);
         if let Some(listener) = listener {
-            let state =
-                HttpState { health: self.health.clone(), ready: self.ready.clone(), metrics: self.metrics.clone() };
+            let capabilities = crate::capabilities::to_json(&self.provider.capabilities());
+            let state = HttpState {
+                health: self.health.clone(),
+                ready: self.ready.clone(),
+                metrics: self.metrics.clone(),
+                capabilities: Some(capabilities.into()),
+            };
             tokio::spawn(listener.serve(state, shutdown.clone()));
         }
         let elector = self.leader_election.clone().map(|c| LeaderElector::new(self.client.clone(), c));
@@ -689,6 +694,7 @@ impl Engine {
                 nodes: nodes.clone(),
                 services: services.clone(),
                 events: events.clone(),
+                orphans: crate::orphans::OrphanRecord::new(),
                 metrics: self.metrics.clone(),
                 shutdown: term.clone(),
             };
@@ -811,6 +817,7 @@ impl Engine {
         let reporter = self.status.as_ref().map(|(target, interval)| {
             StatusReporter::new(ctx.client.clone(), target.clone(), ctx.provider.clone(), *interval)
                 .with_shadow(ctx.shadow.clone())
+                .with_orphans(ctx.orphans.clone())
         });
         async move {
             let token = ctx.shutdown.clone();

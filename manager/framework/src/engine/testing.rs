@@ -62,7 +62,19 @@ pub async fn context(
     let metrics = Arc::new(Metrics::new());
     let events = EventSink::spawn_observed(client.clone(), Some("test".into()), &metrics, shutdown.clone());
     let shadow = options.shadow.then(Shadow::new);
-    Context { client, provider, options: Arc::new(options), shadow, nodes, services, events, metrics, shutdown }
+    let orphans = crate::orphans::OrphanRecord::new();
+    Context {
+        client,
+        provider,
+        options: Arc::new(options),
+        shadow,
+        nodes,
+        services,
+        events,
+        orphans,
+        metrics,
+        shutdown,
+    }
 }
 
 /// A controller running in the background; see [`run_controller`].

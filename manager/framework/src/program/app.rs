@@ -42,11 +42,16 @@ where
     let flags = match Flags::try_parse_from(args) {
         Ok(f) => f,
         Err(e) => {
-            // --help and --version end up here too, with exit code 0.
+            // --help ends up here too, with exit code 0.
             let _ = e.print();
             return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
         }
     };
+    // Upstream's --version and --version=raw print and exit; =false and =vX.Y.Z go on.
+    if let Some(line) = version_line(flags.version.as_deref()) {
+        println!("{line}");
+        return ExitCode::SUCCESS;
+    }
     let settings = match flags.settings() {
         Ok(s) => s,
         Err(e) => {
@@ -78,6 +83,20 @@ where
     }
 }
 
+/// What `--version=<value>` prints before exiting, or `None` to run.
+pub fn version_line(value: Option<&str>) -> Option<String> {
+    let version = env!("CARGO_PKG_VERSION");
+    match value? {
+        "true" => Some(format!("cloud-controller-manager v{version}")),
+        "raw" => Some(format!(
+            "{{major:0 minor:1 gitVersion:v{version} platform:{}/{}}}",
+            std::env::consts::OS,
+            std::env::consts::ARCH
+        )),
+        _ => None,
+    }
+}
+
 /// Build the provider, the clients and the engine from `settings`, and run until `shutdown`.
 pub async fn run(registry: Registry, mut settings: Settings, shutdown: CancellationToken) -> Result<(), Error> {
     let cloud_config = match &settings.cloud_config {
@@ -95,9 +114,9 @@ pub async fn run(registry: Registry, mut settings: Settings, shutdown: Cancellat
     // Only a digest stays, to tell an edit of the file from the content read here.
     let initial = cloud_config.as_deref().map(crate::config_watch::digest);
     // Parsed on a blocking thread with a time limit, like the operator does.
-    let provider = registry
-        .create_bounded(&settings.provider, cloud_config, &cluster, crate::registry::FACTORY_TIME_LIMIT)
-        .await?;
+    let built =
+        registry.build_bounded(&settings.provider, cloud_config, &cluster, crate::registry::FACTORY_TIME_LIMIT).await?;
+    let provider = built.provider;
     start_up_checks(&mut settings.options, provider.as_ref(), settings.allow_untagged_cloud)?;
     if let Some(path) = settings.cloud_config.clone() {
         // Edits reach the provider without a restart where it can take them (see config_watch).
@@ -130,6 +149,7 @@ pub async fn run(registry: Registry, mut settings: Settings, shutdown: Cancellat
         None => None,
     };
     let [client, event_client] = client::build_clients(config, [&layer, &RateLimitLayer::disabled()])?;
+    start_webhooks(settings.webhook.as_ref(), &built.webhooks, &settings.options, &metrics, &shutdown).await?;
 
     let on_loss = if settings.exit_on_lost_lease { LeaderLoss::Exit } else { LeaderLoss::StandBy };
     let engine = EngineBuilder::new(client, provider, settings.options)
@@ -143,4 +163,31 @@ pub async fn run(registry: Registry, mut settings: Settings, shutdown: Cancellat
         .report_status(settings.ccm_resource, settings.ccm_resource_interval)
         .build()?;
     engine.run(shutdown).await
+}
+
+/// Serve the webhooks `--webhooks` selects among the provider's, on their own listener, until
+/// `shutdown` (every replica serves, leading or not). Nothing is bound when the gate or the
+/// port is off or nothing is selected; an unknown name in `--webhooks` fails the start.
+async fn start_webhooks(
+    settings: Option<&crate::webhook::WebhookSettings>,
+    webhooks: &[Arc<dyn crate::webhook::AdmissionWebhook>],
+    options: &crate::options::ControllerOptions,
+    metrics: &Metrics,
+    shutdown: &CancellationToken,
+) -> Result<(), Error> {
+    use crate::webhook::{AdmissionContext, select, server};
+    let Some(settings) = settings else { return Ok(()) };
+    let selected = select(&settings.selection, webhooks)?;
+    if selected.is_empty() {
+        tracing::info!("no admission webhook selected by --webhooks; the webhook server stays off");
+        return Ok(());
+    }
+    let ctx = AdmissionContext {
+        load_balancer_class: options.load_balancer_class.clone(),
+        handle_unclassed_services: options.handle_unclassed_services,
+    };
+    let server = server::WebhookServer::new(selected, ctx, metrics);
+    let listener = server::bind(settings, &server).await?;
+    tokio::spawn(server::serve(listener, server, shutdown.child_token()));
+    Ok(())
 }

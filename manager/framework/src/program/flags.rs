@@ -1,10 +1,11 @@
 //! The `cloud-controller-manager` command line, compatible with upstream's flags.
 //!
 //! Names and defaults are upstream's (`k8s.io/cloud-provider` options, controller-manager and
-//! component-base), so a Deployment written for an upstream manager keeps working. Flags
-//! upstream accepts but that have no effect here (profiling, client certificates and
-//! request-header authentication, webhooks, ...) are accepted with a warning
-//! ([`super::warnings`]). Values upstream accepts but that break the manager
+//! component-base, v1.36), so a Deployment written for an upstream manager keeps working: every
+//! flag of upstream's `--help` parses (checked against a snapshot of it by the
+//! `upstream_flags` test of the `cloud-controller-manager` crate). Flags upstream accepts but
+//! that have no effect here (profiling, client certificates and request-header authentication,
+//! SNI certificates, ...) are accepted with a warning ([`super::warnings`]). Values upstream accepts but that break the manager
 //! (`--concurrent-node-syncs=0`, say) are rejected at start ([`super::settings`]). Flags that are
 //! not upstream's are listed under "Additions".
 
@@ -23,7 +24,11 @@ use crate::go_values::{parse_bool, parse_duration};
     long_about = "The cloud-controller-manager runs the cloud-specific control loops of a Kubernetes cluster: \
 it initializes Nodes from cloud instance metadata, deletes Nodes whose instances are gone, provisions \
 load balancers for Services of type LoadBalancer, and programs pod-network routes.",
-    max_term_width = 120
+    max_term_width = 120,
+    // Go's pflag: a flag given twice keeps the last value (list flags add up).
+    args_override_self = true,
+    // Upstream's --version takes an optional value (version[=true]); see `version` below.
+    disable_version_flag = true
 )]
 pub struct Flags {
     // ----- Cloud provider flags
@@ -54,8 +59,8 @@ pub struct Flags {
     /// Pause between starting two controllers. Has no effect here: controllers start together.
     #[arg(long, default_value = "0s", value_parser = parse_duration, value_name = "duration", help_heading = "Generic flags")]
     pub controller_start_interval: Duration,
-    /// Lower bound of the random resync period of the shared caches. Has no effect here: the
-    /// caches never resync.
+    /// With watch-based routes, the route controller's safety pass runs at a random period
+    /// between this and twice this (upstream's informer resync). The shared caches never resync.
     #[arg(long, default_value = "12h0m0s", value_parser = parse_duration, value_name = "duration", help_heading = "Generic flags")]
     pub min_resync_period: Duration,
     /// Requests per second the manager may send to the Kubernetes API server (client-side token
@@ -91,7 +96,8 @@ pub struct Flags {
     #[arg(long, default_value_t = true, num_args = 0..=1, require_equals = true, default_missing_value = "true",
         value_parser = parse_bool, action = ArgAction::Set, help_heading = "Generic flags")]
     pub configure_cloud_routes: bool,
-    /// How often the route controller compares the cloud's routes with the Nodes.
+    /// How often the route controller compares the cloud's routes with the Nodes, when
+    /// watch-based routes are off (--feature-gates=CloudControllerManagerWatchBasedRoutesReconciliation=false).
     #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "duration", help_heading = "Generic flags")]
     pub route_reconciliation_period: Duration,
     /// How often the cloud-node-lifecycle-controller checks Nodes against their instances.
@@ -106,10 +112,14 @@ pub struct Flags {
     #[arg(long, default_value_t = false, num_args = 0..=1, require_equals = true, default_missing_value = "true",
         value_parser = parse_bool, action = ArgAction::Set, help_heading = "Generic flags")]
     pub use_service_account_credentials: bool,
-    /// Feature gates as Name=true|false pairs. Accepted for compatibility; no gate changes
-    /// anything here.
-    #[arg(long, default_value = "", value_name = "mapStringBool", help_heading = "Generic flags")]
-    pub feature_gates: String,
+    /// Feature gates as Name=true|false pairs (repeatable). Effective here:
+    /// CloudControllerManagerWatchBasedRoutesReconciliation (ALPHA - default=false: routes
+    /// reconciled on Node changes, at most once per 10s, and every --min-resync-period to
+    /// twice that), CloudControllerManagerWebhook (ALPHA - default=false: serve the providers'
+    /// admission webhooks), AllAlpha, AllBeta. Upstream's other gates are accepted with a
+    /// warning.
+    #[arg(long, value_name = "mapStringBool", help_heading = "Generic flags")]
+    pub feature_gates: Vec<String>,
 
     // ----- Leader-election flags
     /// Run the controllers only while holding the leader Lease; needed when several replicas
@@ -224,8 +234,11 @@ pub struct Flags {
     /// VersionTLS10 and VersionTLS11 are refused at start.
     #[arg(long, default_value = "", value_name = "string", help_heading = "Secure serving flags")]
     pub tls_min_version: String,
-    /// TLS key-exchange groups. Has no effect here.
-    #[arg(long, default_value = "", value_name = "strings", help_heading = "Secure serving flags")]
+    /// Key-exchange groups offered, comma-separated Go crypto/tls CurveIDs (or Go's names):
+    /// 29 (X25519), 23 (CurveP256), 24 (CurveP384). Order is ignored; 25 and the post-quantum
+    /// hybrids are left out with a warning; an unknown entry is refused at start. Empty: all
+    /// three.
+    #[arg(long, default_value = "", value_name = "int32Slice", help_heading = "Secure serving flags")]
     pub tls_curve_preferences: String,
     /// Extra certificate/key pairs chosen by SNI. Has no effect here.
     #[arg(long, value_name = "namedCertKey", help_heading = "Secure serving flags")]
@@ -304,19 +317,45 @@ pub struct Flags {
     #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "duration", help_heading = "Authorization flags")]
     pub authorization_webhook_cache_unauthorized_ttl: Duration,
 
-    // ----- Webhook flags (accepted, no effect)
-    /// Admission webhooks to serve. Has no effect here: no webhook is served.
+    // ----- Webhook flags (KEP-2699; served with --feature-gates=CloudControllerManagerWebhook=true)
+    /// Admission webhooks to serve, comma-separated: '*' serves every on-by-default webhook
+    /// of the provider, 'name' one, '-name' turns one off. Empty (the default, as upstream):
+    /// none.
     #[arg(long, value_delimiter = ',', value_name = "strings", help_heading = "Webhook flags")]
     pub webhooks: Vec<String>,
-    /// Address of the webhook endpoint. Has no effect here.
-    #[arg(long, default_value = "0.0.0.0", value_name = "ip", help_heading = "Webhook flags")]
+    /// Address the webhook server listens on; 0.0.0.0 or :: listens everywhere.
+    #[arg(long, default_value = "0.0.0.0", value_name = "ip", help_heading = "Webhook serving flags")]
     pub webhook_bind_address: String,
-    /// Port of the webhook endpoint. Has no effect here.
-    #[arg(long, default_value_t = 10260, value_name = "int", help_heading = "Webhook flags")]
+    /// HTTPS port of the admission webhooks, apart from --secure-port; 0 serves none.
+    #[arg(long, default_value_t = 10260, value_name = "int", help_heading = "Webhook serving flags")]
     pub webhook_secure_port: u16,
-    /// Directory of the webhook certificates. Has no effect here.
-    #[arg(long, default_value = "", value_name = "string", help_heading = "Webhook flags")]
+    /// Directory of generated webhook certificates. Has no effect here: the self-signed
+    /// certificate is kept in memory only.
+    #[arg(long, default_value = "", value_name = "string", help_heading = "Webhook serving flags")]
     pub webhook_cert_dir: String,
+    /// PEM certificate of the webhook server, followed by any intermediates; re-read when it
+    /// changes. Without it, a self-signed certificate for localhost is generated in memory.
+    #[arg(long, default_value = "", value_name = "string", help_heading = "Webhook serving flags")]
+    pub webhook_tls_cert_file: String,
+    /// PEM private key of --webhook-tls-cert-file.
+    #[arg(long, default_value = "", value_name = "string", help_heading = "Webhook serving flags")]
+    pub webhook_tls_private_key_file: String,
+    /// Cipher suites of the webhook server, as --tls-cipher-suites.
+    #[arg(long, default_value = "", value_name = "strings", help_heading = "Webhook serving flags")]
+    pub webhook_tls_cipher_suites: String,
+    /// Oldest TLS version of the webhook server, as --tls-min-version.
+    #[arg(long, default_value = "", value_name = "string", help_heading = "Webhook serving flags")]
+    pub webhook_tls_min_version: String,
+    /// Key-exchange groups of the webhook server, as --tls-curve-preferences.
+    #[arg(long, default_value = "", value_name = "int32Slice", help_heading = "Webhook serving flags")]
+    pub webhook_tls_curve_preferences: String,
+    /// Extra certificate/key pairs of the webhook server chosen by SNI. Has no effect here.
+    #[arg(long, value_name = "namedCertKey", help_heading = "Webhook serving flags")]
+    pub webhook_tls_sni_cert_key: Vec<String>,
+    /// Turn HTTP/2 off on the webhook server. Has no effect here: it speaks HTTP/1.1.
+    #[arg(long, default_value_t = false, num_args = 0..=1, require_equals = true, default_missing_value = "true",
+        value_parser = parse_bool, action = ArgAction::Set, help_heading = "Webhook serving flags")]
+    pub webhook_disable_http2_serving: bool,
 
     // ----- Global flags
     /// Log verbosity: 0-2 info, 3-4 debug, 5 and more trace (RUST_LOG, when set, wins).
@@ -328,6 +367,22 @@ pub struct Flags {
     /// Log format: "text" or "json".
     #[arg(long, default_value = "text", value_name = "string", help_heading = "Global flags")]
     pub logging_format: String,
+    /// Longest time between log flushes. Has no effect here: every line is written at once.
+    #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "duration", help_heading = "Global flags")]
+    pub log_flush_frequency: Duration,
+    /// Info-line buffer of split text output (alpha upstream). Has no effect here.
+    #[arg(long, default_value = "", value_name = "quantity", help_heading = "Global flags")]
+    pub log_text_info_buffer_size: String,
+    /// Split text output: errors to stderr, the rest to stdout (alpha upstream). Has no effect
+    /// here.
+    #[arg(long, default_value_t = false, num_args = 0..=1, require_equals = true, default_missing_value = "true",
+        value_parser = parse_bool, action = ArgAction::Set, help_heading = "Global flags")]
+    pub log_text_split_stream: bool,
+    /// Print the version and exit (`--version`, `--version=raw`); `=false` is a no-op and
+    /// `=vX.Y.Z` (upstream: override the reported version) is accepted with a warning.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "version",
+        help_heading = "Global flags")]
+    pub version: Option<String>,
 
     // ----- Additions
     /// (Addition) Route operations run concurrently by the route controller; never more than
@@ -369,6 +424,16 @@ pub struct Flags {
     #[arg(long, default_value_t = false, num_args = 0..=1, require_equals = true, default_missing_value = "true",
         value_parser = parse_bool, action = ArgAction::Set, help_heading = "Additions (not upstream flags)")]
     pub shadow: bool,
+    /// (Addition) Delete orphaned cloud objects: those that carry this cluster's ownership and
+    /// belong to no Service, once two scans in a row found them (docs/orphans.md). Off, they are
+    /// only reported (status.orphans of --ccm-resource, the service_controller_orphans metric).
+    /// Refused with --shadow.
+    #[arg(long, default_value_t = false, num_args = 0..=1, require_equals = true, default_missing_value = "true",
+        value_parser = parse_bool, action = ArgAction::Set, help_heading = "Additions (not upstream flags)")]
+    pub orphan_sweep: bool,
+    /// (Addition) Time between two orphan scans of the leader; 0s turns the scan off.
+    #[arg(long, default_value = "10m0s", value_parser = parse_duration, value_name = "duration", help_heading = "Additions (not upstream flags)")]
+    pub orphan_scan_period: Duration,
     /// (Addition) How often the leader probes the provider's health for --ccm-resource.
     #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "duration", help_heading = "Additions (not upstream flags)")]
     pub ccm_resource_interval: Duration,
@@ -382,6 +447,14 @@ pub struct Flags {
     #[arg(long, default_value_t = true, num_args = 0..=1, require_equals = true, default_missing_value = "true",
         value_parser = parse_bool, action = ArgAction::Set, help_heading = "Additions (not upstream flags)")]
     pub leader_elect_release_on_shutdown: bool,
+    /// (Addition, KEP-5778's proposed flag) Node ownership: the platforms this manager owns,
+    /// comma-separated, each the scheme of a providerID (`aws` owns `aws:///...`). Nodes whose
+    /// providerID names another platform (or, without one, whose
+    /// `cloudprovider.kubernetes.io/platform` annotation does) are never initialized, deleted,
+    /// tainted or routed by this manager; a Node with neither is initialized when the cloud
+    /// knows it but never deleted. Empty: every Node (upstream).
+    #[arg(long, value_delimiter = ',', value_name = "strings", help_heading = "Additions (not upstream flags)")]
+    pub cloud_provider_platforms: Vec<String>,
     /// (Addition) Exit with status 1 when the leader Lease is lost, as upstream does. When
     /// false, the controllers stop and the process stands by for the next term.
     #[arg(long, default_value_t = true, num_args = 0..=1, require_equals = true, default_missing_value = "true",

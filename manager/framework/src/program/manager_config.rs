@@ -9,6 +9,7 @@ use super::flags::Flags;
 use super::invalid;
 use crate::config::{LeaderElectionSettings, LeaderMigrationSource, ManagerConfig, workers};
 use crate::error::Error;
+use crate::ownership::NodeOwnership;
 use crate::status::StatusTarget;
 
 impl Flags {
@@ -54,6 +55,9 @@ impl Flags {
             },
             extra_args: Vec::new(),
             shadow: self.shadow,
+            orphan_sweep: self.orphan_sweep,
+            node_ownership: NodeOwnership::of(&self.cloud_provider_platforms)
+                .map_err(|m| invalid("--cloud-provider-platforms", m))?,
         };
         config.check()?;
         Ok(config)
@@ -133,6 +137,8 @@ mod tests {
         // Shadow mode with everything it allows (its own Lease, no migration).
         config.shadow =
             g.bool() && config.leader_migration.is_none() && config.leader_election.name != crds::defaults::LEASE_NAME;
+        // A shadow manager never sweeps.
+        config.orphan_sweep &= !config.shadow;
         config
     }
 
@@ -179,6 +185,12 @@ mod tests {
             ccm_resource: g.bool().then(|| StatusTarget { namespace: "kube-system".into(), name: "aws".into() }),
             extra_args: Vec::new(),
             shadow: false,
+            orphan_sweep: g.bool(),
+            node_ownership: match g.below(3) {
+                0 => NodeOwnership::all(),
+                1 => NodeOwnership::of(&["aws"]).expect("a platform"),
+                _ => NodeOwnership::of(&["gce", "openstack"]).expect("platforms"),
+            },
         }
     }
 

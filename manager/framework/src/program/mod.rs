@@ -4,12 +4,14 @@
 //! providers, the operator's Embedded mode) imports it.
 //!
 //! - [`flags`]: the command line, with upstream's names and defaults.
+//! - [`features`]: `--feature-gates`, upstream's gates resolved.
 //! - [`warnings`]: flags accepted for compatibility that have no effect or are deprecated.
 //! - [`manager_config`]: the flags as a [`crate::config::ManagerConfig`], the operator's round trip.
 //! - [`settings`]: the flags, validated, as the [`settings::Settings`] the program runs with.
 //! - [`app`]: `run_main`: parse, set up logging, build the provider and the engine, run.
 
 pub mod app;
+pub mod features;
 pub mod flags;
 pub mod manager_config;
 pub mod settings;

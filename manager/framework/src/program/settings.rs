@@ -6,6 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::features::{self, FeatureGates};
 use super::flags::Flags;
 use super::{invalid, non_zero};
 use crate::client::ClientSource;
@@ -16,8 +17,10 @@ use crate::leader::LeaderElectionConfig;
 use crate::leader_migration::LeaderMigrationConfiguration;
 use crate::options::ControllerOptions;
 use crate::process::LogSettings;
+use crate::serving::tls::{SERVING_FLAGS, WEBHOOK_FLAGS};
 use crate::serving::{AuthConfig, AuthSettings, TlsOptions};
 use crate::status::StatusTarget;
+use crate::webhook::WebhookSettings;
 
 /// Everything the binary needs, validated.
 #[derive(Debug, Clone)]
@@ -45,6 +48,11 @@ pub struct Settings {
     pub burst: u32,
     /// The endpoint, unless `--secure-port=0`.
     pub http: Option<HttpConfig>,
+    /// The admission webhook server, when `CloudControllerManagerWebhook` is on and
+    /// `--webhook-secure-port` is not 0 (it serves only if `--webhooks` selects a webhook).
+    pub webhook: Option<WebhookSettings>,
+    /// `--feature-gates`, resolved.
+    pub features: FeatureGates,
     /// `--ccm-resource`.
     pub ccm_resource: Option<StatusTarget>,
     /// `--ccm-resource-interval`.
@@ -61,13 +69,15 @@ impl Flags {
     /// Validate and convert to [`Settings`].
     pub fn settings(&self) -> Result<Settings, Error> {
         let warnings = self.warnings()?;
+        let features = features::parse(&self.feature_gates)?.gates;
         let config = self.manager_config()?;
         let leader_migration = config.leader_migration_config()?;
         let leader_migration_namespace = config.migration_lease_namespace().to_string();
-        let options = controller_options(self, &config)?;
+        let options = controller_options(self, &config, features)?;
         let leader_election = leader_election(self, &config)?;
         let (qps, burst) = rate_limit(self)?;
         let http = serving(self)?;
+        let webhook = webhook_serving(self, features)?;
         let log = log_settings(self)?;
         Ok(Settings {
             provider: config.provider,
@@ -84,6 +94,8 @@ impl Flags {
             qps,
             burst,
             http,
+            webhook,
+            features,
             ccm_resource: config.ccm_resource,
             ccm_resource_interval: non_zero("--ccm-resource-interval", self.ccm_resource_interval)?,
             allow_untagged_cloud: self.allow_untagged_cloud,
@@ -94,9 +106,15 @@ impl Flags {
 }
 
 /// The controllers' periods, workers and additions, over what the operator also renders.
-fn controller_options(flags: &Flags, config: &ManagerConfig) -> Result<ControllerOptions, Error> {
+fn controller_options(
+    flags: &Flags,
+    config: &ManagerConfig,
+    features: FeatureGates,
+) -> Result<ControllerOptions, Error> {
     Ok(ControllerOptions {
         route_reconciliation_period: non_zero("--route-reconciliation-period", flags.route_reconciliation_period)?,
+        watch_based_routes: features.watch_based_routes,
+        route_resync_period: non_zero("--min-resync-period", flags.min_resync_period)?,
         node_monitor_period: non_zero("--node-monitor-period", flags.node_monitor_period)?,
         node_status_update_frequency: non_zero("--node-status-update-frequency", flags.node_status_update_frequency)?,
         concurrent_node_status_updates: match flags.concurrent_node_status_updates {
@@ -107,6 +125,7 @@ fn controller_options(flags: &Flags, config: &ManagerConfig) -> Result<Controlle
         node_batch_window: flags.node_batch_window,
         node_deletion_grace_period: flags.node_deletion_grace_period,
         load_balancer_resync_period: Some(flags.load_balancer_resync_period).filter(|d| !d.is_zero()),
+        orphan_scan_period: flags.orphan_scan_period,
         ..config.controller_options()
     })
 }
@@ -140,22 +159,28 @@ fn rate_limit(flags: &Flags) -> Result<(f32, u32), Error> {
     Ok((flags.kube_api_qps, burst))
 }
 
+/// `flag`'s IP address; empty: 0.0.0.0.
+fn bind_ip(flag: &'static str, value: &str) -> Result<IpAddr, Error> {
+    if value.is_empty() {
+        return Ok(IpAddr::from([0, 0, 0, 0]));
+    }
+    value.parse().map_err(|_| invalid(flag, format!("{value:?} is not an IP address")))
+}
+
 /// The `--secure-port` endpoint, unless the port is 0.
 fn serving(flags: &Flags) -> Result<Option<HttpConfig>, Error> {
     // Checked even with the endpoint off: a refused value is never silently ignored.
-    let tls_options = TlsOptions::from_flags(&flags.tls_min_version, &flags.tls_cipher_suites)?;
+    let tls_options = TlsOptions::parse(
+        SERVING_FLAGS,
+        &flags.tls_min_version,
+        &flags.tls_cipher_suites,
+        &flags.tls_curve_preferences,
+    )?;
     if flags.secure_port == 0 {
         return Ok(None);
     }
-    let ip: IpAddr = if flags.bind_address.is_empty() {
-        IpAddr::from([0, 0, 0, 0])
-    } else {
-        flags
-            .bind_address
-            .parse()
-            .map_err(|_| invalid("--bind-address", format!("{:?} is not an IP address", flags.bind_address)))?
-    };
-    let tls = serving_certificate(flags)?;
+    let ip = bind_ip("--bind-address", &flags.bind_address)?;
+    let tls = certificate_pair("--tls-cert-file", &flags.tls_cert_file, &flags.tls_private_key_file)?;
     let auth = delegated_auth(flags)?;
     Ok(Some(
         HttpConfig::new(SocketAddr::new(ip, flags.secure_port))
@@ -165,16 +190,38 @@ fn serving(flags: &Flags) -> Result<Option<HttpConfig>, Error> {
     ))
 }
 
-/// `--tls-cert-file` and `--tls-private-key-file`, together, or a self-signed certificate.
-fn serving_certificate(flags: &Flags) -> Result<Tls, Error> {
-    match (flags.tls_cert_file.is_empty(), flags.tls_private_key_file.is_empty()) {
+/// A certificate file and its key (`flag` and its `-private-key-file` twin), together, or a
+/// self-signed certificate.
+fn certificate_pair(flag: &'static str, cert: &str, key: &str) -> Result<Tls, Error> {
+    match (cert.is_empty(), key.is_empty()) {
         (true, true) => Ok(Tls::SelfSigned),
-        (false, false) => Ok(Tls::Files(TlsFiles {
-            cert: PathBuf::from(&flags.tls_cert_file),
-            key: PathBuf::from(&flags.tls_private_key_file),
-        })),
-        _ => Err(invalid("--tls-cert-file", "--tls-cert-file and --tls-private-key-file must be given together")),
+        (false, false) => Ok(Tls::Files(TlsFiles { cert: PathBuf::from(cert), key: PathBuf::from(key) })),
+        _ => Err(invalid(flag, format!("{flag} and its private key file must be given together"))),
     }
+}
+
+/// The admission webhook server (KEP-2699): with `CloudControllerManagerWebhook` on and
+/// `--webhook-secure-port` not 0. Its flags are checked either way, and its port must differ
+/// from `--secure-port` (upstream's rule).
+fn webhook_serving(flags: &Flags, features: FeatureGates) -> Result<Option<WebhookSettings>, Error> {
+    let tls_options = TlsOptions::parse(
+        WEBHOOK_FLAGS,
+        &flags.webhook_tls_min_version,
+        &flags.webhook_tls_cipher_suites,
+        &flags.webhook_tls_curve_preferences,
+    )?;
+    let ip = bind_ip("--webhook-bind-address", &flags.webhook_bind_address)?;
+    let tls =
+        certificate_pair("--webhook-tls-cert-file", &flags.webhook_tls_cert_file, &flags.webhook_tls_private_key_file)?;
+    if flags.webhook_secure_port != 0 && flags.webhook_secure_port == flags.secure_port {
+        return Err(invalid("--webhook-secure-port", "cannot be the same value as --secure-port"));
+    }
+    if !features.webhook || flags.webhook_secure_port == 0 {
+        return Ok(None);
+    }
+    let http =
+        HttpConfig::new(SocketAddr::new(ip, flags.webhook_secure_port)).with_tls(tls).with_tls_options(tls_options);
+    Ok(Some(WebhookSettings { selection: flags.webhooks.clone(), http }))
 }
 
 /// The endpoint's delegated authentication and authorization flags.

@@ -1,17 +1,11 @@
 //! Flags accepted for compatibility that have no effect here or are deprecated: one warning
 //! line each, logged at start (pure).
 
+use super::features;
 use super::flags::Flags;
 use super::invalid;
 use crate::error::Error;
-use crate::go_values::parse_bool;
-
-/// Upstream's feature gates this manager knows of (none of them changes anything here).
-pub const KNOWN_FEATURE_GATES: [&str; 3] = [
-    "CloudControllerManagerWatchBasedRoutesReconciliation",
-    "CloudControllerManagerWebhook",
-    "ControllerManagerReleaseLeaderElectionLockOnExit",
-];
+use crate::serving::tls::{SERVING_FLAGS, WEBHOOK_FLAGS, parse_curve_preferences};
 
 impl Flags {
     /// One line per accepted flag that has no effect or is deprecated. A `--feature-gates`
@@ -21,9 +15,11 @@ impl Flags {
             .map_err(|e| invalid("--help", format!("flag defaults do not parse: {e}")))?;
         let mut warnings = Vec::new();
         generic(self, &defaults, &mut warnings);
-        feature_gates(&self.feature_gates, &mut warnings)?;
+        let gates = features::parse(&self.feature_gates)?;
+        warnings.extend(gates.warnings);
+        gated(self, &defaults, gates.gates, &mut warnings);
         leader_migration(self, &mut warnings);
-        serving_and_logging(self, &mut warnings);
+        serving_and_logging(self, &defaults, &mut warnings)?;
         Ok(warnings)
     }
 }
@@ -67,20 +63,20 @@ fn generic(flags: &Flags, defaults: &Flags, warnings: &mut Vec<String>) {
     }
 }
 
-/// `--feature-gates`: each `Name=bool` is checked; no gate changes anything.
-fn feature_gates(gates: &str, warnings: &mut Vec<String>) -> Result<(), Error> {
-    if gates.is_empty() {
-        return Ok(());
+/// Flags that a feature gate turns on or off.
+fn gated(flags: &Flags, defaults: &Flags, gates: features::FeatureGates, warnings: &mut Vec<String>) {
+    if gates.watch_based_routes && flags.route_reconciliation_period != defaults.route_reconciliation_period {
+        warnings.push(format!(
+            "--route-reconciliation-period has no effect with watch-based routes (as upstream); set --feature-gates={}=false to reconcile on a fixed period",
+            features::WATCH_BASED_ROUTES
+        ));
     }
-    for gate in gates.split(',').filter(|g| !g.trim().is_empty()) {
-        let (name, value) = gate.split_once('=').unwrap_or((gate, "true"));
-        parse_bool(value.trim()).map_err(|e| invalid("--feature-gates", format!("{}: {e}", name.trim())))?;
-        if !KNOWN_FEATURE_GATES.contains(&name.trim()) {
-            warnings.push(format!("--feature-gates: {} is not a feature gate of this manager", name.trim()));
-        }
+    if !gates.webhook && !flags.webhooks.iter().all(|w| w.trim().is_empty()) {
+        warnings.push(format!(
+            "--webhooks has no effect without --feature-gates={}=true (as upstream): no webhook is served",
+            features::WEBHOOK
+        ));
     }
-    warnings.push("--feature-gates is accepted for compatibility but no gate changes behaviour".into());
-    Ok(())
 }
 
 /// The leader-migration flags given without `--enable-leader-migration`.
@@ -93,15 +89,38 @@ fn leader_migration(flags: &Flags, warnings: &mut Vec<String>) {
     }
 }
 
-/// Profiling, serving, authentication, webhook and logging flags with no effect here.
-fn serving_and_logging(flags: &Flags, warnings: &mut Vec<String>) {
+/// Profiling, serving, authentication, webhook and logging flags with no effect here, and
+/// key-exchange groups listed that this build cannot offer.
+fn serving_and_logging(flags: &Flags, defaults: &Flags, warnings: &mut Vec<String>) -> Result<(), Error> {
     if !flags.profiling || flags.contention_profiling {
         accepted(warnings, "--profiling", "has no effect: there are no profiling endpoints");
     }
+    for (flag, value) in [
+        (SERVING_FLAGS.curve_preferences, &flags.tls_curve_preferences),
+        (WEBHOOK_FLAGS.curve_preferences, &flags.webhook_tls_curve_preferences),
+    ] {
+        let unavailable = parse_curve_preferences(flag, value)?.unavailable;
+        if !unavailable.is_empty() {
+            warnings.push(format!(
+                "{flag}: {} left out: rustls (ring) does not implement them; the others are offered",
+                unavailable.join(", ")
+            ));
+        }
+    }
+    match flags.version.as_deref() {
+        None | Some("true" | "raw" | "false") => {}
+        Some(other) => warnings
+            .push(format!("--version={other} is accepted for compatibility but does not change the reported version")),
+    }
     for (flag, set) in [
         ("--cert-dir", !flags.cert_dir.is_empty()),
-        ("--tls-curve-preferences", !flags.tls_curve_preferences.is_empty()),
         ("--tls-sni-cert-key", !flags.tls_sni_cert_key.is_empty()),
+        ("--webhook-cert-dir", !flags.webhook_cert_dir.is_empty()),
+        ("--webhook-tls-sni-cert-key", !flags.webhook_tls_sni_cert_key.is_empty()),
+        ("--webhook-disable-http2-serving", flags.webhook_disable_http2_serving),
+        ("--log-flush-frequency", flags.log_flush_frequency != defaults.log_flush_frequency),
+        ("--log-text-info-buffer-size", !flags.log_text_info_buffer_size.is_empty()),
+        ("--log-text-split-stream", flags.log_text_split_stream),
         ("--http2-max-streams-per-connection", flags.http2_max_streams_per_connection != 0),
         ("--disable-http2-serving", flags.disable_http2_serving),
         ("--permit-port-sharing", flags.permit_port_sharing),
@@ -111,12 +130,11 @@ fn serving_and_logging(flags: &Flags, warnings: &mut Vec<String>) {
         ("--client-ca-file", !flags.client_ca_file.is_empty()),
         ("--requestheader-client-ca-file", !flags.requestheader_client_ca_file.is_empty()),
         ("--requestheader-allowed-names", !flags.requestheader_allowed_names.is_empty()),
-        ("--webhooks", !flags.webhooks.is_empty()),
-        ("--webhook-cert-dir", !flags.webhook_cert_dir.is_empty()),
         ("--vmodule", !flags.vmodule.is_empty()),
     ] {
         if set {
             accepted(warnings, flag, "has no effect here");
         }
     }
+    Ok(())
 }

@@ -48,7 +48,7 @@ use crate::error::Error;
 
 pub use auth::{AuthConfig, AuthSettings, Gatekeeper, KubeReviews, Reviews, TokenOutcome};
 pub use logic::{Activity, Gate, UserInfo};
-pub use tls::{MinVersion, Tls, TlsFiles, TlsOptions, load_tls};
+pub use tls::{MinVersion, Tls, TlsFiles, TlsFlagNames, TlsOptions, load_tls};
 
 /// Limits and timeouts of the endpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,6 +72,10 @@ pub struct Limits {
     pub limit_recovery_every: Duration,
     /// How often certificate files ([`Tls::Files`]) are checked for a new pair.
     pub tls_reload_every: Duration,
+    /// Largest request body read by a [`BodyHandler`] (larger: 413); a [`Handler`] reads none.
+    pub max_body_bytes: usize,
+    /// Time a client has to send a request's body once its head is read.
+    pub body_read_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -86,6 +90,8 @@ impl Default for Limits {
             warn_every: Duration::from_secs(10),
             limit_recovery_every: Duration::from_secs(10),
             tls_reload_every: Duration::from_secs(5),
+            max_body_bytes: 0,
+            body_read_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -97,7 +103,7 @@ pub struct HttpConfig {
     pub address: SocketAddr,
     /// HTTPS with a generated or given certificate, or plain HTTP.
     pub tls: Tls,
-    /// `--tls-min-version` and `--tls-cipher-suites`.
+    /// `--tls-min-version`, `--tls-cipher-suites` and `--tls-curve-preferences`.
     pub tls_options: TlsOptions,
     /// Delegated authentication and authorization; `None` serves every path to anyone (tests,
     /// embedding behind an authenticating proxy).
@@ -129,7 +135,7 @@ impl HttpConfig {
         self
     }
 
-    /// Offer these TLS versions and cipher suites.
+    /// Offer these TLS versions, cipher suites and key-exchange groups.
     pub fn with_tls_options(mut self, options: TlsOptions) -> Self {
         self.tls_options = options;
         self
@@ -191,6 +197,29 @@ impl Answer {
 
 /// What answers an authorized request: method and path with query string.
 pub type Handler = Arc<dyn Fn(&Method, &str) -> Answer + Send + Sync>;
+
+/// A request whose body was read (at most [`Limits::max_body_bytes`]).
+#[derive(Debug, Clone)]
+pub struct BodyRequest {
+    /// The method.
+    pub method: Method,
+    /// The path with its query string.
+    pub path: String,
+    /// The `Content-Type` header, if any.
+    pub content_type: Option<String>,
+    /// The body.
+    pub body: Bytes,
+}
+
+/// What answers an authorized request together with its body (the webhook server).
+pub type BodyHandler = Arc<dyn Fn(BodyRequest) -> futures::future::BoxFuture<'static, Answer> + Send + Sync>;
+
+/// How a server answers: from the head alone, or with the body read first.
+#[derive(Clone)]
+enum Responder {
+    Head(Handler),
+    Body(BodyHandler),
+}
 
 /// Counters of the server, for tests and diagnostics.
 #[derive(Debug, Default)]
@@ -425,13 +454,27 @@ impl Listener {
 
     /// Serve `handler` until `shutdown` fires; open connections then finish their request.
     pub async fn serve_with(self, handler: Handler, shutdown: CancellationToken) {
+        self.serve_responder(Responder::Head(handler), shutdown).await
+    }
+
+    /// Serve `handler`, which gets each request's body (at most [`Limits::max_body_bytes`]),
+    /// until `shutdown` fires.
+    pub async fn serve_bodies(self, handler: BodyHandler, shutdown: CancellationToken) {
+        self.serve_responder(Responder::Body(handler), shutdown).await
+    }
+
+    async fn serve_responder(self, handler: Responder, shutdown: CancellationToken) {
         let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let what = match handler {
+            Responder::Head(_) => "serving health and metrics",
+            Responder::Body(_) => "serving admission webhooks",
+        };
         tracing::info!(
             address = %self.address,
             scheme,
             authenticated = self.gate.is_some(),
             max_connections = self.stats.limit.load(Ordering::Relaxed),
-            "serving health and metrics"
+            "{what}"
         );
         if let Some(reloader) = self.reloader.clone() {
             tokio::spawn(reload_certificates(
@@ -534,7 +577,7 @@ async fn reload_certificates(
 
 /// What every connection task needs.
 struct Shared {
-    handler: Handler,
+    handler: Responder,
     gate: Option<Arc<Gatekeeper>>,
     limits: Limits,
     tls: Option<TlsAcceptor>,
@@ -592,8 +635,33 @@ async fn handle(req: Request<Incoming>, slot: Arc<Slot>, shared: Arc<Shared>) ->
     } else {
         InUse::new(slot, Activity::Serving)
     };
-    let a = (shared.handler)(&method, path_and_query);
+    let a = match &shared.handler {
+        Responder::Head(handler) => handler(&method, path_and_query),
+        Responder::Body(handler) => {
+            let path = path_and_query.to_string();
+            let content_type = req.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(String::from);
+            match read_body(req, &shared.limits).await {
+                Ok(body) => handler(BodyRequest { method: method.clone(), path, content_type, body }).await,
+                Err(refusal) => refusal,
+            }
+        }
+    };
     respond(a.status, a.content_type, a.body, &method)
+}
+
+/// The request's body, bounded in size and time; the answer to send instead when it is not.
+async fn read_body(req: Request<Incoming>, limits: &Limits) -> Result<Bytes, Answer> {
+    use http_body_util::BodyExt;
+    let limited = http_body_util::Limited::new(req.into_body(), limits.max_body_bytes);
+    match tokio::time::timeout(limits.body_read_timeout, limited.collect()).await {
+        Err(_) => Err(Answer::text(StatusCode::REQUEST_TIMEOUT, "the request body took too long\n")),
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(error)) if error.is::<http_body_util::LengthLimitError>() => Err(Answer::text(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the request body is larger than {} bytes\n", limits.max_body_bytes),
+        )),
+        Ok(Err(_)) => Err(Answer::text(StatusCode::BAD_REQUEST, "the request body could not be read\n")),
+    }
 }
 
 /// Requests heads larger than this are refused (hyper's minimum is 8 KiB).
@@ -799,6 +867,30 @@ mod tests {
         let (addr, _, stop) = serve_tls(HttpConfig::new(local).with_tls_options(options)).await;
         let (_, suite) = presented(addr, tls12).await.expect("TLS 1.2 handshake");
         assert_eq!(suite, rustls::CipherSuite::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256);
+        stop.cancel();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn curve_preferences_are_the_key_exchange_groups_a_client_can_negotiate() {
+        use rustls::NamedGroup;
+        let local = SocketAddr::from(([127, 0, 0, 1], 0));
+        let handshake = |addr: SocketAddr, groups: &'static [NamedGroup]| async move {
+            let tcp = TcpStream::connect(addr).await.ok()?;
+            let name = rustls::pki_types::ServerName::try_from("localhost").ok()?;
+            let connector = probe::insecure_connector_with_groups(&[], groups);
+            let tls = tokio::time::timeout(Duration::from_secs(5), connector.connect(name, tcp)).await.ok()?.ok()?;
+            tls.get_ref().1.negotiated_key_exchange_group().map(|g| g.name())
+        };
+        // --tls-curve-preferences=24 (Go's CurveP384): a client with only X25519 is refused.
+        let options = TlsOptions::parse(tls::SERVING_FLAGS, "", "", "24").unwrap();
+        let (addr, _, stop) = serve_tls(HttpConfig::new(local).with_tls_options(options)).await;
+        assert_eq!(handshake(addr, &[NamedGroup::X25519]).await, None);
+        assert_eq!(handshake(addr, &[NamedGroup::X25519, NamedGroup::secp384r1]).await, Some(NamedGroup::secp384r1));
+        stop.cancel();
+        // Unset: every group, X25519 first.
+        let (addr, _, stop) = serve_tls(HttpConfig::new(local)).await;
+        assert_eq!(handshake(addr, &[NamedGroup::X25519]).await, Some(NamedGroup::X25519));
+        assert_eq!(handshake(addr, &[NamedGroup::secp256r1]).await, Some(NamedGroup::secp256r1));
         stop.cancel();
     }
 }

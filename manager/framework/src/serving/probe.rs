@@ -67,8 +67,20 @@ pub fn insecure_connector() -> TlsConnector {
 /// A TLS connector that accepts any server certificate and offers only `versions` (an empty
 /// list: TLS 1.2 and 1.3).
 pub fn insecure_connector_with(versions: &[&'static rustls::SupportedProtocolVersion]) -> TlsConnector {
+    insecure_connector_with_groups(versions, &[])
+}
+
+/// [`insecure_connector_with`] offering only the key-exchange groups `groups` (empty: all).
+pub fn insecure_connector_with_groups(
+    versions: &[&'static rustls::SupportedProtocolVersion],
+    groups: &[rustls::NamedGroup],
+) -> TlsConnector {
     let versions = if versions.is_empty() { rustls::DEFAULT_VERSIONS } else { versions };
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut provider = rustls::crypto::ring::default_provider();
+    if !groups.is_empty() {
+        provider.kx_groups.retain(|g| groups.contains(&g.name()));
+    }
+    let provider = Arc::new(provider);
     let config = ClientConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(versions)
         .map(|b| {

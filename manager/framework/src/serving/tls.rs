@@ -1,6 +1,7 @@
 //! TLS material of the endpoint: PEM files (re-read when they change), or a self-signed
-//! certificate made at start; and the protocol versions and cipher suites it offers
-//! (`--tls-min-version`, `--tls-cipher-suites`, upstream's names).
+//! certificate made at start; and the protocol versions, cipher suites and key-exchange groups
+//! it offers (`--tls-min-version`, `--tls-cipher-suites`, `--tls-curve-preferences`, upstream's
+//! names and numbers; the webhook server's `--webhook-tls-*` take the same values).
 
 use std::io::Read;
 use std::net::IpAddr;
@@ -12,7 +13,7 @@ use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert};
 use tokio_rustls::rustls::sign::CertifiedKey;
-use tokio_rustls::rustls::{self, CipherSuite, ServerConfig, SupportedProtocolVersion};
+use tokio_rustls::rustls::{self, CipherSuite, NamedGroup, ServerConfig, SupportedProtocolVersion};
 
 use crate::error::Error;
 
@@ -49,7 +50,7 @@ pub enum MinVersion {
     Tls13,
 }
 
-/// `--tls-min-version` and `--tls-cipher-suites`, checked.
+/// `--tls-min-version`, `--tls-cipher-suites` and `--tls-curve-preferences`, checked.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct TlsOptions {
     /// The oldest version offered.
@@ -58,6 +59,102 @@ pub struct TlsOptions {
     /// provider. TLS 1.3 suites stay all on unless the list names one (upstream, on Go, cannot
     /// restrict TLS 1.3 suites at all).
     pub cipher_suites: Vec<&'static str>,
+    /// Go's names of the key-exchange groups offered (`X25519`, `CurveP256`, `CurveP384`),
+    /// deduplicated; empty: every group of the ring provider. The order is rustls' own, as Go
+    /// ignores the order given.
+    pub curves: Vec<&'static str>,
+}
+
+/// The flags a set of TLS options comes from, for error messages: the endpoint's or the
+/// webhook server's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TlsFlagNames {
+    /// `--tls-min-version` or its webhook twin.
+    pub min_version: &'static str,
+    /// `--tls-cipher-suites` or its webhook twin.
+    pub cipher_suites: &'static str,
+    /// `--tls-curve-preferences` or its webhook twin.
+    pub curve_preferences: &'static str,
+}
+
+/// The `--secure-port` endpoint's TLS flags.
+pub const SERVING_FLAGS: TlsFlagNames = TlsFlagNames {
+    min_version: "--tls-min-version",
+    cipher_suites: "--tls-cipher-suites",
+    curve_preferences: "--tls-curve-preferences",
+};
+
+/// The webhook server's TLS flags (cloud-provider 1.36, KEP-2699).
+pub const WEBHOOK_FLAGS: TlsFlagNames = TlsFlagNames {
+    min_version: "--webhook-tls-min-version",
+    cipher_suites: "--webhook-tls-cipher-suites",
+    curve_preferences: "--webhook-tls-curve-preferences",
+};
+
+/// Go's `crypto/tls` CurveIDs (upstream's flag takes the numbers; Go's constant names are
+/// accepted too). A CurveID is the TLS NamedGroup code point.
+const GO_CURVES: [(u16, &str); 7] = [
+    (23, "CurveP256"),
+    (24, "CurveP384"),
+    (25, "CurveP521"),
+    (29, "X25519"),
+    (4587, "SecP256r1MLKEM768"),
+    (4588, "X25519MLKEM768"),
+    (4589, "SecP384r1MLKEM1024"),
+];
+
+/// `--tls-curve-preferences`, read: the groups to offer and the known ones this build cannot.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CurvePreferences {
+    /// Go's names of the groups offered, in rustls' order; empty: every group.
+    pub offered: Vec<&'static str>,
+    /// Go's names of listed groups the ring provider does not implement (P-521 and the
+    /// post-quantum hybrids): left out, with a warning, when others remain.
+    pub unavailable: Vec<&'static str>,
+}
+
+/// Whether the ring provider implements the group with this code point.
+fn ring_has(code: u16) -> bool {
+    rustls::crypto::ring::default_provider().kx_groups.iter().any(|g| u16::from(g.name()) == code)
+}
+
+/// Parse a curve-preferences flag: comma-separated Go CurveID numbers (upstream's form) or
+/// Go's constant names. An unknown entry is refused, naming it; known groups rustls cannot
+/// provide are dropped and reported in [`CurvePreferences::unavailable`], and refused when
+/// nothing else is left.
+pub fn parse_curve_preferences(flag: &'static str, value: &str) -> Result<CurvePreferences, Error> {
+    let mut wanted: Vec<(u16, &'static str)> = Vec::new();
+    for entry in value.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let found = GO_CURVES.iter().find(|(code, name)| entry.parse::<u16>().ok() == Some(*code) || *name == entry);
+        let Some(&(code, name)) = found else {
+            let known: Vec<String> = GO_CURVES.iter().map(|(c, n)| format!("{c} ({n})")).collect();
+            return Err(Error::InvalidFlag {
+                flag,
+                message: format!("{} is not a Go crypto/tls CurveID; known: {}", quoted(entry), known.join(", ")),
+            });
+        };
+        if !wanted.iter().any(|(c, _)| *c == code) {
+            wanted.push((code, name));
+        }
+    }
+    let (available, unavailable): (Vec<_>, Vec<_>) = wanted.into_iter().partition(|(code, _)| ring_has(*code));
+    let unavailable: Vec<&'static str> = unavailable.into_iter().map(|(_, n)| n).collect();
+    if available.is_empty() && !unavailable.is_empty() {
+        return Err(Error::InvalidFlag {
+            flag,
+            message: format!(
+                "{} not available: rustls (ring) implements only X25519 (29), CurveP256 (23) and CurveP384 (24)",
+                unavailable.join(", ")
+            ),
+        });
+    }
+    // rustls' preference order, as Go applies its own order to the set given.
+    let offered = rustls::crypto::ring::default_provider()
+        .kx_groups
+        .iter()
+        .filter_map(|g| available.iter().find(|(code, _)| *code == u16::from(g.name())).map(|(_, n)| *n))
+        .collect();
+    Ok(CurvePreferences { offered, unavailable })
 }
 
 static TLS13_ONLY: &[&SupportedProtocolVersion] = &[&rustls::version::TLS13];
@@ -112,7 +209,11 @@ fn available_names() -> String {
 /// Parse `--tls-min-version` (upstream's `VersionTLS12`, `VersionTLS13`; empty: TLS 1.2).
 /// TLS 1.0 and 1.1 are refused, not raised silently.
 pub fn parse_min_version(value: &str) -> Result<MinVersion, Error> {
-    let flag = "--tls-min-version";
+    parse_min_version_of(SERVING_FLAGS.min_version, value)
+}
+
+/// [`parse_min_version`] for the flag `flag`.
+pub fn parse_min_version_of(flag: &'static str, value: &str) -> Result<MinVersion, Error> {
     match value.trim() {
         "" | "VersionTLS12" => Ok(MinVersion::Tls12),
         "VersionTLS13" => Ok(MinVersion::Tls13),
@@ -130,7 +231,11 @@ pub fn parse_min_version(value: &str) -> Result<MinVersion, Error> {
 /// Parse `--tls-cipher-suites` (comma-separated upstream names). A name rustls cannot
 /// provide, or no name at all, is refused with the name.
 pub fn parse_cipher_suites(value: &str) -> Result<Vec<&'static str>, Error> {
-    let flag = "--tls-cipher-suites";
+    parse_cipher_suites_of(SERVING_FLAGS.cipher_suites, value)
+}
+
+/// [`parse_cipher_suites`] for the flag `flag`.
+pub fn parse_cipher_suites_of(flag: &'static str, value: &str) -> Result<Vec<&'static str>, Error> {
     let mut names: Vec<&'static str> = Vec::new();
     for entry in value.split(',').map(str::trim).filter(|e| !e.is_empty()) {
         let Some((name, _)) = PROVIDED_SUITES.iter().find(|(name, _)| *name == entry) else {
@@ -154,7 +259,16 @@ pub fn parse_cipher_suites(value: &str) -> Result<Vec<&'static str>, Error> {
 impl TlsOptions {
     /// Check `--tls-min-version` and `--tls-cipher-suites` as given (empty: the defaults).
     pub fn from_flags(min_version: &str, cipher_suites: &str) -> Result<Self, Error> {
-        Ok(Self { min_version: parse_min_version(min_version)?, cipher_suites: parse_cipher_suites(cipher_suites)? })
+        Self::parse(SERVING_FLAGS, min_version, cipher_suites, "")
+    }
+
+    /// Check one server's three TLS flags, named by `flags` in errors (empty: the defaults).
+    pub fn parse(flags: TlsFlagNames, min_version: &str, cipher_suites: &str, curves: &str) -> Result<Self, Error> {
+        Ok(Self {
+            min_version: parse_min_version_of(flags.min_version, min_version)?,
+            cipher_suites: parse_cipher_suites_of(flags.cipher_suites, cipher_suites)?,
+            curves: parse_curve_preferences(flags.curve_preferences, curves)?.offered,
+        })
     }
 
     /// The protocol versions offered.
@@ -165,9 +279,17 @@ impl TlsOptions {
         }
     }
 
-    /// The ring provider with only the chosen suites.
+    /// The ring provider with only the chosen suites and key-exchange groups.
     pub fn provider(&self) -> CryptoProvider {
         let mut provider = rustls::crypto::ring::default_provider();
+        if !self.curves.is_empty() {
+            let wanted: Vec<NamedGroup> = GO_CURVES
+                .iter()
+                .filter(|(_, name)| self.curves.contains(name))
+                .map(|(code, _)| NamedGroup::from(*code))
+                .collect();
+            provider.kx_groups.retain(|g| wanted.contains(&g.name()));
+        }
         if !self.cipher_suites.is_empty() {
             let wanted: Vec<CipherSuite> = PROVIDED_SUITES
                 .iter()
@@ -495,6 +617,40 @@ pub(crate) mod tests {
                 assert!(server_config(&Tls::SelfSigned, &options, "127.0.0.1".parse().unwrap()).unwrap().is_some());
             }
         }
+    }
+
+    #[test]
+    fn curve_preferences_take_go_curve_ids_or_names_and_refuse_unknown_ones_naming_them() {
+        let named = |value: &str| parse_curve_preferences("--tls-curve-preferences", value).unwrap();
+        assert_eq!(named(""), CurvePreferences::default());
+        // Upstream's form: numbers; the order given does not matter, rustls' is used.
+        assert_eq!(named("24,23").offered, ["CurveP256", "CurveP384"]);
+        assert_eq!(named("29").offered, ["X25519"]);
+        assert_eq!(named("CurveP384, X25519,29").offered, ["X25519", "CurveP384"]);
+        // Known to Go but not to ring: dropped with a report while others remain.
+        let p = named("23,25,4588");
+        assert_eq!((p.offered, p.unavailable), (vec!["CurveP256"], vec!["CurveP521", "X25519MLKEM768"]));
+        for (value, culprit) in [("23,99", "\"99\""), ("P-256", "\"P-256\""), ("x25519", "\"x25519\"")] {
+            let (flag, message) =
+                flag_of(parse_curve_preferences("--webhook-tls-curve-preferences", value).unwrap_err());
+            assert_eq!(flag, "--webhook-tls-curve-preferences");
+            assert!(message.contains(culprit) && message.contains("29 (X25519)"), "{message}");
+        }
+        let (_, message) = flag_of(parse_curve_preferences("--tls-curve-preferences", "25").unwrap_err());
+        assert!(message.contains("CurveP521 not available"), "{message}");
+        // The provider offers exactly the chosen groups; every choice builds a server.
+        let options = TlsOptions::parse(SERVING_FLAGS, "", "", "23").unwrap();
+        let groups: Vec<NamedGroup> = options.provider().kx_groups.iter().map(|g| g.name()).collect();
+        assert_eq!(groups, [NamedGroup::secp256r1]);
+        assert_eq!(TlsOptions::default().provider().kx_groups.len(), 3);
+        for curves in ["29", "24", "23,24,29"] {
+            let options = TlsOptions::parse(SERVING_FLAGS, "VersionTLS12", "", curves).unwrap();
+            assert!(server_config(&Tls::SelfSigned, &options, "127.0.0.1".parse().unwrap()).unwrap().is_some());
+        }
+        let (flag, _) = flag_of(TlsOptions::parse(WEBHOOK_FLAGS, "VersionTLS11", "", "").unwrap_err());
+        assert_eq!(flag, "--webhook-tls-min-version");
+        let (flag, _) = flag_of(TlsOptions::parse(WEBHOOK_FLAGS, "", "TLS_RSA_WITH_RC4_128_SHA", "").unwrap_err());
+        assert_eq!(flag, "--webhook-tls-cipher-suites");
     }
 
     #[test]

@@ -118,6 +118,10 @@ impl CloudProvider for ShadowProvider {
         self.inner.has_cluster_id()
     }
 
+    fn capabilities(&self) -> crate::capabilities::Capabilities {
+        self.inner.capabilities()
+    }
+
     async fn health(&self) -> Health {
         match self.admit(Call::Health) {
             Ok(()) => self.inner.health().await,
@@ -210,6 +214,17 @@ impl LoadBalancer for ShadowProvider {
 
     async fn ensure_load_balancer_deleted(&self, cluster_name: &str, service: &Service) -> CloudResult<()> {
         self.lb_inner(Call::EnsureLoadBalancerDeleted)?.ensure_load_balancer_deleted(cluster_name, service).await
+    }
+
+    async fn list_owned(&self, cluster_name: &str) -> CloudResult<Vec<crate::provider::OwnedObject>> {
+        self.lb_inner(Call::ListOwned)?.list_owned(cluster_name).await
+    }
+
+    async fn delete_owned(&self, cluster_name: &str, objects: &[crate::provider::OwnedObject]) -> Vec<CloudResult<()>> {
+        match self.lb_inner(Call::DeleteOwned) {
+            Ok(lb) => lb.delete_owned(cluster_name, objects).await,
+            Err(e) => objects.iter().map(|_| Err(e.clone())).collect(),
+        }
     }
 }
 

@@ -149,13 +149,24 @@ pub enum AnnotationError {
         /// Why it cannot apply.
         reason: String,
     },
+    /// Refused as upstream refuses it, with upstream's message word for word (which names the
+    /// annotation or the value itself), so its events read the same after a migration.
+    #[error("{message}")]
+    Upstream {
+        /// The annotation's key.
+        annotation: &'static str,
+        /// Upstream's message.
+        message: String,
+    },
 }
 
 impl AnnotationError {
     /// The annotation the error is about.
     pub fn annotation(&self) -> &'static str {
         match self {
-            Self::Invalid { annotation, .. } | Self::Conflict { annotation, .. } => annotation,
+            Self::Invalid { annotation, .. }
+            | Self::Conflict { annotation, .. }
+            | Self::Upstream { annotation, .. } => annotation,
         }
     }
 }
@@ -166,6 +177,17 @@ fn invalid(annotation: &'static str, expected: impl Into<String>) -> AnnotationE
 
 fn conflict(annotation: &'static str, reason: impl Into<String>) -> AnnotationError {
     AnnotationError::Conflict { annotation, reason: reason.into() }
+}
+
+/// Upstream's refusal of `annotation`, with upstream's `message`.
+pub fn upstream(annotation: &'static str, message: impl Into<String>) -> AnnotationError {
+    AnnotationError::Upstream { annotation, message: message.into() }
+}
+
+/// Upstream's message for an Elastic IP or private address count that is not the subnet count
+/// (`what`: `EIP AllocationIDs`, `Private IPv4Addresses`).
+pub fn count_message(what: &str, given: usize, subnets: usize) -> String {
+    format!("error creating load balancer: Must have same number of {what} ({given}) and SubnetIDs ({subnets})")
 }
 
 /// Who serves the Service's load balancer.
@@ -413,13 +435,13 @@ pub fn parse(annotations: &BTreeMap<String, String>, kind: LbKind) -> Result<LbA
     let nlb = kind == LbKind::Nlb;
     // Upstream's refusals of bring-your-own security groups on an NLB (the key merely present).
     if nlb && a.contains_key(SECURITY_GROUPS) {
-        return Err(conflict(
+        return Err(upstream(
             SECURITY_GROUPS,
             format!("BYO security group annotation {SECURITY_GROUPS:?} is not supported by NLB"),
         ));
     }
     if nlb && a.contains_key(EXTRA_SECURITY_GROUPS) {
-        return Err(conflict(
+        return Err(upstream(
             EXTRA_SECURITY_GROUPS,
             format!("BYO extra security group annotation {EXTRA_SECURITY_GROUPS:?} is not supported by NLB"),
         ));
@@ -452,7 +474,7 @@ pub fn parse(annotations: &BTreeMap<String, String>, kind: LbKind) -> Result<LbA
     out.access_log = access_log(a, nlb)?;
     if let Some(v) = get(a, TARGET_GROUP_ATTRIBUTES)? {
         if !nlb {
-            return Err(conflict(
+            return Err(upstream(
                 TARGET_GROUP_ATTRIBUTES,
                 "target group attributes annotation is only supported for NLB",
             ));
@@ -530,12 +552,12 @@ pub fn parse(annotations: &BTreeMap<String, String>, kind: LbKind) -> Result<LbA
             format!("private addresses need an internal load balancer ({INTERNAL}: \"true\")"),
         ));
     }
-    for (key, n) in [(EIP_ALLOCATIONS, out.eip_allocations.len()), (PRIVATE_IPV4, out.private_ipv4.len())] {
+    for (key, what, n) in [
+        (EIP_ALLOCATIONS, "EIP AllocationIDs", out.eip_allocations.len()),
+        (PRIVATE_IPV4, "Private IPv4Addresses", out.private_ipv4.len()),
+    ] {
         if nlb && n > 0 && !out.subnets.is_empty() && n != out.subnets.len() {
-            return Err(conflict(
-                key,
-                format!("one per subnet: {n} given for {} subnets in {SUBNETS}", out.subnets.len()),
-            ));
+            return Err(upstream(key, count_message(what, n, out.subnets.len())));
         }
     }
     Ok(out)
@@ -546,7 +568,12 @@ fn classic_only(a: &BTreeMap<String, String>, out: &mut LbAnnotations) -> Result
     match get(a, PROXY_PROTOCOL)? {
         None | Some("") => {}
         Some("*") => out.proxy_protocol = true,
-        Some(_) => return Err(invalid(PROXY_PROTOCOL, "* (the only value supported currently)")),
+        Some(v) => {
+            return Err(upstream(
+                PROXY_PROTOCOL,
+                format!("annotation {PROXY_PROTOCOL:?}={v:?} detected, but the only value supported currently is '*'"),
+            ));
+        }
     }
     if let Some(v) = get(a, CONNECTION_DRAINING_ENABLED)?.filter(|v| !v.is_empty()) {
         out.connection_draining = Some(boolean(CONNECTION_DRAINING_ENABLED, v)?);

@@ -356,7 +356,7 @@ pub fn parse(bytes: &[u8]) -> Result<AwsConfig, ConfigError> {
                     ));
                 }
                 _ => {
-                    config.warnings.push(format!("line {line_no}: unknown section [{}] ignored", short(&name)));
+                    config.warnings.push(format!("line {line_no}: an unknown section is ignored{NOT_QUOTED}"));
                     Section::Ignored
                 }
             });
@@ -388,7 +388,7 @@ pub fn parse(bytes: &[u8]) -> Result<AwsConfig, ConfigError> {
                     _ => {
                         config
                             .warnings
-                            .push(format!("line {line_no}: [ServiceOverride] unknown key {} ignored", short(key)));
+                            .push(format!("line {line_no}: [ServiceOverride] an unknown key is ignored{NOT_QUOTED}"));
                         continue;
                     }
                 };
@@ -402,9 +402,9 @@ pub fn parse(bytes: &[u8]) -> Result<AwsConfig, ConfigError> {
 }
 
 /// A user's name in a warning, cut short.
-fn short(name: &str) -> String {
-    name.chars().take(64).collect()
-}
+/// Why a warning gives a line number and no name: an unknown name is the file's own text (a
+/// value written without `=` reads as a key), which stays out of logs.
+const NOT_QUOTED: &str = " (its name is not repeated: the cloud-config's text stays out of logs)";
 
 /// One `[Global]` line: `value` is `None` for a bare key.
 fn global(
@@ -415,7 +415,7 @@ fn global(
     value: Option<String>,
 ) -> Result<(), ConfigError> {
     let Some(kind) = global_kind(name) else {
-        config.warnings.push(format!("line {line_no}: [Global] unknown key {} ignored", short(key)));
+        config.warnings.push(format!("line {line_no}: [Global] an unknown key is ignored{NOT_QUOTED}"));
         return Ok(());
     };
     let at = |what: &str| ConfigError::at(line_no, format!("[Global] {key}: {what}"));
@@ -696,21 +696,25 @@ SigningRegion = us-east-1
     }
 
     #[test]
-    fn unknown_sections_keys_and_services_are_warnings_naming_them_not_errors() {
+    fn unknown_sections_keys_and_services_are_warnings_by_line_never_quoting_them_not_errors() {
         let c = parse(
-            b"[Global]\nZone = us-east-1a\nDisableStrictZoneCheck = true\nSomeFutureKey = x\n[Global \"sub\"]\nVPC = nope\n[Extra]\nA = b\n[ServiceOverride \"1\"]\nService = s3\nRegion = us-east-1\nURL = http://h\nSigningRegion = us-east-1\nColour = red\n",
+            b"[Global]\nZone = us-east-1a\nDisableStrictZoneCheck = true\nSomeFutureKey = x\n[Global \"sub\"]\nVPC = nope\n[Extra]\nA = b\n[ServiceOverride \"1\"]\nService = s3\nRegion = us-east-1\nURL = http://h\nSigningRegion = us-east-1\nColour = red\n[Global]\nAKIASECRETWRITTENASAKEY\n",
         )
         .unwrap();
         let all = c.warnings.join("\n");
-        for name in [
-            "DisableStrictZoneCheck",
-            "SomeFutureKey",
+        for expected in [
+            "line 3: [Global] an unknown key is ignored",
+            "line 4: [Global] an unknown key is ignored",
             "[Global] takes no subsection",
-            "[Extra]",
-            "Colour",
+            "line 7: an unknown section is ignored",
+            "line 14: [ServiceOverride] an unknown key is ignored",
+            "line 16: [Global] an unknown key is ignored",
             "no effect",
         ] {
-            assert!(all.contains(name), "{all}");
+            assert!(all.contains(expected), "{expected}: {all}");
+        }
+        for text in ["SomeFutureKey", "Extra", "Colour", "AKIASECRET"] {
+            assert!(!all.contains(text), "{text} quoted: {all}");
         }
         assert!(c.vpc.is_empty(), "a [Global \"sub\"] section is ignored");
     }

@@ -38,6 +38,8 @@ pub struct InstanceInfo {
     pub security_groups: Vec<(String, String)>,
     /// Whether source/destination checking is on.
     pub source_dest_check: Option<bool>,
+    /// The instance's tags: (key, value).
+    pub tags: Vec<(String, String)>,
 }
 
 impl InstanceInfo {
@@ -75,6 +77,11 @@ impl InstanceInfo {
                 .filter_map(|g| Some((g.group_id()?.to_string(), g.group_name().unwrap_or_default().to_string())))
                 .collect(),
             source_dest_check: i.source_dest_check(),
+            tags: i
+                .tags()
+                .iter()
+                .map(|t| (t.key().unwrap_or_default().to_string(), t.value().unwrap_or_default().to_string()))
+                .collect(),
         })
     }
 }

@@ -10,6 +10,7 @@
 //! from upstream.
 
 pub mod annotations;
+pub mod capabilities;
 pub mod cluster;
 pub mod config;
 pub mod credentials;
@@ -659,6 +660,15 @@ impl CloudProvider for AwsProvider {
         NAME
     }
 
+    fn capabilities(&self) -> ccm_framework::capabilities::Capabilities {
+        capabilities::capabilities(
+            NAME,
+            self.instances().is_some(),
+            self.routes().is_some(),
+            self.load_balancer().is_some(),
+        )
+    }
+
     fn instances(&self) -> Option<&dyn Instances> {
         Some(self)
     }
@@ -752,6 +762,9 @@ impl Instances for AwsProvider {
         };
         let zone_ids = self.zone_ids().await;
         let looked = self.lookup_nodes(nodes).await;
+        // Only needed (and resolved once) for Nodes named by private DNS name.
+        let by_name = looked.iter().any(|r| matches!(r, Ok((InstanceKey::PrivateDns(_), Some(_)))));
+        let cluster = if by_name { Some(self.cluster().await.cloned()) } else { None };
         let running: Vec<(String, String)> = looked
             .iter()
             .filter_map(|r| r.as_ref().ok().and_then(|(_, i)| i.as_ref()))
@@ -766,9 +779,18 @@ impl Instances for AwsProvider {
             .into_iter()
             .zip(nodes)
             .map(|(r, node)| {
-                let (_, info) = r?;
+                let (key, info) = r?;
                 match info {
                     Some(i) if !i.is_terminated() => {
+                        // As upstream, an instance found by the Node's name is the Node's only
+                        // when it carries the cluster tag (private DNS names repeat across VPCs).
+                        if let (InstanceKey::PrivateDns(_), Some(cluster)) = (&key, &cluster) {
+                            let cluster = cluster.as_ref().map_err(Clone::clone)?;
+                            if !cluster.tagged(i.tags.iter().map(|(k, v)| (k.as_str(), v.as_str()))) {
+                                tracing::debug!(node = %node_name(node), instance = %i.id, "the instance of this Node's name has no cluster tag; not initializing it, as upstream");
+                                return Ok(None);
+                            }
+                        }
                         // The pattern's types must have their topology: they wait for it.
                         if let Some(e) =
                             topology_error.as_ref().filter(|_| self.config.topology_types.requires(&i.instance_type))

@@ -1150,6 +1150,26 @@ fn exhausted(
     )
 }
 
+/// A pool of `blocks` (CIDRs or ranges) with every option at its default, for tests.
+#[cfg(test)]
+pub(crate) fn test_pool(name: &str, blocks: &[&str]) -> Pool {
+    Pool {
+        name: name.into(),
+        blocks: blocks
+            .iter()
+            .map(|b| if b.contains('/') { IpBlock::parse_cidr(b) } else { IpBlock::parse_range(b) }.unwrap())
+            .collect(),
+        namespaces: BTreeSet::new(),
+        selector: None,
+        namespace_selector: None,
+        auto_assign: true,
+        avoid_buggy_ips: false,
+        allow_sharing: false,
+        ports: Default::default(),
+        disabled: false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1160,21 +1180,7 @@ mod tests {
     use kube::api::ObjectMeta;
 
     fn pool(name: &str, blocks: &[&str]) -> Pool {
-        Pool {
-            name: name.into(),
-            blocks: blocks
-                .iter()
-                .map(|b| if b.contains('/') { IpBlock::parse_cidr(b) } else { IpBlock::parse_range(b) }.unwrap())
-                .collect(),
-            namespaces: BTreeSet::new(),
-            selector: None,
-            namespace_selector: None,
-            auto_assign: true,
-            avoid_buggy_ips: false,
-            allow_sharing: false,
-            ports: Default::default(),
-            disabled: false,
-        }
+        test_pool(name, blocks)
     }
 
     fn ready(pools: Vec<Pool>) -> Allocator {

@@ -7,7 +7,9 @@
 //! reachable; `loadBalancer.kubeVip: true` writes the annotation kube-vip reads. With
 //! `loadBalancer.mode: proxy` the leader also carries the traffic itself (see [`proxy`]).
 
+pub mod admission;
 pub mod announce;
+pub mod capabilities;
 pub mod config;
 #[cfg(feature = "datapath")]
 pub mod datapath;
@@ -45,7 +47,8 @@ use ccm_framework::provider::{
     CloudError, CloudProvider, CloudResult, Health, InitContext, InstanceMetadata, Instances, LoadBalancer, Refusal,
     Reload, health_reasons,
 };
-use ccm_framework::registry::{FactoryInput, Registry, RegistryError};
+use ccm_framework::registry::{Built, FactoryInput, Registry, RegistryError};
+use ccm_framework::webhook::AdmissionWebhook;
 
 pub use name::NAME;
 
@@ -58,9 +61,16 @@ const NOT_READY_RETRY: Duration = Duration::from_secs(2);
 /// Services listed per page when rebuilding the allocator.
 const LIST_PAGE: u32 = 500;
 
-/// Register the provider under [`NAME`].
+/// Register the provider under [`NAME`], with its admission webhook ([`admission`]).
 pub fn register(registry: &mut Registry) -> Result<(), RegistryError> {
-    registry.register(NAME, factory)
+    registry.register_with_webhooks(NAME, build)
+}
+
+/// [`factory`] with the provider's admission webhook, which reads the provider's live pools.
+pub fn build(input: FactoryInput<'_>) -> Result<Built, CloudError> {
+    let provider = Arc::new(BaremetalProvider::from_cloud_config(input.cloud_config)?);
+    let webhook: Arc<dyn AdmissionWebhook> = Arc::new(admission::AddressWebhook::new(provider.clone()));
+    Ok(Built { provider, webhooks: vec![webhook] })
 }
 
 /// The factory: parse and validate the cloud-config, nothing else (no I/O, no tasks).
@@ -512,6 +522,10 @@ impl CloudProvider for BaremetalProvider {
 
     fn restart_fingerprint(&self) -> Option<Vec<u8>> {
         Some(reload::restart_fingerprint(&self.config.lock()))
+    }
+
+    fn capabilities(&self) -> ccm_framework::capabilities::Capabilities {
+        capabilities::capabilities(NAME, self.load_balancer().is_some(), self.proxy_on())
     }
 }
 

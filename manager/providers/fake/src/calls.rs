@@ -55,9 +55,13 @@ pub mod methods {
     pub const LIST_CLUSTERS: &str = "list_clusters";
     /// `Clusters::master`.
     pub const MASTER: &str = "master";
+    /// `LoadBalancer::list_owned`.
+    pub const LIST_OWNED: &str = "list_owned";
+    /// `LoadBalancer::delete_owned`.
+    pub const DELETE_OWNED: &str = "delete_owned";
 
     /// Every method name.
-    pub const ALL: [&str; 19] = [
+    pub const ALL: [&str; 21] = [
         INITIALIZE,
         HEALTH,
         INSTANCE_EXISTS,
@@ -77,6 +81,8 @@ pub mod methods {
         ZONE_BY_NODE_NAME,
         LIST_CLUSTERS,
         MASTER,
+        LIST_OWNED,
+        DELETE_OWNED,
     ];
 
     /// Whether `name` is a method name (or `*`, every method).

@@ -29,13 +29,14 @@
 //! `profile: bench` answers as the shared upstream Go binary's `bench` provider does (see the
 //! crate README): the same cluster can then be driven by either.
 //!
-//! Four jobs, one module each: [`provider`] (the cloud and the provider traits), [`calls`] (the
-//! call log and fault injection), [`addresses`] (load-balancer address allocation) and
-//! [`config`] (the cloud-config). The provider builds on the other three, which know nothing of it.
+//! Five jobs, one module each: [`provider`] (the cloud and the provider traits), [`calls`] (the
+//! call log and fault injection), [`addresses`] (load-balancer address allocation),
+//! [`config`] (the cloud-config) and [`orphans`] (what it owns and what it honours). The provider builds on the other three, which know nothing of it.
 
 pub mod addresses;
 pub mod calls;
 pub mod config;
+pub mod orphans;
 pub mod provider;
 
 pub use addresses::{BENCH_ADDRESSES, DEFAULT_LB_RANGE, bench_address, is_bench_address};

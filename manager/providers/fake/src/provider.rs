@@ -14,7 +14,7 @@ use kube::ResourceExt;
 
 use ccm_framework::provider::{
     CloudError, CloudProvider, CloudResult, Clusters, Health, InitContext, InstanceMetadata, Instances, LoadBalancer,
-    Route, Routes, Zone, Zones, default_load_balancer_name,
+    OwnedObject, Route, Routes, Zone, Zones, default_load_balancer_name,
 };
 use ccm_framework::registry::{FactoryInput, Registry};
 
@@ -712,6 +712,11 @@ impl CloudProvider for FakeProvider {
         self.calls.record(methods::HEALTH, String::new());
         self.state().health.clone()
     }
+
+    fn capabilities(&self) -> ccm_framework::capabilities::Capabilities {
+        let c = self.state().capabilities;
+        crate::orphans::capabilities(NAME, c.instances, c.routes, c.load_balancer)
+    }
 }
 
 #[async_trait]
@@ -867,6 +872,40 @@ impl LoadBalancer for FakeProvider {
         drop(st);
         self.changed(LoadBalancerChange::Delete, service);
         Ok(())
+    }
+
+    async fn list_owned(&self, cluster_name: &str) -> CloudResult<Vec<OwnedObject>> {
+        let _guard = InFlight::enter(&self.calls);
+        self.call(methods::LIST_OWNED, cluster_name, true).await?;
+        let lbs = self.load_balancers();
+        let listed = lbs.iter().map(|lb| crate::orphans::Listed {
+            name: &lb.name,
+            service: &lb.service,
+            cluster_name: &lb.cluster_name,
+        });
+        Ok(crate::orphans::owned(listed, cluster_name))
+    }
+
+    async fn delete_owned(&self, cluster_name: &str, objects: &[OwnedObject]) -> Vec<CloudResult<()>> {
+        let _guard = InFlight::enter(&self.calls);
+        let mut out = Vec::with_capacity(objects.len());
+        for object in objects {
+            if let Err(e) = self.call(methods::DELETE_OWNED, object.id.clone(), true).await {
+                out.push(Err(e));
+                continue;
+            }
+            let mut st = self.state();
+            // Only a load balancer of this cluster; one already gone is a success.
+            if object.kind == crate::orphans::KIND
+                && st.load_balancers.get(&object.id).is_some_and(|lb| lb.cluster_name == cluster_name)
+                && let Some(lb) = st.load_balancers.remove(&object.id)
+            {
+                st.addresses.release(&lb.status);
+                st.bench_addresses.release(&lb.status);
+            }
+            out.push(Ok(()));
+        }
+        out
     }
 }
 

@@ -5,6 +5,12 @@
 //!
 //! Unlike upstream's serial loop, the existence and shutdown checks go to the cloud in batches
 //! with a bounded number in flight.
+//!
+//! A Node with no providerID is checked like any other (the provider looks it up by name), so
+//! one whose machine is gone is deleted (§6 item 13; upstream bug k/k#141364: its providers answer "not
+//! found" as an error, and the Node stays). With node ownership (`--cloud-provider-platforms`,
+//! KEP-5778) only this manager's Nodes are checked: another platform's, and one with neither a
+//! providerID nor the platform annotation, are never deleted or tainted.
 
 pub mod logic;
 mod shadow;
@@ -125,7 +131,8 @@ async fn decide_and_act(ctx: &Context, tracker: &mut AbsenceTracker, mut shadow:
     let api: Api<Node> = Api::all(ctx.client.clone());
     let mut untaint = Vec::new();
     let mut check = Vec::new();
-    for node in ctx.nodes.state() {
+    let ownership = &ctx.options.node_ownership;
+    for node in ctx.nodes.state().into_iter().filter(|n| ownership.owns(n)) {
         match logic::classify(&node) {
             Action::Nothing => {}
             Action::RemoveShutdownTaint => untaint.push(node),

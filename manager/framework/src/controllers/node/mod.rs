@@ -32,6 +32,7 @@ use crate::controller::{Context, Controller};
 use crate::error::Error;
 use crate::health::HealthHandle;
 use crate::options::ControllerOptions;
+use crate::ownership::{NodeOwnership, Owner};
 use crate::provider::{CloudResult, InstanceMetadata};
 
 use self::logic::{AddressDecision, InitError};
@@ -173,9 +174,14 @@ fn batch_size(ctx: &Context) -> usize {
     ctx.options.node_batch_size.min(provider_max).max(1)
 }
 
-/// Decide whether a Node needs the queue, given its previous cached state.
-fn consider(queue: &mut BatchQueue, old: Option<&Node>, new: &Node, now: Instant) {
+/// Decide whether a Node needs the queue, given its previous cached state. Another platform's
+/// Node (KEP-5778) never does.
+fn consider(queue: &mut BatchQueue, ownership: &NodeOwnership, old: Option<&Node>, new: &Node, now: Instant) {
     let name = new.name_any();
+    if ownership.owner(new) == Owner::Foreign {
+        queue.remove(&name);
+        return;
+    }
     if logic::is_uninitialized(new) {
         match old {
             None => queue.add(&name, now),
@@ -201,8 +207,9 @@ async fn init_loop(
     let max = batch_size(ctx);
     let mut queue = BatchQueue::new();
     let now = Instant::now();
+    let ownership = &ctx.options.node_ownership;
     for node in ctx.nodes.state() {
-        consider(&mut queue, None, &node, now);
+        consider(&mut queue, ownership, None, &node, now);
     }
     let mut batches: JoinSet<Vec<(String, Outcome)>> = JoinSet::new();
     let mut in_batch: HashMap<tokio::task::Id, Vec<String>> = HashMap::new();
@@ -225,13 +232,13 @@ async fn init_loop(
                     if old.as_ref().is_some_and(|o| o.uid() != new.uid()) {
                         queue.remove(&new.name_any());
                     }
-                    consider(&mut queue, old.as_deref(), &new, Instant::now());
+                    consider(&mut queue, ownership, old.as_deref(), &new, Instant::now());
                 }
                 Some(Change::Deleted(node)) => queue.remove(&node.name_any()),
                 Some(Change::Resynced) => {
                     let now = Instant::now();
                     for node in ctx.nodes.state() {
-                        consider(&mut queue, None, &node, now);
+                        consider(&mut queue, ownership, None, &node, now);
                     }
                 }
             },
@@ -253,7 +260,7 @@ async fn init_loop(
                         Outcome::Done => {
                             queue.forget(&name);
                             if dirty && let Some(node) = ctx.nodes.get(None, &name) {
-                                consider(&mut queue, None, &node, now);
+                                consider(&mut queue, ownership, None, &node, now);
                             }
                         }
                         Outcome::Gone => queue.remove(&name),
@@ -472,7 +479,13 @@ async fn refresh_loop(ctx: Context) {
 /// One refresh pass: initialized Nodes in batches, `node_status_workers()` batches at once;
 /// addresses only, written only when they changed.
 pub(crate) async fn refresh_addresses(ctx: &Context) {
-    let nodes: Vec<Arc<Node>> = ctx.nodes.state().into_iter().filter(|n| !logic::is_uninitialized(n)).collect();
+    let ownership = &ctx.options.node_ownership;
+    let nodes: Vec<Arc<Node>> = ctx
+        .nodes
+        .state()
+        .into_iter()
+        .filter(|n| !logic::is_uninitialized(n) && ownership.owner(n) != Owner::Foreign)
+        .collect();
     if nodes.is_empty() {
         return;
     }

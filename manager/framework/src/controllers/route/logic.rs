@@ -1,8 +1,9 @@
 //! Pure decisions of the route controller: the keep/add/update/delete table (R8, R9), which
-//! routes it is responsible for, and the `NetworkUnavailable` condition (R12, R13).
+//! routes it is responsible for, the `NetworkUnavailable` condition (R12, R13), and when
+//! watch-based passes run and how they are counted (R14–R16).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition};
@@ -191,6 +192,123 @@ pub fn retry_delay(failures: u32) -> Duration {
     RETRY_BASE.checked_mul(factor).map_or(RETRY_MAX, |d| d.min(RETRY_MAX))
 }
 
+/// Why a pass runs: the `trigger` label of `route_controller_route_sync_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Trigger {
+    /// A Node was added or deleted or changed its pod CIDRs or addresses (and the pass at
+    /// start, which upstream owes to the informer's initial Add events).
+    NodeChange,
+    /// The safety pass (or, with watch-based routes off, the fixed period).
+    Periodic,
+}
+
+impl Trigger {
+    /// The label value (upstream's).
+    pub fn label(self) -> &'static str {
+        match self {
+            Trigger::NodeChange => "node_change",
+            Trigger::Periodic => "periodic",
+        }
+    }
+}
+
+/// What a pass did: the `outcome` label of `route_controller_route_sync_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SyncOutcome {
+    /// It created or deleted at least one route.
+    Changed,
+    /// Everything was in place.
+    Noop,
+    /// Listing the routes, or some operation, failed (ours: upstream counts no failed pass).
+    Error,
+}
+
+impl SyncOutcome {
+    /// The outcome of a pass with these counts.
+    pub fn of(created: usize, deleted: usize, failed: usize) -> Self {
+        if failed > 0 {
+            SyncOutcome::Error
+        } else if created + deleted > 0 {
+            SyncOutcome::Changed
+        } else {
+            SyncOutcome::Noop
+        }
+    }
+
+    /// The label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            SyncOutcome::Changed => "changed",
+            SyncOutcome::Noop => "noop",
+            SyncOutcome::Error => "error",
+        }
+    }
+}
+
+/// Whether a pass counts in `route_controller_route_corrections_total`: a safety pass that had
+/// to create or delete a route, which a watched Node change should have caused earlier.
+pub fn is_correction(trigger: Trigger, created: usize, deleted: usize) -> bool {
+    trigger == Trigger::Periodic && created + deleted > 0
+}
+
+/// The next safety pass's delay: between `base` and twice `base`, by `random` (any `u64`), as
+/// upstream's informer resync (12–24 h by default).
+pub fn safety_delay(base: Duration, random: u64) -> Duration {
+    // Integer arithmetic: a float product rounds the largest draws up to twice `base`.
+    let nanos = base.as_nanos();
+    let extra = nanos.saturating_mul(u128::from(random >> 11)) >> 53;
+    base + Duration::from_nanos(u64::try_from(extra).unwrap_or(u64::MAX))
+}
+
+/// When watch-based passes run (R14): each requested trigger is kept until a pass starts;
+/// passes start at most once per `min_interval` (upstream's bucket of one token per 10 s).
+#[derive(Debug, Clone)]
+pub struct WatchSchedule {
+    min_interval: Duration,
+    last_start: Option<Instant>,
+    pending: Option<(Trigger, Instant)>,
+}
+
+impl WatchSchedule {
+    /// No pass run yet, nothing pending.
+    pub fn new(min_interval: Duration) -> Self {
+        Self { min_interval, last_start: None, pending: None }
+    }
+
+    /// Ask for a pass for `trigger`, not before `at`. A Node change wins the label over a
+    /// pending safety pass (both run as one pass).
+    pub fn request(&mut self, trigger: Trigger, at: Instant) {
+        self.pending = Some(match self.pending {
+            None => (trigger, at),
+            Some((pending, when)) => {
+                let label = if pending == Trigger::NodeChange { pending } else { trigger };
+                (label, when.min(at))
+            }
+        });
+    }
+
+    /// When the pending pass may start (`None`: nothing pending).
+    pub fn due(&self) -> Option<Instant> {
+        let (_, at) = self.pending?;
+        Some(match self.last_start {
+            Some(last) => at.max(last + self.min_interval),
+            None => at,
+        })
+    }
+
+    /// Start the pending pass at `now` (call once [`Self::due`] has passed): its trigger.
+    pub fn start(&mut self, now: Instant) -> Option<Trigger> {
+        let (trigger, _) = self.pending.take()?;
+        self.last_start = Some(now);
+        Some(trigger)
+    }
+
+    /// Whether a pass is pending.
+    pub fn is_pending(&self) -> bool {
+        self.pending.is_some()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -369,5 +487,54 @@ mod tests {
         let got: Vec<u64> = (1..=10).map(|n| retry_delay(n).as_secs()).collect();
         assert_eq!(got, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300]);
         assert_eq!(retry_delay(99), RETRY_MAX);
+    }
+
+    #[test]
+    fn r14_watch_based_passes_start_at_most_once_per_interval_and_node_changes_keep_their_label() {
+        let t0 = Instant::now();
+        let ten = Duration::from_secs(10);
+        let mut s = WatchSchedule::new(ten);
+        assert_eq!(s.due(), None);
+        s.request(Trigger::NodeChange, t0);
+        assert_eq!(s.due(), Some(t0), "the first change after a quiet spell runs at once");
+        assert_eq!(s.start(t0), Some(Trigger::NodeChange));
+        // A burst right after: one pass, ten seconds after the last start.
+        for i in 1..50u64 {
+            s.request(Trigger::NodeChange, t0 + Duration::from_millis(i * 10));
+        }
+        assert_eq!(s.due(), Some(t0 + ten));
+        assert_eq!(s.start(t0 + ten), Some(Trigger::NodeChange));
+        assert!(!s.is_pending());
+        // The safety pass joins a pending change under its label, and the reverse.
+        s.request(Trigger::Periodic, t0 + Duration::from_secs(30));
+        s.request(Trigger::NodeChange, t0 + Duration::from_secs(31));
+        assert_eq!(s.due(), Some(t0 + Duration::from_secs(30)));
+        assert_eq!(s.start(t0 + Duration::from_secs(30)), Some(Trigger::NodeChange));
+        s.request(Trigger::NodeChange, t0 + Duration::from_secs(50));
+        s.request(Trigger::Periodic, t0 + Duration::from_secs(50));
+        assert_eq!(s.start(t0 + Duration::from_secs(50)), Some(Trigger::NodeChange));
+        s.request(Trigger::Periodic, t0 + Duration::from_secs(70));
+        assert_eq!(s.start(t0 + Duration::from_secs(70)), Some(Trigger::Periodic));
+    }
+
+    #[test]
+    fn r15_the_safety_period_is_between_once_and_twice_the_resync_period() {
+        let twelve = Duration::from_secs(12 * 3600);
+        assert_eq!(safety_delay(twelve, 0), twelve);
+        assert!(safety_delay(twelve, u64::MAX) < twelve * 2);
+        assert!(safety_delay(twelve, u64::MAX) > twelve * 2 - Duration::from_secs(1));
+        let mid = safety_delay(twelve, 1u64 << 63);
+        assert_eq!(mid, Duration::from_secs(18 * 3600));
+    }
+
+    #[test]
+    fn r16_outcomes_and_corrections_are_labelled_as_upstream() {
+        assert_eq!(SyncOutcome::of(1, 0, 0).label(), "changed");
+        assert_eq!(SyncOutcome::of(0, 0, 0).label(), "noop");
+        assert_eq!(SyncOutcome::of(3, 1, 1).label(), "error");
+        assert_eq!((Trigger::NodeChange.label(), Trigger::Periodic.label()), ("node_change", "periodic"));
+        assert!(is_correction(Trigger::Periodic, 0, 1));
+        assert!(!is_correction(Trigger::Periodic, 0, 0));
+        assert!(!is_correction(Trigger::NodeChange, 2, 0), "a change-driven creation is no correction");
     }
 }

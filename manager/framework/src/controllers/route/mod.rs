@@ -2,9 +2,20 @@
 //!
 //! A pass lists the cloud's routes, plans with [`logic::plan`], runs deletions and creations
 //! with at most [`logic::MAX_ROUTE_OPERATIONS`] in flight, and writes each Node's
-//! `NetworkUnavailable` condition when it changed. Passes run every
-//! `--route-reconciliation-period`, shortly after relevant Node changes, and, when an operation
-//! failed, again after a backoff instead of waiting for the next period.
+//! `NetworkUnavailable` condition when it changed. When an operation failed, a pass runs again
+//! after a backoff instead of waiting for the next period.
+//!
+//! When passes run: with watch-based routes (KEP-5237's beta, the default:
+//! `CloudControllerManagerWatchBasedRoutesReconciliation`) at start, shortly after a Node is
+//! added or deleted or changes its pod CIDRs or addresses, at most once per
+//! `route_min_sync_interval` (10 s), and by a safety pass every `--min-resync-period` to twice
+//! that (12–24 h); with the gate off, every `--route-reconciliation-period` and shortly after
+//! those Node changes. Each pass counts in `route_controller_route_sync_total{trigger,outcome}`;
+//! with watch-based routes, a safety pass that had to create or delete a route also counts in
+//! `route_controller_route_corrections_total`.
+//!
+//! With node ownership (`--cloud-provider-platforms`, KEP-5778) only this manager's Nodes get
+//! routes; routes to another platform's Nodes are left alone.
 
 pub mod diff;
 pub mod logic;
@@ -20,7 +31,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use serde_json::json;
 
 use crate::cache::Change;
@@ -31,7 +44,7 @@ use crate::health::HealthHandle;
 use crate::provider::{Route, Routes};
 use crate::shadow::ObjectKey;
 
-use logic::{Action, Plan};
+use logic::{Action, Plan, SyncOutcome, Trigger, WatchSchedule};
 
 /// Canonical controller name.
 pub const NAME: &str = crds::controllers::Controller::NodeRoute.name();
@@ -95,31 +108,79 @@ fn node_ref(node: &Node) -> ObjectReference {
     node.object_ref(&())
 }
 
+/// Labels of `route_controller_route_sync_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SyncLabels {
+    trigger: &'static str,
+    outcome: &'static str,
+}
+
 struct Reconciler {
     ctx: Context,
-    sync_total: Counter,
+    sync_total: Family<SyncLabels, Counter>,
+    /// `route_controller_route_corrections_total`, with watch-based routes only (as upstream).
+    corrections: Option<Counter>,
     /// Shadow mode: record the plan instead of carrying it out.
     comparer: Option<Comparer>,
 }
 
 impl Reconciler {
+    fn new(ctx: &Context) -> Self {
+        let sync_total = ctx.metrics.get_or_register(
+            "route_controller_route_sync",
+            "A metric counting the amount of times routes have been synced with the cloud provider, by trigger and outcome.",
+            Family::default,
+        );
+        let corrections = ctx.options.watch_based_routes.then(|| {
+            ctx.metrics.get_or_register(
+                "route_controller_route_corrections",
+                "Safety (periodic) route passes that had to create or delete a route.",
+                Counter::default,
+            )
+        });
+        Self { ctx: ctx.clone(), sync_total, corrections, comparer: Comparer::from_context(ctx, NAME) }
+    }
+
     fn routes(&self) -> Option<&dyn Routes> {
         self.ctx.provider.routes()
     }
 
-    /// One full pass (R6–R13).
-    async fn pass(&self) -> PassOutcome {
+    /// One full pass (R6–R13) for `trigger`, counted (R16).
+    async fn pass(&self, trigger: Trigger) -> PassOutcome {
+        let out = self.reconcile().await;
+        let outcome = SyncOutcome::of(out.created, out.deleted, out.failed);
+        self.sync_total.get_or_create(&SyncLabels { trigger: trigger.label(), outcome: outcome.label() }).inc();
+        if let Some(corrections) = &self.corrections
+            && logic::is_correction(trigger, out.created, out.deleted)
+        {
+            corrections.inc();
+            tracing::info!(
+                created = out.created,
+                deleted = out.deleted,
+                "the safety pass corrected routes a Node change did not"
+            );
+        }
+        out
+    }
+
+    async fn reconcile(&self) -> PassOutcome {
         let Some(routes_api) = self.routes() else { return PassOutcome::default() };
         let cluster = self.ctx.options.cluster_name.as_str();
-        self.sync_total.inc();
-        let routes = match routes_api.list_routes(cluster).await {
+        let mut routes = match routes_api.list_routes(cluster).await {
             Ok(r) => r,
             Err(error) => {
                 tracing::warn!(%error, "listing routes failed");
                 return PassOutcome { failed: 1, ..PassOutcome::default() };
             }
         };
-        let nodes = self.ctx.nodes.state();
+        // KEP-5778: another platform's Nodes and their routes are not this manager's.
+        let ownership = &self.ctx.options.node_ownership;
+        let (nodes, others): (Vec<Arc<Node>>, Vec<Arc<Node>>) =
+            self.ctx.nodes.state().into_iter().partition(|n| ownership.owns(n));
+        if !others.is_empty() {
+            let foreign: std::collections::BTreeSet<String> = others.iter().map(|n| n.name_any()).collect();
+            routes.retain(|r| !foreign.contains(&r.target_node));
+        }
         let refs: Vec<&Node> = nodes.iter().map(|n| n.as_ref()).collect();
         let Plan { deletions, creations, mut actions, deletions_first, unparsable } =
             logic::plan(&routes, &refs, &self.ctx.options.cluster_cidrs);
@@ -288,61 +349,148 @@ impl Controller for RouteController {
                 return Ok(());
             },
         }
-        let mut changes = ctx.nodes.subscribe();
-        let sync_total =
-            ctx.metrics.get_or_register("route_controller_route_sync", "Route reconcile passes", Counter::default);
-        let comparer = Comparer::from_context(&ctx, NAME);
-        let reconciler = Reconciler { ctx: ctx.clone(), sync_total, comparer };
-        let period = ctx.options.route_reconciliation_period.max(Duration::from_millis(100));
-        tracing::info!(?period, cidrs = ?ctx.options.cluster_cidrs, "route controller started");
+        let changes = ctx.nodes.subscribe();
+        let reconciler = Reconciler::new(&ctx);
         health.set_healthy();
-
-        // R4: a fixed-rate period; the first tick is immediate.
-        let mut tick = tokio::time::interval(period);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-        let mut soon: Option<tokio::time::Instant> = None;
-        let mut failures: u32 = 0;
-        loop {
-            let wake = async {
-                match soon {
-                    Some(at) => tokio::time::sleep_until(at).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                _ = shutdown.cancelled() => break,
-                _ = tick.tick() => {}
-                _ = wake => {}
-                change = changes.recv() => {
-                    let relevant = match &change {
-                        None => break,
-                        Some(Change::Applied { old: Some(old), new }) => node_changed_for_routes(old, new),
-                        Some(_) => true,
-                    };
-                    if relevant {
-                        let at = tokio::time::Instant::now() + CHANGE_DELAY;
-                        soon = Some(soon.map_or(at, |s| s.min(at)));
-                    }
-                    continue;
-                }
-            }
-            soon = None;
-            let outcome = tokio::select! {
-                _ = shutdown.cancelled() => break,
-                o = reconciler.pass() => o,
-            };
-            tracing::debug!(?outcome, "route pass finished");
-            if outcome.failed > 0 {
-                // §6 item 5: retry failed operations without waiting for the period.
-                failures = failures.saturating_add(1);
-                let delay = logic::retry_delay(failures);
-                if delay < period {
-                    soon = Some(tokio::time::Instant::now() + delay);
-                }
-            } else {
-                failures = 0;
-            }
+        if ctx.options.watch_based_routes {
+            watch_loop(&reconciler, changes, &shutdown).await;
+        } else {
+            periodic_loop(&reconciler, changes, &shutdown).await;
         }
         Ok(())
+    }
+}
+
+/// Whether a Node change can change routes (R5, upstream's filter).
+fn relevant(change: &Change<Node>) -> bool {
+    match change {
+        Change::Applied { old: Some(old), new } => node_changed_for_routes(old, new),
+        _ => true,
+    }
+}
+
+/// Random bits for the safety period (a failure falls back to the clock's nanoseconds).
+fn random_u64() -> u64 {
+    use ring::rand::SecureRandom;
+    let mut bytes = [0u8; 8];
+    match ring::rand::SystemRandom::new().fill(&mut bytes) {
+        Ok(()) => u64::from_le_bytes(bytes),
+        Err(_) => {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos().into())
+        }
+    }
+}
+
+/// Sleep until `at`, or forever without one.
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Watch-based passes (KEP-5237, R14, R15): at start, after relevant Node changes at most once
+/// per `route_min_sync_interval`, a safety pass every `route_resync_period` to twice that, and
+/// retries after failures (not sooner than the interval allows).
+async fn watch_loop(
+    reconciler: &Reconciler,
+    mut changes: crate::cache::Subscription<Node>,
+    shutdown: &tokio_util::sync::CancellationToken,
+) {
+    let options = &reconciler.ctx.options;
+    let resync = options.route_resync_period.max(Duration::from_secs(1));
+    let mut schedule = WatchSchedule::new(options.route_min_sync_interval);
+    let mut next_safety = tokio::time::Instant::now() + logic::safety_delay(resync, random_u64());
+    schedule.request(Trigger::NodeChange, Instant::now());
+    tracing::info!(
+        min_interval = ?options.route_min_sync_interval,
+        next_safety_pass_in = ?next_safety.saturating_duration_since(tokio::time::Instant::now()),
+        cidrs = ?options.cluster_cidrs,
+        "route controller started (watch-based)"
+    );
+    let mut failures: u32 = 0;
+    loop {
+        let due = schedule.due().map(tokio::time::Instant::from_std);
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = tokio::time::sleep_until(next_safety) => {
+                schedule.request(Trigger::Periodic, Instant::now());
+                next_safety = tokio::time::Instant::now() + logic::safety_delay(resync, random_u64());
+                continue;
+            }
+            change = changes.recv() => {
+                match change {
+                    None => break,
+                    Some(change) if relevant(&change) => schedule.request(Trigger::NodeChange, Instant::now() + CHANGE_DELAY),
+                    Some(_) => {}
+                }
+                continue;
+            }
+            _ = sleep_until(due) => {}
+        }
+        let Some(trigger) = schedule.start(Instant::now()) else { continue };
+        let outcome = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            o = reconciler.pass(trigger) => o,
+        };
+        tracing::debug!(?outcome, trigger = trigger.label(), "route pass finished");
+        if outcome.failed > 0 {
+            failures = failures.saturating_add(1);
+            schedule.request(trigger, Instant::now() + logic::retry_delay(failures));
+        } else {
+            failures = 0;
+        }
+    }
+}
+
+/// Passes every `--route-reconciliation-period` (R4), shortly after relevant Node changes (R5),
+/// and retries after failures (§6 item 5): the controller with watch-based routes off.
+async fn periodic_loop(
+    reconciler: &Reconciler,
+    mut changes: crate::cache::Subscription<Node>,
+    shutdown: &tokio_util::sync::CancellationToken,
+) {
+    let ctx = &reconciler.ctx;
+    let period = ctx.options.route_reconciliation_period.max(Duration::from_millis(100));
+    tracing::info!(?period, cidrs = ?ctx.options.cluster_cidrs, "route controller started");
+
+    // R4: a fixed-rate period; the first tick is immediate.
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut soon: Option<(tokio::time::Instant, Trigger)> = None;
+    let mut failures: u32 = 0;
+    loop {
+        let trigger = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = tick.tick() => Trigger::Periodic,
+            _ = sleep_until(soon.map(|(at, _)| at)) => soon.map_or(Trigger::NodeChange, |(_, t)| t),
+            change = changes.recv() => {
+                match change {
+                    None => break,
+                    Some(change) if relevant(&change) => {
+                        let at = tokio::time::Instant::now() + CHANGE_DELAY;
+                        soon = Some((soon.map_or(at, |(s, _)| s.min(at)), Trigger::NodeChange));
+                    }
+                    Some(_) => {}
+                }
+                continue;
+            }
+        };
+        soon = None;
+        let outcome = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            o = reconciler.pass(trigger) => o,
+        };
+        tracing::debug!(?outcome, trigger = trigger.label(), "route pass finished");
+        if outcome.failed > 0 {
+            // §6 item 5: retry failed operations without waiting for the period.
+            failures = failures.saturating_add(1);
+            let delay = logic::retry_delay(failures);
+            if delay < period {
+                soon = Some((tokio::time::Instant::now() + delay, trigger));
+            }
+        } else {
+            failures = 0;
+        }
     }
 }

@@ -21,6 +21,12 @@ pub const BACKOFF_MAX: Duration = Duration::from_secs(300);
 /// Largest backoff after a provider's refusal (`CloudError::Refused`): it may clear without
 /// any change to the Service (an address freed, a pool added), so it is retried more often.
 pub const REFUSED_BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// First delay of a retry after the API server refused a write (S32): its own back-off, apart
+/// from the cloud's, so an outage of the API server never lengthens a Service's cloud back-off.
+pub const API_BACKOFF_BASE: Duration = Duration::from_millis(200);
+/// Largest delay of the API back-off: once the API server answers again, every pending Service
+/// is retried within this.
+pub const API_BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 /// The finalizer this manager owns. Unclassed managers use upstream's; a manager restricted to
 /// one `loadBalancerClass` uses its own, so that after a type change (which clears the class)
@@ -313,6 +319,22 @@ pub fn failed_update_needs_no_retry(svc: &Service, exists: Option<bool>) -> bool
 pub fn backoff_delay(failures: u32) -> Duration {
     let factor = 1u64.checked_shl(failures.saturating_sub(1)).unwrap_or(u64::MAX);
     BACKOFF_BASE.checked_mul(u32::try_from(factor).unwrap_or(u32::MAX)).map_or(BACKOFF_MAX, |d| d.min(BACKOFF_MAX))
+}
+
+/// S32: the API back-off, 200 ms after the first failure, doubling, at most 5 s.
+pub fn api_backoff_delay(failures: u32) -> Duration {
+    let factor = 1u32.checked_shl(failures.saturating_sub(1)).unwrap_or(u32::MAX);
+    API_BACKOFF_BASE.checked_mul(factor).map_or(API_BACKOFF_MAX, |d| d.min(API_BACKOFF_MAX))
+}
+
+/// S32: whether a failed API request is one to retry on the API back-off: the server failed
+/// (5xx), throttled (429) or did not answer (a transport error or timeout). Other refusals (a
+/// 4xx: invalid, forbidden, conflict) do not pass by retrying soon and back off like the cloud.
+pub fn is_transient_api_error(error: &kube::Error) -> bool {
+    match error {
+        kube::Error::Api(status) => status.code >= 500 || status.code == 429,
+        _ => true,
+    }
 }
 
 /// S17: the `UpdateLoadBalancerFailed` message, naming at most 20 hosts plus the total.
@@ -645,6 +667,20 @@ mod tests {
         let got: Vec<u64> = (1..=9).map(|n| backoff_delay(n).as_secs()).collect();
         assert_eq!(got, [5, 10, 20, 40, 80, 160, 300, 300, 300]);
         assert_eq!(backoff_delay(200), BACKOFF_MAX);
+    }
+
+    #[test]
+    fn s32_the_api_backoff_doubles_from_200_ms_to_5_s_and_only_transient_errors_take_it() {
+        let got: Vec<u128> = (1..=7).map(|n| api_backoff_delay(n).as_millis()).collect();
+        assert_eq!(got, [200, 400, 800, 1600, 3200, 5000, 5000]);
+        assert_eq!(api_backoff_delay(100), API_BACKOFF_MAX);
+        let status = |code: u16| kube::Error::Api(kube::core::Status { code, ..Default::default() }.boxed());
+        for code in [500, 503, 504, 429] {
+            assert!(is_transient_api_error(&status(code)), "{code}");
+        }
+        for code in [400, 403, 404, 409, 422] {
+            assert!(!is_transient_api_error(&status(code)), "{code}");
+        }
     }
 
     #[test]

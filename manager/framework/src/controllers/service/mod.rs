@@ -9,15 +9,23 @@
 //! `update_load_balancer` only for Services whose host set changed, storing each host set
 //! before calling the cloud.
 //!
-//! A provider that refuses a Service a load balancer ([`CloudError::Refused`]) gets, besides the
-//! `SyncLoadBalancerFailed` event, the Service condition `LoadBalancerProvisioned=False` with
-//! its reason ([`condition`]); the condition goes once the load balancer exists. Its reported
-//! ingress stays while the provider still has a load balancer for it, and goes when
-//! `get_load_balancer` finds none (S30): kube-proxy forwards whatever a Service reports.
+//! Every LoadBalancer Service it handles carries its load-balancer state in KEP-6128's shape,
+//! `Accepted`, `Programmed` and `Degraded` ([`condition`], S31, S33), written with the ingress in
+//! one server-side apply of the status, and only when something changed. A provider's refusal
+//! ([`CloudError::Refused`]) is `Accepted=False` with its reason, besides the
+//! `SyncLoadBalancerFailed` event; its reported ingress stays while the provider still has a
+//! load balancer for it, and goes when `get_load_balancer` finds none (S30): kube-proxy forwards
+//! whatever a Service reports.
+//!
+//! An API write the server refuses (5xx, 429, no answer) is retried on its own short back-off
+//! (200 ms to 5 s) that never touches the cloud back-off, and the retry does not ask the cloud
+//! again for what it already answered (S32). The provider's own objects are scanned for orphans
+//! (S34, [`orphans`]), deleted only with `--orphan-sweep` (S35).
 
 pub mod condition;
 pub mod diff;
 pub mod logic;
+pub mod orphans;
 pub mod queue;
 mod shadow;
 
@@ -27,13 +35,17 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use crds::conditions::DesiredCondition;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{LoadBalancerStatus, Node, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use serde_json::json;
 use tokio::sync::Notify;
@@ -43,8 +55,10 @@ use crate::cache::Change;
 use crate::controller::{Context, Controller};
 use crate::events::components::SERVICE_CONTROLLER;
 use crate::health::HealthHandle;
-use crate::provider::{CloudError, LoadBalancer};
+use crate::orphans::OrphanSummary;
+use crate::provider::{CloudError, LoadBalancer, OwnedObject};
 
+use condition::Outcome;
 use logic::{HostSet, SyncPlan};
 use queue::{Claim, WorkQueue};
 
@@ -66,12 +80,28 @@ impl ServiceController {
     }
 }
 
+/// The `kind` label of the orphan metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: String,
+}
+
+/// The labels of `service_controller_orphans_deleted_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SweepLabels {
+    kind: String,
+    outcome: String,
+}
+
 #[derive(Clone)]
 struct ServiceMetrics {
     sync_total: Counter,
     nodesync_error_total: Counter,
     nodesync_latency: Histogram,
     update_host_latency: Histogram,
+    api_retries: Counter,
+    orphans: Family<KindLabel, Gauge>,
+    orphans_deleted: Family<SweepLabels, Counter>,
 }
 
 impl ServiceMetrics {
@@ -99,6 +129,21 @@ impl ServiceMetrics {
                 "Duration of one load balancer host update",
                 latency,
             ),
+            api_retries: r.get_or_register(
+                "service_controller_api_retries",
+                "Service syncs retried on the API back-off after the API server refused a write (S32)",
+                Counter::default,
+            ),
+            orphans: r.get_or_register(
+                "service_controller_orphans",
+                "Cloud objects of this cluster that belong to no Service, by kind, as of the last scan (S34)",
+                Family::<KindLabel, Gauge>::default,
+            ),
+            orphans_deleted: r.get_or_register(
+                "service_controller_orphans_deleted",
+                "Orphaned cloud objects the sweep deleted or failed to delete, by kind and outcome (S35)",
+                Family::<SweepLabels, Counter>::default,
+            ),
         }
     }
 }
@@ -118,14 +163,22 @@ enum SyncError {
     RemoveFinalizer(kube::Error),
     #[error("failed to update load balancer status: {0}")]
     Status(kube::Error),
-    #[error("failed to remove the LoadBalancerProvisioned condition: {0}")]
-    Condition(kube::Error),
 }
 
 impl SyncError {
     /// Whether the provider refused the Service (see [`logic::REFUSED_BACKOFF_MAX`]).
     fn is_refusal(&self) -> bool {
         matches!(self, SyncError::Ensure(CloudError::Refused { .. }))
+    }
+
+    /// S32: the API server refused a write for a reason that passes (5xx, 429, no answer).
+    fn is_transient_api_error(&self) -> bool {
+        match self {
+            SyncError::AddFinalizer(e) | SyncError::RemoveFinalizer(e) | SyncError::Status(e) => {
+                logic::is_transient_api_error(e)
+            }
+            _ => false,
+        }
     }
 
     /// S12: a fixed delay requested by the cloud, instead of exponential backoff.
@@ -179,10 +232,30 @@ impl Scanned {
 /// without more calls in flight than the flag allows.
 pub const SYNCS_PER_CLOUD_SLOT: usize = 4;
 
+/// S32: what the cloud answered to a sync whose API write then failed, so its retry writes
+/// without asking the cloud again.
+enum Settled {
+    /// An ensure of the Service as it was then (its UID, its fields that shape the load balancer),
+    /// with these hosts, returned this status.
+    Ensured { svc: Arc<Service>, hosts: Arc<HostSet>, status: LoadBalancerStatus },
+    /// The load balancer of the Service with this UID was deleted.
+    Deleted { uid: Option<String> },
+}
+
+/// What a node pass's host update came to.
+enum HostUpdate {
+    /// The load balancer has its new hosts.
+    Done,
+    /// Nothing to record: another controller's, or no load balancer any more.
+    Skipped,
+    /// The update failed; the full ensure retries it (S18).
+    Failed(CloudError),
+}
+
 struct Inner {
     ctx: Context,
     /// `--concurrent-service-syncs` permits: provider calls of queued syncs in flight at most.
-    cloud_slots: tokio::sync::Semaphore,
+    cloud_slots: Arc<tokio::sync::Semaphore>,
     class: Option<String>,
     /// S28: with a class, also Services without one.
     also_unclassed: bool,
@@ -202,6 +275,11 @@ struct Inner {
     node_pass_wanted: AtomicBool,
     node_pass: Notify,
     metrics: ServiceMetrics,
+    /// S32: cloud answers whose API write failed, by key.
+    settled: Mutex<HashMap<String, Settled>>,
+    /// S31: each Service as this controller's last status apply returned it, until the cache
+    /// shows it (or a later state): the next write compares with, and keeps, what is there.
+    written: Mutex<HashMap<String, Arc<Service>>>,
 }
 
 /// Wait for a cache's first list. kube-runtime's readiness signal keeps only the last waiter's
@@ -311,6 +389,7 @@ impl Inner {
             }
             Change::Applied { old: Some(old), new } => {
                 let key = logic::service_key(&new);
+                self.caught_up(&key, &new);
                 if logic::should_sync_updated(&old, &new, class, &self.finalizer) {
                     if let Some(field) = logic::update_trigger(&old, &new, class) {
                         tracing::debug!(service = %key, field, "service changed");
@@ -390,7 +469,7 @@ impl Inner {
                 None => Ok(()),
             },
             SyncPlan::Cleanup => match current {
-                Some(svc) => self.cleanup(key, &svc).await,
+                Some(svc) => self.cleanup(key, svc).await,
                 None => Ok(()),
             },
             SyncPlan::DeleteGone => match last {
@@ -407,15 +486,101 @@ impl Inner {
     fn forget(&self, key: &str) {
         lock(&self.synced).remove(key);
         lock(&self.last_hosts).remove(key);
+        lock(&self.settled).remove(key);
+        lock(&self.written).remove(key);
     }
 
-    /// S7–S10.
+    /// Drop the memo of our last write once the cache shows it, or anything later.
+    fn caught_up(&self, key: &str, cached: &Service) {
+        let mut written = lock(&self.written);
+        if let Some(w) = written.get(key)
+            && (w.metadata.uid != cached.metadata.uid
+                || w.metadata.resource_version == cached.metadata.resource_version
+                || w.status == cached.status)
+        {
+            written.remove(key);
+        }
+    }
+
+    /// The Service with the status this controller last wrote, when the cache is behind it.
+    fn view(&self, key: &str, svc: Arc<Service>) -> Arc<Service> {
+        match lock(&self.written).get(key) {
+            Some(w) if w.metadata.uid == svc.metadata.uid && w.status != svc.status => {
+                let mut view = (*svc).clone();
+                view.status = w.status.clone();
+                Arc::new(view)
+            }
+            _ => svc,
+        }
+    }
+
+    /// S31: one server-side apply of the Service's status with `conditions` and `ingress`,
+    /// unless it already says so; then, rarely, a patch removing conditions of ours that an
+    /// older manager wrote. Returns whether it wrote.
+    async fn write_state(
+        &self,
+        key: &str,
+        svc: &Service,
+        conditions: &[DesiredCondition],
+        ingress: &LoadBalancerStatus,
+    ) -> Result<bool, kube::Error> {
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        let Some(apply) = condition::status_apply(svc, conditions, ingress, &now) else { return Ok(false) };
+        let api = self.api(split_key(key).0);
+        let name = svc.name_any();
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let mut after = match api.patch_status(&name, &params, &Patch::Apply(&apply.body)).await {
+            Ok(after) => after,
+            Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        let leftovers = apply.leftovers(&after);
+        if !leftovers.is_empty() {
+            let patch = Patch::Strategic(condition::delete_patch(&leftovers));
+            match api.patch_status(&name, &patch_params(), &patch).await {
+                Ok(cleaned) => after = cleaned,
+                Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(true),
+                Err(e) => return Err(e),
+            }
+        }
+        // Only what the comparisons read is kept.
+        after.spec = None;
+        after.metadata.managed_fields = None;
+        after.metadata.annotations = None;
+        after.metadata.labels = None;
+        lock(&self.written).insert(key.to_string(), Arc::new(after));
+        Ok(true)
+    }
+
+    /// The ingress the Service reports (as last written).
+    fn reported(svc: &Service) -> LoadBalancerStatus {
+        svc.status.as_ref().and_then(|s| s.load_balancer.clone()).unwrap_or_default()
+    }
+
+    /// S32: the status an ensure of `svc` with `hosts` already returned, if its write failed and
+    /// nothing that shapes the load balancer changed since.
+    fn settled_ensure(&self, key: &str, svc: &Service, hosts: &Arc<HostSet>) -> Option<LoadBalancerStatus> {
+        let mut settled = lock(&self.settled);
+        match settled.remove(key)? {
+            Settled::Ensured { svc: then, hosts: then_hosts, status }
+                if then.metadata.uid == svc.metadata.uid
+                    && logic::update_trigger(&then, svc, self.class_filter()).is_none()
+                    && (Arc::ptr_eq(&then_hosts, hosts) || *then_hosts == **hosts) =>
+            {
+                Some(status)
+            }
+            _ => None,
+        }
+    }
+
+    /// S7–S10, S31–S33.
     async fn ensure(&self, key: &str, svc: Arc<Service>) -> Result<(), SyncError> {
         let Some(lb) = self.lb() else { return Ok(()) };
         lock(&self.synced).insert(key.to_string(), svc.clone());
-        self.event(&svc, EventType::Normal, "EnsuringLoadBalancer", "Ensuring load balancer", "EnsureLoadBalancer");
+        let svc = self.view(key, svc);
 
         if !logic::has_finalizer(&svc, &self.finalizer) {
+            self.event(&svc, EventType::Normal, "EnsuringLoadBalancer", "Ensuring load balancer", "EnsureLoadBalancer");
             let patch = json!({ "metadata": { "finalizers": [self.finalizer] } });
             self.api(split_key(key).0)
                 .patch(&svc.name_any(), &patch_params(), &Patch::Strategic(patch))
@@ -432,117 +597,136 @@ impl Inner {
             last.insert(key.to_string(), hosts.clone());
             (hosts, nodes)
         };
-        if hosts.is_empty() {
-            self.event(
-                &svc,
-                EventType::Warning,
-                "UnAvailableLoadBalancer",
-                "There are no available nodes for LoadBalancer",
-                "EnsureLoadBalancer",
-            );
-        }
-        // The Node list is built once the slot is held: at 5,000 Nodes it is 40 KiB, and every
-        // sync queued for a slot would hold one (5 MiB with 128 waiting).
-        let call = async {
-            let refs: Vec<&Node> = nodes.iter().map(|n| n.as_ref()).collect();
-            lb.ensure_load_balancer(self.cluster(), &svc, &refs).await
+        // S32: a retry after a failed write does not ask the cloud again.
+        let result = match self.settled_ensure(key, &svc, &hosts) {
+            Some(status) => Ok(status),
+            None => {
+                if logic::has_finalizer(&svc, &self.finalizer) {
+                    self.event(
+                        &svc,
+                        EventType::Normal,
+                        "EnsuringLoadBalancer",
+                        "Ensuring load balancer",
+                        "EnsureLoadBalancer",
+                    );
+                }
+                if hosts.is_empty() {
+                    self.event(
+                        &svc,
+                        EventType::Warning,
+                        "UnAvailableLoadBalancer",
+                        "There are no available nodes for LoadBalancer",
+                        "EnsureLoadBalancer",
+                    );
+                }
+                // The Node list is built once the slot is held: at 5,000 Nodes it is 40 KiB, and
+                // every sync queued for a slot would hold one (5 MiB with 128 waiting).
+                let call = async {
+                    let refs: Vec<&Node> = nodes.iter().map(|n| n.as_ref()).collect();
+                    lb.ensure_load_balancer(self.cluster(), &svc, &refs).await
+                };
+                let result = self.in_cloud_slot(call).await;
+                if result.is_ok() {
+                    self.event(
+                        &svc,
+                        EventType::Normal,
+                        "EnsuredLoadBalancer",
+                        "Ensured load balancer",
+                        "EnsureLoadBalancer",
+                    );
+                }
+                result
+            }
         };
-        let status = match self.in_cloud_slot(call).await {
-            Ok(status) => status,
+        match result {
+            Ok(status) => {
+                let conditions = condition::desired(&svc, Outcome::Ensured { hosts: !hosts.is_empty() });
+                if let Err(e) = self.write_state(key, &svc, &conditions, &status).await {
+                    lock(&self.settled).insert(key.to_string(), Settled::Ensured { svc: svc.clone(), hosts, status });
+                    return Err(SyncError::Status(e));
+                }
+                Ok(())
+            }
             Err(CloudError::ImplementedElsewhere) => {
                 // S8: another controller owns it; keep the finalizer, write no status.
                 tracing::debug!(service = %key, "load balancer implemented elsewhere");
-                return Ok(());
+                Ok(())
             }
             Err(e) => {
-                if let CloudError::Refused { reason, message } = &e {
-                    let now = Time(k8s_openapi::jiff::Timestamp::now());
-                    if let Some(write) = condition::on_refusal(&svc, *reason, message, &now)
-                        && let Err(error) = self.write_condition(key, &svc, &write).await
-                    {
-                        // The event and the retry still follow; the next attempt writes it again.
-                        tracing::warn!(service = %key, %error, "could not record the refusal in the Service's conditions");
-                    }
-                    // S30: the status keeps only a load balancer the provider says exists.
-                    if logic::reports_ingress(&svc) {
-                        let exists = self.in_cloud_slot(lb.get_load_balancer(self.cluster(), &svc)).await;
-                        if logic::ingress_is_stale(&svc, exists.ok().map(|s| s.is_some())) {
-                            tracing::info!(service = %key, "the provider refused the Service and holds no load balancer for it; clearing its ingress");
-                            self.write_status(key, &svc, &LoadBalancerStatus::default()).await?;
+                let mut ingress = Self::reported(&svc);
+                let outcome = match &e {
+                    CloudError::Refused { reason, message } => {
+                        // S30: the status keeps only a load balancer the provider says exists.
+                        if logic::reports_ingress(&svc) {
+                            let exists = self.in_cloud_slot(lb.get_load_balancer(self.cluster(), &svc)).await;
+                            if logic::ingress_is_stale(&svc, exists.ok().map(|s| s.is_some())) {
+                                tracing::info!(service = %key, "the provider refused the Service and holds no load balancer for it; clearing its ingress");
+                                ingress = LoadBalancerStatus::default();
+                            }
                         }
+                        let serving = ingress.ingress.as_ref().is_some_and(|i| !i.is_empty());
+                        Outcome::Refused { refusal: *reason, message, serving }
                     }
+                    error => Outcome::Failed { error, serving: logic::reports_ingress(&svc) },
+                };
+                let conditions = condition::desired(&svc, outcome);
+                if let Err(error) = self.write_state(key, &svc, &conditions, &ingress).await {
+                    // The event and the cloud's retry still follow; the retry writes it again.
+                    tracing::warn!(service = %key, %error, "could not record the load balancer's state in the Service's status");
                 }
-                return Err(SyncError::Ensure(e));
+                Err(SyncError::Ensure(e))
             }
-        };
-        self.event(&svc, EventType::Normal, "EnsuredLoadBalancer", "Ensured load balancer", "EnsureLoadBalancer");
-        let current = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref());
-        if logic::ingress_changed(current, &status) {
-            self.write_status(key, &svc, &status).await?;
         }
-        if let Some(write) = condition::on_cleared(&svc) {
-            self.write_condition(key, &svc, &write).await.map_err(SyncError::Condition)?;
-        }
-        Ok(())
-    }
-
-    /// One strategic merge patch of the Service's status touching only our condition.
-    async fn write_condition(
-        &self,
-        key: &str,
-        svc: &Service,
-        write: &condition::ConditionWrite,
-    ) -> Result<(), kube::Error> {
-        let r = self
-            .api(split_key(key).0)
-            .patch_status(&svc.name_any(), &patch_params(), &Patch::Strategic(write.patch()))
-            .await;
-        ignore_not_found(r)
-    }
-
-    async fn write_status(&self, key: &str, svc: &Service, status: &LoadBalancerStatus) -> Result<(), SyncError> {
-        let ingress = status.ingress.as_ref().filter(|i| !i.is_empty());
-        let patch = json!({ "status": { "loadBalancer": { "ingress": ingress } } });
-        let r = self.api(split_key(key).0).patch_status(&svc.name_any(), &patch_params(), &Patch::Merge(patch)).await;
-        ignore_not_found(r).map_err(SyncError::Status)
     }
 
     /// S11: delete the load balancer if there is one, then release the Service.
-    async fn cleanup(&self, key: &str, svc: &Service) -> Result<(), SyncError> {
+    async fn cleanup(&self, key: &str, svc: Arc<Service>) -> Result<(), SyncError> {
         let Some(lb) = self.lb() else { return Ok(()) };
-        self.in_cloud_slot(async {
-            let exists = lb.get_load_balancer(self.cluster(), svc).await.map_err(SyncError::Get)?.is_some();
-            if exists {
-                self.event(
-                    svc,
-                    EventType::Normal,
-                    "DeletingLoadBalancer",
-                    "Deleting load balancer",
-                    "DeleteLoadBalancer",
-                );
-                match lb.ensure_load_balancer_deleted(self.cluster(), svc).await {
-                    Ok(()) | Err(CloudError::ImplementedElsewhere) => {}
-                    Err(e) => return Err(SyncError::Delete(e)),
+        let svc = self.view(key, svc);
+        let svc = svc.as_ref();
+        // S32: a retry after a failed write does not ask the cloud again.
+        let deleted = match lock(&self.settled).remove(key) {
+            Some(Settled::Deleted { uid }) => uid == svc.metadata.uid,
+            _ => false,
+        };
+        if !deleted {
+            self.in_cloud_slot(async {
+                let exists = lb.get_load_balancer(self.cluster(), svc).await.map_err(SyncError::Get)?.is_some();
+                if exists {
+                    self.event(
+                        svc,
+                        EventType::Normal,
+                        "DeletingLoadBalancer",
+                        "Deleting load balancer",
+                        "DeleteLoadBalancer",
+                    );
+                    match lb.ensure_load_balancer_deleted(self.cluster(), svc).await {
+                        Ok(()) | Err(CloudError::ImplementedElsewhere) => {}
+                        Err(e) => return Err(SyncError::Delete(e)),
+                    }
                 }
-            }
-            Ok(())
-        })
-        .await?;
-        // The stale ingress goes first, so a released finalizer means the cleanup is complete.
-        // A Service on its way out keeps its status: one write fewer, nobody reads it.
-        let current = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref());
-        if !logic::is_being_deleted(svc) && logic::ingress_changed(current, &LoadBalancerStatus::default()) {
-            self.write_status(key, svc, &LoadBalancerStatus::default()).await?;
+                Ok(())
+            })
+            .await?;
         }
+        let remember =
+            || lock(&self.settled).insert(key.to_string(), Settled::Deleted { uid: svc.metadata.uid.clone() });
+        // The stale ingress and our conditions go first (one write), so a released finalizer
+        // means the cleanup is complete. A Service on its way out keeps its status: one write
+        // fewer, nobody reads it.
         if !logic::is_being_deleted(svc)
-            && let Some(write) = condition::on_cleared(svc)
+            && let Err(e) = self.write_state(key, svc, &[], &LoadBalancerStatus::default()).await
         {
-            self.write_condition(key, svc, &write).await.map_err(SyncError::Condition)?;
+            remember();
+            return Err(SyncError::Status(e));
         }
         if logic::has_finalizer(svc, &self.finalizer) {
             let patch = json!({ "metadata": { "$deleteFromPrimitiveList/finalizers": [self.finalizer] } });
             let r = self.api(split_key(key).0).patch(&svc.name_any(), &patch_params(), &Patch::Strategic(patch)).await;
-            ignore_not_found(r).map_err(SyncError::RemoveFinalizer)?;
+            if let Err(e) = ignore_not_found(r) {
+                remember();
+                return Err(SyncError::RemoveFinalizer(e));
+            }
         }
         self.event(svc, EventType::Normal, "DeletedLoadBalancer", "Deleted load balancer", "DeleteLoadBalancer");
         self.forget(key);
@@ -588,6 +772,12 @@ impl Inner {
                     Some(delay) => {
                         tracing::warn!(service = %key, %error, ?delay, "load balancer sync failed; retrying after the requested delay");
                         self.queue.add_after(key, delay);
+                    }
+                    // S32: the API server's trouble; the cloud's back-off is left as it is.
+                    None if error.is_transient_api_error() => {
+                        let delay = self.queue.add_api_rate_limited(key);
+                        self.metrics.api_retries.inc();
+                        tracing::info!(service = %key, %error, ?delay, "the API server refused a write; retrying on the API back-off");
                     }
                     None if error.is_refusal() => {
                         let delay = self.queue.add_rate_limited_at_most(key, logic::REFUSED_BACKOFF_MAX);
@@ -641,16 +831,36 @@ impl Inner {
             Claim::Queued => return,
         }
         lock(&self.last_hosts).insert(key.clone(), hosts.clone());
-        let ok = self.call_update(&svc, hosts, nodes).await;
-        if !ok {
+        let svc = self.view(&key, svc);
+        let failed = match self.call_update(&svc, hosts, nodes).await {
+            HostUpdate::Done => {
+                self.record(&key, &svc, Outcome::HostsUpdated { hosts: !hosts.is_empty() }).await;
+                false
+            }
+            HostUpdate::Skipped => false,
+            HostUpdate::Failed(error) => {
+                self.record(&key, &svc, Outcome::HostUpdateFailed { error: &error }).await;
+                true
+            }
+        };
+        if failed {
             // S18: retry through the full ensure path.
             self.queue.add(key.clone());
         }
         self.queue.done(&key);
     }
 
-    async fn call_update(&self, svc: &Service, hosts: &HostSet, nodes: &[Arc<Node>]) -> bool {
-        let Some(lb) = self.lb() else { return true };
+    /// S33: a node pass's outcome in the Service's conditions, keeping its ingress; a failed
+    /// write is left to the next sync.
+    async fn record(&self, key: &str, svc: &Service, outcome: Outcome<'_>) {
+        let conditions = condition::desired(svc, outcome);
+        if let Err(error) = self.write_state(key, svc, &conditions, &Self::reported(svc)).await {
+            tracing::warn!(service = %key, %error, "could not record the load balancer's state in the Service's status");
+        }
+    }
+
+    async fn call_update(&self, svc: &Service, hosts: &HostSet, nodes: &[Arc<Node>]) -> HostUpdate {
+        let Some(lb) = self.lb() else { return HostUpdate::Skipped };
         let refs: Vec<&Node> = nodes.iter().map(|n| n.as_ref()).collect();
         self.metrics.sync_total.inc();
         let started = Instant::now();
@@ -665,7 +875,7 @@ impl Inner {
                     "There are no available nodes for LoadBalancer",
                     "UpdateLoadBalancer",
                 );
-                true
+                HostUpdate::Done
             }
             Ok(()) => {
                 self.event(
@@ -675,15 +885,15 @@ impl Inner {
                     "Updated load balancer with new hosts",
                     "UpdateLoadBalancer",
                 );
-                true
+                HostUpdate::Done
             }
-            Err(CloudError::ImplementedElsewhere) => true,
+            Err(CloudError::ImplementedElsewhere) => HostUpdate::Skipped,
             Err(error) => {
                 // S17: a load balancer that no longer exists needs no hosts; S30: unless the
                 // Service still reports it, which the full ensure takes out.
                 let exists = lb.get_load_balancer(self.cluster(), svc).await.ok().map(|s| s.is_some());
                 if logic::failed_update_needs_no_retry(svc, exists) {
-                    return true;
+                    return HostUpdate::Skipped;
                 }
                 tracing::warn!(service = %logic::service_key(svc), %error, "load balancer host update failed");
                 self.event(
@@ -694,7 +904,7 @@ impl Inner {
                     "UpdateLoadBalancer",
                 );
                 self.metrics.nodesync_error_total.inc();
-                false
+                HostUpdate::Failed(error)
             }
         }
     }
@@ -737,15 +947,20 @@ impl Controller for ServiceController {
             tracing::info!(provider = %ctx.provider.name(), "provider has no load balancers; service controller not started");
             return Ok(());
         }
+        let metrics = ServiceMetrics::register(&ctx);
+        let slots = ctx.options.concurrent_service_syncs.max(1);
+        // The orphan scan's provider calls take a slot like a sync's (S29).
+        let cloud_slots = Arc::new(tokio::sync::Semaphore::new(slots));
+        let scan = tokio::spawn(scan_orphans_until_shutdown(ctx.clone(), metrics.clone(), cloud_slots.clone()));
         if let Some(comparer) = crate::controllers::shadow::Comparer::from_context(&ctx, NAME) {
             health.set_healthy();
             shadow::run(ctx, comparer).await;
+            let _ = scan.await;
             return Ok(());
         }
         let class = ctx.options.load_balancer_class.clone().filter(|c| !c.is_empty());
-        let slots = ctx.options.concurrent_service_syncs.max(1);
         let inner = Arc::new(Inner {
-            cloud_slots: tokio::sync::Semaphore::new(slots),
+            cloud_slots,
             finalizer: logic::cleanup_finalizer(class.as_deref()),
             also_unclassed: class.is_some() && ctx.options.handle_unclassed_services,
             class,
@@ -756,7 +971,9 @@ impl Controller for ServiceController {
             synced: Mutex::default(),
             node_pass_wanted: AtomicBool::new(false),
             node_pass: Notify::new(),
-            metrics: ServiceMetrics::register(&ctx),
+            metrics,
+            settled: Mutex::default(),
+            written: Mutex::default(),
             ctx: ctx.clone(),
         });
         let shutdown = ctx.shutdown.clone();
@@ -845,7 +1062,126 @@ impl Controller for ServiceController {
         }
         shutdown.cancelled().await;
         while tasks.join_next().await.is_some() {}
+        let _ = scan.await;
         Ok(())
+    }
+}
+
+/// S34, S35: scan the provider's own objects for orphans every `--orphan-scan-period` until
+/// shutdown (in shadow mode too, which never deletes), reporting each scan in the context's
+/// orphan record and the metrics. Stops at once when the provider cannot list its objects.
+async fn scan_orphans_until_shutdown(ctx: Context, metrics: ServiceMetrics, cloud_slots: Arc<tokio::sync::Semaphore>) {
+    let period = ctx.options.orphan_scan_period;
+    if period.is_zero() {
+        return;
+    }
+    tokio::select! {
+        _ = ctx.shutdown.cancelled() => return,
+        ok = caches_ready(&ctx.services) => if !ok { return },
+    }
+    let sweep = ctx.options.orphan_sweep && ctx.shadow.is_none();
+    let mut scanner = OrphanScanner::default();
+    loop {
+        if !scanner.scan(&ctx, &metrics, sweep, &cloud_slots).await {
+            return;
+        }
+        tokio::select! {
+            _ = ctx.shutdown.cancelled() => return,
+            _ = tokio::time::sleep(period) => {}
+        }
+    }
+}
+
+/// The orphan scan's state across scans.
+#[derive(Default)]
+struct OrphanScanner {
+    tracker: orphans::Tracker,
+    deleted: u64,
+    failed: u64,
+    /// Kinds ever counted, so a kind whose orphans are gone reads 0 instead of its last count.
+    kinds: std::collections::BTreeSet<String>,
+}
+
+impl OrphanScanner {
+    /// One scan; false when the provider cannot list its objects (no scan will help).
+    async fn scan(
+        &mut self,
+        ctx: &Context,
+        metrics: &ServiceMetrics,
+        sweep: bool,
+        cloud_slots: &tokio::sync::Semaphore,
+    ) -> bool {
+        let Some(lb) = ctx.provider.load_balancer() else { return false };
+        let cluster = ctx.options.cluster_name.as_str();
+        // The semaphore is never closed; if it were, the call would run without a slot.
+        let listed = {
+            let _slot = cloud_slots.acquire().await.ok();
+            lb.list_owned(cluster).await
+        };
+        let owned = match listed {
+            Ok(owned) => owned,
+            Err(CloudError::NotImplemented) => {
+                tracing::info!(provider = %ctx.provider.name(), "the provider does not list the objects it owns; no orphan report");
+                ctx.orphans.set(OrphanSummary::of(&[], false, sweep));
+                return false;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "could not list the cloud objects of this cluster; the orphan report waits for the next scan");
+                return true;
+            }
+        };
+        // Read after the listing: every object in it was made for a Service the cache held.
+        let is_orphan = |o: &OwnedObject| {
+            let owner = orphans::owner_key(o).and_then(|(ns, name)| ctx.services.get(Some(ns), name));
+            orphans::is_orphan(o, owner.as_deref(), |svc| lb.load_balancer_name(cluster, svc))
+        };
+        let mut found: Vec<OwnedObject> = owned.into_iter().filter(|o| is_orphan(o)).collect();
+        let due = self.tracker.observe(&found);
+        if sweep && !due.is_empty() {
+            // Once more right before deleting: a Service of that name may have come since.
+            let due: Vec<OwnedObject> = due.into_iter().filter(|o| is_orphan(o)).collect();
+            let results = {
+                let _slot = cloud_slots.acquire().await.ok();
+                lb.delete_owned(cluster, &due).await
+            };
+            for (object, result) in due.iter().zip(results) {
+                let outcome = match result {
+                    Ok(()) => {
+                        self.deleted += 1;
+                        self.tracker.forget(object);
+                        found.retain(|f| f != object);
+                        tracing::info!(kind = %object.kind, id = %object.id, service = ?object.service, "deleted an orphaned cloud object");
+                        "deleted"
+                    }
+                    Err(error) => {
+                        self.failed += 1;
+                        tracing::warn!(kind = %object.kind, id = %object.id, %error, "could not delete an orphaned cloud object; retrying on the next scan");
+                        "failed"
+                    }
+                };
+                let labels = SweepLabels { kind: object.kind.clone(), outcome: outcome.to_string() };
+                metrics.orphans_deleted.get_or_create(&labels).inc();
+            }
+        }
+        let mut summary = OrphanSummary::of(&found, true, sweep);
+        self.kinds.extend(summary.counts.keys().cloned());
+        for kind in &self.kinds {
+            let count = summary.counts.get(kind).copied().unwrap_or(0);
+            metrics
+                .orphans
+                .get_or_create(&KindLabel { kind: kind.clone() })
+                .set(i64::try_from(count).unwrap_or(i64::MAX));
+        }
+        if summary.total > 0 && !sweep {
+            tracing::debug!(
+                orphans = summary.total,
+                "orphaned cloud objects found; spec.orphans.sweep (--orphan-sweep) deletes them"
+            );
+        }
+        summary.deleted = self.deleted;
+        summary.failed = self.failed;
+        ctx.orphans.set(summary);
+        true
     }
 }
 

@@ -1,6 +1,7 @@
 //! A work queue of Service keys with client-go's guarantees: a key is handed to one worker at a
 //! time, a key added while it is being processed is processed again afterwards, delayed adds
-//! keep the earliest time, and failures back off exponentially per key.
+//! keep the earliest time, and failures back off exponentially per key: cloud failures from 5 s
+//! to 300 s, failed API writes on their own count from 200 ms to 5 s (S32).
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
@@ -11,7 +12,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::logic::backoff_delay;
+use super::logic::{api_backoff_delay, backoff_delay};
 
 /// Whether another party may work on a key right now (see [`WorkQueue::try_claim`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +33,8 @@ struct State {
     waiting: BinaryHeap<Reverse<(Instant, String)>>,
     ready_at: HashMap<String, Instant>,
     failures: HashMap<String, u32>,
+    /// S32: failed API writes since the last success, counted apart from `failures`.
+    api_failures: HashMap<String, u32>,
 }
 
 impl State {
@@ -125,9 +128,30 @@ impl WorkQueue {
         delay
     }
 
-    /// Reset the key's backoff.
+    /// S32: queue `key` after its next API back-off delay (200 ms, 400 ms, ... 5 s) and return
+    /// the delay. The cloud back-off's count is left as it is.
+    pub fn add_api_rate_limited(&self, key: impl Into<String>) -> Duration {
+        let key = key.into();
+        let delay = {
+            let mut state = self.lock();
+            let n = state.api_failures.entry(key.clone()).or_insert(0);
+            *n = n.saturating_add(1);
+            api_backoff_delay(*n)
+        };
+        self.add_after(key, delay);
+        delay
+    }
+
+    /// Reset the key's backoffs, the cloud's and the API's.
     pub fn forget(&self, key: &str) {
-        self.lock().failures.remove(key);
+        let mut state = self.lock();
+        state.failures.remove(key);
+        state.api_failures.remove(key);
+    }
+
+    /// How many API writes of the key failed since its last [`Self::forget`].
+    pub fn api_failures(&self, key: &str) -> u32 {
+        self.lock().api_failures.get(key).copied().unwrap_or(0)
     }
 
     /// How many failures the key has had since its last [`Self::forget`].
@@ -263,6 +287,29 @@ mod tests {
         assert_eq!(q.failures("a"), 2);
         q.forget("a");
         assert_eq!(q.add_rate_limited("a"), Duration::from_secs(5));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn s32_api_failures_back_off_on_their_own_and_never_lengthen_the_cloud_backoff() {
+        let q = WorkQueue::new();
+        let stop = CancellationToken::new();
+        assert_eq!(q.add_rate_limited("a"), Duration::from_secs(5));
+        assert_eq!(q.add_rate_limited("a"), Duration::from_secs(10));
+        // A long API outage: many failed writes.
+        let api: Vec<u128> = (0..10).map(|_| q.add_api_rate_limited("a").as_millis()).collect();
+        assert_eq!(&api[..6], [200, 400, 800, 1600, 3200, 5000]);
+        assert!(api.iter().all(|d| *d <= 5000), "{api:?}");
+        assert_eq!((q.failures("a"), q.api_failures("a")), (2, 10), "the cloud count is untouched");
+        // The key is due at the earliest time queued (the first API retry), not after 10 s.
+        let t0 = Instant::now();
+        assert_eq!(q.next(&stop).await.as_deref(), Some("a"));
+        assert!(Instant::now() - t0 <= Duration::from_millis(200));
+        q.done("a");
+        // The next cloud failure continues where the cloud left off.
+        assert_eq!(q.add_rate_limited("a"), Duration::from_secs(20));
+        q.forget("a");
+        assert_eq!((q.failures("a"), q.api_failures("a")), (0, 0));
+        assert_eq!(q.add_api_rate_limited("a"), Duration::from_millis(200));
     }
 
     #[tokio::test]

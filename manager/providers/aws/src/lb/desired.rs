@@ -118,10 +118,6 @@ impl Desired {
     }
 }
 
-fn invalid(annotation: &'static str, expected: &str) -> CloudError {
-    spec::refused_annotation(ann::AnnotationError::Invalid { annotation, expected: expected.into() })
-}
-
 /// The NLB health check upstream builds (`buildNLBHealthCheckConfiguration`): TCP on the
 /// traffic port every 30 s with thresholds 3 and 3; for `externalTrafficPolicy: Local` HTTP
 /// `/healthz` on the `healthCheckNodePort` every 10 s with 2 and 2; then the protocol, path and
@@ -161,7 +157,10 @@ pub fn health_spec(shape: &ServiceShape, probe: &ClusterProbe) -> Result<HealthS
         }
         HealthProtocol::Tcp => h.path.clear(),
         HealthProtocol::Ssl => {
-            return Err(invalid(ann::HC_PROTOCOL, "TCP, HTTP or HTTPS (Unsupported health check protocol SSL)"));
+            return Err(spec::refused_annotation(ann::upstream(
+                ann::HC_PROTOCOL,
+                "Unsupported health check protocol SSL",
+            )));
         }
     }
     if let Some(p) = a.port {
@@ -198,11 +197,10 @@ pub fn desired(service: &Service, cluster: &ClusterIdentity, probe: &ClusterProb
         && attrs.get("preserve_client_ip.enabled").is_some_and(|v| v == "false")
         && shape.all_ports.iter().any(|p| p.protocol == "UDP")
     {
-        return Err(spec::refused_annotation(ann::AnnotationError::Conflict {
-            annotation: ann::TARGET_GROUP_ATTRIBUTES,
-            reason: "error validating target group attributes: client IP preservation can't be disabled for UDP ports"
-                .into(),
-        }));
+        return Err(spec::refused_annotation(ann::upstream(
+            ann::TARGET_GROUP_ATTRIBUTES,
+            "error validating target group attributes: client IP preservation can't be disabled for UDP ports",
+        )));
     }
     let namespace = service.metadata.namespace.as_deref().unwrap_or("default");
     let name = service.metadata.name.as_deref().unwrap_or_default();

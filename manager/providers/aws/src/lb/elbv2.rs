@@ -147,11 +147,13 @@ impl AwsProvider {
         port: &DesiredPort,
         vpc: &str,
         existing: &[TgInfo],
+        listeners: &[ListenerInfo],
     ) -> CloudResult<String> {
         let elb = &self.clients().await?.elb;
         let h = &desired.health;
         let health_port = h.port_string();
-        if let Some(tg) = target_group_for(existing, port, h) {
+        let listener_kept = listeners.iter().any(|l| l.port == port.port && l.protocol == port.listener_protocol());
+        if let Some(tg) = target_group_for(existing, port, h, listener_kept) {
             if health_check_differs(tg, h) {
                 elb.modify_target_group()
                     .target_group_arn(&tg.arn)
@@ -326,14 +328,8 @@ impl AwsProvider {
         Ok(())
     }
 
-    /// Bring the load balancer's listeners to `wanted` (each port with its target group's ARN);
-    /// new listeners carry the load balancer's tags, as upstream's.
-    pub(super) async fn sync_listeners(
-        &self,
-        lb_arn: &str,
-        wanted: &[(DesiredPort, String)],
-        tags: &BTreeMap<String, String>,
-    ) -> CloudResult<()> {
+    /// The load balancer's listeners.
+    pub(super) async fn listeners_of(&self, lb_arn: &str) -> CloudResult<Vec<ListenerInfo>> {
         let elb = &self.clients().await?.elb;
         let r = elb
             .describe_listeners()
@@ -341,9 +337,21 @@ impl AwsProvider {
             .send()
             .await
             .map_err(self.elb_err("DescribeListeners"))?;
-        let existing: Vec<ListenerInfo> = r.listeners().iter().map(listener_info).collect();
+        Ok(r.listeners().iter().map(listener_info).collect())
+    }
+
+    /// Bring the load balancer's listeners (`existing`) to `wanted` (each port with its target
+    /// group's ARN); new listeners carry the load balancer's tags, as upstream's.
+    pub(super) async fn sync_listeners(
+        &self,
+        lb_arn: &str,
+        existing: &[ListenerInfo],
+        wanted: &[(DesiredPort, String)],
+        tags: &BTreeMap<String, String>,
+    ) -> CloudResult<()> {
+        let elb = &self.clients().await?.elb;
         let forward = |tg: &str| Action::builder().r#type(ActionTypeEnum::Forward).target_group_arn(tg).build();
-        for change in listener_changes(&existing, wanted) {
+        for change in listener_changes(existing, wanted) {
             match change {
                 ListenerChange::Modify { arn, port: p, target_group } => {
                     elb.modify_listener()

@@ -46,6 +46,7 @@ fn lb_info(lb: &aws_sdk_elasticloadbalancingv2::types::LoadBalancer) -> Option<L
 fn tg_info(tg: &aws_sdk_elasticloadbalancingv2::types::TargetGroup) -> TgInfo {
     TgInfo {
         arn: tg.target_group_arn().unwrap_or_default().to_string(),
+        name: tg.target_group_name().unwrap_or_default().to_string(),
         protocol: tg.protocol().map(|p| p.as_str().to_string()).unwrap_or_default(),
         port: tg.port().unwrap_or_default(),
         health_port: tg.health_check_port().unwrap_or_default().to_string(),

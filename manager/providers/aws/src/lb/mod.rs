@@ -94,12 +94,29 @@ impl LoadBalancer for AwsProvider {
         service: &Service,
     ) -> CloudResult<Option<LoadBalancerStatus>> {
         let cluster = self.cluster().await?.clone();
-        match ann::kind(service) {
-            LbKind::Elsewhere => Ok(None),
-            LbKind::Nlb => Ok(self.owned_lbs(&cluster, service).await?.first().map(|lb| status(&lb.dns))),
-            LbKind::Classic => {
-                let name = default_load_balancer_name(service);
-                Ok(self.classic_lb(&name, &cluster).await?.map(|lb| status(&lb.dns)))
+        let kind = ann::kind(service);
+        if kind == LbKind::Elsewhere {
+            return Ok(None);
+        }
+        // The kind the type annotation names first, then the other: after a type change (which
+        // is refused) the Service is still served by the load balancer it has, and deletion
+        // removes both kinds.
+        let nlb = || async {
+            Ok::<_, CloudError>(self.owned_lbs(&cluster, service).await?.first().map(|lb| status(&lb.dns)))
+        };
+        let classic = || async {
+            let name = default_load_balancer_name(service);
+            Ok::<_, CloudError>(self.classic_lb(&name, &cluster).await?.map(|lb| status(&lb.dns)))
+        };
+        if kind == LbKind::Nlb {
+            match nlb().await? {
+                Some(found) => Ok(Some(found)),
+                None => classic().await,
+            }
+        } else {
+            match classic().await? {
+                Some(found) => Ok(Some(found)),
+                None => nlb().await,
             }
         }
     }

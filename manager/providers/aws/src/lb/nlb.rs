@@ -171,14 +171,15 @@ impl AwsProvider {
                 .map_err(self.elb_err("SetIpAddressType"))?;
         }
         self.sync_lb_attributes(&lb.arn, &desired).await?;
+        let listeners = self.listeners_of(&lb.arn).await?;
         let mut wanted = Vec::new();
         for port in &desired.ports {
-            let arn = self.ensure_tg(&desired, port, &vpc, &tgs).await?;
+            let arn = self.ensure_tg(&desired, port, &vpc, &tgs, &listeners).await?;
             self.sync_tg_attributes(&arn, &desired).await?;
             self.sync_targets(&arn, port.node_port, &instances).await?;
             wanted.push((port.clone(), arn));
         }
-        self.sync_listeners(&lb.arn, &wanted, &desired.tags).await?;
+        self.sync_listeners(&lb.arn, &listeners, &wanted, &desired.tags).await?;
         let keep: BTreeSet<&str> = wanted.iter().map(|(_, a)| a.as_str()).collect();
         for tg in tgs.iter().filter(|t| !keep.contains(t.arn.as_str())) {
             if !self.delete_tg(&tg.arn).await? {

@@ -53,6 +53,8 @@ pub(super) struct LbInfo {
 pub(super) struct TgInfo {
     /// Its ARN.
     pub(super) arn: String,
+    /// Its name.
+    pub(super) name: String,
     /// Its protocol (`TCP`, `UDP`, `TLS`).
     pub(super) protocol: String,
     /// Its port (the nodePort).
@@ -164,15 +166,24 @@ pub(super) fn fixed_changes(lb: &LbInfo, desired: &Desired, subnets: Option<&BTr
     out
 }
 
-/// The existing target group that serves `port` (upstream's rule: the one on its nodePort,
-/// unless its protocol, health-check protocol or interval differ, which upstream fixes with a
-/// new target group).
-pub(super) fn target_group_for<'a>(existing: &'a [TgInfo], port: &DesiredPort, h: &HealthSpec) -> Option<&'a TgInfo> {
+/// The existing target group that serves `port`, upstream's way. When the load balancer has a
+/// listener on the port with the protocol it should have (`listener_kept`): the target group
+/// on its nodePort, unless its protocol, health-check protocol or interval differ, which
+/// upstream fixes with a new target group. Otherwise upstream makes the listener with the
+/// target group of the port's own name (`CreateTargetGroup` answers an existing one of that
+/// name), so only that one serves.
+pub(super) fn target_group_for<'a>(
+    existing: &'a [TgInfo],
+    port: &DesiredPort,
+    h: &HealthSpec,
+    listener_kept: bool,
+) -> Option<&'a TgInfo> {
     existing.iter().find(|t| {
         t.port == port.node_port
             && t.protocol == port.protocol
             && t.health_protocol.eq_ignore_ascii_case(h.protocol.as_str())
             && t.health_timing.0 == h.interval
+            && (listener_kept || t.name == port.target_group)
     })
 }
 
@@ -370,6 +381,7 @@ mod tests {
         let h = &des.health;
         let tg = TgInfo {
             arn: "tg".into(),
+            name: "k8s-other-name".into(),
             protocol: "TCP".into(),
             port: 30080,
             health_port: "traffic-port".into(),
@@ -379,15 +391,21 @@ mod tests {
             lb_arns: Vec::new(),
         };
         let port = &des.ports[0];
-        assert!(target_group_for(std::slice::from_ref(&tg), port, h).is_some());
+        assert!(target_group_for(std::slice::from_ref(&tg), port, h, true).is_some());
+        assert!(
+            target_group_for(std::slice::from_ref(&tg), port, h, false).is_none(),
+            "a new listener takes the target group of its own name, as upstream"
+        );
+        let named = TgInfo { name: port.target_group.clone(), ..tg.clone() };
+        assert!(target_group_for(std::slice::from_ref(&named), port, h, false).is_some());
         assert!(!health_check_differs(&tg, h), "upstream's target group, AWS's timeout: unchanged");
         assert!(health_check_differs(&TgInfo { health_timing: (30, 10, 2, 3), ..tg.clone() }, h));
         assert!(health_check_differs(&TgInfo { health_port: "8080".into(), ..tg.clone() }, h));
         let timed = HealthSpec { timeout: Some(6), ..h.clone() };
         assert!(health_check_differs(&tg, &timed), "an annotated timeout is set");
-        assert!(target_group_for(&[TgInfo { health_timing: (10, 10, 3, 3), ..tg.clone() }], port, h).is_none());
-        assert!(target_group_for(&[TgInfo { health_protocol: "HTTP".into(), ..tg.clone() }], port, h).is_none());
-        assert!(target_group_for(&[TgInfo { protocol: "UDP".into(), ..tg }], port, h).is_none());
+        assert!(target_group_for(&[TgInfo { health_timing: (10, 10, 3, 3), ..tg.clone() }], port, h, true).is_none());
+        assert!(target_group_for(&[TgInfo { health_protocol: "HTTP".into(), ..tg.clone() }], port, h, true).is_none());
+        assert!(target_group_for(&[TgInfo { protocol: "UDP".into(), ..tg }], port, h, true).is_none());
     }
 
     #[test]

@@ -144,10 +144,10 @@ pub fn subnet_mappings(
         .collect();
     if !a.eip_allocations.is_empty() {
         if a.eip_allocations.len() != subnets.len() {
-            return Err(ann::AnnotationError::Conflict {
-                annotation: ann::EIP_ALLOCATIONS,
-                reason: format!("one per subnet: {} given for {} subnets", a.eip_allocations.len(), subnets.len()),
-            });
+            return Err(ann::upstream(
+                ann::EIP_ALLOCATIONS,
+                ann::count_message("EIP AllocationIDs", a.eip_allocations.len(), subnets.len()),
+            ));
         }
         for (m, e) in out.iter_mut().zip(&a.eip_allocations) {
             m.allocation_id = Some(e.clone());
@@ -155,10 +155,10 @@ pub fn subnet_mappings(
     }
     if !a.private_ipv4.is_empty() {
         if a.private_ipv4.len() != subnets.len() {
-            return Err(ann::AnnotationError::Conflict {
-                annotation: ann::PRIVATE_IPV4,
-                reason: format!("one per subnet: {} given for {} subnets", a.private_ipv4.len(), subnets.len()),
-            });
+            return Err(ann::upstream(
+                ann::PRIVATE_IPV4,
+                ann::count_message("Private IPv4Addresses", a.private_ipv4.len(), subnets.len()),
+            ));
         }
         for ip in &a.private_ipv4 {
             let slot = subnets

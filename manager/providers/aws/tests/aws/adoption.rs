@@ -410,8 +410,11 @@ async fn adopting_load_balancers_upstream_made_for_unchanged_services_makes_no_m
     }
     let calls = actions_since(&proxy, from);
     let writes = mutating(&calls);
-    println!(
-        "takeover of {} load balancers upstream made: {} calls, mutating {writes:?}, hostnames changed {changed:?}",
+    // Straight to stderr (libtest captures `println!` and `eprintln!`): the CI log shows it.
+    use std::io::Write as _;
+    let _ = writeln!(
+        std::io::stderr(),
+        "adoption of {} load balancers made as upstream makes them: {} calls, mutating {writes:?}, hostnames changed {changed:?}",
         services.len(),
         calls.values().sum::<usize>()
     );

@@ -2,7 +2,6 @@
 
 use crate::kit::*;
 
-
 /// 1,000 instances in moto, 1,000 Nodes registered at once: how many `DescribeInstances` calls
 /// and how long until every Node is initialized. On the genuine kube-apiserver when
 /// `CCM_TEST_ASSETS` is set, else on the local one. Asserts only that all Nodes are

@@ -340,9 +340,7 @@ pub(crate) fn all() -> Vec<Case> {
             .ann(a::HC_HEALTHY, "5")
             .ann(a::HC_UNHEALTHY, "4"),
         C::service("nlb-hc-timeout", "healthcheck-timeout").nlb().ann(a::HC_TIMEOUT, "6"),
-        C::service("nlb-local", "externalTrafficPolicy: Local: HTTP /healthz on healthCheckNodePort")
-            .nlb()
-            .spec(local),
+        C::service("nlb-local", "externalTrafficPolicy: Local: HTTP /healthz on healthCheckNodePort").nlb().spec(local),
         C::service("nlb-local-traffic-port", "Local with healthcheck-port: traffic-port")
             .nlb()
             .spec(local)
@@ -368,15 +366,15 @@ pub(crate) fn all() -> Vec<Case> {
             .nlb()
             .ann(a::SUBNETS, "a-elb,b-elb")
             .ann(a::EIP_ALLOCATIONS, "{eip 0},{eip 1}"),
-        C::service("nlb-eips-count", "eip-allocations not matching the subnets").nlb().ann(a::EIP_ALLOCATIONS, "{eip 2}"),
+        C::service("nlb-eips-count", "eip-allocations not matching the subnets")
+            .nlb()
+            .ann(a::EIP_ALLOCATIONS, "{eip 2}"),
         C::service("nlb-private-ips", "private-ipv4-addresses on an internal NLB")
             .nlb()
             .ann(a::INTERNAL, "true")
             .ann(a::SUBNETS, "a-private,e-private")
             .ann(a::PRIVATE_IPV4, "10.0.12.10,10.0.5.10"),
-        C::service("nlb-namespaced-long-name", "target-group name from a namespace and a long name")
-            .nlb()
-            .ns("team-a"),
+        C::service("nlb-namespaced-long-name", "target-group name from a namespace and a long name").nlb().ns("team-a"),
         // ---- refused, or left to others
         C::service("nlb-byo-sg", "security-groups on an NLB is refused").nlb().ann(a::SECURITY_GROUPS, "{sg byo-1}"),
         C::service("nlb-extra-sg", "extra-security-groups on an NLB is refused")
@@ -392,7 +390,9 @@ pub(crate) fn all() -> Vec<Case> {
             .nlb()
             .port("UDP", 53)
             .ann(a::TARGET_GROUP_ATTRIBUTES, "preserve_client_ip.enabled=false"),
-        C::service("type-external", "type external: the AWS Load Balancer Controller's").ann(a::TYPE, "external").ignored(),
+        C::service("type-external", "type external: the AWS Load Balancer Controller's")
+            .ann(a::TYPE, "external")
+            .ignored(),
         C::service("type-nlb-ip", "type nlb-ip: the AWS Load Balancer Controller's").ann(a::TYPE, "nlb-ip").ignored(),
         C::service("type-upper-nlb", "type NLB (not exactly nlb) is a Classic ELB").ann(a::TYPE, "NLB"),
         // ---- Classic ELBs
@@ -444,8 +444,10 @@ pub(crate) fn all() -> Vec<Case> {
             .ann(a::HC_PORT, "traffic-port"),
         C::service("classic-extra-tags", "additional-resource-tags on the ELB and its group")
             .ann(a::EXTRA_TAGS, "team=web,env=prod"),
-        C::service("classic-byo-sg", "security-groups: the ELB's groups instead of k8s-elb").ann(a::SECURITY_GROUPS, "{sg byo-1}"),
-        C::service("classic-extra-sg", "extra-security-groups beside k8s-elb").ann(a::EXTRA_SECURITY_GROUPS, "{sg byo-2}"),
+        C::service("classic-byo-sg", "security-groups: the ELB's groups instead of k8s-elb")
+            .ann(a::SECURITY_GROUPS, "{sg byo-1}"),
+        C::service("classic-extra-sg", "extra-security-groups beside k8s-elb")
+            .ann(a::EXTRA_SECURITY_GROUPS, "{sg byo-2}"),
         C::service("classic-subnets", "subnets by name and ID").ann(a::SUBNETS, "a-elb,{subnet c-untagged}"),
         C::service("classic-node-labels", "target-node-labels").ann(a::TARGET_NODE_LABELS, "pool=blue"),
         C::service("classic-udp", "UDP on a Classic ELB is refused").port("UDP", 53),
@@ -481,7 +483,12 @@ pub(crate) fn all() -> Vec<Case> {
         node("node-added", "node n4", "a Node added in phase two: a target of every load balancer"),
         node("node-terminated", "node n5", "an instance terminated in phase two: its NotReady Node deleted"),
         node("node-untagged-instance", "node {n6 dns}", "an instance without the cluster tag, named by DNS name"),
-        Case { id: "world", config: Config::Default, covers: "rules no one load balancer owns (path MTU)", kind: Kind::World },
+        Case {
+            id: "world",
+            config: Config::Default,
+            covers: "rules no one load balancer owns (path MTU)",
+            kind: Kind::World,
+        },
         // ---- NLBSecurityGroupMode = Managed, ElbSecurityGroup, Shared probe mode
         C::service("modes-nlb", "Managed: a new NLB gets its own group, named as upstream").nlb().modes(),
         C::service("modes-nlb-ranges", "Managed: the group admits the source ranges").nlb().spec(ranges).modes(),
@@ -551,6 +558,8 @@ pub(crate) fn nodes(config: Config) -> Vec<NodeDef> {
             n("n5", true, &[], NodePhase::Terminated),
             n("n6", false, &[(EXCLUDE, "true")], NodePhase::Always),
         ],
-        Config::Modes => vec![n("n0", true, &[], NodePhase::Always), n("n2", true, &[("pool", "blue")], NodePhase::Always)],
+        Config::Modes => {
+            vec![n("n0", true, &[], NodePhase::Always), n("n2", true, &[("pool", "blue")], NodePhase::Always)]
+        }
     }
 }

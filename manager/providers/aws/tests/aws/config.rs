@@ -236,6 +236,15 @@ async fn without_a_configured_cluster_id_the_managers_instance_tags_give_it_or_i
     let c = direct.clients().await.unwrap().clone();
     let w = seed(&c).await;
     let inst = launch(&c, &w, 2).await;
+    // Both without `launch`'s cluster tag; the first tagged for another ID.
+    c.ec2
+        .delete_tags()
+        .resources(&inst[0].0)
+        .resources(&inst[1].0)
+        .tags(ec2::types::Tag::builder().key(format!("kubernetes.io/cluster/{CLUSTER}")).build())
+        .send()
+        .await
+        .unwrap();
     c.ec2
         .create_tags()
         .resources(&inst[0].0)

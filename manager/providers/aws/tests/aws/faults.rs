@@ -350,7 +350,7 @@ testkit::backend_tests! {
         env.services().create(&PostParams::default(), &lb_service("web", &[(80, 30080), (443, 30443)])).await.unwrap();
         eventually(|| async {
             env.services().get("web").await.ok().filter(|s| {
-                s.status.as_ref().and_then(|st| st.load_balancer.as_ref()).and_then(|lb| lb.ingress.as_ref()).is_some()
+                s.status.as_ref().and_then(|st| st.load_balancer.as_ref()).and_then(|lb| lb.ingress.as_ref()).is_some_and(|i| !i.is_empty())
             })
         })
         .await;

@@ -21,7 +21,9 @@ pub(crate) use ccm_provider_aws::annotations;
 pub(crate) use ccm_provider_aws::config::AwsConfig;
 pub(crate) use ccm_provider_aws::sdk::ec2;
 pub(crate) use ccm_provider_aws::{AwsOptions, AwsProvider, Clients};
-pub(crate) use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus, Service, ServicePort, ServiceSpec, Taint};
+pub(crate) use k8s_openapi::api::core::v1::{
+    Node, NodeCondition, NodeSpec, NodeStatus, Service, ServicePort, ServiceSpec, Taint,
+};
 pub(crate) use k8s_openapi::api::events::v1::Event;
 pub(crate) use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 pub(crate) use serde_json::json;
@@ -154,8 +156,10 @@ pub(crate) async fn main_table(c: &Clients, vpc: &str) -> String {
     t.route_tables()[0].route_table_id().unwrap().to_string()
 }
 
-/// (instance ID, private DNS name) of `n` new instances.
+/// (instance ID, private DNS name) of `n` new instances, tagged for the cluster as a cluster's
+/// instances are (a Node named by DNS name needs the tag, as upstream).
 pub(crate) async fn launch(c: &Clients, w: &World, n: i32) -> Vec<(String, String)> {
+    let cluster_tag = format!("kubernetes.io/cluster/{CLUSTER}");
     let r = c
         .ec2
         .run_instances()
@@ -165,6 +169,7 @@ pub(crate) async fn launch(c: &Clients, w: &World, n: i32) -> Vec<(String, Strin
         .max_count(n)
         .subnet_id(&w.subnets[0])
         .security_group_ids(&w.sg)
+        .tag_specifications(tags_spec(ec2::types::ResourceType::Instance, &[(&cluster_tag, "owned")]))
         .send()
         .await
         .unwrap();
@@ -396,7 +401,7 @@ pub(crate) async fn condition(
         let c = s
             .status
             .and_then(|st| st.conditions)
-            .and_then(|cs| cs.into_iter().find(|c| c.type_ == service_condition::CONDITION_TYPE));
+            .and_then(|cs| cs.into_iter().find(|c| c.type_ == service_condition::LEGACY));
         match (reason, c) {
             (Some(r), Some(c)) if c.reason == r => Some(Some(c)),
             (None, None) => Some(None),
@@ -535,7 +540,8 @@ pub(crate) async fn acm_certificate(port: u16) -> String {
 /// protocol, certificate and policy.
 /// A target group: (protocol, health (protocol, port, path, interval, timeout, healthy,
 /// unhealthy), attributes, targets).
-pub(crate) type TgDetail = (String, (String, String, String, i32, i32, i32, i32), BTreeMap<String, String>, BTreeSet<String>);
+pub(crate) type TgDetail =
+    (String, (String, String, String, i32, i32, i32, i32), BTreeMap<String, String>, BTreeSet<String>);
 
 #[derive(Debug, Default)]
 pub(crate) struct NlbDetail {

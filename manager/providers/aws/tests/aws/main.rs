@@ -11,6 +11,14 @@
 //! - `faults`: kills at every request, throttling, security-group modes.
 //! - `adoption`: load balancers made by hand as upstream makes them, adopted quietly.
 //! - `bench`: benchmarks, ignored unless asked for.
+//!
+//! Against upstream cloud-provider-aws v1.36.1's own binary (skipped without it, see `upstream`):
+//!
+//! - `upstream`: the binary, unpacked from `../shared/upstream-aws` (or `CCM_UPSTREAM_AWS`) and run.
+//! - `world`: the VPC both managers share (subnets, groups, instances), seeded alike.
+//! - `cases`: the differential suite's cases; `snapshot`: what a side left, normalised.
+//! - `differential`: every case through both managers, compared field by field.
+//! - `takeover`: upstream's load balancers taken over by ours with no mutating call, and handed back.
 
 #[path = "../support/moto.rs"]
 mod moto;
@@ -33,3 +41,4 @@ mod faults;
 mod nlb;
 mod nodes;
 mod routes;
+mod takeover;

@@ -12,10 +12,12 @@ testkit::backend_tests! {
         let zones = c.ec2.describe_availability_zones().zone_names(ZONE).send().await.unwrap();
         let zone_id = zones.availability_zones()[0].zone_id().unwrap().to_string();
         let env = Env::start(backend, p.clone(), options()).await;
-        env.run(Box::new(NodeController::new()));
+        // All three exist before the controller starts, so its first pass sees them together
+        // (created one by one while it runs, they could fall in separate batching windows).
         for (_, dns) in &instances {
             env.create_node(node(dns, None, None, uninitialized())).await;
         }
+        env.run(Box::new(NodeController::new()));
         for (id, dns) in &instances {
             let n = eventually(|| async { env.nodes().get(dns).await.ok().filter(|n| !has_taint(n, TAINT_UNINITIALIZED)) })
                 .await;
@@ -124,4 +126,34 @@ async fn zone_id_as_zone_puts_the_zone_id_in_the_zone_label() {
     assert_eq!(md.zone, zone_id);
     assert_eq!(md.additional_labels.get(ccm_provider_aws::LABEL_ZONE_ID), Some(&zone_id));
     assert_eq!(md.provider_id, pid(&id), "the providerID keeps the zone name");
+}
+
+#[tokio::test]
+async fn a_node_named_by_dns_name_is_initialized_only_from_an_instance_tagged_for_the_cluster_as_upstream() {
+    let Some(moto) = Moto::start("dns_name_needs_the_cluster_tag").await else { return };
+    let p = provider(&moto.url);
+    let c = p.clients().await.unwrap().clone();
+    let w = seed(&c).await;
+    let instances = launch(&c, &w, 3).await;
+    let key = format!("kubernetes.io/cluster/{CLUSTER}");
+    // One untagged, one with only the legacy tag (which counts, as upstream's hasClusterTag).
+    c.ec2
+        .delete_tags()
+        .resources(&instances[1].0)
+        .resources(&instances[2].0)
+        .tags(ec2::types::Tag::builder().key(&key).build())
+        .send()
+        .await
+        .unwrap();
+    c.ec2.create_tags().resources(&instances[2].0).tags(tag("KubernetesCluster", CLUSTER)).send().await.unwrap();
+    let by_name: Vec<Node> = instances.iter().map(|(_, dns)| node(dns, None, None, vec![])).collect();
+    let refs: Vec<&Node> = by_name.iter().collect();
+    let found = p.instances_metadata(&refs).await;
+    assert_eq!(found[0].as_ref().unwrap().as_ref().map(|m| m.provider_id.clone()), Some(pid(&instances[0].0)));
+    assert!(matches!(found[1], Ok(None)), "an untagged instance is not the Node's (DNS names repeat across VPCs)");
+    assert_eq!(found[2].as_ref().unwrap().as_ref().map(|m| m.provider_id.clone()), Some(pid(&instances[2].0)));
+    // By providerID no tag is needed; and the untagged instance still exists for the lifecycle.
+    let by_id = node(&instances[1].1, Some(&pid(&instances[1].0)), None, vec![]);
+    assert!(p.instance_metadata(&by_id).await.unwrap().is_some());
+    assert_eq!(p.instance_exists(&by_name[1]).await, Ok(true), "never reported gone");
 }

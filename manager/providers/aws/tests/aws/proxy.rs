@@ -129,7 +129,6 @@ pub(crate) async fn managed_sgs(c: &Clients) -> BTreeSet<String> {
         .collect()
 }
 
-
 /// moto with the world seeded, `count` instances as Ready Nodes, and a fault proxy in front.
 pub(crate) struct Seeded {
     pub(crate) moto: Moto,

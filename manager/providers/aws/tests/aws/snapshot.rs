@@ -91,7 +91,11 @@ async fn cluster(client: &kube::Client) -> Cluster {
 }
 
 fn owner_of(svc: &Service) -> String {
-    format!("{}/{}", svc.metadata.namespace.as_deref().unwrap_or_default(), svc.metadata.name.as_deref().unwrap_or_default())
+    format!(
+        "{}/{}",
+        svc.metadata.namespace.as_deref().unwrap_or_default(),
+        svc.metadata.name.as_deref().unwrap_or_default()
+    )
 }
 
 /// Every ELBv2 load balancer (all pages).
@@ -128,7 +132,10 @@ async fn v2_tags(c: &Clients, arns: &[String]) -> BTreeMap<String, BTreeMap<Stri
         for d in r.tag_descriptions() {
             out.insert(
                 d.resource_arn().unwrap_or_default().to_string(),
-                d.tags().iter().map(|t| (t.key().unwrap_or_default().into(), t.value().unwrap_or_default().into())).collect(),
+                d.tags()
+                    .iter()
+                    .map(|t| (t.key().unwrap_or_default().into(), t.value().unwrap_or_default().into()))
+                    .collect(),
             );
         }
     }
@@ -150,7 +157,7 @@ async fn classic_load_balancers(c: &Clients) -> Vec<classic::types::LoadBalancer
 
 /// Reads one side: `c` talks to its moto directly (not through a counting proxy), `client` to
 /// its API server. `w` names the seeded objects.
-pub(crate) async fn read(c: &Clients, client: &kube::Client, w: &Seeded) -> Fields {
+pub(crate) async fn read(c: &Clients, client: &kube::Client, w: &Seeded, known: &[Service]) -> Fields {
     let k = cluster(client).await;
     let lbs = v2_load_balancers(c).await;
     let tgs = v2_target_groups(c).await;
@@ -167,28 +174,43 @@ pub(crate) async fn read(c: &Clients, client: &kube::Client, w: &Seeded) -> Fiel
         names.add(i.private_dns.clone(), format!("{{{} dns}}", i.name));
     }
     let mut owners: BTreeMap<String, String> = BTreeMap::new(); // load-balancer name -> owner
-    for s in &k.services {
+    // Services deleted since (`known`) still name what they left.
+    let present: BTreeSet<Option<&String>> = k.services.iter().map(|s| s.metadata.uid.as_ref()).collect();
+    let gone = known.iter().filter(|s| !present.contains(&s.metadata.uid.as_ref()));
+    for s in k.services.iter().chain(gone) {
         let owner = owner_of(s);
         let lb = ccm_framework::provider::default_load_balancer_name(s);
         names.add(lb.clone(), format!("{{lb {owner}}}"));
         owners.insert(lb, owner.clone());
         let (ns, name) = owner.split_once('/').unwrap();
         let uid = s.metadata.uid.as_deref().unwrap_or_default();
-        names.add(ccm_provider_aws::lb::managed_group_name(CLUSTER_NAME, ns, name, uid), format!("{{managed-sg {owner}}}"));
+        names.add(
+            ccm_provider_aws::lb::managed_group_name(CLUSTER_NAME, ns, name, uid),
+            format!("{{managed-sg {owner}}}"),
+        );
     }
     for lb in &lbs {
         let name = lb.load_balancer_name().unwrap_or_default();
         names.add(lb.load_balancer_arn().unwrap_or_default(), format!("{{arn {name}}}"));
     }
     for tg in &tgs {
-        names.add(tg.target_group_arn().unwrap_or_default(), format!("{{tg {}}}", tg.target_group_name().unwrap_or_default()));
+        names.add(
+            tg.target_group_arn().unwrap_or_default(),
+            format!("{{tg {}}}", tg.target_group_name().unwrap_or_default()),
+        );
     }
+    names.finish();
+    // Groups the managers made, named by their names with the load-balancer names replaced.
     let seeded: BTreeSet<&str> = w.groups.values().map(String::as_str).collect();
+    let mut made_groups = Vec::new();
     for g in &groups {
         let id = g.group_id().unwrap_or_default();
         if !seeded.contains(id) {
-            names.add(id, format!("{{sg {}}}", g.group_name().unwrap_or_default()));
+            made_groups.push((id.to_string(), format!("{{sg {}}}", names.apply(g.group_name().unwrap_or_default()))));
         }
+    }
+    for (id, name) in made_groups {
+        names.add(id, name);
     }
     names.finish();
     let mut out = Out { fields: Fields::new(), names: &names };
@@ -200,7 +222,11 @@ pub(crate) async fn read(c: &Clients, client: &kube::Client, w: &Seeded) -> Fiel
         let owner = owner_of(s);
         let ingress = s.status.as_ref().and_then(|st| st.load_balancer.as_ref()).and_then(|lb| lb.ingress.clone());
         let hosts = ingress.unwrap_or_default().into_iter().map(|i| {
-            format!("{}{}", i.hostname.clone().unwrap_or_default(), i.ip.clone().map(|ip| format!(" ip {ip}")).unwrap_or_default())
+            format!(
+                "{}{}",
+                i.hostname.clone().unwrap_or_default(),
+                i.ip.clone().map(|ip| format!(" ip {ip}")).unwrap_or_default()
+            )
         });
         out.put(&owner, "status.ingress", join(hosts));
         out.put(&owner, "finalizers", join(s.metadata.finalizers.clone().unwrap_or_default()));
@@ -218,10 +244,13 @@ pub(crate) async fn read(c: &Clients, client: &kube::Client, w: &Seeded) -> Fiel
                 .or(e.first_timestamp.as_ref().map(|t| t.0))
         };
         let last = |reasons: &[&str]| {
-            mine.iter().filter(|e| reasons.contains(&e.reason.as_deref().unwrap_or_default())).max_by_key(|e| time(e)).copied()
+            mine.iter()
+                .filter(|e| reasons.contains(&e.reason.as_deref().unwrap_or_default()))
+                .max_by_key(|e| time(e))
+                .copied()
         };
         let failed = last(&["SyncLoadBalancerFailed"]);
-        let ok = last(&["EnsuredLoadBalancer", "UpdatedLoadBalancer"]);
+        let ok = last(&["EnsuredLoadBalancer"]);
         if let Some(f) = failed
             && ok.is_none_or(|ok| time(f) >= time(ok))
         {
@@ -261,14 +290,20 @@ pub(crate) async fn read(c: &Clients, client: &kube::Client, w: &Seeded) -> Fiel
             let addresses = z
                 .load_balancer_addresses()
                 .iter()
-                .map(|a| format!("{}{}", a.allocation_id().unwrap_or_default(), a.private_ipv4_address().unwrap_or_default()))
+                .map(|a| {
+                    format!("{}{}", a.allocation_id().unwrap_or_default(), a.private_ipv4_address().unwrap_or_default())
+                })
                 .collect::<Vec<_>>()
                 .join("+");
-            format!("{}{}", z.subnet_id().unwrap_or_default(), if addresses.is_empty() { String::new() } else { format!("={addresses}") })
+            format!(
+                "{}{}",
+                z.subnet_id().unwrap_or_default(),
+                if addresses.is_empty() { String::new() } else { format!("={addresses}") }
+            )
         });
         out.put(&owner, format!("{p}.subnets"), join(zones.map(|s| names.apply(&s))));
         out.put(&owner, format!("{p}.security_groups"), lb.security_groups().join(","));
-        for g in lb.security_groups() {
+        for g in lb.security_groups().iter().filter(|g| !seeded.contains(g.as_str())) {
             group_owner.insert(g.clone(), owner.clone());
         }
         for (key, value) in tags.get(arn).cloned().unwrap_or_default() {
@@ -290,13 +325,28 @@ pub(crate) async fn read(c: &Clients, client: &kube::Client, w: &Seeded) -> Fiel
             join(l.certificates().iter().map(|c| c.certificate_arn().unwrap_or_default().to_string())),
         );
         let actions = l.default_actions().iter().map(|a| {
-            format!("{}:{}", a.r#type().map(|t| t.as_str()).unwrap_or_default(), a.target_group_arn().unwrap_or_default())
+            format!(
+                "{}:{}",
+                a.r#type().map(|t| t.as_str()).unwrap_or_default(),
+                a.target_group_arn().unwrap_or_default()
+            )
         });
         out.put(&owner, format!("{p}.default_actions"), actions.collect::<Vec<_>>().join(","));
         for (key, value) in tags.get(l.listener_arn().unwrap_or_default()).cloned().unwrap_or_default() {
             out.put(&owner, format!("{p}.tag[{key}]"), value);
         }
     }
+    // Health-check ports several load balancers check (kube-proxy's, in `Shared` mode): one
+    // rule per source serves them all, named after whichever load balancer made it first.
+    let mut health_port_owners: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for tg in &tgs {
+        let arn = tg.target_group_arn().unwrap_or_default();
+        if let Some(port) = tg.health_check_port().filter(|p| p.parse::<u16>().is_ok()) {
+            health_port_owners.entry(port.to_string()).or_default().insert(tag_owner(arn));
+        }
+    }
+    let shared_health: BTreeSet<String> =
+        health_port_owners.into_iter().filter(|(_, o)| o.len() > 1).map(|(p, _)| p).collect();
     for tg in &tgs {
         let arn = tg.target_group_arn().unwrap_or_default();
         let owner = tag_owner(arn);
@@ -323,20 +373,25 @@ pub(crate) async fn read(c: &Clients, client: &kube::Client, w: &Seeded) -> Fiel
         }
         if let Ok(a) = c.elb.describe_target_group_attributes().target_group_arn(arn).send().await {
             for a in a.attributes() {
-                out.put(&owner, format!("{p}.attribute[{}]", a.key().unwrap_or_default()), a.value().unwrap_or_default());
+                out.put(
+                    &owner,
+                    format!("{p}.attribute[{}]", a.key().unwrap_or_default()),
+                    a.value().unwrap_or_default(),
+                );
             }
         }
         if let Ok(h) = c.elb.describe_target_health().target_group_arn(arn).send().await {
-            let targets = h.target_health_descriptions().iter().filter_map(|d| d.target()).map(|t| {
-                names.apply(&format!("{}:{}", t.id().unwrap_or_default(), t.port().unwrap_or_default()))
-            });
+            let targets = h
+                .target_health_descriptions()
+                .iter()
+                .filter_map(|d| d.target())
+                .map(|t| names.apply(&format!("{}:{}", t.id().unwrap_or_default(), t.port().unwrap_or_default())));
             out.put(&owner, format!("{p}.targets"), join(targets));
         }
     }
 
     // --- Classic ELBs
-    let classic_names: Vec<String> =
-        classics.iter().filter_map(|l| l.load_balancer_name().map(String::from)).collect();
+    let classic_names: Vec<String> = classics.iter().filter_map(|l| l.load_balancer_name().map(String::from)).collect();
     let mut classic_tags: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
     for chunk in classic_names.chunks(20) {
         let r = c.classic.describe_tags().set_load_balancer_names(Some(chunk.to_vec())).send().await.unwrap();
@@ -358,14 +413,13 @@ pub(crate) async fn read(c: &Clients, client: &kube::Client, w: &Seeded) -> Fiel
         out.put(&owner, format!("{p}.subnets"), join(lb.subnets().iter().map(|s| names.apply(s))));
         out.put(&owner, format!("{p}.availability_zones"), join(lb.availability_zones().iter().cloned()));
         out.put(&owner, format!("{p}.security_groups"), lb.security_groups().join(","));
-        for g in lb.security_groups() {
+        for g in lb.security_groups().iter().filter(|g| !seeded.contains(g.as_str())) {
             group_owner.insert(g.clone(), owner.clone());
         }
-        out.put(
-            &owner,
-            format!("{p}.instances"),
-            join(lb.instances().iter().map(|i| names.apply(i.instance_id().unwrap_or_default()))),
-        );
+        // A set, as AWS keeps it: moto lists an instance once per registration.
+        let instances: BTreeSet<String> =
+            lb.instances().iter().map(|i| names.apply(i.instance_id().unwrap_or_default())).collect();
+        out.put(&owner, format!("{p}.instances"), join(instances));
         for d in lb.listener_descriptions() {
             let Some(l) = d.listener() else { continue };
             let lp = format!("{p}.listener {}", l.load_balancer_port());
@@ -435,10 +489,9 @@ pub(crate) async fn read(c: &Clients, client: &kube::Client, w: &Seeded) -> Fiel
         }
         if let Ok(r) = c.classic.describe_load_balancer_policies().load_balancer_name(name).send().await {
             for pol in r.policy_descriptions() {
-                let attrs = pol
-                    .policy_attribute_descriptions()
-                    .iter()
-                    .map(|a| format!("{}={}", a.attribute_name().unwrap_or_default(), a.attribute_value().unwrap_or_default()));
+                let attrs = pol.policy_attribute_descriptions().iter().map(|a| {
+                    format!("{}={}", a.attribute_name().unwrap_or_default(), a.attribute_value().unwrap_or_default())
+                });
                 out.put(
                     &owner,
                     format!("{p}.policy {}", pol.policy_name().unwrap_or_default()),
@@ -489,6 +542,14 @@ pub(crate) async fn read(c: &Clients, client: &kube::Client, w: &Seeded) -> Fiel
                 rules.push((r.group_id().unwrap_or_default().into(), r.description().unwrap_or_default().into()));
             }
             for (source, description) in rules {
+                if !made && description.starts_with(NLB_HEALTH_RULE) && shared_health.contains(&ports) {
+                    out.put(
+                        WORLD,
+                        format!("{p}.ingress[{proto} {ports} from {}]", names.apply(&source)),
+                        format!("{NLB_HEALTH_RULE}=<one of them>"),
+                    );
+                    continue;
+                }
                 // On a seeded group a rule belongs to the load balancer its description names, or
                 // to the Service whose group it admits; else to the world.
                 let rule_owner = if made {
@@ -497,7 +558,11 @@ pub(crate) async fn read(c: &Clients, client: &kube::Client, w: &Seeded) -> Fiel
                     let named = owners.iter().find(|(lb, _)| description.contains(lb.as_str())).map(|(_, o)| o.clone());
                     named.or_else(|| group_owner_of(&source)).unwrap_or_else(|| WORLD.to_string())
                 };
-                out.put(&rule_owner, format!("{p}.ingress[{proto} {ports} from {}]", names.apply(&source)), description);
+                out.put(
+                    &rule_owner,
+                    format!("{p}.ingress[{proto} {ports} from {}]", names.apply(&source)),
+                    description,
+                );
             }
         }
     }
@@ -511,9 +576,11 @@ pub(crate) async fn read(c: &Clients, client: &kube::Client, w: &Seeded) -> Fiel
         for (key, value) in n.metadata.labels.clone().unwrap_or_default() {
             out.put(&owner, format!("label[{key}]"), value);
         }
-        let taints = spec.taints.unwrap_or_default().into_iter().map(|t| {
-            format!("{}={}:{}", t.key, t.value.unwrap_or_default(), t.effect)
-        });
+        let taints = spec
+            .taints
+            .unwrap_or_default()
+            .into_iter()
+            .map(|t| format!("{}={}:{}", t.key, t.value.unwrap_or_default(), t.effect));
         out.put(&owner, "taints", join(taints));
         let addresses = n.status.as_ref().and_then(|s| s.addresses.clone()).unwrap_or_default();
         out.put(
@@ -527,13 +594,22 @@ pub(crate) async fn read(c: &Clients, client: &kube::Client, w: &Seeded) -> Fiel
 
 /// The ownership tag naming the Service.
 const TAG_SERVICE_NAME: &str = "kubernetes.io/service-name";
+/// The description of an NLB's health rule, before `=<load balancer name>`.
+const NLB_HEALTH_RULE: &str = "kubernetes.io/rule/nlb/health";
 
 /// A sync failure's message without the service controller's prefixes, which differ in
 /// wording only (upstream wraps the provider's error in `Error syncing load balancer: failed
 /// to ensure load balancer: `).
+/// Ours also puts the refusal's reason first (`InvalidAnnotation: `, the Service condition's
+/// reason), which the condition shows too.
 pub(crate) fn refusal(message: &str) -> String {
     let m = message.trim();
     let m = m.strip_prefix("Error syncing load balancer: ").unwrap_or(m);
     let m = m.strip_prefix("failed to ensure load balancer: ").unwrap_or(m);
+    for reason in [refusal_reasons::INVALID_ANNOTATION, refusal_reasons::UNSUPPORTED_SERVICE] {
+        if let Some(rest) = m.strip_prefix(reason).and_then(|r| r.strip_prefix(": ")) {
+            return rest.to_string();
+        }
+    }
     m.to_string()
 }

@@ -57,10 +57,7 @@ fn unpack(dir: &Path) -> PathBuf {
     // so a concurrent run never sees half a binary.
     let partial = out_dir.join(format!("{BINARY}.{}", std::process::id()));
     let status = std::process::Command::new("python3")
-        .args([
-            "-c",
-            "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))",
-        ])
+        .args(["-c", "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))"])
         .arg(&packed)
         .arg(&partial)
         .status()
@@ -107,14 +104,6 @@ pub(crate) struct Upstream {
     /// Its stderr (klog).
     pub(crate) log: PathBuf,
 }
-
-/// Leader-election flags for short terms (a standby takes over within about 4 s).
-pub(crate) const LEADER_FLAGS: [&str; 4] = [
-    "--leader-elect=true",
-    "--leader-elect-lease-duration=4s",
-    "--leader-elect-renew-deadline=3s",
-    "--leader-elect-retry-period=1s",
-];
 
 impl Upstream {
     /// Starts the binary with upstream's recipe flags (`README`: every controller, no routes, no
@@ -171,11 +160,6 @@ impl Upstream {
     pub(crate) async fn kill(mut self) {
         self.signal(libc::SIGKILL);
         let _ = self.child.wait().await;
-    }
-
-    /// Whether it still runs.
-    pub(crate) fn running(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
     }
 
     /// The last `lines` lines of its log.

@@ -74,11 +74,6 @@ impl Seeded {
         &self.subnets[name]
     }
 
-    /// A security group's ID.
-    pub(crate) fn group(&self, name: &str) -> &str {
-        &self.groups[name]
-    }
-
     /// An instance.
     pub(crate) fn instance(&self, name: &str) -> &Instance {
         &self.instances[name]
@@ -127,11 +122,29 @@ fn pairs(tags: &[(&str, &str)]) -> Vec<(String, String)> {
 const SUBNETS: [(&str, &str, &str, bool, &[(&str, &str)]); 10] = [
     ("a-elb", "us-east-1a", "10.0.1.0/24", true, &[("{cluster}", "shared"), ("kubernetes.io/role/elb", "1")]),
     ("a-plain", "us-east-1a", "10.0.11.0/24", true, &[]),
-    ("a-private", "us-east-1a", "10.0.12.0/24", false, &[("{cluster}", "shared"), ("kubernetes.io/role/internal-elb", "1")]),
+    (
+        "a-private",
+        "us-east-1a",
+        "10.0.12.0/24",
+        false,
+        &[("{cluster}", "shared"), ("kubernetes.io/role/internal-elb", "1")],
+    ),
     ("b-elb", "us-east-1b", "10.0.2.0/24", true, &[("{cluster}", "owned"), ("kubernetes.io/role/elb", "")]),
     ("c-untagged", "us-east-1c", "10.0.3.0/24", true, &[]),
-    ("d-other", "us-east-1d", "10.0.4.0/24", true, &[("kubernetes.io/cluster/other", "owned"), ("kubernetes.io/role/elb", "1")]),
-    ("e-private", "us-east-1e", "10.0.5.0/24", false, &[("{cluster}", "shared"), ("kubernetes.io/role/internal-elb", "1")]),
+    (
+        "d-other",
+        "us-east-1d",
+        "10.0.4.0/24",
+        true,
+        &[("kubernetes.io/cluster/other", "owned"), ("kubernetes.io/role/elb", "1")],
+    ),
+    (
+        "e-private",
+        "us-east-1e",
+        "10.0.5.0/24",
+        false,
+        &[("{cluster}", "shared"), ("kubernetes.io/role/internal-elb", "1")],
+    ),
     ("f-one", "us-east-1f", "10.0.6.0/24", true, &[("{cluster}", "shared")]),
     ("f-two", "us-east-1f", "10.0.16.0/24", true, &[("{cluster}", "shared")]),
     ("local", "us-east-1-bos-1a", "10.0.7.0/24", true, &[("{cluster}", "shared"), ("kubernetes.io/role/elb", "1")]),
@@ -171,7 +184,14 @@ pub(crate) async fn seed(moto: &Moto, c: &Clients) -> Seeded {
     c.ec2.attach_internet_gateway().internet_gateway_id(&igw).vpc_id(&w.vpc).send().await.unwrap();
     // The main table routes to the internet gateway: subnets without a table of their own are public.
     let main = main_table(c, &w.vpc).await;
-    c.ec2.create_route().route_table_id(&main).destination_cidr_block("0.0.0.0/0").gateway_id(&igw).send().await.unwrap();
+    c.ec2
+        .create_route()
+        .route_table_id(&main)
+        .destination_cidr_block("0.0.0.0/0")
+        .gateway_id(&igw)
+        .send()
+        .await
+        .unwrap();
     w.tables.insert("main".into(), main);
     let private = c
         .ec2

@@ -42,12 +42,30 @@ use tokio::process::{Child, Command};
 /// 8. moto's zones are all availability zones. AWS regions also have local zones, which both
 ///    managers leave out of load-balancer subnets: us-east-1 gets the local zone
 ///    `us-east-1-bos-1a` (`use1-bos1-az1`, type `local-zone`).
+/// 9. A VPC security group takes at most 60 rules in moto, AWS's default quota; AWS raises it
+///    on request (up to 1,000). The differential suite puts the rules of some 40 load
+///    balancers on one Nodes' group, as a cluster with a raised quota would.
+/// 10. `CreateTargetGroup` with the name of an existing target group of the same protocol, port,
+///    VPC and target type fails in moto (`DuplicateTargetGroupName`); AWS returns the existing
+///    one (the call is idempotent). Upstream relies on it when a sync that made a target group
+///    is retried.
+/// 11. `ModifyListener` refuses the TLS, UDP and TCP_UDP protocols in moto (it knows HTTP, HTTPS
+///    and TCP); AWS changes an NLB's listener to any of them. Upstream modifies TLS listeners.
+/// 12. `AuthorizeSecurityGroupIngress` takes any IP protocol name in moto; EC2 takes `tcp`,
+///    `udp`, `icmp`, `icmpv6`, `-1` (`all`) or a number, and refuses others such as `tls`
+///    (`InvalidParameterValue`), which upstream sends for an NLB's managed group and a TLS port.
+/// 13. A target group forwarded to by `ModifyListener` does not list the listener's load
+///    balancer in moto (only `CreateListener` links them), and one no longer forwarded to still
+///    does; AWS's `LoadBalancerArns` are the load balancers whose listeners forward to it. After
+///    a health-check change (a new target group, the old one deleted) upstream's
+///    `DescribeTargetGroups` by load balancer then fails (`TargetGroupNotFound`).
 const CORRECTIONS: &str = r#"
 import sys
 from moto.elb import models as elb_models
 from moto.elb.models import ELBBackend, FakeBackend, FakeListener, LoadBalancer as ClassicLB
 from moto.elbv2.models import ELBv2Backend
 from moto.ec2.models.availability_zones_and_regions import RegionsAndZonesBackend, Zone
+from moto.ec2.models.security_groups import SecurityGroupBackend
 
 # 1, 5: Classic ELBs.
 make_classic = ELBBackend.create_load_balancer
@@ -108,6 +126,20 @@ def create_target_group(backend, name, **kwargs):
     return group
 ELBv2Backend.create_target_group = create_target_group
 
+# 10: an idempotent CreateTargetGroup.
+from moto.elbv2.exceptions import DuplicateTargetGroupName
+make_group_once = ELBv2Backend.create_target_group
+def create_target_group_idempotent(backend, name, **kwargs):
+    try:
+        return make_group_once(backend, name, **kwargs)
+    except DuplicateTargetGroupName:
+        for group in backend.target_groups.values():
+            same = [str(getattr(group, k, None)) == str(kwargs.get(k)) for k in ("protocol", "port", "vpc_id", "target_type")]
+            if group.name == name and all(same):
+                return group
+        raise
+ELBv2Backend.create_target_group = create_target_group_idempotent
+
 make_v2 = ELBv2Backend.create_load_balancer
 def create_v2_load_balancer(backend, *args, **kwargs):
     lb = make_v2(backend, *args, **kwargs)
@@ -117,6 +149,57 @@ def create_v2_load_balancer(backend, *args, **kwargs):
         lb.dns_name = "%s-%s.elb.%s.amazonaws.com" % (lb.name, lb.arn.rsplit("/", 1)[-1], backend.region_name)
     return lb
 ELBv2Backend.create_load_balancer = create_v2_load_balancer
+
+# 11: ModifyListener to any NLB protocol.
+modify_listener = ELBv2Backend.modify_listener
+def modify_listener_any(backend, arn, port=None, protocol=None, ssl_policy=None, certificates=None, actions=None):
+    if protocol not in ("TLS", "UDP", "TCP_UDP"):
+        return modify_listener(backend, arn, port, protocol, ssl_policy, certificates, actions)
+    listener = modify_listener(backend, arn, port, None, ssl_policy, None, actions)
+    listener.protocol = protocol
+    if certificates:
+        listener.certificate = certificates[0]["CertificateArn"]
+        listener.certificates = [c["CertificateArn"] for c in certificates]
+    return listener
+ELBv2Backend.modify_listener = modify_listener_any
+
+# 13: target groups list the load balancers whose listeners forward to them.
+modify_listener_unlinked = ELBv2Backend.modify_listener
+def modify_listener_linked(backend, arn, *args, **kwargs):
+    listener = modify_listener_unlinked(backend, arn, *args, **kwargs)
+    lb_arn = listener.load_balancer_arn
+    lb = backend.load_balancers.get(lb_arn)
+    if lb is not None:
+        used = set()
+        for each in lb.listeners.values():
+            for action in each.default_actions:
+                if action.type == "forward":
+                    used.update(backend._get_target_group_arns_from(action_data=action.data))
+        for tg_arn, tg in backend.target_groups.items():
+            if tg_arn in used and lb_arn not in tg.load_balancer_arns:
+                tg.load_balancer_arns.append(lb_arn)
+            elif tg_arn not in used and lb_arn in tg.load_balancer_arns:
+                tg.load_balancer_arns.remove(lb_arn)
+    return listener
+ELBv2Backend.modify_listener = modify_listener_linked
+
+# 12: only the IP protocols EC2 knows.
+from moto.ec2.exceptions import EC2ClientError
+authorize = SecurityGroupBackend.authorize_security_group_ingress
+def authorize_known_protocols(backend, group_name_or_id, ip_protocol, *args, **kwargs):
+    p = str(ip_protocol).lower()
+    known = p in ("tcp", "udp", "icmp", "icmpv6", "-1", "all") or (p.isdigit() and int(p) <= 255)
+    if not known:
+        raise EC2ClientError("InvalidParameterValue", "Invalid value '%s' for IP protocol. Unknown protocol." % ip_protocol)
+    return authorize(backend, group_name_or_id, ip_protocol, *args, **kwargs)
+SecurityGroupBackend.authorize_security_group_ingress = authorize_known_protocols
+
+# 9: a raised rules-per-group quota.
+from moto.ec2.exceptions import RulesPerSecurityGroupLimitExceededError
+def verify_rule_count(backend, group, current, ip_ranges, source_groups=None, egress=False):
+    if current + len(ip_ranges or []) + len(source_groups or []) > 1000:
+        raise RulesPerSecurityGroupLimitExceededError
+SecurityGroupBackend._verify_group_will_respect_rule_count_limit = verify_rule_count
 
 # 8: a local zone.
 RegionsAndZonesBackend.zones["us-east-1"].append(
@@ -179,7 +262,12 @@ impl Moto {
             {
                 Ok(c) => c,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    println!("skipping {test}: moto_server is not installed (pip install 'moto[server]==5.2.5')");
+                    // Straight to stderr (libtest captures `println!`): the CI log shows the skip.
+                    use std::io::Write as _;
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "skipping {test}: moto_server is not installed (pip install 'moto[server]==5.2.5')"
+                    );
                     return None;
                 }
                 Err(e) => panic!("starting moto: {e}"),

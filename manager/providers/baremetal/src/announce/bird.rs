@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::io::{self, Write as _};
-use std::os::unix::fs::OpenOptionsExt as _;
+use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -43,7 +43,7 @@ const MAX_PASSWORD_FILE_BYTES: u64 = super::MAX_PASSWORD_BYTES as u64 + 2;
 /// Where the config goes and how BIRD is reached.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BirdSettings {
-    /// The config file BIRD reads (`bird -c`); written as temp file + rename, mode 0600.
+    /// The config file BIRD reads (`bird -c`); written as temp file + rename, mode 0640.
     pub config_path: PathBuf,
     /// BIRD's control socket (`bird -s`).
     pub socket_path: PathBuf,
@@ -254,8 +254,13 @@ fn read_passwords(files: &[(usize, PathBuf)]) -> Result<BTreeMap<usize, Password
     Ok(passwords)
 }
 
+/// The config file's mode: it may hold passwords, so no one else; group-readable because BIRD
+/// runs as another user than a root (L2) announcer and reads it through the volume's group.
+pub const CONFIG_MODE: u32 = 0o640;
+
 /// Replace `path` with `content` so that BIRD never reads a half-written file: write a
-/// temporary file beside it (mode 0600: it may hold passwords), flush it to disk, rename it.
+/// temporary file beside it (mode [`CONFIG_MODE`], group of its directory), flush it to disk,
+/// rename it.
 pub fn write_atomically(path: &Path, content: &[u8]) -> io::Result<()> {
     let name = path.file_name().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?;
     let mut temp_name = std::ffi::OsString::from(".");
@@ -263,7 +268,11 @@ pub fn write_atomically(path: &Path, content: &[u8]) -> io::Result<()> {
     temp_name.push(format!(".tmp-{}", std::process::id()));
     let temp = path.with_file_name(temp_name);
     let result = (|| {
-        let mut file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&temp)?;
+        let mut file =
+            std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(CONFIG_MODE).open(&temp)?;
+        // Set explicitly: the mode given at creation is narrowed by the umask.
+        file.set_permissions(std::fs::Permissions::from_mode(CONFIG_MODE))?;
+        share_with_directory_group(&file, &temp)?;
         file.write_all(content)?;
         file.sync_all()?;
         std::fs::rename(&temp, path)
@@ -272,6 +281,21 @@ pub fn write_atomically(path: &Path, content: &[u8]) -> io::Result<()> {
         let _ = std::fs::remove_file(&temp);
     }
     result
+}
+
+/// Give the still-empty `file` its directory's group, which BIRD shares: the pod's fsGroup
+/// (kubelet makes that volume setgid, so this is usually already so). A writer that is not in
+/// that group keeps its own, and BIRD then reads the file only as the same user.
+fn share_with_directory_group(file: &std::fs::File, path: &Path) -> io::Result<()> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let group = std::fs::metadata(dir)?.gid();
+    if file.metadata()?.gid() == group {
+        return Ok(());
+    }
+    match std::os::unix::fs::fchown(file, None, Some(group)) {
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => Ok(()),
+        other => other,
+    }
 }
 
 /// One answer of BIRD's control protocol.
@@ -466,17 +490,33 @@ mod tests {
     }
 
     #[test]
-    fn the_config_is_replaced_whole_with_owner_only_permissions_and_no_temp_file_left() {
-        use std::os::unix::fs::PermissionsExt as _;
+    fn the_config_is_replaced_whole_readable_by_owner_and_the_directorys_group_only_and_no_temp_file_left() {
         let dir = scratch("write");
         let path = dir.join("bird.conf");
         write_atomically(&path, b"old").expect("write");
         write_atomically(&path, b"new").expect("write");
         assert_eq!(std::fs::read(&path).expect("read"), b"new");
-        assert_eq!(std::fs::metadata(&path).expect("stat").permissions().mode() & 0o777, 0o600);
+        let meta = std::fs::metadata(&path).expect("stat");
+        assert_eq!(meta.permissions().mode() & 0o777, 0o640, "owner rw, group r (BIRD), others nothing");
+        assert_eq!(meta.gid(), std::fs::metadata(&dir).expect("stat dir").gid(), "the volume's group");
         let names: Vec<_> = std::fs::read_dir(&dir).expect("list").map(|e| e.expect("entry").file_name()).collect();
         assert_eq!(names, vec![std::ffi::OsString::from("bird.conf")]);
         assert!(write_atomically(&dir.join("missing").join("bird.conf"), b"x").is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_config_takes_its_directorys_group_when_the_writer_may_give_it_and_is_still_written_when_not() {
+        let dir = scratch("group");
+        let path = dir.join("bird.conf");
+        // A directory of BIRD's group without setgid, as an fsGroup volume would be without it.
+        let shared = std::os::unix::fs::chown(&dir, None, Some(65532));
+        write_atomically(&path, b"x").expect("write");
+        let gid = std::fs::metadata(&path).expect("stat").gid();
+        match shared {
+            Ok(()) => assert_eq!(gid, 65532, "a writer allowed to (root) gives the file the volume's group"),
+            Err(e) => assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "unprivileged test run: {e}"),
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 
