@@ -312,8 +312,10 @@ testkit::backend_tests! {
         let env = Env::started(backend, options()).await;
         env.fake.set_load_balancer_latency(Duration::from_millis(500));
         env.create_service(lb_service(NS, "web")).await;
-        // While the first ensure is in flight, the finalizer is already stored.
-        eventually_within("a cloud call in flight", WAIT, || async { env.fake.calls().in_flight() > 0 }).await;
+        // While the first ensure is in flight (recorded as it starts, then 500 ms in the cloud),
+        // the finalizer is already stored. (Other cloud calls, the orphan scan's, may be in
+        // flight too, so the ensure itself is waited for.)
+        eventually_within("an ensure in flight", WAIT, || async { (env.ensures() >= 1).then_some(()) }).await;
         let svc = env.get("web").await.unwrap();
         assert_eq!(finalizers(&svc), [LOAD_BALANCER_CLEANUP_FINALIZER]);
         assert!(ingress(&svc).is_none());

@@ -19,6 +19,7 @@
 //! - `cases`: the differential suite's cases; `snapshot`: what a side left, normalised.
 //! - `differential`: every case through both managers, compared field by field.
 //! - `takeover`: upstream's load balancers taken over by ours with no mutating call, and handed back.
+//! - `beside`: ours beside a running upstream: in shadow mode, and taking over by leader migration.
 
 #[path = "../support/moto.rs"]
 mod moto;
@@ -33,6 +34,7 @@ mod world;
 
 mod adoption;
 mod bench;
+mod beside;
 mod cases;
 mod classic;
 mod config;

@@ -27,7 +27,7 @@ use ccm_framework::engine::{EngineBuilder, RunningEngine};
 /// The differential cases whose Services upstream makes load balancers for: both kinds, the
 /// annotations that set attributes, listeners, rules and health checks; none where ours
 /// differs on purpose.
-const SERVICES: &[&str] = &[
+pub(crate) const SERVICES: &[&str] = &[
     "nlb-basic",
     "nlb-two-ports",
     "nlb-udp",
@@ -63,7 +63,7 @@ enum Stop {
 }
 
 /// The mutating calls (every action but `Describe*`) from the `from`-th request on, by action.
-fn mutating_since(proxy: &Proxy, from: usize) -> BTreeMap<String, usize> {
+pub(crate) fn mutating_since(proxy: &Proxy, from: usize) -> BTreeMap<String, usize> {
     let mut out = BTreeMap::new();
     for a in &proxy.faults.lock().unwrap().actions[from..] {
         if !a.is_empty() && !a.starts_with("Describe") {
@@ -74,12 +74,12 @@ fn mutating_since(proxy: &Proxy, from: usize) -> BTreeMap<String, usize> {
 }
 
 /// The requests so far.
-fn requests(proxy: &Proxy) -> usize {
+pub(crate) fn requests(proxy: &Proxy) -> usize {
     proxy.faults.lock().unwrap().actions.len()
 }
 
 /// Each Service's status hostname.
-async fn hostnames(client: &kube::Client, services: &[Service]) -> BTreeMap<String, String> {
+pub(crate) async fn hostnames(client: &kube::Client, services: &[Service]) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     for s in services {
         let ns = s.metadata.namespace.as_deref().unwrap_or_default();
@@ -98,7 +98,7 @@ async fn hostnames(client: &kube::Client, services: &[Service]) -> BTreeMap<Stri
 }
 
 /// The Services whose hostname differs between `before` and `after`.
-fn changed(before: &BTreeMap<String, String>, after: &BTreeMap<String, String>) -> Vec<String> {
+pub(crate) fn changed(before: &BTreeMap<String, String>, after: &BTreeMap<String, String>) -> Vec<String> {
     before
         .iter()
         .filter(|(k, v)| after.get(*k) != Some(*v))
@@ -108,7 +108,7 @@ fn changed(before: &BTreeMap<String, String>, after: &BTreeMap<String, String>) 
 
 /// Every event (name, resourceVersion) now: a later `EnsuredLoadBalancer` not among them (a
 /// new event, or a repeat counted into one) comes from the manager started since.
-async fn events_now(client: &kube::Client) -> BTreeSet<(String, String)> {
+pub(crate) async fn events_now(client: &kube::Client) -> BTreeSet<(String, String)> {
     Api::<Event>::all(client.clone())
         .list(&Default::default())
         .await
@@ -121,7 +121,7 @@ async fn events_now(client: &kube::Client) -> BTreeSet<(String, String)> {
 
 /// Waits until every Service has an `EnsuredLoadBalancer` event not in `before`, then until no
 /// mutating call came for a while. Returns the Services never ensured.
-async fn first_full_sync(
+pub(crate) async fn first_full_sync(
     proxy: &Proxy,
     client: &kube::Client,
     services: &[Service],
@@ -210,15 +210,30 @@ struct Counts {
     upstream_hostnames_changed: Vec<String>,
 }
 
-async fn run(binary: &std::path::Path, stop: Stop) -> Counts {
+/// The world every run starts from: a genuine API server with three Nodes and the
+/// [`SERVICES`], moto seeded, upstream's cloud.conf pointing at a counting proxy.
+pub(crate) struct Scene {
+    pub(crate) cluster: TestCluster,
+    pub(crate) client: kube::Client,
+    pub(crate) moto: Moto,
+    pub(crate) world: world::Seeded,
+    pub(crate) proxy: Proxy,
+    pub(crate) conf: String,
+    pub(crate) conf_path: std::path::PathBuf,
+    pub(crate) dir: std::path::PathBuf,
+    pub(crate) services: Vec<Service>,
+}
+
+/// Sets up a [`Scene`]; `name` names its moto and its directory.
+pub(crate) async fn scene(name: &str) -> Scene {
     let cluster = TestCluster::start(Backend::Genuine).await.expect("a genuine turn");
     let client = cluster.client();
-    let moto = Moto::start("takeover").await.expect("moto (checked before)");
+    let moto = Moto::start(name).await.expect("moto (checked before)");
     let direct = world::direct_clients(&moto.url).await;
     let w = world::seed(&moto, &direct).await;
     let proxy = Proxy::start(moto.port).await;
     let conf = world::cloud_conf(&w, &proxy.url, &[]);
-    let dir = std::env::temp_dir().join(format!("ccm-takeover-{}-{stop:?}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("ccm-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let conf_path = dir.join("cloud.conf");
     std::fs::write(&conf_path, &conf).unwrap();
@@ -238,6 +253,13 @@ async fn run(binary: &std::path::Path, stop: Stop) -> Counts {
         services.push(api.create(&PostParams::default(), &svc).await.expect("create Service"));
     }
     assert_eq!(services.len(), SERVICES.len(), "every listed case exists");
+    Scene { cluster, client, moto, world: w, proxy, conf, conf_path, dir, services }
+}
+
+async fn run(binary: &std::path::Path, stop: Stop) -> Counts {
+    let s = scene(&format!("takeover-{stop:?}")).await;
+    let (cluster, client, proxy, conf, conf_path, dir, services) =
+        (&s.cluster, &s.client, &s.proxy, &s.conf, &s.conf_path, &s.dir, &s.services);
 
     // Upstream makes everything.
     let up = start_upstream(binary, &cluster, &conf_path, &dir, 1);
