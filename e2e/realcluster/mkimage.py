@@ -31,6 +31,14 @@ mtimes SOURCE_DATE_EPOCH or 0, gzip without a timestamp; the same inputs give th
 `mkimage.py generic --name NAME --out FILE [--file SRC:/DEST[:MODE]] [--busybox PATH] ...` makes a
 one-layer image from host files instead (the real-cluster tests' pause and web images).
 
+`mkimage.py bird --name NAME --out FILE [--busybox PATH]` makes the Dockerfile's `bird` target
+(the BIRD sidecar of spec.announcer.bgp) from the host: that stage must be
+`FROM debian:<release>` whose RUN lines `apt-get install` packages; every file those packages
+installed on this host (dpkg's list, without documentation and service-manager files) goes in, with the libraries of its
+executables, and a static busybox stands in for the Debian base's shell and utilities (the
+sidecar's command is `sh -c 'until [ -s ... ]; do sleep 1; done; exec bird ...'`). The stage's
+ENTRYPOINT, CMD and USER go into the configuration.
+
 Python 3.11 standard library only.
 """
 import argparse
@@ -643,9 +651,150 @@ def build_generic(args):
     return [(out, args.name, digest, out.stat().st_size)]
 
 
+# ---------------------------------------------------------------------------------------------
+# The Dockerfile's `bird` target, from the host's Debian packages
+
+# Documentation, and the host's service manager's files (a container has no init to read them).
+LEFT_OUT = ("usr/share/doc/", "usr/share/man/", "usr/share/lintian/", "usr/share/bug/", "lib/systemd/",
+            "usr/lib/systemd/", "etc/init.d/")
+
+
+def parse_package_stage(path, target):
+    """(packages, config) of the stage `target`: `FROM debian:...`, RUN lines installing
+    packages with apt-get, and ENTRYPOINT, CMD or USER."""
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise Refused(f"cannot read the Dockerfile: {e}")
+    stage, found = None, False
+    packages, cfg = [], {"user": None, "entrypoint": None, "cmd": None}
+    for no, instr, args in dockerfile_instructions(text, path):
+        where = f"{path}:{no}"
+        if instr == "FROM":
+            words = [w for w in args.split() if not w.startswith("--platform=")]
+            stage = words[2] if len(words) == 3 and words[1].upper() == "AS" else None
+            if stage == target:
+                found = True
+                if not re.fullmatch(r"(docker\.io/)?(library/)?debian:[\w.-]+", words[0]):
+                    raise Refused(f"{where}: the '{target}' stage's base {words[0]!r} is not a Debian image, "
+                                  "whose packages this script takes from the host")
+            continue
+        if stage != target:
+            continue
+        if instr == "RUN":
+            for command in re.split(r"&&|;|\|\|", args):
+                words = command.split()
+                if words[:2] == ["apt-get", "install"]:
+                    packages += [w for w in words[2:] if not w.startswith("-")]
+        elif instr in ("ENTRYPOINT", "CMD"):
+            try:
+                argv = json.loads(args)
+            except ValueError:
+                argv = None
+            if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
+                raise Refused(f"{where}: {instr} must be the exec (JSON array) form, not {args!r}")
+            cfg[instr.lower()] = argv
+        elif instr == "USER":
+            cfg["user"] = parse_user(args, where)
+        else:
+            raise Refused(f"{where}: {instr} in the '{target}' stage is not supported "
+                          "(only RUN apt-get install, ENTRYPOINT, CMD and USER)")
+    if not found:
+        raise Refused(f"{path}: no stage 'FROM debian:... AS {target}'")
+    if not packages:
+        raise Refused(f"{path}: the '{target}' stage installs no package with apt-get install")
+    return packages, cfg
+
+
+def package_files(package):
+    """The regular files and symlinks the installed Debian `package` holds, without documentation
+    and service-manager files."""
+    if shutil.which("dpkg-query") is None:
+        raise Refused(f"dpkg-query is missing: the image takes {package}'s files from an installed Debian package")
+    status = subprocess.run(["dpkg-query", "-W", "-f=${db:Status-Status}", package], capture_output=True, text=True)
+    if status.returncode != 0 or status.stdout.strip() != "installed":
+        raise Refused(f"the Debian package {package} is not installed on this host (apt-get install {package})")
+    listed = subprocess.run(["dpkg-query", "-L", package], capture_output=True, text=True)
+    if listed.returncode != 0:
+        raise Refused(f"dpkg-query -L {package} failed: {listed.stderr.strip()}")
+    out = []
+    for path in listed.stdout.splitlines():
+        rel = path.strip().lstrip("/")
+        # Directories (also a merged-/usr host's /lib, a link to one) are made as parents.
+        if not rel or rel.startswith(LEFT_OUT) or os.path.isdir(path) or not os.path.lexists(path):
+            continue
+        out.append(path.strip())
+    if not out:
+        raise Refused(f"the package {package} holds no file")
+    return out
+
+
+def build_bird(args):
+    """The Dockerfile's `bird` target from the host's packages and a static busybox."""
+    packages, cfg = parse_package_stage(args.dockerfile, args.target)
+    mtime, created = source_date()
+    entries = [
+        Entry("etc/passwd", "file", 0o644, data=PASSWD.encode()),
+        Entry("etc/group", "file", 0o644, data=GROUP.encode()),
+        Entry("tmp", "dir", 0o1777),
+        Entry("run", "dir", 0o755),
+    ]
+    libs, archs, taken = {}, set(), set()
+    if not os.path.isfile(args.busybox):
+        raise Refused(f"no busybox at {args.busybox} (the image's shell)")
+    with open(args.busybox, "rb") as f:
+        if f.read(4) != b"\x7fELF":
+            raise Refused(f"{args.busybox} is not an executable")
+    arch, interp, _ = elf_info(args.busybox)
+    if interp:
+        raise Refused(f"{args.busybox} is dynamically linked; the image's shell must be a static busybox")
+    archs.add(arch)
+    entries.append(Entry("bin/busybox", "file", 0o755, source=args.busybox))
+    run = subprocess.run([args.busybox, "--list"], capture_output=True, text=True)
+    if run.returncode != 0:
+        raise Refused(f"{args.busybox} --list failed: {run.stderr.strip()}")
+    applets = sorted(set(run.stdout.split()) - {"busybox"})
+    for package in packages:
+        for path in package_files(package):
+            rel = path.lstrip("/")
+            taken.add(rel)
+            if os.path.islink(path):
+                entries.append(Entry(rel, "symlink", 0o777, link=os.readlink(path)))
+            else:
+                entries.append(with_libraries(path, rel, os.stat(path).st_mode & 0o7777, libs, archs))
+    entries += [Entry(f"bin/{a}", "symlink", 0o777, link="busybox") for a in applets if f"bin/{a}" not in taken]
+    entries += [e for e in library_entries(libs) if e.path not in {x.path for x in entries}]
+    arch = one_arch(archs)
+    config = {"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+              "Labels": {"org.opencontainers.image.title": args.target}}
+    for key in ("entrypoint", "cmd"):
+        if cfg[key]:
+            config[key.capitalize()] = cfg[key]
+    if cfg["user"]:
+        config["User"] = cfg["user"]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".mkimage-") as work:
+        layers = [write_layer(entries, Path(work), mtime)]
+        history = [{"created": created, "created_by": f"{PROG} bird: the host's {' '.join(packages)} "
+                                                      "and a static busybox as the shell"}]
+        digest = write_image(out, args.name, arch, config, layers, history, Path(work), mtime)
+    return [(out, args.name, digest, out.stat().st_size)]
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["generic"]:
+    if argv[:1] == ["bird"]:
+        ap = argparse.ArgumentParser(prog=f"{PROG} bird",
+                                     description="The Dockerfile's bird target from the host's Debian packages.")
+        ap.add_argument("--name", required=True, help="image name, e.g. localhost/bird:dev")
+        ap.add_argument("--out", required=True, help="the archive to write")
+        ap.add_argument("--busybox", default="/bin/busybox", help="a static busybox: the shell and utilities")
+        ap.add_argument("--target", default="bird", help="the Dockerfile stage (default: bird)")
+        ap.add_argument("--dockerfile", default=str(REPO_ROOT / "Dockerfile"),
+                        help="the Dockerfile to follow (default: the repository's)")
+        args, run = ap.parse_args(argv[1:]), build_bird
+    elif argv[:1] == ["generic"]:
         ap = argparse.ArgumentParser(prog=f"{PROG} generic",
                                      description="A one-layer image from host files (for test images). "
                                                  "Dynamic ELF executables get their libraries.")

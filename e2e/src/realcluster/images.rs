@@ -21,6 +21,10 @@ pub const OPERATOR: &str = "localhost/ccm-operator";
 /// The manager image the scenarios install.
 pub const MANAGER: &str = "localhost/cloud-controller-manager";
 
+/// The BIRD sidecar image of `spec.announcer.bgp` (the chart's `announcer.birdImage`), built
+/// as the Dockerfile's `bird` target lays it out.
+pub const BIRD: &str = "localhost/bird:e2e";
+
 /// The image builder script.
 pub fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("realcluster/mkimage.py")
@@ -65,6 +69,22 @@ pub fn build_web(busybox: &Path, out: &Path) -> Result<(), Error> {
 /// Builds the curl image from the host's (dynamic) curl and its libraries.
 pub fn build_curl(curl: &Path, out: &Path) -> Result<(), Error> {
     generic(CURL, out, &["--file".into(), format!("{}:/usr/bin/curl:0755", curl.display())], r#"["/usr/bin/curl"]"#)
+}
+
+/// Builds the BIRD sidecar image as the Dockerfile's `bird` target says (Debian's `bird2`, a
+/// shell, its entrypoint) from the host's installed `bird2` package and a static busybox as the
+/// shell (`mkimage.py bird`).
+pub fn build_bird(busybox: &Path, out: &Path) -> Result<(), Error> {
+    python(&[
+        "bird".into(),
+        "--name".into(),
+        BIRD.into(),
+        "--out".into(),
+        out.display().to_string(),
+        "--busybox".into(),
+        busybox.display().to_string(),
+    ])
+    .map(drop)
 }
 
 /// Builds the operator and manager images from the binaries in `bin_dir`, as the Dockerfile

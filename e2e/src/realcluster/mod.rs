@@ -19,6 +19,8 @@ pub mod netns;
 pub mod node;
 mod pki;
 mod process;
+pub mod router;
+pub mod traffic;
 
 use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -860,6 +862,36 @@ impl RealCluster {
         f: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, Error> {
         netns::run_in(&self.netns(place)?, f)
+    }
+
+    /// Starts `f` on a thread inside a place's namespace and returns at once (a client that
+    /// keeps sending, say); join the handle for its result.
+    pub fn thread_in<T: Send + 'static>(
+        &self,
+        place: Place<'_>,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<std::thread::JoinHandle<Result<T, Error>>, Error> {
+        netns::spawn_in(&self.netns(place)?, f)
+    }
+
+    /// The hardware address a Node has on the segment (the host's Node: the segment bridge's;
+    /// an added Node: its link inside its namespace), as `ip neigh` prints it.
+    pub fn segment_mac(&self, node: &str) -> Result<String, Error> {
+        let link = &self.network.segment_bridge;
+        let text = if node == self.node_name {
+            std::fs::read_to_string(format!("/sys/class/net/{link}/address"))
+                .map_err(|e| Error::io(format!("reading {link}'s address"), e))?
+        } else {
+            // /sys shows the host's links; `ip -n` asks the namespace.
+            let netns = self.node(node).and_then(|p| p.netns).ok_or_else(|| self.not_added(node))?;
+            let out = run("ip", &["-n", &netns, "-br", "link", "show", link])?;
+            out.split_whitespace().nth(2).unwrap_or_default().to_string()
+        };
+        let mac = text.trim().to_lowercase();
+        if mac.len() != 17 {
+            return Err(Error::Other(format!("no hardware address for {node} on {link}: {text:?}")));
+        }
+        Ok(mac)
     }
 
     /// Runs a command inside a place's namespace and returns its standard output; an error

@@ -126,6 +126,26 @@ pub fn run_in<T: Send + 'static>(netns: &str, f: impl FnOnce() -> T + Send + 'st
     .map_err(|_| Error::Other(format!("the thread in {netns} panicked")))?
 }
 
+/// Starts `f` on a new thread inside `netns` and returns at once; the thread's result is the
+/// handle's (an error if the namespace could not be entered).
+pub fn spawn_in<T: Send + 'static>(
+    netns: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<std::thread::JoinHandle<Result<T, Error>>, Error> {
+    let file = path(netns);
+    let file = std::fs::File::open(&file).map_err(|e| Error::io(format!("opening {}", file.display()), e))?;
+    std::thread::Builder::new()
+        .name(format!("in-{netns}"))
+        .spawn(move || {
+            // SAFETY: setns(2) on this new thread only, with the namespace file held open.
+            if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                return Err(Error::io("entering the namespace", std::io::Error::last_os_error()));
+            }
+            Ok(f())
+        })
+        .map_err(|e| Error::io(format!("starting a thread in {netns}"), e))
+}
+
 /// A command that runs `program` inside `netns` (`ip netns exec`: its own mount namespace with
 /// the namespace's `/sys`; fine for a tool, not for a Node's daemons, which must share the
 /// host's mounts).

@@ -154,13 +154,13 @@ const BLOCKS: &[(&str, &str, &str, Check)] = &[
     (
         "docs/real-cluster.md",
         "real-cluster-resource",
-        "75016cf90fb4ab55",
+        "8159b0ad0e89e329",
         Check::Paths("tests/realcluster.rs applies the Secret and a resource like the minimal example"),
     ),
     (
         "docs/real-cluster.md",
         "real-cluster-look",
-        "4e2f8dcfdb1d5922",
+        "09d8e6558e2975b2",
         Check::Paths("tests/realcluster.rs checks each of these facts on its real cluster"),
     ),
     (
@@ -172,7 +172,7 @@ const BLOCKS: &[(&str, &str, &str, Check)] = &[
     (
         "docs/real-cluster.md",
         "real-cluster-vip",
-        "0e889f7c51f6df92",
+        "3acabbe9d79b2c58",
         Check::Paths("tests/realcluster.rs sets spec.announcer and annotates its Service the same way (vip_by_l2)"),
     ),
     (
