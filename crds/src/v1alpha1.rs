@@ -401,7 +401,7 @@ pub struct Announcer {
     #[serde(default = "default_true")]
     pub l2: bool,
     /// Advertise the addresses over BGP (`loadBalancer.announcement.bgp`) through a BIRD
-    /// sidecar (`NET_BIND_SERVICE` only), from the image the operator is configured with.
+    /// sidecar (non-root, no capability), from the image the operator is configured with.
     #[serde(default)]
     pub bgp: bool,
     /// Nodes that announce (default: every node; the announcers tolerate every taint).

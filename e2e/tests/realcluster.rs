@@ -29,20 +29,30 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 // The three-Node scenarios, in `realcluster/` beside this crate root.
+#[path = "realcluster/bgp.rs"]
+mod bgp;
 #[path = "realcluster/daemonset.rs"]
 mod daemonset;
 #[path = "realcluster/failover.rs"]
 mod failover;
 #[path = "realcluster/l2.rs"]
 mod l2;
+#[path = "realcluster/lifecycle.rs"]
+mod lifecycle;
+#[path = "realcluster/local.rs"]
+mod local;
 #[path = "realcluster/multinode.rs"]
 mod multinode;
+#[path = "realcluster/tokens.rs"]
+mod tokens;
 
 /// What every scenario gets.
 struct Ctx {
     cluster: RealCluster,
     client: Client,
     repo: PathBuf,
+    /// Whether the BIRD sidecar image was built and imported (needs Debian's bird2 on the host).
+    bird_image: bool,
 }
 
 type Scenario = fn(Arc<Ctx>) -> Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -106,6 +116,25 @@ const THREE_NODE_SCENARIOS: &[(&str, Scenario)] = &[
     }),
     ("three_nodes_l2_one_node_answers_for_an_address_and_another_claims_it_when_that_node_loses_power", |c| {
         Box::pin(l2::l2_address_moves_when_its_node_loses_power(c))
+    }),
+    ("three_nodes_external_traffic_policy_local_is_answered_only_where_an_endpoint_runs_and_follows_it", |c| {
+        Box::pin(local::local_policy_answered_only_where_an_endpoint_runs(c))
+    }),
+    ("three_nodes_bgp_every_nodes_bird_sidecar_peers_with_the_router_ecmp_and_a_powered_off_node_is_withdrawn", |c| {
+        Box::pin(bgp::bgp_every_node_peers_with_the_router_ecmp_and_a_stopped_node_is_withdrawn(c))
+    }),
+    (
+        "three_nodes_an_announcer_pods_own_token_writes_only_its_nodes_lease_and_the_manager_listens_on_its_pod_address",
+        |c| {
+            Box::pin(
+                tokens::an_announcer_pods_token_writes_only_its_nodes_lease_and_the_manager_listens_on_its_pod_address(
+                    c,
+                ),
+            )
+        },
+    ),
+    ("three_nodes_lifecycle_a_removed_machines_node_is_deleted_and_a_shut_down_machines_node_is_tainted", |c| {
+        Box::pin(lifecycle::lifecycle_a_removed_machines_node_is_deleted_and_a_shut_down_ones_is_tainted(c))
     }),
 ];
 
@@ -183,8 +212,8 @@ fn main() -> ExitCode {
             println!("preparing the cluster failed: {e}");
             outcome.failed.push("prepare".to_string());
         }
-        Ok(client) => {
-            let ctx = Arc::new(Ctx { client, repo: repo(), cluster });
+        Ok((client, bird_image)) => {
+            let ctx = Arc::new(Ctx { client, repo: repo(), cluster, bird_image });
             for (name, scenario) in &selected {
                 run_scenario(&runtime, &ctx, name, *scenario, &mut outcome);
             }
@@ -389,7 +418,7 @@ fn newest_rust_source(repo: &Path) -> Option<(PathBuf, std::time::SystemTime)> {
 }
 
 /// Builds and imports the images every scenario needs.
-async fn prepare(cluster: &RealCluster) -> Result<Client, String> {
+async fn prepare(cluster: &RealCluster) -> Result<(Client, bool), String> {
     let t = Instant::now();
     let bins = bin_dir();
     let newest_source = newest_rust_source(&repo());
@@ -419,12 +448,25 @@ async fn prepare(cluster: &RealCluster) -> Result<Client, String> {
     let curl = out.join("curl.tar");
     images::build_curl(Path::new("/usr/bin/curl"), &curl).map_err(|e| e.to_string())?;
     archives.push(curl);
+    // The BIRD sidecar, from the host's bird2 package (CI installs it); without it the BGP
+    // scenario says so.
+    let bird = out.join("bird.tar");
+    let bird_image = match images::build_bird(Path::new("/bin/busybox"), &bird) {
+        Ok(()) => {
+            archives.push(bird);
+            true
+        }
+        Err(e) => {
+            println!("    no BIRD sidecar image ({e}): the BGP scenario fails if it runs");
+            false
+        }
+    };
     // Kept by the cluster for the Nodes added later.
     for a in &archives {
         cluster.import_image(a).map_err(|e| e.to_string())?;
     }
     println!("images built from {} and imported in {:.1} s", bins.display(), t.elapsed().as_secs_f64());
-    cluster.client().await.map_err(|e| e.to_string())
+    cluster.client().await.map(|c| (c, bird_image)).map_err(|e| e.to_string())
 }
 
 /// Polls `check` every 250 ms until it answers `Some`; panics naming `what` after `within`.

@@ -1,7 +1,7 @@
 //! Build (pure): the per-node announcer of `spec.announcer` (docs/l2-announcement.md): its
 //! ServiceAccount, its bindings to the chart's two announcer ClusterRoles, and a DaemonSet
 //! running `cloud-controller-manager announce` on the host network, with `NET_RAW` only when it
-//! answers ARP/NDP and a BIRD sidecar (`NET_BIND_SERVICE` only) when it speaks BGP.
+//! answers ARP/NDP and a BIRD sidecar (no capability) when it speaks BGP.
 //!
 //! Its pods carry `app.kubernetes.io/name=ccm-announcer`, so they never count as manager pods in
 //! the resource's status, and the chart's admission policy grants `NET_RAW` to them alone.
@@ -229,10 +229,12 @@ fn pod_template(
             image: settings.policy.bird_image.clone(),
             command: Some(bird_command()),
             resources: Some(resources("10m", "16Mi", "64Mi")),
-            // Port 179 without root; no kernel protocol is rendered, so no NET_ADMIN. Never root:
+            // No capability: a non-root process gets none of those a container adds (no ambient
+            // capabilities in Kubernetes), so BIRD listens on an unprivileged port and the Node
+            // opens the sessions; no kernel protocol is rendered, so no NET_ADMIN. Never root:
             // under an L2 announcer (uid 0) the config it reads and the socket it makes are shared
             // through the volume's group (the pod's fsGroup), not the user.
-            security_context: Some(hardened(Some("NET_BIND_SERVICE"), NON_ROOT_UID)),
+            security_context: Some(hardened(None, NON_ROOT_UID)),
             volume_mounts: Some(vec![bird_mount]),
             ..Default::default()
         });
@@ -442,7 +444,7 @@ mod tests {
     }
 
     #[test]
-    fn a_bgp_only_announcer_runs_non_root_with_a_bird_sidecar_binding_port_179_only() {
+    fn a_bgp_only_announcer_runs_non_root_with_a_bird_sidecar_holding_no_capability() {
         let c = baremetal(json!({"l2": false, "bgp": true}));
         let objs = build::build(&c, &validated(&c), &settings());
         let pod = daemon_set(&objs, "ccm-metal-announcer").spec.clone().unwrap().template.spec.unwrap();
@@ -454,7 +456,8 @@ mod tests {
         assert_eq!(sc.capabilities.as_ref().unwrap().add, None, "no NET_RAW without l2");
         assert_eq!(bird.image.as_deref(), Some("example.test/bird:2"));
         let bird_sc = bird.security_context.as_ref().unwrap();
-        assert_eq!(bird_sc.capabilities.as_ref().unwrap().add.as_deref(), Some(&["NET_BIND_SERVICE".to_string()][..]));
+        let caps = bird_sc.capabilities.as_ref().unwrap();
+        assert_eq!((caps.add.as_deref(), caps.drop.as_deref()), (None, Some(&["ALL".to_string()][..])));
         assert_eq!(
             bird_sc.run_as_user,
             Some(NON_ROOT_UID),

@@ -23,10 +23,10 @@ use crate::multinode::{
 use crate::{CCM_NAME, CCM_NS, Ctx, apply, is_ready, wait};
 
 /// The label that puts announcers on a Node (`spec.announcer.nodeSelector`).
-const ANNOUNCER_LABEL: &str = "ccm-e2e/announcer";
+pub const ANNOUNCER_LABEL: &str = "ccm-e2e/announcer";
 
 /// Labels a Node for the announcers.
-fn label_for_announcers(ctx: &Ctx, node: &str) {
+pub fn label_for_announcers(ctx: &Ctx, node: &str) {
     let label = format!("{ANNOUNCER_LABEL}=true");
     ctx.cluster.kubectl_raw(&["label", "node", node, &label, "--overwrite"]).expect("labelling a Node");
 }

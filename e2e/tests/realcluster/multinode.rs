@@ -94,8 +94,9 @@ pub fn cloud_config(ctx: &Ctx, inventory: &Inventory) -> String {
     ));
     if inventory.bgp {
         out.push_str(&format!(
-            "    bgp:\n      localAsn: {NODE_ASN}\n      peers:\n        - address: {}\n          asn: {ROUTER_ASN}\n",
-            ctx.cluster.network.router_address()
+            "    bgp:\n      localAsn: {NODE_ASN}\n      peers:\n        - address: {}\n          asn: {ROUTER_ASN}\n          holdTime: {}s\n",
+            ctx.cluster.network.router_address(),
+            crate::bgp::HOLD_SECONDS
         ));
     }
     out.push_str("lifecycle:\n  deleteAbsentNodes: true\n");

@@ -55,7 +55,7 @@ pub fn capabilities(name: &str, instances: bool, routes: bool, load_balancer: bo
         ),
     ])
     .with_annotations(annotations())
-    .with_orphans(false);
+    .with_orphans(true);
     Capabilities { provider: name.to_string(), instances, routes, load_balancer: load_balancer.then_some(lb) }
 }
 
@@ -192,7 +192,7 @@ mod tests {
     fn every_annotation_the_provider_parses_is_reported_once() {
         let lb = lb();
         assert!(lb.fields.iter().all(|f| f.support != Support::Unknown && !f.note.is_empty()));
-        assert!(!lb.orphans);
+        assert!(lb.orphans);
         let names: Vec<&str> = lb.annotations.iter().map(|a| a.name.as_str()).collect();
         for key in ann::UPSTREAM_KEYS.iter().chain([&ann::SOURCE_RANGES, &crate::lb::REPLACE]) {
             assert!(names.contains(key), "{key} is missing from the report");

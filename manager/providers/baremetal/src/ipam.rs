@@ -191,6 +191,9 @@ pub struct IpBlock {
     family: Family,
     first: u128,
     last: u128,
+    /// An address inside the block that is never handed out: the subnet-router anycast address
+    /// (RFC 4291 2.6.1) of an IPv6 CIDR of /126 or wider, which routers on that subnet answer.
+    anycast: Option<u128>,
 }
 
 impl IpBlock {
@@ -201,7 +204,12 @@ impl IpBlock {
         if net.trunc() != net {
             return Err("has host bits set; write the network address of the prefix");
         }
-        Ok(Self::between(net.network(), net.broadcast()))
+        let mut block = Self::between(net.network(), net.broadcast());
+        // `::/0`'s first address is the unspecified one, left out as reserved already.
+        if matches!(net, ipnet::IpNet::V6(_)) && net.prefix_len() <= 126 && !net.network().is_unspecified() {
+            block.anycast = Some(block.first);
+        }
+        Ok(block)
     }
 
     /// Parse an inclusive range `start-end` of one family.
@@ -253,7 +261,17 @@ impl IpBlock {
     }
 
     fn between(first: IpAddr, last: IpAddr) -> Self {
-        Self { family: Family::of(first), first: to_u128(first), last: to_u128(last) }
+        Self { family: Family::of(first), first: to_u128(first), last: to_u128(last), anycast: None }
+    }
+
+    /// Whether `ip` is this block's subnet-router anycast address, never handed out.
+    pub fn skips(&self, ip: IpAddr) -> bool {
+        Family::of(ip) == self.family && self.anycast == Some(to_u128(ip))
+    }
+
+    /// 1 when the block's anycast address lies in it (a part of a split block may not hold it).
+    fn skipped_count(&self) -> u128 {
+        u128::from(self.anycast.is_some_and(|a| (self.first..=self.last).contains(&a)))
     }
 
     /// The block's family.
@@ -283,7 +301,7 @@ impl IpBlock {
 
     /// Addresses the allocator may hand out from this block.
     pub fn usable(&self, avoid_buggy: bool) -> u128 {
-        let size = (self.last - self.first).saturating_add(1);
+        let size = (self.last - self.first).saturating_add(1) - self.skipped_count();
         if !avoid_buggy || self.family == Family::V6 {
             return size;
         }
@@ -688,7 +706,8 @@ impl State {
             let ip = from_u128(block.family, candidate);
             while used.next_if(|u| *u < candidate).is_some() {}
             // Pools built by the config never hold 0.0.0.0 or ::; this guard covers any other.
-            if !(avoid_buggy && is_buggy(ip)) && !ip.is_unspecified() && used.peek() != Some(&candidate) {
+            let skipped = (avoid_buggy && is_buggy(ip)) || block.skips(ip);
+            if !skipped && !ip.is_unspecified() && used.peek() != Some(&candidate) {
                 return Some(ip);
             }
             candidate = candidate.checked_add(1)?;
@@ -1010,6 +1029,15 @@ fn check_exact(
             format!("{key} asks for {ip}, but pool {} is disabled: it hands out no address", pool.name),
         ));
     }
+    if pool.blocks.iter().any(|b| b.skips(ip)) && !already_mine {
+        return Err(AllocError::Unsatisfiable(
+            Refusal::RequestedAddressUnavailable,
+            format!(
+                "{key} asks for {ip}, the subnet-router anycast address of pool {}'s CIDR, which is never handed out",
+                pool.name
+            ),
+        ));
+    }
     if pool.avoid_buggy_ips && is_buggy(ip) && !already_mine {
         return Err(AllocError::Unsatisfiable(
             Refusal::RequestedAddressUnavailable,
@@ -1254,12 +1282,43 @@ mod tests {
         // 268 addresses, minus 10.0.0.255, 10.0.1.0, 10.0.1.255 and 10.0.2.0.
         assert_eq!(IpBlock::parse_range("10.0.0.250-10.0.2.5").unwrap().usable(true), 268 - 4);
         assert_eq!(IpBlock::parse_cidr("0.0.0.0/0").unwrap().usable(true), (1u128 << 32) - 2 * (1 << 24));
-        assert_eq!(IpBlock::parse_cidr("fd00::/120").unwrap().usable(true), 256);
+        // The subnet-router anycast address fd00:: is left out.
+        assert_eq!(IpBlock::parse_cidr("fd00::/120").unwrap().usable(true), 255);
         assert_eq!(IpBlock::parse_cidr("::/0").unwrap().usable(false), u128::MAX);
         assert!(
             IpBlock::parse_cidr("10.0.0.0/24").unwrap().overlaps(&IpBlock::parse_range("10.0.0.255-10.0.1.0").unwrap())
         );
         assert!(!IpBlock::parse_cidr("10.0.0.0/24").unwrap().overlaps(&IpBlock::parse_cidr("10.0.1.0/24").unwrap()));
+    }
+
+    #[test]
+    fn an_ipv6_cidr_never_hands_out_its_subnet_router_anycast_address_and_a_service_holding_it_keeps_it() {
+        let anycast: IpAddr = "fd00:10::".parse().unwrap();
+        let block = IpBlock::parse_cidr("fd00:10::/120").unwrap();
+        assert!(block.skips(anycast) && !block.skips("fd00:10::1".parse().unwrap()));
+        assert!(!IpBlock::parse_cidr("fd00:10::/127").unwrap().skips(anycast), "a /127 is a point-to-point pair");
+        assert!(!IpBlock::parse_range("fd00:10::-fd00:10::ff").unwrap().skips(anycast), "a range is as written");
+        assert!(
+            !IpBlock::parse_cidr("10.0.0.0/24").unwrap().skips("10.0.0.0".parse().unwrap()),
+            "IPv4 blocks as before"
+        );
+        let v6 = |s: Service| with_families(s, "SingleStack", &["IPv6"]);
+
+        let a = ready(vec![pool("v6", &["fd00:10::/120"])]);
+        assert_eq!(ensure(&a, &v6(svc("a"))).unwrap(), ips(&["fd00:10::1"]), "the first address handed out");
+        match ensure(&a, &with_annotation(v6(svc("b")), LOAD_BALANCER_IPS_ANNOTATION, "fd00:10::")) {
+            Err(AllocError::Unsatisfiable(Refusal::RequestedAddressUnavailable, m)) => {
+                assert!(m.contains("subnet-router anycast") && m.contains("v6"), "{m}")
+            }
+            other => panic!("asking for the anycast address is refused: {other:?}"),
+        }
+        assert_eq!(a.usage()[0].usable, 255);
+
+        // Adoption without harm: a Service given that address earlier (by MetalLB, say) keeps it.
+        let held = with_ingress(v6(svc("old")), &["fd00:10::"]);
+        let a = Allocator::new(vec![pool("v6", &["fd00:10::/120"])]);
+        a.restore(std::slice::from_ref(&held));
+        assert_eq!(ensure(&a, &held).unwrap(), ips(&["fd00:10::"]));
     }
 
     #[test]
@@ -1829,7 +1888,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(seen.len(), 31 + 32, "every usable address of both families is used once");
+        assert_eq!(seen.len(), 31 + 31, "every usable address of both families is used once (fd00:: is skipped)");
         assert!(!seen.contains("10.0.0.0"));
     }
 }

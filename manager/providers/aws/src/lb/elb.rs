@@ -555,7 +555,7 @@ impl AwsProvider {
     }
 
     /// Revoke, from the cluster's groups, the rules admitting members of `group`.
-    async fn revoke_references(&self, group: &str, cluster: &ClusterIdentity) -> CloudResult<()> {
+    pub(super) async fn revoke_references(&self, group: &str, cluster: &ClusterIdentity) -> CloudResult<()> {
         let filters = vec![aws_sdk_ec2::types::Filter::builder().name("ip-permission.group-id").values(group).build()];
         for g in self.describe_groups(filters, None).await? {
             let Some(id) = g.group_id() else { continue };
@@ -572,7 +572,8 @@ impl AwsProvider {
         Ok(())
     }
 
-    async fn delete_classic_lb(&self, name: &str) -> CloudResult<()> {
+    /// Delete a Classic ELB (gone already is done).
+    pub(super) async fn delete_classic_lb(&self, name: &str) -> CloudResult<()> {
         let elb = &self.clients().await?.classic;
         match elb.delete_load_balancer().load_balancer_name(name).send().await {
             Ok(_) => Ok(()),

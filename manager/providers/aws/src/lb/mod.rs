@@ -15,7 +15,8 @@
 //! and the Service's shape), `desired.rs` and `plan.rs` (NLB), `classic.rs` (Classic ELB),
 //! `subnets.rs` (placement), `rules.rs` (security-group rules), `names.rs` and `tags.rs`. The
 //! I/O reads AWS and applies the differences: `nlb.rs` and `elb.rs` walk a sync, `find.rs`,
-//! `elbv2.rs`, `vpc.rs` and `security_groups.rs` do the calls.
+//! `elbv2.rs`, `vpc.rs` and `security_groups.rs` do the calls. The orphan scan (S34, S35):
+//! `owned.rs` decides from tags what the cluster owns, `inventory.rs` lists and deletes it.
 
 mod classic;
 mod desired;
@@ -24,8 +25,10 @@ mod elbv2;
 mod find;
 #[cfg(test)]
 mod fixtures;
+mod inventory;
 mod names;
 mod nlb;
+mod owned;
 mod plan;
 mod rules;
 mod security_groups;
@@ -42,6 +45,9 @@ pub use self::names::{
     MANAGED_GROUP_DESCRIPTION, PROXY_PROTOCOL_POLICY, TargetGroupKey, classic_group_description, classic_group_name,
     managed_group_name, ssl_policy_name, target_group_name,
 };
+pub use self::owned::{
+    KIND_CLASSIC_LOAD_BALANCER, KIND_LOAD_BALANCER, KIND_SECURITY_GROUP, KIND_TARGET_GROUP, NotOwned,
+};
 pub use self::plan::{FixedField, REASON_LOAD_BALANCER_REPLACED, fixed_field_message, replacement_note};
 pub use self::rules::{NlbTraffic, Op, Perm, Source, nlb_group_ops};
 pub use self::spec::{REPLACE, ServiceShape, check, status};
@@ -56,7 +62,7 @@ use k8s_openapi::api::core::v1::{LoadBalancerStatus, Node, Service};
 
 use crate::AwsProvider;
 use crate::annotations::{self as ann, LbKind};
-use ccm_framework::provider::{CloudError, CloudResult, LoadBalancer, default_load_balancer_name};
+use ccm_framework::provider::{CloudError, CloudResult, LoadBalancer, OwnedObject, default_load_balancer_name};
 
 impl AwsProvider {
     /// An SDK error of the call `op` as a [`CloudError`], for `map_err`.
@@ -145,5 +151,18 @@ impl LoadBalancer for AwsProvider {
         let classic = self.delete_classic(service).await;
         self.delete_nlb(cluster_name, service).await?;
         classic
+    }
+
+    /// Ownership is the cluster ID's tags (the cloud-config's or the instance's), not
+    /// `--cluster-name`, as for every other object of this provider.
+    async fn list_owned(&self, _cluster_name: &str) -> CloudResult<Vec<OwnedObject>> {
+        self.scan_owned().await
+    }
+
+    /// Load balancers, then target groups, then security groups; each object's tags are read
+    /// again first, and one no longer owned by the cluster (or now naming another Service) is
+    /// refused with [`CloudError::ImplementedElsewhere`] and kept.
+    async fn delete_owned(&self, _cluster_name: &str, objects: &[OwnedObject]) -> Vec<CloudResult<()>> {
+        self.sweep_owned(objects).await
     }
 }

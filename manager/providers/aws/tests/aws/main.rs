@@ -10,6 +10,7 @@
 //! - `nodes`, `nlb`, `classic`, `routes`, `config`: the provider area by area.
 //! - `faults`: kills at every request, throttling, security-group modes.
 //! - `adoption`: load balancers made by hand as upstream makes them, adopted quietly.
+//! - `orphans`: the orphan scan's listing and deletion of what the cluster owns (S34, S35).
 //! - `bench`: benchmarks, ignored unless asked for.
 //!
 //! Against upstream cloud-provider-aws v1.36.1's own binary (skipped without it, see `upstream`):
@@ -42,5 +43,6 @@ mod differential;
 mod faults;
 mod nlb;
 mod nodes;
+mod orphans;
 mod routes;
 mod takeover;

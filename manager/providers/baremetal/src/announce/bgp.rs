@@ -33,6 +33,10 @@ pub const MAX_PASSWORD_BYTES: usize = 80;
 pub const DEFAULT_HOLD_TIME: Duration = Duration::from_secs(90);
 /// The BGP port.
 pub const BGP_PORT: u16 = 179;
+/// The port BIRD listens on when `listenPort` is not given: not 179, which the announcer's
+/// BIRD (uid 65532; Kubernetes gives a non-root process no added capability) cannot bind, and
+/// BIRD stops a session whose listening socket failed. The Node opens every session itself.
+pub const DEFAULT_LISTEN_PORT: u16 = 1790;
 /// The environment variable the announcer process reads the node's IPv4 address from (the
 /// default router ID; the DaemonSet sets it from the downward API's `status.hostIP`).
 pub const NODE_IP_ENV: &str = "NODE_IP";
@@ -97,6 +101,10 @@ pub struct BgpConfig {
     /// `LOCAL_PREF` of the announced routes (sent to iBGP peers only, as BGP defines).
     #[serde(default)]
     pub local_pref: Option<u32>,
+    /// The TCP port BIRD listens on for sessions a peer opens (default
+    /// [`DEFAULT_LISTEN_PORT`]); the Node opens sessions to each peer's `port` either way.
+    #[serde(default)]
+    pub listen_port: Option<u16>,
 }
 
 /// One BGP peer.
@@ -167,6 +175,9 @@ impl BgpConfig {
                     Problem::Clash { how, other: peers.index(first).field("address") },
                 ));
             }
+        }
+        if self.listen_port == Some(0) {
+            return invalid(path.field("listenPort"), BAD_PORT);
         }
         let communities = path.field("communities");
         if self.communities.len() > MAX_COMMUNITIES {
@@ -365,7 +376,8 @@ pub fn render(
     peers.sort_by_key(|(_, peer)| peer.address);
     for (index, peer) in peers {
         let _ = writeln!(out, "protocol bgp {} {{", protocol_name(peer.address));
-        let _ = writeln!(out, "  local as {};", config.local_asn);
+        let listen = config.listen_port.unwrap_or(DEFAULT_LISTEN_PORT);
+        let _ = writeln!(out, "  local port {listen} as {};", config.local_asn);
         let port = peer.port.unwrap_or(BGP_PORT);
         let _ = writeln!(out, "  neighbor {} port {port} as {};", peer.address, peer.asn);
         let _ = writeln!(out, "  hold time {};", peer.hold_seconds());
@@ -461,14 +473,17 @@ mod tests {
         assert!(text.contains("router id 10.0.0.5;"), "{text}");
         assert!(text.contains("neighbor 192.0.2.1 port 179 as 64513;"), "{text}");
         assert!(text.contains("hold time 90;"), "{text}");
+        // A non-root BIRD cannot listen on 179 and would stop the session ("No listening socket").
+        assert!(text.contains("local port 1790 as 64512;"), "{text}");
     }
 
     #[test]
     fn every_field_is_read() {
-        let yaml = "localAsn: 64512\nrouterId: 10.1.1.1\ncommunities: ['65000:100']\nlocalPref: 200\npeers:\n- address: 2001:db8::1\n  asn: 64512\n  port: 1179\n  passwordFile: /etc/bgp/peer\n  holdTime: 9s\n  multihop: 3\n";
+        let yaml = "localAsn: 64512\nrouterId: 10.1.1.1\ncommunities: ['65000:100']\nlocalPref: 200\nlistenPort: 179\npeers:\n- address: 2001:db8::1\n  asn: 64512\n  port: 1179\n  passwordFile: /etc/bgp/peer\n  holdTime: 9s\n  multihop: 3\n";
         let config = parse(yaml).expect("valid");
         assert_eq!(config.router_id, Some(Ipv4Addr::new(10, 1, 1, 1)));
         assert_eq!(config.local_pref, Some(200));
+        assert_eq!(config.listen_port, Some(179));
         let peer = &config.peers[0];
         assert_eq!(peer.address, "2001:db8::1".parse::<IpAddr>().expect("ip"));
         assert_eq!((peer.port, peer.multihop, peer.hold_seconds()), (Some(1179), Some(3), 9));
@@ -499,6 +514,7 @@ mod tests {
             (peer("  passwordFile: secret.txt\n"), "bgp.peers[0].passwordFile", BAD_PASSWORD_FILE),
             (format!("{GOOD}communities: ['65000:70000']"), "bgp.communities[0]", BAD_COMMUNITY),
             (format!("{GOOD}communities: ['65000']"), "bgp.communities[0]", BAD_COMMUNITY),
+            (format!("{GOOD}listenPort: 0"), "bgp.listenPort", BAD_PORT),
         ];
         for (yaml, path, expected) in cases {
             let text = message(&yaml);
@@ -597,7 +613,8 @@ mod tests {
         assert!(filter.trim_end().ends_with("reject;\n}"), "everything else is rejected: {filter}");
 
         let peer4 = block(&text, "protocol bgp peer_10_0_0_2 {");
-        for line in ["local as 64512;", "neighbor 10.0.0.2 port 179 as 64513;", "hold time 0;", "multihop 2;"] {
+        for line in ["local port 1790 as 64512;", "neighbor 10.0.0.2 port 179 as 64513;", "hold time 0;", "multihop 2;"]
+        {
             assert!(peer4.contains(line), "{line} in {peer4}");
         }
         assert!(peer4.contains("ipv4 {\n    import none;\n    export filter ccm_export_v4;\n    next hop self;\n  };"));

@@ -1,6 +1,6 @@
 //! BGP announcement through BIRD, in network namespaces this test creates (issue 27 items 3 and
-//! 5): a "node" namespace runs BIRD on the config our announcer renders and reloads, with no
-//! capability but `CAP_NET_BIND_SERVICE`; a "router" namespace runs a second BIRD peering with it
+//! 5): a "node" namespace runs BIRD on the config our announcer renders and reloads, as the
+//! announcer pod's sidecar runs it (uid 65532, no capability); a "router" namespace runs a second BIRD peering with it
 //! over a veth pair, over IPv4 (with a TCP-MD5 password) and IPv6. Needs root and BIRD 2
 //! (`apt-get install bird2`); otherwise it prints `SKIPPED` and returns.
 
@@ -93,12 +93,20 @@ impl Lab {
     }
 
     /// Start BIRD in `ns` on `config`, with control socket `socket`; `least_privilege` runs it
-    /// with `CAP_NET_BIND_SERVICE` as its only capability, as the announcer pod's sidecar would.
+    /// as the announcer pod's sidecar runs: uid and gid 65532 and no capability at all
+    /// (Kubernetes gives a non-root process none of the capabilities it adds).
     fn start_bird(&mut self, ns: &str, config: &Path, socket: &Path, least_privilege: bool) {
         let mut command = Command::new("ip");
         command.args(["netns", "exec", ns]);
         if least_privilege {
-            command.args(["setpriv", "--inh-caps=-all", "--bounding-set=-all,+net_bind_service"]);
+            command.args([
+                "setpriv",
+                "--reuid=65532",
+                "--regid=65532",
+                "--clear-groups",
+                "--inh-caps=-all",
+                "--bounding-set=-all",
+            ]);
         }
         command.arg("bird").arg("-f").arg("-c").arg(config).arg("-s").arg(socket);
         let child = command.stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("start bird");
@@ -212,9 +220,15 @@ async fn bgp_host_routes_reach_a_bird_router_and_are_withdrawn_with_sessions_kep
     .expect("router config");
     lab.start_bird(&router_ns, &router_config, &router_socket, false);
 
+    // The pod's shared volume: group 65532 (its fsGroup), group-writable, so BIRD reads the
+    // config the announcer writes and makes its socket there.
+    let shared = lab.dir.join("node");
+    std::fs::create_dir_all(&shared).expect("shared dir");
+    std::os::unix::fs::chown(&shared, Some(0), Some(65532)).expect("chown the shared dir");
+    std::fs::set_permissions(&shared, std::os::unix::fs::PermissionsExt::from_mode(0o2770)).expect("chmod");
     let settings = BirdSettings {
-        config_path: lab.dir.join("node.conf"),
-        socket_path: lab.dir.join("node.ctl"),
+        config_path: shared.join("bird.conf"),
+        socket_path: shared.join("bird.ctl"),
         timeout: Duration::from_secs(5),
     };
     let config = BgpConfig {
@@ -297,7 +311,7 @@ async fn bgp_host_routes_reach_a_bird_router_and_are_withdrawn_with_sessions_kep
     tokio::time::timeout(WAIT, task).await.expect("the loop stops on cancel").expect("no panic");
 
     eprintln!(
-        "BGP via BIRD (node BIRD with CAP_NET_BIND_SERVICE only): sessions up and first routes on the router {} ms after BIRD start; announce to route on the router {} ms; announce to withdrawal {} ms; sessions kept across the reloads",
+        "BGP via BIRD (node BIRD as uid 65532 with no capability, listening on 1790): sessions up and first routes on the router {} ms after BIRD start; announce to route on the router {} ms; announce to withdrawal {} ms; sessions kept across the reloads",
         session_up.as_millis(),
         to_route.as_millis(),
         to_withdrawal.as_millis()

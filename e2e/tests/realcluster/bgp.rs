@@ -1,0 +1,201 @@
+//! BGP on three Nodes through the operator-rendered announcer: its BIRD sidecar (the image the
+//! project's image builder made from the Dockerfile's `bird` target) peers with the router's
+//! BIRD from every Node; the router holds one route with a next hop per Node (ECMP); a Node
+//! powered off has its next hop withdrawn within the hold time while a client keeps polling;
+//! back on, it is announced again.
+
+use std::collections::BTreeSet;
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use e2e::realcluster::Place;
+use e2e::realcluster::router::{RouterBird, RouterConfig, router_next_hops};
+use e2e::realcluster::traffic::Poller;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams};
+use serde_json::json;
+
+use crate::l2::{ANNOUNCER_LABEL, label_for_announcers};
+use crate::multinode::{
+    BGP_ADDRESS, Inventory, NODE_ASN, POLL, ROLLED_ARGS, ROUTER_ASN, all_ready, announcers_rolled, blocking,
+    cloud_config, first_answer, label_for_managers, lb_service, measured, power_off, power_on, power_on_any_stopped,
+    service_addr, spec,
+};
+use crate::{CCM_NAME, CCM_NS, Ctx, apply, put_cloud_config, wait};
+
+/// The hold time both sides use (the cloud-config's `holdTime` and the router's offer): a
+/// silent Node's routes go within it.
+pub const HOLD_SECONDS: u16 = 3;
+/// The uid BIRD runs as in the sidecar (the operator's `NON_ROOT_UID`).
+const BIRD_UID: &str = "65532";
+
+/// The announcer DaemonSet's generation now (0 when there is none).
+async fn announcer_generation(ctx: &Ctx) -> i64 {
+    let daemon_sets: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), CCM_NS);
+    let ds = daemon_sets.get_opt(&format!("ccm-{CCM_NAME}-announcer")).await.ok().flatten();
+    ds.and_then(|d| d.metadata.generation).unwrap_or(0)
+}
+
+/// A Node's address on the router's segment: an added Node's own address; the host's Node
+/// (whose node address is elsewhere) its bridge's, where its BIRD's sessions come from.
+fn segment_ip(ctx: &Ctx, node: &str) -> Ipv4Addr {
+    if node == ctx.cluster.node_name {
+        ctx.cluster.network.segment_address(1)
+    } else {
+        ctx.cluster.node(node).map(|p| p.ip).expect("a Node's address")
+    }
+}
+
+/// The next hop the router picks for the client's flow to the BGP address.
+fn client_flow_hop(ctx: &Ctx) -> Option<Ipv4Addr> {
+    let (client, dev) = (ctx.cluster.network.client_address().to_string(), ctx.cluster.network.segment_bridge.clone());
+    let target = BGP_ADDRESS.to_string();
+    let args = ["-4", "route", "get", target.as_str(), "from", client.as_str(), "iif", dev.as_str()];
+    let out = ctx.cluster.command_in(Place::Router, "ip", &args).ok()?;
+    e2e::realcluster::router::next_hops(&out).first().copied()
+}
+
+/// The router's next hops for the BGP address, as a set.
+async fn next_hops(ctx: &Arc<Ctx>) -> BTreeSet<Ipv4Addr> {
+    let c = ctx.clone();
+    blocking(move || router_next_hops(&c.cluster, BGP_ADDRESS).unwrap_or_default()).await.into_iter().collect()
+}
+
+/// Waits until the router's route to the BGP address has exactly `hops` as next hops; returns
+/// the seconds since `since`.
+async fn route_via(ctx: &Arc<Ctx>, hops: &BTreeSet<Ipv4Addr>, since: Instant) -> f64 {
+    wait(&format!("the router's route to {BGP_ADDRESS} via {hops:?}"), Duration::from_secs(120), || async {
+        (next_hops(ctx).await == *hops).then(|| since.elapsed().as_secs_f64())
+    })
+    .await
+}
+
+/// The announcer Pods (not being deleted) by Node.
+pub async fn announcer_pods(ctx: &Ctx) -> Vec<(String, Pod)> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), CCM_NS);
+    let prefix = format!("ccm-{CCM_NAME}-announcer-");
+    let list = pods.list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default();
+    list.into_iter()
+        .filter(|p| p.name_any().starts_with(&prefix) && p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| Some((p.spec.as_ref()?.node_name.clone()?, p)))
+        .collect()
+}
+
+/// Runs `sh -c SCRIPT` in a Pod's container; its output.
+fn exec(ctx: &Ctx, pod: &str, container: &str, script: &str) -> String {
+    ctx.cluster
+        .kubectl_raw(&["exec", "-n", CCM_NS, pod, "-c", container, "--", "sh", "-c", script])
+        .unwrap_or_else(|e| panic!("exec in {pod}/{container}: {e}"))
+}
+
+/// Issue 46 (and issue 45's proof on a real Pod): announcers with `l2` and `bgp` on all three
+/// Nodes; each Pod's BIRD sidecar runs as the non-root user, reads the configuration the
+/// announcer (root, for `NET_RAW`) wrote owner- and group-readable only, and peers with the
+/// router; a `VIP` Service of the `bgp` pool is routed by the router to all three Nodes; a Node
+/// powered off is withdrawn within the hold time, and the client's longest gap is measured.
+pub async fn bgp_every_node_peers_with_the_router_ecmp_and_a_stopped_node_is_withdrawn(ctx: Arc<Ctx>) {
+    assert!(
+        ctx.bird_image,
+        "the BIRD sidecar image was not built: install Debian's bird2 (apt-get install bird2), as .ci/run does"
+    );
+    power_on_any_stopped(&ctx).await;
+    let names = ctx.cluster.node_names();
+    wait("the three Nodes Ready", Duration::from_secs(60), || async { all_ready(&ctx, &names).await.then_some(()) })
+        .await;
+    for n in &names {
+        label_for_announcers(&ctx, n);
+    }
+    label_for_managers(&ctx, &ctx.cluster.node_name, true);
+    let node_ips: BTreeSet<Ipv4Addr> = names.iter().map(|n| segment_ip(&ctx, n)).collect();
+    let router = RouterConfig {
+        address: ctx.cluster.network.router_address(),
+        asn: ROUTER_ASN,
+        peer_asn: NODE_ASN,
+        peers: node_ips.iter().copied().collect(),
+        hold_seconds: HOLD_SECONDS,
+    };
+    let bird = RouterBird::of(&ctx.cluster);
+    let (c, b, conf) = (ctx.clone(), bird.clone(), router.render());
+    blocking(move || b.apply(&c.cluster, &conf)).await.unwrap_or_else(|e| panic!("the router's BIRD: {e}"));
+
+    let t = Instant::now();
+    let before = announcer_generation(&ctx).await;
+    put_cloud_config(&ctx, &cloud_config(&ctx, &Inventory { bgp: true, ..Inventory::default() })).await;
+    let announcer = json!({"l2": true, "bgp": true, "nodeSelector": {ANNOUNCER_LABEL: "true"}});
+    apply(&ctx.client, spec("DaemonSet", 2, Some(announcer), ROLLED_ARGS)).await;
+    announcers_rolled(&ctx, 3, before).await;
+    let rolled = t.elapsed().as_secs_f64();
+    let sessions = wait("a BGP session with every Node Established", Duration::from_secs(120), || async {
+        let b = bird.clone();
+        let up = blocking(move || b.established()).await.ok()?;
+        (up.len() == names.len()).then(|| t.elapsed().as_secs_f64())
+    })
+    .await;
+    measured(format!(
+        "BGP: announcers with the BIRD sidecar applied to all three rolled out: {rolled:.1} s; every session with the router Established: {sessions:.1} s"
+    ));
+
+    // The sidecar as the operator renders it: not root, and the config it reads is not world-
+    // readable (the announcer writes it as root; the Pod's fsGroup lets BIRD read it).
+    for (node, pod) in announcer_pods(&ctx).await {
+        let pod = pod.name_any();
+        let id = exec(&ctx, &pod, "bird", "id -u");
+        assert_eq!(id.trim(), BIRD_UID, "BIRD on {node} runs as the non-root user");
+        let mode = exec(&ctx, &pod, "bird", "stat -c %a /run/bird/bird.conf");
+        assert_eq!(mode.trim(), "640", "the config on {node} is readable by its owner and group only");
+        let socket = exec(&ctx, &pod, "bird", "test -S /run/bird/bird.ctl && echo socket");
+        assert_eq!(socket.trim(), "socket", "BIRD on {node} listens on the control socket the announcer drives");
+    }
+
+    let t = Instant::now();
+    let annotations = json!({"ccm.rs/address-pool": "bgp", "ccm.rs/ip-mode": "VIP"});
+    let ip = lb_service(&ctx, "web-bgp", "web", annotations, false).await;
+    assert_eq!(ip, BGP_ADDRESS, "the bgp pool's one address");
+    let ecmp = route_via(&ctx, &node_ips, t).await;
+    let addr = service_addr(ip);
+    first_answer(&ctx, Some(Place::Client), addr, "web").await;
+    measured(format!(
+        "BGP: Service created to the router's route via all three Nodes (ECMP): {ecmp:.1} s; to the client's first answer: {:.1} s",
+        t.elapsed().as_secs_f64()
+    ));
+
+    // ECMP hashes each flow to one next hop: stop the Node carrying the client's flow, so the
+    // gap measured is that of a flow whose Node went (the host's Node cannot be stopped).
+    let hop = client_flow_hop(&ctx);
+    let carrying = names[1..].iter().find(|n| Some(segment_ip(&ctx, n)) == hop).cloned();
+    let stopped = carrying.clone().unwrap_or_else(|| names[1].clone());
+    eprintln!("    the router sends the client's flow via {hop:?}: stopping {stopped}");
+    let stopped_ip = segment_ip(&ctx, &stopped);
+    let rest: BTreeSet<Ipv4Addr> = node_ips.iter().copied().filter(|a| *a != stopped_ip).collect();
+    let poller = Poller::start(&ctx.cluster, Some(Place::Client), addr, POLL, "pod=web-").expect("the client's poller");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stopped_at = poller.started().elapsed();
+    let t = Instant::now();
+    let stop_secs = power_off(&ctx, &stopped).await;
+    let withdrawn = route_via(&ctx, &rest, t).await;
+    wait("the client answered after the withdrawal", Duration::from_secs(60), || async {
+        poller.traffic().answered_since(stopped_at + Duration::from_secs_f64(withdrawn)).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let traffic = poller.stop().expect("the poller");
+    let gap = traffic.longest_outage().map(|o| o.seconds()).unwrap_or(0.0);
+    measured(format!(
+        "BGP withdrawal: {stopped} powered off ({stop_secs:.1} s{}) to the router's route without it: {withdrawn:.1} s (hold time {HOLD_SECONDS} s); {} (a request every 100 ms)",
+        if carrying.is_some() { ", the Node carrying the client's flow" } else { ", not carrying the client's flow" },
+        traffic.summary()
+    ));
+    assert!(
+        withdrawn < f64::from(HOLD_SECONDS) + 10.0,
+        "withdrawn within the hold time and a little: {withdrawn:.1} s"
+    );
+    assert!(gap < f64::from(HOLD_SECONDS) + 10.0, "traffic again once withdrawn: {traffic:?}");
+
+    let secs = power_on(&ctx, &stopped).await;
+    let t = Instant::now();
+    let back = route_via(&ctx, &node_ips, t).await;
+    measured(format!("BGP: {stopped} started again: Ready in {secs:.1} s, its next hop back {back:.1} s later"));
+}
