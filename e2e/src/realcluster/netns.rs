@@ -170,6 +170,11 @@ pub(crate) fn route(netns: Option<&str>, cidr: &str, via: Ipv4Addr) -> Result<()
 /// it even where the FORWARD policy is DROP (rules tagged `comment`).
 pub(crate) fn create_bridge(bridge: &str, address: Ipv4Addr, prefix: u8, comment: &str) -> Result<(), Error> {
     run("ip", &["link", "add", bridge, "type", "bridge"])?;
+    // A bridge without an address of its own takes its lowest port's, so a Node starting or
+    // stopping (a veth joining or leaving) changed the gateway's MAC under every Node's ARP
+    // entry: their traffic to the host went nowhere until the entry expired (30-50 s stalls in
+    // the failover and drain scenarios). A fixed address keeps it.
+    run("ip", &["link", "set", "dev", bridge, "address", &bridge_mac(address)])?;
     run("ip", &["addr", "add", &format!("{address}/{prefix}"), "dev", bridge])?;
     run("ip", &["link", "set", bridge, "up"])?;
     for dir in ["-i", "-o"] {
@@ -179,6 +184,13 @@ pub(crate) fn create_bridge(bridge: &str, address: Ipv4Addr, prefix: u8, comment
         )?;
     }
     Ok(())
+}
+
+/// The fixed hardware address of the bridge holding `address`: locally administered, unicast,
+/// from the address's four bytes (`02:cc:c6:13:00:01` for 198.19.0.1).
+pub(crate) fn bridge_mac(address: Ipv4Addr) -> String {
+    let [a, b, c, d] = address.octets();
+    format!("02:cc:{a:02x}:{b:02x}:{c:02x}:{d:02x}")
 }
 
 /// Removes a bridge and its FORWARD rules (those tagged `comment`).
@@ -197,6 +209,12 @@ pub(crate) fn delete_bridge(bridge: &str, comment: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bridge_gets_a_fixed_locally_administered_unicast_address_from_its_ip() {
+        assert_eq!(bridge_mac(Ipv4Addr::new(198, 19, 0, 1)), "02:cc:c6:13:00:01");
+        assert_ne!(bridge_mac(Ipv4Addr::new(198, 19, 0, 1)), bridge_mac(Ipv4Addr::new(198, 19, 1, 1)));
+    }
 
     #[test]
     fn an_attachment_makes_the_namespace_a_veth_on_the_bridge_its_address_and_default_route() {

@@ -395,6 +395,38 @@ async fn the_operators_token_cannot_run_a_shell_in_bird_or_an_unhardened_pod() {
             "capabilities.drop",
         ),
         (
+            "a manager started with another kubeconfig",
+            edited(&manager, |d| with_arg(d, "--kubeconfig=/var/run/secrets/other/kubeconfig")),
+            "args",
+        ),
+        (
+            "a manager logging at trace level (the AWS SDK's signed requests)",
+            edited(&manager, |d| with_arg(d, "--v=9")),
+            "args",
+        ),
+        (
+            "a manager serving on every address of the host",
+            edited(&manager, |d| {
+                for arg in d["spec"]["template"]["spec"]["containers"][0]["args"].as_array_mut().into_iter().flatten() {
+                    if arg.as_str().is_some_and(|a| a.starts_with("--bind-address")) {
+                        *arg = json!("--bind-address=0.0.0.0");
+                    }
+                }
+            }),
+            "args",
+        ),
+        (
+            "a manager whose POD_IP is written by hand",
+            edited(&manager, |d| {
+                for env in d["spec"]["template"]["spec"]["containers"][0]["env"].as_array_mut().into_iter().flatten() {
+                    if env["name"] == "POD_IP" {
+                        *env = json!({"name": "POD_IP", "value": "0.0.0.0"});
+                    }
+                }
+            }),
+            "env",
+        ),
+        (
             "the manager role bound to a ServiceAccount outside the managed namespaces",
             edited(&binding, |b| b["subjects"][0]["namespace"] = json!("kube-system")),
             "subjects",
@@ -403,6 +435,16 @@ async fn the_operators_token_cannot_run_a_shell_in_bird_or_an_unhardened_pod() {
     for (what, object, field) in &crafted {
         let message = refused_by_admission(what, || apply_dry_run(&operator, object)).await;
         assert!(message.contains(field), "{what}: the refusal should name {field}: {message}");
+    }
+}
+
+/// Appends `arg` to the first container's arguments of a workload.
+fn with_arg(workload: &mut Value, arg: &str) {
+    let args = &mut workload["spec"]["template"]["spec"]["containers"][0]["args"];
+    if let Some(list) = args.as_array_mut() {
+        list.push(json!(arg));
+    } else {
+        *args = json!([arg]);
     }
 }
 

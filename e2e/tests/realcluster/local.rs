@@ -122,6 +122,8 @@ pub async fn local_policy_answered_only_where_an_endpoint_runs(ctx: Arc<Ctx>) {
     let vip = json!({"ccm.rs/address-pool": "l2", "ccm.rs/ip-mode": "VIP"});
     let ip = lb_service(&ctx, "web-local-l2", APP, vip, true).await;
     assert!(L2_POOL.0 <= ip && ip <= L2_POOL.1, "an address of the l2 pool: {ip}");
+    let conditions = lb_conditions(&ctx, "web-local-l2").await;
+    measured(format!("the Service's load-balancer conditions (KEP-6128) on the real cluster: {conditions}"));
     let (node_port, health) = node_ports(&ctx, "web-local-l2").await;
     kube_proxy_answers_on(&ctx, &names, &first, node_port, health).await;
     arp_answered_by(&ctx, ip, &first).await;
@@ -164,6 +166,28 @@ pub async fn local_policy_answered_only_where_an_endpoint_runs(ctx: Arc<Ctx>) {
     for what in ["service/web-local-l2", "service/web-local-proxy", "deployment/web-local"] {
         ctx.cluster.kubectl_raw(&["delete", "-n", NS, what, "--wait=false"]).expect("deleting what the scenario made");
     }
+}
+
+/// Waits until the manager wrote KEP-6128's conditions on Service `name` as a served load
+/// balancer has them (`Accepted` and `Programmed` True, `Degraded` False, each for the current
+/// generation); returns them as `Type=Status (Reason)`.
+async fn lb_conditions(ctx: &Ctx, name: &str) -> String {
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), NS);
+    wait(&format!("{name}'s Accepted, Programmed and Degraded conditions"), Duration::from_secs(60), || async {
+        let s = services.get(name).await.ok()?;
+        let generation = s.metadata.generation;
+        let all = s.status?.conditions?;
+        let want = [("Accepted", "True"), ("Programmed", "True"), ("Degraded", "False")];
+        let found: Vec<String> = want
+            .iter()
+            .map(|(t, v)| {
+                let c = all.iter().find(|c| c.type_ == *t && c.status == *v && c.observed_generation == generation)?;
+                Some(format!("{t}={v} ({})", c.reason))
+            })
+            .collect::<Option<_>>()?;
+        Some(found.join(", "))
+    })
+    .await
 }
 
 /// Drops the client's neighbour entry for `ip`, so its next request resolves the address again.

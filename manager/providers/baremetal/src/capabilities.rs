@@ -73,7 +73,7 @@ fn address_mode() -> LoadBalancerCapabilities {
     ])
     .with_annotations(shared_annotations())
     .with_annotations([(IP_MODE_ANNOTATION, "`VIP` only; `Proxy` needs `loadBalancer.mode: proxy`")])
-    .with_orphans(false)
+    .with_orphans(true)
 }
 
 /// Mode proxy: the leader's data path listens on the addresses and forwards to the nodePorts.
@@ -124,7 +124,7 @@ fn proxy_mode() -> LoadBalancerCapabilities {
     #[cfg(feature = "datapath")]
     let lb =
         lb.with_annotations([(SOURCE_RANGES_ANNOTATION, "client CIDRs when `spec.loadBalancerSourceRanges` is empty")]);
-    lb.with_orphans(false)
+    lb.with_orphans(true)
 }
 
 /// The annotations both modes read: requested addresses, sharing and pools, ours first, then
@@ -197,7 +197,7 @@ mod tests {
             assert!((c.instances, c.routes) == (true, false));
             let lb = c.load_balancer.unwrap();
             assert!(lb.fields.iter().all(|f| f.support != Support::Unknown && !f.note.is_empty()), "{lb:?}");
-            assert!(!lb.orphans);
+            assert!(lb.orphans);
             assert!(lb.annotations.iter().any(|a| a.name == LOAD_BALANCER_IPS_ANNOTATION));
         }
         assert!(capabilities(crate::NAME, false, false).load_balancer.is_none(), "no pools, no service controller");

@@ -973,6 +973,15 @@ impl Allocator {
         released
     }
 
+    /// Every Service holding addresses: its key, UID and addresses, ordered by key (the orphan
+    /// report lists them; one whose Service is gone is an orphan).
+    pub fn assignments(&self) -> Vec<(ServiceKey, Option<String>, Vec<IpAddr>)> {
+        let state = self.lock();
+        let mut out: Vec<_> = state.services.iter().map(|(k, a)| (k.clone(), a.uid.clone(), a.ips.clone())).collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
     /// Addresses in use inside one block (for per-family usage).
     pub fn in_use_in(&self, block: &IpBlock) -> usize {
         self.lock().in_use(block)

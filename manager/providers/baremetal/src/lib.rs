@@ -18,6 +18,7 @@ pub mod duration;
 pub mod inventory;
 pub mod ipam;
 pub mod name;
+pub mod orphans;
 pub mod pool_import;
 pub mod pool_import_watch;
 pub mod pool_metrics;
@@ -44,8 +45,8 @@ use self::inventory::Inventory;
 use self::ipam::{AllocError, Allocator, RestoreReport, ServiceKey};
 use self::probe::{ProbeStates, ProbeTarget};
 use ccm_framework::provider::{
-    CloudError, CloudProvider, CloudResult, Health, InitContext, InstanceMetadata, Instances, LoadBalancer, Refusal,
-    Reload, health_reasons,
+    CloudError, CloudProvider, CloudResult, Health, InitContext, InstanceMetadata, Instances, LoadBalancer,
+    OwnedObject, Refusal, Reload, health_reasons,
 };
 use ccm_framework::registry::{Built, FactoryInput, Registry, RegistryError};
 use ccm_framework::webhook::AdmissionWebhook;
@@ -624,6 +625,34 @@ impl LoadBalancer for BaremetalProvider {
     async fn ensure_load_balancer_deleted(&self, _cluster_name: &str, service: &Service) -> CloudResult<()> {
         self.release(service);
         self.sync_kube_vip(service, None).await
+    }
+
+    async fn list_owned(&self, _cluster_name: &str) -> CloudResult<Vec<OwnedObject>> {
+        Ok(orphans::owned(&self.allocator.assignments()))
+    }
+
+    async fn delete_owned(&self, _cluster_name: &str, objects: &[OwnedObject]) -> Vec<CloudResult<()>> {
+        objects
+            .iter()
+            .map(|object| {
+                // Re-checked against the allocator now: given back already is a success.
+                if let Some((key, uid)) = orphans::holder_to_release(&self.allocator.assignments(), object) {
+                    let gone = Service {
+                        metadata: kube::api::ObjectMeta {
+                            namespace: Some(key.namespace),
+                            name: Some(key.name),
+                            uid,
+                            ..Default::default()
+                        },
+                        ..Default::default()
+                    };
+                    // Its addresses and the data path's listeners for it; the Service is gone,
+                    // so there is no kube-vip annotation to remove.
+                    self.release(&gone);
+                }
+                Ok(())
+            })
+            .collect()
     }
 }
 

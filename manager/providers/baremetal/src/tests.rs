@@ -154,6 +154,35 @@ async fn load_balancers_get_vip_ingress_and_are_released_on_delete() {
 }
 
 #[tokio::test]
+async fn s34_s35_held_addresses_are_listed_for_their_services_and_a_sweep_gives_a_gone_ones_back() {
+    let p = provider(INVENTORY);
+    p.restore_services(&[]);
+    let (kept, gone) = (service("kept"), service("gone"));
+    p.ensure_load_balancer("kubernetes", &kept, &[]).await.unwrap();
+    let status = p.ensure_load_balancer("kubernetes", &gone, &[]).await.unwrap();
+    let freed = ingress_ips(&status);
+    let listed = p.list_owned("kubernetes").await.unwrap();
+    let services: Vec<(&str, Option<&str>, Option<&str>)> =
+        listed.iter().map(|o| (o.kind.as_str(), o.service.as_deref(), o.service_uid.as_deref())).collect();
+    assert_eq!(
+        services,
+        [("address", Some("default/gone"), Some("uid-gone")), ("address", Some("default/kept"), Some("uid-kept"))]
+    );
+    // The scan found default/gone without its Service (its deletion was missed): swept, the
+    // address is its pool's again and the next Service gets it; the kept one is untouched.
+    let orphan: Vec<_> = listed.iter().filter(|o| o.service.as_deref() == Some("default/gone")).cloned().collect();
+    let results = p.delete_owned("kubernetes", &orphan).await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    assert_eq!(p.list_owned("kubernetes").await.unwrap().len(), 1);
+    assert!(p.get_load_balancer("kubernetes", &kept).await.unwrap().is_some());
+    let next = p.ensure_load_balancer("kubernetes", &service("next"), &[]).await.unwrap();
+    assert_eq!(ingress_ips(&next), freed, "the swept address is handed out again");
+    // A second sweep of the same listing finds it held for another Service: nothing is released.
+    assert!(p.delete_owned("kubernetes", &orphan).await.iter().all(Result::is_ok));
+    assert_eq!(p.list_owned("kubernetes").await.unwrap().len(), 2);
+}
+
+#[tokio::test]
 async fn asking_proxy_without_the_data_path_is_an_invalid_annotation_and_takes_no_address() {
     let p = provider(INVENTORY);
     p.restore_services(&[]);
