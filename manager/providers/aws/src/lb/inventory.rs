@@ -5,6 +5,8 @@
 
 use std::collections::BTreeMap;
 
+use aws_sdk_ec2::config::http::HttpResponse;
+use aws_sdk_ec2::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_ec2::types::{Filter, SecurityGroup};
 use ccm_framework::provider::{CloudError, CloudResult, OwnedObject};
 
@@ -39,6 +41,26 @@ struct Listing<T> {
     complete: bool,
 }
 
+/// Follows a listing's markers (or tokens) through at most [`MAX_PAGES`] pages: `page` answers
+/// one page's items and the next marker, empty or absent at the end.
+async fn paginate<T, F, Fut>(mut page: F) -> CloudResult<Listing<T>>
+where
+    F: FnMut(Option<String>) -> Fut,
+    Fut: std::future::Future<Output = CloudResult<(Vec<T>, Option<String>)>>,
+{
+    let mut items = Vec::new();
+    let mut marker = None;
+    for _ in 0..MAX_PAGES {
+        let (mut got, next) = page(marker.take()).await?;
+        items.append(&mut got);
+        match next.filter(|m| !m.is_empty()) {
+            Some(m) => marker = Some(m),
+            None => return Ok(Listing { items, complete: true }),
+        }
+    }
+    Ok(Listing { items, complete: false })
+}
+
 fn tag_map<'a>(pairs: impl Iterator<Item = (&'a str, &'a str)>) -> BTreeMap<String, String> {
     pairs.map(|(k, v)| (k.to_string(), v.to_string())).collect()
 }
@@ -58,74 +80,59 @@ impl AwsProvider {
     /// Every ELBv2 load balancer of the account, at most [`MAX_PAGES`] pages.
     async fn scan_elbv2_lbs(&self) -> CloudResult<Listing<Elbv2Lb>> {
         let elb = &self.clients().await?.elb;
-        let mut items = Vec::new();
-        let mut marker: Option<String> = None;
-        for _ in 0..MAX_PAGES {
+        paginate(|marker| async move {
             let page = elb
                 .describe_load_balancers()
-                .set_marker(marker.take())
+                .set_marker(marker)
                 .page_size(400)
                 .send()
                 .await
                 .map_err(self.elb_err("DescribeLoadBalancers"))?;
-            items.extend(page.load_balancers().iter().filter_map(|l| {
+            let items = page.load_balancers().iter().filter_map(|l| {
                 Some(Elbv2Lb { arn: l.load_balancer_arn()?.to_string(), security_groups: l.security_groups().to_vec() })
-            }));
-            match page.next_marker().filter(|m| !m.is_empty()) {
-                Some(m) => marker = Some(m.to_string()),
-                None => return Ok(Listing { items, complete: true }),
-            }
-        }
-        Ok(Listing { items, complete: false })
+            });
+            Ok((items.collect(), page.next_marker().map(str::to_string)))
+        })
+        .await
     }
 
     /// Every ELBv2 target group's ARN, at most [`MAX_PAGES`] pages.
     async fn scan_target_groups(&self) -> CloudResult<Listing<String>> {
         let elb = &self.clients().await?.elb;
-        let mut items = Vec::new();
-        let mut marker: Option<String> = None;
-        for _ in 0..MAX_PAGES {
+        paginate(|marker| async move {
             let page = elb
                 .describe_target_groups()
-                .set_marker(marker.take())
+                .set_marker(marker)
                 .page_size(400)
                 .send()
                 .await
                 .map_err(self.elb_err("DescribeTargetGroups"))?;
-            items.extend(page.target_groups().iter().filter_map(|t| t.target_group_arn()).map(str::to_string));
-            match page.next_marker().filter(|m| !m.is_empty()) {
-                Some(m) => marker = Some(m.to_string()),
-                None => return Ok(Listing { items, complete: true }),
-            }
-        }
-        Ok(Listing { items, complete: false })
+            let items = page.target_groups().iter().filter_map(|t| t.target_group_arn()).map(str::to_string);
+            Ok((items.collect(), page.next_marker().map(str::to_string)))
+        })
+        .await
     }
 
     /// Every Classic ELB of the account, at most [`MAX_PAGES`] pages.
     async fn scan_classic_lbs(&self) -> CloudResult<Listing<ClassicLb>> {
         let elb = &self.clients().await?.classic;
-        let mut items = Vec::new();
-        let mut marker: Option<String> = None;
-        for _ in 0..MAX_PAGES {
+        paginate(|marker| async move {
             let page = elb
                 .describe_load_balancers()
-                .set_marker(marker.take())
+                .set_marker(marker)
                 .page_size(400)
                 .send()
                 .await
                 .map_err(self.elb_err("DescribeLoadBalancers"))?;
-            items.extend(page.load_balancer_descriptions().iter().filter_map(|d| {
+            let items = page.load_balancer_descriptions().iter().filter_map(|d| {
                 Some(ClassicLb {
                     name: d.load_balancer_name()?.to_string(),
                     security_groups: d.security_groups().to_vec(),
                 })
-            }));
-            match page.next_marker().filter(|m| !m.is_empty()) {
-                Some(m) => marker = Some(m.to_string()),
-                None => return Ok(Listing { items, complete: true }),
-            }
-        }
-        Ok(Listing { items, complete: false })
+            });
+            Ok((items.collect(), page.next_marker().map(str::to_string)))
+        })
+        .await
     }
 
     /// The security groups tagged with the cluster (its key, or the legacy tag), at most
@@ -137,93 +144,78 @@ impl AwsProvider {
         let by_key = Filter::builder().name("tag-key").values(cluster.tag_key()).build();
         let by_legacy = Filter::builder().name(format!("tag:{TAG_CLUSTER_LEGACY}")).values(&cluster.id).build();
         for filter in [by_key, by_legacy] {
-            let mut token: Option<String> = None;
-            let mut done = false;
-            for _ in 0..MAX_PAGES {
+            let filter = &filter;
+            let listing = paginate(|token| async move {
                 let page = ec2
                     .describe_security_groups()
                     .filters(filter.clone())
-                    .set_next_token(token.take())
+                    .set_next_token(token)
                     .max_results(1000)
                     .send()
                     .await
                     .map_err(self.elb_err("DescribeSecurityGroups"))?;
-                for g in page.security_groups() {
-                    if let Some(id) = g.group_id() {
-                        by_id.insert(id.to_string(), g.clone());
-                    }
-                }
-                match page.next_token().filter(|t| !t.is_empty()) {
-                    Some(t) => token = Some(t.to_string()),
-                    None => {
-                        done = true;
-                        break;
-                    }
+                Ok((page.security_groups().to_vec(), page.next_token().map(str::to_string)))
+            })
+            .await?;
+            for g in listing.items {
+                if let Some(id) = g.group_id() {
+                    by_id.insert(id.to_string(), g.clone());
                 }
             }
-            complete &= done;
+            complete &= listing.complete;
         }
         Ok(Listing { items: by_id.into_values().collect(), complete })
     }
 
-    /// Tags of ELBv2 resources by ARN, 20 per call; a resource deleted in between is left out
-    /// (the chunk is then read one by one).
-    async fn scan_elbv2_tags(&self, arns: &[String]) -> CloudResult<BTreeMap<String, BTreeMap<String, String>>> {
-        let elb = &self.clients().await?.elb;
-        let mut out = BTreeMap::new();
-        for chunk in arns.chunks(20) {
-            let answers = match elb.describe_tags().set_resource_arns(Some(chunk.to_vec())).send().await {
-                Ok(r) => vec![r],
+    /// Reads `keys` 20 per call with `read`; a chunk naming an object deleted in between (a
+    /// [`GONE`] code) is read again one by one, leaving the gone ones out.
+    async fn read_in_chunks<R, E, F, Fut>(&self, keys: &[String], mut read: F) -> CloudResult<Vec<R>>
+    where
+        F: FnMut(Vec<String>) -> Fut,
+        Fut: std::future::Future<Output = Result<R, SdkError<E, HttpResponse>>>,
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    {
+        let mut answers = Vec::new();
+        for chunk in keys.chunks(20) {
+            match read(chunk.to_vec()).await {
+                Ok(r) => answers.push(r),
                 Err(e) if code(&e).is_some_and(|c| GONE.contains(&c)) => {
-                    let mut one_by_one = Vec::new();
-                    for arn in chunk {
-                        match elb.describe_tags().resource_arns(arn).send().await {
-                            Ok(r) => one_by_one.push(r),
+                    for key in chunk {
+                        match read(vec![key.clone()]).await {
+                            Ok(r) => answers.push(r),
                             Err(e) if code(&e).is_some_and(|c| GONE.contains(&c)) => {}
                             Err(e) => return Err(self.classify("DescribeTags", e)),
                         }
                     }
-                    one_by_one
                 }
                 Err(e) => return Err(self.classify("DescribeTags", e)),
-            };
-            for r in &answers {
-                for d in r.tag_descriptions() {
-                    let tags =
-                        tag_map(d.tags().iter().map(|t| (t.key().unwrap_or_default(), t.value().unwrap_or_default())));
-                    out.insert(d.resource_arn().unwrap_or_default().to_string(), tags);
-                }
             }
+        }
+        Ok(answers)
+    }
+
+    /// Tags of ELBv2 resources by ARN; a resource deleted in between is left out.
+    async fn scan_elbv2_tags(&self, arns: &[String]) -> CloudResult<BTreeMap<String, BTreeMap<String, String>>> {
+        let elb = &self.clients().await?.elb;
+        let answers =
+            self.read_in_chunks(arns, |chunk| elb.describe_tags().set_resource_arns(Some(chunk)).send()).await?;
+        let mut out = BTreeMap::new();
+        for d in answers.iter().flat_map(|r| r.tag_descriptions()) {
+            let tags = tag_map(d.tags().iter().map(|t| (t.key().unwrap_or_default(), t.value().unwrap_or_default())));
+            out.insert(d.resource_arn().unwrap_or_default().to_string(), tags);
         }
         Ok(out)
     }
 
-    /// Tags of Classic ELBs by name, 20 per call; one deleted in between is left out.
+    /// Tags of Classic ELBs by name; one deleted in between is left out.
     async fn scan_classic_tags(&self, names: &[String]) -> CloudResult<BTreeMap<String, BTreeMap<String, String>>> {
         let elb = &self.clients().await?.classic;
+        let answers =
+            self.read_in_chunks(names, |chunk| elb.describe_tags().set_load_balancer_names(Some(chunk)).send()).await?;
         let mut out = BTreeMap::new();
-        for chunk in names.chunks(20) {
-            let answers = match elb.describe_tags().set_load_balancer_names(Some(chunk.to_vec())).send().await {
-                Ok(r) => vec![r],
-                Err(e) if code(&e).is_some_and(|c| GONE.contains(&c)) => {
-                    let mut one_by_one = Vec::new();
-                    for name in chunk {
-                        match elb.describe_tags().load_balancer_names(name).send().await {
-                            Ok(r) => one_by_one.push(r),
-                            Err(e) if code(&e).is_some_and(|c| GONE.contains(&c)) => {}
-                            Err(e) => return Err(self.classify("DescribeTags", e)),
-                        }
-                    }
-                    one_by_one
-                }
-                Err(e) => return Err(self.classify("DescribeTags", e)),
-            };
-            for r in &answers {
-                for d in r.tag_descriptions() {
-                    let tags = tag_map(d.tags().iter().map(|t| (t.key(), t.value().unwrap_or_default())));
-                    out.insert(d.load_balancer_name().unwrap_or_default().to_string(), tags);
-                }
-            }
+        for d in answers.iter().flat_map(|r| r.tag_descriptions()) {
+            let tags = tag_map(d.tags().iter().map(|t| (t.key(), t.value().unwrap_or_default())));
+            out.insert(d.load_balancer_name().unwrap_or_default().to_string(), tags);
         }
         Ok(out)
     }
