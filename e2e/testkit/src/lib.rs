@@ -29,6 +29,7 @@ pub mod fixtures;
 pub mod genuine;
 mod logs;
 mod repo;
+pub mod tls;
 pub mod wait;
 mod waiting;
 

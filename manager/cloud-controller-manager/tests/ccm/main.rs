@@ -16,6 +16,7 @@
 //! - `serving`: the endpoint server over real sockets: TLS, delegated auth, timeouts, exhaustion.
 //! - `shadow`: shadow mode writes nothing and reports exactly the expected differences.
 //! - `upstream_flags`: every flag of upstream v1.36's `--help` parses (M8), against a snapshot.
+//! - `webhook`: the genuine API server calls the manager's webhook listener (KEP-2699 hosting).
 
 mod api_outage;
 mod events;
@@ -29,3 +30,4 @@ mod service_controller;
 mod serving;
 mod shadow;
 mod upstream_flags;
+mod webhook;
