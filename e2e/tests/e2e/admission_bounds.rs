@@ -7,8 +7,8 @@
 //! Leases. The local server enforces no admission, so these run on the genuine backend only.
 
 use crate::kit::{
-    BAREMETAL_ANNOUNCING, announcing_settings, apply_as_operator, apply_dynamic, dynamic_target, edited,
-    install_chart_rbac_and_policies, operator_children_with,
+    BAREMETAL_ANNOUNCING, ChartWorld, announcing_settings, apply_as_operator, apply_dynamic, chart_world,
+    dynamic_target, edited, install_chart_rbac_and_policies, operator_children_with,
 };
 use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
@@ -298,19 +298,9 @@ async fn delete(client: &Client, object: &Value) -> Result<(), kube::Error> {
 /// ClusterRoleBinding of the manager role to a ServiceAccount outside the managed namespaces.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operators_token_cannot_run_a_shell_in_bird_or_an_unhardened_pod() {
-    if !Backend::genuine_available() {
-        eprintln!("SKIPPED: needs the genuine API server (CCM_TEST_ASSETS): admission policies");
-        return;
-    }
-    let cluster = TestCluster::start(Backend::Genuine).await.expect("the API server starts");
-    cluster.install_crd(&crds::crd()).await.expect("the CRD installs");
-    let admin = cluster.client();
-    let managers = cluster.fresh_namespace("e2e-bounds-pods").await.unwrap();
-    let release_ns = cluster.fresh_namespace("e2e-bounds-psystem").await.unwrap();
-    let release = format!("boundsp{}", std::process::id());
     let bird = "example.test/bird:2";
-    let values = json!({"cloudConfig": {"namespaces": [managers]}, "announcer": {"enabled": true, "birdImage": bird}});
-    let Some((objects, operator)) = install_chart_rbac_and_policies(&cluster, &values, &release, &release_ns).await
+    let Some(ChartWorld { cluster: _cluster, admin, managers, objects, operator }) =
+        chart_world("e2e-bounds-pods", "boundsp", json!({"announcer": {"enabled": true, "birdImage": bird}})).await
     else {
         return;
     };
@@ -455,18 +445,8 @@ fn with_arg(workload: &mut Value, arg: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_announcers_token_reaches_only_announcer_leases() {
     use k8s_openapi::api::coordination::v1::Lease;
-    if !Backend::genuine_available() {
-        eprintln!("SKIPPED: needs the genuine API server (CCM_TEST_ASSETS): admission policies");
-        return;
-    }
-    let cluster = TestCluster::start(Backend::Genuine).await.expect("the API server starts");
-    cluster.install_crd(&crds::crd()).await.expect("the CRD installs");
-    let admin = cluster.client();
-    let managers = cluster.fresh_namespace("e2e-bounds-leases").await.unwrap();
-    let release_ns = cluster.fresh_namespace("e2e-bounds-lsystem").await.unwrap();
-    let release = format!("boundsl{}", std::process::id());
-    let values = json!({"cloudConfig": {"namespaces": [managers]}, "announcer": {"enabled": true}});
-    let Some((objects, operator)) = install_chart_rbac_and_policies(&cluster, &values, &release, &release_ns).await
+    let Some(ChartWorld { cluster, admin, managers, objects, operator }) =
+        chart_world("e2e-bounds-leases", "boundsl", json!({"announcer": {"enabled": true}})).await
     else {
         return;
     };
@@ -542,18 +522,8 @@ async fn an_announcers_token_reaches_only_announcer_leases() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shadow_managers_token_reads_nodes_and_services_and_writes_none() {
     use k8s_openapi::api::core::v1::{Node, Service};
-    if !Backend::genuine_available() {
-        eprintln!("SKIPPED: needs the genuine API server (CCM_TEST_ASSETS): RBAC");
-        return;
-    }
-    let cluster = TestCluster::start(Backend::Genuine).await.expect("the API server starts");
-    cluster.install_crd(&crds::crd()).await.expect("the CRD installs");
-    let admin = cluster.client();
-    let managers = cluster.fresh_namespace("e2e-bounds-shadow").await.unwrap();
-    let release_ns = cluster.fresh_namespace("e2e-bounds-ssystem").await.unwrap();
-    let release = format!("boundss{}", std::process::id());
-    let values = json!({"cloudConfig": {"namespaces": [managers]}});
-    let Some((objects, operator)) = install_chart_rbac_and_policies(&cluster, &values, &release, &release_ns).await
+    let Some(ChartWorld { cluster, admin, managers, objects, operator }) =
+        chart_world("e2e-bounds-shadow", "boundss", json!({})).await
     else {
         return;
     };

@@ -5,15 +5,14 @@
 //! manager never needs are refused, each naming the field.
 
 use crate::kit::{
-    BAREMETAL_ANNOUNCING, announcing_settings, apply_as_operator, apply_dynamic, edited,
-    install_chart_rbac_and_policies, operator_children, operator_children_with,
+    BAREMETAL_ANNOUNCING, ChartWorld, announcing_settings, apply_as_operator, apply_dynamic, chart_world, edited,
+    operator_children, operator_children_with,
 };
 use kube::Client;
 use kube::api::Api;
 use operator::build::{self, BuildSettings};
 use serde_json::{Value, json};
 use std::time::Duration;
-use testkit::{Backend, TestCluster};
 
 /// A server-side apply of `object` as `client` with the operator's field manager.
 async fn apply_as(client: &Client, object: &Value) -> Result<(), kube::Error> {
@@ -124,19 +123,8 @@ fn chart_manager_image(objects: &[Value]) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chart_admission_policy_admits_what_the_operator_builds_and_refuses_what_a_manager_never_needs() {
-    if !Backend::genuine_available() {
-        eprintln!("SKIPPED: needs the genuine API server (CCM_TEST_ASSETS): admission policies");
-        return;
-    }
-    let cluster = TestCluster::start(Backend::Genuine).await.expect("the API server starts");
-    cluster.install_crd(&crds::crd()).await.expect("the CRD installs");
-    let admin = cluster.client();
-    let managers = cluster.fresh_namespace("e2e-vap-cloud").await.unwrap();
-    let release_ns = cluster.fresh_namespace("e2e-vap-system").await.unwrap();
-    let release = format!("vap{}", std::process::id());
-    let values = json!({"cloudConfig": {"namespaces": [managers]}});
-    let Some((objects, operator_client)) =
-        install_chart_rbac_and_policies(&cluster, &values, &release, &release_ns).await
+    let Some(ChartWorld { cluster: _cluster, admin, managers, objects, operator: operator_client }) =
+        chart_world("e2e-vap-cloud", "vap", json!({})).await
     else {
         return;
     };
@@ -252,20 +240,9 @@ async fn chart_admission_policy_admits_what_the_operator_builds_and_refuses_what
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_announcer_enabled_the_policy_admits_the_announcer_and_net_raw_only_in_its_announcer_container() {
-    if !Backend::genuine_available() {
-        eprintln!("SKIPPED: needs the genuine API server (CCM_TEST_ASSETS): admission policies");
-        return;
-    }
-    let cluster = TestCluster::start(Backend::Genuine).await.expect("the API server starts");
-    cluster.install_crd(&crds::crd()).await.expect("the CRD installs");
-    let admin = cluster.client();
-    let managers = cluster.fresh_namespace("e2e-vap-announce").await.unwrap();
-    let release_ns = cluster.fresh_namespace("e2e-vap-asystem").await.unwrap();
-    let release = format!("vapa{}", std::process::id());
     let bird = "example.test/bird:2";
-    let values = json!({"cloudConfig": {"namespaces": [managers]}, "announcer": {"enabled": true, "birdImage": bird}});
-    let Some((objects, operator_client)) =
-        install_chart_rbac_and_policies(&cluster, &values, &release, &release_ns).await
+    let Some(ChartWorld { cluster: _cluster, admin, managers, objects, operator: operator_client }) =
+        chart_world("e2e-vap-announce", "vapa", json!({"announcer": {"enabled": true, "birdImage": bird}})).await
     else {
         return;
     };

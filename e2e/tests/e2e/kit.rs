@@ -460,6 +460,42 @@ pub async fn install_chart_rbac_and_policies(
     Some((objects, Client::try_from(config).expect("a client")))
 }
 
+/// What the admission and RBAC tests share: a genuine API server with the CRD, a managed
+/// namespace, and the chart's RBAC and admission policies installed in a release namespace of
+/// their own, with the operator's client (its ServiceAccount's token).
+pub struct ChartWorld {
+    /// The API server: keep it bound (`cluster: _cluster`), it stops when it drops.
+    pub cluster: TestCluster,
+    /// Its admin client.
+    pub admin: Client,
+    /// The managed namespace (first in `cloudConfig.namespaces`).
+    pub managers: String,
+    /// Everything the chart rendered.
+    pub objects: Vec<Value>,
+    /// The operator's client.
+    pub operator: Client,
+}
+
+/// Starts a [`ChartWorld`]: namespaces `<namespace>` and `<namespace>-system`, release
+/// `<release><pid>`, `values` with the managed namespace put first in `cloudConfig.namespaces`.
+/// `None`, saying why, without the genuine API server or helm.
+pub async fn chart_world(namespace: &str, release: &str, mut values: Value) -> Option<ChartWorld> {
+    if !Backend::genuine_available() {
+        eprintln!("SKIPPED: needs the genuine API server (CCM_TEST_ASSETS): admission policies and RBAC");
+        return None;
+    }
+    let cluster = TestCluster::start(Backend::Genuine).await.expect("the API server starts");
+    cluster.install_crd(&crds::crd()).await.expect("the CRD installs");
+    let managers = cluster.fresh_namespace(namespace).await.expect("the managed namespace");
+    let release_ns = cluster.fresh_namespace(&format!("{namespace}-system")).await.expect("the release namespace");
+    let mut namespaces = vec![json!(managers)];
+    namespaces.extend(values["cloudConfig"]["namespaces"].as_array().cloned().unwrap_or_default());
+    values["cloudConfig"]["namespaces"] = json!(namespaces);
+    let release = format!("{release}{}", std::process::id());
+    let (objects, operator) = install_chart_rbac_and_policies(&cluster, &values, &release, &release_ns).await?;
+    Some(ChartWorld { admin: cluster.client(), cluster, managers, objects, operator })
+}
+
 /// A server-side apply of `object` as `client` with the operator's field manager (a dry run
 /// when asked: admission runs, nothing is stored).
 pub async fn apply_as_operator(client: &Client, object: &Value, dry_run: bool) -> Result<(), kube::Error> {
