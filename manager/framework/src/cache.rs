@@ -8,6 +8,8 @@
 //! ([`trim_node`], [`trim_service`]).
 
 pub mod objects;
+#[cfg(test)]
+mod trim_tests;
 
 use std::fmt::Debug;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
