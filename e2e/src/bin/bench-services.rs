@@ -117,6 +117,11 @@ struct Args {
     /// Give up on a phase after this many seconds.
     #[arg(long, default_value_t = 600)]
     timeout_seconds: u64,
+    /// Give every Node a `spec.podCIDR` (`10.<i/256>.<i%256>.0/24`, inside `--cluster-cidr=10.0.0.0/8`)
+    /// for the route controller; after the idle window, time one more Node's route (the
+    /// manager's `create_route` count rising, and its `NetworkUnavailable` False).
+    #[arg(long)]
+    pod_cidrs: bool,
 }
 
 /// When the driver creates the Services.
@@ -161,6 +166,11 @@ struct Report {
     cpu_ingress: Option<(f64, Option<f64>, f64)>,
     /// The manager's CPU seconds for the added Node.
     cpu_hosts: f64,
+    /// Every manager request in the idle window (reads too) by `verb resource[/subresource]`.
+    idle_requests_by: Option<BTreeMap<String, usize>>,
+    /// With `--pod-cidrs`: seconds from creating a Node to the manager's `create_route` count
+    /// rising, and to its `NetworkUnavailable` False.
+    join_route_secs: Option<(f64, f64)>,
     /// Why the variant stopped early, if it did.
     failed: Option<String>,
 }
@@ -310,6 +320,21 @@ fn node(name: &str) -> Node {
     testkit::node(name).with_provider_id(&format!("fake://{name}")).ready()
 }
 
+/// [`node`], with `spec.podCIDR` `10.<i/256>.<i%256>.0/24` when `pod_cidrs`.
+fn node_at(name: &str, i: usize, pod_cidrs: bool) -> Node {
+    let mut n = node(name);
+    if pod_cidrs {
+        n.spec.get_or_insert_default().pod_cidr = Some(format!("10.{}.{}.0/24", (i / 256) % 256, i % 256));
+    }
+    n
+}
+
+/// Whether `node` has `NetworkUnavailable` False.
+fn network_available(node: &Node) -> bool {
+    let conditions = node.status.as_ref().and_then(|s| s.conditions.as_ref());
+    conditions.is_some_and(|c| c.iter().any(|c| c.type_ == "NetworkUnavailable" && c.status == "False"))
+}
+
 /// A LoadBalancer Service; without node ports when `node_ports` is false.
 fn service(ns: &str, name: &str, node_ports: bool) -> Service {
     let mut service = testkit::lb_service(ns, name);
@@ -358,6 +383,23 @@ fn manager_writes(log: Option<&RequestLog>, since: u64) -> Option<BTreeMap<Strin
             key = format!("{key}/{sub}");
         }
         *out.entry(key).or_insert(0) += 1;
+    }
+    Some(out)
+}
+
+/// Every manager request since `mark` (reads too) by `verb resource[/subresource]`: the
+/// driver's writes, its Service watch in `namespace`, the server's own requests and the genuine
+/// backend's kube-controller-manager (same user, its own user agent) left out.
+fn manager_requests(log: Option<&RequestLog>, since: u64, namespace: &str) -> Option<BTreeMap<String, usize>> {
+    let mut out = BTreeMap::new();
+    for r in log?.since(since).iter().filter(|r| {
+        !matches!(r.field_manager.as_deref(), Some(DRIVER | LIMIT))
+            && r.user.as_deref() != Some("system:apiserver")
+            && !r.user_agent.starts_with("kube-controller-manager")
+            && !(r.resource.as_deref() == Some("services") && r.namespace.as_deref() == Some(namespace))
+    }) {
+        let sub = r.subresource.as_ref().map(|s| format!("/{s}")).unwrap_or_default();
+        *out.entry(format!("{} {}{sub}", r.verb, r.resource.as_deref().unwrap_or(r.path.as_str()))).or_insert(0) += 1;
     }
     Some(out)
 }
@@ -439,8 +481,11 @@ async fn run_variant(
     }
     let nodes: Api<Node> = Api::all(c.client.clone());
     let prefix = c.node_prefix.clone();
-    report.create_nodes_secs =
-        create_all(&nodes, DRIVER, args.nodes, args.create_concurrency, |i| node(&format!("{prefix}-{i}"))).await?;
+    let pod_cidrs = args.pod_cidrs;
+    report.create_nodes_secs = create_all(&nodes, DRIVER, args.nodes, args.create_concurrency, |i| {
+        node_at(&format!("{prefix}-{i}"), i, pod_cidrs)
+    })
+    .await?;
     let services: Api<Service> = Api::namespaced(c.client.clone(), &c.namespace);
     let ns_name = c.namespace.clone();
     let node_ports = !args.no_node_ports;
@@ -506,7 +551,7 @@ async fn run_variant(
     let before_unrelated = updates(&manager.metrics().await);
     nodes
         .create(&post(), &{
-            let mut n = node(&format!("{}-excluded", c.node_prefix));
+            let mut n = node_at(&format!("{}-excluded", c.node_prefix), args.nodes, pod_cidrs);
             n.metadata.labels = Some(BTreeMap::from([(
                 "node.kubernetes.io/exclude-from-external-load-balancers".into(),
                 "true".into(),
@@ -519,7 +564,7 @@ async fn run_variant(
     let before = updates(&manager.metrics().await);
     let cpu_before = cpu_of(&[manager.pid()]);
     let started = Instant::now();
-    nodes.create(&post(), &node(&format!("{}-added", c.node_prefix))).await?;
+    nodes.create(&post(), &node_at(&format!("{}-added", c.node_prefix), args.nodes + 1, pod_cidrs)).await?;
     let deadline = Instant::now() + timeout;
     report.host_updates = loop {
         let done = updates(&manager.metrics().await) - before;
@@ -574,7 +619,31 @@ async fn run_variant(
     let metrics = manager.metrics().await;
     report.idle_calls_by = diff(&metric_by(&metrics, "cloudprovider_api_requests_total", "method"), &idle_calls0);
     report.idle_calls = report.idle_calls_by.values().sum();
+    report.idle_requests_by = manager_requests(control, idle_mark, &c.namespace);
     report.event_metrics = event_metrics(&metrics);
+    if pod_cidrs {
+        // One Node joins: time its route (polled every 20 ms).
+        let routes = |m: &str| metric_by(m, "cloudprovider_api_requests_total", "method").get("create_route").copied();
+        let before = routes(&metrics).unwrap_or(0);
+        let name = format!("{}-joined", c.node_prefix);
+        let started = Instant::now();
+        nodes.create(&post(), &node_at(&name, args.nodes + 2, true)).await?;
+        let (mut created, deadline) = (None, started + timeout);
+        let condition = loop {
+            if created.is_none() && routes(&manager.metrics().await).unwrap_or(0) > before {
+                created = Some(started.elapsed().as_secs_f64());
+            }
+            if created.is_some() && network_available(&nodes.get(&name).await?) {
+                break started.elapsed().as_secs_f64();
+            }
+            manager.check_running()?;
+            if Instant::now() > deadline {
+                return Err("the joined Node got no route".into());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        report.join_route_secs = created.map(|r| (r, condition));
+    }
     report.peak_rss_mib = manager.stop();
     drop(manager);
     // As in bench-nodes, the limit runs with no watch of the driver's open.
@@ -715,6 +784,14 @@ fn print_table(args: &Args, reports: &[Report]) {
         Some(w) if !w.is_empty() => w.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", "),
         Some(_) => "none".to_string(),
         None => "n/a".to_string(),
+    });
+    row("idle: API requests (reads too) by verb and resource", source, &|r| match &r.idle_requests_by {
+        Some(w) if !w.is_empty() => w.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", "),
+        Some(_) => "none".to_string(),
+        None => "n/a".to_string(),
+    });
+    row("a Node joins: create_route called / NetworkUnavailable False", "manager metrics, driver", &|r| {
+        r.join_route_secs.map_or_else(|| "n/a".into(), |(a, b)| format!("{a:.2} s / {b:.2} s"))
     });
     row("idle: cloud calls by method", "manager metrics", &|r| {
         let calls: Vec<_> = r.idle_calls_by.iter().filter(|(_, v)| **v > 0).map(|(k, v)| format!("{k} {v}")).collect();

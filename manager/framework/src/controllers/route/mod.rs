@@ -5,7 +5,7 @@
 //! `NetworkUnavailable` condition when it changed. When an operation failed, a pass runs again
 //! after a backoff instead of waiting for the next period.
 //!
-//! When passes run: with watch-based routes (KEP-5237's beta, the default:
+//! When passes run: with watch-based routes (alpha and off by default as in upstream v1.36, KEP-5237:
 //! `CloudControllerManagerWatchBasedRoutesReconciliation`) at start, shortly after a Node is
 //! added or deleted or changes its pod CIDRs or addresses, at most once per
 //! `route_min_sync_interval` (10 s), and by a safety pass every `--min-resync-period` to twice
