@@ -8,6 +8,7 @@ pub mod demo;
 pub mod kubelet;
 pub mod probe;
 pub mod realcluster;
+pub mod realistic;
 pub mod upstream;
 
 /// Errors of the e2e helpers.

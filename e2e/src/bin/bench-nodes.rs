@@ -88,6 +88,10 @@ struct Args {
     /// Directory for the managers' logs (default: a temporary directory).
     #[arg(long)]
     log_dir: Option<PathBuf>,
+    /// Register Nodes shaped like the real cluster's kubelet Node (`e2e::realistic`: labels,
+    /// annotations, conditions, capacity, nodeInfo, 50 images each) instead of minimal ones.
+    #[arg(long)]
+    realistic: bool,
 }
 
 /// What one run measured.
@@ -169,7 +173,7 @@ async fn run_once(args: &Args, label: &str, command: &str, log_dir: &Path) -> Re
     };
     let nodes: Api<Node> = Api::all(client.clone());
     delete_bench_nodes(&nodes).await?;
-    create_nodes(&nodes, args.nodes).await?;
+    create_nodes(&nodes, args.nodes, args.realistic).await?;
 
     // Watch Nodes the way a controller would; count the tainted ones.
     let (cache, writer) = Cache::<Node>::new();
@@ -342,16 +346,26 @@ fn is_tainted(node: &Node) -> bool {
 }
 
 /// A Node as kubelet registers it with `--cloud-provider=external`: host name, Linux, Ready,
-/// labelled as the benchmark's.
-fn bench_node(name: &str) -> Node {
-    testkit::kubelet_node(name)
+/// labelled as the benchmark's; with `realistic`, the real kubelet's whole shape.
+fn bench_node(name: &str, i: usize, realistic: bool) -> Result<Node, BoxError> {
+    if realistic {
+        return Ok(e2e::realistic::node(name, i, &[(BENCH_LABEL, "true")])?);
+    }
+    Ok(testkit::kubelet_node(name)
         .with_hostname()
         .with_labels(&[("kubernetes.io/os", "linux"), (BENCH_LABEL, "true")])
-        .ready()
+        .ready())
 }
 
-async fn create_nodes(api: &Api<Node>, count: usize) -> Result<(), BoxError> {
+async fn create_nodes(api: &Api<Node>, count: usize, realistic: bool) -> Result<(), BoxError> {
     const IN_FLIGHT: usize = 64;
+    let sample = bench_node("bench-node-00000", 0, realistic)?;
+    eprintln!(
+        "Node objects as sent: {} bytes of JSON each ({}), {} images",
+        e2e::realistic::json_bytes(&sample),
+        if realistic { "the real kubelet's shape" } else { "minimal" },
+        sample.status.as_ref().and_then(|s| s.images.as_ref()).map_or(0, Vec::len)
+    );
     let started = Instant::now();
     let pp = Arc::new(PostParams { field_manager: Some(DRIVER.into()), ..Default::default() });
     let mut tasks = JoinSet::new();
@@ -362,7 +376,8 @@ async fn create_nodes(api: &Api<Node>, count: usize) -> Result<(), BoxError> {
             done??;
         }
         let (api, pp) = (api.clone(), pp.clone());
-        tasks.spawn(async move { api.create(&pp, &bench_node(&format!("bench-node-{i:05}"))).await.map(|_| ()) });
+        let node = bench_node(&format!("bench-node-{i:05}"), i, realistic)?;
+        tasks.spawn(async move { api.create(&pp, &node).await.map(|_| ()) });
     }
     while let Some(done) = tasks.join_next().await {
         done??;
