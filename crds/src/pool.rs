@@ -19,6 +19,8 @@ const RANGE_RULE: &str = "self.all(r, r.split('-').size() == 2 && isIP(r.split('
     && ip(r.split('-')[0].trim()).family() == ip(r.split('-')[1].trim()).family())";
 
 /// Addresses the `baremetal` provider hands to `type: LoadBalancer` Services.
+// Clippy reads printcolumns of the same `type_` as one attribute repeated.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "ccm.rs",

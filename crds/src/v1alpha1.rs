@@ -32,6 +32,8 @@ pub const SWEEP_IN_SHADOW_MESSAGE: &str =
     "orphans.sweep deletes cloud objects, which a shadow manager never does: turn off shadow or sweep";
 
 /// Desired state of a cloud-controller-manager for one cloud provider.
+// Clippy reads printcolumns of the same `type_` as one attribute repeated.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "ccm.rs",

@@ -68,19 +68,13 @@ pub fn known_gates() -> Vec<&'static str> {
     all
 }
 
-/// The gates that change something here, resolved.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The gates that change something here, resolved (every one off by default).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FeatureGates {
     /// [`WATCH_BASED_ROUTES`] (alpha, default off).
     pub watch_based_routes: bool,
     /// [`WEBHOOK`] (alpha, default off).
     pub webhook: bool,
-}
-
-impl Default for FeatureGates {
-    fn default() -> Self {
-        Self { watch_based_routes: false, webhook: false }
-    }
 }
 
 /// What `--feature-gates` set: the gates, and one warning per accepted name without effect.

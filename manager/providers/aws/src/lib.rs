@@ -146,6 +146,10 @@ pub struct AwsProvider {
     ledger: ledger::Ledger,
     /// Held by the one tag scan under way; concurrent syncs wait for it.
     ledger_scan: tokio::sync::Mutex<()>,
+    /// Held while rules on the Nodes' groups are read, computed and written: load balancers
+    /// share those groups (and the path-MTU rules), so two syncs interleaving there would act
+    /// on each other's stale reads.
+    node_group_rules: tokio::sync::Mutex<()>,
     /// Services already told (once per process) that a setting applies to new load balancers only.
     noted: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
@@ -175,8 +179,14 @@ impl AwsProvider {
             topology: std::sync::Mutex::new(topology),
             ledger: ledger::Ledger::default(),
             ledger_scan: tokio::sync::Mutex::new(()),
+            node_group_rules: tokio::sync::Mutex::new(()),
             noted: std::sync::Mutex::new(std::collections::BTreeSet::new()),
         }
+    }
+
+    /// Hold while reading and changing rules on the Nodes' groups (see `node_group_rules`).
+    pub(crate) async fn node_group_rules(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.node_group_rules.lock().await
     }
 
     /// Whether `key` is noted for the first time in this process.

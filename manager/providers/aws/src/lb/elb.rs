@@ -528,6 +528,7 @@ impl AwsProvider {
         let Some(primary) = classic_primary_group(groups, &a.security_groups, &a.extra_security_groups) else {
             return Ok(());
         };
+        let _held = self.node_group_rules().await;
         let referencing = self.referencing(&primary, cluster).await?;
         let want = if instances.is_empty() {
             BTreeSet::new()
@@ -557,6 +558,7 @@ impl AwsProvider {
     /// Revoke, from the cluster's groups, the rules admitting members of `group`.
     pub(super) async fn revoke_references(&self, group: &str, cluster: &ClusterIdentity) -> CloudResult<()> {
         let filters = vec![aws_sdk_ec2::types::Filter::builder().name("ip-permission.group-id").values(group).build()];
+        let _held = self.node_group_rules().await;
         for g in self.describe_groups(filters, None).await? {
             let Some(id) = g.group_id() else { continue };
             let tags = g.tags().iter().map(|t| (t.key().unwrap_or_default(), t.value().unwrap_or_default()));

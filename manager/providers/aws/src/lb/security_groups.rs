@@ -124,41 +124,42 @@ impl AwsProvider {
 
     /// Apply `ops` to `group` in order (a rule already there, or already gone, counts as done).
     pub(super) async fn apply_ops(&self, group: &str, ops: &[Op]) -> CloudResult<()> {
-        let ec2 = &self.clients().await?.ec2;
         for op in ops {
-            match op {
-                Op::Revoke(perms) => {
-                    match ec2
-                        .revoke_security_group_ingress()
-                        .group_id(group)
-                        .set_ip_permissions(Some(to_permissions(perms)))
-                        .send()
-                        .await
-                    {
-                        Ok(_) => {}
-                        Err(e)
-                            if code(&e).is_some_and(|c| {
-                                c.starts_with("InvalidPermission.NotFound") || c == "InvalidGroup.NotFound"
-                            }) => {}
-                        Err(e) => return Err(self.classify("RevokeSecurityGroupIngress", e)),
-                    }
-                }
-                Op::Grant(perms) => {
-                    match ec2
-                        .authorize_security_group_ingress()
-                        .group_id(group)
-                        .set_ip_permissions(Some(to_permissions(perms)))
-                        .send()
-                        .await
-                    {
-                        Ok(_) => {}
-                        Err(e) if code(&e) == Some("InvalidPermission.Duplicate") => {}
-                        Err(e) => return Err(self.classify("AuthorizeSecurityGroupIngress", e)),
-                    }
+            let (perms, grant) = match op {
+                Op::Revoke(perms) => (perms, false),
+                Op::Grant(perms) => (perms, true),
+            };
+            if !self.change_rules(group, perms, grant).await? && perms.len() > 1 {
+                // EC2 refuses a whole request for one rule already there (or already gone), and
+                // moto stops at it: one at a time, the others still land.
+                for perm in perms {
+                    self.change_rules(group, std::slice::from_ref(perm), grant).await?;
                 }
             }
         }
         Ok(())
+    }
+
+    /// One authorize (`grant`) or revoke call for `perms`; `false` when EC2 answered that a
+    /// rule was already there (or already gone), which leaves the others unknown.
+    async fn change_rules(&self, group: &str, perms: &[Perm], grant: bool) -> CloudResult<bool> {
+        let ec2 = &self.clients().await?.ec2;
+        let permissions = Some(to_permissions(perms));
+        if grant {
+            match ec2.authorize_security_group_ingress().group_id(group).set_ip_permissions(permissions).send().await {
+                Ok(_) => Ok(true),
+                Err(e) if code(&e) == Some("InvalidPermission.Duplicate") => Ok(false),
+                Err(e) => Err(self.classify("AuthorizeSecurityGroupIngress", e)),
+            }
+        } else {
+            match ec2.revoke_security_group_ingress().group_id(group).set_ip_permissions(permissions).send().await {
+                Ok(_) => Ok(true),
+                // The group itself gone: nothing of it is left to revoke.
+                Err(e) if code(&e) == Some("InvalidGroup.NotFound") => Ok(true),
+                Err(e) if code(&e).is_some_and(|c| c.starts_with("InvalidPermission.NotFound")) => Ok(false),
+                Err(e) => Err(self.classify("RevokeSecurityGroupIngress", e)),
+            }
+        }
     }
 
     /// The Node groups that serve a load balancer's targets, one per instance as upstream picks
@@ -200,6 +201,7 @@ impl AwsProvider {
         if self.config.disable_security_group_ingress {
             return Ok(());
         }
+        let _held = self.node_group_rules().await;
         let mut groups = self.cluster_groups(cluster).await?;
         let serving = self.serving_groups(instances, &mut groups).await?;
         for (id, g) in &groups {
@@ -224,6 +226,7 @@ impl AwsProvider {
         if self.config.disable_security_group_ingress {
             return Ok(());
         }
+        let _held = self.node_group_rules().await;
         let mut groups = self.cluster_groups(cluster).await?;
         if let Some(vpc) = vpc {
             for g in self.describe_groups(vec![Filter::builder().name("vpc-id").values(vpc).build()], None).await? {

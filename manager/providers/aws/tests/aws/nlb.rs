@@ -470,3 +470,53 @@ async fn a_sync_makes_as_many_calls_beside_thirty_load_balancers_as_beside_none_
     second.remove("DescribeInstances");
     assert_eq!(second, alone);
 }
+
+/// #17 at `--concurrent-service-syncs` above one: NLBs share the Nodes' group and its path-MTU
+/// rule; deleted all at once, none of their client or path-MTU rules is left behind.
+#[tokio::test]
+async fn nlbs_deleted_at_once_leave_none_of_their_rules_on_the_shared_node_group() {
+    let Some(Seeded { moto: _moto, direct, c, nodes, proxy: _proxy }) = seeded("delete_at_once", 2).await else {
+        return;
+    };
+    let refs: Vec<&Node> = nodes.iter().collect();
+    let services: Vec<Service> = (0..8)
+        .map(|i| {
+            with_uid(
+                lb_service(&format!("gone-{i}"), &[(80, 31100 + i)]),
+                &format!("{i:08x}-0000-0000-0004-000000000000"),
+            )
+        })
+        .collect();
+    for s in &services {
+        direct.ensure_load_balancer(CLUSTER, s, &refs).await.unwrap();
+    }
+    let ours = |st: &LbState| -> Vec<(String, i32, String, String)> {
+        st.rules.iter().filter(|r| r.3.starts_with("kubernetes.io/rule/nlb/")).cloned().collect()
+    };
+    let made = ours(&lb_state(&c).await);
+    assert!(made.iter().filter(|r| (31100..31108).contains(&r.1)).count() == 8, "{made:?}");
+    assert!(made.iter().any(|r| r.0 == "icmp"), "a path-MTU rule beside the client rules: {made:?}");
+
+    let mut deletes = tokio::task::JoinSet::new();
+    for s in services {
+        let p = direct.clone();
+        deletes.spawn(async move {
+            // A target group still attached for a moment is retried, as the controller would.
+            for _ in 0..5 {
+                match p.ensure_load_balancer_deleted(CLUSTER, &s).await {
+                    Ok(()) => return,
+                    Err(e) => {
+                        eprintln!("retrying the delete of {}: {e}", s.metadata.name.as_deref().unwrap_or_default())
+                    }
+                }
+            }
+            panic!("the delete did not finish");
+        });
+    }
+    while let Some(done) = deletes.join_next().await {
+        done.unwrap();
+    }
+    let st = lb_state(&c).await;
+    assert!(st.lbs.is_empty(), "{:?}", st.lbs);
+    assert_eq!(ours(&st), Vec::new(), "no rule of a deleted load balancer is left");
+}
