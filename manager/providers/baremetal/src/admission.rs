@@ -33,19 +33,6 @@ fn requested(request: &LbRequest) -> Vec<IpAddr> {
     request.slots.iter().filter_map(|s| if let Slot::Exact(ip) = s { Some(*ip) } else { None }).collect()
 }
 
-/// Whether `pool` may give `request` an address (the allocator's own rule: the named pool,
-/// namespaces, the Service selector, the namespace selector).
-fn admits(pool: &Pool, request: &LbRequest) -> bool {
-    request.pool.as_ref().is_none_or(|p| pool.is_named(&p.name))
-        && (pool.namespaces.is_empty() || pool.namespaces.contains(&request.key.namespace))
-        && pool.selector.as_ref().is_none_or(|s| s.matches(&request.labels))
-        && pool.namespace_selector.as_ref().is_none_or(|s| s.matches(&request.namespace_labels))
-}
-
-fn is_buggy(ip: IpAddr) -> bool {
-    matches!(ip, IpAddr::V4(v4) if matches!(v4.octets()[3], 0 | 255))
-}
-
 /// Why no pool can give `service` an address it asks for, or `None` when every newly asked
 /// address can be given (pure). `old` is the Service before an edit: addresses it already
 /// asked for are not checked again, nor a malformed request it already had.
@@ -75,17 +62,14 @@ pub fn refusal(
         let Some(pool) = pools.iter().find(|p| p.blocks.iter().any(|b| b.contains(ip))) else {
             return Some(format!("{key} asks for {ip}, which is in no load-balancer pool"));
         };
-        if !admits(pool, &request) {
+        if !pool.admits(&request) {
             return Some(format!(
                 "{key} asks for {ip}, but pool {} does not admit it (namespaces, serviceSelector, namespaceSelector or the address-pool annotation)",
                 pool.name
             ));
         }
-        if pool.disabled {
-            return Some(format!("{key} asks for {ip}, but pool {} is disabled: it hands out no address", pool.name));
-        }
-        if pool.avoid_buggy_ips && is_buggy(ip) {
-            return Some(format!("{key} asks for {ip}, which pool {} skips (avoidBuggyIPs)", pool.name));
+        if let Some(why) = ipam::withheld(pool, key, ip) {
+            return Some(why);
         }
     }
     None
@@ -206,6 +190,15 @@ mod tests {
         assert_eq!(why(service("b", Some("198.51.100.63"), None)), None);
         let named = service("a", Some("10.0.0.1"), Some((ipam::ADDRESS_POOL_ANNOTATION, "careful")));
         assert!(why(named).unwrap().contains("pool wide does not admit it"));
+    }
+
+    #[test]
+    fn an_ipv6_pools_subnet_router_anycast_address_is_refused_as_the_allocator_refuses_it() {
+        let pools = [pool("v6", "fd00:10::/120")];
+        let why = |ip: &str| refusal(&service("a", Some(ip), None), None, &pools, BTreeMap::new());
+        let anycast = why("fd00:10::").unwrap();
+        assert!(anycast.contains("subnet-router anycast address of pool v6"), "{anycast}");
+        assert_eq!(why("fd00:10::1"), None);
     }
 
     #[test]

@@ -350,7 +350,8 @@ impl Pool {
             || self.name.strip_prefix("metallb:").and_then(|r| r.split_once('/')).is_some_and(|(_, n)| n == name)
     }
 
-    fn admits(&self, request: &LbRequest) -> bool {
+    /// Whether the pool admits `request`: its pool annotation, namespaces and selectors.
+    pub fn admits(&self, request: &LbRequest) -> bool {
         request.pool.as_ref().is_none_or(|p| self.is_named(&p.name))
             && (self.namespaces.is_empty() || self.namespaces.contains(&request.key.namespace))
             && self.selector.as_ref().is_none_or(|s| s.matches(&request.labels))
@@ -1002,6 +1003,25 @@ impl Allocator {
     }
 }
 
+/// Why `pool` hands `ip` to no one who asks for it (disabled, its CIDR's subnet-router anycast
+/// address, or `avoidBuggyIPs`), naming `key`; `None` when it may. The allocator and the address
+/// webhook both ask this.
+pub fn withheld(pool: &Pool, key: &impl fmt::Display, ip: IpAddr) -> Option<String> {
+    if pool.disabled {
+        return Some(format!("{key} asks for {ip}, but pool {} is disabled: it hands out no address", pool.name));
+    }
+    if pool.blocks.iter().any(|b| b.skips(ip)) {
+        return Some(format!(
+            "{key} asks for {ip}, the subnet-router anycast address of pool {}'s CIDR, which is never handed out",
+            pool.name
+        ));
+    }
+    if pool.avoid_buggy_ips && is_buggy(ip) {
+        return Some(format!("{key} asks for {ip}, which pool {} skips (avoidBuggyIPs)", pool.name));
+    }
+    None
+}
+
 fn check_exact(
     pools: &[Pool],
     state: &State,
@@ -1032,26 +1052,8 @@ fn check_exact(
             format!("{key} asks for {ip}, but pool {} does not admit it (namespaces or serviceSelector)", pool.name),
         ));
     }
-    if pool.disabled && !already_mine {
-        return Err(AllocError::Unsatisfiable(
-            Refusal::RequestedAddressUnavailable,
-            format!("{key} asks for {ip}, but pool {} is disabled: it hands out no address", pool.name),
-        ));
-    }
-    if pool.blocks.iter().any(|b| b.skips(ip)) && !already_mine {
-        return Err(AllocError::Unsatisfiable(
-            Refusal::RequestedAddressUnavailable,
-            format!(
-                "{key} asks for {ip}, the subnet-router anycast address of pool {}'s CIDR, which is never handed out",
-                pool.name
-            ),
-        ));
-    }
-    if pool.avoid_buggy_ips && is_buggy(ip) && !already_mine {
-        return Err(AllocError::Unsatisfiable(
-            Refusal::RequestedAddressUnavailable,
-            format!("{key} asks for {ip}, which pool {} skips (avoidBuggyIPs)", pool.name),
-        ));
+    if !already_mine && let Some(why) = withheld(pool, key, ip) {
+        return Err(AllocError::Unsatisfiable(Refusal::RequestedAddressUnavailable, why));
     }
     if !state.can_hold(pools, ip, key, holder) {
         let others: Vec<String> = state
