@@ -35,6 +35,7 @@ use ccm_framework::cache::{Cache, Change};
 use clap::Parser;
 use e2e::bench::{self, BackendArg, BoxError, ManagerProcess, create_all, has_ingress, metric_by};
 use k8s_openapi::api::core::v1::{Namespace, Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use testkit::genuine::ControlPlane;
 use testkit::{NodeFixture, RequestLog, TestApiServer};
@@ -122,6 +123,19 @@ struct Args {
     /// manager's `create_route` count rising, and its `NetworkUnavailable` False).
     #[arg(long)]
     pod_cidrs: bool,
+    /// Objects as real clusters have them (issue 50): Nodes shaped like the real cluster's
+    /// kubelet Node (`e2e::realistic`), Services as `kubectl apply` of a chart leaves them, and
+    /// one EndpointSlice of three Pods per Service, created right after the Services. The
+    /// objects' sizes are printed.
+    #[arg(long)]
+    realistic: bool,
+}
+
+/// How the driver's objects look.
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    pod_cidrs: bool,
+    realistic: bool,
 }
 
 /// When the driver creates the Services.
@@ -320,10 +334,16 @@ fn node(name: &str) -> Node {
     testkit::node(name).with_provider_id(&format!("fake://{name}")).ready()
 }
 
-/// [`node`], with `spec.podCIDR` `10.<i/256>.<i%256>.0/24` when `pod_cidrs`.
-fn node_at(name: &str, i: usize, pod_cidrs: bool) -> Node {
-    let mut n = node(name);
-    if pod_cidrs {
+/// [`node`] (the kubelet's shape when `realistic`), with `spec.podCIDR`
+/// `10.<i/256>.<i%256>.0/24` when `pod_cidrs`.
+fn node_at(name: &str, i: usize, shape: Shape) -> Node {
+    let mut n = if shape.realistic {
+        // The fixture is parsed once at start (`print_sizes`), so it parses here too.
+        e2e::realistic::initialized_node(name, i, &format!("fake://{name}")).unwrap_or_else(|_| node(name))
+    } else {
+        node(name)
+    };
+    if shape.pod_cidrs {
         n.spec.get_or_insert_default().pod_cidr = Some(format!("10.{}.{}.0/24", (i / 256) % 256, i % 256));
     }
     n
@@ -335,13 +355,39 @@ fn network_available(node: &Node) -> bool {
     conditions.is_some_and(|c| c.iter().any(|c| c.type_ == "NetworkUnavailable" && c.status == "False"))
 }
 
-/// A LoadBalancer Service; without node ports when `node_ports` is false.
-fn service(ns: &str, name: &str, node_ports: bool) -> Service {
+/// A LoadBalancer Service; without node ports when `node_ports` is false; as a chart's when
+/// `realistic`.
+fn service(ns: &str, name: &str, node_ports: bool, realistic: bool) -> Service {
     let mut service = testkit::lb_service(ns, name);
     if let Some(spec) = service.spec.as_mut() {
         spec.allocate_load_balancer_node_ports = (!node_ports).then_some(false);
     }
+    if realistic {
+        // Serializing a Service cannot fail; the plain one is the fallback all the same.
+        return e2e::realistic::service(service.clone()).unwrap_or(service);
+    }
     service
+}
+
+/// Print the sizes of the objects a run sends (and check the realistic fixture parses).
+fn print_sizes(shape: Shape, node_ports: bool) -> Result<(), BoxError> {
+    let node = if shape.realistic { e2e::realistic::initialized_node("n", 0, "fake://n")? } else { node("n") };
+    let svc = service("bench", "svc-0", node_ports, shape.realistic);
+    let slice = shape.realistic.then(|| e2e::realistic::endpoint_slice(&svc, 0, &["n".to_string()]));
+    eprintln!(
+        "objects as sent ({}): Node {} bytes of JSON, Service {} bytes{}",
+        if shape.realistic { "realistic" } else { "minimal" },
+        e2e::realistic::json_bytes(&node),
+        e2e::realistic::json_bytes(&svc),
+        slice
+            .map(|s| format!(
+                ", EndpointSlice {} bytes ({} endpoints)",
+                e2e::realistic::json_bytes(&s),
+                s.endpoints.len()
+            ))
+            .unwrap_or_default()
+    );
+    Ok(())
 }
 
 fn metric_total(text: &str, metric: &str) -> u64 {
@@ -481,18 +527,30 @@ async fn run_variant(
     }
     let nodes: Api<Node> = Api::all(c.client.clone());
     let prefix = c.node_prefix.clone();
-    let pod_cidrs = args.pod_cidrs;
+    let shape = Shape { pod_cidrs: args.pod_cidrs, realistic: args.realistic };
+    print_sizes(shape, !args.no_node_ports)?;
     report.create_nodes_secs = create_all(&nodes, DRIVER, args.nodes, args.create_concurrency, |i| {
-        node_at(&format!("{prefix}-{i}"), i, pod_cidrs)
+        node_at(&format!("{prefix}-{i}"), i, shape)
     })
     .await?;
     let services: Api<Service> = Api::namespaced(c.client.clone(), &c.namespace);
     let ns_name = c.namespace.clone();
     let node_ports = !args.no_node_ports;
-    let make_service = move |i: usize| service(&ns_name, &format!("svc-{i}"), node_ports);
+    let realistic = args.realistic;
+    let make_service = move |i: usize| service(&ns_name, &format!("svc-{i}"), node_ports, realistic);
+    let slices: Api<EndpointSlice> = Api::namespaced(c.client.clone(), &c.namespace);
+    let slice_nodes: Vec<String> = (0..args.nodes.min(100)).map(|i| format!("{prefix}-{i}")).collect();
+    let make_slice = {
+        let make_service = make_service.clone();
+        move |i: usize| e2e::realistic::endpoint_slice(&make_service(i), i, &slice_nodes)
+    };
     if args.create == CreateMode::Precreate {
         report.create_secs =
             create_all(&services, DRIVER, args.services, args.create_concurrency, make_service.clone()).await?;
+        if realistic {
+            report.create_secs +=
+                create_all(&slices, DRIVER, args.services, args.create_concurrency, make_slice.clone()).await?;
+        }
         eprintln!(
             "   driver: {} Nodes in {:.2} s, {} Services in {:.2} s ({} in flight)",
             args.nodes, report.create_nodes_secs, args.services, report.create_secs, args.create_concurrency
@@ -528,6 +586,10 @@ async fn run_variant(
             let started = Instant::now();
             report.create_secs =
                 create_all(&services, DRIVER, args.services, args.create_concurrency, make_service).await?;
+            if realistic {
+                report.create_secs +=
+                    create_all(&slices, DRIVER, args.services, args.create_concurrency, make_slice).await?;
+            }
             (started, calls0)
         }
     };
@@ -551,7 +613,7 @@ async fn run_variant(
     let before_unrelated = updates(&manager.metrics().await);
     nodes
         .create(&post(), &{
-            let mut n = node_at(&format!("{}-excluded", c.node_prefix), args.nodes, pod_cidrs);
+            let mut n = node_at(&format!("{}-excluded", c.node_prefix), args.nodes, shape);
             n.metadata.labels = Some(BTreeMap::from([(
                 "node.kubernetes.io/exclude-from-external-load-balancers".into(),
                 "true".into(),
@@ -564,7 +626,7 @@ async fn run_variant(
     let before = updates(&manager.metrics().await);
     let cpu_before = cpu_of(&[manager.pid()]);
     let started = Instant::now();
-    nodes.create(&post(), &node_at(&format!("{}-added", c.node_prefix), args.nodes + 1, pod_cidrs)).await?;
+    nodes.create(&post(), &node_at(&format!("{}-added", c.node_prefix), args.nodes + 1, shape)).await?;
     let deadline = Instant::now() + timeout;
     report.host_updates = loop {
         let done = updates(&manager.metrics().await) - before;
@@ -621,13 +683,13 @@ async fn run_variant(
     report.idle_calls = report.idle_calls_by.values().sum();
     report.idle_requests_by = manager_requests(control, idle_mark, &c.namespace);
     report.event_metrics = event_metrics(&metrics);
-    if pod_cidrs {
+    if shape.pod_cidrs {
         // One Node joins: time its route (polled every 20 ms).
         let routes = |m: &str| metric_by(m, "cloudprovider_api_requests_total", "method").get("create_route").copied();
         let before = routes(&metrics).unwrap_or(0);
         let name = format!("{}-joined", c.node_prefix);
         let started = Instant::now();
-        nodes.create(&post(), &node_at(&name, args.nodes + 2, true)).await?;
+        nodes.create(&post(), &node_at(&name, args.nodes + 2, Shape { pod_cidrs: true, ..shape })).await?;
         let (mut created, deadline) = (None, started + timeout);
         let condition = loop {
             if created.is_none() && routes(&manager.metrics().await).unwrap_or(0) > before {
