@@ -105,7 +105,7 @@ fn proxy_mode() -> LoadBalancerCapabilities {
         (
             Feature::ExternalTrafficPolicyLocal,
             Support::Honoured,
-            "health checks on `healthCheckNodePort`, so only Nodes with a local endpoint get traffic (unless `proxy.healthChecks: false`); Pods see the proxy's address, not the client's",
+            "health checks on `healthCheckNodePort`, so only Nodes with a local endpoint get traffic (unless `proxy.healthChecks: false`); Pods see the proxy's address, not the client's, unless `ccm.rs/proxy-protocol` sends it",
         ),
         (Feature::DualStack, Support::Honoured, DUAL_STACK),
         (
@@ -122,8 +122,13 @@ fn proxy_mode() -> LoadBalancerCapabilities {
     .with_annotations(shared_annotations())
     .with_annotations([(IP_MODE_ANNOTATION, "`VIP` or `Proxy`: who carries this Service's traffic")]);
     #[cfg(feature = "datapath")]
-    let lb =
-        lb.with_annotations([(SOURCE_RANGES_ANNOTATION, "client CIDRs when `spec.loadBalancerSourceRanges` is empty")]);
+    let lb = lb.with_annotations([
+        (SOURCE_RANGES_ANNOTATION, "client CIDRs when `spec.loadBalancerSourceRanges` is empty"),
+        (
+            crate::proxy::PROXY_PROTOCOL_ANNOTATION,
+            "`v1` or `v2`: each backend connection starts with a PROXY protocol header naming the client (TCP ports only)",
+        ),
+    ]);
     lb.with_orphans(true)
 }
 
@@ -270,6 +275,7 @@ mod tests {
             assert_eq!(proxy.support(feature), support, "{feature:?}");
         }
         assert!(proxy.annotations.iter().any(|a| a.name == SOURCE_RANGES_ANNOTATION));
+        assert!(proxy.annotations.iter().any(|a| a.name == crate::proxy::PROXY_PROTOCOL_ANNOTATION));
         assert!(
             !lb(false).annotations.iter().any(|a| a.name == SOURCE_RANGES_ANNOTATION),
             "kube-proxy reads the field only"

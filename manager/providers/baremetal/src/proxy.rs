@@ -21,7 +21,9 @@ use serde::{Deserialize, Deserializer};
 use tokio_util::sync::CancellationToken;
 
 #[cfg(feature = "datapath")]
-use crate::datapath::{Balance, BindMode, DataPath, DataPathError, HealthSettings, Settings};
+use crate::datapath::{
+    Balance, BindMode, DataPath, DataPathError, HealthSettings, ProxyProtocol, ServiceOptions, Settings,
+};
 #[cfg(feature = "datapath")]
 use ccm_framework::events::EventSink;
 #[cfg(feature = "datapath")]
@@ -29,6 +31,8 @@ use ccm_framework::events::components::SERVICE_CONTROLLER;
 #[cfg(feature = "datapath")]
 use ccm_framework::metrics::Metrics;
 use ccm_framework::provider::CloudError;
+#[cfg(feature = "datapath")]
+use ccm_framework::provider::Refusal;
 use ccm_framework::safe_yaml;
 #[cfg(feature = "datapath")]
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -85,6 +89,34 @@ pub fn ip_mode_of(service: &Service, proxy_on: bool) -> Result<IpMode, String> {
         }
         Some(_) => Err(format!("annotation {IP_MODE_ANNOTATION}: must be VIP or Proxy")),
     }
+}
+
+/// The annotation asking the data path to start each backend connection with a PROXY protocol
+/// header: `v1` or `v2`.
+pub const PROXY_PROTOCOL_ANNOTATION: &str = "ccm.rs/proxy-protocol";
+
+/// The PROXY protocol version `service` asks for with [`PROXY_PROTOCOL_ANNOTATION`] (`None`:
+/// no header). A value other than `v1` or `v2`, or the annotation on a Service with a UDP
+/// port (the header exists for TCP only), is an error naming the annotation (never echoing the
+/// value).
+#[cfg(feature = "datapath")]
+pub fn proxy_protocol_of(service: &Service) -> Result<Option<ProxyProtocol>, String> {
+    let Some(asked) = service.metadata.annotations.as_ref().and_then(|a| a.get(PROXY_PROTOCOL_ANNOTATION)) else {
+        return Ok(None);
+    };
+    let version = match asked.trim() {
+        v if v.eq_ignore_ascii_case("v1") => ProxyProtocol::V1,
+        v if v.eq_ignore_ascii_case("v2") => ProxyProtocol::V2,
+        _ => return Err(format!("annotation {PROXY_PROTOCOL_ANNOTATION}: must be v1 or v2")),
+    };
+    let ports = service.spec.as_ref().and_then(|s| s.ports.as_ref());
+    if let Some(udp) = ports.into_iter().flatten().find(|p| p.protocol.as_deref() == Some("UDP")) {
+        return Err(format!(
+            "annotation {PROXY_PROTOCOL_ANNOTATION}: the PROXY protocol is for TCP only, and port {} is UDP (serve the UDP ports from another Service)",
+            udp.port
+        ));
+    }
+    Ok(Some(version))
 }
 
 /// How long a Service waits when one of its listeners cannot be opened.
@@ -490,10 +522,12 @@ impl ProxyRuntime {
                 "the load-balancer data path is not running yet",
             ));
         };
+        let proxy_protocol =
+            proxy_protocol_of(service).map_err(|m| CloudError::refused(Refusal::InvalidAnnotation, m))?;
         let spec = crate::datapath::config::service_spec(service, nodes, ips, &self.settings)
             .map_err(|e| CloudError::Other(e.to_string()))?;
         self.refs.lock().unwrap_or_else(|e| e.into_inner()).insert(service_key(service), service.object_ref(&()));
-        data_path.apply(spec).map_err(|e| match &e {
+        data_path.apply_with(spec, ServiceOptions { proxy_protocol }).map_err(|e| match &e {
             DataPathError::Bind { failed } => {
                 let mut hints: Vec<String> = Vec::new();
                 for hint in failed.iter().filter_map(|(key, err)| bind_hint(err.kind(), key.port)) {
@@ -685,6 +719,99 @@ mod tests {
         assert!(invalid.contains("must be VIP or Proxy") && !invalid.contains(secret), "{invalid}");
         assert_eq!(IpMode::Vip.as_str(), "VIP");
         assert_eq!(IpMode::Proxy.as_str(), "Proxy");
+    }
+
+    #[cfg(feature = "datapath")]
+    #[test]
+    fn proxy_protocol_is_v1_or_v2_on_tcp_ports_and_anything_else_is_refused_by_annotation() {
+        use k8s_openapi::api::core::v1::{ServicePort, ServiceSpec};
+        let with = |value: &str, protocols: &[Option<&str>]| Service {
+            metadata: kube::api::ObjectMeta {
+                annotations: Some([(PROXY_PROTOCOL_ANNOTATION.to_string(), value.to_string())].into()),
+                ..Default::default()
+            },
+            spec: Some(ServiceSpec {
+                ports: Some(
+                    protocols
+                        .iter()
+                        .enumerate()
+                        .map(|(i, p)| ServicePort {
+                            port: 80 + i as i32,
+                            protocol: p.map(String::from),
+                            ..Default::default()
+                        })
+                        .collect(),
+                ),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(proxy_protocol_of(&Service::default()), Ok(None), "no annotation, no header");
+        assert_eq!(proxy_protocol_of(&with("v1", &[Some("TCP")])), Ok(Some(ProxyProtocol::V1)));
+        assert_eq!(proxy_protocol_of(&with(" V2 ", &[None])), Ok(Some(ProxyProtocol::V2)), "TCP by default");
+        let secret = "v3-s3cret";
+        let unknown = proxy_protocol_of(&with(secret, &[Some("TCP")])).unwrap_err();
+        assert!(unknown.contains(PROXY_PROTOCOL_ANNOTATION) && unknown.contains("v1 or v2"), "{unknown}");
+        assert!(!unknown.contains(secret), "values are not echoed: {unknown}");
+        let udp = proxy_protocol_of(&with("v2", &[Some("TCP"), Some("UDP")])).unwrap_err();
+        assert!(udp.contains(PROXY_PROTOCOL_ANNOTATION) && udp.contains("port 81 is UDP"), "{udp}");
+    }
+
+    /// From the annotation to the bytes a backend reads, through the runtime the provider uses;
+    /// on loopback block `127.49.0.0/16`, which no other test uses.
+    #[cfg(feature = "datapath")]
+    #[tokio::test]
+    async fn the_proxy_protocol_annotation_reaches_the_backend_and_a_refused_value_leaves_the_service_as_it_was() {
+        use k8s_openapi::api::core::v1::{NodeAddress, NodeStatus, ServicePort, ServiceSpec};
+        use std::net::{Ipv4Addr, SocketAddr};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let ip = |host| IpAddr::V4(Ipv4Addr::new(127, 49, 0, host));
+        let backend = tokio::net::TcpListener::bind(SocketAddr::new(ip(1), 30080)).await.unwrap();
+        let runtime = ProxyRuntime::new(&ProxyConfig { health_checks: false, ..ProxyConfig::default() });
+        runtime.start(&Metrics::new(), None, CancellationToken::new());
+        let node = Node {
+            status: Some(NodeStatus {
+                addresses: Some(vec![NodeAddress { type_: "InternalIP".into(), address: ip(1).to_string() }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mut service = Service {
+            metadata: kube::api::ObjectMeta {
+                name: Some("pp".into()),
+                namespace: Some("default".into()),
+                annotations: Some([(PROXY_PROTOCOL_ANNOTATION.to_string(), "v1".to_string())].into()),
+                ..Default::default()
+            },
+            spec: Some(ServiceSpec {
+                ports: Some(vec![ServicePort { port: 80, node_port: Some(30080), ..Default::default() }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        runtime.ensure(&service, &[&node], &[ip(100)]).expect("served");
+        // A value the data path cannot use is refused; what is served stays as it was.
+        service.metadata.annotations = Some([(PROXY_PROTOCOL_ANNOTATION.to_string(), "v3".to_string())].into());
+        let refused = runtime.ensure(&service, &[&node], &[ip(100)]).unwrap_err();
+        assert!(
+            matches!(&refused, CloudError::Refused { reason: Refusal::InvalidAnnotation, message } if message.contains(PROXY_PROTOCOL_ANNOTATION)),
+            "{refused:?}"
+        );
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(SocketAddr::new(ip(2), 0)).unwrap();
+        let mut client = socket.connect(SocketAddr::new(ip(100), 80)).await.expect("connect via the proxy");
+        let client_port = client.local_addr().unwrap().port();
+        client.write_all(b"x").await.unwrap();
+        let (mut stream, _) = tokio::time::timeout(Duration::from_secs(10), backend.accept()).await.unwrap().unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 256];
+        while !got.ends_with(b"x") {
+            let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf)).await.unwrap().unwrap();
+            assert!(n > 0, "the backend got {got:?} before the end");
+            got.extend_from_slice(&buf[..n]);
+        }
+        let expected = format!("PROXY TCP4 127.49.0.2 127.49.0.100 {client_port} 80\r\nx");
+        assert_eq!(String::from_utf8_lossy(&got), expected);
     }
 
     #[test]

@@ -9,6 +9,8 @@ use std::time::Duration;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node, Service};
 
+use super::proxy_protocol::ProxyProtocol;
+
 /// The annotation older clients use for source ranges when `spec.loadBalancerSourceRanges` is
 /// empty (comma-separated CIDRs).
 pub const SOURCE_RANGES_ANNOTATION: &str = "service.beta.kubernetes.io/load-balancer-source-ranges";
@@ -172,6 +174,14 @@ pub struct ServiceSpec {
     pub balance: Balance,
     /// Client source ranges allowed in; empty allows every client.
     pub source_ranges: Vec<IpNet>,
+}
+
+/// Per-Service choices applied with [`DataPath::apply_with`](super::DataPath::apply_with),
+/// beside the [`ServiceSpec`] so callers that build a spec field by field need not name them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ServiceOptions {
+    /// The PROXY protocol header each backend connection starts with; `None` sends none.
+    pub proxy_protocol: Option<ProxyProtocol>,
 }
 
 impl ServiceSpec {

@@ -15,6 +15,8 @@
 //! - bounds what a flood can take: TCP connections per listener, per Service and in total, an
 //!   idle timeout for TCP, and UDP sessions per listener, per Service and in total, a full
 //!   listener evicting its least recently active session (see [`limits`]);
+//! - on request, starts each backend TCP connection with a PROXY protocol header naming the
+//!   client (see [`proxy_protocol`]);
 //! - counts connections, bytes and backend health per Service and backend.
 
 pub mod config;
@@ -22,6 +24,9 @@ pub mod health;
 pub mod limits;
 mod meter;
 pub mod metrics;
+pub mod proxy_protocol;
+#[cfg(test)]
+mod proxy_protocol_parse;
 pub mod select;
 #[cfg(target_os = "linux")]
 mod splice;
@@ -41,9 +46,10 @@ use tokio_util::sync::CancellationToken;
 
 pub use self::config::{
     Affinity, Backend, Balance, BindMode, HealthCheck, HealthSettings, ListenerKey, PortSpec, Protocol,
-    SPLICE_FROM_OPEN_CONNECTIONS, ServiceSpec, Settings, TcpForwarding,
+    SPLICE_FROM_OPEN_CONNECTIONS, ServiceOptions, ServiceSpec, Settings, TcpForwarding,
 };
 use self::metrics::{BackendCounters, DataPathMetrics, HealthLabels, RefusedLabels, ServiceLabels};
+pub use self::proxy_protocol::ProxyProtocol;
 use self::select::{Candidate, Health};
 use ccm_framework::metrics::Metrics;
 
@@ -136,6 +142,8 @@ pub(crate) struct Routing {
     ranges: Vec<IpNet>,
     affinity: Affinity,
     balance: Balance,
+    /// The header new TCP connections send their backend first.
+    proxy_protocol: Option<ProxyProtocol>,
 }
 
 /// A Service's state shared by its listeners.
@@ -284,14 +292,19 @@ impl DataPath {
 
     /// Serve `spec`, creating the Service or reconfiguring it in place. Needs a Tokio runtime.
     /// Listeners that cannot be opened are reported (the rest serve) and retried by the next
-    /// call.
+    /// call. The Service gets the default [`ServiceOptions`] (no PROXY protocol header).
     pub fn apply(&self, spec: ServiceSpec) -> Result<(), DataPathError> {
+        self.apply_with(spec, ServiceOptions::default())
+    }
+
+    /// [`DataPath::apply`] with per-Service options; changed options apply to new connections.
+    pub fn apply_with(&self, spec: ServiceSpec, options: ServiceOptions) -> Result<(), DataPathError> {
         if self.inner.root.is_cancelled() {
             return Err(DataPathError::ShutDown);
         }
         let mut services = self.services();
         let rt = services.entry(spec.key.clone()).or_insert_with(|| self.new_service(&spec.key));
-        self.update_backends(rt, &spec);
+        self.update_backends(rt, &spec, options);
         let failed = self.update_listeners(rt, &spec);
         rt.spec = spec;
         if failed.is_empty() { Ok(()) } else { Err(DataPathError::Bind { failed }) }
@@ -389,6 +402,7 @@ impl DataPath {
                 ranges: Vec::new(),
                 affinity: Affinity::None,
                 balance: Balance::RoundRobin,
+                proxy_protocol: None,
             })),
             turn: AtomicUsize::new(0),
             settings: self.inner.settings.clone(),
@@ -477,7 +491,7 @@ impl DataPath {
         });
     }
 
-    fn update_backends(&self, rt: &mut ServiceRt, spec: &ServiceSpec) {
+    fn update_backends(&self, rt: &mut ServiceRt, spec: &ServiceSpec, options: ServiceOptions) {
         let current = rt.shared.routing();
         let mut old: HashMap<(String, IpAddr), Arc<BackendRt>> =
             current.backends.iter().map(|b| ((b.name.clone(), b.ip), b.clone())).collect();
@@ -504,8 +518,13 @@ impl DataPath {
             tracing::info!(service = %spec.key, backend = %gone.name, "backend left; its connections drain");
             self.release_backend(&spec.key, gone);
         }
-        let routing =
-            Routing { backends, ranges: spec.source_ranges.clone(), affinity: spec.affinity, balance: spec.balance };
+        let routing = Routing {
+            backends,
+            ranges: spec.source_ranges.clone(),
+            affinity: spec.affinity,
+            balance: spec.balance,
+            proxy_protocol: options.proxy_protocol,
+        };
         *rt.shared.routing.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(routing);
     }
 
@@ -597,5 +616,7 @@ fn bind_udp(addr: SocketAddr, bind: BindMode) -> io::Result<tokio::net::UdpSocke
     tokio::net::UdpSocket::from_std(socket.into())
 }
 
+#[cfg(test)]
+mod proxy_protocol_tests;
 #[cfg(test)]
 mod tests;

@@ -1,6 +1,7 @@
 //! The TCP proxy: accept (resetting connections beyond the listener's, the Service's or the data
 //! path's cap),
-//! filter, pick a backend (trying the next one when a connect fails), then forward both ways
+//! filter, pick a backend (trying the next one when a connect fails), send the Service's PROXY
+//! protocol header if it has one, then forward both ways
 //! (splice on Linux under load, see `splice.rs`; a buffer copy otherwise) until both sides have
 //! closed, either fails, no byte moves for the idle timeout, or the connection's drain ends.
 
@@ -12,13 +13,14 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 use super::config::Protocol;
 use super::limits::{IdleClock, Level, Slot, idle_check_period};
 use super::meter::Meter;
+use super::proxy_protocol::{self, ProxyProtocol};
 use super::{ActiveGuard, PortShared};
 
 /// At most one "listener full" warning per listener this often (a flood would repeat it for
@@ -110,6 +112,14 @@ async fn handle(mut client: TcpStream, peer: SocketAddr, port: Arc<PortShared>, 
     };
     let _ = client.set_nodelay(true);
     let _ = upstream.set_nodelay(true);
+    if let Some(version) = routing.proxy_protocol {
+        // Before forwarding starts, so the header precedes every client byte whichever way
+        // (copy or splice) the bytes then move.
+        if let Err(error) = send_proxy_header(&client, &mut upstream, peer, version).await {
+            tracing::debug!(service = %service.key, backend = %backend.name, %error, "cannot send the PROXY protocol header; connection closed");
+            return;
+        }
+    }
     let _active = ActiveGuard::new(backend.clone(), Protocol::Tcp);
     let counters = backend.counters(Protocol::Tcp);
     let open = OpenGuard::new(&service.open_tcp);
@@ -129,6 +139,19 @@ async fn handle(mut client: TcpStream, peer: SocketAddr, port: Arc<PortShared>, 
         _ = port.drain.cancelled() => {}
         _ = backend.drain.cancelled() => {}
     }
+}
+
+/// Write the PROXY protocol header for `client`, accepted from `peer`, to a freshly connected
+/// backend. Its send buffer is empty, so the few bytes go out without waiting on the backend.
+async fn send_proxy_header(
+    client: &TcpStream,
+    upstream: &mut TcpStream,
+    peer: SocketAddr,
+    version: ProxyProtocol,
+) -> io::Result<()> {
+    // The accepted socket's own address: the one the client dialled, also under IP_FREEBIND.
+    let local = client.local_addr()?;
+    upstream.write_all(&proxy_protocol::header(version, peer, local)).await
 }
 
 /// Returns once `moved` has not changed for `timeout` (checked every quarter of it).
