@@ -43,6 +43,8 @@ mod lifecycle;
 mod local;
 #[path = "realcluster/multinode.rs"]
 mod multinode;
+#[path = "realcluster/routes.rs"]
+mod routes;
 #[path = "realcluster/tokens.rs"]
 mod tokens;
 
@@ -135,6 +137,10 @@ const THREE_NODE_SCENARIOS: &[(&str, Scenario)] = &[
     ),
     ("three_nodes_lifecycle_a_removed_machines_node_is_deleted_and_a_shut_down_machines_node_is_tainted", |c| {
         Box::pin(lifecycle::lifecycle_a_removed_machines_node_is_deleted_and_a_shut_down_ones_is_tainted(c))
+    }),
+    // Last: it gives the Nodes pod CIDRs, which stay.
+    ("three_nodes_r14_watch_based_routes_follow_the_kubelets_nodes_and_count_passes_by_trigger", |c| {
+        Box::pin(routes::watch_based_routes_follow_the_kubelets_nodes_and_count_passes_by_trigger(c))
     }),
 ];
 
