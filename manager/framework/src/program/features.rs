@@ -61,6 +61,17 @@ const WITHOUT_EFFECT: [&str; 33] = [
     "WatchList",
 ];
 
+/// Gates upstream v1.37 adds (k8s.io/apiserver v0.37.0-beta.0, the newest published; its
+/// cloud-provider, controller-manager and component-base add none, nor any flag): a manifest
+/// written for v1.37 names them, and none has an effect here.
+const ADDED_IN_1_37: [&str; 5] = [
+    "ConsistentListFromCacheSkipTimeoutFallback",
+    "EtcdRangeStream",
+    "ExcludeAdmissionWebhookVirtualResources",
+    "WatchListCompression",
+    "WebhookRoundTripLoadBalancing",
+];
+
 /// Every gate name upstream v1.36 lists, for tests and docs.
 pub fn known_gates() -> Vec<&'static str> {
     let mut all = vec![WATCH_BASED_ROUTES, WEBHOOK, ALL_ALPHA, ALL_BETA];
@@ -109,6 +120,8 @@ pub fn parse(values: &[String]) -> Result<ParsedGates, Error> {
             ));
         } else if WITHOUT_EFFECT.contains(&name.as_str()) {
             out.warnings.push(format!("--feature-gates: {name} is accepted for compatibility but has no effect here"));
+        } else if ADDED_IN_1_37.contains(&name.as_str()) {
+            out.warnings.push(format!("--feature-gates: {name} is upstream v1.37's and has no effect here"));
         } else if ![WATCH_BASED_ROUTES, WEBHOOK, ALL_ALPHA, ALL_BETA].contains(&name.as_str()) {
             out.warnings.push(format!("--feature-gates: {name} is not a feature gate of this manager; ignored"));
         }
@@ -141,6 +154,19 @@ mod tests {
         let g = gates(&[&format!("{WEBHOOK}=true"), &format!("{WEBHOOK}=false")]);
         assert!(!g.gates.webhook);
         assert!(gates(&[WEBHOOK]).gates.webhook, "a name alone means true");
+    }
+
+    #[test]
+    fn gates_upstream_v1_37_adds_start_the_manager_with_a_warning_naming_v1_37() {
+        for name in ADDED_IN_1_37 {
+            let parsed = gates(&[&format!("{name}=true")]);
+            assert_eq!(parsed.gates, FeatureGates::default(), "{name} changes nothing");
+            assert_eq!(
+                parsed.warnings,
+                vec![format!("--feature-gates: {name} is upstream v1.37's and has no effect here")]
+            );
+            assert!(!known_gates().contains(&name), "{name} is not one of v1.36's");
+        }
     }
 
     #[test]
