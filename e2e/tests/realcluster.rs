@@ -35,6 +35,8 @@ mod bgp;
 mod daemonset;
 #[path = "realcluster/failover.rs"]
 mod failover;
+#[path = "realcluster/join.rs"]
+mod join;
 #[path = "realcluster/l2.rs"]
 mod l2;
 #[path = "realcluster/lifecycle.rs"]
@@ -138,9 +140,13 @@ const THREE_NODE_SCENARIOS: &[(&str, Scenario)] = &[
     ("three_nodes_lifecycle_a_removed_machines_node_is_deleted_and_a_shut_down_machines_node_is_tainted", |c| {
         Box::pin(lifecycle::lifecycle_a_removed_machines_node_is_deleted_and_a_shut_down_ones_is_tainted(c))
     }),
-    // Last: it gives the Nodes pod CIDRs, which stay.
+    // Late: it gives the Nodes pod CIDRs, which stay.
     ("three_nodes_r14_watch_based_routes_follow_the_kubelets_nodes_and_count_passes_by_trigger", |c| {
         Box::pin(routes::watch_based_routes_follow_the_kubelets_nodes_and_count_passes_by_trigger(c))
+    }),
+    // Last: it deletes the resource and runs managers on the host.
+    ("three_nodes_a_registering_nodes_wait_for_initialization_ours_beside_upstream", |c| {
+        Box::pin(join::a_registering_nodes_wait_for_initialization_ours_beside_upstream(c))
     }),
 ];
 

@@ -65,8 +65,8 @@ pub struct ControllerOptions {
     /// `--node-batch-size` (addition): most Nodes per batched instance lookup; the provider's
     /// own `batch_size` caps it too. 1 reproduces upstream's one-call-per-node behaviour.
     pub node_batch_size: usize,
-    /// `--node-batch-window` (addition): how long new Nodes are collected before one batched
-    /// lookup.
+    /// `--node-batch-window` (addition): while a lookup is under way, how long new Nodes are
+    /// collected before the next batched lookup; an idle controller looks a Node up at once.
     pub node_batch_window: Duration,
     /// `--node-deletion-grace-period` (addition): how long an instance must be reported absent
     /// before its Node is deleted. Zero is upstream's immediate deletion.

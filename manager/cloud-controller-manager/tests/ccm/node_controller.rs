@@ -549,19 +549,25 @@ testkit::backend_tests! {
         }
     }
 
-    async fn uninitialized_nodes_seen_together_share_one_cloud_call(backend) {
+    async fn a_new_node_on_an_idle_controller_is_looked_up_alone_and_nodes_arriving_meanwhile_share_a_call(backend) {
         let fake = FakeProvider::new();
         fake.set_auto_instances(true);
+        // Each lookup takes 2 s: the Nodes created meanwhile queue behind the first one's.
+        fake.set_latency(Duration::from_secs(2));
         let opts = ControllerOptions { node_batch_window: Duration::from_millis(1500), ..options() };
         let env = Env::started(backend, opts, fake).await;
         let names: Vec<String> = (0..50).map(|i| format!("b{i:02}")).collect();
-        for n in &names {
+        env.create(kubelet_node(&names[0]).with_hostname()).await;
+        eventually_within("the first Node's lookup", WAIT, || async { env.metadata_calls() == 1 }).await;
+        for n in &names[1..] {
             env.create(kubelet_node(n).with_hostname()).await;
         }
         for n in &names {
             env.wait_initialized(n).await;
         }
-        assert!(env.metadata_calls() <= 2, "50 Nodes in at most two lookups, got {}", env.metadata_calls());
+        let subjects = env.fake.calls().subjects(methods::INSTANCES_METADATA);
+        assert_eq!(subjects.first().map(String::as_str), Some("1 nodes"), "the idle controller did not wait for others: {subjects:?}");
+        assert!(env.metadata_calls() <= 3, "the other 49 in at most two lookups: {subjects:?}");
         assert_eq!(env.fake.calls().count(methods::INSTANCE_METADATA), 0, "no single lookups");
     }
 

@@ -393,7 +393,8 @@ pub struct Flags {
     /// caps it too. 1 reproduces upstream's one call per Node.
     #[arg(long, default_value_t = 500, value_name = "int", help_heading = "Additions (not upstream flags)")]
     pub node_batch_size: i64,
-    /// (Addition) How long new Nodes are collected before one batched lookup.
+    /// (Addition) While a lookup is under way, how long new Nodes are collected before the next
+    /// batched lookup (an idle controller looks a new Node up at once).
     #[arg(long, default_value = "100ms", value_parser = parse_duration, value_name = "duration", help_heading = "Additions (not upstream flags)")]
     pub node_batch_window: Duration,
     /// (Addition) How long an instance must be reported absent before its Node is deleted. 0 is

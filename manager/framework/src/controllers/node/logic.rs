@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, NodeAddress, Taint};
 use serde_json::{Value, json};
@@ -400,9 +401,25 @@ pub fn is_status_only_change(old: &Node, new: &Node) -> bool {
         && old.metadata.uid == new.metadata.uid
 }
 
+/// How long the oldest queued Node may wait for others to share its lookup: the window while
+/// `in_flight` lookups run (Nodes then arrive in bursts worth sharing a call), none when the
+/// controller is idle (one new Node, say a kubelet registering, is not kept waiting for others
+/// that may never come).
+pub fn batch_wait(window: Duration, in_flight: usize) -> Duration {
+    if in_flight == 0 { Duration::ZERO } else { window }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_idle_controller_looks_a_new_node_up_at_once_and_a_busy_one_waits_the_window_to_share() {
+        let window = Duration::from_millis(100);
+        assert_eq!(batch_wait(window, 0), Duration::ZERO);
+        assert_eq!(batch_wait(window, 1), window);
+        assert_eq!(batch_wait(window, 5), window);
+    }
     use k8s_openapi::api::core::v1::{NodeSpec, NodeStatus};
     use kube::api::ObjectMeta;
 

@@ -2,8 +2,9 @@
 //! addresses) and removes the `node.cloudprovider.kubernetes.io/uninitialized` taint, keeps GA
 //! labels in step with their beta copies, and refreshes addresses periodically.
 //!
-//! Unlike upstream, Nodes are looked up in batches: uninitialized Nodes seen within
-//! `node_batch_window` (up to the batch size) share one `instances_metadata` call, and the
+//! Unlike upstream, Nodes are looked up in batches: while a lookup is under way, uninitialized
+//! Nodes seen within `node_batch_window` (up to the batch size) share the next
+//! `instances_metadata` call; an idle controller looks a new Node up at once. The
 //! address refresh goes in batches too. Writes are targeted patches that cannot clobber kubelet:
 //! one JSON patch for labels, providerID and the taint (guarded by `test` operations on the
 //! taint being removed) and one merge patch of `status.addresses` on the status subresource.
@@ -218,12 +219,16 @@ async fn init_loop(
         let now = Instant::now();
         queue.promote_due(now);
         while batches.len() < workers {
-            let Some(names) = queue.take_batch(max, window, now) else { break };
+            let Some(names) = queue.take_batch(max, logic::batch_wait(window, batches.len()), now) else { break };
             let handle = batches.spawn(process_batch(ctx.clone(), metrics.clone(), names.clone()));
             in_batch.insert(handle.id(), names);
         }
         // With every worker busy, a closed window is not actionable: only a backoff ending is.
-        let deadline = if batches.len() < workers { queue.next_deadline(window) } else { queue.next_backoff() };
+        let deadline = if batches.len() < workers {
+            queue.next_deadline(logic::batch_wait(window, batches.len()))
+        } else {
+            queue.next_backoff()
+        };
         tokio::select! {
             _ = ctx.shutdown.cancelled() => break,
             change = changes.recv() => match change {
