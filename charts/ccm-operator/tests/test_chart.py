@@ -830,6 +830,41 @@ class Render(unittest.TestCase):
             if rule["resources"] != ["events"]:
                 self.assertEqual(set(rule["verbs"]), {"list", "watch"}, rule)
 
+    def test_kube_vip_import_reads_one_configmap_in_its_namespace_and_nothing_else(self):
+        def kube_vip(objects, namespace):
+            roles = [r for r in find(objects, "Role") if r["metadata"]["name"].endswith("-import-kubevip")]
+            bindings = [b for b in find(objects, "RoleBinding") if b["metadata"]["name"].endswith("-import-kubevip")]
+            self.assertTrue(all(o["metadata"]["namespace"] == namespace for o in roles + bindings))
+            return roles, bindings
+
+        # Nothing without importPools, and never a ConfigMap right in the cluster-wide roles.
+        self.assertEqual(kube_vip(self.render_named(), "kube-system"), ([], []))
+        objects = self.render_named(values(**{"manager.rbac.poolResources": True, "manager.rbac.importPools": True,
+                                              "cloudConfig.namespaces": ["ccm-system", "kube-public"]}))
+        for name in ("ccm-manager", "ccm-manager-shadow", "ccm-manager-namespace"):
+            self.assertEqual(verbs_for(one(objects, "ClusterRole", name)["rules"], "", "configmaps"), set(), name)
+        (role,), (binding,) = kube_vip(objects, "kube-system")
+        rules = role["rules"]
+        self.assertEqual(verbs_for(rules, "", "configmaps", "kubevip"), {"get", "list", "watch"})
+        self.assertEqual(verbs_for(rules, "", "configmaps", "other"), set(), "only the one ConfigMap, by name")
+        self.assertEqual(verbs_for(rules, "", "configmaps"), set(), "no rule without resourceNames")
+        self.assertEqual(len(rules), 1)
+        self.assertEqual(binding["roleRef"], {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                              "name": role["metadata"]["name"]})
+        self.assertEqual([(s["kind"], s["name"]) for s in binding["subjects"]],
+                         [("Group", "system:serviceaccounts:ccm-system"), ("Group", "system:serviceaccounts:kube-public")])
+        # kube-vip's KUBEVIP_NAMESPACE / KUBEVIP_CONFIG_MAP; embedded mode binds the operator too.
+        objects = self.render_named(values(**{"manager.rbac.importPools": True, "embedded.enabled": True,
+                                              "manager.rbac.importKubeVip": {"namespace": "kube-public", "name": "pools"}}))
+        (role,), (binding,) = kube_vip(objects, "kube-public")
+        self.assertEqual(role["rules"][0]["resourceNames"], ["pools"])
+        sa = one(objects, "ServiceAccount")["metadata"]["name"]
+        self.assertIn(("ServiceAccount", sa), [(s["kind"], s["name"]) for s in binding["subjects"]])
+        # An empty namespace: no kube-vip rule at all.
+        objects = self.render_named(values(**{"manager.rbac.importPools": True,
+                                              "manager.rbac.importKubeVip": {"namespace": "", "name": "kubevip"}}))
+        self.assertEqual(kube_vip(objects, ""), ([], []))
+
     def test_the_operator_binds_the_announcer_roles_only_in_announcer_namespaces(self):
         objects = self.render_named(values(**{"cloudConfig.namespaces": ["ccm-system", "kube-public"],
                                               "announcer.enabled": True, "announcer.namespaces": ["kube-public"]}))

@@ -245,11 +245,13 @@ fn cluster_role(objects: &[Value], name: &str) -> ClusterRole {
 
 /// Every grant the chart gives the ServiceAccount `namespace/name`, through its bindings.
 fn grants_for_service_account(objects: &[Value], namespace: &str, name: &str) -> Vec<Grant> {
+    // The account directly, or the group of its namespace's accounts (the kube-vip import Role).
+    let group = format!("system:serviceaccounts:{namespace}");
     let binds_sa = |subjects: &Option<Vec<k8s_openapi::api::rbac::v1::Subject>>| {
-        subjects
-            .iter()
-            .flatten()
-            .any(|s| s.kind == "ServiceAccount" && s.name == name && s.namespace.as_deref() == Some(namespace))
+        subjects.iter().flatten().any(|s| {
+            (s.kind == "ServiceAccount" && s.name == name && s.namespace.as_deref() == Some(namespace))
+                || (s.kind == "Group" && s.name == group)
+        })
     };
     let role_rules = |kind: &str, role: &str, role_namespace: &str| -> Vec<PolicyRule> {
         let found = objects
@@ -1528,8 +1530,10 @@ testkit::backend_tests! {
     /// and `manager.rbac.importPools`, issue 27) are enough: a manager bound to the rendered
     /// `ccm-manager` ClusterRole, running with its ServiceAccount's token, reads a
     /// LoadBalancerIPPool and writes its status, reads Namespaces for the selector, imports a
-    /// MetalLB pool and watches it, and gives a Service an address from each; every request is
-    /// checked against the rules, and on the genuine backend kube-apiserver's authorizer decided.
+    /// MetalLB pool and kube-vip-cloud-provider's ConfigMap (issue 47, through the chart's Role in
+    /// the ConfigMap's namespace) and watches them, and gives a Service an address from each;
+    /// every request is checked against the rules, and on the genuine backend kube-apiserver's
+    /// authorizer decided. The kube-vip Role reads that one ConfigMap and no other.
     async fn pool_resource_and_import_rules_are_allowed_by_the_manager_cluster_role(backend) {
         use crds::pool::LoadBalancerIPPool;
         use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -1537,13 +1541,22 @@ testkit::backend_tests! {
         let client = harness_client(&cluster);
         let namespace = cluster.fresh_namespace("pool-proof").await.expect("a namespace");
         operator_world(&client, &namespace).await;
-        let values = json!({"cloudConfig": {"namespaces": [CR_NAMESPACE]},
-            "manager": {"rbac": {"poolResources": true, "importPools": true}}});
+        // The manager's namespace is a managed one, whose accounts the kube-vip Role is bound
+        // to; kube-vip's ConfigMap is in it too (kube-system is shared between tests).
+        let values = json!({"cloudConfig": {"namespaces": [CR_NAMESPACE, namespace]},
+            "manager": {"rbac": {"poolResources": true, "importPools": true,
+                "importKubeVip": {"namespace": namespace, "name": "kubevip"}}}});
         let Some(objects) = render_chart(&cluster.kubeconfig_path(), &values) else { return };
         if cluster.is_genuine() {
             apply_chart_rbac(&cluster.client(), &objects, None).await;
         }
         cluster.install_crd(&crds::pool_crd()).await.expect("the pool CRD");
+        let configmaps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), &namespace);
+        for (name, cidr) in [("kubevip", "198.51.100.24/30"), ("not-kubevip", "198.51.100.28/30")] {
+            let map = serde_json::from_value(json!({"metadata": {"name": name}, "data": {format!("cidr-{namespace}"): cidr}}))
+                .expect("a ConfigMap");
+            configmaps.create(&PostParams::default(), &map).await.expect("a ConfigMap");
+        }
         for crd in [
             stand_in_crd("metallb.io", "IPAddressPool", "ipaddresspools", true, "v1beta1"),
             stand_in_crd("cilium.io", "CiliumLoadBalancerIPPool", "ciliumloadbalancerippools", false, "v2"),
@@ -1582,7 +1595,7 @@ testkit::backend_tests! {
         std::fs::create_dir_all(&dir).expect("a directory");
         let cloud_config = dir.join("cloud.conf");
         // MetalLB's pools are read from one namespace only (issue 45): this test's, here.
-        let imports = format!("loadBalancer:\n  poolResources: true\n  importPools: [{{source: metallb, namespace: {namespace}}}, cilium]\n");
+        let imports = format!("loadBalancer:\n  poolResources: true\n  importPools: [{{source: metallb, namespace: {namespace}}}, cilium, {{source: kubevip, namespace: {namespace}}}]\n");
         std::fs::write(&cloud_config, imports).expect("the cloud-config");
         let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
         let args: Vec<String> = vec![
@@ -1613,6 +1626,11 @@ testkit::backend_tests! {
             .create(&PostParams::default(), &service("from-metallb", json!({"metallb.io/address-pool": "lan"})))
             .await
             .expect("a Service");
+        let kube_vip_pool = format!("kubevip:{namespace}/cidr-{namespace}");
+        services
+            .create(&PostParams::default(), &service("from-kubevip", json!({"ccm.rs/address-pool": kube_vip_pool})))
+            .await
+            .expect("a Service");
         let address = |name: &'static str| {
             let services = services.clone();
             async move {
@@ -1627,6 +1645,10 @@ testkit::backend_tests! {
             .await?;
             step("from-metallb gets an address of the imported MetalLB pool", RBAC_WAIT, || async {
                 address("from-metallb").await.is_some_and(|ip| ip.rsplit('.').next().and_then(|o| o.parse::<u8>().ok()).is_some_and(|o| (16..20).contains(&o)))
+            })
+            .await?;
+            step("from-kubevip gets an address of kube-vip's ConfigMap", RBAC_WAIT, || async {
+                address("from-kubevip").await.is_some_and(|ip| ip.rsplit('.').next().and_then(|o| o.parse::<u8>().ok()).is_some_and(|o| (24..28).contains(&o)))
             })
             .await?;
             step("the LoadBalancerIPPool's status counts the address", RBAC_WAIT, || async {
@@ -1649,6 +1671,39 @@ testkit::backend_tests! {
         let requests = requests_of(&cluster, &log, mark, &namespace, &account);
         let all: Vec<Value> = objects.iter().cloned().chain([binding]).collect();
         let grants = grants_for_service_account(&all, &namespace, &account);
+        // The kube-vip ConfigMap was read and watched by name, as the Role allows.
+        let read_kube_vip = |verb: &str| {
+            requests.iter().filter_map(attributes).any(|a| {
+                a.verb == verb && a.resource == "configmaps" && a.name.as_deref() == Some("kubevip")
+            })
+        };
+        assert!(read_kube_vip("get") && read_kube_vip("watch"), "the manager read and watched kube-vip's ConfigMap");
         prove("cloud-controller-manager (baremetal pools)", &grants, &requests);
+        // ... and no other ConfigMap: by the rules, and on the genuine backend by the authorizer.
+        let configmap = |verb: &str, name: Option<&str>| Attributes {
+            verb: verb.into(),
+            group: String::new(),
+            resource: "configmaps".into(),
+            subresource: None,
+            name: name.map(Into::into),
+            namespace: Some(namespace.clone()),
+        };
+        for verb in ["get", "list", "watch"] {
+            assert!(allowed_by(&grants, &configmap(verb, Some("kubevip"))).is_some(), "{verb} kubevip");
+            assert!(allowed_by(&grants, &configmap(verb, Some("not-kubevip"))).is_none(), "{verb} not-kubevip");
+        }
+        assert!(allowed_by(&grants, &configmap("list", None)).is_none(), "listing every ConfigMap");
+        let elsewhere = Attributes { namespace: Some(CR_NAMESPACE.into()), ..configmap("get", Some("kubevip")) };
+        assert!(allowed_by(&grants, &elsewhere).is_none(), "a kubevip ConfigMap in another namespace");
+        if cluster.is_genuine() {
+            let (config, _) = cluster.service_account(&namespace, &account).await.expect("the manager's token");
+            let as_manager: Api<k8s_openapi::api::core::v1::ConfigMap> =
+                Api::namespaced(Client::try_from(config).expect("a client"), &namespace);
+            as_manager.get("kubevip").await.expect("the manager may read kube-vip's ConfigMap");
+            let forbidden = |r: Result<_, kube::Error>| matches!(r, Err(kube::Error::Api(s)) if s.code == 403);
+            assert!(forbidden(as_manager.get("not-kubevip").await.map(|_| ())), "another ConfigMap is forbidden");
+            assert!(forbidden(as_manager.list(&Default::default()).await.map(|_| ())), "listing ConfigMaps is forbidden");
+        }
+        let _ = configmaps.delete_collection(&DeleteParams::default(), &Default::default()).await;
     }
 }

@@ -160,9 +160,10 @@ pub struct LoadBalancerConfig {
     /// imported pools (their authors choose addresses, not ports). Unset: the default rule.
     #[serde(default)]
     pub resource_pool_ports: Option<PortRuleConfig>,
-    /// Also hand out addresses from MetalLB's or Cilium's pools, read in place at start (after
-    /// the pool resources; needs `poolResources: true`); MetalLB's from its own namespace only.
-    /// See docs/migrating-load-balancers.md.
+    /// Also hand out addresses from MetalLB's, Cilium's or kube-vip-cloud-provider's pools, read
+    /// in place at start (after the pool resources; needs `poolResources: true`); MetalLB's from
+    /// its own namespace only, kube-vip's from its one ConfigMap. See
+    /// docs/migrating-load-balancers.md.
     #[serde(default)]
     pub import_pools: Vec<crate::pool_import::ImportSource>,
     /// How assigned addresses are announced to the network (L2, BGP); none by default.
@@ -476,10 +477,17 @@ impl CloudConfig {
             }
             if let Some(namespace) = &import.given_namespace {
                 let field = path.index(i).field("namespace");
-                if import.source != crate::pool_import::Source::Metallb {
+                if import.source == crate::pool_import::Source::Cilium {
                     return Err(DocumentError::invalid(field, IMPORT_NAMESPACE_METALLB_ONLY));
                 }
                 validate_dns_label(namespace).map_err(|m| DocumentError::invalid(field, m))?;
+            }
+            if let Some(name) = &import.given_name {
+                let field = path.index(i).field("name");
+                if import.source != crate::pool_import::Source::Kubevip {
+                    return Err(DocumentError::invalid(field, IMPORT_NAME_KUBEVIP_ONLY));
+                }
+                validate_dns_subdomain(name).map_err(|m| DocumentError::invalid(field, m))?;
             }
         }
         if !sources.is_empty() && !self.load_balancer.pool_resources {
@@ -489,8 +497,11 @@ impl CloudConfig {
     }
 }
 
-/// Why a namespace on another source than MetalLB is refused.
-pub const IMPORT_NAMESPACE_METALLB_ONLY: &str = "applies to metallb only (Cilium's pools are cluster-scoped)";
+/// Why a namespace on Cilium's source is refused.
+pub const IMPORT_NAMESPACE_METALLB_ONLY: &str =
+    "applies to metallb and kubevip only (Cilium's pools are cluster-scoped)";
+/// Why a name on another source than kube-vip's is refused.
+pub const IMPORT_NAME_KUBEVIP_ONLY: &str = "applies to kubevip only (its ConfigMap's name; the others list every pool)";
 
 /// Why `importPools` without `poolResources` is refused.
 pub const IMPORT_NEEDS_POOL_RESOURCES: &str =

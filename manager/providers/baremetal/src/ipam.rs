@@ -555,7 +555,14 @@ pub fn request_for(service: &Service) -> Result<LbRequest, AllocError> {
         CILIUM_LOAD_BALANCER_IPS_ANNOTATIONS[0],
         CILIUM_LOAD_BALANCER_IPS_ANNOTATIONS[1],
     ];
-    let (source, text) = match first_annotation(service, &names) {
+    // kube-vip-cloud-provider's record of what it gave (every family; spec.loadBalancerIP holds
+    // only the first), read only on the Services it labelled: ours carry the annotation as an
+    // output (`loadBalancer.kubeVip`).
+    let kube_vip = service.labels().get(crate::pool_import_kubevip::IMPLEMENTATION_LABEL).map(String::as_str)
+        == Some(crate::pool_import_kubevip::IMPLEMENTATION_VALUE);
+    let (source, text) = match first_annotation(service, &names)
+        .or_else(|| kube_vip.then(|| first_annotation(service, &[crate::proxy::KUBE_VIP_ANNOTATION])).flatten())
+    {
         Some((name, value)) => (name, value.to_string()),
         None => ("spec.loadBalancerIP", spec.load_balancer_ip.clone().unwrap_or_default()),
     };

@@ -20,6 +20,7 @@ pub mod ipam;
 pub mod name;
 pub mod orphans;
 pub mod pool_import;
+pub mod pool_import_kubevip;
 pub mod pool_import_watch;
 pub mod pool_metrics;
 pub mod pool_resources;

@@ -1,5 +1,7 @@
-//! Pools read in place from MetalLB and Cilium (`loadBalancer.importPools`), for a migration in
-//! which no Service changes address (pure; the listing is in [`crate::pool_import_watch`]).
+//! Pools read in place from MetalLB, Cilium and kube-vip-cloud-provider
+//! (`loadBalancer.importPools`), for a migration in which no Service changes address (pure; the
+//! listing is in [`crate::pool_import_watch`], kube-vip's ConfigMap in
+//! [`crate::pool_import_kubevip`]).
 //!
 //! A MetalLB `IPAddressPool` (`metallb.io/v1beta1`) or a Cilium `CiliumLoadBalancerIPPool`
 //! (`cilium.io/v2` or `v2alpha1`) becomes a [`LoadBalancerIPPoolSpec`], the type of our own pool
@@ -11,7 +13,8 @@
 //! Precedence: the cloud-config's pools, then `LoadBalancerIPPool` resources, then the imported
 //! pools in the order of `importPools`; MetalLB's pools by `serviceAllocation.priority` (set
 //! ones first, lowest first), then by creation time and name; Cilium's by creation time and
-//! name. An imported address range overlapping an earlier pool is trimmed to what is left, so
+//! name; kube-vip's in its search order (`cidr-<namespace>`, `cidr-global`, `range-<namespace>`,
+//! `range-global`). An imported address range overlapping an earlier pool is trimmed to what is left, so
 //! every address keeps exactly one pool.
 
 use std::collections::BTreeMap;
@@ -47,6 +50,8 @@ pub enum Source {
     Metallb,
     /// Cilium's `CiliumLoadBalancerIPPool` (`cilium.io/v2`, else `v2alpha1`; cluster-scoped).
     Cilium,
+    /// kube-vip-cloud-provider's ConfigMap (`kubevip` in `kube-system` unless named).
+    Kubevip,
 }
 
 impl Source {
@@ -55,6 +60,7 @@ impl Source {
         match self {
             Source::Metallb => "metallb.io",
             Source::Cilium => "cilium.io",
+            Source::Kubevip => "",
         }
     }
 
@@ -63,6 +69,7 @@ impl Source {
         match self {
             Source::Metallb => &["v1beta1"],
             Source::Cilium => &["v2", "v2alpha1"],
+            Source::Kubevip => &["v1"],
         }
     }
 
@@ -71,6 +78,7 @@ impl Source {
         match self {
             Source::Metallb => "IPAddressPool",
             Source::Cilium => "CiliumLoadBalancerIPPool",
+            Source::Kubevip => "ConfigMap",
         }
     }
 
@@ -79,6 +87,7 @@ impl Source {
         match self {
             Source::Metallb => "ipaddresspools",
             Source::Cilium => "ciliumloadbalancerippools",
+            Source::Kubevip => "configmaps",
         }
     }
 
@@ -87,11 +96,13 @@ impl Source {
         match self {
             Source::Metallb => "metallb",
             Source::Cilium => "cilium",
+            Source::Kubevip => "kubevip",
         }
     }
 
-    /// The imported pool's name: `metallb:<namespace>/<name>` or `cilium:<name>`, so it can
-    /// clash with no pool of ours.
+    /// The imported pool's name: `metallb:<namespace>/<name>`, `cilium:<name>` or
+    /// `kubevip:<namespace>/<key>` (the ConfigMap's namespace and data key), so it can clash with
+    /// no pool of ours.
     pub fn pool_name(self, namespace: Option<&str>, name: &str) -> String {
         match namespace {
             Some(ns) => format!("{}:{ns}/{name}", self.as_str()),
@@ -111,32 +122,47 @@ impl fmt::Display for Source {
 pub const METALLB_DEFAULT_NAMESPACE: &str = "metallb-system";
 
 /// The message of an `importPools` entry that is neither a source nor a `{source, namespace}`.
-pub const BAD_IMPORT_ENTRY: &str = "must be metallb, cilium, or {source: metallb, namespace: NAME}";
+pub const BAD_IMPORT_ENTRY: &str = "must be metallb, cilium, kubevip, or {source: metallb or kubevip, namespace: NAME} (kubevip also takes name: CONFIGMAP)";
 
-/// One `loadBalancer.importPools` entry: `metallb`, `cilium`, or `{source: metallb, namespace:
-/// NAME}` to read MetalLB's pools from another namespace than [`METALLB_DEFAULT_NAMESPACE`].
+/// One `loadBalancer.importPools` entry: `metallb`, `cilium`, `kubevip`, or `{source: metallb,
+/// namespace: NAME}` to read MetalLB's pools from another namespace than
+/// [`METALLB_DEFAULT_NAMESPACE`], or `{source: kubevip, namespace: NS, name: NAME}` for a
+/// kube-vip-cloud-provider started with `KUBEVIP_NAMESPACE` / `KUBEVIP_CONFIG_MAP`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ImportSource {
     /// Where from.
     pub source: Source,
-    /// The namespace given (MetalLB only; validated in the cloud-config).
+    /// The namespace given (MetalLB and kube-vip only; validated in the cloud-config).
     pub given_namespace: Option<String>,
+    /// The ConfigMap's name given (kube-vip only; validated in the cloud-config).
+    pub given_name: Option<String>,
 }
 
 impl ImportSource {
-    /// The namespace the source's pools are read from: MetalLB's namespace, none for Cilium's
-    /// cluster-scoped pools.
+    /// The namespace the source's pools are read from: MetalLB's namespace, kube-vip's
+    /// ConfigMap's, none for Cilium's cluster-scoped pools.
     pub fn namespace(&self) -> Option<&str> {
         match self.source {
             Source::Metallb => Some(self.given_namespace.as_deref().unwrap_or(METALLB_DEFAULT_NAMESPACE)),
             Source::Cilium => None,
+            Source::Kubevip => {
+                Some(self.given_namespace.as_deref().unwrap_or(crate::pool_import_kubevip::DEFAULT_NAMESPACE))
+            }
+        }
+    }
+
+    /// The one object read by name (kube-vip's ConfigMap); `None` for the sources listed whole.
+    pub fn object_name(&self) -> Option<&str> {
+        match self.source {
+            Source::Kubevip => Some(self.given_name.as_deref().unwrap_or(crate::pool_import_kubevip::DEFAULT_NAME)),
+            Source::Metallb | Source::Cilium => None,
         }
     }
 }
 
 impl From<Source> for ImportSource {
     fn from(source: Source) -> Self {
-        Self { source, given_namespace: None }
+        Self { source, given_namespace: None, given_name: None }
     }
 }
 
@@ -144,11 +170,14 @@ impl From<Source> for ImportSource {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ImportEntry {
-    /// `metallb` or `cilium`.
+    /// `metallb`, `cilium` or `kubevip`.
     pub source: Source,
-    /// MetalLB's namespace.
+    /// MetalLB's namespace, or kube-vip's ConfigMap's.
     #[serde(default)]
     pub namespace: Option<String>,
+    /// kube-vip's ConfigMap's name.
+    #[serde(default)]
+    pub name: Option<String>,
 }
 
 impl<'de> Deserialize<'de> for ImportSource {
@@ -163,12 +192,13 @@ impl<'de> Deserialize<'de> for ImportSource {
                 match text {
                     "metallb" => Ok(Source::Metallb.into()),
                     "cilium" => Ok(Source::Cilium.into()),
+                    "kubevip" => Ok(Source::Kubevip.into()),
                     _ => Err(ccm_framework::safe_yaml::custom(BAD_IMPORT_ENTRY)),
                 }
             }
             fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<ImportSource, A::Error> {
                 let entry = ImportEntry::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
-                Ok(ImportSource { source: entry.source, given_namespace: entry.namespace })
+                Ok(ImportSource { source: entry.source, given_namespace: entry.namespace, given_name: entry.name })
             }
         }
         deserializer.deserialize_any(Visitor)
@@ -190,7 +220,7 @@ impl fmt::Display for Warning {
     }
 }
 
-fn warn(field: impl Into<String>, lost: impl Into<String>) -> Warning {
+pub(crate) fn warn(field: impl Into<String>, lost: impl Into<String>) -> Warning {
     Warning { field: field.into(), lost: lost.into() }
 }
 
@@ -227,11 +257,11 @@ pub enum ImportError {
     },
 }
 
-fn malformed(field: impl Into<String>, expected: &'static str) -> ImportError {
+pub(crate) fn malformed(field: impl Into<String>, expected: &'static str) -> ImportError {
     ImportError::Malformed { field: field.into(), expected }
 }
 
-fn inexpressible(field: impl Into<String>, why: impl Into<String>) -> ImportError {
+pub(crate) fn inexpressible(field: impl Into<String>, why: impl Into<String>) -> ImportError {
     ImportError::Inexpressible { field: field.into(), why: why.into() }
 }
 
@@ -246,7 +276,8 @@ pub struct Imported {
     pub name: String,
     /// The converted pool, named by [`Source::pool_name`], with the source's creation time.
     pub resource: LoadBalancerIPPool,
-    /// MetalLB's `serviceAllocation.priority` when set (non-zero).
+    /// MetalLB's `serviceAllocation.priority` when set (non-zero); for kube-vip, the rank of
+    /// the key in its search order.
     pub priority: Option<i64>,
     /// A disabled Cilium pool: its Services keep their addresses, nobody gets a new one.
     pub disabled: bool,
@@ -332,7 +363,7 @@ fn range(first: IpAddr, last: IpAddr, field: &str) -> Result<String, ImportError
     Ok(format!("{first}-{last}"))
 }
 
-fn spec_with(cidrs: Vec<String>, ranges: Vec<String>) -> LoadBalancerIPPoolSpec {
+pub(crate) fn spec_with(cidrs: Vec<String>, ranges: Vec<String>) -> LoadBalancerIPPoolSpec {
     LoadBalancerIPPoolSpec {
         cidrs,
         ranges,
@@ -346,7 +377,7 @@ fn spec_with(cidrs: Vec<String>, ranges: Vec<String>) -> LoadBalancerIPPoolSpec 
     }
 }
 
-fn imported(
+pub(crate) fn imported(
     source: Source,
     metadata: &ObjectMeta,
     spec: LoadBalancerIPPoolSpec,
@@ -604,14 +635,14 @@ fn cilium_selector(mut selector: LabelSelector) -> Result<(Vec<String>, Option<L
     Ok((namespaces, rest))
 }
 
-fn to_u128(ip: IpAddr) -> u128 {
+pub(crate) fn to_u128(ip: IpAddr) -> u128 {
     match ip {
         IpAddr::V4(v4) => u128::from(u32::from(v4)),
         IpAddr::V6(v6) => u128::from(v6),
     }
 }
 
-fn from_u128(like: IpAddr, value: u128) -> IpAddr {
+pub(crate) fn from_u128(like: IpAddr, value: u128) -> IpAddr {
     match like {
         IpAddr::V4(_) => IpAddr::V4(std::net::Ipv4Addr::from(value as u32)),
         IpAddr::V6(_) => IpAddr::V6(std::net::Ipv6Addr::from(value)),
@@ -1017,6 +1048,45 @@ mod tests {
         assert!(bad.contains("loadBalancer.importPools[0].namespace"), "{bad}");
         let twice = parse("[metallb, {source: metallb, namespace: lb}]").unwrap_err().to_string();
         assert!(twice.contains("loadBalancer.importPools[1]") && twice.contains("duplicates"), "{twice}");
+    }
+
+    #[test]
+    fn kube_vips_configmap_is_read_from_its_defaults_unless_import_pools_names_another() {
+        let parse = |pools: &str| {
+            crate::config::parse(format!("loadBalancer:\n  poolResources: true\n  importPools: {pools}\n").as_bytes())
+        };
+        let default = parse("[kubevip]").unwrap().load_balancer.import_pools;
+        assert_eq!((default[0].namespace(), default[0].object_name()), (Some("kube-system"), Some("kubevip")));
+        let named =
+            parse("[{source: kubevip, namespace: lb, name: kubevip.pools}]").unwrap().load_balancer.import_pools;
+        assert_eq!((named[0].namespace(), named[0].object_name()), (Some("lb"), Some("kubevip.pools")));
+        let on_metallb = parse("[{source: metallb, name: x}]").unwrap_err().to_string();
+        assert!(on_metallb.contains("loadBalancer.importPools[0].name"), "{on_metallb}");
+        let bad = parse("[{source: kubevip, name: Not_A_Name}]").unwrap_err().to_string();
+        assert!(bad.contains("loadBalancer.importPools[0].name"), "{bad}");
+        let twice = parse("[kubevip, {source: kubevip, name: other}]").unwrap_err().to_string();
+        assert!(twice.contains("loadBalancer.importPools[1]") && twice.contains("duplicates"), "{twice}");
+    }
+
+    #[test]
+    fn kube_vips_annotation_asks_for_every_family_on_the_services_kube_vip_labelled_only() {
+        use crate::ipam::{Slot, request_for};
+        use k8s_openapi::api::core::v1::Service;
+        let service = |labels: Value| -> Service {
+            serde_json::from_value(json!({
+                "metadata": {"name": "s", "namespace": "d", "labels": labels,
+                    "annotations": {"kube-vip.io/loadbalancerIPs": "192.0.2.7,2001:db8::7"}},
+                "spec": {"loadBalancerIP": "192.0.2.7", "ipFamilyPolicy": "RequireDualStack"},
+            }))
+            .unwrap()
+        };
+        let labelled = request_for(&service(json!({"implementation": "kube-vip"}))).unwrap();
+        assert_eq!(
+            labelled.slots,
+            [Slot::Exact("192.0.2.7".parse().unwrap()), Slot::Exact("2001:db8::7".parse().unwrap())]
+        );
+        // Without kube-vip's label the annotation is this provider's own output (loadBalancer.kubeVip).
+        assert!(request_for(&service(json!({}))).is_err(), "spec.loadBalancerIP alone names one family");
     }
 
     #[test]

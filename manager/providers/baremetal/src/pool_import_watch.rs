@@ -1,7 +1,8 @@
-//! The I/O of `loadBalancer.importPools`: MetalLB's and Cilium's pools listed when the leader
-//! starts (before the allocator is rebuilt from the Services), then watched and read again
-//! after each change, and what became of each reported as a log line and an event on the
-//! source object. Conversions and precedence are in [`crate::pool_import`].
+//! The I/O of `loadBalancer.importPools`: MetalLB's and Cilium's pools listed, and
+//! kube-vip-cloud-provider's ConfigMap read by name, when the leader starts (before the
+//! allocator is rebuilt from the Services), then watched and read again after each change, and
+//! what became of each pool reported as a log line and an event on the source object.
+//! Conversions and precedence are in [`crate::pool_import`] and [`crate::pool_import_kubevip`].
 
 use std::collections::BTreeMap;
 
@@ -12,6 +13,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use kube::core::GroupVersionKind;
 use kube::runtime::events::EventType;
+use kube::runtime::watcher;
 
 use crate::pool_import::{
     self, ImportError, ImportSource, Imported, MAX_IMPORTED_POOLS, Outcome, Source, SourceObject,
@@ -30,6 +32,18 @@ pub enum ReadError {
         kind: &'static str,
         /// Its API group.
         group: &'static str,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The API server refused or failed reading kube-vip's ConfigMap (403 without the chart's
+    /// Role in its namespace).
+    #[error("reading the ConfigMap {namespace}/{name} for loadBalancer.importPools (kubevip) failed: {source}")]
+    Get {
+        /// The ConfigMap's namespace.
+        namespace: String,
+        /// The ConfigMap's name.
+        name: String,
         /// The API error.
         #[source]
         source: kube::Error,
@@ -54,7 +68,8 @@ pub struct ReadAll {
     pub objects: Vec<Read>,
     /// Per source, a fact worth a warning: its CRD is not installed, or too many pools.
     pub source_notes: Vec<String>,
-    /// The sources served, with the version read.
+    /// The sources served, with the version read (kube-vip's always, so that a ConfigMap
+    /// created later is seen).
     pub served: Vec<(ImportSource, &'static str)>,
 }
 
@@ -118,6 +133,10 @@ pub async fn read_all(client: &kube::Client, sources: &[ImportSource]) -> Result
     let mut all = ReadAll::default();
     for import in sources {
         let source = import.source;
+        if source == Source::Kubevip {
+            read_kubevip(client, import, &mut all).await?;
+            continue;
+        }
         let Some((version, mut items)) = list(client, import).await? else {
             all.source_notes.push(format!(
                 "loadBalancer.importPools names {source} but no {} resource is served ({} CRD not installed); nothing imported from it",
@@ -141,6 +160,8 @@ pub async fn read_all(client: &kube::Client, sources: &[ImportSource]) -> Result
             let result = match source {
                 Source::Metallb => pool_import::from_metallb(&object),
                 Source::Cilium => pool_import::from_cilium(&object),
+                // Read by name above, never listed.
+                Source::Kubevip => continue,
             };
             let name = item.metadata.name.clone().unwrap_or_default();
             all.objects.push(Read {
@@ -158,6 +179,60 @@ pub async fn read_all(client: &kube::Client, sources: &[ImportSource]) -> Result
         }
     }
     Ok(all)
+}
+
+/// The most ConfigMap-level warnings named in one note (the rest are counted).
+const MAX_NAMED_WARNINGS: usize = 8;
+
+/// Read kube-vip-cloud-provider's ConfigMap by name: one [`Read`] per address key; the keys no
+/// pool can express become a note. A missing ConfigMap is a note, not an error.
+async fn read_kubevip(client: &kube::Client, import: &ImportSource, all: &mut ReadAll) -> Result<(), ReadError> {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let namespace = import.namespace().unwrap_or(crate::pool_import_kubevip::DEFAULT_NAMESPACE).to_string();
+    let name = import.object_name().unwrap_or(crate::pool_import_kubevip::DEFAULT_NAME).to_string();
+    // Watched even while missing, so that creating it later is taken in.
+    all.served.push((import.clone(), "v1"));
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+    let found = api.get_opt(&name).await.map_err(|source| ReadError::Get {
+        namespace: namespace.clone(),
+        name: name.clone(),
+        source,
+    })?;
+    let Some(map) = found else {
+        all.source_notes.push(format!(
+            "loadBalancer.importPools names kubevip but there is no ConfigMap {namespace}/{name}; nothing imported from it"
+        ));
+        return Ok(());
+    };
+    let reference = ObjectReference {
+        api_version: Some("v1".to_string()),
+        kind: Some("ConfigMap".to_string()),
+        namespace: Some(namespace.clone()),
+        name: Some(name.clone()),
+        uid: map.metadata.uid.clone(),
+        ..Default::default()
+    };
+    let data = map.data.clone().unwrap_or_default();
+    match crate::pool_import_kubevip::from_configmap(&map.metadata, &data) {
+        Err(error) => all.objects.push(Read {
+            reference,
+            pool_name: Source::Kubevip.pool_name(Some(&namespace), &name),
+            result: Err(error),
+        }),
+        Ok(converted) => {
+            if !converted.warnings.is_empty() {
+                let named: Vec<String> =
+                    converted.warnings.iter().take(MAX_NAMED_WARNINGS).map(|w| w.to_string()).collect();
+                let more = converted.warnings.len().saturating_sub(MAX_NAMED_WARNINGS);
+                let tail = if more > 0 { format!("; and {more} more") } else { String::new() };
+                all.source_notes.push(format!("ConfigMap {namespace}/{name}: {}{tail}", named.join("; ")));
+            }
+            for pool in converted.pools {
+                all.objects.push(Read { reference: reference.clone(), pool_name: pool.pool_name, result: pool.result });
+            }
+        }
+    }
+    Ok(())
 }
 
 fn bounded(text: String) -> String {
@@ -238,7 +313,12 @@ pub fn spawn(
     let changed = std::sync::Arc::new(tokio::sync::Notify::new());
     for (import, version) in &first.served {
         let api = api(&client, import, version);
-        tokio::spawn(watch_source(api, import.source, changed.clone(), shutdown.clone()));
+        // kube-vip's ConfigMap is watched by name: its RBAC names that one ConfigMap.
+        let config = match import.object_name() {
+            Some(name) => watcher::Config::default().fields(&format!("metadata.name={name}")),
+            None => watcher::Config::default(),
+        };
+        tokio::spawn(watch_source(api, import.source, config, changed.clone(), shutdown.clone()));
     }
     let order: Vec<Source> = sources.iter().map(|s| s.source).collect();
     let last = first.fingerprint();
@@ -278,12 +358,13 @@ pub fn spawn(
 async fn watch_source(
     api: Api<DynamicObject>,
     source: Source,
+    config: watcher::Config,
     changed: std::sync::Arc<tokio::sync::Notify>,
     shutdown: tokio_util::sync::CancellationToken,
 ) {
     use futures::StreamExt;
-    use kube::runtime::{WatchStreamExt, watcher};
-    let mut stream = watcher::watcher(api, watcher::Config::default()).default_backoff().boxed();
+    use kube::runtime::WatchStreamExt;
+    let mut stream = watcher::watcher(api, config).default_backoff().boxed();
     loop {
         let event = tokio::select! {
             _ = shutdown.cancelled() => return,

@@ -63,6 +63,9 @@ fn dynamic(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource 
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
 }
 
+/// A Service as the previous allocator left it: name, port, annotations, address.
+type Held<'a> = (&'a str, i32, &'a [(&'a str, &'a str)], &'a str);
+
 /// Every address each Service showed while the test ran, from a watch.
 type Seen = Arc<Mutex<BTreeMap<String, BTreeSet<String>>>>;
 
@@ -144,7 +147,7 @@ testkit::backend_tests! {
 
         // Services as MetalLB and Cilium left them: addresses in status, their annotations.
         let services: Api<Service> = Api::namespaced(cluster.client(), &ns);
-        let before: [(&str, i32, &[(&str, &str)], &str); 8] = [
+        let before: [Held; 8] = [
             ("m-plain", 80, &[("metallb.io/ip-allocated-from-pool", "lan")], "198.51.100.3"),
             ("m-asked", 80, &[("metallb.io/loadBalancerIPs", "198.51.100.64")], "198.51.100.64"),
             ("m-share-a", 80, &[("metallb.io/allow-shared-ip", "k")], "198.51.100.5"),
@@ -256,5 +259,153 @@ testkit::backend_tests! {
         for name in ["ipaddresspools.metallb.io", "ciliumloadbalancerippools.cilium.io"] {
             let _ = crds.delete(name, &DeleteParams::default()).await;
         }
+    }
+}
+
+/// The cloud-config importing kube-vip-cloud-provider's ConfigMap `kubevip` from `namespace`.
+fn kube_vip_config(namespace: &str) -> String {
+    format!("loadBalancer:\n  poolResources: true\n  importPools: [{{source: kubevip, namespace: {namespace}}}]\n")
+}
+
+testkit::backend_tests! {
+    async fn kube_vip_services_keep_their_addresses_when_its_configmap_pools_are_imported(backend) {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        let cluster = TestCluster::start(backend).await.unwrap();
+        cluster.install_crd(&crds::pool_crd()).await.unwrap();
+        let pp = PostParams::default();
+        let options = || ControllerOptions { concurrent_service_syncs: 2, ..Default::default() };
+        // kube-vip's namespace (kube-system by default) is a fresh one here: the genuine server is shared.
+        let kube_vip_ns = cluster.fresh_namespace("kube-vip").await.unwrap();
+
+        // No ConfigMap yet: the leader starts, imports nothing and says so.
+        let provider = Arc::new(BaremetalProvider::from_cloud_config(Some(kube_vip_config(&kube_vip_ns).as_bytes())).unwrap());
+        let running = run_controller(cluster.client(), provider.clone() as Arc<dyn CloudProvider>, options(), Box::new(ServiceController::new())).await;
+        let message = health_message(provider.health().await);
+        assert!(message.contains(&format!("there is no ConfigMap {kube_vip_ns}/kubevip")), "{message}");
+        running.stop().await.unwrap();
+
+        let apps = cluster.fresh_namespace("apps").await.unwrap();
+        let other = cluster.fresh_namespace("other").await.unwrap();
+        // kube-vip's ConfigMap as its README writes them: a namespace CIDR, a global range, and
+        // keys no pool can say (they are warnings naming the key).
+        let configmaps: Api<ConfigMap> = Api::namespaced(cluster.client(), &kube_vip_ns);
+        let map: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "kubevip"}, "data": {
+            format!("cidr-{apps}"): "10.20.0.0/29,fd00:20::/126",
+            "range-global": "10.30.0.250-10.30.1.5",
+            "search-order": "desc",
+            "interface-global": "eth3",
+        }})).unwrap();
+        configmaps.create(&pp, &map).await.unwrap();
+        // Another ConfigMap beside it is never read.
+        let planted: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "not-kubevip"}, "data": {"cidr-global": "10.99.0.0/24"}})).unwrap();
+        configmaps.create(&pp, &planted).await.unwrap();
+
+        // Services as kube-vip-cloud-provider left them: its label, its annotation (every family),
+        // spec.loadBalancerIP (the first address only), and status written by kube-vip.
+        let kube_vip = [("implementation", "kube-vip")];
+        let before: [(&str, &str, Option<&str>, &[&str]); 4] = [
+            // An address kube-vip gave from the namespace's CIDR.
+            ("kv-plain", &apps, Some("10.20.0.4"), &["10.20.0.4"]),
+            // Dual-stack: spec.loadBalancerIP names only the IPv4 address; the annotation both.
+            ("kv-dual", &apps, Some("10.20.0.2"), &["10.20.0.2", "fd00:20::1"]),
+            // Its address predefined in the annotation: kube-vip only added its label.
+            ("kv-predefined", &other, None, &["10.30.0.253"]),
+            // From the global range, in another namespace.
+            ("kv-global", &other, Some("10.30.1.1"), &["10.30.1.1"]),
+        ];
+        let mut apis = BTreeMap::new();
+        let mut seen = BTreeMap::new();
+        for ns in [&apps, &other] {
+            let api: Api<Service> = Api::namespaced(cluster.client(), ns);
+            seen.insert(ns.clone(), watch_addresses(api.clone()));
+            apis.insert(ns.clone(), api);
+        }
+        for (name, ns, spec_ip, ips) in before {
+            let joined = ips.join(",");
+            let mut service = lb_service(ns, name).with_labels(&kube_vip).with_annotations(&[("kube-vip.io/loadbalancerIPs", &joined)]);
+            if let Some(ip) = spec_ip {
+                service.spec.as_mut().unwrap().load_balancer_ip = Some(ip.to_string());
+            }
+            apis[ns].create(&pp, &service).await.unwrap();
+            let ingress: Vec<Value> = ips.iter().map(|ip| json!({"ip": ip, "ipMode": "VIP"})).collect();
+            let status = json!({"status": {"loadBalancer": {"ingress": ingress}}});
+            apis[ns].patch_status(name, &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+        }
+        let mark = cluster.request_log().mark();
+
+        let provider = Arc::new(BaremetalProvider::from_cloud_config(Some(kube_vip_config(&kube_vip_ns).as_bytes())).unwrap());
+        let started = std::time::Instant::now();
+        let running = run_controller(cluster.client(), provider.clone() as Arc<dyn CloudProvider>, options(), Box::new(ServiceController::new())).await;
+
+        // New Services get the lowest free address kube-vip would have given: the namespace's
+        // CIDR first (10.20.0.0 skipped, as kube-vip skips .0), else the global range (.255 skipped).
+        apis[&apps].create(&pp, &lb_service(&apps, "fresh-apps")).await.unwrap();
+        apis[&other].create(&pp, &lb_service(&other, "fresh-other")).await.unwrap();
+        let first = |ns: String, name: &'static str| {
+            let api = apis[&ns].clone();
+            async move { ingress(&api.get(name).await.ok()?).first().map(|(ip, _)| ip.clone()) }
+        };
+        let fresh_apps = eventually("the new Service in the namespace with a CIDR gets an address", || first(apps.clone(), "fresh-apps")).await;
+        assert_eq!(fresh_apps, "10.20.0.1");
+        let fresh_other = eventually("the new Service elsewhere gets an address", || first(other.clone(), "fresh-other")).await;
+        assert_eq!(fresh_other, "10.30.0.250");
+        // Every Service has been through the controller.
+        for (ns, count) in [(&apps, 3), (&other, 3)] {
+            let service_events: Api<Event> = Api::namespaced(cluster.client(), ns);
+            eventually("every Service is ensured", || async {
+                let list = service_events.list(&ListParams::default()).await.ok()?;
+                let ensured: BTreeSet<String> = list.items.iter()
+                    .filter(|e| e.reason.as_deref() == Some("EnsuredLoadBalancer"))
+                    .filter_map(|e| e.regarding.as_ref()?.name.clone())
+                    .collect();
+                (ensured.len() == count).then_some(())
+            }).await;
+        }
+        let synced = started.elapsed();
+        for (name, ns, _, ips) in before {
+            let now: Vec<String> = ingress(&apis[ns].get(name).await.unwrap()).into_iter().map(|(ip, _)| ip).collect();
+            assert_eq!(now, ips, "{name} kept its addresses");
+            let ever = seen[ns].lock().unwrap().get(name).cloned().unwrap_or_default();
+            let expected: BTreeSet<String> = ips.iter().map(|ip| ip.to_string()).collect();
+            assert_eq!(ever, expected, "{name} never showed another address");
+            // Its addresses were never rewritten: at most its conditions were written, once.
+            let writes = cluster.request_log().count(|r| {
+                r.seq >= mark && r.is_write() && r.subresource.as_deref() == Some("status") && r.name.as_deref() == Some(name)
+            });
+            assert!(writes <= 1, "{name}: {writes} status writes; only its conditions may be written, once");
+        }
+
+        // What no pool can say is in the health message, naming the keys; each pool is reported
+        // as an event on the ConfigMap.
+        let message = health_message(provider.health().await);
+        assert!(message.contains("2 pools imported (0 with warnings, 0 not imported"), "{message}");
+        assert!(message.contains("data.search-order") && message.contains("data.interface-global"), "{message}");
+        let events: Api<Event> = Api::namespaced(cluster.client(), &kube_vip_ns);
+        eventually("a PoolImported event on the ConfigMap", || async {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            list.items.into_iter().find(|e| {
+                e.reason.as_deref() == Some("PoolImported") && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("kubevip")
+            })
+        }).await;
+        let regarding: BTreeSet<String> = events.list(&ListParams::default()).await.unwrap().items.iter()
+            .filter_map(|e| e.regarding.as_ref()?.name.clone()).collect();
+        assert!(!regarding.contains("not-kubevip"), "the other ConfigMap is never read");
+
+        // An edit of the ConfigMap is taken in without a restart: a Service asking (as kube-vip's
+        // users do) for an address of the added key gets it.
+        configmaps.patch("kubevip", &PatchParams::default(), &Patch::Merge(json!({"data": {format!("range-{other}"): "10.40.0.1-10.40.0.9"}}))).await.unwrap();
+        let asks = lb_service(&other, "kv-asks").with_labels(&kube_vip).with_annotations(&[("kube-vip.io/loadbalancerIPs", "10.40.0.7")]);
+        apis[&other].create(&pp, &asks).await.unwrap();
+        let asked = eventually("the Service asking for an address of the added key gets it", || first(other.clone(), "kv-asks")).await;
+        assert_eq!(asked, "10.40.0.7");
+        for (name, ns, _, ips) in before {
+            let now: Vec<String> = ingress(&apis[ns].get(name).await.unwrap()).into_iter().map(|(ip, _)| ip).collect();
+            assert_eq!(now, ips, "{name} kept its addresses through the ConfigMap edit");
+        }
+        println!(
+            "kube-vip import ({}): {} Services kept their addresses, all synced in {:.2?}",
+            cluster.backend().name(), before.len(), synced
+        );
+        running.stop().await.unwrap();
     }
 }
