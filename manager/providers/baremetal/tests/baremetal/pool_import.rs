@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use ccm_framework::controllers::service::ServiceController;
-use ccm_framework::engine::testing::run_controller;
+use ccm_framework::engine::testing::{RunningController, run_controller};
 use ccm_framework::options::ControllerOptions;
 use ccm_framework::provider::{CloudProvider, Health};
 use ccm_provider_baremetal::BaremetalProvider;
@@ -95,16 +95,28 @@ fn health_message(health: Health) -> String {
     }
 }
 
+/// The provider from `config` leading, with the service controller running on `cluster`.
+async fn start_leader(cluster: &TestCluster, config: &str) -> (Arc<BaremetalProvider>, RunningController) {
+    let provider = Arc::new(BaremetalProvider::from_cloud_config(Some(config.as_bytes())).unwrap());
+    let options = ControllerOptions { concurrent_service_syncs: 2, ..Default::default() };
+    let running = run_controller(
+        cluster.client(),
+        provider.clone() as Arc<dyn CloudProvider>,
+        options,
+        Box::new(ServiceController::new()),
+    )
+    .await;
+    (provider, running)
+}
+
 testkit::backend_tests! {
     async fn services_keep_the_addresses_metallb_and_cilium_gave_them_and_new_ones_come_from_their_pools(backend) {
         let cluster = TestCluster::start(backend).await.unwrap();
         cluster.install_crd(&crds::pool_crd()).await.unwrap();
         let pp = PostParams::default();
-        let options = || ControllerOptions { concurrent_service_syncs: 2, ..Default::default() };
 
         // No MetalLB or Cilium CRD yet: the leader starts and says so.
-        let provider = Arc::new(BaremetalProvider::from_cloud_config(Some(config("metallb-system").as_bytes())).unwrap());
-        let running = run_controller(cluster.client(), provider.clone() as Arc<dyn CloudProvider>, options(), Box::new(ServiceController::new())).await;
+        let (provider, running) = start_leader(&cluster, &config("metallb-system")).await;
         let message = health_message(provider.health().await);
         assert!(message.contains("no IPAddressPool resource is served (metallb.io CRD not installed)"), "{message}");
         running.stop().await.unwrap();
@@ -165,9 +177,8 @@ testkit::backend_tests! {
         let seen = watch_addresses(services.clone());
         let mark = cluster.request_log().mark();
 
-        let provider = Arc::new(BaremetalProvider::from_cloud_config(Some(config(&metallb_ns).as_bytes())).unwrap());
         let started = std::time::Instant::now();
-        let running = run_controller(cluster.client(), provider.clone() as Arc<dyn CloudProvider>, options(), Box::new(ServiceController::new())).await;
+        let (provider, running) = start_leader(&cluster, &config(&metallb_ns)).await;
 
         // A new Service gets the lowest free address of the first imported pool.
         services.create(&pp, &lb_service(&ns, "fresh")).await.unwrap();
@@ -273,13 +284,11 @@ testkit::backend_tests! {
         let cluster = TestCluster::start(backend).await.unwrap();
         cluster.install_crd(&crds::pool_crd()).await.unwrap();
         let pp = PostParams::default();
-        let options = || ControllerOptions { concurrent_service_syncs: 2, ..Default::default() };
         // kube-vip's namespace (kube-system by default) is a fresh one here: the genuine server is shared.
         let kube_vip_ns = cluster.fresh_namespace("kube-vip").await.unwrap();
 
         // No ConfigMap yet: the leader starts, imports nothing and says so.
-        let provider = Arc::new(BaremetalProvider::from_cloud_config(Some(kube_vip_config(&kube_vip_ns).as_bytes())).unwrap());
-        let running = run_controller(cluster.client(), provider.clone() as Arc<dyn CloudProvider>, options(), Box::new(ServiceController::new())).await;
+        let (provider, running) = start_leader(&cluster, &kube_vip_config(&kube_vip_ns)).await;
         let message = health_message(provider.health().await);
         assert!(message.contains(&format!("there is no ConfigMap {kube_vip_ns}/kubevip")), "{message}");
         running.stop().await.unwrap();
@@ -333,9 +342,8 @@ testkit::backend_tests! {
         }
         let mark = cluster.request_log().mark();
 
-        let provider = Arc::new(BaremetalProvider::from_cloud_config(Some(kube_vip_config(&kube_vip_ns).as_bytes())).unwrap());
         let started = std::time::Instant::now();
-        let running = run_controller(cluster.client(), provider.clone() as Arc<dyn CloudProvider>, options(), Box::new(ServiceController::new())).await;
+        let (provider, running) = start_leader(&cluster, &kube_vip_config(&kube_vip_ns)).await;
 
         // New Services get the lowest free address kube-vip would have given: the namespace's
         // CIDR first (10.20.0.0 skipped, as kube-vip skips .0), else the global range (.255 skipped).
