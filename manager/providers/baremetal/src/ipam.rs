@@ -29,6 +29,10 @@ pub const METALLB_LOAD_BALANCER_IPS_ANNOTATIONS: [&str; 2] =
 /// MetalLB's sharing-key annotations, read when ours is absent, newest name first.
 pub const METALLB_ALLOW_SHARED_IP_ANNOTATIONS: [&str; 2] =
     ["metallb.io/allow-shared-ip", "metallb.universe.tf/allow-shared-ip"];
+/// The label kube-vip-cloud-provider puts on every Service it gave an address (key).
+pub const KUBE_VIP_IMPLEMENTATION_LABEL: &str = "implementation";
+/// ... and its value.
+pub const KUBE_VIP_IMPLEMENTATION_VALUE: &str = "kube-vip";
 /// Cilium LB-IPAM's requested-address annotations, read after MetalLB's, newest name first.
 pub const CILIUM_LOAD_BALANCER_IPS_ANNOTATIONS: [&str; 2] = ["lbipam.cilium.io/ips", "io.cilium/lb-ipam-ips"];
 /// Cilium LB-IPAM's sharing-key annotations, read after MetalLB's, newest name first.
@@ -558,8 +562,8 @@ pub fn request_for(service: &Service) -> Result<LbRequest, AllocError> {
     // kube-vip-cloud-provider's record of what it gave (every family; spec.loadBalancerIP holds
     // only the first), read only on the Services it labelled: ours carry the annotation as an
     // output (`loadBalancer.kubeVip`).
-    let kube_vip = service.labels().get(crate::pool_import_kubevip::IMPLEMENTATION_LABEL).map(String::as_str)
-        == Some(crate::pool_import_kubevip::IMPLEMENTATION_VALUE);
+    let kube_vip =
+        service.labels().get(KUBE_VIP_IMPLEMENTATION_LABEL).map(String::as_str) == Some(KUBE_VIP_IMPLEMENTATION_VALUE);
     let (source, text) = match first_annotation(service, &names)
         .or_else(|| kube_vip.then(|| first_annotation(service, &[crate::proxy::KUBE_VIP_ANNOTATION])).flatten())
     {

@@ -42,6 +42,11 @@ pub const CILIUM_NAMESPACE_LABEL: &str = "io.kubernetes.service.namespace";
 /// Cilium's pseudo-label for the Service's name in `serviceSelector`.
 pub const CILIUM_NAME_LABEL: &str = "io.kubernetes.service.name";
 
+/// kube-vip-cloud-provider's default ConfigMap namespace (`KUBEVIP_NAMESPACE`).
+pub const KUBE_VIP_DEFAULT_NAMESPACE: &str = "kube-system";
+/// kube-vip-cloud-provider's default ConfigMap name (`KUBEVIP_CONFIG_MAP`).
+pub const KUBE_VIP_DEFAULT_NAME: &str = "kubevip";
+
 /// Where pools are imported from (`loadBalancer.importPools` entries).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -145,16 +150,14 @@ impl ImportSource {
         match self.source {
             Source::Metallb => Some(self.given_namespace.as_deref().unwrap_or(METALLB_DEFAULT_NAMESPACE)),
             Source::Cilium => None,
-            Source::Kubevip => {
-                Some(self.given_namespace.as_deref().unwrap_or(crate::pool_import_kubevip::DEFAULT_NAMESPACE))
-            }
+            Source::Kubevip => Some(self.given_namespace.as_deref().unwrap_or(KUBE_VIP_DEFAULT_NAMESPACE)),
         }
     }
 
     /// The one object read by name (kube-vip's ConfigMap); `None` for the sources listed whole.
     pub fn object_name(&self) -> Option<&str> {
         match self.source {
-            Source::Kubevip => Some(self.given_name.as_deref().unwrap_or(crate::pool_import_kubevip::DEFAULT_NAME)),
+            Source::Kubevip => Some(self.given_name.as_deref().unwrap_or(KUBE_VIP_DEFAULT_NAME)),
             Source::Metallb | Source::Cilium => None,
         }
     }

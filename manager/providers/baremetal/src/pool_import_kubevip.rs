@@ -23,14 +23,10 @@ use crate::pool_import::{
     self, ImportError, Imported, Source, Warning, from_u128, inexpressible, malformed, to_u128, warn,
 };
 
-/// kube-vip-cloud-provider's default ConfigMap namespace (`KUBEVIP_NAMESPACE`).
-pub const DEFAULT_NAMESPACE: &str = "kube-system";
-/// kube-vip-cloud-provider's default ConfigMap name (`KUBEVIP_CONFIG_MAP`).
-pub const DEFAULT_NAME: &str = "kubevip";
-/// The label kube-vip-cloud-provider puts on every Service it gave an address (key).
-pub const IMPLEMENTATION_LABEL: &str = "implementation";
-/// ... and its value.
-pub const IMPLEMENTATION_VALUE: &str = "kube-vip";
+pub use crate::ipam::{
+    KUBE_VIP_IMPLEMENTATION_LABEL as IMPLEMENTATION_LABEL, KUBE_VIP_IMPLEMENTATION_VALUE as IMPLEMENTATION_VALUE,
+};
+pub use crate::pool_import::{KUBE_VIP_DEFAULT_NAME as DEFAULT_NAME, KUBE_VIP_DEFAULT_NAMESPACE as DEFAULT_NAMESPACE};
 /// The most data keys read from the ConfigMap; more refuse the whole ConfigMap.
 pub const MAX_KEYS: usize = 1024;
 /// The longest value read (every entry at its longest, with commas).
