@@ -73,6 +73,11 @@ pub enum CloudError {
         /// What the user can act on, at most [`MAX_REFUSAL_MESSAGE_BYTES`].
         message: String,
     },
+    /// The object is no longer this cluster's: its ownership changed since it was listed
+    /// ([`LoadBalancer::delete_owned`] refuses it). The caller leaves it alone and forgets it;
+    /// the message says what changed, never tag values.
+    #[error("no longer this cluster's: {0}")]
+    NotOwned(String),
     /// Anything else.
     #[error("{0}")]
     Other(String),
@@ -182,6 +187,7 @@ impl CloudError {
             CloudError::InvalidConfig(_) => "invalid_config",
             CloudError::RefusedInShadowMode { .. } => "refused_in_shadow_mode",
             CloudError::Refused { .. } => "refused",
+            CloudError::NotOwned(_) => "not_owned",
             CloudError::Other(_) => "other",
         }
     }

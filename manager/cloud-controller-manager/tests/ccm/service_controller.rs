@@ -675,6 +675,34 @@ testkit::backend_tests! {
 // ---- Additions ----------------------------------------------------------------------------------
 
 testkit::backend_tests! {
+    async fn s35_an_orphan_no_longer_ours_is_kept_not_failed_and_an_orphan_still_ours_is_swept_after_two_scans(backend) {
+        let opts = ControllerOptions { orphan_sweep: true, orphan_scan_period: Duration::from_millis(300), ..options() };
+        let mut env = Env::new(backend, opts).await;
+        // A load balancer of this cluster whose Service is gone.
+        env.fake.insert_load_balancer(ccm_provider_fake::FakeLoadBalancer {
+            name: "a-gone".into(),
+            service: format!("{NS}/gone"),
+            cluster_name: env.options.cluster_name.clone(),
+            hosts: Arc::from(Vec::<String>::new()),
+            status: Default::default(),
+        });
+        // Its first deletion finds it no longer this cluster's (tags changed since the scan).
+        env.fake.fail_next(methods::DELETE_OWNED, 1, CloudError::NotOwned("its ownership tag changed".into()));
+        env.start().await;
+        let metrics = || env.running.as_ref().unwrap().context.metrics.encode();
+        let kept = r#"service_controller_orphans_deleted_total{kind="load-balancer",outcome="kept"} 1"#;
+        eventually_within("the refused deletion counted as kept", WAIT, || async { metrics().contains(kept).then_some(()) }).await;
+        assert!(env.fake.load_balancers().iter().any(|lb| lb.name == "a-gone"), "the object is left alone");
+        assert!(!metrics().contains(r#"outcome="failed""#), "a refusal is not a failure to retry:\n{}", metrics());
+        // The fake still lists it as this cluster's: due again after two more scans, then swept.
+        eventually_within("the orphan swept", WAIT, || async { env.fake.load_balancers().is_empty().then_some(()) }).await;
+        let deleted = r#"service_controller_orphans_deleted_total{kind="load-balancer",outcome="deleted"} 1"#;
+        eventually_within("the sweep counted", WAIT, || async { metrics().contains(deleted).then_some(()) }).await;
+        env.stop().await;
+    }
+}
+
+testkit::backend_tests! {
     async fn s4_resync_period_repairs_cloud_side_drift(backend) {
         let env =
             Env::started(backend, ControllerOptions { load_balancer_resync_period: Some(Duration::from_millis(500)), ..options() })

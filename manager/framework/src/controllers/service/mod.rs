@@ -1153,6 +1153,13 @@ impl OrphanScanner {
                         tracing::info!(kind = %object.kind, id = %object.id, service = ?object.service, "deleted an orphaned cloud object");
                         "deleted"
                     }
+                    Err(CloudError::NotOwned(why)) => {
+                        // Not an orphan of ours after all: kept, and not tried again.
+                        self.tracker.forget(object);
+                        found.retain(|f| f != object);
+                        tracing::warn!(kind = %object.kind, id = %object.id, reason = %why, "kept a listed cloud object: it is no longer this cluster's");
+                        "kept"
+                    }
                     Err(error) => {
                         self.failed += 1;
                         tracing::warn!(kind = %object.kind, id = %object.id, %error, "could not delete an orphaned cloud object; retrying on the next scan");

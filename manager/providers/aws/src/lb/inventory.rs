@@ -69,11 +69,9 @@ fn group_tags(g: &SecurityGroup) -> BTreeMap<String, String> {
     tag_map(g.tags().iter().map(|t| (t.key().unwrap_or_default(), t.value().unwrap_or_default())))
 }
 
-/// The refusal of an object whose tags changed: [`CloudError::ImplementedElsewhere`], the
-/// variant that tells a caller to leave the object alone; the reason goes to the log.
+/// The refusal of an object whose tags changed since the scan: [`CloudError::NotOwned`].
 fn refuse(why: NotOwned) -> CloudError {
-    tracing::warn!(reason = %why, "not deleting a listed cloud object: its tags changed since the orphan scan");
-    CloudError::ImplementedElsewhere
+    CloudError::NotOwned(why.to_string())
 }
 
 impl AwsProvider {

@@ -161,7 +161,7 @@ impl LoadBalancer for AwsProvider {
 
     /// Load balancers, then target groups, then security groups; each object's tags are read
     /// again first, and one no longer owned by the cluster (or now naming another Service) is
-    /// refused with [`CloudError::ImplementedElsewhere`] and kept.
+    /// refused with [`CloudError::NotOwned`] and kept.
     async fn delete_owned(&self, _cluster_name: &str, objects: &[OwnedObject]) -> Vec<CloudResult<()>> {
         self.sweep_owned(objects).await
     }
