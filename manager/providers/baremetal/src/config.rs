@@ -355,6 +355,8 @@ fn schema() -> &'static Schema {
             .with_messages(crate::announce::l2::MESSAGES)
             .with::<crate::announce::bgp::BgpConfig>()
             .with::<crate::announce::bgp::PeerConfig>()
+            .with::<crate::announce::bgp::BfdConfig>()
+            .with::<crate::announce::bgp::GracefulRestartConfig>()
             .with_messages(crate::announce::bgp::MESSAGES)
             .with_messages(&[BAD_DURATION, NEGATIVE_DURATION, HUGE_DURATION, DUPLICATE_KEY])
     })

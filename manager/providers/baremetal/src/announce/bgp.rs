@@ -37,6 +37,20 @@ pub const BGP_PORT: u16 = 179;
 /// BIRD (uid 65532; Kubernetes gives a non-root process no added capability) cannot bind, and
 /// BIRD stops a session whose listening socket failed. The Node opens every session itself.
 pub const DEFAULT_LISTEN_PORT: u16 = 1790;
+/// BFD's receive and transmit intervals when not given (MetalLB's BFD profile defaults).
+pub const DEFAULT_BFD_INTERVAL: Duration = Duration::from_millis(300);
+/// BFD's detection multiplier when not given (MetalLB's default too).
+pub const DEFAULT_BFD_MULTIPLIER: u32 = 3;
+/// The shortest BFD interval accepted (MetalLB's lower bound).
+pub const MIN_BFD_INTERVAL: Duration = Duration::from_millis(10);
+/// The longest BFD interval accepted (MetalLB's upper bound).
+pub const MAX_BFD_INTERVAL: Duration = Duration::from_secs(60);
+/// The graceful-restart time when not given (BIRD's and FRR's default).
+pub const DEFAULT_RESTART_TIME: Duration = Duration::from_secs(120);
+/// The longest restart time: RFC 4724 carries it in 12 bits.
+pub const MAX_RESTART_SECONDS: u64 = 4095;
+/// The BFD protocol rendered when any peer has BFD; BGP asks it for the sessions.
+pub const BFD_PROTOCOL: &str = "ccm_bfd";
 /// The environment variable the announcer process reads the node's IPv4 address from (the
 /// default router ID; the DaemonSet sets it from the downward API's `status.hostIP`).
 pub const NODE_IP_ENV: &str = "NODE_IP";
@@ -62,6 +76,14 @@ pub const BAD_MULTIHOP: &str = "must be a hop count from 1 to 255";
 /// The message of a bad `passwordFile`.
 pub const BAD_PASSWORD_FILE: &str =
     "must be an absolute path of at most 1024 bytes (a mounted Secret key, for example)";
+/// The message of a BFD interval out of range.
+pub const BAD_BFD_INTERVAL: &str = "must be whole milliseconds from 10ms to 60s, such as 300ms";
+/// The message of a BFD multiplier out of range.
+pub const BAD_BFD_MULTIPLIER: &str = "must be a packet count from 1 to 255, such as 3";
+/// The message of BFD on a multihop peer.
+pub const BFD_MULTIHOP: &str = "needs a directly connected peer: BIRD runs multihop BFD only from a fixed local address, which the announcer does not set; drop multihop or bfd";
+/// The message of a graceful-restart time out of range.
+pub const BAD_RESTART_TIME: &str = "must be whole seconds from 1s to 4095s (RFC 4724), such as 120s";
 /// The message of a malformed community.
 pub const BAD_COMMUNITY: &str = "must be a BGP community written as two numbers from 0 to 65535, such as 65000:100";
 /// The message of a community list beyond [`MAX_COMMUNITIES`].
@@ -79,6 +101,10 @@ pub const MESSAGES: &[&str] = &[
     BAD_PORT,
     BAD_MULTIHOP,
     BAD_PASSWORD_FILE,
+    BAD_BFD_INTERVAL,
+    BAD_BFD_MULTIPLIER,
+    BFD_MULTIHOP,
+    BAD_RESTART_TIME,
     BAD_COMMUNITY,
     TOO_MANY_COMMUNITIES,
 ];
@@ -129,6 +155,105 @@ pub struct PeerConfig {
     /// Allow a peer this many hops away (eBGP defaults to a directly connected peer).
     #[serde(default)]
     pub multihop: Option<u8>,
+    /// Bidirectional Forwarding Detection on this session (default: off).
+    #[serde(default)]
+    pub bfd: Option<BfdConfig>,
+    /// Graceful restart (RFC 4724) on this session (default: off, BIRD's "aware" mode).
+    #[serde(default)]
+    pub graceful_restart: Option<GracefulRestartConfig>,
+}
+
+/// `peers[].bfd`: BFD (RFC 5880) beside the session, so a dead link or node takes the routes
+/// off the router within `minTx × multiplier` instead of the hold time.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct BfdConfig {
+    /// Whether BFD runs (default true: giving the section turns it on).
+    #[serde(default = "enabled")]
+    pub enabled: bool,
+    /// The shortest interval this node accepts BFD packets at (default 300ms).
+    #[serde(default, deserialize_with = "duration")]
+    pub min_rx: Option<Duration>,
+    /// The shortest interval this node wants to send BFD packets at (default 300ms).
+    #[serde(default, deserialize_with = "duration")]
+    pub min_tx: Option<Duration>,
+    /// Packets missed in a row before the peer declares the session down (default 3).
+    #[serde(default)]
+    pub multiplier: Option<u32>,
+}
+
+/// `peers[].gracefulRestart`: when this node's BIRD restarts, the router keeps its routes
+/// (marked stale) for `restartTime` instead of withdrawing them.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GracefulRestartConfig {
+    /// Whether graceful restart is advertised (default true: giving the section turns it on).
+    #[serde(default = "enabled")]
+    pub enabled: bool,
+    /// How long the router keeps the routes of a restarting node (default 120s).
+    #[serde(default, deserialize_with = "duration")]
+    pub restart_time: Option<Duration>,
+}
+
+fn enabled() -> bool {
+    true
+}
+
+fn duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Duration>, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    parse_duration(&text).map(Some).map_err(safe_yaml::custom)
+}
+
+impl BfdConfig {
+    /// The receive interval in whole milliseconds (validated).
+    fn min_rx_ms(&self) -> u128 {
+        self.min_rx.unwrap_or(DEFAULT_BFD_INTERVAL).as_millis()
+    }
+
+    /// The transmit interval in whole milliseconds (validated).
+    fn min_tx_ms(&self) -> u128 {
+        self.min_tx.unwrap_or(DEFAULT_BFD_INTERVAL).as_millis()
+    }
+
+    fn multiplier(&self) -> u32 {
+        self.multiplier.unwrap_or(DEFAULT_BFD_MULTIPLIER)
+    }
+
+    fn validate(&self, at: &FieldPath) -> Result<(), DocumentError> {
+        let at = at.field("bfd");
+        for (field, interval) in [("minRx", self.min_rx), ("minTx", self.min_tx)] {
+            if let Some(interval) = interval
+                && !bfd_interval_ok(interval)
+            {
+                return Err(DocumentError::invalid(at.field(field), BAD_BFD_INTERVAL));
+            }
+        }
+        if !(1..=255).contains(&self.multiplier()) {
+            return Err(DocumentError::invalid(at.field("multiplier"), BAD_BFD_MULTIPLIER));
+        }
+        Ok(())
+    }
+}
+
+/// Whole milliseconds (BIRD's config and MetalLB's profiles count in them) within bounds.
+fn bfd_interval_ok(interval: Duration) -> bool {
+    interval.subsec_nanos().is_multiple_of(1_000_000) && (MIN_BFD_INTERVAL..=MAX_BFD_INTERVAL).contains(&interval)
+}
+
+impl GracefulRestartConfig {
+    /// The restart time in seconds (validated: 1..=4095).
+    fn restart_seconds(&self) -> u64 {
+        self.restart_time.unwrap_or(DEFAULT_RESTART_TIME).as_secs()
+    }
+
+    fn validate(&self, at: &FieldPath) -> Result<(), DocumentError> {
+        if let Some(time) = self.restart_time
+            && (time.subsec_nanos() != 0 || !(1..=MAX_RESTART_SECONDS).contains(&time.as_secs()))
+        {
+            return Err(DocumentError::invalid(at.field("gracefulRestart").field("restartTime"), BAD_RESTART_TIME));
+        }
+        Ok(())
+    }
 }
 
 fn ip<'de, D: Deserializer<'de>>(deserializer: D) -> Result<IpAddr, D::Error> {
@@ -218,7 +343,26 @@ impl PeerConfig {
         {
             return invalid("passwordFile", BAD_PASSWORD_FILE);
         }
+        if let Some(bfd) = &self.bfd {
+            bfd.validate(at)?;
+            if bfd.enabled && self.multihop.is_some() {
+                return invalid("bfd", BFD_MULTIHOP);
+            }
+        }
+        if let Some(restart) = &self.graceful_restart {
+            restart.validate(at)?;
+        }
         Ok(())
+    }
+
+    /// The BFD settings, when BFD is on.
+    fn bfd_on(&self) -> Option<&BfdConfig> {
+        self.bfd.as_ref().filter(|bfd| bfd.enabled)
+    }
+
+    /// The graceful-restart settings, when graceful restart is on.
+    fn graceful_restart_on(&self) -> Option<&GracefulRestartConfig> {
+        self.graceful_restart.as_ref().filter(|restart| restart.enabled)
     }
 
     /// The hold time in seconds (validated: 0 or 3..=65535).
@@ -342,6 +486,11 @@ pub fn render(
     let _ = writeln!(out, "router id {router_id};\n");
     // Interfaces, so BIRD knows which peers are directly connected.
     let _ = writeln!(out, "protocol device {{\n}}\n");
+    // Only when a peer wants BFD, so a config without it stays as it was. The sessions and
+    // their timers come from each BGP protocol's request (per-peer `bfd { ... }`).
+    if config.peers.iter().any(|peer| peer.bfd_on().is_some()) {
+        let _ = writeln!(out, "protocol bfd {BFD_PROTOCOL} {{\n}}\n");
+    }
     for (name, family, v4) in [(STATIC_V4, "ipv4", true), (STATIC_V6, "ipv6", false)] {
         let _ = writeln!(out, "protocol static {name} {{\n  {family};");
         let addresses = advertisement.addresses.iter().filter(|a| a.is_ipv4() == v4 && announceable(**a));
@@ -383,9 +532,30 @@ pub fn render(
         let _ = writeln!(out, "  hold time {};", peer.hold_seconds());
         if let Some(hops) = peer.multihop {
             let _ = writeln!(out, "  multihop {hops};");
+        } else if peer.asn == config.local_asn && peer.bfd_on().is_some() {
+            // BIRD takes an iBGP peer as multihop, and multihop BFD needs a fixed local address:
+            // with BFD an iBGP peer is taken as directly connected (single-hop BFD).
+            let _ = writeln!(out, "  direct;");
         }
         if let Some(Password(password)) = passwords.get(&index) {
             let _ = writeln!(out, "  password \"{password}\";");
+        }
+        let restart = peer.graceful_restart_on();
+        if let Some(bfd) = peer.bfd_on() {
+            let _ = writeln!(out, "  bfd {{");
+            let _ = writeln!(out, "    min rx interval {} ms;", bfd.min_rx_ms());
+            let _ = writeln!(out, "    min tx interval {} ms;", bfd.min_tx_ms());
+            let _ = writeln!(out, "    multiplier {};", bfd.multiplier());
+            if restart.is_some() {
+                // BFD down restarts the session gracefully (no NOTIFICATION), so this side
+                // never forces a hard withdrawal the router's graceful restart would spare.
+                let _ = writeln!(out, "    graceful;");
+            }
+            let _ = writeln!(out, "  }};");
+        }
+        if let Some(restart) = restart {
+            let _ = writeln!(out, "  graceful restart on;");
+            let _ = writeln!(out, "  graceful restart time {};", restart.restart_seconds());
         }
         let (family, filter) = if peer.address.is_ipv4() { ("ipv4", FILTER_V4) } else { ("ipv6", FILTER_V6) };
         let _ =
@@ -446,6 +616,8 @@ mod tests {
 
     fn parse(yaml: &str) -> Result<BgpConfig, DocumentError> {
         let schema = safe_yaml::Schema::new().with::<Doc>().with::<BgpConfig>().with::<PeerConfig>();
+        let schema = schema.with::<BfdConfig>().with::<GracefulRestartConfig>();
+        let schema = schema.with_messages(&[crate::duration::BAD_DURATION]);
         let schema = schema.with_messages(MESSAGES);
         let indented: String = yaml.lines().map(|line| format!("  {line}\n")).collect();
         let doc: Doc =
@@ -540,6 +712,29 @@ mod tests {
         let doc = "loadBalancer:\n  announcement:\n    bgp:\n      localAsn: 64512\n      peers:\n      - {address: 192.0.2.1, asn: 1}\n";
         let config = crate::config::parse(doc.as_bytes()).expect("valid");
         assert_eq!(config.load_balancer.announcement.bgp.map(|b| b.peers.len()), Some(1));
+    }
+
+    #[test]
+    fn the_cloud_config_names_the_full_path_of_a_bfd_or_graceful_restart_mistake() {
+        let doc = |peer: &str| {
+            format!(
+                "loadBalancer:\n  announcement:\n    bgp:\n      localAsn: 64512\n      peers:\n      - {{address: 192.0.2.1, asn: 1, {peer}}}\n"
+            )
+        };
+        let error = crate::config::parse(doc("bfd: {multiplier: 0}").as_bytes()).expect_err("multiplier 0");
+        assert_eq!(
+            error.to_string(),
+            format!("loadBalancer.announcement.bgp.peers[0].bfd.multiplier: {BAD_BFD_MULTIPLIER}")
+        );
+        let error =
+            crate::config::parse(doc("gracefulRestart: {restartTime: 5000s}").as_bytes()).expect_err("too long");
+        let expected =
+            format!("loadBalancer.announcement.bgp.peers[0].gracefulRestart.restartTime: {BAD_RESTART_TIME}");
+        assert_eq!(error.to_string(), expected);
+        let config = crate::config::parse(doc("bfd: {minRx: 100ms}, gracefulRestart: {}").as_bytes()).expect("valid");
+        let peer = config.load_balancer.announcement.bgp.map(|b| b.peers[0].clone()).expect("bgp");
+        assert_eq!(peer.bfd.and_then(|b| b.min_rx), Some(Duration::from_millis(100)));
+        assert_eq!(peer.graceful_restart.map(|g| g.enabled), Some(true));
     }
 
     #[test]
@@ -677,6 +872,167 @@ mod tests {
         let elsewhere = addresses(&["203.0.113.1", "203.0.113.3", "2001:db8::1"]);
         assert_eq!(advertised("worker-2", &announced, &ready), elsewhere, "no ready endpoint: no route");
         assert!(advertised("worker-2", &BTreeMap::new(), &ready).is_empty());
+    }
+
+    fn bfd_peer(extra: &str) -> BgpConfig {
+        parse(&format!("localAsn: 64512\npeers:\n- address: 10.0.0.2\n  asn: 64513\n{extra}")).expect("valid")
+    }
+
+    fn peer_block(config: &BgpConfig) -> String {
+        let node = NodeFacts { ipv4: Some(Ipv4Addr::new(10, 0, 0, 1)) };
+        let text = render(config, &node, &BTreeMap::new(), &Advertisement::default()).expect("render");
+        block(&text, "protocol bgp peer_10_0_0_2 {").to_string()
+    }
+
+    #[test]
+    fn bfd_renders_a_bfd_protocol_and_the_peers_session_options_with_metallbs_defaults() {
+        let config = bfd_peer("  bfd: {}\n");
+        let bfd = config.peers[0].bfd.as_ref().expect("read");
+        assert_eq!((bfd.enabled, bfd.min_rx, bfd.min_tx, bfd.multiplier), (true, None, None, None));
+        let node = NodeFacts { ipv4: Some(Ipv4Addr::new(10, 0, 0, 1)) };
+        let text = render(&config, &node, &BTreeMap::new(), &Advertisement::default()).expect("render");
+        assert!(text.contains("\nprotocol bfd ccm_bfd {\n}\n"), "{text}");
+        let peer = peer_block(&config);
+        assert!(
+            peer.contains(
+                "  hold time 90;\n  bfd {\n    min rx interval 300 ms;\n    min tx interval 300 ms;\n    multiplier 3;\n  };\n  ipv4 {"
+            ),
+            "{peer}"
+        );
+        assert!(!peer.contains("graceful"), "no graceful restart unless asked: {peer}");
+
+        let config = bfd_peer("  bfd: {enabled: true, minRx: 100ms, minTx: 1s, multiplier: 5}\n");
+        let peer = peer_block(&config);
+        assert!(
+            peer.contains(
+                "  bfd {\n    min rx interval 100 ms;\n    min tx interval 1000 ms;\n    multiplier 5;\n  };\n"
+            ),
+            "{peer}"
+        );
+    }
+
+    #[test]
+    fn bfd_turned_off_or_absent_renders_no_bfd_at_all() {
+        for extra in ["", "  bfd: {enabled: false, minRx: 100ms}\n"] {
+            let config = bfd_peer(extra);
+            let node = NodeFacts { ipv4: Some(Ipv4Addr::new(10, 0, 0, 1)) };
+            let text = render(&config, &node, &BTreeMap::new(), &Advertisement::default()).expect("render");
+            assert!(!text.contains("bfd"), "{extra:?}: {text}");
+        }
+    }
+
+    #[test]
+    fn an_ibgp_peer_with_bfd_is_rendered_directly_connected_as_single_hop_bfd_needs() {
+        let ibgp = |extra: &str| {
+            parse(&format!("localAsn: 64512\npeers:\n- address: 10.0.0.2\n  asn: 64512\n{extra}")).expect("valid")
+        };
+        assert!(peer_block(&ibgp("  bfd: {}\n")).contains("  hold time 90;\n  direct;\n  bfd {\n"));
+        assert!(!peer_block(&ibgp("")).contains("direct;"), "without BFD, BIRD's iBGP default stays");
+        assert!(!peer_block(&bfd_peer("  bfd: {}\n")).contains("direct;"), "eBGP is direct already");
+    }
+
+    #[test]
+    fn graceful_restart_renders_on_and_its_time_and_makes_bfd_graceful() {
+        let config = bfd_peer("  gracefulRestart: {}\n");
+        let peer = peer_block(&config);
+        assert!(
+            peer.contains("  hold time 90;\n  graceful restart on;\n  graceful restart time 120;\n  ipv4 {"),
+            "{peer}"
+        );
+        assert!(!peer.contains("bfd"), "{peer}");
+
+        let config = bfd_peer("  gracefulRestart: {restartTime: 300s}\n  bfd: {multiplier: 4}\n");
+        let peer = peer_block(&config);
+        assert!(
+            peer.contains(
+                "  bfd {\n    min rx interval 300 ms;\n    min tx interval 300 ms;\n    multiplier 4;\n    graceful;\n  };\n  graceful restart on;\n  graceful restart time 300;\n"
+            ),
+            "{peer}"
+        );
+
+        let config = bfd_peer("  gracefulRestart: {enabled: false, restartTime: 300s}\n");
+        assert!(!peer_block(&config).contains("graceful"), "off: BIRD's default (aware) stays");
+    }
+
+    #[test]
+    fn bfd_and_graceful_restart_mistakes_name_the_field_and_the_range() {
+        let peer = |extra: &str| format!("localAsn: 64512\npeers:\n- address: 192.0.2.1\n  asn: 64513\n{extra}");
+        let cases = [
+            ("  bfd: {minRx: 5ms}\n", "bgp.peers[0].bfd.minRx", BAD_BFD_INTERVAL),
+            ("  bfd: {minRx: 61s}\n", "bgp.peers[0].bfd.minRx", BAD_BFD_INTERVAL),
+            ("  bfd: {minTx: 300500us}\n", "bgp.peers[0].bfd.minTx", BAD_BFD_INTERVAL),
+            ("  bfd: {multiplier: 0}\n", "bgp.peers[0].bfd.multiplier", BAD_BFD_MULTIPLIER),
+            ("  bfd: {multiplier: 256}\n", "bgp.peers[0].bfd.multiplier", BAD_BFD_MULTIPLIER),
+            ("  gracefulRestart: {restartTime: 0s}\n", "bgp.peers[0].gracefulRestart.restartTime", BAD_RESTART_TIME),
+            ("  gracefulRestart: {restartTime: 4096s}\n", "bgp.peers[0].gracefulRestart.restartTime", BAD_RESTART_TIME),
+            (
+                "  gracefulRestart: {restartTime: 1500ms}\n",
+                "bgp.peers[0].gracefulRestart.restartTime",
+                BAD_RESTART_TIME,
+            ),
+            ("  bfd: {minRx: soon}\n", "bgp.peers[0].bfd.minRx", crate::duration::BAD_DURATION),
+            ("  multihop: 2\n  bfd: {}\n", "bgp.peers[0].bfd", BFD_MULTIHOP),
+        ];
+        for (extra, path, expected) in cases {
+            let text = message(&peer(extra));
+            assert!(text.starts_with(&format!("{path}: ")) && text.contains(expected), "{extra:?} gave {text:?}");
+        }
+        // Checked even when turned off, so turning it on later cannot fail at load.
+        let text = message(&peer("  bfd: {enabled: false, multiplier: 0}\n"));
+        assert!(text.contains("bgp.peers[0].bfd.multiplier"), "{text}");
+        let text = message(&peer("  bfd: {interval: 300ms}\n"));
+        assert!(text.contains("bgp.peers[0].bfd") && text.contains("unknown field"), "{text}");
+        // The edges are accepted.
+        parse(&peer("  bfd: {minRx: 10ms, minTx: 60s, multiplier: 1}\n")).expect("lower and upper edges");
+        parse(&peer("  bfd: {multiplier: 255}\n  gracefulRestart: {restartTime: 4095s}\n")).expect("edges");
+        parse(&peer("  gracefulRestart: {restartTime: 1s}\n")).expect("edge");
+    }
+
+    /// `bird -p` (parse only) on every rendered variant, when BIRD is installed.
+    #[test]
+    fn every_rendered_bfd_and_graceful_restart_variant_parses_with_bird() {
+        let runs = std::process::Command::new("bird").arg("--version").output().is_ok_and(|o| o.status.success());
+        if !runs {
+            eprintln!("SKIPPED: no `bird` (BIRD 2) on PATH to parse-check the rendered configs");
+            return;
+        }
+        let variants = [
+            "",
+            "  bfd: {}\n",
+            "  bfd: {enabled: false}\n",
+            "  bfd: {minRx: 10ms, minTx: 60s, multiplier: 255}\n",
+            "  gracefulRestart: {}\n",
+            "  gracefulRestart: {restartTime: 4095s}\n",
+            "  bfd: {minRx: 100ms, minTx: 100ms, multiplier: 3}\n  gracefulRestart: {restartTime: 1s}\n",
+            "  bfd: {enabled: false}\n  gracefulRestart: {}\n  multihop: 2\n",
+        ];
+        /// Removes the scratch directory, also after a failed assertion.
+        struct Scratch(std::path::PathBuf);
+        impl Drop for Scratch {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+        let scratch = Scratch(std::env::temp_dir().join(format!("ccm-bgp-parse-{}", std::process::id())));
+        let dir = &scratch.0;
+        std::fs::create_dir_all(dir).expect("scratch dir");
+        let node = NodeFacts { ipv4: Some(Ipv4Addr::new(10, 0, 0, 1)) };
+        let passwords = BTreeMap::from([(1, Password("pw".into()))]);
+        for (i, extra) in variants.iter().enumerate() {
+            // A second, IPv6 peer with a password beside the variant, and both families' routes.
+            let yaml = format!(
+                "localAsn: 64512\ncommunities: ['65000:1']\npeers:\n- address: 10.0.0.2\n  asn: 64513\n{extra}\
+                 - address: fd00::2\n  asn: 64512\n  passwordFile: /p\n{extra}"
+            );
+            let config = parse(&yaml).expect("valid");
+            let set = adv(addresses(&["203.0.113.3", "2001:db8::7"]));
+            let text = render(&config, &node, &passwords, &set).expect("render");
+            let file = dir.join(format!("variant-{i}.conf"));
+            std::fs::write(&file, &text).expect("write");
+            let out = std::process::Command::new("bird").arg("-p").arg("-c").arg(&file).output().expect("run bird -p");
+            let said = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "bird -p refused variant {extra:?}: {said}\n{text}");
+        }
     }
 
     #[test]

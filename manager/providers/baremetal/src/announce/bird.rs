@@ -567,6 +567,8 @@ mod tests {
                 password_file: None,
                 hold_time: None,
                 multihop: None,
+                bfd: None,
+                graceful_restart: None,
             }],
             ..BgpConfig::default()
         }

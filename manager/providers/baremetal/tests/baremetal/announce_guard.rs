@@ -69,6 +69,8 @@ fn peer(address: &str) -> PeerConfig {
         password_file: None,
         hold_time: None,
         multihop: None,
+        bfd: None,
+        graceful_restart: None,
     }
 }
 

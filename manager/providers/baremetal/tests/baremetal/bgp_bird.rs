@@ -1,8 +1,10 @@
 //! BGP announcement through BIRD, in network namespaces this test creates (issue 27 items 3 and
 //! 5): a "node" namespace runs BIRD on the config our announcer renders and reloads, as the
 //! announcer pod's sidecar runs it (uid 65532, no capability); a "router" namespace runs a second BIRD peering with it
-//! over a veth pair, over IPv4 (with a TCP-MD5 password) and IPv6. Needs root and BIRD 2
-//! (`apt-get install bird2`); otherwise it prints `SKIPPED` and returns.
+//! over a veth pair, over IPv4 (with a TCP-MD5 password) and IPv6. Issue 47 item 3 adds BFD
+//! (the router withdraws within the detection time when the node goes silent) and graceful
+//! restart (the router keeps the route while the node's BIRD restarts). Needs root and BIRD 2
+//! (`apt-get install bird2`), and iptables for the BFD test; otherwise it prints `SKIPPED`.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -11,7 +13,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ccm_provider_baremetal::announce::bgp::bird::{self, BgpError, BirdAnnouncer, BirdSettings, Changed};
-use ccm_provider_baremetal::announce::bgp::{Advertisement, BgpConfig, NodeFacts, PeerConfig, protocol_name};
+use ccm_provider_baremetal::announce::bgp::{
+    Advertisement, BfdConfig, BgpConfig, GracefulRestartConfig, NodeFacts, PeerConfig, protocol_name,
+};
 use testkit::eventually_within;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -48,6 +52,15 @@ pub(crate) fn missing_prerequisite() -> Option<&'static str> {
     None
 }
 
+/// Who a BIRD runs as.
+#[derive(Clone, Copy)]
+enum Privilege {
+    /// root, all capabilities (the router).
+    Root,
+    /// uid and gid 65532 with at most this one capability, as the announcer pod's sidecar.
+    Uid65532(Option<&'static str>),
+}
+
 /// The namespaces, veth, BIRD processes and files of one run; all removed on drop, also after a
 /// panic.
 struct Lab {
@@ -70,8 +83,9 @@ impl Lab {
         format!("cbr{}", self.id)
     }
 
-    fn new() -> Self {
-        let id = format!("{}", std::process::id() % 100_000);
+    /// A lab whose names carry `tag`, so the tests of this binary run side by side.
+    fn new(tag: char) -> Self {
+        let id = format!("{}{tag}", std::process::id() % 100_000);
         let dir = std::env::temp_dir().join(format!("ccm-bgp-bird-{id}"));
         let lab = Lab { id, dir, birds: Vec::new() };
         lab.cleanup_system();
@@ -96,19 +110,31 @@ impl Lab {
     /// as the announcer pod's sidecar runs: uid and gid 65532 and no capability at all
     /// (Kubernetes gives a non-root process none of the capabilities it adds).
     fn start_bird(&mut self, ns: &str, config: &Path, socket: &Path, least_privilege: bool) {
+        let privilege = if least_privilege { Privilege::Uid65532(None) } else { Privilege::Root };
+        self.start_bird_as(ns, config, socket, privilege, false);
+    }
+
+    /// Start BIRD in `ns` as `privilege` says; `recovery` starts it in graceful-restart
+    /// recovery (`-R`: tells peers it kept its forwarding state, and waits for its protocols
+    /// before End-of-RIB, so a helper keeps the stale routes until they are refreshed).
+    fn start_bird_as(&mut self, ns: &str, config: &Path, socket: &Path, privilege: Privilege, recovery: bool) {
         let mut command = Command::new("ip");
         command.args(["netns", "exec", ns]);
-        if least_privilege {
-            command.args([
-                "setpriv",
-                "--reuid=65532",
-                "--regid=65532",
-                "--clear-groups",
-                "--inh-caps=-all",
-                "--bounding-set=-all",
-            ]);
+        if let Privilege::Uid65532(cap) = privilege {
+            command.args(["setpriv", "--reuid=65532", "--regid=65532", "--clear-groups"]);
+            match cap {
+                None => command.args(["--inh-caps=-all", "--bounding-set=-all"]),
+                Some(cap) => command.args([
+                    format!("--inh-caps=-all,+{cap}"),
+                    format!("--ambient-caps=+{cap}"),
+                    format!("--bounding-set=-all,+{cap}"),
+                ]),
+            };
         }
         command.arg("bird").arg("-f").arg("-c").arg(config).arg("-s").arg(socket);
+        if recovery {
+            command.arg("-R");
+        }
         let child = command.stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("start bird");
         self.birds.push(child);
     }
@@ -190,7 +216,200 @@ fn peer(address: &str, password_file: Option<PathBuf>) -> PeerConfig {
         password_file,
         hold_time: None,
         multihop: None,
+        bfd: None,
+        graceful_restart: None,
     }
+}
+
+/// BFD on the router's side: 100 ms both ways, three packets, so it declares the node down
+/// 300 ms after the node's last packet (the node's multiplier × the slower of the intervals).
+const ROUTER_BFD: &str =
+    "protocol bfd { interface \"*\" { min rx interval 100 ms; min tx interval 100 ms; multiplier 3; }; }";
+/// The node's BFD settings, as a user writes them: 100 ms both ways, multiplier 3.
+const NODE_BFD: BfdConfig = BfdConfig {
+    enabled: true,
+    min_rx: Some(Duration::from_millis(100)),
+    min_tx: Some(Duration::from_millis(100)),
+    multiplier: Some(3),
+};
+/// The node's BIRD with BFD: uid 65532 and `CAP_NET_RAW` only. BIRD marks its BFD sockets
+/// with `SO_PRIORITY` 7, which Linux refuses to a process without `CAP_NET_ADMIN` (recent
+/// kernels, such as 6.18 here, also take `CAP_NET_RAW`); refused, BFD stays Down ("Socket error:
+/// SO_PRIORITY: Operation not permitted") while BGP works.
+const BFD_PRIVILEGE: Privilege = Privilege::Uid65532(Some("net_raw"));
+/// The hold time of both sides in the BFD tests: what would take the routes off without BFD.
+const HOLD: Duration = Duration::from_secs(90);
+
+/// The router's state of its BFD session with the node (`Up`, `Down`, `Init`), if any.
+async fn bfd_state(socket: &Path) -> Option<String> {
+    let text = show(socket, "show bfd sessions").await;
+    text.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        (fields.first() == Some(&NODE4)).then(|| fields.get(2).unwrap_or(&"").to_string())
+    })
+}
+
+/// A lab with the router's BIRD (IPv4 session to the node, BFD on, `bgp_extra` in its BGP
+/// protocol) and the node's BIRD running the announcer's config for `peer`, least privileged,
+/// with the node advertising 203.0.113.10 and the router holding that route with BFD up.
+async fn lab_with_bfd(tag: char, node_peer: PeerConfig, bgp_extra: &str) -> (Lab, BirdSettings, PathBuf) {
+    let mut lab = Lab::new(tag);
+    let router_config = lab.dir.join("router.conf");
+    let router_socket = lab.dir.join("router.ctl");
+    let hold = HOLD.as_secs();
+    std::fs::write(
+        &router_config,
+        format!(
+            "router id {ROUTER4};\nprotocol device {{}}\n{ROUTER_BFD}\n\
+             protocol bgp node4 {{ local as 64513; neighbor {NODE4} as 64512; hold time {hold}; {bgp_extra}\n  \
+               connect delay time 1; connect retry time 1; ipv4 {{ import all; export none; }}; }}\n"
+        ),
+    )
+    .expect("router config");
+    lab.start_bird(&lab.router_ns(), &router_config, &router_socket, false);
+
+    let shared = lab.dir.join("node");
+    std::fs::create_dir_all(&shared).expect("shared dir");
+    std::os::unix::fs::chown(&shared, Some(0), Some(65532)).expect("chown the shared dir");
+    std::fs::set_permissions(&shared, std::os::unix::fs::PermissionsExt::from_mode(0o2770)).expect("chmod");
+    let settings = BirdSettings {
+        config_path: shared.join("bird.conf"),
+        socket_path: shared.join("bird.ctl"),
+        timeout: Duration::from_secs(5),
+    };
+    let config = BgpConfig { local_asn: 64512, peers: vec![node_peer], ..BgpConfig::default() };
+    let node = NodeFacts { ipv4: Some(NODE4.parse().expect("ip")) };
+    let mut announcer = BirdAnnouncer::new(config, node, settings.clone());
+    // BIRD is not running yet: the config is written, the reload fails.
+    let _ = announcer.announce(&set(&["203.0.113.10"])).await;
+    let rendered = std::fs::read_to_string(&settings.config_path).expect("config written");
+    assert!(rendered.contains("protocol bfd ccm_bfd {") && rendered.contains("  bfd {\n"), "{rendered}");
+    lab.start_bird_as(&lab.node_ns(), &settings.config_path, &settings.socket_path, BFD_PRIVILEGE, false);
+    until_routes(&router_socket, "the node's route", |r| r.contains("203.0.113.10/32")).await;
+    let began = Instant::now();
+    while bfd_state(&router_socket).await.as_deref() != Some("Up") {
+        if began.elapsed() > WAIT {
+            let router = show(&router_socket, "show bfd sessions").await;
+            let node = show(&settings.socket_path, "show bfd sessions").await;
+            let proto = show(&settings.socket_path, "show protocols all").await;
+            panic!("BFD not Up within {WAIT:?}; router:\n{router}node:\n{node}{proto}");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let state = "Up";
+    assert_eq!(state, "Up");
+    (lab, settings, router_socket)
+}
+
+/// Run `args` in namespace `ns` (the test's own), asserting success.
+fn in_ns(ns: &str, args: &[&str]) {
+    let out = Command::new("ip").args(["netns", "exec", ns]).args(args).output().expect("run in namespace");
+    assert!(out.status.success(), "{args:?} in {ns}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[tokio::test]
+async fn bfd_takes_the_route_off_the_router_within_the_detection_time_when_the_node_stops_answering() {
+    if let Some(reason) = missing_prerequisite() {
+        eprintln!("SKIPPED: {reason}");
+        return;
+    }
+    let iptables = Command::new("iptables").arg("-V").stdout(Stdio::null()).stderr(Stdio::null()).status();
+    if !iptables.is_ok_and(|s| s.success()) {
+        eprintln!("SKIPPED: the BFD test silences the link with iptables: apt-get install -y iptables");
+        return;
+    }
+    let node_peer = PeerConfig { bfd: Some(NODE_BFD), ..peer(ROUTER4, None) };
+    let (lab, _settings, router_socket) = lab_with_bfd('b', node_peer, "bfd on;").await;
+
+    // The link goes silent both ways, carrier kept (a dead switch port, a hung node): only BFD
+    // or the hold time can notice. The rules live in the node's namespace and go with it.
+    let start = Instant::now();
+    in_ns(&lab.node_ns(), &["iptables", "-w", "-I", "INPUT", "-j", "DROP"]);
+    in_ns(&lab.node_ns(), &["iptables", "-w", "-I", "OUTPUT", "-j", "DROP"]);
+    let withdrawn =
+        until_routes(&router_socket, "the withdrawal on BFD down", |r| !r.contains("203.0.113.10/32")).await;
+    let detection = start.elapsed().max(withdrawn);
+    let state = bfd_state(&router_socket).await;
+    assert_ne!(state.as_deref(), Some("Up"), "the router's BFD session is down");
+    // 300 ms detection; a second for scheduling on a loaded machine, still far under 90 s.
+    assert!(detection < Duration::from_secs(2), "withdrawn after {detection:?}, BFD detects in 300 ms");
+    eprintln!(
+        "BFD (BIRD {}; node 100 ms x 3 as uid 65532 with CAP_NET_RAW only, router 100 ms x 3): route withdrawn by the router {} ms after the link went silent (detection time 300 ms, hold time {} s)",
+        bird_version(),
+        detection.as_millis(),
+        HOLD.as_secs()
+    );
+}
+
+#[tokio::test]
+async fn graceful_restart_keeps_the_route_on_the_router_marked_stale_while_the_announcers_bird_restarts() {
+    if let Some(reason) = missing_prerequisite() {
+        eprintln!("SKIPPED: {reason}");
+        return;
+    }
+    let restart = GracefulRestartConfig { enabled: true, restart_time: Some(Duration::from_secs(120)) };
+    let node_peer = PeerConfig { bfd: Some(NODE_BFD), graceful_restart: Some(restart), ..peer(ROUTER4, None) };
+    // The router as graceful-restart helper with `bfd graceful`: BFD down starts a graceful
+    // restart of the session instead of a hard one (with `bfd on` it would flush the routes).
+    let (mut lab, settings, router_socket) = lab_with_bfd('g', node_peer, "bfd graceful;").await;
+
+    for how in ["graceful restart", "kill"] {
+        // The node's BIRD goes away: `birdc graceful restart` (closes without telling the
+        // router) or a crash (SIGKILL).
+        let start = Instant::now();
+        let mut old = lab.birds.pop().expect("the node's BIRD");
+        if how == "kill" {
+            let _ = old.kill();
+        } else {
+            let reply = bird::control(&settings.socket_path, "graceful restart", Duration::from_secs(2)).await;
+            assert!(reply.is_ok(), "graceful restart: {reply:?}");
+        }
+        let _ = old.wait();
+        let _ = std::fs::remove_file(&settings.socket_path);
+        // Gone from the node, the route stays on the router, stale, through BFD's detection.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let routes = show(&router_socket, "show route table master4 all").await;
+        assert!(
+            routes.contains("203.0.113.10/32"),
+            "{how}: the router keeps the route: {routes}{}",
+            show(&router_socket, "show protocols all node4").await
+        );
+        // BIRD 2.0.12 prints no stale flag on a route; the helper's state says the routes are
+        // kept stale, and for how long.
+        let protocol = show(&router_socket, "show protocols all node4").await;
+        assert!(protocol.contains("Neighbor graceful restart active"), "{how}: {protocol}");
+        let timer = protocol.lines().find(|l| l.contains("Restart timer:")).unwrap_or("").trim().to_string();
+
+        // The node's BIRD back: the session re-established, the route kept and refreshed.
+        lab.start_bird_as(&lab.node_ns(), &settings.config_path, &settings.socket_path, BFD_PRIVILEGE, true);
+        let (mut missing, began) = (false, Instant::now());
+        let state = loop {
+            missing |= !router_routes(&router_socket).await.contains("203.0.113.10/32");
+            // Recovery over: the node's BIRD has sent End-of-RIB, the route is no longer stale.
+            let recovered = !show(&settings.socket_path, "show status").await.contains("recovery");
+            let up = recovered && established_since(&router_socket, "node4").await.is_some();
+            if let Some(state) = bfd_state(&router_socket).await.filter(|s| up && s == "Up") {
+                break state;
+            }
+            assert!(began.elapsed() < WAIT, "{how}: session and BFD not Up again within {WAIT:?}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        assert_eq!(state, "Up");
+        assert!(!missing, "{how}: the route never left the router");
+        let routes = router_routes(&router_socket).await;
+        assert!(routes.contains("203.0.113.10/32"), "{how}: still there after the restart: {routes}");
+        eprintln!(
+            "graceful restart ({how}, BIRD {}): route kept on the router throughout, stale while the node was away ({timer}); session and BFD Up again {} ms after the node's BIRD went away",
+            bird_version(),
+            start.elapsed().as_millis()
+        );
+    }
+}
+
+/// `bird --version`'s version, for the printed measurements.
+fn bird_version() -> String {
+    let out = Command::new("bird").arg("--version").output().map(|o| [o.stdout, o.stderr].concat()).unwrap_or_default();
+    String::from_utf8_lossy(&out).trim().trim_start_matches("BIRD version ").to_string()
 }
 
 #[tokio::test]
@@ -199,7 +418,7 @@ async fn bgp_host_routes_reach_a_bird_router_and_are_withdrawn_with_sessions_kep
         eprintln!("SKIPPED: {reason}");
         return;
     }
-    let mut lab = Lab::new();
+    let mut lab = Lab::new('a');
     let (node_ns, router_ns) = (lab.node_ns(), lab.router_ns());
     let password_file = lab.dir.join("peer-password");
     std::fs::write(&password_file, format!("{PASSWORD}\n")).expect("password file");
