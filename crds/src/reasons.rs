@@ -178,6 +178,9 @@ pub mod provider_healthy {
     /// False: the manager could not run the probe (for example it timed out).
     pub const PROBE_ERROR: &str = "ProbeError";
 
+    /// True: an upstream CCM image (`spec.upstream`): a replica's /healthz passes and a
+    /// holder renews its Lease (upstream CCMs report no cloud health to the resource).
+    pub const UPSTREAM_HEALTHZ: &str = "UpstreamHealthz";
     /// Unknown: the manager (or embedded engine) has not reported provider health yet.
     pub const AWAITING_MANAGER: &str = "AwaitingManager";
     /// Unknown: no manager runs (no ready replica and no fresh Lease holder, or the embedded
@@ -185,7 +188,7 @@ pub mod provider_healthy {
     pub const NO_MANAGER_RUNNING: &str = "NoManagerRunning";
 
     /// Every reason of `ProviderHealthy` the operator writes.
-    pub const ALL: [&str; 2] = [AWAITING_MANAGER, NO_MANAGER_RUNNING];
+    pub const ALL: [&str; 3] = [AWAITING_MANAGER, NO_MANAGER_RUNNING, UPSTREAM_HEALTHZ];
     /// Every reason of `ProviderHealthy` the manager writes.
     pub const MANAGER: [&str; 7] = [
         HEALTHY,

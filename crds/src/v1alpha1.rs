@@ -151,6 +151,12 @@ pub struct CloudControllerManagerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub announcer: Option<Announcer>,
 
+    /// Run an upstream cloud-controller-manager image instead of this project's manager
+    /// (docs/profiles/README.md): a profile says which image, command, flags and cloud-config it
+    /// takes. Deployment and DaemonSet modes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<UpstreamManager>,
+
     /// Extra arguments appended to the manager's command line.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64), inner(length(max = 4096)))]
@@ -415,6 +421,73 @@ pub struct Announcer {
 impl Default for Announcer {
     fn default() -> Self {
         Self { l2: true, bgp: false, node_selector: None }
+    }
+}
+
+/// An upstream cloud-controller-manager run from its own image (`spec.upstream`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UpstreamManager {
+    /// Which cloud's CCM: its image, command, `--cloud-provider` name and cloud-config form.
+    /// `generic` runs `spec.deployment.image` with its own entrypoint.
+    pub profile: UpstreamProfile,
+}
+
+/// The upstream CCMs the operator knows how to run (docs/profiles/).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum UpstreamProfile {
+    /// kubernetes/cloud-provider-aws.
+    Aws,
+    /// kubernetes/cloud-provider-gcp.
+    Gcp,
+    /// kubernetes-sigs/cloud-provider-azure.
+    Azure,
+    /// kubernetes/cloud-provider-openstack.
+    Openstack,
+    /// hetznercloud/hcloud-cloud-controller-manager.
+    Hetzner,
+    /// kubernetes/cloud-provider-vsphere.
+    Vsphere,
+    /// digitalocean/digitalocean-cloud-controller-manager.
+    Digitalocean,
+    /// oracle/oci-cloud-controller-manager.
+    Oracle,
+    /// kubernetes-sigs/cloud-provider-kind.
+    Kind,
+    /// Any image built on `k8s.io/cloud-provider`'s app: upstream flags, its own entrypoint.
+    Generic,
+}
+
+impl UpstreamProfile {
+    /// Every profile, in documentation order.
+    pub const ALL: [UpstreamProfile; 10] = [
+        UpstreamProfile::Aws,
+        UpstreamProfile::Gcp,
+        UpstreamProfile::Azure,
+        UpstreamProfile::Openstack,
+        UpstreamProfile::Hetzner,
+        UpstreamProfile::Vsphere,
+        UpstreamProfile::Digitalocean,
+        UpstreamProfile::Oracle,
+        UpstreamProfile::Kind,
+        UpstreamProfile::Generic,
+    ];
+
+    /// The name as written in `spec.upstream.profile`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpstreamProfile::Aws => "aws",
+            UpstreamProfile::Gcp => "gcp",
+            UpstreamProfile::Azure => "azure",
+            UpstreamProfile::Openstack => "openstack",
+            UpstreamProfile::Hetzner => "hetzner",
+            UpstreamProfile::Vsphere => "vsphere",
+            UpstreamProfile::Digitalocean => "digitalocean",
+            UpstreamProfile::Oracle => "oracle",
+            UpstreamProfile::Kind => "kind",
+            UpstreamProfile::Generic => "generic",
+        }
     }
 }
 

@@ -49,6 +49,8 @@ mod multinode;
 mod routes;
 #[path = "realcluster/tokens.rs"]
 mod tokens;
+#[path = "realcluster/upstream_image.rs"]
+mod upstream_image;
 
 /// What every scenario gets.
 struct Ctx {
@@ -144,10 +146,17 @@ const THREE_NODE_SCENARIOS: &[(&str, Scenario)] = &[
     ("three_nodes_r14_watch_based_routes_follow_the_kubelets_nodes_and_count_passes_by_trigger", |c| {
         Box::pin(routes::watch_based_routes_follow_the_kubelets_nodes_and_count_passes_by_trigger(c))
     }),
-    // Last: it deletes the resource and runs managers on the host.
+    // It deletes the resource and runs managers on the host.
     ("three_nodes_a_registering_nodes_wait_for_initialization_ours_beside_upstream", |c| {
         Box::pin(join::a_registering_nodes_wait_for_initialization_ours_beside_upstream(c))
     }),
+    // After the resource is gone: its own resource runs an upstream image.
+    (
+        "three_nodes_an_upstream_ccm_image_from_the_resource_initializes_a_registering_node_reports_its_leader_and_rolls_on_rotation",
+        |c| {
+            Box::pin(upstream_image::an_upstream_image_initializes_a_registering_node_reports_its_leader_and_rolls_on_rotation(c))
+        },
+    ),
 ];
 
 /// How many Nodes the run may grow to (default 1: the three-Node scenarios are ignored).

@@ -21,8 +21,8 @@ use k8s_openapi::api::apps::v1::{
 use k8s_openapi::api::core::v1::{
     Affinity, Capabilities, Container, ContainerPort, DownwardAPIProjection, DownwardAPIVolumeFile, EnvVar,
     EnvVarSource, HTTPGetAction, ObjectFieldSelector, PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec,
-    PodTemplateSpec, Probe, ProjectedVolumeSource, ResourceRequirements, SeccompProfile, SecurityContext,
-    ServiceAccount, Toleration, Volume, VolumeMount, VolumeProjection, WeightedPodAffinityTerm,
+    PodTemplateSpec, Probe, ProjectedVolumeSource, ResourceRequirements, SeccompProfile, SecretKeySelector,
+    SecurityContext, ServiceAccount, Toleration, Volume, VolumeMount, VolumeProjection, WeightedPodAffinityTerm,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject};
@@ -34,6 +34,7 @@ use kube::{Resource, ResourceExt};
 pub use crate::desired::{BuildSettings, Desired, Kind, cloud_config_volume};
 use crate::hash;
 use crate::names;
+use crate::profiles::CloudConfigUse;
 use crate::validate::Validated;
 
 /// The objects `cr` should have in its current mode. Empty for Embedded mode.
@@ -67,6 +68,8 @@ pub fn build(cr: &CloudControllerManager, validated: &Validated, settings: &Buil
             metadata: ObjectMeta {
                 name: Some(if cr.spec.shadow {
                     names::shadow_cluster_role_binding_name(&ns, &name)
+                } else if cr.spec.upstream.is_some() {
+                    names::upstream_cluster_role_binding_name(&ns, &name)
                 } else {
                     names::cluster_role_binding_name(&ns, &name)
                 }),
@@ -76,6 +79,8 @@ pub fn build(cr: &CloudControllerManager, validated: &Validated, settings: &Buil
             },
             role_ref: cluster_role_ref(if cr.spec.shadow {
                 &settings.manager_shadow_cluster_role
+            } else if cr.spec.upstream.is_some() {
+                &settings.manager_upstream_cluster_role
             } else {
                 &settings.manager_cluster_role
             }),
@@ -94,6 +99,7 @@ pub fn build(cr: &CloudControllerManager, validated: &Validated, settings: &Buil
                 crate::validate::migration_lease_name(&cr.spec)
                     .filter(|_| foreign_lease_namespace.is_none())
                     .as_deref(),
+                cr.spec.upstream.as_ref().map(|u| crate::profiles::profile(u.profile).leases).unwrap_or_default(),
             )),
         }),
         Desired::RoleBinding(RoleBinding {
@@ -228,7 +234,7 @@ pub fn owner_reference(cr: &CloudControllerManager) -> OwnerReference {
 /// namespace (the API server refuses to grant what the granter lacks).
 ///
 /// With leader migration, the Lease rule also names the migration Lease (`migration_lease`).
-pub fn own_rules(cr_name: &str, migration_lease: Option<&str>) -> Vec<PolicyRule> {
+pub fn own_rules(cr_name: &str, migration_lease: Option<&str>, profile_leases: &[&str]) -> Vec<PolicyRule> {
     let rule = |group: &str, resource: &str, verbs: &[&str]| PolicyRule {
         api_groups: Some(vec![group.into()]),
         resources: Some(vec![resource.into()]),
@@ -237,9 +243,10 @@ pub fn own_rules(cr_name: &str, migration_lease: Option<&str>) -> Vec<PolicyRule
         non_resource_urls: None,
     };
     let mut leases = rule("coordination.k8s.io", "leases", &["get", "update", "patch"]);
-    if let Some(lease) = migration_lease {
-        leases.resource_names.get_or_insert_with(Vec::new).push(lease.into());
-    }
+    let names = leases.resource_names.get_or_insert_with(Vec::new);
+    names.extend(migration_lease.map(String::from));
+    // An upstream profile's own lock Leases in this namespace (Azure's load-balancer lock).
+    names.extend(profile_leases.iter().map(|l| l.to_string()));
     vec![
         // Leader election on the Lease named after the resource (and, with leader migration,
         // on the migration Lease): read, renew, take over.
@@ -303,6 +310,7 @@ pub fn binding_overreach(
                 let mut allowed = vec![
                     ("ClusterRole", settings.manager_cluster_role.clone(), manager.as_str()),
                     ("ClusterRole", settings.manager_shadow_cluster_role.clone(), manager.as_str()),
+                    ("ClusterRole", settings.manager_upstream_cluster_role.clone(), manager.as_str()),
                 ];
                 if announcers {
                     allowed.push(("ClusterRole", settings.announcer_cluster_role.clone(), announcer.as_str()));
@@ -411,6 +419,19 @@ pub fn restricted_violations(pod: &PodSpec) -> Vec<String> {
     out
 }
 
+/// The environment variable `var` from the cloud-config Secret's key (an upstream profile that
+/// reads its credentials from the environment).
+fn secret_key_env(var: &str, cc: &crate::validate::CloudConfigRef) -> EnvVar {
+    EnvVar {
+        name: var.into(),
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector { name: cc.secret.clone(), key: cc.key.clone(), optional: None }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
 fn cluster_role_ref(name: &str) -> RoleRef {
     RoleRef { api_group: "rbac.authorization.k8s.io".into(), kind: "ClusterRole".into(), name: name.into() }
 }
@@ -479,13 +500,20 @@ fn pod_template(
     let mut annotations = BTreeMap::new();
     let mut volumes = Vec::new();
     let mut mounts = Vec::new();
+    let upstream = cr.spec.upstream.as_ref().map(|u| crate::profiles::profile(u.profile));
+    let mut secret_env = None;
     if let Some(cc) = &validated.cloud_config {
         // Only edits that need a restart roll the pods; the manager reloads the rest in place
         // from the mounted file, which kubelet updates.
         annotations.insert(names::ANNOTATION_CLOUD_CONFIG_HASH.to_string(), cc.restart_hash.clone());
-        let (volume, mount) = cloud_config_volume(cc);
-        volumes.push(volume);
-        mounts.push(mount);
+        match upstream.map(|p| p.cloud_config) {
+            Some(CloudConfigUse::Env { var }) => secret_env = Some(secret_key_env(var, cc)),
+            _ => {
+                let (volume, mount) = cloud_config_volume(cc);
+                volumes.push(volume);
+                mounts.push(mount);
+            }
+        }
     }
     if let (Some(ccm_framework::config::LeaderMigrationSource::File(_)), Some(migration)) =
         (&validated.config.leader_migration, crate::validate::leader_migration_of(&cr.spec).ok().flatten())
@@ -545,9 +573,16 @@ fn pod_template(
     // The endpoint listens on the Pod's own address only: on the host network 0.0.0.0 would be
     // every address of the Node (Kubernetes expands `$(POD_IP)` from the environment below).
     // Before `extraArgs`, which come last.
-    let mut args = manager_args(validated);
-    let extra = validated.config.extra_args.len().min(args.len());
-    args.insert(args.len() - extra, format!("--bind-address=$({})", names::POD_IP_ENV));
+    let bind = format!("--bind-address=$({})", names::POD_IP_ENV);
+    let args = match upstream {
+        Some(profile) => crate::profiles::upstream_args(&validated.config, profile, &bind),
+        None => {
+            let mut args = manager_args(validated);
+            let extra = validated.config.extra_args.len().min(args.len());
+            args.insert(args.len() - extra, bind);
+            args
+        }
+    };
     let mut env = vec![EnvVar {
         name: names::POD_IP_ENV.into(),
         value_from: Some(EnvVarSource {
@@ -556,12 +591,29 @@ fn pod_template(
         }),
         ..Default::default()
     }];
-    env.extend(crate::desired::http2_env(settings));
+    env.extend(secret_env);
+    // DISABLE_HTTP2 is read by this project's client only.
+    if upstream.is_none() {
+        env.extend(crate::desired::http2_env(settings));
+    }
+    let (image, command) = match upstream {
+        // An empty command runs the image's entrypoint (the generic profile).
+        Some(profile) => (
+            d.image.clone().unwrap_or_else(|| profile.image.to_string()),
+            (!profile.command.is_empty()).then(|| profile.command.iter().map(|c| c.to_string()).collect()),
+        ),
+        None => (
+            d.image.clone().unwrap_or_else(|| settings.manager_image.clone()),
+            Some(vec![names::MANAGER_COMMAND.into()]),
+        ),
+    };
+    // Upstream's secure port serves /healthz only (no /readyz or /livez).
+    let (ready_path, live_path) = if upstream.is_some() { ("/healthz", "/healthz") } else { ("/readyz", "/livez") };
     let container = Container {
         name: names::CONTAINER_NAME.into(),
-        image: Some(d.image.clone().unwrap_or_else(|| settings.manager_image.clone())),
+        image: Some(image),
         image_pull_policy: d.image_pull_policy.map(|p| p.as_str().to_string()),
-        command: Some(vec![names::MANAGER_COMMAND.into()]),
+        command,
         args: Some(args),
         ports: Some(vec![ContainerPort {
             name: Some("metrics".into()),
@@ -569,8 +621,8 @@ fn pod_template(
             protocol: Some("TCP".into()),
             ..Default::default()
         }]),
-        readiness_probe: Some(probe("/readyz", 5)),
-        liveness_probe: Some(probe("/livez", 15)),
+        readiness_probe: Some(probe(ready_path, 5)),
+        liveness_probe: Some(probe(live_path, 15)),
         resources: Some(d.resources.clone().unwrap_or_else(default_resources)),
         // The `restricted` Pod Security profile, declared on the container as well as the pod so
         // it holds whatever the pod level says; the root filesystem is read-only (the manager
@@ -786,6 +838,92 @@ mod tests {
                 "-v=4",
             ]
         );
+    }
+
+    fn container(objs: &[Desired]) -> Container {
+        pod_spec(objs).containers[0].clone()
+    }
+
+    #[test]
+    fn an_upstream_profile_runs_its_image_and_command_with_upstream_flags_only() {
+        let c = cr(json!({
+            "provider": "aws",
+            "upstream": {"profile": "aws"},
+            "cloudConfig": {"secretRef": {"name": "cfg"}},
+            "controllers": ["*", "-route"],
+            "clusterName": "prod",
+            "extraArgs": ["--v=2"]
+        }));
+        let objs = build(&c, &validated(&c, Some("h")), &BuildSettings::default());
+        let c0 = container(&objs);
+        assert_eq!(c0.image.as_deref(), Some(crate::profiles::profile(crds::v1alpha1::UpstreamProfile::Aws).image));
+        assert_eq!(c0.command, Some(vec!["/bin/aws-cloud-controller-manager".to_string()]));
+        let args = c0.args.unwrap();
+        assert_eq!(
+            args,
+            [
+                "--cloud-provider=aws",
+                "--cloud-config=/etc/kubernetes/cloud-config/cloud.conf",
+                "--controllers=*,-node-route-controller",
+                "--cluster-name=prod",
+                "--configure-cloud-routes=true",
+                "--leader-elect=true",
+                "--leader-elect-resource-name=aws",
+                "--leader-elect-resource-namespace=kube-system",
+                "--leader-elect-lease-duration=15s",
+                "--leader-elect-renew-deadline=10s",
+                "--leader-elect-retry-period=2s",
+                "--concurrent-node-syncs=5",
+                "--concurrent-service-syncs=32",
+                "--secure-port=10258",
+                "--bind-address=$(POD_IP)",
+                "--authentication-skip-lookup=true",
+                "--v=2",
+            ],
+            "no --ccm-resource: the operator alone writes an upstream manager's status"
+        );
+        for probe in [c0.readiness_probe.unwrap(), c0.liveness_probe.unwrap()] {
+            assert_eq!(probe.http_get.unwrap().path.as_deref(), Some("/healthz"));
+        }
+        let binding = objs
+            .iter()
+            .find_map(|o| match o {
+                Desired::ClusterRoleBinding(b) => Some(b.clone()),
+                _ => None,
+            })
+            .unwrap();
+        assert_eq!(binding.role_ref.name, BuildSettings::default().manager_upstream_cluster_role);
+        assert_eq!(binding.metadata.name.as_deref(), Some("ccm-operator:kube-system:aws:upstream"));
+        assert!(restricted_violations(&pod_spec(&objs)).iter().all(|v| v.contains("hostNetwork")));
+    }
+
+    #[test]
+    fn an_env_profile_gets_the_secret_key_as_its_variable_and_no_cloud_config_file() {
+        let c = cr(
+            json!({"provider": "hcloud", "upstream": {"profile": "hetzner"}, "cloudConfig": {"secretRef": {"name": "cfg"}}}),
+        );
+        let objs = build(&c, &validated(&c, Some("h")), &BuildSettings::default());
+        let c0 = container(&objs);
+        let token = c0.env.iter().flatten().find(|e| e.name == "HCLOUD_TOKEN").expect("HCLOUD_TOKEN");
+        let from = token.value_from.clone().unwrap().secret_key_ref.unwrap();
+        assert_eq!((from.name.as_str(), from.key.as_str()), ("cfg", "cloud.conf"));
+        assert!(token.value.is_none());
+        assert!(!c0.args.unwrap().iter().any(|a| a.starts_with("--cloud-config")));
+        assert!(pod_spec(&objs).volumes.unwrap_or_default().is_empty() && c0.volume_mounts.is_none());
+        // The Secret's hash still rolls the pods when the token changes.
+        let annotations = deployment(&objs).spec.clone().unwrap().template.metadata.unwrap().annotations.unwrap();
+        assert_eq!(annotations.get(names::ANNOTATION_CLOUD_CONFIG_HASH).map(String::as_str), Some("h"));
+    }
+
+    #[test]
+    fn the_generic_profile_runs_the_named_image_with_its_own_entrypoint() {
+        let c = cr(
+            json!({"provider": "bench", "upstream": {"profile": "generic"}, "deployment": {"image": "example.com/ccm:v1"}}),
+        );
+        let c0 = container(&build(&c, &validated(&c, None), &BuildSettings::default()));
+        assert_eq!(c0.image.as_deref(), Some("example.com/ccm:v1"));
+        assert_eq!(c0.command, None, "the image's entrypoint");
+        assert_eq!(c0.args.unwrap()[0], "--cloud-provider=bench");
     }
 
     #[test]

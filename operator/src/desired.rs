@@ -27,6 +27,9 @@ pub struct BuildSettings {
     /// The read-only ClusterRole the chart installs for managers in shadow mode (`spec.shadow`),
     /// bound cluster-wide instead of [`Self::manager_cluster_role`].
     pub manager_shadow_cluster_role: String,
+    /// The ClusterRole the chart installs for upstream CCM images (`spec.upstream`), bound
+    /// cluster-wide instead of [`Self::manager_cluster_role`] (docs/profiles/README.md).
+    pub manager_upstream_cluster_role: String,
     /// The ClusterRole the chart installs for announcers (Services, EndpointSlices, events),
     /// bound cluster-wide per CR with `spec.announcer`.
     pub announcer_cluster_role: String,
@@ -47,6 +50,7 @@ impl Default for BuildSettings {
             manager_cluster_role: "ccm-manager".to_string(),
             manager_namespace_role: "ccm-manager-namespace".to_string(),
             manager_shadow_cluster_role: "ccm-manager-shadow".to_string(),
+            manager_upstream_cluster_role: "ccm-manager-upstream".to_string(),
             announcer_cluster_role: "ccm-announcer".to_string(),
             announcer_namespace_role: "ccm-announcer-namespace".to_string(),
             policy: crate::validate::Policy::default(),

@@ -19,6 +19,7 @@ pub mod error;
 pub mod hash;
 pub mod metrics;
 pub mod names;
+pub mod profiles;
 pub mod reasons;
 pub mod status;
 pub mod switch;

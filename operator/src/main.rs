@@ -64,6 +64,10 @@ struct RunFlags {
     /// Nodes and Services and writes none.
     #[arg(long, default_value_t = BuildSettings::default().manager_shadow_cluster_role, value_name = "name")]
     manager_shadow_cluster_role: String,
+    /// ClusterRole (installed by the Helm chart) bound cluster-wide, instead of
+    /// --manager-cluster-role, to an upstream CCM image's ServiceAccount (spec.upstream).
+    #[arg(long, default_value_t = BuildSettings::default().manager_upstream_cluster_role, value_name = "name")]
+    manager_upstream_cluster_role: String,
     /// HTTPS address of /healthz, /livez, /readyz and /metrics; empty disables them. Paths
     /// outside --authorization-always-allow-paths need a bearer token that the API server
     /// accepts (TokenReview) and allows (SubjectAccessReview), as the manager's --secure-port.
@@ -275,6 +279,7 @@ async fn run(flags: RunFlags) -> Result<(), operator::Error> {
         manager_cluster_role: flags.manager_cluster_role,
         manager_namespace_role: flags.manager_namespace_role,
         manager_shadow_cluster_role: flags.manager_shadow_cluster_role,
+        manager_upstream_cluster_role: flags.manager_upstream_cluster_role,
         announcer_cluster_role: flags.announcer_cluster_role,
         announcer_namespace_role: flags.announcer_namespace_role,
         policy: operator::validate::Policy {

@@ -114,6 +114,12 @@ pub fn shadow_cluster_role_binding_name(namespace: &str, cr_name: &str) -> Strin
     format!("ccm-operator:{namespace}:{cr_name}:shadow")
 }
 
+/// Name of the ClusterRoleBinding of an upstream CCM image (`spec.upstream`, to the upstream
+/// ClusterRole): another name again, so a switch between managers replaces the binding.
+pub fn upstream_cluster_role_binding_name(namespace: &str, cr_name: &str) -> String {
+    format!("ccm-operator:{namespace}:{cr_name}:upstream")
+}
+
 /// `app.kubernetes.io/name` of announcer pods (never counted as manager pods).
 pub const ANNOUNCER_APP_NAME: &str = "ccm-announcer";
 

@@ -229,8 +229,10 @@ pub fn compute(input: &StatusInput<'_>) -> ComputedStatus {
     // AwaitingManager already says as much.
     let reported = conditions::find(&existing.conditions, types::PROVIDER_HEALTHY)
         .is_some_and(|c| c.reason != provider_healthy::AWAITING_MANAGER);
-    let no_manager = no_manager_running(input).filter(|_| reported);
-    let owns_provider_healthy = no_manager.is_some()
+    let upstream = cr.spec.upstream.is_some();
+    let no_manager = no_manager_running(input).filter(|_| reported || upstream);
+    let owns_provider_healthy = upstream
+        || no_manager.is_some()
         || match conditions::find(&existing.conditions, types::PROVIDER_HEALTHY) {
             None => true,
             Some(c) => {
@@ -242,6 +244,15 @@ pub fn compute(input: &StatusInput<'_>) -> ComputedStatus {
             types::PROVIDER_HEALTHY,
             Status::Unknown,
             provider_healthy::NO_MANAGER_RUNNING,
+            message,
+        ));
+    } else if let Some(message) = upstream.then(|| upstream_health(input)).flatten() {
+        // An upstream CCM reports nothing to the resource: its /healthz (the readiness probe)
+        // and its Lease are what there is.
+        desired.push(DesiredCondition::new(
+            types::PROVIDER_HEALTHY,
+            Status::True,
+            provider_healthy::UPSTREAM_HEALTHZ,
             message,
         ));
     } else if owns_provider_healthy {
@@ -301,6 +312,23 @@ pub fn compute(input: &StatusInput<'_>) -> ComputedStatus {
     };
     let changed = differs(&status, &existing);
     ComputedStatus { status, owns_provider_healthy, changed }
+}
+
+/// For an upstream CCM: what shows it healthy (a ready replica, whose /healthz passes, and a
+/// fresh Lease holder), or `None` while that is not so.
+fn upstream_health(input: &StatusInput<'_>) -> Option<String> {
+    let holder = input.lease.filter(|l| l.fresh).and_then(|l| l.holder.as_deref()).filter(|h| !h.is_empty())?;
+    let ready = match input.workload {
+        Workload::Deployment(d) => d.ready,
+        Workload::DaemonSet(d) => d.ready,
+        Workload::None | Workload::Embedded(_) => 0,
+    };
+    (ready > 0).then(|| {
+        format!(
+            "the upstream manager's /healthz passes on {ready} ready replica(s) and {holder} holds Lease {}; upstream CCMs report no cloud health of their own",
+            lease_name(input.cr)
+        )
+    })
 }
 
 /// Why no manager can be reporting provider health, or `None` when one may be: no replica is
@@ -630,6 +658,32 @@ mod tests {
         fn cond(&self, type_: &str) -> Condition {
             conditions::find(&self.cr.status.as_ref().unwrap().conditions, type_).unwrap().clone()
         }
+    }
+
+    #[test]
+    fn an_upstream_manager_is_healthy_while_a_replica_is_ready_and_a_holder_renews_its_lease() {
+        let mut r = Run::new("Deployment");
+        r.cr.spec.upstream = Some(crds::v1alpha1::UpstreamManager { profile: crds::v1alpha1::UpstreamProfile::Aws });
+        r.lease = None;
+        r.step(deploy(2, 2, 2, 0), true);
+        let waiting = r.cond(types::PROVIDER_HEALTHY);
+        assert_eq!(
+            (waiting.status.as_str(), waiting.reason.as_str()),
+            ("Unknown", provider_healthy::NO_MANAGER_RUNNING)
+        );
+        r.lease = Some(leader());
+        let out = r.step(deploy(2, 2, 2, 2), false);
+        assert!(out.owns_provider_healthy, "nothing else writes it for an upstream manager");
+        let healthy = r.cond(types::PROVIDER_HEALTHY);
+        assert_eq!((healthy.status.as_str(), healthy.reason.as_str()), ("True", provider_healthy::UPSTREAM_HEALTHZ));
+        assert!(healthy.message.contains("pod-a holds Lease"), "{}", healthy.message);
+        assert_eq!(r.cond(types::READY).status, "True");
+        assert_eq!(r.cr.status.as_ref().unwrap().leader.as_deref(), Some("pod-a"));
+        // Every replica fails /healthz and the Lease goes stale: no longer healthy.
+        r.lease = Some(LeaseObservation { holder: Some("pod-a".into()), fresh: false });
+        r.step(deploy(2, 2, 2, 0), false);
+        assert_eq!(r.cond(types::PROVIDER_HEALTHY).status, "Unknown");
+        assert_ne!(r.cond(types::READY).status, "True");
     }
 
     #[test]

@@ -138,6 +138,12 @@ or "/" is a prefix; one with a tag or digest is exact; a repository is exact and
 {{- end }}
 
 {{/* The BIRD sidecar's fixed command (operator/src/announcer.rs bird_command), as a CEL list. */}}
+{{- /* The commands of the upstream profiles' containers (operator/src/profiles.rs PROFILES;
+its test `the_charts_upstream_commands_are_the_profiles`), as a CEL list of commands. */ -}}
+{{- define "ccm-operator.upstreamCommands" -}}
+[['/bin/aws-cloud-controller-manager'], ['/cloud-controller-manager'], ['cloud-controller-manager'], ['/bin/openstack-cloud-controller-manager'], ['/bin/hcloud-cloud-controller-manager'], ['/bin/vsphere-cloud-controller-manager'], ['/bin/digitalocean-cloud-controller-manager'], ['/usr/local/bin/oci-cloud-controller-manager']]
+{{- end }}
+
 {{- define "ccm-operator.birdCommand" -}}
 ['sh', '-c', 'until [ -s /run/bird/bird.conf ]; do sleep 1; done; exec bird -f -c /run/bird/bird.conf -s /run/bird/bird.ctl']
 {{- end }}

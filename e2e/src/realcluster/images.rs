@@ -21,6 +21,20 @@ pub const OPERATOR: &str = "localhost/ccm-operator";
 /// The manager image the scenarios install.
 pub const MANAGER: &str = "localhost/cloud-controller-manager";
 
+/// The upstream Go CCM (`../shared/upstream`, `bench` provider) as an image, for
+/// `spec.upstream` with the `generic` profile: its entrypoint is the binary.
+pub const UPSTREAM_BENCH: &str = "localhost/upstream-ccm-bench:e2e";
+
+/// Builds [`UPSTREAM_BENCH`] from the unpacked, static upstream binary.
+pub fn build_upstream_bench(binary: &Path, out: &Path) -> Result<(), Error> {
+    generic(
+        UPSTREAM_BENCH,
+        out,
+        &["--file".into(), format!("{}:/usr/local/bin/upstream-ccm-bench:0755", binary.display())],
+        r#"["/usr/local/bin/upstream-ccm-bench"]"#,
+    )
+}
+
 /// The BIRD sidecar image of `spec.announcer.bgp` (the chart's `announcer.birdImage`), built
 /// as the Dockerfile's `bird` target lays it out.
 pub const BIRD: &str = "localhost/bird:e2e";

@@ -304,3 +304,79 @@ async fn with_announcer_enabled_the_policy_admits_the_announcer_and_net_raw_only
         assert!(message.contains(field), "{what}: the refusal should name {field}: {message}");
     }
 }
+
+/// Issue 48: what the operator builds for every upstream profile that can run (`spec.upstream`)
+/// passes the chart's policies and RBAC as the operator's ServiceAccount (its workload, its
+/// binding to the upstream ClusterRole, its Role with a profile's lock Lease), on the genuine
+/// API server; a command no profile runs, or another `--authentication-*` argument, is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_upstream_profiles_objects_are_admitted_and_a_command_no_profile_runs_is_refused() {
+    use crds::v1alpha1::UpstreamProfile;
+    use operator::profiles;
+    let runnable: Vec<&profiles::Profile> =
+        UpstreamProfile::ALL.iter().map(|p| profiles::profile(*p)).filter(|p| p.refused.is_none()).collect();
+    let generic_image = "registry.example/mycloud-ccm:v1.36.0";
+    // Every profile's repository, and the generic one's, on the allow-list.
+    let mut allowed: Vec<String> = runnable
+        .iter()
+        .filter(|p| !p.image.is_empty())
+        .map(|p| p.image.rsplit_once(':').map(|(repo, _)| repo.to_string()).unwrap_or_default())
+        .collect();
+    allowed.push("registry.example/mycloud-ccm".into());
+    // kube-system is where Azure's lock Lease is; the chart manages it besides the test's own.
+    let Some(ChartWorld { cluster: _cluster, admin, managers, objects, operator: operator_client }) = chart_world(
+        "e2e-vap-upstream",
+        "vapup",
+        json!({"admissionPolicy": {"allowedImages": allowed}, "cloudConfig": {"namespaces": ["kube-system"]}}),
+    )
+    .await
+    else {
+        return;
+    };
+    let mut settings = BuildSettings { manager_image: chart_manager_image(&objects), ..BuildSettings::default() };
+    settings.policy.allowed_images = allowed.clone();
+
+    let mut first_deployment = None;
+    for p in &runnable {
+        let namespace = p.namespace.map(str::to_string).unwrap_or_else(|| managers.clone());
+        // One resource per profile: a deleted owner's children go only when the collector runs.
+        let name = format!("cloud-{}", p.profile.as_str());
+        let provider = if p.cloud_provider.is_empty() { "mycloud" } else { p.cloud_provider };
+        let mut cr = json!({
+            "apiVersion": "ccm.rs/v1alpha1", "kind": "CloudControllerManager",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"provider": provider, "upstream": {"profile": p.profile.as_str()},
+                     "cloudConfig": {"secretRef": {"name": "cfg"}}, "deployment": {"replicas": 2}},
+        });
+        if p.image.is_empty() {
+            cr["spec"]["deployment"]["image"] = json!(generic_image);
+        }
+        apply_dynamic(&admin, &cr).await.expect("the resource is stored");
+        let owner = Api::<crds::CloudControllerManager>::namespaced(admin.clone(), &namespace)
+            .get(&name)
+            .await
+            .expect("the stored resource");
+        cr["metadata"]["uid"] = json!(owner.metadata.uid);
+        let mut built: Vec<Value> = operator_children(cr, &settings).iter().map(build::Desired::to_json).collect();
+        built.sort_by_key(|o| o["kind"] != "Role");
+        let deployment = built.iter().find(|o| o["kind"] == "Deployment").expect("a Deployment").clone();
+        let command = deployment["spec"]["template"]["spec"]["containers"][0]["command"].clone();
+        assert_eq!(command, if p.command.is_empty() { Value::Null } else { json!(p.command) }, "{:?}", p.profile);
+        // Applied for real: the bindings' escalation check needs the Roles to exist.
+        admitted(&operator_client, &built).await;
+        first_deployment.get_or_insert(deployment);
+    }
+    let deployment = first_deployment.expect("at least one profile");
+    for (what, edit, field) in [
+        ("a command no profile runs", json!({"command": ["/bin/sh", "-c", "id"]}), "command"),
+        ("another --authentication-* argument", json!({"args": ["--authentication-kubeconfig=/tmp/k"]}), "args"),
+    ] {
+        let crafted = edited(&deployment, |d| {
+            for (k, v) in edit.as_object().expect("an object") {
+                d["spec"]["template"]["spec"]["containers"][0][k] = v.clone();
+            }
+        });
+        let message = refused_once_loaded(&operator_client, &crafted, what).await;
+        assert!(message.contains(field), "{what}: {message}");
+    }
+}

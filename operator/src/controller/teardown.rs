@@ -184,11 +184,14 @@ pub async fn cleanup(
         .into_iter()
         .filter(|k| k.kind == Kind::ClusterRoleBinding || k.namespace.as_deref().is_some_and(|ns| ns != namespace))
         .collect();
-    let mut by_name: Vec<ChildKey> =
-        [names::cluster_role_binding_name(namespace, name), names::shadow_cluster_role_binding_name(namespace, name)]
-            .into_iter()
-            .map(|name| ChildKey { kind: Kind::ClusterRoleBinding, namespace: None, name })
-            .collect();
+    let mut by_name: Vec<ChildKey> = [
+        names::cluster_role_binding_name(namespace, name),
+        names::shadow_cluster_role_binding_name(namespace, name),
+        names::upstream_cluster_role_binding_name(namespace, name),
+    ]
+    .into_iter()
+    .map(|name| ChildKey { kind: Kind::ClusterRoleBinding, namespace: None, name })
+    .collect();
     if let Some(lease_ns) = lease_namespace {
         let at = |kind: Kind, object: String| ChildKey { kind, namespace: Some(lease_ns.to_string()), name: object };
         by_name.extend([

@@ -59,7 +59,9 @@ impl Peer {
         selection: &ControllerSelection,
         registry: &Registry,
     ) -> Option<Peer> {
-        if cr.meta().deletion_timestamp.is_some() || !registry.contains(&cr.spec.provider) {
+        if cr.meta().deletion_timestamp.is_some()
+            || (cr.spec.upstream.is_none() && !registry.contains(&cr.spec.provider))
+        {
             return None;
         }
         Some(Peer {

@@ -79,7 +79,8 @@ pub fn manager_config_with(
         load_balancer_class: spec.load_balancer_class.clone(),
         handle_unclassed_services: spec.handle_unclassed_services,
         secure_port: crds::defaults::SECURE_PORT,
-        ccm_resource: Some(ccm_framework::status::StatusTarget { namespace, name }),
+        // An upstream manager has no --ccm-resource: the operator alone writes its status.
+        ccm_resource: spec.upstream.is_none().then_some(ccm_framework::status::StatusTarget { namespace, name }),
         extra_args: spec.extra_args.clone(),
         shadow: spec.shadow,
         orphan_sweep: spec.orphans.sweep,

@@ -3,7 +3,7 @@
 //!
 //! One job per file: [`pipeline`] runs the checks in order and gives the verdict ([`verdict`]);
 //! [`conflicts`] between resources, [`manager_config`] (spec to `ManagerConfig`), installation
-//! [`policy`] (with [`quantity`] for resources) and [`environment`] are its parts; [`bounded`] runs it off the async runtime
+//! [`policy`] (with [`quantity`] for resources), [`upstream`] (what an upstream image cannot do) and [`environment`] are its parts; [`bounded`] runs it off the async runtime
 //! within a time limit. [`secret`] is its input from the dereference step.
 
 pub mod bounded;
@@ -14,6 +14,7 @@ pub mod pipeline;
 pub mod policy;
 pub mod quantity;
 pub mod secret;
+pub mod upstream;
 pub mod verdict;
 
 #[cfg(test)]
@@ -40,4 +41,5 @@ pub use policy::{
     parse_max_container_resources, reserved_by_installation, resources_refused,
 };
 pub use secret::SecretState;
+pub use upstream::upstream_refused;
 pub use verdict::{Checked, CloudConfigRef, Failure, Validated, Validation};

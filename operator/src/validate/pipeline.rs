@@ -17,6 +17,7 @@ use super::conflicts::{Peer, conflict_failures, reserved_lease_name, reserved_mi
 use super::manager_config::{Controllers, manager_config_with};
 use super::policy::announcer_refused;
 use super::secret::SecretState;
+use super::upstream::upstream_refused;
 use super::verdict::{Checked, CloudConfigRef, Failure, Validated, Validation};
 use crate::hash;
 use crds::reasons::config_valid as reason;
@@ -44,6 +45,10 @@ pub fn check(
     if let Some(failure) = reserved_lease_name(&cr.name_any()).or_else(|| reserved_migration_lease(cr, peers)) {
         return refused(vec![failure]);
     }
+    let upstream = upstream_refused(cr);
+    if !upstream.is_empty() {
+        return refused(upstream);
+    }
     if let Some(why) = announcer_refused(spec) {
         return refused(vec![Failure { reason: reason::INVALID_SPEC, message: why.into() }]);
     }
@@ -60,7 +65,8 @@ pub fn check(
         Ok(config) => config,
         Err(failure) => return refused(vec![failure]),
     };
-    if !registry.contains(&spec.provider) {
+    // An upstream image registers its own providers; its profile was checked above.
+    if spec.upstream.is_none() && !registry.contains(&spec.provider) {
         return refused(vec![Failure {
             reason: reason::UNKNOWN_PROVIDER,
             message: format!(
@@ -111,6 +117,21 @@ pub fn check(
         SecretState::Found { name, key, data } => Some((name, key, data)),
     };
 
+    if spec.upstream.is_some() {
+        // Nothing here parses an upstream CCM's cloud config: any edit of it rolls the pods.
+        if !failures.is_empty() {
+            return invalid(failures, conflicts_with);
+        }
+        let validated = Validated {
+            config,
+            cloud_config: cloud_config.map(|(name, key, data)| {
+                let hash = hash::cloud_config(cr.metadata.uid.as_deref().unwrap_or_default(), key, data);
+                CloudConfigRef { secret: name.to_string(), key: key.to_string(), restart_hash: hash.clone(), hash }
+            }),
+            provider_has_routes: false,
+        };
+        return Checked { validation: Validation::Valid(validated), provider: None };
+    }
     let settings = ClusterSettings {
         cluster_name: spec.cluster_name.clone(),
         cluster_cidrs: spec.cluster_cidr.as_deref().and_then(|c| parse_cluster_cidrs(c).ok()).unwrap_or_default(),

@@ -394,7 +394,20 @@ pub fn check_policy(
     let mut refuse = |message: String| failures.push(Failure { reason: reason::NOT_ALLOWED_BY_POLICY, message });
     let runs_a_pod = cr.spec.mode != Mode::Embedded;
     if runs_a_pod {
-        if let Some(image) = d.image.as_deref() {
+        // An upstream profile's own image passes the same allow-list as one the resource names.
+        let profile_image = cr
+            .spec
+            .upstream
+            .as_ref()
+            .map(|u| crate::profiles::profile(u.profile))
+            .filter(|p| !p.image.is_empty())
+            .map(|p| (p.image, format!("spec.upstream.profile {}'s image {}", p.profile.as_str(), p.image)));
+        let image = match (d.image.as_deref(), profile_image) {
+            (Some(image), _) => Some((image, "spec.deployment.image".to_string())),
+            (None, Some((image, field))) => Some((image, field)),
+            (None, None) => None,
+        };
+        if let Some((image, field)) = image {
             if !image_allowed(image, &policy.allowed_images, default_image) {
                 let list = if policy.allowed_images.is_empty() {
                     default_image.to_string()
@@ -402,10 +415,10 @@ pub fn check_policy(
                     policy.allowed_images.join(", ")
                 };
                 refuse(format!(
-                    "spec.deployment.image is not an allowed image (allowed: {list}); the operator's --allowed-images, the chart's admissionPolicy.allowedImages"
+                    "{field} is not an allowed image (allowed: {list}); the operator's --allowed-images, the chart's admissionPolicy.allowedImages"
                 ));
             } else if let Some(why) = image_reference_refused(image, policy) {
-                refuse(format!("spec.deployment.image {why}"));
+                refuse(format!("{field} {why}"));
             }
         }
         if cr.spec.mode == Mode::Deployment && d.replicas > policy.max_replicas {
@@ -529,6 +542,32 @@ mod tests {
         );
         let none = Policy { allowed_priority_classes: Vec::new(), ..Policy::default() };
         assert!(check(json!({"provider": "plain", "deployment": {"priorityClassName": ""}}), &none).is_valid());
+    }
+
+    #[test]
+    fn an_upstream_profiles_own_image_passes_the_allow_list_like_a_named_one() {
+        let c = cr("a", 1, json!({"provider": "aws", "upstream": {"profile": "aws"}}));
+        let check = |policy: &Policy| {
+            check_policy(
+                &c,
+                validate(&c, &SecretState::NotReferenced, &registry(), &[]),
+                policy,
+                "registry.example/ccm:v1",
+            )
+        };
+        let v = check(&Policy::default());
+        assert_eq!(reason_of(&v), reason::NOT_ALLOWED_BY_POLICY);
+        assert!(
+            v.summary().unwrap().1.starts_with(
+                "spec.upstream.profile aws's image registry.k8s.io/provider-aws/cloud-controller-manager:v1.36.1 is not an allowed image"
+            ),
+            "{v:?}"
+        );
+        let listed = Policy {
+            allowed_images: vec!["registry.k8s.io/provider-aws/cloud-controller-manager".into()],
+            ..Policy::default()
+        };
+        assert!(check(&listed).is_valid(), "{:?}", check(&listed));
     }
 
     #[test]

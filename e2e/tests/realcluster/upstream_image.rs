@@ -1,0 +1,229 @@
+//! Issue 48 on the real cluster: an upstream CCM image run from a `CloudControllerManager`
+//! (`spec.upstream`, the `generic` profile): the upstream Go CCM of `../shared/upstream` (its
+//! `bench` provider), built into an image by the project's image builder, initializes a
+//! kubelet's newly registered Node and gives a LoadBalancer Service an address (and removes its
+//! finalizer on deletion) with the operator's upstream ClusterRole (no request forbidden in its
+//! log); the resource reports Ready with the leader named; a cloud-config
+//! rotation rolls its Pods; deleting the resource leaves nothing behind.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use e2e::realcluster::images;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams};
+use serde_json::json;
+
+use crate::multinode::{all_ready, initialized, measured, power_off, power_on, power_on_any_stopped};
+use crate::{CCM_NAME, CCM_NS, Ctx, OPERATOR_NS, apply, deployment_available, helm, helm_args, wait};
+
+/// The resource of this scenario, beside (never with) the others' `baremetal`.
+const NAME: &str = "upstream";
+const SECRET: &str = "upstream-cloud-config";
+/// The namespace of this scenario's LoadBalancer Service.
+const LB_NS: &str = "upstream-lb";
+
+async fn resource(ctx: &Ctx) -> Option<crds::CloudControllerManager> {
+    let crs: Api<crds::CloudControllerManager> = Api::namespaced(ctx.client.clone(), CCM_NS);
+    crs.get_opt(NAME).await.ok()?
+}
+
+/// `(status, reason)` of condition `type_`, once the status is of the current generation.
+async fn condition(ctx: &Ctx, type_: &str) -> Option<(String, String)> {
+    let cr = resource(ctx).await?;
+    let status = cr.status?;
+    (status.observed_generation == cr.metadata.generation).then_some(())?;
+    let c = status.conditions.into_iter().find(|c| c.type_ == type_)?;
+    Some((c.status, c.reason))
+}
+
+/// The manager Pods of this resource, not being deleted.
+async fn pods(ctx: &Ctx) -> Vec<Pod> {
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), CCM_NS);
+    let selector = format!("app.kubernetes.io/name=cloud-controller-manager,app.kubernetes.io/instance={NAME}");
+    let list = api.list(&kube::api::ListParams::default().labels(&selector)).await.map(|l| l.items);
+    list.unwrap_or_default().into_iter().filter(|p| p.metadata.deletion_timestamp.is_none()).collect()
+}
+
+/// The resource Ready, its leader named and equal to its Lease's holder; returns the leader.
+async fn ready_with_leader(ctx: &Ctx, what: &str) -> String {
+    let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), CCM_NS);
+    wait(what, Duration::from_secs(180), || async {
+        let (status, _) = condition(ctx, "Ready").await?;
+        (status == "True").then_some(())?;
+        let leader = resource(ctx).await?.status?.leader?;
+        let holder = leases.get_opt(NAME).await.ok()??.spec?.holder_identity?;
+        (leader == holder).then_some(leader)
+    })
+    .await
+}
+
+/// The chart installed (this scenario alone) or upgraded, allowing the upstream image too.
+async fn chart_allowing_the_upstream_image(ctx: &Ctx) {
+    let mut rest = helm_args(images::TAG, false);
+    rest.extend([
+        "--set".to_string(),
+        format!("announcer.birdImage={}", images::BIRD),
+        "--set".to_string(),
+        format!(
+            "admissionPolicy.allowedImages=[\"{}\",\"{}\"]",
+            images::MANAGER,
+            images::UPSTREAM_BENCH.split(':').next().unwrap_or_default()
+        ),
+    ]);
+    let installed = deployment_available(&ctx.client, OPERATOR_NS, "ccm-operator").await.is_some();
+    let mut args = if installed {
+        vec!["upgrade", "ccm-operator", "charts/ccm-operator"]
+    } else {
+        vec!["install", "ccm-operator", "charts/ccm-operator", "--create-namespace"]
+    };
+    args.extend(rest.iter().map(String::as_str));
+    helm(ctx, &args);
+    wait("the operator Deployment available", Duration::from_secs(120), || {
+        deployment_available(&ctx.client, OPERATOR_NS, "ccm-operator")
+    })
+    .await;
+}
+
+fn secret(content: &str) -> serde_json::Value {
+    json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": SECRET, "namespace": CCM_NS,
+            "labels": {crds::CLOUD_CONFIG_LABEL: crds::CLOUD_CONFIG_LABEL_VALUE}},
+        "stringData": {"cloud.conf": content}})
+}
+
+/// Issue 48 item 1 and 2 for an upstream image on the real cluster.
+pub async fn an_upstream_image_initializes_a_registering_node_reports_its_leader_and_rolls_on_rotation(ctx: Arc<Ctx>) {
+    let binary = match e2e::upstream::binary() {
+        Ok(b) => b,
+        Err(why) => {
+            println!("    skipped: the upstream Go CCM is not here ({why}); see ../shared/upstream/README.md");
+            return;
+        }
+    };
+    let out = ctx.cluster.state_dir().join("images/upstream-ccm-bench.tar");
+    images::build_upstream_bench(&binary, &out).expect("the upstream image");
+    ctx.cluster.import_image(&out).expect("importing the upstream image");
+    power_on_any_stopped(&ctx).await;
+    let names = ctx.cluster.node_names();
+    wait("the three Nodes Ready", Duration::from_secs(120), || async { all_ready(&ctx, &names).await.then_some(()) })
+        .await;
+    chart_allowing_the_upstream_image(&ctx).await;
+    // Only this resource's manager may initialize Nodes meanwhile.
+    let crs: Api<crds::CloudControllerManager> = Api::namespaced(ctx.client.clone(), CCM_NS);
+    let _ = crs.delete(CCM_NAME, &DeleteParams::default()).await;
+    wait("no other resource", Duration::from_secs(120), || async {
+        (!matches!(crs.get_opt(CCM_NAME).await, Ok(Some(_)))).then_some(())
+    })
+    .await;
+
+    apply(&ctx.client, secret("# the bench provider reads no cloud config\n")).await;
+    let t = Instant::now();
+    apply(
+        &ctx.client,
+        json!({"apiVersion": "ccm.rs/v1alpha1", "kind": "CloudControllerManager",
+            "metadata": {"name": NAME, "namespace": CCM_NS},
+            "spec": {"provider": "bench", "upstream": {"profile": "generic"},
+                "cloudConfig": {"secretRef": {"name": SECRET}},
+                "deployment": {"image": images::UPSTREAM_BENCH, "imagePullPolicy": "Never", "replicas": 2}}}),
+    )
+    .await;
+    let leader = ready_with_leader(&ctx, "the upstream manager Ready with its leader named").await;
+    measured(format!(
+        "upstream image: resource applied to Ready with leader {leader}: {:.1} s",
+        t.elapsed().as_secs_f64()
+    ));
+    let (status, reason) = condition(&ctx, "ProviderHealthy").await.expect("ProviderHealthy");
+    assert_eq!((status.as_str(), reason.as_str()), ("True", crds::reasons::provider_healthy::UPSTREAM_HEALTHZ));
+    let bindings: Api<ClusterRoleBinding> = Api::all(ctx.client.clone());
+    let binding_name = format!("ccm-operator:{CCM_NS}:{NAME}:upstream");
+    let binding = bindings.get(&binding_name).await.expect("the upstream binding");
+    assert_eq!(binding.role_ref.name, "ccm-manager-upstream");
+
+    // A kubelet's new Node, initialized by the upstream manager.
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    let name = names.last().expect("three Nodes").clone();
+    power_off(&ctx, &name).await;
+    let _ = nodes.delete(&name, &DeleteParams::default()).await;
+    wait(&format!("{name}'s Node gone"), Duration::from_secs(60), || async {
+        nodes.get_opt(&name).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let t = Instant::now();
+    power_on(&ctx, &name).await;
+    let node = wait(&format!("{name} initialized by the upstream image"), Duration::from_secs(120), || {
+        initialized(&ctx, &name)
+    })
+    .await;
+    let provider_id = node.spec.and_then(|s| s.provider_id).unwrap_or_default();
+    assert_eq!(provider_id, format!("bench://{name}"), "the bench provider's providerID");
+    let labels = node.metadata.labels.unwrap_or_default();
+    assert_eq!(labels.get("node.kubernetes.io/instance-type").map(String::as_str), Some("bench.small"));
+    measured(format!("upstream image: kubelet start to Node initialized: {:.1} s", t.elapsed().as_secs_f64()));
+
+    // A LoadBalancer Service gets the bench provider's address, and its deletion goes through
+    // the service controller's finalizer.
+    let services: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(ctx.client.clone(), LB_NS);
+    apply(&ctx.client, json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LB_NS}})).await;
+    let t = Instant::now();
+    apply(
+        &ctx.client,
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "bench", "namespace": LB_NS},
+            "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "targetPort": 80}]}}),
+    )
+    .await;
+    let ip = wait("the Service's bench address", Duration::from_secs(60), || async {
+        let s = services.get_opt("bench").await.ok()??;
+        s.status?.load_balancer?.ingress?.first()?.ip.clone()
+    })
+    .await;
+    assert!(ip.starts_with("198.18."), "the bench provider's addresses: {ip}");
+    measured(format!("upstream image: LoadBalancer Service to address {ip}: {:.1} s", t.elapsed().as_secs_f64()));
+    let _ = services.delete("bench", &DeleteParams::default()).await;
+    wait("the Service gone through the controller's finalizer", Duration::from_secs(60), || async {
+        services.get_opt("bench").await.ok()?.is_none().then_some(())
+    })
+    .await;
+
+    // Everything it did, it was allowed to: the upstream ClusterRole and the own Role suffice.
+    let running = pods(&ctx).await;
+    assert_eq!(running.len(), 2, "two replicas");
+    for p in &running {
+        let log = ctx.cluster.kubectl_raw(&["logs", "-n", CCM_NS, &p.name_any()]).unwrap_or_default();
+        let forbidden: Vec<&str> = log.lines().filter(|l| l.contains("forbidden")).take(3).collect();
+        assert!(forbidden.is_empty(), "{}: {forbidden:#?}", p.name_any());
+    }
+
+    // A cloud-config rotation rolls the Pods (the bench provider reloads nothing).
+    let before: Vec<String> = running.iter().map(|p| p.name_any()).collect();
+    let t = Instant::now();
+    apply(&ctx.client, secret("# rotated\n")).await;
+    wait("the upstream manager's Pods replaced after the rotation", Duration::from_secs(180), || async {
+        let now = pods(&ctx).await;
+        let fresh = now.iter().filter(|p| !before.contains(&p.name_any()) && crate::is_ready(p)).count();
+        (fresh == 2 && now.len() == 2).then_some(())
+    })
+    .await;
+    let leader = ready_with_leader(&ctx, "Ready with a leader after the rotation").await;
+    measured(format!(
+        "upstream image: rotation to new Pods Ready, leader {leader}: {:.1} s",
+        t.elapsed().as_secs_f64()
+    ));
+
+    // Deleting the resource leaves nothing of it.
+    let _ = crs.delete(NAME, &DeleteParams::default()).await;
+    wait("the upstream resource and its children gone", Duration::from_secs(120), || async {
+        let gone = resource(&ctx).await.is_none()
+            && pods(&ctx).await.is_empty()
+            && bindings.get_opt(&binding_name).await.ok()?.is_none();
+        gone.then_some(())
+    })
+    .await;
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(ctx.client.clone(), CCM_NS);
+    let _ = secrets.delete(SECRET, &DeleteParams::default()).await;
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(ctx.client.clone());
+    let _ = namespaces.delete(LB_NS, &DeleteParams::default()).await;
+}
