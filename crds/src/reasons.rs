@@ -69,9 +69,13 @@ pub mod config_valid {
     /// outside the allow-list, an `extraArgs` flag outside the allowed ones, more replicas than
     /// the maximum, or a priority class not on the list. The message names the field.
     pub const NOT_ALLOWED_BY_POLICY: &str = "NotAllowedByPolicy";
+    /// False: a cloud-controller-manager this operator does not run holds the Lease upstream
+    /// CCMs elect on (or their migration Lease), and the resource does not take over by leader
+    /// migration: it starts nothing that would compete (what runs keeps running).
+    pub const FOREIGN_MANAGER: &str = "ForeignManager";
 
     /// Every reason of `ConfigValid`.
-    pub const ALL: [&str; 17] = [
+    pub const ALL: [&str; 18] = [
         VALID,
         INVALID_SPEC,
         MALFORMED_SPEC,
@@ -89,6 +93,7 @@ pub mod config_valid {
         NAME_CONFLICT,
         RESERVED_NAME,
         NOT_ALLOWED_BY_POLICY,
+        FOREIGN_MANAGER,
     ];
 }
 

@@ -157,6 +157,10 @@ const THREE_NODE_SCENARIOS: &[(&str, Scenario)] = &[
             Box::pin(upstream_image::an_upstream_image_initializes_a_registering_node_reports_its_leader_and_rolls_on_rotation(c))
         },
     ),
+    (
+        "three_nodes_an_upstream_ccm_started_by_hand_is_reported_on_a_new_resource_which_starts_nothing_until_it_stops",
+        |c| Box::pin(upstream_image::a_foreign_ccm_started_by_hand_is_reported_and_nothing_fights_it(c)),
+    ),
 ];
 
 /// How many Nodes the run may grow to (default 1: the three-Node scenarios are ignored).

@@ -278,6 +278,7 @@ class Render(unittest.TestCase):
                 "ClusterRole/ccm-manager",
                 "ClusterRole/ccm-manager-namespace",
                 "ClusterRole/ccm-manager-shadow",
+                "ClusterRole/ccm-manager-upstream",
                 "ClusterRole/ccm-operator",
                 "ClusterRole/ccm-operator-metrics-reader",
                 "ClusterRoleBinding/ccm-operator",
@@ -548,7 +549,7 @@ class Render(unittest.TestCase):
         bind = [r for r in rules if "bind" in r["verbs"]]
         self.assertEqual(len(bind), 1)
         self.assertEqual(bind[0]["resources"], ["clusterroles"])
-        self.assertEqual(bind[0]["resourceNames"], ["ccm-manager", "ccm-manager-shadow"])
+        self.assertEqual(bind[0]["resourceNames"], ["ccm-manager", "ccm-manager-shadow", "ccm-manager-upstream"])
         self.assertEqual(verbs_for(rules, "rbac.authorization.k8s.io", "clusterroles", "cluster-admin"), set())
         # Never the manager's own permissions.
         for resource in ("nodes", "nodes/status", "services", "services/status"):
@@ -814,6 +815,31 @@ class Render(unittest.TestCase):
             bindings = self.policy(objects, "manager-bindings")
             self.assertIn("'ccm-manager-shadow'", bindings["spec"]["validations"][0]["expression"])
 
+    def test_an_upstream_image_gets_its_controllers_rights_and_no_secrets_configmaps_or_tokens(self):
+        objects = self.render_named()
+        self.assertEqual(arg(objects, "--manager-upstream-cluster-role"), "ccm-manager-upstream")
+        rules = one(objects, "ClusterRole", "ccm-manager-upstream")["rules"]
+        self.assertEqual(verbs_for(rules, "", "nodes"), {"get", "list", "watch", "update", "patch", "delete"})
+        self.assertEqual(verbs_for(rules, "", "services"), {"get", "list", "watch", "update", "patch"})
+        self.assertEqual(verbs_for(rules, "discovery.k8s.io", "endpointslices"), {"list", "watch"})
+        for group, resource in [("", "secrets"), ("", "configmaps"), ("", "serviceaccounts"),
+                                ("", "serviceaccounts/token"), ("", "persistentvolumes"), ("", "endpoints"),
+                                ("coordination.k8s.io", "leases")]:
+            self.assertEqual(verbs_for(rules, group, resource), set(), resource)
+        self.assertTrue(all("*" not in r["verbs"] and "*" not in r["resources"] for r in rules), rules)
+        # The policies let the operator bind it to a manager's account, run the profiles'
+        # commands, and pass --authentication-skip-lookup=true but no other --authentication-*.
+        bindings = self.policy(objects, "manager-bindings")
+        self.assertIn("'ccm-manager-upstream'", bindings["spec"]["validations"][0]["expression"])
+        workloads = self.policy(objects, "manager-workloads")
+        self.assertIn("/bin/aws-cloud-controller-manager", self.variable(workloads, "upstreamCommands"))
+        args = next(v["expression"] for v in workloads["spec"]["validations"] if "authentication-skip-lookup" in v["expression"])
+        self.assertIn("a == '--authentication-skip-lookup=true' || !a.matches", args)
+        # Renamed, it is bound under the new name.
+        objects = self.render_named(values(**{"manager.rbac.upstreamClusterRoleName": "green"}))
+        one(objects, "ClusterRole", "green")
+        self.assertEqual(arg(objects, "--manager-upstream-cluster-role"), "green")
+
     def test_announcers_read_the_nodes_and_the_pools_they_announce_from(self):
         def rules(overlay):
             objects = self.render_named(values(**{"announcer.enabled": True, **overlay}))
@@ -887,7 +913,7 @@ class Render(unittest.TestCase):
         self.assertEqual(arg(objects, "--manager-cluster-role"), "blue")
         self.assertEqual(arg(objects, "--manager-namespace-role"), "blue-ns")
         bind = next(r for o in find(objects, "ClusterRole") for r in o["rules"] if "bind" in r["verbs"])
-        self.assertEqual(bind["resourceNames"], ["blue", "ccm-manager-shadow"])
+        self.assertEqual(bind["resourceNames"], ["blue", "ccm-manager-shadow", "ccm-manager-upstream"])
         bind = next(r for r in namespace_rules(objects, "ccm-system") if "bind" in r["verbs"])
         self.assertEqual(bind["resourceNames"], ["blue-ns"])
         embedded = sorted(b["roleRef"]["name"] for b in find(objects, "ClusterRoleBinding") + find(objects, "RoleBinding")

@@ -260,7 +260,8 @@ async fn the_operators_token_cannot_delete_or_take_over_what_it_does_not_own() {
     let _ = put_namespace(&admin, "ccm-system").await;
     // Only the cluster-scoped names differ from the first release's: both are installed at once.
     let defaults = json!({"manager": {"rbac": {"clusterRoleName": "ccm-manager-defaults",
-        "namespaceRoleName": "ccm-manager-namespace-defaults", "shadowClusterRoleName": "ccm-manager-shadow-defaults"}}});
+        "namespaceRoleName": "ccm-manager-namespace-defaults", "shadowClusterRoleName": "ccm-manager-shadow-defaults",
+        "upstreamClusterRoleName": "ccm-manager-upstream-defaults"}}});
     let Some((_, default_operator)) =
         install_chart_rbac_and_policies(&cluster, &defaults, &default_release, &default_ns).await
     else {

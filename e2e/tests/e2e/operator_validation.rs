@@ -198,3 +198,78 @@ testkit::backend_tests! {
         env.finish().await;
     }
 }
+
+testkit::backend_tests! {
+    /// Issue 48 item 4: a CCM this operator does not run holds `kube-system/cloud-controller-manager`
+    /// (upstream's default leader Lease): a new resource is refused with `ForeignManager` naming
+    /// the Lease and its holder and deploys nothing; one that takes over by leader migration
+    /// deploys; once the foreign CCM releases its Lease, the refused one deploys untouched.
+    async fn a_foreign_ccm_holding_the_upstream_lease_keeps_a_new_resource_from_starting_unless_it_migrates(backend) {
+        use k8s_openapi::api::coordination::v1::Lease;
+        let env = Env::start(backend, "foreign").await;
+        let leases: Api<Lease> = Api::namespaced(env.client.clone(), "kube-system");
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+        let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
+        // Typed, so the times carry the microseconds the API server insists on.
+        let mut lease = serde_json::to_value(Lease {
+            metadata: kube::api::ObjectMeta {
+                name: Some("cloud-controller-manager".into()),
+                namespace: Some("kube-system".into()),
+                ..Default::default()
+            },
+            spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+                holder_identity: Some("ip-10-0-1-5_0b9f".into()),
+                lease_duration_seconds: Some(3600),
+                acquire_time: Some(now.clone()),
+                renew_time: Some(now),
+                ..Default::default()
+            }),
+        })
+        .expect("JSON");
+        lease["apiVersion"] = json!("coordination.k8s.io/v1");
+        lease["kind"] = json!("Lease");
+        leases
+            .patch("cloud-controller-manager", &PatchParams::apply(crate::kit::HARNESS_AGENT).force(), &Patch::Apply(&lease))
+            .await
+            .expect("the foreign CCM's Lease");
+        let mut config = env.operator_config();
+        config.scope = operator::Scope::Namespaces(vec![env.ns.clone(), "kube-system".into()]);
+        let op = operator::start(config).await.expect("the operator starts");
+        env.secret("cfg", "cloud.conf", "autoInstances: true\n").await;
+        let base = json!({"provider": "fake", "cloudConfig": {"secretRef": {"name": "cfg"}}, "configureCloudRoutes": false});
+        let mut fresh = base.clone();
+        fresh["controllers"] = json!(["cloud-node"]);
+        env.apply_cr("fresh", fresh).await;
+        let mut migrating = base.clone();
+        migrating["controllers"] = json!(["service"]);
+        migrating["leaderElection"] = json!({"migration": {"enabled": true}});
+        env.apply_cr("migrating", migrating).await;
+
+        let c = env.wait_condition("fresh", types::CONFIG_VALID, |c| c.status == "False").await;
+        assert_eq!(c.reason, config_valid::FOREIGN_MANAGER, "{}", c.message);
+        assert!(c.message.contains("kube-system/cloud-controller-manager is held by \"ip-10-0-1-5_0b9f\""), "{}", c.message);
+        assert_not_deployed(&env, "fresh").await;
+        env.wait_status("migrating", types::CONFIG_VALID, "True", config_valid::VALID).await;
+        eventually("the migrating resource deployed", || async {
+            env.api::<Deployment>().get_opt("ccm-migrating").await.unwrap().is_some()
+        })
+        .await;
+        assert_not_deployed(&env, "fresh").await;
+
+        // The foreign CCM stops and releases its Lease (client-go's ReleaseOnCancel empties the
+        // holder): the refused resource deploys, untouched.
+        lease["spec"]["holderIdentity"] = json!("");
+        leases
+            .patch("cloud-controller-manager", &PatchParams::apply(crate::kit::HARNESS_AGENT).force(), &Patch::Apply(&lease))
+            .await
+            .expect("the Lease released");
+        env.wait_status("fresh", types::CONFIG_VALID, "True", config_valid::VALID).await;
+        eventually("the fresh resource deployed", || async {
+            env.api::<Deployment>().get_opt("ccm-fresh").await.unwrap().is_some()
+        })
+        .await;
+        op.stop().await.unwrap();
+        let _ = leases.delete("cloud-controller-manager", &DeleteParams::default()).await;
+        env.finish().await;
+    }
+}

@@ -95,6 +95,20 @@ fn secret(content: &str) -> serde_json::Value {
         "stringData": {"cloud.conf": content}})
 }
 
+/// The Secret and the resource running the upstream image (`generic` profile) with `replicas`.
+async fn apply_resource(ctx: &Ctx, replicas: i32) {
+    apply(&ctx.client, secret("# the bench provider reads no cloud config\n")).await;
+    apply(
+        &ctx.client,
+        json!({"apiVersion": "ccm.rs/v1alpha1", "kind": "CloudControllerManager",
+            "metadata": {"name": NAME, "namespace": CCM_NS},
+            "spec": {"provider": "bench", "upstream": {"profile": "generic"},
+                "cloudConfig": {"secretRef": {"name": SECRET}},
+                "deployment": {"image": images::UPSTREAM_BENCH, "imagePullPolicy": "Never", "replicas": replicas}}}),
+    )
+    .await;
+}
+
 /// Issue 48 item 1 and 2 for an upstream image on the real cluster.
 pub async fn an_upstream_image_initializes_a_registering_node_reports_its_leader_and_rolls_on_rotation(ctx: Arc<Ctx>) {
     let binary = match e2e::upstream::binary() {
@@ -120,17 +134,8 @@ pub async fn an_upstream_image_initializes_a_registering_node_reports_its_leader
     })
     .await;
 
-    apply(&ctx.client, secret("# the bench provider reads no cloud config\n")).await;
     let t = Instant::now();
-    apply(
-        &ctx.client,
-        json!({"apiVersion": "ccm.rs/v1alpha1", "kind": "CloudControllerManager",
-            "metadata": {"name": NAME, "namespace": CCM_NS},
-            "spec": {"provider": "bench", "upstream": {"profile": "generic"},
-                "cloudConfig": {"secretRef": {"name": SECRET}},
-                "deployment": {"image": images::UPSTREAM_BENCH, "imagePullPolicy": "Never", "replicas": 2}}}),
-    )
-    .await;
+    apply_resource(&ctx, 2).await;
     let leader = ready_with_leader(&ctx, "the upstream manager Ready with its leader named").await;
     measured(format!(
         "upstream image: resource applied to Ready with leader {leader}: {:.1} s",
@@ -145,7 +150,9 @@ pub async fn an_upstream_image_initializes_a_registering_node_reports_its_leader
 
     // A kubelet's new Node, initialized by the upstream manager.
     let nodes: Api<Node> = Api::all(ctx.client.clone());
-    let name = names.last().expect("three Nodes").clone();
+    // A Node the leader does not run on (a host-network manager's identity starts with its
+    // Node's name): this measures initialization, not a failover.
+    let name = names.iter().rev().find(|n| !leader.starts_with(&format!("{n}_"))).expect("three Nodes").clone();
     power_off(&ctx, &name).await;
     let _ = nodes.delete(&name, &DeleteParams::default()).await;
     wait(&format!("{name}'s Node gone"), Duration::from_secs(60), || async {
@@ -226,4 +233,64 @@ pub async fn an_upstream_image_initializes_a_registering_node_reports_its_leader
     let _ = secrets.delete(SECRET, &DeleteParams::default()).await;
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(ctx.client.clone());
     let _ = namespaces.delete(LB_NS, &DeleteParams::default()).await;
+}
+
+/// Issue 48 item 4 on the real cluster: the upstream Go CCM started by hand on the host (leader
+/// election on its default Lease `kube-system/cloud-controller-manager`) beside a new resource:
+/// the resource reports `ForeignManager` naming the holder and deploys nothing while it runs;
+/// once it stops, the resource deploys by itself.
+pub async fn a_foreign_ccm_started_by_hand_is_reported_and_nothing_fights_it(ctx: Arc<Ctx>) {
+    if let Err(why) = e2e::upstream::binary() {
+        println!("    skipped: the upstream Go CCM is not here ({why}); see ../shared/upstream/README.md");
+        return;
+    }
+    if deployment_available(&ctx.client, OPERATOR_NS, "ccm-operator").await.is_none() {
+        chart_allowing_the_upstream_image(&ctx).await;
+    }
+    let dir = ctx.cluster.state_dir().join("foreign-ccm");
+    std::fs::create_dir_all(&dir).expect("a directory for its log");
+    let mut foreign = e2e::bench::ManagerProcess::spawn_upstream(
+        "--controllers=cloud-node-controller",
+        &ctx.cluster.kubeconfig(),
+        &[],
+        &dir.join("upstream.log"),
+    )
+    .expect("the foreign CCM starts");
+    foreign.wait_healthy(Duration::from_secs(60)).await.expect("the foreign CCM is healthy");
+    let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), "kube-system");
+    let holder =
+        wait("the foreign CCM leading on kube-system/cloud-controller-manager", Duration::from_secs(60), || async {
+            leases.get_opt("cloud-controller-manager").await.ok()??.spec?.holder_identity.filter(|h| !h.is_empty())
+        })
+        .await;
+
+    apply_resource(&ctx, 1).await;
+    let message = wait("ForeignManager reported", Duration::from_secs(60), || async {
+        let cr = resource(&ctx).await?;
+        let c = cr.status?.conditions.into_iter().find(|c| c.type_ == "ConfigValid")?;
+        (c.reason == crds::reasons::config_valid::FOREIGN_MANAGER).then_some(c.message)
+    })
+    .await;
+    assert!(message.contains(&format!("is held by {holder:?}")), "{message}");
+    // Nothing of the resource's runs beside it, a while later too.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> = Api::namespaced(ctx.client.clone(), CCM_NS);
+    assert!(deployments.get_opt(&format!("ccm-{NAME}")).await.expect("reading").is_none(), "no competing manager");
+    assert!(pods(&ctx).await.is_empty());
+
+    let t = Instant::now();
+    foreign.stop();
+    let leader = ready_with_leader(&ctx, "the resource Ready once the foreign CCM stopped").await;
+    measured(format!(
+        "foreign CCM stopped to the resource's own manager Ready (leader {leader}): {:.1} s",
+        t.elapsed().as_secs_f64()
+    ));
+    let crs: Api<crds::CloudControllerManager> = Api::namespaced(ctx.client.clone(), CCM_NS);
+    let _ = crs.delete(NAME, &DeleteParams::default()).await;
+    wait("the resource gone", Duration::from_secs(120), || async {
+        (resource(&ctx).await.is_none() && pods(&ctx).await.is_empty()).then_some(())
+    })
+    .await;
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(ctx.client.clone(), CCM_NS);
+    let _ = secrets.delete(SECRET, &DeleteParams::default()).await;
 }

@@ -160,6 +160,10 @@ async fn reconcile_cr(ctx: &Ctx, cr: &CloudControllerManager, namespace: &str, n
         tracing::info!(cr = %input.key, applied = outcome.applied.len(), pruned = outcome.pruned.len(), status_written = computed.changed, "reconciled");
     }
     let mut next = next_look(ctx, &input, &failures, lease.as_deref(), lease_obs.as_ref(), &workload);
+    // A foreign holder that stops renewing changes no holder: look again when its Lease expires.
+    if let Some(expiry) = found.foreign.iter().filter_map(|h| h.expires_in).min() {
+        next = next.min(expiry.max(ctx.shared.timings.lease_recheck));
+    }
     if outcome.teardown_waiting {
         next = next.min(TEARDOWN_RECHECK);
     }

@@ -57,6 +57,7 @@ pub async fn validate_step(ctx: &Ctx, input: &Input<'_>, found: &Dereferenced, a
     };
     let validation =
         validate::check_policy(input.cr, checked.validation, &ctx.shared.build.policy, &ctx.shared.build.manager_image);
+    let validation = validate::check_foreign(input.cr, validation, &found.foreign);
     // This CR as the others see it: the dereference step worked it out with theirs.
     let me = peers.iter().find(|p| p.uid == input.uid);
     update_losers(ctx, &input.key, me, &peers);

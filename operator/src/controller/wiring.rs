@@ -329,6 +329,10 @@ pub async fn run(shared: Shared, trigger_rx: mpsc::UnboundedReceiver<ObjectRef<G
         })
         .watches_stream(lease_stream, move |lease: Lease| {
             let (namespace, name) = (lease.namespace().unwrap_or_default(), lease.name_any());
+            // A foreign CCM's Lease changed hands: every resource's verdict may change.
+            if validate::is_foreign_lease(&namespace, &name) {
+                return crs_for_leases.state().iter().map(|o| ObjectRef::from_obj(&**o)).collect();
+            }
             // Its own resource, and those whose migration Lease it is (status.migrationLease).
             let mut crs = migrating_under(&crs_for_leases, &namespace, &name);
             crs.push(ObjectRef::<Guarded>::new(&name).within(&namespace));

@@ -3,12 +3,13 @@
 //!
 //! One job per file: [`pipeline`] runs the checks in order and gives the verdict ([`verdict`]);
 //! [`conflicts`] between resources, [`manager_config`] (spec to `ManagerConfig`), installation
-//! [`policy`] (with [`quantity`] for resources), [`upstream`] (what an upstream image cannot do) and [`environment`] are its parts; [`bounded`] runs it off the async runtime
+//! [`policy`] (with [`quantity`] for resources), [`upstream`] (what an upstream image cannot do), [`foreign`] (a CCM this operator does not run) and [`environment`] are its parts; [`bounded`] runs it off the async runtime
 //! within a time limit. [`secret`] is its input from the dereference step.
 
 pub mod bounded;
 pub mod conflicts;
 pub mod environment;
+pub mod foreign;
 pub mod manager_config;
 pub mod pipeline;
 pub mod policy;
@@ -28,6 +29,9 @@ pub use conflicts::{
 pub use environment::{
     AllowedNamespaces, Environment, check_environment, lease_namespace_not_allowed, namespace_not_allowed,
     runs_proxy_data_path,
+};
+pub use foreign::{
+    FOREIGN_LEASE_NAMESPACE, FOREIGN_LEASES, ForeignHolder, check_foreign, foreign_holders, is_foreign_lease,
 };
 pub use manager_config::{
     Controllers, effective_leader_migration, foreign_lease_namespace, leader_migration_of, manager_config,
