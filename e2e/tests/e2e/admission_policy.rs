@@ -337,6 +337,7 @@ async fn every_upstream_profiles_objects_are_admitted_and_a_command_no_profile_r
     settings.policy.allowed_images = allowed.clone();
 
     let mut first_deployment = None;
+    let mut created = Vec::new();
     for p in &runnable {
         let namespace = p.namespace.map(str::to_string).unwrap_or_else(|| managers.clone());
         // One resource per profile: a deleted owner's children go only when the collector runs.
@@ -365,6 +366,7 @@ async fn every_upstream_profiles_objects_are_admitted_and_a_command_no_profile_r
         // Applied for real: the bindings' escalation check needs the Roles to exist.
         admitted(&operator_client, &built).await;
         first_deployment.get_or_insert(deployment);
+        created.push((namespace, name));
     }
     let deployment = first_deployment.expect("at least one profile");
     for (what, edit, field) in [
@@ -378,5 +380,11 @@ async fn every_upstream_profiles_objects_are_admitted_and_a_command_no_profile_r
         });
         let message = refused_once_loaded(&operator_client, &crafted, what).await;
         assert!(message.contains(field), "{what}: {message}");
+    }
+    // kube-system outlives the test: leave no resource there.
+    for (namespace, name) in created {
+        let _ = Api::<crds::CloudControllerManager>::namespaced(admin.clone(), &namespace)
+            .delete(&name, &Default::default())
+            .await;
     }
 }
