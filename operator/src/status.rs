@@ -260,7 +260,11 @@ pub fn compute(input: &StatusInput<'_>) -> ComputedStatus {
             types::PROVIDER_HEALTHY,
             Status::Unknown,
             provider_healthy::AWAITING_MANAGER,
-            "waiting for the manager to report provider health",
+            if upstream {
+                "waiting for a ready replica and a Lease holder (an upstream manager reports no health of its own)"
+            } else {
+                "waiting for the manager to report provider health"
+            },
         ));
     }
     let mut merged = merge_conditions(&existing.conditions, desired, generation, &input.now);
@@ -314,10 +318,15 @@ pub fn compute(input: &StatusInput<'_>) -> ComputedStatus {
     ComputedStatus { status, owns_provider_healthy, changed }
 }
 
+/// The holder of the manager's Lease while it renews it.
+fn fresh_holder<'a>(input: &StatusInput<'a>) -> Option<&'a str> {
+    input.lease.filter(|l| l.fresh).and_then(|l| l.holder.as_deref()).filter(|h| !h.is_empty())
+}
+
 /// For an upstream CCM: what shows it healthy (a ready replica, whose /healthz passes, and a
 /// fresh Lease holder), or `None` while that is not so.
 fn upstream_health(input: &StatusInput<'_>) -> Option<String> {
-    let holder = input.lease.filter(|l| l.fresh).and_then(|l| l.holder.as_deref()).filter(|h| !h.is_empty())?;
+    let holder = fresh_holder(input)?;
     let ready = match input.workload {
         Workload::Deployment(d) => d.ready,
         Workload::DaemonSet(d) => d.ready,
@@ -335,7 +344,7 @@ fn upstream_health(input: &StatusInput<'_>) -> Option<String> {
 /// ready and no holder renews the Lease (a crash-looping or unschedulable manager), or the
 /// embedded engine is not running. With nothing deployed the condition is left as it is.
 fn no_manager_running(input: &StatusInput<'_>) -> Option<String> {
-    let leader = input.lease.is_some_and(|l| l.fresh && l.holder.as_deref().is_some_and(|h| !h.is_empty()));
+    let leader = fresh_holder(input).is_some();
     let why = match input.workload {
         Workload::None => return None,
         Workload::Embedded(EngineState::Running) => return None,

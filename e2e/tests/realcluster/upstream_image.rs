@@ -199,7 +199,9 @@ pub async fn an_upstream_image_initializes_a_registering_node_reports_its_leader
     let running = pods(&ctx).await;
     assert_eq!(running.len(), 2, "two replicas");
     for p in &running {
-        let log = ctx.cluster.kubectl_raw(&["logs", "-n", CCM_NS, &p.name_any()]).unwrap_or_default();
+        // A log that cannot be read must fail the check, not pass it empty.
+        let log = ctx.cluster.kubectl_raw(&["logs", "-n", CCM_NS, &p.name_any()]).expect("the manager Pod's log");
+        assert!(log.contains("acquire leader lease"), "not the manager's log: {log}");
         let forbidden: Vec<&str> = log.lines().filter(|l| l.contains("forbidden")).take(3).collect();
         assert!(forbidden.is_empty(), "{}: {forbidden:#?}", p.name_any());
     }

@@ -103,7 +103,13 @@ mod tests {
     use serde_json::json;
 
     fn messages(spec: serde_json::Value) -> Vec<String> {
-        upstream_refused(&cr("a", 1, spec)).into_iter().map(|f| f.message).collect()
+        messages_in("kube-system", spec)
+    }
+
+    fn messages_in(namespace: &str, spec: serde_json::Value) -> Vec<String> {
+        let mut c = cr("a", 1, spec);
+        c.metadata.namespace = Some(namespace.into());
+        upstream_refused(&c).into_iter().map(|f| f.message).collect()
     }
 
     #[test]
@@ -163,10 +169,8 @@ mod tests {
     #[test]
     fn the_azure_profile_must_live_where_its_lock_lease_is() {
         let spec = json!({"provider": "azure", "upstream": {"profile": "azure"}});
-        assert!(upstream_refused(&cr("a", 1, spec.clone())).is_empty(), "kube-system");
-        let mut elsewhere = cr("a", 1, spec);
-        elsewhere.metadata.namespace = Some("cloud".into());
-        let m: Vec<String> = upstream_refused(&elsewhere).into_iter().map(|f| f.message).collect();
+        assert!(messages(spec.clone()).is_empty(), "kube-system");
+        let m = messages_in("cloud", spec);
         assert_eq!(m.len(), 1);
         assert!(m[0].starts_with("metadata.namespace: ") && m[0].contains("aks-managed-resource-locker"), "{m:?}");
     }
