@@ -297,6 +297,11 @@ testkit::backend_tests! {
             env.get("n").await.status.and_then(|s| s.addresses).map(|a| a.len()) == Some(2)
         })
         .await;
+        // A server logs a request after its change is visible, so the log may trail the reads.
+        eventually_within("n's two writes in the request log", WAIT, || async {
+            env.writes_by(node::NAME, Some("n")).len() >= 2
+        })
+        .await;
         let writes = env.writes_by(node::NAME, Some("n"));
         assert_eq!(writes.len(), 2, "one status patch and one metadata patch: {writes:?}");
         assert!(writes.iter().all(|w| w.verb == "patch"), "patches only, never a PUT: {writes:?}");
