@@ -192,9 +192,17 @@ impl std::fmt::Display for Mode {
 /// Source of the provider's cloud-config.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new("!has(self.credentialsKey) || self.credentialsKey != self.secretRef.key").message("credentialsKey must name another key than secretRef.key").field_path(".credentialsKey"))]
 pub struct CloudConfigSource {
     /// A key of a Secret in the same namespace as the CloudControllerManager.
     pub secret_ref: SecretKeyRef,
+    /// Another key of the same Secret holding the cloud's credentials as a file, mounted beside
+    /// the cloud-config: an AWS shared credentials file for `aws` (`AWS_SHARED_CREDENTIALS_FILE`),
+    /// a service-account key for the `gcp` profile (`GOOGLE_APPLICATION_CREDENTIALS`). Other
+    /// providers take their credentials in the cloud-config itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[-._a-zA-Z0-9]+$"))]
+    pub credentials_key: Option<String>,
 }
 
 /// A key in a Secret of the resource's own namespace.

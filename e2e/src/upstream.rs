@@ -50,7 +50,27 @@ pub fn source() -> Result<PathBuf, String> {
 /// an earlier run is reused).
 pub fn binary() -> Result<PathBuf, String> {
     static BINARY: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    BINARY.get_or_init(|| prepare(&source()?)).clone()
+    BINARY.get_or_init(|| prepare(&source()?, UNPACKED)).clone()
+}
+
+/// Upstream cloud-provider-aws's packed binary in `../shared/upstream-aws/`.
+pub const AWS_PACKED: &str = "aws-cloud-controller-manager.xz";
+/// Its unpacked name (as in that folder's `SHA256SUMS`).
+pub const AWS_UNPACKED: &str = "aws-cloud-controller-manager";
+
+/// Upstream cloud-provider-aws v1.36.1 (`../shared/upstream-aws`, see its README), unpacked and
+/// checked as [`binary`] is.
+pub fn aws_binary() -> Result<PathBuf, String> {
+    static BINARY: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    BINARY
+        .get_or_init(|| {
+            let packed = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/upstream-aws").join(AWS_PACKED);
+            if !packed.is_file() {
+                return Err(format!("{} is absent", packed.display()));
+            }
+            prepare(&packed, AWS_UNPACKED)
+        })
+        .clone()
 }
 
 /// Why an upstream scenario cannot run here (`None` when it can): the binary or the genuine
@@ -67,10 +87,10 @@ pub fn skip_line(reason: &str) -> String {
     format!("SKIPPED: needs ../shared/upstream (or {ENV}) and CCM_TEST_ASSETS: {reason}")
 }
 
-fn prepare(source: &Path) -> Result<PathBuf, String> {
+fn prepare(source: &Path, unpacked: &str) -> Result<PathBuf, String> {
     let sums = source.parent().map(|d| d.join(SUMS)).filter(|p| p.is_file());
     let expected = match &sums {
-        Some(path) => Some(expected_sum(path)?),
+        Some(path) => Some(expected_sum(path, unpacked)?),
         None => None,
     };
     if source.extension().and_then(|e| e.to_str()) != Some("xz") {
@@ -82,13 +102,13 @@ fn prepare(source: &Path) -> Result<PathBuf, String> {
     }
     let want = expected.ok_or_else(|| format!("no {SUMS} beside {}", source.display()))?;
     let dir = std::env::temp_dir().join(format!("ccm-upstream-{}", &want[..16]));
-    let target = dir.join(UNPACKED);
+    let target = dir.join(unpacked);
     if target.is_file() && check_sum(&target, &want).is_ok() {
         return Ok(target);
     }
     std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     // Unpack beside the target and rename, so a concurrent run never sees half a file.
-    let partial = dir.join(format!("{UNPACKED}.{}.partial", std::process::id()));
+    let partial = dir.join(format!("{unpacked}.{}.partial", std::process::id()));
     let script = "import lzma, shutil, sys, os\n\
                   shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))\n\
                   os.chmod(sys.argv[2], 0o755)\n";
@@ -111,17 +131,22 @@ fn prepare(source: &Path) -> Result<PathBuf, String> {
 }
 
 /// The checksum `SHA256SUMS` gives the unpacked binary.
-fn expected_sum(path: &Path) -> Result<String, String> {
+fn expected_sum(path: &Path, unpacked: &str) -> Result<String, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
-    parse_sums(&text).ok_or_else(|| format!("{} has no line for {UNPACKED}", path.display()))
+    parse_sums_for(&text, unpacked).ok_or_else(|| format!("{} has no line for {unpacked}", path.display()))
 }
 
 /// The hex digest of [`UNPACKED`] in a `sha256sum` listing (pure).
 pub fn parse_sums(text: &str) -> Option<String> {
+    parse_sums_for(text, UNPACKED)
+}
+
+/// The hex digest of `file` in a `sha256sum` listing (pure).
+pub fn parse_sums_for(text: &str, file: &str) -> Option<String> {
     text.lines().find_map(|line| {
         let (sum, name) = line.split_once(char::is_whitespace)?;
         let name = name.trim().trim_start_matches('*');
-        (name == UNPACKED && sum.len() == 64 && sum.bytes().all(|b| b.is_ascii_hexdigit()))
+        (name == file && sum.len() == 64 && sum.bytes().all(|b| b.is_ascii_hexdigit()))
             .then(|| sum.to_ascii_lowercase())
     })
 }

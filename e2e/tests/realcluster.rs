@@ -49,6 +49,8 @@ mod multinode;
 mod routes;
 #[path = "realcluster/tokens.rs"]
 mod tokens;
+#[path = "realcluster/upstream_aws.rs"]
+mod upstream_aws;
 #[path = "realcluster/upstream_image.rs"]
 mod upstream_image;
 
@@ -160,6 +162,10 @@ const THREE_NODE_SCENARIOS: &[(&str, Scenario)] = &[
     (
         "three_nodes_an_upstream_ccm_started_by_hand_is_reported_on_a_new_resource_which_starts_nothing_until_it_stops",
         |c| Box::pin(upstream_image::a_foreign_ccm_started_by_hand_is_reported_and_nothing_fights_it(c)),
+    ),
+    (
+        "three_nodes_an_upstream_aws_image_initializes_instances_nodes_makes_an_nlb_and_one_edit_hands_it_to_the_rust_manager",
+        |c| Box::pin(upstream_aws::an_upstream_aws_image_makes_an_nlb_and_one_edit_hands_it_to_the_rust_manager(c)),
     ),
 ];
 

@@ -291,6 +291,7 @@ mod tests {
             cloud_config: Some(CloudConfigRef {
                 secret: "cfg".into(),
                 key: "cloud.conf".into(),
+                credentials_key: None,
                 hash: "h1".into(),
                 restart_hash: "r1".into(),
             }),

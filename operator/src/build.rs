@@ -502,6 +502,7 @@ fn pod_template(
     let mut mounts = Vec::new();
     let upstream = cr.spec.upstream.as_ref().map(|u| crate::profiles::profile(u.profile));
     let mut secret_env = None;
+    let mut credentials_env = None;
     if let Some(cc) = &validated.cloud_config {
         // Only edits that need a restart roll the pods; the manager reloads the rest in place
         // from the mounted file, which kubelet updates.
@@ -512,6 +513,14 @@ fn pod_template(
                 let (volume, mount) = cloud_config_volume(cc);
                 volumes.push(volume);
                 mounts.push(mount);
+                // The SDK finds the mounted credentials file through its variable.
+                credentials_env = cc.credentials_key.as_ref().zip(crate::validate::credentials_file_env(&cr.spec)).map(
+                    |(key, var)| EnvVar {
+                        name: var.into(),
+                        value: Some(names::cloud_config_path(key)),
+                        value_from: None,
+                    },
+                );
             }
         }
     }
@@ -592,6 +601,7 @@ fn pod_template(
         ..Default::default()
     }];
     env.extend(secret_env);
+    env.extend(credentials_env);
     // DISABLE_HTTP2 is read by this project's client only.
     if upstream.is_none() {
         env.extend(crate::desired::http2_env(settings));
@@ -715,6 +725,7 @@ mod tests {
             cloud_config: hash.map(|h| CloudConfigRef {
                 secret: "cfg".into(),
                 key: "cloud.conf".into(),
+                credentials_key: cr.spec.cloud_config.as_ref().and_then(|c| c.credentials_key.clone()),
                 hash: h.into(),
                 restart_hash: h.into(),
             }),
@@ -913,6 +924,29 @@ mod tests {
         // The Secret's hash still rolls the pods when the token changes.
         let annotations = deployment(&objs).spec.clone().unwrap().template.metadata.unwrap().annotations.unwrap();
         assert_eq!(annotations.get(names::ANNOTATION_CLOUD_CONFIG_HASH).map(String::as_str), Some("h"));
+    }
+
+    #[test]
+    fn a_credentials_key_is_mounted_beside_the_cloud_config_and_named_by_the_sdks_variable() {
+        let cloud_config = json!({"secretRef": {"name": "cfg"}, "credentialsKey": "credentials"});
+        for spec in [
+            json!({"provider": "aws", "cloudConfig": cloud_config}),
+            json!({"provider": "aws", "upstream": {"profile": "aws"}, "cloudConfig": cloud_config}),
+        ] {
+            let c = cr(spec);
+            let objs = build(&c, &validated(&c, Some("h")), &BuildSettings::default());
+            let c0 = container(&objs);
+            let var = c0.env.iter().flatten().find(|e| e.name == "AWS_SHARED_CREDENTIALS_FILE").expect("the variable");
+            assert_eq!(var.value.as_deref(), Some("/etc/kubernetes/cloud-config/credentials"));
+            let volumes = pod_spec(&objs).volumes.unwrap();
+            let items = volumes[0].secret.clone().unwrap().items.unwrap();
+            let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
+            assert_eq!(keys, ["cloud.conf", "credentials"], "only the two named keys of the Secret");
+        }
+        // Without the key, neither the item nor the variable.
+        let c = cr(json!({"provider": "aws", "cloudConfig": {"secretRef": {"name": "cfg"}}}));
+        let c0 = container(&build(&c, &validated(&c, Some("h")), &BuildSettings::default()));
+        assert!(!c0.env.iter().flatten().any(|e| e.name == "AWS_SHARED_CREDENTIALS_FILE"));
     }
 
     #[test]

@@ -106,7 +106,7 @@ impl SecretReader {
 
 fn state(name: &str, key: &str, value: Option<Vec<u8>>) -> SecretState {
     match value {
-        Some(data) => SecretState::Found { name: name.to_string(), key: key.to_string(), data },
+        Some(data) => SecretState::Found { name: name.to_string(), key: key.to_string(), data, credentials: None },
         None => SecretState::KeyNotFound { name: name.to_string(), key: key.to_string() },
     }
 }

@@ -211,7 +211,12 @@ pub fn cloud_config_volume(cc: &crate::validate::CloudConfigRef) -> (Volume, Vol
         name: names::CLOUD_CONFIG_VOLUME.into(),
         secret: Some(SecretVolumeSource {
             secret_name: Some(cc.secret.clone()),
-            items: Some(vec![KeyToPath { key: cc.key.clone(), path: cc.key.clone(), mode: None }]),
+            items: Some(
+                std::iter::once(&cc.key)
+                    .chain(&cc.credentials_key)
+                    .map(|key| KeyToPath { key: key.clone(), path: key.clone(), mode: None })
+                    .collect(),
+            ),
             default_mode: Some(0o440),
             optional: None,
         }),

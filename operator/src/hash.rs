@@ -28,6 +28,11 @@ pub fn cloud_config(salt: &str, key: &str, data: &[u8]) -> String {
     digest(&[b"cloud-config", salt.as_bytes(), key.as_bytes(), data])
 }
 
+/// `hash` (of a cloud-config) folded with a credentials file's key and value.
+pub fn credentials(hash: &str, key: &str, data: &[u8]) -> String {
+    digest(&[b"credentials", hash.as_bytes(), key.as_bytes(), data])
+}
+
 /// Hash of the part of a cloud-config whose change needs a restart (a provider's restart
 /// fingerprint), under the same key and salt.
 pub fn cloud_config_restart(salt: &str, key: &str, fingerprint: &[u8]) -> String {

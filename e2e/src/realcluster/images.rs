@@ -35,6 +35,21 @@ pub fn build_upstream_bench(binary: &Path, out: &Path) -> Result<(), Error> {
     )
 }
 
+/// Upstream cloud-provider-aws (`../shared/upstream-aws`) as an image, for `spec.upstream` with
+/// the `aws` profile: the binary where the published image has it, so the profile's command
+/// runs it.
+pub const UPSTREAM_AWS: &str = "localhost/upstream-aws-ccm:e2e";
+
+/// Builds [`UPSTREAM_AWS`] from the unpacked, static upstream binary.
+pub fn build_upstream_aws(binary: &Path, out: &Path) -> Result<(), Error> {
+    generic(
+        UPSTREAM_AWS,
+        out,
+        &["--file".into(), format!("{}:/bin/aws-cloud-controller-manager:0755", binary.display())],
+        r#"["/bin/aws-cloud-controller-manager"]"#,
+    )
+}
+
 /// The BIRD sidecar image of `spec.announcer.bgp` (the chart's `announcer.birdImage`), built
 /// as the Dockerfile's `bird` target lays it out.
 pub const BIRD: &str = "localhost/bird:e2e";

@@ -13,6 +13,7 @@
 //! killed is cleaned up by the next start.
 
 mod cgroup;
+pub mod holders;
 pub mod host;
 pub mod images;
 pub mod netns;

@@ -28,6 +28,7 @@ mod error;
 pub mod fixtures;
 pub mod genuine;
 mod logs;
+pub mod moto;
 mod repo;
 pub mod tls;
 pub mod wait;

@@ -26,52 +26,70 @@ const SECRET: &str = "upstream-cloud-config";
 /// The namespace of this scenario's LoadBalancer Service.
 const LB_NS: &str = "upstream-lb";
 
-async fn resource(ctx: &Ctx) -> Option<crds::CloudControllerManager> {
+pub(crate) async fn resource_named(ctx: &Ctx, name: &str) -> Option<crds::CloudControllerManager> {
     let crs: Api<crds::CloudControllerManager> = Api::namespaced(ctx.client.clone(), CCM_NS);
-    crs.get_opt(NAME).await.ok()?
+    crs.get_opt(name).await.ok()?
 }
 
-/// `(status, reason)` of condition `type_`, once the status is of the current generation.
-async fn condition(ctx: &Ctx, type_: &str) -> Option<(String, String)> {
-    let cr = resource(ctx).await?;
+async fn resource(ctx: &Ctx) -> Option<crds::CloudControllerManager> {
+    resource_named(ctx, NAME).await
+}
+
+/// `(status, reason)` of condition `type_` of resource `name`, once the status is of the
+/// current generation.
+pub(crate) async fn condition_of(ctx: &Ctx, name: &str, type_: &str) -> Option<(String, String)> {
+    let cr = resource_named(ctx, name).await?;
     let status = cr.status?;
     (status.observed_generation == cr.metadata.generation).then_some(())?;
     let c = status.conditions.into_iter().find(|c| c.type_ == type_)?;
     Some((c.status, c.reason))
 }
 
-/// The manager Pods of this resource, not being deleted.
-async fn pods(ctx: &Ctx) -> Vec<Pod> {
+async fn condition(ctx: &Ctx, type_: &str) -> Option<(String, String)> {
+    condition_of(ctx, NAME, type_).await
+}
+
+/// The manager Pods of resource `name`, not being deleted.
+pub(crate) async fn pods_of(ctx: &Ctx, name: &str) -> Vec<Pod> {
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), CCM_NS);
-    let selector = format!("app.kubernetes.io/name=cloud-controller-manager,app.kubernetes.io/instance={NAME}");
+    let selector = format!("app.kubernetes.io/name=cloud-controller-manager,app.kubernetes.io/instance={name}");
     let list = api.list(&kube::api::ListParams::default().labels(&selector)).await.map(|l| l.items);
     list.unwrap_or_default().into_iter().filter(|p| p.metadata.deletion_timestamp.is_none()).collect()
 }
 
-/// The resource Ready, its leader named and equal to its Lease's holder; returns the leader.
-async fn ready_with_leader(ctx: &Ctx, what: &str) -> String {
+async fn pods(ctx: &Ctx) -> Vec<Pod> {
+    pods_of(ctx, NAME).await
+}
+
+/// Resource `name` Ready, its leader named and equal to its Lease's holder; returns the leader.
+pub(crate) async fn ready_with_leader_of(ctx: &Ctx, name: &str, what: &str) -> String {
     let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), CCM_NS);
     wait(what, Duration::from_secs(180), || async {
-        let (status, _) = condition(ctx, "Ready").await?;
+        let (status, _) = condition_of(ctx, name, "Ready").await?;
         (status == "True").then_some(())?;
-        let leader = resource(ctx).await?.status?.leader?;
-        let holder = leases.get_opt(NAME).await.ok()??.spec?.holder_identity?;
+        let leader = resource_named(ctx, name).await?.status?.leader?;
+        let holder = leases.get_opt(name).await.ok()??.spec?.holder_identity?;
         (leader == holder).then_some(leader)
     })
     .await
 }
 
-/// The chart installed (this scenario alone) or upgraded, allowing the upstream image too.
-async fn chart_allowing_the_upstream_image(ctx: &Ctx) {
+async fn ready_with_leader(ctx: &Ctx, what: &str) -> String {
+    ready_with_leader_of(ctx, NAME, what).await
+}
+
+/// The chart installed (this scenario alone) or upgraded, allowing the upstream images too.
+pub(crate) async fn chart_allowing_the_upstream_image(ctx: &Ctx) {
     let mut rest = helm_args(images::TAG, false);
     rest.extend([
         "--set".to_string(),
         format!("announcer.birdImage={}", images::BIRD),
         "--set".to_string(),
         format!(
-            "admissionPolicy.allowedImages=[\"{}\",\"{}\"]",
+            "admissionPolicy.allowedImages=[\"{}\",\"{}\",\"{}\"]",
             images::MANAGER,
-            images::UPSTREAM_BENCH.split(':').next().unwrap_or_default()
+            images::UPSTREAM_BENCH.split(':').next().unwrap_or_default(),
+            images::UPSTREAM_AWS.split(':').next().unwrap_or_default()
         ),
     ]);
     let installed = deployment_available(&ctx.client, OPERATOR_NS, "ccm-operator").await.is_some();

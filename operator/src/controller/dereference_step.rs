@@ -26,9 +26,20 @@ pub struct Dereferenced {
 pub async fn dereference(ctx: &Ctx, input: &Input<'_>, allowed: bool) -> Dereferenced {
     let secret = match &input.cr.spec.cloud_config {
         Some(src) if allowed => {
-            ctx.secret_reader
-                .read(&ctx.shared.client, &ctx.secrets, input.namespace, &src.secret_ref.name, &src.secret_ref.key)
-                .await
+            let (reader, client, secrets, name) =
+                (&ctx.secret_reader, &ctx.shared.client, &ctx.secrets, &src.secret_ref.name);
+            let config = reader.read(client, secrets, input.namespace, name, &src.secret_ref.key).await;
+            match (config, &src.credentials_key) {
+                (SecretState::Found { name, key, data, .. }, Some(credentials_key)) => {
+                    match reader.read(client, secrets, input.namespace, &name, credentials_key).await {
+                        SecretState::Found { data: credentials, .. } => {
+                            SecretState::Found { name, key, data, credentials: Some(credentials) }
+                        }
+                        other => other,
+                    }
+                }
+                (config, _) => config,
+            }
         }
         _ => SecretState::NotReferenced,
     };

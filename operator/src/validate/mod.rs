@@ -8,6 +8,7 @@
 
 pub mod bounded;
 pub mod conflicts;
+pub mod credentials;
 pub mod environment;
 pub mod foreign;
 pub mod manager_config;
@@ -26,6 +27,7 @@ pub use conflicts::{
     Peer, RESERVED_LEASE_NAMES, RESERVED_LEASE_PREFIXES, RESERVED_NAME_SUFFIXES, conflicts_of, name_conflicts,
     reserved_lease_name,
 };
+pub use credentials::{credentials_file_env, credentials_refused};
 pub use environment::{
     AllowedNamespaces, Environment, check_environment, lease_namespace_not_allowed, namespace_not_allowed,
     runs_proxy_data_path,

@@ -14,6 +14,7 @@ use crds::validation::{parse_cluster_cidrs, validate_spec};
 use kube::ResourceExt;
 
 use super::conflicts::{Peer, conflict_failures, reserved_lease_name, reserved_migration_lease};
+use super::credentials::credentials_refused;
 use super::manager_config::{Controllers, manager_config_with};
 use super::policy::announcer_refused;
 use super::secret::SecretState;
@@ -48,6 +49,9 @@ pub fn check(
     let upstream = upstream_refused(cr);
     if !upstream.is_empty() {
         return refused(upstream);
+    }
+    if let Some(failure) = credentials_refused(cr) {
+        return refused(vec![failure]);
     }
     if let Some(why) = announcer_refused(spec) {
         return refused(vec![Failure { reason: reason::INVALID_SPEC, message: why.into() }]);
@@ -85,7 +89,7 @@ pub fn check(
         Checked::without_provider(Validation::Invalid { failures, conflicts_with })
     };
 
-    let cloud_config: Option<(&str, &str, &[u8])> = match secret {
+    let cloud_config: Option<(&str, &str, &[u8], &Option<Vec<u8>>)> = match secret {
         SecretState::NotReferenced => None,
         SecretState::NotFound { name } => {
             failures.push(Failure {
@@ -114,7 +118,7 @@ pub fn check(
                 message: format!("reading Secret {name:?}: {error}"),
             }));
         }
-        SecretState::Found { name, key, data } => Some((name, key, data)),
+        SecretState::Found { name, key, data, credentials } => Some((name, key, data, credentials)),
     };
 
     if spec.upstream.is_some() {
@@ -124,9 +128,16 @@ pub fn check(
         }
         let validated = Validated {
             config,
-            cloud_config: cloud_config.map(|(name, key, data)| {
-                let hash = hash::cloud_config(cr.metadata.uid.as_deref().unwrap_or_default(), key, data);
-                CloudConfigRef { secret: name.to_string(), key: key.to_string(), restart_hash: hash.clone(), hash }
+            cloud_config: cloud_config.map(|(name, key, data, credentials)| {
+                let salt = cr.metadata.uid.as_deref().unwrap_or_default();
+                let hash = with_credentials(hash::cloud_config(salt, key, data), cr, credentials);
+                CloudConfigRef {
+                    secret: name.to_string(),
+                    key: key.to_string(),
+                    credentials_key: credentials_key(cr),
+                    restart_hash: hash.clone(),
+                    hash,
+                }
             }),
             provider_has_routes: false,
         };
@@ -136,7 +147,7 @@ pub fn check(
         cluster_name: spec.cluster_name.clone(),
         cluster_cidrs: spec.cluster_cidr.as_deref().and_then(|c| parse_cluster_cidrs(c).ok()).unwrap_or_default(),
     };
-    let provider = match registry.create(&spec.provider, cloud_config.map(|(_, _, data)| data), &settings) {
+    let provider = match registry.create(&spec.provider, cloud_config.map(|(_, _, data, _)| data), &settings) {
         Ok(p) => p,
         Err(e) => {
             let message = match e {
@@ -169,24 +180,45 @@ pub fn check(
     }
     let validated = Validated {
         config,
-        cloud_config: cloud_config.map(|(name, key, data)| {
+        cloud_config: cloud_config.map(|(name, key, data, credentials)| {
             let salt = cr.metadata.uid.as_deref().unwrap_or_default();
-            let hash = hash::cloud_config(salt, key, data);
+            let hash = with_credentials(hash::cloud_config(salt, key, data), cr, credentials);
             let restart_hash = match &restart_fingerprint {
                 Some(fingerprint) => hash::cloud_config_restart(salt, key, fingerprint),
-                None => hash.clone(),
+                None => hash::cloud_config(salt, key, data),
             };
-            CloudConfigRef { secret: name.to_string(), key: key.to_string(), hash, restart_hash }
+            // The SDKs read a credentials file once: a new one needs a restart.
+            let restart_hash = with_credentials(restart_hash, cr, credentials);
+            CloudConfigRef {
+                secret: name.to_string(),
+                key: key.to_string(),
+                credentials_key: credentials_key(cr),
+                hash,
+                restart_hash,
+            }
         }),
         provider_has_routes,
     };
     Checked { validation: Validation::Valid(validated), provider: Some(provider) }
 }
 
+/// `spec.cloudConfig.credentialsKey`.
+fn credentials_key(cr: &CloudControllerManager) -> Option<String> {
+    cr.spec.cloud_config.as_ref().and_then(|c| c.credentials_key.clone())
+}
+
+/// `hash` folded with the credentials key and value, when the resource names one.
+fn with_credentials(hash: String, cr: &CloudControllerManager, credentials: &Option<Vec<u8>>) -> String {
+    match (credentials_key(cr), credentials) {
+        (Some(key), Some(value)) => hash::credentials(&hash, &key, value),
+        _ => hash,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::validate::testing::{counting_registry, cr, found, reason_of, registry};
+    use crate::validate::testing::{counting_registry, cr, found, found_with_credentials, reason_of, registry};
     use serde_json::json;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -209,6 +241,32 @@ mod tests {
         // An invalid pool edit is refused before anything sees it.
         let bad = validate(&c, &found(base.replace("10.0.0.0/30", "10.0.0.1/30").as_bytes()), &registry, &[]);
         assert_eq!(reason_of(&bad), reason::CLOUD_CONFIG_REJECTED);
+    }
+
+    #[test]
+    fn a_new_credentials_file_rolls_the_pods() {
+        let cloud_config = json!({"secretRef": {"name": "cfg"}, "credentialsKey": "credentials"});
+        let registry = ccm_builtin::registry();
+        let aws = "[Global]\nRegion=us-east-1\nZone=us-east-1a\nKubernetesClusterID=c\n";
+        for spec in [
+            json!({"provider": "aws", "cloudConfig": cloud_config, "clusterCIDR": "10.244.0.0/16"}),
+            json!({"provider": "aws", "upstream": {"profile": "aws"}, "cloudConfig": cloud_config}),
+        ] {
+            let c = cr("a", 1, spec);
+            let refs = |credentials: &[u8]| match validate(
+                &c,
+                &found_with_credentials(aws.as_bytes(), credentials),
+                &registry,
+                &[],
+            ) {
+                Validation::Valid(v) => v.cloud_config.unwrap(),
+                other => panic!("{other:?}"),
+            };
+            let (one, two) = (refs(b"[default]\naws_access_key_id=A"), refs(b"[default]\naws_access_key_id=B"));
+            assert_eq!(one.credentials_key.as_deref(), Some("credentials"));
+            assert_ne!(one.hash, two.hash);
+            assert_ne!(one.restart_hash, two.restart_hash, "the SDK reads the file once: a new one restarts");
+        }
     }
 
     #[test]

@@ -27,6 +27,8 @@ pub enum SecretState {
         key: String,
         /// The value; never logged or copied into messages.
         data: Vec<u8>,
+        /// The value of `spec.cloudConfig.credentialsKey` when it is set; never logged either.
+        credentials: Option<Vec<u8>>,
     },
     /// Reading the Secret failed with an API error (transient).
     Unreadable {
@@ -46,9 +48,13 @@ impl fmt::Debug for SecretState {
                 f.debug_struct("KeyNotFound").field("name", name).field("key", key).finish()
             }
             // The content stays out of debug output.
-            SecretState::Found { name, key, data } => {
-                f.debug_struct("Found").field("name", name).field("key", key).field("bytes", &data.len()).finish()
-            }
+            SecretState::Found { name, key, data, credentials } => f
+                .debug_struct("Found")
+                .field("name", name)
+                .field("key", key)
+                .field("bytes", &data.len())
+                .field("credentials_bytes", &credentials.as_ref().map(Vec::len))
+                .finish(),
             SecretState::Unreadable { name, error } => {
                 f.debug_struct("Unreadable").field("name", name).field("error", error).finish()
             }
@@ -58,11 +64,13 @@ impl fmt::Debug for SecretState {
 
 #[cfg(test)]
 mod tests {
-    use crate::validate::testing::found;
+    use crate::validate::testing::{found, found_with_credentials};
 
     #[test]
     fn secret_state_debug_hides_the_content() {
         let s = format!("{:?}", found(b"password=hunter2"));
+        assert!(!s.contains("hunter2"), "{s}");
+        let s = format!("{:?}", found_with_credentials(b"[Global]", b"aws_secret_access_key=hunter2"));
         assert!(!s.contains("hunter2"), "{s}");
     }
 }
