@@ -193,6 +193,7 @@ impl std::fmt::Display for Mode {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = kube::core::Rule::new("!has(self.credentialsKey) || self.credentialsKey != self.secretRef.key").message("credentialsKey must name another key than secretRef.key").field_path(".credentialsKey"))]
+#[x_kube(validation = kube::core::Rule::new("!has(self.caBundleKey) || (self.caBundleKey != self.secretRef.key && (!has(self.credentialsKey) || self.caBundleKey != self.credentialsKey))").message("caBundleKey must name another key than secretRef.key and credentialsKey").field_path(".caBundleKey"))]
 pub struct CloudConfigSource {
     /// A key of a Secret in the same namespace as the CloudControllerManager.
     pub secret_ref: SecretKeyRef,
@@ -203,6 +204,20 @@ pub struct CloudConfigSource {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253), regex(pattern = r"^[-._a-zA-Z0-9]+$"))]
     pub credentials_key: Option<String>,
+    /// Another key of the same Secret holding PEM CA certificates the manager trusts instead of
+    /// its image's (a private cloud's endpoints): mounted beside the cloud-config and named by
+    /// `SSL_CERT_FILE`, which Go's and this project's TLS stacks read; a cloud-config can also
+    /// point at the file (OpenStack's and vSphere's `ca-file`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[-._a-zA-Z0-9]+$"))]
+    pub ca_bundle_key: Option<String>,
+}
+
+impl CloudConfigSource {
+    /// The keys mounted beside the cloud-config: `credentialsKey`, then `caBundleKey`.
+    pub fn extra_keys(&self) -> Vec<&str> {
+        [&self.credentials_key, &self.ca_bundle_key].into_iter().flatten().map(String::as_str).collect()
+    }
 }
 
 /// A key in a Secret of the resource's own namespace.
@@ -662,6 +677,11 @@ pub struct CloudControllerManagerStatus {
     /// Holder identity of the manager's leader-election Lease.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub leader: Option<String>,
+    /// The manager the leader runs, which holds every controller in `controllers` (with leader
+    /// migration, those the migration Lease moves are its holder's): `cloud-controller-manager`
+    /// (this project's), `upstream/<profile>` (`spec.upstream`), or `embedded`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader_manager: Option<String>,
     /// With leader migration: the migration Lease and its holder.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub migration_lease: Option<MigrationLeaseStatus>,

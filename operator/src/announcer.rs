@@ -185,7 +185,7 @@ fn pod_template(
         // The announcer reads its section at start: any edit of the Secret restarts it, one
         // node at a time.
         annotations.insert(names::ANNOTATION_CLOUD_CONFIG_HASH.to_string(), cc.hash.clone());
-        let (volume, mount) = crate::desired::cloud_config_volume(cc);
+        let (volume, mount) = crate::desired::cloud_config_volume(cc, true);
         volumes.push(volume);
         mounts.push(mount);
         args.push(format!("--cloud-config={}", names::cloud_config_path(&cc.key)));
@@ -291,7 +291,7 @@ mod tests {
             cloud_config: Some(CloudConfigRef {
                 secret: "cfg".into(),
                 key: "cloud.conf".into(),
-                credentials_key: None,
+                extra_keys: Vec::new(),
                 hash: "h1".into(),
                 restart_hash: "r1".into(),
             }),

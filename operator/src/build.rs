@@ -142,7 +142,11 @@ pub fn build(cr: &CloudControllerManager, validated: &Validated, settings: &Buil
         ]);
     }
 
-    let template = pod_template(cr, validated, settings, &labels, &sa_name);
+    let mut pod_labels = labels.clone();
+    if let Some(u) = &cr.spec.upstream {
+        pod_labels.insert(names::LABEL_UPSTREAM_PROFILE.to_string(), u.profile.as_str().to_string());
+    }
+    let template = pod_template(cr, validated, settings, &pod_labels, &sa_name);
     let mut workload_meta = namespaced_meta(names::workload_name(&name));
     workload_meta.annotations =
         Some(BTreeMap::from([(names::ANNOTATION_TEMPLATE_HASH.to_string(), hash::of_json(&template))]));
@@ -501,27 +505,37 @@ fn pod_template(
     let mut volumes = Vec::new();
     let mut mounts = Vec::new();
     let upstream = cr.spec.upstream.as_ref().map(|u| crate::profiles::profile(u.profile));
-    let mut secret_env = None;
-    let mut credentials_env = None;
+    let mut secret_env = Vec::new();
     if let Some(cc) = &validated.cloud_config {
         // Only edits that need a restart roll the pods; the manager reloads the rest in place
         // from the mounted file, which kubelet updates.
         annotations.insert(names::ANNOTATION_CLOUD_CONFIG_HASH.to_string(), cc.restart_hash.clone());
-        match upstream.map(|p| p.cloud_config) {
-            Some(CloudConfigUse::Env { var }) => secret_env = Some(secret_key_env(var, cc)),
-            _ => {
-                let (volume, mount) = cloud_config_volume(cc);
-                volumes.push(volume);
-                mounts.push(mount);
-                // The SDK finds the mounted credentials file through its variable.
-                credentials_env = cc.credentials_key.as_ref().zip(crate::validate::credentials_file_env(&cr.spec)).map(
-                    |(key, var)| EnvVar {
-                        name: var.into(),
-                        value: Some(names::cloud_config_path(key)),
-                        value_from: None,
-                    },
-                );
+        let with_config = match upstream.map(|p| p.cloud_config) {
+            Some(CloudConfigUse::Env { var }) => {
+                secret_env.push(secret_key_env(var, cc));
+                false
             }
+            _ => true,
+        };
+        if with_config || !cc.extra_keys.is_empty() {
+            let (volume, mount) = cloud_config_volume(cc, with_config);
+            volumes.push(volume);
+            mounts.push(mount);
+        }
+        // The SDKs and TLS stacks find the mounted files through their variables.
+        let source = cr.spec.cloud_config.as_ref();
+        let file_env = |var: &str, key: &str| EnvVar {
+            name: var.into(),
+            value: Some(names::cloud_config_path(key)),
+            value_from: None,
+        };
+        if let (Some(key), Some(var)) =
+            (source.and_then(|s| s.credentials_key.as_deref()), crate::validate::credentials_file_env(&cr.spec))
+        {
+            secret_env.push(file_env(var, key));
+        }
+        if let Some(key) = source.and_then(|s| s.ca_bundle_key.as_deref()) {
+            secret_env.push(file_env(names::CA_BUNDLE_ENV, key));
         }
     }
     if let (Some(ccm_framework::config::LeaderMigrationSource::File(_)), Some(migration)) =
@@ -601,7 +615,6 @@ fn pod_template(
         ..Default::default()
     }];
     env.extend(secret_env);
-    env.extend(credentials_env);
     // DISABLE_HTTP2 is read by this project's client only.
     if upstream.is_none() {
         env.extend(crate::desired::http2_env(settings));
@@ -725,7 +738,12 @@ mod tests {
             cloud_config: hash.map(|h| CloudConfigRef {
                 secret: "cfg".into(),
                 key: "cloud.conf".into(),
-                credentials_key: cr.spec.cloud_config.as_ref().and_then(|c| c.credentials_key.clone()),
+                extra_keys: cr
+                    .spec
+                    .cloud_config
+                    .as_ref()
+                    .map(|c| c.extra_keys().into_iter().map(String::from).collect())
+                    .unwrap_or_default(),
                 hash: h.into(),
                 restart_hash: h.into(),
             }),
@@ -905,6 +923,11 @@ mod tests {
             .unwrap();
         assert_eq!(binding.role_ref.name, BuildSettings::default().manager_upstream_cluster_role);
         assert_eq!(binding.metadata.name.as_deref(), Some("ccm-operator:kube-system:aws:upstream"));
+        // The Pods say which manager they run; the selector does not, so a switch is a rollout.
+        let spec = deployment(&objs).spec.clone().unwrap();
+        let pod_labels = spec.template.metadata.unwrap().labels.unwrap();
+        assert_eq!(pod_labels.get(names::LABEL_UPSTREAM_PROFILE).map(String::as_str), Some("aws"));
+        assert!(!spec.selector.match_labels.unwrap().contains_key(names::LABEL_UPSTREAM_PROFILE));
         assert!(restricted_violations(&pod_spec(&objs)).iter().all(|v| v.contains("hostNetwork")));
     }
 
@@ -947,6 +970,27 @@ mod tests {
         let c = cr(json!({"provider": "aws", "cloudConfig": {"secretRef": {"name": "cfg"}}}));
         let c0 = container(&build(&c, &validated(&c, Some("h")), &BuildSettings::default()));
         assert!(!c0.env.iter().flatten().any(|e| e.name == "AWS_SHARED_CREDENTIALS_FILE"));
+    }
+
+    #[test]
+    fn a_ca_bundle_key_is_mounted_and_named_by_ssl_cert_file_for_every_manager() {
+        let cloud_config = json!({"secretRef": {"name": "cfg"}, "caBundleKey": "ca.crt"});
+        // A file profile (and the Rust manager) get both keys; an env profile only the bundle.
+        for (spec, keys) in [
+            (json!({"provider": "openstack", "upstream": {"profile": "openstack"}}), vec!["cloud.conf", "ca.crt"]),
+            (json!({"provider": "aws"}), vec!["cloud.conf", "ca.crt"]),
+            (json!({"provider": "hcloud", "upstream": {"profile": "hetzner"}}), vec!["ca.crt"]),
+        ] {
+            let mut spec = spec;
+            spec["cloudConfig"] = cloud_config.clone();
+            let c = cr(spec.clone());
+            let objs = build(&c, &validated(&c, Some("h")), &BuildSettings::default());
+            let c0 = container(&objs);
+            let var = c0.env.iter().flatten().find(|e| e.name == "SSL_CERT_FILE").expect("SSL_CERT_FILE");
+            assert_eq!(var.value.as_deref(), Some("/etc/kubernetes/cloud-config/ca.crt"), "{spec}");
+            let items = pod_spec(&objs).volumes.unwrap()[0].secret.clone().unwrap().items.unwrap();
+            assert_eq!(items.iter().map(|i| i.key.as_str()).collect::<Vec<_>>(), keys, "{spec}");
+        }
     }
 
     #[test]

@@ -106,7 +106,7 @@ impl SecretReader {
 
 fn state(name: &str, key: &str, value: Option<Vec<u8>>) -> SecretState {
     match value {
-        Some(data) => SecretState::Found { name: name.to_string(), key: key.to_string(), data, credentials: None },
+        Some(data) => SecretState::Found { name: name.to_string(), key: key.to_string(), data, extra: Vec::new() },
         None => SecretState::KeyNotFound { name: name.to_string(), key: key.to_string() },
     }
 }
@@ -228,6 +228,15 @@ pub fn observe_pods<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> PodsObservat
     use crds::reasons::degraded;
     let mut out = PodsObservation::default();
     for pod in pods {
+        out.managers.push(crate::status::ManagerPod {
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+            upstream_profile: pod
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(crate::names::LABEL_UPSTREAM_PROFILE).cloned()),
+        });
         if pod.metadata.deletion_timestamp.is_some() {
             continue;
         }
@@ -261,14 +270,15 @@ pub fn observe_pods<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> PodsObservat
         }
     }
     out.failing.sort_by(|a, b| a.name.cmp(&b.name));
+    out.managers.sort_by(|a, b| a.name.cmp(&b.name));
     out
 }
 
 /// Keep of a manager Pod only what [`observe_pods`] and the teardown need: its identity,
-/// labels, deletion and container statuses (no spec, no image IDs, no conditions).
+/// labels, deletion, Node and container statuses (no other spec, no image IDs, no conditions).
 pub fn strip_pod(pod: &mut Pod) {
-    use k8s_openapi::api::core::v1::{ContainerStatus, PodStatus};
-    pod.spec = None;
+    use k8s_openapi::api::core::v1::{ContainerStatus, PodSpec, PodStatus};
+    pod.spec = pod.spec.take().map(|s| PodSpec { node_name: s.node_name, ..Default::default() });
     pod.metadata.managed_fields = None;
     pod.metadata.annotations = None;
     let statuses = pod.status.take().and_then(|s| s.container_statuses).map(|cs| {
@@ -404,11 +414,18 @@ mod tests {
             serde_json::json!({"name": "m", "image": "registry/x", "imageID": "sha", "ready": true,
             "restartCount": 2, "state": {"running": {}}}),
         );
-        p.spec = Some(Default::default());
+        p.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+            node_name: Some("node-2".into()),
+            service_account_name: Some("sa".into()),
+            containers: vec![Default::default()],
+            ..Default::default()
+        });
         p.metadata.annotations = Some([("a".to_string(), "b".to_string())].into());
         let before = observe_pods([&p]);
         strip_pod(&mut p);
-        assert!(p.spec.is_none() && p.metadata.annotations.is_none());
+        let spec = p.spec.as_ref().unwrap();
+        assert_eq!(spec.node_name.as_deref(), Some("node-2"), "the leader's manager is found by its Node");
+        assert!(spec.containers.is_empty() && spec.service_account_name.is_none() && p.metadata.annotations.is_none());
         let c = &p.status.as_ref().unwrap().container_statuses.as_ref().unwrap()[0];
         assert_eq!((c.image.as_str(), c.restart_count, c.ready), ("", 2, true));
         assert_eq!(observe_pods([&p]), before);

@@ -204,16 +204,19 @@ impl Desired {
     }
 }
 
-/// The cloud-config Secret as a volume (its one key, `0440`: readable by the pod's `fsGroup`)
-/// and its read-only mount at [`names::CLOUD_CONFIG_DIR`].
-pub fn cloud_config_volume(cc: &crate::validate::CloudConfigRef) -> (Volume, VolumeMount) {
+/// The cloud-config Secret as a volume (the cloud-config's key unless `with_config` is false,
+/// and the keys mounted beside it; `0440`: readable by the pod's `fsGroup`) and its read-only
+/// mount at [`names::CLOUD_CONFIG_DIR`].
+pub fn cloud_config_volume(cc: &crate::validate::CloudConfigRef, with_config: bool) -> (Volume, VolumeMount) {
     let volume = Volume {
         name: names::CLOUD_CONFIG_VOLUME.into(),
         secret: Some(SecretVolumeSource {
             secret_name: Some(cc.secret.clone()),
             items: Some(
-                std::iter::once(&cc.key)
-                    .chain(&cc.credentials_key)
+                with_config
+                    .then_some(&cc.key)
+                    .into_iter()
+                    .chain(&cc.extra_keys)
                     .map(|key| KeyToPath { key: key.clone(), path: key.clone(), mode: None })
                     .collect(),
             ),

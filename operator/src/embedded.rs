@@ -427,7 +427,7 @@ mod tests {
             cloud_config: hash.map(|h| crate::validate::CloudConfigRef {
                 secret: "s".into(),
                 key: "cloud.conf".into(),
-                credentials_key: None,
+                extra_keys: Vec::new(),
                 hash: h.into(),
                 restart_hash: h.into(),
             }),

@@ -28,9 +28,9 @@ pub fn cloud_config(salt: &str, key: &str, data: &[u8]) -> String {
     digest(&[b"cloud-config", salt.as_bytes(), key.as_bytes(), data])
 }
 
-/// `hash` (of a cloud-config) folded with a credentials file's key and value.
-pub fn credentials(hash: &str, key: &str, data: &[u8]) -> String {
-    digest(&[b"credentials", hash.as_bytes(), key.as_bytes(), data])
+/// `hash` (of a cloud-config) folded with the key and value of a file mounted beside it.
+pub fn extra_key(hash: &str, key: &str, data: &[u8]) -> String {
+    digest(&[b"extra-key", hash.as_bytes(), key.as_bytes(), data])
 }
 
 /// Hash of the part of a cloud-config whose change needs a restart (a provider's restart

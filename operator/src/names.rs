@@ -25,6 +25,9 @@ pub const LABEL_OWNER_UID: &str = "ccm.rs/owner-uid";
 pub const LABEL_OWNER_NAMESPACE: &str = "ccm.rs/owner-namespace";
 /// The mode that created the object (`Deployment` or `DaemonSet`).
 pub const LABEL_MODE: &str = "ccm.rs/mode";
+/// On an upstream image's manager Pods (only): its profile, so the status can say which
+/// manager the Lease holder runs while a switch rolls.
+pub const LABEL_UPSTREAM_PROFILE: &str = "ccm.rs/upstream-profile";
 
 /// `namespace/name` of the owning CloudControllerManager, on the cluster-scoped ClusterRoleBinding
 /// (which cannot carry an ownerReference to a namespaced object).
@@ -145,6 +148,10 @@ pub fn announcer_selector_labels(owner_uid: &str) -> BTreeMap<String, String> {
 pub fn is_manager_pod(labels: &BTreeMap<String, String>) -> bool {
     labels.get(LABEL_NAME).is_none_or(|n| n == APP_NAME)
 }
+
+/// The variable naming the CA bundle (`spec.cloudConfig.caBundleKey`) for Go's and rustls's
+/// native roots.
+pub const CA_BUNDLE_ENV: &str = "SSL_CERT_FILE";
 
 /// Path of the cloud-config file inside the manager container.
 pub fn cloud_config_path(key: &str) -> String {

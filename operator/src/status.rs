@@ -78,7 +78,38 @@ pub struct PodsObservation {
     pub pods: i32,
     /// Containers that crash-loop or cannot start, sorted by name.
     pub failing: Vec<FailingContainer>,
+    /// Every manager Pod, those being deleted too (one may still lead), sorted by name.
+    pub managers: Vec<ManagerPod>,
 }
+
+/// A manager Pod as far as the status needs it to name the leader's manager.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ManagerPod {
+    /// The Pod's name (the start of a pod-network manager's Lease identity).
+    pub name: String,
+    /// Its Node (the start of a host-network manager's identity).
+    pub node: Option<String>,
+    /// Its upstream profile (`ccm.rs/upstream-profile`), absent for this project's manager.
+    pub upstream_profile: Option<String>,
+}
+
+/// Which manager the Lease holder `holder` runs (pure): client-go and this project's manager
+/// both name a holder `<hostname>_<uuid>`, the hostname being the Pod's name, or its Node's on
+/// the host network. `None` when no manager Pod of the resource matches.
+pub fn leader_manager(holder: &str, managers: &[ManagerPod]) -> Option<String> {
+    let host = holder.split_once('_').map_or(holder, |(h, _)| h);
+    let pod = managers
+        .iter()
+        .find(|p| p.name == host)
+        .or_else(|| managers.iter().find(|p| p.node.as_deref() == Some(host)))?;
+    Some(match &pod.upstream_profile {
+        Some(profile) => format!("upstream/{profile}"),
+        None => MANAGER_NAME.to_string(),
+    })
+}
+
+/// `status.leaderManager` for this project's manager.
+pub const MANAGER_NAME: &str = "cloud-controller-manager";
 
 /// The embedded engine's state.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -188,6 +219,7 @@ impl ComputedStatus {
             ("replicas", s.replicas.map(|v| json!(v))),
             ("readyReplicas", s.ready_replicas.map(|v| json!(v))),
             ("leader", s.leader.as_ref().map(|v| json!(v))),
+            ("leaderManager", s.leader_manager.as_ref().map(|v| json!(v))),
             ("migrationLease", s.migration_lease.as_ref().map(|v| json!(v))),
             ("announcers", s.announcers.as_ref().map(|v| json!(v))),
         ];
@@ -282,6 +314,10 @@ pub fn compute(input: &StatusInput<'_>) -> ComputedStatus {
     // invalid for other reasons.
     let controllers = input.controllers.map(ControllerSelection::enabled_names);
     let leader = input.lease.filter(|l| l.fresh).and_then(|l| l.holder.clone());
+    let leader_manager = match input.workload {
+        Workload::Embedded(_) => leader.as_ref().map(|_| "embedded".to_string()),
+        _ => leader.as_deref().and_then(|h| leader_manager(h, &input.pods.managers)),
+    };
     let status = CloudControllerManagerStatus {
         observed_generation: generation,
         conditions: merged,
@@ -293,6 +329,7 @@ pub fn compute(input: &StatusInput<'_>) -> ComputedStatus {
         replicas: Some(replicas),
         ready_replicas: Some(ready_replicas),
         leader,
+        leader_manager,
         migration_lease: crate::validate::migration_lease_namespace(cr)
             .zip(crate::validate::migration_lease_name(&cr.spec))
             .map(|(namespace, name)| crds::v1alpha1::MigrationLeaseStatus {
@@ -373,6 +410,7 @@ fn differs(desired: &CloudControllerManagerStatus, existing: &CloudControllerMan
         || some_differs(&desired.replicas, &existing.replicas)
         || some_differs(&desired.ready_replicas, &existing.ready_replicas)
         || some_differs(&desired.leader, &existing.leader)
+        || desired.leader_manager != existing.leader_manager
         // Cleared when migration is turned off: the operator is its one writer.
         || desired.migration_lease != existing.migration_lease
         // Likewise when spec.announcer is removed.
@@ -688,6 +726,11 @@ mod tests {
         assert!(healthy.message.contains("pod-a holds Lease"), "{}", healthy.message);
         assert_eq!(r.cond(types::READY).status, "True");
         assert_eq!(r.cr.status.as_ref().unwrap().leader.as_deref(), Some("pod-a"));
+        assert_eq!(r.cr.status.as_ref().unwrap().leader_manager, None, "no Pod of the resource is pod-a");
+        r.pods.managers =
+            vec![ManagerPod { name: "pod-a".into(), node: Some("n1".into()), upstream_profile: Some("aws".into()) }];
+        r.step(deploy(2, 2, 2, 2), false);
+        assert_eq!(r.cr.status.as_ref().unwrap().leader_manager.as_deref(), Some("upstream/aws"));
         // Every replica fails /healthz and the Lease goes stale: no longer healthy.
         r.lease = Some(LeaseObservation { holder: Some("pod-a".into()), fresh: false });
         r.step(deploy(2, 2, 2, 0), false);
@@ -1005,6 +1048,22 @@ mod tests {
         assert_eq!(requeue_for_degraded(&t, Duration::from_secs(120), &at(300)), None);
     }
 
+    #[test]
+    fn the_leaders_manager_is_found_by_pod_name_or_on_the_host_network_by_node() {
+        let pod = |name: &str, node: &str, profile: Option<&str>| ManagerPod {
+            name: name.into(),
+            node: Some(node.into()),
+            upstream_profile: profile.map(str::to_string),
+        };
+        // A switch under way: the old upstream Pod on node-2 (being deleted), the new one on node-3.
+        let managers = [pod("ccm-aws-old", "node-2", Some("aws")), pod("ccm-aws-new", "node-3", None)];
+        assert_eq!(leader_manager("node-2_0b9f-11", &managers).as_deref(), Some("upstream/aws"));
+        assert_eq!(leader_manager("node-3_77aa", &managers).as_deref(), Some(MANAGER_NAME));
+        assert_eq!(leader_manager("ccm-aws-new_77aa", &managers).as_deref(), Some(MANAGER_NAME));
+        // A holder that is no Pod of the resource (a manager run by hand) is not guessed.
+        assert_eq!(leader_manager("laptop_1234", &managers), None);
+    }
+
     fn crash_looping() -> PodsObservation {
         PodsObservation {
             pods: 2,
@@ -1013,6 +1072,7 @@ mod tests {
                 reason: degraded::MANAGER_CRASH_LOOPING,
                 detail: "CrashLoopBackOff, 3 restarts, last exit code 1 (Error)".into(),
             }],
+            managers: Vec::new(),
         }
     }
 
@@ -1040,7 +1100,7 @@ mod tests {
         );
         assert_eq!(r.cond(types::READY).status, "False");
         // Recovered: a replica is ready and leads; Degraded clears, the operator waits for a report.
-        r.pods = PodsObservation { pods: 2, failing: Vec::new() };
+        r.pods = PodsObservation { pods: 2, failing: Vec::new(), managers: Vec::new() };
         r.lease = Some(leader());
         r.step(deploy(2, 2, 2, 2), false);
         assert_eq!(r.cond(types::DEGRADED).status, "False");
@@ -1074,6 +1134,7 @@ mod tests {
                 reason: degraded::MANAGER_CANNOT_START,
                 detail: "ImagePullBackOff, 0 restarts".into(),
             }],
+            managers: Vec::new(),
         };
         r.lease = None;
         r.step(daemonset(1, 1, 1, 0), false);

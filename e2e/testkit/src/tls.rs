@@ -22,6 +22,11 @@ pub struct LoopbackServing {
 
 /// Makes a fresh CA and a loopback serving certificate signed by it.
 pub fn loopback_serving() -> Result<LoopbackServing, Error> {
+    serving_for(&[IpAddr::V4(Ipv4Addr::LOCALHOST)])
+}
+
+/// Makes a fresh CA and a serving certificate for `localhost` and `addresses` signed by it.
+pub fn serving_for(addresses: &[IpAddr]) -> Result<LoopbackServing, Error> {
     let err = |e: rcgen::Error| Error::Genuine(format!("generating certificates: {e}"));
     let ca_key = KeyPair::generate().map_err(err)?;
     let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(err)?;
@@ -33,7 +38,7 @@ pub fn loopback_serving() -> Result<LoopbackServing, Error> {
     let key = KeyPair::generate().map_err(err)?;
     let mut serving = CertificateParams::new(vec!["localhost".to_string()]).map_err(err)?;
     serving.distinguished_name.push(DnType::CommonName, "ccm-test-listener");
-    serving.subject_alt_names.push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)));
+    serving.subject_alt_names.extend(addresses.iter().map(|a| SanType::IpAddress(*a)));
     serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
     let cert = serving.signed_by(&key, &issuer).map_err(err)?;
     Ok(LoopbackServing { ca: ca_cert.pem(), cert: cert.pem(), key: key.serialize_pem() })

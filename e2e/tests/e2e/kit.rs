@@ -533,7 +533,7 @@ pub fn operator_children_with(
         name: "cfg".into(),
         key: "cloud.conf".into(),
         data: cloud_config.to_vec(),
-        credentials: None,
+        extra: Vec::new(),
     };
     let validation = operator::validate::validate(&cr, &secret, &ccm_builtin::registry(), &[]);
     let validation = operator::validate::check_policy(&cr, validation, &settings.policy, &settings.manager_image);

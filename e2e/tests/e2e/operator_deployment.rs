@@ -258,13 +258,13 @@ testkit::backend_tests! {
     }
 }
 
-/// The aws cloud-config Secret `cfg` with a shared credentials file under `credentials` (or none).
-async fn aws_secret(env: &Env, credentials: Option<&str>) {
+/// The aws cloud-config Secret `cfg` with `extra` keys beside `cloud.conf`.
+async fn aws_secret(env: &Env, extra: &[(&str, &str)]) {
     let config = "[Global]\nRegion = us-east-1\nZone = us-east-1a\nKubernetesClusterID = prod\n";
     let mut secret = testkit::cloud_config_secret(&env.ns, "cfg", "cloud.conf", config.as_bytes());
-    if let Some(c) = credentials {
-        let data = secret.data.get_or_insert_default();
-        data.insert("credentials".into(), k8s_openapi::ByteString(c.as_bytes().to_vec()));
+    let data = secret.data.get_or_insert_default();
+    for (key, value) in extra {
+        data.insert(key.to_string(), k8s_openapi::ByteString(value.as_bytes().to_vec()));
     }
     env.api::<k8s_openapi::api::core::v1::Secret>()
         .patch("cfg", &PatchParams::apply(HARNESS_AGENT).force(), &Patch::Apply(&secret))
@@ -273,33 +273,37 @@ async fn aws_secret(env: &Env, credentials: Option<&str>) {
 }
 
 testkit::backend_tests! {
-    async fn a_credentials_key_is_named_when_missing_then_mounted_and_a_new_one_rolls_the_pods(backend) {
+    async fn credentials_and_ca_keys_are_named_when_missing_then_mounted_and_new_ones_roll_the_pods(backend) {
         let env = Env::start(backend, "creds").await;
-        aws_secret(&env, None).await;
+        let ca = ("ca.crt", "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n");
+        aws_secret(&env, &[ca]).await;
         let op = env.operator().await;
         env.apply_cr(
             "aws",
             json!({"provider": "aws", "configureCloudRoutes": false,
-                   "cloudConfig": {"secretRef": {"name": "cfg"}, "credentialsKey": "credentials"}}),
+                   "cloudConfig": {"secretRef": {"name": "cfg"}, "credentialsKey": "credentials", "caBundleKey": "ca.crt"}}),
         )
         .await;
         let c = env.wait_condition("aws", types::CONFIG_VALID, |c| c.status == "False").await;
         assert_eq!(c.reason, config_valid::SECRET_KEY_NOT_FOUND, "{}", c.message);
         assert!(c.message.contains("no key \"credentials\""), "{}", c.message);
 
-        // The key arrives: the manager gets both keys and the SDK's variable, nothing else of the Secret.
-        aws_secret(&env, Some("[default]\naws_access_key_id = AKIAONE\naws_secret_access_key = hunter2\n")).await;
+        // The key arrives: the manager gets the three keys and the variables, nothing else of the Secret.
+        let one = ("credentials", "[default]\naws_access_key_id = AKIAONE\naws_secret_access_key = hunter2\n");
+        aws_secret(&env, &[ca, one]).await;
         let d = deployment(&env, "ccm-aws").await;
         let pod = d.spec.clone().unwrap().template.spec.unwrap();
         let c0 = &pod.containers[0];
-        let var = c0.env.iter().flatten().find(|e| e.name == "AWS_SHARED_CREDENTIALS_FILE").expect("the variable");
-        assert_eq!(var.value.as_deref(), Some("/etc/kubernetes/cloud-config/credentials"));
+        let var = |name: &str| c0.env.iter().flatten().find(|e| e.name == name).and_then(|e| e.value.clone());
+        assert_eq!(var("AWS_SHARED_CREDENTIALS_FILE").as_deref(), Some("/etc/kubernetes/cloud-config/credentials"));
+        assert_eq!(var("SSL_CERT_FILE").as_deref(), Some("/etc/kubernetes/cloud-config/ca.crt"));
         let items = pod.volumes.unwrap()[0].secret.clone().unwrap().items.unwrap();
-        assert_eq!(items.iter().map(|i| i.key.as_str()).collect::<Vec<_>>(), ["cloud.conf", "credentials"]);
+        assert_eq!(items.iter().map(|i| i.key.as_str()).collect::<Vec<_>>(), ["cloud.conf", "credentials", "ca.crt"]);
         let first = template_hash(&d);
 
         // New keys roll the Pods; their content shows nowhere in the status.
-        aws_secret(&env, Some("[default]\naws_access_key_id = AKIATWO\naws_secret_access_key = hunter3\n")).await;
+        let two = ("credentials", "[default]\naws_access_key_id = AKIATWO\naws_secret_access_key = hunter3\n");
+        aws_secret(&env, &[ca, two]).await;
         eventually("a new hash after the credentials changed", || async {
             template_hash(&env.api::<Deployment>().get("ccm-aws").await.unwrap()) != first
         })

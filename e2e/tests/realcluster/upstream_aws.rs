@@ -4,6 +4,8 @@
 //! named as moto's instances, makes an NLB for a Service and rolls on a credentials rotation;
 //! then one edit (removing `spec.upstream`) hands the resource to the Rust `aws` manager, which
 //! takes the NLB over as it is. Measured: the longest time the Lease had no fresh holder.
+//! moto answers over HTTPS with a certificate of the scenario's own CA, which both managers
+//! trust only through `spec.cloudConfig.caBundleKey`.
 //!
 //! The kubelets' Nodes (`node-1`..`node-3`) are no EC2 instances: they are kept out of the
 //! load balancer (`node.kubernetes.io/exclude-from-external-load-balancers`) for the scenario,
@@ -34,10 +36,15 @@ const CLUSTER_ID: &str = "ccm-e2e";
 const EXCLUDE: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
 const FIELD_MANAGER: &str = "realcluster-e2e";
 
-/// moto, corrected as the aws suite runs it, on the host's segment address; killed on drop.
+/// moto, corrected as the aws suite runs it, on the host's segment address over HTTPS with a
+/// certificate of the scenario's own CA (the managers trust it through `caBundleKey`); killed
+/// on drop.
 struct Moto {
     child: Child,
     url: String,
+    /// The CA's PEM, and where it is on the host (for curl and boto3).
+    ca: String,
+    ca_file: std::path::PathBuf,
 }
 
 impl Drop for Moto {
@@ -51,17 +58,30 @@ impl Moto {
     async fn start(ctx: &Ctx) -> Moto {
         let host = ctx.cluster.network.segment_address(1);
         let port = std::net::TcpListener::bind((host, 0)).and_then(|l| l.local_addr()).expect("a free port").port();
-        let log = std::fs::File::create(ctx.cluster.state_dir().join("moto.log")).expect("moto's log");
+        let dir = ctx.cluster.state_dir().join("moto");
+        std::fs::create_dir_all(&dir).expect("moto's directory");
+        let tls = testkit::tls::serving_for(&[host.into()]).expect("a CA and moto's certificate");
+        let (cert, key, ca_file) = (dir.join("tls.crt"), dir.join("tls.key"), dir.join("ca.crt"));
+        for (path, pem) in [(&cert, &tls.cert), (&key, &tls.key), (&ca_file, &tls.ca)] {
+            std::fs::write(path, pem).expect("writing moto's TLS files");
+        }
+        let log = std::fs::File::create(dir.join("moto.log")).expect("moto's log");
+        let (cert_arg, key_arg) = (cert.display().to_string(), key.display().to_string());
         let child = Command::new("python3")
             .args(["-c", testkit::moto::CORRECTIONS, "-H", &host.to_string(), "-p", &port.to_string()])
+            .args(["-c", &cert_arg, "-k", &key_arg])
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
             .expect("python3 runs moto");
-        let moto = Moto { child, url: format!("http://{host}:{port}") };
+        let moto = Moto { child, url: format!("https://{host}:{port}"), ca: tls.ca, ca_file };
         let url = format!("{}/moto-api/", moto.url);
-        wait("moto answering", Duration::from_secs(30), || async {
-            let ok = Command::new("curl").args(["-sf", "-o", "/dev/null", &url]).status().is_ok_and(|s| s.success());
+        let ca_arg = moto.ca_file.display().to_string();
+        wait("moto answering over TLS", Duration::from_secs(30), || async {
+            let ok = Command::new("curl")
+                .args(["-sf", "--cacert", &ca_arg, "-o", "/dev/null", &url])
+                .status()
+                .is_ok_and(|s| s.success());
             ok.then_some(())
         })
         .await;
@@ -70,8 +90,12 @@ impl Moto {
 
     /// Runs a boto3 script against this moto; its standard output as JSON.
     fn python(&self, script: &str, args: &[&str]) -> Value {
-        let out =
-            Command::new("python3").args(["-c", script, &self.url]).args(args).output().expect("python3 runs boto3");
+        let out = Command::new("python3")
+            .args(["-c", script, &self.url])
+            .args(args)
+            .env("AWS_CA_BUNDLE", &self.ca_file)
+            .output()
+            .expect("python3 runs boto3");
         assert!(out.status.success(), "boto3 script failed: {}", String::from_utf8_lossy(&out.stderr));
         serde_json::from_slice(&out.stdout).expect("the script prints JSON")
     }
@@ -150,11 +174,11 @@ fn cloud_config(moto: &str, vpc: &str, subnet: &str) -> String {
     text
 }
 
-fn secret(config: &str, key_id: &str) -> Value {
+fn secret(config: &str, ca: &str, key_id: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "Secret",
         "metadata": {"name": SECRET, "namespace": CCM_NS,
             "labels": {crds::CLOUD_CONFIG_LABEL: crds::CLOUD_CONFIG_LABEL_VALUE}},
-        "stringData": {"cloud.conf": config,
+        "stringData": {"cloud.conf": config, "ca.crt": ca,
             "credentials": format!("[default]\naws_access_key_id = {key_id}\naws_secret_access_key = testing\n")}})
 }
 
@@ -240,14 +264,14 @@ pub async fn an_upstream_aws_image_makes_an_nlb_and_one_edit_hands_it_to_the_rus
     }
 
     // The resource on upstream's image.
-    apply(&ctx.client, secret(&config, "testing")).await;
+    apply(&ctx.client, secret(&config, &moto.ca, "testing")).await;
     let t = Instant::now();
     apply(
         &ctx.client,
         json!({"apiVersion": "ccm.rs/v1alpha1", "kind": "CloudControllerManager",
             "metadata": {"name": NAME, "namespace": CCM_NS},
             "spec": {"provider": "aws", "upstream": {"profile": "aws"},
-                "cloudConfig": {"secretRef": {"name": SECRET, "key": "cloud.conf"}, "credentialsKey": "credentials"},
+                "cloudConfig": {"secretRef": {"name": SECRET, "key": "cloud.conf"}, "credentialsKey": "credentials", "caBundleKey": "ca.crt"},
                 "controllers": ["*"], "configureCloudRoutes": false, "clusterName": CLUSTER_ID,
                 "deployment": {"image": images::UPSTREAM_AWS, "imagePullPolicy": "Never", "replicas": 2}}}),
     )
@@ -257,6 +281,7 @@ pub async fn an_upstream_aws_image_makes_an_nlb_and_one_edit_hands_it_to_the_rus
         "upstream aws image: resource applied to Ready with leader {leader}: {:.1} s",
         t.elapsed().as_secs_f64()
     ));
+    leader_manager_is(&ctx, "upstream/aws").await;
     let (status, reason) = condition_of(&ctx, NAME, "ProviderHealthy").await.expect("ProviderHealthy");
     assert_eq!((status.as_str(), reason.as_str()), ("True", crds::reasons::provider_healthy::UPSTREAM_HEALTHZ));
 
@@ -295,7 +320,7 @@ pub async fn an_upstream_aws_image_makes_an_nlb_and_one_edit_hands_it_to_the_rus
     // A credentials rotation rolls the Pods.
     let rolled: Vec<String> = pods_of(&ctx, NAME).await.iter().map(|p| p.name_any()).collect();
     let t = Instant::now();
-    apply(&ctx.client, secret(&config, "rotated")).await;
+    apply(&ctx.client, secret(&config, &moto.ca, "rotated")).await;
     wait("upstream aws Pods replaced after the credentials rotation", Duration::from_secs(180), || async {
         let now = pods_of(&ctx, NAME).await;
         let fresh = now.iter().filter(|p| !rolled.contains(&p.name_any()) && crate::is_ready(p)).count();
@@ -318,11 +343,13 @@ pub async fn an_upstream_aws_image_makes_an_nlb_and_one_edit_hands_it_to_the_rus
     // One edit: the Rust manager.
     let edit = json!({"spec": {"upstream": null, "deployment": {"image": null}}});
     let rust_leader = switch(&ctx, &edit, &leader, "the Rust manager", images::MANAGER).await;
+    leader_manager_is(&ctx, "cloud-controller-manager").await;
     let after = moto.python(SNAPSHOT, &[sg]);
     assert_eq!(before, after, "the NLB, its listeners, target groups and the Nodes' rules as upstream left them");
     // And back: upstream's image takes over what the Rust manager kept.
     let edit = json!({"spec": {"upstream": {"profile": "aws"}, "deployment": {"image": images::UPSTREAM_AWS}}});
     switch(&ctx, &edit, &rust_leader, "upstream's image", images::UPSTREAM_AWS).await;
+    leader_manager_is(&ctx, "upstream/aws").await;
     let back = moto.python(SNAPSHOT, &[sg]);
     assert_eq!(before, back, "the NLB as it was, after the switch back");
     let hostname_after = services
@@ -429,4 +456,13 @@ async fn holder_image(ctx: &Ctx, holder: &str) -> Option<String> {
     let pods = pods_of(ctx, NAME).await;
     let pod = pods.iter().find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))?;
     pod.spec.as_ref()?.containers.first()?.image.clone()
+}
+
+/// Waits until `status.leaderManager` names `manager`.
+async fn leader_manager_is(ctx: &Ctx, manager: &str) {
+    wait(&format!("status.leaderManager {manager}"), Duration::from_secs(30), || async {
+        let named = resource_named(ctx, NAME).await?.status?.leader_manager?;
+        (named == manager).then_some(())
+    })
+    .await;
 }

@@ -28,18 +28,20 @@ pub async fn dereference(ctx: &Ctx, input: &Input<'_>, allowed: bool) -> Derefer
         Some(src) if allowed => {
             let (reader, client, secrets, name) =
                 (&ctx.secret_reader, &ctx.shared.client, &ctx.secrets, &src.secret_ref.name);
-            let config = reader.read(client, secrets, input.namespace, name, &src.secret_ref.key).await;
-            match (config, &src.credentials_key) {
-                (SecretState::Found { name, key, data, .. }, Some(credentials_key)) => {
-                    match reader.read(client, secrets, input.namespace, &name, credentials_key).await {
-                        SecretState::Found { data: credentials, .. } => {
-                            SecretState::Found { name, key, data, credentials: Some(credentials) }
-                        }
-                        other => other,
+            let mut config = reader.read(client, secrets, input.namespace, name, &src.secret_ref.key).await;
+            // The keys mounted beside it, each read as the cloud-config is; the first missing
+            // one is what the resource is told.
+            for extra_key in src.extra_keys() {
+                let SecretState::Found { extra, .. } = &mut config else { break };
+                match reader.read(client, secrets, input.namespace, name, extra_key).await {
+                    SecretState::Found { data, .. } => extra.push((extra_key.to_string(), data)),
+                    other => {
+                        config = other;
+                        break;
                     }
                 }
-                (config, _) => config,
             }
+            config
         }
         _ => SecretState::NotReferenced,
     };

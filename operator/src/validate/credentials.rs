@@ -24,10 +24,17 @@ pub fn credentials_file_env(spec: &CloudControllerManagerSpec) -> Option<&'stati
     }
 }
 
-/// Why `spec.cloudConfig.credentialsKey` cannot be used, if it cannot.
+/// Why `spec.cloudConfig.credentialsKey` or `caBundleKey` cannot be used, if one cannot.
 pub fn credentials_refused(cr: &CloudControllerManager) -> Option<Failure> {
     let spec = &cr.spec;
-    spec.cloud_config.as_ref()?.credentials_key.as_ref()?;
+    let source = spec.cloud_config.as_ref()?;
+    if source.ca_bundle_key.is_some() && spec.mode == Mode::Embedded {
+        return Some(Failure {
+            reason: reason::INVALID_SPEC,
+            message: "spec.cloudConfig.caBundleKey: Embedded mode runs the provider inside the operator, whose trusted CAs are its own; use mode Deployment or DaemonSet".into(),
+        });
+    }
+    source.credentials_key.as_ref()?;
     if credentials_file_env(spec).is_some() {
         return None;
     }
@@ -80,6 +87,14 @@ mod tests {
             assert_eq!(failure.reason, reason::INVALID_SPEC);
             assert!(failure.message.starts_with("spec.cloudConfig.credentialsKey: "), "{}", failure.message);
         }
+        // A CA bundle is for every manager but the embedded engine.
+        let mut embedded = cr("a", 1, json!({"provider": "baremetal", "mode": "Embedded"}));
+        embedded.spec.cloud_config =
+            Some(serde_json::from_value(json!({"secretRef": {"name": "cfg"}, "caBundleKey": "ca.crt"})).unwrap());
+        let failure = credentials_refused(&embedded).expect("refused in Embedded mode");
+        assert!(failure.message.starts_with("spec.cloudConfig.caBundleKey: "), "{}", failure.message);
+        embedded.spec.mode = Mode::Deployment;
+        assert_eq!(credentials_refused(&embedded), None);
         // Without the key nothing is refused.
         assert_eq!(credentials_refused(&cr("a", 1, json!({"provider": "baremetal"}))), None);
     }

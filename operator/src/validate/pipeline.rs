@@ -89,7 +89,7 @@ pub fn check(
         Checked::without_provider(Validation::Invalid { failures, conflicts_with })
     };
 
-    let cloud_config: Option<(&str, &str, &[u8], &Option<Vec<u8>>)> = match secret {
+    let cloud_config: Option<(&str, &str, &[u8], &[(String, Vec<u8>)])> = match secret {
         SecretState::NotReferenced => None,
         SecretState::NotFound { name } => {
             failures.push(Failure {
@@ -118,7 +118,7 @@ pub fn check(
                 message: format!("reading Secret {name:?}: {error}"),
             }));
         }
-        SecretState::Found { name, key, data, credentials } => Some((name, key, data, credentials)),
+        SecretState::Found { name, key, data, extra } => Some((name, key, data, extra)),
     };
 
     if spec.upstream.is_some() {
@@ -128,13 +128,13 @@ pub fn check(
         }
         let validated = Validated {
             config,
-            cloud_config: cloud_config.map(|(name, key, data, credentials)| {
+            cloud_config: cloud_config.map(|(name, key, data, extra)| {
                 let salt = cr.metadata.uid.as_deref().unwrap_or_default();
-                let hash = with_credentials(hash::cloud_config(salt, key, data), cr, credentials);
+                let hash = with_extra(hash::cloud_config(salt, key, data), extra);
                 CloudConfigRef {
                     secret: name.to_string(),
                     key: key.to_string(),
-                    credentials_key: credentials_key(cr),
+                    extra_keys: extra.iter().map(|(k, _)| k.clone()).collect(),
                     restart_hash: hash.clone(),
                     hash,
                 }
@@ -180,19 +180,19 @@ pub fn check(
     }
     let validated = Validated {
         config,
-        cloud_config: cloud_config.map(|(name, key, data, credentials)| {
+        cloud_config: cloud_config.map(|(name, key, data, extra)| {
             let salt = cr.metadata.uid.as_deref().unwrap_or_default();
-            let hash = with_credentials(hash::cloud_config(salt, key, data), cr, credentials);
+            let hash = with_extra(hash::cloud_config(salt, key, data), extra);
             let restart_hash = match &restart_fingerprint {
                 Some(fingerprint) => hash::cloud_config_restart(salt, key, fingerprint),
                 None => hash::cloud_config(salt, key, data),
             };
-            // The SDKs read a credentials file once: a new one needs a restart.
-            let restart_hash = with_credentials(restart_hash, cr, credentials);
+            // Credentials and CA files are read once: a new one needs a restart.
+            let restart_hash = with_extra(restart_hash, extra);
             CloudConfigRef {
                 secret: name.to_string(),
                 key: key.to_string(),
-                credentials_key: credentials_key(cr),
+                extra_keys: extra.iter().map(|(k, _)| k.clone()).collect(),
                 hash,
                 restart_hash,
             }
@@ -202,17 +202,9 @@ pub fn check(
     Checked { validation: Validation::Valid(validated), provider: Some(provider) }
 }
 
-/// `spec.cloudConfig.credentialsKey`.
-fn credentials_key(cr: &CloudControllerManager) -> Option<String> {
-    cr.spec.cloud_config.as_ref().and_then(|c| c.credentials_key.clone())
-}
-
-/// `hash` folded with the credentials key and value, when the resource names one.
-fn with_credentials(hash: String, cr: &CloudControllerManager, credentials: &Option<Vec<u8>>) -> String {
-    match (credentials_key(cr), credentials) {
-        (Some(key), Some(value)) => hash::credentials(&hash, &key, value),
-        _ => hash,
-    }
+/// `hash` folded with each key mounted beside the cloud-config and its value.
+fn with_extra(hash: String, extra: &[(String, Vec<u8>)]) -> String {
+    extra.iter().fold(hash, |hash, (key, value)| hash::extra_key(&hash, key, value))
 }
 
 #[cfg(test)]
@@ -263,10 +255,32 @@ mod tests {
                 other => panic!("{other:?}"),
             };
             let (one, two) = (refs(b"[default]\naws_access_key_id=A"), refs(b"[default]\naws_access_key_id=B"));
-            assert_eq!(one.credentials_key.as_deref(), Some("credentials"));
+            assert_eq!(one.extra_keys, ["credentials"]);
             assert_ne!(one.hash, two.hash);
             assert_ne!(one.restart_hash, two.restart_hash, "the SDK reads the file once: a new one restarts");
         }
+        // A new CA bundle restarts too, beside the credentials.
+        let c = cr(
+            "a",
+            1,
+            json!({"provider": "aws", "upstream": {"profile": "aws"},
+            "cloudConfig": {"secretRef": {"name": "cfg"}, "credentialsKey": "credentials", "caBundleKey": "ca.crt"}}),
+        );
+        let refs = |ca: &[u8]| {
+            let secret = SecretState::Found {
+                name: "cfg".into(),
+                key: "cloud.conf".into(),
+                data: aws.as_bytes().to_vec(),
+                extra: vec![("credentials".into(), b"k".to_vec()), ("ca.crt".into(), ca.to_vec())],
+            };
+            match validate(&c, &secret, &registry, &[]) {
+                Validation::Valid(v) => v.cloud_config.unwrap(),
+                other => panic!("{other:?}"),
+            }
+        };
+        let (one, two) = (refs(b"-----BEGIN CERTIFICATE-----1"), refs(b"-----BEGIN CERTIFICATE-----2"));
+        assert_eq!(one.extra_keys, ["credentials", "ca.crt"]);
+        assert_ne!(one.restart_hash, two.restart_hash);
     }
 
     #[test]

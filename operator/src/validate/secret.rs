@@ -27,8 +27,9 @@ pub enum SecretState {
         key: String,
         /// The value; never logged or copied into messages.
         data: Vec<u8>,
-        /// The value of `spec.cloudConfig.credentialsKey` when it is set; never logged either.
-        credentials: Option<Vec<u8>>,
+        /// The keys mounted beside it (`credentialsKey`, `caBundleKey`) and their values, in
+        /// that order; never logged either.
+        extra: Vec<(String, Vec<u8>)>,
     },
     /// Reading the Secret failed with an API error (transient).
     Unreadable {
@@ -48,12 +49,12 @@ impl fmt::Debug for SecretState {
                 f.debug_struct("KeyNotFound").field("name", name).field("key", key).finish()
             }
             // The content stays out of debug output.
-            SecretState::Found { name, key, data, credentials } => f
+            SecretState::Found { name, key, data, extra } => f
                 .debug_struct("Found")
                 .field("name", name)
                 .field("key", key)
                 .field("bytes", &data.len())
-                .field("credentials_bytes", &credentials.as_ref().map(Vec::len))
+                .field("extra", &extra.iter().map(|(k, v)| (k, v.len())).collect::<Vec<_>>())
                 .finish(),
             SecretState::Unreadable { name, error } => {
                 f.debug_struct("Unreadable").field("name", name).field("error", error).finish()

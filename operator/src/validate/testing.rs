@@ -92,7 +92,7 @@ pub fn cr(name: &str, created: i64, spec: serde_json::Value) -> CloudControllerM
 
 /// Secret `cfg`, key `cloud.conf`, holding `data`.
 pub fn found(data: &[u8]) -> SecretState {
-    SecretState::Found { name: "cfg".into(), key: "cloud.conf".into(), data: data.to_vec(), credentials: None }
+    SecretState::Found { name: "cfg".into(), key: "cloud.conf".into(), data: data.to_vec(), extra: Vec::new() }
 }
 
 /// Secret `cfg`, key `cloud.conf` holding `data`, and the credentials key holding `credentials`.
@@ -101,7 +101,7 @@ pub fn found_with_credentials(data: &[u8], credentials: &[u8]) -> SecretState {
         name: "cfg".into(),
         key: "cloud.conf".into(),
         data: data.to_vec(),
-        credentials: Some(credentials.to_vec()),
+        extra: vec![("credentials".into(), credentials.to_vec())],
     }
 }
 

@@ -25,8 +25,8 @@ pub struct CloudConfigRef {
     pub secret: String,
     /// Key in the Secret.
     pub key: String,
-    /// Key of the same Secret holding a credentials file (`spec.cloudConfig.credentialsKey`).
-    pub credentials_key: Option<String>,
+    /// Keys of the same Secret mounted beside it (`credentialsKey`, `caBundleKey`).
+    pub extra_keys: Vec<String>,
     /// Hash of the key and value (see [`crate::hash::cloud_config`]).
     pub hash: String,
     /// Hash of the part whose change needs a restart (the provider's
