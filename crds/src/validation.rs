@@ -407,6 +407,31 @@ pub fn validate_spec(spec: &CloudControllerManagerSpec) -> Result<(), InvalidSpe
     if let Some(src) = &spec.cloud_config {
         errors.string("spec.cloudConfig.secretRef.name", &src.secret_ref.name, limits::NAME);
         errors.string("spec.cloudConfig.secretRef.key", &src.secret_ref.key, limits::NAME);
+        // The CRD's pattern and rules for the keys mounted beside the cloud-config.
+        for (field, key) in [
+            ("spec.cloudConfig.credentialsKey", &src.credentials_key),
+            ("spec.cloudConfig.caBundleKey", &src.ca_bundle_key),
+        ] {
+            let Some(key) = key else { continue };
+            errors.string(field, key, limits::NAME);
+            if !key.is_empty() && !key.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_')) {
+                errors.push(field, "must consist of alphanumeric characters, '-', '_' or '.'".into());
+            }
+        }
+        if src.credentials_key.as_ref() == Some(&src.secret_ref.key) {
+            errors.push(
+                "spec.cloudConfig.credentialsKey",
+                "credentialsKey must name another key than secretRef.key".into(),
+            );
+        }
+        if let Some(ca) = &src.ca_bundle_key
+            && (ca == &src.secret_ref.key || src.credentials_key.as_ref() == Some(ca))
+        {
+            errors.push(
+                "spec.cloudConfig.caBundleKey",
+                "caBundleKey must name another key than secretRef.key and credentialsKey".into(),
+            );
+        }
     }
     if errors.0.is_empty() { Ok(()) } else { Err(InvalidSpec(errors.0)) }
 }
@@ -456,6 +481,26 @@ impl Errors {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keys_mounted_beside_the_cloud_config_are_secret_keys_distinct_from_each_other() {
+        let errors = |cloud_config: serde_json::Value| {
+            let spec: CloudControllerManagerSpec =
+                serde_json::from_value(serde_json::json!({"provider": "aws", "cloudConfig": cloud_config})).unwrap();
+            match validate_spec(&spec) {
+                Ok(()) => Vec::new(),
+                Err(InvalidSpec(e)) => e.into_iter().map(|e| e.field).collect::<Vec<_>>(),
+            }
+        };
+        let ok =
+            serde_json::json!({"secretRef": {"name": "c"}, "credentialsKey": "credentials", "caBundleKey": "ca.crt"});
+        assert!(errors(ok).is_empty());
+        let same =
+            serde_json::json!({"secretRef": {"name": "c", "key": "k"}, "credentialsKey": "k", "caBundleKey": "k"});
+        assert_eq!(errors(same), ["spec.cloudConfig.credentialsKey", "spec.cloudConfig.caBundleKey"]);
+        let path = serde_json::json!({"secretRef": {"name": "c"}, "caBundleKey": "../ca"});
+        assert_eq!(errors(path), ["spec.cloudConfig.caBundleKey"], "no path outside the mount");
+    }
 
     #[test]
     fn single_and_dual_stack_cidrs_parse() {
