@@ -59,7 +59,10 @@ impl Peer {
         selection: &ControllerSelection,
         registry: &Registry,
     ) -> Option<Peer> {
+        // A resource in shadow mode writes nothing a controller owns (docs/shadow.md): it
+        // neither blocks nor is blocked, so it can run beside the manager it would replace.
         if cr.meta().deletion_timestamp.is_some()
+            || cr.spec.shadow
             || (cr.spec.upstream.is_none() && !registry.contains(&cr.spec.provider))
         {
             return None;
@@ -281,6 +284,20 @@ mod tests {
         let Validation::Invalid { conflicts_with, failures } = &v else { panic!() };
         assert_eq!(conflicts_with, &["kube-system/old"]);
         assert!(failures[0].message.contains("both run cloud-node-controller"), "{}", failures[0].message);
+    }
+
+    #[test]
+    fn a_shadow_resource_runs_beside_the_manager_it_would_replace_and_blocks_no_one() {
+        // The running resource is an upstream image; the shadow one is this project's manager.
+        let running = cr("aws", 1, json!({"provider": "aws", "upstream": {"profile": "aws"}}));
+        let shadow = cr("aws-shadow", 2, json!({"provider": "plain", "shadow": true}));
+        let all = peers(&[&running, &shadow]);
+        assert!(validate(&shadow, &SecretState::NotReferenced, &registry(), &all).is_valid());
+        // An older shadow resource does not keep a newer acting one from running.
+        let older_shadow = cr("first", 1, json!({"provider": "plain", "shadow": true}));
+        let acting = cr("second", 2, json!({"provider": "plain"}));
+        let all = peers(&[&older_shadow, &acting]);
+        assert!(validate(&acting, &SecretState::NotReferenced, &registry(), &all).is_valid());
     }
 
     #[test]
