@@ -26,6 +26,22 @@ pub fn longest_gap(samples: &[Sample]) -> Duration {
     gap
 }
 
+/// The holders in the order they held the Lease (`released` where it was emptied), each with
+/// the time it was first seen, in seconds after the first sample (pure).
+pub fn sequence(samples: &[Sample]) -> Vec<String> {
+    let Some((start, _, _)) = samples.first() else { return Vec::new() };
+    let mut out: Vec<String> = Vec::new();
+    let mut last: Option<&str> = None;
+    for (at, holder, _) in samples {
+        if last != Some(holder.as_str()) {
+            let name = if holder.is_empty() { "released" } else { holder.as_str() };
+            out.push(format!("{name} at {:.1} s", at.duration_since(*start).unwrap_or_default().as_secs_f64()));
+            last = Some(holder.as_str());
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -43,5 +59,6 @@ mod tests {
         ];
         assert_eq!(longest_gap(&samples), Duration::from_secs(7));
         assert_eq!(longest_gap(&samples[..2]), Duration::ZERO, "one holder throughout");
+        assert_eq!(sequence(&samples), ["a at 0.0 s", "released at 5.0 s", "b at 9.0 s", "c at 11.0 s"]);
     }
 }

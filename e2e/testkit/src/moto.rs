@@ -51,3 +51,33 @@
 ///    a health-check change (a new target group, the old one deleted) upstream's
 ///    `DescribeTargetGroups` by load balancer then fails (`TargetGroupNotFound`).
 pub const CORRECTIONS: &str = include_str!("moto_corrections.py");
+
+/// The `[ServiceOverride]` sections of an aws cloud-config that send every service the
+/// managers call (EC2, both load-balancer APIs, KMS) to `url` in `region`.
+pub fn service_overrides(url: &str, region: &str) -> String {
+    [
+        ("EC2", "ec2"),
+        ("Elastic Load Balancing", "elasticloadbalancing"),
+        ("Elastic Load Balancing v2", "elasticloadbalancing"),
+        ("KMS", "kms"),
+    ]
+    .iter()
+    .enumerate()
+    .map(|(i, (service, signing))| {
+        format!(
+            "\n[ServiceOverride \"{}\"]\nService = {service}\nRegion = {region}\nURL = {url}\nSigningRegion = {region}\nSigningName = {signing}\n",
+            i + 1
+        )
+    })
+    .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_service_the_managers_call_goes_to_the_url() {
+        let text = super::service_overrides("https://198.19.0.1:5000", "us-east-1");
+        assert_eq!(text.matches("URL = https://198.19.0.1:5000\n").count(), 4);
+        assert!(text.contains("[ServiceOverride \"3\"]\nService = Elastic Load Balancing v2\n"), "{text}");
+    }
+}

@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 
 use crate::multinode::{initialized, measured};
 use crate::upstream_image::{
-    chart_allowing_the_upstream_image, condition_of, pods_of, ready_with_leader_of, resource_named,
+    chart_allowing_the_upstream_image, condition_of, imported, pods_of, ready_with_leader_of, resource_named,
 };
 use crate::{CCM_NAME, CCM_NS, Ctx, apply, wait};
 
@@ -154,24 +154,10 @@ print(json.dumps(out))
 "#;
 
 fn cloud_config(moto: &str, vpc: &str, subnet: &str) -> String {
-    let mut text = format!(
-        "[Global]\nRegion = us-east-1\nZone = us-east-1a\nVPC = {vpc}\nSubnetID = {subnet}\nKubernetesClusterID = {CLUSTER_ID}\n"
-    );
-    for (i, (service, signing)) in [
-        ("EC2", "ec2"),
-        ("Elastic Load Balancing", "elasticloadbalancing"),
-        ("Elastic Load Balancing v2", "elasticloadbalancing"),
-        ("KMS", "kms"),
-    ]
-    .iter()
-    .enumerate()
-    {
-        text.push_str(&format!(
-            "\n[ServiceOverride \"{}\"]\nService = {service}\nRegion = us-east-1\nURL = {moto}\nSigningRegion = us-east-1\nSigningName = {signing}\n",
-            i + 1
-        ));
-    }
-    text
+    format!(
+        "[Global]\nRegion = us-east-1\nZone = us-east-1a\nVPC = {vpc}\nSubnetID = {subnet}\nKubernetesClusterID = {CLUSTER_ID}\n{}",
+        testkit::moto::service_overrides(moto, "us-east-1")
+    )
 }
 
 fn secret(config: &str, ca: &str, key_id: &str) -> Value {
@@ -204,24 +190,16 @@ fn sample_lease(ctx: &Ctx, samples: Samples) -> tokio::task::JoinHandle<()> {
 
 /// Issue 48's acceptance for upstream cloud-provider-aws, and the one-edit switch.
 pub async fn an_upstream_aws_image_makes_an_nlb_and_one_edit_hands_it_to_the_rust_manager(ctx: Arc<Ctx>) {
-    let binary = match e2e::upstream::aws_binary() {
-        Ok(b) => b,
-        Err(why) => {
-            println!(
-                "    skipped: upstream cloud-provider-aws is not here ({why}); see ../shared/upstream-aws/README.md"
-            );
-            return;
-        }
-    };
     let has_moto =
         Command::new("python3").args(["-c", "import moto.server, boto3"]).status().is_ok_and(|s| s.success());
     if !has_moto {
         println!("    skipped: moto is not installed (pip install 'moto[server]==5.2.5')");
         return;
     }
-    let out = ctx.cluster.state_dir().join("images/upstream-aws-ccm.tar");
-    images::build_upstream_aws(&binary, &out).expect("the upstream aws image");
-    ctx.cluster.import_image(&out).expect("importing the upstream aws image");
+    let found = e2e::upstream::aws_binary();
+    if !imported(&ctx, found, "upstream cloud-provider-aws", "upstream-aws", images::build_upstream_aws) {
+        return;
+    }
     chart_allowing_the_upstream_image(&ctx).await;
     let crs: Api<crds::CloudControllerManager> = Api::namespaced(ctx.client.clone(), CCM_NS);
     let _ = crs.delete(CCM_NAME, &DeleteParams::default()).await;
@@ -436,10 +414,12 @@ async fn switch(ctx: &Ctx, edit: &Value, from: &str, to: &str, image: &str) -> S
         t.elapsed().as_secs_f64()
     ));
     sampler.abort();
-    let gap = holders::longest_gap(&samples.lock().map(|s| s.clone()).unwrap_or_default());
+    let samples = samples.lock().map(|s| s.clone()).unwrap_or_default();
+    let gap = holders::longest_gap(&samples);
     measured(format!(
-        "switch to {to}: longest time no holder renewed the Lease (every controller): {:.1} s; two holders at once: never (one Lease)",
-        gap.as_secs_f64()
+        "switch to {to}: longest time no holder renewed the Lease (every controller): {:.1} s; two holders at once: never (one Lease); holders: {}",
+        gap.as_secs_f64(),
+        holders::sequence(&samples).join(" -> ")
     ));
     assert_eq!(ready_with_leader_of(ctx, NAME, &format!("{to} Ready")).await, leader);
     for p in pods_of(ctx, NAME).await {

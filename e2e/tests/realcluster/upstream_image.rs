@@ -78,6 +78,29 @@ async fn ready_with_leader(ctx: &Ctx, what: &str) -> String {
     ready_with_leader_of(ctx, NAME, what).await
 }
 
+/// Builds an upstream image from `binary` with `build` and imports it into every Node; `false`,
+/// after one line saying what is missing (see `../shared/<shared>/README.md`), without it.
+pub(crate) fn imported(
+    ctx: &Ctx,
+    binary: Result<std::path::PathBuf, String>,
+    what: &str,
+    shared: &str,
+    build: fn(&std::path::Path, &std::path::Path) -> Result<(), e2e::Error>,
+) -> bool {
+    let binary = match binary {
+        Ok(b) => b,
+        Err(why) => {
+            println!("    skipped: {what} is not here ({why}); see ../shared/{shared}/README.md");
+            return false;
+        }
+    };
+    let name = binary.file_name().and_then(|n| n.to_str()).unwrap_or("upstream");
+    let out = ctx.cluster.state_dir().join(format!("images/{name}.tar"));
+    build(&binary, &out).unwrap_or_else(|e| panic!("the image of {what}: {e}"));
+    ctx.cluster.import_image(&out).unwrap_or_else(|e| panic!("importing the image of {what}: {e}"));
+    true
+}
+
 /// The chart installed (this scenario alone) or upgraded, allowing the upstream images too.
 pub(crate) async fn chart_allowing_the_upstream_image(ctx: &Ctx) {
     let mut rest = helm_args(images::TAG, false);
@@ -129,16 +152,10 @@ async fn apply_resource(ctx: &Ctx, replicas: i32) {
 
 /// Issue 48 item 1 and 2 for an upstream image on the real cluster.
 pub async fn an_upstream_image_initializes_a_registering_node_reports_its_leader_and_rolls_on_rotation(ctx: Arc<Ctx>) {
-    let binary = match e2e::upstream::binary() {
-        Ok(b) => b,
-        Err(why) => {
-            println!("    skipped: the upstream Go CCM is not here ({why}); see ../shared/upstream/README.md");
-            return;
-        }
-    };
-    let out = ctx.cluster.state_dir().join("images/upstream-ccm-bench.tar");
-    images::build_upstream_bench(&binary, &out).expect("the upstream image");
-    ctx.cluster.import_image(&out).expect("importing the upstream image");
+    let found = e2e::upstream::binary();
+    if !imported(&ctx, found, "the upstream Go CCM", "upstream", images::build_upstream_bench) {
+        return;
+    }
     power_on_any_stopped(&ctx).await;
     let names = ctx.cluster.node_names();
     wait("the three Nodes Ready", Duration::from_secs(120), || async { all_ready(&ctx, &names).await.then_some(()) })

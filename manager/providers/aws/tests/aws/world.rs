@@ -290,20 +290,7 @@ pub(crate) fn cloud_conf(w: &Seeded, url: &str, extra: &[(&str, &str)]) -> Strin
     for (k, v) in extra {
         s.push_str(&format!("{k} = {}\n", w.fill(v)));
     }
-    for (i, (service, signing)) in [
-        ("EC2", "ec2"),
-        ("Elastic Load Balancing", "elasticloadbalancing"),
-        ("Elastic Load Balancing v2", "elasticloadbalancing"),
-        ("KMS", "kms"),
-    ]
-    .iter()
-    .enumerate()
-    {
-        s.push_str(&format!(
-            "\n[ServiceOverride \"{}\"]\nService = {service}\nRegion = {REGION}\nURL = {url}\nSigningRegion = {REGION}\nSigningName = {signing}\n",
-            i + 1
-        ));
-    }
+    s.push_str(&testkit::moto::service_overrides(url, REGION));
     s
 }
 
