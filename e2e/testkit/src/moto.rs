@@ -37,19 +37,19 @@
 ///    on request (up to 1,000). The differential suite puts the rules of some 40 load
 ///    balancers on one Nodes' group, as a cluster with a raised quota would.
 /// 10. `CreateTargetGroup` with the name of an existing target group of the same protocol, port,
-///    VPC and target type fails in moto (`DuplicateTargetGroupName`); AWS returns the existing
-///    one (the call is idempotent). Upstream relies on it when a sync that made a target group
-///    is retried.
+///     VPC and target type fails in moto (`DuplicateTargetGroupName`); AWS returns the existing
+///     one (the call is idempotent). Upstream relies on it when a sync that made a target group
+///     is retried.
 /// 11. `ModifyListener` refuses the TLS, UDP and TCP_UDP protocols in moto (it knows HTTP, HTTPS
-///    and TCP); AWS changes an NLB's listener to any of them. Upstream modifies TLS listeners.
+///     and TCP); AWS changes an NLB's listener to any of them. Upstream modifies TLS listeners.
 /// 12. `AuthorizeSecurityGroupIngress` takes any IP protocol name in moto; EC2 takes `tcp`,
-///    `udp`, `icmp`, `icmpv6`, `-1` (`all`) or a number, and refuses others such as `tls`
-///    (`InvalidParameterValue`), which upstream sends for an NLB's managed group and a TLS port.
+///     `udp`, `icmp`, `icmpv6`, `-1` (`all`) or a number, and refuses others such as `tls`
+///     (`InvalidParameterValue`), which upstream sends for an NLB's managed group and a TLS port.
 /// 13. A target group forwarded to by `ModifyListener` does not list the listener's load
-///    balancer in moto (only `CreateListener` links them), and one no longer forwarded to still
-///    does; AWS's `LoadBalancerArns` are the load balancers whose listeners forward to it. After
-///    a health-check change (a new target group, the old one deleted) upstream's
-///    `DescribeTargetGroups` by load balancer then fails (`TargetGroupNotFound`).
+///     balancer in moto (only `CreateListener` links them), and one no longer forwarded to still
+///     does; AWS's `LoadBalancerArns` are the load balancers whose listeners forward to it. After
+///     a health-check change (a new target group, the old one deleted) upstream's
+///     `DescribeTargetGroups` by load balancer then fails (`TargetGroupNotFound`).
 pub const CORRECTIONS: &str = include_str!("moto_corrections.py");
 
 /// The `[ServiceOverride]` sections of an aws cloud-config that send every service the

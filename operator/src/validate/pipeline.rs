@@ -23,6 +23,9 @@ use super::verdict::{Checked, CloudConfigRef, Failure, Validated, Validation};
 use crate::hash;
 use crds::reasons::config_valid as reason;
 
+/// The Secret's name, the cloud-config's key and value, and the keys mounted beside it.
+type FoundConfig<'a> = (&'a str, &'a str, &'a [u8], &'a [(String, Vec<u8>)]);
+
 /// Validate `cr` given its Secret and the other CRs in scope.
 pub fn validate(cr: &CloudControllerManager, secret: &SecretState, registry: &Registry, peers: &[Peer]) -> Validation {
     check(cr, &ControllerSelection::parse(&cr.spec.controllers), secret, registry, peers).validation
@@ -89,7 +92,7 @@ pub fn check(
         Checked::without_provider(Validation::Invalid { failures, conflicts_with })
     };
 
-    let cloud_config: Option<(&str, &str, &[u8], &[(String, Vec<u8>)])> = match secret {
+    let cloud_config: Option<FoundConfig<'_>> = match secret {
         SecretState::NotReferenced => None,
         SecretState::NotFound { name } => {
             failures.push(Failure {
