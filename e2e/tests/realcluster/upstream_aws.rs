@@ -217,6 +217,32 @@ pub async fn an_upstream_aws_image_makes_an_nlb_and_one_edit_hands_it_to_the_rus
     );
     let config = cloud_config(&moto.url, vpc, subnet);
 
+    // Earlier scenarios' LoadBalancer Services would become Classic ELBs here (both managers
+    // take every Service of no class): they are the earlier scenarios' leftovers, and go.
+    let all_services: Api<Service> = Api::all(ctx.client.clone());
+    let leftovers: Vec<Service> = all_services
+        .list(&Default::default())
+        .await
+        .expect("listing Services")
+        .items
+        .into_iter()
+        .filter(|s| s.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("LoadBalancer"))
+        .collect();
+    for svc in &leftovers {
+        let ns = svc.namespace().unwrap_or_default();
+        let api: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
+        // No manager runs to remove the cleanup finalizer of the one that made its address.
+        let unfinalized = json!({"metadata": {"finalizers": null}});
+        let _ = api.patch(&svc.name_any(), &PatchParams::default(), &Patch::Merge(&unfinalized)).await;
+        let _ = api.delete(&svc.name_any(), &DeleteParams::default()).await;
+    }
+    wait("no LoadBalancer Service left by earlier scenarios", Duration::from_secs(60), || async {
+        let list = all_services.list(&Default::default()).await.ok()?;
+        let left = list.items.iter().any(|s| s.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("LoadBalancer"));
+        (!left).then_some(())
+    })
+    .await;
+
     // The kubelets' Nodes stay out of the load balancer; two Nodes stand for the instances.
     let nodes: Api<Node> = Api::all(ctx.client.clone());
     let kubelet_nodes = ctx.cluster.node_names();
@@ -292,8 +318,8 @@ pub async fn an_upstream_aws_image_makes_an_nlb_and_one_edit_hands_it_to_the_rus
     })
     .await;
     measured(format!("upstream aws image: Service to NLB {hostname}: {:.1} s", t.elapsed().as_secs_f64()));
-    let before = moto.python(SNAPSHOT, &[sg]);
-    assert_eq!(before["loadBalancers"].as_array().map(Vec::len), Some(1), "one NLB: {before}");
+    let first = moto.python(SNAPSHOT, &[sg]);
+    assert_eq!(first["loadBalancers"].as_array().map(Vec::len), Some(1), "one NLB: {first}");
 
     // A credentials rotation rolls the Pods.
     let rolled: Vec<String> = pods_of(&ctx, NAME).await.iter().map(|p| p.name_any()).collect();
@@ -317,6 +343,10 @@ pub async fn an_upstream_aws_image_makes_an_nlb_and_one_edit_hands_it_to_the_rus
         "upstream aws image: credentials rotation to new Pods Ready and a new leader {leader}: {:.1} s",
         t.elapsed().as_secs_f64()
     ));
+
+    // What upstream left, once its new leader has synced everything: the switch must keep it.
+    let before = moto.python(SNAPSHOT, &[sg]);
+    assert_eq!(before["loadBalancers"], first["loadBalancers"], "the rotation kept the NLB");
 
     // One edit: the Rust manager.
     let edit = json!({"spec": {"upstream": null, "deployment": {"image": null}}});
