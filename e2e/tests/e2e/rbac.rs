@@ -802,6 +802,7 @@ async fn manager_scenario(
     objects: &[Value],
     namespace: &str,
     timeout: Duration,
+    removed: Option<&Value>,
 ) -> Result<(Vec<RequestRecord>, Role), String> {
     let ccms: Api<crds::CloudControllerManager> = Api::namespaced(client.clone(), namespace);
     let spec = json!({"provider": "fake", "clusterCIDR": "10.244.0.0/16",
@@ -832,6 +833,12 @@ async fn manager_scenario(
     bound?;
     let own_role = roles.get(&own).await.expect("the resource's own Role");
     let account = operator::names::workload_name(CR_NAME);
+    if let Some(rule) = removed {
+        let user = format!("system:serviceaccount:{namespace}:{account}");
+        if !authorizer_denies(&cluster.client(), &user, namespace, rule).await {
+            eprintln!("the authorizer still allows {user} what {rule} granted after 30 s");
+        }
+    }
     let (_, kubeconfig) = cluster.service_account(namespace, &account).await.expect("the manager's token");
 
     // Nodes are cluster-wide: named after the namespace, so that runs do not share them.
@@ -986,6 +993,53 @@ async fn manager_steps(
     Ok(())
 }
 
+/// Waits (up to 30 s) until the genuine authorizer denies `user` the first verb on the first
+/// resource of `rule` in `namespace`: RBAC's cache can lag behind a role just applied, and a
+/// scenario run in that gap would still have the removed rule. False if it never does (another
+/// rule grants the same, which the scenario then shows).
+async fn authorizer_denies(client: &Client, user: &str, namespace: &str, rule: &Value) -> bool {
+    use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
+    let first = |field: &str| rule[field].as_array().and_then(|a| a.first()).and_then(Value::as_str).map(str::to_string);
+    let (Some(verb), Some(group), Some(resource)) = (first("verbs"), first("apiGroups"), first("resources")) else {
+        return true;
+    };
+    let (resource, subresource) = match resource.split_once('/') {
+        Some((r, sub)) => (r.to_string(), Some(sub.to_string())),
+        None => (resource, None),
+    };
+    let account_namespace = user.split(':').nth(2).unwrap_or_default();
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(user.to_string()),
+            groups: Some(vec![
+                "system:serviceaccounts".into(),
+                format!("system:serviceaccounts:{account_namespace}"),
+                "system:authenticated".into(),
+            ]),
+            resource_attributes: Some(ResourceAttributes {
+                namespace: Some(namespace.to_string()),
+                verb: Some(verb),
+                group: Some(group),
+                resource: Some(resource),
+                subresource,
+                name: first("resourceNames"),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let reviews = Api::<SubjectAccessReview>::all(client.clone());
+    testkit::poll_within(Duration::from_secs(30), || async {
+        reviews
+            .create(&PostParams::default(), &review)
+            .await
+            .is_ok_and(|answer| answer.status.is_some_and(|s| !s.allowed))
+    })
+    .await
+    .is_some()
+}
+
 /// The first request of `user` refused (403) since `mark` (genuine backend: the audit log): the
 /// removed rule at work, so that a step that broke for another reason (a slow run) is not
 /// taken as proof.
@@ -1024,7 +1078,7 @@ testkit::backend_tests! {
         if cluster.is_genuine() {
             apply_chart_rbac(&cluster.client(), &objects, None).await;
         }
-        let (requests, own_role) = manager_scenario(&cluster, &client, &objects, CR_NAMESPACE, Duration::from_secs(60))
+        let (requests, own_role) = manager_scenario(&cluster, &client, &objects, CR_NAMESPACE, Duration::from_secs(60), None)
             .await
             .unwrap_or_else(|step| panic!("timed out waiting until {step}"));
         let grants = vec![
@@ -1072,7 +1126,9 @@ testkit::backend_tests! {
                 let _ = leases.delete(operator::names::OPERATOR_LEASE, &DeleteParams::default()).await;
                 let log = cluster.request_log();
                 let mark = log.mark();
-                let outcome = manager_scenario(&cluster, &client, &objects, &ns, Duration::from_secs(10)).await;
+                let removed = &objects[*object]["rules"][*rule];
+                let outcome =
+                    manager_scenario(&cluster, &client, &objects, &ns, Duration::from_secs(10), Some(removed)).await;
                 clean_up(&client, &ns).await;
                 let manager = format!("system:serviceaccount:{ns}:{}", operator::names::workload_name(CR_NAME));
                 match outcome {
@@ -1085,7 +1141,7 @@ testkit::backend_tests! {
             }
             apply_chart_rbac(&cluster.client(), &objects, None).await;
         } else {
-            let (requests, own_role) = manager_scenario(&cluster, &client, &objects, CR_NAMESPACE, Duration::from_secs(60))
+            let (requests, own_role) = manager_scenario(&cluster, &client, &objects, CR_NAMESPACE, Duration::from_secs(60), None)
                 .await
                 .unwrap_or_else(|step| panic!("timed out waiting until {step}"));
             for (object, rule, label) in &sites {
@@ -1180,6 +1236,12 @@ testkit::backend_tests! {
                 // did not release it in time cannot make this one wait.
                 let leases: Api<Lease> = Api::namespaced(cluster.client(), RELEASE_NAMESPACE);
                 let _ = leases.delete(operator::names::OPERATOR_LEASE, &DeleteParams::default()).await;
+                let operator = format!("system:serviceaccount:{RELEASE_NAMESPACE}:{}", operator_identity(&objects).0);
+                let removed = &objects[*object]["rules"][*rule];
+                let rule_namespace = objects[*object]["metadata"]["namespace"].as_str().unwrap_or(&ns);
+                if !authorizer_denies(&cluster.client(), &operator, rule_namespace, removed).await {
+                    eprintln!("the authorizer still allows {operator} what {removed} granted after 30 s");
+                }
                 let timeout = Duration::from_secs(10);
                 let log = cluster.request_log();
                 let mark = log.mark();
@@ -1195,7 +1257,6 @@ testkit::backend_tests! {
                     Err(step) => Err(step),
                 };
                 clean_up(&client, &ns).await;
-                let operator = format!("system:serviceaccount:{RELEASE_NAMESPACE}:{}", operator_identity(&objects).0);
                 match outcome {
                     Err(step) => match first_refusal(&log, mark, &operator) {
                         Some(refused) => broken.push(format!("{label}\n      breaks: {step}\n      first refused: {refused}")),
