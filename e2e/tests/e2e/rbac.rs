@@ -999,7 +999,8 @@ async fn manager_steps(
 /// rule grants the same, which the scenario then shows).
 async fn authorizer_denies(client: &Client, user: &str, namespace: &str, rule: &Value) -> bool {
     use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
-    let first = |field: &str| rule[field].as_array().and_then(|a| a.first()).and_then(Value::as_str).map(str::to_string);
+    let first =
+        |field: &str| rule[field].as_array().and_then(|a| a.first()).and_then(Value::as_str).map(str::to_string);
     let (Some(verb), Some(group), Some(resource)) = (first("verbs"), first("apiGroups"), first("resources")) else {
         return true;
     };

@@ -25,9 +25,10 @@ use serde_json::{Value, json};
 
 use crate::multinode::{initialized, measured};
 use crate::upstream_image::{
-    chart_allowing_the_upstream_image, condition_of, imported, pods_of, ready_with_leader_of, resource_named,
+    condition_of, imported, pods_of, ready_with_leader_of, resource_named,
+    upstream_images_allowed_and_no_other_resource,
 };
-use crate::{CCM_NAME, CCM_NS, Ctx, apply, wait};
+use crate::{CCM_NS, Ctx, apply, wait};
 
 const NAME: &str = "aws";
 const SECRET: &str = "aws-cloud-config";
@@ -200,13 +201,7 @@ pub async fn an_upstream_aws_image_makes_an_nlb_and_one_edit_hands_it_to_the_rus
     if !imported(&ctx, found, "upstream cloud-provider-aws", "upstream-aws", images::build_upstream_aws) {
         return;
     }
-    chart_allowing_the_upstream_image(&ctx).await;
-    let crs: Api<crds::CloudControllerManager> = Api::namespaced(ctx.client.clone(), CCM_NS);
-    let _ = crs.delete(CCM_NAME, &DeleteParams::default()).await;
-    wait("no other resource", Duration::from_secs(120), || async {
-        (!matches!(crs.get_opt(CCM_NAME).await, Ok(Some(_)))).then_some(())
-    })
-    .await;
+    upstream_images_allowed_and_no_other_resource(&ctx).await;
 
     let moto = Moto::start(&ctx).await;
     let world = moto.python(SETUP, &[CLUSTER_ID]);
@@ -378,6 +373,7 @@ pub async fn an_upstream_aws_image_makes_an_nlb_and_one_edit_hands_it_to_the_rus
     assert_eq!(empty["loadBalancers"].as_array().map(Vec::len), Some(0), "{empty}");
 
     // Nothing of the scenario stays.
+    let crs: Api<crds::CloudControllerManager> = Api::namespaced(ctx.client.clone(), CCM_NS);
     let _ = crs.delete(NAME, &DeleteParams::default()).await;
     wait("the aws resource and its Pods gone", Duration::from_secs(120), || async {
         (resource_named(&ctx, NAME).await.is_none() && pods_of(&ctx, NAME).await.is_empty()).then_some(())

@@ -101,8 +101,20 @@ pub(crate) fn imported(
     true
 }
 
+/// The chart allowing the upstream images, and no resource of earlier scenarios left, so that
+/// only the scenario's own manager initializes Nodes or serves Services meanwhile.
+pub(crate) async fn upstream_images_allowed_and_no_other_resource(ctx: &Ctx) {
+    chart_allowing_the_upstream_image(ctx).await;
+    let crs: Api<crds::CloudControllerManager> = Api::namespaced(ctx.client.clone(), CCM_NS);
+    let _ = crs.delete(CCM_NAME, &DeleteParams::default()).await;
+    wait("no other resource", Duration::from_secs(120), || async {
+        (!matches!(crs.get_opt(CCM_NAME).await, Ok(Some(_)))).then_some(())
+    })
+    .await;
+}
+
 /// The chart installed (this scenario alone) or upgraded, allowing the upstream images too.
-pub(crate) async fn chart_allowing_the_upstream_image(ctx: &Ctx) {
+async fn chart_allowing_the_upstream_image(ctx: &Ctx) {
     let mut rest = helm_args(images::TAG, false);
     rest.extend([
         "--set".to_string(),
@@ -160,14 +172,7 @@ pub async fn an_upstream_image_initializes_a_registering_node_reports_its_leader
     let names = ctx.cluster.node_names();
     wait("the three Nodes Ready", Duration::from_secs(120), || async { all_ready(&ctx, &names).await.then_some(()) })
         .await;
-    chart_allowing_the_upstream_image(&ctx).await;
-    // Only this resource's manager may initialize Nodes meanwhile.
-    let crs: Api<crds::CloudControllerManager> = Api::namespaced(ctx.client.clone(), CCM_NS);
-    let _ = crs.delete(CCM_NAME, &DeleteParams::default()).await;
-    wait("no other resource", Duration::from_secs(120), || async {
-        (!matches!(crs.get_opt(CCM_NAME).await, Ok(Some(_)))).then_some(())
-    })
-    .await;
+    upstream_images_allowed_and_no_other_resource(&ctx).await;
 
     let t = Instant::now();
     apply_resource(&ctx, 2).await;
@@ -258,6 +263,7 @@ pub async fn an_upstream_image_initializes_a_registering_node_reports_its_leader
     ));
 
     // Deleting the resource leaves nothing of it.
+    let crs: Api<crds::CloudControllerManager> = Api::namespaced(ctx.client.clone(), CCM_NS);
     let _ = crs.delete(NAME, &DeleteParams::default()).await;
     wait("the upstream resource and its children gone", Duration::from_secs(120), || async {
         let gone = resource(&ctx).await.is_none()
