@@ -454,6 +454,25 @@ pub struct UpstreamManager {
     /// Which cloud's CCM: its image, command, `--cloud-provider` name and cloud-config form.
     /// `generic` runs `spec.deployment.image` with its own entrypoint.
     pub profile: UpstreamProfile,
+    /// The profile's per-node manager (Azure's cloud-node-manager), which initializes Nodes in
+    /// place of the CCM's cloud-node controller: a DaemonSet on every Node while the resource's
+    /// controllers include `cloud-node`. Only profiles that have one take it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_manager: Option<UpstreamNodeManager>,
+}
+
+/// `spec.upstream.nodeManager`: whether and what the profile's per-node manager runs.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UpstreamNodeManager {
+    /// Run it (default). `false` keeps the cloud-node controller in the CCM, for a cluster
+    /// that runs the node manager itself or needs none.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// Its image; default: the profile's pinned release. Keep its minor version the CCM's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub image: Option<String>,
 }
 
 /// The upstream CCMs the operator knows how to run (docs/profiles/).
@@ -693,18 +712,22 @@ pub struct CloudControllerManagerStatus {
     pub orphans: Option<OrphanReport>,
     /// With `spec.announcer`: its DaemonSet's Pods, as the DaemonSet controller counts them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub announcers: Option<AnnouncersStatus>,
+    pub announcers: Option<NodePodsStatus>,
+    /// While an upstream profile's node manager runs (`spec.upstream.nodeManager`): its
+    /// DaemonSet's Pods, likewise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_managers: Option<NodePodsStatus>,
 }
 
-/// The announcer Pods of `spec.announcer`.
+/// The Pods of a per-node DaemonSet (announcers, node managers).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct AnnouncersStatus {
-    /// Nodes that should run an announcer.
+pub struct NodePodsStatus {
+    /// Nodes that should run one.
     pub desired: i32,
-    /// Announcer Pods that are ready.
+    /// Its Pods that are ready.
     pub ready: i32,
-    /// Announcer Pods running the current template.
+    /// Its Pods running the current template.
     pub updated: i32,
 }
 

@@ -155,7 +155,7 @@ pub mod limits {
     pub const EXTRA_ARGS: usize = 64;
     /// Each of `spec.extraArgs`.
     pub const EXTRA_ARG: usize = 4096;
-    /// `spec.deployment.image`.
+    /// `spec.deployment.image` and `spec.upstream.nodeManager.image`.
     pub const IMAGE: usize = 1024;
     /// `spec.deployment.nodeSelector` entries.
     pub const NODE_SELECTOR: usize = 32;
@@ -364,6 +364,11 @@ pub fn validate_spec(spec: &CloudControllerManagerSpec) -> Result<(), InvalidSpe
         && len(image) > limits::IMAGE
     {
         errors.push("spec.deployment.image", messages::too_long(limits::IMAGE));
+    }
+    if let Some(image) = spec.upstream.as_ref().and_then(|u| u.node_manager.as_ref()).and_then(|n| n.image.as_ref())
+        && len(image) > limits::IMAGE
+    {
+        errors.push("spec.upstream.nodeManager.image", messages::too_long(limits::IMAGE));
     }
     if len(&d.priority_class_name) > limits::NAME {
         errors.push("spec.deployment.priorityClassName", messages::too_long(limits::NAME));

@@ -5,7 +5,8 @@
 //! leader-migration Lease in another namespace a Role, RoleBinding and create RoleBinding there
 //! (that one Lease), Deployment, and a PodDisruptionBudget when replicas > 1. DaemonSet mode: the same without the PDB, with
 //! a DaemonSet. Embedded mode: nothing (the operator runs the engine itself). With
-//! `spec.announcer`, the announcer's objects too ([`crate::announcer`]).
+//! `spec.announcer`, the announcer's objects too ([`crate::announcer`]); with an upstream
+//! profile's node manager, its objects ([`crate::node_manager`]).
 //!
 //! The manager pod passes the `restricted` Pod Security profile except for `hostNetwork`
 //! (`spec.deployment.hostNetwork`, on by default); [`restricted_violations`] checks it.
@@ -200,6 +201,7 @@ pub fn build(cr: &CloudControllerManager, validated: &Validated, settings: &Buil
         Mode::Embedded => {}
     }
     out.extend(crate::announcer::build(cr, validated, settings, &labels, &owner));
+    out.extend(crate::node_manager::build(cr, validated, settings, &labels, &owner));
     out.into_iter().map(Desired::stamped).collect()
 }
 
@@ -299,6 +301,7 @@ pub fn binding_overreach(
 ) -> Option<String> {
     let manager = names::workload_name(cr_name);
     let announcer = names::announcer_name(cr_name);
+    let node_manager = names::node_manager_name(cr_name);
     let subject_is = |subjects: &Option<Vec<Subject>>, account: &str| {
         matches!(subjects.as_deref(), Some([s]) if s.kind == "ServiceAccount"
             && s.name == account
@@ -315,6 +318,7 @@ pub fn binding_overreach(
                     ("ClusterRole", settings.manager_cluster_role.clone(), manager.as_str()),
                     ("ClusterRole", settings.manager_shadow_cluster_role.clone(), manager.as_str()),
                     ("ClusterRole", settings.manager_upstream_cluster_role.clone(), manager.as_str()),
+                    ("ClusterRole", settings.node_manager_cluster_role.clone(), node_manager.as_str()),
                 ];
                 if announcers {
                     allowed.push(("ClusterRole", settings.announcer_cluster_role.clone(), announcer.as_str()));
@@ -598,7 +602,10 @@ fn pod_template(
     // Before `extraArgs`, which come last.
     let bind = format!("--bind-address=$({})", names::POD_IP_ENV);
     let args = match upstream {
-        Some(profile) => crate::profiles::upstream_args(&validated.config, profile, &bind),
+        Some(profile) => {
+            let node_manager = crate::profiles::node_manager_of(cr).is_some();
+            crate::profiles::upstream_args(&validated.config, profile, &bind, node_manager)
+        }
         None => {
             let mut args = manager_args(validated);
             let extra = validated.config.extra_args.len().min(args.len());

@@ -35,6 +35,9 @@ pub struct BuildSettings {
     pub announcer_cluster_role: String,
     /// The ClusterRole bound in the CR's namespace for announcers (their Leases).
     pub announcer_namespace_role: String,
+    /// The ClusterRole the chart installs for upstream profiles' node managers (Nodes and their
+    /// status), bound cluster-wide per CR that runs one (`spec.upstream.nodeManager`).
+    pub node_manager_cluster_role: String,
     /// What resource authors may ask for (images, `extraArgs`, replicas, priority classes):
     /// checked at validation, before anything is built.
     pub policy: crate::validate::Policy,
@@ -53,6 +56,7 @@ impl Default for BuildSettings {
             manager_upstream_cluster_role: "ccm-manager-upstream".to_string(),
             announcer_cluster_role: "ccm-announcer".to_string(),
             announcer_namespace_role: "ccm-announcer-namespace".to_string(),
+            node_manager_cluster_role: "ccm-node-manager".to_string(),
             policy: crate::validate::Policy::default(),
             manager_disable_http2: false,
         }

@@ -19,6 +19,7 @@ pub mod error;
 pub mod hash;
 pub mod metrics;
 pub mod names;
+pub mod node_manager;
 pub mod profiles;
 pub mod reasons;
 pub mod status;

@@ -169,6 +169,11 @@ struct RunFlags {
     /// (their Leases); the operator needs only `bind` on it.
     #[arg(long, default_value_t = BuildSettings::default().announcer_namespace_role, value_name = "name")]
     announcer_namespace_role: String,
+    /// ClusterRole (installed by the Helm chart) bound cluster-wide to the node manager of an
+    /// upstream profile that has one (spec.upstream.nodeManager); the operator needs only `bind`
+    /// on it.
+    #[arg(long, default_value_t = BuildSettings::default().node_manager_cluster_role, value_name = "name")]
+    node_manager_cluster_role: String,
     /// Reconcile every CloudControllerManager at least this often.
     #[arg(long, default_value = "5m", value_parser = ccm_framework::go_values::parse_duration, value_name = "duration")]
     resync_period: Duration,
@@ -282,6 +287,7 @@ async fn run(flags: RunFlags) -> Result<(), operator::Error> {
         manager_upstream_cluster_role: flags.manager_upstream_cluster_role,
         announcer_cluster_role: flags.announcer_cluster_role,
         announcer_namespace_role: flags.announcer_namespace_role,
+        node_manager_cluster_role: flags.node_manager_cluster_role,
         policy: operator::validate::Policy {
             allowed_images: list(flags.allowed_images),
             require_image_digest: flags.require_image_digest,

@@ -144,7 +144,29 @@ pub fn announcer_selector_labels(owner_uid: &str) -> BTreeMap<String, String> {
     ])
 }
 
-/// Whether a pod with these labels is a manager pod (not an announcer).
+/// `app.kubernetes.io/name` of an upstream profile's node-manager pods (never counted as
+/// manager pods).
+pub const NODE_MANAGER_APP_NAME: &str = "ccm-node-manager";
+
+/// Name of the node manager's ServiceAccount and DaemonSet (`spec.upstream.nodeManager`).
+pub fn node_manager_name(cr_name: &str) -> String {
+    format!("ccm-{cr_name}-node-manager")
+}
+
+/// Name of the node manager's ClusterRoleBinding; the colon keeps it apart from the manager's.
+pub fn node_manager_cluster_role_binding_name(namespace: &str, cr_name: &str) -> String {
+    format!("ccm-operator:{namespace}:{cr_name}:node-manager")
+}
+
+/// Labels of the node-manager pods, also its DaemonSet's selector.
+pub fn node_manager_selector_labels(owner_uid: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (LABEL_NAME.to_string(), NODE_MANAGER_APP_NAME.to_string()),
+        (LABEL_OWNER_UID.to_string(), owner_uid.to_string()),
+    ])
+}
+
+/// Whether a pod with these labels is a manager pod (not an announcer or a node manager).
 pub fn is_manager_pod(labels: &BTreeMap<String, String>) -> bool {
     labels.get(LABEL_NAME).is_none_or(|n| n == APP_NAME)
 }

@@ -7,7 +7,8 @@
 //! the cloud config reaches it.
 
 use ccm_framework::config::ManagerConfig;
-use crds::v1alpha1::UpstreamProfile;
+use crds::controllers::{Controller, ControllerSelection};
+use crds::v1alpha1::{UpstreamManager, UpstreamProfile};
 
 /// How a profile's manager gets the cloud config named by `spec.cloudConfig.secretRef`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,6 +24,16 @@ pub enum CloudConfigUse {
         /// The variable the manager reads its credentials from.
         var: &'static str,
     },
+}
+
+/// A profile's per-node manager: a DaemonSet that initializes each Node from the cloud's
+/// instance metadata in place of the CCM's cloud-node controller (Azure's cloud-node-manager).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeManagerProfile {
+    /// The published image run when `spec.upstream.nodeManager.image` is unset.
+    pub image: &'static str,
+    /// The container command (the chart's admission policy admits exactly these).
+    pub command: &'static [&'static str],
 }
 
 /// One upstream CCM.
@@ -54,6 +65,8 @@ pub struct Profile {
     pub namespace: Option<&'static str>,
     /// Why it cannot run as a Pod the operator manages, if it cannot.
     pub refused: Option<&'static str>,
+    /// Its per-node manager, if its project runs one beside the CCM.
+    pub node_manager: Option<NodeManagerProfile>,
 }
 
 const INI: CloudConfigUse = CloudConfigUse::File { format: "INI (gcfg)" };
@@ -71,6 +84,7 @@ const BASE: Profile = Profile {
     leases: &[],
     namespace: None,
     refused: None,
+    node_manager: None,
 };
 
 /// Every profile, in [`UpstreamProfile::ALL`]'s order (sources: docs/profiles/).
@@ -101,6 +115,12 @@ pub const PROFILES: [Profile; 10] = [
         // Its load-balancer code serialises cloud changes on this Lease in kube-system.
         leases: &["aks-managed-resource-locker"],
         namespace: Some("kube-system"),
+        // Its Nodes are initialized from each VM's instance metadata by this DaemonSet, as the
+        // project's manifests and Helm chart deploy it.
+        node_manager: Some(NodeManagerProfile {
+            image: "mcr.microsoft.com/oss/kubernetes/azure-cloud-node-manager:v1.36.5",
+            command: &["cloud-node-manager"],
+        }),
         ..BASE
     },
     Profile {
@@ -178,13 +198,58 @@ pub const NOT_UPSTREAM: [&str; 1] = ["--concurrent-route-syncs"];
 /// manager exits at start on an unknown flag), refused with `spec.upstream`.
 pub const NOT_UPSTREAM_EXTRA_ARGS: [&str; 2] = ["--node-batch-size", "--node-batch-window"];
 
+/// Whether `spec.upstream` runs its profile's node manager: the profile has one, the resource
+/// did not turn it off, and its controllers include cloud-node (which the node manager then
+/// runs instead of the CCM).
+pub fn runs_node_manager(upstream: &UpstreamManager, controllers: &ControllerSelection) -> bool {
+    profile(upstream.profile).node_manager.is_some()
+        && upstream.node_manager.as_ref().is_none_or(|n| n.enabled)
+        && controllers.is_enabled(Controller::CloudNode)
+}
+
+/// The node manager `cr` runs and its image (`spec.upstream.nodeManager.image`, else the
+/// profile's), with the field that names the image for messages; `None` when it runs none.
+pub fn node_manager_of(cr: &crds::CloudControllerManager) -> Option<(&'static NodeManagerProfile, String, String)> {
+    let upstream = cr.spec.upstream.as_ref()?;
+    let controllers = ControllerSelection::parse(&cr.spec.controllers).ok()?;
+    if !runs_node_manager(upstream, &controllers) {
+        return None;
+    }
+    let node_manager = profile(upstream.profile).node_manager.as_ref()?;
+    Some(match upstream.node_manager.as_ref().and_then(|n| n.image.clone()) {
+        Some(image) => (node_manager, image, "spec.upstream.nodeManager.image".to_string()),
+        None => (
+            node_manager,
+            node_manager.image.to_string(),
+            format!("spec.upstream.profile {}'s node-manager image {}", upstream.profile.as_str(), node_manager.image),
+        ),
+    })
+}
+
+/// `controllers` without cloud-node, for a CCM beside its node manager: an entry naming it is
+/// dropped and, when `*` enables it, `-cloud-node-controller` added (upstream's manifests run
+/// Azure's CCM with `--controllers=*,-cloud-node`).
+pub fn without_cloud_node(controllers: &ControllerSelection) -> ControllerSelection {
+    let name = Controller::CloudNode.name();
+    let mut entries: Vec<String> = controllers.entries().iter().filter(|e| *e != name).cloned().collect();
+    if entries.iter().any(|e| e == "*") && !entries.iter().any(|e| e.strip_prefix('-') == Some(name)) {
+        entries.push(format!("-{name}"));
+    }
+    // Every entry came from a valid selection, so the parse cannot fail; keep the input if it did.
+    ControllerSelection::parse(&entries).unwrap_or_else(|_| controllers.clone())
+}
+
 /// The upstream manager's arguments: `config`'s upstream flags (validation keeps this project's
 /// own flags out of an upstream resource's config; [`NOT_UPSTREAM`] and the profile's `omit`
 /// are dropped), with `--cloud-config` only for a file profile and the profile's fixed service
 /// workers, then `bind` (the Pod address), the lookup skip, the profile's own flags and
-/// `spec.extraArgs` last.
-pub fn upstream_args(config: &ManagerConfig, profile: &Profile, bind: &str) -> Vec<String> {
-    let mut args = config.to_args();
+/// `spec.extraArgs` last. With its node manager (`node_manager`), without cloud-node.
+pub fn upstream_args(config: &ManagerConfig, profile: &Profile, bind: &str, node_manager: bool) -> Vec<String> {
+    let mut args = if node_manager {
+        ManagerConfig { controllers: without_cloud_node(&config.controllers), ..config.clone() }.to_args()
+    } else {
+        config.to_args()
+    };
     let extra = config.extra_args.len().min(args.len());
     let extra_args = args.split_off(args.len() - extra);
     let env = matches!(profile.cloud_config, CloudConfigUse::Env { .. });
@@ -220,13 +285,13 @@ mod tests {
     fn a_profile_with_fixed_service_workers_renders_them_whatever_the_spec_says() {
         let mut config = ManagerConfig { concurrent_service_syncs: 32, ..ManagerConfig::default() };
         config.extra_args = vec!["--v=2".into()];
-        let args = upstream_args(&config, profile(UpstreamProfile::Azure), "--bind-address=$(POD_IP)");
+        let args = upstream_args(&config, profile(UpstreamProfile::Azure), "--bind-address=$(POD_IP)", false);
         assert!(args.contains(&"--concurrent-service-syncs=1".to_string()), "{args:?}");
         assert!(!args.iter().any(|a| a == "--concurrent-service-syncs=32"));
         assert!(!args.iter().any(|a| a.starts_with("--concurrent-node-syncs=")), "Azure's app has no such flag");
         assert!(!args.iter().any(|a| a.starts_with("--concurrent-route-syncs=")), "no upstream app has");
         assert_eq!(args.last().map(String::as_str), Some("--v=2"), "extraArgs stay last");
-        let aws = upstream_args(&config, profile(UpstreamProfile::Aws), "--bind-address=$(POD_IP)");
+        let aws = upstream_args(&config, profile(UpstreamProfile::Aws), "--bind-address=$(POD_IP)", false);
         assert!(aws.contains(&"--concurrent-service-syncs=32".to_string()));
     }
 
@@ -239,6 +304,37 @@ mod tests {
             .iter()
             .filter(|p| p.refused.is_none() && !p.command.is_empty())
             .map(|p| format!("[{}]", p.command.iter().map(|c| format!("'{c}'")).collect::<Vec<_>>().join(", ")))
+            .collect();
+        assert_eq!(list, format!("[{}]", rendered.join(", ")));
+    }
+
+    #[test]
+    fn a_ccm_beside_its_node_manager_runs_every_controller_it_would_but_cloud_node() {
+        for (entries, expected) in [
+            (vec!["*"], "*,-cloud-node-controller"),
+            (vec!["cloud-node", "service"], "service-lb-controller"),
+            (vec!["*", "-route"], "*,-node-route-controller,-cloud-node-controller"),
+            (vec!["*", "-cloud-node"], "*,-cloud-node-controller"),
+        ] {
+            let selection = ControllerSelection::parse(&entries).unwrap();
+            let without = without_cloud_node(&selection);
+            assert_eq!(without.to_string(), expected, "{entries:?}");
+            assert!(!without.is_enabled(Controller::CloudNode));
+            for c in [Controller::CloudNodeLifecycle, Controller::ServiceLb, Controller::NodeRoute] {
+                assert_eq!(without.is_enabled(c), selection.is_enabled(c), "{entries:?} {c}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_charts_node_manager_commands_are_the_profiles() {
+        let helpers = include_str!("../../charts/ccm-operator/templates/_helpers.tpl");
+        let start = helpers.find("define \"ccm-operator.nodeManagerCommands\"").expect("the define");
+        let list = helpers[start..].lines().nth(1).unwrap_or_default();
+        let rendered: Vec<String> = PROFILES
+            .iter()
+            .filter_map(|p| p.node_manager)
+            .map(|n| format!("[{}]", n.command.iter().map(|c| format!("'{c}'")).collect::<Vec<_>>().join(", ")))
             .collect();
         assert_eq!(list, format!("[{}]", rendered.join(", ")));
     }

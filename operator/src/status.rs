@@ -172,6 +172,8 @@ pub struct StatusInput<'a> {
     pub pods: &'a PodsObservation,
     /// The announcer DaemonSet of `spec.announcer`, when it exists.
     pub announcers: Option<&'a DaemonSetObservation>,
+    /// The node-manager DaemonSet of `spec.upstream`, when it exists.
+    pub node_managers: Option<&'a DaemonSetObservation>,
     /// Whether this reconcile started a new rollout (new or changed pod template, or an
     /// embedded engine (re)start for a spec or Secret change).
     pub rollout_started: bool,
@@ -222,6 +224,7 @@ impl ComputedStatus {
             ("leaderManager", s.leader_manager.as_ref().map(|v| json!(v))),
             ("migrationLease", s.migration_lease.as_ref().map(|v| json!(v))),
             ("announcers", s.announcers.as_ref().map(|v| json!(v))),
+            ("nodeManagers", s.node_managers.as_ref().map(|v| json!(v))),
         ];
         for (k, v) in fields {
             if let Some(v) = v {
@@ -342,17 +345,21 @@ pub fn compute(input: &StatusInput<'_>) -> ComputedStatus {
         // The manager's leader writes the orphan report; never applied by the operator.
         orphans: None,
         // Zeros until the DaemonSet exists; gone with `spec.announcer`.
-        announcers: cr.spec.announcer.as_ref().map(|_| {
-            let d = input.announcers;
-            crds::v1alpha1::AnnouncersStatus {
-                desired: d.map_or(0, |d| d.desired),
-                ready: d.map_or(0, |d| d.ready),
-                updated: d.map_or(0, |d| d.updated),
-            }
-        }),
+        announcers: cr.spec.announcer.as_ref().map(|_| node_pods(input.announcers)),
+        // Likewise while the resource runs a node manager.
+        node_managers: crate::profiles::node_manager_of(cr).map(|_| node_pods(input.node_managers)),
     };
     let changed = differs(&status, &existing);
     ComputedStatus { status, owns_provider_healthy, changed }
+}
+
+/// A per-node DaemonSet's Pods for status: zeros until it exists.
+fn node_pods(d: Option<&DaemonSetObservation>) -> crds::v1alpha1::NodePodsStatus {
+    crds::v1alpha1::NodePodsStatus {
+        desired: d.map_or(0, |d| d.desired),
+        ready: d.map_or(0, |d| d.ready),
+        updated: d.map_or(0, |d| d.updated),
+    }
 }
 
 /// The holder of the manager's Lease while it renews it.
@@ -415,6 +422,7 @@ fn differs(desired: &CloudControllerManagerStatus, existing: &CloudControllerMan
         || desired.migration_lease != existing.migration_lease
         // Likewise when spec.announcer is removed.
         || desired.announcers != existing.announcers
+        || desired.node_managers != existing.node_managers
 }
 
 fn config_valid(input: &StatusInput<'_>, existing: &CloudControllerManagerStatus) -> DesiredCondition {
@@ -690,6 +698,7 @@ mod tests {
                 lease: self.lease.as_ref(),
                 migration_lease: self.migration_lease.as_ref(),
                 pods: &self.pods,
+                node_managers: None,
                 announcers: None,
                 rollout_started,
                 switching: None,
@@ -710,7 +719,8 @@ mod tests {
     #[test]
     fn an_upstream_manager_is_healthy_while_a_replica_is_ready_and_a_holder_renews_its_lease() {
         let mut r = Run::new("Deployment");
-        r.cr.spec.upstream = Some(crds::v1alpha1::UpstreamManager { profile: crds::v1alpha1::UpstreamProfile::Aws });
+        r.cr.spec.upstream =
+            Some(crds::v1alpha1::UpstreamManager { profile: crds::v1alpha1::UpstreamProfile::Aws, node_manager: None });
         r.lease = None;
         r.step(deploy(2, 2, 2, 0), true);
         let waiting = r.cond(types::PROVIDER_HEALTHY);
@@ -755,6 +765,7 @@ mod tests {
                 migration_lease: None,
                 pods: &pods,
                 announcers,
+                node_managers: None,
                 rollout_started: false,
                 switching: None,
                 transient: &transient,
@@ -763,12 +774,12 @@ mod tests {
             })
         };
         let before = compute_with(&cr, None);
-        let zero = crds::v1alpha1::AnnouncersStatus::default();
+        let zero = crds::v1alpha1::NodePodsStatus::default();
         assert_eq!(before.status.announcers, Some(zero), "zeros until the DaemonSet exists");
         cr.status = Some(before.status);
         let out = compute_with(&cr, Some(&daemon_set));
         assert!(out.changed);
-        let want = crds::v1alpha1::AnnouncersStatus { desired: 3, ready: 1, updated: 2 };
+        let want = crds::v1alpha1::NodePodsStatus { desired: 3, ready: 1, updated: 2 };
         assert_eq!(out.status.announcers.as_ref(), Some(&want));
         assert_eq!(out.apply_body()["status"]["announcers"], json!({"desired": 3, "ready": 1, "updated": 2}));
         cr.status = Some(out.status);
@@ -776,6 +787,46 @@ mod tests {
         cr.spec.announcer = None;
         let gone = compute_with(&cr, Some(&daemon_set));
         assert!(gone.changed && gone.status.announcers.is_none(), "cleared with spec.announcer");
+    }
+
+    #[test]
+    fn node_manager_counts_follow_its_daemonset_and_go_when_it_stops_running() {
+        let mut cr = cr("Deployment");
+        cr.spec.provider = "azure".into();
+        cr.spec.upstream = Some(serde_json::from_value(json!({"profile": "azure"})).unwrap());
+        let (validation, pods, transient) = (valid(), PodsObservation::default(), TransientFailures::default());
+        let daemon_set = DaemonSetObservation { desired: 3, current: 3, updated: 3, ready: 2, ..Default::default() };
+        let compute_with = |cr: &CloudControllerManager, node_managers: Option<&DaemonSetObservation>| {
+            let controllers = ControllerSelection::parse(&cr.spec.controllers).ok();
+            compute(&StatusInput {
+                cr,
+                controllers: controllers.as_ref(),
+                validation: &validation,
+                workload: &deploy(2, 2, 2, 2),
+                lease: None,
+                migration_lease: None,
+                pods: &pods,
+                announcers: None,
+                node_managers,
+                rollout_started: false,
+                switching: None,
+                transient: &transient,
+                degraded_window: Duration::from_secs(120),
+                now: at(1),
+            })
+        };
+        let before = compute_with(&cr, None);
+        assert_eq!(before.status.node_managers, Some(crds::v1alpha1::NodePodsStatus::default()), "zeros first");
+        cr.status = Some(before.status);
+        let out = compute_with(&cr, Some(&daemon_set));
+        assert!(out.changed);
+        assert_eq!(out.apply_body()["status"]["nodeManagers"], json!({"desired": 3, "ready": 2, "updated": 3}));
+        cr.status = Some(out.status);
+        assert!(!compute_with(&cr, Some(&daemon_set)).changed, "written only when it changed");
+        cr.spec.upstream =
+            Some(serde_json::from_value(json!({"profile": "azure", "nodeManager": {"enabled": false}})).unwrap());
+        let gone = compute_with(&cr, Some(&daemon_set));
+        assert!(gone.changed && gone.status.node_managers.is_none(), "cleared when it stops running");
     }
 
     #[test]

@@ -144,6 +144,10 @@ its test `the_charts_upstream_commands_are_the_profiles`), as a CEL list of comm
 [['/bin/aws-cloud-controller-manager'], ['/cloud-controller-manager'], ['cloud-controller-manager'], ['/bin/openstack-cloud-controller-manager'], ['/bin/hcloud-cloud-controller-manager'], ['/bin/vsphere-cloud-controller-manager'], ['/bin/digitalocean-cloud-controller-manager'], ['/usr/local/bin/oci-cloud-controller-manager']]
 {{- end }}
 
+{{- define "ccm-operator.nodeManagerCommands" -}}
+[['cloud-node-manager']]
+{{- end }}
+
 {{- define "ccm-operator.birdCommand" -}}
 ['sh', '-c', 'until [ -s /run/bird/bird.conf ]; do sleep 1; done; exec bird -f -c /run/bird/bird.conf -s /run/bird/bird.ctl']
 {{- end }}

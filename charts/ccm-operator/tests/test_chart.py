@@ -279,6 +279,7 @@ class Render(unittest.TestCase):
                 "ClusterRole/ccm-manager-namespace",
                 "ClusterRole/ccm-manager-shadow",
                 "ClusterRole/ccm-manager-upstream",
+                "ClusterRole/ccm-node-manager",
                 "ClusterRole/ccm-operator",
                 "ClusterRole/ccm-operator-metrics-reader",
                 "ClusterRoleBinding/ccm-operator",
@@ -545,11 +546,12 @@ class Render(unittest.TestCase):
                                 ("policy", "poddisruptionbudgets"), ("", "pods")]:
             with self.subTest(cluster_wide=resource):
                 self.assertEqual(verbs_for(rules, group, resource), set())
-        # `bind` on the cluster-wide manager ClusterRole and its read-only twin, nothing else.
+        # `bind` on the cluster-wide manager ClusterRoles and the node managers', nothing else.
         bind = [r for r in rules if "bind" in r["verbs"]]
         self.assertEqual(len(bind), 1)
         self.assertEqual(bind[0]["resources"], ["clusterroles"])
-        self.assertEqual(bind[0]["resourceNames"], ["ccm-manager", "ccm-manager-shadow", "ccm-manager-upstream"])
+        self.assertEqual(bind[0]["resourceNames"],
+                         ["ccm-manager", "ccm-manager-shadow", "ccm-manager-upstream", "ccm-node-manager"])
         self.assertEqual(verbs_for(rules, "rbac.authorization.k8s.io", "clusterroles", "cluster-admin"), set())
         # Never the manager's own permissions.
         for resource in ("nodes", "nodes/status", "services", "services/status"):
@@ -904,6 +906,26 @@ class Render(unittest.TestCase):
         self.assertEqual(json.loads(self.variable(self.policy(objects, "manager-bindings"), "announcerNamespaces")),
                          ["ccm-system"])
 
+    def test_a_node_manager_gets_its_projects_node_rights_alone_and_only_its_own_account_and_command(self):
+        objects = self.render_named()
+        self.assertEqual(arg(objects, "--node-manager-cluster-role"), "ccm-node-manager")
+        rules = one(objects, "ClusterRole", "ccm-node-manager")["rules"]
+        self.assertEqual(verbs_for(rules, "", "nodes"), {"get", "list", "watch", "update", "patch"})
+        self.assertEqual(verbs_for(rules, "", "nodes/status"), {"patch"})
+        self.assertEqual(len(rules), 2, rules)
+        # The policies let the operator bind it to a node manager's account only, and run the
+        # profiles' node-manager commands in node-manager pods only.
+        bindings = self.policy(objects, "manager-bindings")
+        self.assertIn("'ccm-node-manager'", self.variable(bindings, "nodeManagerRole"))
+        self.assertTrue(any("s.name.endsWith('-node-manager')" in v["expression"] for v in bindings["spec"]["validations"]))
+        workloads = self.policy(objects, "manager-workloads")
+        self.assertEqual(self.variable(workloads, "nodeManagerCommands"), "[['cloud-node-manager']]")
+        # Renamed, it is installed, passed and bound under the new name.
+        objects = self.render_named(values(**{"manager.rbac.nodeManagerClusterRoleName": "azure-nodes"}))
+        one(objects, "ClusterRole", "azure-nodes")
+        self.assertEqual(arg(objects, "--node-manager-cluster-role"), "azure-nodes")
+        self.assertIn("'azure-nodes'", self.variable(self.policy(objects, "manager-bindings"), "nodeManagerRole"))
+
     def test_manager_role_names_are_configurable_and_consistent(self):
         objects = self.render(values(**{"manager.rbac.clusterRoleName": "blue", "embedded.enabled": True,
                                         "manager.rbac.namespaceRoleName": "blue-ns"}))
@@ -913,7 +935,7 @@ class Render(unittest.TestCase):
         self.assertEqual(arg(objects, "--manager-cluster-role"), "blue")
         self.assertEqual(arg(objects, "--manager-namespace-role"), "blue-ns")
         bind = next(r for o in find(objects, "ClusterRole") for r in o["rules"] if "bind" in r["verbs"])
-        self.assertEqual(bind["resourceNames"], ["blue", "ccm-manager-shadow", "ccm-manager-upstream"])
+        self.assertEqual(bind["resourceNames"], ["blue", "ccm-manager-shadow", "ccm-manager-upstream", "ccm-node-manager"])
         bind = next(r for r in namespace_rules(objects, "ccm-system") if "bind" in r["verbs"])
         self.assertEqual(bind["resourceNames"], ["blue-ns"])
         embedded = sorted(b["roleRef"]["name"] for b in find(objects, "ClusterRoleBinding") + find(objects, "RoleBinding")
@@ -930,8 +952,9 @@ class Render(unittest.TestCase):
                                         "serviceAccount.name": "existing"}))
         for kind in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount"):
             if kind == "ClusterRole":
-                # The manager's ClusterRoles have their own switch (manager.rbac.create).
-                self.assertEqual([o for o in find(objects, kind) if "ccm-manager" not in o["metadata"]["name"]], [])
+                # The manager's (and node managers') ClusterRoles have their own switch (manager.rbac.create).
+                self.assertEqual([o for o in find(objects, kind)
+                                  if "ccm-manager" not in o["metadata"]["name"] and o["metadata"]["name"] != "ccm-node-manager"], [])
             else:
                 self.assertEqual(find(objects, kind), [], kind)
         self.assertEqual(one(objects, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"], "existing")

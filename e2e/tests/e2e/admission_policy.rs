@@ -323,6 +323,13 @@ async fn every_upstream_profiles_objects_are_admitted_and_a_command_no_profile_r
         .map(|p| p.image.rsplit_once(':').map(|(repo, _)| repo.to_string()).unwrap_or_default())
         .collect();
     allowed.push("registry.example/mycloud-ccm".into());
+    // ... and the node managers' (Azure's cloud-node-manager).
+    allowed.extend(
+        runnable
+            .iter()
+            .filter_map(|p| p.node_manager)
+            .filter_map(|n| n.image.rsplit_once(':').map(|(r, _)| r.to_string())),
+    );
     // kube-system is where Azure's lock Lease is; the chart manages it besides the test's own.
     let Some(ChartWorld { cluster: _cluster, admin, managers, objects, operator: operator_client }) = chart_world(
         "e2e-vap-upstream",
@@ -337,6 +344,7 @@ async fn every_upstream_profiles_objects_are_admitted_and_a_command_no_profile_r
     settings.policy.allowed_images = allowed.clone();
 
     let mut first_deployment = None;
+    let mut node_manager = None;
     let mut created = Vec::new();
     for p in &runnable {
         let namespace = p.namespace.map(str::to_string).unwrap_or_else(|| managers.clone());
@@ -363,6 +371,25 @@ async fn every_upstream_profiles_objects_are_admitted_and_a_command_no_profile_r
         let deployment = built.iter().find(|o| o["kind"] == "Deployment").expect("a Deployment").clone();
         let command = deployment["spec"]["template"]["spec"]["containers"][0]["command"].clone();
         assert_eq!(command, if p.command.is_empty() { Value::Null } else { json!(p.command) }, "{:?}", p.profile);
+        // A profile with a node manager runs it: its DaemonSet and binding are admitted too.
+        let node_manager_ds = built.iter().find(|o| {
+            o["kind"] == "DaemonSet" && o["metadata"]["name"].as_str().is_some_and(|n| n.ends_with("-node-manager"))
+        });
+        assert_eq!(node_manager_ds.is_some(), p.node_manager.is_some(), "{:?}", p.profile);
+        if let Some(ds) = node_manager_ds {
+            let binding = built
+                .iter()
+                .find(|o| {
+                    o["kind"] == "ClusterRoleBinding"
+                        && o["metadata"]["name"].as_str().is_some_and(|n| n.ends_with(":node-manager"))
+                })
+                .expect("the node manager's binding");
+            node_manager = Some((
+                ds.clone(),
+                binding.clone(),
+                deployment["spec"]["template"]["spec"]["serviceAccountName"].clone(),
+            ));
+        }
         // Applied for real: the bindings' escalation check needs the Roles to exist.
         admitted(&operator_client, &built).await;
         first_deployment.get_or_insert(deployment);
@@ -381,6 +408,21 @@ async fn every_upstream_profiles_objects_are_admitted_and_a_command_no_profile_r
         let message = refused_once_loaded(&operator_client, &crafted, what).await;
         assert!(message.contains(field), "{what}: {message}");
     }
+    // A node-manager pod runs a profile's node-manager command only, and the node managers'
+    // role goes to a node manager's account only.
+    let (ds, binding, manager_account) = node_manager.expect("a profile with a node manager");
+    let crafted = edited(&ds, |d| {
+        d["metadata"]["name"] = json!("ccm-crafted-node-manager");
+        d["spec"]["template"]["spec"]["containers"][0]["command"] = json!(["cloud-controller-manager"]);
+    });
+    let message = refused_once_loaded(&operator_client, &crafted, "a node-manager pod running the manager").await;
+    assert!(message.contains("command"), "{message}");
+    let crafted = edited(&binding, |b| {
+        b["metadata"]["name"] = json!("ccm-operator:crafted:node-manager");
+        b["subjects"][0]["name"] = manager_account.clone();
+    });
+    let message = refused_once_loaded(&operator_client, &crafted, "the node managers' role bound to a manager").await;
+    assert!(message.contains("node-manager ServiceAccounts"), "{message}");
     // kube-system outlives the test: leave no resource there.
     for (namespace, name) in created {
         let _ = Api::<crds::CloudControllerManager>::namespaced(admin.clone(), &namespace)

@@ -23,6 +23,7 @@ mod operator_installation;
 mod operator_leader_migration;
 mod operator_lifecycle;
 mod operator_manager_pods;
+mod operator_node_manager;
 mod operator_restart;
 mod operator_security;
 mod operator_validation;

@@ -118,6 +118,10 @@ async fn reconcile_cr(ctx: &Ctx, cr: &CloudControllerManager, namespace: &str, n
         let key = ObjectRef::new(&names::announcer_name(name)).within(namespace);
         ctx.children.daemon_sets.get(&key).map(|d| dereference::observe_daemon_set(&d))
     });
+    let node_managers = crate::profiles::node_manager_of(cr).and_then(|_| {
+        let key = ObjectRef::new(&names::node_manager_name(name)).within(namespace);
+        ctx.children.daemon_sets.get(&key).map(|d| dereference::observe_daemon_set(&d))
+    });
     let migration_obs = migration_lease.as_deref().map(|l| dereference::observe_lease(l, &input.now));
 
     // Status.
@@ -143,6 +147,7 @@ async fn reconcile_cr(ctx: &Ctx, cr: &CloudControllerManager, namespace: &str, n
             migration_lease: migration_obs.as_ref(),
             pods: &pods,
             announcers: announcers.as_ref(),
+            node_managers: node_managers.as_ref(),
             rollout_started,
             switching: outcome.switching.as_deref(),
             transient: &failures,

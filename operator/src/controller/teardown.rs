@@ -188,6 +188,7 @@ pub async fn cleanup(
         names::cluster_role_binding_name(namespace, name),
         names::shadow_cluster_role_binding_name(namespace, name),
         names::upstream_cluster_role_binding_name(namespace, name),
+        names::node_manager_cluster_role_binding_name(namespace, name),
     ]
     .into_iter()
     .map(|name| ChildKey { kind: Kind::ClusterRoleBinding, namespace: None, name })

@@ -193,8 +193,9 @@ pub const RESERVED_LEASE_NAMES: [&str; 4] =
 pub const RESERVED_LEASE_PREFIXES: [&str; 3] = ["kube-", "apiserver-", "l2-announcer-"];
 /// Suffixes of reserved resource names: a resource named `x-announcer` would have the
 /// ServiceAccount `ccm-x-announcer`, which is resource `x`'s announcer's (whose token the
-/// admission policies let write announcer Leases only).
-pub const RESERVED_NAME_SUFFIXES: [&str; 1] = ["-announcer"];
+/// admission policies let write announcer Leases only), and `x-node-manager` that of resource
+/// `x`'s node manager (`spec.upstream.nodeManager`).
+pub const RESERVED_NAME_SUFFIXES: [&str; 2] = ["-announcer", "-node-manager"];
 
 /// The `ReservedName` failure when `name` (the resource's, and so its Lease's) is one a core
 /// component's leader-election Lease uses, an announcer's, or one that would name another
@@ -206,7 +207,7 @@ pub fn reserved_lease_name(name: &str) -> Option<Failure> {
     reserved.then(|| Failure {
         reason: reason::RESERVED_NAME,
         message: format!(
-            "metadata.name {name:?} is reserved: the manager's leader-election Lease is named after the resource, and this name belongs (or may belong) to a core component's or an announcer's Lease ({}, or a name starting with {}), or ends with {} (another resource's announcer); recreate the resource under another name",
+            "metadata.name {name:?} is reserved: the manager's leader-election Lease is named after the resource, and this name belongs (or may belong) to a core component's or an announcer's Lease ({}, or a name starting with {}), or ends with {} (another resource's announcer or node manager); recreate the resource under another name",
             RESERVED_LEASE_NAMES.join(", "),
             RESERVED_LEASE_PREFIXES.join(" or "),
             RESERVED_NAME_SUFFIXES.join(" or ")
@@ -261,6 +262,7 @@ mod tests {
             "apiserver-abc",
             "l2-announcer-node-1",
             "metal-announcer",
+            "azure-node-manager",
         ] {
             let v = validate(&cr(name, 1, json!({"provider": "plain"})), &SecretState::NotReferenced, &registry(), &[]);
             assert_eq!(reason_of(&v), reason::RESERVED_NAME, "{name}");

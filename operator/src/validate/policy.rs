@@ -407,7 +407,10 @@ pub fn check_policy(
             (None, Some((image, field))) => Some((image, field)),
             (None, None) => None,
         };
-        if let Some((image, field)) = image {
+        // An upstream profile's node manager (spec.upstream.nodeManager) likewise.
+        let node_manager = crate::profiles::node_manager_of(cr).map(|(_, image, field)| (image, field));
+        let node_manager = node_manager.as_ref().map(|(image, field)| (image.as_str(), field.clone()));
+        for (image, field) in image.into_iter().chain(node_manager) {
             if !image_allowed(image, &policy.allowed_images, default_image) {
                 let list = if policy.allowed_images.is_empty() {
                     default_image.to_string()
@@ -568,6 +571,45 @@ mod tests {
             ..Policy::default()
         };
         assert!(check(&listed).is_valid(), "{:?}", check(&listed));
+    }
+
+    #[test]
+    fn a_node_managers_image_passes_the_allow_list_and_tag_rules_like_the_managers() {
+        let mut c = cr("azure", 1, json!({"provider": "azure", "upstream": {"profile": "azure"}}));
+        c.metadata.namespace = Some("kube-system".into());
+        let check = |c: &CloudControllerManager, policy: &Policy| {
+            check_policy(
+                c,
+                validate(c, &SecretState::NotReferenced, &registry(), &[]),
+                policy,
+                "registry.example/ccm:v1",
+            )
+        };
+        let ccm_only = Policy {
+            allowed_images: vec!["mcr.microsoft.com/oss/kubernetes/azure-cloud-controller-manager".into()],
+            ..Policy::default()
+        };
+        let v = check(&c, &ccm_only);
+        assert_eq!(reason_of(&v), reason::NOT_ALLOWED_BY_POLICY);
+        assert!(
+            v.summary().unwrap().1.starts_with("spec.upstream.profile azure's node-manager image mcr.microsoft.com/oss/kubernetes/azure-cloud-node-manager:v1.36.5 is not an allowed image"),
+            "{v:?}"
+        );
+        let both = Policy {
+            allowed_images: vec![
+                "mcr.microsoft.com/oss/kubernetes/azure-cloud-controller-manager".into(),
+                "mcr.microsoft.com/oss/kubernetes/azure-cloud-node-manager".into(),
+            ],
+            ..Policy::default()
+        };
+        assert!(check(&c, &both).is_valid(), "{:?}", check(&c, &both));
+        // A named one is checked, tag rules included; turned off, none is.
+        c.spec.upstream = Some(serde_json::from_value(json!({"profile": "azure", "nodeManager": {"image": "mcr.microsoft.com/oss/kubernetes/azure-cloud-node-manager:latest"}})).unwrap());
+        let v = check(&c, &both);
+        assert!(v.summary().is_some_and(|(_, m)| m.starts_with("spec.upstream.nodeManager.image ")), "{v:?}");
+        c.spec.upstream =
+            Some(serde_json::from_value(json!({"profile": "azure", "nodeManager": {"enabled": false}})).unwrap());
+        assert!(check(&c, &ccm_only).is_valid(), "{:?}", check(&c, &ccm_only));
     }
 
     #[test]

@@ -51,6 +51,12 @@ pub fn upstream_refused(cr: &CloudControllerManager) -> Vec<Failure> {
             format!("the {name} profile has no image of its own; name the CCM image to run"),
         );
     }
+    if profile.node_manager.is_none() && upstream.node_manager.as_ref().is_some_and(|n| n.enabled) {
+        refuse(
+            "spec.upstream.nodeManager",
+            format!("the {name} profile has no node manager; its CCM initializes Nodes itself (remove the field)"),
+        );
+    }
     let unsupported = |what: &str| {
         format!("upstream CCMs have no {what}; it is this project's manager's (remove spec.upstream to run it)")
     };
@@ -119,6 +125,18 @@ mod tests {
         let m = messages(json!({"provider": "gcp", "upstream": {"profile": "gcp"}}));
         assert_eq!(m.len(), 1);
         assert!(m[0].starts_with("spec.provider: ") && m[0].contains("\"gce\""), "{m:?}");
+    }
+
+    #[test]
+    fn a_node_manager_is_refused_naming_the_field_on_a_profile_without_one() {
+        let m = messages(json!({"provider": "aws", "upstream": {"profile": "aws", "nodeManager": {}}}));
+        assert_eq!(m.len(), 1, "{m:?}");
+        assert!(m[0].starts_with("spec.upstream.nodeManager: the aws profile has no node manager"), "{m:?}");
+        assert!(
+            messages(json!({"provider": "aws", "upstream": {"profile": "aws", "nodeManager": {"enabled": false}}}))
+                .is_empty()
+        );
+        assert!(messages(json!({"provider": "azure", "upstream": {"profile": "azure", "nodeManager": {"image": "r.example/cnm:v1"}}})).is_empty());
     }
 
     #[test]

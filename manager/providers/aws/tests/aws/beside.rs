@@ -92,11 +92,7 @@ async fn upstream_leads(binary: &std::path::Path, s: &Scene, flags: &[&str]) -> 
 /// The Nodes still carrying the cloud provider's uninitialized taint.
 async fn uninitialized_nodes(client: &kube::Client) -> Vec<String> {
     let nodes = Api::<Node>::all(client.clone()).list(&Default::default()).await.map(|l| l.items).unwrap_or_default();
-    nodes
-        .into_iter()
-        .filter(|n| has_taint(n, TAINT_UNINITIALIZED))
-        .filter_map(|n| n.metadata.name)
-        .collect()
+    nodes.into_iter().filter(|n| has_taint(n, TAINT_UNINITIALIZED)).filter_map(|n| n.metadata.name).collect()
 }
 
 /// The holder of a Lease in [`LEASE_NAMESPACE`], if any.
