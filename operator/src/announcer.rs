@@ -11,20 +11,18 @@ use std::collections::BTreeMap;
 use ccm_provider_baremetal::deploy::{ANNOUNCER_SUBCOMMAND, BIRD_CONFIG_PATH, BIRD_SOCKET_PATH, NODE_IP_ENV};
 use crds::CloudControllerManager;
 use crds::v1alpha1::Announcer;
-use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy, RollingUpdateDaemonSet};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, ObjectFieldSelector, PodSecurityContext,
     PodSpec, PodTemplateSpec, ResourceRequirements, SeccompProfile, SecurityContext, ServiceAccount, Toleration,
     Volume, VolumeMount,
 };
-use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{RoleBinding, RoleRef};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 
-use crate::desired::{BuildSettings, Desired};
-use crate::hash;
+use crate::desired::{self, BuildSettings, Desired};
 use crate::names;
 use crate::validate::Validated;
 
@@ -56,65 +54,31 @@ pub fn build(
     let name = cr.name_any();
     let uid = cr.uid().unwrap_or_default();
     let object = names::announcer_name(&name);
-    let meta = ObjectMeta {
-        name: Some(object.clone()),
-        namespace: Some(ns.clone()),
-        labels: Some(labels.clone()),
-        owner_references: Some(vec![owner.clone()]),
-        ..Default::default()
-    };
-    let subject =
-        Subject { kind: "ServiceAccount".into(), name: object.clone(), namespace: Some(ns.clone()), api_group: None };
-    let cluster_role = |role: &str| RoleRef {
-        api_group: "rbac.authorization.k8s.io".into(),
-        kind: "ClusterRole".into(),
-        name: role.to_string(),
-    };
+    let (meta, subject) = desired::agent_identity(&ns, &object, labels, owner);
     let template = pod_template(cr, announcer, validated, settings, &uid, &object);
-    let mut ds_meta = meta.clone();
-    ds_meta.annotations =
-        Some(BTreeMap::from([(names::ANNOTATION_TEMPLATE_HASH.to_string(), hash::of_json(&template))]));
     vec![
         Desired::ServiceAccount(ServiceAccount { metadata: meta.clone(), ..Default::default() }),
         // Its own Lease and the other announcers' in this namespace.
         Desired::RoleBinding(RoleBinding {
             metadata: meta.clone(),
-            role_ref: cluster_role(&settings.announcer_namespace_role),
+            role_ref: RoleRef {
+                api_group: "rbac.authorization.k8s.io".into(),
+                kind: "ClusterRole".into(),
+                name: settings.announcer_namespace_role.clone(),
+            },
             subjects: Some(vec![subject.clone()]),
         }),
         // Services, EndpointSlices and the L2Announcing event, cluster-wide.
-        Desired::ClusterRoleBinding(ClusterRoleBinding {
-            metadata: ObjectMeta {
-                name: Some(names::announcer_cluster_role_binding_name(&ns, &name)),
-                labels: Some(labels.clone()),
-                annotations: Some(BTreeMap::from([(names::ANNOTATION_OWNER.to_string(), format!("{ns}/{name}"))])),
-                ..Default::default()
-            },
-            role_ref: cluster_role(&settings.announcer_cluster_role),
-            subjects: Some(vec![subject]),
-        }),
-        Desired::DaemonSet(DaemonSet {
-            metadata: ds_meta,
-            spec: Some(DaemonSetSpec {
-                selector: LabelSelector {
-                    match_labels: Some(names::announcer_selector_labels(&uid)),
-                    ..Default::default()
-                },
-                template,
-                update_strategy: Some(DaemonSetUpdateStrategy {
-                    type_: Some("RollingUpdate".into()),
-                    // One node at a time: its addresses move to the others (a graceful stop
-                    // hands them over at once) and come back once it has settled.
-                    rolling_update: Some(RollingUpdateDaemonSet {
-                        max_unavailable: Some(IntOrString::Int(1)),
-                        max_surge: Some(IntOrString::Int(0)),
-                    }),
-                }),
-                revision_history_limit: Some(3),
-                ..Default::default()
-            }),
-            status: None,
-        }),
+        desired::owned_cluster_role_binding(
+            names::announcer_cluster_role_binding_name(&ns, &name),
+            labels,
+            (&ns, &name),
+            &settings.announcer_cluster_role,
+            subject,
+        ),
+        // One node at a time: its addresses move to the others (a graceful stop hands them
+        // over at once) and come back once it has settled.
+        desired::node_daemon_set(meta, names::announcer_selector_labels(&uid), template, IntOrString::Int(1)),
     ]
 }
 
@@ -277,6 +241,7 @@ mod tests {
     use crate::build::{self, Kind};
     use crate::validate::{self, CloudConfigRef, Policy, Validation};
     use crds::CloudControllerManagerSpec;
+    use k8s_openapi::api::apps::v1::DaemonSet;
     use serde_json::json;
     use testkit::Meta;
 

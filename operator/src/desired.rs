@@ -5,11 +5,16 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use k8s_openapi::api::core::v1::{EnvVar, KeyToPath, SecretVolumeSource, ServiceAccount, Volume, VolumeMount};
+use k8s_openapi::api::apps::v1::{
+    DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy, Deployment, RollingUpdateDaemonSet,
+};
+use k8s_openapi::api::core::v1::{
+    EnvVar, KeyToPath, PodTemplateSpec, SecretVolumeSource, ServiceAccount, Volume, VolumeMount,
+};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
 
 use crate::hash;
@@ -211,6 +216,88 @@ impl Desired {
 /// The cloud-config Secret as a volume (the cloud-config's key unless `with_config` is false,
 /// and the keys mounted beside it; `0440`: readable by the pod's `fsGroup`) and its read-only
 /// mount at [`names::CLOUD_CONFIG_DIR`].
+/// The metadata of a per-node agent's objects named `object` in the resource's namespace (with
+/// the resource's child `labels` and `owner`), and its ServiceAccount as a binding subject.
+pub fn agent_identity(
+    namespace: &str,
+    object: &str,
+    labels: &BTreeMap<String, String>,
+    owner: &OwnerReference,
+) -> (ObjectMeta, Subject) {
+    let meta = ObjectMeta {
+        name: Some(object.to_string()),
+        namespace: Some(namespace.to_string()),
+        labels: Some(labels.clone()),
+        owner_references: Some(vec![owner.clone()]),
+        ..Default::default()
+    };
+    let subject = Subject {
+        kind: "ServiceAccount".into(),
+        name: object.to_string(),
+        namespace: Some(namespace.to_string()),
+        api_group: None,
+    };
+    (meta, subject)
+}
+
+/// A per-node DaemonSet (announcers, node managers) of `template`, selected by `selector`,
+/// rolling `max_unavailable` Nodes at once; its template's hash on `meta`, so a new template is
+/// a change the apply sees.
+pub fn node_daemon_set(
+    mut meta: ObjectMeta,
+    selector: BTreeMap<String, String>,
+    template: PodTemplateSpec,
+    max_unavailable: IntOrString,
+) -> Desired {
+    meta.annotations = Some(BTreeMap::from([(names::ANNOTATION_TEMPLATE_HASH.to_string(), hash::of_json(&template))]));
+    Desired::DaemonSet(DaemonSet {
+        metadata: meta,
+        spec: Some(DaemonSetSpec {
+            selector: LabelSelector { match_labels: Some(selector), ..Default::default() },
+            template,
+            update_strategy: Some(DaemonSetUpdateStrategy {
+                type_: Some("RollingUpdate".into()),
+                rolling_update: Some(RollingUpdateDaemonSet {
+                    max_unavailable: Some(max_unavailable),
+                    max_surge: Some(IntOrString::Int(0)),
+                }),
+            }),
+            revision_history_limit: Some(3),
+            ..Default::default()
+        }),
+        status: None,
+    })
+}
+
+/// The ClusterRoleBinding `binding` of ClusterRole `role` to `subject`, for the resource
+/// `cr_namespace/cr_name`. No ownerReference can point at a namespaced owner: the labels select
+/// it for pruning, the owner annotation maps its watch events, and the finalizer deletes it.
+pub fn owned_cluster_role_binding(
+    binding: String,
+    labels: &BTreeMap<String, String>,
+    (cr_namespace, cr_name): (&str, &str),
+    role: &str,
+    subject: Subject,
+) -> Desired {
+    Desired::ClusterRoleBinding(ClusterRoleBinding {
+        metadata: ObjectMeta {
+            name: Some(binding),
+            labels: Some(labels.clone()),
+            annotations: Some(BTreeMap::from([(
+                names::ANNOTATION_OWNER.to_string(),
+                format!("{cr_namespace}/{cr_name}"),
+            )])),
+            ..Default::default()
+        },
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "ClusterRole".into(),
+            name: role.into(),
+        },
+        subjects: Some(vec![subject]),
+    })
+}
+
 pub fn cloud_config_volume(cc: &crate::validate::CloudConfigRef, with_config: bool) -> (Volume, VolumeMount) {
     let volume = Volume {
         name: names::CLOUD_CONFIG_VOLUME.into(),

@@ -12,19 +12,16 @@
 use std::collections::BTreeMap;
 
 use crds::CloudControllerManager;
-use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy, RollingUpdateDaemonSet};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, EnvVar, EnvVarSource, ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec,
     ResourceRequirements, SeccompProfile, SecurityContext, ServiceAccount, Toleration,
 };
-use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 
-use crate::desired::{BuildSettings, Desired};
-use crate::hash;
+use crate::desired::{self, BuildSettings, Desired};
 use crate::names;
 use crate::profiles::NodeManagerProfile;
 use crate::validate::Validated;
@@ -51,60 +48,28 @@ pub fn build(
     let name = cr.name_any();
     let uid = cr.uid().unwrap_or_default();
     let object = names::node_manager_name(&name);
-    let meta = ObjectMeta {
-        name: Some(object.clone()),
-        namespace: Some(ns.clone()),
-        labels: Some(labels.clone()),
-        owner_references: Some(vec![owner.clone()]),
-        ..Default::default()
-    };
-    let subject =
-        Subject { kind: "ServiceAccount".into(), name: object.clone(), namespace: Some(ns.clone()), api_group: None };
+    let (meta, subject) = desired::agent_identity(&ns, &object, labels, owner);
     // It waits for its Node's route before removing the taint only when the CCM programs routes.
     let wait_routes = validated.config.configure_cloud_routes
         && validated.config.controllers.is_enabled(crds::controllers::Controller::NodeRoute);
     let template = pod_template(cr, profile, image, wait_routes, &uid, &object);
-    let mut ds_meta = meta.clone();
-    ds_meta.annotations =
-        Some(BTreeMap::from([(names::ANNOTATION_TEMPLATE_HASH.to_string(), hash::of_json(&template))]));
     vec![
-        Desired::ServiceAccount(ServiceAccount { metadata: meta, ..Default::default() }),
+        Desired::ServiceAccount(ServiceAccount { metadata: meta.clone(), ..Default::default() }),
         // Nodes and their status, cluster-wide.
-        Desired::ClusterRoleBinding(ClusterRoleBinding {
-            metadata: ObjectMeta {
-                name: Some(names::node_manager_cluster_role_binding_name(&ns, &name)),
-                labels: Some(labels.clone()),
-                annotations: Some(BTreeMap::from([(names::ANNOTATION_OWNER.to_string(), format!("{ns}/{name}"))])),
-                ..Default::default()
-            },
-            role_ref: RoleRef {
-                api_group: "rbac.authorization.k8s.io".into(),
-                kind: "ClusterRole".into(),
-                name: settings.node_manager_cluster_role.clone(),
-            },
-            subjects: Some(vec![subject]),
-        }),
-        Desired::DaemonSet(DaemonSet {
-            metadata: ds_meta,
-            spec: Some(DaemonSetSpec {
-                selector: LabelSelector {
-                    match_labels: Some(names::node_manager_selector_labels(&uid)),
-                    ..Default::default()
-                },
-                template,
-                update_strategy: Some(DaemonSetUpdateStrategy {
-                    type_: Some("RollingUpdate".into()),
-                    // A Node initialized stays so while its pod restarts: roll a tenth at once.
-                    rolling_update: Some(RollingUpdateDaemonSet {
-                        max_unavailable: Some(IntOrString::String("10%".into())),
-                        max_surge: Some(IntOrString::Int(0)),
-                    }),
-                }),
-                revision_history_limit: Some(3),
-                ..Default::default()
-            }),
-            status: None,
-        }),
+        desired::owned_cluster_role_binding(
+            names::node_manager_cluster_role_binding_name(&ns, &name),
+            labels,
+            (&ns, &name),
+            &settings.node_manager_cluster_role,
+            subject,
+        ),
+        // A Node initialized stays so while its pod restarts: a tenth of them at once.
+        desired::node_daemon_set(
+            meta,
+            names::node_manager_selector_labels(&uid),
+            template,
+            IntOrString::String("10%".into()),
+        ),
     ]
 }
 
@@ -186,6 +151,7 @@ mod tests {
     use super::*;
     use crate::build::{self, Kind};
     use crate::validate;
+    use k8s_openapi::api::apps::v1::DaemonSet;
     use serde_json::json;
     use testkit::Meta;
 

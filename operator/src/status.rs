@@ -748,31 +748,38 @@ mod tests {
         assert_ne!(r.cond(types::READY).status, "True");
     }
 
+    /// Status of a valid Deployment-mode `cr` whose manager is available, with these per-node
+    /// DaemonSets observed.
+    fn with_node_pods(
+        cr: &CloudControllerManager,
+        announcers: Option<&DaemonSetObservation>,
+        node_managers: Option<&DaemonSetObservation>,
+    ) -> ComputedStatus {
+        let controllers = ControllerSelection::parse(&cr.spec.controllers).ok();
+        compute(&StatusInput {
+            cr,
+            controllers: controllers.as_ref(),
+            validation: &valid(),
+            workload: &deploy(2, 2, 2, 2),
+            lease: None,
+            migration_lease: None,
+            pods: &PodsObservation::default(),
+            announcers,
+            node_managers,
+            rollout_started: false,
+            switching: None,
+            transient: &TransientFailures::default(),
+            degraded_window: Duration::from_secs(120),
+            now: at(1),
+        })
+    }
+
     #[test]
     fn announcer_counts_follow_the_daemonset_and_go_with_spec_announcer() {
         let mut cr = cr("Deployment");
         cr.spec.announcer = Some(crds::v1alpha1::Announcer::default());
-        let (validation, pods, transient) = (valid(), PodsObservation::default(), TransientFailures::default());
         let daemon_set = DaemonSetObservation { desired: 3, current: 3, updated: 2, ready: 1, ..Default::default() };
-        let compute_with = |cr: &CloudControllerManager, announcers: Option<&DaemonSetObservation>| {
-            let controllers = ControllerSelection::parse(&cr.spec.controllers).ok();
-            compute(&StatusInput {
-                cr,
-                controllers: controllers.as_ref(),
-                validation: &validation,
-                workload: &deploy(2, 2, 2, 2),
-                lease: None,
-                migration_lease: None,
-                pods: &pods,
-                announcers,
-                node_managers: None,
-                rollout_started: false,
-                switching: None,
-                transient: &transient,
-                degraded_window: Duration::from_secs(120),
-                now: at(1),
-            })
-        };
+        let compute_with = |cr: &CloudControllerManager, d: Option<&DaemonSetObservation>| with_node_pods(cr, d, None);
         let before = compute_with(&cr, None);
         let zero = crds::v1alpha1::NodePodsStatus::default();
         assert_eq!(before.status.announcers, Some(zero), "zeros until the DaemonSet exists");
@@ -794,27 +801,8 @@ mod tests {
         let mut cr = cr("Deployment");
         cr.spec.provider = "azure".into();
         cr.spec.upstream = Some(serde_json::from_value(json!({"profile": "azure"})).unwrap());
-        let (validation, pods, transient) = (valid(), PodsObservation::default(), TransientFailures::default());
         let daemon_set = DaemonSetObservation { desired: 3, current: 3, updated: 3, ready: 2, ..Default::default() };
-        let compute_with = |cr: &CloudControllerManager, node_managers: Option<&DaemonSetObservation>| {
-            let controllers = ControllerSelection::parse(&cr.spec.controllers).ok();
-            compute(&StatusInput {
-                cr,
-                controllers: controllers.as_ref(),
-                validation: &validation,
-                workload: &deploy(2, 2, 2, 2),
-                lease: None,
-                migration_lease: None,
-                pods: &pods,
-                announcers: None,
-                node_managers,
-                rollout_started: false,
-                switching: None,
-                transient: &transient,
-                degraded_window: Duration::from_secs(120),
-                now: at(1),
-            })
-        };
+        let compute_with = |cr: &CloudControllerManager, d: Option<&DaemonSetObservation>| with_node_pods(cr, None, d);
         let before = compute_with(&cr, None);
         assert_eq!(before.status.node_managers, Some(crds::v1alpha1::NodePodsStatus::default()), "zeros first");
         cr.status = Some(before.status);
