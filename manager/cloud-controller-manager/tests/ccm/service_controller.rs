@@ -660,6 +660,9 @@ testkit::backend_tests! {
         env.create_node(node("n1")).await;
         env.create_service(lb_service(NS, "web")).await;
         env.wait_ingress("web").await;
+        // Work still queued for web (its own status write) would otherwise run its ensure with
+        // n2 already listed, leaving the node sync nothing to update (seen once under load).
+        env.settle("sentinel").await;
         let ensures = env.ensures();
         env.fake.fail_next(methods::UPDATE_LOAD_BALANCER, 1, CloudError::Unavailable("cloud down".into()));
         env.create_node(node("n2")).await;
