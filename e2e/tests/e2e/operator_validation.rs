@@ -273,3 +273,59 @@ testkit::backend_tests! {
         env.finish().await;
     }
 }
+
+testkit::backend_tests! {
+    /// Issue 48 item 3, "shadow mode first when asked": beside a resource running upstream's aws
+    /// image, a resource running this project's `aws` manager in shadow mode for the same
+    /// controllers is deployed read-only (the shadow ClusterRole, `--shadow=true`) without a conflict,
+    /// and the upstream resource is left as it was; the same resource acting (no shadow) is a
+    /// conflict naming the upstream one.
+    async fn a_shadow_resource_runs_read_only_beside_an_upstream_image_and_an_acting_one_conflicts(backend) {
+        use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+        let env = Env::start(backend, "shadowup").await;
+        env.secret("cfg", "cloud.conf", "[Global]\nKubernetesClusterID = prod\n").await;
+        let mut config = env.operator_config();
+        config.build.policy.allowed_images = vec![
+            config.build.manager_image.clone(),
+            "registry.k8s.io/provider-aws/cloud-controller-manager".into(),
+        ];
+        let op = operator::start(config).await.expect("the operator starts");
+        env.apply_cr("upstream", json!({"provider": "aws", "upstream": {"profile": "aws"},
+            "clusterCIDR": "10.244.0.0/16", "cloudConfig": {"secretRef": {"name": "cfg"}}})).await;
+        env.wait_status("upstream", types::CONFIG_VALID, "True", config_valid::VALID).await;
+        let upstream_template = eventually("the upstream Deployment", || async {
+            env.api::<Deployment>().get_opt("ccm-upstream").await.unwrap().and_then(|d| d.spec).map(|s| s.template)
+        })
+        .await;
+
+        env.apply_cr("shadow", json!({"provider": "aws", "shadow": true,
+            "clusterCIDR": "10.244.0.0/16", "cloudConfig": {"secretRef": {"name": "cfg"}}})).await;
+        env.wait_status("shadow", types::CONFIG_VALID, "True", config_valid::VALID).await;
+        let args = eventually("the shadow Deployment", || async {
+            let d = env.api::<Deployment>().get_opt("ccm-shadow").await.unwrap()?;
+            d.spec?.template.spec?.containers.first()?.args.clone()
+        })
+        .await;
+        assert!(args.iter().any(|a| a == "--shadow=true"), "{args:?}");
+        let crbs: Api<ClusterRoleBinding> = Api::all(env.harness.clone());
+        let binding = operator::names::shadow_cluster_role_binding_name(&env.ns, "shadow");
+        let role = eventually("the shadow binding", || async {
+            crbs.get_opt(&binding).await.unwrap().map(|b| b.role_ref.name)
+        })
+        .await;
+        assert_eq!(role, operator::build::BuildSettings::default().manager_shadow_cluster_role);
+
+        // The control: the same resource acting would run the upstream one's controllers. The
+        // older resource wins and creation times have whole seconds (a tie goes by name): a
+        // second later, so that the upstream one is the older.
+        tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+        env.apply_cr("acting", json!({"provider": "aws", "clusterCIDR": "10.244.0.0/16", "cloudConfig": {"secretRef": {"name": "cfg"}}})).await;
+        let c = env.wait_status("acting", types::CONFIG_VALID, "False", config_valid::CONFLICT).await;
+        assert!(c.message.contains(&format!("{}/upstream", env.ns)), "{}", c.message);
+        assert_not_deployed(&env, "acting").await;
+        let now = env.api::<Deployment>().get("ccm-upstream").await.unwrap().spec.unwrap().template;
+        assert_eq!(now, upstream_template, "the upstream resource is left as it was");
+        op.stop().await.unwrap();
+        env.finish().await;
+    }
+}
