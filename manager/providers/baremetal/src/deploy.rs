@@ -10,7 +10,7 @@ pub use crate::name::NAME;
 
 /// The manager binary's subcommand that runs the per-node announcer
 /// (`cloud-controller-manager announce ...`).
-pub const ANNOUNCER_SUBCOMMAND: &str = announce::node::SUBCOMMAND;
+pub const ANNOUNCER_SUBCOMMAND: &str = announce::SUBCOMMAND;
 
 /// The environment variable the announcer reads its Node's IPv4 address from (the default BGP
 /// router ID); a DaemonSet sets it from the downward API's `status.hostIP`.

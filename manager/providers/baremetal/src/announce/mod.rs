@@ -18,6 +18,10 @@ pub mod plan;
 pub mod responder;
 pub mod sources;
 
+/// The manager binary's subcommand that runs the per-node announcer (the runtime, [`node`],
+/// needs the `datapath` feature; deployers need the name without it).
+pub const SUBCOMMAND: &str = "announce";
+
 /// Reasons of the events announcers publish on Services (explained in docs/troubleshooting.md).
 pub mod announce_reasons {
     /// Normal: a node started announcing one of the Service's addresses (the note names the

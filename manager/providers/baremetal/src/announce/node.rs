@@ -18,7 +18,7 @@ use ccm_framework::events::EventSink;
 use ccm_framework::process::LogSettings;
 
 /// The subcommand's name: `cloud-controller-manager announce ...`.
-pub const SUBCOMMAND: &str = "announce";
+pub use super::SUBCOMMAND;
 
 /// Usage text, printed for `--help` and a bad flag.
 pub const USAGE: &str = "\
