@@ -216,6 +216,11 @@ pub fn is_label_value(v: &str) -> bool {
                 && v.ends_with(|c: char| c.is_ascii_alphanumeric())))
 }
 
+/// The leader-migration file's path in the manager pod (`--leader-migration-config`).
+pub fn leader_migration_path() -> String {
+    format!("{LEADER_MIGRATION_DIR}/{LEADER_MIGRATION_FILE}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -236,9 +241,4 @@ mod tests {
         assert_ne!(cluster_role_binding_name("a", "x"), cluster_role_binding_name("b", "x"));
         assert_ne!(shadow_cluster_role_binding_name("a", "x"), cluster_role_binding_name("a", "x"));
     }
-}
-
-/// The leader-migration file's path in the manager pod (`--leader-migration-config`).
-pub fn leader_migration_path() -> String {
-    format!("{LEADER_MIGRATION_DIR}/{LEADER_MIGRATION_FILE}")
 }
