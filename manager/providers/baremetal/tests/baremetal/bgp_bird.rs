@@ -249,6 +249,20 @@ async fn bfd_state(socket: &Path) -> Option<String> {
     })
 }
 
+/// The pod's shared volume in `lab`: group 65532 (its fsGroup), group-writable, so BIRD reads
+/// the config the announcer writes and makes its socket there; the announcer's settings on it.
+fn shared_volume(lab: &Lab) -> BirdSettings {
+    let shared = lab.dir.join("node");
+    std::fs::create_dir_all(&shared).expect("shared dir");
+    std::os::unix::fs::chown(&shared, Some(0), Some(65532)).expect("chown the shared dir");
+    std::fs::set_permissions(&shared, std::os::unix::fs::PermissionsExt::from_mode(0o2770)).expect("chmod");
+    BirdSettings {
+        config_path: shared.join("bird.conf"),
+        socket_path: shared.join("bird.ctl"),
+        timeout: Duration::from_secs(5),
+    }
+}
+
 /// A lab with the router's BIRD (IPv4 session to the node, BFD on, `bgp_extra` in its BGP
 /// protocol) and the node's BIRD running the announcer's config for `peer`, least privileged,
 /// with the node advertising 203.0.113.10 and the router holding that route with BFD up.
@@ -268,15 +282,7 @@ async fn lab_with_bfd(tag: char, node_peer: PeerConfig, bgp_extra: &str) -> (Lab
     .expect("router config");
     lab.start_bird(&lab.router_ns(), &router_config, &router_socket, false);
 
-    let shared = lab.dir.join("node");
-    std::fs::create_dir_all(&shared).expect("shared dir");
-    std::os::unix::fs::chown(&shared, Some(0), Some(65532)).expect("chown the shared dir");
-    std::fs::set_permissions(&shared, std::os::unix::fs::PermissionsExt::from_mode(0o2770)).expect("chmod");
-    let settings = BirdSettings {
-        config_path: shared.join("bird.conf"),
-        socket_path: shared.join("bird.ctl"),
-        timeout: Duration::from_secs(5),
-    };
+    let settings = shared_volume(&lab);
     let config = BgpConfig { local_asn: 64512, peers: vec![node_peer], ..BgpConfig::default() };
     let node = NodeFacts { ipv4: Some(NODE4.parse().expect("ip")) };
     let mut announcer = BirdAnnouncer::new(config, node, settings.clone());
@@ -439,17 +445,7 @@ async fn bgp_host_routes_reach_a_bird_router_and_are_withdrawn_with_sessions_kep
     .expect("router config");
     lab.start_bird(&router_ns, &router_config, &router_socket, false);
 
-    // The pod's shared volume: group 65532 (its fsGroup), group-writable, so BIRD reads the
-    // config the announcer writes and makes its socket there.
-    let shared = lab.dir.join("node");
-    std::fs::create_dir_all(&shared).expect("shared dir");
-    std::os::unix::fs::chown(&shared, Some(0), Some(65532)).expect("chown the shared dir");
-    std::fs::set_permissions(&shared, std::os::unix::fs::PermissionsExt::from_mode(0o2770)).expect("chmod");
-    let settings = BirdSettings {
-        config_path: shared.join("bird.conf"),
-        socket_path: shared.join("bird.ctl"),
-        timeout: Duration::from_secs(5),
-    };
+    let settings = shared_volume(&lab);
     let config = BgpConfig {
         local_asn: 64512,
         peers: vec![peer(ROUTER6, None), peer(ROUTER4, Some(password_file))],

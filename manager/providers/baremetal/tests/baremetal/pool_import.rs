@@ -27,6 +27,22 @@ fn config(metallb_namespace: &str) -> String {
     )
 }
 
+/// Waits until `count` Services of `events`' namespace have been through the service
+/// controller (each has an `EnsuredLoadBalancer` event).
+async fn all_ensured(events: &Api<Event>, count: usize) {
+    eventually("every Service is ensured", || async {
+        let list = events.list(&ListParams::default()).await.ok()?;
+        let ensured: BTreeSet<String> = list
+            .items
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some("EnsuredLoadBalancer"))
+            .filter_map(|e| e.regarding.as_ref()?.name.clone())
+            .collect();
+        (ensured.len() == count).then_some(())
+    })
+    .await;
+}
+
 /// The `LoadBalancerProvisioned` condition's (reason, message) of a Service, once it has one.
 fn refusal(service: &Service) -> Option<(String, String)> {
     let conditions = service.status.as_ref()?.conditions.as_ref()?;
@@ -187,15 +203,7 @@ testkit::backend_tests! {
         }).await;
         assert_eq!(fresh, "198.51.100.0");
         // Every Service has been through the controller (it reports EnsuredLoadBalancer).
-        let service_events: Api<Event> = Api::namespaced(cluster.client(), &ns);
-        eventually("every Service is ensured", || async {
-            let list = service_events.list(&ListParams::default()).await.ok()?;
-            let ensured: BTreeSet<String> = list.items.iter()
-                .filter(|e| e.reason.as_deref() == Some("EnsuredLoadBalancer"))
-                .filter_map(|e| e.regarding.as_ref()?.name.clone())
-                .collect();
-            (ensured.len() == before.len() + 1).then_some(())
-        }).await;
+        all_ensured(&Api::namespaced(cluster.client(), &ns), before.len() + 1).await;
         let synced = started.elapsed();
         for (name, _, _, ip) in before {
             let now: Vec<String> = ingress(&services.get(name).await.unwrap()).into_iter().map(|(ip, _)| ip).collect();
@@ -359,15 +367,7 @@ testkit::backend_tests! {
         assert_eq!(fresh_other, "10.30.0.250");
         // Every Service has been through the controller.
         for (ns, count) in [(&apps, 3), (&other, 3)] {
-            let service_events: Api<Event> = Api::namespaced(cluster.client(), ns);
-            eventually("every Service is ensured", || async {
-                let list = service_events.list(&ListParams::default()).await.ok()?;
-                let ensured: BTreeSet<String> = list.items.iter()
-                    .filter(|e| e.reason.as_deref() == Some("EnsuredLoadBalancer"))
-                    .filter_map(|e| e.regarding.as_ref()?.name.clone())
-                    .collect();
-                (ensured.len() == count).then_some(())
-            }).await;
+            all_ensured(&Api::namespaced(cluster.client(), ns), count).await;
         }
         let synced = started.elapsed();
         for (name, ns, _, ips) in before {
