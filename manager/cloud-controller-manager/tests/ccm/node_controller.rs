@@ -312,10 +312,20 @@ testkit::backend_tests! {
             // n9_taint_list_changed_between_read_and_write_is_kept (its test op answers 422).
             assert!(writes.iter().any(|w| w.content_type.as_deref() == Some("application/json-patch+json")));
         }
-        // Metrics and the Synced event.
-        let text = env.ctx.metrics.encode();
-        assert!(text.contains("node_controller_cloud_provider_taint_removal_delay_seconds_count 1"), "{text}");
-        assert!(text.contains("node_controller_initial_node_sync_delay_seconds_count 1"), "{text}");
+        // Metrics and the Synced event. The controller records the delays once the server has
+        // answered its writes, which may be after the server logged them.
+        let counted = |text: &str| {
+            let line = |l: &str| text.lines().any(|x| x == l);
+            line("node_controller_cloud_provider_taint_removal_delay_seconds_count 1")
+                && line("node_controller_initial_node_sync_delay_seconds_count 1")
+        };
+        let text = testkit::poll_within(WAIT, || async {
+            let text = env.ctx.metrics.encode();
+            counted(&text).then_some(text)
+        })
+        .await
+        .unwrap_or_else(|| env.ctx.metrics.encode());
+        assert!(counted(&text), "both delays observed once: {text}");
         eventually_within("the Synced event of n", WAIT, || async {
             let synced = env.cluster.events("Synced").await.ok()?;
             synced.iter().any(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("n")).then_some(())
