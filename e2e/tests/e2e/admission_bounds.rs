@@ -261,7 +261,8 @@ async fn the_operators_token_cannot_delete_or_take_over_what_it_does_not_own() {
     // Only the cluster-scoped names differ from the first release's: both are installed at once.
     let defaults = json!({"manager": {"rbac": {"clusterRoleName": "ccm-manager-defaults",
         "namespaceRoleName": "ccm-manager-namespace-defaults", "shadowClusterRoleName": "ccm-manager-shadow-defaults",
-        "upstreamClusterRoleName": "ccm-manager-upstream-defaults"}}});
+        "upstreamClusterRoleName": "ccm-manager-upstream-defaults",
+        "nodeManagerClusterRoleName": "ccm-node-manager-defaults"}}});
     let Some((_, default_operator)) =
         install_chart_rbac_and_policies(&cluster, &defaults, &default_release, &default_ns).await
     else {
