@@ -39,6 +39,8 @@ mod failover;
 mod join;
 #[path = "realcluster/l2.rs"]
 mod l2;
+#[path = "realcluster/l2_health.rs"]
+mod l2_health;
 #[path = "realcluster/lifecycle.rs"]
 mod lifecycle;
 #[path = "realcluster/local.rs"]
@@ -125,6 +127,9 @@ const THREE_NODE_SCENARIOS: &[(&str, Scenario)] = &[
     ("three_nodes_l2_one_node_answers_for_an_address_and_another_claims_it_when_that_node_loses_power", |c| {
         Box::pin(l2::l2_address_moves_when_its_node_loses_power(c))
     }),
+    ("three_nodes_l2_a_node_whose_kube_proxy_fails_gives_its_address_up_and_takes_it_back_when_it_returns", |c| {
+        Box::pin(l2_health::l2_address_moves_when_its_nodes_kube_proxy_fails_and_comes_back(c))
+    }),
     ("three_nodes_external_traffic_policy_local_is_answered_only_where_an_endpoint_runs_and_follows_it", |c| {
         Box::pin(local::local_policy_answered_only_where_an_endpoint_runs(c))
     }),
@@ -198,9 +203,11 @@ fn main() -> ExitCode {
         }
         return ExitCode::SUCCESS;
     }
-    let filter = args.iter().find(|a| !a.starts_with('-')).cloned();
+    // Several filters pick every scenario any of them matches (`-- three_nodes_ready three_nodes_leader three_nodes_l2`:
+    // a later scenario with the ones it builds on).
+    let filters: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
     let pick = |list: &'static [(&'static str, Scenario)]| -> Vec<&'static (&'static str, Scenario)> {
-        list.iter().filter(|(n, _)| filter.as_deref().is_none_or(|f| n.contains(f))).collect()
+        list.iter().filter(|(n, _)| filters.is_empty() || filters.iter().any(|f| n.contains(f.as_str()))).collect()
     };
     let (selected, three) = (pick(SCENARIOS), pick(THREE_NODE_SCENARIOS));
     let filtered_out = SCENARIOS.len() + THREE_NODE_SCENARIOS.len() - selected.len() - three.len();

@@ -818,6 +818,22 @@ impl RealCluster {
         Ok(())
     }
 
+    /// Kills a running added Node's kube-proxy alone (a crash: its rules stay, its health
+    /// endpoint at the node address stops answering); the Node stays Ready.
+    pub fn kill_kube_proxy(&self, name: &str) -> Result<(), Error> {
+        let added = self.lock()?;
+        let node = added.nodes.iter().find(|n| n.plan.name == name && n.running).ok_or_else(|| self.not_added(name))?;
+        node::kill_kube_proxy(&node.plan);
+        Ok(())
+    }
+
+    /// Starts a running added Node's kube-proxy again after [`RealCluster::kill_kube_proxy`].
+    pub fn start_kube_proxy(&self, name: &str) -> Result<(), Error> {
+        let added = self.lock()?;
+        let node = added.nodes.iter().find(|n| n.plan.name == name && n.running).ok_or_else(|| self.not_added(name))?;
+        node::start_kube_proxy(&node.plan, &self.assets, &self.launcher).map(|_| ())
+    }
+
     fn not_added(&self, name: &str) -> Error {
         if name == self.node_name {
             Error::Other(format!("{name} is the host's Node: it runs the control plane and cannot be stopped"))

@@ -16,7 +16,7 @@ pub(crate) const KUBELET_PORT: u16 = 24250;
 /// kube-proxy's metrics port (loopback; each Node has its own).
 pub(crate) const PROXY_METRICS_PORT: u16 = 24249;
 /// kube-proxy's health port: where load balancers check Nodes (its default, on the node IP).
-pub(crate) const PROXY_HEALTH_PORT: u16 = 10256;
+pub const PROXY_HEALTH_PORT: u16 = 10256;
 
 /// The daemons of a Node, in the order they start.
 pub(crate) const DAEMONS: &[&str] = &["containerd", "kubelet", "kube-proxy"];
@@ -291,6 +291,17 @@ pub(crate) fn start(plan: &NodePlan, assets: &Path, launcher: &Launcher, images:
     let kubelet = launcher.launch(plan.spec(assets.join("kubelet"), "kubelet", plan.kubelet_args()))?;
     launcher.launch(plan.spec(assets.join("kube-proxy"), "kube-proxy", plan.kube_proxy_args()))?;
     Ok(kubelet)
+}
+
+/// Kills a running Node's kube-proxy alone, as a crash would (SIGKILL: its rules stay, its
+/// health endpoint goes).
+pub(crate) fn kill_kube_proxy(plan: &NodePlan) {
+    process::stop_components(&plan.run, &["kube-proxy"], Duration::ZERO);
+}
+
+/// Starts a running Node's kube-proxy again, from the launcher's thread.
+pub(crate) fn start_kube_proxy(plan: &NodePlan, assets: &Path, launcher: &Launcher) -> Result<u32, Error> {
+    launcher.launch(plan.spec(assets.join("kube-proxy"), "kube-proxy", plan.kube_proxy_args()))
 }
 
 fn which_containerd() -> PathBuf {

@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 use e2e::realcluster::Place;
 use e2e::realcluster::router::{RouterBird, RouterConfig, router_next_hops};
 use e2e::realcluster::traffic::Poller;
-use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
@@ -20,9 +19,9 @@ use serde_json::json;
 
 use crate::l2::{ANNOUNCER_LABEL, label_for_announcers};
 use crate::multinode::{
-    BGP_ADDRESS, Inventory, NODE_ASN, POLL, ROLLED_ARGS, ROUTER_ASN, all_ready, announcers_rolled, blocking,
-    cloud_config, first_answer, label_for_managers, lb_service, measured, power_off, power_on, power_on_any_stopped,
-    service_addr, spec,
+    BGP_ADDRESS, Inventory, NODE_ASN, POLL, ROLLED_ARGS, ROUTER_ASN, all_ready, announcer_generation,
+    announcers_rolled, blocking, cloud_config, first_answer, label_for_managers, lb_service, measured, power_off,
+    power_on, power_on_any_stopped, service_addr, spec,
 };
 use crate::{CCM_NAME, CCM_NS, Ctx, apply, put_cloud_config, wait};
 
@@ -31,13 +30,6 @@ use crate::{CCM_NAME, CCM_NS, Ctx, apply, put_cloud_config, wait};
 pub const HOLD_SECONDS: u16 = 3;
 /// The uid BIRD runs as in the sidecar (the operator's `NON_ROOT_UID`).
 const BIRD_UID: &str = "65532";
-
-/// The announcer DaemonSet's generation now (0 when there is none).
-async fn announcer_generation(ctx: &Ctx) -> i64 {
-    let daemon_sets: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), CCM_NS);
-    let ds = daemon_sets.get_opt(&format!("ccm-{CCM_NAME}-announcer")).await.ok().flatten();
-    ds.and_then(|d| d.metadata.generation).unwrap_or(0)
-}
 
 /// A Node's address on the router's segment: an added Node's own address; the host's Node
 /// (whose node address is elsewhere) its bridge's, where its BIRD's sessions come from.

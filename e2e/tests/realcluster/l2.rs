@@ -45,8 +45,54 @@ async fn announcer_on(ctx: &Ctx, node: &str) -> Option<(Pod, Option<String>)> {
     Some((pod, id))
 }
 
+/// Powers on what an earlier failure left off, and labels the two added Nodes for announcers
+/// and the host's Node alone for managers; returns every Node's name, the host's and the added
+/// ones'.
+pub async fn announcers_on_added_nodes(ctx: &Arc<Ctx>) -> (Vec<String>, String, Vec<String>) {
+    power_on_any_stopped(ctx).await;
+    let names = ctx.cluster.node_names();
+    let host = ctx.cluster.node_name.clone();
+    let added = names[1..].to_vec();
+    for n in &added {
+        label_for_managers(ctx, n, false);
+        label_for_announcers(ctx, n);
+    }
+    label_for_managers(ctx, &host, true);
+    (names, host, added)
+}
+
+/// Once one Node answers ARP for `ip` (see [`one_node_answers`]) and the client reached the
+/// Service through it after resolving the address again: its hardware address and name, one of
+/// `added`.
+pub async fn settled_announcer(ctx: &Arc<Ctx>, ip: Ipv4Addr, added: &[String]) -> (String, String) {
+    let mac = one_node_answers(ctx, ip).await;
+    // The client may still hold the first announcer's address: resolve it again.
+    let flush = ctx.cluster.command_in(Place::Client, "ip", &["neigh", "flush", "to", &ip.to_string()]);
+    flush.unwrap_or_else(|e| panic!("flushing the client's neighbour entry: {e}"));
+    first_answer(ctx, Some(Place::Client), service_addr(ip), "web").await;
+    let node = node_of_mac(ctx, &mac).expect("the answering hardware address is a Node's");
+    assert!(added.contains(&node), "an announcing Node is an added one: {node}");
+    (mac, node)
+}
+
+/// The hardware address of the one Node answering ARP for `ip`, once the same one answers twice
+/// in a row: the first announcer live may answer before the other has been live long enough to
+/// take part (docs/l2-announcement.md).
+pub async fn one_node_answers(ctx: &Arc<Ctx>, ip: Ipv4Addr) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut previous = BTreeSet::new();
+    loop {
+        let now = answering_macs(ctx, ip).await;
+        if now.len() == 1 && now == previous {
+            return now.into_iter().next().unwrap_or_default();
+        }
+        assert!(Instant::now() < deadline, "exactly one Node answers ARP for {ip}: {now:?}");
+        previous = now;
+    }
+}
+
 /// The distinct hardware addresses that answered the client's ARP requests for `ip`.
-async fn answering_macs(ctx: &Arc<Ctx>, ip: Ipv4Addr) -> BTreeSet<String> {
+pub async fn answering_macs(ctx: &Arc<Ctx>, ip: Ipv4Addr) -> BTreeSet<String> {
     let c = ctx.clone();
     blocking(move || arp_replies(&c, ip)).await.into_iter().collect()
 }
@@ -57,15 +103,7 @@ async fn answering_macs(ctx: &Arc<Ctx>, ip: Ipv4Addr) -> BTreeSet<String> {
 /// the first's announcer Lease runs out: the client's neighbour entry names the other Node's
 /// hardware address, and the longest gap in the client's traffic is measured.
 pub async fn l2_address_moves_when_its_node_loses_power(ctx: Arc<Ctx>) {
-    power_on_any_stopped(&ctx).await;
-    let names = ctx.cluster.node_names();
-    let host = ctx.cluster.node_name.clone();
-    let added = names[1..].to_vec();
-    for n in &added {
-        label_for_managers(&ctx, n, false);
-        label_for_announcers(&ctx, n);
-    }
-    label_for_managers(&ctx, &host, true);
+    let (names, host, added) = announcers_on_added_nodes(&ctx).await;
     let macs: Vec<(String, String)> = added
         .iter()
         .map(|n| (n.clone(), ctx.cluster.segment_mac(n).unwrap_or_else(|e| panic!("{n}'s hardware address: {e}"))))
@@ -101,24 +139,7 @@ pub async fn l2_address_moves_when_its_node_loses_power(ctx: Arc<Ctx>) {
         "L2 Service created to the client's first answer through the announcing Node's kube-proxy: {:.1} s",
         t.elapsed().as_secs_f64()
     ));
-    // The first announcer live may answer before the other has been live long enough to take
-    // part (docs/l2-announcement.md): wait until the same one Node answers twice in a row.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut previous = BTreeSet::new();
-    let first_mac = loop {
-        let now = answering_macs(&ctx, ip).await;
-        if now.len() == 1 && now == previous {
-            break now.into_iter().next().unwrap_or_default();
-        }
-        assert!(Instant::now() < deadline, "exactly one Node answers ARP for {ip}: {now:?}");
-        previous = now;
-    };
-    // The client may still hold the first announcer's address: resolve it again.
-    let flush = ctx.cluster.command_in(Place::Client, "ip", &["neigh", "flush", "to", &ip.to_string()]);
-    flush.unwrap_or_else(|e| panic!("flushing the client's neighbour entry: {e}"));
-    first_answer(&ctx, Some(Place::Client), addr, "web").await;
-    let announcing = node_of_mac(&ctx, &first_mac).expect("the answering hardware address is a Node's");
-    assert!(added.contains(&announcing), "an announcing Node is an added one: {announcing}");
+    let (first_mac, announcing) = settled_announcer(&ctx, ip, &added).await;
     let neighbour = client_neighbour(&ctx, ip);
     assert!(neighbour.contains(&first_mac), "the client's neighbour entry names {announcing}: {neighbour}");
     let (other, other_mac) = macs.iter().find(|(n, _)| *n != announcing).cloned().expect("the other added Node");

@@ -62,6 +62,8 @@ pub struct Inventory {
     pub shut_down: Vec<String>,
     /// Whether `loadBalancer.announcement.bgp` peers with the router.
     pub bgp: bool,
+    /// Whether the announcers check their Node's kube-proxy (`announcement.health`).
+    pub kube_proxy_health: bool,
 }
 
 /// The cloud-config of the three-Node scenarios: every Node (its real address, so the API
@@ -97,6 +99,13 @@ pub fn cloud_config(ctx: &Ctx, inventory: &Inventory) -> String {
             "    bgp:\n      localAsn: {NODE_ASN}\n      peers:\n        - address: {}\n          asn: {ROUTER_ASN}\n          holdTime: {}s\n",
             ctx.cluster.network.router_address(),
             crate::bgp::HOLD_SECONDS
+        ));
+    }
+    if inventory.kube_proxy_health {
+        // kube-proxy listens on the node address here (healthzBindAddress), not on loopback.
+        out.push_str(&format!(
+            "    health:\n      interval: 500ms\n      kubeProxyHealthz: \"http://$(NODE_IP):{}/healthz\"\n",
+            e2e::realcluster::node::PROXY_HEALTH_PORT
         ));
     }
     out.push_str("lifecycle:\n  deleteAbsentNodes: true\n");
@@ -304,6 +313,13 @@ pub fn arp_replies(ctx: &Ctx, ip: Ipv4Addr) -> Vec<String> {
 /// Which Node a hardware address on the segment belongs to.
 pub fn node_of_mac(ctx: &Ctx, mac: &str) -> Option<String> {
     ctx.cluster.node_names().into_iter().find(|n| ctx.cluster.segment_mac(n).is_ok_and(|m| m == mac))
+}
+
+/// The announcer DaemonSet's generation now (0 when there is none).
+pub async fn announcer_generation(ctx: &Ctx) -> i64 {
+    let daemon_sets: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), CCM_NS);
+    let ds = daemon_sets.get_opt(&format!("ccm-{CCM_NAME}-announcer")).await.ok().flatten();
+    ds.and_then(|d| d.metadata.generation).unwrap_or(0)
 }
 
 /// Waits until the announcer DaemonSet runs an updated, available Pod on each of `count` Nodes.

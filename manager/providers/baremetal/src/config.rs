@@ -358,6 +358,8 @@ fn schema() -> &'static Schema {
             .with::<crate::announce::bgp::BfdConfig>()
             .with::<crate::announce::bgp::GracefulRestartConfig>()
             .with_messages(crate::announce::bgp::MESSAGES)
+            .with::<crate::announce::health::HealthConfig>()
+            .with_messages(crate::announce::health::MESSAGES)
             .with_messages(&[BAD_DURATION, NEGATIVE_DURATION, HUGE_DURATION, DUPLICATE_KEY])
     })
 }
@@ -397,6 +399,9 @@ impl CloudConfig {
         }
         if let Some(bgp) = &self.load_balancer.announcement.bgp {
             bgp.validate(&root().field("loadBalancer").field("announcement").field("bgp"))?;
+        }
+        if let Some(health) = &self.load_balancer.announcement.health {
+            health.validate(&root().field("loadBalancer").field("announcement").field("health"))?;
         }
         Ok(())
     }

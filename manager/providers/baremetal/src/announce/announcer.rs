@@ -34,6 +34,7 @@ use tokio_util::sync::CancellationToken;
 use super::assign::{self, Announced, LeaseView, Liveness, ServiceName};
 use super::bgp::Advertisement;
 use super::guard::{self, Facts, Guard, Reports};
+use super::health::{Health, UNHEALTHY_ANNOTATION};
 use ccm_framework::events::EventSink;
 
 /// Label on every announcer Lease; the announcers watch Leases with it.
@@ -73,6 +74,9 @@ pub struct AnnouncerSettings {
     /// What this announcer may announce: the pools, the inventory, this host's network
     /// ([`super::sources`] keeps it current). Nothing is announced while it is `None`.
     pub facts: watch::Receiver<Option<Arc<Facts>>>,
+    /// Whether this node can deliver its addresses' traffic ([`super::health_probe::spawn`]);
+    /// while it cannot, it owns and advertises nothing and its Lease says why.
+    pub health: watch::Receiver<Health>,
 }
 
 impl AnnouncerSettings {
@@ -89,6 +93,7 @@ impl AnnouncerSettings {
             settle: Duration::from_secs(2),
             bgp: None,
             facts: watch::channel(None).1,
+            health: watch::channel(Health::Healthy).1,
         }
     }
 
@@ -143,6 +148,7 @@ pub async fn run(
     let slices: Api<EndpointSlice> = Api::all(client);
     let changed = Arc::new(Notify::new());
     forward_changes(settings.facts.clone(), changed.clone(), cancel.clone());
+    forward_changes(settings.health.clone(), changed.clone(), cancel.clone());
     let selector = format!("{LEASE_LABEL}={LEASE_LABEL_L2}");
     let lease_config = watcher::Config::default().labels(&selector);
     let lease_store = reflect(leases.clone(), lease_config, trim_lease, changed.clone(), &cancel);
@@ -177,12 +183,14 @@ pub async fn run(
     let mut renew = tokio::time::interval(settings.renew_interval);
     renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_pass: Option<Instant> = None;
+    // The unhealthy reason last written into the Lease (`None`: healthy, or not written yet).
+    let mut written_reason: Option<String> = None;
     loop {
         let expiry = liveness.next_change(Instant::now(), settings.settle);
         tokio::select! {
             _ = cancel.cancelled() => break,
             _ = renew.tick() => {
-                if let Err(error) = renew_lease(&leases, &name, &settings).await {
+                if let Err(error) = renew_lease(&leases, &name, &settings, written_reason.as_deref()).await {
                     tracing::warn!(node = %settings.node, %error, "renewing the announcer Lease failed; retrying");
                 }
             }
@@ -196,6 +204,20 @@ pub async fn run(
                 }
             }
             _ = sleep_until(expiry) => {}
+        }
+        // A change of health is written at once, so the others elect without this node (or
+        // with it again) without waiting for the next renewal.
+        let reason = settings.health.borrow().reason();
+        if reason != written_reason {
+            match renew_lease(&leases, &name, &settings, reason.as_deref()).await {
+                Ok(_) => {
+                    report_health(&settings, reason.as_deref(), current.len(), &node_store, events.as_ref());
+                    written_reason = reason.clone();
+                }
+                Err(error) => {
+                    tracing::warn!(node = %settings.node, %error, "writing the announcer's health into its Lease failed; retrying")
+                }
+            }
         }
         let now = Instant::now();
         last_pass = Some(now);
@@ -218,9 +240,12 @@ pub async fn run(
             report_refusals(&due, &refused, &settings, &live, &service_store, events.as_ref());
         }
         let ready = assign::ready_nodes(slice_store.state().iter().map(|s| s.as_ref()));
-        let next = assign::owned(&settings.node, &announced, &ready, &live);
+        // Unhealthy: nothing owned, nothing advertised, whatever the Leases say.
+        let healthy = reason.is_none();
+        let next = if healthy { assign::owned(&settings.node, &announced, &ready, &live) } else { BTreeMap::new() };
         if let Some(bgp) = &settings.bgp {
-            let addresses = super::bgp::advertised(&settings.node, &announced, &ready);
+            let addresses =
+                if healthy { super::bgp::advertised(&settings.node, &announced, &ready) } else { Default::default() };
             let set = Advertisement { addresses, prefixes: guard.prefixes() };
             bgp.send_if_modified(|current| {
                 let changed = *current != set;
@@ -307,6 +332,36 @@ fn report_refusals(
     }
 }
 
+/// Log and publish a change of this node's health: a Warning `AnnouncerUnhealthy` naming why
+/// it gives its `owned` addresses up, or a Normal `AnnouncerHealthy`, on its Node (none when
+/// the Node is not in the cache).
+fn report_health(
+    settings: &AnnouncerSettings,
+    reason: Option<&str>,
+    owned: usize,
+    nodes: &Store<Node>,
+    events: Option<&EventSink>,
+) {
+    let (type_, why, note) = match reason {
+        Some(reason) => {
+            tracing::warn!(node = %settings.node, %reason, owned, "unhealthy: giving every address up until healthy again");
+            let note = format!(
+                "node {} gives up {owned} announced address(es) and takes part in no election: {reason}",
+                settings.node
+            );
+            (EventType::Warning, super::announce_reasons::ANNOUNCER_UNHEALTHY, note)
+        }
+        None => {
+            tracing::info!(node = %settings.node, "healthy again: taking part in elections");
+            let note = format!("node {} is healthy again and takes part in elections", settings.node);
+            (EventType::Normal, super::announce_reasons::ANNOUNCER_HEALTHY, note)
+        }
+    };
+    let Some(events) = events else { return };
+    let Some(node) = nodes.get(&reflector::ObjectRef::new(&settings.node)) else { return };
+    events.publish(COMPONENT, node.object_ref(&()), type_, why, note, "Announce");
+}
+
 /// Every address the Nodes report.
 fn node_addresses(nodes: &Store<Node>) -> Vec<IpAddr> {
     nodes
@@ -318,8 +373,12 @@ fn node_addresses(nodes: &Store<Node>) -> Vec<IpAddr> {
         .collect()
 }
 
-/// Notify `changed` whenever the facts change, until `cancel` or their sender goes.
-fn forward_changes(mut facts: watch::Receiver<Option<Arc<Facts>>>, changed: Arc<Notify>, cancel: CancellationToken) {
+/// Notify `changed` whenever `facts` change, until `cancel` or their sender goes.
+fn forward_changes<T: Send + Sync + 'static>(
+    mut facts: watch::Receiver<T>,
+    changed: Arc<Notify>,
+    cancel: CancellationToken,
+) {
     tokio::spawn(async move {
         loop {
             tokio::select! {
@@ -340,12 +399,23 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-async fn renew_lease(leases: &Api<Lease>, name: &str, settings: &AnnouncerSettings) -> Result<Lease, kube::Error> {
+/// Apply this node's Lease, renewed now, with [`UNHEALTHY_ANNOTATION`] while `unhealthy` says
+/// why (applying without it removes it: this field manager owns it).
+async fn renew_lease(
+    leases: &Api<Lease>,
+    name: &str,
+    settings: &AnnouncerSettings,
+    unhealthy: Option<&str>,
+) -> Result<Lease, kube::Error> {
     let seconds = i32::try_from(settings.lease_duration.as_secs()).unwrap_or(i32::MAX);
+    let mut metadata = json!({"name": name, "labels": {LEASE_LABEL: LEASE_LABEL_L2}});
+    if let Some(reason) = unhealthy {
+        metadata["annotations"] = json!({UNHEALTHY_ANNOTATION: reason});
+    }
     let lease = json!({
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
-        "metadata": {"name": name, "labels": {LEASE_LABEL: LEASE_LABEL_L2}},
+        "metadata": metadata,
         "spec": {
             "holderIdentity": settings.node,
             "leaseDurationSeconds": seconds,

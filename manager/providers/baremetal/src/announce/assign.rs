@@ -114,8 +114,13 @@ pub struct LeaseView {
 }
 
 impl LeaseView {
-    /// Read `lease`; `None` without a holder, renew time or positive duration.
+    /// Read `lease`; `None` without a holder, renew time or positive duration, and while its
+    /// announcer says it is unhealthy ([`super::health::UNHEALTHY_ANNOTATION`]): such a node is
+    /// no candidate, and when it is healthy again it settles like a newcomer.
     pub fn of(lease: &Lease) -> Option<Self> {
+        if lease.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(super::health::UNHEALTHY_ANNOTATION)) {
+            return None;
+        }
         let spec = lease.spec.as_ref()?;
         let node = spec.holder_identity.clone().filter(|h| !h.is_empty())?;
         let renew_time = spec.renew_time.as_ref()?.0.to_string();
@@ -254,6 +259,19 @@ mod tests {
 
     fn lease(node: &str, renew: &str, secs: u64) -> LeaseView {
         LeaseView { node: node.into(), renew_time: renew.into(), duration: Duration::from_secs(secs) }
+    }
+
+    #[test]
+    fn a_lease_marked_unhealthy_is_no_candidate_until_the_mark_goes() {
+        let lease: Lease = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "l2-announcer-a", "annotations": {super::super::health::UNHEALTHY_ANNOTATION: "interface eth1 is down"}},
+            "spec": {"holderIdentity": "a", "renewTime": "2026-12-03T12:00:00.000000Z", "leaseDurationSeconds": 6},
+        }))
+        .unwrap();
+        assert_eq!(LeaseView::of(&lease), None, "renewed, but unhealthy");
+        let mut healthy = lease.clone();
+        healthy.metadata.annotations = Some(Default::default());
+        assert_eq!(LeaseView::of(&healthy).map(|v| v.node), Some("a".to_string()));
     }
 
     #[test]

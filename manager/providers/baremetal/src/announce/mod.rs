@@ -8,6 +8,9 @@ pub mod bgp;
 pub mod codec;
 pub mod elect;
 pub mod guard;
+pub mod health;
+#[cfg(feature = "datapath")]
+pub mod health_probe;
 #[cfg(feature = "datapath")]
 pub mod host;
 pub mod l2;
@@ -30,6 +33,11 @@ pub mod announce_reasons {
     /// Warning: an address in the Service's status is not announced, and never answered (the
     /// note names the address and why: outside every pool, a node's address, a gateway, ...).
     pub const ANNOUNCEMENT_REFUSED: &str = "AnnouncementRefused";
+    /// Warning, on the Node: its announcer gives every address up (the note says why: an
+    /// interface down, a stopped responder, kube-proxy failing its health check).
+    pub const ANNOUNCER_UNHEALTHY: &str = "AnnouncerUnhealthy";
+    /// Normal, on the Node: its announcer is healthy again and takes part in elections.
+    pub const ANNOUNCER_HEALTHY: &str = "AnnouncerHealthy";
 }
 
 use serde::Deserialize;
@@ -44,4 +52,8 @@ pub struct AnnouncementConfig {
     /// BGP announcement (host routes to peers); off when absent.
     #[serde(default)]
     pub bgp: Option<bgp::BgpConfig>,
+    /// What an announcer checks before it answers for addresses (interfaces and responders by
+    /// default; kube-proxy when configured).
+    #[serde(default)]
+    pub health: Option<health::HealthConfig>,
 }

@@ -5,6 +5,9 @@
 //! Lease so another node takes its addresses over at once.
 //! With `loadBalancer.announcement.bgp` it also keeps a BIRD sidecar advertising this node's
 //! addresses ([`super::bgp::bird::run`]; the node's IPv4 from `$NODE_IP`).
+//! A health monitor ([`super::health_probe`]) watches the L2 interfaces, the responders and,
+//! when configured, kube-proxy's health endpoint; while any fails the announcer gives its
+//! addresses up ([`super::health`]).
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -13,6 +16,7 @@ use std::process::ExitCode;
 use tokio::sync::watch;
 
 use super::announcer::{self, AnnouncerSettings};
+use super::health_probe::{self, LinkProbe, Monitor};
 use super::responder::{self, L2Socket};
 use ccm_framework::events::EventSink;
 use ccm_framework::process::LogSettings;
@@ -122,18 +126,27 @@ async fn run(flags: Flags) -> Result<(), String> {
         cancel.cancelled().await;
         return Ok(());
     }
+    let health = announcement.health.clone().unwrap_or_default();
     let mut sockets = Vec::new();
+    let mut links = Vec::new();
     for interface in announcement.l2.iter().flat_map(|l2| &l2.interfaces) {
         sockets.push(L2Socket::open(interface).map_err(|e| e.to_string())?);
+        if health.check_interfaces {
+            links.push(LinkProbe::open(interface).map_err(|e| e.to_string())?);
+        }
     }
     let client = kube::Client::try_default().await.map_err(|e| format!("connecting to the API server: {e}"))?;
     let events = EventSink::spawn(client.clone(), Some(flags.node.clone()), cancel.clone());
     let (owned, watching) = watch::channel(BTreeSet::<IpAddr>::new());
     let responders_stop = tokio_util::sync::CancellationToken::new();
     let mut responders = Vec::new();
+    let mut stopped = Vec::new();
     for socket in sockets {
         tracing::info!(interface = socket.interface(), "answering ARP and NDP");
-        responders.push(tokio::spawn(responder::run(socket, watching.clone(), responders_stop.clone())));
+        let done = tokio_util::sync::CancellationToken::new();
+        stopped.push((socket.interface().to_string(), done.clone()));
+        let task = responder::run(socket, watching.clone(), responders_stop.clone());
+        responders.push(tokio::spawn(health_probe::watched(task, done)));
     }
     let mut settings = AnnouncerSettings::new(flags.node, flags.namespace);
     settings.class = flags.class;
@@ -141,6 +154,12 @@ async fn run(flags: Flags) -> Result<(), String> {
     // the inventory and this host's own network, kept current (docs/security.md).
     let sources = super::sources::SourceSettings::new(&flags.cloud_config);
     settings.facts = super::sources::spawn(client.clone(), config, sources, super::host::read, cancel.clone());
+    // Self-healing: an interface down, a stopped responder or a failing kube-proxy gives this
+    // node's addresses up until healthy again (docs/l2-announcement.md#self-healing).
+    let node_ip = std::env::var(super::bgp::NODE_IP_ENV).ok().and_then(|ip| ip.parse().ok());
+    let kube_proxy = health.kube_proxy(node_ip).map_err(|e| e.to_string())?;
+    let monitor = Monitor { links, responders: stopped, kube_proxy, interval: health.interval() };
+    settings.health = health_probe::spawn(monitor, cancel.clone());
     if let Some(bgp) = announcement.bgp {
         // BGP: the BIRD sidecar advertises what this node serves (docs/datapath.md).
         let (tx, rx) = watch::channel(super::bgp::Advertisement::default());

@@ -73,7 +73,7 @@ fn last_os(interface: &str, what: &'static str) -> L2Error {
 }
 
 /// The ifreq for `interface`, name filled in.
-fn ifreq(interface: &str) -> Result<libc::ifreq, L2Error> {
+pub(crate) fn ifreq(interface: &str) -> Result<libc::ifreq, L2Error> {
     let bytes = interface.as_bytes();
     if bytes.is_empty() || bytes.len() >= libc::IFNAMSIZ || bytes.contains(&0) {
         return Err(L2Error::InterfaceName(interface.to_string()));

@@ -73,7 +73,10 @@ pub(crate) fn cannot_run() -> Option<String> {
     if unsafe { libc::geteuid() } != 0 {
         return Some("needs root for network namespaces (CI runs as root): sudo -E cargo test -p ccm-provider-baremetal --test baremetal l2_announce".into());
     }
-    let probe = format!("ccml2-probe-{}", std::process::id());
+    // Unique per call: tests run in parallel threads of one process and each probes.
+    static PROBES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let probe = format!("ccml2-probe-{}-{n}", std::process::id());
     match ip(&["netns", "add", &probe]) {
         Ok(()) => {
             let _ = ip(&["netns", "del", &probe]);
@@ -108,7 +111,61 @@ pub(crate) fn neighbour(client: &str, vip: IpAddr) -> String {
     String::from_utf8_lossy(&out.stdout).to_string()
 }
 
-fn mac_of(i: usize) -> String {
+/// A namespaced Ethernet segment: a switch (a bridge in its own namespace, so no host interface
+/// is touched), two node namespaces and a client's, deleted when dropped.
+pub(crate) struct Segment {
+    /// The node namespaces, in the order of the names given.
+    pub(crate) nodes: [String; 2],
+    /// The client's namespace.
+    pub(crate) client: String,
+    _cleanup: Namespaces,
+}
+
+/// Build a segment under a unique name from `prefix`: node `i` has `eth0` (MAC [`mac_of`]`(i)`,
+/// 10.254.0.1x/24 and fd00:254::1x/64), the client .1. Each node takes TCP traffic for `vips`
+/// on [`PORT`] (as kube-proxy would) answering with its name, and never answers ARP for them
+/// itself: the addresses are routed locally, not assigned, and arp_ignore=1 keeps the kernel's
+/// ARP to assigned addresses (NDP never answers for routes). IPv6 addresses survive a link
+/// going down and up (keep_addr_on_down), as on a server.
+pub(crate) fn segment(prefix: &str, names: [&'static str; 2], vips: &[IpAddr]) -> Segment {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos();
+    let prefix = format!("{prefix}-{}-{}", std::process::id(), nanos % 100_000);
+    let [sw, a, b, c] = ["sw", "a", "b", "c"].map(|n| format!("{prefix}-{n}"));
+    let cleanup = Namespaces(vec![sw.clone(), a.clone(), b.clone(), c.clone()]);
+    for ns in [&sw, &a, &b, &c] {
+        must(&["netns", "add", ns]);
+    }
+    // No multicast snooping: it would need MLD queriers.
+    must(&["-n", &sw, "link", "add", "br0", "type", "bridge", "mcast_snooping", "0"]);
+    must(&["-n", &sw, "link", "set", "br0", "up"]);
+    let hosts = [(&a, 11u8), (&b, 12), (&c, 1)];
+    for (i, (ns, host)) in hosts.iter().enumerate() {
+        let port = format!("p{i}");
+        must(&["-n", &sw, "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", ns]);
+        must(&["-n", &sw, "link", "set", &port, "master", "br0", "up"]);
+        sysctl(ns, "net.ipv6.conf.all.keep_addr_on_down", "1");
+        must(&["-n", ns, "link", "set", "eth0", "address", &mac_of(i), "up"]);
+        must(&["-n", ns, "link", "set", "lo", "up"]);
+        must(&["-n", ns, "addr", "add", &format!("10.254.0.{host}/24"), "dev", "eth0"]);
+        must(&["-n", ns, "addr", "add", &format!("fd00:254::{host}/64"), "dev", "eth0", "nodad"]);
+    }
+    for (ns, name) in [(&a, names[0]), (&b, names[1])] {
+        sysctl(ns, "net.ipv4.conf.all.arp_ignore", "1");
+        sysctl(ns, "net.ipv4.conf.all.arp_announce", "2");
+        // IPv6 binds only assigned addresses unless told otherwise; the address is routed.
+        sysctl(ns, "net.ipv6.ip_nonlocal_bind", "1");
+        for vip in vips {
+            let (family, len) = if vip.is_ipv4() { ("-4", 32) } else { ("-6", 128) };
+            must(&["-n", ns, family, "route", "add", "local", &format!("{vip}/{len}"), "dev", "lo"]);
+            let vip = *vip;
+            let listener = in_ns(ns, move || TcpListener::bind(SocketAddr::new(vip, PORT)).expect("bind the address"));
+            serve(listener, name);
+        }
+    }
+    Segment { nodes: [a, b], client: c, _cleanup: cleanup }
+}
+
+pub(crate) fn mac_of(i: usize) -> String {
     format!("02:00:00:00:00:{:02x}", 0x11 + i)
 }
 
@@ -118,28 +175,6 @@ async fn a_client_reaches_the_elected_node_by_arp_and_ndp_and_follows_a_graceful
         eprintln!("SKIPPED: {reason}");
         return;
     }
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos();
-    let prefix = format!("ccml2-{}-{}", std::process::id(), nanos % 100_000);
-    let [sw, a, b, c] = ["sw", "a", "b", "c"].map(|n| format!("{prefix}-{n}"));
-    let _cleanup = Namespaces(vec![sw.clone(), a.clone(), b.clone(), c.clone()]);
-    for ns in [&sw, &a, &b, &c] {
-        must(&["netns", "add", ns]);
-    }
-    // The switch: a bridge without multicast snooping (it would need MLD queriers), in its own
-    // namespace so the host's interfaces are never touched.
-    must(&["-n", &sw, "link", "add", "br0", "type", "bridge", "mcast_snooping", "0"]);
-    must(&["-n", &sw, "link", "set", "br0", "up"]);
-    let hosts = [(&a, 11u8), (&b, 12), (&c, 1)];
-    for (i, (ns, host)) in hosts.iter().enumerate() {
-        let port = format!("p{i}");
-        must(&["-n", &sw, "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", ns]);
-        must(&["-n", &sw, "link", "set", &port, "master", "br0", "up"]);
-        must(&["-n", ns, "link", "set", "eth0", "address", &mac_of(i), "up"]);
-        must(&["-n", ns, "link", "set", "lo", "up"]);
-        must(&["-n", ns, "addr", "add", &format!("10.254.0.{host}/24"), "dev", "eth0"]);
-        must(&["-n", ns, "addr", "add", &format!("fd00:254::{host}/64"), "dev", "eth0", "nodad"]);
-    }
-
     // Two addresses, one per family, that the same node wins, so one stop moves both.
     let (v4, v6) = (100u8..250)
         .map(|n| (IpAddr::from([10, 254, 0, n]), format!("fd00:254::{n}").parse::<IpAddr>().unwrap()))
@@ -148,24 +183,11 @@ async fn a_client_reaches_the_elected_node_by_arp_and_ndp_and_follows_a_graceful
     let vips: BTreeSet<IpAddr> = [v4, v6].into();
     let owner = elect::elect(v4, NODES).unwrap();
     let other = NODES.into_iter().find(|n| *n != owner).unwrap();
+    let segment = segment("ccml2", NODES, &[v4, v6]);
+    let (a, b, c) = (segment.nodes[0].clone(), segment.nodes[1].clone(), segment.client.clone());
 
-    // Each node takes traffic for both addresses (as kube-proxy would) and never answers ARP
-    // for them itself: the addresses are routed locally, not assigned, and arp_ignore=1 keeps
-    // the kernel's ARP to assigned addresses (NDP never answers for routes).
     let mut responders = Vec::new();
     for (i, (ns, name)) in [(&a, NODES[0]), (&b, NODES[1])].into_iter().enumerate() {
-        sysctl(ns, "net.ipv4.conf.all.arp_ignore", "1");
-        sysctl(ns, "net.ipv4.conf.all.arp_announce", "2");
-        // IPv6 binds only assigned addresses unless told otherwise; the address is routed.
-        sysctl(ns, "net.ipv6.ip_nonlocal_bind", "1");
-        must(&["-n", ns, "route", "add", "local", &format!("{v4}/32"), "dev", "lo"]);
-        must(&["-n", ns, "-6", "route", "add", "local", &format!("{v6}/128"), "dev", "lo"]);
-        let listeners = in_ns(ns, move || {
-            [v4, v6].map(|vip| TcpListener::bind(SocketAddr::new(vip, PORT)).expect("bind the address"))
-        });
-        for listener in listeners {
-            serve(listener, name);
-        }
         let socket = in_ns(ns, || L2Socket::open("eth0")).expect("open the packet socket");
         assert_eq!(socket.mac().map(|b| format!("{b:02x}")).join(":"), mac_of(i));
         let owned = elect::owned_by(name, &vips, &NODES);

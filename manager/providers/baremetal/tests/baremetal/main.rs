@@ -11,6 +11,8 @@
 //! - `bgp_bird`: BGP announcement through BIRD between namespaces; needs root and BIRD 2.
 //! - `kit`: stand-ins for what listens on a Node (a nodePort backend, kube-proxy's health check).
 //! - `l2_announce`: L2 announcement (ARP, NDP) on a namespaced Ethernet segment; needs root.
+//! - `l2_health`: self-healing announcers: an interface down gives the addresses up and back
+//!   (namespaces: root), kube-proxy's health check.
 //! - `pool_import`: MetalLB and Cilium LB-IPAM pools read in place, no Service changes address.
 //! - `pools`: `LoadBalancerIPPool` resources: addresses, status, `autoAssign`, `namespaceSelector`.
 //! - `service_features`: the `LoadBalancerProvisioned` reasons, MetalLB's annotations, dual stack.
@@ -22,6 +24,7 @@ mod baremetal_proxy;
 mod bgp_bird;
 mod kit;
 mod l2_announce;
+mod l2_health;
 mod pool_import;
 mod pools;
 mod service_features;

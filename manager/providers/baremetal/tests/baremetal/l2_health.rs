@@ -1,0 +1,272 @@
+//! Self-healing announcers (issue 47 item 4, docs/l2-announcement.md#self-healing): an
+//! announcer whose interface goes down gives its addresses up while its Lease is still renewed,
+//! says why on its Lease and Node, stops advertising them over BGP, and takes them back when the
+//! interface is up again; a client on the segment follows both moves. And kube-proxy's health check as the probe makes it, against
+//! a stand-in endpoint that turns unhealthy and back.
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::{Duration, Instant};
+
+use ccm_provider_baremetal::announce::health::{Health, HealthzTarget, parse_healthz};
+use ccm_provider_baremetal::announce::health_probe::{self, Monitor};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// A stand-in for kube-proxy's health endpoint answering with the status in `status` (0: read
+/// the request and never answer).
+async fn switchable_healthz(status: Arc<AtomicU16>) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("address");
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let status = status.load(Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                let _ = stream.read(&mut buf).await;
+                if status == 0 {
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                    return;
+                }
+                let body = if status == 200 { "ok" } else { "unhealthy" };
+                let answer = format!("HTTP/1.1 {status} X\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+                let _ = stream.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    addr
+}
+
+fn target(addr: SocketAddr) -> HealthzTarget {
+    parse_healthz(&format!("http://{addr}/healthz"), None).expect("a valid URL")
+}
+
+#[tokio::test]
+async fn the_kube_proxy_probe_tells_healthy_from_unhealthy_silent_and_absent() {
+    let status = Arc::new(AtomicU16::new(200));
+    let addr = switchable_healthz(status.clone()).await;
+    let short = Duration::from_millis(300);
+    assert_eq!(health_probe::kube_proxy(&target(addr), short).await, Ok(()));
+    status.store(503, Ordering::SeqCst);
+    assert_eq!(health_probe::kube_proxy(&target(addr), short).await, Err("answered HTTP 503".into()));
+    status.store(0, Ordering::SeqCst);
+    assert_eq!(health_probe::kube_proxy(&target(addr), short).await, Err("no answer within 300 ms".into()));
+    // A port nobody listens on: bind one, note it, close it.
+    let closed = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
+    let refused = health_probe::kube_proxy(&target(closed), short).await.unwrap_err();
+    assert!(refused.starts_with("cannot connect"), "{refused}");
+}
+
+#[tokio::test]
+async fn the_monitor_turns_unhealthy_after_two_failed_kube_proxy_checks_and_healthy_after_one_success() {
+    let status = Arc::new(AtomicU16::new(200));
+    let addr = switchable_healthz(status.clone()).await;
+    let interval = Duration::from_millis(100);
+    let monitor = Monitor { links: Vec::new(), responders: Vec::new(), kube_proxy: Some(target(addr)), interval };
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let mut health = health_probe::spawn(monitor, cancel.clone());
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    assert_eq!(*health.borrow(), Health::Healthy);
+    let t0 = Instant::now();
+    status.store(503, Ordering::SeqCst);
+    let reason = tokio::time::timeout(Duration::from_secs(5), health.wait_for(|h| !h.is_healthy()))
+        .await
+        .expect("unhealthy within 5 s")
+        .unwrap()
+        .reason()
+        .unwrap();
+    let down = t0.elapsed();
+    assert_eq!(reason, "kube-proxy's health check failed 2 times in a row: answered HTTP 503");
+    assert!(down >= interval, "two checks, an interval apart, took only {down:?}");
+    let t1 = Instant::now();
+    status.store(200, Ordering::SeqCst);
+    tokio::time::timeout(Duration::from_secs(5), health.wait_for(Health::is_healthy))
+        .await
+        .expect("healthy again")
+        .unwrap();
+    eprintln!(
+        "kube-proxy health (100 ms interval): unhealthy {} ms after it started failing, healthy {} ms after it recovered",
+        down.as_millis(),
+        t1.elapsed().as_millis()
+    );
+    cancel.cancel();
+}
+
+mod interface_down_on_the_api_server {
+    use super::*;
+
+    use ccm_framework::events::EventSink;
+    use ccm_provider_baremetal::announce::announce_reasons::{ANNOUNCER_HEALTHY, ANNOUNCER_UNHEALTHY};
+    use ccm_provider_baremetal::announce::announcer::{self, AnnouncerSettings, lease_name};
+    use ccm_provider_baremetal::announce::bgp::Advertisement;
+    use ccm_provider_baremetal::announce::elect;
+    use ccm_provider_baremetal::announce::guard::Facts;
+    use ccm_provider_baremetal::announce::health::UNHEALTHY_ANNOTATION;
+    use ccm_provider_baremetal::announce::health_probe::LinkProbe;
+    use ccm_provider_baremetal::announce::responder::{self, L2Socket};
+    use ccm_provider_baremetal::ipam::IpBlock;
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::core::v1::{Node, Service};
+    use k8s_openapi::api::events::v1::Event;
+    use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+    use serde_json::json;
+    use testkit::{ServiceFixture, TestCluster, eventually, lb_service};
+    use tokio::sync::watch;
+    use tokio_util::sync::CancellationToken;
+
+    use crate::l2_announce::{cannot_run, in_ns, must, segment, who_answers};
+
+    const CLASS: &str = "ccm.rs/l2-health-test";
+
+    /// How long after `t0` the client in `client` first reaches `node` on `vip` (polled every
+    /// 10 ms), or `None` after `within`.
+    async fn reached(client: &str, vip: IpAddr, node: String, t0: Instant, within: Duration) -> Option<Duration> {
+        let client = client.to_string();
+        tokio::task::spawn_blocking(move || {
+            in_ns(&client, move || {
+                loop {
+                    if who_answers(vip).as_deref() == Some(node.as_str()) {
+                        return Some(t0.elapsed());
+                    }
+                    if t0.elapsed() > within {
+                        return None;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            })
+        })
+        .await
+        .expect("probe thread")
+    }
+
+    /// The note of the newest event of `reason` on Node `node`, once there is one.
+    async fn node_event(events: &Api<Event>, node: &str, reason: &str) -> String {
+        eventually(&format!("a {reason} event on Node {node}"), || async {
+            events.list(&ListParams::default()).await.ok()?.items.into_iter().find_map(|e| {
+                (e.reason.as_deref() == Some(reason) && e.regarding.as_ref()?.name.as_deref() == Some(node))
+                    .then(|| e.note.unwrap_or_default())
+            })
+        })
+        .await
+    }
+
+    testkit::backend_tests! {
+        async fn an_announcer_whose_interface_goes_down_gives_its_addresses_up_says_why_and_takes_them_back(backend) {
+            if let Some(reason) = cannot_run() {
+                eprintln!("SKIPPED: {reason}");
+                return;
+            }
+            let cluster = TestCluster::start(backend).await.unwrap();
+            let client = cluster.client();
+            let namespace = cluster.fresh_namespace("l2-health").await.unwrap();
+            // Node names of this run's own (Nodes are cluster-wide), so its events are its own.
+            let names: [&'static str; 2] =
+                [format!("{namespace}-a"), format!("{namespace}-b")].map(|n| &*Box::leak(n.into_boxed_str()));
+            let nodes: Api<Node> = Api::all(client.clone());
+            for name in names {
+                nodes.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": name}})).unwrap()).await.unwrap();
+            }
+            let (v4, v6) = (100u8..250)
+                .map(|n| (IpAddr::from([10, 254, 0, n]), format!("fd00:254::{n}").parse::<IpAddr>().unwrap()))
+                .find(|(v4, v6)| elect::elect(*v4, names) == elect::elect(*v6, names))
+                .expect("a pair with one owner");
+            let owner = elect::elect(v4, names).unwrap();
+            let other = names.into_iter().find(|n| *n != owner).unwrap();
+            let services: Api<Service> = Api::namespaced(client.clone(), &namespace);
+            services.create(&PostParams::default(), &lb_service(&namespace, "web").with_class(CLASS)).await.unwrap();
+            let status = json!({"status": {"loadBalancer": {"ingress": [
+                {"ip": v4.to_string(), "ipMode": "VIP"}, {"ip": v6.to_string(), "ipMode": "VIP"}]}}});
+            services.patch_status("web", &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+
+            // Each node: a responder on its eth0, a health monitor probing that eth0 every
+            // 100 ms, and an announcer (in this process, talking to the API server).
+            let segment = segment("ccml2h", names, &[v4, v6]);
+            let cancel = CancellationToken::new();
+            let mut tasks = Vec::new();
+            let mut owned = Vec::new();
+            for (ns, name) in segment.nodes.iter().zip(names) {
+                let socket = in_ns(ns, || L2Socket::open("eth0")).expect("open the packet socket");
+                let link = in_ns(ns, || LinkProbe::open("eth0")).expect("open the link probe");
+                let (tx, rx) = watch::channel(BTreeSet::<IpAddr>::new());
+                let stopped = CancellationToken::new();
+                let responder = health_probe::watched(responder::run(socket, rx.clone(), cancel.clone()), stopped.clone());
+                tasks.push(tokio::spawn(async move { responder.await.expect("responder runs"); }));
+                let monitor = Monitor {
+                    links: vec![link],
+                    responders: vec![("eth0".into(), stopped)],
+                    kube_proxy: None,
+                    interval: Duration::from_millis(100),
+                };
+                let pools = ["10.254.0.0/24", "fd00:254::/64"].map(|p| IpBlock::parse_cidr(p).expect("pool")).to_vec();
+                let mut settings = AnnouncerSettings::new(name, &namespace).with_facts(Facts::of_pools(pools));
+                settings.class = Some(CLASS.into());
+                (settings.lease_duration, settings.renew_interval, settings.settle) =
+                    (Duration::from_secs(2), Duration::from_millis(500), Duration::from_secs(1));
+                settings.health = health_probe::spawn(monitor, cancel.clone());
+                let (bgp, advertised) = watch::channel(Advertisement::default());
+                settings.bgp = Some(bgp);
+                let events = EventSink::spawn(client.clone(), Some(name.into()), cancel.clone());
+                let (client, cancel) = (client.clone(), cancel.clone());
+                tasks.push(tokio::spawn(async move {
+                    announcer::run(client, settings, tx, Some(events), cancel).await.expect("announcer runs")
+                }));
+                owned.push((name, rx, advertised));
+            }
+            let wait = Duration::from_secs(20);
+            let c = segment.client.clone();
+            for vip in [v4, v6] {
+                assert!(reached(&c, vip, owner.into(), Instant::now(), wait).await.is_some(), "{vip} first reaches {owner}");
+            }
+
+            // The owner's interface goes down; its Lease is still renewed (the API server is
+            // reached another way), yet the other node takes the addresses and the client follows.
+            let owner_ns = &segment.nodes[names.iter().position(|n| *n == owner).unwrap()];
+            let t0 = Instant::now();
+            must(&["-n", owner_ns, "link", "set", "eth0", "down"]);
+            let mut down = Vec::new();
+            for vip in [v4, v6] {
+                down.push(reached(&c, vip, other.into(), t0, wait).await.unwrap_or_else(|| panic!("{vip} never moved to {other}")));
+            }
+            let (_, owner_owned, owner_bgp) = owned.iter().find(|(n, _, _)| *n == owner).unwrap();
+            assert!(owner_owned.borrow().is_empty(), "the unhealthy owner answers for nothing");
+            assert!(owner_bgp.borrow().addresses.is_empty(), "and advertises nothing over BGP");
+            let (_, _, other_bgp) = owned.iter().find(|(n, _, _)| *n == other).unwrap();
+            assert_eq!(other_bgp.borrow().addresses, BTreeSet::from([v4, v6]), "the healthy node still advertises both");
+            let leases: Api<Lease> = Api::namespaced(client.clone(), &namespace);
+            let lease = leases.get(&lease_name(owner)).await.unwrap();
+            let why = lease.metadata.annotations.unwrap_or_default().remove(UNHEALTHY_ANNOTATION);
+            assert_eq!(why.as_deref(), Some("interface eth0 is down"), "the Lease says why");
+            let node_events: Api<Event> = Api::namespaced(client.clone(), "default");
+            let note = node_event(&node_events, owner, ANNOUNCER_UNHEALTHY).await;
+            assert!(note.contains(&format!("node {owner} gives up 2 announced address(es)")) && note.contains("interface eth0 is down"), "{note}");
+
+            // Up again: it settles like a newcomer, wins its addresses back, and the client follows.
+            let t1 = Instant::now();
+            must(&["-n", owner_ns, "link", "set", "eth0", "up"]);
+            let mut up = Vec::new();
+            for vip in [v4, v6] {
+                up.push(reached(&c, vip, owner.into(), t1, wait).await.unwrap_or_else(|| panic!("{vip} never came back to {owner}")));
+            }
+            let mut owner_bgp = owner_bgp.clone();
+            let back = tokio::time::timeout(wait, owner_bgp.wait_for(|a| a.addresses.len() == 2)).await;
+            assert!(back.is_ok(), "healthy again: the owner advertises both over BGP");
+            let lease = leases.get(&lease_name(owner)).await.unwrap();
+            assert!(!lease.metadata.annotations.unwrap_or_default().contains_key(UNHEALTHY_ANNOTATION), "healthy: the annotation is gone");
+            let note = node_event(&node_events, owner, ANNOUNCER_HEALTHY).await;
+            assert!(note.contains("healthy again"), "{note}");
+            eprintln!(
+                "L2 self-healing ({backend:?}): interface down to the client reaching the other node: IPv4 {} ms, IPv6 {} ms; up again to the owner answering: IPv4 {} ms, IPv6 {} ms (checks every 100 ms, settle 1 s)",
+                down[0].as_millis(), down[1].as_millis(), up[0].as_millis(), up[1].as_millis()
+            );
+            cancel.cancel();
+            for task in tasks {
+                task.await.unwrap();
+            }
+            for name in names {
+                nodes.delete(name, &Default::default()).await.unwrap();
+            }
+        }
+    }
+}
