@@ -821,17 +821,20 @@ impl RealCluster {
     /// Kills a running added Node's kube-proxy alone (a crash: its rules stay, its health
     /// endpoint at the node address stops answering); the Node stays Ready.
     pub fn kill_kube_proxy(&self, name: &str) -> Result<(), Error> {
-        let added = self.lock()?;
-        let node = added.nodes.iter().find(|n| n.plan.name == name && n.running).ok_or_else(|| self.not_added(name))?;
-        node::kill_kube_proxy(&node.plan);
+        node::kill_kube_proxy(&self.running_added(name)?);
         Ok(())
     }
 
     /// Starts a running added Node's kube-proxy again after [`RealCluster::kill_kube_proxy`].
     pub fn start_kube_proxy(&self, name: &str) -> Result<(), Error> {
+        node::start_kube_proxy(&self.running_added(name)?, &self.assets, &self.launcher).map(|_| ())
+    }
+
+    /// The plan of the running added Node `name`.
+    fn running_added(&self, name: &str) -> Result<NodePlan, Error> {
         let added = self.lock()?;
         let node = added.nodes.iter().find(|n| n.plan.name == name && n.running).ok_or_else(|| self.not_added(name))?;
-        node::start_kube_proxy(&node.plan, &self.assets, &self.launcher).map(|_| ())
+        Ok(node.plan.clone())
     }
 
     fn not_added(&self, name: &str) -> Error {

@@ -19,7 +19,6 @@ use ipnet::IpNet;
 use serde::{Deserialize, Deserializer};
 
 use super::assign::{Announced, ServiceName};
-use crate::duration::parse_duration;
 
 /// Peers one node may have: enough for a pair of top-of-rack routers per family, with room.
 pub const MAX_PEERS: usize = 16;
@@ -150,7 +149,7 @@ pub struct PeerConfig {
     #[serde(default)]
     pub password_file: Option<PathBuf>,
     /// The hold time (default 90s); keepalives every third of it.
-    #[serde(default, deserialize_with = "hold_time")]
+    #[serde(default, deserialize_with = "crate::duration::optional")]
     pub hold_time: Option<Duration>,
     /// Allow a peer this many hops away (eBGP defaults to a directly connected peer).
     #[serde(default)]
@@ -172,10 +171,10 @@ pub struct BfdConfig {
     #[serde(default = "enabled")]
     pub enabled: bool,
     /// The shortest interval this node accepts BFD packets at (default 300ms).
-    #[serde(default, deserialize_with = "duration")]
+    #[serde(default, deserialize_with = "crate::duration::optional")]
     pub min_rx: Option<Duration>,
     /// The shortest interval this node wants to send BFD packets at (default 300ms).
-    #[serde(default, deserialize_with = "duration")]
+    #[serde(default, deserialize_with = "crate::duration::optional")]
     pub min_tx: Option<Duration>,
     /// Packets missed in a row before the peer declares the session down (default 3).
     #[serde(default)]
@@ -191,17 +190,12 @@ pub struct GracefulRestartConfig {
     #[serde(default = "enabled")]
     pub enabled: bool,
     /// How long the router keeps the routes of a restarting node (default 120s).
-    #[serde(default, deserialize_with = "duration")]
+    #[serde(default, deserialize_with = "crate::duration::optional")]
     pub restart_time: Option<Duration>,
 }
 
 fn enabled() -> bool {
     true
-}
-
-fn duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Duration>, D::Error> {
-    let text = String::deserialize(deserializer)?;
-    parse_duration(&text).map(Some).map_err(safe_yaml::custom)
 }
 
 impl BfdConfig {
@@ -267,11 +261,6 @@ fn router_id<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Ipv4Ad
         Ok(id) if !id.is_unspecified() => Ok(Some(id)),
         _ => Err(safe_yaml::custom(BAD_ROUTER_ID)),
     }
-}
-
-fn hold_time<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Duration>, D::Error> {
-    let text = String::deserialize(deserializer)?;
-    parse_duration(&text).map(Some).map_err(safe_yaml::custom)
 }
 
 impl BgpConfig {

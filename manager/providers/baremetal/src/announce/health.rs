@@ -10,10 +10,9 @@ use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
 
-use crate::duration::parse_duration;
-use ccm_framework::safe_yaml::{self, DocumentError, FieldPath};
+use ccm_framework::safe_yaml::{DocumentError, FieldPath};
 
 /// Annotation on an announcer's Lease while it is unhealthy: why, in words. Announcers do not
 /// elect a node whose Lease carries it.
@@ -43,7 +42,7 @@ pub const MESSAGES: &[&str] = &[BAD_INTERVAL, BAD_KUBE_PROXY_URL];
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct HealthConfig {
     /// How often the checks run (default 1s, 100ms to 60s).
-    #[serde(default, deserialize_with = "duration")]
+    #[serde(default, deserialize_with = "crate::duration::optional")]
     pub interval: Option<Duration>,
     /// Whether an L2 interface that is down or has no carrier makes the node give its
     /// addresses up (default true).
@@ -64,11 +63,6 @@ impl Default for HealthConfig {
 
 fn yes() -> bool {
     true
-}
-
-fn duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Duration>, D::Error> {
-    let text = String::deserialize(deserializer)?;
-    parse_duration(&text).map(Some).map_err(safe_yaml::custom)
 }
 
 /// `kubeProxyHealthz` uses [`NODE_IP_PLACEHOLDER`] and the announcer knows no node address.

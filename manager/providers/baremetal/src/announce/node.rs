@@ -164,7 +164,10 @@ async fn run(flags: Flags) -> Result<(), String> {
         // BGP: the BIRD sidecar advertises what this node serves (docs/datapath.md).
         let (tx, rx) = watch::channel(super::bgp::Advertisement::default());
         settings.bgp = Some(tx);
-        let ipv4 = std::env::var(super::bgp::NODE_IP_ENV).ok().and_then(|ip| ip.parse().ok());
+        let ipv4 = match node_ip {
+            Some(std::net::IpAddr::V4(ip)) => Some(ip),
+            _ => None,
+        };
         let bird = super::bgp::bird::BirdAnnouncer::new(bgp, super::bgp::NodeFacts { ipv4 }, Default::default());
         tokio::spawn(super::bgp::bird::run(bird, rx, cancel.clone()));
     }

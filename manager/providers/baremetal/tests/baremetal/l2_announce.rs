@@ -105,6 +105,33 @@ pub(crate) fn who_answers(vip: IpAddr) -> Option<String> {
     Some(name)
 }
 
+/// How long after `t0` the client in namespace `client` first reaches `node` on `vip` (polled
+/// every 10 ms), or `None` after `within`.
+pub(crate) async fn reached(
+    client: &str,
+    vip: IpAddr,
+    node: String,
+    t0: Instant,
+    within: Duration,
+) -> Option<Duration> {
+    let client = client.to_string();
+    tokio::task::spawn_blocking(move || {
+        in_ns(&client, move || {
+            loop {
+                if who_answers(vip).as_deref() == Some(node.as_str()) {
+                    return Some(t0.elapsed());
+                }
+                if t0.elapsed() > within {
+                    return None;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        })
+    })
+    .await
+    .expect("probe thread")
+}
+
 /// The client's neighbour entry for `vip` (its link-layer address), as `ip neigh` shows it.
 pub(crate) fn neighbour(client: &str, vip: IpAddr) -> String {
     let out = Command::new("ip").args(["-n", client, "neigh", "show", &vip.to_string()]).output().expect("ip neigh");
@@ -231,29 +258,13 @@ async fn a_client_reaches_the_elected_node_by_arp_and_ndp_and_follows_a_graceful
             tx.send_replace(elect::owned_by(name, &vips, &[*name]));
         }
     }
-    let probes: Vec<_> = [v4, v6]
-        .into_iter()
-        .map(|vip| {
-            let c = c.clone();
-            tokio::task::spawn_blocking(move || {
-                in_ns(&c, move || {
-                    let deadline = t0 + Duration::from_secs(15);
-                    loop {
-                        if who_answers(vip).as_deref() == Some(other) {
-                            return Some(t0.elapsed());
-                        }
-                        if Instant::now() > deadline {
-                            return None;
-                        }
-                        std::thread::sleep(Duration::from_millis(10));
-                    }
-                })
-            })
-        })
-        .collect();
+    let probes = tokio::join!(
+        reached(&c, v4, other.into(), t0, Duration::from_secs(15)),
+        reached(&c, v6, other.into(), t0, Duration::from_secs(15))
+    );
     let mut failover = Vec::new();
-    for (vip, probe) in [v4, v6].into_iter().zip(probes) {
-        let took = probe.await.unwrap().unwrap_or_else(|| panic!("{vip} never moved to {other}"));
+    for (vip, probe) in [(v4, probes.0), (v6, probes.1)] {
+        let took = probe.unwrap_or_else(|| panic!("{vip} never moved to {other}"));
         let entry = neighbour(&c, vip);
         let other_mac = mac_of(NODES.iter().position(|n| *n == other).unwrap());
         assert!(entry.contains(&other_mac), "{vip} now resolves to {entry:?}, expected {other_mac}");

@@ -116,30 +116,9 @@ mod interface_down_on_the_api_server {
     use tokio::sync::watch;
     use tokio_util::sync::CancellationToken;
 
-    use crate::l2_announce::{cannot_run, in_ns, must, segment, who_answers};
+    use crate::l2_announce::{cannot_run, in_ns, must, reached, segment};
 
     const CLASS: &str = "ccm.rs/l2-health-test";
-
-    /// How long after `t0` the client in `client` first reaches `node` on `vip` (polled every
-    /// 10 ms), or `None` after `within`.
-    async fn reached(client: &str, vip: IpAddr, node: String, t0: Instant, within: Duration) -> Option<Duration> {
-        let client = client.to_string();
-        tokio::task::spawn_blocking(move || {
-            in_ns(&client, move || {
-                loop {
-                    if who_answers(vip).as_deref() == Some(node.as_str()) {
-                        return Some(t0.elapsed());
-                    }
-                    if t0.elapsed() > within {
-                        return None;
-                    }
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-            })
-        })
-        .await
-        .expect("probe thread")
-    }
 
     /// The note of the newest event of `reason` on Node `node`, once there is one.
     async fn node_event(events: &Api<Event>, node: &str, reason: &str) -> String {
@@ -225,10 +204,8 @@ mod interface_down_on_the_api_server {
             let owner_ns = &segment.nodes[names.iter().position(|n| *n == owner).unwrap()];
             let t0 = Instant::now();
             must(&["-n", owner_ns, "link", "set", "eth0", "down"]);
-            let mut down = Vec::new();
-            for vip in [v4, v6] {
-                down.push(reached(&c, vip, other.into(), t0, wait).await.unwrap_or_else(|| panic!("{vip} never moved to {other}")));
-            }
+            let moved = tokio::join!(reached(&c, v4, other.into(), t0, wait), reached(&c, v6, other.into(), t0, wait));
+            let down = [(v4, moved.0), (v6, moved.1)].map(|(vip, took)| took.unwrap_or_else(|| panic!("{vip} never moved to {other}")));
             let (_, owner_owned, owner_bgp) = owned.iter().find(|(n, _, _)| *n == owner).unwrap();
             assert!(owner_owned.borrow().is_empty(), "the unhealthy owner answers for nothing");
             assert!(owner_bgp.borrow().addresses.is_empty(), "and advertises nothing over BGP");
@@ -245,13 +222,11 @@ mod interface_down_on_the_api_server {
             // Up again: it settles like a newcomer, wins its addresses back, and the client follows.
             let t1 = Instant::now();
             must(&["-n", owner_ns, "link", "set", "eth0", "up"]);
-            let mut up = Vec::new();
-            for vip in [v4, v6] {
-                up.push(reached(&c, vip, owner.into(), t1, wait).await.unwrap_or_else(|| panic!("{vip} never came back to {owner}")));
-            }
+            let back = tokio::join!(reached(&c, v4, owner.into(), t1, wait), reached(&c, v6, owner.into(), t1, wait));
+            let up = [(v4, back.0), (v6, back.1)].map(|(vip, took)| took.unwrap_or_else(|| panic!("{vip} never came back to {owner}")));
             let mut owner_bgp = owner_bgp.clone();
-            let back = tokio::time::timeout(wait, owner_bgp.wait_for(|a| a.addresses.len() == 2)).await;
-            assert!(back.is_ok(), "healthy again: the owner advertises both over BGP");
+            let advertised_again = tokio::time::timeout(wait, owner_bgp.wait_for(|a| a.addresses.len() == 2)).await;
+            assert!(advertised_again.is_ok(), "healthy again: the owner advertises both over BGP");
             let lease = leases.get(&lease_name(owner)).await.unwrap();
             assert!(!lease.metadata.annotations.unwrap_or_default().contains_key(UNHEALTHY_ANNOTATION), "healthy: the annotation is gone");
             let note = node_event(&node_events, owner, ANNOUNCER_HEALTHY).await;
