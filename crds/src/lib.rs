@@ -2,6 +2,7 @@
 //! `--controllers` list semantics, plain-Rust spec validation, status-condition helpers, and
 //! CRD generation.
 
+pub mod announcement;
 pub mod conditions;
 pub mod controllers;
 pub mod defaults;
@@ -10,6 +11,7 @@ pub mod reasons;
 pub mod v1alpha1;
 pub mod validation;
 
+pub use announcement::{ServiceAnnouncement, ServiceAnnouncementSpec};
 pub use pool::{LoadBalancerIPPool, LoadBalancerIPPoolSpec, LoadBalancerIPPoolStatus};
 pub use v1alpha1::{CloudControllerManager, CloudControllerManagerSpec, CloudControllerManagerStatus, Mode};
 
@@ -36,6 +38,13 @@ pub const POOL_CRD_PATH: &str = "charts/ccm-operator/crds/loadbalancerippools.cc
 /// The command that regenerates the committed `LoadBalancerIPPool` CRD.
 pub const REGENERATE_POOL_COMMAND: &str =
     "cargo run -p crds --bin crdgen -- pool > charts/ccm-operator/crds/loadbalancerippools.ccm.rs.yaml";
+
+/// Where the committed `ServiceAnnouncement` CRD lives, relative to the workspace root.
+pub const ANNOUNCEMENT_CRD_PATH: &str = "charts/ccm-operator/crds/serviceannouncements.ccm.rs.yaml";
+
+/// The command that regenerates the committed `ServiceAnnouncement` CRD.
+pub const REGENERATE_ANNOUNCEMENT_COMMAND: &str =
+    "cargo run -p crds --bin crdgen -- announcement > charts/ccm-operator/crds/serviceannouncements.ccm.rs.yaml";
 
 /// Errors of this crate.
 #[derive(Debug, thiserror::Error)]
@@ -66,5 +75,18 @@ pub fn pool_crd_yaml() -> Result<String, Error> {
     let body = serde_yaml::to_string(&pool_crd())?;
     Ok(format!(
         "# Generated from the Rust types in crds/ by `cargo run -p crds --bin crdgen -- pool`. Do not edit.\n{body}"
+    ))
+}
+
+/// The `ServiceAnnouncement` CRD (which node answers for a Service's addresses).
+pub fn announcement_crd() -> CustomResourceDefinition {
+    ServiceAnnouncement::crd()
+}
+
+/// The `ServiceAnnouncement` CRD as the YAML document that is committed to the chart.
+pub fn announcement_crd_yaml() -> Result<String, Error> {
+    let body = serde_yaml::to_string(&announcement_crd())?;
+    Ok(format!(
+        "# Generated from the Rust types in crds/ by `cargo run -p crds --bin crdgen -- announcement`. Do not edit.\n{body}"
     ))
 }

@@ -295,6 +295,12 @@ pub async fn apply_pool_crd(client: &Client, shutdown: &CancellationToken) -> Cr
     apply_one_crd(client, &crds::pool_crd(), shutdown).await
 }
 
+/// The same for the `ServiceAnnouncement` CRD (which node answers for a Service's addresses,
+/// written by the baremetal provider's L2 announcers).
+pub async fn apply_announcement_crd(client: &Client, shutdown: &CancellationToken) -> CrdApply {
+    apply_one_crd(client, &crds::announcement_crd(), shutdown).await
+}
+
 async fn apply_one_crd(client: &Client, crd: &CustomResourceDefinition, shutdown: &CancellationToken) -> CrdApply {
     let name = crd.metadata.name.as_deref().unwrap_or_default();
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
@@ -382,10 +388,10 @@ async fn main_loop(
     crash: CancellationToken,
 ) -> Result<(), Error> {
     if config.manage_crd {
-        let pool = crds::LoadBalancerIPPool::crd_name();
         for (crd, outcome) in [
             (crds::CloudControllerManager::crd_name(), apply_crd(&config.client, &shutdown).await),
-            (pool, apply_pool_crd(&config.client, &shutdown).await),
+            (crds::LoadBalancerIPPool::crd_name(), apply_pool_crd(&config.client, &shutdown).await),
+            (crds::ServiceAnnouncement::crd_name(), apply_announcement_crd(&config.client, &shutdown).await),
         ] {
             match outcome {
                 CrdApply::Applied => {

@@ -687,7 +687,9 @@ class Render(unittest.TestCase):
                                    ("discovery.k8s.io", "endpointslices"): ["list", "watch"],
                                    ("", "nodes"): ["list", "watch"],
                                    ("events.k8s.io", "events"): ["create", "patch"]})
-        self.assertEqual([r["resources"] for r in roles["ccm-announcer-namespace"]["rules"]], [["leases"]])
+        # In its namespace: its Lease and its ServiceAnnouncement records.
+        self.assertEqual([r["resources"] for r in roles["ccm-announcer-namespace"]["rules"]],
+                         [["leases"], ["serviceannouncements"]])
 
     def policy(self, objects, suffix):
         return one(objects, "ValidatingAdmissionPolicy", f"ccm-operator-{suffix}")

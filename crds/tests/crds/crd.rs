@@ -34,6 +34,42 @@ fn committed_pool_crd_matches_the_rust_types() {
 }
 
 #[test]
+fn committed_announcement_crd_matches_the_rust_types() {
+    let path = workspace_root().join(crds::ANNOUNCEMENT_CRD_PATH);
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    let generated = crds::announcement_crd_yaml().expect("CRD renders");
+    assert!(
+        committed == generated,
+        "{} is out of date with the Rust types in crds/. Regenerate it with:\n    {}",
+        crds::ANNOUNCEMENT_CRD_PATH,
+        crds::REGENERATE_ANNOUNCEMENT_COMMAND
+    );
+}
+
+#[test]
+fn announcement_crd_is_namespaced_with_service_node_and_since_columns() {
+    let crd = serde_json::to_value(crds::announcement_crd()).expect("CRD serializes");
+    let spec = &crd["spec"];
+    assert_eq!(crd["metadata"]["name"], "serviceannouncements.ccm.rs");
+    assert_eq!(spec["scope"], "Namespaced");
+    assert_eq!(spec["names"]["shortNames"], serde_json::json!(["svcann"]));
+    let version = &spec["versions"][0];
+    assert!(version["subresources"].is_null(), "a record without a status subresource: {version}");
+    let columns: Vec<&str> = version["additionalPrinterColumns"]
+        .as_array()
+        .expect("columns")
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    assert_eq!(columns, ["Service Namespace", "Service", "Node", "Address", "Since"]);
+    let schema = &version["schema"]["openAPIV3Schema"]["properties"]["spec"];
+    assert_eq!(schema["properties"]["addresses"]["maxItems"], 16);
+    assert_eq!(schema["properties"]["node"]["maxLength"], 253);
+    let protocol = &schema["properties"]["addresses"]["items"]["properties"]["protocol"]["enum"];
+    assert_eq!(protocol, &serde_json::json!(["ARP", "NDP"]));
+}
+
+#[test]
 fn pool_crd_is_cluster_scoped_with_status_usage_columns_and_a_structural_schema() {
     let crd = serde_json::to_value(crds::pool_crd()).expect("CRD serializes");
     let spec = &crd["spec"];

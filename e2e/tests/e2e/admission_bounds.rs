@@ -516,6 +516,37 @@ async fn an_announcers_token_reaches_only_announcer_leases() {
     })
     .await;
     assert!(message.contains("l2-announcer-"), "{message}");
+
+    // Its ServiceAnnouncement records: under the announcer's own naming and label only (this
+    // token names no node; the real cluster's Pod-bound token proves the node check).
+    cluster.install_crd(&crds::announcement_crd()).await.expect("the announcement CRD");
+    let records: Api<crds::ServiceAnnouncement> = Api::namespaced(announcer.clone(), &managers);
+    let record = |name: &str, labelled: bool| {
+        let labels = if labelled { json!({"ccm.rs/announcer": "l2"}) } else { json!({}) };
+        json!({"apiVersion": "ccm.rs/v1alpha1", "kind": "ServiceAnnouncement",
+            "metadata": {"name": name, "namespace": managers, "labels": labels},
+            "spec": {"node": "worker-7", "service": {"namespace": "shop", "name": "web"}, "since": "2026-01-01T00:00:00.000000Z",
+                     "addresses": [{"address": "192.0.2.7", "protocol": "ARP", "since": "2026-01-01T00:00:00.000000Z"}]}})
+    };
+    let write = |name: &str, labelled: bool| {
+        let body = record(name, labelled);
+        let (records, name) = (records.clone(), name.to_string());
+        async move {
+            let mut params = PatchParams::apply(ccm_provider_baremetal::announce::announcer::FIELD_MANAGER).force();
+            params.dry_run = true;
+            outcome(records.patch(&name, &params, &Patch::Apply(&body)).await)
+        }
+    };
+    match write("worker-7.shop.web", true).await {
+        Outcome::Admitted => {}
+        other => panic!("the announcer's own record: expected it admitted, got {other}"),
+    }
+    let message =
+        refused_by_admission("an announcer's record under another name", || write("worker-8.shop.web", true)).await;
+    assert!(message.contains("metadata.name"), "{message}");
+    let message =
+        refused_by_admission("an announcer's record without its label", || write("worker-7.shop.web", false)).await;
+    assert!(message.contains("ccm.rs/announcer=l2"), "{message}");
 }
 
 /// A manager in shadow mode is bound, as the operator binds it, to the chart's read-only

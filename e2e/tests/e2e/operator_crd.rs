@@ -144,6 +144,9 @@ testkit::backend_tests! {
             pool.metadata.managed_fields.iter().flatten().filter_map(|m| m.manager.clone()).collect();
         assert!(pool_managers.iter().any(|m| m == "ccm-operator"), "{pool_managers:?}");
         assert_eq!(columns(&pool), columns(&crds::pool_crd()));
+        // And the announcers' ServiceAnnouncement CRD.
+        let records = crds.get(crds::ServiceAnnouncement::crd_name()).await.expect("the announcement CRD is applied");
+        assert_eq!(columns(&records), columns(&crds::announcement_crd()));
         op.stop().await.unwrap();
         drop(server);
     }

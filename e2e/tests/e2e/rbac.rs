@@ -1476,7 +1476,8 @@ testkit::backend_tests! {
     /// Service's address (inside its pools), reports `L2Announcing`, and deletes its Lease on a
     /// graceful stop; every request is checked against the rules, and on the genuine backend
     /// kube-apiserver's authorizer decided each, with the chart's admission policies in force
-    /// (its Lease writes pass the announcer-leases policy).
+    /// (its Lease writes pass the announcer-leases policy, its records announcer-announcements);
+    /// it records that its node answers (ServiceAnnouncement) and deletes the record on stop.
     async fn announcer_requests_are_allowed_by_the_announcer_cluster_roles(backend) {
         use ccm_provider_baremetal::announce::announce_reasons::L2_ANNOUNCING;
         use ccm_provider_baremetal::announce::announcer::{self, AnnouncerSettings, lease_name};
@@ -1487,6 +1488,7 @@ testkit::backend_tests! {
         let namespace = cluster.fresh_namespace("announce-proof").await.expect("a namespace");
         operator_world(&client, &namespace).await;
         cluster.install_crd(&crds::pool_crd()).await.expect("the pool CRD");
+        cluster.install_crd(&crds::announcement_crd()).await.expect("the announcement CRD");
         for crd in [
             stand_in_crd("metallb.io", "IPAddressPool", "ipaddresspools", true, "v1beta1"),
             stand_in_crd("cilium.io", "CiliumLoadBalancerIPPool", "ciliumloadbalancerippools", false, "v2"),
@@ -1532,6 +1534,7 @@ testkit::backend_tests! {
         settings.lease_duration = Duration::from_secs(2);
         settings.renew_interval = Duration::from_millis(500);
         settings.settle = Duration::from_millis(500);
+        settings.record = true;
         let (tx, mut owned) = tokio::sync::watch::channel(BTreeSet::new());
         let events = ccm_framework::events::EventSink::spawn(announcer_client.clone(), Some(node.clone()), cancel.clone());
         let task = tokio::spawn(announcer::run(announcer_client, settings, tx, Some(events), cancel.clone()));
@@ -1543,6 +1546,11 @@ testkit::backend_tests! {
             event_api.list(&Default::default()).await.is_ok_and(|l| l.items.iter().any(|e| e.reason.as_deref() == Some(L2_ANNOUNCING)))
         })
         .await;
+        let records: Api<crds::ServiceAnnouncement> = Api::namespaced(client.clone(), &namespace);
+        let recorded = step("the announcer records that its node answers (ServiceAnnouncement)", RBAC_WAIT, || async {
+            records.list(&Default::default()).await.is_ok_and(|l| l.items.iter().any(|r| r.spec.node == node))
+        })
+        .await;
         cancel.cancel();
         let ended = tokio::time::timeout(Duration::from_secs(20), task).await;
         let _ = std::fs::remove_dir_all(&dir);
@@ -1552,13 +1560,15 @@ testkit::backend_tests! {
         }
         assert!(claimed, "the announcer did not claim 192.0.2.77 within {RBAC_WAIT:?}");
         reported.unwrap_or_else(|step| panic!("timed out waiting until {step}"));
+        recorded.unwrap_or_else(|step| panic!("timed out waiting until {step}"));
         assert!(matches!(ended, Ok(Ok(Ok(())))), "the announcer stopped without error: {ended:?}");
+        assert!(records.list(&Default::default()).await.expect("read").items.is_empty(), "its records were deleted on stop");
         let leases: Api<Lease> = Api::namespaced(client.clone(), &namespace);
         assert!(leases.get_opt(&lease_name(&node)).await.expect("read").is_none(), "its Lease was deleted on stop");
 
         let requests = requests_of(&cluster, &log, mark, &namespace, &account);
         // The new rules were exercised: the Nodes, the pool resources and both imports.
-        for resource in ["nodes", "loadbalancerippools", "ipaddresspools", "ciliumloadbalancerippools"] {
+        for resource in ["nodes", "loadbalancerippools", "ipaddresspools", "ciliumloadbalancerippools", "serviceannouncements"] {
             assert!(
                 requests.iter().any(|r| {
                     // The request log names a grouped resource `plural.group`.

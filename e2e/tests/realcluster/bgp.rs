@@ -9,9 +9,13 @@ use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ccm_provider_baremetal::announce::announce_reasons::{BGP_SESSION_ESTABLISHED, BGP_SESSION_LOST};
+use ccm_provider_baremetal::announce::announcer::lease_name;
+use ccm_provider_baremetal::announce::bgp_sessions::SESSIONS_ANNOTATION;
 use e2e::realcluster::Place;
 use e2e::realcluster::router::{RouterBird, RouterConfig, router_next_hops};
 use e2e::realcluster::traffic::Poller;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
@@ -54,6 +58,29 @@ async fn route_via(ctx: &Arc<Ctx>, hops: &BTreeSet<Ipv4Addr>, since: Instant) ->
         (next_hops(ctx).await == *hops).then(|| since.elapsed().as_secs_f64())
     })
     .await
+}
+
+/// Once every one of `nodes`' announcer Leases names its BGP sessions all established (`up`)
+/// or none (`!up`): when that was seen.
+async fn sessions_in_leases(ctx: &Ctx, nodes: &[String], up: bool) -> Instant {
+    let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), CCM_NS);
+    let what = if up { "Established" } else { "not Established" };
+    wait(&format!("every announcer Lease naming its BGP sessions {what}"), Duration::from_secs(60), || async {
+        let all = nodes.iter().map(|node| {
+            let leases = leases.clone();
+            async move {
+                let lease = leases.get_opt(&lease_name(node)).await.ok()??;
+                let text = lease.metadata.annotations?.remove(SESSIONS_ANNOTATION)?;
+                let sessions: Vec<serde_json::Value> = serde_json::from_str(&text).ok()?;
+                let established = sessions.iter().filter(|s| s["state"] == "Established").count();
+                (!sessions.is_empty() && (if up { established == sessions.len() } else { established == 0 }))
+                    .then_some(())
+            }
+        });
+        futures::future::join_all(all).await.into_iter().all(|r| r.is_some()).then_some(())
+    })
+    .await;
+    Instant::now()
 }
 
 /// The announcer Pods (not being deleted) by Node.
@@ -119,6 +146,44 @@ pub async fn bgp_every_node_peers_with_the_router_ecmp_and_a_stopped_node_is_wit
     .await;
     measured(format!(
         "BGP: announcers with the BIRD sidecar applied to all three rolled out: {rolled:.1} s; every session with the router Established: {sessions:.1} s"
+    ));
+
+    // The sessions as data (issue 47 item 1): each announcer's Lease names its session with the
+    // router and its state; the router shutting them down is a BGPSessionLost event on every
+    // Node, and their return a BGPSessionEstablished.
+    let t = Instant::now();
+    let recorded = sessions_in_leases(&ctx, &names, true).await;
+    let b = bird.clone();
+    blocking(move || b.birdc(&["disable", "\"peer_*\""]))
+        .await
+        .unwrap_or_else(|e| panic!("disabling the router's sessions: {e}"));
+    let t_lost = Instant::now();
+    let lost = sessions_in_leases(&ctx, &names, false).await;
+    for node in &names {
+        let note = wait(&format!("a BGPSessionLost event on {node}"), Duration::from_secs(30), || {
+            crate::l2_health::node_event(&ctx, node, BGP_SESSION_LOST)
+        })
+        .await;
+        assert!(note.contains("(was Established)"), "{note}");
+    }
+    let lost_events = t_lost.elapsed().as_secs_f64();
+    let b = bird.clone();
+    blocking(move || b.birdc(&["enable", "\"peer_*\""]))
+        .await
+        .unwrap_or_else(|e| panic!("enabling the router's sessions: {e}"));
+    let t_back = Instant::now();
+    let back = sessions_in_leases(&ctx, &names, true).await;
+    for node in &names {
+        wait(&format!("a BGPSessionEstablished event on {node}"), Duration::from_secs(30), || {
+            crate::l2_health::node_event(&ctx, node, BGP_SESSION_ESTABLISHED)
+        })
+        .await;
+    }
+    measured(format!(
+        "BGP sessions as data: every announcer Lease naming its session Established {:.1} s after all were; the router's sessions disabled to every Lease saying so {:.1} s and a BGPSessionLost event on every Node {lost_events:.1} s; enabled to every Lease Established {:.1} s (read every 2 s)",
+        recorded.duration_since(t).as_secs_f64(),
+        lost.duration_since(t_lost).as_secs_f64(),
+        back.duration_since(t_back).as_secs_f64()
     ));
 
     // The sidecar as the operator renders it: not root, and the config it reads is not world-

@@ -7,6 +7,7 @@ use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crds::announcement::ServiceAnnouncement;
 use e2e::realcluster::Place;
 use e2e::realcluster::traffic::Poller;
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -97,6 +98,27 @@ pub async fn answering_macs(ctx: &Arc<Ctx>, ip: Ipv4Addr) -> BTreeSet<String> {
     blocking(move || arp_replies(&c, ip)).await.into_iter().collect()
 }
 
+/// Once the `ServiceAnnouncement` records of Service `service` (in the multi-Node namespace) name
+/// exactly `node` (issue 47 item 1: which Node answers, as data): when that was seen.
+pub async fn records_name(ctx: &Arc<Ctx>, service: &str, node: &str) -> Instant {
+    let records: Api<ServiceAnnouncement> = Api::namespaced(ctx.client.clone(), CCM_NS);
+    wait(
+        &format!("the ServiceAnnouncement records of {service} naming {node} alone"),
+        Duration::from_secs(60),
+        || async {
+            let list = records.list(&ListParams::default()).await.ok()?.items;
+            let nodes: Vec<String> = list
+                .into_iter()
+                .filter(|r| r.spec.service.namespace == crate::multinode::NS && r.spec.service.name == service)
+                .map(|r| r.spec.node)
+                .collect();
+            (nodes == [node]).then_some(())
+        },
+    )
+    .await;
+    Instant::now()
+}
+
 /// Issue 46: the manager on the host's Node only (never stopped, so this measures the
 /// announcers alone), announcers on the two added Nodes; a `VIP` Service of the `l2` pool is
 /// answered by exactly one of them; that Node powered off, the other claims the address once
@@ -142,6 +164,8 @@ pub async fn l2_address_moves_when_its_node_loses_power(ctx: Arc<Ctx>) {
     let (first_mac, announcing) = settled_announcer(&ctx, ip, &added).await;
     let neighbour = client_neighbour(&ctx, ip);
     assert!(neighbour.contains(&first_mac), "the client's neighbour entry names {announcing}: {neighbour}");
+    // Which Node answers, as data: the record names the Node the client's ARP reached.
+    records_name(&ctx, "web-l2", &announcing).await;
     let (other, other_mac) = macs.iter().find(|(n, _)| *n != announcing).cloned().expect("the other added Node");
 
     let poller = Poller::start(&ctx.cluster, Some(Place::Client), addr, POLL, "pod=web-").expect("the client's poller");
@@ -150,6 +174,12 @@ pub async fn l2_address_moves_when_its_node_loses_power(ctx: Arc<Ctx>) {
     let stopped_at = poller.started().elapsed();
     let t = Instant::now();
     let stop_secs = power_off(&ctx, &announcing).await;
+    // Watched beside the traffic checks: the powered-off Node's record deleted by the live
+    // announcer once its Lease ran out, the new one's written.
+    let record_seen = tokio::spawn({
+        let (ctx, other) = (ctx.clone(), other.clone());
+        async move { records_name(&ctx, "web-l2", &other).await }
+    });
     let moved = wait(&format!("the client's neighbour entry for {ip} naming {other}"), Duration::from_secs(60), || {
         let entry = client_neighbour(&ctx, ip);
         let mac = other_mac.clone();
@@ -172,6 +202,10 @@ pub async fn l2_address_moves_when_its_node_loses_power(ctx: Arc<Ctx>) {
         traffic.summary()
     ));
     assert!(gap < 30.0, "traffic again within the announcer Lease and a little: {traffic:?}");
+    let record = record_seen.await.expect("the record watch").duration_since(t).as_secs_f64();
+    measured(format!(
+        "L2 move: the ServiceAnnouncement of web-l2 names {other} alone {record:.1} s after the power-off (named {announcing} before)"
+    ));
 
     let secs = power_on(&ctx, &announcing).await;
     let t = Instant::now();

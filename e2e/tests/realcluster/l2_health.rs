@@ -19,7 +19,7 @@ use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams};
 use serde_json::json;
 
-use crate::l2::{ANNOUNCER_LABEL, announcers_on_added_nodes, answering_macs, settled_announcer};
+use crate::l2::{ANNOUNCER_LABEL, announcers_on_added_nodes, answering_macs, records_name, settled_announcer};
 use crate::multinode::{
     Inventory, L2_POOL, NS, POLL, ROLLED_ARGS, announcer_generation, announcers_rolled, blocking, client_neighbour,
     cloud_config, first_answer, lb_service, measured, service_addr, spec,
@@ -33,7 +33,7 @@ async fn unhealthy_mark(ctx: &Ctx, node: &str) -> Option<String> {
 }
 
 /// The note of an event of `reason` on Node `node`, if there is one.
-async fn node_event(ctx: &Ctx, node: &str, reason: &str) -> Option<String> {
+pub async fn node_event(ctx: &Ctx, node: &str, reason: &str) -> Option<String> {
     let events: Api<Event> = Api::namespaced(ctx.client.clone(), "default");
     events.list(&ListParams::default()).await.ok()?.items.into_iter().find_map(|e| {
         let on_node = e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node);
@@ -62,6 +62,7 @@ pub async fn l2_address_moves_when_its_nodes_kube_proxy_fails_and_comes_back(ctx
     let other = added.iter().find(|n| **n != announcing).cloned().expect("the other added Node");
     let other_mac = ctx.cluster.segment_mac(&other).unwrap_or_else(|e| panic!("{other}'s hardware address: {e}"));
     assert_eq!(unhealthy_mark(&ctx, &announcing).await, None, "healthy announcers carry no mark");
+    records_name(&ctx, "web-l2h", &announcing).await;
 
     // kube-proxy dies on the announcing Node; the Node, its kubelet and its announcer live on.
     let poller = Poller::start(&ctx.cluster, Some(Place::Client), addr, POLL, "pod=web-").expect("the client's poller");
@@ -102,6 +103,8 @@ pub async fn l2_address_moves_when_its_nodes_kube_proxy_fails_and_comes_back(ctx
     })
     .await;
     assert!(note.contains("kube-proxy's health check failed"), "{note}");
+    // The unhealthy Node deletes its own record; the other's names it.
+    records_name(&ctx, "web-l2h", &other).await;
     measured(format!(
         "L2 self-healing: {announcing}'s kube-proxy killed to its Lease marked unhealthy {:.1} s, to the client's neighbour entry naming {other} {moved:.1} s; {} (a request every 100 ms; the Node stayed up)",
         marked.1,
@@ -127,6 +130,7 @@ pub async fn l2_address_moves_when_its_nodes_kube_proxy_fails_and_comes_back(ctx
     )
     .await;
     first_answer(&ctx, Some(Place::Client), addr, "web").await;
+    records_name(&ctx, "web-l2h", &announcing).await;
     wait(&format!("an {ANNOUNCER_HEALTHY} event on Node {announcing}"), Duration::from_secs(30), || {
         node_event(&ctx, &announcing, ANNOUNCER_HEALTHY)
     })

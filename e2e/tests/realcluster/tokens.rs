@@ -1,10 +1,11 @@
 //! What a Pod of the operator's making can do with its own identity, on the real cluster
 //! (issue 45): an announcer Pod's token, bound to the Pod as the kubelet's projected token is,
-//! writes only its own Node's announcer Lease; and a host-network manager listens on its Pod's
+//! writes only its own Node's announcer Lease and records; and a host-network manager listens on its Pod's
 //! address only, not on every address of the Node.
 
 use std::process::Command;
 
+use crds::announcement::ServiceAnnouncement;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ServiceAccount;
@@ -98,8 +99,29 @@ pub async fn an_announcer_pods_token_writes_only_its_nodes_lease_and_the_manager
             outcome => panic!("{node}'s announcer writing the Lease {name} is refused: {outcome:?}"),
         }
     }
+    // Its ServiceAnnouncement records likewise: its own node's admitted, another node's refused.
+    let records: Api<ServiceAnnouncement> = Api::namespaced(leases.clone().into_client(), CCM_NS);
+    let record = |on: &str| {
+        let name = format!("{on}.{}.probe", crate::APP_NS);
+        serde_json::from_value::<ServiceAnnouncement>(json!({"apiVersion": "ccm.rs/v1alpha1", "kind": "ServiceAnnouncement",
+            "metadata": {"name": name, "namespace": CCM_NS, "labels": {"ccm.rs/announcer": "l2"}},
+            "spec": {"node": on, "service": {"namespace": crate::APP_NS, "name": "probe"}, "since": "2026-01-01T00:00:00.000000Z",
+                     "addresses": [{"address": "127.0.0.250", "protocol": "ARP", "since": "2026-01-01T00:00:00.000000Z"}]}}))
+        .expect("a record")
+    };
+    let dry = PostParams { dry_run: true, ..Default::default() };
+    records
+        .create(&dry, &record(&node))
+        .await
+        .unwrap_or_else(|e| panic!("{node}'s announcer may write its own record: {e}"));
+    match records.create(&dry, &record(&other)).await {
+        Err(kube::Error::Api(status)) if status.code == 403 || status.code == 422 => {
+            refused.push(format!("a record naming {other}"))
+        }
+        outcome => panic!("{node}'s announcer writing a record naming {other} is refused: {outcome:?}"),
+    }
     measured(format!(
-        "{node}'s announcer Pod token: its own Lease {own} admitted (dry run); {} refused",
+        "{node}'s announcer Pod token: its own Lease {own} and its own record admitted (dry run); {} refused",
         refused.join(", ")
     ));
 

@@ -15,7 +15,6 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -23,7 +22,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use ring::digest::{SHA256, digest};
 use serde_json::json;
@@ -31,10 +30,14 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::assign::{self, Announced, LeaseView, Liveness, ServiceName};
+use super::assign::{self, Announced, LeaseView, Liveness, ServiceName, Stranded};
 use super::bgp::Advertisement;
+use super::bgp_sessions::{self, Change, Session, Tracker};
 use super::guard::{self, Facts, Guard, Reports};
 use super::health::{Health, UNHEALTHY_ANNOTATION};
+use super::records::{self, RecordsView};
+use super::reflect::reflect;
+use super::remind::Reminder;
 use ccm_framework::events::EventSink;
 
 /// Label on every announcer Lease; the announcers watch Leases with it.
@@ -77,6 +80,14 @@ pub struct AnnouncerSettings {
     /// Whether this node can deliver its addresses' traffic ([`super::health_probe::spawn`]);
     /// while it cannot, it owns and advertises nothing and its Lease says why.
     pub health: watch::Receiver<Health>,
+    /// Whether to keep a `ServiceAnnouncement` per Service this node answers for
+    /// ([`super::records`]): which node answers, for which addresses, since when.
+    pub record: bool,
+    /// The interfaces the responders answer on, named in the records.
+    pub interfaces: Vec<String>,
+    /// This node's BGP sessions ([`super::bgp::bird::run`] publishes them): written into its
+    /// Lease ([`super::bgp_sessions::SESSIONS_ANNOTATION`]), a lost one an event on the Node.
+    pub bgp_sessions: watch::Receiver<Vec<Session>>,
 }
 
 impl AnnouncerSettings {
@@ -94,6 +105,9 @@ impl AnnouncerSettings {
             bgp: None,
             facts: watch::channel(None).1,
             health: watch::channel(Health::Healthy).1,
+            record: false,
+            interfaces: Vec::new(),
+            bgp_sessions: watch::channel(Vec::new()).1,
         }
     }
 
@@ -145,10 +159,11 @@ pub async fn run(
     let leases: Api<Lease> = Api::namespaced(client.clone(), &settings.namespace);
     let services: Api<Service> = Api::all(client.clone());
     let nodes: Api<Node> = Api::all(client.clone());
-    let slices: Api<EndpointSlice> = Api::all(client);
+    let slices: Api<EndpointSlice> = Api::all(client.clone());
     let changed = Arc::new(Notify::new());
     forward_changes(settings.facts.clone(), changed.clone(), cancel.clone());
     forward_changes(settings.health.clone(), changed.clone(), cancel.clone());
+    forward_changes(settings.bgp_sessions.clone(), changed.clone(), cancel.clone());
     let selector = format!("{LEASE_LABEL}={LEASE_LABEL_L2}");
     let lease_config = watcher::Config::default().labels(&selector);
     let lease_store = reflect(leases.clone(), lease_config, trim_lease, changed.clone(), &cancel);
@@ -177,20 +192,39 @@ pub async fn run(
         },
     }
     let name = lease_name(&settings.node);
+    // The records are written beside the loop, so a slow write never delays a failover.
+    let records_stop = CancellationToken::new();
+    let (records_tx, records_rx) = watch::channel(None);
+    let records_task = settings.record.then(|| {
+        let writer = super::records_writer::run(
+            FIELD_MANAGER,
+            client.clone(),
+            settings.namespace.clone(),
+            settings.node.clone(),
+            records_rx,
+            records_stop.clone(),
+        );
+        tokio::spawn(writer)
+    });
+    // Since when this node answers for each address it owns.
+    let mut since: BTreeMap<IpAddr, MicroTime> = BTreeMap::new();
     let mut liveness = Liveness::default();
     let mut current: BTreeMap<IpAddr, ServiceName> = BTreeMap::new();
     let mut reports = Reports::default();
+    let mut stranded_reports: Reminder<ServiceName, Stranded> = Reminder::default();
     let mut renew = tokio::time::interval(settings.renew_interval);
     renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_pass: Option<Instant> = None;
-    // The unhealthy reason last written into the Lease (`None`: healthy, or not written yet).
-    let mut written_reason: Option<String> = None;
+    // What the Lease says beyond its holder, as last written: why this node is unhealthy
+    // (`None`: healthy) and its BGP sessions (`None`: no BGP).
+    let mut written = LeaseNotes::default();
+    let mut sessions = Tracker::default();
     loop {
         let expiry = liveness.next_change(Instant::now(), settings.settle);
         tokio::select! {
             _ = cancel.cancelled() => break,
             _ = renew.tick() => {
-                if let Err(error) = renew_lease(&leases, &name, &settings, written_reason.as_deref()).await {
+                if let Err(error) = renew_lease(&leases, &name, &settings, &written).await {
                     tracing::warn!(node = %settings.node, %error, "renewing the announcer Lease failed; retrying");
                 }
             }
@@ -206,16 +240,23 @@ pub async fn run(
             _ = sleep_until(expiry) => {}
         }
         // A change of health is written at once, so the others elect without this node (or
-        // with it again) without waiting for the next renewal.
+        // with it again) without waiting for the next renewal; so is a change of BGP sessions.
         let reason = settings.health.borrow().reason();
-        if reason != written_reason {
-            match renew_lease(&leases, &name, &settings, reason.as_deref()).await {
+        let now_sessions = settings.bgp_sessions.borrow().clone();
+        let notes = LeaseNotes { unhealthy: reason.clone(), bgp_sessions: bgp_sessions::annotation(&now_sessions) };
+        if notes != written {
+            match renew_lease(&leases, &name, &settings, &notes).await {
                 Ok(_) => {
-                    report_health(&settings, reason.as_deref(), current.len(), &node_store, events.as_ref());
-                    written_reason = reason.clone();
+                    if notes.unhealthy != written.unhealthy {
+                        report_health(&settings, reason.as_deref(), current.len(), &node_store, events.as_ref());
+                    }
+                    if notes.bgp_sessions != written.bgp_sessions {
+                        report_sessions(&settings, &sessions.update(&now_sessions), &node_store, events.as_ref());
+                    }
+                    written = notes;
                 }
                 Err(error) => {
-                    tracing::warn!(node = %settings.node, %error, "writing the announcer's health into its Lease failed; retrying")
+                    tracing::warn!(node = %settings.node, %error, "writing the announcer's health or BGP sessions into its Lease failed; retrying")
                 }
             }
         }
@@ -242,6 +283,16 @@ pub async fn run(
         let ready = assign::ready_nodes(slice_store.state().iter().map(|s| s.as_ref()));
         // Unhealthy: nothing owned, nothing advertised, whatever the Leases say.
         let healthy = reason.is_none();
+        // One node per cluster (the first live by name) tells of addresses nobody may answer.
+        if healthy && live.first() == Some(&settings.node) && facts.as_deref().is_some_and(|f| f.complete) {
+            let found = assign::stranded(&announced, &ready, &live);
+            let due = stranded_reports.due(
+                found.into_iter().map(|s| (s.service.clone(), s)).collect(),
+                now,
+                guard::REPORT_EVERY,
+            );
+            report_stranded(&due, &settings, &service_store, events.as_ref());
+        }
         let next = if healthy { assign::owned(&settings.node, &announced, &ready, &live) } else { BTreeMap::new() };
         if let Some(bgp) = &settings.bgp {
             let addresses =
@@ -281,14 +332,39 @@ pub async fn run(
                     );
                 }
             }
+            let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
+            since.retain(|address, _| next.contains_key(address));
+            for address in next.keys() {
+                since.entry(*address).or_insert_with(|| now.clone());
+            }
             owned.send_replace(next.keys().copied().collect());
             current = next;
+        }
+        if settings.record {
+            let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
+            let held = records::held(&current, &announced, &since, &now);
+            let view = RecordsView {
+                desired: records::desired(&settings.node, &held, &settings.interfaces),
+                live: liveness.live(Instant::now()),
+            };
+            records_tx.send_if_modified(|old| {
+                let changed = old.as_ref() != Some(&view);
+                if changed {
+                    *old = Some(view);
+                }
+                changed
+            });
         }
     }
     owned.send_replace(BTreeSet::new());
     // Graceful stop: the others see the Lease go and take over at once.
     if let Err(error) = leases.delete(&name, &DeleteParams::default()).await {
         tracing::warn!(node = %settings.node, %error, "deleting the announcer Lease failed; it expires instead");
+    }
+    // Then this node's records (the writer deletes them within its stop budget).
+    records_stop.cancel();
+    if let Some(task) = records_task {
+        let _ = task.await;
     }
     Ok(())
 }
@@ -362,6 +438,66 @@ fn report_health(
     events.publish(COMPONENT, node.object_ref(&()), type_, why, note, "Announce");
 }
 
+/// The most node names an event note lists.
+const MAX_NAMED_NODES: usize = 10;
+
+/// Log each `due` stranded Service and publish a Warning on it naming its addresses and the
+/// nodes its ready endpoints run on.
+fn report_stranded(
+    due: &[Stranded],
+    settings: &AnnouncerSettings,
+    services: &Store<Service>,
+    events: Option<&EventSink>,
+) {
+    for s in due {
+        let addresses: Vec<String> = s.addresses.iter().map(ToString::to_string).collect();
+        let mut nodes: Vec<&str> = s.endpoint_nodes.iter().take(MAX_NAMED_NODES).map(String::as_str).collect();
+        let more = s.endpoint_nodes.len().saturating_sub(MAX_NAMED_NODES);
+        let more = if more > 0 { format!(" and {more} more") } else { String::new() };
+        nodes.sort_unstable();
+        let nodes = nodes.join(", ");
+        tracing::warn!(node = %settings.node, service = %s.service, addresses = %addresses.join(", "), endpoint_nodes = %nodes, "no live announcer may answer for the Service's addresses");
+        let Some(events) = events else { continue };
+        let Some(reference) = service_reference(services, &s.service) else { continue };
+        events.publish(
+            COMPONENT,
+            reference,
+            EventType::Warning,
+            super::announce_reasons::NO_ELIGIBLE_ANNOUNCER,
+            format!(
+                "{} not announced: externalTrafficPolicy is Local and the ready endpoints run on {nodes}{more}, where no live announcer runs (spec.announcer.nodeSelector, or an unhealthy announcer)",
+                addresses.join(", ")
+            ),
+            "Announce",
+        );
+    }
+}
+
+/// Log each lost or returned BGP session and publish it as an event on this node's Node.
+fn report_sessions(settings: &AnnouncerSettings, changes: &[Change], nodes: &Store<Node>, events: Option<&EventSink>) {
+    for change in changes {
+        let (type_, why, note) = match change {
+            Change::Lost(s) => {
+                tracing::warn!(node = %settings.node, peer = %s.peer, state = %s.state, detail = %s.detail, "BGP session lost");
+                let detail = if s.detail.is_empty() { String::new() } else { format!(": {}", s.detail) };
+                let note = format!(
+                    "node {}'s BGP session with {} is {} (was Established){detail}",
+                    settings.node, s.peer, s.state
+                );
+                (EventType::Warning, super::announce_reasons::BGP_SESSION_LOST, note)
+            }
+            Change::Back(s) => {
+                tracing::info!(node = %settings.node, peer = %s.peer, "BGP session established again");
+                let note = format!("node {}'s BGP session with {} is Established again", settings.node, s.peer);
+                (EventType::Normal, super::announce_reasons::BGP_SESSION_ESTABLISHED, note)
+            }
+        };
+        let Some(events) = events else { continue };
+        let Some(node) = nodes.get(&reflector::ObjectRef::new(&settings.node)) else { continue };
+        events.publish(COMPONENT, node.object_ref(&()), type_, why, note, "Announce");
+    }
+}
+
 /// Every address the Nodes report.
 fn node_addresses(nodes: &Store<Node>) -> Vec<IpAddr> {
     nodes
@@ -399,18 +535,34 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-/// Apply this node's Lease, renewed now, with [`UNHEALTHY_ANNOTATION`] while `unhealthy` says
-/// why (applying without it removes it: this field manager owns it).
+/// What an announcer's Lease says beyond its holder.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct LeaseNotes {
+    /// Why the node is unhealthy ([`UNHEALTHY_ANNOTATION`]); `None` while healthy.
+    unhealthy: Option<String>,
+    /// Its BGP sessions ([`bgp_sessions::SESSIONS_ANNOTATION`]); `None` without BGP.
+    bgp_sessions: Option<String>,
+}
+
+/// Apply this node's Lease, renewed now, with the annotations `notes` gives (applying without
+/// one removes it: this field manager owns them).
 async fn renew_lease(
     leases: &Api<Lease>,
     name: &str,
     settings: &AnnouncerSettings,
-    unhealthy: Option<&str>,
+    notes: &LeaseNotes,
 ) -> Result<Lease, kube::Error> {
     let seconds = i32::try_from(settings.lease_duration.as_secs()).unwrap_or(i32::MAX);
     let mut metadata = json!({"name": name, "labels": {LEASE_LABEL: LEASE_LABEL_L2}});
-    if let Some(reason) = unhealthy {
-        metadata["annotations"] = json!({UNHEALTHY_ANNOTATION: reason});
+    let mut annotations = serde_json::Map::new();
+    if let Some(reason) = &notes.unhealthy {
+        annotations.insert(UNHEALTHY_ANNOTATION.into(), json!(reason));
+    }
+    if let Some(text) = &notes.bgp_sessions {
+        annotations.insert(bgp_sessions::SESSIONS_ANNOTATION.into(), json!(text));
+    }
+    if !annotations.is_empty() {
+        metadata["annotations"] = serde_json::Value::Object(annotations);
     }
     let lease = json!({
         "apiVersion": "coordination.k8s.io/v1",
@@ -423,38 +575,6 @@ async fn renew_lease(
         },
     });
     leases.patch(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&lease)).await
-}
-
-/// A reflector's store, kept current by a task until `cancel`; `changed` is notified on every
-/// event.
-fn reflect<K>(
-    api: Api<K>,
-    config: watcher::Config,
-    trim: fn(&mut K),
-    changed: Arc<Notify>,
-    cancel: &CancellationToken,
-) -> Store<K>
-where
-    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
-{
-    let (reader, writer) = reflector::store();
-    let stream = reflector::reflector(writer, watcher::watcher(api, config).modify(trim)).default_backoff();
-    let cancel = cancel.clone();
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        loop {
-            tokio::select! {
-                _ = cancel.cancelled() => return,
-                event = stream.next() => match event {
-                    None => return,
-                    Some(Err(error)) => tracing::warn!(%error, "announcer watch failed; retrying"),
-                    Some(Ok(_)) => changed.notify_one(),
-                },
-            }
-        }
-    });
-    reader
 }
 
 /// Only what the election and the event read is kept: the cache of every Service in the

@@ -192,26 +192,109 @@ pub fn owned(
     ready: &BTreeMap<ServiceName, BTreeSet<String>>,
     live: &BTreeSet<String>,
 ) -> BTreeMap<IpAddr, ServiceName> {
-    let none = BTreeSet::new();
-    // address -> (first Service by name, the nodes that may announce it)
-    let mut eligible: BTreeMap<IpAddr, (&ServiceName, BTreeSet<&str>)> = BTreeMap::new();
-    for (service, announced) in services {
-        let nodes = elect::eligible(live, announced.local, ready.get(service).unwrap_or(&none));
-        let nodes: Vec<&str> = nodes.collect();
-        for address in &announced.addresses {
-            eligible.entry(*address).or_insert_with(|| (service, BTreeSet::new())).1.extend(nodes.iter().copied());
-        }
-    }
-    eligible
+    eligibility(services, ready, live)
         .into_iter()
         .filter(|(address, (_, nodes))| elect::elect(*address, nodes.iter().copied()) == Some(me))
         .map(|(address, (service, _))| (address, service.clone()))
         .collect()
 }
 
+/// Per address: the first Service by name listing it, and the live nodes that may announce it.
+fn eligibility<'a>(
+    services: &'a BTreeMap<ServiceName, Announced>,
+    ready: &'a BTreeMap<ServiceName, BTreeSet<String>>,
+    live: &'a BTreeSet<String>,
+) -> BTreeMap<IpAddr, (&'a ServiceName, BTreeSet<&'a str>)> {
+    let none = BTreeSet::new();
+    let mut eligible: BTreeMap<IpAddr, (&ServiceName, BTreeSet<&str>)> = BTreeMap::new();
+    for (service, announced) in services {
+        let nodes: Vec<&str> = elect::eligible(live, announced.local, ready.get(service).unwrap_or(&none)).collect();
+        for address in &announced.addresses {
+            eligible.entry(*address).or_insert_with(|| (service, BTreeSet::new())).1.extend(nodes.iter().copied());
+        }
+    }
+    eligible
+}
+
+/// An address no live announcer may answer for although its Service has ready endpoints:
+/// `externalTrafficPolicy: Local` with every ready endpoint on nodes without a live announcer
+/// (a misplaced `nodeSelector`, or announcers down there), so its traffic reaches no node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stranded {
+    /// The Service.
+    pub service: ServiceName,
+    /// Its addresses nobody answers for.
+    pub addresses: Vec<IpAddr>,
+    /// The nodes running its ready endpoints.
+    pub endpoint_nodes: Vec<String>,
+}
+
+/// The Services with [`Stranded`] addresses (none while no announcer is live: then nobody
+/// could tell).
+pub fn stranded(
+    services: &BTreeMap<ServiceName, Announced>,
+    ready: &BTreeMap<ServiceName, BTreeSet<String>>,
+    live: &BTreeSet<String>,
+) -> Vec<Stranded> {
+    if live.is_empty() {
+        return Vec::new();
+    }
+    let eligible = eligibility(services, ready, live);
+    services
+        .iter()
+        .filter_map(|(service, announced)| {
+            let endpoint_nodes: Vec<String> = ready.get(service)?.iter().cloned().collect();
+            let addresses: Vec<IpAddr> = (announced.addresses.iter())
+                .filter(|a| eligible.get(*a).is_some_and(|(_, nodes)| nodes.is_empty()))
+                .copied()
+                .collect();
+            (announced.local && !endpoint_nodes.is_empty() && !addresses.is_empty()).then(|| Stranded {
+                service: service.clone(),
+                addresses,
+                endpoint_nodes,
+            })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_local_service_whose_endpoints_run_where_no_announcer_lives_is_stranded() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<String>>();
+        let services = BTreeMap::from([
+            ("a/local".to_string(), Announced { addresses: vec![ip("192.0.2.1")], local: true }),
+            ("a/cluster".to_string(), Announced { addresses: vec![ip("192.0.2.2")], local: false }),
+            ("a/idle".to_string(), Announced { addresses: vec![ip("192.0.2.3")], local: true }),
+            ("a/served".to_string(), Announced { addresses: vec![ip("192.0.2.4")], local: true }),
+        ]);
+        let ready = BTreeMap::from([
+            ("a/local".to_string(), set(&["w9"])),
+            ("a/cluster".to_string(), set(&["w9"])),
+            ("a/idle".to_string(), set(&[])),
+            ("a/served".to_string(), set(&["w1", "w9"])),
+        ]);
+        let live = set(&["w1", "w2"]);
+        let got = stranded(&services, &ready, &live);
+        // Cluster: any live node answers; no ready endpoint: nothing to tell; one endpoint on
+        // an announcer's node: answered there.
+        assert_eq!(
+            got,
+            [Stranded {
+                service: "a/local".into(),
+                addresses: vec![ip("192.0.2.1")],
+                endpoint_nodes: vec!["w9".into()]
+            }]
+        );
+        assert_eq!(stranded(&services, &ready, &BTreeSet::new()), [], "no live announcer: nobody tells");
+        // An address shared with a Service a live node may answer for is answered.
+        let mut shared = services.clone();
+        shared.insert("a/twin".to_string(), Announced { addresses: vec![ip("192.0.2.1")], local: false });
+        assert_eq!(stranded(&shared, &ready, &live), []);
+    }
     use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, ServiceSpec, ServiceStatus};
 
     fn service(type_: &str, class: Option<&str>, ingress: &[(&str, Option<&str>)]) -> Service {

@@ -25,6 +25,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::{Advertisement, BgpConfig, NodeFacts, Password, PasswordProblem, RenderError, render};
+use crate::announce::bgp_sessions::{self, Session};
 
 /// Where the announcer writes BIRD's config by default (BIRD runs with `-c` on it).
 pub const DEFAULT_CONFIG_PATH: &str = "/run/bird/bird.conf";
@@ -35,6 +36,8 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How soon [`run`] tries again after a failed announcement (BIRD not up yet, a password file
 /// not mounted yet).
 pub const RETRY_AFTER: Duration = Duration::from_secs(2);
+/// How often the sessions' state is read from BIRD (`show protocols`).
+pub const SESSION_POLL: Duration = Duration::from_secs(2);
 /// The most a reply may hold; BIRD's answers to `configure` are two short lines.
 const MAX_REPLY_BYTES: u64 = 256 * 1024;
 /// A password file is read up to this many bytes (one more than a password may have).
@@ -197,30 +200,82 @@ impl BirdAnnouncer {
         self.applied = Some(text);
         Ok(Changed::Reloaded)
     }
+
+    /// Each configured peer's session as BIRD reports it (`show protocols`).
+    pub async fn sessions(&self) -> Result<Vec<Session>, BgpError> {
+        let reply = control(&self.settings.socket_path, "show protocols", self.settings.timeout).await?;
+        let peers: Vec<std::net::IpAddr> = self.config.peers.iter().map(|p| p.address).collect();
+        Ok(bgp_sessions::parse(&reply, &peers))
+    }
+
+    /// Every peer as `Unknown`, saying why (BIRD not reachable): what [`run`] publishes when
+    /// the sessions cannot be read.
+    fn unknown(&self, error: &BgpError) -> Vec<Session> {
+        let detail: String = error.to_string().chars().take(bgp_sessions::MAX_DETAIL).collect();
+        let unknown = |peer: &super::PeerConfig| Session {
+            peer: peer.address,
+            state: "Unknown".into(),
+            since: String::new(),
+            detail: detail.clone(),
+        };
+        self.config.peers.iter().map(unknown).collect()
+    }
 }
 
 /// Keep BIRD announcing the latest advertisement in `addresses` until `cancel` fires or the
-/// sender goes: announces on every change and retries a failure every [`RETRY_AFTER`]. Logs
+/// sender goes: announces on every change and retries a failure every [`RETRY_AFTER`]; and
+/// publishes the peers' sessions in `sessions` every [`SESSION_POLL`] when they changed. Logs
 /// outcomes and errors (never the config text). Routes are withdrawn by the peers when BIRD
 /// stops with the pod, so stopping leaves BIRD as it is.
-pub async fn run(mut bird: BirdAnnouncer, mut addresses: watch::Receiver<Advertisement>, cancel: CancellationToken) {
+pub async fn run(
+    mut bird: BirdAnnouncer,
+    mut addresses: watch::Receiver<Advertisement>,
+    sessions: watch::Sender<Vec<Session>>,
+    cancel: CancellationToken,
+) {
+    let mut poll = tokio::time::interval(SESSION_POLL);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut due = true;
+    let mut retry_at: Option<tokio::time::Instant> = None;
     loop {
-        let set = addresses.borrow_and_update().clone();
-        let failed = match bird.announce(&set).await {
-            Ok(Changed::Reloaded) => {
-                tracing::info!(addresses = set.addresses.len(), "BGP announcement: BIRD reloaded");
-                false
-            }
-            Ok(Changed::Unchanged) => false,
-            Err(error) => {
-                tracing::warn!(%error, "BGP announcement failed; retrying");
-                true
+        if due {
+            due = false;
+            let set = addresses.borrow_and_update().clone();
+            retry_at = match bird.announce(&set).await {
+                Ok(Changed::Reloaded) => {
+                    tracing::info!(addresses = set.addresses.len(), "BGP announcement: BIRD reloaded");
+                    None
+                }
+                Ok(Changed::Unchanged) => None,
+                Err(error) => {
+                    tracing::warn!(%error, "BGP announcement failed; retrying");
+                    Some(tokio::time::Instant::now() + RETRY_AFTER)
+                }
+            };
+        }
+        let retry = async {
+            match retry_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
             }
         };
         tokio::select! {
             () = cancel.cancelled() => return,
-            changed = addresses.changed() => if changed.is_err() { return },
-            () = tokio::time::sleep(RETRY_AFTER), if failed => {}
+            changed = addresses.changed() => match changed {
+                Ok(()) => due = true,
+                Err(_) => return,
+            },
+            () = retry => due = true,
+            _ = poll.tick() => {
+                let now = bird.sessions().await.unwrap_or_else(|error| bird.unknown(&error));
+                sessions.send_if_modified(|current| {
+                    let changed = *current != now;
+                    if changed {
+                        *current = now;
+                    }
+                    changed
+                });
+            }
         }
     }
 }
@@ -612,7 +667,9 @@ mod tests {
         let settings = settings_in(&dir);
         let (tx, rx) = watch::channel(Advertisement::default());
         let cancel = CancellationToken::new();
-        let task = tokio::spawn(run(BirdAnnouncer::new(one_peer(), node(), settings.clone()), rx, cancel.clone()));
+        let (sessions, mut read) = watch::channel(Vec::new());
+        let task =
+            tokio::spawn(run(BirdAnnouncer::new(one_peer(), node(), settings.clone()), rx, sessions, cancel.clone()));
         let _ = tx.send(advertisement("203.0.113.9"));
         let path = settings.config_path.clone();
         let written = async {
@@ -625,11 +682,22 @@ mod tests {
             }
         };
         tokio::time::timeout(Duration::from_secs(10), written).await.expect("the new set is written");
+        // No BIRD here: the peer's session is published as unknown, saying why.
+        let unknown = tokio::time::timeout(Duration::from_secs(10), read.wait_for(|s| !s.is_empty()))
+            .await
+            .expect("sessions published")
+            .expect("sender alive")
+            .clone();
+        assert_eq!(unknown.len(), 1);
+        assert_eq!(unknown[0].state, "Unknown");
+        assert!(unknown[0].detail.starts_with("BIRD's control socket"), "{unknown:?}");
         cancel.cancel();
         tokio::time::timeout(Duration::from_secs(10), task).await.expect("stops on cancel").expect("no panic");
 
         let (tx, rx) = watch::channel(Advertisement::default());
-        let task = tokio::spawn(run(BirdAnnouncer::new(one_peer(), node(), settings), rx, CancellationToken::new()));
+        let (sessions, _read) = watch::channel(Vec::new());
+        let task =
+            tokio::spawn(run(BirdAnnouncer::new(one_peer(), node(), settings), rx, sessions, CancellationToken::new()));
         drop(tx);
         tokio::time::timeout(Duration::from_secs(10), task).await.expect("stops without a sender").expect("no panic");
         let _ = std::fs::remove_dir_all(&dir);

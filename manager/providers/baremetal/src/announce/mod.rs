@@ -5,6 +5,7 @@
 pub mod announcer;
 pub mod assign;
 pub mod bgp;
+pub mod bgp_sessions;
 pub mod codec;
 pub mod elect;
 pub mod guard;
@@ -17,6 +18,10 @@ pub mod l2;
 #[cfg(feature = "datapath")]
 pub mod node;
 pub mod plan;
+pub mod records;
+pub mod records_writer;
+pub mod reflect;
+pub mod remind;
 #[cfg(feature = "datapath")]
 pub mod responder;
 pub mod sources;
@@ -33,11 +38,19 @@ pub mod announce_reasons {
     /// Warning: an address in the Service's status is not announced, and never answered (the
     /// note names the address and why: outside every pool, a node's address, a gateway, ...).
     pub const ANNOUNCEMENT_REFUSED: &str = "AnnouncementRefused";
+    /// Warning: an `externalTrafficPolicy: Local` Service's addresses are not announced because
+    /// its ready endpoints run only where no live announcer runs (the note names the nodes).
+    pub const NO_ELIGIBLE_ANNOUNCER: &str = "NoEligibleAnnouncer";
     /// Warning, on the Node: its announcer gives every address up (the note says why: an
     /// interface down, a stopped responder, kube-proxy failing its health check).
     pub const ANNOUNCER_UNHEALTHY: &str = "AnnouncerUnhealthy";
     /// Normal, on the Node: its announcer is healthy again and takes part in elections.
     pub const ANNOUNCER_HEALTHY: &str = "AnnouncerHealthy";
+    /// Warning, on the Node: a BGP session of its announcer that was established is not (the
+    /// note names the peer, the state and BIRD's last error).
+    pub const BGP_SESSION_LOST: &str = "BGPSessionLost";
+    /// Normal, on the Node: a lost BGP session is established again.
+    pub const BGP_SESSION_ESTABLISHED: &str = "BGPSessionEstablished";
 }
 
 use serde::Deserialize;

@@ -150,6 +150,10 @@ async fn run(flags: Flags) -> Result<(), String> {
     }
     let mut settings = AnnouncerSettings::new(flags.node, flags.namespace);
     settings.class = flags.class;
+    // Which node answers, as data (docs/l2-announcement.md#which-node-answers): only for L2,
+    // whose answering node is one per address.
+    settings.record = announcement.l2.is_some();
+    settings.interfaces = announcement.l2.iter().flat_map(|l2| l2.interfaces.clone()).collect();
     // Only what the pools hand out is ever announced: the pools (file, resources, imports),
     // the inventory and this host's own network, kept current (docs/security.md).
     let sources = super::sources::SourceSettings::new(&flags.cloud_config);
@@ -169,7 +173,10 @@ async fn run(flags: Flags) -> Result<(), String> {
             _ => None,
         };
         let bird = super::bgp::bird::BirdAnnouncer::new(bgp, super::bgp::NodeFacts { ipv4 }, Default::default());
-        tokio::spawn(super::bgp::bird::run(bird, rx, cancel.clone()));
+        // Its sessions go into this node's Lease (docs/bgp-announcement.md#session-state).
+        let (sessions, read) = watch::channel(Vec::new());
+        settings.bgp_sessions = read;
+        tokio::spawn(super::bgp::bird::run(bird, rx, sessions, cancel.clone()));
     }
     let result = announcer::run(client, settings, owned, Some(events), cancel).await;
     responders_stop.cancel();

@@ -170,7 +170,8 @@ async fn a_hand_written_address_outside_the_pools_is_never_answered_by_arp_or_nd
     let bgp_config = BgpConfig { local_asn: 64512, peers: vec![peer(CLIENT4), peer(CLIENT6)], ..BgpConfig::default() };
     let node_facts = NodeFacts { ipv4: Some(NODE4.parse().expect("ip")) };
     let announcer_bird = BirdAnnouncer::new(bgp_config, node_facts, bird_settings.clone());
-    tokio::spawn(bird::run(announcer_bird, advertised, cancel.clone()));
+    let (sessions, _) = watch::channel(Vec::new());
+    tokio::spawn(bird::run(announcer_bird, advertised, sessions, cancel.clone()));
     let (owned_tx, owned) = watch::channel(BTreeSet::new());
     let socket = in_ns(&node, || L2Socket::open("eth0")).expect("the packet socket");
     let responder = tokio::spawn(responder::run(socket, owned.clone(), cancel.clone()));

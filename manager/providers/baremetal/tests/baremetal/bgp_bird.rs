@@ -16,6 +16,7 @@ use ccm_provider_baremetal::announce::bgp::bird::{self, BgpError, BirdAnnouncer,
 use ccm_provider_baremetal::announce::bgp::{
     Advertisement, BfdConfig, BgpConfig, GracefulRestartConfig, NodeFacts, PeerConfig, protocol_name,
 };
+use ccm_provider_baremetal::announce::bgp_sessions;
 use testkit::eventually_within;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -516,15 +517,48 @@ async fn bgp_host_routes_reach_a_bird_router_and_are_withdrawn_with_sessions_kep
     // The loop the announcer process runs follows the latest set, and stops on cancel.
     let (tx, rx) = watch::channel(fewer);
     let cancel = CancellationToken::new();
-    let task = tokio::spawn(bird::run(announcer, rx, cancel.clone()));
+    let (sessions, mut read) = watch::channel(Vec::new());
+    let task = tokio::spawn(bird::run(announcer, rx, sessions, cancel.clone()));
     tx.send(set(&["203.0.113.12", "2001:db8:cc::11"])).expect("loop running");
     until_routes(&router_socket, "the loop's change", |r| {
         r.contains("203.0.113.12/32") && !r.contains("203.0.113.11/32")
     })
     .await;
+    // The loop publishes the sessions as BIRD reports them (issue 47 item 1): both established;
+    // the router's BIRD killed, both lost, with BIRD's state; the router back, both again.
+    let all =
+        |want: bool| move |s: &Vec<bgp_sessions::Session>| s.len() == 2 && s.iter().all(|x| x.established() == want);
+    let wait_sessions = |read: &mut watch::Receiver<Vec<bgp_sessions::Session>>, want: bool| {
+        let mut read = read.clone();
+        async move {
+            let start = Instant::now();
+            let seen = tokio::time::timeout(WAIT, read.wait_for(all(want)))
+                .await
+                .expect("sessions in time")
+                .expect("loop running")
+                .clone();
+            (seen, start.elapsed())
+        }
+    };
+    let (up, _) = wait_sessions(&mut read, true).await;
+    assert_eq!(up.iter().map(|s| s.peer.to_string()).collect::<Vec<_>>(), [ROUTER6, ROUTER4], "in the config's order");
+    let mut router = lab.birds.remove(0);
+    let _ = router.kill();
+    let _ = router.wait();
+    let (down, lost_after) = wait_sessions(&mut read, false).await;
+    assert!(down.iter().all(|s| ["Active", "Connect", "Idle", "OpenSent"].contains(&s.state.as_str())), "{down:?}");
+    lab.start_bird(&router_ns, &router_config, &router_socket, false);
+    let (_, back_after) = wait_sessions(&mut read, true).await;
     cancel.cancel();
     tokio::time::timeout(WAIT, task).await.expect("the loop stops on cancel").expect("no panic");
 
+    eprintln!(
+        "BGP session state read every {} ms: the router's BIRD killed to both sessions published lost {} ms ({:?}); restarted to both published established {} ms",
+        bird::SESSION_POLL.as_millis(),
+        lost_after.as_millis(),
+        down.iter().map(|s| format!("{} {} {}", s.peer, s.state, s.detail)).collect::<Vec<_>>(),
+        back_after.as_millis()
+    );
     eprintln!(
         "BGP via BIRD (node BIRD as uid 65532 with no capability, listening on 1790): sessions up and first routes on the router {} ms after BIRD start; announce to route on the router {} ms; announce to withdrawal {} ms; sessions kept across the reloads",
         session_up.as_millis(),
@@ -615,6 +649,90 @@ mod announcer_feeds_bgp {
             assert!(advertises(&b, &none).await, "Local: node-b has no ready endpoint and withdraws");
             assert!(advertises(&a, &both).await, "Local: node-a keeps advertising");
             cancel.cancel();
+        }
+    }
+
+    /// The announcer's Lease's `ccm.rs/bgp-sessions`, once it contains `want`.
+    async fn sessions_say(
+        leases: &kube::Api<k8s_openapi::api::coordination::v1::Lease>,
+        lease: &str,
+        want: &str,
+    ) -> String {
+        use ccm_provider_baremetal::announce::bgp_sessions::SESSIONS_ANNOTATION;
+        let what = format!("the Lease's sessions saying {want}");
+        testkit::eventually_within(&what, WAIT, || async {
+            let text = leases.get_opt(lease).await.ok()??.metadata.annotations?.get(SESSIONS_ANNOTATION).cloned()?;
+            text.contains(want).then_some(text)
+        })
+        .await
+    }
+
+    /// The note of the first `reason` event on Node `node`, once there.
+    async fn node_event(cluster: &TestCluster, node: &str, reason: &str) -> String {
+        let what = format!("a {reason} event on the Node");
+        testkit::eventually_within(&what, WAIT, || async {
+            cluster
+                .events(reason)
+                .await
+                .ok()?
+                .into_iter()
+                .find_map(|e| (e.regarding.as_ref()?.name.as_deref() == Some(node)).then(|| e.note.unwrap_or_default()))
+        })
+        .await
+    }
+
+    testkit::backend_tests! {
+        /// Issue 47 item 1: the sessions `bird::run` publishes are written into the announcer's
+        /// Lease (`ccm.rs/bgp-sessions`), a lost one is a Warning on the Node naming the peer,
+        /// the state and BIRD's error, and its return a Normal event.
+        async fn bgp_sessions_are_written_into_the_lease_and_a_lost_one_is_an_event_on_the_node(backend) {
+            use ccm_framework::events::EventSink;
+            use ccm_provider_baremetal::announce::announce_reasons::{BGP_SESSION_ESTABLISHED, BGP_SESSION_LOST};
+            use ccm_provider_baremetal::announce::announcer::lease_name;
+            use ccm_provider_baremetal::announce::bgp_sessions::Session;
+            use k8s_openapi::api::coordination::v1::Lease;
+            use k8s_openapi::api::core::v1::Node;
+            use kube::api::DeleteParams;
+
+            let cluster = TestCluster::start(backend).await.unwrap();
+            let client = cluster.client();
+            let namespace = cluster.fresh_namespace("bgps").await.unwrap();
+            let node = format!("{namespace}-node");
+            let nodes: Api<Node> = Api::all(client.clone());
+            let object = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}});
+            nodes.create(&PostParams::default(), &serde_json::from_value(object).unwrap()).await.unwrap();
+            let mut settings = AnnouncerSettings::new(node.clone(), namespace.clone());
+            settings.class = Some(CLASS.into());
+            let (sessions, read) = watch::channel(Vec::new());
+            settings.bgp_sessions = read;
+            let (owned, _) = watch::channel(BTreeSet::new());
+            let cancel = CancellationToken::new();
+            let events = EventSink::spawn(client.clone(), Some(node.clone()), cancel.clone());
+            let task = tokio::spawn(announcer::run(client.clone(), settings, owned, Some(events), cancel.clone()));
+            let session = |state: &str, detail: &str| Session {
+                peer: "192.0.2.1".parse().unwrap(),
+                state: state.into(),
+                since: "16:01:03.456".into(),
+                detail: detail.into(),
+            };
+            let leases: Api<Lease> = Api::namespaced(client.clone(), &namespace);
+            let lease = lease_name(&node);
+            sessions.send_replace(vec![session("Established", "")]);
+            let text = sessions_say(&leases, &lease, "Established").await;
+            assert_eq!(text, r#"[{"peer":"192.0.2.1","state":"Established","since":"16:01:03.456"}]"#);
+            sessions.send_replace(vec![session("Active", "Socket: Connection refused")]);
+            sessions_say(&leases, &lease, "Active").await;
+            let note = node_event(&cluster, &node, BGP_SESSION_LOST).await;
+            assert!(note.contains("BGP session with 192.0.2.1 is Active (was Established): Socket: Connection refused"), "{note}");
+            assert!(cluster.events(BGP_SESSION_ESTABLISHED).await.unwrap().iter().all(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) != Some(node.as_str())),
+                "coming up at start is no event");
+            sessions.send_replace(vec![session("Established", "")]);
+            sessions_say(&leases, &lease, "Established").await;
+            let note = node_event(&cluster, &node, BGP_SESSION_ESTABLISHED).await;
+            assert!(note.contains("BGP session with 192.0.2.1 is Established again"), "{note}");
+            cancel.cancel();
+            task.await.unwrap().unwrap();
+            let _ = nodes.delete(&node, &DeleteParams::default()).await;
         }
     }
 }

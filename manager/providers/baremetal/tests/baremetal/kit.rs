@@ -1,7 +1,13 @@
 //! What the modules of this test binary share beyond the test kit (`testkit`): stand-ins for
-//! what listens on a Node (a backend behind a nodePort, kube-proxy's health endpoint).
+//! what listens on a Node (a backend behind a nodePort, kube-proxy's health endpoint), and an
+//! announcer's settings for tests on the API server.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use ccm_provider_baremetal::announce::announcer::AnnouncerSettings;
+use ccm_provider_baremetal::announce::guard::Facts;
+use ccm_provider_baremetal::ipam::IpBlock;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -38,4 +44,27 @@ pub async fn healthz(addr: SocketAddr) {
             });
         }
     });
+}
+
+/// An announcer of `node` for Services of `class`, announcing within the pools
+/// 192.0.2.0/24 and 2001:db8::/64, with short timings: a 2 s Lease renewed every 0.5 s, 1 s to
+/// settle.
+pub fn fast_announcer(node: &str, namespace: &str, class: &str) -> AnnouncerSettings {
+    let pools = ["192.0.2.0/24", "2001:db8::/64"].map(|p| IpBlock::parse_cidr(p).expect("pool")).to_vec();
+    let mut settings = AnnouncerSettings::new(node, namespace).with_facts(Facts::of_pools(pools));
+    settings.class = Some(class.into());
+    settings.lease_duration = Duration::from_secs(2);
+    settings.renew_interval = Duration::from_millis(500);
+    settings.settle = Duration::from_secs(1);
+    settings
+}
+
+/// An IPv4 address of 192.0.2.0/24 and an IPv6 one of 2001:db8::/64 that the same one of
+/// `nodes` wins, so one stop of that node moves both.
+pub fn pair_one_node_wins(nodes: [&str; 2]) -> (IpAddr, IpAddr) {
+    use ccm_provider_baremetal::announce::elect;
+    (1u8..250)
+        .map(|n| (IpAddr::from([192, 0, 2, n]), format!("2001:db8::{n}").parse::<IpAddr>().expect("an address")))
+        .find(|(a, b)| elect::elect(*a, nodes) == elect::elect(*b, nodes))
+        .expect("a pair with one owner")
 }

@@ -291,8 +291,6 @@ mod announcer_on_the_api_server {
     use ccm_provider_baremetal::announce::announce_reasons::L2_ANNOUNCING;
     use ccm_provider_baremetal::announce::announcer::{self, AnnouncerSettings, lease_name};
     use ccm_provider_baremetal::announce::elect;
-    use ccm_provider_baremetal::announce::guard::Facts;
-    use ccm_provider_baremetal::ipam::IpBlock;
     use k8s_openapi::api::coordination::v1::Lease;
     use k8s_openapi::api::core::v1::Service;
     use k8s_openapi::api::events::v1::Event;
@@ -314,12 +312,7 @@ mod announcer_on_the_api_server {
     }
 
     fn start(client: &kube::Client, namespace: &str, node: &str) -> Running {
-        let pools = ["192.0.2.0/24", "2001:db8::/64"].map(|p| IpBlock::parse_cidr(p).expect("pool")).to_vec();
-        let mut settings = AnnouncerSettings::new(node, namespace).with_facts(Facts::of_pools(pools));
-        settings.class = Some(CLASS.into());
-        settings.lease_duration = Duration::from_secs(2);
-        settings.renew_interval = Duration::from_millis(500);
-        settings.settle = Duration::from_secs(1);
+        let settings = crate::kit::fast_announcer(node, namespace, CLASS);
         let (tx, owned) = watch::channel(BTreeSet::new());
         let cancel = CancellationToken::new();
         let events = EventSink::spawn(client.clone(), Some(node.into()), cancel.clone());
@@ -346,10 +339,7 @@ mod announcer_on_the_api_server {
             let svc = lb_service(&namespace, "web").with_class(CLASS);
             services.create(&PostParams::default(), &svc).await.unwrap();
             // Two addresses the same node wins, so one stop moves both.
-            let (v4, v6) = (1u8..250)
-                .map(|n| (IpAddr::from([192, 0, 2, n]), format!("2001:db8::{n}").parse::<IpAddr>().unwrap()))
-                .find(|(a, b)| elect::elect(*a, NODES) == elect::elect(*b, NODES))
-                .unwrap();
+            let (v4, v6) = crate::kit::pair_one_node_wins(NODES);
             let status = json!({"status": {"loadBalancer": {"ingress": [
                 {"ip": v4.to_string(), "ipMode": "VIP"}, {"ip": v6.to_string(), "ipMode": "VIP"}]}}});
             services.patch_status("web", &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();

@@ -13,6 +13,7 @@
 //! - `l2_announce`: L2 announcement (ARP, NDP) on a namespaced Ethernet segment; needs root.
 //! - `l2_health`: self-healing announcers: an interface down gives the addresses up and back
 //!   (namespaces: root), kube-proxy's health check.
+//! - `l2_records`: which node answers, as `ServiceAnnouncement` records, on both API server backends.
 //! - `pool_import`: MetalLB and Cilium LB-IPAM pools read in place, no Service changes address.
 //! - `pools`: `LoadBalancerIPPool` resources: addresses, status, `autoAssign`, `namespaceSelector`.
 //! - `service_features`: the `LoadBalancerProvisioned` reasons, MetalLB's annotations, dual stack.
@@ -25,6 +26,7 @@ mod bgp_bird;
 mod kit;
 mod l2_announce;
 mod l2_health;
+mod l2_records;
 mod pool_import;
 mod pools;
 mod service_features;
