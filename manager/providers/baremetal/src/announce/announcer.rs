@@ -582,7 +582,12 @@ async fn renew_lease(
 pub fn trim_service(service: &mut Service) {
     let meta = &mut service.metadata;
     meta.managed_fields = None;
-    meta.annotations = None;
+    // Of the annotations only the preferred nodes are read.
+    meta.annotations = meta
+        .annotations
+        .take()
+        .and_then(|mut a| a.remove(assign::PREFERRED_NODES_ANNOTATION))
+        .map(|p| std::iter::once((assign::PREFERRED_NODES_ANNOTATION.to_string(), p)).collect());
     meta.labels = None;
     meta.owner_references = None;
     meta.finalizers = None;
@@ -645,7 +650,7 @@ mod tests {
     fn trimmed_caches_keep_what_the_election_and_the_event_read() {
         let service: Service = serde_json::from_value(json!({
             "metadata": {"name": "web", "namespace": "app", "uid": "u1", "resourceVersion": "7",
-                         "annotations": {"big": "x".repeat(4096)}, "labels": {"app": "web"},
+                         "annotations": {"big": "x".repeat(4096), assign::PREFERRED_NODES_ANNOTATION: "n2, n1"}, "labels": {"app": "web"},
                          "managedFields": [{"manager": "kubectl", "operation": "Apply"}]},
             "spec": {"type": "LoadBalancer", "loadBalancerClass": "ccm.rs/metal", "externalTrafficPolicy": "Local",
                      "selector": {"app": "web"}, "ports": [{"port": 80}], "clusterIP": "10.0.0.1"},
@@ -658,7 +663,10 @@ mod tests {
         assert!(Announced::of(&trimmed, Some("ccm.rs/metal")).is_some_and(|a| a.local));
         assert_eq!(trimmed.object_ref(&()), service.object_ref(&()), "the event's reference");
         let spec = trimmed.spec.as_ref().unwrap();
-        assert!(spec.ports.is_none() && spec.selector.is_none() && trimmed.metadata.annotations.is_none());
+        assert!(Announced::of(&trimmed, Some("ccm.rs/metal")).is_some_and(|a| a.preferred == ["n2", "n1"]));
+        assert!(spec.ports.is_none() && spec.selector.is_none());
+        let kept: Vec<&String> = trimmed.metadata.annotations.iter().flat_map(|a| a.keys()).collect();
+        assert_eq!(kept, [assign::PREFERRED_NODES_ANNOTATION], "only the annotation the election reads");
         assert!(trimmed.metadata.managed_fields.is_none());
 
         let slice: EndpointSlice = serde_json::from_value(json!({

@@ -27,6 +27,15 @@ pub type ServiceName = String;
 /// The label that ties an EndpointSlice to its Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
+/// The Service annotation naming the nodes that should answer ARP/NDP for its addresses, in
+/// order of preference (`worker-1,worker-2`); the first live eligible one answers, and without
+/// one the election decides as usual.
+pub const PREFERRED_NODES_ANNOTATION: &str = "ccm.rs/l2-preferred-nodes";
+/// The most nodes [`PREFERRED_NODES_ANNOTATION`] names that are read.
+pub const MAX_PREFERRED_NODES: usize = 16;
+/// The longest node name read from [`PREFERRED_NODES_ANNOTATION`] (an object name's limit).
+const MAX_NODE_NAME: usize = 253;
+
 /// What the announcer needs of one Service.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Announced {
@@ -34,6 +43,8 @@ pub struct Announced {
     pub addresses: Vec<IpAddr>,
     /// `externalTrafficPolicy: Local`: only nodes with a ready endpoint may announce.
     pub local: bool,
+    /// The nodes that should answer, in order ([`PREFERRED_NODES_ANNOTATION`]); empty: any.
+    pub preferred: Vec<String>,
 }
 
 impl Announced {
@@ -44,8 +55,24 @@ impl Announced {
             return None;
         }
         let local = service.spec.as_ref().and_then(|s| s.external_traffic_policy.as_deref()) == Some("Local");
-        Some(Self { addresses, local })
+        let preferred = service.metadata.annotations.as_ref().and_then(|a| a.get(PREFERRED_NODES_ANNOTATION));
+        Some(Self { addresses, local, preferred: preferred.map(|p| preferred_nodes(p)).unwrap_or_default() })
     }
+}
+
+/// The node names of a [`PREFERRED_NODES_ANNOTATION`] value: comma-separated, blanks and
+/// names longer than an object name dropped, at most [`MAX_PREFERRED_NODES`], each once.
+pub fn preferred_nodes(value: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for name in value.split(',').map(str::trim).filter(|n| !n.is_empty() && n.len() <= MAX_NODE_NAME) {
+        if out.len() == MAX_PREFERRED_NODES {
+            break;
+        }
+        if !out.iter().any(|n| n == name) {
+            out.push(name.to_string());
+        }
+    }
+    out
 }
 
 /// The nodes with a ready endpoint, per Service (`namespace/name`), from EndpointSlices. An
@@ -194,23 +221,49 @@ pub fn owned(
 ) -> BTreeMap<IpAddr, ServiceName> {
     eligibility(services, ready, live)
         .into_iter()
-        .filter(|(address, (_, nodes))| elect::elect(*address, nodes.iter().copied()) == Some(me))
-        .map(|(address, (service, _))| (address, service.clone()))
+        .filter(|(address, e)| e.winner(*address) == Some(me))
+        .map(|(address, e)| (address, e.service.clone()))
         .collect()
 }
 
-/// Per address: the first Service by name listing it, and the live nodes that may announce it.
+/// Who may answer for one address.
+struct Eligible<'a> {
+    /// The first Service by name listing the address.
+    service: &'a ServiceName,
+    /// The live nodes that may announce it.
+    nodes: BTreeSet<&'a str>,
+    /// The preferred nodes of the first Service by name that names some.
+    preferred: &'a [String],
+}
+
+impl Eligible<'_> {
+    /// The node that answers: the first preferred node that may, else the election's.
+    fn winner(&self, address: IpAddr) -> Option<&str> {
+        let preferred = self.preferred.iter().find(|p| self.nodes.contains(p.as_str())).map(String::as_str);
+        preferred.or_else(|| elect::elect(address, self.nodes.iter().copied()))
+    }
+}
+
+/// Per address: who may announce it.
 fn eligibility<'a>(
     services: &'a BTreeMap<ServiceName, Announced>,
     ready: &'a BTreeMap<ServiceName, BTreeSet<String>>,
     live: &'a BTreeSet<String>,
-) -> BTreeMap<IpAddr, (&'a ServiceName, BTreeSet<&'a str>)> {
+) -> BTreeMap<IpAddr, Eligible<'a>> {
     let none = BTreeSet::new();
-    let mut eligible: BTreeMap<IpAddr, (&ServiceName, BTreeSet<&str>)> = BTreeMap::new();
+    let mut eligible: BTreeMap<IpAddr, Eligible<'a>> = BTreeMap::new();
     for (service, announced) in services {
         let nodes: Vec<&str> = elect::eligible(live, announced.local, ready.get(service).unwrap_or(&none)).collect();
         for address in &announced.addresses {
-            eligible.entry(*address).or_insert_with(|| (service, BTreeSet::new())).1.extend(nodes.iter().copied());
+            let e = eligible.entry(*address).or_insert_with(|| Eligible {
+                service,
+                nodes: BTreeSet::new(),
+                preferred: &[],
+            });
+            e.nodes.extend(nodes.iter().copied());
+            if e.preferred.is_empty() {
+                e.preferred = &announced.preferred;
+            }
         }
     }
     eligible
@@ -245,7 +298,7 @@ pub fn stranded(
         .filter_map(|(service, announced)| {
             let endpoint_nodes: Vec<String> = ready.get(service)?.iter().cloned().collect();
             let addresses: Vec<IpAddr> = (announced.addresses.iter())
-                .filter(|a| eligible.get(*a).is_some_and(|(_, nodes)| nodes.is_empty()))
+                .filter(|a| eligible.get(*a).is_some_and(|e| e.nodes.is_empty()))
                 .copied()
                 .collect();
             (announced.local && !endpoint_nodes.is_empty() && !addresses.is_empty()).then(|| Stranded {
@@ -262,14 +315,71 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_first_live_eligible_preferred_node_answers_and_the_election_decides_without_one() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<String>>();
+        let live = set(&["w1", "w2", "w3"]);
+        let address = ip("192.0.2.1");
+        let hashed = elect::elect(address, ["w1", "w2", "w3"]).unwrap();
+        let other = ["w1", "w2", "w3"].into_iter().find(|n| *n != hashed).unwrap();
+        let service = |preferred: &[&str], local| {
+            let preferred = preferred.iter().map(|s| s.to_string()).collect();
+            BTreeMap::from([("a/web".to_string(), Announced { addresses: vec![address], local, preferred })])
+        };
+        let owner = |services: &BTreeMap<ServiceName, Announced>,
+                     ready: &BTreeMap<ServiceName, BTreeSet<String>>,
+                     live: &BTreeSet<String>| {
+            ["w1", "w2", "w3"].into_iter().find(|n| owned(n, services, ready, live).contains_key(&address))
+        };
+        let none = BTreeMap::new();
+        assert_eq!(owner(&service(&[], false), &none, &live), Some(hashed), "no preference: the election");
+        assert_eq!(owner(&service(&[other], false), &none, &live), Some(other), "the preferred node");
+        // The first preference gone: the next one; none live: the election among the live.
+        assert_eq!(owner(&service(&["gone", other], false), &none, &live), Some(other));
+        assert_eq!(owner(&service(&["gone"], false), &none, &live), Some(hashed));
+        // Local: a preferred node without a ready endpoint is not eligible.
+        let ready = BTreeMap::from([("a/web".to_string(), set(&[hashed]))]);
+        assert_eq!(owner(&service(&[other], true), &ready, &live), Some(hashed));
+        // Exactly one owner whatever the preference.
+        let owners: Vec<&str> = ["w1", "w2", "w3"]
+            .into_iter()
+            .filter(|n| owned(n, &service(&[other], false), &none, &live).contains_key(&address))
+            .collect();
+        assert_eq!(owners, [other]);
+        // Services sharing the address: the first by name that names a node decides.
+        let mut shared = service(&[], false);
+        shared.insert(
+            "b/twin".to_string(),
+            Announced { addresses: vec![address], local: false, preferred: vec![other.into()] },
+        );
+        shared.insert(
+            "c/late".to_string(),
+            Announced { addresses: vec![address], local: false, preferred: vec![hashed.into()] },
+        );
+        assert_eq!(owner(&shared, &none, &live), Some(other));
+    }
+
+    #[test]
+    fn preferred_nodes_are_read_trimmed_once_each_and_bounded() {
+        assert_eq!(preferred_nodes(" w1, w2 ,,w1 "), ["w1", "w2"]);
+        assert_eq!(preferred_nodes(""), Vec::<String>::new());
+        let many: Vec<String> = (0..40).map(|i| format!("n{i}")).collect();
+        assert_eq!(preferred_nodes(&many.join(",")).len(), MAX_PREFERRED_NODES);
+        assert_eq!(preferred_nodes(&"x".repeat(300)), Vec::<String>::new(), "longer than a node name");
+    }
+
+    #[test]
     fn a_local_service_whose_endpoints_run_where_no_announcer_lives_is_stranded() {
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
         let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<String>>();
         let services = BTreeMap::from([
-            ("a/local".to_string(), Announced { addresses: vec![ip("192.0.2.1")], local: true }),
-            ("a/cluster".to_string(), Announced { addresses: vec![ip("192.0.2.2")], local: false }),
-            ("a/idle".to_string(), Announced { addresses: vec![ip("192.0.2.3")], local: true }),
-            ("a/served".to_string(), Announced { addresses: vec![ip("192.0.2.4")], local: true }),
+            ("a/local".to_string(), Announced { addresses: vec![ip("192.0.2.1")], local: true, ..Default::default() }),
+            (
+                "a/cluster".to_string(),
+                Announced { addresses: vec![ip("192.0.2.2")], local: false, ..Default::default() },
+            ),
+            ("a/idle".to_string(), Announced { addresses: vec![ip("192.0.2.3")], local: true, ..Default::default() }),
+            ("a/served".to_string(), Announced { addresses: vec![ip("192.0.2.4")], local: true, ..Default::default() }),
         ]);
         let ready = BTreeMap::from([
             ("a/local".to_string(), set(&["w9"])),
@@ -292,7 +402,10 @@ mod tests {
         assert_eq!(stranded(&services, &ready, &BTreeSet::new()), [], "no live announcer: nobody tells");
         // An address shared with a Service a live node may answer for is answered.
         let mut shared = services.clone();
-        shared.insert("a/twin".to_string(), Announced { addresses: vec![ip("192.0.2.1")], local: false });
+        shared.insert(
+            "a/twin".to_string(),
+            Announced { addresses: vec![ip("192.0.2.1")], local: false, ..Default::default() },
+        );
         assert_eq!(stranded(&shared, &ready, &live), []);
     }
     use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, ServiceSpec, ServiceStatus};
@@ -403,7 +516,7 @@ mod tests {
         let services: BTreeMap<ServiceName, Announced> = (0..50)
             .map(|i| {
                 let addresses = vec![IpAddr::from([192, 0, 2, i]), IpAddr::from([198, 51, 100, i])];
-                (format!("ns/svc-{i}"), Announced { addresses, local: false })
+                (format!("ns/svc-{i}"), Announced { addresses, local: false, ..Default::default() })
             })
             .collect();
         let live: BTreeSet<String> = ["a", "b", "c"].map(String::from).into();
@@ -446,7 +559,12 @@ mod tests {
         let live: BTreeSet<String> = ["a", "b", "c"].map(String::from).into();
         let only_c: BTreeMap<ServiceName, BTreeSet<String>> = [("ns/web".to_string(), ["c".to_string()].into())].into();
         let addresses: Vec<IpAddr> = (1..=20).map(|i| IpAddr::from([192, 0, 2, i])).collect();
-        let web = |local| BTreeMap::from([("ns/web".to_string(), Announced { addresses: addresses.clone(), local })]);
+        let web = |local| {
+            BTreeMap::from([(
+                "ns/web".to_string(),
+                Announced { addresses: addresses.clone(), local, ..Default::default() },
+            )])
+        };
         assert_eq!(owned("c", &web(true), &only_c, &live).len(), 20, "c has the only endpoint");
         assert!(owned("a", &web(true), &only_c, &live).is_empty());
         assert!(owned("c", &web(true), &BTreeMap::new(), &live).is_empty(), "no endpoint: nobody announces");

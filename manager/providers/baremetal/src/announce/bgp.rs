@@ -848,6 +848,7 @@ mod tests {
         let service = |addresses: &[&str], local| Announced {
             addresses: addresses.iter().map(|a| a.parse().expect("ip")).collect(),
             local,
+            ..Default::default()
         };
         let announced = BTreeMap::from([
             ("ns/cluster".to_string(), service(&["203.0.113.1", "2001:db8::1"], false)),

@@ -310,8 +310,14 @@ mod tests {
     fn screening_keeps_allowed_addresses_and_names_each_refused_one_with_its_service() {
         let guard = Guard::new(&facts(), []);
         let services = BTreeMap::from([
-            ("a/web".to_string(), Announced { addresses: vec![ip("192.0.2.1"), ip("10.0.0.1")], local: false }),
-            ("b/evil".to_string(), Announced { addresses: vec![ip("198.51.100.7")], local: true }),
+            (
+                "a/web".to_string(),
+                Announced { addresses: vec![ip("192.0.2.1"), ip("10.0.0.1")], local: false, ..Default::default() },
+            ),
+            (
+                "b/evil".to_string(),
+                Announced { addresses: vec![ip("198.51.100.7")], local: true, ..Default::default() },
+            ),
         ]);
         let (allowed, refused) = screen(services, &guard);
         assert_eq!(allowed.len(), 1);

@@ -160,7 +160,7 @@ mod tests {
     }
 
     fn announced(addresses: &[&str]) -> Announced {
-        Announced { addresses: addresses.iter().map(|a| ip(a)).collect(), local: false }
+        Announced { addresses: addresses.iter().map(|a| ip(a)).collect(), local: false, ..Default::default() }
     }
 
     fn view(node: &str, owned: &[(&str, &str, i64)], live: &[&str]) -> RecordsView {

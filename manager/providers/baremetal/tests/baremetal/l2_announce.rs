@@ -412,6 +412,54 @@ mod announcer_on_the_api_server {
     }
 
     testkit::backend_tests! {
+        /// Issue 47 item 2: `ccm.rs/l2-preferred-nodes` puts the answer on the named node (here
+        /// the one the election would not pick); when it stops the election decides, and when
+        /// it is back it answers again.
+        async fn a_preferred_node_answers_hands_over_when_it_stops_and_answers_again_when_back(backend) {
+            use ccm_provider_baremetal::announce::assign::PREFERRED_NODES_ANNOTATION;
+            let cluster = TestCluster::start(backend).await.unwrap();
+            let client = cluster.client();
+            let namespace = cluster.fresh_namespace("l2pref").await.unwrap();
+            let (v4, v6) = crate::kit::pair_one_node_wins(NODES);
+            let hashed = elect::elect(v4, NODES).unwrap();
+            let preferred = NODES.into_iter().find(|n| *n != hashed).unwrap();
+            let services: Api<Service> = Api::namespaced(client.clone(), &namespace);
+            let mut svc = lb_service(&namespace, "web").with_class(CLASS);
+            svc.metadata.annotations = Some([(PREFERRED_NODES_ANNOTATION.to_string(), format!("gone-node,{preferred}"))].into());
+            services.create(&PostParams::default(), &svc).await.unwrap();
+            let status = json!({"status": {"loadBalancer": {"ingress": [
+                {"ip": v4.to_string(), "ipMode": "VIP"}, {"ip": v6.to_string(), "ipMode": "VIP"}]}}});
+            services.patch_status("web", &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+            let both: BTreeSet<IpAddr> = [v4, v6].into();
+            let none = BTreeSet::new();
+            let wait = Duration::from_secs(20);
+
+            let mut running: Vec<(&str, Running)> = NODES.iter().map(|n| (*n, start(&client, &namespace, n))).collect();
+            for (node, r) in &running {
+                let want = if *node == preferred { &both } else { &none };
+                assert!(owns(r, want, wait).await.is_some(), "{node} owns {want:?} (preferred: {preferred})");
+            }
+            let position = running.iter().position(|(n, _)| *n == preferred).unwrap();
+            let (_, stopped) = running.remove(position);
+            stopped.cancel.cancel();
+            stopped.task.await.unwrap();
+            let other = &running[0].1;
+            assert!(owns(other, &both, wait).await.is_some(), "{hashed} takes over while {preferred} is gone");
+            let back = start(&client, &namespace, preferred);
+            assert!(owns(&back, &both, wait).await.is_some(), "{preferred} answers again once back");
+            assert!(owns(other, &none, wait).await.is_some(), "{hashed} lets go");
+            // Without the annotation the election's node answers.
+            let unset = json!({"metadata": {"annotations": {PREFERRED_NODES_ANNOTATION: null}}});
+            services.patch("web", &PatchParams::default(), &Patch::Merge(&unset)).await.unwrap();
+            assert!(owns(other, &both, wait).await.is_some(), "{hashed} answers without a preference");
+            for r in [back, running.remove(0).1] {
+                r.cancel.cancel();
+                r.task.await.unwrap();
+            }
+        }
+    }
+
+    testkit::backend_tests! {
     /// Issue 45 item 3: an announcer announces only what the pools hand out. An address written
     /// by hand into a Service's status outside every pool, or a Node's address inside one, is
     /// never owned (so never answered) and never handed to BGP, and the node that would have

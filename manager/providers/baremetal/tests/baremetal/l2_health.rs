@@ -225,8 +225,11 @@ mod interface_down_on_the_api_server {
             let back = tokio::join!(reached(&c, v4, owner.into(), t1, wait), reached(&c, v6, owner.into(), t1, wait));
             let up = [(v4, back.0), (v6, back.1)].map(|(vip, took)| took.unwrap_or_else(|| panic!("{vip} never came back to {owner}")));
             let mut owner_bgp = owner_bgp.clone();
-            let advertised_again = tokio::time::timeout(wait, owner_bgp.wait_for(|a| a.addresses.len() == 2)).await;
-            assert!(advertised_again.is_ok(), "healthy again: the owner advertises both over BGP");
+            // A bool, not the `Ref`: holding the channel's read lock would block the announcer's
+            // next send (its write lock) and so its task, for good.
+            let advertised_again =
+                tokio::time::timeout(wait, owner_bgp.wait_for(|a| a.addresses.len() == 2)).await.is_ok_and(|r| r.is_ok());
+            assert!(advertised_again, "healthy again: the owner advertises both over BGP");
             let lease = leases.get(&lease_name(owner)).await.unwrap();
             assert!(!lease.metadata.annotations.unwrap_or_default().contains_key(UNHEALTHY_ANNOTATION), "healthy: the annotation is gone");
             let note = node_event(&node_events, owner, ANNOUNCER_HEALTHY).await;
