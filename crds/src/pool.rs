@@ -83,6 +83,60 @@ pub struct LoadBalancerIPPoolSpec {
     /// Only Services whose labels match may use the pool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_selector: Option<LabelSelector>,
+
+    /// How the announcers announce the pool's addresses: which Nodes, which Node first for
+    /// L2, and the BGP attributes of its routes; unset: every announcer, global attributes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub advertisement: Option<PoolAdvertisement>,
+}
+
+/// The CEL rule of a standard community: `65000:100`, two numbers from 0 to 65535.
+const COMMUNITY_RULE: &str = "self.all(c, c.matches('^[0-9]{1,5}:[0-9]{1,5}$') \
+    && int(c.split(':')[0]) <= 65535 && int(c.split(':')[1]) <= 65535)";
+/// The CEL rule of a large community: `65000:1:2`, three numbers from 0 to 4294967295.
+const LARGE_COMMUNITY_RULE: &str = "self.all(c, c.matches('^[0-9]{1,10}:[0-9]{1,10}:[0-9]{1,10}$') \
+    && c.split(':').all(n, int(n) <= 4294967295))";
+
+/// `spec.advertisement`: how a pool's addresses are announced.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolAdvertisement {
+    /// Only announcers on Nodes whose labels match answer ARP/NDP for or advertise the pool's
+    /// addresses; unset: every announcer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<LabelSelector>,
+
+    /// The Nodes that should answer ARP/NDP for the pool's addresses, in order; the first
+    /// live eligible one does (a Service's `ccm.rs/l2-preferred-nodes` comes first).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), inner(length(min = 1, max = 253)))]
+    pub l2_preferred_nodes: Vec<String>,
+
+    /// BGP attributes of the pool's routes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bgp: Option<PoolBgpAdvertisement>,
+}
+
+/// `spec.advertisement.bgp`: attributes of the pool's routes.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolBgpAdvertisement {
+    /// Standard communities (`65000:100`), added to the cloud-config's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), inner(length(max = 11)))]
+    #[x_kube(validation = kube::core::Rule::new(COMMUNITY_RULE).message("every communities entry must be two numbers from 0 to 65535, such as 65000:100"))]
+    pub communities: Vec<String>,
+
+    /// Large communities (`65000:1:2`, RFC 8092).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), inner(length(max = 32)))]
+    #[x_kube(validation = kube::core::Rule::new(LARGE_COMMUNITY_RULE).message("every largeCommunities entry must be three numbers from 0 to 4294967295, such as 65000:1:2"))]
+    pub large_communities: Vec<String>,
+
+    /// `LOCAL_PREF` of the pool's routes, in place of the cloud-config's (iBGP peers only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 4294967295_i64))]
+    pub local_pref: Option<i64>,
 }
 
 fn default_true() -> bool {
@@ -141,6 +195,11 @@ mod cel_tests {
             json!({"cidrs": ["192.0.2.0/28"]}),
             json!({"cidrs": ["2001:db8::/120"], "ranges": ["192.0.2.10-192.0.2.20"]}),
             json!({"ranges": ["2001:db8::10 - 2001:db8::20"], "autoAssign": false}),
+            json!({"cidrs": ["192.0.2.0/28"], "advertisement": {
+                "nodeSelector": {"matchLabels": {"edge": "true"}},
+                "l2PreferredNodes": ["w1"],
+                "bgp": {"communities": ["65000:100", "0:65535"], "largeCommunities": ["65000:1:4294967295"], "localPref": 200},
+            }}),
         ] {
             pool(spec.clone()).validate_cel().unwrap_or_else(|e| panic!("{spec} rejected: {e:?}"));
         }
@@ -157,6 +216,19 @@ mod cel_tests {
             (json!({"ranges": ["192.0.2.10"]}), "first-last"),
             (json!({"ranges": ["192.0.2.10-2001:db8::1"]}), "one family"),
             (json!({"ranges": ["192.0.2.10-192.0.2.300"]}), "first-last"),
+            (
+                json!({"cidrs": ["192.0.2.0/28"], "advertisement": {"bgp": {"communities": ["65000:70000"]}}}),
+                "two numbers",
+            ),
+            (json!({"cidrs": ["192.0.2.0/28"], "advertisement": {"bgp": {"communities": ["65000"]}}}), "two numbers"),
+            (
+                json!({"cidrs": ["192.0.2.0/28"], "advertisement": {"bgp": {"largeCommunities": ["1:2"]}}}),
+                "three numbers",
+            ),
+            (
+                json!({"cidrs": ["192.0.2.0/28"], "advertisement": {"bgp": {"largeCommunities": ["1:2:4294967296"]}}}),
+                "three numbers",
+            ),
         ] {
             let err = pool(spec.clone()).validate_cel().expect_err("must be rejected");
             assert!(format!("{err:?}").contains(needle), "{spec}: expected {needle:?} in {err:?}");

@@ -223,6 +223,10 @@ pub struct PoolConfig {
     /// [`crate::ports`]).
     #[serde(default)]
     pub allowed_ports: Option<Vec<String>>,
+    /// How the announcers announce the pool's addresses: which nodes, which node first for
+    /// L2, and the BGP attributes of its routes (docs/datapath.md, "Advertisement per pool").
+    #[serde(default)]
+    pub advertisement: Option<crate::advertisement::PolicyConfig>,
 }
 
 /// A port rule on its own: `minPort` and `allowedPorts`, as a pool has them.
@@ -592,6 +596,16 @@ pub fn build_pools(config: &LoadBalancerConfig) -> Result<Vec<Pool>, ConfigError
             validate_selector(selector, &path.field("serviceSelector"))?;
         }
         let ports = port_rule(pool.min_port, pool.allowed_ports.as_deref(), &path)?;
+        let policy = match &pool.advertisement {
+            None => Default::default(),
+            Some(advertisement) => {
+                let at = path.field("advertisement");
+                if let Some(selector) = &advertisement.node_selector {
+                    validate_selector(selector, &at.field("nodeSelector"))?;
+                }
+                advertisement.check(&at).map_err(|p| DocumentError::invalid(p.field, p.message))?
+            }
+        };
         pools.push(Pool {
             name: pool.name.clone(),
             blocks,
@@ -603,6 +617,7 @@ pub fn build_pools(config: &LoadBalancerConfig) -> Result<Vec<Pool>, ConfigError
             allow_sharing: pool.allow_sharing,
             ports,
             disabled: false,
+            policy,
         });
     }
     Ok(pools)
@@ -1010,6 +1025,36 @@ pub(crate) mod tests {
     fn invalid_pool_namespace_is_named() {
         let doc = "loadBalancer:\n  pools:\n    - {name: a, cidrs: [10.0.0.0/24], namespaces: [Team_A]}\n";
         assert_names(doc, "loadBalancer.pools[0].namespaces[0]");
+    }
+
+    #[test]
+    fn a_pools_advertisement_is_read_and_its_mistakes_are_named() {
+        let base = "loadBalancer:\n  pools:\n    - name: a\n      cidrs: [10.0.0.0/24]\n      advertisement:\n";
+        let pools = pools_of(&format!(
+            "{base}        nodeSelector: {{matchLabels: {{edge: 'true'}}}}\n        l2PreferredNodes: [w2, w1]\n\
+             \x20       bgp: {{communities: ['65000:7'], largeCommunities: ['65000:1:2'], localPref: 300}}\n"
+        ));
+        let policy = &pools[0].policy;
+        assert_eq!(policy.preferred, ["w2", "w1"]);
+        assert_eq!((policy.route.communities.as_slice(), policy.route.local_pref), (&[(65000, 7)][..], Some(300)));
+        assert_eq!(policy.route.large_communities, [(65000, 1, 2)]);
+        assert!(policy.node_selector.as_ref().is_some_and(|s| s.match_labels["edge"] == "true"));
+        assert_eq!(pools_of(POOL)[0].policy, Default::default(), "no advertisement: no policy");
+        for (extra, field) in [
+            ("        bgp: {communities: ['65000:70000']}\n", "loadBalancer.pools[0].advertisement.bgp.communities[0]"),
+            (
+                "        bgp: {largeCommunities: ['1:2']}\n",
+                "loadBalancer.pools[0].advertisement.bgp.largeCommunities[0]",
+            ),
+            ("        l2PreferredNodes: [w1, w1]\n", "loadBalancer.pools[0].advertisement.l2PreferredNodes[1]"),
+            (
+                "        nodeSelector: {matchExpressions: [{key: edge, operator: In}]}\n",
+                "loadBalancer.pools[0].advertisement.nodeSelector.matchExpressions[0].values",
+            ),
+            ("        interfaces: [eth1]\n", "loadBalancer.pools[0].advertisement: has an unknown field"),
+        ] {
+            assert_names(&format!("{base}{extra}"), field);
+        }
     }
 
     #[test]

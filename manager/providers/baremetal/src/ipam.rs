@@ -343,6 +343,8 @@ pub struct Pool {
     /// Hands out no address, not even a requested one (a disabled Cilium pool): Services keep
     /// those they hold.
     pub disabled: bool,
+    /// How its addresses are announced (`advertisement`); the default: by every announcer.
+    pub policy: crate::advertisement::PoolPolicy,
 }
 
 impl Pool {
@@ -1217,6 +1219,7 @@ pub(crate) fn test_pool(name: &str, blocks: &[&str]) -> Pool {
         allow_sharing: false,
         ports: Default::default(),
         disabled: false,
+        policy: Default::default(),
     }
 }
 

@@ -8,6 +8,7 @@
 //! `loadBalancer.mode: proxy` the leader also carries the traffic itself (see [`proxy`]).
 
 pub mod admission;
+pub mod advertisement;
 pub mod announce;
 pub mod capabilities;
 pub mod config;

@@ -377,6 +377,7 @@ pub(crate) fn spec_with(cidrs: Vec<String>, ranges: Vec<String>) -> LoadBalancer
         namespaces: Vec::new(),
         namespace_selector: None,
         service_selector: None,
+        advertisement: None,
     }
 }
 

@@ -10,11 +10,15 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crds::pool::{FamilyUsage, LoadBalancerIPPool, LoadBalancerIPPoolStatus, MAX_POOL_ENTRIES, MAX_POOL_NAMESPACES};
+use ccm_framework::safe_yaml::FieldPath;
+use crds::pool::{
+    FamilyUsage, LoadBalancerIPPool, LoadBalancerIPPoolStatus, MAX_POOL_ENTRIES, MAX_POOL_NAMESPACES, PoolAdvertisement,
+};
 use crds::reasons::ip_pool;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
 use kube::ResourceExt;
 
+use crate::advertisement::{BgpPolicyConfig, PolicyConfig, PoolPolicy};
 use crate::ipam::{Family, IpBlock, Pool};
 use crate::selector::{LabelSelectorConfig, SelectorOperator, SelectorRequirement};
 
@@ -95,6 +99,7 @@ pub fn to_pool(resource: &LoadBalancerIPPool) -> Result<Pool, Verdict> {
     if blocks.is_empty() {
         return Err(invalid("the pool needs at least one entry in spec.cidrs or spec.ranges".to_string()));
     }
+    let policy = spec.advertisement.as_ref().map(policy).transpose()?.unwrap_or_default();
     Ok(Pool {
         name: resource.name_any(),
         blocks,
@@ -106,7 +111,32 @@ pub fn to_pool(resource: &LoadBalancerIPPool) -> Result<Pool, Verdict> {
         allow_sharing: spec.allow_sharing,
         ports: Default::default(),
         disabled: false,
+        policy,
     })
+}
+
+/// `spec.advertisement`, checked as a cloud-config pool's is.
+fn policy(advertisement: &PoolAdvertisement) -> Result<PoolPolicy, Verdict> {
+    let at = FieldPath::root().field("spec").field("advertisement");
+    let bgp = advertisement.bgp.as_ref();
+    let local_pref = match bgp.and_then(|b| b.local_pref) {
+        None => None,
+        Some(pref) => Some(u32::try_from(pref).map_err(|_| {
+            invalid("spec.advertisement.bgp.localPref must be a number from 0 to 4294967295".to_string())
+        })?),
+    };
+    let config = PolicyConfig {
+        node_selector: (advertisement.node_selector.as_ref())
+            .map(|s| selector(s, "advertisement.nodeSelector"))
+            .transpose()?,
+        l2_preferred_nodes: advertisement.l2_preferred_nodes.clone(),
+        bgp: bgp.map(|b| BgpPolicyConfig {
+            communities: b.communities.clone(),
+            large_communities: b.large_communities.clone(),
+            local_pref,
+        }),
+    };
+    config.check(&at).map_err(|p| invalid(format!("{} {}", p.field, p.message)))
 }
 
 /// The pools to hand out and the verdict on every resource.
@@ -256,6 +286,7 @@ mod tests {
                 namespaces: vec![],
                 namespace_selector: None,
                 service_selector: None,
+                advertisement: None,
             },
             status: None,
         }
@@ -265,6 +296,48 @@ mod tests {
         let mut p = to_pool(&resource(name, 0, &[cidr], &[])).unwrap();
         p.auto_assign = true;
         p
+    }
+
+    #[test]
+    fn a_resources_advertisement_becomes_the_pools_policy_and_a_wrong_one_names_the_field() {
+        use crds::pool::{PoolAdvertisement, PoolBgpAdvertisement};
+        let mut r = resource("edge", 1, &["192.0.2.0/28"], &[]);
+        r.spec.advertisement = Some(PoolAdvertisement {
+            node_selector: Some(LabelSelector {
+                match_labels: Some(BTreeMap::from([("edge".to_string(), "true".to_string())])),
+                ..Default::default()
+            }),
+            l2_preferred_nodes: vec!["w3".into()],
+            bgp: Some(PoolBgpAdvertisement {
+                communities: vec!["65000:7".into()],
+                large_communities: vec!["65000:1:2".into()],
+                local_pref: Some(250),
+            }),
+        });
+        let policy = to_pool(&r).unwrap().policy;
+        assert_eq!(policy.preferred, ["w3"]);
+        assert_eq!(policy.route.local_pref, Some(250));
+        assert_eq!(policy.route.large_communities, [(65000, 1, 2)]);
+        assert!(policy.node_selector.is_some_and(|s| s.match_labels["edge"] == "true"));
+        // An API server without the CRD's rules (an older CRD) lets these through; the pool is
+        // then refused, naming the field.
+        let bgp = |communities: Vec<String>, local_pref| PoolAdvertisement {
+            bgp: Some(PoolBgpAdvertisement { communities, large_communities: vec![], local_pref }),
+            ..Default::default()
+        };
+        for (advertisement, needle) in [
+            (bgp(vec!["65000:70000".into()], None), "spec.advertisement.bgp.communities[0] must be a BGP community"),
+            (bgp(vec![], Some(1 << 40)), "spec.advertisement.bgp.localPref must be a number"),
+            (
+                PoolAdvertisement { l2_preferred_nodes: vec!["a,b".into()], ..Default::default() },
+                "spec.advertisement.l2PreferredNodes[0] must be a node name",
+            ),
+        ] {
+            r.spec.advertisement = Some(advertisement);
+            let verdict = to_pool(&r).expect_err(needle);
+            assert!(verdict.message.contains(needle), "{}", verdict.message);
+            assert_eq!(verdict.reason, ip_pool::INVALID_ENTRY);
+        }
     }
 
     #[test]

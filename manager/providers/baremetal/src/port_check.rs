@@ -108,6 +108,7 @@ mod tests {
             allow_sharing: false,
             ports,
             disabled: false,
+            policy: Default::default(),
         }
     }
 

@@ -7,7 +7,7 @@ use ccm_framework::safe_yaml::unique_string_map;
 use serde::Deserialize;
 
 /// A label selector (the Kubernetes shape).
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct LabelSelectorConfig {
     /// Labels that must be present with these values.
@@ -35,7 +35,7 @@ impl LabelSelectorConfig {
 }
 
 /// One set-based selector requirement.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SelectorRequirement {
     /// The label key.

@@ -35,6 +35,7 @@ use super::bgp::Advertisement;
 use super::bgp_sessions::{self, Change, Session, Tracker};
 use super::guard::{self, Facts, Guard, Reports};
 use super::health::{Health, UNHEALTHY_ANNOTATION};
+use super::policy::{self, AddressPolicies};
 use super::records::{self, RecordsView};
 use super::reflect::reflect;
 use super::remind::Reminder;
@@ -281,11 +282,19 @@ pub async fn run(
             report_refusals(&due, &refused, &settings, &live, &service_store, events.as_ref());
         }
         let ready = assign::ready_nodes(slice_store.state().iter().map(|s| s.as_ref()));
+        let policies = match facts.as_deref() {
+            Some(f) if !f.policies.is_empty() => policy::resolve(
+                &f.policies,
+                announced.values().flat_map(|a| a.addresses.iter().copied()),
+                &node_labels(&node_store),
+            ),
+            _ => AddressPolicies::default(),
+        };
         // Unhealthy: nothing owned, nothing advertised, whatever the Leases say.
         let healthy = reason.is_none();
         // One node per cluster (the first live by name) tells of addresses nobody may answer.
         if healthy && live.first() == Some(&settings.node) && facts.as_deref().is_some_and(|f| f.complete) {
-            let found = assign::stranded(&announced, &ready, &live);
+            let found = assign::stranded(&announced, &ready, &live, &policies);
             let due = stranded_reports.due(
                 found.into_iter().map(|s| (s.service.clone(), s)).collect(),
                 now,
@@ -293,11 +302,15 @@ pub async fn run(
             );
             report_stranded(&due, &settings, &service_store, events.as_ref());
         }
-        let next = if healthy { assign::owned(&settings.node, &announced, &ready, &live) } else { BTreeMap::new() };
+        let next =
+            if healthy { assign::owned(&settings.node, &announced, &ready, &live, &policies) } else { BTreeMap::new() };
         if let Some(bgp) = &settings.bgp {
-            let addresses =
-                if healthy { super::bgp::advertised(&settings.node, &announced, &ready) } else { Default::default() };
-            let set = Advertisement { addresses, prefixes: guard.prefixes() };
+            let addresses = if healthy {
+                super::bgp::advertised(&settings.node, &announced, &ready, &policies)
+            } else {
+                Default::default()
+            };
+            let set = Advertisement { addresses, prefixes: guard.prefixes(), routes: policies.routes() };
             bgp.send_if_modified(|current| {
                 let changed = *current != set;
                 if changed {
@@ -498,6 +511,11 @@ fn report_sessions(settings: &AnnouncerSettings, changes: &[Change], nodes: &Sto
     }
 }
 
+/// Every Node's labels, for pools' node selectors.
+fn node_labels(nodes: &Store<Node>) -> BTreeMap<String, BTreeMap<String, String>> {
+    nodes.state().iter().map(|n| (n.name_any(), n.metadata.labels.clone().unwrap_or_default())).collect()
+}
+
 /// Every address the Nodes report.
 fn node_addresses(nodes: &Store<Node>) -> Vec<IpAddr> {
     nodes
@@ -604,11 +622,10 @@ pub fn trim_service(service: &mut Service) {
     }
 }
 
-/// Nodes: their name and addresses.
+/// Nodes: their name, labels (pools' node selectors) and addresses.
 pub fn trim_node(node: &mut Node) {
     node.metadata.managed_fields = None;
     node.metadata.annotations = None;
-    node.metadata.labels = None;
     node.metadata.owner_references = None;
     node.spec = None;
     if let Some(status) = node.status.as_mut() {

@@ -12,6 +12,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use tokio::time::Instant;
 
 use super::elect;
+use super::policy::AddressPolicies;
 
 /// Ingress addresses read from one Service at most (the API server allows more; an announcer
 /// must not be made to hold an unbounded list).
@@ -212,14 +213,16 @@ impl Liveness {
 /// Services share an address), elected over the `live` announcers. For a Service with
 /// `externalTrafficPolicy: Local` only live nodes in `ready` (its nodes with a ready endpoint)
 /// may announce; an address shared by several Services may be announced by any node one of
-/// them allows.
+/// them allows. An address whose pool has a node selector is announced only by a node it
+/// selects, and its pool's preferred nodes come after the Service's (`policies`).
 pub fn owned(
     me: &str,
     services: &BTreeMap<ServiceName, Announced>,
     ready: &BTreeMap<ServiceName, BTreeSet<String>>,
     live: &BTreeSet<String>,
+    policies: &AddressPolicies,
 ) -> BTreeMap<IpAddr, ServiceName> {
-    eligibility(services, ready, live)
+    eligibility(services, ready, live, policies)
         .into_iter()
         .filter(|(address, e)| e.winner(*address) == Some(me))
         .map(|(address, e)| (address, e.service.clone()))
@@ -232,7 +235,7 @@ struct Eligible<'a> {
     service: &'a ServiceName,
     /// The live nodes that may announce it.
     nodes: BTreeSet<&'a str>,
-    /// The preferred nodes of the first Service by name that names some.
+    /// The preferred nodes of the first Service by name that names some, else its pool's.
     preferred: &'a [String],
 }
 
@@ -249,6 +252,7 @@ fn eligibility<'a>(
     services: &'a BTreeMap<ServiceName, Announced>,
     ready: &'a BTreeMap<ServiceName, BTreeSet<String>>,
     live: &'a BTreeSet<String>,
+    policies: &'a AddressPolicies,
 ) -> BTreeMap<IpAddr, Eligible<'a>> {
     let none = BTreeSet::new();
     let mut eligible: BTreeMap<IpAddr, Eligible<'a>> = BTreeMap::new();
@@ -260,10 +264,15 @@ fn eligibility<'a>(
                 nodes: BTreeSet::new(),
                 preferred: &[],
             });
-            e.nodes.extend(nodes.iter().copied());
+            e.nodes.extend(nodes.iter().copied().filter(|n| policies.allows(*address, n)));
             if e.preferred.is_empty() {
                 e.preferred = &announced.preferred;
             }
+        }
+    }
+    for (address, e) in &mut eligible {
+        if e.preferred.is_empty() {
+            e.preferred = policies.preferred(*address);
         }
     }
     eligible
@@ -271,7 +280,8 @@ fn eligibility<'a>(
 
 /// An address no live announcer may answer for although its Service has ready endpoints:
 /// `externalTrafficPolicy: Local` with every ready endpoint on nodes without a live announcer
-/// (a misplaced `nodeSelector`, or announcers down there), so its traffic reaches no node.
+/// (a misplaced `nodeSelector`, announcers down there, or a pool's node selector choosing
+/// none of those nodes), so its traffic reaches no node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stranded {
     /// The Service.
@@ -288,11 +298,12 @@ pub fn stranded(
     services: &BTreeMap<ServiceName, Announced>,
     ready: &BTreeMap<ServiceName, BTreeSet<String>>,
     live: &BTreeSet<String>,
+    policies: &AddressPolicies,
 ) -> Vec<Stranded> {
     if live.is_empty() {
         return Vec::new();
     }
-    let eligible = eligibility(services, ready, live);
+    let eligible = eligibility(services, ready, live, policies);
     services
         .iter()
         .filter_map(|(service, announced)| {
@@ -314,6 +325,86 @@ pub fn stranded(
 mod tests {
     use super::*;
 
+    fn none_policy() -> AddressPolicies {
+        AddressPolicies::default()
+    }
+
+    #[test]
+    fn a_pools_node_selector_bounds_who_answers_and_its_preferred_node_answers_first() {
+        use super::super::policy::{PolicyBlocks, resolve};
+        use crate::advertisement::PoolPolicy;
+        use crate::selector::LabelSelectorConfig;
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<String>>();
+        let edge = |yes: bool| BTreeMap::from([("edge".to_string(), yes.to_string())]);
+        let labels = BTreeMap::from([
+            ("w1".to_string(), edge(false)),
+            ("w2".to_string(), edge(true)),
+            ("w3".to_string(), edge(true)),
+        ]);
+        let pool = |preferred: &[&str]| PolicyBlocks {
+            pool: "edge".into(),
+            blocks: vec![crate::ipam::IpBlock::parse_cidr("192.0.2.0/28").unwrap()],
+            policy: PoolPolicy {
+                node_selector: Some(LabelSelectorConfig {
+                    match_labels: BTreeMap::from([("edge".to_string(), "true".to_string())]),
+                    ..Default::default()
+                }),
+                preferred: preferred.iter().map(|s| s.to_string()).collect(),
+                ..Default::default()
+            },
+        };
+        let addresses: Vec<IpAddr> = (1..=12).map(|i| ip(&format!("192.0.2.{i}"))).collect();
+        let outside = ip("198.51.100.1");
+        let service = |local, preferred: Vec<String>| {
+            let mut all = addresses.clone();
+            all.push(outside);
+            BTreeMap::from([("a/web".to_string(), Announced { addresses: all, local, preferred })])
+        };
+        let live = set(&["w1", "w2", "w3"]);
+        let none = BTreeMap::new();
+        let policies =
+            resolve(&[pool(&[])], service(false, vec![]).values().flat_map(|a| a.addresses.clone()), &labels);
+        let owners =
+            |services: &BTreeMap<ServiceName, Announced>, live: &BTreeSet<String>, policies: &AddressPolicies| {
+                let mut by: BTreeMap<IpAddr, Vec<&str>> = BTreeMap::new();
+                for node in ["w1", "w2", "w3"] {
+                    for address in owned(node, services, &none, live, policies).into_keys() {
+                        by.entry(address).or_default().push(node);
+                    }
+                }
+                by
+            };
+        let by = owners(&service(false, vec![]), &live, &policies);
+        for address in &addresses {
+            assert!(matches!(by[address].as_slice(), ["w2"] | ["w3"]), "{address}: {:?}", by[address]);
+        }
+        assert_eq!(by[&outside].len(), 1, "an address outside the pool: any one node");
+        // The pool's preferred node answers every address of the pool; gone, the selected others.
+        let preferring = resolve(&[pool(&["w3"])], addresses.iter().copied(), &labels);
+        let by = owners(&service(false, vec![]), &live, &preferring);
+        assert!(addresses.iter().all(|a| by[a] == ["w3"]), "{by:?}");
+        let by = owners(&service(false, vec![]), &set(&["w1", "w2"]), &preferring);
+        assert!(addresses.iter().all(|a| by[a] == ["w2"]), "{by:?}");
+        // A Service's own preference comes first, within the pool's nodes.
+        let by = owners(&service(false, vec!["w2".into()]), &live, &preferring);
+        assert!(addresses.iter().all(|a| by[a] == ["w2"]), "{by:?}");
+        // Local with its only endpoint where the pool allows no node: stranded, nobody answers.
+        let ready = BTreeMap::from([("a/web".to_string(), set(&["w1"]))]);
+        let local = service(true, vec![]);
+        assert!(
+            ["w1", "w2", "w3"].iter().all(|n| owned(n, &local, &ready, &live, &policies).keys().all(|a| *a == outside))
+        );
+        let found = stranded(&local, &ready, &live, &policies);
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].addresses, addresses, "the pool's addresses, not the one outside it");
+        // BGP: only selected nodes advertise the pool's addresses.
+        let w1 = super::super::bgp::advertised("w1", &service(false, vec![]), &none, &policies);
+        assert_eq!(w1, BTreeSet::from([outside]));
+        let w2 = super::super::bgp::advertised("w2", &service(false, vec![]), &none, &policies);
+        assert_eq!(w2.len(), 13);
+    }
+
     #[test]
     fn the_first_live_eligible_preferred_node_answers_and_the_election_decides_without_one() {
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
@@ -329,7 +420,9 @@ mod tests {
         let owner = |services: &BTreeMap<ServiceName, Announced>,
                      ready: &BTreeMap<ServiceName, BTreeSet<String>>,
                      live: &BTreeSet<String>| {
-            ["w1", "w2", "w3"].into_iter().find(|n| owned(n, services, ready, live).contains_key(&address))
+            ["w1", "w2", "w3"]
+                .into_iter()
+                .find(|n| owned(n, services, ready, live, &none_policy()).contains_key(&address))
         };
         let none = BTreeMap::new();
         assert_eq!(owner(&service(&[], false), &none, &live), Some(hashed), "no preference: the election");
@@ -343,7 +436,7 @@ mod tests {
         // Exactly one owner whatever the preference.
         let owners: Vec<&str> = ["w1", "w2", "w3"]
             .into_iter()
-            .filter(|n| owned(n, &service(&[other], false), &none, &live).contains_key(&address))
+            .filter(|n| owned(n, &service(&[other], false), &none, &live, &none_policy()).contains_key(&address))
             .collect();
         assert_eq!(owners, [other]);
         // Services sharing the address: the first by name that names a node decides.
@@ -388,7 +481,7 @@ mod tests {
             ("a/served".to_string(), set(&["w1", "w9"])),
         ]);
         let live = set(&["w1", "w2"]);
-        let got = stranded(&services, &ready, &live);
+        let got = stranded(&services, &ready, &live, &none_policy());
         // Cluster: any live node answers; no ready endpoint: nothing to tell; one endpoint on
         // an announcer's node: answered there.
         assert_eq!(
@@ -399,14 +492,18 @@ mod tests {
                 endpoint_nodes: vec!["w9".into()]
             }]
         );
-        assert_eq!(stranded(&services, &ready, &BTreeSet::new()), [], "no live announcer: nobody tells");
+        assert_eq!(
+            stranded(&services, &ready, &BTreeSet::new(), &none_policy()),
+            [],
+            "no live announcer: nobody tells"
+        );
         // An address shared with a Service a live node may answer for is answered.
         let mut shared = services.clone();
         shared.insert(
             "a/twin".to_string(),
             Announced { addresses: vec![ip("192.0.2.1")], local: false, ..Default::default() },
         );
-        assert_eq!(stranded(&shared, &ready, &live), []);
+        assert_eq!(stranded(&shared, &ready, &live, &none_policy()), []);
     }
     use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, ServiceSpec, ServiceStatus};
 
@@ -522,13 +619,13 @@ mod tests {
         let live: BTreeSet<String> = ["a", "b", "c"].map(String::from).into();
         let mut seen = BTreeMap::new();
         for node in &live {
-            for (address, service) in owned(node, &services, &BTreeMap::new(), &live) {
+            for (address, service) in owned(node, &services, &BTreeMap::new(), &live, &none_policy()) {
                 assert!(seen.insert(address, node.clone()).is_none(), "{address} owned twice");
                 assert!(services[&service].addresses.contains(&address));
             }
         }
         assert_eq!(seen.len(), 100);
-        assert!(owned("not-live", &services, &BTreeMap::new(), &live).is_empty());
+        assert!(owned("not-live", &services, &BTreeMap::new(), &live, &none_policy()).is_empty());
     }
 
     fn slice(service: &str, endpoints: &[(&str, Option<bool>)]) -> EndpointSlice {
@@ -565,9 +662,12 @@ mod tests {
                 Announced { addresses: addresses.clone(), local, ..Default::default() },
             )])
         };
-        assert_eq!(owned("c", &web(true), &only_c, &live).len(), 20, "c has the only endpoint");
-        assert!(owned("a", &web(true), &only_c, &live).is_empty());
-        assert!(owned("c", &web(true), &BTreeMap::new(), &live).is_empty(), "no endpoint: nobody announces");
-        assert!(owned("c", &web(false), &only_c, &live).len() < 20, "Cluster: every live node may");
+        assert_eq!(owned("c", &web(true), &only_c, &live, &none_policy()).len(), 20, "c has the only endpoint");
+        assert!(owned("a", &web(true), &only_c, &live, &none_policy()).is_empty());
+        assert!(
+            owned("c", &web(true), &BTreeMap::new(), &live, &none_policy()).is_empty(),
+            "no endpoint: nobody announces"
+        );
+        assert!(owned("c", &web(false), &only_c, &live, &none_policy()).len() < 20, "Cluster: every live node may");
     }
 }

@@ -19,6 +19,8 @@ use ipnet::IpNet;
 use serde::{Deserialize, Deserializer};
 
 use super::assign::{Announced, ServiceName};
+use super::policy::AddressPolicies;
+use crate::advertisement::RouteAttributes;
 
 /// Peers one node may have: enough for a pair of top-of-rack routers per family, with room.
 pub const MAX_PEERS: usize = 16;
@@ -84,7 +86,7 @@ pub const BFD_MULTIHOP: &str = "needs a directly connected peer: BIRD runs multi
 /// The message of a graceful-restart time out of range.
 pub const BAD_RESTART_TIME: &str = "must be whole seconds from 1s to 4095s (RFC 4724), such as 120s";
 /// The message of a malformed community.
-pub const BAD_COMMUNITY: &str = "must be a BGP community written as two numbers from 0 to 65535, such as 65000:100";
+pub const BAD_COMMUNITY: &str = crate::advertisement::BAD_COMMUNITY;
 /// The message of a community list beyond [`MAX_COMMUNITIES`].
 pub const TOO_MANY_COMMUNITIES: &str = "lists more than 16 communities";
 
@@ -298,7 +300,7 @@ impl BgpConfig {
             return invalid(communities, TOO_MANY_COMMUNITIES);
         }
         for (i, community) in self.communities.iter().enumerate() {
-            if parse_community(community).is_none() {
+            if crate::advertisement::parse_community(community).is_none() {
                 return invalid(communities.index(i), BAD_COMMUNITY);
             }
         }
@@ -372,13 +374,6 @@ fn hold_seconds(hold: Duration) -> Option<u64> {
     (whole && (secs == 0 || (3..=65535).contains(&secs))).then_some(secs)
 }
 
-/// `65000:100` as its two halves.
-fn parse_community(text: &str) -> Option<(u16, u16)> {
-    let (high, low) = text.split_once(':')?;
-    let number = |part: &str| if part.bytes().all(|b| b.is_ascii_digit()) { part.parse::<u16>().ok() } else { None };
-    Some((number(high)?, number(low)?))
-}
-
 /// What the renderer needs to know about the node it runs on.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeFacts {
@@ -447,6 +442,8 @@ pub struct Advertisement {
     pub addresses: BTreeSet<IpAddr>,
     /// The pools as CIDRs.
     pub prefixes: Vec<IpNet>,
+    /// Attributes of the routes whose pool sets some ([`super::policy`]).
+    pub routes: BTreeMap<IpAddr, RouteAttributes>,
 }
 
 /// The BIRD config text announcing `advertisement` to the configured peers. Deterministic: the
@@ -459,7 +456,8 @@ pub struct Advertisement {
 /// kube-proxy or the proxy data path takes the traffic. Each peer exports only its family's
 /// host routes from that static protocol, and only those inside a pool prefix (a second check
 /// after the announcer's, in BIRD itself); it imports nothing. An address outside every prefix
-/// is not rendered at all.
+/// is not rendered at all. A route whose pool sets attributes carries them from the static
+/// protocol (its communities beside the global ones, its `LOCAL_PREF` in place of the global).
 pub fn render(
     config: &BgpConfig,
     node: &NodeFacts,
@@ -485,11 +483,19 @@ pub fn render(
         let addresses = advertisement.addresses.iter().filter(|a| a.is_ipv4() == v4 && announceable(**a));
         for address in addresses.filter(|a| in_pools(a)) {
             let len = if v4 { 32 } else { 128 };
-            let _ = writeln!(out, "  route {address}/{len} blackhole;");
+            match advertisement.routes.get(address).filter(|r| !r.is_empty()) {
+                None => {
+                    let _ = writeln!(out, "  route {address}/{len} blackhole;");
+                }
+                Some(route) => {
+                    let _ = writeln!(out, "  route {address}/{len} blackhole {{ {}}};", route_commands(route));
+                }
+            }
         }
         let _ = writeln!(out, "}}\n");
     }
-    let communities: Vec<(u16, u16)> = config.communities.iter().filter_map(|c| parse_community(c)).collect();
+    let communities: Vec<(u16, u16)> =
+        config.communities.iter().filter_map(|c| crate::advertisement::parse_community(c)).collect();
     for (filter, source, v4) in [(FILTER_V4, STATIC_V4, true), (FILTER_V6, STATIC_V6, false)] {
         let (len, family): (u8, Vec<&IpNet>) = if v4 {
             (32, prefixes.iter().filter(|p| matches!(p, IpNet::V4(_))).collect())
@@ -504,7 +510,12 @@ pub fn render(
                 let _ = writeln!(out, "    bgp_community.add(({high}, {low}));");
             }
             if let Some(pref) = config.local_pref {
-                let _ = writeln!(out, "    bgp_local_pref = {pref};");
+                // A pool's own LOCAL_PREF, set on its routes, wins over the global one.
+                if advertisement.routes.values().any(|r| r.local_pref.is_some()) {
+                    let _ = writeln!(out, "    if !defined(bgp_local_pref) then bgp_local_pref = {pref};");
+                } else {
+                    let _ = writeln!(out, "    bgp_local_pref = {pref};");
+                }
             }
             let _ = writeln!(out, "    accept;\n  }}");
         }
@@ -554,6 +565,21 @@ pub fn render(
     Ok(out)
 }
 
+/// BIRD filter commands setting `route`'s attributes, each followed by a space.
+fn route_commands(route: &RouteAttributes) -> String {
+    let mut out = String::new();
+    for (high, low) in &route.communities {
+        let _ = write!(out, "bgp_community.add(({high}, {low})); ");
+    }
+    for (a, b, c) in &route.large_communities {
+        let _ = write!(out, "bgp_large_community.add(({a}, {b}, {c})); ");
+    }
+    if let Some(pref) = route.local_pref {
+        let _ = write!(out, "bgp_local_pref = {pref}; ");
+    }
+    out
+}
+
 /// The static protocol holding the IPv4 host routes.
 pub const STATIC_V4: &str = "ccm_v4";
 /// The static protocol holding the IPv6 host routes.
@@ -572,17 +598,19 @@ pub fn protocol_name(address: IpAddr) -> String {
 /// `externalTrafficPolicy: Cluster` Service (every node advertises it; the router spreads the
 /// traffic by ECMP and kube-proxy forwards it), and of a `Local` Service only while this node
 /// has a ready endpoint for it, so no traffic arrives where it would be dropped. An address two
-/// Services share is advertised when either wants it.
+/// Services share is advertised when either wants it. An address whose pool's node selector
+/// leaves this node out is not advertised from it (`policies`).
 pub fn advertised(
     me: &str,
     announced: &BTreeMap<ServiceName, Announced>,
     ready: &BTreeMap<ServiceName, BTreeSet<String>>,
+    policies: &AddressPolicies,
 ) -> BTreeSet<IpAddr> {
     announced
         .iter()
         .filter(|(name, service)| !service.local || ready.get(*name).is_some_and(|nodes| nodes.contains(me)))
         .flat_map(|(_, service)| service.addresses.iter().copied())
-        .filter(|address| announceable(*address))
+        .filter(|address| announceable(*address) && policies.allows(*address, me))
         .collect()
 }
 
@@ -769,7 +797,7 @@ mod tests {
     /// `set` with pool prefixes holding the test addresses.
     fn adv(set: BTreeSet<IpAddr>) -> Advertisement {
         let prefixes = ["203.0.113.0/24", "2001:db8::/64", "127.0.0.0/8"].map(|p| p.parse().expect("prefix")).to_vec();
-        Advertisement { addresses: set, prefixes }
+        Advertisement { addresses: set, prefixes, ..Default::default() }
     }
 
     #[test]
@@ -832,8 +860,11 @@ mod tests {
     fn only_host_routes_inside_the_pools_are_rendered_and_the_export_filter_admits_only_those() {
         let node = NodeFacts { ipv4: Some(Ipv4Addr::new(10, 0, 0, 1)) };
         let prefixes = vec!["203.0.113.0/28".parse().expect("prefix")];
-        let advertisement =
-            Advertisement { addresses: addresses(&["203.0.113.5", "198.51.100.7", "2001:db8::1"]), prefixes };
+        let advertisement = Advertisement {
+            addresses: addresses(&["203.0.113.5", "198.51.100.7", "2001:db8::1"]),
+            prefixes,
+            ..Default::default()
+        };
         let text = render(&two_peers(), &node, &BTreeMap::new(), &advertisement).expect("render");
         assert!(text.contains("route 203.0.113.5/32 blackhole;"), "{text}");
         assert!(!text.contains("198.51.100.7") && !text.contains("2001:db8::1/128"), "outside every pool: {text}");
@@ -841,6 +872,36 @@ mod tests {
         assert_eq!(v6, "filter ccm_export_v6 {\n  reject;\n}", "no IPv6 pool: nothing IPv6 leaves the node");
         let v4 = block(&text, "filter ccm_export_v4 {");
         assert!(v4.contains("net ~ [ 203.0.113.0/28{32,32} ]"), "{v4}");
+    }
+
+    #[test]
+    fn a_pools_route_attributes_ride_on_its_routes_and_its_local_pref_wins_over_the_global_one() {
+        let node = NodeFacts { ipv4: Some(Ipv4Addr::new(10, 0, 0, 1)) };
+        let config = parse(
+            "localAsn: 64512\ncommunities: ['65000:100']\nlocalPref: 150\npeers:\n- address: 10.0.0.2\n  asn: 64512\n",
+        )
+        .expect("valid");
+        let mut advertisement = adv(addresses(&["203.0.113.5", "203.0.113.6", "2001:db8::1"]));
+        let route = RouteAttributes {
+            communities: vec![(65000, 7)],
+            large_communities: vec![(65000, 1, 2)],
+            local_pref: Some(300),
+        };
+        advertisement.routes.insert("203.0.113.5".parse().expect("ip"), route);
+        let only_large = RouteAttributes { large_communities: vec![(1, 2, 3)], ..Default::default() };
+        advertisement.routes.insert("2001:db8::1".parse().expect("ip"), only_large);
+        let text = render(&config, &node, &BTreeMap::new(), &advertisement).expect("render");
+        assert!(
+            text.contains("route 203.0.113.5/32 blackhole { bgp_community.add((65000, 7)); bgp_large_community.add((65000, 1, 2)); bgp_local_pref = 300; };"),
+            "{text}"
+        );
+        assert!(text.contains("route 203.0.113.6/32 blackhole;"), "a route of a pool without attributes: {text}");
+        assert!(text.contains("route 2001:db8::1/128 blackhole { bgp_large_community.add((1, 2, 3)); };"), "{text}");
+        assert!(text.contains("bgp_community.add((65000, 100));"), "the global community stays: {text}");
+        assert!(text.contains("if !defined(bgp_local_pref) then bgp_local_pref = 150;"), "{text}");
+        advertisement.routes.clear();
+        let plain = render(&config, &node, &BTreeMap::new(), &advertisement).expect("render");
+        assert!(plain.contains("    bgp_local_pref = 150;") && !plain.contains("defined("), "{plain}");
     }
 
     #[test]
@@ -858,10 +919,14 @@ mod tests {
         ]);
         let ready = BTreeMap::from([("ns/local".to_string(), BTreeSet::from(["worker-1".to_string()]))]);
         let all = addresses(&["203.0.113.1", "203.0.113.2", "203.0.113.3", "2001:db8::1"]);
-        assert_eq!(advertised("worker-1", &announced, &ready), all);
+        assert_eq!(advertised("worker-1", &announced, &ready, &Default::default()), all);
         let elsewhere = addresses(&["203.0.113.1", "203.0.113.3", "2001:db8::1"]);
-        assert_eq!(advertised("worker-2", &announced, &ready), elsewhere, "no ready endpoint: no route");
-        assert!(advertised("worker-2", &BTreeMap::new(), &ready).is_empty());
+        assert_eq!(
+            advertised("worker-2", &announced, &ready, &Default::default()),
+            elsewhere,
+            "no ready endpoint: no route"
+        );
+        assert!(advertised("worker-2", &BTreeMap::new(), &ready, &Default::default()).is_empty());
     }
 
     fn bfd_peer(extra: &str) -> BgpConfig {

@@ -637,6 +637,7 @@ mod tests {
         Advertisement {
             addresses: [address.parse().expect("ip")].into(),
             prefixes: vec!["203.0.113.0/24".parse().expect("prefix")],
+            ..Default::default()
         }
     }
 

@@ -89,6 +89,8 @@ pub struct Facts {
     /// Whether every configured source has been read once; refusals are reported only then
     /// (before, an address of a pool not yet read would be reported for nothing).
     pub complete: bool,
+    /// The pools with an advertisement policy.
+    pub policies: Vec<super::policy::PolicyBlocks>,
 }
 
 impl Facts {
@@ -279,6 +281,7 @@ mod tests {
                 gateways: BTreeSet::from([ip("10.0.0.1")]),
             },
             complete: true,
+            policies: Vec::new(),
         }
     }
 

@@ -18,6 +18,7 @@ pub mod l2;
 #[cfg(feature = "datapath")]
 pub mod node;
 pub mod plan;
+pub mod policy;
 pub mod records;
 pub mod records_writer;
 pub mod reflect;

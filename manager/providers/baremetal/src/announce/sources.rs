@@ -22,6 +22,7 @@ use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::guard::{Facts, HostFacts};
+use super::policy::PolicyBlocks;
 use crate::config::{self, CloudConfig};
 use crate::pool_import::{ImportSource, Source};
 use crate::pool_import_watch;
@@ -100,8 +101,14 @@ pub fn spawn(
         let mut host_tick = tokio::time::interval(settings.host_every);
         loop {
             let complete = resources_listed.load(Ordering::Acquire) && imports_read.load(Ordering::Acquire);
-            let blocks = pools.merged().pools.into_iter().flat_map(|p| p.blocks).collect();
-            let facts = Facts { pools: blocks, inventory: inventory.clone(), host: host_facts.clone(), complete };
+            let merged = pools.merged().pools;
+            let policies = (merged.iter())
+                .filter(|p| p.policy != Default::default())
+                .map(|p| PolicyBlocks { pool: p.name.clone(), blocks: p.blocks.clone(), policy: p.policy.clone() })
+                .collect();
+            let blocks = merged.into_iter().flat_map(|p| p.blocks).collect();
+            let facts =
+                Facts { pools: blocks, inventory: inventory.clone(), host: host_facts.clone(), complete, policies };
             tx.send_if_modified(|current| {
                 let differs = current.as_deref() != Some(&facts);
                 if differs {

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use ccm_provider_baremetal::advertisement::RouteAttributes;
 use ccm_provider_baremetal::announce::bgp::bird::{self, BgpError, BirdAnnouncer, BirdSettings, Changed};
 use ccm_provider_baremetal::announce::bgp::{
     Advertisement, BfdConfig, BgpConfig, GracefulRestartConfig, NodeFacts, PeerConfig, protocol_name,
@@ -206,7 +207,7 @@ async fn until_routes(socket: &Path, what: &str, check: impl Fn(&str) -> bool) -
 fn set(addresses: &[&str]) -> Advertisement {
     let addresses: BTreeSet<IpAddr> = addresses.iter().map(|a| a.parse().expect("ip")).collect();
     let prefixes = ["203.0.113.0/24", "2001:db8:cc::/64"].map(|p| p.parse().expect("prefix")).to_vec();
-    Advertisement { addresses, prefixes }
+    Advertisement { addresses, prefixes, ..Default::default() }
 }
 
 fn peer(address: &str, password_file: Option<PathBuf>) -> PeerConfig {
@@ -450,6 +451,8 @@ async fn bgp_host_routes_reach_a_bird_router_and_are_withdrawn_with_sessions_kep
     let config = BgpConfig {
         local_asn: 64512,
         peers: vec![peer(ROUTER6, None), peer(ROUTER4, Some(password_file))],
+        // Not sent to these eBGP peers; rendered beside a pool's own, which BIRD must accept.
+        local_pref: Some(150),
         ..BgpConfig::default()
     };
     let node = NodeFacts { ipv4: Some(NODE4.parse().expect("ip")) };
@@ -509,13 +512,35 @@ async fn bgp_host_routes_reach_a_bird_router_and_are_withdrawn_with_sessions_kep
     let routes = router_routes(&router_socket).await;
     assert!(routes.contains("203.0.113.11/32") && routes.contains("2001:db8:cc::11/128"), "{routes}");
 
+    // A pool's attributes ride on its route (issue 47 item 2): the router learns its communities
+    // and large communities after one reload, the sessions stay (checked below).
+    let mut attributed = fewer.clone();
+    let route = RouteAttributes {
+        communities: vec![(65000, 7)],
+        large_communities: vec![(65000, 1, 2)],
+        local_pref: Some(300),
+    };
+    attributed.routes.insert("203.0.113.11".parse().expect("ip"), route);
+    let before = show(&router_socket, "show route table master4 all").await;
+    assert!(before.contains("203.0.113.11/32") && !before.contains("(65000,7)"), "{before}");
+    let start = Instant::now();
+    assert_eq!(announcer.announce(&attributed).await.expect("announce"), Changed::Reloaded);
+    let detail = eventually_within("the route's communities at the router", WAIT, || async {
+        let all = show(&router_socket, "show route table master4 all").await;
+        (all.contains("(65000,7)") && all.contains("(65000, 1, 2)")).then_some(all)
+    })
+    .await;
+    let to_attributes = start.elapsed();
+    assert!(detail.contains("203.0.113.11/32"), "{detail}");
+    println!("BGP: a pool's communities at the router {} ms after the change", to_attributes.as_millis());
+
     assert_eq!(established_since(&router_socket, "node4").await, Some(since4), "IPv4 session kept across reloads");
     assert_eq!(established_since(&router_socket, "node6").await, Some(since6), "IPv6 session kept across reloads");
     let text = std::fs::read_to_string(&settings.config_path).expect("config");
     assert!(!text.contains("protocol kernel"), "BIRD writes no kernel routes, so it needs no NET_ADMIN");
 
     // The loop the announcer process runs follows the latest set, and stops on cancel.
-    let (tx, rx) = watch::channel(fewer);
+    let (tx, rx) = watch::channel(attributed);
     let cancel = CancellationToken::new();
     let (sessions, mut read) = watch::channel(Vec::new());
     let task = tokio::spawn(bird::run(announcer, rx, sessions, cancel.clone()));

@@ -15,6 +15,8 @@
 //!   (namespaces: root), kube-proxy's health check.
 //! - `l2_records`: which node answers, as `ServiceAnnouncement` records, on both API server backends.
 //! - `pool_import`: MetalLB and Cilium LB-IPAM pools read in place, no Service changes address.
+//! - `pool_policy`: a pool's `advertisement` (nodes, preferred node, BGP attributes) through
+//!   the announcers' sources, on both API server backends.
 //! - `pools`: `LoadBalancerIPPool` resources: addresses, status, `autoAssign`, `namespaceSelector`.
 //! - `service_features`: the `LoadBalancerProvisioned` reasons, MetalLB's annotations, dual stack.
 
@@ -28,5 +30,6 @@ mod l2_announce;
 mod l2_health;
 mod l2_records;
 mod pool_import;
+mod pool_policy;
 mod pools;
 mod service_features;

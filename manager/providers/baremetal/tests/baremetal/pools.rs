@@ -69,8 +69,20 @@ testkit::backend_tests! {
         // The API server refuses malformed entries (the CRD's CEL rules).
         let bad = pools.create(&pp, &pool("bad", json!({"cidrs": ["lab-net"]}))).await;
         assert!(format!("{bad:?}").contains("must be a CIDR"), "{bad:?}");
+        // And malformed communities of an advertisement (issue 47 item 2).
+        for (bgp, needle) in [
+            (json!({"communities": ["65000:70000"]}), "two numbers from 0 to 65535"),
+            (json!({"largeCommunities": ["65000:1"]}), "three numbers from 0 to 4294967295"),
+        ] {
+            let spec = json!({"cidrs": ["192.0.2.0/28"], "advertisement": {"bgp": bgp}});
+            let bad = pools.create(&pp, &pool("bad", spec)).await;
+            assert!(format!("{bad:?}").contains(needle), "{bad:?}");
+        }
 
-        pools.create(&pp, &pool("lab", json!({"cidrs": ["198.51.100.0/30"]}))).await.unwrap();
+        // A pool with an advertisement policy is accepted and used like any other.
+        let advertisement = json!({"nodeSelector": {"matchLabels": {"edge": "true"}}, "l2PreferredNodes": ["w1"],
+            "bgp": {"communities": ["65000:1"], "largeCommunities": ["65000:1:2"], "localPref": 200}});
+        pools.create(&pp, &pool("lab", json!({"cidrs": ["198.51.100.0/30"], "advertisement": advertisement}))).await.unwrap();
         pools.create(&pp, &pool("over", json!({"ranges": ["192.168.50.1-192.168.50.9"]}))).await.unwrap();
         pools.create(&pp, &pool("hosts", json!({"cidrs": ["198.51.100.65/26"]}))).await.unwrap();
         pools.create(&pp, &pool("pinned", json!({"cidrs": ["203.0.113.0/30"], "autoAssign": false}))).await.unwrap();
