@@ -41,6 +41,8 @@ mod join;
 mod l2;
 #[path = "realcluster/l2_health.rs"]
 mod l2_health;
+#[path = "realcluster/l2_policy.rs"]
+mod l2_policy;
 #[path = "realcluster/lifecycle.rs"]
 mod lifecycle;
 #[path = "realcluster/local.rs"]
@@ -129,6 +131,9 @@ const THREE_NODE_SCENARIOS: &[(&str, Scenario)] = &[
     }),
     ("three_nodes_l2_a_node_whose_kube_proxy_fails_gives_its_address_up_and_takes_it_back_when_it_returns", |c| {
         Box::pin(l2_health::l2_address_moves_when_its_nodes_kube_proxy_fails_and_comes_back(c))
+    }),
+    ("three_nodes_l2_a_pools_node_selector_chooses_the_answering_node_and_a_node_labelled_later_takes_over", |c| {
+        Box::pin(l2_policy::l2_address_follows_the_pools_node_selector(c))
     }),
     ("three_nodes_external_traffic_policy_local_is_answered_only_where_an_endpoint_runs_and_follows_it", |c| {
         Box::pin(local::local_policy_answered_only_where_an_endpoint_runs(c))

@@ -64,6 +64,8 @@ pub struct Inventory {
     pub bgp: bool,
     /// Whether the announcers check their Node's kube-proxy (`announcement.health`).
     pub kube_proxy_health: bool,
+    /// A label the `l2` pool's `advertisement.nodeSelector` asks for (`"true"`).
+    pub l2_node_selector: Option<&'static str>,
 }
 
 /// The cloud-config of the three-Node scenarios: every Node (its real address, so the API
@@ -86,13 +88,17 @@ pub fn cloud_config(ctx: &Ctx, inventory: &Inventory) -> String {
     }
     let segment = &ctx.cluster.network.segment_bridge;
     out.push_str(&format!(
-        "loadBalancer:\n  mode: proxy\n  proxy:\n    healthCheckInterval: 1s\n    drainTimeout: 5s\n  pools:\n    - name: loopback\n      cidrs: [\"{pool}\"]\n      allowedPorts: [\"{port}\"]\n      allowLoopback: true\n    - name: proxied\n      ranges: [\"{proxied}-{proxied}\"]\n    - name: l2\n      ranges: [\"{l2a}-{l2b}\"]\n    - name: bgp\n      ranges: [\"{bgp}-{bgp}\"]\n  announcement:\n    l2:\n      interfaces: [{segment}]\n",
+        "loadBalancer:\n  mode: proxy\n  proxy:\n    healthCheckInterval: 1s\n    drainTimeout: 5s\n  pools:\n    - name: loopback\n      cidrs: [\"{pool}\"]\n      allowedPorts: [\"{port}\"]\n      allowLoopback: true\n    - name: proxied\n      ranges: [\"{proxied}-{proxied}\"]\n    - name: l2\n      ranges: [\"{l2a}-{l2b}\"]\n{l2_advertisement}    - name: bgp\n      ranges: [\"{bgp}-{bgp}\"]\n  announcement:\n    l2:\n      interfaces: [{segment}]\n",
         pool = crate::POOL,
         port = SERVICE_PORT,
         proxied = PROXIED_ADDRESS,
         l2a = L2_POOL.0,
         l2b = L2_POOL.1,
         bgp = BGP_ADDRESS,
+        l2_advertisement = inventory
+            .l2_node_selector
+            .map(|label| format!("      advertisement:\n        nodeSelector: {{matchLabels: {{{label}: \"true\"}}}}\n"))
+            .unwrap_or_default(),
     ));
     if inventory.bgp {
         out.push_str(&format!(
