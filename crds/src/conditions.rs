@@ -23,6 +23,11 @@ pub mod types {
     /// manager (docs/shadow.md). Not an input of `Ready`.
     pub const SHADOW_AGREES: &str = "ShadowAgrees";
 
+    /// With `spec.announcer`: True while every live announcer is healthy and every BGP session
+    /// it reports is established; written by the operator from the announcers' Leases. Not an
+    /// input of `Ready` (the manager serves whatever the announcers do).
+    pub const ANNOUNCING: &str = "Announcing";
+
     /// Every condition type, sorted.
     pub const ALL: [&str; 6] = [AVAILABLE, CONFIG_VALID, DEGRADED, PROGRESSING, PROVIDER_HEALTHY, READY];
 }

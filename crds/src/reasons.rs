@@ -220,6 +220,24 @@ pub mod shadow_agrees {
     pub const ALL: [&str; 3] = [AGREES, DIFFERS, COMPARING];
 }
 
+/// Reasons of `Announcing`, which the operator writes with `spec.announcer`
+/// (docs/l2-announcement.md, docs/bgp-announcement.md).
+pub mod announcing {
+    /// True: every live announcer is healthy and every BGP session it reports is established.
+    pub const AS_EXPECTED: &str = "AsExpected";
+    /// Unknown: no announcer has a live Lease yet (none scheduled, or none started).
+    pub const AWAITING_ANNOUNCERS: &str = "AwaitingAnnouncers";
+    /// False: an announcer gives its addresses up (its Lease says why: an interface down, a
+    /// stopped responder, kube-proxy failing); the message names the Nodes.
+    pub const ANNOUNCER_UNHEALTHY: &str = "AnnouncerUnhealthy";
+    /// False: a BGP session an announcer reports is not established; the message names the
+    /// Nodes, peers, states and BIRD's last errors.
+    pub const BGP_SESSION_DOWN: &str = "BGPSessionDown";
+
+    /// Every reason of `Announcing`.
+    pub const ALL: [&str; 4] = [AS_EXPECTED, AWAITING_ANNOUNCERS, ANNOUNCER_UNHEALTHY, BGP_SESSION_DOWN];
+}
+
 /// The condition the service controller writes into a Service's `status.conditions` when the
 /// provider refuses it a load balancer, and the reasons a provider may give (the framework's
 /// `provider::Refusal`); the reasons are also `Accepted=False`'s ([`load_balancer_state`]).
@@ -397,6 +415,7 @@ pub fn all_condition_reasons() -> Vec<&'static str> {
         .chain(&provider_healthy::ALL)
         .chain(&provider_healthy::MANAGER)
         .chain(&shadow_agrees::ALL)
+        .chain(&announcing::ALL)
         .chain(&service_load_balancer::ALL)
         .chain(&load_balancer_state::ALL)
         .chain(&ip_pool::ALL)
@@ -432,6 +451,7 @@ mod tests {
             .chain(&progressing::ALL)
             .chain(&degraded::ALL)
             .chain(&provider_healthy::ALL)
+            .chain(&announcing::ALL)
             .chain(&events::ALL);
         for r in all {
             assert!(readme.contains(&format!("`{r}`")), "operator/README.md does not document reason {r}");

@@ -9,6 +9,7 @@
 //! and returns an [`OperatorHandle`]; [`run`] runs it until a token fires.
 
 pub mod announcer;
+pub mod announcing;
 pub mod apply;
 pub mod build;
 pub mod controller;

@@ -174,6 +174,8 @@ pub struct StatusInput<'a> {
     pub announcers: Option<&'a DaemonSetObservation>,
     /// The node-manager DaemonSet of `spec.upstream`, when it exists.
     pub node_managers: Option<&'a DaemonSetObservation>,
+    /// The announcers' Leases in the resource's namespace (read with `spec.announcer` only).
+    pub announcer_leases: &'a [crate::announcing::AnnouncerLease],
     /// Whether this reconcile started a new rollout (new or changed pod template, or an
     /// embedded engine (re)start for a spec or Secret change).
     pub rollout_started: bool,
@@ -302,7 +304,14 @@ pub fn compute(input: &StatusInput<'_>) -> ComputedStatus {
             },
         ));
     }
+    // The announcers' state, with announcers only; gone with `spec.announcer`.
+    if cr.spec.announcer.is_some() {
+        desired.push(crate::announcing::condition(input.announcer_leases));
+    }
     let mut merged = merge_conditions(&existing.conditions, desired, generation, &input.now);
+    if cr.spec.announcer.is_none() {
+        merged.retain(|c| c.type_ != types::ANNOUNCING);
+    }
     let ready = compute_ready(&merged);
     merged = merge_conditions(&merged, [ready], generation, &input.now);
 
@@ -700,6 +709,7 @@ mod tests {
                 pods: &self.pods,
                 node_managers: None,
                 announcers: None,
+                announcer_leases: &[],
                 rollout_started,
                 switching: None,
                 transient: &self.transient,
@@ -766,6 +776,7 @@ mod tests {
             pods: &PodsObservation::default(),
             announcers,
             node_managers,
+            announcer_leases: &[],
             rollout_started: false,
             switching: None,
             transient: &TransientFailures::default(),
@@ -791,9 +802,18 @@ mod tests {
         assert_eq!(out.apply_body()["status"]["announcers"], json!({"desired": 3, "ready": 1, "updated": 2}));
         cr.status = Some(out.status);
         assert!(!compute_with(&cr, Some(&daemon_set)).changed, "written only when it changed");
+        let announcing = conditions::find(&cr.status.as_ref().unwrap().conditions, types::ANNOUNCING).cloned().unwrap();
+        assert_eq!((announcing.status.as_str(), announcing.reason.as_str()), ("Unknown", "AwaitingAnnouncers"));
+        let all = cr.status.as_ref().unwrap().conditions.clone();
+        let without: Vec<Condition> = all.iter().filter(|c| c.type_ != types::ANNOUNCING).cloned().collect();
+        assert_eq!(compute_ready(&all), compute_ready(&without), "Announcing is no input of Ready");
         cr.spec.announcer = None;
         let gone = compute_with(&cr, Some(&daemon_set));
         assert!(gone.changed && gone.status.announcers.is_none(), "cleared with spec.announcer");
+        assert!(conditions::find(&gone.status.conditions, types::ANNOUNCING).is_none(), "and Announcing with it");
+        let body = gone.apply_body();
+        let listed = body["status"]["conditions"].as_array().unwrap();
+        assert!(listed.iter().all(|c| c["type"] != "Announcing"), "left out of the apply, so it is removed");
     }
 
     #[test]

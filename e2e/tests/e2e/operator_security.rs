@@ -797,6 +797,43 @@ testkit::backend_tests! {
         .await;
         assert_eq!(counted.map(|a| (a.desired, a.ready)), Some((0, 0)));
 
+        // What the announcers' own Leases say, summed up in `Announcing` (issue 47 item 1).
+        {
+            use crds::reasons::announcing;
+            use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+            use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+            env.wait_status("metal", types::ANNOUNCING, "Unknown", announcing::AWAITING_ANNOUNCERS).await;
+            let leases = env.api::<Lease>();
+            let sessions = |state: &str, detail: &str| {
+                json!([{"peer": "192.0.2.1", "state": state, "detail": detail}]).to_string()
+            };
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some("l2-announcer-w1".into()),
+                    labels: Some([("ccm.rs/announcer".to_string(), "l2".to_string())].into()),
+                    annotations: Some([("ccm.rs/bgp-sessions".to_string(), sessions("Established", ""))].into()),
+                    ..Default::default()
+                },
+                spec: Some(LeaseSpec {
+                    holder_identity: Some("w1".into()),
+                    lease_duration_seconds: Some(3600),
+                    renew_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
+                    ..Default::default()
+                }),
+            };
+            leases.create(&PostParams::default(), &lease).await.expect("an announcer's Lease");
+            let c = env.wait_status("metal", types::ANNOUNCING, "True", announcing::AS_EXPECTED).await;
+            assert_eq!(c.message, "1 announcers live and healthy, 1 BGP sessions established");
+            let lost = json!({"metadata": {"annotations": {"ccm.rs/bgp-sessions": sessions("Active", "Socket: Connection refused")}}});
+            leases.patch("l2-announcer-w1", &PatchParams::default(), &Patch::Merge(&lost)).await.expect("session lost");
+            let c = env.wait_status("metal", types::ANNOUNCING, "False", announcing::BGP_SESSION_DOWN).await;
+            assert!(c.message.contains("w1 to 192.0.2.1: Active (Socket: Connection refused)"), "{}", c.message);
+            let mark = json!({"metadata": {"annotations": {"ccm.rs/announcer-unhealthy": "interface eth1 is down"}}});
+            leases.patch("l2-announcer-w1", &PatchParams::default(), &Patch::Merge(&mark)).await.expect("unhealthy");
+            let c = env.wait_status("metal", types::ANNOUNCING, "False", announcing::ANNOUNCER_UNHEALTHY).await;
+            assert!(c.message.ends_with("w1: interface eth1 is down"), "{}", c.message);
+        }
+
         // Removed from the spec: the announcer's objects go, the manager stays as it was.
         let remove = json!({"spec": {"announcer": null}});
         env.crs().patch("metal", &PatchParams::default(), &Patch::Merge(&remove)).await.expect("announcer removed");
@@ -811,7 +848,9 @@ testkit::backend_tests! {
         let now = env.api::<Deployment>().get("ccm-metal").await.unwrap().spec.unwrap().template;
         assert_eq!(now, manager_template, "the manager was not changed");
         let cleared = testkit::poll_within(Duration::from_secs(30), || async {
-            env.cr("metal").await.status.is_some_and(|s| s.announcers.is_none()).then_some(())
+            let status = env.cr("metal").await.status?;
+            let announcing = status.conditions.iter().any(|c| c.type_ == types::ANNOUNCING);
+            (status.announcers.is_none() && !announcing).then_some(())
         })
         .await;
         assert!(cleared.is_some(), "status.announcers goes with spec.announcer");

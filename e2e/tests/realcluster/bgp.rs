@@ -167,6 +167,10 @@ pub async fn bgp_every_node_peers_with_the_router_ecmp_and_a_stopped_node_is_wit
         assert!(note.contains("(was Established)"), "{note}");
     }
     let lost_events = t_lost.elapsed().as_secs_f64();
+    // And on the resource: `Announcing` False naming every Node's session.
+    let every_node = |m: &str| names.iter().all(|node| m.contains(&format!("{node} to ")));
+    announcing_is(&ctx, "False", crds::reasons::announcing::BGP_SESSION_DOWN, every_node).await;
+    let condition_down = t_lost.elapsed().as_secs_f64();
     let b = bird.clone();
     blocking(move || b.birdc(&["enable", "\"peer_*\""]))
         .await
@@ -179,8 +183,11 @@ pub async fn bgp_every_node_peers_with_the_router_ecmp_and_a_stopped_node_is_wit
         })
         .await;
     }
+    let all_up = format!("{} BGP sessions established", names.len());
+    announcing_is(&ctx, "True", crds::reasons::announcing::AS_EXPECTED, |m| m.contains(&all_up)).await;
+    let condition_up = t_back.elapsed().as_secs_f64();
     measured(format!(
-        "BGP sessions as data: every announcer Lease naming its session Established {:.1} s after all were; the router's sessions disabled to every Lease saying so {:.1} s and a BGPSessionLost event on every Node {lost_events:.1} s; enabled to every Lease Established {:.1} s (read every 2 s)",
+        "BGP sessions as data: every announcer Lease naming its session Established {:.1} s after all were; the router's sessions disabled to every Lease saying so {:.1} s, a BGPSessionLost event on every Node {lost_events:.1} s, the resource's Announcing=False BGPSessionDown {condition_down:.1} s; enabled to every Lease Established {:.1} s, Announcing=True {condition_up:.1} s (read every 2 s)",
         recorded.duration_since(t).as_secs_f64(),
         lost.duration_since(t_lost).as_secs_f64(),
         back.duration_since(t_back).as_secs_f64()
@@ -252,4 +259,16 @@ pub async fn bgp_every_node_peers_with_the_router_ecmp_and_a_stopped_node_is_wit
     let t = Instant::now();
     let back = route_via(&ctx, &node_ips, t).await;
     measured(format!("BGP: {stopped} started again: Ready in {secs:.1} s, its next hop back {back:.1} s later"));
+}
+
+/// Once the resource's `Announcing` condition has `status` and `reason` and a message `check`
+/// accepts (the operator may see the announcers' Leases change one by one): that message.
+pub async fn announcing_is(ctx: &Ctx, status: &str, reason: &str, check: impl Fn(&str) -> bool) -> String {
+    let crs: Api<crds::CloudControllerManager> = Api::namespaced(ctx.client.clone(), crate::CCM_NS);
+    wait(&format!("the resource's Announcing {status} {reason}"), Duration::from_secs(30), || async {
+        let cr = crs.get_opt(crate::CCM_NAME).await.ok()??;
+        let c = cr.status?.conditions.into_iter().find(|c| c.type_ == crds::conditions::types::ANNOUNCING)?;
+        (c.status == status && c.reason == reason && check(&c.message)).then_some(c.message)
+    })
+    .await
 }

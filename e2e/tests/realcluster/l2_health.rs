@@ -103,6 +103,10 @@ pub async fn l2_address_moves_when_its_nodes_kube_proxy_fails_and_comes_back(ctx
     })
     .await;
     assert!(note.contains("kube-proxy's health check failed"), "{note}");
+    // On the resource too: `Announcing` False naming the Node and why.
+    let why = format!("{announcing}: kube-proxy's health check failed");
+    crate::bgp::announcing_is(&ctx, "False", crds::reasons::announcing::ANNOUNCER_UNHEALTHY, |m| m.contains(&why))
+        .await;
     // The unhealthy Node deletes its own record; the other's names it.
     records_name(&ctx, "web-l2h", &other).await;
     measured(format!(

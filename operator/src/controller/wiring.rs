@@ -13,6 +13,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use ccm_provider_baremetal::announce::announcer::{LEASE_LABEL, LEASE_LABEL_L2};
+use ccm_provider_baremetal::announce::bgp_sessions::SESSIONS_ANNOTATION;
+use ccm_provider_baremetal::announce::health::UNHEALTHY_ANNOTATION;
 use crds::CloudControllerManager;
 use futures::StreamExt;
 use futures::stream::BoxStream;
@@ -206,7 +209,8 @@ fn secret_watch(
     (secrets, stream)
 }
 
-/// The Leases in `namespaces`; only a change of holder is news.
+/// The Leases in `namespaces`; only a change of holder is news, or of what an announcer's
+/// Lease says of it (its health mark, its BGP sessions).
 fn lease_watch(client: &Client, namespaces: &[String]) -> (Store<Lease>, Watched<Lease>) {
     let (leases, leases_writer) = reflector::store::<Lease>();
     let stream =
@@ -220,6 +224,10 @@ fn lease_watch(client: &Client, namespaces: &[String]) -> (Store<Lease>, Watched
                     use std::hash::{Hash, Hasher};
                     let mut h = std::collections::hash_map::DefaultHasher::new();
                     l.spec.as_ref().and_then(|s| s.holder_identity.clone()).hash(&mut h);
+                    let annotations = l.metadata.annotations.as_ref();
+                    for key in [UNHEALTHY_ANNOTATION, SESSIONS_ANNOTATION] {
+                        annotations.and_then(|a| a.get(key)).hash(&mut h);
+                    }
                     Some(h.finish())
                 },
                 PredicateConfig::default(),
@@ -333,6 +341,10 @@ pub async fn run(shared: Shared, trigger_rx: mpsc::UnboundedReceiver<ObjectRef<G
             if validate::is_foreign_lease(&namespace, &name) {
                 return crs_for_leases.state().iter().map(|o| ObjectRef::from_obj(&**o)).collect();
             }
+            // An announcer's: the resources with announcers in its namespace (`Announcing`).
+            if lease.labels().get(LEASE_LABEL).map(String::as_str) == Some(LEASE_LABEL_L2) {
+                return with_announcers_in(&crs_for_leases, &namespace);
+            }
             // Its own resource, and those whose migration Lease it is (status.migrationLease).
             let mut crs = migrating_under(&crs_for_leases, &namespace, &name);
             crs.push(ObjectRef::<Guarded>::new(&name).within(&namespace));
@@ -374,6 +386,19 @@ fn migrating_under(crs: &Store<Guarded>, namespace: &str, name: &str) -> Vec<Obj
                 validate::migration_lease_name(&cr.spec).as_deref() == Some(name)
                     && validate::migration_lease_namespace(cr).as_deref() == Some(namespace)
             })
+        })
+        .map(|o| ObjectRef::from_obj(&**o))
+        .collect()
+}
+
+/// The CRs in `namespace` that run announcers.
+fn with_announcers_in(crs: &Store<Guarded>, namespace: &str) -> Vec<ObjectRef<Guarded>> {
+    crs.state()
+        .iter()
+        .filter(|o| {
+            o.0.as_ref()
+                .ok()
+                .is_some_and(|cr| cr.spec.announcer.is_some() && cr.namespace().as_deref() == Some(namespace))
         })
         .map(|o| ObjectRef::from_obj(&**o))
         .collect()

@@ -464,10 +464,10 @@ fn report_stranded(
 ) {
     for s in due {
         let addresses: Vec<String> = s.addresses.iter().map(ToString::to_string).collect();
-        let mut nodes: Vec<&str> = s.endpoint_nodes.iter().take(MAX_NAMED_NODES).map(String::as_str).collect();
+        // Sorted already (a set's order).
+        let nodes: Vec<&str> = s.endpoint_nodes.iter().take(MAX_NAMED_NODES).map(String::as_str).collect();
         let more = s.endpoint_nodes.len().saturating_sub(MAX_NAMED_NODES);
         let more = if more > 0 { format!(" and {more} more") } else { String::new() };
-        nodes.sort_unstable();
         let nodes = nodes.join(", ");
         tracing::warn!(node = %settings.node, service = %s.service, addresses = %addresses.join(", "), endpoint_nodes = %nodes, "no live announcer may answer for the Service's addresses");
         let Some(events) = events else { continue };
@@ -478,7 +478,7 @@ fn report_stranded(
             EventType::Warning,
             super::announce_reasons::NO_ELIGIBLE_ANNOUNCER,
             format!(
-                "{} not announced: externalTrafficPolicy is Local and the ready endpoints run on {nodes}{more}, where no live announcer runs (spec.announcer.nodeSelector, or an unhealthy announcer)",
+                "{} not announced: externalTrafficPolicy is Local and the ready endpoints run on {nodes}{more}, where no live announcer may answer for them (spec.announcer.nodeSelector, the pool's advertisement.nodeSelector, or an unhealthy announcer)",
                 addresses.join(", ")
             ),
             "Announce",

@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::bgp::bird::Reply;
 use super::bgp::protocol_name;
@@ -23,7 +23,7 @@ pub const MAX_DETAIL: usize = 200;
 const BGP_STATES: [&str; 7] = ["Idle", "Connect", "Active", "OpenSent", "OpenConfirm", "Established", "Close"];
 
 /// One peer's session as this node's BIRD reports it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Session {
     /// The peer's address (`peers[].address`).
     pub peer: IpAddr,
@@ -31,11 +31,11 @@ pub struct Session {
     /// not at all, `Unknown` when its row is missing.
     pub state: String,
     /// Since when, as BIRD prints it (its `timeformat protocol`).
-    #[serde(skip_serializing_if = "String::is_empty")]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub since: String,
     /// BIRD's last error for the session (`Socket: Connection refused`, `Received: Hold timer
     /// expired`), at most [`MAX_DETAIL`] characters.
-    #[serde(skip_serializing_if = "String::is_empty")]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub detail: String,
 }
 

@@ -201,24 +201,62 @@ impl BirdAnnouncer {
         Ok(Changed::Reloaded)
     }
 
-    /// Each configured peer's session as BIRD reports it (`show protocols`).
-    pub async fn sessions(&self) -> Result<Vec<Session>, BgpError> {
-        let reply = control(&self.settings.socket_path, "show protocols", self.settings.timeout).await?;
-        let peers: Vec<std::net::IpAddr> = self.config.peers.iter().map(|p| p.address).collect();
-        Ok(bgp_sessions::parse(&reply, &peers))
+    /// What reads the peers' sessions: BIRD's control socket and the configured peers, apart
+    /// from the announcer so the reading never waits on a reload (nor a reload on it).
+    pub fn session_reader(&self) -> SessionReader {
+        SessionReader {
+            socket_path: self.settings.socket_path.clone(),
+            timeout: self.settings.timeout,
+            peers: self.config.peers.iter().map(|p| p.address).collect(),
+        }
+    }
+}
+
+/// Reads the configured peers' sessions from BIRD (`show protocols`).
+#[derive(Debug, Clone)]
+pub struct SessionReader {
+    socket_path: PathBuf,
+    timeout: Duration,
+    peers: Vec<std::net::IpAddr>,
+}
+
+impl SessionReader {
+    /// Each configured peer's session as BIRD reports it; every peer `Unknown`, saying why,
+    /// when BIRD cannot be reached.
+    pub async fn read(&self) -> Vec<Session> {
+        match control(&self.socket_path, "show protocols", self.timeout).await {
+            Ok(reply) => bgp_sessions::parse(&reply, &self.peers),
+            Err(error) => {
+                let detail: String = error.to_string().chars().take(bgp_sessions::MAX_DETAIL).collect();
+                let unknown = |peer: &std::net::IpAddr| Session {
+                    peer: *peer,
+                    state: "Unknown".into(),
+                    since: String::new(),
+                    detail: detail.clone(),
+                };
+                self.peers.iter().map(unknown).collect()
+            }
+        }
     }
 
-    /// Every peer as `Unknown`, saying why (BIRD not reachable): what [`run`] publishes when
-    /// the sessions cannot be read.
-    fn unknown(&self, error: &BgpError) -> Vec<Session> {
-        let detail: String = error.to_string().chars().take(bgp_sessions::MAX_DETAIL).collect();
-        let unknown = |peer: &super::PeerConfig| Session {
-            peer: peer.address,
-            state: "Unknown".into(),
-            since: String::new(),
-            detail: detail.clone(),
-        };
-        self.config.peers.iter().map(unknown).collect()
+    /// Publish the sessions in `sessions` every [`SESSION_POLL`] when they changed, until `cancel`.
+    async fn publish(self, sessions: watch::Sender<Vec<Session>>, cancel: CancellationToken) {
+        let mut poll = tokio::time::interval(SESSION_POLL);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                _ = poll.tick() => {}
+            }
+            let now = self.read().await;
+            sessions.send_if_modified(|current| {
+                let changed = *current != now;
+                if changed {
+                    *current = now;
+                }
+                changed
+            });
+        }
     }
 }
 
@@ -233,26 +271,22 @@ pub async fn run(
     sessions: watch::Sender<Vec<Session>>,
     cancel: CancellationToken,
 ) {
-    let mut poll = tokio::time::interval(SESSION_POLL);
-    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut due = true;
-    let mut retry_at: Option<tokio::time::Instant> = None;
+    // Its own task: a slow `show protocols` never delays an announce.
+    let readers = cancel.child_token();
+    let reader = tokio::spawn(bird.session_reader().publish(sessions, readers.clone()));
     loop {
-        if due {
-            due = false;
-            let set = addresses.borrow_and_update().clone();
-            retry_at = match bird.announce(&set).await {
-                Ok(Changed::Reloaded) => {
-                    tracing::info!(addresses = set.addresses.len(), "BGP announcement: BIRD reloaded");
-                    None
-                }
-                Ok(Changed::Unchanged) => None,
-                Err(error) => {
-                    tracing::warn!(%error, "BGP announcement failed; retrying");
-                    Some(tokio::time::Instant::now() + RETRY_AFTER)
-                }
-            };
-        }
+        let set = addresses.borrow_and_update().clone();
+        let retry_at = match bird.announce(&set).await {
+            Ok(Changed::Reloaded) => {
+                tracing::info!(addresses = set.addresses.len(), "BGP announcement: BIRD reloaded");
+                None
+            }
+            Ok(Changed::Unchanged) => None,
+            Err(error) => {
+                tracing::warn!(%error, "BGP announcement failed; retrying");
+                Some(tokio::time::Instant::now() + RETRY_AFTER)
+            }
+        };
         let retry = async {
             match retry_at {
                 Some(at) => tokio::time::sleep_until(at).await,
@@ -260,24 +294,15 @@ pub async fn run(
             }
         };
         tokio::select! {
-            () = cancel.cancelled() => return,
-            changed = addresses.changed() => match changed {
-                Ok(()) => due = true,
-                Err(_) => return,
+            () = cancel.cancelled() => break,
+            changed = addresses.changed() => if changed.is_err() {
+                break;
             },
-            () = retry => due = true,
-            _ = poll.tick() => {
-                let now = bird.sessions().await.unwrap_or_else(|error| bird.unknown(&error));
-                sessions.send_if_modified(|current| {
-                    let changed = *current != now;
-                    if changed {
-                        *current = now;
-                    }
-                    changed
-                });
-            }
+            () = retry => {}
         }
     }
+    readers.cancel();
+    let _ = reader.await;
 }
 
 /// Runs blocking file work off the async threads.

@@ -40,7 +40,8 @@ pub mod announce_reasons {
     /// note names the address and why: outside every pool, a node's address, a gateway, ...).
     pub const ANNOUNCEMENT_REFUSED: &str = "AnnouncementRefused";
     /// Warning: an `externalTrafficPolicy: Local` Service's addresses are not announced because
-    /// its ready endpoints run only where no live announcer runs (the note names the nodes).
+    /// its ready endpoints run only where no live announcer may answer (none runs there, or the
+    /// pool's node selector leaves those nodes out; the note names the nodes).
     pub const NO_ELIGIBLE_ANNOUNCER: &str = "NoEligibleAnnouncer";
     /// Warning, on the Node: its announcer gives every address up (the note says why: an
     /// interface down, a stopped responder, kube-proxy failing its health check).
