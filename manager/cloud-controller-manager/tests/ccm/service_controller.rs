@@ -669,7 +669,9 @@ testkit::backend_tests! {
         let e = env.wait_event("UpdateLoadBalancerFailed").await;
         assert!(e.note.unwrap_or_default().contains("[n1, n2]"));
         eventually_within("web on two hosts", WAIT, || async { (env.hosts("web")?.len() == 2).then_some(()) }).await;
-        assert_eq!(env.ensures(), ensures + 1, "the retry ran the ensure path");
+        // At least one: under load a later sync of web (its status write) may ensure once more.
+        let ran = env.ensures() - ensures;
+        assert!(ran >= 1, "the retry ran the ensure path ({ran} ensures)");
         let text = env.running.as_ref().unwrap().context.metrics.encode();
         assert!(text.contains("service_controller_nodesync_error_total 1"), "{text}");
     }
