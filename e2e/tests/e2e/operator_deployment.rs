@@ -108,7 +108,11 @@ testkit::backend_tests! {
         let crb =
             Api::<ClusterRoleBinding>::all(env.harness.clone()).get(&format!("ccm-operator:{}:aws", env.ns)).await.unwrap();
         assert_eq!(crb.role_ref.name, "ccm-manager");
-        let pdb = env.api::<PodDisruptionBudget>().get("ccm-aws").await.unwrap();
+        // Children are applied one after another: under load the PDB may come after the Deployment.
+        let pdbs = env.api::<PodDisruptionBudget>();
+        let pdb = testkit::poll_within(std::time::Duration::from_secs(30), || async { pdbs.get_opt("ccm-aws").await.ok().flatten() })
+            .await
+            .expect("the PodDisruptionBudget");
         assert_eq!(pdb.spec.unwrap().unhealthy_pod_eviction_policy.as_deref(), Some("AlwaysAllow"));
 
         // Before any replica runs.
