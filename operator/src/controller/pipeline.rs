@@ -20,7 +20,7 @@ use super::observe::{awaiting_observation, observe};
 use super::status_write::{malformed, write_status};
 use super::teardown::{TEARDOWN_RECHECK, add_finalizer, cleanup, has_finalizer, remove_finalizer};
 use super::validate_step::validate_step;
-use crate::announcing::{AnnouncerLease, is_announcers};
+use crate::announcing::AnnouncerLease;
 use crate::apply::NameConflict;
 use crate::dereference;
 use crate::error::Error;
@@ -124,14 +124,20 @@ async fn reconcile_cr(ctx: &Ctx, cr: &CloudControllerManager, namespace: &str, n
         ctx.children.daemon_sets.get(&key).map(|d| dereference::observe_daemon_set(&d))
     });
     let migration_obs = migration_lease.as_deref().map(|l| dereference::observe_lease(l, &input.now));
-    // The announcers' own Leases, beside their DaemonSet in this namespace.
-    let announcer_leases: Vec<AnnouncerLease> = match cr.spec.announcer {
-        Some(_) => (ctx.leases.state().iter())
-            .filter(|l| l.metadata.namespace.as_deref() == Some(namespace))
-            .filter_map(|l| AnnouncerLease::of(l, dereference::observe_lease(l, &input.now).fresh))
-            .collect(),
-        None => Vec::new(),
-    };
+    // The announcers' own Leases, beside their DaemonSet in this namespace, and when the first
+    // live one runs out (an announcer that stops renewing changes nothing in its Lease).
+    let mut announcer_leases: Vec<AnnouncerLease> = Vec::new();
+    let mut announcer_expiry: Option<Duration> = None;
+    if cr.spec.announcer.is_some() {
+        for lease in ctx.leases.state().iter().filter(|l| l.metadata.namespace.as_deref() == Some(namespace)) {
+            let fresh = dereference::observe_lease(lease, &input.now).fresh;
+            let Some(announcer) = AnnouncerLease::of(lease, fresh) else { continue };
+            if fresh && let Some(expiry) = dereference::lease_expiry(lease, &input.now) {
+                announcer_expiry = Some(announcer_expiry.map_or(expiry, |e| e.min(expiry)));
+            }
+            announcer_leases.push(announcer);
+        }
+    }
 
     // Status.
     for (reason, _) in &outcome.transient {
@@ -182,13 +188,7 @@ async fn reconcile_cr(ctx: &Ctx, cr: &CloudControllerManager, namespace: &str, n
     if outcome.teardown_waiting {
         next = next.min(TEARDOWN_RECHECK);
     }
-    // An announcer that stops renewing changes nothing in its Lease: look again when it expires.
-    let expiries = (ctx.leases.state().iter())
-        .filter(|l| l.metadata.namespace.as_deref() == Some(namespace))
-        .filter(|l| cr.spec.announcer.is_some() && is_announcers(l) && dereference::observe_lease(l, &input.now).fresh)
-        .filter_map(|l| dereference::lease_expiry(l, &input.now))
-        .min();
-    if let Some(expiry) = expiries {
+    if let Some(expiry) = announcer_expiry {
         next = next.min(expiry.max(ctx.shared.timings.lease_recheck));
     }
     Ok(Action::requeue(next))

@@ -13,7 +13,6 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use ccm_provider_baremetal::announce::announcer::{LEASE_LABEL, LEASE_LABEL_L2};
 use ccm_provider_baremetal::announce::bgp_sessions::SESSIONS_ANNOTATION;
 use ccm_provider_baremetal::announce::health::UNHEALTHY_ANNOTATION;
 use crds::CloudControllerManager;
@@ -342,7 +341,7 @@ pub async fn run(shared: Shared, trigger_rx: mpsc::UnboundedReceiver<ObjectRef<G
                 return crs_for_leases.state().iter().map(|o| ObjectRef::from_obj(&**o)).collect();
             }
             // An announcer's: the resources with announcers in its namespace (`Announcing`).
-            if lease.labels().get(LEASE_LABEL).map(String::as_str) == Some(LEASE_LABEL_L2) {
+            if crate::announcing::is_announcers(&lease) {
                 return with_announcers_in(&crs_for_leases, &namespace);
             }
             // Its own resource, and those whose migration Lease it is (status.migrationLease).

@@ -343,7 +343,6 @@ mod tests {
             ("w3".to_string(), edge(true)),
         ]);
         let pool = |preferred: &[&str]| PolicyBlocks {
-            pool: "edge".into(),
             blocks: vec![crate::ipam::IpBlock::parse_cidr("192.0.2.0/28").unwrap()],
             policy: PoolPolicy {
                 node_selector: Some(LabelSelectorConfig {

@@ -12,8 +12,6 @@ use crate::ipam::IpBlock;
 /// A pool's address blocks with its policy (only pools that have one).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PolicyBlocks {
-    /// The pool's name, for logs.
-    pub pool: String,
     /// Its address blocks.
     pub blocks: Vec<IpBlock>,
     /// Its policy.
@@ -117,16 +115,8 @@ mod tests {
         let only_route =
             PoolPolicy { route: RouteAttributes { local_pref: Some(300), ..Default::default() }, ..Default::default() };
         let policies = [
-            PolicyBlocks {
-                pool: "edge".into(),
-                blocks: vec![IpBlock::parse_cidr("192.0.2.0/28").unwrap()],
-                policy: edge,
-            },
-            PolicyBlocks {
-                pool: "pref".into(),
-                blocks: vec![IpBlock::parse_cidr("2001:db8::/120").unwrap()],
-                policy: only_route,
-            },
+            PolicyBlocks { blocks: vec![IpBlock::parse_cidr("192.0.2.0/28").unwrap()], policy: edge },
+            PolicyBlocks { blocks: vec![IpBlock::parse_cidr("2001:db8::/120").unwrap()], policy: only_route },
         ];
         let got = resolve(&policies, [ip("192.0.2.1"), ip("2001:db8::1"), ip("198.51.100.1")], &nodes);
         assert!(got.allows(ip("192.0.2.1"), "w1"));

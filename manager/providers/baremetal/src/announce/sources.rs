@@ -104,7 +104,7 @@ pub fn spawn(
             let merged = pools.merged().pools;
             let policies = (merged.iter())
                 .filter(|p| p.policy != Default::default())
-                .map(|p| PolicyBlocks { pool: p.name.clone(), blocks: p.blocks.clone(), policy: p.policy.clone() })
+                .map(|p| PolicyBlocks { blocks: p.blocks.clone(), policy: p.policy.clone() })
                 .collect();
             let blocks = merged.into_iter().flat_map(|p| p.blocks).collect();
             let facts =
