@@ -112,6 +112,12 @@ pub struct PoolAdvertisement {
     #[schemars(length(max = 16), inner(length(min = 1, max = 253)))]
     pub l2_preferred_nodes: Vec<String>,
 
+    /// The interfaces ARP/NDP for the pool's addresses is answered on, of those the
+    /// announcers answer on (`loadBalancer.announcement.l2.interfaces`); unset: all of them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), inner(length(min = 1, max = 15)))]
+    pub l2_interfaces: Vec<String>,
+
     /// BGP attributes of the pool's routes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bgp: Option<PoolBgpAdvertisement>,

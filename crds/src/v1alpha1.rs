@@ -439,11 +439,17 @@ pub struct Announcer {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("maxProperties" = 32))]
     pub node_selector: Option<BTreeMap<String, String>>,
+    /// Serve the announcers' metrics on this port of each Node's address (HTTPS, bearer tokens
+    /// checked with TokenReview and SubjectAccessReview: `get` on the non-resource URL
+    /// `/metrics`). Default: no endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1024, max = 65535))]
+    pub metrics_port: Option<i32>,
 }
 
 impl Default for Announcer {
     fn default() -> Self {
-        Self { l2: true, bgp: false, node_selector: None }
+        Self { l2: true, bgp: false, node_selector: None, metrics_port: None }
     }
 }
 

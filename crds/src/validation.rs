@@ -120,6 +120,11 @@ pub mod messages {
         format!("Invalid value: {value}: {field} in body should be greater than or equal to {min}")
     }
 
+    /// `maximum` of an integer.
+    pub fn above_maximum(field: &str, value: i64, max: i64) -> String {
+        format!("Invalid value: {value}: {field} in body should be less than or equal to {max}")
+    }
+
     /// `enum`: the value itself is withheld; the supported values are listed.
     pub fn unsupported(supported: &[&str]) -> String {
         let list: Vec<String> = supported.iter().map(|v| format!("{v:?}")).collect();
@@ -159,6 +164,9 @@ pub mod limits {
     pub const IMAGE: usize = 1024;
     /// `spec.deployment.nodeSelector` entries.
     pub const NODE_SELECTOR: usize = 32;
+    /// `spec.announcer.metricsPort`: no privileged port (the announcer has no
+    /// `NET_BIND_SERVICE`).
+    pub const METRICS_PORT: std::ops::RangeInclusive<i32> = 1024..=65535;
     /// `spec.deployment.tolerations` items.
     pub const TOLERATIONS: usize = 64;
 }
@@ -396,6 +404,14 @@ pub fn validate_spec(spec: &CloudControllerManagerSpec) -> Result<(), InvalidSpe
                 "spec.announcer.nodeSelector",
                 messages::too_many_properties(selector.len(), limits::NODE_SELECTOR),
             );
+        }
+        if let Some(port) = announcer.metrics_port {
+            let (field, range) = ("spec.announcer.metricsPort", limits::METRICS_PORT);
+            if port < *range.start() {
+                errors.push(field, messages::below_minimum(field, i64::from(port), i64::from(*range.start())));
+            } else if port > *range.end() {
+                errors.push(field, messages::above_maximum(field, i64::from(port), i64::from(*range.end())));
+            }
         }
     }
 

@@ -29,6 +29,8 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 // The three-Node scenarios, in `realcluster/` beside this crate root.
+#[path = "realcluster/announcer_metrics.rs"]
+mod announcer_metrics;
 #[path = "realcluster/bgp.rs"]
 mod bgp;
 #[path = "realcluster/daemonset.rs"]

@@ -12,9 +12,9 @@ use ccm_provider_baremetal::deploy::{ANNOUNCER_SUBCOMMAND, BIRD_CONFIG_PATH, BIR
 use crds::CloudControllerManager;
 use crds::v1alpha1::Announcer;
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, ObjectFieldSelector, PodSecurityContext,
-    PodSpec, PodTemplateSpec, ResourceRequirements, SeccompProfile, SecurityContext, ServiceAccount, Toleration,
-    Volume, VolumeMount,
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, ObjectFieldSelector,
+    PodSecurityContext, PodSpec, PodTemplateSpec, ResourceRequirements, SeccompProfile, SecurityContext,
+    ServiceAccount, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::api::rbac::v1::{RoleBinding, RoleRef};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -36,6 +36,8 @@ pub const BIRD_VOLUME: &str = "bird";
 pub const BIRD_DIR: &str = "/run/bird";
 /// The uid of an announcer without `l2`: the image's non-root user.
 pub const NON_ROOT_UID: i64 = 65532;
+/// The name of the announcer container's metrics port (`spec.announcer.metricsPort`).
+pub const METRICS_PORT_NAME: &str = "metrics";
 /// Seconds a stopping announcer has to delete its Lease (it does so at SIGTERM, in milliseconds).
 pub const TERMINATION_GRACE_SECONDS: i64 = 10;
 
@@ -157,6 +159,25 @@ fn pod_template(
     if let Some(class) = &cr.spec.load_balancer_class {
         args.push(format!("--load-balancer-class={class}"));
     }
+    // The metrics endpoint, on the Node's address only (host network: the Pod's address is the
+    // Node's; the chart's admission policy admits no other --bind-address).
+    let mut ports = Vec::new();
+    let mut env = vec![
+        field_env("NODE_NAME", "spec.nodeName"),
+        field_env("POD_NAMESPACE", "metadata.namespace"),
+        field_env(NODE_IP_ENV, "status.hostIP"),
+    ];
+    if let Some(port) = announcer.metrics_port {
+        args.push(format!("--secure-port={port}"));
+        args.push("--bind-address=$(POD_IP)".into());
+        env.push(field_env("POD_IP", "status.podIP"));
+        ports.push(ContainerPort {
+            name: Some(METRICS_PORT_NAME.into()),
+            container_port: port,
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        });
+    }
     let bird_mount = VolumeMount { name: BIRD_VOLUME.into(), mount_path: BIRD_DIR.into(), ..Default::default() };
     let mut containers = vec![Container {
         name: ANNOUNCER_CONTAINER.into(),
@@ -164,16 +185,8 @@ fn pod_template(
         image_pull_policy: cr.spec.deployment.image_pull_policy.map(|p| p.as_str().to_string()),
         command: Some(vec![names::MANAGER_COMMAND.into()]),
         args: Some(args),
-        env: Some(
-            [
-                field_env("NODE_NAME", "spec.nodeName"),
-                field_env("POD_NAMESPACE", "metadata.namespace"),
-                field_env(NODE_IP_ENV, "status.hostIP"),
-            ]
-            .into_iter()
-            .chain(crate::desired::http2_env(settings))
-            .collect(),
-        ),
+        env: Some(env.into_iter().chain(crate::desired::http2_env(settings)).collect()),
+        ports: (!ports.is_empty()).then_some(ports),
         resources: Some(resources("10m", "32Mi", "128Mi")),
         security_context: Some(hardened(announcer.l2.then_some("NET_RAW"), run_as)),
         volume_mounts: Some(mounts.into_iter().chain(announcer.bgp.then(|| bird_mount.clone())).collect()),
@@ -407,6 +420,28 @@ mod tests {
         let Desired::ClusterRoleBinding(mut m) = manager_crb.clone() else { unreachable!() };
         m.subjects.as_mut().unwrap()[0].name = names::announcer_name("metal");
         assert!(build::binding_overreach(&Desired::ClusterRoleBinding(m), "lb", "metal", None, &s).is_some());
+    }
+
+    #[test]
+    fn a_metrics_port_serves_on_the_nodes_address_only_and_without_it_no_endpoint() {
+        let c = baremetal(json!({"metricsPort": 7473}));
+        let objs = build::build(&c, &validated(&c), &settings());
+        let pod = daemon_set(&objs, "ccm-metal-announcer").spec.clone().unwrap().template.spec.unwrap();
+        let announcer = &pod.containers[0];
+        let args = announcer.args.clone().unwrap();
+        assert!(args.contains(&"--secure-port=7473".to_string()), "{args:?}");
+        assert!(args.contains(&"--bind-address=$(POD_IP)".to_string()), "{args:?}");
+        let pod_ip = announcer.env.iter().flatten().find(|e| e.name == "POD_IP").expect("POD_IP");
+        let from = pod_ip.value_from.as_ref().unwrap().field_ref.as_ref().unwrap();
+        assert_eq!(from.field_path, "status.podIP", "the address the chart's admission policy admits");
+        let ports = announcer.ports.clone().unwrap();
+        assert_eq!((ports[0].name.as_deref(), ports[0].container_port), (Some(METRICS_PORT_NAME), 7473));
+        let c = baremetal(json!({}));
+        let objs = build::build(&c, &validated(&c), &settings());
+        let pod = daemon_set(&objs, "ccm-metal-announcer").spec.clone().unwrap().template.spec.unwrap();
+        let announcer = &pod.containers[0];
+        assert!(announcer.args.iter().flatten().all(|a| !a.starts_with("--secure-port") && !a.starts_with("--bind")));
+        assert!(announcer.ports.is_none() && announcer.env.iter().flatten().all(|e| e.name != "POD_IP"));
     }
 
     #[test]

@@ -686,7 +686,10 @@ class Render(unittest.TestCase):
         self.assertEqual(cluster, {("", "services"): ["list", "watch"],
                                    ("discovery.k8s.io", "endpointslices"): ["list", "watch"],
                                    ("", "nodes"): ["list", "watch"],
-                                   ("events.k8s.io", "events"): ["create", "patch"]})
+                                   ("events.k8s.io", "events"): ["create", "patch"],
+                                   # Its metrics endpoint's reviews (spec.announcer.metricsPort).
+                                   ("authentication.k8s.io", "tokenreviews"): ["create"],
+                                   ("authorization.k8s.io", "subjectaccessreviews"): ["create"]})
         # In its namespace: its Lease and its ServiceAnnouncement records.
         self.assertEqual([r["resources"] for r in roles["ccm-announcer-namespace"]["rules"]],
                          [["leases"], ["serviceannouncements"]])
@@ -857,7 +860,7 @@ class Render(unittest.TestCase):
                                 ("cilium.io", "ciliumloadbalancerippools")]:
             self.assertEqual(verbs_for(pools, group, resource), {"list", "watch"}, resource)
         for rule in pools:
-            if rule["resources"] != ["events"]:
+            if rule["resources"] not in (["events"], ["tokenreviews"], ["subjectaccessreviews"]):
                 self.assertEqual(set(rule["verbs"]), {"list", "watch"}, rule)
 
     def test_kube_vip_import_reads_one_configmap_in_its_namespace_and_nothing_else(self):

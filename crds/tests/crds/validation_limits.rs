@@ -1,6 +1,6 @@
 //! Every limit the generated CRD states is enforced by the Rust validation, with the API
 //! server's message: this test walks the CRD's `spec` schema, builds a spec breaking each
-//! `maxLength`, `minLength`, `maxItems`, `maxProperties`, `enum` and `minimum` it finds, and
+//! `maxLength`, `minLength`, `maxItems`, `maxProperties`, `enum`, `minimum` and `maximum` it finds, and
 //! checks that `parse_spec` + `validate_spec` reject it naming that field. A limit added to the
 //! types without Rust enforcement fails here.
 
@@ -123,6 +123,10 @@ fn walk(root: &Value, schema: &Value, path: &mut Vec<Step>, cases: &mut Vec<Case
     if let Some(min) = schema.get("minimum").and_then(Value::as_f64) {
         let min = min as i64;
         case(json!(min - 1), messages::below_minimum(&field, min - 1, min));
+    }
+    if let Some(max) = schema.get("maximum").and_then(Value::as_f64) {
+        let max = max as i64;
+        case(json!(max + 1), messages::above_maximum(&field, max + 1, max));
     }
     if let Some(props) = schema.get("properties").and_then(Value::as_object) {
         for (name, child) in props {

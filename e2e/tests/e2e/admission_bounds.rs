@@ -308,7 +308,7 @@ async fn the_operators_token_cannot_run_a_shell_in_bird_or_an_unhardened_pod() {
     };
     let settings = announcing_settings(&chart_manager_image(&objects));
     let spec = json!({"provider": "baremetal", "cloudConfig": {"secretRef": {"name": "cfg"}},
-                      "announcer": {"l2": true, "bgp": true}});
+                      "announcer": {"l2": true, "bgp": true, "metricsPort": 7473}});
     let owner = stored_resource(&admin, &managers, spec.clone()).await;
     let children = built(&owner, spec, &settings, BAREMETAL_ANNOUNCING.as_bytes());
     let announcer = children

@@ -102,7 +102,7 @@ fn announcer_objects(owner: &Value, settings: &BuildSettings) -> Vec<Value> {
         "metadata": {"name": owner["metadata"]["name"], "namespace": owner["metadata"]["namespace"],
                      "uid": owner["metadata"]["uid"]},
         "spec": {"provider": "baremetal", "cloudConfig": {"secretRef": {"name": "cfg"}},
-                 "announcer": {"l2": true, "bgp": true}},
+                 "announcer": {"l2": true, "bgp": true, "metricsPort": 7473}},
     });
     operator_children_with(cr, settings, BAREMETAL_ANNOUNCING.as_bytes())
         .iter()

@@ -1497,7 +1497,8 @@ testkit::backend_tests! {
             cluster.install_crd(&crd).await.expect("a stand-in CRD");
         }
         let values = json!({"cloudConfig": {"namespaces": [CR_NAMESPACE]}, "announcer": {"enabled": true},
-            "manager": {"rbac": {"poolResources": true, "importPools": true}}});
+            "manager": {"rbac": {"poolResources": true, "importPools": true}},
+            "metricsReader": {"subjects": [{"kind": "ServiceAccount", "name": SCRAPER, "namespace": RELEASE_NAMESPACE}]}});
         let Some(objects) = render_chart(&cluster.kubeconfig_path(), &values) else { return };
         if cluster.is_genuine() {
             apply_chart_rbac(&cluster.client(), &objects, None).await;
@@ -1512,7 +1513,7 @@ testkit::backend_tests! {
         }
         let account = operator::names::announcer_name(CR_NAME);
         let (config, _) = cluster.service_account(&namespace, &account).await.expect("the announcer's token");
-        let announcer_client = Client::try_from(config).expect("a client");
+        let announcer_client = Client::try_from(config.clone()).expect("a client");
         let class = format!("ccm.rs/proof-{namespace}");
         announced_service(&client, &namespace, &class, "192.0.2.77").await;
         // Its pools as a pod mounts them: the cloud-config's (which holds 192.0.2.77), and the
@@ -1546,6 +1547,20 @@ testkit::backend_tests! {
             event_api.list(&Default::default()).await.is_ok_and(|l| l.items.iter().any(|e| e.reason.as_deref() == Some(L2_ANNOUNCING)))
         })
         .await;
+        // Its metrics endpoint (spec.announcer.metricsPort): reviews made with its own token, which
+        // the chart's announcer role must allow (genuine backend; the local one reviews nothing).
+        let endpoint = ccm_provider_baremetal::announce::node::serve_metrics(SocketAddr::from(([127, 0, 0, 1], 0)), &config, cancel.clone())
+            .await
+            .expect("the announcer's endpoint");
+        {
+            use ccm_provider_baremetal::announce::metrics::{self, AnnouncerGauges, Inputs};
+            let gauges = AnnouncerGauges::register(&endpoint.1);
+            let (_, sessions) = tokio::sync::watch::channel(Vec::new());
+            let (_, health) = tokio::sync::watch::channel(Default::default());
+            let inputs = Inputs { owned: owned.clone(), l2: true, bgp: None, sessions, health };
+            tokio::spawn(metrics::run(gauges, inputs, cancel.clone()));
+        }
+        let scraped = metrics_step(&cluster, "the announcer", Some(endpoint.0), RBAC_WAIT).await;
         let records: Api<crds::ServiceAnnouncement> = Api::namespaced(client.clone(), &namespace);
         let recorded = step("the announcer records that its node answers (ServiceAnnouncement)", RBAC_WAIT, || async {
             records.list(&Default::default()).await.is_ok_and(|l| l.items.iter().any(|r| r.spec.node == node))
@@ -1561,6 +1576,7 @@ testkit::backend_tests! {
         assert!(claimed, "the announcer did not claim 192.0.2.77 within {RBAC_WAIT:?}");
         reported.unwrap_or_else(|step| panic!("timed out waiting until {step}"));
         recorded.unwrap_or_else(|step| panic!("timed out waiting until {step}"));
+        scraped.unwrap_or_else(|step| panic!("timed out waiting until {step}"));
         assert!(matches!(ended, Ok(Ok(Ok(())))), "the announcer stopped without error: {ended:?}");
         assert!(records.list(&Default::default()).await.expect("read").items.is_empty(), "its records were deleted on stop");
         let leases: Api<Lease> = Api::namespaced(client.clone(), &namespace);

@@ -134,7 +134,8 @@ pub async fn bgp_every_node_peers_with_the_router_ecmp_and_a_stopped_node_is_wit
     let t = Instant::now();
     let before = announcer_generation(&ctx).await;
     put_cloud_config(&ctx, &cloud_config(&ctx, &Inventory { bgp: true, ..Inventory::default() })).await;
-    let announcer = json!({"l2": true, "bgp": true, "nodeSelector": {ANNOUNCER_LABEL: "true"}});
+    let announcer = json!({"l2": true, "bgp": true, "nodeSelector": {ANNOUNCER_LABEL: "true"},
+                           "metricsPort": crate::announcer_metrics::METRICS_PORT});
     apply(&ctx.client, spec("DaemonSet", 2, Some(announcer), ROLLED_ARGS)).await;
     announcers_rolled(&ctx, 3, before).await;
     let rolled = t.elapsed().as_secs_f64();
@@ -215,6 +216,25 @@ pub async fn bgp_every_node_peers_with_the_router_ecmp_and_a_stopped_node_is_wit
     measured(format!(
         "BGP: Service created to the router's route via all three Nodes (ECMP): {ecmp:.1} s; to the client's first answer: {:.1} s",
         t.elapsed().as_secs_f64()
+    ));
+
+    // The same as metrics (issue 47 item 1): every announcer's endpoint, through the genuine
+    // authenticator and authorizer, shows its session with the router up and the address.
+    let t = Instant::now();
+    let router_ip = ctx.cluster.network.router_address();
+    let seen = crate::announcer_metrics::scrape_every_announcer(&ctx, |_| {
+        vec![
+            format!(r#"ccm_announcer_bgp_session_up{{peer="{router_ip}",state="Established"}} 1"#),
+            format!(r#"ccm_announcer_announced{{protocol="bgp",address="{BGP_ADDRESS}"}} 1"#),
+            "ccm_announcer_healthy 1".to_string(),
+        ]
+    })
+    .await;
+    assert_eq!(seen.len(), names.len(), "one endpoint per Node: {seen:?}");
+    measured(format!(
+        "announcer metrics (HTTPS, TokenReview and SubjectAccessReview on the genuine API server): no token 401, a ServiceAccount without get /metrics 403, the reader's scrape of all three in {:.1} s: {}",
+        t.elapsed().as_secs_f64(),
+        seen.join(" | ")
     ));
 
     // ECMP hashes each flow to one next hop; hashing on ports too spreads the client's requests

@@ -7,6 +7,7 @@ use std::fmt;
 
 use serde::Deserialize;
 
+use crate::announce::l2;
 use crate::selector::LabelSelectorConfig;
 use ccm_framework::safe_yaml::FieldPath;
 
@@ -43,6 +44,10 @@ pub struct PolicyConfig {
     /// `ccm.rs/l2-preferred-nodes` comes first).
     #[serde(default)]
     pub l2_preferred_nodes: Vec<String>,
+    /// The interfaces ARP/NDP for the pool's addresses is answered on, of those the announcers
+    /// answer on (`announcement.l2.interfaces`); empty: all of them.
+    #[serde(default)]
+    pub l2_interfaces: Vec<String>,
     /// BGP attributes of the pool's routes.
     #[serde(default)]
     pub bgp: Option<BgpPolicyConfig>,
@@ -71,6 +76,8 @@ pub struct PoolPolicy {
     pub node_selector: Option<LabelSelectorConfig>,
     /// The preferred nodes for L2, in order.
     pub preferred: Vec<String>,
+    /// The interfaces its addresses are answered on; empty: every L2 interface.
+    pub l2_interfaces: Vec<String>,
     /// What the pool's routes carry beyond the global attributes.
     pub route: RouteAttributes,
 }
@@ -113,6 +120,7 @@ impl PolicyConfig {
     /// by the caller, which knows its own selector rules, and taken as it is.
     pub fn check(&self, path: &FieldPath) -> Result<PoolPolicy, PolicyProblem> {
         let preferred = check_nodes(&self.l2_preferred_nodes, &path.field("l2PreferredNodes"))?;
+        let l2_interfaces = check_interfaces(&self.l2_interfaces, &path.field("l2Interfaces"))?;
         let mut route = RouteAttributes::default();
         if let Some(bgp) = &self.bgp {
             let at = path.field("bgp");
@@ -125,7 +133,7 @@ impl PolicyConfig {
             )?;
             route.local_pref = bgp.local_pref;
         }
-        Ok(PoolPolicy { node_selector: self.node_selector.clone(), preferred, route })
+        Ok(PoolPolicy { node_selector: self.node_selector.clone(), preferred, l2_interfaces, route })
     }
 }
 
@@ -165,6 +173,22 @@ fn check_nodes(names: &[String], path: &FieldPath) -> Result<Vec<String>, Policy
     Ok(out)
 }
 
+/// Interface names Linux accepts, at most [`l2::MAX_INTERFACES`], none twice.
+fn check_interfaces(names: &[String], path: &FieldPath) -> Result<Vec<String>, PolicyProblem> {
+    if names.len() > l2::MAX_INTERFACES {
+        return Err(PolicyProblem { field: path.clone(), message: l2::TOO_MANY_INTERFACES });
+    }
+    for (i, name) in names.iter().enumerate() {
+        if !l2::valid_interface_name(name) {
+            return Err(PolicyProblem { field: path.index(i), message: l2::BAD_INTERFACE });
+        }
+        if names[..i].contains(name) {
+            return Err(PolicyProblem { field: path.index(i), message: l2::DUPLICATE_INTERFACE });
+        }
+    }
+    Ok(names.to_vec())
+}
+
 /// Decimal digits only, parsed as `T`.
 fn number<T: std::str::FromStr>(part: &str) -> Option<T> {
     if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
@@ -199,11 +223,13 @@ mod tests {
         let config: PolicyConfig = serde_json::from_value(serde_json::json!({
             "nodeSelector": {"matchLabels": {"edge": "true"}},
             "l2PreferredNodes": ["w2", "w1"],
+            "l2Interfaces": ["eth1", "bond0.20"],
             "bgp": {"communities": ["65000:7"], "largeCommunities": ["65000:1:4294967295"], "localPref": 300},
         }))
         .unwrap();
         let policy = config.check(&at()).unwrap();
         assert_eq!(policy.preferred, ["w2", "w1"]);
+        assert_eq!(policy.l2_interfaces, ["eth1", "bond0.20"]);
         assert_eq!(policy.route.communities, [(65000, 7)]);
         assert_eq!(policy.route.large_communities, [(65000, 1, u32::MAX)]);
         assert_eq!(policy.route.local_pref, Some(300));
@@ -247,6 +273,26 @@ mod tests {
                 PolicyConfig { l2_preferred_nodes: s(&["w1", "w1"]), ..Default::default() },
                 "advertisement.l2PreferredNodes[1]",
                 DUPLICATE_NODE,
+            ),
+            (
+                PolicyConfig { l2_interfaces: s(&["eth0", "eth1:0"]), ..Default::default() },
+                "advertisement.l2Interfaces[1]",
+                l2::BAD_INTERFACE,
+            ),
+            (
+                PolicyConfig { l2_interfaces: s(&["a-very-long-name"]), ..Default::default() },
+                "advertisement.l2Interfaces[0]",
+                l2::BAD_INTERFACE,
+            ),
+            (
+                PolicyConfig { l2_interfaces: s(&["eth0", "eth0"]), ..Default::default() },
+                "advertisement.l2Interfaces[1]",
+                l2::DUPLICATE_INTERFACE,
+            ),
+            (
+                PolicyConfig { l2_interfaces: (0..17).map(|i| format!("eth{i}")).collect(), ..Default::default() },
+                "advertisement.l2Interfaces",
+                l2::TOO_MANY_INTERFACES,
             ),
         ] {
             let problem = config.check(&at()).expect_err(field);

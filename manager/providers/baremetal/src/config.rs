@@ -346,6 +346,7 @@ fn schema() -> &'static Schema {
                 CAP_ABOVE_TOTAL_UDP,
                 CAP_ABOVE_SERVICE_TCP,
                 CAP_ABOVE_SERVICE_UDP,
+                NOT_AN_L2_INTERFACE,
             ])
             .with::<PoolConfig>()
             .with::<PortRuleConfig>()
@@ -400,6 +401,15 @@ impl CloudConfig {
         }
         if let Some(l2) = &self.load_balancer.announcement.l2 {
             l2.validate(&root().field("loadBalancer").field("announcement").field("l2"))?;
+            // A pool answers on some of the announcers' interfaces, never on others.
+            for (i, pool) in self.load_balancer.pools.iter().enumerate() {
+                let names = pool.advertisement.iter().flat_map(|a| a.l2_interfaces.iter());
+                if let Some((j, _)) = names.enumerate().find(|(_, name)| !l2.interfaces.contains(name)) {
+                    let at = root().field("loadBalancer").field("pools").index(i);
+                    let field = at.field("advertisement").field("l2Interfaces").index(j);
+                    return Err(DocumentError::invalid(field, NOT_AN_L2_INTERFACE));
+                }
+            }
         }
         if let Some(bgp) = &self.load_balancer.announcement.bgp {
             bgp.validate(&root().field("loadBalancer").field("announcement").field("bgp"))?;
@@ -466,6 +476,9 @@ impl CloudConfig {
         Ok(())
     }
 }
+
+/// The message of a pool's L2 interface the announcers do not answer on.
+pub const NOT_AN_L2_INTERFACE: &str = "must be one of loadBalancer.announcement.l2.interfaces";
 
 /// The message of a per-listener TCP cap above the data path's.
 pub const CAP_ABOVE_TOTAL_TCP: &str = "must not be greater than maxTcpConnections";
@@ -1052,9 +1065,19 @@ pub(crate) mod tests {
                 "loadBalancer.pools[0].advertisement.nodeSelector.matchExpressions[0].values",
             ),
             ("        interfaces: [eth1]\n", "loadBalancer.pools[0].advertisement: has an unknown field"),
+            ("        l2Interfaces: [eth1, 'eth1']\n", "loadBalancer.pools[0].advertisement.l2Interfaces[1]"),
         ] {
             assert_names(&format!("{base}{extra}"), field);
         }
+        // A pool's interfaces are some of the announcers'.
+        let l2 = "  announcement:\n    l2: {interfaces: [eth0, eth1]}\n";
+        let pools = pools_of(&format!("{base}        l2Interfaces: [eth1]\n{l2}"));
+        assert_eq!(pools[0].policy.l2_interfaces, ["eth1"]);
+        let message = assert_names(
+            &format!("{base}        l2Interfaces: [eth1, eth2]\n{l2}"),
+            "loadBalancer.pools[0].advertisement.l2Interfaces[1]",
+        );
+        assert!(message.contains(NOT_AN_L2_INTERFACE), "{message}");
     }
 
     #[test]

@@ -130,6 +130,7 @@ fn policy(advertisement: &PoolAdvertisement) -> Result<PoolPolicy, Verdict> {
             .map(|s| selector(s, "advertisement.nodeSelector"))
             .transpose()?,
         l2_preferred_nodes: advertisement.l2_preferred_nodes.clone(),
+        l2_interfaces: advertisement.l2_interfaces.clone(),
         bgp: bgp.map(|b| BgpPolicyConfig {
             communities: b.communities.clone(),
             large_communities: b.large_communities.clone(),
@@ -308,6 +309,7 @@ mod tests {
                 ..Default::default()
             }),
             l2_preferred_nodes: vec!["w3".into()],
+            l2_interfaces: vec!["eth1".into()],
             bgp: Some(PoolBgpAdvertisement {
                 communities: vec!["65000:7".into()],
                 large_communities: vec!["65000:1:2".into()],
@@ -316,6 +318,7 @@ mod tests {
         });
         let policy = to_pool(&r).unwrap().policy;
         assert_eq!(policy.preferred, ["w3"]);
+        assert_eq!(policy.l2_interfaces, ["eth1"]);
         assert_eq!(policy.route.local_pref, Some(250));
         assert_eq!(policy.route.large_communities, [(65000, 1, 2)]);
         assert!(policy.node_selector.is_some_and(|s| s.match_labels["edge"] == "true"));
@@ -331,6 +334,14 @@ mod tests {
             (
                 PoolAdvertisement { l2_preferred_nodes: vec!["a,b".into()], ..Default::default() },
                 "spec.advertisement.l2PreferredNodes[0] must be a node name",
+            ),
+            (
+                PoolAdvertisement { l2_interfaces: vec!["eth0".into(), "eth0".into()], ..Default::default() },
+                "spec.advertisement.l2Interfaces[1] is listed twice",
+            ),
+            (
+                PoolAdvertisement { l2_interfaces: vec!["eth/0".into()], ..Default::default() },
+                "spec.advertisement.l2Interfaces[0] must be an interface name",
             ),
         ] {
             r.spec.advertisement = Some(advertisement);

@@ -86,6 +86,9 @@ pub struct AnnouncerSettings {
     pub record: bool,
     /// The interfaces the responders answer on, named in the records.
     pub interfaces: Vec<String>,
+    /// Where to publish, per owned address whose pool answers on some interfaces only, those
+    /// interfaces ([`super::policy::answered_on`] filters each responder's addresses by it).
+    pub l2_interfaces: Option<watch::Sender<BTreeMap<IpAddr, BTreeSet<String>>>>,
     /// This node's BGP sessions ([`super::bgp::bird::run`] publishes them): written into its
     /// Lease ([`super::bgp_sessions::SESSIONS_ANNOTATION`]), a lost one an event on the Node.
     pub bgp_sessions: watch::Receiver<Vec<Session>>,
@@ -108,6 +111,7 @@ impl AnnouncerSettings {
             health: watch::channel(Health::Healthy).1,
             record: false,
             interfaces: Vec::new(),
+            l2_interfaces: None,
             bgp_sessions: watch::channel(Vec::new()).1,
         }
     }
@@ -319,6 +323,17 @@ pub async fn run(
                 changed
             });
         }
+        // Before the owned set: a responder never answers on an interface the pool leaves out.
+        let only_on = policies.l2_interfaces();
+        if let Some(tx) = &settings.l2_interfaces {
+            tx.send_if_modified(|current| {
+                let changed = *current != only_on;
+                if changed {
+                    *current = only_on.clone();
+                }
+                changed
+            });
+        }
         if next != current {
             // One event per Service naming every address gained (the sink folds repeats of a
             // Service's reason into one series, so one event per address would keep only the last).
@@ -357,7 +372,7 @@ pub async fn run(
             let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
             let held = records::held(&current, &announced, &since, &now);
             let view = RecordsView {
-                desired: records::desired(&settings.node, &held, &settings.interfaces),
+                desired: records::desired(&settings.node, &held, &settings.interfaces, &only_on),
                 live: liveness.live(Instant::now()),
             };
             records_tx.send_if_modified(|old| {

@@ -15,6 +15,7 @@ pub mod health_probe;
 #[cfg(feature = "datapath")]
 pub mod host;
 pub mod l2;
+pub mod metrics;
 #[cfg(feature = "datapath")]
 pub mod node;
 pub mod plan;

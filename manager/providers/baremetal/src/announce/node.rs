@@ -7,7 +7,8 @@
 //! addresses ([`super::bgp::bird::run`]; the node's IPv4 from `$NODE_IP`).
 //! A health monitor ([`super::health_probe`]) watches the L2 interfaces, the responders and,
 //! when configured, kube-proxy's health endpoint; while any fails the announcer gives its
-//! addresses up ([`super::health`]).
+//! addresses up ([`super::health`]). With `--secure-port` it serves its gauges
+//! ([`super::metrics`]) over HTTPS behind token and access reviews.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -19,19 +20,27 @@ use super::announcer::{self, AnnouncerSettings};
 use super::health_probe::{self, LinkProbe, Monitor};
 use super::responder::{self, L2Socket};
 use ccm_framework::events::EventSink;
+use ccm_framework::health::HealthRegistry;
+use ccm_framework::http::{HttpConfig, HttpState, Listener};
+use ccm_framework::metrics::Metrics;
 use ccm_framework::process::LogSettings;
+use ccm_framework::serving::{AuthConfig, AuthSettings};
 
 /// The subcommand's name: `cloud-controller-manager announce ...`.
 pub use super::SUBCOMMAND;
 
 /// Usage text, printed for `--help` and a bad flag.
 pub const USAGE: &str = "\
-usage: cloud-controller-manager announce --cloud-config PATH [--node NAME] [--namespace NS] [--load-balancer-class CLASS] [-v LEVEL]
+usage: cloud-controller-manager announce --cloud-config PATH [--node NAME] [--namespace NS] [--load-balancer-class CLASS]
+                                        [--secure-port PORT] [--bind-address IP] [-v LEVEL]
   --cloud-config         the baremetal cloud-config; its loadBalancer.announcement.l2 lists the interfaces,
                          .bgp the BGP peers (BIRD beside this process; the router ID defaults to $NODE_IP)
   --node                 this node's name (default: $NODE_NAME, from the downward API)
   --namespace            where the announcer Leases live (default: $POD_NAMESPACE)
   --load-balancer-class  announce Services of this class (default: Services without a class)
+  --secure-port          serve /metrics (and /healthz, /readyz, /livez) over HTTPS on this port, bearer tokens
+                         checked with TokenReview and SubjectAccessReview (default 0: no endpoint)
+  --bind-address         the address that endpoint listens on (default 0.0.0.0)
   -v                     log level: error, warn, info (default), debug";
 
 /// The parsed flags.
@@ -45,6 +54,10 @@ pub struct Flags {
     pub namespace: String,
     /// `--load-balancer-class`.
     pub class: Option<String>,
+    /// `--secure-port`: the metrics endpoint's port; 0, none.
+    pub secure_port: u16,
+    /// `--bind-address`: where the endpoint listens.
+    pub bind_address: IpAddr,
     /// `-v`.
     pub level: tracing::Level,
 }
@@ -55,6 +68,8 @@ pub fn parse_flags(args: &[String], env: impl Fn(&str) -> Option<String>) -> Res
     let mut node = env("NODE_NAME");
     let mut namespace = env("POD_NAMESPACE");
     let mut class = None;
+    let mut secure_port = 0;
+    let mut bind_address = IpAddr::from([0, 0, 0, 0]);
     let mut level = tracing::Level::INFO;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -68,6 +83,14 @@ pub fn parse_flags(args: &[String], env: impl Fn(&str) -> Option<String>) -> Res
             "--node" => node = Some(value()?),
             "--namespace" => namespace = Some(value()?),
             "--load-balancer-class" => class = Some(value()?).filter(|c| !c.is_empty()),
+            "--secure-port" => {
+                let v = value()?;
+                secure_port = v.parse().map_err(|_| format!("--secure-port: {v:?} is not a port (0-65535)"))?;
+            }
+            "--bind-address" => {
+                let v = value()?;
+                bind_address = v.parse().map_err(|_| format!("--bind-address: {v:?} is not an IP address"))?;
+            }
             "-v" | "--v" => {
                 let v = value()?;
                 level = v.parse().map_err(|_| format!("-v: {v:?} is not one of error, warn, info, debug, trace"))?;
@@ -81,6 +104,8 @@ pub fn parse_flags(args: &[String], env: impl Fn(&str) -> Option<String>) -> Res
         node: required(node, "--node (or $NODE_NAME)")?,
         namespace: required(namespace, "--namespace (or $POD_NAMESPACE)")?,
         class,
+        secure_port,
+        bind_address,
         level,
     })
 }
@@ -135,17 +160,35 @@ async fn run(flags: Flags) -> Result<(), String> {
             links.push(LinkProbe::open(interface).map_err(|e| e.to_string())?);
         }
     }
-    let client = kube::Client::try_default().await.map_err(|e| format!("connecting to the API server: {e}"))?;
+    let kube_config = kube::Config::infer().await.map_err(|e| format!("connecting to the API server: {e}"))?;
+    let client =
+        kube::Client::try_from(kube_config.clone()).map_err(|e| format!("connecting to the API server: {e}"))?;
+    let metrics = if flags.secure_port == 0 {
+        None
+    } else {
+        let address = std::net::SocketAddr::new(flags.bind_address, flags.secure_port);
+        let (address, metrics) = serve_metrics(address, &kube_config, cancel.clone()).await?;
+        tracing::info!(%address, "serving /metrics");
+        Some(metrics)
+    };
     let events = EventSink::spawn(client.clone(), Some(flags.node.clone()), cancel.clone());
     let (owned, watching) = watch::channel(BTreeSet::<IpAddr>::new());
     let responders_stop = tokio_util::sync::CancellationToken::new();
     let mut responders = Vec::new();
     let mut stopped = Vec::new();
+    // A pool may answer on some interfaces only: each responder gets its share of the owned set.
+    let (only_on_tx, only_on) = watch::channel(Default::default());
     for socket in sockets {
         tracing::info!(interface = socket.interface(), "answering ARP and NDP");
         let done = tokio_util::sync::CancellationToken::new();
         stopped.push((socket.interface().to_string(), done.clone()));
-        let task = responder::run(socket, watching.clone(), responders_stop.clone());
+        let answered = responder::on_interface(
+            watching.clone(),
+            only_on.clone(),
+            socket.interface().to_string(),
+            responders_stop.clone(),
+        );
+        let task = responder::run(socket, answered, responders_stop.clone());
         responders.push(tokio::spawn(health_probe::watched(task, done)));
     }
     let mut settings = AnnouncerSettings::new(flags.node, flags.namespace);
@@ -154,6 +197,7 @@ async fn run(flags: Flags) -> Result<(), String> {
     // whose answering node is one per address.
     settings.record = announcement.l2.is_some();
     settings.interfaces = announcement.l2.iter().flat_map(|l2| l2.interfaces.clone()).collect();
+    settings.l2_interfaces = Some(only_on_tx);
     // Only what the pools hand out is ever announced: the pools (file, resources, imports),
     // the inventory and this host's own network, kept current (docs/security.md).
     let sources = super::sources::SourceSettings::new(&flags.cloud_config);
@@ -164,6 +208,7 @@ async fn run(flags: Flags) -> Result<(), String> {
     let kube_proxy = health.kube_proxy(node_ip).map_err(|e| e.to_string())?;
     let monitor = Monitor { links, responders: stopped, kube_proxy, interval: health.interval() };
     settings.health = health_probe::spawn(monitor, cancel.clone());
+    let mut bgp_advertised = None;
     if let Some(bgp) = announcement.bgp {
         // BGP: the BIRD sidecar advertises what this node serves (docs/datapath.md).
         let (tx, rx) = watch::channel(super::bgp::Advertisement::default());
@@ -176,7 +221,19 @@ async fn run(flags: Flags) -> Result<(), String> {
         // Its sessions go into this node's Lease (docs/bgp-announcement.md#session-state).
         let (sessions, read) = watch::channel(Vec::new());
         settings.bgp_sessions = read;
+        bgp_advertised = Some(rx.clone());
         tokio::spawn(super::bgp::bird::run(bird, rx, sessions, cancel.clone()));
+    }
+    if let Some(metrics) = metrics {
+        let gauges = super::metrics::AnnouncerGauges::register(&metrics);
+        let inputs = super::metrics::Inputs {
+            owned: watching.clone(),
+            l2: settings.record,
+            bgp: bgp_advertised,
+            sessions: settings.bgp_sessions.clone(),
+            health: settings.health.clone(),
+        };
+        tokio::spawn(super::metrics::run(gauges, inputs, cancel.clone()));
     }
     let result = announcer::run(client, settings, owned, Some(events), cancel).await;
     responders_stop.cancel();
@@ -186,6 +243,35 @@ async fn run(flags: Flags) -> Result<(), String> {
         }
     }
     result.map_err(|e| e.to_string())
+}
+
+/// The metrics endpoint on `address` (the `--bind-address:--secure-port` of an announcer):
+/// HTTPS with a self-signed certificate, delegated authentication and authorization through
+/// `kube_config`'s identity, as the manager's endpoint (docs/l2-announcement.md#metrics).
+/// Returns where it listens and the registry to fill.
+pub async fn serve_metrics(
+    address: std::net::SocketAddr,
+    kube_config: &kube::Config,
+    cancel: tokio_util::sync::CancellationToken,
+) -> Result<(std::net::SocketAddr, std::sync::Arc<Metrics>), String> {
+    let config = HttpConfig::new(address)
+        .with_auth(AuthConfig::new(AuthSettings::default()))
+        .resolve_auth(kube_config)
+        .await
+        .map_err(|e| format!("--secure-port: {e}"))?;
+    let listener = Listener::bind(&config).await.map_err(|e| format!("--secure-port: {e}"))?;
+    let local = listener.local_addr();
+    let metrics = std::sync::Arc::new(Metrics::new());
+    // No health check of its own: an unhealthy node's announcer gives its addresses up and
+    // keeps running (a restart would not mend an interface), so liveness is only "it answers".
+    let state = HttpState {
+        health: HealthRegistry::new(),
+        ready: HealthRegistry::new(),
+        metrics: metrics.clone(),
+        capabilities: None,
+    };
+    tokio::spawn(listener.serve(state, cancel));
+    Ok((local, metrics))
 }
 
 #[cfg(test)]
@@ -210,8 +296,11 @@ mod tests {
         assert_eq!(flags.cloud_config, "/etc/ccm/cloud.yaml");
         assert_eq!(flags.class.as_deref(), Some("x"));
         assert_eq!(flags.level, tracing::Level::DEBUG);
+        assert_eq!((flags.secure_port, flags.bind_address), (0, IpAddr::from([0, 0, 0, 0])), "no endpoint by default");
         let flags = parse_flags(&args("--cloud-config c --node n --namespace ns"), env).unwrap();
         assert_eq!((flags.node.as_str(), flags.namespace.as_str(), flags.class), ("n", "ns", None));
+        let flags = parse_flags(&args("--cloud-config c --secure-port=7473 --bind-address 192.0.2.4"), env).unwrap();
+        assert_eq!((flags.secure_port, flags.bind_address), (7473, IpAddr::from([192, 0, 2, 4])));
     }
 
     #[test]
@@ -225,6 +314,15 @@ mod tests {
                 .contains("--bogus")
         );
         assert!(parse_flags(&args("--cloud-config"), none).unwrap_err().contains("needs a value"));
+        let base = "--cloud-config c --node n --namespace ns";
+        assert!(
+            parse_flags(&args(&format!("{base} --secure-port 70000")), none).unwrap_err().contains("--secure-port")
+        );
+        assert!(
+            parse_flags(&args(&format!("{base} --bind-address $(POD_IP)")), none)
+                .unwrap_err()
+                .contains("--bind-address")
+        );
         assert!(
             parse_flags(&args("--cloud-config c --node n --namespace ns -v loud"), none).unwrap_err().contains("-v")
         );

@@ -25,6 +25,8 @@ pub struct AddressPolicy {
     pub nodes: Option<BTreeSet<String>>,
     /// The Nodes that should answer ARP/NDP for it, in order.
     pub preferred: Vec<String>,
+    /// The interfaces ARP/NDP for it is answered on; empty: every L2 interface.
+    pub l2_interfaces: BTreeSet<String>,
     /// BGP attributes of its route beyond the global ones.
     pub route: RouteAttributes,
 }
@@ -54,6 +56,14 @@ impl AddressPolicies {
     /// The preferred nodes of `address`'s pool (empty: none).
     pub fn preferred(&self, address: IpAddr) -> &[String] {
         self.get(address).map(|p| p.preferred.as_slice()).unwrap_or_default()
+    }
+
+    /// The interfaces of every address whose pool answers on some interfaces only.
+    pub fn l2_interfaces(&self) -> BTreeMap<IpAddr, BTreeSet<String>> {
+        (self.0.iter())
+            .filter(|(_, p)| !p.l2_interfaces.is_empty())
+            .map(|(a, p)| (*a, p.l2_interfaces.clone()))
+            .collect()
     }
 
     /// The route attributes of every address whose pool sets some.
@@ -87,11 +97,23 @@ pub fn resolve(
             AddressPolicy {
                 nodes: selected.clone(),
                 preferred: pool.policy.preferred.clone(),
+                l2_interfaces: pool.policy.l2_interfaces.iter().cloned().collect(),
                 route: pool.policy.route.clone(),
             },
         );
     }
     AddressPolicies(out)
+}
+
+/// What the responder on `interface` answers for: the owned addresses whose pool answers on
+/// that interface (`only_on`: address to its pool's interfaces; an address not in it, every
+/// interface).
+pub fn answered_on(
+    owned: &BTreeSet<IpAddr>,
+    only_on: &BTreeMap<IpAddr, BTreeSet<String>>,
+    interface: &str,
+) -> BTreeSet<IpAddr> {
+    owned.iter().copied().filter(|a| only_on.get(a).is_none_or(|names| names.contains(interface))).collect()
 }
 
 #[cfg(test)]
@@ -110,6 +132,7 @@ mod tests {
                 ..Default::default()
             }),
             preferred: vec!["w9".to_string()],
+            l2_interfaces: vec!["eth1".to_string()],
             route: RouteAttributes { communities: vec![(65000, 7)], ..Default::default() },
         };
         let only_route =
@@ -130,5 +153,12 @@ mod tests {
         assert_eq!(routes.len(), 2);
         assert_eq!(routes[&ip("192.0.2.1")].communities, [(65000, 7)]);
         assert_eq!(routes[&ip("2001:db8::1")].local_pref, Some(300));
+        // Only the edge pool's address is held to an interface: eth1 answers for all three
+        // owned, eth0 not for the edge pool's.
+        let only_on = got.l2_interfaces();
+        assert_eq!(only_on.keys().copied().collect::<Vec<_>>(), [ip("192.0.2.1")]);
+        let owned = BTreeSet::from([ip("192.0.2.1"), ip("2001:db8::1"), ip("198.51.100.1")]);
+        assert_eq!(answered_on(&owned, &only_on, "eth1"), owned);
+        assert_eq!(answered_on(&owned, &only_on, "eth0"), BTreeSet::from([ip("2001:db8::1"), ip("198.51.100.1")]));
     }
 }

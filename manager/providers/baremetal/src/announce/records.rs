@@ -93,31 +93,29 @@ pub fn desired(
     node: &str,
     held: &BTreeMap<IpAddr, Held>,
     interfaces: &[String],
+    only_on: &BTreeMap<IpAddr, BTreeSet<String>>,
 ) -> BTreeMap<String, ServiceAnnouncementSpec> {
-    let mut per_service: BTreeMap<&ServiceName, Vec<AnnouncedAddress>> = BTreeMap::new();
+    let mut per_service: BTreeMap<&ServiceName, Vec<(IpAddr, AnnouncedAddress)>> = BTreeMap::new();
     for (address, h) in held {
         let protocol = if address.is_ipv4() { AnnouncementProtocol::Arp } else { AnnouncementProtocol::Ndp };
         for service in &h.services {
-            per_service.entry(service).or_default().push(AnnouncedAddress {
-                address: address.to_string(),
-                protocol,
-                since: h.since.clone(),
-            });
+            let announced = AnnouncedAddress { address: address.to_string(), protocol, since: h.since.clone() };
+            per_service.entry(service).or_default().push((*address, announced));
         }
     }
     per_service
         .into_iter()
-        .filter_map(|(service, addresses)| {
+        .filter_map(|(service, held)| {
             let (namespace, name) = service.split_once('/')?;
             let service = AnnouncedService { namespace: namespace.to_string(), name: name.to_string() };
-            let since = addresses.iter().map(|a| a.since.clone()).min()?;
-            let spec = ServiceAnnouncementSpec {
-                node: node.to_string(),
-                service,
-                since,
-                addresses,
-                interfaces: interfaces.to_vec(),
-            };
+            let since = held.iter().map(|(_, a)| a.since.clone()).min()?;
+            // The interfaces some address of the Service is answered on (its pool's, if it
+            // names some).
+            let answered =
+                |i: &&String| held.iter().any(|(ip, _)| only_on.get(ip).is_none_or(|names| names.contains(i.as_str())));
+            let interfaces = interfaces.iter().filter(answered).cloned().collect();
+            let addresses = held.into_iter().map(|(_, a)| a).collect();
+            let spec = ServiceAnnouncementSpec { node: node.to_string(), service, since, addresses, interfaces };
             Some((record_name(node, &spec.service), spec))
         })
         .collect()
@@ -167,7 +165,7 @@ mod tests {
         let held =
             owned.iter().map(|(a, s, t)| (ip(a), Held { services: vec![s.to_string()], since: at(*t) })).collect();
         RecordsView {
-            desired: desired(node, &held, &["eth0".into()]),
+            desired: desired(node, &held, &["eth0".into()], &BTreeMap::new()),
             live: live.iter().map(|n| n.to_string()).collect(),
         }
     }
@@ -212,11 +210,26 @@ mod tests {
         let held = held(&owned, &services, &since, &at(50));
         assert_eq!(held[&ip("192.0.2.10")].services, ["a/dns-tcp", "a/dns-udp"]);
         assert_eq!(held[&ip("192.0.2.10")].since, at(5));
-        let records = desired("n", &held, &[]);
+        let records = desired("n", &held, &[], &BTreeMap::new());
         assert_eq!(records.keys().collect::<Vec<_>>(), ["n.a.dns-tcp", "n.a.dns-udp"]);
         // An address without a recorded start counts from now.
         let held = super::held(&owned, &services, &BTreeMap::new(), &at(50));
         assert_eq!(held[&ip("192.0.2.10")].since, at(50));
+    }
+
+    #[test]
+    fn a_record_names_only_the_interfaces_its_addresses_are_answered_on() {
+        let owned =
+            BTreeMap::from([(ip("192.0.2.10"), "a/web".to_string()), (ip("198.51.100.1"), "a/api".to_string())]);
+        let services = BTreeMap::from([
+            ("a/web".to_string(), announced(&["192.0.2.10"])),
+            ("a/api".to_string(), announced(&["198.51.100.1"])),
+        ]);
+        let held = held(&owned, &services, &BTreeMap::new(), &at(1));
+        let only_on = BTreeMap::from([(ip("192.0.2.10"), BTreeSet::from(["eth1".to_string()]))]);
+        let records = desired("n", &held, &["eth0".into(), "eth1".into()], &only_on);
+        assert_eq!(records["n.a.web"].interfaces, ["eth1"], "its pool answers on eth1 only");
+        assert_eq!(records["n.a.api"].interfaces, ["eth0", "eth1"], "no pool interfaces: every one");
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! Decisions live elsewhere: which addresses are owned ([`super::elect`]), what to send when
 //! ([`super::plan`]), the bytes ([`super::codec`]).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::mem;
 use std::net::{IpAddr, Ipv6Addr};
@@ -250,6 +250,40 @@ impl L2Socket {
             tracing::warn!(interface = %self.interface, %group, join, %error, "solicited-node multicast group");
         }
     }
+}
+
+/// The addresses the responder on `interface` answers for: `owned` less those whose pool
+/// answers on other interfaces only (`only_on`, [`super::policy::answered_on`]), kept current
+/// by a task until `cancel` or until `owned`'s sender is gone.
+pub fn on_interface(
+    mut owned: watch::Receiver<BTreeSet<IpAddr>>,
+    mut only_on: watch::Receiver<BTreeMap<IpAddr, BTreeSet<String>>>,
+    interface: String,
+    cancel: CancellationToken,
+) -> watch::Receiver<BTreeSet<IpAddr>> {
+    let filter = move |owned: &watch::Receiver<BTreeSet<IpAddr>>, only_on: &watch::Receiver<_>| {
+        super::policy::answered_on(&owned.borrow(), &only_on.borrow(), &interface)
+    };
+    let (tx, rx) = watch::channel(filter(&owned, &only_on));
+    tokio::spawn(async move {
+        let mut only_on_open = true;
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                changed = owned.changed() => if changed.is_err() { return },
+                changed = only_on.changed(), if only_on_open => only_on_open = changed.is_ok(),
+            }
+            let next = filter(&owned, &only_on);
+            tx.send_if_modified(|current| {
+                let changed = *current != next;
+                if changed {
+                    *current = next;
+                }
+                changed
+            });
+        }
+    });
+    rx
 }
 
 /// Answer for the addresses in `owned` on `socket` until `cancel`: replies to requests for

@@ -28,6 +28,7 @@ mod bgp_bird;
 mod kit;
 mod l2_announce;
 mod l2_health;
+mod l2_interfaces;
 mod l2_records;
 mod pool_import;
 mod pool_policy;

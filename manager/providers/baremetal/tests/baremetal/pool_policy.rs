@@ -25,6 +25,8 @@ const CLASS: &str = "ccm.rs/pool-policy-test";
 struct Running {
     owned: watch::Receiver<BTreeSet<IpAddr>>,
     advertised: watch::Receiver<Advertisement>,
+    /// Per owned address whose pool names L2 interfaces, those interfaces.
+    only_on: watch::Receiver<BTreeMap<IpAddr, BTreeSet<String>>>,
     cancel: CancellationToken,
     task: JoinHandle<()>,
 }
@@ -41,13 +43,15 @@ fn start(client: &kube::Client, namespace: &str, node: &str, config: &Path) -> R
         (Duration::from_secs(2), Duration::from_millis(500), Duration::from_secs(1));
     let (bgp, advertised) = watch::channel(Advertisement::default());
     settings.bgp = Some(bgp);
+    let (only_on_tx, only_on) = watch::channel(BTreeMap::new());
+    settings.l2_interfaces = Some(only_on_tx);
     let (tx, owned) = watch::channel(BTreeSet::new());
     let events = EventSink::spawn(client.clone(), Some(node.into()), cancel.clone());
     let task = tokio::spawn({
         let (client, cancel) = (client.clone(), cancel.clone());
         async move { announcer::run(client, settings, tx, Some(events), cancel).await.expect("announcer runs") }
     });
-    Running { owned, advertised, cancel, task }
+    Running { owned, advertised, only_on, cancel, task }
 }
 
 async fn owns(running: &Running, want: &BTreeSet<IpAddr>, what: &str) {
@@ -68,7 +72,7 @@ fn elected(prefix: &str, nodes: [&str; 2], node: &str, count: usize) -> Vec<IpAd
 fn cloud_config(edge: &str) -> String {
     format!(
         "loadBalancer:\n  pools:\n    - name: edge\n      cidrs: [192.0.2.0/24]\n      advertisement:\n{edge}\
-         \x20   - name: any\n      cidrs: [198.51.100.0/24]\n"
+         \x20   - name: any\n      cidrs: [198.51.100.0/24]\n  announcement:\n    l2: {{interfaces: [eth0, eth1]}}\n"
     )
 }
 
@@ -76,7 +80,8 @@ testkit::backend_tests! {
     /// Issue 47 item 2: the `edge` pool's addresses are answered (L2) and advertised (BGP) only
     /// by Nodes its `nodeSelector` matches, and carry its communities and LOCAL_PREF; the `any`
     /// pool's go by election as before. A Node labelled later takes its elected share; the pool's
-    /// `l2PreferredNodes` then puts every address of the pool on that node.
+    /// `l2PreferredNodes` then puts every address of the pool on that node; its `l2Interfaces`
+    /// are published for the responders of each address the node owns.
     async fn a_pools_node_selector_chooses_who_announces_its_addresses_and_its_routes_carry_its_attributes(backend) {
         let cluster = TestCluster::start(backend).await.unwrap();
         let client = cluster.client();
@@ -145,6 +150,19 @@ testkit::backend_tests! {
         std::fs::write(&path, cloud_config(&preferring)).unwrap();
         owns(&running_a, &edge.iter().copied().chain([any_a]).collect(), "a: the pool's preferred node").await;
         owns(&running_b, &set(&[any_b]), "b: its `any` address alone").await;
+
+        // The pool answers on eth1 only: a publishes that for each edge address it owns (its
+        // responders then answer for them there alone: `l2_interfaces`, namespaces), not for
+        // the `any` pool's.
+        std::fs::write(&path, cloud_config(&format!("{preferring}        l2Interfaces: [eth1]\n"))).unwrap();
+        let eth1_only: BTreeMap<IpAddr, BTreeSet<String>> =
+            edge.iter().map(|a| (*a, BTreeSet::from(["eth1".to_string()]))).collect();
+        let mut only_on = running_a.only_on.clone();
+        let got = tokio::time::timeout(Duration::from_secs(20), only_on.wait_for(|m| *m == eth1_only))
+            .await
+            .is_ok_and(|r| r.is_ok());
+        assert!(got, "a publishes the edge pool's interface: {:?}", *running_a.only_on.borrow());
+        owns(&running_a, &edge.iter().copied().chain([any_a]).collect(), "a: still every edge address").await;
 
         for running in [running_a, running_b] {
             running.cancel.cancel();

@@ -80,7 +80,7 @@ testkit::backend_tests! {
         }
 
         // A pool with an advertisement policy is accepted and used like any other.
-        let advertisement = json!({"nodeSelector": {"matchLabels": {"edge": "true"}}, "l2PreferredNodes": ["w1"],
+        let advertisement = json!({"nodeSelector": {"matchLabels": {"edge": "true"}}, "l2PreferredNodes": ["w1"], "l2Interfaces": ["eth1"],
             "bgp": {"communities": ["65000:1"], "largeCommunities": ["65000:1:2"], "localPref": 200}});
         pools.create(&pp, &pool("lab", json!({"cidrs": ["198.51.100.0/30"], "advertisement": advertisement}))).await.unwrap();
         pools.create(&pp, &pool("over", json!({"ranges": ["192.168.50.1-192.168.50.9"]}))).await.unwrap();
