@@ -315,24 +315,12 @@ pub async fn run(
                 Default::default()
             };
             let set = Advertisement { addresses, prefixes: guard.prefixes(), routes: policies.routes() };
-            bgp.send_if_modified(|current| {
-                let changed = *current != set;
-                if changed {
-                    *current = set;
-                }
-                changed
-            });
+            crate::announce::publish::if_changed(bgp, set);
         }
         // Before the owned set: a responder never answers on an interface the pool leaves out.
         let only_on = policies.l2_interfaces();
         if let Some(tx) = &settings.l2_interfaces {
-            tx.send_if_modified(|current| {
-                let changed = *current != only_on;
-                if changed {
-                    *current = only_on.clone();
-                }
-                changed
-            });
+            crate::announce::publish::if_changed(tx, only_on.clone());
         }
         if next != current {
             // One event per Service naming every address gained (the sink folds repeats of a
@@ -375,13 +363,7 @@ pub async fn run(
                 desired: records::desired(&settings.node, &held, &settings.interfaces, &only_on),
                 live: liveness.live(Instant::now()),
             };
-            records_tx.send_if_modified(|old| {
-                let changed = old.as_ref() != Some(&view);
-                if changed {
-                    *old = Some(view);
-                }
-                changed
-            });
+            crate::announce::publish::if_changed(&records_tx, Some(view));
         }
     }
     owned.send_replace(BTreeSet::new());

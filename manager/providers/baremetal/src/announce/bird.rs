@@ -249,13 +249,7 @@ impl SessionReader {
                 _ = poll.tick() => {}
             }
             let now = self.read().await;
-            sessions.send_if_modified(|current| {
-                let changed = *current != now;
-                if changed {
-                    *current = now;
-                }
-                changed
-            });
+            crate::announce::publish::if_changed(&sessions, now);
         }
     }
 }

@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod node;
 pub mod plan;
 pub mod policy;
+pub mod publish;
 pub mod records;
 pub mod records_writer;
 pub mod reflect;

@@ -274,13 +274,7 @@ pub fn on_interface(
                 changed = only_on.changed(), if only_on_open => only_on_open = changed.is_ok(),
             }
             let next = filter(&owned, &only_on);
-            tx.send_if_modified(|current| {
-                let changed = *current != next;
-                if changed {
-                    *current = next;
-                }
-                changed
-            });
+            crate::announce::publish::if_changed(&tx, next);
         }
     });
     rx
