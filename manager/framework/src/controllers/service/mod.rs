@@ -555,8 +555,11 @@ impl Inner {
                 Err(e) => return Err(e),
             }
         };
-        let written =
-            Written { uid: after.metadata.uid, resource_version: after.metadata.resource_version, status: after.status };
+        let written = Written {
+            uid: after.metadata.uid,
+            resource_version: after.metadata.resource_version,
+            status: after.status,
+        };
         lock(&self.written).insert(key.to_string(), written);
         Ok(true)
     }
