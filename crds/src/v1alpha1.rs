@@ -420,12 +420,16 @@ impl Default for DeploymentSettings {
 
 /// The message when an announcer announces nothing.
 pub const ANNOUNCER_NOTHING_MESSAGE: &str = "announcer: set l2, bgp or both to true";
+/// The message when BIRD options are set without the BIRD sidecar.
+pub const ANNOUNCER_BIRD_OPTIONS_MESSAGE: &str =
+    "announcer: bfd and gracefulRestart configure the BIRD sidecar: set bgp to true";
 
 /// The per-node announcer DaemonSet of the `baremetal` provider. Which interfaces and peers it
 /// uses comes from the cloud-config's `loadBalancer.announcement`.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = kube::core::Rule::new("self.l2 || self.bgp").message(ANNOUNCER_NOTHING_MESSAGE))]
+#[x_kube(validation = kube::core::Rule::new("self.bgp || !(self.bfd || self.gracefulRestart)").message(ANNOUNCER_BIRD_OPTIONS_MESSAGE))]
 pub struct Announcer {
     /// Answer ARP and NDP for the addresses (`loadBalancer.announcement.l2`): the announcer
     /// container gets `NET_RAW`, its only capability.
@@ -445,11 +449,21 @@ pub struct Announcer {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1024, max = 65535))]
     pub metrics_port: Option<i32>,
+    /// Give the BIRD sidecar `NET_RAW`, which BIRD needs for BFD (it marks BFD packets with
+    /// `SO_PRIORITY` 7; Linux 5.17 and later accept `NET_RAW` for that). Set it when a peer has
+    /// `bfd` in the cloud-config; without it BGP works and BFD stays down. Needs `bgp`.
+    #[serde(default)]
+    pub bfd: bool,
+    /// Stop the BIRD sidecar with `birdc graceful restart` (a `preStop` hook) and start it in
+    /// graceful-restart recovery (`bird -R`), so a router keeps this Node's routes while its
+    /// announcer Pod is replaced. Set it when peers have `gracefulRestart`. Needs `bgp`.
+    #[serde(default)]
+    pub graceful_restart: bool,
 }
 
 impl Default for Announcer {
     fn default() -> Self {
-        Self { l2: true, bgp: false, node_selector: None, metrics_port: None }
+        Self { l2: true, bgp: false, node_selector: None, metrics_port: None, bfd: false, graceful_restart: false }
     }
 }
 

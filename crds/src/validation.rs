@@ -397,6 +397,9 @@ pub fn validate_spec(spec: &CloudControllerManagerSpec) -> Result<(), InvalidSpe
         if !announcer.l2 && !announcer.bgp {
             errors.push("spec.announcer", messages::cel("object", crate::v1alpha1::ANNOUNCER_NOTHING_MESSAGE));
         }
+        if !announcer.bgp && (announcer.bfd || announcer.graceful_restart) {
+            errors.push("spec.announcer", messages::cel("object", crate::v1alpha1::ANNOUNCER_BIRD_OPTIONS_MESSAGE));
+        }
         if let Some(selector) = &announcer.node_selector
             && selector.len() > limits::NODE_SELECTOR
         {

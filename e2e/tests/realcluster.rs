@@ -33,6 +33,8 @@ use serde_json::json;
 mod announcer_metrics;
 #[path = "realcluster/bgp.rs"]
 mod bgp;
+#[path = "realcluster/bgp_bfd.rs"]
+mod bgp_bfd;
 #[path = "realcluster/daemonset.rs"]
 mod daemonset;
 #[path = "realcluster/failover.rs"]
@@ -143,6 +145,10 @@ const THREE_NODE_SCENARIOS: &[(&str, Scenario)] = &[
     ("three_nodes_bgp_every_nodes_bird_sidecar_peers_with_the_router_ecmp_and_a_powered_off_node_is_withdrawn", |c| {
         Box::pin(bgp::bgp_every_node_peers_with_the_router_ecmp_and_a_stopped_node_is_withdrawn(c))
     }),
+    (
+        "three_nodes_bgp_bfd_withdraws_a_powered_off_node_before_the_hold_time_and_graceful_restart_keeps_routes_while_an_announcer_pod_is_replaced",
+        |c| Box::pin(bgp_bfd::bgp_bfd_and_graceful_restart_through_the_operator(c)),
+    ),
     (
         "three_nodes_an_announcer_pods_own_token_writes_only_its_nodes_lease_and_the_manager_listens_on_its_pod_address",
         |c| {

@@ -12,9 +12,9 @@ use ccm_provider_baremetal::deploy::{ANNOUNCER_SUBCOMMAND, BIRD_CONFIG_PATH, BIR
 use crds::CloudControllerManager;
 use crds::v1alpha1::Announcer;
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, ObjectFieldSelector,
-    PodSecurityContext, PodSpec, PodTemplateSpec, ResourceRequirements, SeccompProfile, SecurityContext,
-    ServiceAccount, Toleration, Volume, VolumeMount,
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, ExecAction, Lifecycle,
+    LifecycleHandler, ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, ResourceRequirements,
+    SeccompProfile, SecurityContext, ServiceAccount, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::api::rbac::v1::{RoleBinding, RoleRef};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -85,13 +85,24 @@ pub fn build(
 }
 
 /// The BIRD sidecar's command, fixed: wait for the announcer's first config (BIRD exits without
-/// one), then run BIRD in the foreground on it and on its control socket. The chart's admission
-/// policy admits this command alone in a `bird` container, with no `args` and no environment.
-pub fn bird_command() -> Vec<String> {
+/// one), then run BIRD in the foreground on it and on its control socket; with `recovery`
+/// (`spec.announcer.gracefulRestart`) in graceful-restart recovery (`-R`). The chart's admission
+/// policy admits these two commands alone in a `bird` container, with no `args` and no
+/// environment.
+pub fn bird_command(recovery: bool) -> Vec<String> {
+    let flags = if recovery { "-f -R" } else { "-f" };
     let script = format!(
-        "until [ -s {BIRD_CONFIG_PATH} ]; do sleep 1; done; exec bird -f -c {BIRD_CONFIG_PATH} -s {BIRD_SOCKET_PATH}"
+        "until [ -s {BIRD_CONFIG_PATH} ]; do sleep 1; done; exec bird {flags} -c {BIRD_CONFIG_PATH} -s {BIRD_SOCKET_PATH}"
     );
     vec!["sh".into(), "-c".into(), script]
+}
+
+/// The BIRD sidecar's `preStop` command with `spec.announcer.gracefulRestart`: BIRD closes its
+/// sessions without a NOTIFICATION and exits, so routers that negotiated graceful restart keep
+/// the Node's routes while the Pod is replaced (a SIGTERM would send a Cease and withdraw them).
+/// The chart's admission policy admits this hook alone, in the `bird` container alone.
+pub fn bird_pre_stop() -> Vec<String> {
+    ["birdc", "-s", BIRD_SOCKET_PATH, "graceful", "restart"].map(String::from).to_vec()
 }
 
 /// The container-level hardening both containers share; `add` is the one capability each needs.
@@ -201,17 +212,28 @@ fn pod_template(
             }),
             ..Default::default()
         });
+        // No capability by default: a non-root process gets none of those a container adds (no
+        // ambient capabilities in Kubernetes), so BIRD listens on an unprivileged port and the
+        // Node opens the sessions; no kernel protocol is rendered, so no NET_ADMIN. With `bfd`,
+        // BIRD needs NET_RAW to mark its BFD packets (SO_PRIORITY 7): uid 0 with that one
+        // capability, as the L2 announcer container. The config it reads and the socket it
+        // makes are shared through the volume's group (the pod's fsGroup), not the user.
+        let (add, uid) = if announcer.bfd { (Some("NET_RAW"), 0) } else { (None, NON_ROOT_UID) };
+        let lifecycle = announcer.graceful_restart.then(|| Lifecycle {
+            pre_stop: Some(LifecycleHandler {
+                exec: Some(ExecAction { command: Some(bird_pre_stop()) }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
         containers.push(Container {
             name: BIRD_CONTAINER.into(),
             image: settings.policy.bird_image.clone(),
-            command: Some(bird_command()),
+            command: Some(bird_command(announcer.graceful_restart)),
+            lifecycle,
             resources: Some(resources("10m", "16Mi", "64Mi")),
-            // No capability: a non-root process gets none of those a container adds (no ambient
-            // capabilities in Kubernetes), so BIRD listens on an unprivileged port and the Node
-            // opens the sessions; no kernel protocol is rendered, so no NET_ADMIN. Never root:
-            // under an L2 announcer (uid 0) the config it reads and the socket it makes are shared
-            // through the volume's group (the pod's fsGroup), not the user.
-            security_context: Some(hardened(None, NON_ROOT_UID)),
+            // Always the non-root group: the socket BIRD makes is the announcer's through it.
+            security_context: Some(SecurityContext { run_as_group: Some(NON_ROOT_UID), ..hardened(add, uid) }),
             volume_mounts: Some(vec![bird_mount]),
             ..Default::default()
         });
@@ -518,18 +540,68 @@ mod tests {
             (sc.run_as_user, sc.run_as_group, sc.run_as_non_root),
             (Some(NON_ROOT_UID), Some(NON_ROOT_UID), Some(true))
         );
-        assert_eq!(bird.command.as_ref(), Some(&bird_command()));
+        assert_eq!(bird.command.as_ref(), Some(&bird_command(false)));
+        assert_eq!(bird.lifecycle, None, "no hook without gracefulRestart");
         assert_eq!((bird.args.as_ref(), bird.env.as_ref(), bird.env_from.as_ref()), (None, None, None));
         // The volume they share belongs to the pod's fsGroup, which both hold.
         assert_eq!(pod.security_context.as_ref().unwrap().fs_group, Some(NON_ROOT_UID));
     }
 
     #[test]
-    fn the_chart_admits_exactly_the_bird_command_the_operator_renders() {
+    fn bfd_gives_bird_net_raw_as_root_and_graceful_restart_a_pre_stop_hook_and_recovery() {
+        let c = baremetal(json!({"l2": false, "bgp": true, "bfd": true, "gracefulRestart": true}));
+        let objs = build::build(&c, &validated(&c), &settings());
+        let pod = daemon_set(&objs, "ccm-metal-announcer").spec.clone().unwrap().template.spec.unwrap();
+        let (announcer, bird) = (&pod.containers[0], &pod.containers[1]);
+        let sc = bird.security_context.as_ref().unwrap();
+        let caps = sc.capabilities.as_ref().unwrap();
+        assert_eq!(
+            (caps.add.as_deref(), caps.drop.as_deref()),
+            (Some(&["NET_RAW".to_string()][..]), Some(&["ALL".to_string()][..]))
+        );
+        // NET_RAW reaches a process only as root (no ambient capabilities); the group stays the
+        // one the non-root announcer shares the socket and the config through.
+        assert_eq!((sc.run_as_user, sc.run_as_group, sc.run_as_non_root), (Some(0), Some(NON_ROOT_UID), Some(false)));
+        assert_eq!(
+            (sc.allow_privilege_escalation, sc.privileged, sc.read_only_root_filesystem),
+            (Some(false), Some(false), Some(true))
+        );
+        let announcer_sc = announcer.security_context.as_ref().unwrap();
+        assert_eq!(
+            (announcer_sc.run_as_user, announcer_sc.capabilities.as_ref().unwrap().add.as_ref()),
+            (Some(NON_ROOT_UID), None)
+        );
+        assert_eq!(bird.command.as_ref(), Some(&bird_command(true)));
+        assert!(bird.command.as_ref().unwrap()[2].contains("exec bird -f -R -c"), "{:?}", bird.command);
+        let hook = bird.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref()).and_then(|h| h.exec.as_ref());
+        assert_eq!(hook.and_then(|e| e.command.as_ref()), Some(&bird_pre_stop()));
+        assert_eq!(announcer.lifecycle, None, "the hook is BIRD's alone");
+
+        // Each alone: only its own part.
+        let c = baremetal(json!({"bgp": true, "bfd": true}));
+        let objs = build::build(&c, &validated(&c), &settings());
+        let bird =
+            daemon_set(&objs, "ccm-metal-announcer").spec.clone().unwrap().template.spec.unwrap().containers[1].clone();
+        assert_eq!((bird.lifecycle, bird.command), (None, Some(bird_command(false))));
+        let c = baremetal(json!({"bgp": true, "gracefulRestart": true}));
+        let objs = build::build(&c, &validated(&c), &settings());
+        let bird =
+            daemon_set(&objs, "ccm-metal-announcer").spec.clone().unwrap().template.spec.unwrap().containers[1].clone();
+        let sc = bird.security_context.unwrap();
+        assert_eq!((sc.run_as_user, sc.capabilities.unwrap().add), (Some(NON_ROOT_UID), None));
+        assert!(bird.lifecycle.is_some());
+    }
+
+    #[test]
+    fn the_chart_admits_exactly_the_bird_commands_and_hook_the_operator_renders() {
         let helpers = include_str!("../../charts/ccm-operator/templates/_helpers.tpl");
-        let command: Vec<String> = bird_command().iter().map(|part| format!("'{part}'")).collect();
-        let rendered = format!("[{}]", command.join(", "));
-        assert!(helpers.contains(&rendered), "the chart's bird command differs from {rendered}");
+        let quoted = |parts: Vec<String>| {
+            let parts: Vec<String> = parts.iter().map(|part| format!("'{part}'")).collect();
+            format!("[{}]", parts.join(", "))
+        };
+        for rendered in [quoted(bird_command(false)), quoted(bird_command(true)), quoted(bird_pre_stop())] {
+            assert!(helpers.contains(&rendered), "the chart's helpers lack {rendered}");
+        }
         let policy = include_str!("../../charts/ccm-operator/templates/validatingadmissionpolicy.yaml");
         assert!(policy.contains(&format!("['{}']", names::MANAGER_COMMAND)), "the manager command");
     }

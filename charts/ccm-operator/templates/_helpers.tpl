@@ -137,7 +137,8 @@ or "/" is a prefix; one with a tag or digest is exact; a repository is exact and
 {{- dict "names" $names "prefixes" $prefixes | toJson }}
 {{- end }}
 
-{{/* The BIRD sidecar's fixed command (operator/src/announcer.rs bird_command), as a CEL list. */}}
+{{/* The BIRD sidecar's two fixed commands (operator/src/announcer.rs bird_command: without and with
+graceful-restart recovery), as a CEL list of commands. */}}
 {{- /* The commands of the upstream profiles' containers (operator/src/profiles.rs PROFILES;
 its test `the_charts_upstream_commands_are_the_profiles`), as a CEL list of commands. */ -}}
 {{- define "ccm-operator.upstreamCommands" -}}
@@ -148,6 +149,11 @@ its test `the_charts_upstream_commands_are_the_profiles`), as a CEL list of comm
 [['cloud-node-manager']]
 {{- end }}
 
-{{- define "ccm-operator.birdCommand" -}}
-['sh', '-c', 'until [ -s /run/bird/bird.conf ]; do sleep 1; done; exec bird -f -c /run/bird/bird.conf -s /run/bird/bird.ctl']
+{{- define "ccm-operator.birdCommands" -}}
+[['sh', '-c', 'until [ -s /run/bird/bird.conf ]; do sleep 1; done; exec bird -f -c /run/bird/bird.conf -s /run/bird/bird.ctl'], ['sh', '-c', 'until [ -s /run/bird/bird.conf ]; do sleep 1; done; exec bird -f -R -c /run/bird/bird.conf -s /run/bird/bird.ctl']]
+{{- end }}
+
+{{/* The BIRD sidecar's preStop command with spec.announcer.gracefulRestart (operator/src/announcer.rs bird_pre_stop). */}}
+{{- define "ccm-operator.birdPreStop" -}}
+['birdc', '-s', '/run/bird/bird.ctl', 'graceful', 'restart']
 {{- end }}

@@ -766,10 +766,14 @@ class Render(unittest.TestCase):
         objects = self.render_named(values(**{"announcer.enabled": True, "announcer.birdImage": "example.test/bird:2"}))
         workloads = self.policy(objects, "manager-workloads")
         messages = " ".join(v.get("message", "") + v.get("messageExpression", "") for v in workloads["spec"]["validations"])
-        for field in ("runAsNonRoot", "capabilities.drop", "seccompProfile", "nodeName", "command", "tagged latest"):
+        for field in ("runAsNonRoot", "capabilities.drop", "seccompProfile", "nodeName", "command", "tagged latest",
+                      "lifecycle", "exec probes"):
             self.assertIn(field, messages)
         self.assertNotIn("pinned by digest", messages)
-        self.assertIn("/run/bird/bird.conf", self.variable(workloads, "birdCommand"))
+        commands = self.variable(workloads, "birdCommands")
+        self.assertIn("exec bird -f -c /run/bird/bird.conf", commands)
+        self.assertIn("exec bird -f -R -c /run/bird/bird.conf", commands)
+        self.assertEqual(self.variable(workloads, "birdPreStop"), "['birdc', '-s', '/run/bird/bird.ctl', 'graceful', 'restart']")
         pinned = values(**{"admissionPolicy.requireDigest": True, "manager.image.digest": "sha256:" + "b" * 64})
         objects = self.render_named(pinned)
         self.assertEqual(arg(objects, "--require-image-digest"), "true")

@@ -279,6 +279,14 @@ fn cel_rules_give_the_crd_messages_without_the_value() {
             json!({"provider": "fake", "nodePlatforms": ["aws", "SECRET:"]}),
             "spec.nodePlatforms: Invalid value: \"array\": every entry must be a platform name",
         ),
+        (
+            json!({"provider": "baremetal", "announcer": {"l2": true, "bfd": true}}),
+            "spec.announcer: Invalid value: \"object\": announcer: bfd and gracefulRestart configure the BIRD sidecar: set bgp to true",
+        ),
+        (
+            json!({"provider": "baremetal", "announcer": {"gracefulRestart": true}}),
+            "spec.announcer: Invalid value: \"object\": announcer: bfd and gracefulRestart configure the BIRD sidecar: set bgp to true",
+        ),
     ];
     for (spec, want) in cases {
         let p = problems(&spec);

@@ -26,6 +26,23 @@ pub struct RouterConfig {
     /// The hold time it offers, in seconds (3 or more); the session uses the smaller of both
     /// sides', so a short one here makes a silent Node's routes go in that time.
     pub hold_seconds: u16,
+    /// BFD on every session, if any.
+    pub bfd: Option<RouterBfd>,
+    /// Graceful restart (RFC 4724) on every session: the router keeps a restarting Node's
+    /// routes, stale, until it is back.
+    pub graceful_restart: bool,
+}
+
+/// The router's BFD: its intervals both ways, its multiplier, and what BFD down does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RouterBfd {
+    /// The receive and transmit interval, in milliseconds.
+    pub interval_ms: u32,
+    /// Packets missed before the router declares a Node down.
+    pub multiplier: u32,
+    /// `bfd graceful` (BFD down starts a graceful restart, the routes kept stale) rather than
+    /// `bfd on` (BFD down withdraws the routes at once).
+    pub graceful: bool,
 }
 
 /// BIRD's name of the session with `peer` (`peer_198_19_0_2`).
@@ -40,11 +57,23 @@ impl RouterConfig {
     /// is accepted at once.
     pub fn render(&self) -> String {
         let keepalive = (self.hold_seconds / 3).max(1);
+        let mut options = String::new();
+        let mut bfd_protocol = String::new();
+        if let Some(bfd) = self.bfd {
+            let (ms, mult) = (bfd.interval_ms, bfd.multiplier);
+            bfd_protocol = format!(
+                "protocol bfd {{ interface \"*\" {{ min rx interval {ms} ms; min tx interval {ms} ms; multiplier {mult}; }}; }}\n"
+            );
+            options.push_str(if bfd.graceful { "  bfd graceful;\n" } else { "  bfd on;\n" });
+        }
+        if self.graceful_restart {
+            options.push_str("  graceful restart on;\n");
+        }
         let mut out = format!(
-            "router id {address};\nlog stderr all;\nprotocol device {{ scan time 2; }}\n\
+            "router id {address};\nlog stderr all;\nprotocol device {{ scan time 2; }}\n{bfd_protocol}\
              protocol kernel {{\n  ipv4 {{ import none; export all; }};\n  merge paths on;\n}}\n\
              template bgp nodes {{\n  local {address} as {asn};\n  hold time {hold};\n  keepalive time {keepalive};\n  \
-             connect delay time 1;\n  connect retry time 2;\n  error wait time 1, 2;\n  \
+             connect delay time 1;\n  connect retry time 2;\n  error wait time 1, 2;\n{options}  \
              ipv4 {{ import all; export none; }};\n}}\n",
             address = self.address,
             asn = self.asn,
@@ -144,6 +173,20 @@ impl RouterBird {
     pub fn established(&self) -> Result<Vec<String>, Error> {
         self.birdc(&["show", "protocols"]).map(|o| established(&o))
     }
+
+    /// The neighbours whose BFD session is Up now.
+    pub fn bfd_up(&self) -> Result<Vec<Ipv4Addr>, Error> {
+        self.birdc(&["show", "bfd", "sessions"]).map(|o| bfd_up(&o))
+    }
+}
+
+/// The neighbours `birdc show bfd sessions` reports Up.
+pub fn bfd_up(show_bfd_sessions: &str) -> Vec<Ipv4Addr> {
+    show_bfd_sessions
+        .lines()
+        .filter(|l| l.split_whitespace().nth(2) == Some("Up"))
+        .filter_map(|l| l.split_whitespace().next().and_then(|a| a.parse().ok()))
+        .collect()
 }
 
 /// The next hops the router's kernel table has for `address` (`/32`), in order.
@@ -163,7 +206,33 @@ mod tests {
             peer_asn: 64512,
             peers: vec![Ipv4Addr::new(198, 19, 0, 1), Ipv4Addr::new(198, 19, 0, 2)],
             hold_seconds: 3,
+            bfd: None,
+            graceful_restart: false,
         }
+    }
+
+    #[test]
+    fn bfd_and_graceful_restart_are_rendered_only_when_asked_for() {
+        assert!(!config().render().contains("bfd") && !config().render().contains("graceful"));
+        let bfd = RouterBfd { interval_ms: 100, multiplier: 3, graceful: true };
+        let conf = RouterConfig { bfd: Some(bfd), graceful_restart: true, ..config() }.render();
+        assert!(
+            conf.contains(
+                "protocol bfd { interface \"*\" { min rx interval 100 ms; min tx interval 100 ms; multiplier 3; }; }\n"
+            ),
+            "{conf}"
+        );
+        assert!(conf.contains("  bfd graceful;\n  graceful restart on;\n"), "{conf}");
+        let conf = RouterConfig { bfd: Some(RouterBfd { graceful: false, ..bfd }), ..config() }.render();
+        assert!(conf.contains("  bfd on;\n") && !conf.contains("graceful"), "{conf}");
+    }
+
+    #[test]
+    fn bfd_sessions_up_are_read_from_show_bfd_sessions() {
+        let out = "BIRD 2.0.12 ready.\nbfd1:\nIP address                Interface  State      Since         Interval  Timeout\n\
+                   198.19.0.1                ccmnodes0  Up         06:00:01.000    0.100    0.300\n\
+                   198.19.0.2                ccmnodes0  Down       06:00:01.000    1.000    0.000\n";
+        assert_eq!(bfd_up(out), [Ipv4Addr::new(198, 19, 0, 1)]);
     }
 
     #[test]

@@ -293,10 +293,12 @@ async fn delete(client: &Client, object: &Value) -> Result<(), kube::Error> {
     api.delete(&name, &DeleteParams::default()).await.map(drop)
 }
 
-/// With announcers allowed, everything the operator builds for an L2 and BGP announcer is
+/// With announcers allowed, everything the operator builds for an L2 and BGP announcer (with
+/// BFD and graceful restart: BIRD as root with `NET_RAW`, its `preStop` hook and `-R`) is
 /// admitted as its ServiceAccount, and the chart's policies refuse, naming the field: a shell
-/// command in the `bird` container, a manager container running as root, a pod pinned to a node
-/// by `nodeName`, an unconfined seccomp profile, capabilities not dropped, and a
+/// command in the `bird` container, BIRD as root without `NET_RAW` or with `NET_ADMIN`, another
+/// hook or a hook elsewhere, an exec probe, a manager container running as root, a pod pinned to
+/// a node by `nodeName`, an unconfined seccomp profile, capabilities not dropped, and a
 /// ClusterRoleBinding of the manager role to a ServiceAccount outside the managed namespaces.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operators_token_cannot_run_a_shell_in_bird_or_an_unhardened_pod() {
@@ -308,7 +310,7 @@ async fn the_operators_token_cannot_run_a_shell_in_bird_or_an_unhardened_pod() {
     };
     let settings = announcing_settings(&chart_manager_image(&objects));
     let spec = json!({"provider": "baremetal", "cloudConfig": {"secretRef": {"name": "cfg"}},
-                      "announcer": {"l2": true, "bgp": true, "metricsPort": 7473}});
+                      "announcer": {"l2": true, "bgp": true, "metricsPort": 7473, "bfd": true, "gracefulRestart": true}});
     let owner = stored_resource(&admin, &managers, spec.clone()).await;
     let children = built(&owner, spec, &settings, BAREMETAL_ANNOUNCING.as_bytes());
     let announcer = children
@@ -358,13 +360,55 @@ async fn the_operators_token_cannot_run_a_shell_in_bird_or_an_unhardened_pod() {
             "runAsNonRoot",
         ),
         (
-            "the bird container running as root",
+            "the bird container running as root without NET_RAW",
             edited(&announcer, |d| {
                 let sc = &mut d["spec"]["template"]["spec"]["containers"][bird_index]["securityContext"];
-                sc["runAsUser"] = json!(0);
-                sc["runAsNonRoot"] = json!(false);
+                assert_eq!(sc["runAsUser"], json!(0), "with bfd BIRD runs as root: {sc}");
+                sc["capabilities"]["add"] = json!(null);
             }),
             "runAsNonRoot",
+        ),
+        (
+            "NET_ADMIN in the bird container",
+            edited(&announcer, |d| {
+                d["spec"]["template"]["spec"]["containers"][bird_index]["securityContext"]["capabilities"]["add"] =
+                    json!(["NET_ADMIN"]);
+            }),
+            "capabilities.add",
+        ),
+        (
+            "another preStop command in the bird container",
+            edited(&announcer, |d| {
+                let hook = &mut d["spec"]["template"]["spec"]["containers"][bird_index]["lifecycle"]["preStop"];
+                assert!(hook["exec"]["command"].is_array(), "with gracefulRestart BIRD has a preStop hook: {hook}");
+                hook["exec"]["command"] =
+                    json!(["sh", "-c", "cat /var/run/secrets/kubernetes.io/serviceaccount/token"]);
+            }),
+            "lifecycle",
+        ),
+        (
+            "a postStart hook beside BIRD's preStop",
+            edited(&announcer, |d| {
+                d["spec"]["template"]["spec"]["containers"][bird_index]["lifecycle"]["postStart"] =
+                    json!({"exec": {"command": ["birdc", "-s", "/run/bird/bird.ctl", "graceful", "restart"]}});
+            }),
+            "lifecycle",
+        ),
+        (
+            "BIRD's preStop hook in the announcer container",
+            edited(&announcer, |d| {
+                let bird_hook = d["spec"]["template"]["spec"]["containers"][bird_index]["lifecycle"].clone();
+                d["spec"]["template"]["spec"]["containers"][0]["lifecycle"] = bird_hook;
+            }),
+            "lifecycle",
+        ),
+        (
+            "an exec probe in a manager container",
+            edited(&manager, |d| {
+                d["spec"]["template"]["spec"]["containers"][0]["livenessProbe"] =
+                    json!({"exec": {"command": ["sh", "-c", "id"]}});
+            }),
+            "livenessProbe",
         ),
         (
             "a manager pod pinned to a node",

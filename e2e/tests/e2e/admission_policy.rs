@@ -239,7 +239,8 @@ async fn chart_admission_policy_admits_what_the_operator_builds_and_refuses_what
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_announcer_enabled_the_policy_admits_the_announcer_and_net_raw_only_in_its_announcer_container() {
+async fn with_announcer_enabled_the_policy_admits_the_announcer_and_net_raw_only_in_its_announcer_and_bird_containers()
+{
     let bird = "example.test/bird:2";
     let Some(ChartWorld { cluster: _cluster, admin, managers, objects, operator: operator_client }) =
         chart_world("e2e-vap-announce", "vapa", json!({"announcer": {"enabled": true, "birdImage": bird}})).await
@@ -266,12 +267,22 @@ async fn with_announcer_enabled_the_policy_admits_the_announcer_and_net_raw_only
     let binding = announcer.iter().find(|o| o["kind"] == "ClusterRoleBinding").expect("a ClusterRoleBinding").clone();
     let crafted: Vec<(&str, Value, &str)> = vec![
         (
-            "NET_RAW in the BIRD container",
+            "NET_ADMIN in the BIRD container",
             edited(&daemon_set, |d| {
                 d["spec"]["template"]["spec"]["containers"][1]["securityContext"]["capabilities"]["add"] =
-                    json!(["NET_RAW"]);
+                    json!(["NET_ADMIN"]);
             }),
             "capabilities.add",
+        ),
+        (
+            "BIRD as root with a capability beside NET_RAW",
+            edited(&daemon_set, |d| {
+                d["spec"]["template"]["spec"]["containers"][1]["securityContext"]["capabilities"]["add"] =
+                    json!(["NET_RAW", "NET_BIND_SERVICE"]);
+                d["spec"]["template"]["spec"]["containers"][1]["securityContext"]["runAsUser"] = json!(0);
+                d["spec"]["template"]["spec"]["containers"][1]["securityContext"]["runAsNonRoot"] = json!(false);
+            }),
+            "runAsNonRoot",
         ),
         (
             "NET_ADMIN in the announcer container",

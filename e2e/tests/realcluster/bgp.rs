@@ -37,7 +37,7 @@ const BIRD_UID: &str = "65532";
 
 /// A Node's address on the router's segment: an added Node's own address; the host's Node
 /// (whose node address is elsewhere) its bridge's, where its BIRD's sessions come from.
-fn segment_ip(ctx: &Ctx, node: &str) -> Ipv4Addr {
+pub fn segment_ip(ctx: &Ctx, node: &str) -> Ipv4Addr {
     if node == ctx.cluster.node_name {
         ctx.cluster.network.segment_address(1)
     } else {
@@ -46,14 +46,14 @@ fn segment_ip(ctx: &Ctx, node: &str) -> Ipv4Addr {
 }
 
 /// The router's next hops for the BGP address, as a set.
-async fn next_hops(ctx: &Arc<Ctx>) -> BTreeSet<Ipv4Addr> {
+pub async fn next_hops(ctx: &Arc<Ctx>) -> BTreeSet<Ipv4Addr> {
     let c = ctx.clone();
     blocking(move || router_next_hops(&c.cluster, BGP_ADDRESS).unwrap_or_default()).await.into_iter().collect()
 }
 
 /// Waits until the router's route to the BGP address has exactly `hops` as next hops; returns
 /// the seconds since `since`.
-async fn route_via(ctx: &Arc<Ctx>, hops: &BTreeSet<Ipv4Addr>, since: Instant) -> f64 {
+pub async fn route_via(ctx: &Arc<Ctx>, hops: &BTreeSet<Ipv4Addr>, since: Instant) -> f64 {
     wait(&format!("the router's route to {BGP_ADDRESS} via {hops:?}"), Duration::from_secs(120), || async {
         (next_hops(ctx).await == *hops).then(|| since.elapsed().as_secs_f64())
     })
@@ -95,7 +95,7 @@ pub async fn announcer_pods(ctx: &Ctx) -> Vec<(String, Pod)> {
 }
 
 /// Runs `sh -c SCRIPT` in a Pod's container; its output.
-fn exec(ctx: &Ctx, pod: &str, container: &str, script: &str) -> String {
+pub fn exec(ctx: &Ctx, pod: &str, container: &str, script: &str) -> String {
     ctx.cluster
         .kubectl_raw(&["exec", "-n", CCM_NS, pod, "-c", container, "--", "sh", "-c", script])
         .unwrap_or_else(|e| panic!("exec in {pod}/{container}: {e}"))
@@ -126,6 +126,8 @@ pub async fn bgp_every_node_peers_with_the_router_ecmp_and_a_stopped_node_is_wit
         peer_asn: NODE_ASN,
         peers: node_ips.iter().copied().collect(),
         hold_seconds: HOLD_SECONDS,
+        bfd: None,
+        graceful_restart: false,
     };
     let bird = RouterBird::of(&ctx.cluster);
     let (c, b, conf) = (ctx.clone(), bird.clone(), router.render());

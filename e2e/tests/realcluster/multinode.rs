@@ -66,6 +66,8 @@ pub struct Inventory {
     pub kube_proxy_health: bool,
     /// A label the `l2` pool's `advertisement.nodeSelector` asks for (`"true"`).
     pub l2_node_selector: Option<&'static str>,
+    /// More of the router peer's fields (YAML at the peer's indentation), with `bgp`.
+    pub bgp_peer_extra: &'static str,
 }
 
 /// The cloud-config of the three-Node scenarios: every Node (its real address, so the API
@@ -106,6 +108,7 @@ pub fn cloud_config(ctx: &Ctx, inventory: &Inventory) -> String {
             ctx.cluster.network.router_address(),
             crate::bgp::HOLD_SECONDS
         ));
+        out.push_str(inventory.bgp_peer_extra);
     }
     if inventory.kube_proxy_health {
         // kube-proxy listens on the node address here (healthzBindAddress), not on loopback.
