@@ -436,7 +436,8 @@ pub struct Announcer {
     #[serde(default = "default_true")]
     pub l2: bool,
     /// Advertise the addresses over BGP (`loadBalancer.announcement.bgp`) through a BIRD
-    /// sidecar (non-root, no capability), from the image the operator is configured with.
+    /// sidecar (non-root, no capability, unless `bfd`), from the image the operator is configured
+    /// with.
     #[serde(default)]
     pub bgp: bool,
     /// Nodes that announce (default: every node; the announcers tolerate every taint).

@@ -1,7 +1,8 @@
 //! Build (pure): the per-node announcer of `spec.announcer` (docs/l2-announcement.md): its
 //! ServiceAccount, its bindings to the chart's two announcer ClusterRoles, and a DaemonSet
 //! running `cloud-controller-manager announce` on the host network, with `NET_RAW` only when it
-//! answers ARP/NDP and a BIRD sidecar (no capability) when it speaks BGP.
+//! answers ARP/NDP and a BIRD sidecar when it speaks BGP (no capability; `NET_RAW` as root with
+//! `bfd`; a graceful `preStop` and `-R` with `gracefulRestart`).
 //!
 //! Its pods carry `app.kubernetes.io/name=ccm-announcer`, so they never count as manager pods in
 //! the resource's status, and the chart's admission policy grants `NET_RAW` to them alone.

@@ -28,6 +28,11 @@ pub const CAPTURE_BYTES: usize = 256;
 /// Frames read per wake-up before yielding, so a flood cannot starve the other tasks.
 const FRAMES_PER_WAKE: usize = 64;
 
+/// How often a responder checks that its socket is still bound to the interface its name has:
+/// below the announcer's settle time, so a re-created interface is followed before the node
+/// takes its addresses back.
+pub const FOLLOW_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// Why a responder could not open or run.
 #[derive(Debug, thiserror::Error)]
 pub enum L2Error {
@@ -119,7 +124,7 @@ impl AsRawFd for L2Socket {
 impl L2Socket {
     /// Open a packet socket on `interface` in the calling thread's network namespace.
     pub fn open(interface: &str) -> Result<Self, L2Error> {
-        let mut req = ifreq(interface)?;
+        ifreq(interface)?;
         let protocol = (libc::ETH_P_ALL as u16).to_be();
         // SAFETY: plain socket(2); the result is checked before use.
         let raw = unsafe {
@@ -136,26 +141,8 @@ impl L2Socket {
         let packet = unsafe { OwnedFd::from_raw_fd(raw) };
         let fd = packet.as_raw_fd();
 
-        // SAFETY: ioctls on our socket with an ifreq naming the interface.
-        if unsafe { libc::ioctl(fd, libc::SIOCGIFINDEX, &mut req) } < 0 {
-            return Err(last_os(interface, "looking up the interface"));
-        }
-        // SAFETY: SIOCGIFINDEX filled the union's ifindex member.
-        let index = unsafe { req.ifr_ifru.ifru_ifindex };
+        let (index, mac) = lookup(fd, interface)?;
         let ifindex = u32::try_from(index).map_err(|_| L2Error::NotEthernet(interface.to_string()))?;
-        // SAFETY: as above.
-        if unsafe { libc::ioctl(fd, libc::SIOCGIFHWADDR, &mut req) } < 0 {
-            return Err(last_os(interface, "reading the hardware address"));
-        }
-        // SAFETY: SIOCGIFHWADDR filled the union's hwaddr member.
-        let hw = unsafe { req.ifr_ifru.ifru_hwaddr };
-        if hw.sa_family != libc::ARPHRD_ETHER {
-            return Err(L2Error::NotEthernet(interface.to_string()));
-        }
-        let mut mac = [0u8; 6];
-        for (dst, src) in mac.iter_mut().zip(hw.sa_data.iter()) {
-            *dst = *src as u8;
-        }
 
         let program = filter();
         let fprog = libc::sock_fprog { len: program.len() as u16, filter: program.as_ptr().cast_mut() };
@@ -173,22 +160,7 @@ impl L2Socket {
             return Err(last_os(interface, "attaching the ARP/NDP filter"));
         }
 
-        // SAFETY: sockaddr_ll is plain old data.
-        let mut addr: libc::sockaddr_ll = unsafe { mem::zeroed() };
-        addr.sll_family = libc::AF_PACKET as u16;
-        addr.sll_protocol = protocol;
-        addr.sll_ifindex = index;
-        // SAFETY: addr is a valid sockaddr_ll of the given size.
-        let rc = unsafe {
-            libc::bind(
-                fd,
-                (&addr as *const libc::sockaddr_ll).cast(),
-                mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-            )
-        };
-        if rc < 0 {
-            return Err(last_os(interface, "binding the packet socket"));
-        }
+        bind_to(fd, interface, index)?;
         // Frames queued between socket() and the filter may be anything; drop them.
         let mut scratch = [0u8; CAPTURE_BYTES];
         // SAFETY: reads into our buffer, non-blocking.
@@ -206,6 +178,31 @@ impl L2Socket {
     /// The interface's hardware address, the one every answer carries.
     pub fn mac(&self) -> Mac {
         self.mac
+    }
+
+    /// Bind again when the interface was deleted and created again under the same name (a
+    /// bond or VLAN re-created, a veth replaced): the kernel unbinds a packet socket from a
+    /// removed interface for good, so without this the responder would stay open and deaf while
+    /// the name is up again. Returns the old and new index when it re-bound; `None` when the
+    /// socket is bound to the interface the name has now, or the name has none (gone: the link
+    /// probe reports that).
+    pub fn follow(&mut self) -> Result<Option<(i32, i32)>, L2Error> {
+        let fd = self.packet.as_raw_fd();
+        let bound = bound_index(fd).map_err(io_err(&self.interface, "reading the bound interface"))?;
+        let (index, mac) = match lookup(fd, &self.interface) {
+            Ok(found) => found,
+            Err(L2Error::Io { source, .. }) if source.raw_os_error() == Some(libc::ENODEV) => return Ok(None),
+            Err(error) => return Err(error),
+        };
+        if bound == index {
+            return Ok(None);
+        }
+        bind_to(fd, &self.interface, index)?;
+        // The error the removal left on the socket (ENETDOWN) is about the old interface.
+        let _ = pending_error(fd);
+        self.ifindex = u32::try_from(index).map_err(|_| L2Error::NotEthernet(self.interface.clone()))?;
+        self.mac = mac;
+        Ok(Some((bound, index)))
     }
 
     fn send(&self, frame: &[u8]) -> io::Result<()> {
@@ -252,6 +249,76 @@ impl L2Socket {
     }
 }
 
+/// `interface`'s index and Ethernet address, asked through `fd` (so in `fd`'s namespace).
+fn lookup(fd: std::os::fd::RawFd, interface: &str) -> Result<(i32, Mac), L2Error> {
+    let mut req = ifreq(interface)?;
+    // SAFETY: ioctls on our socket with an ifreq naming the interface.
+    if unsafe { libc::ioctl(fd, libc::SIOCGIFINDEX, &mut req) } < 0 {
+        return Err(last_os(interface, "looking up the interface"));
+    }
+    // SAFETY: SIOCGIFINDEX filled the union's ifindex member.
+    let index = unsafe { req.ifr_ifru.ifru_ifindex };
+    // SAFETY: as above.
+    if unsafe { libc::ioctl(fd, libc::SIOCGIFHWADDR, &mut req) } < 0 {
+        return Err(last_os(interface, "reading the hardware address"));
+    }
+    // SAFETY: SIOCGIFHWADDR filled the union's hwaddr member.
+    let hw = unsafe { req.ifr_ifru.ifru_hwaddr };
+    if hw.sa_family != libc::ARPHRD_ETHER {
+        return Err(L2Error::NotEthernet(interface.to_string()));
+    }
+    let mut mac = [0u8; 6];
+    for (dst, src) in mac.iter_mut().zip(hw.sa_data.iter()) {
+        *dst = *src as u8;
+    }
+    Ok((index, mac))
+}
+
+/// Bind the packet socket `fd` to interface `index`, every protocol (the filter picks).
+fn bind_to(fd: std::os::fd::RawFd, interface: &str, index: i32) -> Result<(), L2Error> {
+    // SAFETY: sockaddr_ll is plain old data.
+    let mut addr: libc::sockaddr_ll = unsafe { mem::zeroed() };
+    addr.sll_family = libc::AF_PACKET as u16;
+    addr.sll_protocol = (libc::ETH_P_ALL as u16).to_be();
+    addr.sll_ifindex = index;
+    // SAFETY: addr is a valid sockaddr_ll of the given size.
+    let rc = unsafe {
+        libc::bind(
+            fd,
+            (&addr as *const libc::sockaddr_ll).cast(),
+            mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        return Err(last_os(interface, "binding the packet socket"));
+    }
+    Ok(())
+}
+
+/// The interface index the packet socket `fd` is bound to now (-1 once its interface was
+/// removed).
+fn bound_index(fd: std::os::fd::RawFd) -> io::Result<i32> {
+    // SAFETY: sockaddr_ll is plain old data; getsockname fills at most its size.
+    let mut addr: libc::sockaddr_ll = unsafe { mem::zeroed() };
+    let mut len = mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+    // SAFETY: as above, on our socket.
+    if unsafe { libc::getsockname(fd, (&mut addr as *mut libc::sockaddr_ll).cast(), &mut len) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(addr.sll_ifindex)
+}
+
+/// Take (and so clear) the socket's pending error.
+fn pending_error(fd: std::os::fd::RawFd) -> io::Result<i32> {
+    let mut error: libc::c_int = 0;
+    let mut len = mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: SO_ERROR writes one int into `error`.
+    let rc = unsafe {
+        libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_ERROR, (&mut error as *mut libc::c_int).cast(), &mut len)
+    };
+    if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(error) }
+}
+
 /// The addresses the responder on `interface` answers for: `owned` less those whose pool
 /// answers on other interfaces only (`only_on`, [`super::policy::answered_on`]), kept current
 /// by a task until `cancel` or until `owned`'s sender is gone.
@@ -289,11 +356,14 @@ pub async fn run(
 ) -> Result<(), L2Error> {
     let interface = socket.interface.clone();
     // SAFETY: the descriptor is the socket's OwnedFd, open and unchanged while the AsyncFd owns it.
-    let fd = unsafe { AsyncFd::register_with_interest(socket, Interest::READABLE) }
+    let mut fd = unsafe { AsyncFd::register_with_interest(socket, Interest::READABLE) }
         .map_err(|e| io_err(&interface, "registering with the runtime")(e.into()))?;
     let mut current: BTreeSet<IpAddr> = BTreeSet::new();
     let mut announcements = AnnouncePlan::default();
     let mut buf = [0u8; CAPTURE_BYTES];
+    let mut follow = tokio::time::interval(FOLLOW_INTERVAL);
+    follow.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut follow_error: Option<String> = None;
     // The first value counts as a change.
     owned.mark_changed();
     loop {
@@ -327,6 +397,30 @@ pub async fn run(
                 for address in announcements.due(tokio::time::Instant::now()) {
                     if let Err(error) = fd.get_ref().send(&codec::announcement(address, mac)) {
                         tracing::warn!(interface = %interface, %address, %error, "sending a gratuitous announcement");
+                    }
+                }
+            }
+            _ = follow.tick() => {
+                match fd.get_mut().follow() {
+                    Ok(Some((old, new))) => {
+                        follow_error = None;
+                        tracing::warn!(interface = %interface, old_index = old, new_index = new, "L2 announcement: the interface was created again; answering on the new one");
+                        // Its multicast groups went with the old interface; neighbours may know
+                        // another hardware address: join again and announce everything owned.
+                        for group in plan::groups(&current) {
+                            fd.get_ref().join(group, true);
+                        }
+                        let everything = OwnershipChange::between(&BTreeSet::new(), &current);
+                        announcements.apply(&everything, tokio::time::Instant::now());
+                    }
+                    Ok(None) => follow_error = None,
+                    Err(error) => {
+                        // Once per distinct error, not every check.
+                        let text = error.to_string();
+                        if follow_error.as_deref() != Some(text.as_str()) {
+                            tracing::warn!(interface = %interface, error = %text, "L2 announcement: checking the interface");
+                            follow_error = Some(text);
+                        }
                     }
                 }
             }

@@ -145,6 +145,8 @@ pub(crate) struct Segment {
     pub(crate) nodes: [String; 2],
     /// The client's namespace.
     pub(crate) client: String,
+    /// The switch's namespace (bridge `br0`; node `i`'s port is `p{i}`, the client's `p2`).
+    pub(crate) switch: String,
     _cleanup: Namespaces,
 }
 
@@ -189,7 +191,7 @@ pub(crate) fn segment(prefix: &str, names: [&'static str; 2], vips: &[IpAddr]) -
             serve(listener, name);
         }
     }
-    Segment { nodes: [a, b], client: c, _cleanup: cleanup }
+    Segment { nodes: [a, b], client: c, switch: sw, _cleanup: cleanup }
 }
 
 pub(crate) fn mac_of(i: usize) -> String {

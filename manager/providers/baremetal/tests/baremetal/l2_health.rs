@@ -94,6 +94,62 @@ async fn the_monitor_turns_unhealthy_after_two_failed_kube_proxy_checks_and_heal
     cancel.cancel();
 }
 
+/// Issue 47 item 4, a responder alive but deaf: the kernel unbinds a packet socket from an
+/// interface that is removed, for good, so a responder whose interface was deleted and created
+/// again under the same name (a bond or VLAN re-created, a veth replaced) kept running, its
+/// interface up again by name, and answered nothing. It now re-binds to the new interface and
+/// announces again with the new hardware address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_responder_follows_its_interface_when_it_is_deleted_and_created_again() {
+    use ccm_provider_baremetal::announce::responder::{self, FOLLOW_INTERVAL, L2Socket};
+    use tokio::sync::watch;
+    use tokio_util::sync::CancellationToken;
+
+    use crate::l2_announce::{cannot_run, in_ns, mac_of, must, neighbour, reached, segment};
+
+    if let Some(reason) = cannot_run() {
+        eprintln!("SKIPPED: {reason}");
+        return;
+    }
+    const NODES: [&str; 2] = ["recreated-a", "recreated-b"];
+    let vip: IpAddr = "10.254.0.150".parse().expect("ip");
+    let segment = segment("ccml2r", NODES, &[vip]);
+    let (a, sw, c) = (segment.nodes[0].clone(), segment.switch.clone(), segment.client.clone());
+    let socket = in_ns(&a, || L2Socket::open("eth0")).expect("open the packet socket");
+    let (_owned, rx) = watch::channel(BTreeSet::from([vip]));
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(responder::run(socket, rx, cancel.clone()));
+    let wait = Duration::from_secs(10);
+    assert!(
+        reached(&c, vip, NODES[0].into(), Instant::now(), wait).await.is_some(),
+        "{vip} first reaches {}",
+        NODES[0]
+    );
+
+    // The node's eth0 deleted (with its veth peer on the switch) and created again, with another
+    // hardware address; the client forgets the old one.
+    must(&["-n", &sw, "link", "del", "p0"]);
+    let t0 = Instant::now();
+    must(&["-n", &sw, "link", "add", "p0", "type", "veth", "peer", "name", "eth0", "netns", &a]);
+    must(&["-n", &sw, "link", "set", "p0", "master", "br0", "up"]);
+    let new_mac = "02:00:00:00:00:31";
+    assert_ne!(new_mac, mac_of(0));
+    must(&["-n", &a, "link", "set", "eth0", "address", new_mac, "up"]);
+    must(&["-n", &a, "addr", "add", "10.254.0.11/24", "dev", "eth0"]);
+    must(&["-n", &c, "neigh", "flush", "all"]);
+    let took = reached(&c, vip, NODES[0].into(), t0, wait).await;
+    let entry = neighbour(&c, vip);
+    let took = took.unwrap_or_else(|| panic!("{vip} not answered on the re-created interface: {entry:?}"));
+    assert!(entry.contains(new_mac), "{vip} resolves to the new interface's address: {entry:?}");
+    eprintln!(
+        "L2 responder: interface deleted and created again to the client reaching the node through it: {} ms (checked every {} ms)",
+        took.as_millis(),
+        FOLLOW_INTERVAL.as_millis()
+    );
+    cancel.cancel();
+    task.await.expect("responder task").expect("responder ran without error");
+}
+
 mod interface_down_on_the_api_server {
     use super::*;
 
