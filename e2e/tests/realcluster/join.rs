@@ -1,23 +1,28 @@
 //! Issue 50 item 3 on the real cluster: how long a kubelet's freshly registered Node waits for
 //! its cloud-controller-manager, ours beside the upstream Go CCM (`../shared/upstream`) in the
-//! same run. Both run on the host against the cluster's API server with a provider that answers
-//! every instance call after 20 ms as upstream's `bench` provider does (ours: `fake` with
-//! `profile: bench`; upstream: `bench` itself), only the cloud-node controller, no leader
-//! election; so the difference is the
-//! manager's, not the provider's or a Pod's start. The operator's resource is deleted first, so
-//! nothing else initializes the Node.
+//! same run, each run as a Pod by the operator from a `CloudControllerManager` (ours: provider
+//! `fake` with `profile: bench`, which answers every instance call after 20 ms as upstream's
+//! `bench` provider does; upstream: its image through `spec.upstream` with the `generic`
+//! profile), one replica on the host's Node, leader election on, default controllers; so the
+//! difference is the manager's, not the provider's. The resource of the other scenarios is
+//! deleted first, so nothing else initializes the Node; each resource is deleted after its
+//! round. The operator's time from the apply to `Ready` is measured on the way.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use e2e::bench::ManagerProcess;
+use e2e::realcluster::images;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::json;
 
-use crate::multinode::{all_ready, initialized, measured, power_off, power_on, power_on_any_stopped};
-use crate::{CCM_NAME, CCM_NS, Ctx, bin_dir, wait};
+use crate::multinode::{
+    MANAGER_LABEL, all_ready, initialized, label_for_managers, measured, power_off, power_on, power_on_any_stopped,
+};
+use crate::upstream_image::{imported, pods_of, ready_with_leader_of, upstream_images_allowed_and_no_other_resource};
+use crate::{CCM_NS, Ctx, apply, wait};
 
 /// Rounds per manager.
 const ROUNDS: usize = 3;
@@ -29,31 +34,64 @@ enum Who {
     Upstream,
 }
 
-/// Start `who` on the host over the cluster, healthy, with its log in `dir`.
-async fn start(ctx: &Ctx, who: Who, dir: &std::path::Path) -> ManagerProcess {
-    let kubeconfig = ctx.cluster.kubeconfig();
-    let mut process = match who {
-        Who::Ours => {
-            let cloud_config = dir.join("fake.yaml");
-            std::fs::write(&cloud_config, "profile: bench\nlatency: 20ms\n").expect("the cloud-config");
-            let command = format!(
-                "{} --cloud-provider=fake --cloud-config={{cloud_config}} --kubeconfig={{kubeconfig}} --leader-elect=false \
-                 --bind-address=127.0.0.1 --secure-port={{port}} --authorization-always-allow-paths=/healthz,/metrics \
-                 --controllers=cloud-node",
-                bin_dir().join("cloud-controller-manager").display()
-            );
-            ManagerProcess::spawn(&command, "", &kubeconfig, &cloud_config, &dir.join("ours.log")).expect("ours starts")
+impl Who {
+    /// Its resource's (and Secret's) name.
+    fn name(self) -> &'static str {
+        match self {
+            Who::Ours => "join-ours",
+            Who::Upstream => "join-upstream",
         }
-        Who::Upstream => ManagerProcess::spawn_upstream(
-            "--controllers=cloud-node-controller --leader-elect=false",
-            &kubeconfig,
-            &[("BENCH_INSTANCE_LATENCY".into(), "20ms".into())],
-            &dir.join("upstream.log"),
-        )
-        .expect("upstream starts"),
+    }
+}
+
+/// Applies `who`'s cloud-config Secret and resource (one replica, on the Nodes labelled
+/// [`MANAGER_LABEL`]) and waits until it is Ready with its leader named; returns the seconds
+/// from the apply.
+async fn start(ctx: &Ctx, who: Who) -> f64 {
+    let name = who.name();
+    let (content, spec) = match who {
+        Who::Ours => ("profile: bench\nlatency: 20ms\n", json!({"provider": "fake"})),
+        Who::Upstream => (
+            "# the bench provider reads no cloud config\n",
+            json!({"provider": "bench", "upstream": {"profile": "generic"},
+                   "deployment": {"image": images::UPSTREAM_BENCH}}),
+        ),
     };
-    process.wait_healthy(Duration::from_secs(60)).await.expect("the manager is healthy");
-    process
+    apply(
+        &ctx.client,
+        json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": name, "namespace": CCM_NS,
+                "labels": {crds::CLOUD_CONFIG_LABEL: crds::CLOUD_CONFIG_LABEL_VALUE}},
+            "stringData": {"cloud.conf": content}}),
+    )
+    .await;
+    let mut spec = spec;
+    spec["cloudConfig"] = json!({"secretRef": {"name": name}});
+    let deployment = spec["deployment"].as_object_mut().map(std::mem::take).unwrap_or_default();
+    spec["deployment"] = json!(deployment);
+    spec["deployment"]["replicas"] = json!(1);
+    spec["deployment"]["imagePullPolicy"] = json!("Never");
+    spec["deployment"]["nodeSelector"] = json!({MANAGER_LABEL: "true"});
+    let t = Instant::now();
+    apply(
+        &ctx.client,
+        json!({"apiVersion": "ccm.rs/v1alpha1", "kind": "CloudControllerManager",
+            "metadata": {"name": name, "namespace": CCM_NS}, "spec": spec}),
+    )
+    .await;
+    ready_with_leader_of(ctx, name, &format!("{who:?}'s manager Ready with its leader named")).await;
+    t.elapsed().as_secs_f64()
+}
+
+/// Deletes `who`'s resource and waits until its Pods are gone.
+async fn stop(ctx: &Ctx, who: Who) {
+    let crs: Api<crds::CloudControllerManager> = Api::namespaced(ctx.client.clone(), CCM_NS);
+    let _ = crs.delete(who.name(), &Default::default()).await;
+    wait(&format!("{who:?}'s resource and Pods gone"), Duration::from_secs(120), || async {
+        let gone = !matches!(crs.get_opt(who.name()).await, Ok(Some(_)));
+        (gone && pods_of(ctx, who.name()).await.is_empty()).then_some(())
+    })
+    .await;
 }
 
 /// One round: Node `name` deleted while its machine is off, the machine started, and the
@@ -101,62 +139,59 @@ fn is_initialized(node: &Node) -> bool {
             .is_some_and(|t| t.iter().any(|t| t.key == "node.cloudprovider.kubernetes.io/uninitialized"))
 }
 
-/// Issue 50 item 3: a kubelet's new Node initialized by ours and by upstream, [`ROUNDS`] each,
-/// alternating; each initializes it every time (providerID `bench://`, the Node's addresses
-/// kept, as the kubelet's `--node-ip` asks).
+/// Issue 50 item 3: a kubelet's new Node initialized by ours and by upstream, each as a Pod,
+/// [`ROUNDS`] each, alternating; each initializes it every time (providerID `bench://`, the
+/// Node's addresses kept, as the kubelet's `--node-ip` asks).
 pub async fn a_registering_nodes_wait_for_initialization_ours_beside_upstream(ctx: Arc<Ctx>) {
-    let upstream_here = e2e::upstream::binary();
+    let upstream_here = imported(&ctx, e2e::upstream::binary(), "the upstream Go CCM", "upstream", images::build_upstream_bench);
     power_on_any_stopped(&ctx).await;
     let names = ctx.cluster.node_names();
     wait("the three Nodes Ready", Duration::from_secs(120), || async { all_ready(&ctx, &names).await.then_some(()) })
         .await;
-    // Nothing of the operator's may initialize the Node meanwhile.
-    let crs: Api<crds::CloudControllerManager> = Api::namespaced(ctx.client.clone(), CCM_NS);
-    let _ = crs.delete(CCM_NAME, &Default::default()).await;
-    // Without the chart (this scenario alone) there is no such resource type: nothing to delete.
-    wait("the resource gone", Duration::from_secs(120), || async {
-        (!matches!(crs.get_opt(CCM_NAME).await, Ok(Some(_)))).then_some(())
-    })
-    .await;
+    // The chart allowing the upstream image; nothing of the other scenarios' resource may
+    // initialize the Node meanwhile.
+    upstream_images_allowed_and_no_other_resource(&ctx).await;
     wait("no manager Pod", Duration::from_secs(120), || async {
         crate::manager_pods(&ctx).await.is_empty().then_some(())
     })
     .await;
+    label_for_managers(&ctx, &ctx.cluster.node_name, true);
 
-    let dir = std::env::temp_dir().join(format!("ccm-realcluster-join-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("a temporary directory");
     let name = names.last().expect("three Nodes").clone();
+    assert_ne!(name, ctx.cluster.node_name, "the re-registered Node is never the managers' own");
     let mut who_order = vec![Who::Ours];
-    match &upstream_here {
-        Ok(_) => who_order.push(Who::Upstream),
-        Err(why) => eprintln!("    upstream half skipped: {why}"),
+    if upstream_here {
+        who_order.push(Who::Upstream);
     }
-    let mut results: Vec<(Who, f64, f64, String)> = Vec::new();
+    let mut results: Vec<(Who, f64, f64, f64, String)> = Vec::new();
     for _ in 0..ROUNDS {
         for &who in &who_order {
-            let process = start(&ctx, who, &dir).await;
+            let ready = start(&ctx, who).await;
             let (after_seen, after_start) = round(&ctx, &name).await;
             let node = initialized(&ctx, &name).await.expect("initialized");
             let provider_id = node.spec.and_then(|s| s.provider_id).unwrap_or_default();
-            drop(process);
-            results.push((who, after_seen, after_start, provider_id));
+            stop(&ctx, who).await;
+            results.push((who, ready, after_seen, after_start, provider_id));
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
-    for (who, after_seen, after_start, provider_id) in &results {
+    for (who, ready, after_seen, after_start, provider_id) in &results {
         measured(format!(
-            "a registering Node ({name}) initialized by {who:?}: {after_seen:.3} s after its creation reached a watch, {after_start:.1} s after its kubelet started ({provider_id})"
+            "a registering Node ({name}) initialized by {who:?} (a Pod; its resource applied to Ready {ready:.1} s): {after_seen:.3} s after its creation reached a watch, {after_start:.1} s after its kubelet started ({provider_id})"
         ));
         assert_eq!(*provider_id, format!("bench://{name}"), "{who:?} initialized it");
     }
-    let mean = |w: Who| {
-        let v: Vec<f64> = results.iter().filter(|r| r.0 == w).map(|r| r.1).collect();
+    let mean = |w: Who, field: fn(&(Who, f64, f64, f64, String)) -> f64| {
+        let v: Vec<f64> = results.iter().filter(|r| r.0 == w).map(field).collect();
         (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
     };
-    if let (Some(ours), Some(upstream)) = (mean(Who::Ours), mean(Who::Upstream)) {
+    let initialized_after = |r: &(Who, f64, f64, f64, String)| r.2;
+    let ready_after = |r: &(Who, f64, f64, f64, String)| r.1;
+    if let (Some(ours), Some(upstream)) = (mean(Who::Ours, initialized_after), mean(Who::Upstream, initialized_after)) {
         measured(format!(
-            "time-to-initialized, mean of {ROUNDS}: ours {ours:.3} s, upstream {upstream:.3} s (ours/upstream {:.2})",
-            ours / upstream
+            "time-to-initialized with the managers as Pods, mean of {ROUNDS}: ours {ours:.3} s, upstream {upstream:.3} s (ours/upstream {:.2}); the operator's apply to Ready: ours {:.1} s, upstream {:.1} s",
+            ours / upstream,
+            mean(Who::Ours, ready_after).unwrap_or_default(),
+            mean(Who::Upstream, ready_after).unwrap_or_default()
         ));
     }
 }
