@@ -6,14 +6,16 @@
 //! profile), one replica on the host's Node, leader election on, default controllers; so the
 //! difference is the manager's, not the provider's. The resource of the other scenarios is
 //! deleted first, so nothing else initializes the Node; each resource is deleted after its
-//! round. The operator's time from the apply to `Ready` is measured on the way.
+//! round. Each round also times a LoadBalancer Service from its creation to its address (the
+//! bench providers': 50 ms per load-balancer call, no data path), and the operator's time from
+//! the apply to `Ready`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use e2e::realcluster::images;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Service};
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
@@ -130,6 +132,42 @@ async fn round(ctx: &Arc<Ctx>, name: &str) -> (f64, f64) {
     (initialized_at - seen.unwrap_or(initialized_at), initialized_at)
 }
 
+/// The namespace of the scenario's LoadBalancer Service.
+const LB_NS: &str = "join-lb";
+
+/// A LoadBalancer Service created and followed through a watch until it has an address (the
+/// bench providers' `198.18.x.y`); then deleted, through the manager's finalizer. Returns the
+/// seconds from the create to the address reaching the watch, and the address.
+async fn service_round(ctx: &Ctx) -> (f64, String) {
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), LB_NS);
+    apply(&ctx.client, json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LB_NS}})).await;
+    let config = watcher::Config::default().fields("metadata.name=join");
+    let mut changes = watcher(services.clone(), config).applied_objects().boxed();
+    let service = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "join", "namespace": LB_NS},
+        "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "targetPort": 80}]}});
+    let service: Service = serde_json::from_value(service).expect("a Service");
+    let started = Instant::now();
+    services.create(&Default::default(), &service).await.expect("creating the Service");
+    let addressed = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(change) = changes.next().await {
+            let Ok(svc) = change else { continue };
+            let ip = svc.status.and_then(|s| s.load_balancer?.ingress?.into_iter().next()?.ip);
+            if let Some(ip) = ip {
+                return (started.elapsed().as_secs_f64(), ip);
+            }
+        }
+        panic!("the watch of the Service ended");
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the Service got no address within 60 s"));
+    let _ = services.delete("join", &Default::default()).await;
+    wait("the Service gone through the manager's finalizer", Duration::from_secs(60), || async {
+        services.get_opt("join").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    addressed
+}
+
 /// Whether `node` has a providerID and no uninitialized taint.
 fn is_initialized(node: &Node) -> bool {
     let spec = node.spec.as_ref();
@@ -163,35 +201,61 @@ pub async fn a_registering_nodes_wait_for_initialization_ours_beside_upstream(ct
     if upstream_here {
         who_order.push(Who::Upstream);
     }
-    let mut results: Vec<(Who, f64, f64, f64, String)> = Vec::new();
+    let mut results: Vec<Round> = Vec::new();
     for _ in 0..ROUNDS {
         for &who in &who_order {
             let ready = start(&ctx, who).await;
-            let (after_seen, after_start) = round(&ctx, &name).await;
+            let (initialized_after, after_start) = round(&ctx, &name).await;
             let node = initialized(&ctx, &name).await.expect("initialized");
             let provider_id = node.spec.and_then(|s| s.provider_id).unwrap_or_default();
+            let (addressed_after, address) = service_round(&ctx).await;
             stop(&ctx, who).await;
-            results.push((who, ready, after_seen, after_start, provider_id));
+            results.push(Round { who, ready, initialized_after, after_start, provider_id, addressed_after, address });
         }
     }
-    for (who, ready, after_seen, after_start, provider_id) in &results {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(ctx.client.clone());
+    let _ = namespaces.delete(LB_NS, &Default::default()).await;
+    for r in &results {
         measured(format!(
-            "a registering Node ({name}) initialized by {who:?} (a Pod; its resource applied to Ready {ready:.1} s): {after_seen:.3} s after its creation reached a watch, {after_start:.1} s after its kubelet started ({provider_id})"
+            "{:?} as a Pod (its resource applied to Ready {:.1} s): a registering Node ({name}) initialized {:.3} s after its creation reached a watch, {:.1} s after its kubelet started ({}); a LoadBalancer Service created to its address {} in a watch {:.3} s",
+            r.who, r.ready, r.initialized_after, r.after_start, r.provider_id, r.address, r.addressed_after
         ));
-        assert_eq!(*provider_id, format!("bench://{name}"), "{who:?} initialized it");
+        assert_eq!(r.provider_id, format!("bench://{name}"), "{:?} initialized it", r.who);
+        assert!(r.address.starts_with("198.18."), "{:?}: the bench providers' addresses: {}", r.who, r.address);
     }
-    let mean = |w: Who, field: fn(&(Who, f64, f64, f64, String)) -> f64| {
-        let v: Vec<f64> = results.iter().filter(|r| r.0 == w).map(field).collect();
+    let mean = |w: Who, field: fn(&Round) -> f64| {
+        let v: Vec<f64> = results.iter().filter(|r| r.who == w).map(field).collect();
         (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
     };
-    let initialized_after = |r: &(Who, f64, f64, f64, String)| r.2;
-    let ready_after = |r: &(Who, f64, f64, f64, String)| r.1;
-    if let (Some(ours), Some(upstream)) = (mean(Who::Ours, initialized_after), mean(Who::Upstream, initialized_after)) {
+    let both = |field: fn(&Round) -> f64| Some((mean(Who::Ours, field)?, mean(Who::Upstream, field)?));
+    if let (Some(node), Some(service), Some(ready)) =
+        (both(|r| r.initialized_after), both(|r| r.addressed_after), both(|r| r.ready))
+    {
         measured(format!(
-            "time-to-initialized with the managers as Pods, mean of {ROUNDS}: ours {ours:.3} s, upstream {upstream:.3} s (ours/upstream {:.2}); the operator's apply to Ready: ours {:.1} s, upstream {:.1} s",
-            ours / upstream,
-            mean(Who::Ours, ready_after).unwrap_or_default(),
-            mean(Who::Upstream, ready_after).unwrap_or_default()
+            "managers as Pods, mean of {ROUNDS}: time-to-initialized ours {:.3} s, upstream {:.3} s (ours/upstream {:.2}); Service to address ours {:.3} s, upstream {:.3} s ({:.2}); the operator's apply to Ready ours {:.1} s, upstream {:.1} s",
+            node.0,
+            node.1,
+            node.0 / node.1,
+            service.0,
+            service.1,
+            service.0 / service.1,
+            ready.0,
+            ready.1
         ));
     }
+}
+
+/// What one round measured.
+struct Round {
+    who: Who,
+    /// Seconds from the resource's apply to Ready with its leader named.
+    ready: f64,
+    /// Seconds from the Node's creation reaching a watch to it initialized.
+    initialized_after: f64,
+    /// Seconds from the kubelet's start to the Node initialized.
+    after_start: f64,
+    provider_id: String,
+    /// Seconds from a LoadBalancer Service's creation to its address reaching a watch.
+    addressed_after: f64,
+    address: String,
 }
