@@ -101,25 +101,33 @@ pub fn exec(ctx: &Ctx, pod: &str, container: &str, script: &str) -> String {
         .unwrap_or_else(|e| panic!("exec in {pod}/{container}: {e}"))
 }
 
+/// The BGP scenarios' start: the BIRD image built, all three Nodes on and Ready, labelled for
+/// announcers, the host's for managers; the Node names and their addresses on the router's
+/// segment.
+pub async fn three_bgp_nodes(ctx: &Arc<Ctx>) -> (Vec<String>, BTreeSet<Ipv4Addr>) {
+    assert!(
+        ctx.bird_image,
+        "the BIRD sidecar image was not built: install Debian's bird2 (apt-get install bird2), as .ci/run does"
+    );
+    power_on_any_stopped(ctx).await;
+    let names = ctx.cluster.node_names();
+    wait("the three Nodes Ready", Duration::from_secs(60), || async { all_ready(ctx, &names).await.then_some(()) })
+        .await;
+    for n in &names {
+        label_for_announcers(ctx, n);
+    }
+    label_for_managers(ctx, &ctx.cluster.node_name, true);
+    let node_ips = names.iter().map(|n| segment_ip(ctx, n)).collect();
+    (names, node_ips)
+}
+
 /// Issue 46 (and issue 45's proof on a real Pod): announcers with `l2` and `bgp` on all three
 /// Nodes; each Pod's BIRD sidecar runs as the non-root user, reads the configuration the
 /// announcer (root, for `NET_RAW`) wrote owner- and group-readable only, and peers with the
 /// router; a `VIP` Service of the `bgp` pool is routed by the router to all three Nodes; a Node
 /// powered off is withdrawn within the hold time, and the client's longest gap is measured.
 pub async fn bgp_every_node_peers_with_the_router_ecmp_and_a_stopped_node_is_withdrawn(ctx: Arc<Ctx>) {
-    assert!(
-        ctx.bird_image,
-        "the BIRD sidecar image was not built: install Debian's bird2 (apt-get install bird2), as .ci/run does"
-    );
-    power_on_any_stopped(&ctx).await;
-    let names = ctx.cluster.node_names();
-    wait("the three Nodes Ready", Duration::from_secs(60), || async { all_ready(&ctx, &names).await.then_some(()) })
-        .await;
-    for n in &names {
-        label_for_announcers(&ctx, n);
-    }
-    label_for_managers(&ctx, &ctx.cluster.node_name, true);
-    let node_ips: BTreeSet<Ipv4Addr> = names.iter().map(|n| segment_ip(&ctx, n)).collect();
+    let (names, node_ips) = three_bgp_nodes(&ctx).await;
     let router = RouterConfig {
         address: ctx.cluster.network.router_address(),
         asn: ROUTER_ASN,

@@ -16,10 +16,10 @@ use kube::api::{Api, DeleteParams};
 use serde_json::json;
 
 use crate::bgp::{HOLD_SECONDS, announcer_pods, exec, next_hops, route_via, segment_ip};
-use crate::l2::{ANNOUNCER_LABEL, label_for_announcers};
+use crate::l2::ANNOUNCER_LABEL;
 use crate::multinode::{
-    BGP_ADDRESS, Inventory, NODE_ASN, ROLLED_ARGS, ROUTER_ASN, all_ready, announcer_generation, announcers_rolled,
-    blocking, cloud_config, label_for_managers, lb_service, measured, power_off, power_on, power_on_any_stopped, spec,
+    BGP_ADDRESS, Inventory, NODE_ASN, ROLLED_ARGS, ROUTER_ASN, announcer_generation, announcers_rolled, blocking,
+    cloud_config, lb_service, measured, power_off, power_on, spec,
 };
 use crate::{CCM_NS, Ctx, apply, put_cloud_config, wait};
 
@@ -56,16 +56,7 @@ async fn all_up(bird: &RouterBird, nodes: &BTreeSet<Ipv4Addr>, t: Instant, what:
 /// Issue 47 item 3 on three Nodes: BFD and graceful restart rendered by the operator, measured
 /// against the router's BIRD.
 pub async fn bgp_bfd_and_graceful_restart_through_the_operator(ctx: Arc<Ctx>) {
-    assert!(ctx.bird_image, "the BIRD sidecar image was not built: install Debian's bird2 (apt-get install bird2)");
-    power_on_any_stopped(&ctx).await;
-    let names = ctx.cluster.node_names();
-    wait("the three Nodes Ready", Duration::from_secs(60), || async { all_ready(&ctx, &names).await.then_some(()) })
-        .await;
-    for n in &names {
-        label_for_announcers(&ctx, n);
-    }
-    label_for_managers(&ctx, &ctx.cluster.node_name, true);
-    let node_ips: BTreeSet<Ipv4Addr> = names.iter().map(|n| segment_ip(&ctx, n)).collect();
+    let (names, node_ips) = crate::bgp::three_bgp_nodes(&ctx).await;
     let bird = RouterBird::of(&ctx.cluster);
     let (c, b, conf) = (ctx.clone(), bird.clone(), router(&ctx, &node_ips, ROUTER_BFD).render());
     blocking(move || b.apply(&c.cluster, &conf)).await.unwrap_or_else(|e| panic!("the router's BIRD: {e}"));

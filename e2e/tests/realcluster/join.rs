@@ -181,7 +181,8 @@ fn is_initialized(node: &Node) -> bool {
 /// [`ROUNDS`] each, alternating; each initializes it every time (providerID `bench://`, the
 /// Node's addresses kept, as the kubelet's `--node-ip` asks).
 pub async fn a_registering_nodes_wait_for_initialization_ours_beside_upstream(ctx: Arc<Ctx>) {
-    let upstream_here = imported(&ctx, e2e::upstream::binary(), "the upstream Go CCM", "upstream", images::build_upstream_bench);
+    let upstream_here =
+        imported(&ctx, e2e::upstream::binary(), "the upstream Go CCM", "upstream", images::build_upstream_bench);
     power_on_any_stopped(&ctx).await;
     let names = ctx.cluster.node_names();
     wait("the three Nodes Ready", Duration::from_secs(120), || async { all_ready(&ctx, &names).await.then_some(()) })
