@@ -14,7 +14,10 @@
 //!
 //! Reported per run: time to all initialized, cloud calls (scraped from the manager's
 //! `/metrics` when `--metrics-url` is given), API writes per Node (from the test API server's
-//! request log, when the server is one), and the manager's peak RSS (`VmHWM`).
+//! request log, when the server is one), and the manager's peak RSS (`VmHWM`). With
+//! `--one-at-a-time N` it instead registers N Nodes one after another, each after the previous
+//! one is initialized and deleted, and reports each Node's time from creation to initialized
+//! (mean, median, min, max): the wait a single joining Node sees.
 //!
 //! ```text
 //! bench-nodes --nodes 5000 --metrics-url https://127.0.0.1:10258/metrics \
@@ -29,7 +32,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ccm_framework::cache::{Cache, Change, run_watch};
+use ccm_framework::cache::{Cache, Change, Subscription, run_watch};
 use clap::Parser;
 use e2e::bench::{self, BackendArg, BoxError, proc_status_kib};
 use k8s_openapi::api::core::v1::Node;
@@ -46,6 +49,8 @@ use tokio::task::JoinSet;
 const BENCH_LABEL: &str = "bench.ccm.rs/node";
 /// Field manager of the driver's own writes.
 const DRIVER: &str = "bench-nodes";
+/// `--one-at-a-time`: the pause after each Node.
+const ROUND_GAP: Duration = Duration::from_millis(500);
 /// Upstream's flags before a run's own: only the cloud-node controller, no leader election.
 const UPSTREAM_FLAGS: &str = "--controllers=cloud-node-controller --leader-elect=false";
 
@@ -92,6 +97,14 @@ struct Args {
     /// annotations, conditions, capacity, nodeInfo, 50 images each) instead of minimal ones.
     #[arg(long)]
     realistic: bool,
+    /// Instead of registering `--nodes` at once, register this many Nodes one after another
+    /// once the manager is up (a warm-up Node initialized first), each after the previous is
+    /// initialized and deleted (and half a second has passed), and time each from its creation
+    /// reaching a watch to it initialized: the real cluster's time-to-initialized, on any
+    /// backend. Upstream's Nodes
+    /// then keep their own addresses (no `BENCH_INTERNAL_IP`), as on the real cluster.
+    #[arg(long)]
+    one_at_a_time: Option<usize>,
 }
 
 /// What one run measured.
@@ -112,6 +125,8 @@ struct Outcome {
     limit: Option<(f64, usize)>,
     /// Why the run stopped early, if it did.
     failed: Option<String>,
+    /// `--one-at-a-time`: seconds from each Node's creation reaching a watch to it initialized.
+    joins: Vec<f64>,
 }
 
 #[tokio::main]
@@ -125,7 +140,7 @@ async fn main() -> Result<(), BoxError> {
     let mut outcomes = Vec::new();
     for run in &args.runs {
         let (label, command) = run.split_once('=').ok_or("--run takes LABEL=COMMAND")?;
-        eprintln!("== run {label}: {} Nodes", args.nodes);
+        eprintln!("== run {label}: {} Nodes", args.one_at_a_time.unwrap_or(args.nodes));
         // A failed run (a timeout, say) is reported in its row; the other runs go on.
         let outcome = run_once(&args, label, command, &log_dir).await.unwrap_or_else(|e| Outcome {
             label: label.to_string(),
@@ -173,21 +188,17 @@ async fn run_once(args: &Args, label: &str, command: &str, log_dir: &Path) -> Re
     };
     let nodes: Api<Node> = Api::all(client.clone());
     delete_bench_nodes(&nodes).await?;
+    if let Some(rounds) = args.one_at_a_time {
+        let joins = one_at_a_time(args, label, command, &kubeconfig, &nodes, log_dir, rounds).await?;
+        if args.kubeconfig.is_some() {
+            delete_bench_nodes(&nodes).await?;
+        }
+        return Ok(Outcome { label: label.to_string(), nodes: rounds, backend, joins, ..Default::default() });
+    }
     create_nodes(&nodes, args.nodes, args.realistic).await?;
 
     // Watch Nodes the way a controller would; count the tainted ones.
-    let (cache, writer) = Cache::<Node>::new();
-    let mut changes = cache.subscribe();
-    // The token type is tokio-util's, not a dependency here: stop the watch by aborting it.
-    let watch = tokio::spawn(run_watch(
-        nodes.clone(),
-        watcher::Config::default().labels(BENCH_LABEL),
-        writer,
-        Default::default(),
-    ));
-    if !cache.wait_until_ready().await {
-        return Err("node watch stopped".into());
-    }
+    let (cache, mut changes, watch) = watch_bench_nodes(&nodes).await?;
     let mut tainted: HashSet<String> = cache.state().iter().filter(|n| is_tainted(n)).map(|n| name(n)).collect();
     assert_eq!(tainted.len(), args.nodes, "every created Node starts tainted");
 
@@ -201,28 +212,7 @@ async fn run_once(args: &Args, label: &str, command: &str, log_dir: &Path) -> Re
 
     let log_path = log_dir.join(format!("{label}.log"));
     let log = std::fs::File::create(&log_path)?;
-    let (mut command_line, metrics_url) = match bench::upstream_flags(command) {
-        Some(flags) => {
-            let args_up: Vec<String> = format!("{UPSTREAM_FLAGS} {flags}").split_whitespace().map(Into::into).collect();
-            let env = [
-                ("BENCH_INSTANCE_LATENCY".to_string(), args.instance_latency.clone()),
-                ("BENCH_INTERNAL_IP".to_string(), "1".to_string()),
-            ];
-            let l = e2e::upstream::Launch::new(&kubeconfig, &args_up, &env)?;
-            let mut c = Command::new(&l.program);
-            c.args(&l.args).envs(l.env.iter().map(|(k, v)| (k, v)));
-            (c, Some(format!("http://{}/metrics", l.http)))
-        }
-        None => {
-            let kubeconfig = kubeconfig.to_string_lossy().to_string();
-            let argv: Vec<String> =
-                command.split_whitespace().map(|a| a.replace("{kubeconfig}", &kubeconfig)).collect();
-            let (program, rest) = argv.split_first().ok_or("empty manager command line")?;
-            let mut c = Command::new(program);
-            c.args(rest);
-            (c, args.metrics_url.clone())
-        }
-    };
+    let (mut command_line, metrics_url) = manager_command(args, command, &kubeconfig)?;
     let started = Instant::now();
     let mut child = command_line.stdout(Stdio::from(log.try_clone()?)).stderr(Stdio::from(log)).spawn()?;
     let guard = KillOnDrop(Some(child.id()));
@@ -322,6 +312,104 @@ async fn run_once(args: &Args, label: &str, command: &str, log_dir: &Path) -> Re
         delete_bench_nodes(&nodes).await?;
     }
     Ok(outcome)
+}
+
+/// `--one-at-a-time`: starts the manager, lets it initialize a warm-up Node, then registers
+/// `rounds` Nodes one after another; returns each one's seconds from its creation reaching the
+/// watch to its taint gone from it.
+async fn one_at_a_time(
+    args: &Args,
+    label: &str,
+    command: &str,
+    kubeconfig: &Path,
+    nodes: &Api<Node>,
+    log_dir: &Path,
+    rounds: usize,
+) -> Result<Vec<f64>, BoxError> {
+    let (cache, mut changes, watch) = watch_bench_nodes(nodes).await?;
+    let log_path = log_dir.join(format!("{label}.log"));
+    let log = std::fs::File::create(&log_path)?;
+    let (mut command_line, _) = manager_command(args, command, kubeconfig)?;
+    let mut child = command_line.stdout(Stdio::from(log.try_clone()?)).stderr(Stdio::from(log)).spawn()?;
+    let guard = KillOnDrop(Some(child.id()));
+    let pp = PostParams { field_manager: Some(DRIVER.into()), ..Default::default() };
+    let timeout = Duration::from_secs(args.timeout_seconds);
+    let mut joins = Vec::with_capacity(rounds);
+    // Round 0 is the warm-up: it waits for the manager's start and is not counted.
+    for i in 0..=rounds {
+        let name = format!("bench-node-{i:05}");
+        nodes.create(&pp, &bench_node(&name, i, args.realistic)?).await?;
+        let deadline = Instant::now() + timeout;
+        let mut seen: Option<Instant> = None;
+        let joined = loop {
+            if let Some(status) = child.try_wait()? {
+                return Err(format!("manager exited early ({status}); see {}", log_path.display()).into());
+            }
+            if Instant::now() > deadline {
+                return Err(format!("{name} still tainted after {}s", args.timeout_seconds).into());
+            }
+            let change = tokio::select! {
+                c = changes.recv() => c,
+                _ = tokio::time::sleep(Duration::from_millis(500)) => continue,
+            };
+            match change {
+                Some(Change::Applied { new, .. }) if self::name(&new) == name => {
+                    let at = *seen.get_or_insert_with(Instant::now);
+                    if !is_tainted(&new) {
+                        break at.elapsed().as_secs_f64();
+                    }
+                }
+                Some(_) => {}
+                None => return Err("node watch stopped".into()),
+            }
+        };
+        if i > 0 {
+            joins.push(joined);
+        }
+        nodes.delete(&name, &DeleteParams::default()).await?;
+        // The next Node is created only once this one is gone from the manager's view too.
+        while cache.get(None, &name).is_some() {
+            match changes.recv().await {
+                Some(_) => {}
+                None => return Err("node watch stopped".into()),
+            }
+        }
+        // Spaced as kubelets join, so neither manager's client rate limit (20 QPS by default;
+        // a Node costs a write and an Event) is what gets measured.
+        tokio::time::sleep(ROUND_GAP).await;
+    }
+    watch.abort();
+    drop(guard);
+    let _ = child.wait();
+    Ok(joins)
+}
+
+/// The manager's command line for a run (`upstream FLAGS` runs the upstream Go manager with its
+/// `bench` provider) and the metrics URL to scrape.
+fn manager_command(args: &Args, command: &str, kubeconfig: &Path) -> Result<(Command, Option<String>), BoxError> {
+    Ok(match bench::upstream_flags(command) {
+        Some(flags) => {
+            let args_up: Vec<String> = format!("{UPSTREAM_FLAGS} {flags}").split_whitespace().map(Into::into).collect();
+            let mut env = vec![("BENCH_INSTANCE_LATENCY".to_string(), args.instance_latency.clone())];
+            // One at a time, Nodes keep their kubelet's addresses, as on the real cluster.
+            if args.one_at_a_time.is_none() {
+                env.push(("BENCH_INTERNAL_IP".to_string(), "1".to_string()));
+            }
+            let l = e2e::upstream::Launch::new(kubeconfig, &args_up, &env)?;
+            let mut c = Command::new(&l.program);
+            c.args(&l.args).envs(l.env.iter().map(|(k, v)| (k, v)));
+            (c, Some(format!("http://{}/metrics", l.http)))
+        }
+        None => {
+            let kubeconfig = kubeconfig.to_string_lossy().to_string();
+            let argv: Vec<String> =
+                command.split_whitespace().map(|a| a.replace("{kubeconfig}", &kubeconfig)).collect();
+            let (program, rest) = argv.split_first().ok_or("empty manager command line")?;
+            let mut c = Command::new(program);
+            c.args(rest);
+            (c, args.metrics_url.clone())
+        }
+    })
 }
 
 /// Kills the manager if the run ends early (error or panic).
@@ -456,6 +544,15 @@ fn opt<T: std::fmt::Display>(v: Option<T>) -> String {
 }
 
 fn describe(o: &Outcome, reference: f64) -> String {
+    if !o.joins.is_empty() {
+        let (mean, median, min, max) = spread(&o.joins);
+        return format!(
+            "{}: {} Nodes one at a time, creation to initialized: mean {mean:.4}s, median {median:.4}s, min {min:.4}s, max {max:.4}s [{} backend]",
+            o.label,
+            o.joins.len(),
+            o.backend
+        );
+    }
     let rate = o.nodes as f64 / o.seconds;
     let mut s = format!(
         "{}: {} Nodes in {:.2}s ({:.1} Nodes/s, {:.2}x reference); cloud calls {} {:?}; node writes {} {:?}; event writes {}; peak RSS {} MiB",
@@ -484,7 +581,56 @@ fn describe(o: &Outcome, reference: f64) -> String {
     s
 }
 
+/// Start a watch on the bench Nodes and wait for its first list. The token type is
+/// tokio-util's, not a dependency here: the caller stops the watch by aborting the task.
+async fn watch_bench_nodes(
+    nodes: &Api<Node>,
+) -> Result<(Cache<Node>, Subscription<Node>, tokio::task::JoinHandle<()>), BoxError> {
+    let (cache, writer) = Cache::<Node>::new();
+    let changes = cache.subscribe();
+    let watch = tokio::spawn(run_watch(
+        nodes.clone(),
+        watcher::Config::default().labels(BENCH_LABEL),
+        writer,
+        Default::default(),
+    ));
+    if !cache.wait_until_ready().await {
+        return Err("node watch stopped".into());
+    }
+    Ok((cache, changes, watch))
+}
+
+/// Mean, median, min and max of a non-empty sample.
+fn spread(xs: &[f64]) -> (f64, f64, f64, f64) {
+    let mut sorted = xs.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let mean = sorted.iter().sum::<f64>() / sorted.len() as f64;
+    let mid = sorted.len() / 2;
+    let median = if sorted.len().is_multiple_of(2) { (sorted[mid - 1] + sorted[mid]) / 2.0 } else { sorted[mid] };
+    (mean, median, sorted[0], sorted[sorted.len() - 1])
+}
+
 fn table(outcomes: &[Outcome], reference: f64) -> String {
+    if outcomes.iter().any(|o| !o.joins.is_empty()) {
+        let mut s = String::from(
+            "| run | backend | Nodes, one at a time | creation to initialized: mean (s) | median (s) | min (s) | max (s) |\n|---|---|---|---|---|---|---|\n",
+        );
+        for o in outcomes {
+            if let Some(why) = &o.failed {
+                let _ = writeln!(s, "| {} | {} | {} | failed: {why} |", o.label, o.backend, o.nodes);
+                continue;
+            }
+            let (mean, median, min, max) = spread(&o.joins);
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {mean:.4} | {median:.4} | {min:.4} | {max:.4} |",
+                o.label,
+                o.backend,
+                o.joins.len()
+            );
+        }
+        return s;
+    }
     let mut s = String::from(
         "| run | backend | Nodes | time to all initialized (s) | API server limit (s) | x limit | Nodes/s | x reference | cloud calls | node writes per Node | node writes by verb | event writes | peak RSS (MiB) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );

@@ -460,6 +460,7 @@ impl FakeProvider {
 
     /// Count the call, apply the latency and any fault.
     async fn call(&self, method: &'static str, subject: impl Into<String>, lb: bool) -> CloudResult<()> {
+        let started = tokio::time::Instant::now();
         self.calls.record(method, subject.into());
         let (latency, fault) = {
             let mut st = self.state();
@@ -467,7 +468,7 @@ impl FakeProvider {
             (latency, st.faults.draw(method))
         };
         if !latency.is_zero() {
-            tokio::time::sleep(latency).await;
+            wait_until(started + latency).await;
         }
         match fault {
             Some(e) => Err(e),
@@ -968,6 +969,30 @@ impl Clusters for FakeProvider {
         let _guard = InFlight::enter(&self.calls);
         self.call(methods::MASTER, cluster_name, false).await?;
         Ok("127.0.0.1".to_string())
+    }
+}
+
+/// Below this, the rest of a latency is slept on a blocking thread.
+const TIMER_GRAIN: Duration = Duration::from_millis(1);
+
+/// Wait until `deadline` to within the operating system's sleep precision. tokio's timer has
+/// millisecond ticks and rounds up, which made a 20 ms call last 21.1 ms on average where
+/// upstream's `bench` provider (Go's timer) takes 20.1; benchmarks compare the managers at the
+/// same cloud latency, so the last millisecond is slept on a blocking thread.
+async fn wait_until(deadline: tokio::time::Instant) {
+    if let Some(coarse) = deadline.checked_sub(TIMER_GRAIN)
+        && coarse > tokio::time::Instant::now()
+    {
+        tokio::time::sleep_until(coarse).await;
+    }
+    let rest = deadline.saturating_duration_since(tokio::time::Instant::now());
+    if !rest.is_zero() {
+        // Only fails if the runtime is shutting down; the call is then moot.
+        let _ = tokio::task::spawn_blocking(move || std::thread::sleep(rest)).await;
+    }
+    // Under a paused test clock the thread's sleep did not move tokio's time: finish there.
+    if tokio::time::Instant::now() < deadline {
+        tokio::time::sleep_until(deadline).await;
     }
 }
 

@@ -413,7 +413,8 @@ async fn initialize(
             Ok(p) => p,
             Err(e) => return Outcome::retry(format!("building the patch: {e}")),
         };
-        match api.patch(&name, &patch_params(), &patch).await {
+        // The response is not read: ask for its metadata only, not the whole Node back.
+        match api.patch_metadata(&name, &patch_params(), &patch).await {
             Ok(_) => {
                 if let Some(s) = seconds_since_creation(node) {
                     metrics.taint_removal_delay.observe(s);
@@ -460,7 +461,7 @@ async fn reconcile_labels(api: &Api<Node>, node: &Node) -> Outcome {
         return Outcome::Done;
     }
     let name = node.name_any();
-    match api.patch(&name, &patch_params(), &Patch::Merge(logic::labels_patch(&labels))).await {
+    match api.patch_metadata(&name, &patch_params(), &Patch::Merge(logic::labels_patch(&labels))).await {
         Ok(_) => {
             tracing::info!(node = %name, labels = ?labels.keys().collect::<Vec<_>>(), "reconciled GA labels");
             Outcome::Done
