@@ -1,8 +1,9 @@
 //! Self-healing announcers (pure): whether this node can deliver the traffic of the addresses
-//! it announces. An announcer whose L2 interface is down, whose responder stopped, or whose
-//! node's kube-proxy fails its health check gives its addresses up and marks its Lease with why
-//! ([`UNHEALTHY_ANNOTATION`]); the other announcers elect without it until it is healthy again.
-//! A Lease alone says only that the process runs, not that it can answer (cilium#35507).
+//! it announces. An announcer whose L2 interface is down, whose responder stopped or is held
+//! up ([`RESPONDER_STALL`]), or whose node's kube-proxy fails its health check gives its
+//! addresses up and marks its Lease with why ([`UNHEALTHY_ANNOTATION`]); the other announcers
+//! elect without it until it is healthy again. A Lease alone says only that the process runs,
+//! not that it can answer (cilium#35507).
 //!
 //! The probes are I/O ([`super::health_probe`]); this module judges what they saw.
 
@@ -23,6 +24,11 @@ pub const MAX_REASON: usize = 1024;
 
 /// How often the probes run unless `health.interval` says otherwise.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How long a running responder's loop may go without a pass before its node counts as
+/// unhealthy: the loop passes at least every 250 ms, idle or not, so this is twelve missed
+/// passes, and longer than any pause a busy node's scheduler makes.
+pub const RESPONDER_STALL: Duration = Duration::from_secs(3);
 
 /// Failed kube-proxy health checks in a row before the node counts as unhealthy (one slow
 /// answer on a busy node must not move every address).
@@ -173,6 +179,8 @@ pub struct Observation {
     pub links: Vec<(String, LinkState)>,
     /// The interfaces whose responder has stopped.
     pub stopped_responders: Vec<String>,
+    /// Each running responder's interface and how long since its loop last ran.
+    pub responder_silence: Vec<(String, Duration)>,
     /// kube-proxy's health check: `None` when not configured, else its outcome (the error in
     /// words: "answered HTTP 503", "no answer within 1s").
     pub kube_proxy: Option<Result<(), String>>,
@@ -193,6 +201,14 @@ pub enum Problem {
         /// The interface.
         interface: String,
     },
+    /// The responder on an interface runs but its loop has not run for [`RESPONDER_STALL`] or
+    /// more: requests queue unread, and nobody answers them.
+    ResponderStalled {
+        /// The interface.
+        interface: String,
+        /// How long since the loop last ran.
+        silent_for: Duration,
+    },
     /// kube-proxy's health check failed [`KUBE_PROXY_FAILURES`] times in a row.
     KubeProxy {
         /// The last failure, in words.
@@ -205,6 +221,11 @@ impl fmt::Display for Problem {
         match self {
             Problem::InterfaceDown { interface, state } => write!(f, "interface {interface} is {}", state.describe()),
             Problem::ResponderStopped { interface } => write!(f, "the ARP/NDP responder on {interface} has stopped"),
+            Problem::ResponderStalled { interface, silent_for } => write!(
+                f,
+                "the ARP/NDP responder on {interface} has not read a request for {:.1} s",
+                silent_for.as_secs_f64()
+            ),
             Problem::KubeProxy { detail } => {
                 write!(f, "kube-proxy's health check failed {KUBE_PROXY_FAILURES} times in a row: {detail}")
             }
@@ -253,8 +274,9 @@ pub struct Judge {
 }
 
 impl Judge {
-    /// The verdict on `seen`. Interfaces and responders count at once (the kernel's flags and
-    /// a finished task are facts); kube-proxy after [`KUBE_PROXY_FAILURES`] failures in a row.
+    /// The verdict on `seen`. Interfaces and responders count at once (the kernel's flags, a
+    /// finished task and a loop silent for [`RESPONDER_STALL`] are facts); kube-proxy after
+    /// [`KUBE_PROXY_FAILURES`] failures in a row.
     pub fn judge(&mut self, seen: &Observation) -> Health {
         let mut problems: Vec<Problem> = seen
             .links
@@ -265,6 +287,12 @@ impl Judge {
         problems.extend(
             seen.stopped_responders.iter().map(|interface| Problem::ResponderStopped { interface: interface.clone() }),
         );
+        problems.extend(seen.responder_silence.iter().filter(|(_, silent_for)| *silent_for >= RESPONDER_STALL).map(
+            |(interface, silent_for)| Problem::ResponderStalled {
+                interface: interface.clone(),
+                silent_for: *silent_for,
+            },
+        ));
         match &seen.kube_proxy {
             None | Some(Ok(())) => self.kube_proxy_failures = 0,
             Some(Err(detail)) => {
@@ -307,6 +335,22 @@ mod tests {
         let seen = Observation { stopped_responders: vec!["bond0".into()], ..Default::default() };
         let reason = Judge::default().judge(&seen).reason().unwrap();
         assert_eq!(reason, "the ARP/NDP responder on bond0 has stopped");
+    }
+
+    #[test]
+    fn a_responder_whose_loop_has_not_run_for_the_stall_time_makes_the_node_unhealthy_until_it_runs_again() {
+        let mut judge = Judge::default();
+        let silent = |ms: u64| Observation {
+            responder_silence: vec![
+                ("eth0".into(), Duration::from_millis(250)),
+                ("eth1".into(), Duration::from_millis(ms)),
+            ],
+            ..Default::default()
+        };
+        assert!(judge.judge(&silent(2_999)).is_healthy(), "just under the stall time");
+        let health = judge.judge(&silent(3_240));
+        assert_eq!(health.reason().as_deref(), Some("the ARP/NDP responder on eth1 has not read a request for 3.2 s"));
+        assert!(judge.judge(&silent(100)).is_healthy(), "its loop ran again");
     }
 
     #[test]

@@ -1,8 +1,9 @@
-//! The announcer's health probes (I/O): each L2 interface's flags, each responder's task, and
-//! kube-proxy's health endpoint, every interval; [`super::health::Judge`] decides, and the
+//! The announcer's health probes (I/O): each L2 interface's flags, each responder's task and
+//! pulse, and kube-proxy's health endpoint, every interval; [`super::health::Judge`] decides, and the
 //! verdict is published on a watch channel the announcer reads.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http_body_util::Empty;
@@ -13,6 +14,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::health::{Health, HealthzTarget, Judge, LinkState, Observation};
+use super::pulse::Pulse;
 use super::responder::{L2Error, ifreq};
 
 /// How long kube-proxy has to answer one health check.
@@ -93,13 +95,24 @@ pub async fn kube_proxy(target: &HealthzTarget, timeout: Duration) -> Result<(),
     }
 }
 
+/// A responder as the monitor sees it.
+#[derive(Debug, Clone)]
+pub struct WatchedResponder {
+    /// Its interface.
+    pub interface: String,
+    /// Cancelled when its task ends ([`watched`]).
+    pub stopped: CancellationToken,
+    /// Its loop's pulse ([`super::responder::L2Socket::pulse`]).
+    pub pulse: Arc<Pulse>,
+}
+
 /// What the monitor probes.
 #[derive(Debug)]
 pub struct Monitor {
     /// The L2 interfaces to check (none when `checkInterfaces: false` or without L2).
     pub links: Vec<LinkProbe>,
-    /// Each responder's interface and a token its task cancels when it ends.
-    pub responders: Vec<(String, CancellationToken)>,
+    /// Each responder.
+    pub responders: Vec<WatchedResponder>,
     /// kube-proxy's health endpoint, when configured.
     pub kube_proxy: Option<HealthzTarget>,
     /// How long to wait between rounds.
@@ -110,13 +123,14 @@ impl Monitor {
     /// One round of probes.
     pub async fn observe(&self) -> Observation {
         let links = self.links.iter().map(|probe| (probe.interface.clone(), probe.state())).collect();
-        let stopped_responders =
-            self.responders.iter().filter(|(_, stopped)| stopped.is_cancelled()).map(|(i, _)| i.clone()).collect();
+        let (stopped, running): (Vec<_>, Vec<_>) = self.responders.iter().partition(|r| r.stopped.is_cancelled());
+        let stopped_responders = stopped.into_iter().map(|r| r.interface.clone()).collect();
+        let responder_silence = running.into_iter().map(|r| (r.interface.clone(), r.pulse.silent_for())).collect();
         let kube_proxy = match &self.kube_proxy {
             Some(target) => Some(kube_proxy(target, KUBE_PROXY_TIMEOUT).await),
             None => None,
         };
-        Observation { links, stopped_responders, kube_proxy }
+        Observation { links, stopped_responders, responder_silence, kube_proxy }
     }
 }
 
@@ -170,15 +184,21 @@ mod tests {
         let stopped = CancellationToken::new();
         let (finish, finished) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(watched(async move { finished.await.ok() }, stopped.clone()));
+        let pulse = Arc::new(Pulse::new());
+        let responder = WatchedResponder { interface: "eth9".into(), stopped, pulse };
         let monitor = Monitor {
             links: Vec::new(),
-            responders: vec![("eth9".into(), stopped)],
+            responders: vec![responder],
             kube_proxy: None,
             interval: Duration::from_millis(10),
         };
-        assert!(monitor.observe().await.stopped_responders.is_empty(), "running");
+        let seen = monitor.observe().await;
+        assert!(seen.stopped_responders.is_empty(), "running");
+        assert_eq!(seen.responder_silence.len(), 1, "a running responder's silence is observed");
         let _ = finish.send(());
         task.await.expect("the wrapped task");
-        assert_eq!(monitor.observe().await.stopped_responders, ["eth9"]);
+        let seen = monitor.observe().await;
+        assert_eq!(seen.stopped_responders, ["eth9"]);
+        assert!(seen.responder_silence.is_empty(), "a stopped responder is stopped, not silent");
     }
 }

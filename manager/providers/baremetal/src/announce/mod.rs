@@ -21,6 +21,7 @@ pub mod node;
 pub mod plan;
 pub mod policy;
 pub mod publish;
+pub mod pulse;
 pub mod records;
 pub mod records_writer;
 pub mod reflect;
@@ -46,7 +47,7 @@ pub mod announce_reasons {
     /// pool's node selector leaves those nodes out; the note names the nodes).
     pub const NO_ELIGIBLE_ANNOUNCER: &str = "NoEligibleAnnouncer";
     /// Warning, on the Node: its announcer gives every address up (the note says why: an
-    /// interface down, a stopped responder, kube-proxy failing its health check).
+    /// interface down, a stopped or held-up responder, kube-proxy failing its health check).
     pub const ANNOUNCER_UNHEALTHY: &str = "AnnouncerUnhealthy";
     /// Normal, on the Node: its announcer is healthy again and takes part in elections.
     pub const ANNOUNCER_HEALTHY: &str = "AnnouncerHealthy";

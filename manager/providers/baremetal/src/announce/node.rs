@@ -17,7 +17,7 @@ use std::process::ExitCode;
 use tokio::sync::watch;
 
 use super::announcer::{self, AnnouncerSettings};
-use super::health_probe::{self, LinkProbe, Monitor};
+use super::health_probe::{self, LinkProbe, Monitor, WatchedResponder};
 use super::responder::{self, L2Socket};
 use ccm_framework::events::EventSink;
 use ccm_framework::health::HealthRegistry;
@@ -181,7 +181,11 @@ async fn run(flags: Flags) -> Result<(), String> {
     for socket in sockets {
         tracing::info!(interface = socket.interface(), "answering ARP and NDP");
         let done = tokio_util::sync::CancellationToken::new();
-        stopped.push((socket.interface().to_string(), done.clone()));
+        stopped.push(WatchedResponder {
+            interface: socket.interface().to_string(),
+            stopped: done.clone(),
+            pulse: socket.pulse(),
+        });
         let answered = responder::on_interface(
             watching.clone(),
             only_on.clone(),

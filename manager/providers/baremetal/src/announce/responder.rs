@@ -11,6 +11,7 @@ use std::io;
 use std::mem;
 use std::net::{IpAddr, Ipv6Addr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
 
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
@@ -20,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use super::codec::{self, Mac};
 use super::elect::OwnershipChange;
 use super::plan::{self, AnnouncePlan};
+use super::pulse::Pulse;
 
 /// Bytes kept of each frame: an ARP request is 42, a Neighbor Solicitation with options well
 /// under 128; the kernel's filter truncates anything longer before it reaches us.
@@ -67,6 +69,8 @@ pub struct L2Socket {
     /// accepts those frames and sends MLD reports so snooping switches forward them to us.
     /// `None` when IPv6 is off on the interface.
     groups: Option<socket2::Socket>,
+    /// Beaten by [`run`]'s loop, read by the health monitor.
+    pulse: Arc<Pulse>,
 }
 
 fn io_err<'a>(interface: &'a str, what: &'static str) -> impl FnOnce(io::Error) -> L2Error + 'a {
@@ -167,12 +171,36 @@ impl L2Socket {
         while unsafe { libc::recv(fd, scratch.as_mut_ptr().cast(), scratch.len(), 0) } > 0 {}
 
         let groups = socket2::Socket::new(socket2::Domain::IPV6, socket2::Type::DGRAM, None).ok();
-        Ok(Self { interface: interface.to_string(), ifindex, mac, packet, groups })
+        Ok(Self { interface: interface.to_string(), ifindex, mac, packet, groups, pulse: Arc::new(Pulse::new()) })
     }
 
     /// The interface's name.
     pub fn interface(&self) -> &str {
         &self.interface
+    }
+
+    /// The pulse [`run`] beats while it answers on this socket: for the health monitor.
+    pub fn pulse(&self) -> Arc<Pulse> {
+        Arc::clone(&self.pulse)
+    }
+
+    /// Requests the kernel dropped since the last call because the socket's buffer was full
+    /// (`PACKET_STATISTICS`, which resets on read).
+    fn take_drops(&self) -> io::Result<u32> {
+        // SAFETY: tpacket_stats is plain old data; all zeroes is a valid value.
+        let mut stats: libc::tpacket_stats = unsafe { mem::zeroed() };
+        let mut len = mem::size_of::<libc::tpacket_stats>() as libc::socklen_t;
+        // SAFETY: PACKET_STATISTICS writes at most `len` bytes into `stats`, on our socket.
+        let rc = unsafe {
+            libc::getsockopt(
+                self.packet.as_raw_fd(),
+                libc::SOL_PACKET,
+                libc::PACKET_STATISTICS,
+                (&mut stats as *mut libc::tpacket_stats).cast(),
+                &mut len,
+            )
+        };
+        if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(stats.tp_drops) }
     }
 
     /// The interface's hardware address, the one every answer carries.
@@ -348,7 +376,9 @@ pub fn on_interface(
 }
 
 /// Answer for the addresses in `owned` on `socket` until `cancel`: replies to requests for
-/// owned addresses, and gratuitous ARP / unsolicited NA ([`plan`]) for each one gained.
+/// owned addresses, and gratuitous ARP / unsolicited NA ([`plan`]) for each one gained. Each
+/// pass of the loop beats the socket's [`Pulse`] (at least every [`FOLLOW_INTERVAL`], idle or
+/// not), and requests the kernel dropped unread are counted there.
 pub async fn run(
     socket: L2Socket,
     mut owned: watch::Receiver<BTreeSet<IpAddr>>,
@@ -364,9 +394,12 @@ pub async fn run(
     let mut follow = tokio::time::interval(FOLLOW_INTERVAL);
     follow.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut follow_error: Option<String> = None;
+    let mut dropping = false;
+    let pulse = fd.get_ref().pulse();
     // The first value counts as a change.
     owned.mark_changed();
     loop {
+        pulse.beat();
         let next = announcements.next_due();
         // Biased: an ownership change is taken in before frames are answered, so a request that
         // arrives with the first owned set is not dropped as "not ours".
@@ -401,6 +434,19 @@ pub async fn run(
                 }
             }
             _ = follow.tick() => {
+                match fd.get_ref().take_drops() {
+                    Ok(0) => dropping = false,
+                    Ok(frames) => {
+                        pulse.add_dropped(u64::from(frames));
+                        // Once when drops start, not every check while they go on.
+                        if !dropping {
+                            tracing::warn!(interface = %interface, frames, total = pulse.dropped(), "L2 announcement: the kernel dropped requests the responder had not read in time");
+                        }
+                        dropping = true;
+                    }
+                    // Statistics are a diagnosis only; the check below reports a socket in trouble.
+                    Err(_) => {}
+                }
                 match fd.get_mut().follow() {
                     Ok(Some((old, new))) => {
                         follow_error = None;

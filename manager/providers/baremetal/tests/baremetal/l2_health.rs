@@ -150,6 +150,117 @@ async fn a_responder_follows_its_interface_when_it_is_deleted_and_created_again(
     task.await.expect("responder task").expect("responder ran without error");
 }
 
+/// Issue 47 item 4, a responder that runs but does not answer: its loop held up (here the
+/// thread of its runtime blocked, as a blocking call in it would) leaves requests unread. The
+/// loop beats a pulse at least every 250 ms even when idle, so an idle responder stays healthy,
+/// while one held up past [`RESPONDER_STALL`] makes the node unhealthy, naming it, until it runs
+/// again; the requests the kernel dropped meanwhile are counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_responder_held_up_is_unhealthy_after_the_stall_time_and_healthy_when_it_runs_again() {
+    use ccm_provider_baremetal::announce::health::RESPONDER_STALL;
+    use ccm_provider_baremetal::announce::health_probe::WatchedResponder;
+    use ccm_provider_baremetal::announce::responder::{self, L2Socket};
+    use tokio::sync::watch;
+    use tokio_util::sync::CancellationToken;
+
+    use crate::l2_announce::{cannot_run, in_ns, segment};
+
+    if let Some(reason) = cannot_run() {
+        eprintln!("SKIPPED: {reason}");
+        return;
+    }
+    const NODES: [&str; 2] = ["held-a", "held-b"];
+    let vip: IpAddr = "10.254.0.160".parse().expect("ip");
+    let segment = segment("ccml2s", NODES, &[vip]);
+    let socket = in_ns(&segment.nodes[0], || L2Socket::open("eth0")).expect("open the packet socket");
+    let pulse = socket.pulse();
+    // The responder on a runtime of its own, on one thread the test can hold up.
+    let (owned_tx, owned) = watch::channel(BTreeSet::from([vip]));
+    let cancel = CancellationToken::new();
+    let stopped = CancellationToken::new();
+    let (spawner, spawned) = std::sync::mpsc::channel::<Box<dyn FnOnce() + Send>>();
+    let responder_thread = {
+        let (cancel, stopped) = (cancel.clone(), stopped.clone());
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            runtime.block_on(async move {
+                let blocker = tokio::task::spawn_blocking(move || spawned.recv().ok());
+                let responder = health_probe::watched(responder::run(socket, owned, cancel), stopped);
+                let hold = async {
+                    // Each function received runs on this thread, holding the runtime up.
+                    if let Ok(Some(hold)) = blocker.await {
+                        hold();
+                    }
+                    std::future::pending::<()>().await
+                };
+                tokio::select! { ran = responder => ran, _ = hold => unreachable!() }
+            })
+        })
+    };
+    let interval = Duration::from_millis(100);
+    let watched = WatchedResponder { interface: "eth0".into(), stopped, pulse: pulse.clone() };
+    let monitor = Monitor { links: Vec::new(), responders: vec![watched], kube_proxy: None, interval };
+    let monitor_stop = CancellationToken::new();
+    let mut health = health_probe::spawn(monitor, monitor_stop.clone());
+
+    // Idle (no request on the segment) is not held up.
+    let idle_until = Instant::now() + Duration::from_millis(1500);
+    let mut longest = Duration::ZERO;
+    while Instant::now() < idle_until {
+        longest = longest.max(pulse.silent_for());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(longest < Duration::from_secs(1), "an idle responder's loop went {longest:?} without a pass");
+    assert!(health.borrow().is_healthy(), "{:?}", *health.borrow());
+
+    // Held up for the stall time and more; meanwhile the client asks for 200 neighbours, three
+    // ARP requests each, more than the socket's buffer holds.
+    let hold_for = RESPONDER_STALL + Duration::from_secs(2);
+    let t0 = Instant::now();
+    spawner.send(Box::new(move || std::thread::sleep(hold_for))).expect("hold the responder up");
+    in_ns(&segment.client, || {
+        let udp = std::net::UdpSocket::bind("10.254.0.1:0").expect("bind");
+        for host in 20u8..220 {
+            // Unresolved neighbours: each datagram makes the kernel ask for its address.
+            let _ = udp.send_to(b"x", (std::net::Ipv4Addr::new(10, 254, 0, host), 9));
+        }
+    });
+    let reason = tokio::time::timeout(RESPONDER_STALL * 2, health.wait_for(|h| !h.is_healthy()))
+        .await
+        .expect("unhealthy while held up")
+        .expect("the monitor runs")
+        .reason()
+        .expect("a reason");
+    let detected = t0.elapsed();
+    assert!(reason.starts_with("the ARP/NDP responder on eth0 has not read a request for 3."), "{reason}");
+    assert!(detected >= RESPONDER_STALL, "unhealthy after {detected:?}, before the stall time");
+    tokio::time::timeout(hold_for * 2, health.wait_for(Health::is_healthy))
+        .await
+        .expect("healthy again once it runs")
+        .expect("the monitor runs");
+    let recovered = t0.elapsed();
+    assert!(recovered >= hold_for, "healthy at {recovered:?}, while still held up");
+    // The first check after the hold reads the kernel's count.
+    let counted = Instant::now() + Duration::from_secs(2);
+    while pulse.dropped() == 0 && Instant::now() < counted {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(pulse.dropped() > 0, "requests arrived unread while held up, yet none counted as dropped");
+    eprintln!(
+        "L2 responder held up {} ms: unhealthy after {} ms (stall time {} ms, checks every {} ms), healthy {} ms after the hold ended; {} requests dropped unread",
+        hold_for.as_millis(),
+        detected.as_millis(),
+        RESPONDER_STALL.as_millis(),
+        interval.as_millis(),
+        (recovered - hold_for).as_millis(),
+        pulse.dropped()
+    );
+    drop(owned_tx);
+    cancel.cancel();
+    monitor_stop.cancel();
+    responder_thread.join().expect("responder thread").expect("responder ran without error");
+}
+
 mod interface_down_on_the_api_server {
     use super::*;
 
@@ -224,13 +335,18 @@ mod interface_down_on_the_api_server {
             for (ns, name) in segment.nodes.iter().zip(names) {
                 let socket = in_ns(ns, || L2Socket::open("eth0")).expect("open the packet socket");
                 let link = in_ns(ns, || LinkProbe::open("eth0")).expect("open the link probe");
+                let pulse = socket.pulse();
                 let (tx, rx) = watch::channel(BTreeSet::<IpAddr>::new());
                 let stopped = CancellationToken::new();
                 let responder = health_probe::watched(responder::run(socket, rx.clone(), cancel.clone()), stopped.clone());
                 tasks.push(tokio::spawn(async move { responder.await.expect("responder runs"); }));
                 let monitor = Monitor {
                     links: vec![link],
-                    responders: vec![("eth0".into(), stopped)],
+                    responders: vec![health_probe::WatchedResponder {
+                        interface: "eth0".into(),
+                        stopped,
+                        pulse,
+                    }],
                     kube_proxy: None,
                     interval: Duration::from_millis(100),
                 };
