@@ -101,9 +101,9 @@ struct Args {
     /// once the manager is up (a warm-up Node initialized first), each after the previous is
     /// initialized and deleted (and half a second has passed), and time each from its creation
     /// reaching a watch to it initialized: the real cluster's time-to-initialized, on any
-    /// backend. Upstream's Nodes
-    /// then keep their own addresses (no `BENCH_INTERNAL_IP`), as on the real cluster.
-    #[arg(long)]
+    /// backend. Upstream's Nodes then keep their own addresses (no `BENCH_INTERNAL_IP`), as on
+    /// the real cluster.
+    #[arg(long, value_parser = at_least_one)]
     one_at_a_time: Option<usize>,
 }
 
@@ -210,12 +210,8 @@ async fn run_once(args: &Args, label: &str, command: &str, log_dir: &Path) -> Re
     };
     let mark = request_log.as_ref().map(RequestLog::mark);
 
-    let log_path = log_dir.join(format!("{label}.log"));
-    let log = std::fs::File::create(&log_path)?;
-    let (mut command_line, metrics_url) = manager_command(args, command, &kubeconfig)?;
     let started = Instant::now();
-    let mut child = command_line.stdout(Stdio::from(log.try_clone()?)).stderr(Stdio::from(log)).spawn()?;
-    let guard = KillOnDrop(Some(child.id()));
+    let (mut child, guard, log_path, metrics_url) = spawn_manager(args, label, command, &kubeconfig, log_dir)?;
 
     let deadline = started + Duration::from_secs(args.timeout_seconds);
     while !tainted.is_empty() {
@@ -327,11 +323,7 @@ async fn one_at_a_time(
     rounds: usize,
 ) -> Result<Vec<f64>, BoxError> {
     let (cache, mut changes, watch) = watch_bench_nodes(nodes).await?;
-    let log_path = log_dir.join(format!("{label}.log"));
-    let log = std::fs::File::create(&log_path)?;
-    let (mut command_line, _) = manager_command(args, command, kubeconfig)?;
-    let mut child = command_line.stdout(Stdio::from(log.try_clone()?)).stderr(Stdio::from(log)).spawn()?;
-    let guard = KillOnDrop(Some(child.id()));
+    let (mut child, guard, log_path, _) = spawn_manager(args, label, command, kubeconfig, log_dir)?;
     let pp = PostParams { field_manager: Some(DRIVER.into()), ..Default::default() };
     let timeout = Duration::from_secs(args.timeout_seconds);
     let mut joins = Vec::with_capacity(rounds);
@@ -410,6 +402,23 @@ fn manager_command(args: &Args, command: &str, kubeconfig: &Path) -> Result<(Com
             (c, args.metrics_url.clone())
         }
     })
+}
+
+/// Start a run's manager with its output in `<log_dir>/<label>.log`: the process, the guard
+/// that kills it, the log's path and the metrics URL to scrape.
+fn spawn_manager(
+    args: &Args,
+    label: &str,
+    command: &str,
+    kubeconfig: &Path,
+    log_dir: &Path,
+) -> Result<(std::process::Child, KillOnDrop, PathBuf, Option<String>), BoxError> {
+    let log_path = log_dir.join(format!("{label}.log"));
+    let log = std::fs::File::create(&log_path)?;
+    let (mut command_line, metrics_url) = manager_command(args, command, kubeconfig)?;
+    let child = command_line.stdout(Stdio::from(log.try_clone()?)).stderr(Stdio::from(log)).spawn()?;
+    let guard = KillOnDrop(Some(child.id()));
+    Ok((child, guard, log_path, metrics_url))
 }
 
 /// Kills the manager if the run ends early (error or panic).
@@ -598,6 +607,15 @@ async fn watch_bench_nodes(
         return Err("node watch stopped".into());
     }
     Ok((cache, changes, watch))
+}
+
+/// `--one-at-a-time` times at least one Node.
+fn at_least_one(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// Mean, median, min and max of a non-empty sample.
