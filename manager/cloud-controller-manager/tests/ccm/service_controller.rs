@@ -852,6 +852,12 @@ testkit::backend_tests! {
         })
         .await;
         assert!(ingress(&svc).is_some());
+        // A server logs a request once it has answered it, which can be after a reader sees the
+        // write: wait for the log to hold the second write before counting exactly.
+        eventually_within("web's second status write in the request log", WAIT, || async {
+            (env.status_writes("web") >= 2).then_some(())
+        })
+        .await;
         assert_eq!(
             env.status_writes("web"),
             2,
