@@ -730,6 +730,9 @@ testkit::backend_tests! {
         for i in 0..50 {
             env.wait_ingress(&format!("web-{i}")).await;
         }
+        // The last status write may be seen before the server has logged it.
+        eventually_within("100 Service writes in the request log", WAIT, || async { (env.writes().len() >= 100).then_some(()) })
+            .await;
         let writes = env.writes();
         assert_eq!(writes.len(), 100, "finalizer and status per Service: {writes:?}");
         assert!(writes.iter().all(|w| w.status < 400));
